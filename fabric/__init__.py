@@ -1,0 +1,1 @@
+"""The fabric model: pure Python + numpy; never imports mpi4py."""

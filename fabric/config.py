@@ -1,0 +1,168 @@
+"""Fabric description: named presets, strict TOML loading and validation (units in every key)."""
+
+import dataclasses
+import hashlib
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import ConfigError
+from .profiles import link_profile
+
+MODES = ("network", "classic")
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class FabricConfig:
+    """One fabric: GPUs behind one switch rank.
+
+    mode: "network" (Hopper NVLink Network: per-GPU address spaces, Link TLB, partitions, run-time
+    connections) or "classic" (A100 NVLink: one shared physical address space, no isolation,
+    connections fixed at boot, forwarding-only switch).
+    """
+
+    name: str = "custom"
+    mode: str = "network"
+    gpus: int = 8
+    switches: int = 1
+    sharp: bool = True
+    link: str = "nvlink4"
+    memory_capacity_bytes: int = 256 * MiB
+    page_size_bytes: int = 64 * 1024
+    mtu_bytes: int = 256
+    header_bytes: int = 16
+    tlb_entries: int = 4096
+    switch_buffer_bytes: int = 64 * MiB
+    chunk_bytes: int = 1 * MiB
+    alignment_bytes: int = 256
+    partitions: tuple[tuple[int, ...], ...] = field(default=())
+
+    def __post_init__(self):
+        self._validate()
+        if not self.partitions:
+            object.__setattr__(self, "partitions", (tuple(range(self.gpus)),))
+
+    @property
+    def world_size(self) -> int:
+        """MPI processes the fabric needs: one per GPU plus one per switch."""
+        return self.gpus + self.switches
+
+    def partition_of(self, gpu: int) -> int:
+        """Index of the partition that holds `gpu`."""
+        for index, members in enumerate(self.partitions):
+            if gpu in members:
+                return index
+        raise ConfigError(f"partitions: GPU {gpu} is in no partition")
+
+    def digest(self) -> str:
+        """Short stable hash of every field, for trace headers and reports."""
+        text = json.dumps(dataclasses.asdict(self), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def _validate(self):
+        if self.mode not in MODES:
+            raise ConfigError(f"mode: must be one of {MODES}, got {self.mode!r}")
+        link_profile(self.link)
+        positive = ("gpus", "memory_capacity_bytes", "page_size_bytes", "mtu_bytes", "tlb_entries",
+                    "switch_buffer_bytes", "chunk_bytes", "alignment_bytes")
+        for key in positive:
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"{key}: must be a positive integer, got {value!r}")
+        if not isinstance(self.header_bytes, int) or self.header_bytes < 0:
+            raise ConfigError(f"header_bytes: must be a non-negative integer, got {self.header_bytes!r}")
+        if self.switches != 1:
+            raise ConfigError(f"switches: only one switch rank is supported so far, got {self.switches!r}")
+        if not isinstance(self.sharp, bool):
+            raise ConfigError(f"sharp: must be true or false, got {self.sharp!r}")
+        for key in ("page_size_bytes", "alignment_bytes"):
+            value = getattr(self, key)
+            if value & (value - 1):
+                raise ConfigError(f"{key}: must be a power of two, got {value}")
+        if self.sharp and self.mode == "classic":
+            raise ConfigError("sharp: a classic NVLink switch (NVSwitch gen 2) only forwards; set sharp = false")
+        if self.mode == "classic" and len(self.partitions) > 1:
+            raise ConfigError("partitions: classic NVLink has no isolation; partitions need mode = \"network\"")
+        if self.chunk_bytes > self.switch_buffer_bytes:
+            raise ConfigError(f"chunk_bytes: {self.chunk_bytes} exceeds switch_buffer_bytes "
+                              f"{self.switch_buffer_bytes}")
+        if self.partitions:
+            seen: list[int] = []
+            for members in self.partitions:
+                if not members:
+                    raise ConfigError("partitions: a partition must hold at least one GPU")
+                seen.extend(members)
+            if sorted(seen) != list(range(self.gpus)):
+                raise ConfigError(f"partitions: must cover GPUs 0..{self.gpus - 1} exactly once, got "
+                                  f"{[list(p) for p in self.partitions]}")
+
+
+# Every preset names its sources in fabric/profiles.py (link) and README.md (topology).
+PRESETS: dict[str, dict] = {
+    # DGX H100: 8 H100 GPUs on NVLink4 through NVSwitch gen 3 (SHARP); NVLink Network addressing.
+    "dgx-h100": dict(mode="network", gpus=8, sharp=True, link="nvlink4"),
+    # DGX A100: 8 A100 GPUs on NVLink3 through NVSwitch gen 2 (forwarding only); shared physical addresses.
+    "dgx-a100": dict(mode="classic", gpus=8, sharp=False, link="nvlink3"),
+}
+DEFAULT_PRESET = "dgx-h100"
+_KEYS = {f.name for f in dataclasses.fields(FabricConfig)}
+
+
+def build_config(settings: dict, source: str) -> FabricConfig:
+    """A validated FabricConfig from plain settings; `source` names where they came from in errors."""
+    unknown = sorted(set(settings) - _KEYS)
+    if unknown:
+        raise ConfigError(f"{source}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(_KEYS))}")
+    settings = dict(settings)
+    if "partitions" in settings:
+        parts = settings["partitions"]
+        if not isinstance(parts, (list, tuple)) or not all(isinstance(p, (list, tuple)) for p in parts):
+            raise ConfigError(f"{source}: partitions: must be a list of lists of GPU indices, got {parts!r}")
+        settings["partitions"] = tuple(tuple(p) for p in parts)
+    try:
+        return FabricConfig(**settings)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    except TypeError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+
+
+def preset(name: str, **overrides) -> FabricConfig:
+    """The named preset, with optional overrides (e.g. gpus=4)."""
+    if name not in PRESETS:
+        raise ConfigError(f"preset: unknown preset {name!r}; known: {', '.join(PRESETS)}")
+    return build_config({**PRESETS[name], "name": name, **overrides}, f"preset {name}")
+
+
+def load_toml(path: str | Path, **overrides) -> FabricConfig:
+    """A FabricConfig from a TOML file; `base = "PRESET"` in the file starts from that preset."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    base = data.pop("base", None)
+    settings = dict(PRESETS[base]) if base in PRESETS else {}
+    if base is not None and base not in PRESETS:
+        raise ConfigError(f"{path}: base: unknown preset {base!r}; known: {', '.join(PRESETS)}")
+    settings.update(data)
+    settings.setdefault("name", path.stem)
+    settings.update(overrides)
+    return build_config(settings, str(path))
+
+
+def resolve(preset_name: str | None = None, config_path: str | None = None,
+            gpus: int | None = None) -> FabricConfig:
+    """The fabric a command line asks for: --preset or --config (not both), with --gpus applied."""
+    if preset_name and config_path:
+        raise ConfigError("give --preset or --config, not both")
+    overrides = {} if gpus is None else {"gpus": gpus}
+    if gpus is not None and (not isinstance(gpus, int) or gpus < 1):
+        raise ConfigError(f"--gpus: must be a positive integer, got {gpus!r}")
+    if config_path:
+        return load_toml(config_path, **overrides)
+    return preset(preset_name or DEFAULT_PRESET, **overrides)

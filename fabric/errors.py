@@ -1,0 +1,33 @@
+"""Typed errors of the emulated fabric: every message names ranks, addresses and the operation."""
+
+
+class FabricError(Exception):
+    """Base class of every error the emulator raises on purpose."""
+
+
+class ConfigError(FabricError):
+    """A fabric description (preset, TOML file, command line) is invalid; raised before any traffic."""
+
+
+class AccessViolation(FabricError):
+    """The switch refused a remote access (unmapped, revoked, not allowed, other partition, out of bounds)."""
+
+
+class OutOfMemory(FabricError):
+    """An allocation does not fit in one GPU's memory (VRAM is never merged across GPUs)."""
+
+
+class UnsupportedOperation(FabricError):
+    """The operation does not exist in this fabric mode or on this switch (e.g. export on classic NVLink)."""
+
+
+class CollectiveMismatch(FabricError):
+    """Members of a communicator called different collectives (or with different arguments)."""
+
+
+class FabricTimeout(FabricError):
+    """A blocking wait passed its deadline; the message names the rank, the operation and whom it waited for."""
+
+
+class ProtocolError(FabricError):
+    """A rank received a packet that the protocol does not allow at that point (an emulator bug or misuse)."""

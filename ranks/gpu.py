@@ -1,0 +1,329 @@
+"""The GPU rank: its own memory and address, one-sided put/get through the switch, and a progress
+engine that serves incoming requests inside every blocking wait (so no legal pattern deadlocks)."""
+
+import itertools
+import time
+
+import numpy as np
+
+from fabric import errors
+from fabric.addressing import Handle, physical_address
+from fabric.config import FabricConfig
+from fabric.counters import LinkCounters, downlink, gpu_view, uplink
+from fabric.errors import FabricError, FabricTimeout, ProtocolError, UnsupportedOperation
+from fabric.memory import DeviceMemory
+from fabric.packets import Kind, Packet
+
+from .comm import Communicator
+from .transport import ControlChannel, Idle, Transport
+
+
+def raise_remote(info: dict, context: str):
+    """Re-raise an error the switch reported, as the same fabric.errors class."""
+    cls = getattr(errors, info.get("error", ""), FabricError)
+    if not (isinstance(cls, type) and issubclass(cls, FabricError)):
+        cls = FabricError
+    raise cls(f"{context}: {info.get('message')}")
+
+
+class Gpu:
+    """One emulated GPU, handed to a workload's main(gpu).
+
+    rank: GPU index 0..size-1; memory: this GPU's whole uint8 memory; network_address: the address the
+    fabric manager gave this GPU (NVLink Network mode; None in classic mode); world: communicator of
+    all GPUs; timeout_s: deadline of every blocking wait, in seconds.
+    """
+
+    def __init__(self, config: FabricConfig, transport: Transport, control: ControlChannel,
+                 switch_rank: int, network_addresses: tuple[int, ...], timeout_s: float):
+        self.config = config
+        self.rank = transport.rank
+        self.size = config.gpus
+        self.timeout_s = timeout_s
+        self._transport = transport
+        self._control = control
+        self._switch = switch_rank
+        self._network = config.mode == "network"
+        self._keys = network_addresses if self._network else tuple(range(config.gpus))
+        self.network_address = network_addresses[self.rank] if self._network else None
+        self._mem = DeviceMemory(self.rank, config.memory_capacity_bytes, config.alignment_bytes)
+        self.memory = self._mem.array
+        self._counters = LinkCounters(config.mtu_bytes, config.header_bytes)
+        self._req = itertools.count(1)
+        self._puts: dict[int, str] = {}                 # req -> what, until acknowledged
+        self._gets: dict[int, np.ndarray] = {}          # req -> destination bytes, until data arrives
+        self._replies: dict[int, Packet] = {}           # req -> REPLY / NACK for a waiting caller
+        self._async_errors: list[FabricError] = []      # refusals of puts and messages, raised at fence
+        self._mailbox: dict[tuple, np.ndarray] = {}     # message key -> received bytes
+        self._posted: dict[tuple, np.ndarray] = {}      # message key -> where to receive it
+        self._control_box: dict[tuple, object] = {}     # (comm id, seq, source) -> control object
+        self._exports: dict[int, Handle] = {}           # physical offset -> live export
+        self._shutdown: Packet | None = None
+        self._idle = Idle()
+        self.world = Communicator(self, tuple(range(config.gpus)), comm_id=(0,))
+
+    # -- memory -----------------------------------------------------------------------------------
+    def alloc(self, count: int, dtype="float32") -> np.ndarray:
+        """A new array of `count` elements of `dtype`, a view into this GPU's memory."""
+        dtype = np.dtype(dtype)
+        offset = self._mem.allocate(int(count) * dtype.itemsize)
+        return self._mem.view(offset, int(count), dtype)
+
+    def free(self, array: np.ndarray) -> None:
+        """Release an array from alloc(); an exported array must be revoked first."""
+        offset = self._mem.offset_of(array)
+        if offset in self._exports:
+            raise FabricError(f"GPU {self.rank}: free of an array exported as {self._exports[offset]}; "
+                              f"revoke it first")
+        self._mem.release(offset)
+
+    @property
+    def free_bytes(self) -> int:
+        """Bytes of this GPU's memory not allocated."""
+        return self._mem.free_bytes
+
+    # -- windows (NVLink Network) and physical addresses (classic) ---------------------------------
+    def export(self, array: np.ndarray, to=None, writable: bool = True, readable: bool = True) -> Handle:
+        """Export `array` as a window that GPUs `to` (default: this GPU's partition) may read/write.
+
+        The fabric manager maps it in the Link TLB at run time and returns its network address.
+        """
+        if not self._network:
+            raise UnsupportedOperation(f"GPU {self.rank}: export on classic NVLink ({self.config.name}): "
+                                       f"connections are fixed at boot; use gpu.physical_address(array)")
+        offset = self._mem.offset_of(array)
+        if array.nbytes == 0:
+            raise FabricError(f"GPU {self.rank}: export of an empty array")
+        to = None if to is None else [int(g) for g in ([to] if np.isscalar(to) else to)]
+        info = {"phys_offset": offset, "size_bytes": array.nbytes, "to": to,
+                "writable": writable, "readable": readable}
+        reply = self._control_call(Kind.EXPORT, info, "export")
+        handle = Handle(*reply["handle"])
+        self._exports[offset] = handle
+        return handle
+
+    def revoke(self, handle: Handle) -> None:
+        """Tear down an exported window: later accesses to it are refused."""
+        if not self._network:
+            raise UnsupportedOperation(f"GPU {self.rank}: revoke on classic NVLink ({self.config.name}): "
+                                       f"connections are fixed at boot")
+        self._control_call(Kind.REVOKE, {"address": handle.address}, f"revoke of {handle}")
+        self._exports = {off: h for off, h in self._exports.items() if h != handle}
+
+    def physical_address(self, array: np.ndarray) -> int:
+        """Global physical address of `array` (classic NVLink: any GPU may put/get it, no isolation)."""
+        if self._network:
+            raise UnsupportedOperation(f"GPU {self.rank}: NVLink Network ({self.config.name}) has no shared "
+                                       f"physical address space; export(array) a window instead")
+        return physical_address(self.rank, self._mem.offset_of(array))
+
+    # -- one-sided access -------------------------------------------------------------------------
+    def put(self, target, array: np.ndarray, offset: int = 0) -> None:
+        """Write `array`'s bytes at byte `offset` of `target` (a Handle, or a physical address in classic mode).
+
+        Returns once `array` may be reused; fence() waits until the bytes are visible at the target and
+        raises AccessViolation if the switch refused them.
+        """
+        self._raise_async()
+        data = self._as_bytes(array, "put")
+        dst, address = self._destination(target, offset, "put")
+        sends = []
+        for start, stop in self._chunks(data.nbytes):
+            req = next(self._req)
+            self._puts[req] = f"put of {stop - start} bytes to {_describe(target)}+{offset + start}"
+            sends.append(self._send(Packet(Kind.PUT, self._keys[self.rank], dst, address + start,
+                                           stop - start, req), data[start:stop]))
+        self._wait(lambda: all(self._transport.sent(r) for r in sends), "put", "the switch")
+
+    def get(self, target, array: np.ndarray, offset: int = 0) -> None:
+        """Read `array.nbytes` bytes at byte `offset` of `target` into `array`; AccessViolation if refused."""
+        self._raise_async()
+        data = self._as_bytes(array, "get")
+        dst, address = self._destination(target, offset, "get")
+        reqs = []
+        for start, stop in self._chunks(data.nbytes):
+            req = next(self._req)
+            self._gets[req] = data[start:stop]
+            self._send(Packet(Kind.GET, self._keys[self.rank], dst, address + start, stop - start, req))
+            reqs.append(req)
+        owner = getattr(target, "owner", "the target")
+        self._wait(lambda: all(r not in self._gets for r in reqs), "get", f"GPU {owner}")
+        for req in reqs:
+            nack = self._replies.pop(req, None)
+            if nack is not None:
+                raise_remote(nack.info, f"GPU {self.rank}: get from {_describe(target)}")
+
+    def fence(self) -> None:
+        """Return when every put of this GPU is visible at its target; raise any refusal."""
+        self._wait(lambda: not self._puts, "fence", "acknowledgements of puts")
+        self._raise_async()
+
+    def link_counters(self) -> dict[str, int]:
+        """This GPU's link counters: tx_/rx_ bytes (payload), raw_bytes, packets."""
+        return gpu_view(self._counters.snapshot(), self.rank)
+
+    # -- messages (collective traffic) ------------------------------------------------------------
+    def send_message(self, peer: int, key: tuple, data: np.ndarray) -> list:
+        """Post `data` to GPU `peer`'s mailbox slot `key` through the switch; returns the send requests."""
+        data = self._as_bytes(data, "send")
+        return self._send(Packet(Kind.MSG, self._keys[self.rank], self._keys[peer], 0, data.nbytes,
+                                 info={"key": list(key)}), data)
+
+    def receive_message(self, key: tuple, out: np.ndarray, peer: int) -> None:
+        """Wait for the message in slot `key` (from GPU `peer`) and place its bytes in `out`."""
+        key = tuple(key)
+        dest = self._as_bytes(out, "receive")
+        got = self._mailbox.pop(key, None)
+        if got is None:
+            self._posted[key] = dest
+            self._wait(lambda: key not in self._posted, "receive", f"GPU {peer} (slot {key})")
+            return
+        if got.nbytes != dest.nbytes:
+            raise ProtocolError(f"GPU {self.rank}: message {key} from GPU {peer} has {got.nbytes} bytes, "
+                                f"expected {dest.nbytes}")
+        dest[:] = got
+
+    # -- the progress engine ------------------------------------------------------------------------
+    def _wait(self, done, op: str, waiting_for: str, timeout_s: float | None = None) -> None:
+        """Serve traffic until done() holds; FabricTimeout naming op and peer at the deadline."""
+        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
+        idle = self._idle
+        while not done():
+            if self._progress():
+                idle.reset()
+                continue
+            if time.monotonic() > deadline:
+                raise FabricTimeout(f"GPU {self.rank}: {op} timed out after {self.timeout_s:g} s waiting for "
+                                    f"{waiting_for}")
+            idle()
+
+    def _progress(self) -> bool:
+        moved = self._transport.progress() | self._control.progress()
+        got = self._control.poll()
+        if got is not None:
+            source, (comm_id, seq, obj) = got
+            self._control_box[(tuple(comm_id), seq, source)] = obj
+            moved = True
+        incoming = self._transport.poll()
+        if incoming is not None:
+            self._handle(*incoming)
+            moved = True
+        return moved
+
+    def _handle(self, source: int, packet: Packet) -> None:
+        if packet.kind.counted:
+            self._counters.record(downlink(self.rank), packet.payload_bytes)
+        kind = packet.kind
+        if kind is Kind.PUT:
+            phys = packet.address
+            self._receive(packet, self.memory[phys:phys + packet.nbytes])
+            self._send(Packet(Kind.PUT_ACK, self._keys[self.rank], packet.src, req=packet.req))
+        elif kind is Kind.GET:
+            data = self.memory[packet.address:packet.address + packet.nbytes].copy()
+            self._send(Packet(Kind.GET_DATA, self._keys[self.rank], packet.src, 0, packet.nbytes, packet.req),
+                       data)
+        elif kind is Kind.PUT_ACK:
+            self._puts.pop(packet.req, None)
+        elif kind is Kind.GET_DATA:
+            self._receive(packet, self._gets.pop(packet.req))
+        elif kind is Kind.MSG:
+            key = tuple(packet.info["key"])
+            dest = self._posted.get(key)
+            if dest is not None and dest.nbytes != packet.nbytes:
+                raise ProtocolError(f"GPU {self.rank}: message {key} has {packet.nbytes} bytes, the receive "
+                                    f"expects {dest.nbytes}")
+            buffer = dest if dest is not None else np.empty(packet.nbytes, np.uint8)
+            self._receive(packet, buffer)
+            if dest is not None:
+                del self._posted[key]
+            else:
+                self._mailbox[key] = buffer
+        elif kind is Kind.NACK:
+            self._nack(packet)
+        elif kind is Kind.REPLY:
+            self._replies[packet.req] = packet
+        elif kind is Kind.SHUTDOWN:
+            self._shutdown = packet
+        else:
+            raise ProtocolError(f"GPU {self.rank}: unexpected {kind.name} from rank {source}")
+
+    def _nack(self, packet: Packet) -> None:
+        what = self._puts.pop(packet.req, None)
+        if packet.req in self._gets:
+            del self._gets[packet.req]
+            self._replies[packet.req] = packet
+            return
+        try:
+            raise_remote(packet.info, f"GPU {self.rank}: {what or packet.info.get('kind', 'request')}")
+        except FabricError as exc:
+            self._async_errors.append(exc)
+
+    def _raise_async(self) -> None:
+        if self._async_errors:
+            first, rest = self._async_errors[0], len(self._async_errors) - 1
+            self._async_errors = []
+            if rest:
+                raise type(first)(f"{first} (and {rest} more refused)")
+            raise first
+
+    def _receive(self, packet: Packet, out: np.ndarray) -> None:
+        if packet.payload_bytes:
+            self._transport.recv_payload(self._switch, out, time.monotonic() + self.timeout_s,
+                                         f"{packet.kind.name} req {packet.req}")
+
+    def _send(self, packet: Packet, payload: np.ndarray | None = None) -> list:
+        if packet.kind.counted:
+            self._counters.record(uplink(self.rank), packet.payload_bytes)
+        return self._transport.send(self._switch, packet, payload)
+
+    def _control_call(self, kind: Kind, info: dict, what: str) -> dict:
+        req = next(self._req)
+        self._transport.send(self._switch, Packet(kind, self._keys[self.rank], -1, req=req, info=info))
+        self._wait(lambda: req in self._replies, what, "the fabric manager (switch)")
+        reply = self._replies.pop(req).info
+        if "error" in reply:
+            raise_remote(reply, f"GPU {self.rank}: {what}")
+        return reply
+
+    # -- helpers ------------------------------------------------------------------------------------
+    def _destination(self, target, offset: int, op: str) -> tuple[int, int]:
+        if offset < 0:
+            raise FabricError(f"GPU {self.rank}: {op} at negative offset {offset}")
+        if self._network:
+            if not isinstance(target, Handle):
+                raise UnsupportedOperation(f"GPU {self.rank}: {op} on NVLink Network needs a Handle from "
+                                           f"export(), got {target!r}")
+            return target.network_address, target.address + offset
+        if isinstance(target, Handle) or not isinstance(target, (int, np.integer)):
+            raise UnsupportedOperation(f"GPU {self.rank}: {op} on classic NVLink takes a physical address "
+                                       f"(gpu.physical_address(array)), got {target!r}")
+        return -1, int(target) + offset
+
+    def _chunks(self, nbytes: int):
+        step = self.config.chunk_bytes
+        return [(s, min(s + step, nbytes)) for s in range(0, nbytes, step)] or [(0, 0)]
+
+    def _as_bytes(self, array: np.ndarray, op: str) -> np.ndarray:
+        if not isinstance(array, np.ndarray) or not array.flags.c_contiguous:
+            raise FabricError(f"GPU {self.rank}: {op} needs a contiguous numpy array")
+        return array.reshape(-1).view(np.uint8)
+
+    # -- end of run ---------------------------------------------------------------------------------
+    def finish(self) -> dict:
+        """After main(gpu): complete this GPU's traffic, report DONE, serve until the switch's report."""
+        self.fence()
+        self._wait(lambda: self._transport.idle and self._control.idle, "end of run", "sends to complete")
+        self._transport.send(self._switch, Packet(Kind.DONE, self._keys[self.rank], -1))
+        # The switch bounds this wait: it times out on GPUs that never finish and ends the job.
+        self._wait(lambda: self._shutdown is not None, "end of run", "the other GPUs to finish",
+                   timeout_s=2 * self.timeout_s + 30)
+        leftovers = sorted(self._mailbox)
+        self._transport.send(self._switch, Packet(Kind.COUNTERS, self._keys[self.rank], -1, info={
+            "links": self._counters.snapshot(), "unconsumed": [list(k) for k in leftovers]}))
+        self._shutdown = None
+        self._wait(lambda: self._shutdown is not None, "end of run", "the switch's report")
+        return self._shutdown.info
+
+
+def _describe(target) -> str:
+    return str(target) if isinstance(target, Handle) else f"physical {int(target):#x}"

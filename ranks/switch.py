@@ -1,0 +1,107 @@
+"""The switch rank: executes SwitchLogic's decisions over MPI, bounds its in-flight buffer, ends the run."""
+
+import time
+
+import numpy as np
+
+from fabric.config import FabricConfig
+from fabric.counters import check_conservation
+from fabric.errors import FabricTimeout
+from fabric.packets import Kind, Packet
+from fabric.switch import SwitchLogic
+
+from .transport import Idle, Transport
+
+
+class SwitchRank:
+    """Serves the GPUs until all of them are done, then gathers and checks counters.
+
+    In-flight forwarded bytes are bounded by switch_buffer_bytes: past it, the switch stops taking
+    new packets until its sends drain (back-pressure), so its memory is not N x S.
+    """
+
+    def __init__(self, config: FabricConfig, transport: Transport, timeout_s: float):
+        self.config = config
+        self.logic = SwitchLogic(config)
+        self.transport = transport
+        self.timeout_s = timeout_s
+        self._done: set[int] = set()
+        self._counters: dict[int, dict] = {}
+        self._idle = Idle()
+
+    def serve(self) -> dict:
+        """Run until every GPU reported DONE; returns the run's report (also sent to every GPU)."""
+        gpus = self.config.gpus
+        first_done = None
+        while len(self._done) < gpus:
+            moved = self.transport.progress()
+            if self.transport.pending_bytes < self.config.switch_buffer_bytes:
+                got = self.transport.poll()
+                if got is not None:
+                    self._handle(*got)
+                    moved = True
+            if moved:
+                self._idle.reset()
+                continue
+            if self._done and first_done is None:
+                first_done = time.monotonic()
+            if first_done is not None and time.monotonic() - first_done > self.timeout_s:
+                missing = sorted(set(range(gpus)) - self._done)
+                raise FabricTimeout(f"switch: GPUs {missing} did not finish within {self.timeout_s:g} s of "
+                                    f"GPUs {sorted(self._done)} finishing (end of run)")
+            self._idle()
+        return self._finish()
+
+    def _handle(self, source: int, packet: Packet) -> None:
+        if packet.kind is Kind.DONE:
+            self._done.add(source)
+            return
+        payload = None
+        if packet.payload_bytes:
+            payload = np.empty(packet.payload_bytes, np.uint8)
+            self.transport.recv_payload(source, payload, time.monotonic() + self.timeout_s,
+                                        f"{packet.kind.name} req {packet.req}")
+        for send in self.logic.on_packet(source, packet):
+            self.transport.send(send.port, send.packet, payload if send.forward_payload else None)
+
+    def _wait(self, done, what: str, waiting_for) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        while not done():
+            moved = self.transport.progress()
+            got = self.transport.poll()
+            if got is not None:
+                source, packet = got
+                if packet.kind is not Kind.COUNTERS:
+                    raise FabricTimeout(f"switch: {packet.kind.name} from GPU {source} after every GPU was done")
+                self._counters[source] = packet.info
+                moved = True
+            if moved:
+                continue
+            if time.monotonic() > deadline:
+                raise FabricTimeout(f"switch: {what} timed out after {self.timeout_s:g} s waiting for "
+                                    f"{waiting_for()}")
+            self._idle()
+
+    def _finish(self) -> dict:
+        gpus = self.config.gpus
+        self._wait(lambda: self.transport.idle, "end of run", lambda: "forwarded packets to be received")
+        for gpu in range(gpus):
+            self.transport.send(gpu, Packet(Kind.SHUTDOWN, -1, self.logic.route_key(gpu)))
+        self._wait(lambda: len(self._counters) == gpus, "end of run",
+                   lambda: f"counters of GPUs {sorted(set(range(gpus)) - set(self._counters))}")
+        switch_side = self.logic.counters.snapshot()
+        check_conservation(switch_side, [self._counters[g]["links"] for g in range(gpus)])
+        report = {
+            "fabric": self.config.name,
+            "mode": self.config.mode,
+            "gpus": gpus,
+            "links": switch_side,
+            "ports": {g: row for g, row in self.logic.port_stats().items()},
+            "network_addresses": list(self.logic.network_addresses),
+            "unconsumed": {g: self._counters[g]["unconsumed"] for g in range(gpus)
+                           if self._counters[g]["unconsumed"]},
+        }
+        for gpu in range(gpus):
+            self.transport.send(gpu, Packet(Kind.SHUTDOWN, -1, self.logic.route_key(gpu), info=report))
+        self._wait(lambda: self.transport.idle, "end of run", lambda: "the report to reach every GPU")
+        return report

@@ -1,0 +1,172 @@
+"""The one thin transport: the only module that imports mpi4py.
+
+Fabric packets travel as a msgpack header message (TAG_HEADER) followed, when the packet carries a
+payload, by the raw bytes as a second message (TAG_PAYLOAD) sent straight from the numpy buffer.
+MPI keeps messages between two ranks in order per tag, so the n-th payload from a rank belongs to
+the n-th payload-carrying header from it. Every send is non-blocking: a rank waiting for anything
+keeps serving, so two ranks sending to each other never deadlock.
+"""
+
+import os
+import pickle
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from fabric.errors import FabricTimeout
+from fabric.packets import Packet
+
+TAG_HEADER = 11
+TAG_PAYLOAD = 12
+TAG_CONTROL = 13
+
+
+def world_rank() -> int:
+    return MPI.COMM_WORLD.Get_rank()
+
+
+def world_size() -> int:
+    return MPI.COMM_WORLD.Get_size()
+
+
+def abort_job(code: int = 1) -> None:
+    """End every rank of the job now (after the caller printed its report)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    MPI.COMM_WORLD.Abort(code)
+
+
+def wall_s() -> float:
+    """MPI wall clock, in seconds."""
+    return MPI.Wtime()
+
+
+class Idle:
+    """Back-off for polling loops: yield the core first, then sleep up to 1 ms (ranks may share cores)."""
+
+    def __init__(self):
+        self.spins = 0
+
+    def reset(self) -> None:
+        self.spins = 0
+
+    def __call__(self) -> None:
+        self.spins += 1
+        if self.spins < 64:
+            os.sched_yield()
+        else:
+            time.sleep(min(1e-3, 1e-5 * (self.spins - 63)))
+
+
+class Transport:
+    """Packets between the ranks of one fabric (GPUs 0..G-1 and the switch G) on a private communicator."""
+
+    def __init__(self, comm=None):
+        self.comm = (comm or MPI.COMM_WORLD).Dup()
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+        self._pending: list[tuple[list, object]] = []  # (requests, buffers kept alive until sent)
+        self.pending_bytes = 0
+        self._status = MPI.Status()
+
+    def send(self, dest: int, packet: Packet, payload: np.ndarray | None = None) -> list:
+        """Post `packet` (and its payload bytes) to `dest`; returns the requests, complete when sent."""
+        header = packet.to_wire()
+        requests = [self.comm.Isend([header, MPI.BYTE], dest, TAG_HEADER)]
+        nbytes = 0
+        if packet.payload_bytes:
+            if payload is None or payload.nbytes != packet.payload_bytes:
+                raise ValueError(f"{packet.kind.name} to rank {dest}: payload of "
+                                 f"{None if payload is None else payload.nbytes} bytes, header says "
+                                 f"{packet.payload_bytes}")
+            requests.append(self.comm.Isend([payload, MPI.BYTE], dest, TAG_PAYLOAD))
+            nbytes = payload.nbytes
+        self._pending.append((requests, (header, payload, nbytes)))
+        self.pending_bytes += nbytes
+        return requests
+
+    def progress(self) -> bool:
+        """Retire completed sends; True if any completed."""
+        if not self._pending:
+            return False
+        still, done = [], False
+        for requests, keep in self._pending:
+            if MPI.Request.Testall(requests):
+                self.pending_bytes -= keep[2]
+                done = True
+            else:
+                still.append((requests, keep))
+        self._pending = still
+        return done
+
+    @staticmethod
+    def sent(requests: list) -> bool:
+        """Whether the sends behind `requests` completed (their buffers may be reused)."""
+        return all(r == MPI.REQUEST_NULL for r in requests) or MPI.Request.Testall(requests)
+
+    @property
+    def idle(self) -> bool:
+        return not self._pending
+
+    def poll(self) -> tuple[int, Packet] | None:
+        """The next header from any rank, or None; its payload must be taken with recv_payload next."""
+        if not self.comm.Iprobe(MPI.ANY_SOURCE, TAG_HEADER, self._status):
+            return None
+        source, count = self._status.Get_source(), self._status.Get_count(MPI.BYTE)
+        buffer = bytearray(count)
+        self.comm.Recv([buffer, MPI.BYTE], source, TAG_HEADER)
+        return source, Packet.from_wire(bytes(buffer))
+
+    def recv_payload(self, source: int, out: np.ndarray, deadline_s: float, what: str) -> None:
+        """Receive the payload that follows a header from `source` into `out` (uint8, contiguous)."""
+        request = self.comm.Irecv([out, MPI.BYTE], source, TAG_PAYLOAD)
+        idle = Idle()
+        while not request.Test():
+            # keep our own sends moving: the peer may be waiting for them before it sends this payload
+            if self.progress():
+                idle.reset()
+            if time.monotonic() > deadline_s:
+                request.Cancel()
+                raise FabricTimeout(f"rank {self.rank}: payload of {what} from rank {source} did not arrive "
+                                    f"before the deadline")
+            idle()
+
+    def close(self) -> None:
+        self.comm.Free()
+
+
+class ControlChannel:
+    """Out-of-band control messages between GPU ranks (pickled objects); never counted on links."""
+
+    def __init__(self, comm):
+        self.comm = comm
+        self._pending: list = []
+
+    def send(self, dest: int, obj) -> None:
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        self._pending.append((self.comm.Isend([data, MPI.BYTE], dest, TAG_CONTROL), data))
+
+    def progress(self) -> bool:
+        before = len(self._pending)
+        self._pending = [(r, d) for r, d in self._pending if not r.Test()]
+        return len(self._pending) != before
+
+    @property
+    def idle(self) -> bool:
+        return not self._pending
+
+    def poll(self) -> tuple[int, object] | None:
+        status = MPI.Status()
+        if not self.comm.Iprobe(MPI.ANY_SOURCE, TAG_CONTROL, status):
+            return None
+        buffer = bytearray(status.Get_count(MPI.BYTE))
+        self.comm.Recv([buffer, MPI.BYTE], status.Get_source(), TAG_CONTROL)
+        return status.Get_source(), pickle.loads(buffer)
+
+
+def split_gpus(transport: Transport, is_gpu: bool) -> ControlChannel | None:
+    """A control channel over the GPU ranks only (collective over the transport's communicator)."""
+    comm = transport.comm.Split(0 if is_gpu else MPI.UNDEFINED, transport.rank)
+    return ControlChannel(comm) if is_gpu else None
