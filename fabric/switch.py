@@ -62,9 +62,8 @@ class SwitchLogic:
             try:
                 sends = self._data(ingress, packet)
             except AccessViolation as exc:
-                self.violations[ingress] += 1
-                error = AccessViolation(f"{packet.kind.name} from GPU {ingress} (req {packet.req}): {exc}")
-                sends = [Send(ingress, self.nack(ingress, packet, error))]
+                self.violations[ingress] += 1  # counted on the requester's port
+                sends = [Send(ingress, self.nack(ingress, packet, exc))]
         else:
             sends = self._control(ingress, packet)
         for send in sends:
@@ -84,17 +83,23 @@ class SwitchLogic:
             return [Send(target, replace(packet, src=src, dst=self.route_key(target), address=phys),
                          forward_payload=write)]
         if packet.kind in (Kind.PUT_ACK, Kind.GET_DATA, Kind.MSG):
-            target = self.port_of(packet.dst)
+            target = self._port_for(ingress, packet)
             if packet.kind is Kind.MSG and self._partition[target] != self._partition[ingress]:
                 raise AccessViolation(f"GPU {ingress} (partition {self._partition[ingress]}) may not send to "
                                       f"GPU {target} (partition {self._partition[target]})")
             return [Send(target, replace(packet, src=src), forward_payload=packet.kind.has_payload)]
         raise ProtocolError(f"switch: GPU {ingress} sent a {packet.kind.name}, which only the switch sends")
 
+    def _port_for(self, ingress: int, packet: Packet) -> int:
+        try:
+            return self.port_of(packet.dst)
+        except AccessViolation as exc:
+            raise AccessViolation(f"{packet.kind.name} of {packet.nbytes} bytes from GPU {ingress}: {exc}") from None
+
     def _resolve(self, ingress: int, packet: Packet, write: bool) -> tuple[int, int]:
         """(target GPU, physical offset) of a PUT/GET: Link TLB in network mode, address bits in classic."""
         if self.network:
-            target = self.port_of(packet.dst)
+            target = self._port_for(ingress, packet)
             phys = self.tlbs[target].translate(packet.address, packet.nbytes, ingress, self._partition[ingress],
                                                write)
             return target, phys

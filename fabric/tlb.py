@@ -78,7 +78,7 @@ class LinkTLB:
                   write: bool) -> int:
         """Physical offset for an access of `nbytes` at `address` by GPU `requester`; AccessViolation if refused."""
         op = "write" if write else "read"
-        what = f"{op} of {nbytes} bytes at {address:#x} of GPU {self.owner} by GPU {requester}"
+        what = f"Link TLB of GPU {self.owner}: {op} of {nbytes} bytes at {address:#x} by GPU {requester}"
         ps = self.page_size
         last = address + max(nbytes, 1) - 1
         window_id = None

@@ -19,7 +19,7 @@ class Communicator:
         self.comm_id = comm_id
         self._seq = itertools.count()
 
-    def allgather_object(self, obj) -> list:
+    def allgather_object(self, obj, op: str = "allgather_object") -> list:
         """Every member's `obj`, in member order (pickled, out of band, not counted)."""
         seq = next(self._seq)
         gpu = self.gpu
@@ -31,14 +31,14 @@ class Communicator:
         def missing():
             return [p for p in self.members if p != gpu.rank and (self.comm_id, seq, p) not in box]
 
-        gpu._wait(lambda: not missing(), f"allgather_object #{seq} on communicator {self.comm_id}",
+        gpu._wait(lambda: not missing(), f"{op} #{seq} on communicator {self.comm_id}",
                   _LazyText(lambda: f"GPUs {missing()}"))
         return [obj if p == gpu.rank else box.pop((self.comm_id, seq, p)) for p in self.members]
 
     def barrier(self) -> None:
         """Wait until every member reached the barrier; this GPU's puts are fenced first."""
         self.gpu.fence()
-        self.allgather_object(None)
+        self.allgather_object(None, "barrier")
 
 
 class _LazyText:

@@ -130,7 +130,7 @@ class Gpu:
         sends = []
         for start, stop in self._chunks(data.nbytes):
             req = next(self._req)
-            self._puts[req] = f"put of {stop - start} bytes to {_describe(target)}+{offset + start}"
+            self._puts[req] = f"put to {_describe(target)}"
             sends.append(self._send(Packet(Kind.PUT, self._keys[self.rank], dst, address + start,
                                            stop - start, req), data[start:stop]))
         self._wait(lambda: all(self._transport.sent(r) for r in sends), "put", "the switch")
@@ -316,7 +316,7 @@ class Gpu:
         self._transport.send(self._switch, Packet(Kind.DONE, self._keys[self.rank], -1))
         # The switch bounds this wait: it times out on GPUs that never finish and ends the job.
         self._wait(lambda: self._shutdown is not None, "end of run", "the other GPUs to finish",
-                   timeout_s=2 * self.timeout_s + 30)
+                   timeout_s=2 * self.timeout_s + 30)  # switch's is 2 t + 5
         leftovers = sorted(self._mailbox)
         self._transport.send(self._switch, Packet(Kind.COUNTERS, self._keys[self.rank], -1, info={
             "links": self._counters.snapshot(), "unconsumed": [list(k) for k in leftovers]}))

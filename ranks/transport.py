@@ -36,6 +36,7 @@ def abort_job(code: int = 1) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     MPI.COMM_WORLD.Abort(code)
+    os._exit(code)  # MPI_Abort may return before the launcher kills us; never run on
 
 
 def wall_s() -> float:

@@ -1,0 +1,7 @@
+"""`mpiexec -n W python -m launch SCRIPT.py [options] [-- ARGS]`: run a workload script on the fabric."""
+
+import sys
+
+from .runner import main
+
+sys.exit(main())

@@ -1,0 +1,94 @@
+"""The `nvlink-emu` command: run a workload script, or the demo, under mpiexec with the right world size."""
+
+import argparse
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from fabric.config import resolve
+from fabric.errors import ConfigError
+
+from .runner import fabric_arguments, split_script_args
+
+EXAMPLES = Path(__file__).parent / "examples"
+
+
+def mpiexec_command() -> list[str]:
+    """The MPI launcher: $NVLINK_EMU_MPIEXEC (e.g. "srun" or "mpiexec --oversubscribe"), else the
+    mpiexec installed beside this Python (the mpich wheel), else the first mpiexec on PATH."""
+    override = os.environ.get("NVLINK_EMU_MPIEXEC")
+    if override:
+        return shlex.split(override)
+    beside = Path(sys.executable).parent / "mpiexec"
+    if beside.exists():
+        return [str(beside)]
+    found = shutil.which("mpiexec")
+    if found is None:
+        raise ConfigError("no mpiexec found: install the mpich wheel (pip install mpich) or set NVLINK_EMU_MPIEXEC")
+    return [found]
+
+
+def launch_script(script: str, args: argparse.Namespace, script_args: list[str], world_size: int) -> int:
+    """Run `python -m launch SCRIPT` on `world_size` ranks; returns mpiexec's exit status."""
+    cmd = [*mpiexec_command(), "-n", str(world_size), sys.executable, "-m", "launch", script,
+           "--timeout", str(args.timeout)]
+    for flag in ("preset", "config", "gpus"):
+        value = getattr(args, flag)
+        if value is not None:
+            cmd += [f"--{flag}", str(value)]
+    if script_args:
+        cmd += ["--", *script_args]
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return subprocess.run(cmd, env=env).returncode
+
+
+def cmd_run(args, script_args) -> int:
+    config = resolve(args.preset, args.config, args.gpus)
+    return launch_script(args.script, args, script_args, config.world_size)
+
+
+def cmd_demo(args, script_args) -> int:
+    """The demo on NVLink Network (dgx-h100 unless told otherwise), then the same on classic NVLink."""
+    network = resolve(args.preset, args.config, args.gpus)
+    classic_args = argparse.Namespace(**{**vars(args), "preset": "dgx-a100", "config": None})
+    classic = resolve("dgx-a100", None, args.gpus)
+    demo = str(EXAMPLES / "demo.py")
+    print(f"=== part 1: NVLink Network ({network.name}) ===", flush=True)
+    status = launch_script(demo, args, script_args, network.world_size)
+    if status:
+        return status
+    print(f"\n=== part 2: classic NVLink ({classic.name}), the same workload ===", flush=True)
+    return launch_script(demo, classic_args, script_args, classic.world_size)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="nvlink-emu", description="Emulated NVLink / NVLink Network fabric "
+                                     "on MPI: every rank a GPU or a switch, real bytes, counted per link.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run SCRIPT's main(gpu) on every GPU of a fabric")
+    run.add_argument("script", help="Python file defining main(gpu)")
+    fabric_arguments(run)
+    run.set_defaults(handler=cmd_run)
+    demo = sub.add_parser("demo", help="what NVLink Network changes compared with classic NVLink, with real traffic")
+    fabric_arguments(demo)
+    demo.set_defaults(handler=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    ours, script_args = split_script_args(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(ours)
+    try:
+        return args.handler(args, script_args)
+    except ConfigError as exc:
+        print(f"nvlink-emu: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""Rank bootstrap for `python -m launch`: parse, load the fabric and the script, run, print one report."""
+
+import argparse
+import runpy
+import sys
+from pathlib import Path
+
+from fabric.config import DEFAULT_PRESET, PRESETS, resolve
+from fabric.errors import ConfigError
+from ranks.session import DEFAULT_TIMEOUT_S, run_fabric
+from ranks.transport import world_rank, world_size
+
+from .report import run_summary
+
+
+def fabric_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every entry point shares: which fabric, how many GPUs, the deadline."""
+    parser.add_argument("--preset", choices=sorted(PRESETS), help=f"named fabric (default {DEFAULT_PRESET})")
+    parser.add_argument("--config", metavar="FILE.toml", help="fabric description in TOML")
+    parser.add_argument("--gpus", type=int, help="override the fabric's GPU count")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
+                        help=f"deadline of every blocking wait, seconds (default {DEFAULT_TIMEOUT_S:g})")
+
+
+def split_script_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(our arguments, the script's arguments after `--`)."""
+    if "--" in argv:
+        cut = argv.index("--")
+        return argv[:cut], argv[cut + 1:]
+    return argv, []
+
+
+def load_main(script: str):
+    """The main(gpu) function of a workload script."""
+    path = Path(script)
+    if not path.is_file():
+        raise ConfigError(f"{script}: no such script")
+    namespace = runpy.run_path(str(path), run_name="__nvlink_emu_script__")
+    main = namespace.get("main")
+    if not callable(main):
+        raise ConfigError(f"{script}: defines no main(gpu) function")
+    return main
+
+
+def main(argv: list[str] | None = None) -> int:
+    ours, script_args = split_script_args(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="python -m launch", description="Run SCRIPT's main(gpu) on every "
+                                     "GPU rank of an emulated fabric (under mpiexec).")
+    parser.add_argument("script", help="Python file defining main(gpu)")
+    fabric_arguments(parser)
+    args = parser.parse_args(ours)
+    rank = world_rank()
+    try:
+        config = resolve(args.preset, args.config, args.gpus)
+        sys.argv = [args.script, *script_args]
+        workload = load_main(args.script)
+        result = run_fabric(config, workload, timeout_s=args.timeout)
+    except ConfigError as exc:
+        # every rank finds the same error before any traffic: report once, exit without aborting
+        if rank == 0:
+            print(f"nvlink-emu: error: {exc}", file=sys.stderr)
+        return 2
+    if result.role == "switch":
+        print(run_summary(result.report), flush=True)
+    return 0
+
+
+__all__ = ["main", "fabric_arguments", "split_script_args", "world_size"]
