@@ -1,0 +1,15 @@
+"""Helpers of the multi-rank tier: every test is one emulated run on MPI_COMM_WORLD (G GPUs + 1 switch)."""
+
+from fabric.config import preset
+from ranks.session import run_fabric
+from ranks.transport import world_size
+
+
+def gpus() -> int:
+    """GPUs of the fabric a test runs: every rank but the switch."""
+    return world_size() - 1
+
+
+def run(main, timeout_s: float = 30.0, base: str = "dgx-h100", **overrides):
+    """Run main(gpu) on a fabric of world_size - 1 GPUs; returns this rank's RunResult."""
+    return run_fabric(preset(base, gpus=gpus(), **overrides), main, timeout_s=timeout_s)
