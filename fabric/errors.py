@@ -31,3 +31,7 @@ class FabricTimeout(FabricError):
 
 class ProtocolError(FabricError):
     """A rank received a packet that the protocol does not allow at that point (an emulator bug or misuse)."""
+
+
+class ResourceExhausted(FabricError):
+    """A finite switch resource ran out (e.g. NVSwitch gen 3's 128 concurrent multicast/SHARP groups)."""

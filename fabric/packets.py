@@ -24,6 +24,8 @@ class Kind(enum.IntEnum):
     MSG = 6          # collective traffic to a peer GPU's mailbox; info["key"] names the slot
     REDUCE = 7       # a contribution to an in-switch reduction; info names group, slot, op, dtype
     MCAST = 8        # a multicast store: the switch copies the payload out of every member port
+    LOAD_REDUCE = 9  # NVLS load-reduce: ask the switch for the reduction of a range of members' buffers
+    LOAD = 10        # the switch reads a range of a member's bound buffer (answered by a REDUCE)
     # control plane: fabric-manager traffic, not NVLink data, never counted
     EXPORT = 20      # map a window in this GPU's Link TLB
     REVOKE = 21      # unmap it

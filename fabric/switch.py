@@ -7,21 +7,24 @@ packet arrive on, never by a field the sender wrote.
 
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from .addressing import Handle, assign_network_addresses, decode_physical
 from .config import FabricConfig
 from .counters import LinkCounters, downlink, uplink
 from .errors import AccessViolation, FabricError, ProtocolError, UnsupportedOperation
+from .groups import GroupTable
 from .packets import Kind, Packet
 from .tlb import LinkTLB
 
 
 @dataclass(frozen=True)
 class Send:
-    """Send `packet` out of port `port` (a GPU index); `forward_payload` carries the incoming payload on."""
+    """Send `packet` out of port `port` (a GPU index) with `payload` (uint8 bytes) if it carries one."""
 
     port: int
     packet: Packet
-    forward_payload: bool = False
+    payload: np.ndarray | None = None
 
 
 class SwitchLogic:
@@ -36,6 +39,7 @@ class SwitchLogic:
             if self.network else []
         self.counters = LinkCounters(config.mtu_bytes, config.header_bytes)
         self.violations = [0] * config.gpus
+        self.groups = GroupTable()
         self._partition = [config.partition_of(g) for g in range(config.gpus)]
 
     # -- addressing -------------------------------------------------------------------------------
@@ -55,12 +59,12 @@ class SwitchLogic:
         return port
 
     # -- the data plane ---------------------------------------------------------------------------
-    def on_packet(self, ingress: int, packet: Packet) -> list[Send]:
-        """What to send in answer to `packet` arriving from GPU `ingress`."""
+    def on_packet(self, ingress: int, packet: Packet, payload: np.ndarray | None = None) -> list[Send]:
+        """What to send in answer to `packet` (with its `payload` bytes) arriving from GPU `ingress`."""
         if packet.kind.counted:
             self.counters.record(uplink(ingress), packet.payload_bytes)
             try:
-                sends = self._data(ingress, packet)
+                sends = self._data(ingress, packet, payload)
             except AccessViolation as exc:
                 self.violations[ingress] += 1  # counted on the requester's port
                 sends = [Send(ingress, self.nack(ingress, packet, exc))]
@@ -75,20 +79,49 @@ class SwitchLogic:
         return Packet(Kind.NACK, src=-1, dst=self.route_key(ingress), req=packet.req,
                       info={"error": type(error).__name__, "message": str(error), "kind": packet.kind.name})
 
-    def _data(self, ingress: int, packet: Packet) -> list[Send]:
+    def _data(self, ingress: int, packet: Packet, payload: np.ndarray | None) -> list[Send]:
         src = self.route_key(ingress)
-        if packet.kind in (Kind.PUT, Kind.GET):
-            write = packet.kind is Kind.PUT
+        kind = packet.kind
+        if kind in (Kind.PUT, Kind.GET):
+            write = kind is Kind.PUT
             target, phys = self._resolve(ingress, packet, write)
             return [Send(target, replace(packet, src=src, dst=self.route_key(target), address=phys),
-                         forward_payload=write)]
-        if packet.kind in (Kind.PUT_ACK, Kind.GET_DATA, Kind.MSG):
+                         payload if write else None)]
+        if kind in (Kind.PUT_ACK, Kind.GET_DATA, Kind.MSG):
             target = self._port_for(ingress, packet)
-            if packet.kind is Kind.MSG and self._partition[target] != self._partition[ingress]:
+            if kind is Kind.MSG and self._partition[target] != self._partition[ingress]:
                 raise AccessViolation(f"GPU {ingress} (partition {self._partition[ingress]}) may not send to "
                                       f"GPU {target} (partition {self._partition[target]})")
-            return [Send(target, replace(packet, src=src), forward_payload=packet.kind.has_payload)]
-        raise ProtocolError(f"switch: GPU {ingress} sent a {packet.kind.name}, which only the switch sends")
+            return [Send(target, replace(packet, src=src), payload)]
+        if kind in (Kind.REDUCE, Kind.MCAST, Kind.LOAD_REDUCE):
+            return self._in_switch(ingress, packet, payload)
+        raise ProtocolError(f"switch: GPU {ingress} sent a {kind.name}, which only the switch sends")
+
+    # -- NVLink SHARP: in-switch reduction and multicast ------------------------------------------
+    def _in_switch(self, ingress: int, packet: Packet, payload: np.ndarray | None) -> list[Send]:
+        if not (self.network and self.config.sharp):
+            raise UnsupportedOperation(f"{packet.kind.name} from GPU {ingress}: fabric {self.config.name!r} has "
+                                       f"no in-switch reduction or multicast (needs NVLink Network with SHARP)")
+        info = packet.info
+        group = self.groups.group(info["g"], ingress, packet.kind.name)
+        if packet.kind is Kind.MCAST:
+            # one packet in, a copy out of every member port, the sender's included
+            return [self._deliver(port, info["key"], payload) for port in group.members]
+        if packet.kind is Kind.LOAD_REDUCE:
+            # NVLS: read the range from every member's bound buffer; the answers are REDUCE packets
+            load = Packet(Kind.LOAD, -1, 0, packet.address, packet.nbytes, packet.req, info)
+            return [Send(port, replace(load, dst=self.route_key(port))) for port in group.members]
+        result = self.groups.contribute(info["g"], tuple(info["slot"]), ingress, info["op"], info["dtype"],
+                                        payload)
+        if result is None:
+            return []
+        for port in info["dest"]:
+            self.groups.group(info["g"], port, "delivery of a reduction")
+        return [self._deliver(port, info["key"], result) for port in info["dest"]]
+
+    def _deliver(self, port: int, key: list, payload: np.ndarray) -> Send:
+        return Send(port, Packet(Kind.MCAST, -1, self.route_key(port), 0, payload.nbytes, info={"key": key}),
+                    payload)
 
     def _port_for(self, ingress: int, packet: Packet) -> int:
         try:
@@ -111,7 +144,7 @@ class SwitchLogic:
 
     # -- the control plane (fabric manager) -------------------------------------------------------
     def _control(self, ingress: int, packet: Packet) -> list[Send]:
-        handler = {Kind.EXPORT: self._export, Kind.REVOKE: self._revoke}.get(packet.kind)
+        handler = {Kind.EXPORT: self._export, Kind.REVOKE: self._revoke, Kind.GROUP: self._group}.get(packet.kind)
         if handler is None:
             raise ProtocolError(f"switch: unexpected {packet.kind.name} from GPU {ingress}")
         try:
@@ -144,6 +177,25 @@ class SwitchLogic:
             raise UnsupportedOperation(f"revoke by GPU {ingress}: classic NVLink connections are fixed at boot")
         window = self.tlbs[ingress].unmap(info["address"])
         return {"revoked": window.address}
+
+    def _group(self, ingress: int, info: dict) -> dict:
+        if not (self.network and self.config.sharp):
+            raise UnsupportedOperation(f"multicast group call by GPU {ingress}: fabric {self.config.name!r} has no "
+                                       f"multicast/SHARP groups (needs NVLink Network with a SHARP switch)")
+        action = info.get("action")
+        if action == "create":
+            members = tuple(info["members"])
+            outside = [g for g in members if self._partition[g] != self._partition[ingress]]
+            if outside:
+                raise AccessViolation(f"group create by GPU {ingress}: GPUs {outside} are in another partition")
+            return {"group": self.groups.create(members, ingress)}
+        if action == "bind":
+            self.groups.bind(info["group"], ingress)
+            return {"group": info["group"]}
+        if action == "release":
+            self.groups.release(info["group"], ingress)
+            return {"group": info["group"]}
+        raise ProtocolError(f"group call by GPU {ingress}: unknown action {action!r}")
 
     def port_stats(self) -> dict[int, dict[str, int]]:
         """Per-port TLB statistics and violations, for the report."""

@@ -1,44 +1,198 @@
-"""Communicators of GPUs: the out-of-band control exchange (barrier, allgather_object) and, on top
-of it, the collectives (see ranks/collectives)."""
+"""Communicators of GPUs: the out-of-band control exchange (barrier, allgather_object, split) and the
+collectives, which run as real traffic through the switch (algorithms in ranks/collectives)."""
 
 import itertools
 
+import numpy as np
+
+from fabric.errors import CollectiveMismatch, FabricError
+from fabric.packets import Kind
+from fabric.reduction import blocks, check_dtype, check_op, dtype_name
+
+from . import collectives
+from .collectives import all2all as pairwise
+
 
 class Communicator:
-    """A group of GPUs. rank: this GPU's index in the group; size: members; members: GPU indices.
+    """A group of GPUs. rank: this GPU's index in the group; size: members; members: GPU indices in
+    rank order; name: a string unique to this communicator on every member.
 
-    Control operations travel out of band (like the sockets real programs use to swap handles):
-    they are not NVLink traffic and are not counted on links.
+    Control operations (barrier, allgather_object, split, the call check before every collective)
+    travel out of band, like the sockets real programs use to swap handles: not NVLink traffic, not
+    counted on links. Collectives move their data through the switch and are counted.
     """
 
-    def __init__(self, gpu, members: tuple[int, ...], comm_id: tuple):
+    def __init__(self, gpu, members: tuple[int, ...], name: str):
         self.gpu = gpu
         self.members = tuple(members)
         self.size = len(self.members)
         self.rank = self.members.index(gpu.rank)
-        self.comm_id = comm_id
-        self._seq = itertools.count()
+        self.name = name
+        self._control_seq = itertools.count()
+        self._collective_seq = itertools.count()
+        self._splits = itertools.count()
+        self._group: int | None = None
 
+    # -- control plane ------------------------------------------------------------------------------
     def allgather_object(self, obj, op: str = "allgather_object") -> list:
         """Every member's `obj`, in member order (pickled, out of band, not counted)."""
-        seq = next(self._seq)
+        seq = next(self._control_seq)
         gpu = self.gpu
         for peer in self.members:
             if peer != gpu.rank:
-                gpu._control.send(peer, (self.comm_id, seq, obj))
+                gpu._control.send(peer, (self.name, seq, obj))
         box = gpu._control_box
 
         def missing():
-            return [p for p in self.members if p != gpu.rank and (self.comm_id, seq, p) not in box]
+            return [p for p in self.members if p != gpu.rank and (self.name, seq, p) not in box]
 
-        gpu._wait(lambda: not missing(), f"{op} #{seq} on communicator {self.comm_id}",
+        gpu._wait(lambda: not missing(), f"{op} #{seq} on communicator {self.name!r}",
                   _LazyText(lambda: f"GPUs {missing()}"))
-        return [obj if p == gpu.rank else box.pop((self.comm_id, seq, p)) for p in self.members]
+        return [obj if p == gpu.rank else box.pop((self.name, seq, p)) for p in self.members]
 
     def barrier(self) -> None:
         """Wait until every member reached the barrier; this GPU's puts are fenced first."""
         self.gpu.fence()
         self.allgather_object(None, "barrier")
+
+    def split(self, color, key=None) -> "Communicator | None":
+        """A new communicator of the members that pass the same `color`, ordered by (key, rank);
+        color None leaves this GPU out (returns None). Collective over this communicator."""
+        index = next(self._splits)
+        choices = self.allgather_object((color, self.rank if key is None else key), "split")
+        if color is None:
+            return None
+        chosen = sorted((k, rank) for rank, (c, k) in enumerate(choices) if c == color)
+        members = tuple(self.members[rank] for _, rank in chosen)
+        return Communicator(self.gpu, members, f"{self.name}.{index}:{color}")
+
+    def group_id(self) -> int:
+        """This communicator's multicast/SHARP group in the switch, created and bound on first use
+        (collective: every member calls it at the same collective)."""
+        if self._group is None:
+            gid = None
+            if self.rank == 0:
+                gid = self.gpu._control_call(Kind.GROUP, {"action": "create", "members": list(self.members)},
+                                             f"group create for communicator {self.name!r}")["group"]
+            gid = self.allgather_object(gid, "group create")[0]
+            self.gpu._control_call(Kind.GROUP, {"action": "bind", "group": gid}, f"group bind {gid}")
+            self.allgather_object(None, "group bind")  # every member bound before any contribution
+            self._group = gid
+        return self._group
+
+    def release_group(self) -> None:
+        """Release this communicator's multicast/SHARP group in the switch (collective)."""
+        if self._group is not None:
+            self.allgather_object(None, "group release")
+            if self.rank == 0:
+                self.gpu._control_call(Kind.GROUP, {"action": "release", "group": self._group},
+                                       f"group release {self._group}")
+            self._group = None
+
+    # -- collectives --------------------------------------------------------------------------------
+    def allreduce(self, array: np.ndarray, op: str = "sum", algorithm: str = "auto") -> None:
+        """Reduce `array` over every member with `op` (sum, avg, max, min, prod), in place."""
+        flat = self._flat(array, "allreduce")
+        self._collective("allreduce", algorithm, op, flat.dtype, flat.size, None, (flat,))
+
+    def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, op: str = "sum", algorithm: str = "auto") -> None:
+        """recv <- block `rank` of the reduction of every member's `send` (blocks as fabric.reduction.blocks)."""
+        send, recv = self._flat(send, "reduce_scatter"), self._flat(recv, "reduce_scatter")
+        self._expect(recv.size, blocks(send.size, self.size)[self.rank], "reduce_scatter recv")
+        self._same_dtype(send, recv, "reduce_scatter")
+        self._collective("reduce_scatter", algorithm, op, send.dtype, send.size, None, (send, recv))
+
+    def allgather(self, send: np.ndarray, recv: np.ndarray, algorithm: str = "auto") -> None:
+        """recv <- every member's `send`, concatenated in rank order."""
+        send, recv = self._flat(send, "allgather"), self._flat(recv, "allgather")
+        self._expect(send.size, blocks(recv.size, self.size)[self.rank], "allgather send")
+        self._same_dtype(send, recv, "allgather")
+        self._collective("allgather", algorithm, "sum", send.dtype, recv.size, None, (send, recv))
+
+    def broadcast(self, array: np.ndarray, root: int = 0, algorithm: str = "auto") -> None:
+        """array <- the root member's array, on every member."""
+        flat = self._flat(array, "broadcast")
+        if not 0 <= root < self.size:
+            raise FabricError(f"GPU {self.gpu.rank}: broadcast root {root} is not a member rank 0..{self.size - 1}")
+        self._collective("broadcast", algorithm, "sum", flat.dtype, flat.size, root, (flat, root))
+
+    def all2all(self, send: np.ndarray, recv: np.ndarray) -> None:
+        """recv block i <- member i's send block `rank`; send and recv hold `size` equal blocks."""
+        send, recv = self._flat(send, "all2all"), self._flat(recv, "all2all")
+        if send.size != recv.size or send.size % self.size:
+            raise FabricError(f"GPU {self.gpu.rank}: all2all needs send and recv of equal size, a multiple of "
+                              f"{self.size} members (got {send.size}, {recv.size}); use all2allv for uneven blocks")
+        counts = [send.size // self.size] * self.size
+        self._all2allv("all2all", send, counts, recv, counts)
+
+    def all2allv(self, send: np.ndarray, send_counts, recv: np.ndarray, recv_counts) -> None:
+        """recv block i (recv_counts[i] elements, packed in order) <- member i's send block `rank`
+        (its send_counts[rank] elements, packed in order)."""
+        send, recv = self._flat(send, "all2allv"), self._flat(recv, "all2allv")
+        self._all2allv("all2allv", send, [int(c) for c in send_counts], recv, [int(c) for c in recv_counts])
+
+    def _all2allv(self, name, send, send_counts, recv, recv_counts) -> None:
+        for what, counts, array in (("send", send_counts, send), ("recv", recv_counts, recv)):
+            if len(counts) != self.size or min(counts, default=0) < 0 or sum(counts) > array.size:
+                raise FabricError(f"GPU {self.gpu.rank}: {name} {what}_counts {counts} must be {self.size} "
+                                  f"non-negative counts summing to at most {array.size}")
+        self._same_dtype(send, recv, name)
+        self._collective(name, "direct", "sum", send.dtype, sum(send_counts), None,
+                         (send, pairwise.offsets(send_counts), send_counts, recv, pairwise.offsets(recv_counts),
+                          recv_counts), counts=(send_counts, recv_counts))
+
+    def _collective(self, name, algorithm, op, dtype, count, root, args, counts=None) -> None:
+        gpu = self.gpu
+        dtype = check_dtype(dtype)
+        check_op(op)
+        if counts is None:
+            algorithm = collectives.choose(name, algorithm, gpu.config, count * dtype.itemsize)
+        seq = next(self._collective_seq)
+        call = {"collective": name, "count": count if counts is None else None, "dtype": dtype_name(dtype),
+                "op": op, "root": root, "algorithm": algorithm, "seq": seq}
+        calls = self.allgather_object((call, counts), f"{name} #{seq} call check")
+        self._check_calls(name, seq, calls)
+        if count == 0 and counts is None:
+            return
+        work = collectives.Call(self, seq, op, dtype)
+        if counts is not None:
+            pairwise.all2allv(work, *args)
+        else:
+            collectives.run(algorithm, name, work, *args)
+
+    def _check_calls(self, name, seq, calls) -> None:
+        """CollectiveMismatch on every member, listing each member's call, before any data moves."""
+        fingerprints = [c for c, _ in calls]
+        problem = None
+        if any(f != fingerprints[0] for f in fingerprints):
+            problem = "members called different collectives or arguments"
+        elif calls[0][1] is not None:
+            sends = [c[1][0] for c in calls]
+            recvs = [c[1][1] for c in calls]
+            bad = [(i, j) for i in range(self.size) for j in range(self.size) if sends[i][j] != recvs[j][i]]
+            if bad:
+                i, j = bad[0]
+                problem = (f"member {i} sends {sends[i][j]} elements to member {j}, which expects "
+                           f"{recvs[j][i]}")
+        if problem:
+            listing = "; ".join(f"GPU {self.members[i]}: {c}" + (f" counts {cnt}" if cnt else "")
+                                for i, (c, cnt) in enumerate(calls))
+            raise CollectiveMismatch(f"GPU {self.gpu.rank}: {name} #{seq} on communicator {self.name!r}: "
+                                     f"{problem}: {listing}")
+
+    def _flat(self, array: np.ndarray, what: str) -> np.ndarray:
+        if not isinstance(array, np.ndarray) or not array.flags.c_contiguous:
+            raise FabricError(f"GPU {self.gpu.rank}: {what} needs a contiguous numpy array")
+        return array.reshape(-1)
+
+    def _expect(self, got: int, block: tuple[int, int], what: str) -> None:
+        if got != block[1] - block[0]:
+            raise FabricError(f"GPU {self.gpu.rank}: {what} has {got} elements; member {self.rank} of "
+                              f"{self.size} needs {block[1] - block[0]}")
+
+    def _same_dtype(self, a: np.ndarray, b: np.ndarray, what: str) -> None:
+        if a.dtype != b.dtype:
+            raise FabricError(f"GPU {self.gpu.rank}: {what} send is {a.dtype}, recv is {b.dtype}")
 
 
 class _LazyText:

@@ -58,9 +58,11 @@ class Gpu:
         self._posted: dict[tuple, np.ndarray] = {}      # message key -> where to receive it
         self._control_box: dict[tuple, object] = {}     # (comm id, seq, source) -> control object
         self._exports: dict[int, Handle] = {}           # physical offset -> live export
+        self._bound: dict[tuple, np.ndarray] = {}       # buffer key -> bytes the switch may LOAD (NVLS)
+        self._loads: list[Packet] = []                  # LOADs waiting for their buffer to be bound
         self._shutdown: Packet | None = None
         self._idle = Idle()
-        self.world = Communicator(self, tuple(range(config.gpus)), comm_id=(0,))
+        self.world = Communicator(self, tuple(range(config.gpus)), "world")
 
     # -- memory -----------------------------------------------------------------------------------
     def alloc(self, count: int, dtype="float32") -> np.ndarray:
@@ -133,7 +135,7 @@ class Gpu:
             self._puts[req] = f"put to {_describe(target)}"
             sends.append(self._send(Packet(Kind.PUT, self._keys[self.rank], dst, address + start,
                                            stop - start, req), data[start:stop]))
-        self._wait(lambda: all(self._transport.sent(r) for r in sends), "put", "the switch")
+        self.wait_sent(sends, "put")
 
     def get(self, target, array: np.ndarray, offset: int = 0) -> None:
         """Read `array.nbytes` bytes at byte `offset` of `target` into `array`; AccessViolation if refused."""
@@ -169,19 +171,59 @@ class Gpu:
         return self._send(Packet(Kind.MSG, self._keys[self.rank], self._keys[peer], 0, data.nbytes,
                                  info={"key": list(key)}), data)
 
-    def receive_message(self, key: tuple, out: np.ndarray, peer: int) -> None:
-        """Wait for the message in slot `key` (from GPU `peer`) and place its bytes in `out`."""
+    def switch_request(self, kind: Kind, info: dict, payload: np.ndarray | None = None, address: int = 0,
+                       nbytes: int | None = None) -> list:
+        """Post an in-switch operation (REDUCE, MCAST, LOAD_REDUCE) to the switch; returns the send requests."""
+        data = None if payload is None else self._as_bytes(payload, kind.name)
+        size = data.nbytes if nbytes is None else nbytes
+        return self._send(Packet(kind, self._keys[self.rank], -1, address, size, info=info), data)
+
+    def post_receive(self, key: tuple, out: np.ndarray) -> None:
+        """Receive the message in slot `key` straight into `out` when it arrives (see wait_receive)."""
         key = tuple(key)
         dest = self._as_bytes(out, "receive")
         got = self._mailbox.pop(key, None)
         if got is None:
             self._posted[key] = dest
-            self._wait(lambda: key not in self._posted, "receive", f"GPU {peer} (slot {key})")
             return
         if got.nbytes != dest.nbytes:
-            raise ProtocolError(f"GPU {self.rank}: message {key} from GPU {peer} has {got.nbytes} bytes, "
-                                f"expected {dest.nbytes}")
+            raise ProtocolError(f"GPU {self.rank}: message {key} has {got.nbytes} bytes, expected {dest.nbytes}")
         dest[:] = got
+
+    def wait_receive(self, key: tuple, peer) -> None:
+        """Wait until the posted receive of slot `key` (from `peer`, for messages) completed."""
+        key = tuple(key)
+        self._wait(lambda: key not in self._posted, "receive", f"{peer} (slot {key})")
+
+    def receive_message(self, key: tuple, out: np.ndarray, peer: int) -> None:
+        """Wait for the message in slot `key` (from GPU `peer`) and place its bytes in `out`."""
+        self.post_receive(key, out)
+        self.wait_receive(key, f"GPU {peer}")
+
+    def wait_sent(self, sends: list[list], what: str) -> None:
+        """Wait until sends (each the requests send_message returned) completed locally, so their
+        buffers may be reused."""
+        self._wait(lambda: all(self._transport.sent(r) for r in sends), what, "the switch to take the data")
+
+    def bind_buffer(self, key: tuple, data: np.ndarray) -> None:
+        """Let the switch LOAD from `data` under `key` (NVLS: a buffer bound to a multicast group)."""
+        self._bound[tuple(key)] = self._as_bytes(data, "bind")
+        self._serve_loads()
+
+    def unbind_buffer(self, key: tuple) -> None:
+        del self._bound[tuple(key)]
+
+    def _serve_loads(self) -> None:
+        waiting = []
+        for packet in self._loads:
+            source = self._bound.get(tuple(packet.info["src"]))
+            if source is None:
+                waiting.append(packet)  # this GPU has not reached that collective yet
+                continue
+            data = source[packet.address:packet.address + packet.nbytes]
+            self._send(Packet(Kind.REDUCE, self._keys[self.rank], -1, 0, packet.nbytes, packet.req, packet.info),
+                       data)
+        self._loads = waiting
 
     # -- the progress engine ------------------------------------------------------------------------
     def _wait(self, done, op: str, waiting_for: str, timeout_s: float | None = None) -> None:
@@ -201,8 +243,8 @@ class Gpu:
         moved = self._transport.progress() | self._control.progress()
         got = self._control.poll()
         if got is not None:
-            source, (comm_id, seq, obj) = got
-            self._control_box[(tuple(comm_id), seq, source)] = obj
+            source, (name, seq, obj) = got
+            self._control_box[(name, seq, source)] = obj
             moved = True
         incoming = self._transport.poll()
         if incoming is not None:
@@ -226,7 +268,7 @@ class Gpu:
             self._puts.pop(packet.req, None)
         elif kind is Kind.GET_DATA:
             self._receive(packet, self._gets.pop(packet.req))
-        elif kind is Kind.MSG:
+        elif kind is Kind.MSG or kind is Kind.MCAST:
             key = tuple(packet.info["key"])
             dest = self._posted.get(key)
             if dest is not None and dest.nbytes != packet.nbytes:
@@ -238,6 +280,9 @@ class Gpu:
                 del self._posted[key]
             else:
                 self._mailbox[key] = buffer
+        elif kind is Kind.LOAD:
+            self._loads.append(packet)
+            self._serve_loads()
         elif kind is Kind.NACK:
             self._nack(packet)
         elif kind is Kind.REPLY:

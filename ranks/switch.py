@@ -63,8 +63,8 @@ class SwitchRank:
             payload = np.empty(packet.payload_bytes, np.uint8)
             self.transport.recv_payload(source, payload, time.monotonic() + self.timeout_s,
                                         f"{packet.kind.name} req {packet.req}")
-        for send in self.logic.on_packet(source, packet):
-            self.transport.send(send.port, send.packet, payload if send.forward_payload else None)
+        for send in self.logic.on_packet(source, packet, payload):
+            self.transport.send(send.port, send.packet, send.payload)
 
     def _wait(self, done, what: str, waiting_for) -> None:
         deadline = time.monotonic() + self.timeout_s

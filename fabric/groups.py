@@ -1,0 +1,112 @@
+"""Multicast/SHARP groups in the switch: lifecycle (create, bind, release), the 128-group limit of
+NVSwitch gen 3, and in-switch reductions combined in member order (never arrival order)."""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import AccessViolation, CollectiveMismatch, FabricError, ResourceExhausted
+from .reduction import check_dtype, combine, finish, switch_accumulator
+
+MAX_GROUPS = 128  # NVSwitch gen 3: up to 128 concurrent SHARP groups
+
+
+@dataclass
+class Group:
+    group_id: int
+    members: tuple[int, ...]           # GPU indices in communicator rank order: the combine order
+    bound: set[int] = field(default_factory=set)
+
+    @property
+    def ready(self) -> bool:
+        return len(self.bound) == len(self.members)
+
+
+@dataclass
+class Reduction:
+    """One in-flight in-switch reduction slot: contributions held until every member's is in."""
+
+    op: str
+    dtype: np.dtype
+    nbytes: int
+    parts: dict[int, np.ndarray] = field(default_factory=dict)  # member index -> bytes
+
+
+class GroupTable:
+    """The switch's groups and the reductions in flight in them."""
+
+    def __init__(self, limit: int = MAX_GROUPS):
+        self.limit = limit
+        self.groups: dict[int, Group] = {}
+        self.reductions: dict[tuple, Reduction] = {}
+        self._next_id = 1
+        self.created = self.released = 0
+        self.reduced_bytes = 0  # bytes of contributions combined in the switch
+
+    def create(self, members: tuple[int, ...], requester: int) -> int:
+        if len(self.groups) >= self.limit:
+            raise ResourceExhausted(f"GPU {requester}: cannot create a multicast/SHARP group for GPUs "
+                                    f"{list(members)}: the switch holds {len(self.groups)} groups, its limit is "
+                                    f"{self.limit}; release one first")
+        if requester not in members or len(set(members)) != len(members):
+            raise FabricError(f"GPU {requester}: group members {list(members)} must be distinct and include it")
+        group = Group(self._next_id, tuple(members))
+        self.groups[group.group_id] = group
+        self._next_id += 1
+        self.created += 1
+        return group.group_id
+
+    def group(self, group_id: int, gpu: int, what: str) -> Group:
+        group = self.groups.get(group_id)
+        if group is None:
+            raise AccessViolation(f"{what} by GPU {gpu}: no live group {group_id}")
+        if gpu not in group.members:
+            raise AccessViolation(f"{what} by GPU {gpu}: not a member of group {group_id} "
+                                  f"(members {list(group.members)})")
+        return group
+
+    def bind(self, group_id: int, gpu: int) -> None:
+        self.group(group_id, gpu, "bind").bound.add(gpu)
+
+    def release(self, group_id: int, gpu: int) -> None:
+        self.group(group_id, gpu, "release")
+        del self.groups[group_id]
+        self.reductions = {k: v for k, v in self.reductions.items() if k[0] != group_id}
+        self.released += 1
+
+    def contribute(self, group_id: int, slot: tuple, gpu: int, op: str, dtype: str,
+                   data: np.ndarray) -> np.ndarray | None:
+        """Hold GPU `gpu`'s contribution to `slot`; the finished result once every member's is in."""
+        group = self.group(group_id, gpu, "in-switch reduction")
+        if not group.ready:
+            raise AccessViolation(f"in-switch reduction by GPU {gpu}: group {group_id} is not bound by all "
+                                  f"members yet ({sorted(group.bound)} of {list(group.members)})")
+        key = (group_id, *slot)
+        state = self.reductions.setdefault(key, Reduction(op, check_dtype(dtype), data.nbytes))
+        if (state.op, state.nbytes, state.dtype) != (op, data.nbytes, np.dtype(dtype)):
+            raise CollectiveMismatch(f"in-switch reduction slot {slot} of group {group_id}: GPU {gpu} sent "
+                                     f"{op}/{dtype}/{data.nbytes} B, others {state.op}/{state.dtype}/{state.nbytes} B")
+        index = group.members.index(gpu)
+        if index in state.parts:
+            raise CollectiveMismatch(f"in-switch reduction slot {slot} of group {group_id}: GPU {gpu} "
+                                     f"contributed twice")
+        state.parts[index] = data
+        if len(state.parts) < len(group.members):
+            return None
+        del self.reductions[key]
+        return self._reduce(state, len(group.members))
+
+    def _reduce(self, state: Reduction, members: int) -> np.ndarray:
+        # member order 0..n-1, in the switch's accumulator dtype (float32 for 16-bit floats)
+        acc = state.parts[0].view(state.dtype).astype(switch_accumulator(state.dtype), copy=True)
+        for index in range(1, members):
+            combine(state.op, acc, state.parts[index].view(state.dtype).astype(acc.dtype, copy=False))
+        out = np.empty(acc.shape, state.dtype)
+        finish(state.op, acc, members, out)
+        self.reduced_bytes += state.nbytes * members
+        return out.view(np.uint8)
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of contributions the switch holds now."""
+        return sum(p.nbytes for r in self.reductions.values() for p in r.parts.values())

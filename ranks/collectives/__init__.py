@@ -1,0 +1,112 @@
+"""Collective algorithms, one module each, registered by name; `Call` holds the primitives they use.
+
+Primitives: send a message to a peer, post/wait a receive, in-switch reduce (REDUCE), multicast store
+(MCAST) and NVLS load-reduce (LOAD_REDUCE). Each algorithm module defines the collectives it supports
+as functions `allreduce(call, array)`, `reduce_scatter(call, send, recv)`, `allgather(call, send,
+recv)`, `broadcast(call, array, root)`, and documents its per-GPU link bytes and its combine order.
+"""
+
+import numpy as np
+
+from fabric.errors import UnsupportedOperation
+from fabric.packets import Kind
+from fabric.reduction import dtype_name
+
+from . import direct, nvls, ring, sharp
+
+ALGORITHMS = {"ring": ring, "direct": direct, "sharp": sharp, "nvls": nvls}
+IN_SWITCH = ("sharp", "nvls")
+SMALL_BYTES = 64 * 1024  # below this, `auto` picks `direct` (fewer steps) on a forwarding switch
+
+
+def choose(collective: str, algorithm: str, config, nbytes: int) -> str:
+    """The algorithm a call runs. `auto`: with a SHARP switch (NVLink Network), `sharp` for every
+    collective that has it; otherwise `direct` below 64 KiB and `ring` from there on."""
+    if algorithm == "auto":
+        if config.mode == "network" and config.sharp:
+            return "sharp"
+        return "direct" if nbytes < SMALL_BYTES else "ring"
+    module = ALGORITHMS.get(algorithm)
+    if module is None:
+        raise UnsupportedOperation(f"{collective}: unknown algorithm {algorithm!r}; known: auto, "
+                                   f"{', '.join(ALGORITHMS)}")
+    if not hasattr(module, collective):
+        raise UnsupportedOperation(f"{collective}: algorithm {algorithm!r} does not implement it")
+    if algorithm in IN_SWITCH and not (config.mode == "network" and config.sharp):
+        raise UnsupportedOperation(f"{collective} with {algorithm!r}: fabric {config.name!r} has no in-switch "
+                                   f"reduction or multicast (needs NVLink Network mode with a SHARP switch)")
+    return algorithm
+
+
+def run(algorithm: str, collective: str, call: "Call", *args) -> None:
+    getattr(ALGORITHMS[algorithm], collective)(call, *args)
+
+
+class Call:
+    """One member's side of one collective call: message keys, peers, primitives, pending sends.
+
+    n: members; r: this member's rank; chunk: elements per message (chunk_bytes / itemsize);
+    window: in-switch operations a member keeps in flight, so the switch holds at most
+    members x window x chunk_bytes of contributions per call (switch_buffer_bytes / members / chunk_bytes).
+    """
+
+    def __init__(self, comm, seq: int, op: str, dtype: np.dtype):
+        self.comm = comm
+        self.gpu = comm.gpu
+        self.n, self.r = comm.size, comm.rank
+        self.seq = seq
+        self.op = op
+        self.dtype = dtype
+        config = self.gpu.config
+        self.chunk = max(1, config.chunk_bytes // dtype.itemsize)
+        self.window = max(1, config.switch_buffer_bytes // (self.n * config.chunk_bytes))
+        self._sends: list = []
+
+    def key(self, *parts) -> tuple:
+        return (self.comm.name, self.seq, *parts)
+
+    def peer(self, index: int) -> int:
+        """GPU index of member `index` (taken mod n)."""
+        return self.comm.members[index % self.n]
+
+    # -- point to point ---------------------------------------------------------------------------
+    def send(self, to: int, parts: tuple, data: np.ndarray) -> None:
+        if data.size:
+            self._sends.append(self.gpu.send_message(self.peer(to), self.key(*parts), data))
+
+    def post(self, parts: tuple, out: np.ndarray) -> None:
+        if out.size:
+            self.gpu.post_receive(self.key(*parts), out)
+
+    def wait(self, parts: tuple, source: str, out: np.ndarray) -> None:
+        if out.size:
+            self.gpu.wait_receive(self.key(*parts), source)
+
+    def recv(self, frm: int, parts: tuple, out: np.ndarray) -> None:
+        self.post(parts, out)
+        self.wait(parts, f"GPU {self.peer(frm)}", out)
+
+    def flush(self) -> None:
+        """Wait until every send of this call left (its buffer may be written again)."""
+        self.gpu.wait_sent(self._sends, "collective send")
+        self._sends = []
+
+    # -- in the switch ----------------------------------------------------------------------------
+    def reduce(self, slot: tuple, data: np.ndarray, dest: list[int], parts: tuple) -> None:
+        """Contribute `data` to in-switch reduction `slot`; the result goes to members `dest` as `parts`."""
+        info = {"g": self.comm.group_id(), "slot": [self.seq, *slot], "op": self.op,
+                "dtype": dtype_name(self.dtype), "dest": [self.peer(d) for d in dest], "key": list(self.key(*parts))}
+        self._sends.append(self.gpu.switch_request(Kind.REDUCE, info, data))
+
+    def multicast(self, parts: tuple, data: np.ndarray) -> None:
+        """Multicast-store `data` to every member (this one included) as `parts`."""
+        info = {"g": self.comm.group_id(), "key": list(self.key(*parts))}
+        self._sends.append(self.gpu.switch_request(Kind.MCAST, info, data))
+
+    def load_reduce(self, slot: tuple, source: tuple, offset_bytes: int, nbytes: int, parts: tuple) -> None:
+        """Ask the switch to read [offset, offset + nbytes) of every member's buffer bound as `source`,
+        reduce, and return the result to this member as `parts` (NVLS load-reduce)."""
+        info = {"g": self.comm.group_id(), "slot": [self.seq, *slot], "op": self.op,
+                "dtype": dtype_name(self.dtype), "dest": [self.gpu.rank], "key": list(self.key(*parts)),
+                "src": list(self.key(*source))}
+        self._sends.append(self.gpu.switch_request(Kind.LOAD_REDUCE, info, None, offset_bytes, nbytes))

@@ -1,0 +1,40 @@
+"""All2All and All2Allv: every GPU sends block j of its send buffer to GPU j, through the switch.
+
+Per-GPU link payload for S send bytes on N GPUs (equal blocks): tx = rx = (N-1)/N x S; a GPU's own
+block never leaves it (copied locally). All2Allv moves exactly the counts given, own block excluded.
+"""
+
+import numpy as np
+
+from fabric.reduction import chunks
+
+A2A = 6  # message phase
+
+
+def all2allv(call, send: np.ndarray, send_offsets, send_counts, recv: np.ndarray, recv_offsets,
+             recv_counts) -> None:
+    n, r = call.n, call.r
+    for shift in range(1, n):
+        # post every receive first, so peers' blocks land in place
+        p = (r - shift) % n
+        base = recv_offsets[p]
+        for c, (lo, hi) in enumerate(chunks(base, base + recv_counts[p], call.chunk)):
+            call.post((A2A, p, c), recv[lo:hi])
+    for shift in range(1, n):
+        # step s: send to member r+s (a shifted order spreads the load over the switch's ports)
+        p = (r + shift) % n
+        base = send_offsets[p]
+        for c, (lo, hi) in enumerate(chunks(base, base + send_counts[p], call.chunk)):
+            call.send(p, (A2A, r, c), send[lo:hi])
+    recv[recv_offsets[r]:recv_offsets[r] + recv_counts[r]] = send[send_offsets[r]:send_offsets[r] + send_counts[r]]
+    for shift in range(1, n):
+        p = (r - shift) % n
+        base = recv_offsets[p]
+        for c, (lo, hi) in enumerate(chunks(base, base + recv_counts[p], call.chunk)):
+            call.wait((A2A, p, c), f"GPU {call.peer(p)}", recv[lo:hi])
+    call.flush()
+
+
+def offsets(counts) -> list[int]:
+    """Start of each block when blocks of `counts` elements are packed one after another."""
+    return [int(x) for x in np.concatenate(([0], np.cumsum(counts)[:-1]))] if len(counts) else []

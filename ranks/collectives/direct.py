@@ -1,0 +1,85 @@
+"""`direct`: the A100 NVSwitch way, "read and reduce, then broadcast"; the switch only forwards.
+
+GPU j owns the j-th 1/N block: it gathers block j from every peer, reduces it, then sends the
+reduced block to every peer. Per-GPU link payload for S bytes on N GPUs, tx = rx:
+- allreduce: (N-1)/N x S in the reduce phase + (N-1)/N x S in the broadcast phase = 2(N-1)/N x S;
+- reduce_scatter (S = input bytes) and allgather (S = output bytes): (N-1)/N x S;
+- broadcast: the root sends S to each of the N-1 others (root tx (N-1) x S, every other rx S).
+Combine order: members 0, 1, ..., N-1, in the array's dtype.
+"""
+
+import numpy as np
+
+from fabric.reduction import blocks, chunks, combine, finish
+
+RED, BCAST, ROOT = 0, 1, 2  # message phases
+
+
+def _reduce_own_block(call, source: np.ndarray, parts, out: np.ndarray) -> None:
+    """out <- finished reduction of block r over every member, in member order."""
+    n, r = call.n, call.r
+    for p in range(n):
+        if p != r:
+            a, b = parts[p]
+            for c, (lo, hi) in enumerate(chunks(a, b, call.chunk)):
+                call.send(p, (RED, r, c), source[lo:hi])
+    a, b = parts[r]
+    for c, (lo, hi) in enumerate(chunks(a, b, call.chunk)):
+        acc = None
+        for p in range(n):
+            if p == r:
+                part = source[lo:hi]
+            else:
+                part = np.empty(hi - lo, source.dtype)
+                call.recv(p, (RED, p, c), part)
+            if acc is None:
+                acc = part.copy()
+            else:
+                combine(call.op, acc, part)
+        finish(call.op, acc, n, out[lo - a:hi - a])
+    call.flush()
+
+
+def _broadcast_own_block(call, work: np.ndarray, parts) -> None:
+    n, r = call.n, call.r
+    a, b = parts[r]
+    for p in range(n):
+        if p != r:
+            for c, (lo, hi) in enumerate(chunks(a, b, call.chunk)):
+                call.send(p, (BCAST, r, c), work[lo:hi])
+    for p in range(n):
+        if p != r:
+            for c, (lo, hi) in enumerate(chunks(*parts[p], call.chunk)):
+                call.recv(p, (BCAST, p, c), work[lo:hi])
+    call.flush()
+
+
+def allreduce(call, array: np.ndarray) -> None:
+    parts = blocks(array.size, call.n)
+    a, b = parts[call.r]
+    reduced = np.empty(b - a, array.dtype)
+    _reduce_own_block(call, array, parts, reduced)
+    array[a:b] = reduced
+    _broadcast_own_block(call, array, parts)
+
+
+def reduce_scatter(call, send: np.ndarray, recv: np.ndarray) -> None:
+    _reduce_own_block(call, send, blocks(send.size, call.n), recv)
+
+
+def allgather(call, send: np.ndarray, recv: np.ndarray) -> None:
+    parts = blocks(recv.size, call.n)
+    a, b = parts[call.r]
+    recv[a:b] = send
+    _broadcast_own_block(call, recv, parts)
+
+
+def broadcast(call, array: np.ndarray, root: int) -> None:
+    for c, (lo, hi) in enumerate(chunks(0, array.size, call.chunk)):
+        if call.r == root:
+            for p in range(call.n):
+                if p != root:
+                    call.send(p, (ROOT, c), array[lo:hi])
+        else:
+            call.recv(root, (ROOT, c), array[lo:hi])
+    call.flush()

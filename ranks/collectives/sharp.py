@@ -1,0 +1,86 @@
+"""`sharp`: NVLink SHARP as a push. Every GPU sends its buffer to the switch once; the switch reduces
+the contributions and multicasts the result (one packet in, a copy out of every member port).
+
+Per-GPU link payload for S bytes on N GPUs:
+- allreduce: tx = S (the contribution), rx = S (the multicast result);
+- reduce_scatter (S = input bytes): tx = S, rx = S/N (the switch sends block j to GPU j only);
+- allgather (S = output bytes), a multicast store of each block: tx = S/N, rx = S (every block comes
+  back to every member, the sender's own included, as NVLS's multicast store does);
+- broadcast: the root's tx = S; every member's rx = S (the root's own copy included).
+Combine order: members 0, 1, ..., N-1, in the switch's accumulator (float32 for float16 and
+bfloat16, rounded once at the end; the dtype itself otherwise). avg divides in the switch.
+"""
+
+import numpy as np
+
+from fabric.reduction import blocks, chunks
+
+AR, RS, AG, BC = 0, 1, 2, 3  # message phases
+
+
+def allreduce(call, array: np.ndarray) -> None:
+    spans = chunks(0, array.size, call.chunk)
+    everyone = list(range(call.n))
+    for c, (lo, hi) in enumerate(spans):
+        call.post((AR, c), array[lo:hi])  # the result lands in place once every member contributed
+    for c, (lo, hi) in enumerate(spans[:call.window]):
+        call.reduce((c,), array[lo:hi], everyone, (AR, c))
+    for c, (lo, hi) in enumerate(spans):
+        call.wait((AR, c), "the switch's reduction", array[lo:hi])
+        # credit: one result back lets one more contribution in, bounding what the switch holds
+        if c + call.window < len(spans):
+            lo2, hi2 = spans[c + call.window]
+            call.reduce((c + call.window,), array[lo2:hi2], everyone, (AR, c + call.window))
+    call.flush()
+
+
+def reduce_scatter(call, send: np.ndarray, recv: np.ndarray) -> None:
+    n, r = call.n, call.r
+    parts = blocks(send.size, n)
+    spans = [chunks(a, b, call.chunk) for a, b in parts]
+    own_start = parts[r][0]
+    for c, (lo, hi) in enumerate(spans[r]):
+        call.post((RS, r, c), recv[lo - own_start:hi - own_start])
+    rounds = max(len(s) for s in spans)
+    for c in range(rounds):
+        # round c: chunk c of every block; waiting for our own chunk c - window bounds the switch's hold
+        back = c - call.window
+        if 0 <= back < len(spans[r]):
+            lo, hi = spans[r][back]
+            call.wait((RS, r, back), "the switch's reduction", recv[lo - own_start:hi - own_start])
+        for j in range(n):
+            if c < len(spans[j]):
+                lo, hi = spans[j][c]
+                call.reduce((j, c), send[lo:hi], [j], (RS, j, c))
+    for c in range(max(0, rounds - call.window), len(spans[r])):
+        lo, hi = spans[r][c]
+        call.wait((RS, r, c), "the switch's reduction", recv[lo - own_start:hi - own_start])
+    call.flush()
+
+
+def allgather(call, send: np.ndarray, recv: np.ndarray) -> None:
+    parts = blocks(recv.size, call.n)
+    for p, (a, b) in enumerate(parts):
+        for c, (lo, hi) in enumerate(chunks(a, b, call.chunk)):
+            call.post((AG, p, c), recv[lo:hi])
+    a, _ = parts[call.r]
+    for c, (lo, hi) in enumerate(chunks(0, send.size, call.chunk)):
+        call.multicast((AG, call.r, c), send[lo:hi])
+    for p, (a, b) in enumerate(parts):
+        for c, (lo, hi) in enumerate(chunks(a, b, call.chunk)):
+            call.wait((AG, p, c), f"GPU {call.peer(p)}'s multicast", recv[lo:hi])
+    call.flush()
+
+
+def broadcast(call, array: np.ndarray, root: int) -> None:
+    spans = chunks(0, array.size, call.chunk)
+    if call.r == root:
+        scratch = np.empty(min(call.chunk, array.size), array.dtype)
+        for c, (lo, hi) in enumerate(spans):
+            call.multicast((BC, c), array[lo:hi])
+        for c, (lo, hi) in enumerate(spans):
+            call.recv(root, (BC, c), scratch[:hi - lo])  # the root's own copy of the multicast
+    else:
+        for c, (lo, hi) in enumerate(spans):
+            call.recv(root, (BC, c), array[lo:hi])
+    call.flush()
