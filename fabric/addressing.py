@@ -15,6 +15,8 @@ NETWORK_VIRTUAL_BASE = 0x7F00_0000_0000
 
 def physical_address(gpu: int, offset: int) -> int:
     """Global physical address of byte `offset` of GPU `gpu` (classic mode)."""
+    if not 0 <= offset <= PHYSICAL_OFFSET_MASK:
+        raise AccessViolation(f"offset {offset:#x} of GPU {gpu} does not fit the {PHYSICAL_GPU_SHIFT}-bit aperture")
     return (gpu << PHYSICAL_GPU_SHIFT) | offset
 
 

@@ -71,7 +71,7 @@ class FabricConfig:
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{key}: must be a positive integer, got {value!r}")
-        if not isinstance(self.header_bytes, int) or self.header_bytes < 0:
+        if not isinstance(self.header_bytes, int) or isinstance(self.header_bytes, bool) or self.header_bytes < 0:
             raise ConfigError(f"header_bytes: must be a non-negative integer, got {self.header_bytes!r}")
         if self.switches != 1:
             raise ConfigError(f"switches: only one switch rank is supported so far, got {self.switches!r}")
@@ -146,9 +146,9 @@ def load_toml(path: str | Path, **overrides) -> FabricConfig:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     base = data.pop("base", None)
-    settings = dict(PRESETS[base]) if base in PRESETS else {}
-    if base is not None and base not in PRESETS:
+    if base is not None and (not isinstance(base, str) or base not in PRESETS):
         raise ConfigError(f"{path}: base: unknown preset {base!r}; known: {', '.join(PRESETS)}")
+    settings = dict(PRESETS[base]) if base else {}
     settings.update(data)
     settings.setdefault("name", path.stem)
     settings.update(overrides)

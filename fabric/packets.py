@@ -72,9 +72,14 @@ class Packet:
         try:
             kind, src, dst, address, nbytes, req, info = msgpack.unpackb(data, raw=False,
                                                                           strict_map_key=False)
-            return cls(Kind(kind), src, dst, address, nbytes, req, info)
+            kind = Kind(kind)
         except (ValueError, TypeError, msgpack.UnpackException) as exc:
             raise ProtocolError(f"undecodable packet header ({len(data)} bytes): {exc}") from None
+        numbers = (src, dst, address, nbytes, req)
+        if not all(type(v) is int for v in numbers) or nbytes < 0 or not (info is None or isinstance(info, dict)):
+            raise ProtocolError(f"malformed {kind.name} header: src, dst, address, nbytes, req must be integers "
+                                f"(nbytes >= 0) and info a map, got {numbers} {type(info).__name__}")
+        return cls(kind, src, dst, address, nbytes, req, info)
 
     @property
     def payload_bytes(self) -> int:

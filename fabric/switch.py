@@ -89,7 +89,8 @@ class SwitchLogic:
                          payload if write else None)]
         if kind in (Kind.PUT_ACK, Kind.GET_DATA, Kind.MSG):
             target = self._port_for(ingress, packet)
-            if kind is Kind.MSG and self._partition[target] != self._partition[ingress]:
+            # a genuine reply never crosses partitions (its request could not), so none may
+            if self._partition[target] != self._partition[ingress]:
                 raise AccessViolation(f"GPU {ingress} (partition {self._partition[ingress]}) may not send to "
                                       f"GPU {target} (partition {self._partition[target]})")
             return [Send(target, replace(packet, src=src), payload)]

@@ -70,11 +70,17 @@ class Communicator:
         """This communicator's multicast/SHARP group in the switch, created and bound on first use
         (collective: every member calls it at the same collective)."""
         if self._group is None:
-            gid = None
+            created = None
             if self.rank == 0:
-                gid = self.gpu._control_call(Kind.GROUP, {"action": "create", "members": list(self.members)},
-                                             f"group create for communicator {self.name!r}")["group"]
-            gid = self.allgather_object(gid, "group create")[0]
+                try:
+                    created = self.gpu._control_call(Kind.GROUP, {"action": "create", "members": list(self.members)},
+                                                     f"group create for communicator {self.name!r}")["group"]
+                except FabricError as exc:
+                    created = exc  # every member raises it, none is left waiting
+            created = self.allgather_object(created, "group create")[0]
+            if isinstance(created, FabricError):
+                raise type(created)(f"GPU {self.gpu.rank}: {created}")
+            gid = created
             self.gpu._control_call(Kind.GROUP, {"action": "bind", "group": gid}, f"group bind {gid}")
             self.allgather_object(None, "group bind")  # every member bound before any contribution
             self._group = gid
@@ -154,6 +160,8 @@ class Communicator:
         self._check_calls(name, seq, calls)
         if count == 0 and counts is None:
             return
+        if algorithm in collectives.IN_SWITCH:
+            self.group_id()  # collective: every member, even one with an empty block, takes part
         work = collectives.Call(self, seq, op, dtype)
         if counts is not None:
             pairwise.all2allv(work, *args)

@@ -15,7 +15,7 @@ from fabric.memory import DeviceMemory
 from fabric.packets import Kind, Packet
 
 from .comm import Communicator
-from .transport import ControlChannel, Idle, Transport
+from .transport import ControlChannel, Idle, Transport, done, native_collective
 
 
 def raise_remote(info: dict, context: str):
@@ -225,6 +225,12 @@ class Gpu:
                        data)
         self._loads = waiting
 
+    def native(self, collective: str, send: np.ndarray, recv: np.ndarray, op: str = "sum", root: int = 0) -> None:
+        """The same collective by MPI's own implementation over the GPU ranks (not through the fabric,
+        not counted): the reference the bench times and the tests compare with."""
+        request = native_collective(self._control, collective, send, recv, op, root)
+        self._wait(lambda: done(request), f"native MPI {collective}", "the other GPU ranks")
+
     # -- the progress engine ------------------------------------------------------------------------
     def _wait(self, done, op: str, waiting_for: str, timeout_s: float | None = None) -> None:
         """Serve traffic until done() holds; FabricTimeout naming op and peer at the deadline."""
@@ -267,7 +273,10 @@ class Gpu:
         elif kind is Kind.PUT_ACK:
             self._puts.pop(packet.req, None)
         elif kind is Kind.GET_DATA:
-            self._receive(packet, self._gets.pop(packet.req))
+            dest = self._gets.pop(packet.req, None)
+            if dest is None:
+                raise ProtocolError(f"GPU {self.rank}: GET_DATA for request {packet.req}, which it never made")
+            self._receive(packet, dest)
         elif kind is Kind.MSG or kind is Kind.MCAST:
             key = tuple(packet.info["key"])
             dest = self._posted.get(key)

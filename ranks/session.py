@@ -31,11 +31,13 @@ def role_of(rank: int, config: FabricConfig) -> str:
 
 
 def run_fabric(config: FabricConfig, main, timeout_s: float = DEFAULT_TIMEOUT_S, comm=None,
-               label: str = "") -> RunResult:
+               abort_on_error: bool = True) -> RunResult:
     """Run `main(gpu)` on every GPU rank while the switch rank serves; collective over `comm`.
 
     A world size that does not match the fabric is a ConfigError on every rank before any traffic.
-    Any exception after that prints this rank's traceback, labelled, and aborts the whole job.
+    Any exception after that prints this rank's traceback, labelled, and aborts the whole job; with
+    abort_on_error=False it propagates instead, for a caller that ends the job itself (the tests'
+    conftest hook does, after pytest reports the failure).
     """
     if timeout_s <= 0:
         raise ConfigError(f"timeout: must be > 0 seconds, got {timeout_s}")
@@ -60,9 +62,11 @@ def run_fabric(config: FabricConfig, main, timeout_s: float = DEFAULT_TIMEOUT_S,
         transport.close()
         return RunResult(role, transport.rank, value, report)
     except BaseException:
+        if not abort_on_error:
+            raise
         name = f"{role} {transport.rank}" if role == "gpu" else f"switch (rank {transport.rank})"
         text = traceback.format_exc()
-        prefix = f"[nvlink-emu {label}{name}] "
+        prefix = f"[nvlink-emu {name}] "
         sys.stderr.write(f"{prefix}failed; ending the job\n" + "".join(prefix + line + "\n"
                                                                       for line in text.rstrip().split("\n")))
         abort_job(1)

@@ -167,6 +167,32 @@ class ControlChannel:
         return status.Get_source(), pickle.loads(buffer)
 
 
+_NATIVE_OPS = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}
+
+
+def native_collective(channel: ControlChannel, collective: str, send: np.ndarray, recv: np.ndarray,
+                      op: str = "sum", root: int = 0):
+    """Start MPI's own non-blocking collective over the GPU ranks (the reference the bench and the
+    tests compare with); returns the request. avg is sum here (the caller divides)."""
+    comm = channel.comm
+    if collective == "allreduce":
+        return comm.Iallreduce(send, recv, _NATIVE_OPS["sum" if op == "avg" else op])
+    if collective == "reduce_scatter":
+        return comm.Ireduce_scatter_block(send, recv, _NATIVE_OPS["sum" if op == "avg" else op])
+    if collective == "allgather":
+        return comm.Iallgather(send, recv)
+    if collective == "broadcast":
+        return comm.Ibcast(recv, root)
+    if collective == "all2all":
+        return comm.Ialltoall(send, recv)
+    raise ValueError(f"no native {collective}")
+
+
+def done(request) -> bool:
+    """Whether a request from native_collective completed."""
+    return request.Test()
+
+
 def split_gpus(transport: Transport, is_gpu: bool) -> ControlChannel | None:
     """A control channel over the GPU ranks only (collective over the transport's communicator)."""
     comm = transport.comm.Split(0 if is_gpu else MPI.UNDEFINED, transport.rank)

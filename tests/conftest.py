@@ -21,6 +21,9 @@ def pytest_runtest_makereport(item, call):
         from ranks.transport import abort_job, world_rank, world_size
 
         if world_size() > 1:
+            capture = item.config.pluginmanager.getplugin("capturemanager")
+            if capture is not None:
+                capture.suspend_global_capture(in_=True)  # or the report dies with the job
             rank = world_rank()
             text = "".join(f"[rank {rank}] {line}\n" for line in report.longreprtext.splitlines())
             sys.stderr.write(f"[rank {rank}] {item.nodeid} failed; aborting the job\n{text}")

@@ -11,5 +11,6 @@ def gpus() -> int:
 
 
 def run(main, timeout_s: float = 30.0, base: str = "dgx-h100", **overrides):
-    """Run main(gpu) on a fabric of world_size - 1 GPUs; returns this rank's RunResult."""
-    return run_fabric(preset(base, gpus=gpus(), **overrides), main, timeout_s=timeout_s)
+    """Run main(gpu) on a fabric of world_size - 1 GPUs; returns this rank's RunResult. A failure
+    propagates to pytest, whose report the conftest hook prints before it ends the job."""
+    return run_fabric(preset(base, gpus=gpus(), **overrides), main, timeout_s=timeout_s, abort_on_error=False)

@@ -189,8 +189,6 @@ def test_toml_base_unknown(tmp_path):
         load_toml(path)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: load_toml tests `base in PRESETS` before checking base is a "
-                                       "string; an array/table base raises TypeError, not ConfigError")
 def test_toml_base_not_a_string(tmp_path):
     path = write_toml(tmp_path, 'base = ["dgx-a100"]\n')
     with pytest.raises(ConfigError, match="base"):

@@ -1,0 +1,369 @@
+"""fabric.switch.SwitchLogic (pure, no MPI): export, translate, authorise, route, count, NACK."""
+
+import numpy as np
+import pytest
+
+from fabric.addressing import Handle, physical_address
+from fabric.config import FabricConfig
+from fabric.counters import downlink, uplink
+from fabric.errors import ProtocolError
+from fabric.packets import Kind, Packet, raw_bytes, segments
+from fabric.switch import Send, SwitchLogic
+
+MTU, HEADER, PAGE = 256, 16, 4096
+MEMORY = 1 << 20
+
+
+def network(gpus=4, **kw):
+    return SwitchLogic(FabricConfig(gpus=gpus, mode="network", sharp=True, mtu_bytes=MTU, header_bytes=HEADER,
+                                    page_size_bytes=PAGE, memory_capacity_bytes=MEMORY, **kw))
+
+
+def classic(gpus=4):
+    return SwitchLogic(FabricConfig(gpus=gpus, mode="classic", sharp=False, link="nvlink3", mtu_bytes=MTU,
+                                    header_bytes=HEADER, memory_capacity_bytes=MEMORY))
+
+
+def link(payload):
+    """Counters of one link that carried one transfer of `payload` bytes."""
+    return {"payload_bytes": payload, "raw_bytes": raw_bytes(payload, MTU, HEADER),
+            "packets": segments(payload, MTU)}
+
+
+def payload_for(packet):
+    """The uint8 bytes a sender hands the transport beside `packet`'s header (None for header-only kinds)."""
+    if not packet.kind.has_payload:
+        return None
+    return (np.arange(packet.nbytes) % 251).astype(np.uint8)
+
+
+def export(sw, gpu, phys_offset=8192, size=4096, req=1, **info):
+    """EXPORT from `gpu`; returns the REPLY's info."""
+    sends = sw.on_packet(gpu, Packet(Kind.EXPORT, src=0, dst=-1, req=req,
+                                     info={"phys_offset": phys_offset, "size_bytes": size, **info}))
+    assert len(sends) == 1
+    send = sends[0]
+    assert send.port == gpu and send.packet.kind is Kind.REPLY and send.packet.req == req
+    assert send.payload is None
+    return send.packet.info
+
+
+def handle_of(info):
+    return Handle(*info["handle"])
+
+
+def only_nack(sends, port, req):
+    assert len(sends) == 1
+    send = sends[0]
+    assert send.port == port and send.packet.kind is Kind.NACK and send.packet.req == req
+    assert send.payload is None
+    return send.packet
+
+
+# -- network mode: export and PUT ---------------------------------------------------------------------
+
+def test_export_replies_with_handle():
+    sw = network()
+    info = export(sw, 1, phys_offset=8192, size=4096, req=17)
+    h = handle_of(info)
+    assert h.network_address == sw.network_addresses[1]
+    assert h.size_bytes == 4096 and h.owner == 1
+    assert info["allowed"] == [0, 1, 2, 3]
+    assert "error" not in info
+    assert sw.counters.snapshot() == {}  # the control plane is never counted
+
+
+def test_export_reply_addressed_to_exporter():
+    sw = network()
+    sends = sw.on_packet(2, Packet(Kind.EXPORT, src=0, dst=-1, req=3, info={"phys_offset": 0, "size_bytes": 64}))
+    assert sends[0].packet.dst == sw.network_addresses[2]
+
+
+def test_network_addresses_are_not_ranks():
+    sw = network()
+    assert len(set(sw.network_addresses)) == 4
+    assert list(sw.network_addresses) != [0, 1, 2, 3]
+    assert [sw.port_of(sw.route_key(g)) for g in range(4)] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("nbytes", [1, 255, 256, 257, 1000, 4096 - 16])
+@pytest.mark.parametrize("claimed_src", [0, -1, "gpu2"])
+def test_put_translated_rewritten_counted(nbytes, claimed_src):
+    sw = network()
+    h = handle_of(export(sw, 1, phys_offset=8192, size=4096))
+    src = sw.network_addresses[2] if claimed_src == "gpu2" else claimed_src  # whatever the sender claims
+    put = Packet(Kind.PUT, src=src, dst=h.network_address, address=h.address + 16, nbytes=nbytes, req=9)
+    payload = payload_for(put)
+    sends = sw.on_packet(0, put, payload)
+    assert len(sends) == 1
+    send = sends[0]
+    assert send.port == 1 and send.payload is payload  # the bytes travel on untouched
+    out = send.packet
+    assert out.kind is Kind.PUT
+    assert out.address == 8192 + 16                      # physical offset in GPU 1's memory
+    assert out.src == sw.network_addresses[0]            # the ingress port, not the claim
+    assert out.dst == sw.network_addresses[1]
+    assert (out.nbytes, out.req) == (nbytes, 9)
+    assert sw.counters.snapshot() == {uplink(0): link(nbytes), downlink(1): link(nbytes)}
+    raw = nbytes + -(-nbytes // MTU) * HEADER
+    assert sw.counters.get(uplink(0)).raw_bytes == raw and sw.counters.get(downlink(1)).raw_bytes == raw
+    assert sw.violations == [0, 0, 0, 0]
+    assert sw.tlbs[1].faults == 0
+
+
+def test_put_whole_window_and_one_byte_more():
+    sw = network()
+    h = handle_of(export(sw, 1, phys_offset=0, size=5000))
+    ok = sw.on_packet(0, Packet(Kind.PUT, 0, h.network_address, h.address, 5000, req=1))
+    assert ok[0].port == 1 and ok[0].packet.address == 0
+    bad = sw.on_packet(0, Packet(Kind.PUT, 0, h.network_address, h.address, 5001, req=2))
+    nack = only_nack(bad, 0, 2)
+    assert nack.info["error"] == "AccessViolation"
+    assert "out of bounds" in nack.info["message"]
+
+
+def test_refused_put_nacks_requester_only():
+    sw = network()
+    h = handle_of(export(sw, 1, to=[1, 2]))
+    put = Packet(Kind.PUT, src=0, dst=h.network_address, address=h.address, nbytes=512, req=42)
+    sends = sw.on_packet(0, put, payload_for(put))
+    nack = only_nack(sends, 0, 42)
+    assert nack.dst == sw.network_addresses[0]
+    assert nack.info["error"] == "AccessViolation"
+    assert nack.info["kind"] == "PUT"
+    assert "GPU 0" in nack.info["message"]
+    assert sw.violations == [1, 0, 0, 0]
+    assert sw.tlbs[1].faults == 1
+    # the PUT was counted on the way in; only the NACK (no payload, one packet) went out, to GPU 0
+    assert sw.counters.snapshot() == {uplink(0): link(512), downlink(0): link(0)}
+    # an allowed GPU still gets through
+    assert sw.on_packet(2, Packet(Kind.PUT, 0, h.network_address, h.address, 8, req=1))[0].port == 1
+
+
+def test_violations_accumulate_per_requester():
+    sw = network()
+    h = handle_of(export(sw, 3, to=[3]))
+    for requester, times in ((0, 2), (2, 1)):
+        for _ in range(times):
+            sw.on_packet(requester, Packet(Kind.PUT, 0, h.network_address, h.address, 4, req=0))
+    assert sw.violations == [2, 0, 1, 0]
+    assert sw.tlbs[3].faults == 3
+    stats = sw.port_stats()
+    assert stats[0]["violations"] == 2 and stats[3]["tlb_faults"] == 3
+    assert set(stats[1]) == {"tlb_hits", "tlb_misses", "tlb_faults", "violations"}
+
+
+def test_get_translated_for_read():
+    sw = network()
+    ro = handle_of(export(sw, 1, phys_offset=4096, size=1024, writable=False))
+    stray = np.zeros(100, np.uint8)  # a GET's request carries no data, whatever the sender attaches
+    sends = sw.on_packet(0, Packet(Kind.GET, src=0, dst=ro.network_address, address=ro.address + 8, nbytes=100,
+                                   req=5), stray)
+    assert len(sends) == 1
+    send = sends[0]
+    assert send.port == 1 and send.payload is None
+    assert send.packet.kind is Kind.GET
+    assert (send.packet.address, send.packet.nbytes, send.packet.req) == (4096 + 8, 100, 5)
+    assert send.packet.src == sw.network_addresses[0]
+    # a GET carries no payload: a header each way
+    assert sw.counters.snapshot() == {uplink(0): link(0), downlink(1): link(0)}
+    # the same read-only window refuses a write
+    nack = only_nack(sw.on_packet(0, Packet(Kind.PUT, 0, ro.network_address, ro.address, 4, req=6)), 0, 6)
+    assert "not writable" in nack.info["message"]
+
+
+def test_get_refused_on_write_only_window():
+    sw = network()
+    wo = handle_of(export(sw, 1, readable=False))
+    nack = only_nack(sw.on_packet(0, Packet(Kind.GET, 0, wo.network_address, wo.address, 4, req=7)), 0, 7)
+    assert "not readable" in nack.info["message"]
+    assert sw.on_packet(0, Packet(Kind.PUT, 0, wo.network_address, wo.address, 4, req=8))[0].port == 1
+
+
+def test_get_data_and_put_ack_routed_back():
+    sw = network()
+    reply = Packet(Kind.GET_DATA, src=0, dst=sw.network_addresses[0], nbytes=300, req=5)
+    payload = payload_for(reply)
+    data = sw.on_packet(1, reply, payload)
+    assert len(data) == 1
+    assert data[0].port == 0 and data[0].payload is payload
+    assert data[0].packet.src == sw.network_addresses[1]
+    ack = sw.on_packet(1, Packet(Kind.PUT_ACK, src=0, dst=sw.network_addresses[0], req=6))
+    assert ack[0].port == 0 and ack[0].payload is None
+    assert sw.counters.snapshot() == {
+        uplink(1): {"payload_bytes": 300, "raw_bytes": 300 + 3 * HEADER, "packets": 3},
+        downlink(0): {"payload_bytes": 300, "raw_bytes": 300 + 3 * HEADER, "packets": 3},
+    }
+
+
+def test_revoke_then_put_refused():
+    sw = network()
+    h = handle_of(export(sw, 1))
+    sends = sw.on_packet(1, Packet(Kind.REVOKE, src=0, dst=-1, req=4, info={"address": h.address}))
+    assert len(sends) == 1 and sends[0].packet.kind is Kind.REPLY
+    assert sends[0].packet.info == {"revoked": h.address}
+    nack = only_nack(sw.on_packet(0, Packet(Kind.PUT, 0, h.network_address, h.address, 4, req=5)), 0, 5)
+    assert "revoked" in nack.info["message"]
+    # revoking it again is an error reply, not a crash
+    again = sw.on_packet(1, Packet(Kind.REVOKE, src=0, dst=-1, req=6, info={"address": h.address}))
+    assert again[0].packet.info["error"] == "AccessViolation"
+
+
+def test_revoke_only_own_windows():
+    sw = network()
+    h = handle_of(export(sw, 1))
+    reply = sw.on_packet(0, Packet(Kind.REVOKE, 0, -1, req=1, info={"address": h.address}))
+    assert reply[0].packet.info["error"] == "AccessViolation"
+    assert sw.on_packet(0, Packet(Kind.PUT, 0, h.network_address, h.address, 4, req=2))[0].port == 1
+
+
+def test_windows_are_per_gpu():
+    sw = network()
+    h = handle_of(export(sw, 1, phys_offset=0, size=4096))
+    # the same network-virtual address on GPU 2 (which exported nothing) is not mapped
+    nack = only_nack(sw.on_packet(0, Packet(Kind.PUT, 0, sw.network_addresses[2], h.address, 4, req=1)), 0, 1)
+    assert nack.info["error"] == "AccessViolation"
+
+
+def test_unknown_network_address_refused():
+    sw = network()
+    unknown = next(a for a in range(0x100, 0x2000) if a not in sw.network_addresses)
+    for kind in (Kind.PUT, Kind.GET, Kind.MSG, Kind.GET_DATA):
+        sends = sw.on_packet(0, Packet(kind, 0, unknown, 0x7F0000000000, 16, req=3, info={"key": [1]}))
+        nack = only_nack(sends, 0, 3)
+        assert nack.info["error"] == "AccessViolation"
+        assert hex(unknown) in nack.info["message"]
+    assert sw.violations[0] == 4
+    # a GPU index is not a network address
+    assert only_nack(sw.on_packet(0, Packet(Kind.MSG, 0, 1, nbytes=4, req=8)), 0, 8)
+
+
+# -- partitions -----------------------------------------------------------------------------------------
+
+def test_msg_within_partition_forwarded():
+    sw = network(partitions=((0, 1), (2, 3)))
+    msg = Packet(Kind.MSG, src=0, dst=sw.network_addresses[1], nbytes=64, req=1, info={"key": [1, 2]})
+    payload = payload_for(msg)
+    sends = sw.on_packet(0, msg, payload)
+    assert len(sends) == 1
+    assert sends[0].port == 1 and sends[0].payload is payload
+    assert sends[0].packet.src == sw.network_addresses[0] and sends[0].packet.info == {"key": [1, 2]}
+
+
+def test_msg_across_partitions_refused():
+    sw = network(partitions=((0, 1), (2, 3)))
+    msg = Packet(Kind.MSG, src=0, dst=sw.network_addresses[2], nbytes=64, req=2)
+    sends = sw.on_packet(0, msg, payload_for(msg))
+    nack = only_nack(sends, 0, 2)
+    assert nack.info["error"] == "AccessViolation"
+    assert "partition" in nack.info["message"]
+    assert sw.violations == [1, 0, 0, 0]
+    assert downlink(2) not in sw.counters.snapshot()
+
+
+def test_export_default_allowed_is_partition():
+    sw = network(partitions=((0, 1), (2, 3)))
+    info = export(sw, 3)
+    assert info["allowed"] == [2, 3]
+    h = handle_of(info)
+    assert sw.on_packet(2, Packet(Kind.PUT, 0, h.network_address, h.address, 4, req=1))[0].port == 3
+    nack = only_nack(sw.on_packet(1, Packet(Kind.PUT, 0, h.network_address, h.address, 4, req=2)), 1, 2)
+    assert "partition" in nack.info["message"]
+
+
+def test_export_to_other_partition_refused():
+    sw = network(partitions=((0, 1), (2, 3)))
+    info = export(sw, 0, to=[1, 2])
+    assert info["error"] == "AccessViolation" and "handle" not in info
+    assert sw.tlbs[0].windows == {}
+
+
+def test_export_to_nonexistent_gpu_refused():
+    sw = network()
+    info = export(sw, 0, to=[9])
+    assert info["error"] == "FabricError"
+    assert "9" in info["message"]
+
+
+@pytest.mark.parametrize("kind", [Kind.GET_DATA, Kind.PUT_ACK])
+def test_responses_across_partitions_refused(kind):
+    sw = network(partitions=((0, 1), (2, 3)))
+    packet = Packet(kind, src=0, dst=sw.network_addresses[2], nbytes=64, req=2)
+    sends = sw.on_packet(0, packet, payload_for(packet))
+    nack = only_nack(sends, 0, 2)
+    assert nack.info["error"] == "AccessViolation"
+
+
+# -- classic mode -------------------------------------------------------------------------------------
+
+def test_classic_put_routed_by_physical_address():
+    sw = classic()
+    assert sw.network_addresses == () and sw.tlbs == []
+    put = Packet(Kind.PUT, src=3, dst=-1, address=physical_address(2, 4096 + 5), nbytes=700, req=11)
+    payload = payload_for(put)
+    sends = sw.on_packet(0, put, payload)
+    assert len(sends) == 1
+    send = sends[0]
+    assert send.port == 2 and send.payload is payload
+    assert (send.packet.address, send.packet.dst, send.packet.src) == (4096 + 5, 2, 0)
+    assert sw.counters.snapshot() == {uplink(0): link(700), downlink(2): link(700)}
+
+
+def test_classic_get_routed_by_physical_address():
+    sw = classic()
+    sends = sw.on_packet(1, Packet(Kind.GET, src=1, dst=-1, address=physical_address(3, 64), nbytes=32, req=2))
+    assert sends[0].port == 3 and sends[0].packet.address == 64 and sends[0].payload is None
+
+
+def test_classic_no_isolation_between_gpus():
+    sw = classic()
+    for requester in range(4):
+        for target in range(4):
+            sends = sw.on_packet(requester, Packet(Kind.PUT, 0, -1, physical_address(target, 0), 4))
+            assert sends[0].port == target and sends[0].packet.kind is Kind.PUT
+
+
+def test_classic_bad_physical_addresses_refused():
+    sw = classic()
+    beyond_gpus = sw.on_packet(0, Packet(Kind.PUT, 0, -1, physical_address(4, 0), 4, req=1))
+    assert only_nack(beyond_gpus, 0, 1).info["error"] == "AccessViolation"
+    past_memory = sw.on_packet(0, Packet(Kind.PUT, 0, -1, physical_address(1, MEMORY - 4), 5, req=2))
+    assert only_nack(past_memory, 0, 2).info["error"] == "AccessViolation"
+    to_end = sw.on_packet(0, Packet(Kind.PUT, 0, -1, physical_address(1, MEMORY - 4), 4, req=3))
+    assert to_end[0].port == 1
+    assert sw.violations == [2, 0, 0, 0]
+
+
+@pytest.mark.parametrize("kind, info", [(Kind.EXPORT, {"phys_offset": 0, "size_bytes": 64}),
+                                        (Kind.REVOKE, {"address": 0})])
+def test_classic_export_revoke_unsupported(kind, info):
+    sw = classic()
+    sends = sw.on_packet(1, Packet(kind, src=1, dst=-1, req=4, info=info))
+    assert len(sends) == 1
+    reply = sends[0].packet
+    assert sends[0].port == 1 and reply.kind is Kind.REPLY and reply.req == 4 and reply.dst == 1
+    assert reply.info["error"] == "UnsupportedOperation"
+    assert "handle" not in reply.info
+
+
+def test_classic_msg_routed_by_gpu_index():
+    sw = classic()
+    sends = sw.on_packet(2, Packet(Kind.MSG, src=2, dst=0, nbytes=16, info={"key": [0]}))
+    assert sends[0].port == 0 and sends[0].packet.src == 2
+    nack = only_nack(sw.on_packet(2, Packet(Kind.MSG, src=2, dst=4, nbytes=16, req=1)), 2, 1)
+    assert nack.info["error"] == "AccessViolation"
+
+
+# -- packets a GPU may not send ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", [Kind.NACK, Kind.REPLY, Kind.SHUTDOWN])
+def test_switch_only_kinds_are_protocol_errors(kind):
+    sw = network()
+    with pytest.raises(ProtocolError, match="GPU 1"):
+        sw.on_packet(1, Packet(kind, src=0, dst=sw.network_addresses[0]))
+
+
+def test_send_defaults_to_no_payload():
+    p = Packet(Kind.PUT_ACK, 0, 1)
+    assert Send(1, p) == Send(1, p, None)
+    assert Send(1, p).payload is None
