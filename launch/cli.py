@@ -11,6 +11,7 @@ from pathlib import Path
 from fabric.config import resolve
 from fabric.errors import ConfigError
 
+from .bench import bench_arguments
 from .runner import fabric_arguments, split_script_args
 
 EXAMPLES = Path(__file__).parent / "examples"
@@ -66,6 +67,14 @@ def cmd_demo(args, script_args) -> int:
     return launch_script(demo, classic_args, script_args, classic.world_size)
 
 
+def cmd_bench(args, script_args) -> int:
+    config = resolve(args.preset, args.config, args.gpus)
+    bench_args = [args.collective, "--algorithm", args.algorithm, "--min-bytes", str(args.min_bytes),
+                  "--max-bytes", str(args.max_bytes), "--factor", str(args.factor), "--dtype", args.dtype,
+                  "--op", args.op, "--iters", str(args.iters)] + (["--json"] if args.json else [])
+    return launch_script(str(Path(__file__).parent / "bench.py"), args, bench_args, config.world_size)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nvlink-emu", description="Emulated NVLink / NVLink Network fabric "
                                      "on MPI: every rank a GPU or a switch, real bytes, counted per link.")
@@ -77,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="what NVLink Network changes compared with classic NVLink, with real traffic")
     fabric_arguments(demo)
     demo.set_defaults(handler=cmd_demo)
+    bench = sub.add_parser("bench", help="nccl-tests-like sweep of one collective, with MPI's native one as reference")
+    bench_arguments(bench)
+    fabric_arguments(bench)
+    bench.set_defaults(handler=cmd_bench)
     return parser
 
 

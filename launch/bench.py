@@ -1,0 +1,167 @@
+"""`nvlink-emu bench`: an nccl-tests-like sweep of one collective, with MPI's native collective over
+the GPU ranks timed in the same run as the reference. Runs as a workload script: main(gpu)."""
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+from fabric.reduction import DTYPES, OPS, blocks, check_dtype, reduce_in_order, switch_accumulator
+from ranks.collectives import ALGORITHMS, choose
+
+COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "all2all")
+NATIVE_DTYPES = ("float32", "float64", "int32", "int64")  # MPI has no reduction on 16-bit floats
+
+
+def bench_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("collective", choices=COLLECTIVES)
+    parser.add_argument("--algorithm", default="auto", choices=("auto", *ALGORITHMS))
+    parser.add_argument("--min-bytes", type=_size, default=1024, metavar="B", help="smallest size (default 1K)")
+    parser.add_argument("--max-bytes", type=_size, default=16 << 20, metavar="B", help="largest size (default 16M)")
+    parser.add_argument("--factor", type=int, default=4, metavar="F", help="size multiplier per row (default 4)")
+    parser.add_argument("--dtype", default="float32", choices=tuple(DTYPES))
+    parser.add_argument("--op", default="sum", choices=OPS)
+    parser.add_argument("--iters", type=int, default=0, metavar="N",
+                        help="timed iterations per size (default: from 20 at small sizes down to 2)")
+    parser.add_argument("--json", action="store_true", help="one JSON object per row")
+
+
+def _size(text: str) -> int:
+    """Bytes from '1024', '64K', '16M', '1G'."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper().removesuffix("B")
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
+
+
+def sizes(args) -> list[int]:
+    if args.min_bytes <= 0 or args.max_bytes < args.min_bytes or args.factor < 2:
+        raise SystemExit("bench: need 0 < --min-bytes <= --max-bytes and --factor >= 2")
+    out, size = [], args.min_bytes
+    while size <= args.max_bytes:
+        out.append(size)
+        size *= args.factor
+    return out
+
+
+def contribution(rank: int, count: int, dtype: np.dtype, op: str) -> np.ndarray:
+    """Small integers, exact in every dtype and in any summation order (nccl-tests does the same)."""
+    i = np.arange(count, dtype=np.int64)
+    values = (i + rank) % 3 - 1 if op == "prod" else (3 * i + rank) % 11 - 5
+    return values.astype(dtype)
+
+
+def main(gpu):
+    parser = argparse.ArgumentParser(prog="nvlink-emu bench")
+    bench_arguments(parser)
+    args = parser.parse_args(sys.argv[1:])
+    dtype = check_dtype(DTYPES[args.dtype])
+    comm, n = gpu.world, gpu.size
+    header = (f"{'size':>12}{'count':>12}{'type':>10}{'redop':>7}{'algorithm':>10}{'wall_us':>12}"
+              f"{'native_us':>12}{'emu/native':>11}{'tx_B/gpu':>14}{'rx_B/gpu':>14}{'#wrong':>8}")
+    if gpu.rank == 0 and not args.json:
+        print(f"# nvlink-emu bench {args.collective} on {gpu.config.name} ({n} GPUs); tx/rx: GPU 0's link "
+              f"payload per call; emu/native: wall time ratio", flush=True)
+        print(header, flush=True)
+    for size in sizes(args):
+        row = run_size(gpu, comm, args, dtype, size)
+        if gpu.rank == 0:
+            print(json.dumps(row) if args.json else _format(row), flush=True)
+
+
+def run_size(gpu, comm, args, dtype: np.dtype, size: int) -> dict:
+    n, r, name = gpu.size, gpu.rank, args.collective
+    count = max(size // dtype.itemsize, 1)
+    if name in ("reduce_scatter", "allgather", "all2all"):
+        count = max(count // n, 1) * n  # equal blocks: the byte formulas hold exactly
+    algorithm = "direct" if name == "all2all" else choose(name, args.algorithm, gpu.config, count * dtype.itemsize)
+    a, b = blocks(count, n)[r]
+    inputs = contribution(r, count, dtype, args.op)
+    send = gpu.alloc(count, dtype)
+    recv = gpu.alloc(count if name in ("allgather", "all2all", "broadcast", "allreduce") else b - a, dtype)
+
+    def prepare():
+        send[:] = inputs
+        if name == "allgather":
+            send[:b - a] = inputs[a:b]
+
+    def once():
+        if name == "allreduce":
+            recv[:] = send
+            t = _timed(lambda: comm.allreduce(recv, args.op, algorithm))
+        elif name == "reduce_scatter":
+            t = _timed(lambda: comm.reduce_scatter(send, recv, args.op, algorithm))
+        elif name == "allgather":
+            t = _timed(lambda: comm.allgather(send[:b - a], recv, algorithm))
+        elif name == "broadcast":
+            recv[:] = send
+            t = _timed(lambda: comm.broadcast(recv, 0, algorithm))
+        else:
+            t = _timed(lambda: comm.all2all(send, recv))
+        return t
+
+    prepare()
+    comm.barrier()
+    before = gpu.link_counters()
+    once()  # warm-up, and the call whose bytes and data are checked
+    after = gpu.link_counters()
+    wrong = int(np.count_nonzero(recv != _expected(name, algorithm, args.op, dtype, count, n, r)))
+    iters = args.iters or max(2, min(20, (64 << 20) // (count * dtype.itemsize)))
+    wall = sum(_synchronised(comm, once) for _ in range(iters)) / iters
+    native = None
+    if args.dtype in NATIVE_DTYPES:
+        native_recv = np.empty(recv.size if name != "broadcast" else count, dtype)
+        native_send = send if name != "allgather" else send[:b - a]
+        if name == "broadcast":
+            native_recv[:] = send
+        op = args.op
+        native = sum(_synchronised(comm, lambda: _timed(lambda: gpu.native(name, native_send, native_recv, op)))
+                     for _ in range(iters)) / iters
+    total_wrong = sum(comm.allgather_object(wrong, "bench #wrong"))
+    gpu.free(send)
+    gpu.free(recv)
+    return {"size_bytes": count * dtype.itemsize, "count": count, "dtype": args.dtype, "op": args.op,
+            "algorithm": algorithm, "wall_us": round(wall * 1e6, 1),
+            "native_wall_us": None if native is None else round(native * 1e6, 1),
+            "tx_bytes_per_gpu": after["tx_bytes"] - before["tx_bytes"],
+            "rx_bytes_per_gpu": after["rx_bytes"] - before["rx_bytes"], "wrong": total_wrong}
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _synchronised(comm, once) -> float:
+    """One call, started together after a barrier; the slowest member's time (seconds)."""
+    comm.barrier()
+    return max(comm.allgather_object(once(), "bench timing"))
+
+
+def _expected(name, algorithm, op, dtype, count, n, r) -> np.ndarray:
+    """This member's correct result: the inputs are small integers, so every order gives the same sum;
+    the accumulator dtype (wider in the switch for 16-bit floats) still decides avg's rounding."""
+    inputs = [contribution(m, count, dtype, op) for m in range(n)]
+    a, b = blocks(count, n)[r]
+    if name == "allgather":
+        return np.concatenate([inputs[m][slice(*blocks(count, n)[m])] for m in range(n)])
+    if name == "broadcast":
+        return inputs[0]
+    if name == "all2all":
+        size = count // n
+        return np.concatenate([inputs[m][r * size:(r + 1) * size] for m in range(n)])
+    accumulate = switch_accumulator(dtype) if algorithm in ("sharp", "nvls") else dtype
+    reduced = reduce_in_order(inputs, op, accumulate, dtype)
+    return reduced if name == "allreduce" else reduced[a:b]
+
+
+def _format(row: dict) -> str:
+    native = row["native_wall_us"]
+    ratio = f"{row['wall_us'] / native:.2f}" if native else "n/a"
+    return (f"{row['size_bytes']:>12}{row['count']:>12}{row['dtype']:>10}{row['op']:>7}{row['algorithm']:>10}"
+            f"{row['wall_us']:>12.1f}{native if native is not None else 'n/a':>12}{ratio:>11}"
+            f"{row['tx_bytes_per_gpu']:>14}{row['rx_bytes_per_gpu']:>14}{row['wrong']:>8}")
