@@ -41,6 +41,12 @@ def test_demo_shows_isolation_and_classic_nvlink():
     assert "refused after revoke" in out and "fixed at boot" in out
     assert out.count("OutOfMemory") == 2
     assert out.count("# per-link counters") == 2
+    # 8 GPUs, 4 MiB: ring and direct move 2(N-1)/N x S, sharp S, nvls (N+1)/N x S per GPU each way
+    assert "ring           7340032     7340032  1.750   every GPU holds the average" in out
+    assert "sharp          4194304     4194304  1.000   every GPU holds the average" in out
+    assert "nvls           4718592     4718592  1.125   every GPU holds the average" in out
+    assert out.count("UnsupportedOperation: allreduce with 'sharp'") == 1
+    assert out.count("every GPU got exactly the rows it asked for") == 2
 
 
 def test_a_raising_gpu_ends_the_job_with_its_traceback(tmp_path):
