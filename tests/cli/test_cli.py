@@ -45,7 +45,7 @@ def test_demo_shows_isolation_and_classic_nvlink():
     assert "ring           7340032     7340032  1.750   every GPU holds the average" in out
     assert "sharp          4194304     4194304  1.000   every GPU holds the average" in out
     assert "nvls           4718592     4718592  1.125   every GPU holds the average" in out
-    assert out.count("UnsupportedOperation: allreduce with 'sharp'") == 1
+    assert out.count("UnsupportedOperation: fabric 'dgx-a100' has no in-switch reduction") == 2
     assert out.count("every GPU got exactly the rows it asked for") == 2
 
 
