@@ -29,6 +29,7 @@ class Reduction:
     op: str
     dtype: np.dtype
     nbytes: int
+    delivery: tuple            # (destination GPUs, result key): every contribution must agree
     parts: dict[int, np.ndarray] = field(default_factory=dict)  # member index -> bytes
 
 
@@ -74,18 +75,24 @@ class GroupTable:
         self.reductions = {k: v for k, v in self.reductions.items() if k[0] != group_id}
         self.released += 1
 
-    def contribute(self, group_id: int, slot: tuple, gpu: int, op: str, dtype: str,
-                   data: np.ndarray) -> np.ndarray | None:
-        """Hold GPU `gpu`'s contribution to `slot`; the finished result once every member's is in."""
+    def contribute(self, group_id: int, slot: tuple, gpu: int, op: str, dtype: str, data: np.ndarray,
+                   delivery: tuple = ()) -> tuple[np.ndarray, tuple] | None:
+        """Hold GPU `gpu`'s contribution to `slot`; once every member's is in, (the finished result,
+        the agreed `delivery`: whom it goes to and under which key)."""
         group = self.group(group_id, gpu, "in-switch reduction")
         if not group.ready:
             raise AccessViolation(f"in-switch reduction by GPU {gpu}: group {group_id} is not bound by all "
                                   f"members yet ({sorted(group.bound)} of {list(group.members)})")
+        dtype = check_dtype(dtype)
+        if data.nbytes % dtype.itemsize:
+            raise FabricError(f"in-switch reduction slot {slot} of group {group_id}: GPU {gpu} sent {data.nbytes} "
+                              f"bytes, not a whole number of {dtype} elements")
         key = (group_id, *slot)
-        state = self.reductions.setdefault(key, Reduction(op, check_dtype(dtype), data.nbytes))
-        if (state.op, state.nbytes, state.dtype) != (op, data.nbytes, np.dtype(dtype)):
+        state = self.reductions.setdefault(key, Reduction(op, dtype, data.nbytes, delivery))
+        if (state.op, state.nbytes, state.dtype, state.delivery) != (op, data.nbytes, dtype, delivery):
             raise CollectiveMismatch(f"in-switch reduction slot {slot} of group {group_id}: GPU {gpu} sent "
-                                     f"{op}/{dtype}/{data.nbytes} B, others {state.op}/{state.dtype}/{state.nbytes} B")
+                                     f"{op}/{dtype}/{data.nbytes} B to {delivery}, others {state.op}/{state.dtype}/"
+                                     f"{state.nbytes} B to {state.delivery}")
         index = group.members.index(gpu)
         if index in state.parts:
             raise CollectiveMismatch(f"in-switch reduction slot {slot} of group {group_id}: GPU {gpu} "
@@ -94,7 +101,7 @@ class GroupTable:
         if len(state.parts) < len(group.members):
             return None
         del self.reductions[key]
-        return self._reduce(state, len(group.members))
+        return self._reduce(state, len(group.members)), state.delivery
 
     def _reduce(self, state: Reduction, members: int) -> np.ndarray:
         # member order 0..n-1, in the switch's accumulator dtype (float32 for 16-bit floats)

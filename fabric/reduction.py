@@ -25,7 +25,10 @@ _COMBINE = {"sum": np.add, "avg": np.add, "max": np.maximum, "min": np.minimum, 
 
 def check_dtype(dtype) -> np.dtype:
     """The numpy dtype for a name or dtype the collectives support; FabricError otherwise."""
-    dtype = np.dtype(dtype)
+    try:
+        dtype = np.dtype(DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype)
+    except TypeError:
+        raise FabricError(f"dtype {dtype!r}: collectives support {', '.join(DTYPES)}") from None
     if dtype not in DTYPES.values():
         raise FabricError(f"dtype {dtype}: collectives support {', '.join(DTYPES)}")
     return dtype

@@ -65,8 +65,11 @@ class SwitchLogic:
             self.counters.record(uplink(ingress), packet.payload_bytes)
             try:
                 sends = self._data(ingress, packet, payload)
-            except AccessViolation as exc:
-                self.violations[ingress] += 1  # counted on the requester's port
+            except ProtocolError:
+                raise  # an emulator bug: end the job rather than answer it
+            except FabricError as exc:
+                if isinstance(exc, AccessViolation):
+                    self.violations[ingress] += 1  # counted on the requester's port
                 sends = [Send(ingress, self.nack(ingress, packet, exc))]
         else:
             sends = self._control(ingress, packet)
@@ -112,13 +115,17 @@ class SwitchLogic:
             # NVLS: read the range from every member's bound buffer; the answers are REDUCE packets
             load = Packet(Kind.LOAD, -1, 0, packet.address, packet.nbytes, packet.req, info)
             return [Send(port, replace(load, dst=self.route_key(port))) for port in group.members]
-        result = self.groups.contribute(info["g"], tuple(info["slot"]), ingress, info["op"], info["dtype"],
-                                        payload)
-        if result is None:
+        outside = [port for port in info["dest"] if port not in group.members]
+        if outside or not info["dest"]:
+            raise AccessViolation(f"{packet.kind.name} from GPU {ingress}: result destinations {info['dest']}: "
+                                  f"{' '.join(f'GPU {p}' for p in outside) or 'none'} not members of group "
+                                  f"{info['g']} ({list(group.members)})")
+        done = self.groups.contribute(info["g"], tuple(info["slot"]), ingress, info["op"], info["dtype"],
+                                      payload, (tuple(info["dest"]), tuple(info["key"])))
+        if done is None:
             return []
-        for port in info["dest"]:
-            self.groups.group(info["g"], port, "delivery of a reduction")
-        return [self._deliver(port, info["key"], result) for port in info["dest"]]
+        result, (dest, key) = done
+        return [self._deliver(port, list(key), result) for port in dest]
 
     def _deliver(self, port: int, key: list, payload: np.ndarray) -> Send:
         return Send(port, Packet(Kind.MCAST, -1, self.route_key(port), 0, payload.nbytes, info={"key": key}),
@@ -186,6 +193,10 @@ class SwitchLogic:
         action = info.get("action")
         if action == "create":
             members = tuple(info["members"])
+            for gpu in members:
+                if type(gpu) is not int or not 0 <= gpu < self.config.gpus:
+                    raise FabricError(f"group create by GPU {ingress}: member {gpu!r} is not a GPU "
+                                      f"0..{self.config.gpus - 1}")
             outside = [g for g in members if self._partition[g] != self._partition[ingress]]
             if outside:
                 raise AccessViolation(f"group create by GPU {ingress}: GPUs {outside} are in another partition")

@@ -237,6 +237,8 @@ class Gpu:
         deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
         idle = self._idle
         while not done():
+            if self._async_errors:
+                self._raise_async()  # a refused put or in-switch operation: do not wait for its answer
             if self._progress():
                 idle.reset()
                 continue

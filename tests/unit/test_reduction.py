@@ -89,7 +89,7 @@ def test_chunks_cover_blocks():
 @pytest.mark.parametrize("name", ["float16", "bfloat16", "float32", "float64", "int32", "int64"])
 def test_check_dtype_accepts_supported(name):
     expected = BF16 if name == "bfloat16" else np.dtype(name)
-    assert check_dtype(name if name != "bfloat16" else BF16) == expected
+    assert check_dtype(name) == expected
     assert check_dtype(expected) == expected
     assert dtype_name(expected) == name
 
@@ -100,15 +100,14 @@ def test_supported_set_is_the_documented_one():
     assert BFLOAT16 == BF16
 
 
-@pytest.mark.parametrize("dtype", ["int8", "uint8", "int16", "uint32", "uint64", "complex64", "bool", "complex128", ">f4"])
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "int16", "uint32", "uint64", "bool", "complex64", "complex128",
+                                   ">f4"])
 def test_check_dtype_rejects_unsupported(dtype):
     with pytest.raises(FabricError, match="collectives support float16") as info:
         check_dtype(dtype)
     assert "bfloat16" in str(info.value)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: check_dtype lets numpy's TypeError escape for a name numpy does not "
-                                       "know, instead of the documented FabricError")
 def test_check_dtype_unknown_name_is_fabric_error():
     with pytest.raises(FabricError, match="bogus"):
         check_dtype("bogus")
@@ -293,7 +292,7 @@ def bitwise_equal(a, b):
     return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(contributions(), st.sampled_from(OPS))
 def test_reduce_in_order_is_numpy_left_fold(case, op):
     dtype, arrays = case
@@ -301,7 +300,7 @@ def test_reduce_in_order_is_numpy_left_fold(case, op):
     assert bitwise_equal(got, numpy_left_fold(arrays, op, dtype, dtype))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(contributions(), st.sampled_from(OPS))
 def test_reduce_in_order_switch_accumulator_is_numpy_left_fold(case, op):
     dtype, arrays = case
