@@ -40,6 +40,7 @@ class SwitchLogic:
         self.counters = LinkCounters(config.mtu_bytes, config.header_bytes)
         self.violations = [0] * config.gpus
         self.groups = GroupTable()
+        self.peak_held_bytes = 0  # most contribution bytes held at once by in-switch reductions
         self._partition = [config.partition_of(g) for g in range(config.gpus)]
 
     # -- addressing -------------------------------------------------------------------------------
@@ -123,6 +124,7 @@ class SwitchLogic:
         done = self.groups.contribute(info["g"], tuple(info["slot"]), ingress, info["op"], info["dtype"],
                                       payload, (tuple(info["dest"]), tuple(info["key"])))
         if done is None:
+            self.peak_held_bytes = max(self.peak_held_bytes, self.groups.held_bytes)
             return []
         result, (dest, key) = done
         return [self._deliver(port, list(key), result) for port in dest]

@@ -100,6 +100,8 @@ class SwitchRank:
             "links": switch_side,
             "ports": {g: row for g, row in self.logic.port_stats().items()},
             "network_addresses": list(self.logic.network_addresses),
+            "switch": {"peak_held_bytes": self.logic.peak_held_bytes, "groups_created": self.logic.groups.created,
+                       "reduced_bytes": self.logic.groups.reduced_bytes},
             "unconsumed": {g: self._counters[g]["unconsumed"] for g in range(gpus)
                            if self._counters[g]["unconsumed"]},
         }

@@ -45,9 +45,7 @@ def run(algorithm: str, collective: str, call: "Call", *args) -> None:
 class Call:
     """One member's side of one collective call: message keys, peers, primitives, pending sends.
 
-    n: members; r: this member's rank; chunk: elements per message (chunk_bytes / itemsize);
-    window: in-switch operations a member keeps in flight, so the switch holds at most
-    members x window x chunk_bytes of contributions per call (switch_buffer_bytes / members / chunk_bytes).
+    n: members; r: this member's rank; chunk: elements per message (chunk_bytes / itemsize).
     """
 
     def __init__(self, comm, seq: int, op: str, dtype: np.dtype):
@@ -59,8 +57,17 @@ class Call:
         self.dtype = dtype
         config = self.gpu.config
         self.chunk = max(1, config.chunk_bytes // dtype.itemsize)
-        self.window = max(1, config.switch_buffer_bytes // (self.n * config.chunk_bytes))
         self._sends: list = []
+
+    def in_switch_window(self, streams: int, least: int = 1) -> int:
+        """Chunks each member may have in the switch at once, so that the contributions the switch
+        holds - window x streams x (n - 1) x chunk bytes - stay within switch_buffer_bytes; shrinks the
+        message size if even `least` chunks would not fit. `streams`: reductions one credit step
+        covers (1 for allreduce; n when all n blocks are in flight at once)."""
+        config, item = self.gpu.config, self.dtype.itemsize
+        budget = config.switch_buffer_bytes // (streams * max(1, self.n - 1))
+        self.chunk = max(1, min(config.chunk_bytes, budget // least) // item)
+        return max(least, budget // (self.chunk * item))
 
     def key(self, *parts) -> tuple:
         return (self.comm.name, self.seq, *parts)

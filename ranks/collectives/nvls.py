@@ -21,7 +21,7 @@ LR, MC = 4, 5  # message phases
 SOURCE = ("nvls-bound",)
 
 
-def _load_reduce_own_block(call, source: np.ndarray, out: np.ndarray, then=None) -> None:
+def _load_reduce_own_block(call, window: int, source: np.ndarray, out: np.ndarray, then=None) -> None:
     """out <- reduction of block r over every member's `source` (bound for the switch to read)."""
     gpu, r = call.gpu, call.r
     gpu.bind_buffer(call.key(*SOURCE), source)
@@ -35,19 +35,20 @@ def _load_reduce_own_block(call, source: np.ndarray, out: np.ndarray, then=None)
 
     for c, (lo, hi) in enumerate(spans):
         call.post((LR, c), out[lo - a:hi - a])
-    for c in range(min(call.window, len(spans))):
+    for c in range(min(window, len(spans))):
         request(c)
     for c, (lo, hi) in enumerate(spans):
         call.wait((LR, c), "the switch's load-reduce", out[lo - a:hi - a])
         if then is not None:
             then(c, lo, hi)
-        if c + call.window < len(spans):
-            request(c + call.window)
+        if c + window < len(spans):
+            request(c + window)
     return spans
 
 
 def allreduce(call, array: np.ndarray) -> None:
     n, r = call.n, call.r
+    window = call.in_switch_window(n)  # every member's requests are in the switch at once
     parts = blocks(array.size, n)
     for p, (a, b) in enumerate(parts):
         if p != r:
@@ -60,7 +61,7 @@ def allreduce(call, array: np.ndarray) -> None:
         # multicast-store my reduced block to every member as soon as each chunk is back
         call.multicast((MC, r, c), reduced[lo - a:hi - a])
 
-    spans = _load_reduce_own_block(call, array, reduced, then=store)
+    spans = _load_reduce_own_block(call, window, array, reduced, then=store)
     array[a:b] = reduced
     scratch = np.empty(min(call.chunk, b - a), array.dtype)
     for c, (lo, hi) in enumerate(spans):
@@ -74,7 +75,7 @@ def allreduce(call, array: np.ndarray) -> None:
 
 
 def reduce_scatter(call, send: np.ndarray, recv: np.ndarray) -> None:
-    _load_reduce_own_block(call, send, recv)
+    _load_reduce_own_block(call, call.in_switch_window(call.n), send, recv)
     # other members may still be loading from our send buffer: keep it bound until all have their blocks
     call.comm.allgather_object(None, "nvls reduce_scatter completion")
     call.flush()

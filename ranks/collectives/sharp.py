@@ -19,40 +19,44 @@ AR, RS, AG, BC = 0, 1, 2, 3  # message phases
 
 
 def allreduce(call, array: np.ndarray) -> None:
+    window = call.in_switch_window(1)
     spans = chunks(0, array.size, call.chunk)
     everyone = list(range(call.n))
     for c, (lo, hi) in enumerate(spans):
         call.post((AR, c), array[lo:hi])  # the result lands in place once every member contributed
-    for c, (lo, hi) in enumerate(spans[:call.window]):
+    for c, (lo, hi) in enumerate(spans[:window]):
         call.reduce((c,), array[lo:hi], everyone, (AR, c))
     for c, (lo, hi) in enumerate(spans):
         call.wait((AR, c), "the switch's reduction", array[lo:hi])
         # credit: one result back lets one more contribution in, bounding what the switch holds
-        if c + call.window < len(spans):
-            lo2, hi2 = spans[c + call.window]
-            call.reduce((c + call.window,), array[lo2:hi2], everyone, (AR, c + call.window))
+        if c + window < len(spans):
+            lo2, hi2 = spans[c + window]
+            call.reduce((c + window,), array[lo2:hi2], everyone, (AR, c + window))
     call.flush()
 
 
 def reduce_scatter(call, send: np.ndarray, recv: np.ndarray) -> None:
     n, r = call.n, call.r
+    window = call.in_switch_window(n, least=2)
     parts = blocks(send.size, n)
     spans = [chunks(a, b, call.chunk) for a, b in parts]
     own_start = parts[r][0]
     for c, (lo, hi) in enumerate(spans[r]):
         call.post((RS, r, c), recv[lo - own_start:hi - own_start])
     rounds = max(len(s) for s in spans)
+    waited = 0
     for c in range(rounds):
-        # round c: chunk c of every block; waiting for our own chunk c - window bounds the switch's hold
-        back = c - call.window
-        if 0 <= back < len(spans[r]):
-            lo, hi = spans[r][back]
-            call.wait((RS, r, back), "the switch's reduction", recv[lo - own_start:hi - own_start])
+        # round c: chunk c of every block. Our own chunk c - window + 1 back means every member sent
+        # the rounds before it, so at most `window` rounds are in the switch (window >= 2: no deadlock)
+        while waited <= min(c - window + 1, len(spans[r]) - 1):
+            lo, hi = spans[r][waited]
+            call.wait((RS, r, waited), "the switch's reduction", recv[lo - own_start:hi - own_start])
+            waited += 1
         for j in range(n):
             if c < len(spans[j]):
                 lo, hi = spans[j][c]
                 call.reduce((j, c), send[lo:hi], [j], (RS, j, c))
-    for c in range(max(0, rounds - call.window), len(spans[r])):
+    for c in range(waited, len(spans[r])):
         lo, hi = spans[r][c]
         call.wait((RS, r, c), "the switch's reduction", recv[lo - own_start:hi - own_start])
     call.flush()
