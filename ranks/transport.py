@@ -45,20 +45,23 @@ def wall_s() -> float:
 
 
 class Idle:
-    """Back-off for polling loops: yield the core first, then sleep up to 1 ms (ranks may share cores)."""
+    """Back-off for polling loops: yield the core first, then sleep, longer the longer nothing comes,
+    up to max_sleep_s (ranks may share few cores: a spinning rank would starve the one it waits for)."""
 
-    def __init__(self):
+    def __init__(self, yields: int = 8, max_sleep_s: float = 5e-3):
         self.spins = 0
+        self.yields = yields
+        self.max_sleep_s = max_sleep_s
 
     def reset(self) -> None:
         self.spins = 0
 
     def __call__(self) -> None:
         self.spins += 1
-        if self.spins < 64:
+        if self.spins < self.yields:
             os.sched_yield()
         else:
-            time.sleep(min(1e-3, 1e-5 * (self.spins - 63)))
+            time.sleep(min(self.max_sleep_s, 1e-5 * (self.spins - self.yields + 1)))
 
 
 class Transport:
