@@ -38,11 +38,24 @@ class FabricConfig:
     chunk_bytes: int = 1 * MiB
     alignment_bytes: int = 256
     partitions: tuple[tuple[int, ...], ...] = field(default=())
+    # modeled time: None takes the link profile's figure; a number overrides it
+    bandwidth_gbytes_per_s: float | None = None
+    link_latency_ns: float | None = None
+    switch_latency_ns: float | None = None
+    reduction_gbytes_per_s: float | None = None
+    reduction_latency_ns: float | None = None
 
     def __post_init__(self):
         self._validate()
         if not self.partitions:
             object.__setattr__(self, "partitions", (tuple(range(self.gpus)),))
+
+    @property
+    def timing(self) -> "Timing":
+        """The numbers of the time model: the link profile's, with this config's overrides."""
+        profile = link_profile(self.link)
+        return Timing(*(getattr(self, name) if getattr(self, name) is not None else getattr(profile, name)
+                        for name in TIMING_FIELDS))
 
     @property
     def world_size(self) -> int:
@@ -88,6 +101,12 @@ class FabricConfig:
         if self.chunk_bytes > self.switch_buffer_bytes:
             raise ConfigError(f"chunk_bytes: {self.chunk_bytes} exceeds switch_buffer_bytes "
                               f"{self.switch_buffer_bytes}")
+        for key in TIMING_FIELDS:
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or value < 0 or (key.endswith("per_s") and value == 0)):
+                raise ConfigError(f"{key}: must be a {'positive' if key.endswith('per_s') else 'non-negative'} "
+                                  f"number, got {value!r}")
         if self.partitions:
             seen: list[int] = []
             for members in self.partitions:
@@ -99,12 +118,34 @@ class FabricConfig:
                                   f"{[list(p) for p in self.partitions]}")
 
 
+TIMING_FIELDS = ("bandwidth_gbytes_per_s", "link_latency_ns", "switch_latency_ns", "reduction_gbytes_per_s",
+                 "reduction_latency_ns")
+
+
+@dataclass(frozen=True)
+class Timing:
+    """The time model's numbers: GB/s (= bytes per ns) and ns."""
+
+    bandwidth_gbytes_per_s: float
+    link_latency_ns: float
+    switch_latency_ns: float
+    reduction_gbytes_per_s: float
+    reduction_latency_ns: float
+
+
 # Every preset names its sources in fabric/profiles.py (link) and README.md (topology).
 PRESETS: dict[str, dict] = {
     # DGX H100: 8 H100 GPUs on NVLink4 through NVSwitch gen 3 (SHARP); NVLink Network addressing.
     "dgx-h100": dict(mode="network", gpus=8, sharp=True, link="nvlink4"),
     # DGX A100: 8 A100 GPUs on NVLink3 through NVSwitch gen 2 (forwarding only); shared physical addresses.
     "dgx-a100": dict(mode="classic", gpus=8, sharp=False, link="nvlink3"),
+    # 8 A100 / H100 GPUs, each behind its own InfiniBand HDR / NDR port on one IB switch (no SHARP):
+    # separate address spaces reached through registered windows, like NVLink Network mode.
+    "a100-ib": dict(mode="network", gpus=8, sharp=False, link="ib-hdr"),
+    "h100-ib": dict(mode="network", gpus=8, sharp=False, link="ib-ndr"),
+    # 8 GPUs behind a PCIe switch: peer-to-peer by physical (BAR) address, no isolation, no SHARP.
+    "pcie-gen4": dict(mode="classic", gpus=8, sharp=False, link="pcie-gen4"),
+    "pcie-gen5": dict(mode="classic", gpus=8, sharp=False, link="pcie-gen5"),
 }
 DEFAULT_PRESET = "dgx-h100"
 _KEYS = {f.name for f in dataclasses.fields(FabricConfig)}

@@ -23,9 +23,10 @@ class LinkStats:
     payload_bytes: int = 0
     raw_bytes: int = 0
     packets: int = 0
+    busy_ns: float = 0.0  # modeled time the link spent transmitting (kept by the GPU end)
 
-    def as_dict(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in FIELDS}
+    def as_dict(self) -> dict:
+        return {name: getattr(self, name) for name in (*FIELDS, "busy_ns")}
 
 
 class LinkCounters:
@@ -36,12 +37,18 @@ class LinkCounters:
         self.header_bytes = header_bytes
         self.links: dict[str, LinkStats] = {}
 
-    def record(self, link: str, payload_bytes: int) -> None:
-        """Count one transfer of `payload_bytes` (segmented at the MTU) on `link`."""
+    def record(self, link: str, payload_bytes: int) -> int:
+        """Count one transfer of `payload_bytes` (segmented at the MTU) on `link`; returns its raw bytes."""
         stats = self.links.setdefault(link, LinkStats())
+        raw = raw_bytes(payload_bytes, self.mtu_bytes, self.header_bytes)
         stats.payload_bytes += payload_bytes
-        stats.raw_bytes += raw_bytes(payload_bytes, self.mtu_bytes, self.header_bytes)
+        stats.raw_bytes += raw
         stats.packets += segments(payload_bytes, self.mtu_bytes)
+        return raw
+
+    def add_busy(self, link: str, busy_ns: float) -> None:
+        """Add modeled transmission time to `link`."""
+        self.links.setdefault(link, LinkStats()).busy_ns += busy_ns
 
     def get(self, link: str) -> LinkStats:
         return self.links.get(link, LinkStats())
@@ -66,27 +73,37 @@ def check_conservation(switch_side: dict[str, dict[str, int]],
     """Every link's sender and receiver counted the same; FabricError naming the link otherwise."""
     for gpu, gpu_side in enumerate(gpu_sides):
         for link in (uplink(gpu), downlink(gpu)):
-            a = switch_side.get(link, LinkStats().as_dict())
-            b = gpu_side.get(link, LinkStats().as_dict())
+            a = {k: switch_side.get(link, {}).get(k, 0) for k in FIELDS}
+            b = {k: gpu_side.get(link, {}).get(k, 0) for k in FIELDS}
             if a != b:
                 raise FabricError(f"byte conservation broken on {link}: switch counted {a}, GPU {gpu} counted {b}")
 
 
-def format_table(snapshot: dict[str, dict[str, int]], gpus: int, extra: dict[int, dict[str, int]] | None = None) -> str:
-    """The per-link table printed at the end of a run: one row per GPU, both directions."""
+def format_table(snapshot: dict[str, dict], gpus: int, extra: dict[int, dict[str, int]] | None = None,
+                 elapsed_ns: float = 0.0) -> str:
+    """The per-link table printed at the end of a run: one row per GPU, both directions, with modeled
+    busy time and utilization (busy / elapsed modeled time) per direction."""
+    extra = extra or {}
+    extra_keys = sorted({k for row in extra.values() for k in row})
     head = (f"{'link':<14}{'tx payload B':>14}{'tx raw B':>14}{'tx pkts':>10}"
-            f"{'rx payload B':>14}{'rx raw B':>14}{'rx pkts':>10}")
-    extra_keys = sorted({k for row in (extra or {}).values() for k in row})
-    head += "".join(f"{k:>12}" for k in extra_keys)
-    lines = ["# per-link counters (tx = GPU -> switch, rx = switch -> GPU)", head]
+            f"{'rx payload B':>14}{'rx raw B':>14}{'rx pkts':>10}"
+            f"{'tx busy us':>12}{'tx util':>8}{'rx busy us':>12}{'rx util':>8}" + "".join(f"{k:>12}" for k in extra_keys))
+    lines = [f"# per-link counters (tx = GPU -> switch, rx = switch -> GPU; modeled elapsed "
+             f"{elapsed_ns / 1e3:.3f} us)", head]
     totals = [0] * 6
     for gpu in range(gpus):
         up, down = snapshot.get(uplink(gpu), {}), snapshot.get(downlink(gpu), {})
         values = [up.get(f, 0) for f in FIELDS] + [down.get(f, 0) for f in FIELDS]
         totals = [t + v for t, v in zip(totals, values)]
-        row = f"{'gpu' + str(gpu) + '<->sw0':<14}" + "".join(
-            f"{v:>14}" if i % 3 != 2 else f"{v:>10}" for i, v in enumerate(values))
-        row += "".join(f"{(extra or {}).get(gpu, {}).get(k, 0):>12}" for k in extra_keys)
+        row = f"{'gpu' + str(gpu) + '<->sw0':<14}" + _counts(values)
+        for link in (up, down):
+            busy = link.get("busy_ns", 0.0)
+            row += f"{busy / 1e3:>12.3f}{busy / elapsed_ns if elapsed_ns else 0.0:>8.3f}"
+        row += "".join(f"{extra.get(gpu, {}).get(k, 0):>12}" for k in extra_keys)
         lines.append(row)
-    lines.append(f"{'total':<14}" + "".join(f"{v:>14}" if i % 3 != 2 else f"{v:>10}" for i, v in enumerate(totals)))
+    lines.append(f"{'total':<14}" + _counts(totals))
     return "\n".join(lines)
+
+
+def _counts(values: list[int]) -> str:
+    return "".join(f"{v:>14}" if i % 3 != 2 else f"{v:>10}" for i, v in enumerate(values))

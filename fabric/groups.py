@@ -7,6 +7,7 @@ import numpy as np
 
 from .errors import AccessViolation, CollectiveMismatch, FabricError, ResourceExhausted
 from .reduction import check_dtype, combine, finish, switch_accumulator
+from .timemodel import ReductionClock
 
 MAX_GROUPS = 128  # NVSwitch gen 3: up to 128 concurrent SHARP groups
 
@@ -16,6 +17,7 @@ class Group:
     group_id: int
     members: tuple[int, ...]           # GPU indices in communicator rank order: the combine order
     bound: set[int] = field(default_factory=set)
+    engine: ReductionClock | None = None  # modeled time of the group's reductions
 
     @property
     def ready(self) -> bool:
@@ -31,6 +33,8 @@ class Reduction:
     nbytes: int
     delivery: tuple            # (destination GPUs, result key): every contribution must agree
     parts: dict[int, np.ndarray] = field(default_factory=dict)  # member index -> bytes
+    first_ns: float = 0.0      # the latest first byte of a contribution (modeled)
+    last_ns: float = 0.0       # the latest last byte of a contribution (modeled)
 
 
 class GroupTable:
@@ -75,10 +79,18 @@ class GroupTable:
         self.reductions = {k: v for k, v in self.reductions.items() if k[0] != group_id}
         self.released += 1
 
+    def engine(self, group_id: int, timing) -> ReductionClock:
+        """The group's reduction engine clock (created on first use)."""
+        group = self.groups[group_id]
+        if group.engine is None:
+            group.engine = ReductionClock(timing.reduction_gbytes_per_s, timing.reduction_latency_ns)
+        return group.engine
+
     def contribute(self, group_id: int, slot: tuple, gpu: int, op: str, dtype: str, data: np.ndarray,
-                   delivery: tuple = ()) -> tuple[np.ndarray, tuple] | None:
-        """Hold GPU `gpu`'s contribution to `slot`; once every member's is in, (the finished result,
-        the agreed `delivery`: whom it goes to and under which key)."""
+                   delivery: tuple = (), times: tuple[float, float] = (0.0, 0.0)) -> tuple | None:
+        """Hold GPU `gpu`'s contribution to `slot` (its first/last byte at `times`, modeled ns); once
+        every member's is in, (the finished result, the agreed `delivery`: whom it goes to and under
+        which key, (latest first byte, latest last byte))."""
         group = self.group(group_id, gpu, "in-switch reduction")
         if not group.ready:
             raise AccessViolation(f"in-switch reduction by GPU {gpu}: group {group_id} is not bound by all "
@@ -98,10 +110,12 @@ class GroupTable:
             raise CollectiveMismatch(f"in-switch reduction slot {slot} of group {group_id}: GPU {gpu} "
                                      f"contributed twice")
         state.parts[index] = data
+        state.first_ns = max(state.first_ns, times[0])
+        state.last_ns = max(state.last_ns, times[1])
         if len(state.parts) < len(group.members):
             return None
         del self.reductions[key]
-        return self._reduce(state, len(group.members)), state.delivery
+        return self._reduce(state, len(group.members)), state.delivery, (state.first_ns, state.last_ns)
 
     def _reduce(self, state: Reduction, members: int) -> np.ndarray:
         # member order 0..n-1, in the switch's accumulator dtype (float32 for 16-bit floats)

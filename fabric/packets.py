@@ -62,24 +62,28 @@ class Packet:
     nbytes: int = 0
     req: int = 0
     info: dict = field(default=None, hash=False, compare=True)
+    t_start: float = 0.0  # modeled ns: first byte ready at the packet's current point
+    t_end: float = 0.0    # modeled ns: last byte ready there
 
     def to_wire(self) -> bytes:
         return msgpack.packb((int(self.kind), self.src, self.dst, self.address, self.nbytes, self.req,
-                              self.info), use_bin_type=True)
+                              self.info, float(self.t_start), float(self.t_end)), use_bin_type=True)
 
     @classmethod
     def from_wire(cls, data: bytes) -> "Packet":
         try:
-            kind, src, dst, address, nbytes, req, info = msgpack.unpackb(data, raw=False,
-                                                                          strict_map_key=False)
+            kind, src, dst, address, nbytes, req, info, t_start, t_end = msgpack.unpackb(
+                data, raw=False, strict_map_key=False)
             kind = Kind(kind)
         except (ValueError, TypeError, msgpack.UnpackException) as exc:
             raise ProtocolError(f"undecodable packet header ({len(data)} bytes): {exc}") from None
         numbers = (src, dst, address, nbytes, req)
-        if not all(type(v) is int for v in numbers) or nbytes < 0 or not (info is None or isinstance(info, dict)):
+        if (not all(type(v) is int for v in numbers) or nbytes < 0 or not (info is None or isinstance(info, dict))
+                or not all(type(t) in (int, float) for t in (t_start, t_end))):
             raise ProtocolError(f"malformed {kind.name} header: src, dst, address, nbytes, req must be integers "
-                                f"(nbytes >= 0) and info a map, got {numbers} {type(info).__name__}")
-        return cls(kind, src, dst, address, nbytes, req, info)
+                                f"(nbytes >= 0), info a map and the times numbers, got {numbers} "
+                                f"{type(info).__name__} {t_start!r} {t_end!r}")
+        return cls(kind, src, dst, address, nbytes, req, info, float(t_start), float(t_end))
 
     @property
     def payload_bytes(self) -> int:

@@ -14,7 +14,7 @@ from .config import FabricConfig
 from .counters import LinkCounters, downlink, uplink
 from .errors import AccessViolation, FabricError, ProtocolError, UnsupportedOperation
 from .groups import GroupTable
-from .packets import Kind, Packet
+from .packets import Kind, Packet, raw_bytes
 from .tlb import LinkTLB
 
 
@@ -38,6 +38,7 @@ class SwitchLogic:
         self.tlbs = [LinkTLB(g, config.page_size_bytes, config.tlb_entries) for g in range(config.gpus)] \
             if self.network else []
         self.counters = LinkCounters(config.mtu_bytes, config.header_bytes)
+        self.timing = config.timing
         self.violations = [0] * config.gpus
         self.groups = GroupTable()
         self.peak_held_bytes = 0  # most contribution bytes held at once by in-switch reductions
@@ -80,8 +81,15 @@ class SwitchLogic:
         return sends
 
     def nack(self, ingress: int, packet: Packet, error: FabricError) -> Packet:
+        ready = packet.t_end + self.timing.switch_latency_ns
         return Packet(Kind.NACK, src=-1, dst=self.route_key(ingress), req=packet.req,
-                      info={"error": type(error).__name__, "message": str(error), "kind": packet.kind.name})
+                      info={"error": type(error).__name__, "message": str(error), "kind": packet.kind.name},
+                      t_start=ready, t_end=ready)
+
+    def _through(self, packet: Packet, **changes) -> Packet:
+        """`packet` leaving the switch: cut-through, each byte one switch traversal later."""
+        delay = self.timing.switch_latency_ns
+        return replace(packet, t_start=packet.t_start + delay, t_end=packet.t_end + delay, **changes)
 
     def _data(self, ingress: int, packet: Packet, payload: np.ndarray | None) -> list[Send]:
         src = self.route_key(ingress)
@@ -89,7 +97,7 @@ class SwitchLogic:
         if kind in (Kind.PUT, Kind.GET):
             write = kind is Kind.PUT
             target, phys = self._resolve(ingress, packet, write)
-            return [Send(target, replace(packet, src=src, dst=self.route_key(target), address=phys),
+            return [Send(target, self._through(packet, src=src, dst=self.route_key(target), address=phys),
                          payload if write else None)]
         if kind in (Kind.PUT_ACK, Kind.GET_DATA, Kind.MSG):
             target = self._port_for(ingress, packet)
@@ -97,7 +105,7 @@ class SwitchLogic:
             if self._partition[target] != self._partition[ingress]:
                 raise AccessViolation(f"GPU {ingress} (partition {self._partition[ingress]}) may not send to "
                                       f"GPU {target} (partition {self._partition[target]})")
-            return [Send(target, replace(packet, src=src), payload)]
+            return [Send(target, self._through(packet, src=src), payload)]
         if kind in (Kind.REDUCE, Kind.MCAST, Kind.LOAD_REDUCE):
             return self._in_switch(ingress, packet, payload)
         raise ProtocolError(f"switch: GPU {ingress} sent a {kind.name}, which only the switch sends")
@@ -111,10 +119,12 @@ class SwitchLogic:
         group = self.groups.group(info["g"], ingress, packet.kind.name)
         if packet.kind is Kind.MCAST:
             # one packet in, a copy out of every member port, the sender's included
-            return [self._deliver(port, info["key"], payload) for port in group.members]
+            out = self._through(packet)
+            return [self._deliver(port, info["key"], payload, out.t_start, out.t_end) for port in group.members]
         if packet.kind is Kind.LOAD_REDUCE:
             # NVLS: read the range from every member's bound buffer; the answers are REDUCE packets
-            load = Packet(Kind.LOAD, -1, 0, packet.address, packet.nbytes, packet.req, info)
+            ready = packet.t_end + self.timing.switch_latency_ns
+            load = Packet(Kind.LOAD, -1, 0, packet.address, packet.nbytes, packet.req, info, ready, ready)
             return [Send(port, replace(load, dst=self.route_key(port))) for port in group.members]
         outside = [port for port in info["dest"] if port not in group.members]
         if outside or not info["dest"]:
@@ -122,16 +132,21 @@ class SwitchLogic:
                                   f"{' '.join(f'GPU {p}' for p in outside) or 'none'} not members of group "
                                   f"{info['g']} ({list(group.members)})")
         done = self.groups.contribute(info["g"], tuple(info["slot"]), ingress, info["op"], info["dtype"],
-                                      payload, (tuple(info["dest"]), tuple(info["key"])))
+                                      payload, (tuple(info["dest"]), tuple(info["key"])),
+                                      (packet.t_start, packet.t_end))
         if done is None:
             self.peak_held_bytes = max(self.peak_held_bytes, self.groups.held_bytes)
             return []
-        result, (dest, key) = done
-        return [self._deliver(port, list(key), result) for port in dest]
+        result, (dest, key), (first, last) = done
+        # the reduced stream leaves once the latest contribution streams in, through the group's engine
+        delay = self.timing.switch_latency_ns
+        raw = raw_bytes(result.nbytes, self.config.mtu_bytes, self.config.header_bytes)
+        start, end = self.groups.engine(info["g"], self.timing).reduce(first + delay, last + delay, raw)
+        return [self._deliver(port, list(key), result, start, end) for port in dest]
 
-    def _deliver(self, port: int, key: list, payload: np.ndarray) -> Send:
-        return Send(port, Packet(Kind.MCAST, -1, self.route_key(port), 0, payload.nbytes, info={"key": key}),
-                    payload)
+    def _deliver(self, port: int, key: list, payload: np.ndarray, t_start: float, t_end: float) -> Send:
+        return Send(port, Packet(Kind.MCAST, -1, self.route_key(port), 0, payload.nbytes, info={"key": key},
+                                 t_start=t_start, t_end=t_end), payload)
 
     def _port_for(self, ingress: int, packet: Packet) -> int:
         try:

@@ -51,9 +51,10 @@ class Communicator:
         return [obj if p == gpu.rank else box.pop((self.name, seq, p)) for p in self.members]
 
     def barrier(self) -> None:
-        """Wait until every member reached the barrier; this GPU's puts are fenced first."""
+        """Wait until every member reached the barrier; this GPU's puts are fenced first. Every member
+        leaves at the latest member's modeled time (the barrier itself is modeled as free)."""
         self.gpu.fence()
-        self.allgather_object(None, "barrier")
+        self.gpu.now_ns = max(self.allgather_object(self.gpu.now_ns, "barrier"))
 
     def split(self, color, key=None) -> "Communicator | None":
         """A new communicator of the members that pass the same `color`, ordered by (key, rank);

@@ -3,16 +3,18 @@ engine that serves incoming requests inside every blocking wait (so no legal pat
 
 import itertools
 import time
+from dataclasses import replace
 
 import numpy as np
 
 from fabric import errors
 from fabric.addressing import Handle, physical_address
 from fabric.config import FabricConfig
-from fabric.counters import LinkCounters, downlink, gpu_view, uplink
+from fabric.counters import LinkCounters, LinkStats, downlink, gpu_view, uplink
 from fabric.errors import FabricError, FabricTimeout, ProtocolError, UnsupportedOperation
 from fabric.memory import DeviceMemory
-from fabric.packets import Kind, Packet
+from fabric.packets import Kind, Packet, raw_bytes
+from fabric.timemodel import LinkClock
 
 from .comm import Communicator
 from .transport import ControlChannel, Idle, Transport, done, native_collective
@@ -59,10 +61,25 @@ class Gpu:
         self._control_box: dict[tuple, object] = {}     # (comm id, seq, source) -> control object
         self._exports: dict[int, Handle] = {}           # physical offset -> live export
         self._bound: dict[tuple, np.ndarray] = {}       # buffer key -> bytes the switch may LOAD (NVLS)
-        self._loads: list[Packet] = []                  # LOADs waiting for their buffer to be bound
+        self._loads: dict[tuple, Packet] = {}           # (buffer key, slot) -> LOAD until served
+        self._arrivals: dict[tuple, Packet] = {}        # message key -> its header until consumed (timing)
+        timing = config.timing
+        self._latency_ns = timing.link_latency_ns
+        self._uplink = LinkClock(timing.bandwidth_gbytes_per_s)
+        self._downlink = LinkClock(timing.bandwidth_gbytes_per_s)
+        self.now_ns = 0.0                               # this GPU's modeled clock
+        self._acked_ns = 0.0                            # latest acknowledgement of a put (modeled)
+        self._got_ns: dict[int, float] = {}             # GET req -> modeled arrival of its data
         self._shutdown: Packet | None = None
         self._idle = Idle()
         self.world = Communicator(self, tuple(range(config.gpus)), "world")
+
+    # -- modeled time -------------------------------------------------------------------------------
+    def compute(self, ns: float) -> None:
+        """Advance this GPU's modeled clock by `ns` of compute (workload scripts model kernels this way)."""
+        if ns < 0:
+            raise FabricError(f"GPU {self.rank}: compute({ns}): modeled time cannot go back")
+        self.now_ns += ns
 
     # -- memory -----------------------------------------------------------------------------------
     def alloc(self, count: int, dtype="float32") -> np.ndarray:
@@ -136,6 +153,7 @@ class Gpu:
             sends.append(self._send(Packet(Kind.PUT, self._keys[self.rank], dst, address + start,
                                            stop - start, req), data[start:stop]))
         self.wait_sent(sends, "put")
+        self.now_ns = max(self.now_ns, self._uplink.free_ns)  # the data has left: `array` may be reused
 
     def get(self, target, array: np.ndarray, offset: int = 0) -> None:
         """Read `array.nbytes` bytes at byte `offset` of `target` into `array`; AccessViolation if refused."""
@@ -150,6 +168,7 @@ class Gpu:
             reqs.append(req)
         owner = getattr(target, "owner", "the target")
         self._wait(lambda: all(r not in self._gets for r in reqs), "get", f"GPU {owner}")
+        self.now_ns = max([self.now_ns] + [self._got_ns.pop(r, 0.0) for r in reqs])
         for req in reqs:
             nack = self._replies.pop(req, None)
             if nack is not None:
@@ -158,25 +177,41 @@ class Gpu:
     def fence(self) -> None:
         """Return when every put of this GPU is visible at its target; raise any refusal."""
         self._wait(lambda: not self._puts, "fence", "acknowledgements of puts")
+        self.now_ns = max(self.now_ns, self._acked_ns)
         self._raise_async()
 
-    def link_counters(self) -> dict[str, int]:
-        """This GPU's link counters: tx_/rx_ bytes (payload), raw_bytes, packets."""
-        return gpu_view(self._counters.snapshot(), self.rank)
+    def link_counters(self) -> dict:
+        """This GPU's link counters: tx_/rx_ bytes (payload), raw_bytes, packets, busy_ns (modeled)."""
+        return gpu_view(self._snapshot(), self.rank)
+
+    def _snapshot(self) -> dict:
+        self._counters.links.setdefault(uplink(self.rank), LinkStats()).busy_ns = self._uplink.busy_ns
+        self._counters.links.setdefault(downlink(self.rank), LinkStats()).busy_ns = self._downlink.busy_ns
+        return self._counters.snapshot()
 
     # -- messages (collective traffic) ------------------------------------------------------------
-    def send_message(self, peer: int, key: tuple, data: np.ndarray) -> list:
-        """Post `data` to GPU `peer`'s mailbox slot `key` through the switch; returns the send requests."""
+    def send_message(self, peer: int, key: tuple, data: np.ndarray, at_ns: float | None = None) -> list:
+        """Post `data` to GPU `peer`'s mailbox slot `key` through the switch; returns the send requests.
+        at_ns: modeled time the send is issued (default: now)."""
         data = self._as_bytes(data, "send")
         return self._send(Packet(Kind.MSG, self._keys[self.rank], self._keys[peer], 0, data.nbytes,
-                                 info={"key": list(key)}), data)
+                                 info={"key": list(key)}), data, at_ns)
 
     def switch_request(self, kind: Kind, info: dict, payload: np.ndarray | None = None, address: int = 0,
-                       nbytes: int | None = None) -> list:
-        """Post an in-switch operation (REDUCE, MCAST, LOAD_REDUCE) to the switch; returns the send requests."""
+                       nbytes: int | None = None, at_ns: float | None = None,
+                       stamp: tuple[float, float] | None = None) -> list:
+        """Post an in-switch operation (REDUCE, MCAST, LOAD_REDUCE) to the switch; returns the send requests.
+        at_ns: modeled issue time (default now); stamp: uplink times reserved earlier (reserve_uplink)."""
         data = None if payload is None else self._as_bytes(payload, kind.name)
         size = data.nbytes if nbytes is None else nbytes
-        return self._send(Packet(kind, self._keys[self.rank], -1, address, size, info=info), data)
+        return self._send(Packet(kind, self._keys[self.rank], -1, address, size, info=info), data, at_ns, stamp)
+
+    def reserve_uplink(self, payload_bytes: int, at_ns: float) -> tuple[float, float]:
+        """Book this GPU's uplink now for a transfer sent later (the emulator may hold a send back to
+        bound host memory; modeled time treats it as issued at `at_ns`); returns its stamp."""
+        raw = raw_bytes(payload_bytes, self.config.mtu_bytes, self.config.header_bytes)
+        start, end = self._uplink.transmit(at_ns, at_ns, raw)
+        return start + self._latency_ns, end + self._latency_ns
 
     def post_receive(self, key: tuple, out: np.ndarray) -> None:
         """Receive the message in slot `key` straight into `out` when it arrives (see wait_receive)."""
@@ -191,9 +226,11 @@ class Gpu:
         dest[:] = got
 
     def wait_receive(self, key: tuple, peer) -> None:
-        """Wait until the posted receive of slot `key` (from `peer`, for messages) completed."""
+        """Wait until the posted receive of slot `key` (from `peer`, for messages) completed; the
+        transfer takes its turn on this GPU's downlink now, in program order (modeled time)."""
         key = tuple(key)
         self._wait(lambda: key not in self._posted, "receive", f"{peer} (slot {key})")
+        self.now_ns = max(self.now_ns, self._consume(self._arrivals.pop(key)))
 
     def receive_message(self, key: tuple, out: np.ndarray, peer: int) -> None:
         """Wait for the message in slot `key` (from GPU `peer`) and place its bytes in `out`."""
@@ -208,22 +245,20 @@ class Gpu:
     def bind_buffer(self, key: tuple, data: np.ndarray) -> None:
         """Let the switch LOAD from `data` under `key` (NVLS: a buffer bound to a multicast group)."""
         self._bound[tuple(key)] = self._as_bytes(data, "bind")
-        self._serve_loads()
 
     def unbind_buffer(self, key: tuple) -> None:
         del self._bound[tuple(key)]
 
-    def _serve_loads(self) -> None:
-        waiting = []
-        for packet in self._loads:
-            source = self._bound.get(tuple(packet.info["src"]))
-            if source is None:
-                waiting.append(packet)  # this GPU has not reached that collective yet
-                continue
-            data = source[packet.address:packet.address + packet.nbytes]
-            self._send(Packet(Kind.REDUCE, self._keys[self.rank], -1, 0, packet.nbytes, packet.req, packet.info),
-                       data)
-        self._loads = waiting
+    def serve_load(self, key: tuple, slot: tuple, requester: str) -> None:
+        """Answer the switch's LOAD of `slot` from the buffer bound as `key` (NVLS), waiting for it to
+        arrive. Served in program order, so its place on the links is deterministic; the answer leaves
+        when the LOAD arrived, not when the program got to it (memory answers, not the SMs)."""
+        lookup = (tuple(key), tuple(slot))
+        self._wait(lambda: lookup in self._loads, "serve load", f"{requester}'s load-reduce (slot {slot})")
+        packet = self._loads.pop(lookup)
+        data = self._bound[lookup[0]][packet.address:packet.address + packet.nbytes]
+        self._send(Packet(Kind.REDUCE, self._keys[self.rank], -1, 0, packet.nbytes, packet.req, packet.info),
+                   data, self._consume(packet))
 
     def native(self, collective: str, send: np.ndarray, recv: np.ndarray, op: str = "sum", root: int = 0) -> None:
         """The same collective by MPI's own implementation over the GPU ranks (not through the fabric,
@@ -264,21 +299,25 @@ class Gpu:
         if packet.kind.counted:
             self._counters.record(downlink(self.rank), packet.payload_bytes)
         kind = packet.kind
+        # one-sided traffic is served as it comes: it takes its turn on the links in serving order
         if kind is Kind.PUT:
             phys = packet.address
             self._receive(packet, self.memory[phys:phys + packet.nbytes])
-            self._send(Packet(Kind.PUT_ACK, self._keys[self.rank], packet.src, req=packet.req))
+            self._send(Packet(Kind.PUT_ACK, self._keys[self.rank], packet.src, req=packet.req),
+                       at_ns=self._consume(packet))
         elif kind is Kind.GET:
             data = self.memory[packet.address:packet.address + packet.nbytes].copy()
             self._send(Packet(Kind.GET_DATA, self._keys[self.rank], packet.src, 0, packet.nbytes, packet.req),
-                       data)
+                       data, self._consume(packet))
         elif kind is Kind.PUT_ACK:
             self._puts.pop(packet.req, None)
+            self._acked_ns = max(self._acked_ns, self._consume(packet))
         elif kind is Kind.GET_DATA:
             dest = self._gets.pop(packet.req, None)
             if dest is None:
                 raise ProtocolError(f"GPU {self.rank}: GET_DATA for request {packet.req}, which it never made")
             self._receive(packet, dest)
+            self._got_ns[packet.req] = self._consume(packet)
         elif kind is Kind.MSG or kind is Kind.MCAST:
             key = tuple(packet.info["key"])
             dest = self._posted.get(key)
@@ -291,10 +330,11 @@ class Gpu:
                 del self._posted[key]
             else:
                 self._mailbox[key] = buffer
+            self._arrivals[key] = packet  # its downlink turn comes when the program consumes it
         elif kind is Kind.LOAD:
-            self._loads.append(packet)
-            self._serve_loads()
+            self._loads[(tuple(packet.info["src"]), tuple(packet.info["slot"]))] = packet
         elif kind is Kind.NACK:
+            self._consume(packet)
             self._nack(packet)
         elif kind is Kind.REPLY:
             self._replies[packet.req] = packet
@@ -327,10 +367,22 @@ class Gpu:
             self._transport.recv_payload(self._switch, out, time.monotonic() + self.timeout_s,
                                          f"{packet.kind.name} req {packet.req}")
 
-    def _send(self, packet: Packet, payload: np.ndarray | None = None) -> list:
+    def _send(self, packet: Packet, payload: np.ndarray | None = None, at_ns: float | None = None,
+              stamp: tuple[float, float] | None = None) -> list:
         if packet.kind.counted:
-            self._counters.record(uplink(self.rank), packet.payload_bytes)
+            raw = self._counters.record(uplink(self.rank), packet.payload_bytes)
+            if stamp is None:
+                at = self.now_ns if at_ns is None else at_ns
+                start, end = self._uplink.transmit(at, at, raw)
+                stamp = (start + self._latency_ns, end + self._latency_ns)
+            packet = replace(packet, t_start=stamp[0], t_end=stamp[1])
         return self._transport.send(self._switch, packet, payload)
+
+    def _consume(self, packet: Packet) -> float:
+        """Put a transfer that reached this GPU on its downlink; returns when its last byte arrived (ns)."""
+        raw = raw_bytes(packet.payload_bytes, self.config.mtu_bytes, self.config.header_bytes)
+        _, end = self._downlink.transmit(packet.t_start, packet.t_end, raw)
+        return end + self._latency_ns
 
     def _control_call(self, kind: Kind, info: dict, what: str) -> dict:
         req = next(self._req)
@@ -375,7 +427,7 @@ class Gpu:
                    timeout_s=2 * self.timeout_s + 30)  # switch's is 2 t + 5
         leftovers = sorted(self._mailbox)
         self._transport.send(self._switch, Packet(Kind.COUNTERS, self._keys[self.rank], -1, info={
-            "links": self._counters.snapshot(), "unconsumed": [list(k) for k in leftovers]}))
+            "links": self._snapshot(), "unconsumed": [list(k) for k in leftovers], "now_ns": self.now_ns}))
         self._shutdown = None
         self._wait(lambda: self._shutdown is not None, "end of run", "the switch's report")
         return self._shutdown.info

@@ -92,11 +92,16 @@ class SwitchRank:
         self._wait(lambda: len(self._counters) == gpus, "end of run",
                    lambda: f"counters of GPUs {sorted(set(range(gpus)) - set(self._counters))}")
         switch_side = self.logic.counters.snapshot()
-        check_conservation(switch_side, [self._counters[g]["links"] for g in range(gpus)])
+        gpu_sides = [self._counters[g]["links"] for g in range(gpus)]
+        check_conservation(switch_side, gpu_sides)
+        for gpu_side in gpu_sides:  # modeled busy time is kept by the GPU end of each link
+            for link, stats in gpu_side.items():
+                switch_side.setdefault(link, dict(stats))["busy_ns"] = stats.get("busy_ns", 0.0)
         report = {
             "fabric": self.config.name,
             "mode": self.config.mode,
             "gpus": gpus,
+            "elapsed_ns": max(self._counters[g]["now_ns"] for g in range(gpus)),
             "links": switch_side,
             "ports": {g: row for g, row in self.logic.port_stats().items()},
             "network_addresses": list(self.logic.network_addresses),

@@ -94,26 +94,36 @@ class Call:
         self.wait(parts, f"GPU {self.peer(frm)}", out)
 
     def flush(self) -> None:
-        """Wait until every send of this call left (its buffer may be written again)."""
+        """Wait until every send of this call left (its buffer may be written again); modeled time
+        moves to when the last byte left this GPU."""
         self.gpu.wait_sent(self._sends, "collective send")
         self._sends = []
+        self.gpu.now_ns = max(self.gpu.now_ns, self.gpu._uplink.free_ns)
 
     # -- in the switch ----------------------------------------------------------------------------
-    def reduce(self, slot: tuple, data: np.ndarray, dest: list[int], parts: tuple) -> None:
-        """Contribute `data` to in-switch reduction `slot`; the result goes to members `dest` as `parts`."""
+    def reduce(self, slot: tuple, data: np.ndarray, dest: list[int], parts: tuple, at_ns: float | None = None) -> None:
+        """Contribute `data` to in-switch reduction `slot`; the result goes to members `dest` as `parts`.
+        at_ns: modeled issue time (the credits that bound the switch's memory are not modeled)."""
         info = {"g": self.comm.group_id(), "slot": [self.seq, *slot], "op": self.op,
                 "dtype": dtype_name(self.dtype), "dest": [self.peer(d) for d in dest], "key": list(self.key(*parts))}
-        self._sends.append(self.gpu.switch_request(Kind.REDUCE, info, data))
+        self._sends.append(self.gpu.switch_request(Kind.REDUCE, info, data, at_ns=at_ns))
 
     def multicast(self, parts: tuple, data: np.ndarray) -> None:
         """Multicast-store `data` to every member (this one included) as `parts`."""
         info = {"g": self.comm.group_id(), "key": list(self.key(*parts))}
         self._sends.append(self.gpu.switch_request(Kind.MCAST, info, data))
 
-    def load_reduce(self, slot: tuple, source: tuple, offset_bytes: int, nbytes: int, parts: tuple) -> None:
+    def load_reduce(self, slot: tuple, source: tuple, offset_bytes: int, nbytes: int, parts: tuple,
+                    stamp: tuple[float, float]) -> None:
         """Ask the switch to read [offset, offset + nbytes) of every member's buffer bound as `source`,
-        reduce, and return the result to this member as `parts` (NVLS load-reduce)."""
+        reduce, and return the result to this member as `parts` (NVLS load-reduce). stamp: the uplink
+        times booked for this request (gpu.reserve_uplink)."""
         info = {"g": self.comm.group_id(), "slot": [self.seq, *slot], "op": self.op,
                 "dtype": dtype_name(self.dtype), "dest": [self.gpu.rank], "key": list(self.key(*parts)),
                 "src": list(self.key(*source))}
-        self._sends.append(self.gpu.switch_request(Kind.LOAD_REDUCE, info, None, offset_bytes, nbytes))
+        self._sends.append(self.gpu.switch_request(Kind.LOAD_REDUCE, info, None, offset_bytes, nbytes,
+                                                   stamp=stamp))
+
+    def serve_load(self, source: tuple, slot: tuple, requester: int) -> None:
+        """Answer the switch's read of `slot` (requested by member `requester`) from our `source` buffer."""
+        self.gpu.serve_load(self.key(*source), (self.seq, *slot), f"GPU {self.peer(requester)}")

@@ -5,7 +5,8 @@ reduced block to every peer. Per-GPU link payload for S bytes on N GPUs, tx = rx
 - allreduce: (N-1)/N x S in the reduce phase + (N-1)/N x S in the broadcast phase = 2(N-1)/N x S;
 - reduce_scatter (S = input bytes) and allgather (S = output bytes): (N-1)/N x S;
 - broadcast: the root sends S to each of the N-1 others (root tx (N-1) x S, every other rx S).
-Combine order: members 0, 1, ..., N-1, in the array's dtype.
+In step k = 1..N-1 GPU r sends to GPU r+k and takes in from GPU r-k, so every link carries one
+block per step. Combine order: members 0, 1, ..., N-1, in the array's dtype.
 """
 
 import numpy as np
@@ -18,39 +19,35 @@ RED, BCAST, ROOT = 0, 1, 2  # message phases
 def _reduce_own_block(call, source: np.ndarray, parts, out: np.ndarray) -> None:
     """out <- finished reduction of block r over every member, in member order."""
     n, r = call.n, call.r
-    for p in range(n):
-        if p != r:
-            a, b = parts[p]
-            for c, (lo, hi) in enumerate(chunks(a, b, call.chunk)):
-                call.send(p, (RED, r, c), source[lo:hi])
+    for k in range(1, n):
+        a, b = parts[(r + k) % n]
+        for c, (lo, hi) in enumerate(chunks(a, b, call.chunk)):
+            call.send(r + k, (RED, r, c), source[lo:hi])
     a, b = parts[r]
-    for c, (lo, hi) in enumerate(chunks(a, b, call.chunk)):
-        acc = None
-        for p in range(n):
-            if p == r:
-                part = source[lo:hi]
-            else:
-                part = np.empty(hi - lo, source.dtype)
-                call.recv(p, (RED, p, c), part)
-            if acc is None:
-                acc = part.copy()
-            else:
-                combine(call.op, acc, part)
-        finish(call.op, acc, n, out[lo - a:hi - a])
+    spans = chunks(a, b, call.chunk)
+    received = {}
+    for k in range(1, n):
+        p = (r - k) % n
+        received[p] = np.empty(b - a, source.dtype)
+        for c, (lo, hi) in enumerate(spans):
+            call.recv(p, (RED, p, c), received[p][lo - a:hi - a])
+    received[r] = source[a:b]
+    acc = received[0].copy()
+    for p in range(1, n):
+        combine(call.op, acc, received[p])
+    finish(call.op, acc, n, out)
     call.flush()
 
 
 def _broadcast_own_block(call, work: np.ndarray, parts) -> None:
     n, r = call.n, call.r
-    a, b = parts[r]
-    for p in range(n):
-        if p != r:
-            for c, (lo, hi) in enumerate(chunks(a, b, call.chunk)):
-                call.send(p, (BCAST, r, c), work[lo:hi])
-    for p in range(n):
-        if p != r:
-            for c, (lo, hi) in enumerate(chunks(*parts[p], call.chunk)):
-                call.recv(p, (BCAST, p, c), work[lo:hi])
+    for k in range(1, n):
+        for c, (lo, hi) in enumerate(chunks(*parts[r], call.chunk)):
+            call.send(r + k, (BCAST, r, c), work[lo:hi])
+    for k in range(1, n):
+        p = (r - k) % n
+        for c, (lo, hi) in enumerate(chunks(*parts[p], call.chunk)):
+            call.recv(p, (BCAST, p, c), work[lo:hi])
     call.flush()
 
 
@@ -75,11 +72,12 @@ def allgather(call, send: np.ndarray, recv: np.ndarray) -> None:
 
 
 def broadcast(call, array: np.ndarray, root: int) -> None:
-    for c, (lo, hi) in enumerate(chunks(0, array.size, call.chunk)):
-        if call.r == root:
-            for p in range(call.n):
-                if p != root:
-                    call.send(p, (ROOT, c), array[lo:hi])
-        else:
+    spans = chunks(0, array.size, call.chunk)
+    if call.r == root:
+        for k in range(1, call.n):
+            for c, (lo, hi) in enumerate(spans):
+                call.send(root + k, (ROOT, c), array[lo:hi])
+    else:
+        for c, (lo, hi) in enumerate(spans):
             call.recv(root, (ROOT, c), array[lo:hi])
     call.flush()

@@ -9,6 +9,11 @@ Per-GPU link payload for S bytes on N GPUs:
 - allgather and broadcast: multicast stores, as in `sharp`.
 Requests (LOAD_REDUCE, LOAD) are header-only packets: raw bytes, no payload.
 Combine order: members 0, 1, ..., N-1, in the switch's accumulator, as in `sharp`.
+
+Schedule, in rounds c = 0, 1, ...: answer the switch's loads of chunk c of every member's block
+(member order), then take back my reduced chunk c - 1, multicast it, and take in every member's
+multicast of chunk c - 1. All load-reduce requests are booked on the uplink at the start (modeled as
+issued at once); the emulator sends them as credits allow, which bounds the switch's memory.
 """
 
 import numpy as np
@@ -21,62 +26,68 @@ LR, MC = 4, 5  # message phases
 SOURCE = ("nvls-bound",)
 
 
-def _load_reduce_own_block(call, window: int, source: np.ndarray, out: np.ndarray, then=None) -> None:
-    """out <- reduction of block r over every member's `source` (bound for the switch to read)."""
-    gpu, r = call.gpu, call.r
-    gpu.bind_buffer(call.key(*SOURCE), source)
-    a, b = blocks(source.size, call.n)[r]
-    spans = chunks(a, b, call.chunk)
+def _run(call, source: np.ndarray, reduced: np.ndarray, out: np.ndarray | None) -> None:
+    """Load-reduce block r of every member's `source` into `reduced`; with `out`, also multicast it and
+    gather every member's reduced block into `out` (allreduce)."""
+    gpu, n, r = call.gpu, call.n, call.r
+    window = call.in_switch_window(n, least=2)  # every member's requests are in the switch at once
+    parts = blocks(source.size, n)
+    spans = [chunks(a, b, call.chunk) for a, b in parts]
+    own, base = spans[r], parts[r][0]
     item = source.dtype.itemsize
+    gpu.bind_buffer(call.key(*SOURCE), source)
+    start = gpu.now_ns
+    stamps = [gpu.reserve_uplink(0, start) for _ in own]  # header-only requests, all issued at start
+    scratch = np.empty(min(call.chunk, max(b - a for a, b in parts)), source.dtype) if out is not None else None
+    if out is not None:
+        for p, span in enumerate(spans):
+            if p != r:
+                for c, (lo, hi) in enumerate(span):
+                    call.post((MC, p, c), out[lo:hi])
 
     def request(c):
-        lo, hi = spans[c]
-        call.load_reduce((r, c), SOURCE, lo * item, (hi - lo) * item, (LR, c))
+        lo, hi = own[c]
+        call.load_reduce((r, c), SOURCE, lo * item, (hi - lo) * item, (LR, c), stamps[c])
+        call.post((LR, c), reduced[lo - base:hi - base])
 
-    for c, (lo, hi) in enumerate(spans):
-        call.post((LR, c), out[lo - a:hi - a])
-    for c in range(min(window, len(spans))):
+    def take_back(c):
+        # my reduced chunk c is back: multicast it, let one more request go, take in every member's chunk c
+        if c < len(own):
+            lo, hi = own[c]
+            call.wait((LR, c), "the switch's load-reduce", reduced[lo - base:hi - base])
+            if out is not None:
+                call.multicast((MC, r, c), reduced[lo - base:hi - base])
+            if c + window < len(own):
+                request(c + window)
+        if out is not None:
+            for p, span in enumerate(spans):
+                if c < len(span):
+                    lo, hi = span[c]
+                    if p == r:
+                        call.recv(r, (MC, r, c), scratch[:hi - lo])  # my own copy of the multicast store
+                    else:
+                        call.wait((MC, p, c), f"GPU {call.peer(p)}'s multicast", out[lo:hi])
+
+    for c in range(min(window, len(own))):
         request(c)
-    for c, (lo, hi) in enumerate(spans):
-        call.wait((LR, c), "the switch's load-reduce", out[lo - a:hi - a])
-        if then is not None:
-            then(c, lo, hi)
-        if c + window < len(spans):
-            request(c + window)
-    return spans
+    rounds = max(len(span) for span in spans)
+    for c in range(rounds):
+        for j, span in enumerate(spans):
+            if c < len(span):
+                call.serve_load(SOURCE, (j, c), j)
+        if c:
+            take_back(c - 1)
+    take_back(rounds - 1)
+    call.flush()
+    gpu.unbind_buffer(call.key(*SOURCE))
 
 
 def allreduce(call, array: np.ndarray) -> None:
-    n, r = call.n, call.r
-    window = call.in_switch_window(n)  # every member's requests are in the switch at once
-    parts = blocks(array.size, n)
-    for p, (a, b) in enumerate(parts):
-        if p != r:
-            for c, (lo, hi) in enumerate(chunks(a, b, call.chunk)):
-                call.post((MC, p, c), array[lo:hi])
-    a, b = parts[r]
+    a, b = blocks(array.size, call.n)[call.r]
     reduced = np.empty(b - a, array.dtype)
-
-    def store(c, lo, hi):
-        # multicast-store my reduced block to every member as soon as each chunk is back
-        call.multicast((MC, r, c), reduced[lo - a:hi - a])
-
-    spans = _load_reduce_own_block(call, window, array, reduced, then=store)
+    _run(call, array, reduced, array)
     array[a:b] = reduced
-    scratch = np.empty(min(call.chunk, b - a), array.dtype)
-    for c, (lo, hi) in enumerate(spans):
-        call.recv(r, (MC, r, c), scratch[:hi - lo])  # my own copy of the multicast store
-    for p, (pa, pb) in enumerate(parts):
-        if p != r:
-            for c, (lo, hi) in enumerate(chunks(pa, pb, call.chunk)):
-                call.wait((MC, p, c), f"GPU {call.peer(p)}'s multicast", array[lo:hi])
-    call.flush()
-    call.gpu.unbind_buffer(call.key(*SOURCE))
 
 
 def reduce_scatter(call, send: np.ndarray, recv: np.ndarray) -> None:
-    _load_reduce_own_block(call, call.in_switch_window(call.n), send, recv)
-    # other members may still be loading from our send buffer: keep it bound until all have their blocks
-    call.comm.allgather_object(None, "nvls reduce_scatter completion")
-    call.flush()
-    call.gpu.unbind_buffer(call.key(*SOURCE))
+    _run(call, send, recv, None)

@@ -22,16 +22,17 @@ def allreduce(call, array: np.ndarray) -> None:
     window = call.in_switch_window(1)
     spans = chunks(0, array.size, call.chunk)
     everyone = list(range(call.n))
+    start = call.gpu.now_ns  # modeled: every contribution is issued at once
     for c, (lo, hi) in enumerate(spans):
         call.post((AR, c), array[lo:hi])  # the result lands in place once every member contributed
     for c, (lo, hi) in enumerate(spans[:window]):
-        call.reduce((c,), array[lo:hi], everyone, (AR, c))
+        call.reduce((c,), array[lo:hi], everyone, (AR, c), start)
     for c, (lo, hi) in enumerate(spans):
         call.wait((AR, c), "the switch's reduction", array[lo:hi])
         # credit: one result back lets one more contribution in, bounding what the switch holds
         if c + window < len(spans):
             lo2, hi2 = spans[c + window]
-            call.reduce((c + window,), array[lo2:hi2], everyone, (AR, c + window))
+            call.reduce((c + window,), array[lo2:hi2], everyone, (AR, c + window), start)
     call.flush()
 
 
@@ -44,6 +45,7 @@ def reduce_scatter(call, send: np.ndarray, recv: np.ndarray) -> None:
     for c, (lo, hi) in enumerate(spans[r]):
         call.post((RS, r, c), recv[lo - own_start:hi - own_start])
     rounds = max(len(s) for s in spans)
+    start = call.gpu.now_ns  # modeled: every contribution is issued at once
     waited = 0
     for c in range(rounds):
         # round c: chunk c of every block. Our own chunk c - window + 1 back means every member sent
@@ -55,7 +57,7 @@ def reduce_scatter(call, send: np.ndarray, recv: np.ndarray) -> None:
         for j in range(n):
             if c < len(spans[j]):
                 lo, hi = spans[j][c]
-                call.reduce((j, c), send[lo:hi], [j], (RS, j, c))
+                call.reduce((j, c), send[lo:hi], [j], (RS, j, c), start)
     for c in range(waited, len(spans[r])):
         lo, hi = spans[r][c]
         call.wait((RS, r, c), "the switch's reduction", recv[lo - own_start:hi - own_start])

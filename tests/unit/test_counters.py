@@ -33,6 +33,7 @@ def test_record_sum_of_transfers(transfers):
         "payload_bytes": sum(transfers),
         "raw_bytes": sum(transfers) + packets * header,
         "packets": packets,
+        "busy_ns": 0.0,
     }
 
 
@@ -48,7 +49,7 @@ def test_snapshot_sorted_and_detached():
     c.record("gpu0->sw0", 20)
     snap = c.snapshot()
     assert list(snap) == ["gpu0->sw0", "sw0->gpu0"]
-    assert snap["gpu0->sw0"] == {"payload_bytes": 20, "raw_bytes": 36, "packets": 1}
+    assert snap["gpu0->sw0"] == {"payload_bytes": 20, "raw_bytes": 36, "packets": 1, "busy_ns": 0.0}
     c.record("gpu0->sw0", 20)
     assert snap["gpu0->sw0"]["payload_bytes"] == 20  # a snapshot is a copy
 
@@ -124,7 +125,7 @@ def test_format_table_contains_rows_and_totals():
     assert total[0] == "total"
     # tx payload, tx raw, tx pkts, rx payload, rx raw, rx pkts
     assert [int(v) for v in total[1:]] == [1024, 1024 + 5 * 16, 5, 1000, 1000 + 4 * 16, 4]
-    assert [int(v) for v in lines[2].split()[1:]] == [1000, 1064, 4, 0, 0, 0]
+    assert [int(v) for v in lines[2].split()[1:7]] == [1000, 1064, 4, 0, 0, 0]
 
 
 def test_format_table_extra_columns():

@@ -186,7 +186,7 @@ def test_slots_are_independent():
     assert t.contribute(gid, (0,), 0, "sum", "int32", as_bytes([1], "int32")) is None
     assert t.contribute(gid, (1,), 1, "max", "int64", as_bytes([7, 8], "int64")) is None
     assert t.held_bytes == 4 + 16
-    out, _ = t.contribute(gid, (0,), 1, "sum", "int32", as_bytes([10], "int32"))
+    out, *_ = t.contribute(gid, (0,), 1, "sum", "int32", as_bytes([10], "int32"))
     np.testing.assert_array_equal(out.view(np.int32), [11])
     assert t.held_bytes == 16
 
@@ -219,7 +219,7 @@ def test_slot_can_be_reused_after_completion():
     gid = ready_group(t, (0, 1))
     for round_ in range(3):
         t.contribute(gid, (0,), 1, "sum", "int64", as_bytes([round_], "int64"))
-        out, _ = t.contribute(gid, (0,), 0, "sum", "int64", as_bytes([10], "int64"))
+        out, *_ = t.contribute(gid, (0,), 0, "sum", "int64", as_bytes([10], "int64"))
         np.testing.assert_array_equal(out.view(np.int64), [10 + round_])
 
 
@@ -356,7 +356,7 @@ def test_integer_sum_wraps_in_the_switch():
 def test_single_member_group_reduces_at_once():
     t = GroupTable()
     gid = ready_group(t, (2,))
-    out, _ = t.contribute(gid, (0,), 2, "avg", "float32", as_bytes([3.0, 5.0], "float32"))
+    out, *_ = t.contribute(gid, (0,), 2, "avg", "float32", as_bytes([3.0, 5.0], "float32"))
     np.testing.assert_array_equal(out.view(np.float32), [3.0, 5.0])
     assert t.reduced_bytes == 8
 
@@ -365,7 +365,7 @@ def test_empty_contribution_reduces_to_empty():
     t = GroupTable()
     gid = ready_group(t, (0, 1))
     assert t.contribute(gid, (0,), 0, "sum", "float32", np.empty(0, np.uint8)) is None
-    out, _ = t.contribute(gid, (0,), 1, "sum", "float32", np.empty(0, np.uint8))
+    out, *_ = t.contribute(gid, (0,), 1, "sum", "float32", np.empty(0, np.uint8))
     assert out.nbytes == 0 and t.reduced_bytes == 0
 
 
@@ -375,7 +375,7 @@ def test_contributions_not_modified():
     a, b = as_bytes([1.0, 2.0], "float32"), as_bytes([3.0, 4.0], "float32")
     a_copy, b_copy = a.copy(), b.copy()
     t.contribute(gid, (0,), 0, "sum", "float32", a)
-    out, _ = t.contribute(gid, (0,), 1, "sum", "float32", b)
+    out, *_ = t.contribute(gid, (0,), 1, "sum", "float32", b)
     np.testing.assert_array_equal(a, a_copy)
     np.testing.assert_array_equal(b, b_copy)
     assert not np.shares_memory(out, a) and not np.shares_memory(out, b)
@@ -394,5 +394,5 @@ def test_contributions_must_agree_on_delivery_and_the_result_carries_it():
     assert t.contribute(gid, (0,), 0, "sum", "int32", as_bytes([1], "int32"), ((0, 1), ("k", 0))) is None
     with pytest.raises(CollectiveMismatch, match="to"):
         t.contribute(gid, (0,), 1, "sum", "int32", as_bytes([2], "int32"), ((1,), ("k", 0)))
-    out, delivery = t.contribute(gid, (0,), 1, "sum", "int32", as_bytes([2], "int32"), ((0, 1), ("k", 0)))
+    out, delivery, _ = t.contribute(gid, (0,), 1, "sum", "int32", as_bytes([2], "int32"), ((0, 1), ("k", 0)))
     assert out.view(np.int32).tolist() == [3] and delivery == ((0, 1), ("k", 0))

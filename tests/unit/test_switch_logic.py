@@ -27,7 +27,7 @@ def classic(gpus=4):
 def link(payload):
     """Counters of one link that carried one transfer of `payload` bytes."""
     return {"payload_bytes": payload, "raw_bytes": raw_bytes(payload, MTU, HEADER),
-            "packets": segments(payload, MTU)}
+            "packets": segments(payload, MTU), "busy_ns": 0.0}  # busy time is kept by the GPU end
 
 
 def payload_for(packet):
@@ -191,8 +191,8 @@ def test_get_data_and_put_ack_routed_back():
     ack = sw.on_packet(1, Packet(Kind.PUT_ACK, src=0, dst=sw.network_addresses[0], req=6))
     assert ack[0].port == 0 and ack[0].payload is None
     assert sw.counters.snapshot() == {
-        uplink(1): {"payload_bytes": 300, "raw_bytes": 300 + 3 * HEADER, "packets": 3},
-        downlink(0): {"payload_bytes": 300, "raw_bytes": 300 + 3 * HEADER, "packets": 3},
+        uplink(1): {"payload_bytes": 300, "raw_bytes": 300 + 3 * HEADER, "packets": 3, "busy_ns": 0.0},
+        downlink(0): {"payload_bytes": 300, "raw_bytes": 300 + 3 * HEADER, "packets": 3, "busy_ns": 0.0},
     }
 
 
