@@ -1,0 +1,184 @@
+"""Multi-rank: modeled time equals the alpha-beta closed form of every collective and algorithm
+(within 1%), on several link profiles and GPU counts; it is identical run after run; busy <= elapsed.
+
+Notation (one switch, N GPUs, S bytes): B link bandwidth (bytes/ns), a link latency, s switch
+traversal, p reduction latency, h header bytes; R(x) = x + max(1, ceil(x / mtu)) h is one message's
+raw bytes, summed over the chunk_bytes messages a block travels in; b = S / N.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+from fabric.config import preset
+from fabric.packets import raw_bytes
+from fabric.reduction import chunks
+
+from mpi_helpers import gpus, run
+
+pytestmark = pytest.mark.mpi(min_size=4)
+
+PROFILES = ["nvlink4", "ib-ndr", "pcie-gen5"]
+BIG = 1 << 30  # switch buffer: lets in-switch messages be whole blocks (k = 1 chunk per block)
+
+
+def raw_of(nbytes, config, chunk=None):
+    """R(nbytes): raw bytes of nbytes sent as messages of at most `chunk` bytes."""
+    chunk = chunk or config.chunk_bytes
+    return sum(raw_bytes(hi - lo, config.mtu_bytes, config.header_bytes) for lo, hi in chunks(0, nbytes, chunk))
+
+
+def closed_form(collective, algorithm, S, n, config):
+    """Modeled time (ns) of one call on S bytes, started together by every member."""
+    t = config.timing
+    B, a, s, p = t.bandwidth_gbytes_per_s, t.link_latency_ns, t.switch_latency_ns, t.reduction_latency_ns
+    hop = 2 * a + s                  # GPU -> switch -> GPU, first byte
+    b = S // n
+    Rb, RS = raw_of(b, config) / B, raw_of(S, config) / B
+    h = config.header_bytes / B
+    if algorithm == "ring":
+        if collective == "allreduce":
+            return 2 * (n - 1) * (Rb + hop)
+        if collective in ("reduce_scatter", "allgather"):
+            return (n - 1) * (Rb + hop)
+        u = raw_of(min(S, config.chunk_bytes), config) / B   # broadcast: a chain, store-and-forward per chunk
+        return RS + (n - 1) * hop + (n - 2) * u
+    if algorithm == "direct" or collective == "all2all":
+        if collective == "allreduce":
+            return 2 * ((n - 1) * Rb + hop)
+        if collective == "broadcast":
+            return (n - 1) * RS + hop
+        return (n - 1) * Rb + hop
+    if collective == "allgather":  # sharp and nvls: multicast stores
+        return n * Rb + hop
+    if collective == "broadcast":
+        return RS + hop
+    if algorithm == "sharp":         # push, reduce in the switch, multicast
+        return RS + hop + p
+    # nvls, one message per block (S / N <= chunk_bytes): requests, loads, replies, multicast
+    u = raw_of(b, config) / B
+    if collective == "reduce_scatter":
+        return 2 * h + 2 * hop + p + n * u
+    return 2 * h + 2 * hop + max((n + 1) * u + hop + p, 2 * n * u + p)
+
+
+def base_of(algorithm):
+    """In-switch algorithms need NVLink Network with SHARP; the rest run on a forwarding switch."""
+    return "dgx-h100" if algorithm in ("sharp", "nvls") else "h100-ib"
+
+
+def call(gpu, collective, algorithm, S):
+    n = gpu.size
+    x = np.ones(S // 4, np.float32)
+    if collective == "allreduce":
+        gpu.world.allreduce(x, "sum", algorithm)
+    elif collective == "reduce_scatter":
+        gpu.world.reduce_scatter(x, np.empty(S // 4 // n, np.float32), "sum", algorithm)
+    elif collective == "allgather":
+        gpu.world.allgather(np.ones(S // 4 // n, np.float32), np.empty(S // 4, np.float32), algorithm)
+    elif collective == "broadcast":
+        gpu.world.broadcast(x, 0, algorithm)
+    else:
+        gpu.world.all2all(x, np.empty(S // 4, np.float32))
+
+
+def modeled_times(collective, algorithm, sizes, link):
+    """The modeled time of one call per size: the slowest member's, all started together (ns)."""
+
+    def main(gpu):
+        times = []
+        for S in sizes:
+            gpu.world.barrier()  # every member leaves at the same modeled time
+            start = gpu.now_ns
+            call(gpu, collective, algorithm, S)
+            times.append(max(gpu.world.allgather_object(gpu.now_ns - start)))
+        return times
+
+    result = run(main, base=base_of(algorithm), link=link, switch_buffer_bytes=BIG)
+    return result.value if result.role == "gpu" else None
+
+
+CASES = [("allreduce", a) for a in ("ring", "direct", "sharp", "nvls")] + \
+        [("reduce_scatter", a) for a in ("ring", "direct", "sharp", "nvls")] + \
+        [("allgather", a) for a in ("ring", "direct", "sharp")] + \
+        [("broadcast", a) for a in ("ring", "direct", "sharp")] + [("all2all", "direct")]
+
+
+@pytest.mark.parametrize("collective,algorithm", CASES)
+def test_modeled_time_equals_the_closed_form(collective, algorithm):
+    n = gpus()
+    unit = n * 4 * 256  # every block a whole number of MTU packets and of float32 elements
+    # latency-bound to bandwidth-bound: N KiB, 64 N KiB, N MiB and, but for nvls, 4 N MiB (4 chunks a block)
+    sizes = [unit, 64 * unit, 1024 * unit] + ([] if algorithm == "nvls" else [4096 * unit])
+    for link in PROFILES:
+        times = modeled_times(collective, algorithm, sizes, link)
+        if times is None:
+            continue  # the switch rank
+        config = preset(base_of(algorithm), gpus=n, link=link, switch_buffer_bytes=BIG)
+        for S, got in zip(sizes, times):
+            want = closed_form(collective, algorithm, S, n, config)
+            assert math.isclose(got, want, rel_tol=0.01), (collective, algorithm, link, S, got, want)
+
+
+def test_modeled_times_are_identical_run_after_run():
+    def main(gpu):
+        times = []
+        for algorithm in ("ring", "direct", "sharp", "nvls"):
+            for S in (4096 * gpu.size, 1 << 20):
+                gpu.world.barrier()
+                start = gpu.now_ns
+                call(gpu, "allreduce", algorithm, S)
+                times.append(gpu.now_ns - start)
+        gpu.compute(1234.5)
+        return times, gpu.now_ns
+
+    first, second = run(main, chunk_bytes=64 << 10), run(main, chunk_bytes=64 << 10)
+    assert first.report["elapsed_ns"] == second.report["elapsed_ns"] > 0
+    if first.role == "gpu":
+        assert first.value == second.value
+
+
+def test_busy_time_never_exceeds_elapsed_time_and_adds_up():
+    def main(gpu):
+        for algorithm in ("ring", "sharp", "nvls"):
+            call(gpu, "allreduce", algorithm, 1 << 20)
+        call(gpu, "all2all", "direct", 3 * 4 * gpu.size << 12)
+
+    report = run(main).report
+    elapsed = report["elapsed_ns"]
+    config = preset("dgx-h100", gpus=gpus())
+    for name, stats in report["links"].items():
+        assert 0 < stats["busy_ns"] <= elapsed, name
+        # busy time is exactly the link's raw bytes at its bandwidth
+        assert math.isclose(stats["busy_ns"], stats["raw_bytes"] / config.timing.bandwidth_gbytes_per_s, rel_tol=1e-9)
+
+
+def test_bus_bandwidth_approaches_the_link_at_large_sizes():
+    n = gpus()
+    S = 4096 * n * 4 * 256
+    config = preset("dgx-h100", gpus=n)
+    # payload bandwidth of a link: headers take header_bytes of every mtu_bytes + header_bytes on the wire
+    B = config.timing.bandwidth_gbytes_per_s * config.mtu_bytes / (config.mtu_bytes + config.header_bytes)
+    ring = modeled_times("allreduce", "ring", [S], "nvlink4")
+    sharp = modeled_times("allreduce", "sharp", [S], "nvlink4")
+    if ring is not None:
+        factor = 2 * (n - 1) / n
+        ring_busbw, sharp_busbw = S / ring[0] * factor, S / sharp[0] * factor
+        assert 0.9 * B < ring_busbw < B                 # ring: busbw -> the link bandwidth
+        assert 0.9 * factor * B < sharp_busbw < factor * B  # sharp: -> 2(N-1)/N x the link bandwidth
+
+
+def test_compute_time_delays_whoever_depends_on_it():
+    def main(gpu):
+        gpu.world.barrier()
+        start = gpu.now_ns
+        if gpu.rank == 1:
+            gpu.compute(50_000.0)  # 50 us of kernels before joining
+        call(gpu, "allreduce", "ring", 4096 * gpu.size)
+        return gpu.now_ns - start
+
+    result = run(main)
+    if result.role == "gpu":
+        assert result.value > 50_000.0  # a ring waits for every member's data
+    assert result.report["elapsed_ns"] > 50_000.0

@@ -1,0 +1,50 @@
+"""The time model's clocks: serialization, cut-through, reduction engine, config overrides."""
+
+import pytest
+
+from fabric.config import preset
+from fabric.errors import ConfigError
+from fabric.timemodel import LinkClock, ReductionClock
+
+
+def test_a_link_serializes_transfers_after_it_is_free():
+    link = LinkClock(bandwidth=2.0)  # bytes per ns
+    assert link.transmit(10.0, 10.0, 100) == (10.0, 60.0)
+    assert link.transmit(0.0, 0.0, 20) == (60.0, 70.0)      # waits for the link
+    assert link.transmit(100.0, 100.0, 2) == (100.0, 101.0)  # an idle gap is not busy time
+    assert link.free_ns == 101.0 and link.busy_ns == 50.0 + 10.0 + 1.0
+
+
+def test_cut_through_never_ends_before_the_upstream_last_byte():
+    link = LinkClock(bandwidth=10.0)
+    # the bytes stream in slowly (ready over 0..100 ns): the link ends with the last one, not at 10 ns
+    assert link.transmit(0.0, 100.0, 100) == (0.0, 100.0)
+    assert link.busy_ns == 10.0
+
+
+def test_reduction_engine_adds_latency_and_streams_at_its_throughput():
+    engine = ReductionClock(bandwidth=1.0, latency_ns=5.0)
+    assert engine.reduce(0.0, 50.0, 10) == (5.0, 55.0)     # inputs slower than the engine
+    assert engine.reduce(0.0, 0.0, 10) == (55.0, 65.0)     # queued behind the first result
+    fast = ReductionClock(bandwidth=0.5, latency_ns=0.0)
+    assert fast.reduce(0.0, 1.0, 10) == (0.0, 20.0)         # the engine is the bottleneck
+
+
+def test_config_timing_takes_the_profile_and_overrides():
+    t = preset("dgx-h100").timing
+    assert (t.bandwidth_gbytes_per_s, t.link_latency_ns, t.switch_latency_ns) == (450.0, 150.0, 250.0)
+    assert preset("h100-ib").timing.bandwidth_gbytes_per_s == 50.0
+    assert preset("dgx-a100", link_latency_ns=7).timing.link_latency_ns == 7
+    with pytest.raises(ConfigError, match="bandwidth_gbytes_per_s"):
+        preset("dgx-h100", bandwidth_gbytes_per_s=0)
+    with pytest.raises(ConfigError, match="link_latency_ns"):
+        preset("dgx-h100", link_latency_ns=-1)
+
+
+@pytest.mark.parametrize("name,link,mode,sharp", [("a100-ib", "ib-hdr", "network", False),
+                                                  ("h100-ib", "ib-ndr", "network", False),
+                                                  ("pcie-gen4", "pcie-gen4", "classic", False),
+                                                  ("pcie-gen5", "pcie-gen5", "classic", False)])
+def test_the_comparison_presets(name, link, mode, sharp):
+    config = preset(name)
+    assert (config.link, config.mode, config.sharp, config.gpus) == (link, mode, sharp, 8)
