@@ -12,6 +12,18 @@ from fabric.reduction import DTYPES, OPS, blocks, check_dtype, reduce_in_order, 
 from ranks.collectives import ALGORITHMS, choose
 
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "all2all")
+BUS_FACTOR_TEXT = {"allreduce": "2(n-1)/n", "reduce_scatter": "(n-1)/n", "allgather": "(n-1)/n",
+                   "broadcast": "1", "all2all": "(n-1)/n"}
+HEADER = (f"{'size':>12}{'count':>12}{'type':>10}{'redop':>7}{'algorithm':>10}{'modeled_us':>12}{'algbw':>9}"
+          f"{'busbw':>9}{'wall_us':>12}{'native_us':>12}{'emu/native':>11}{'tx_B/gpu':>12}{'rx_B/gpu':>12}"
+          f"{'#wrong':>8}")
+
+
+def bus_factor(collective: str, n: int) -> float:
+    """nccl-tests' bus bandwidth factor: what a ring-optimal algorithm moves per GPU, over S."""
+    if collective == "allreduce":
+        return 2 * (n - 1) / n
+    return 1.0 if collective == "broadcast" else (n - 1) / n
 NATIVE_DTYPES = ("float32", "float64", "int32", "int64")  # MPI has no reduction on 16-bit floats
 
 
@@ -47,9 +59,13 @@ def sizes(args) -> list[int]:
     return out
 
 
-def contribution(rank: int, count: int, dtype: np.dtype, op: str) -> np.ndarray:
-    """Small integers, exact in every dtype and in any summation order (nccl-tests does the same)."""
-    i = np.arange(count, dtype=np.int64)
+PERIOD = 33  # the data pattern repeats every 33 elements (lcm of 3 and 11)
+
+
+def contribution(rank: int, lo: int, hi: int, dtype: np.dtype, op: str) -> np.ndarray:
+    """Elements lo..hi of member `rank`'s input: small integers, exact in every dtype and in any
+    summation order (nccl-tests does the same), repeating every PERIOD elements."""
+    i = np.arange(lo, hi, dtype=np.int64)
     values = (i + rank) % 3 - 1 if op == "prod" else (3 * i + rank) % 11 - 5
     return values.astype(dtype)
 
@@ -60,12 +76,12 @@ def main(gpu):
     args = parser.parse_args(sys.argv[1:])
     dtype = check_dtype(DTYPES[args.dtype])
     comm, n = gpu.world, gpu.size
-    header = (f"{'size':>12}{'count':>12}{'type':>10}{'redop':>7}{'algorithm':>10}{'wall_us':>12}"
-              f"{'native_us':>12}{'emu/native':>11}{'tx_B/gpu':>14}{'rx_B/gpu':>14}{'#wrong':>8}")
     if gpu.rank == 0 and not args.json:
-        print(f"# nvlink-emu bench {args.collective} on {gpu.config.name} ({n} GPUs); tx/rx: GPU 0's link "
-              f"payload per call; emu/native: wall time ratio", flush=True)
-        print(header, flush=True)
+        print(f"# nvlink-emu bench {args.collective} on {gpu.config.name} ({n} GPUs, {gpu.config.link}); "
+              f"modeled: time on the modeled fabric, algbw = size / time, busbw = algbw x {BUS_FACTOR_TEXT[args.collective]} "
+              f"(GB/s); wall: this machine, native = MPI's own collective; tx/rx: GPU 0's link payload per call",
+              flush=True)
+        print(HEADER, flush=True)
     for size in sizes(args):
         row = run_size(gpu, comm, args, dtype, size)
         if gpu.rank == 0:
@@ -79,7 +95,7 @@ def run_size(gpu, comm, args, dtype: np.dtype, size: int) -> dict:
         count = max(count // n, 1) * n  # equal blocks: the byte formulas hold exactly
     algorithm = "direct" if name == "all2all" else choose(name, args.algorithm, gpu.config, count * dtype.itemsize)
     a, b = blocks(count, n)[r]
-    inputs = contribution(r, count, dtype, args.op)
+    inputs = contribution(r, 0, count, dtype, args.op)
     send = gpu.alloc(count, dtype)
     recv = gpu.alloc(count if name in ("allgather", "all2all", "broadcast", "allreduce") else b - a, dtype)
 
@@ -104,10 +120,11 @@ def run_size(gpu, comm, args, dtype: np.dtype, size: int) -> dict:
         return t
 
     prepare()
-    comm.barrier()
-    before = gpu.link_counters()
-    once()  # warm-up, and the call whose bytes and data are checked
+    comm.barrier()  # every member starts at the same modeled time
+    before, start_ns = gpu.link_counters(), gpu.now_ns
+    once()  # warm-up, and the call whose bytes, data and modeled time are checked
     after = gpu.link_counters()
+    modeled_ns = max(comm.allgather_object(gpu.now_ns - start_ns, "bench modeled time"))
     wrong = int(np.count_nonzero(recv != _expected(name, algorithm, args.op, dtype, count, n, r)))
     iters = args.iters or max(2, min(20, (64 << 20) // (count * dtype.itemsize)))
     wall = sum(_synchronised(comm, once) for _ in range(iters)) / iters
@@ -123,8 +140,11 @@ def run_size(gpu, comm, args, dtype: np.dtype, size: int) -> dict:
     total_wrong = sum(comm.allgather_object(wrong, "bench #wrong"))
     gpu.free(send)
     gpu.free(recv)
-    return {"size_bytes": count * dtype.itemsize, "count": count, "dtype": args.dtype, "op": args.op,
-            "algorithm": algorithm, "wall_us": round(wall * 1e6, 1),
+    size_bytes = count * dtype.itemsize
+    algbw = size_bytes / modeled_ns  # bytes per ns = GB/s
+    return {"size_bytes": size_bytes, "count": count, "dtype": args.dtype, "op": args.op,
+            "algorithm": algorithm, "modeled_us": round(modeled_ns / 1e3, 4), "algbw_gbps": round(algbw, 3),
+            "busbw_gbps": round(algbw * bus_factor(name, n), 3), "wall_us": round(wall * 1e6, 1),
             "native_wall_us": None if native is None else round(native * 1e6, 1),
             "tx_bytes_per_gpu": after["tx_bytes"] - before["tx_bytes"],
             "rx_bytes_per_gpu": after["rx_bytes"] - before["rx_bytes"], "wrong": total_wrong}
@@ -145,23 +165,25 @@ def _synchronised(comm, once) -> float:
 def _expected(name, algorithm, op, dtype, count, n, r) -> np.ndarray:
     """This member's correct result: the inputs are small integers, so every order gives the same sum;
     the accumulator dtype (wider in the switch for 16-bit floats) still decides avg's rounding."""
-    inputs = [contribution(m, count, dtype, op) for m in range(n)]
     a, b = blocks(count, n)[r]
     if name == "allgather":
-        return np.concatenate([inputs[m][slice(*blocks(count, n)[m])] for m in range(n)])
+        return np.concatenate([contribution(m, *blocks(count, n)[m], dtype, op) for m in range(n)])
     if name == "broadcast":
-        return inputs[0]
+        return contribution(0, 0, count, dtype, op)
     if name == "all2all":
         size = count // n
-        return np.concatenate([inputs[m][r * size:(r + 1) * size] for m in range(n)])
+        return np.concatenate([contribution(m, r * size, (r + 1) * size, dtype, op) for m in range(n)])
+    # one period of the reduction, tiled: the pattern repeats every PERIOD elements
     accumulate = switch_accumulator(dtype) if algorithm in ("sharp", "nvls") else dtype
-    reduced = reduce_in_order(inputs, op, accumulate, dtype)
-    return reduced if name == "allreduce" else reduced[a:b]
+    period = reduce_in_order([contribution(m, 0, PERIOD, dtype, op) for m in range(n)], op, accumulate, dtype)
+    lo, hi = (0, count) if name == "allreduce" else (a, b)
+    return np.take(period, np.arange(lo, hi) % PERIOD)
 
 
 def _format(row: dict) -> str:
     native = row["native_wall_us"]
     ratio = f"{row['wall_us'] / native:.2f}" if native else "n/a"
     return (f"{row['size_bytes']:>12}{row['count']:>12}{row['dtype']:>10}{row['op']:>7}{row['algorithm']:>10}"
+            f"{row['modeled_us']:>12.3f}{row['algbw_gbps']:>9.2f}{row['busbw_gbps']:>9.2f}"
             f"{row['wall_us']:>12.1f}{native if native is not None else 'n/a':>12}{ratio:>11}"
-            f"{row['tx_bytes_per_gpu']:>14}{row['rx_bytes_per_gpu']:>14}{row['wrong']:>8}")
+            f"{row['tx_bytes_per_gpu']:>12}{row['rx_bytes_per_gpu']:>12}{row['wrong']:>8}")

@@ -1,6 +1,7 @@
 """The `nvlink-emu` command: run a workload script, or the demo, under mpiexec with the right world size."""
 
 import argparse
+import json
 import os
 import shlex
 import shutil
@@ -32,8 +33,10 @@ def mpiexec_command() -> list[str]:
     return [found]
 
 
-def launch_script(script: str, args: argparse.Namespace, script_args: list[str], world_size: int) -> int:
-    """Run `python -m launch SCRIPT` on `world_size` ranks; returns mpiexec's exit status."""
+def launch_script(script: str, args: argparse.Namespace, script_args: list[str], world_size: int,
+                  capture: bool = False):
+    """Run `python -m launch SCRIPT` on `world_size` ranks; returns mpiexec's exit status (and, with
+    capture, its standard output)."""
     cmd = [*mpiexec_command(), "-n", str(world_size), sys.executable, "-m", "launch", script,
            "--timeout", str(args.timeout)]
     for flag in ("preset", "config", "gpus"):
@@ -45,6 +48,9 @@ def launch_script(script: str, args: argparse.Namespace, script_args: list[str],
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    if capture:
+        done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
+        return done.returncode, done.stdout
     return subprocess.run(cmd, env=env).returncode
 
 
@@ -68,11 +74,50 @@ def cmd_demo(args, script_args) -> int:
 
 
 def cmd_bench(args, script_args) -> int:
-    config = resolve(args.preset, args.config, args.gpus)
     bench_args = [args.collective, "--algorithm", args.algorithm, "--min-bytes", str(args.min_bytes),
                   "--max-bytes", str(args.max_bytes), "--factor", str(args.factor), "--dtype", args.dtype,
-                  "--op", args.op, "--iters", str(args.iters)] + (["--json"] if args.json else [])
-    return launch_script(str(Path(__file__).parent / "bench.py"), args, bench_args, config.world_size)
+                  "--op", args.op, "--iters", str(args.iters)]
+    script = str(Path(__file__).parent / "bench.py")
+    if not args.compare:
+        config = resolve(args.preset, args.config, args.gpus)
+        return launch_script(script, args, bench_args + (["--json"] if args.json else []), config.world_size)
+    presets = [name.strip() for name in args.compare.split(",") if name.strip()]
+    if len(presets) < 2 or args.preset or args.config:
+        raise ConfigError("--compare takes two or more presets, P1,P2,..., instead of --preset/--config")
+    rows = {}
+    for name in presets:
+        config = resolve(name, None, args.gpus)
+        per_preset = argparse.Namespace(**{**vars(args), "preset": name})
+        status, out = launch_script(script, per_preset, bench_args + ["--json"], config.world_size, capture=True)
+        if status:
+            return status
+        rows[name] = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    print_comparison(args.collective, presets, rows, args.json)
+    return 0
+
+
+def print_comparison(collective: str, presets: list[str], rows: dict, as_json: bool) -> None:
+    """The same sweep on several presets side by side: modeled time, busbw, and the ratio of each
+    preset's modeled time to the first's."""
+    first = presets[0]
+    if as_json:
+        for name in presets:
+            for row, ref in zip(rows[name], rows[first]):
+                print(json.dumps({"preset": name, **row, "time_vs_first": round(row["modeled_us"] / ref["modeled_us"], 4)}))
+        return
+    print(f"# {collective}: modeled time (us) and busbw (GB/s) per preset; x{first} = modeled time / {first}'s")
+    head = f"{'size':>12}" + "".join(f"{name + ' alg':>16}{'us':>11}{'busbw':>9}{'x' + first:>{max(10, len(first) + 2)}}"
+                                     for name in presets) + f"{'#wrong':>8}"
+    print(head)
+    for i, ref in enumerate(rows[first]):
+        line = f"{ref['size_bytes']:>12}"
+        wrong = 0
+        for name in presets:
+            row = rows[name][i]
+            wrong += row["wrong"]
+            line += (f"{row['algorithm']:>16}{row['modeled_us']:>11.3f}{row['busbw_gbps']:>9.2f}"
+                     f"{row['modeled_us'] / ref['modeled_us']:>{max(10, len(first) + 2)}.2f}")
+        print(line + f"{wrong:>8}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,6 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="nccl-tests-like sweep of one collective, with MPI's native one as reference")
     bench_arguments(bench)
     fabric_arguments(bench)
+    bench.add_argument("--compare", metavar="P1,P2,...", help="run the sweep on each preset and print them side "
+                       "by side, with each one's modeled time relative to the first")
     bench.set_defaults(handler=cmd_bench)
     return parser
 
