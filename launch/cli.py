@@ -70,7 +70,23 @@ def cmd_demo(args, script_args) -> int:
     if status:
         return status
     print(f"\n=== part 2: classic NVLink ({classic.name}), the same workload ===", flush=True)
-    return launch_script(demo, classic_args, script_args, classic.world_size)
+    status = launch_script(demo, classic_args, script_args, classic.world_size)
+    if status:
+        return status
+    presets = ["dgx-a100", "dgx-h100", "h100-ib"]
+    print(f"\n=== part 3: the same AllReduce (float32 sum, algorithm auto) on {', '.join(presets)} ===", flush=True)
+    bench_args = ["allreduce", "--min-bytes", "64K", "--max-bytes", "16M", "--factor", "16", "--iters", "1", "--json"]
+    rows = {}
+    for name in presets:
+        config = resolve(name, None, args.gpus)
+        status, out = launch_script(str(Path(__file__).parent / "bench.py"),
+                                    argparse.Namespace(**{**vars(args), "preset": name, "config": None}),
+                                    bench_args, config.world_size, capture=True)
+        if status:
+            return status
+        rows[name] = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    print_comparison("allreduce", presets, rows, as_json=False)
+    return 0
 
 
 def cmd_bench(args, script_args) -> int:

@@ -109,23 +109,26 @@ def allreduce_side_by_side(gpu, nbytes=4 << 20):
     n = gpu.size
     say(gpu, f"5. AllReduce (avg) of a {nbytes >> 20} MiB float32 gradient on every GPU, per algorithm "
              f"(per-GPU link payload; ring/direct move 2(N-1)/N x S = {2 * (n - 1) * nbytes // n} B each way):")
-    say(gpu, f"   {'algorithm':<10}{'tx B/GPU':>12}{'rx B/GPU':>12}{'x S':>7}   result")
+    say(gpu, f"   {'algorithm':<10}{'tx B/GPU':>12}{'rx B/GPU':>12}{'x S':>7}{'modeled us':>12}{'busbw GB/s':>12}   result")
     grad = gpu.alloc(nbytes // 4, "float32")
     mine = (np.arange(grad.size) % 97 + gpu.rank).astype(np.float32)
     expected = sum((np.arange(grad.size) % 97 + r) for r in range(n)).astype(np.float32) / np.float32(n)
     for algorithm in ("ring", "direct", "sharp", "nvls"):
         grad[:] = mine
-        before = gpu.link_counters()
+        gpu.world.barrier()  # start together, in modeled time too
+        before, start = gpu.link_counters(), gpu.now_ns
         try:
             gpu.world.allreduce(grad, op="avg", algorithm=algorithm)
         except UnsupportedOperation as exc:
-            say(gpu, f"   {algorithm:<10}{'-':>12}{'-':>12}{'-':>7}   UnsupportedOperation: "
+            say(gpu, f"   {algorithm:<10}{'-':>12}{'-':>12}{'-':>7}{'-':>12}{'-':>12}   UnsupportedOperation: "
                      f"{str(exc).split(': ', 1)[1]}")
             continue
         after = gpu.link_counters()
+        modeled_ns = max(gpu.world.allgather_object(gpu.now_ns - start))
+        busbw = nbytes / modeled_ns * 2 * (n - 1) / n
         tx, rx = after["tx_bytes"] - before["tx_bytes"], after["rx_bytes"] - before["rx_bytes"]
         ok = all(gpu.world.allgather_object(bool(np.allclose(grad, expected))))
-        say(gpu, f"   {algorithm:<10}{tx:>12}{rx:>12}{tx / nbytes:>7.3f}   "
+        say(gpu, f"   {algorithm:<10}{tx:>12}{rx:>12}{tx / nbytes:>7.3f}{modeled_ns / 1e3:>12.2f}{busbw:>12.1f}   "
                  f"{'every GPU holds the average' if ok else 'WRONG'}")
     gpu.free(grad)
 
@@ -142,16 +145,19 @@ def embedding_exchange(gpu, rows=4096, dim=64, batch=512):
     everyone = gpu.world.allgather_object(send_counts)  # counts travel out of band, as in real code
     recv_counts = [everyone[i][r] for i in range(n)]
     asked = np.empty(sum(recv_counts), np.int64)
-    before = gpu.link_counters()
+    gpu.world.barrier()
+    before, start = gpu.link_counters(), gpu.now_ns
     gpu.world.all2allv(np.concatenate(by_owner), send_counts, asked, recv_counts)     # indices to owners
     vectors = shard[asked // n]
     got = np.empty((batch, dim), np.float32)
     gpu.world.all2allv(vectors.reshape(-1), [c * dim for c in recv_counts], got.reshape(-1),
                        [c * dim for c in send_counts])                                  # rows back
     after = gpu.link_counters()
+    modeled_ns = max(gpu.world.allgather_object(gpu.now_ns - start))
     ok = all(gpu.world.allgather_object(bool(np.array_equal(got, table[np.concatenate(by_owner)]))))
     moved = gpu.world.allgather_object(after["tx_bytes"] - before["tx_bytes"])
     say(gpu, f"6. Embedding exchange (All2Allv, as in a DLRM step): {rows} x {dim} table sharded over {n} GPUs, "
              f"{batch} lookups per GPU.")
     say(gpu, f"   lookups sent per owner by GPU 0: {send_counts}; bytes sent per GPU: {moved}; "
+             f"modeled {modeled_ns / 1e3:.2f} us on {gpu.config.link}; "
              f"{'every GPU got exactly the rows it asked for' if ok else 'WRONG ROWS'}")

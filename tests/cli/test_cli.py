@@ -42,11 +42,18 @@ def test_demo_shows_isolation_and_classic_nvlink():
     assert out.count("OutOfMemory") == 2
     assert out.count("# per-link counters") == 2
     # 8 GPUs, 4 MiB: ring and direct move 2(N-1)/N x S, sharp S, nvls (N+1)/N x S per GPU each way
-    assert "ring           7340032     7340032  1.750   every GPU holds the average" in out
-    assert "sharp          4194304     4194304  1.000   every GPU holds the average" in out
-    assert "nvls           4718592     4718592  1.125   every GPU holds the average" in out
+    table = {line.split()[0]: line.split() for line in out.splitlines() if "every GPU holds the average" in line}
+    assert table["ring"][1:4] == ["7340032", "7340032", "1.750"]
+    assert table["sharp"][1:4] == ["4194304", "4194304", "1.000"]
+    assert table["nvls"][1:4] == ["4718592", "4718592", "1.125"]
+    assert float(table["sharp"][4]) < float(table["ring"][4])  # modeled us
     assert out.count("UnsupportedOperation: fabric 'dgx-a100' has no in-switch reduction") == 2
     assert out.count("every GPU got exactly the rows it asked for") == 2
+    # part 3: one AllReduce sweep on three presets side by side, modeled
+    assert "=== part 3" in out
+    row = next(line.split() for line in out.splitlines() if line.strip().startswith("16777216"))
+    assert row[1::4][:3] == ["ring", "sharp", "ring"] and row[-1] == "0"
+    assert float(row[6]) < float(row[2]) < float(row[10])  # dgx-h100 < dgx-a100 < h100-ib
 
 
 def test_a_raising_gpu_ends_the_job_with_its_traceback(tmp_path):
