@@ -31,6 +31,7 @@ class Kind(enum.IntEnum):
     REVOKE = 21      # unmap it
     REPLY = 22       # answer to EXPORT / REVOKE / group calls; info carries the result or the error
     GROUP = 23       # multicast/SHARP group lifecycle: create, bind, release
+    TRACE = 24       # turn the switch's trace records on or off (info["on"])
     DONE = 30        # this GPU's script returned and its requests completed
     SHUTDOWN = 31    # every GPU is done: report counters and leave
     COUNTERS = 32    # a GPU's counters, in answer to SHUTDOWN

@@ -25,6 +25,7 @@ class Send:
     port: int
     packet: Packet
     payload: np.ndarray | None = None
+    origin: int | None = None  # who the data comes from: the ingress GPU (None) or the switch itself (-1)
 
 
 class SwitchLogic:
@@ -42,6 +43,8 @@ class SwitchLogic:
         self.violations = [0] * config.gpus
         self.groups = GroupTable()
         self.peak_held_bytes = 0  # most contribution bytes held at once by in-switch reductions
+        self.tracing = False      # when set, decisions worth a trace record are appended to `events`
+        self.events: list[dict] = []
         self._partition = [config.partition_of(g) for g in range(config.gpus)]
 
     # -- addressing -------------------------------------------------------------------------------
@@ -72,7 +75,9 @@ class SwitchLogic:
             except FabricError as exc:
                 if isinstance(exc, AccessViolation):
                     self.violations[ingress] += 1  # counted on the requester's port
-                sends = [Send(ingress, self.nack(ingress, packet, exc))]
+                self._event({"ev": "refused", "gpu": ingress, "kind": packet.kind.name, "error": type(exc).__name__,
+                             "message": str(exc)})
+                sends = [Send(ingress, self.nack(ingress, packet, exc), origin=-1)]
         else:
             sends = self._control(ingress, packet)
         for send in sends:
@@ -120,12 +125,14 @@ class SwitchLogic:
         if packet.kind is Kind.MCAST:
             # one packet in, a copy out of every member port, the sender's included
             out = self._through(packet)
-            return [self._deliver(port, info["key"], payload, out.t_start, out.t_end) for port in group.members]
+            self._event({"ev": "mcast", "group": info["g"], "from": ingress, "bytes": packet.nbytes,
+                         "copies": len(group.members)})
+            return [self._deliver(port, info["key"], payload, out.t_start, out.t_end, None) for port in group.members]
         if packet.kind is Kind.LOAD_REDUCE:
             # NVLS: read the range from every member's bound buffer; the answers are REDUCE packets
             ready = packet.t_end + self.timing.switch_latency_ns
             load = Packet(Kind.LOAD, -1, 0, packet.address, packet.nbytes, packet.req, info, ready, ready)
-            return [Send(port, replace(load, dst=self.route_key(port))) for port in group.members]
+            return [Send(port, replace(load, dst=self.route_key(port)), origin=-1) for port in group.members]
         outside = [port for port in info["dest"] if port not in group.members]
         if outside or not info["dest"]:
             raise AccessViolation(f"{packet.kind.name} from GPU {ingress}: result destinations {info['dest']}: "
@@ -142,11 +149,19 @@ class SwitchLogic:
         delay = self.timing.switch_latency_ns
         raw = raw_bytes(result.nbytes, self.config.mtu_bytes, self.config.header_bytes)
         start, end = self.groups.engine(info["g"], self.timing).reduce(first + delay, last + delay, raw)
-        return [self._deliver(port, list(key), result, start, end) for port in dest]
+        self._event({"ev": "reduce", "group": info["g"], "slot": list(info["slot"]), "op": info["op"],
+                     "bytes": result.nbytes, "members": len(self.groups.groups[info["g"]].members),
+                     "m_start": start, "m_end": end})
+        return [self._deliver(port, list(key), result, start, end, -1) for port in dest]
 
-    def _deliver(self, port: int, key: list, payload: np.ndarray, t_start: float, t_end: float) -> Send:
+    def _deliver(self, port: int, key: list, payload: np.ndarray, t_start: float, t_end: float,
+                 origin: int | None) -> Send:
         return Send(port, Packet(Kind.MCAST, -1, self.route_key(port), 0, payload.nbytes, info={"key": key},
-                                 t_start=t_start, t_end=t_end), payload)
+                                 t_start=t_start, t_end=t_end), payload, origin)
+
+    def _event(self, record: dict) -> None:
+        if self.tracing:
+            self.events.append(record)
 
     def _port_for(self, ingress: int, packet: Packet) -> int:
         try:
@@ -158,9 +173,15 @@ class SwitchLogic:
         """(target GPU, physical offset) of a PUT/GET: Link TLB in network mode, address bits in classic."""
         if self.network:
             target = self._port_for(ingress, packet)
-            phys = self.tlbs[target].translate(packet.address, packet.nbytes, ingress, self._partition[ingress],
-                                               write)
-            return target, phys
+            tlb = self.tlbs[target]
+            before = (tlb.hits, tlb.misses, tlb.faults)
+            try:
+                return target, tlb.translate(packet.address, packet.nbytes, ingress, self._partition[ingress], write)
+            finally:
+                if self.tracing:
+                    hits, misses, faults = (now - was for now, was in zip((tlb.hits, tlb.misses, tlb.faults), before))
+                    self._event({"ev": "tlb", "port": target, "by": ingress, "address": packet.address,
+                                 "bytes": packet.nbytes, "hits": hits, "misses": misses, "faults": faults})
         target, offset = decode_physical(packet.address, self.config.gpus)
         if offset + packet.nbytes > self.config.memory_capacity_bytes:
             raise AccessViolation(f"physical range {packet.address:#x}+{packet.nbytes} runs past the "

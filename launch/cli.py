@@ -39,10 +39,10 @@ def launch_script(script: str, args: argparse.Namespace, script_args: list[str],
     capture, its standard output)."""
     cmd = [*mpiexec_command(), "-n", str(world_size), sys.executable, "-m", "launch", script,
            "--timeout", str(args.timeout)]
-    for flag in ("preset", "config", "gpus"):
-        value = getattr(args, flag)
+    for flag in ("preset", "config", "gpus", "trace_dir"):
+        value = getattr(args, flag, None)
         if value is not None:
-            cmd += [f"--{flag}", str(value)]
+            cmd += [f"--{flag.replace('_', '-')}", str(value)]
     if script_args:
         cmd += ["--", *script_args]
     env = dict(os.environ)

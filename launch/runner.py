@@ -20,6 +20,7 @@ def fabric_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus", type=int, help="override the fabric's GPU count")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
                         help=f"deadline of every blocking wait, seconds (default {DEFAULT_TIMEOUT_S:g})")
+    parser.add_argument("--trace-dir", metavar="DIR", help="write one trace file per rank into DIR")
 
 
 def split_script_args(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         config = resolve(args.preset, args.config, args.gpus)
         sys.argv = [args.script, *script_args]
         workload = load_main(args.script)
-        result = run_fabric(config, workload, timeout_s=args.timeout)
+        result = run_fabric(config, workload, timeout_s=args.timeout, trace_dir=args.trace_dir)
     except ConfigError as exc:
         # every rank finds the same error before any traffic: report once, exit without aborting
         if rank == 0:

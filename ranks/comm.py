@@ -164,10 +164,14 @@ class Communicator:
         if algorithm in collectives.IN_SWITCH:
             self.group_id()  # collective: every member, even one with an empty block, takes part
         work = collectives.Call(self, seq, op, dtype)
+        fingerprint = {"name": name, "comm": self.name, "seq": seq, "algorithm": algorithm, "count": count,
+                       "dtype": dtype_name(dtype), "op": op, "members": self.size}
+        gpu.event({"ev": "coll_begin", **fingerprint})
         if counts is not None:
             pairwise.all2allv(work, *args)
         else:
             collectives.run(algorithm, name, work, *args)
+        gpu.event({"ev": "coll_end", **fingerprint})
 
     def _check_calls(self, name, seq, calls) -> None:
         """CollectiveMismatch on every member, listing each member's call, before any data moves."""

@@ -37,7 +37,7 @@ class Gpu:
     """
 
     def __init__(self, config: FabricConfig, transport: Transport, control: ControlChannel,
-                 switch_rank: int, network_addresses: tuple[int, ...], timeout_s: float):
+                 switch_rank: int, network_addresses: tuple[int, ...], timeout_s: float, trace=None):
         self.config = config
         self.rank = transport.rank
         self.size = config.gpus
@@ -70,6 +70,8 @@ class Gpu:
         self.now_ns = 0.0                               # this GPU's modeled clock
         self._acked_ns = 0.0                            # latest acknowledgement of a put (modeled)
         self._got_ns: dict[int, float] = {}             # GET req -> modeled arrival of its data
+        self.trace = trace                              # a TraceWriter, or None
+        self._tx_seq = self._rx_seq = -1                # packets sent / received on this GPU's links
         self._shutdown: Packet | None = None
         self._idle = Idle()
         self.world = Communicator(self, tuple(range(config.gpus)), "world")
@@ -80,6 +82,19 @@ class Gpu:
         if ns < 0:
             raise FabricError(f"GPU {self.rank}: compute({ns}): modeled time cannot go back")
         self.now_ns += ns
+
+    def set_tracing(self, on: bool) -> None:
+        """Turn this GPU's trace records on or off (GPU 0 also tells the switch); the bench measures
+        tracing's cost this way. No effect without --trace-dir."""
+        if self.trace is not None:
+            self.trace.enabled = on
+            if self.rank == 0:
+                self._transport.send(self._switch, Packet(Kind.TRACE, self._keys[self.rank], -1, info={"on": on}))
+
+    def event(self, record: dict) -> None:
+        """Append a record to this GPU's trace (with wall and modeled time), if tracing."""
+        if self.trace is not None and self.trace.enabled:
+            self.trace.write({**record, "wall": time.time(), "m": self.now_ns})
 
     # -- memory -----------------------------------------------------------------------------------
     def alloc(self, count: int, dtype="float32") -> np.ndarray:
@@ -230,7 +245,7 @@ class Gpu:
         transfer takes its turn on this GPU's downlink now, in program order (modeled time)."""
         key = tuple(key)
         self._wait(lambda: key not in self._posted, "receive", f"{peer} (slot {key})")
-        self.now_ns = max(self.now_ns, self._consume(self._arrivals.pop(key)))
+        self.now_ns = max(self.now_ns, self._consume(*self._arrivals.pop(key)))
 
     def receive_message(self, key: tuple, out: np.ndarray, peer: int) -> None:
         """Wait for the message in slot `key` (from GPU `peer`) and place its bytes in `out`."""
@@ -255,10 +270,10 @@ class Gpu:
         when the LOAD arrived, not when the program got to it (memory answers, not the SMs)."""
         lookup = (tuple(key), tuple(slot))
         self._wait(lambda: lookup in self._loads, "serve load", f"{requester}'s load-reduce (slot {slot})")
-        packet = self._loads.pop(lookup)
+        packet, seq = self._loads.pop(lookup)
         data = self._bound[lookup[0]][packet.address:packet.address + packet.nbytes]
         self._send(Packet(Kind.REDUCE, self._keys[self.rank], -1, 0, packet.nbytes, packet.req, packet.info),
-                   data, self._consume(packet))
+                   data, self._consume(packet, seq))
 
     def native(self, collective: str, send: np.ndarray, recv: np.ndarray, op: str = "sum", root: int = 0) -> None:
         """The same collective by MPI's own implementation over the GPU ranks (not through the fabric,
@@ -296,28 +311,34 @@ class Gpu:
         return moved
 
     def _handle(self, source: int, packet: Packet) -> None:
+        seq = None
         if packet.kind.counted:
-            self._counters.record(downlink(self.rank), packet.payload_bytes)
+            raw = self._counters.record(downlink(self.rank), packet.payload_bytes)
+            self._rx_seq += 1
+            seq = self._rx_seq
+            if self.trace is not None and self.trace.enabled:
+                self.trace.write({"ev": "rx", "link": downlink(self.rank), "seq": seq, "kind": packet.kind.name,
+                                  "payload": packet.payload_bytes, "raw": raw, "wall": time.time()})
         kind = packet.kind
         # one-sided traffic is served as it comes: it takes its turn on the links in serving order
         if kind is Kind.PUT:
             phys = packet.address
             self._receive(packet, self.memory[phys:phys + packet.nbytes])
             self._send(Packet(Kind.PUT_ACK, self._keys[self.rank], packet.src, req=packet.req),
-                       at_ns=self._consume(packet))
+                       at_ns=self._consume(packet, seq))
         elif kind is Kind.GET:
             data = self.memory[packet.address:packet.address + packet.nbytes].copy()
             self._send(Packet(Kind.GET_DATA, self._keys[self.rank], packet.src, 0, packet.nbytes, packet.req),
-                       data, self._consume(packet))
+                       data, self._consume(packet, seq))
         elif kind is Kind.PUT_ACK:
             self._puts.pop(packet.req, None)
-            self._acked_ns = max(self._acked_ns, self._consume(packet))
+            self._acked_ns = max(self._acked_ns, self._consume(packet, seq))
         elif kind is Kind.GET_DATA:
             dest = self._gets.pop(packet.req, None)
             if dest is None:
                 raise ProtocolError(f"GPU {self.rank}: GET_DATA for request {packet.req}, which it never made")
             self._receive(packet, dest)
-            self._got_ns[packet.req] = self._consume(packet)
+            self._got_ns[packet.req] = self._consume(packet, seq)
         elif kind is Kind.MSG or kind is Kind.MCAST:
             key = tuple(packet.info["key"])
             dest = self._posted.get(key)
@@ -330,11 +351,11 @@ class Gpu:
                 del self._posted[key]
             else:
                 self._mailbox[key] = buffer
-            self._arrivals[key] = packet  # its downlink turn comes when the program consumes it
+            self._arrivals[key] = (packet, seq)  # its downlink turn comes when the program consumes it
         elif kind is Kind.LOAD:
-            self._loads[(tuple(packet.info["src"]), tuple(packet.info["slot"]))] = packet
+            self._loads[(tuple(packet.info["src"]), tuple(packet.info["slot"]))] = (packet, seq)
         elif kind is Kind.NACK:
-            self._consume(packet)
+            self._consume(packet, seq)
             self._nack(packet)
         elif kind is Kind.REPLY:
             self._replies[packet.req] = packet
@@ -376,12 +397,21 @@ class Gpu:
                 start, end = self._uplink.transmit(at, at, raw)
                 stamp = (start + self._latency_ns, end + self._latency_ns)
             packet = replace(packet, t_start=stamp[0], t_end=stamp[1])
+            self._tx_seq += 1
+            if self.trace is not None and self.trace.enabled:
+                self.trace.write({"ev": "tx", "link": uplink(self.rank), "seq": self._tx_seq, "kind": packet.kind.name,
+                                  "payload": packet.payload_bytes, "raw": raw, "dst": packet.dst,
+                                  "m_start": stamp[0] - self._latency_ns, "m_end": stamp[1] - self._latency_ns,
+                                  "wall": time.time()})
         return self._transport.send(self._switch, packet, payload)
 
-    def _consume(self, packet: Packet) -> float:
-        """Put a transfer that reached this GPU on its downlink; returns when its last byte arrived (ns)."""
+    def _consume(self, packet: Packet, seq: int) -> float:
+        """Put transfer `seq` that reached this GPU on its downlink; returns when its last byte arrived (ns)."""
         raw = raw_bytes(packet.payload_bytes, self.config.mtu_bytes, self.config.header_bytes)
-        _, end = self._downlink.transmit(packet.t_start, packet.t_end, raw)
+        start, end = self._downlink.transmit(packet.t_start, packet.t_end, raw)
+        if self.trace is not None and self.trace.enabled:
+            self.trace.write({"ev": "busy", "link": downlink(self.rank), "seq": seq, "m_start": start, "m_end": end,
+                              "wall": time.time()})
         return end + self._latency_ns
 
     def _control_call(self, kind: Kind, info: dict, what: str) -> dict:

@@ -1,12 +1,15 @@
 """One emulated run on an MPI communicator: ranks 0..G-1 are GPUs running main(gpu), rank G the switch."""
 
+import dataclasses
 import sys
+import time
 import traceback
 from dataclasses import dataclass
 
 from fabric.addressing import assign_network_addresses
 from fabric.config import FabricConfig
 from fabric.errors import ConfigError
+from fabric.trace import TraceWriter
 
 from .gpu import Gpu
 from .switch import SwitchRank
@@ -26,18 +29,32 @@ class RunResult:
     report: dict
 
 
+def open_trace(trace_dir: str, transport: Transport, config: FabricConfig, role: str, addresses) -> TraceWriter:
+    """This rank's trace file, its header's clock offset taken right after a barrier of every rank."""
+    transport.barrier()
+    synced = time.time()
+    rank = transport.rank
+    return TraceWriter(trace_dir, rank, {
+        "role": role, "gpu": rank if role == "gpu" else None, "fabric": config.name, "mode": config.mode,
+        "link": config.link, "gpus": config.gpus, "config_hash": config.digest(), "clock_offset_s": synced,
+        "network_address": addresses[rank] if role == "gpu" and addresses else None,
+        "timing": dataclasses.asdict(config.timing), "mtu_bytes": config.mtu_bytes,
+        "header_bytes": config.header_bytes})
+
+
 def role_of(rank: int, config: FabricConfig) -> str:
     return "gpu" if rank < config.gpus else "switch"
 
 
 def run_fabric(config: FabricConfig, main, timeout_s: float = DEFAULT_TIMEOUT_S, comm=None,
-               abort_on_error: bool = True) -> RunResult:
+               abort_on_error: bool = True, trace_dir: str | None = None) -> RunResult:
     """Run `main(gpu)` on every GPU rank while the switch rank serves; collective over `comm`.
 
     A world size that does not match the fabric is a ConfigError on every rank before any traffic.
     Any exception after that prints this rank's traceback, labelled, and aborts the whole job; with
     abort_on_error=False it propagates instead, for a caller that ends the job itself (the tests'
-    conftest hook does, after pytest reports the failure).
+    conftest hook does, after pytest reports the failure). With trace_dir, every rank writes its
+    trace file there (fabric.trace).
     """
     if timeout_s <= 0:
         raise ConfigError(f"timeout: must be > 0 seconds, got {timeout_s}")
@@ -49,19 +66,31 @@ def run_fabric(config: FabricConfig, main, timeout_s: float = DEFAULT_TIMEOUT_S,
                           f"{config.switches} switch = {config.world_size} ranks; run with mpiexec -n "
                           f"{config.world_size} (or pass --gpus {size - config.switches})")
     role = role_of(transport.rank, config)
+    trace = None
     try:
         control = split_gpus(transport, role == "gpu")
+        addresses = assign_network_addresses(config.gpus) if config.mode == "network" else ()
+        if trace_dir is not None:
+            trace = open_trace(trace_dir, transport, config, role, addresses)
         if role == "gpu":
-            addresses = assign_network_addresses(config.gpus) if config.mode == "network" else ()
-            gpu = Gpu(config, transport, control, config.gpus, addresses, timeout_s)
+            gpu = Gpu(config, transport, control, config.gpus, addresses, timeout_s, trace)
             value = main(gpu)
             report = gpu.finish()
             control.comm.Free()
+            end = {"m": gpu.now_ns, "counters": gpu._snapshot()}
         else:
-            value, report = None, SwitchRank(config, transport, timeout_s).serve()
+            switch = SwitchRank(config, transport, timeout_s, trace)
+            value, report = None, switch.serve()
+            end = {"m": report["elapsed_ns"], "counters": switch.logic.counters.snapshot()}
+        if trace is not None:
+            trace.close({**end, "wall": time.time()})
         transport.close()
         return RunResult(role, transport.rank, value, report)
-    except BaseException:
+    except BaseException as exc:
+        if trace is not None:  # the error is part of the record; no end record: the rank did not close cleanly
+            trace.write({"ev": "error", "error": type(exc).__name__, "message": str(exc), "wall": time.time()},
+                        force=True)
+            trace.flush()
         if not abort_on_error:
             raise
         name = f"{role} {transport.rank}" if role == "gpu" else f"switch (rank {transport.rank})"

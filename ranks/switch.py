@@ -5,9 +5,9 @@ import time
 import numpy as np
 
 from fabric.config import FabricConfig
-from fabric.counters import check_conservation
+from fabric.counters import check_conservation, downlink, uplink
 from fabric.errors import FabricTimeout
-from fabric.packets import Kind, Packet
+from fabric.packets import Kind, Packet, raw_bytes
 from fabric.switch import SwitchLogic
 
 from .transport import Idle, Transport
@@ -20,9 +20,12 @@ class SwitchRank:
     new packets until its sends drain (back-pressure), so its memory is not N x S.
     """
 
-    def __init__(self, config: FabricConfig, transport: Transport, timeout_s: float):
+    def __init__(self, config: FabricConfig, transport: Transport, timeout_s: float, trace=None):
         self.config = config
         self.logic = SwitchLogic(config)
+        self.trace = trace  # a TraceWriter, or None
+        self.logic.tracing = trace is not None
+        self._seq: dict[str, int] = {}  # per link: packets seen, to pair each send with its receive
         self.transport = transport
         self.timeout_s = timeout_s
         self.end_timeout_s = 2 * timeout_s + 5
@@ -58,13 +61,37 @@ class SwitchRank:
         if packet.kind is Kind.DONE:
             self._done.add(source)
             return
+        if packet.kind is Kind.TRACE:
+            if self.trace is not None:
+                self.trace.enabled = bool(packet.info["on"])
+                self.logic.tracing = self.trace.enabled
+            return
         payload = None
         if packet.payload_bytes:
             payload = np.empty(packet.payload_bytes, np.uint8)
             self.transport.recv_payload(source, payload, time.monotonic() + self.timeout_s,
                                         f"{packet.kind.name} req {packet.req}")
+        if self.trace is not None and packet.kind.counted:
+            self._record("rx", uplink(source), packet, source)
         for send in self.logic.on_packet(source, packet, payload):
             self.transport.send(send.port, send.packet, send.payload)
+            if self.trace is not None and send.packet.kind.counted:
+                self._record("tx", downlink(send.port), send.packet, source if send.origin is None else send.origin)
+        if self.logic.events:
+            wall = time.time()
+            for event in self.logic.events:
+                self.trace.write({**event, "wall": wall})
+            self.logic.events.clear()
+
+    def _record(self, ev: str, link: str, packet: Packet, origin: int) -> None:
+        """A packet entering (rx) or leaving (tx) the switch on `link`; `origin` is the GPU its data
+        comes from (-1: made by the switch). m_start/m_end: when its first/last byte is ready there."""
+        seq = self._seq[link] = self._seq.get(link, -1) + 1
+        config = self.config
+        self.trace.write({"ev": ev, "link": link, "seq": seq, "kind": packet.kind.name, "origin": origin,
+                          "payload": packet.payload_bytes,
+                          "raw": raw_bytes(packet.payload_bytes, config.mtu_bytes, config.header_bytes),
+                          "m_start": packet.t_start, "m_end": packet.t_end, "wall": time.time()})
 
     def _wait(self, done, what: str, waiting_for) -> None:
         deadline = time.monotonic() + self.timeout_s

@@ -137,6 +137,10 @@ class Transport:
                                     f"before the deadline")
             idle()
 
+    def barrier(self) -> None:
+        """Every rank of the fabric meets here (at setup only, before any traffic)."""
+        self.comm.Barrier()
+
     def close(self) -> None:
         self.comm.Free()
 

@@ -1,0 +1,100 @@
+"""Per-rank trace files: a msgpack stream of records, schema version 1 (see README, "Trace files").
+
+Every record is a map with "ev" naming it. The first is the header (schema, rank, role, fabric, config
+hash, clock offset); then events; an "end" record when the rank closed cleanly. Writers take the times
+they record from the caller (this module has no clock). A file cut short is read up to its last whole
+record and reported as truncated.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgpack
+
+SCHEMA_VERSION = 1
+
+
+def trace_path(directory: str | Path, rank: int) -> Path:
+    return Path(directory) / f"rank-{rank:05d}.msgpack"
+
+
+class TraceWriter:
+    """Appends records to one rank's trace file; buffered, flushed at close (and every `flush_every`)."""
+
+    def __init__(self, directory: str | Path, rank: int, header: dict, flush_every: int = 4096):
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        self.path = trace_path(directory, rank)
+        self._file = open(self.path, "wb")
+        self._packer = msgpack.Packer(use_bin_type=True)
+        self._pending: list[bytes] = []
+        self._flush_every = flush_every
+        self.enabled = True
+        self.write({"ev": "header", "schema": SCHEMA_VERSION, "rank": rank, **header}, force=True)
+
+    def write(self, record: dict, force: bool = False) -> None:
+        if not (self.enabled or force):
+            return
+        self._pending.append(self._packer.pack(record))
+        if len(self._pending) >= self._flush_every:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._pending:
+            self._file.write(b"".join(self._pending))
+            self._pending = []
+            self._file.flush()
+
+    def close(self, end: dict | None = None) -> None:
+        """Write the end record (a clean close) and close the file."""
+        if end is not None:
+            self.write({"ev": "end", **end}, force=True)
+        self.flush()
+        self._file.close()
+
+
+@dataclass
+class RankTrace:
+    """One rank's file, read: header, events (header and end excluded), end record, and whether the
+    file was cut short (an incomplete last record, or no end record)."""
+
+    path: Path
+    header: dict
+    events: list[dict]
+    end: dict | None
+    truncated: bool
+    problem: str = ""
+
+
+def read_trace(path: str | Path) -> RankTrace:
+    """Read a rank's trace up to its last whole record; never raises on a cut-short file."""
+    path = Path(path)
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+    unpacker.feed(path.read_bytes())
+    records, problem = [], ""
+    try:
+        for record in unpacker:
+            if not isinstance(record, dict) or "ev" not in record:
+                problem = f"record {len(records)} is not a trace record"
+                break
+            records.append(record)
+    except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError) as exc:
+        problem = f"undecodable data after record {len(records)}: {exc}"
+    leftover = unpacker.tell() < path.stat().st_size if not problem else True
+    header = records[0] if records and records[0]["ev"] == "header" else {}
+    if not header and not problem:
+        problem = "no header record"
+    end = records[-1] if records and records[-1]["ev"] == "end" else None
+    events = [r for r in records if r["ev"] not in ("header", "end")]
+    truncated = bool(problem) or leftover or end is None
+    if truncated and not problem:
+        problem = (f"cut short after {len(records)} whole records" if leftover
+                   else f"no end record after {len(records)} records (the rank did not close cleanly)")
+    return RankTrace(path, header, events, end, truncated, problem)
+
+
+def read_directory(directory: str | Path) -> list[RankTrace]:
+    """Every rank's trace in `directory`, in rank order."""
+    paths = sorted(Path(directory).glob("rank-*.msgpack"))
+    if not paths:
+        raise FileNotFoundError(f"{directory}: no rank-*.msgpack trace files")
+    return [read_trace(p) for p in paths]
