@@ -128,6 +128,13 @@ def run_size(gpu, comm, args, dtype: np.dtype, size: int) -> dict:
     wrong = int(np.count_nonzero(recv != _expected(name, algorithm, args.op, dtype, count, n, r)))
     iters = args.iters or max(2, min(20, (64 << 20) // (count * dtype.itemsize)))
     wall = sum(_synchronised(comm, once) for _ in range(iters)) / iters
+    tracing = {}
+    if gpu.trace is not None:
+        # the cost of tracing, measured in this run: the same calls with trace records off, then on
+        for on in (False, True):
+            gpu.set_tracing(on)
+            comm.barrier()
+            tracing[on] = sum(_synchronised(comm, once) for _ in range(iters)) / iters
     native = None
     if args.dtype in NATIVE_DTYPES:
         native_recv = np.empty(recv.size if name != "broadcast" else count, dtype)
@@ -147,7 +154,9 @@ def run_size(gpu, comm, args, dtype: np.dtype, size: int) -> dict:
             "busbw_gbps": round(algbw * bus_factor(name, n), 3), "wall_us": round(wall * 1e6, 1),
             "native_wall_us": None if native is None else round(native * 1e6, 1),
             "tx_bytes_per_gpu": after["tx_bytes"] - before["tx_bytes"],
-            "rx_bytes_per_gpu": after["rx_bytes"] - before["rx_bytes"], "wrong": total_wrong}
+            "rx_bytes_per_gpu": after["rx_bytes"] - before["rx_bytes"], "wrong": total_wrong,
+            **({"traced_wall_us": round(tracing[True] * 1e6, 1), "untraced_wall_us": round(tracing[False] * 1e6, 1)}
+               if tracing else {})}
 
 
 def _timed(fn) -> float:
@@ -186,4 +195,7 @@ def _format(row: dict) -> str:
     return (f"{row['size_bytes']:>12}{row['count']:>12}{row['dtype']:>10}{row['op']:>7}{row['algorithm']:>10}"
             f"{row['modeled_us']:>12.3f}{row['algbw_gbps']:>9.2f}{row['busbw_gbps']:>9.2f}"
             f"{row['wall_us']:>12.1f}{native if native is not None else 'n/a':>12}{ratio:>11}"
-            f"{row['tx_bytes_per_gpu']:>12}{row['rx_bytes_per_gpu']:>12}{row['wrong']:>8}")
+            f"{row['tx_bytes_per_gpu']:>12}{row['rx_bytes_per_gpu']:>12}{row['wrong']:>8}"
+            + (f"\n# tracing costs {100 * (row['traced_wall_us'] / row['untraced_wall_us'] - 1):+.1f}% wall time here "
+               f"({row['traced_wall_us']:.1f} us traced, {row['untraced_wall_us']:.1f} us not)"
+               if "traced_wall_us" in row else ""))

@@ -12,7 +12,11 @@ from pathlib import Path
 from fabric.config import resolve
 from fabric.errors import ConfigError
 
+from fabric.trace import read_directory
+
 from .bench import bench_arguments
+from .report import trace_report
+from .traces import merge
 from .runner import fabric_arguments, split_script_args
 
 EXAMPLES = Path(__file__).parent / "examples"
@@ -65,6 +69,9 @@ def cmd_demo(args, script_args) -> int:
     classic_args = argparse.Namespace(**{**vars(args), "preset": "dgx-a100", "config": None})
     classic = resolve("dgx-a100", None, args.gpus)
     demo = str(EXAMPLES / "demo.py")
+    if args.trace_dir:  # one trace directory per part
+        args = argparse.Namespace(**{**vars(args), "trace_dir": str(Path(args.trace_dir) / network.name)})
+        classic_args.trace_dir = str(Path(classic_args.trace_dir) / classic.name)
     print(f"=== part 1: NVLink Network ({network.name}) ===", flush=True)
     status = launch_script(demo, args, script_args, network.world_size)
     if status:
@@ -80,7 +87,8 @@ def cmd_demo(args, script_args) -> int:
     for name in presets:
         config = resolve(name, None, args.gpus)
         status, out = launch_script(str(Path(__file__).parent / "bench.py"),
-                                    argparse.Namespace(**{**vars(args), "preset": name, "config": None}),
+                                    argparse.Namespace(**{**vars(args), "preset": name, "config": None,
+                                                          "trace_dir": None}),
                                     bench_args, config.world_size, capture=True)
         if status:
             return status
@@ -103,7 +111,8 @@ def cmd_bench(args, script_args) -> int:
     rows = {}
     for name in presets:
         config = resolve(name, None, args.gpus)
-        per_preset = argparse.Namespace(**{**vars(args), "preset": name})
+        trace_dir = str(Path(args.trace_dir) / name) if args.trace_dir else None
+        per_preset = argparse.Namespace(**{**vars(args), "preset": name, "trace_dir": trace_dir})
         status, out = launch_script(script, per_preset, bench_args + ["--json"], config.world_size, capture=True)
         if status:
             return status
@@ -136,6 +145,29 @@ def print_comparison(collective: str, presets: list[str], rows: dict, as_json: b
         print(line + f"{wrong:>8}")
 
 
+def cmd_trace(args, script_args) -> int:
+    """Merge a run's per-rank traces into one Chrome Trace Event JSON file."""
+    traces = read_directory(args.trace_dir)
+    for trace in traces:
+        if trace.truncated:
+            print(f"warning: {trace.path.name}: truncated: {trace.problem}", file=sys.stderr)
+    merged = merge(traces, args.time)
+    with open(args.output, "w") as out:
+        json.dump(merged, out)
+    print(f"wrote {args.output}: {len(merged['traceEvents'])} events from {len(traces)} ranks ({args.time} time); "
+          f"open it in https://ui.perfetto.dev or chrome://tracing")
+    return 0
+
+
+def cmd_report(args, script_args) -> int:
+    """Per-link table, per-collective summary and figures of a traced run."""
+    text, figures = trace_report(read_directory(args.trace_dir), args.output or args.trace_dir)
+    print(text)
+    for path in figures:
+        print(f"wrote {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nvlink-emu", description="Emulated NVLink / NVLink Network fabric "
                                      "on MPI: every rank a GPU or a switch, real bytes, counted per link.")
@@ -153,6 +185,16 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--compare", metavar="P1,P2,...", help="run the sweep on each preset and print them side "
                        "by side, with each one's modeled time relative to the first")
     bench.set_defaults(handler=cmd_bench)
+    trace = sub.add_parser("trace", help="merge per-rank trace files into Chrome/Perfetto trace JSON")
+    trace.add_argument("trace_dir", metavar="DIR", help="the --trace-dir of a run")
+    trace.add_argument("-o", "--output", default="trace.json", help="the JSON file to write (default trace.json)")
+    trace.add_argument("--time", choices=("modeled", "wall"), default="modeled",
+                       help="time axis: modeled fabric time (default) or this machine's wall time")
+    trace.set_defaults(handler=cmd_trace)
+    report = sub.add_parser("report", help="link table, collective summary and figures of a traced run")
+    report.add_argument("trace_dir", metavar="DIR", help="the --trace-dir of a run")
+    report.add_argument("-o", "--output", metavar="OUTDIR", help="where the PNG figures go (default: DIR)")
+    report.set_defaults(handler=cmd_report)
     return parser
 
 
@@ -161,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(ours)
     try:
         return args.handler(args, script_args)
-    except ConfigError as exc:
+    except (ConfigError, FileNotFoundError) as exc:
         print(f"nvlink-emu: error: {exc}", file=sys.stderr)
         return 2
 
