@@ -1,0 +1,111 @@
+"""CLI tier: a traced multi-rank run, merged into Chrome trace JSON and reported; cut-short files."""
+
+import json
+import shutil
+import textwrap
+from collections import defaultdict
+
+import pytest
+
+from cli_helpers import command, run, script
+
+WORKLOAD = textwrap.dedent("""
+    import numpy as np
+
+    def main(gpu):
+        window = gpu.alloc(1 << 14, "uint8")
+        handles = gpu.world.allgather_object(gpu.export(window, to=[0, 1]))
+        if gpu.rank == 2:                       # refused: not in the allowed set
+            gpu.put(handles[0], np.ones(64, np.uint8))
+            try:
+                gpu.fence()
+            except Exception:
+                pass
+        gpu.put(handles[(gpu.rank + 1) % 2], np.ones(1 << 14, np.uint8)) if gpu.rank < 2 else None
+        gpu.world.barrier()
+        for algorithm in ("ring", "direct", "sharp", "nvls"):
+            gpu.world.allreduce(np.ones(3 * 40000, np.float32), "sum", algorithm)
+        gpu.world.all2all(np.ones(3 * 1000, np.float32), np.empty(3 * 1000, np.float32))
+""")
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory):
+    """One traced run of 3 GPUs: (trace dir, the link table the run printed, as rows of numbers)."""
+    tmp = tmp_path_factory.mktemp("traced")
+    done, _ = run([command("nvlink-emu"), "run", script(tmp, WORKLOAD), "--gpus", "3",
+                   "--trace-dir", str(tmp / "trace")])
+    assert done.returncode == 0, done.stderr
+    return tmp / "trace", table_rows(done.stdout)
+
+
+def table_rows(text):
+    """{link row: [tx payload, tx raw, tx pkts, rx payload, rx raw, rx pkts]} of a printed link table."""
+    return {line.split()[0]: [int(v) for v in line.split()[1:7]] for line in text.splitlines()
+            if "<->sw0" in line or line.startswith("total")}
+
+
+@pytest.mark.parametrize("time_base", ["modeled", "wall"])
+def test_merged_trace_is_chrome_json_with_paired_flows_and_no_overlaps(traced, tmp_path, time_base):
+    trace_dir, _ = traced
+    out = tmp_path / "trace.json"
+    done, _ = run([command("nvlink-emu"), "trace", str(trace_dir), "-o", str(out), "--time", time_base])
+    assert done.returncode == 0, done.stderr
+    events = json.load(open(out))["traceEvents"]
+    names = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert names == {"GPU 0", "GPU 1", "GPU 2", "switch (rank 3)"}
+    tracks = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert {"gpu0->sw0 send", "gpu0->sw0 receive", "sw0->gpu2 send", "sw0->gpu2 receive", "collectives"} <= tracks
+    starts, ends = {}, {}
+    for e in events:
+        if e["ph"] == "s":
+            starts[e["id"]] = e
+        elif e["ph"] == "f":
+            ends[e["id"]] = e
+    assert starts and set(starts) == set(ends)  # every flow has both ends
+    assert all(ends[i]["ts"] >= starts[i]["ts"] for i in starts)  # no receive before its send
+    by_track = defaultdict(list)
+    for e in events:
+        if e["ph"] == "X":
+            by_track[(e["pid"], e["tid"])].append((e["ts"], e["ts"] + e["dur"]))
+    for spans in by_track.values():
+        spans.sort()
+        assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:]))
+    collectives = [e["name"] for e in events if e["ph"] == "X" and e["pid"] == 0 and "(" in e["name"]]
+    assert collectives == ["allreduce (ring)", "allreduce (direct)", "allreduce (sharp)", "allreduce (nvls)",
+                           "all2all (direct)"] or time_base == "wall"
+    assert any(e["ph"] == "C" for e in events) and any(e["ph"] == "i" and e["name"] == "reduce" for e in events)
+
+
+def test_report_totals_equal_the_counters_the_run_printed(traced, tmp_path):
+    trace_dir, printed = traced
+    done, _ = run([command("nvlink-emu"), "report", str(trace_dir), "-o", str(tmp_path)])
+    assert done.returncode == 0, done.stderr
+    assert table_rows(done.stdout) == printed  # byte for byte, every link and the totals
+    assert "allreduce" in done.stdout and "sharp" in done.stdout and "truncated" not in done.stdout
+    for name in ("traffic-matrix.png", "bytes-per-algorithm.png"):
+        assert f"wrote {tmp_path / name}" in done.stdout
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_cut_short_trace_is_reported_not_accepted_silently(traced, tmp_path):
+    trace_dir, _ = traced
+    copy = tmp_path / "cut"
+    shutil.copytree(trace_dir, copy)
+    victim = copy / "rank-00001.msgpack"
+    victim.write_bytes(victim.read_bytes()[:-5])
+    for tool in (["trace", str(copy), "-o", str(tmp_path / "t.json")], ["report", str(copy), "-o", str(tmp_path)]):
+        done, _ = run([command("nvlink-emu"), *tool])
+        assert done.returncode == 0, done.stderr
+        assert "rank-00001.msgpack: truncated: cut short" in done.stdout + done.stderr
+
+
+def test_a_failed_rank_leaves_an_error_record_and_no_end(tmp_path):
+    body = "def main(gpu):\n    if gpu.rank == 1:\n        raise RuntimeError('boom')\n    gpu.world.barrier()\n"
+    done, _ = run([command("nvlink-emu"), "run", script(tmp_path, body), "--gpus", "3", "--timeout", "30",
+                   "--trace-dir", str(tmp_path / "trace")])
+    assert done.returncode != 0
+    from fabric.trace import read_trace
+    trace = read_trace(tmp_path / "trace" / "rank-00001.msgpack")
+    assert trace.truncated and trace.end is None
+    assert trace.events[-1]["ev"] == "error" and trace.events[-1]["message"] == "boom"

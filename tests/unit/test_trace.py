@@ -1,0 +1,68 @@
+"""Trace files: schema round trip, cut-short files read up to their last whole record."""
+
+import msgpack
+import pytest
+
+from fabric.trace import SCHEMA_VERSION, TraceWriter, read_directory, read_trace, trace_path
+
+
+def write_run(tmp_path, events, end=True, rank=3):
+    writer = TraceWriter(tmp_path, rank, {"role": "gpu", "clock_offset_s": 12.5}, flush_every=2)
+    for event in events:
+        writer.write(event)
+    writer.close({"m": 42.0} if end else None)
+    return trace_path(tmp_path, rank)
+
+
+EVENTS = [{"ev": "tx", "link": "gpu3->sw0", "seq": i, "payload": 100 * i, "raw": 100 * i + 16, "wall": 1.0 + i,
+           "m_start": 0.5 * i, "m_end": 0.5 * i + 0.25, "kind": "PUT"} for i in range(10)]
+
+
+def test_round_trip_keeps_every_record_and_the_schema(tmp_path):
+    path = write_run(tmp_path, EVENTS)
+    assert path.name == "rank-00003.msgpack"
+    trace = read_trace(path)
+    assert trace.header == {"ev": "header", "schema": SCHEMA_VERSION, "rank": 3, "role": "gpu", "clock_offset_s": 12.5}
+    assert trace.events == EVENTS
+    assert trace.end == {"ev": "end", "m": 42.0}
+    assert not trace.truncated and trace.problem == ""
+
+
+@pytest.mark.parametrize("cut", [1, 7, 40])
+def test_a_file_cut_mid_record_is_read_to_its_last_whole_record(tmp_path, cut):
+    path = write_run(tmp_path, EVENTS)
+    data = path.read_bytes()
+    path.write_bytes(data[:-cut])
+    trace = read_trace(path)
+    assert trace.truncated and "cut short" in trace.problem
+    assert trace.end is None
+    assert trace.events == EVENTS[:len(trace.events)] and len(trace.events) >= 8
+
+
+def test_a_rank_that_did_not_close_is_reported(tmp_path):
+    trace = read_trace(write_run(tmp_path, EVENTS[:3], end=False))
+    assert trace.truncated and "no end record" in trace.problem and trace.events == EVENTS[:3]
+
+
+def test_garbage_is_a_problem_not_a_crash(tmp_path):
+    path = tmp_path / "rank-00000.msgpack"
+    path.write_bytes(msgpack.packb([1, 2, 3]) + b"\xc1\xc1\xc1")
+    trace = read_trace(path)
+    assert trace.truncated and trace.problem and trace.events == []
+
+
+def test_a_disabled_writer_keeps_header_and_end_only(tmp_path):
+    writer = TraceWriter(tmp_path, 0, {"role": "switch"})
+    writer.enabled = False
+    writer.write({"ev": "tx"})
+    writer.close({"m": 1.0})
+    trace = read_trace(trace_path(tmp_path, 0))
+    assert trace.events == [] and trace.end is not None and not trace.truncated
+
+
+def test_read_directory_orders_ranks_and_needs_files(tmp_path):
+    for rank in (2, 0, 1):
+        write_run(tmp_path, [], rank=rank)
+    assert [t.header["rank"] for t in read_directory(tmp_path)] == [0, 1, 2]
+    with pytest.raises(FileNotFoundError, match="no rank"):
+        read_directory(tmp_path / "empty")
