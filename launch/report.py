@@ -28,7 +28,7 @@ def trace_report(traces, out_dir) -> tuple[str, list]:
              f"config {header['config_hash']}",
              format_table(link_totals(traces), header["gpus"], elapsed_ns=elapsed), "",
              "# collectives (modeled time: slowest member's end - earliest member's begin, summed over calls)",
-             f"{'collective':<16}{'algorithm':>10}{'calls':>7}{'bytes':>14}{'modeled us':>13}{'busbw-free algbw GB/s':>23}"]
+             f"{'collective':<16}{'algorithm':>10}{'calls':>7}{'bytes':>14}{'modeled us':>13}{'algbw GB/s':>12}"]
     for row in collectives(traces):
         algbw = row["bytes"] / row["modeled_ns"] if row["modeled_ns"] else 0.0
         lines.append(f"{row['collective']:<16}{row['algorithm']:>10}{row['calls']:>7}{row['bytes']:>14}"
@@ -72,7 +72,7 @@ def _algorithm_figure(by_algorithm, gpus, path):
     plt = _pyplot()
     links = [f"gpu{g}->sw0" for g in range(gpus)] + [f"sw0->gpu{g}" for g in range(gpus)]
     names = sorted(by_algorithm)
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.5 * len(links) * max(1, len(names)) / 2), 4.0))
+    fig, ax = plt.subplots(figsize=(min(12.0, 3.0 + 0.5 * len(links)), 4.5))
     width = 0.8 / max(1, len(names))
     for i, name in enumerate(names):
         ax.bar([x + i * width for x in range(len(links))], [by_algorithm[name].get(link, 0) for link in links],
@@ -81,7 +81,7 @@ def _algorithm_figure(by_algorithm, gpus, path):
     ax.set_ylabel("payload bytes")
     ax.set_title("per-link payload bytes, by collective/algorithm")
     if names:
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
