@@ -8,6 +8,7 @@ from fabric.counters import downlink, uplink
 from fabric.packets import Kind, Packet, raw_bytes, segments
 from fabric.reduction import reduce_in_order
 from fabric.switch import SwitchLogic
+from switch_helpers import only_nack
 
 
 def h100(gpus=4, **kw):
@@ -45,14 +46,6 @@ def reduce_packet(gid, slot, op, dtype, dest, key, data, req=0):
     payload = np.ascontiguousarray(data).view(np.uint8)
     info = {"g": gid, "slot": list(slot), "op": op, "dtype": dtype, "dest": list(dest), "key": list(key)}
     return Packet(Kind.REDUCE, src=0, dst=-1, nbytes=payload.nbytes, req=req, info=info), payload
-
-
-def only_nack(sends, port, req):
-    assert len(sends) == 1
-    send = sends[0]
-    assert send.port == port and send.packet.kind is Kind.NACK and send.packet.req == req
-    assert send.payload is None
-    return send.packet
 
 
 # -- GROUP control packets ------------------------------------------------------------------------------------

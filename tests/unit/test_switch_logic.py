@@ -9,6 +9,7 @@ from fabric.counters import downlink, uplink
 from fabric.errors import ProtocolError
 from fabric.packets import Kind, Packet, raw_bytes, segments
 from fabric.switch import Send, SwitchLogic
+from switch_helpers import only_nack
 
 MTU, HEADER, PAGE = 256, 16, 4096
 MEMORY = 1 << 20
@@ -50,14 +51,6 @@ def export(sw, gpu, phys_offset=8192, size=4096, req=1, **info):
 
 def handle_of(info):
     return Handle(*info["handle"])
-
-
-def only_nack(sends, port, req):
-    assert len(sends) == 1
-    send = sends[0]
-    assert send.port == port and send.packet.kind is Kind.NACK and send.packet.req == req
-    assert send.payload is None
-    return send.packet
 
 
 # -- network mode: export and PUT ---------------------------------------------------------------------
