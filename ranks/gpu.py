@@ -318,7 +318,8 @@ class Gpu:
             seq = self._rx_seq
             if self.trace is not None and self.trace.enabled:
                 self.trace.write({"ev": "rx", "link": downlink(self.rank), "seq": seq, "kind": packet.kind.name,
-                                  "payload": packet.payload_bytes, "raw": raw, "wall": time.time()})
+                                  "payload": packet.payload_bytes, "raw": raw, "src": packet.src, "dst": packet.dst,
+                                  "wall": time.time()})
         kind = packet.kind
         # one-sided traffic is served as it comes: it takes its turn on the links in serving order
         if kind is Kind.PUT:
@@ -400,7 +401,7 @@ class Gpu:
             self._tx_seq += 1
             if self.trace is not None and self.trace.enabled:
                 self.trace.write({"ev": "tx", "link": uplink(self.rank), "seq": self._tx_seq, "kind": packet.kind.name,
-                                  "payload": packet.payload_bytes, "raw": raw, "dst": packet.dst,
+                                  "payload": packet.payload_bytes, "raw": raw, "src": packet.src, "dst": packet.dst,
                                   "m_start": stamp[0] - self._latency_ns, "m_end": stamp[1] - self._latency_ns,
                                   "wall": time.time()})
         return self._transport.send(self._switch, packet, payload)

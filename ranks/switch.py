@@ -89,7 +89,7 @@ class SwitchRank:
         seq = self._seq[link] = self._seq.get(link, -1) + 1
         config = self.config
         self.trace.write({"ev": ev, "link": link, "seq": seq, "kind": packet.kind.name, "origin": origin,
-                          "payload": packet.payload_bytes,
+                          "src": packet.src, "dst": packet.dst, "payload": packet.payload_bytes,
                           "raw": raw_bytes(packet.payload_bytes, config.mtu_bytes, config.header_bytes),
                           "m_start": packet.t_start, "m_end": packet.t_end, "wall": time.time()})
 
