@@ -46,9 +46,6 @@ class LinkCounters:
         stats.packets += segments(payload_bytes, self.mtu_bytes)
         return raw
 
-    def add_busy(self, link: str, busy_ns: float) -> None:
-        """Add modeled transmission time to `link`."""
-        self.links.setdefault(link, LinkStats()).busy_ns += busy_ns
 
     def get(self, link: str) -> LinkStats:
         return self.links.get(link, LinkStats())
@@ -62,7 +59,8 @@ def gpu_view(snapshot: dict[str, dict[str, int]], gpu: int) -> dict[str, int]:
     up = snapshot.get(uplink(gpu), {})
     down = snapshot.get(downlink(gpu), {})
     view = {}
-    for field_name, key in (("payload_bytes", "bytes"), ("raw_bytes", "raw_bytes"), ("packets", "packets")):
+    for field_name, key in (("payload_bytes", "bytes"), ("raw_bytes", "raw_bytes"), ("packets", "packets"),
+                            ("busy_ns", "busy_ns")):
         view[f"tx_{key}"] = up.get(field_name, 0)
         view[f"rx_{key}"] = down.get(field_name, 0)
     return view

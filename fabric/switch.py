@@ -221,6 +221,9 @@ class SwitchLogic:
     def _revoke(self, ingress: int, info: dict) -> dict:
         if not self.network:
             raise UnsupportedOperation(f"revoke by GPU {ingress}: classic NVLink connections are fixed at boot")
+        if info.get("network_address") != self.route_key(ingress):
+            raise AccessViolation(f"revoke by GPU {ingress}: the window {info.get('network_address', 0):#x}:"
+                                  f"{info.get('address', 0):#x} is not GPU {ingress}'s; only its owner may revoke it")
         window = self.tlbs[ingress].unmap(info["address"])
         return {"revoked": window.address}
 

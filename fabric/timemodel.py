@@ -2,8 +2,8 @@
 
 All times are ns of modeled (virtual) time, floats; bandwidths are GB/s, i.e. bytes per ns.
 
-A transfer of `raw` bytes (payload plus headers) occupies a link for raw / bandwidth once the link is
-free. Forwarding is cut-through: a transfer streams out of the switch as it streams in, so each hop
+A transfer of `raw` bytes (payload plus headers) occupies a link for raw / bandwidth from the earliest
+time the link is free for it, at or after its first byte is ready. Forwarding is cut-through: a transfer streams out of the switch as it streams in, so each hop
 adds its latency, and a link's end is never before the upstream end (`LinkClock.transmit`). A packet
 carries (t_start, t_end): when its first and last byte are ready at its current point. The sender
 serializes its uplink in the order it issues sends; a receiver serializes its downlink in the order
@@ -11,25 +11,56 @@ it consumes transfers (program order for collectives), which makes modeled times
 order messages happen to arrive in on the host.
 """
 
-from dataclasses import dataclass
+import bisect
+from dataclasses import dataclass, field
 
 
 @dataclass
 class LinkClock:
-    """One direction of one link: when it is free next, and how long it has been busy (ns)."""
+    """One direction of one link: its busy intervals, and how long it has been busy (ns).
+
+    A transfer takes the earliest time at or after it is ready when the link is free for all of it
+    (an idle gap left before later transfers included), so transfers that do not compete for the
+    link get the same times whatever order the host hands them over in.
+    """
 
     bandwidth: float  # bytes per ns
-    free_ns: float = 0.0
     busy_ns: float = 0.0
+    _starts: list = field(default_factory=list)  # sorted, disjoint busy intervals, touching ones merged
+    _ends: list = field(default_factory=list)
+
+    @property
+    def free_ns(self) -> float:
+        """When the link is free for good (after its last busy interval)."""
+        return self._ends[-1] if self._ends else 0.0
 
     def transmit(self, ready_start: float, ready_end: float, raw_bytes: int) -> tuple[float, float]:
         """(start, end) of a transfer whose first/last byte are ready at ready_start/ready_end."""
         duration = raw_bytes / self.bandwidth
-        start = max(ready_start, self.free_ns)
-        end = max(start + duration, ready_end)
-        self.free_ns = end
+        starts, ends = self._starts, self._ends
+        start = ready_start
+        i = bisect.bisect_right(ends, start)  # the first interval that ends after `start`
+        while True:
+            end = max(start + duration, ready_end)
+            if i == len(starts) or end <= starts[i]:
+                break  # fits in the gap before interval i
+            start = max(start, ends[i])
+            i += 1
+        self._occupy(i, start, end)
         self.busy_ns += duration
         return start, end
+
+    def _occupy(self, i: int, start: float, end: float) -> None:
+        starts, ends = self._starts, self._ends
+        if i > 0 and ends[i - 1] == start:  # touches the previous interval: extend it
+            i -= 1
+            ends[i] = end
+        else:
+            starts.insert(i, start)
+            ends.insert(i, end)
+        if i + 1 < len(starts) and starts[i + 1] == ends[i]:  # and the next one
+            ends[i] = ends.pop(i + 1)
+            starts.pop(i + 1)
 
 
 @dataclass

@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 
+from fabric.errors import ConfigError
 from fabric.reduction import DTYPES, OPS, blocks, check_dtype, reduce_in_order, switch_accumulator
 from ranks.collectives import ALGORITHMS, choose
 
@@ -43,15 +44,27 @@ def bench_arguments(parser: argparse.ArgumentParser) -> None:
 def _size(text: str) -> int:
     """Bytes from '1024', '64K', '16M', '1G'."""
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper().removesuffix("B")
-    if text and text[-1] in units:
-        return int(float(text[:-1]) * units[text[-1]])
-    return int(text)
+    clean = text.strip().upper().removesuffix("B")
+    try:
+        if clean and clean[-1] in units:
+            return int(float(clean[:-1]) * units[clean[-1]])
+        return int(clean)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (like 1024, 64K, 16M, 1G)") from None
+
+
+def check(args, config) -> None:
+    """Refuse, before any rank starts, a sweep that cannot run on `config`."""
+    sizes(args)
+    if args.collective != "all2all":
+        choose(args.collective, args.algorithm, config, args.min_bytes)
 
 
 def sizes(args) -> list[int]:
-    if args.min_bytes <= 0 or args.max_bytes < args.min_bytes or args.factor < 2:
-        raise SystemExit("bench: need 0 < --min-bytes <= --max-bytes and --factor >= 2")
+    """The sweep's sizes in bytes; ConfigError for an empty or endless sweep."""
+    if args.min_bytes <= 0 or args.max_bytes < args.min_bytes or args.factor < 2 or args.iters < 0:
+        raise ConfigError(f"bench: need 0 < --min-bytes <= --max-bytes, --factor >= 2 and --iters >= 0; got "
+                          f"{args.min_bytes}, {args.max_bytes}, {args.factor}, {args.iters}")
     out, size = [], args.min_bytes
     while size <= args.max_bytes:
         out.append(size)

@@ -10,11 +10,12 @@ import sys
 from pathlib import Path
 
 from fabric.config import resolve
-from fabric.errors import ConfigError
+from fabric.errors import ConfigError, UnsupportedOperation
 
 from fabric.trace import read_directory
 
 from .bench import bench_arguments
+from .bench import check as check_bench
 from .report import trace_report
 from .traces import merge
 from .runner import fabric_arguments, split_script_args
@@ -104,10 +105,13 @@ def cmd_bench(args, script_args) -> int:
     script = str(Path(__file__).parent / "bench.py")
     if not args.compare:
         config = resolve(args.preset, args.config, args.gpus)
+        check_bench(args, config)
         return launch_script(script, args, bench_args + (["--json"] if args.json else []), config.world_size)
     presets = [name.strip() for name in args.compare.split(",") if name.strip()]
     if len(presets) < 2 or args.preset or args.config:
         raise ConfigError("--compare takes two or more presets, P1,P2,..., instead of --preset/--config")
+    for name in presets:
+        check_bench(args, resolve(name, None, args.gpus))
     rows = {}
     for name in presets:
         config = resolve(name, None, args.gpus)
@@ -205,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.handler(args, script_args)
     except (ConfigError, FileNotFoundError) as exc:
         print(f"nvlink-emu: error: {exc}", file=sys.stderr)
+        return 2
+    except UnsupportedOperation as exc:
+        print(f"nvlink-emu: error: UnsupportedOperation: {exc}", file=sys.stderr)
         return 2
 
 

@@ -18,8 +18,6 @@ def trace_report(traces, out_dir) -> tuple[str, list]:
     and the paths of the PNG figures written to out_dir (traffic matrix, bytes per algorithm)."""
     from pathlib import Path
 
-    from fabric.counters import format_table
-
     from .traces import bytes_by_algorithm, collectives, link_totals, traffic_matrix
 
     header = next(t.header for t in traces if t.header)

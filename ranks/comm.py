@@ -5,7 +5,7 @@ import itertools
 
 import numpy as np
 
-from fabric.errors import CollectiveMismatch, FabricError
+from fabric.errors import AccessViolation, CollectiveMismatch, FabricError
 from fabric.packets import Kind
 from fabric.reduction import blocks, check_dtype, check_op, dtype_name
 
@@ -35,12 +35,13 @@ class Communicator:
 
     # -- control plane ------------------------------------------------------------------------------
     def allgather_object(self, obj, op: str = "allgather_object") -> list:
-        """Every member's `obj`, in member order (pickled, out of band, not counted)."""
+        """Every member's `obj`, in member order (pickled, out of band, not counted). Members must be in
+        the same control operation (`op`): a barrier met by an allgather is a CollectiveMismatch."""
         seq = next(self._control_seq)
         gpu = self.gpu
         for peer in self.members:
             if peer != gpu.rank:
-                gpu._control.send(peer, (self.name, seq, obj))
+                gpu._control.send(peer, (self.name, seq, (op, obj)))
         box = gpu._control_box
 
         def missing():
@@ -48,7 +49,12 @@ class Communicator:
 
         gpu._wait(lambda: not missing(), f"{op} #{seq} on communicator {self.name!r}",
                   _LazyText(lambda: f"GPUs {missing()}"))
-        return [obj if p == gpu.rank else box.pop((self.name, seq, p)) for p in self.members]
+        got = [(op, obj) if p == gpu.rank else box.pop((self.name, seq, p)) for p in self.members]
+        if any(other != op for other, _ in got):
+            listing = "; ".join(f"GPU {p}: {other}" for p, (other, _) in zip(self.members, got))
+            raise CollectiveMismatch(f"GPU {gpu.rank}: control exchange #{seq} on communicator {self.name!r}: "
+                                     f"members are in different operations: {listing}")
+        return [value for _, value in got]
 
     def barrier(self) -> None:
         """Wait until every member reached the barrier; this GPU's puts are fenced first. Every member
@@ -80,7 +86,7 @@ class Communicator:
                     created = exc  # every member raises it, none is left waiting
             created = self.allgather_object(created, "group create")[0]
             if isinstance(created, FabricError):
-                raise type(created)(f"GPU {self.gpu.rank}: {created}")
+                raise type(created)(f"{created} (raised on GPU {self.members[0]}, the communicator's first member)")
             gid = created
             self.gpu._control_call(Kind.GROUP, {"action": "bind", "group": gid}, f"group bind {gid}")
             self.allgather_object(None, "group bind")  # every member bound before any contribution
@@ -105,22 +111,23 @@ class Communicator:
     def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, op: str = "sum", algorithm: str = "auto") -> None:
         """recv <- block `rank` of the reduction of every member's `send` (blocks as fabric.reduction.blocks)."""
         send, recv = self._flat(send, "reduce_scatter"), self._flat(recv, "reduce_scatter")
-        self._expect(recv.size, blocks(send.size, self.size)[self.rank], "reduce_scatter recv")
         self._same_dtype(send, recv, "reduce_scatter")
-        self._collective("reduce_scatter", algorithm, op, send.dtype, send.size, None, (send, recv))
+        problem = self._expect(recv.size, blocks(send.size, self.size)[self.rank], "reduce_scatter recv")
+        self._collective("reduce_scatter", algorithm, op, send.dtype, send.size, None, (send, recv), problem=problem)
 
     def allgather(self, send: np.ndarray, recv: np.ndarray, algorithm: str = "auto") -> None:
         """recv <- every member's `send`, concatenated in rank order."""
         send, recv = self._flat(send, "allgather"), self._flat(recv, "allgather")
-        self._expect(send.size, blocks(recv.size, self.size)[self.rank], "allgather send")
         self._same_dtype(send, recv, "allgather")
-        self._collective("allgather", algorithm, "sum", send.dtype, recv.size, None, (send, recv))
+        problem = self._expect(send.size, blocks(recv.size, self.size)[self.rank], "allgather send")
+        self._collective("allgather", algorithm, "sum", send.dtype, recv.size, None, (send, recv), problem=problem)
 
     def broadcast(self, array: np.ndarray, root: int = 0, algorithm: str = "auto") -> None:
         """array <- the root member's array, on every member."""
         flat = self._flat(array, "broadcast")
-        if not 0 <= root < self.size:
-            raise FabricError(f"GPU {self.gpu.rank}: broadcast root {root} is not a member rank 0..{self.size - 1}")
+        if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:
+            raise FabricError(f"GPU {self.gpu.rank}: broadcast root {root!r} is not a member rank 0..{self.size - 1}")
+        root = int(root)
         self._collective("broadcast", algorithm, "sum", flat.dtype, flat.size, root, (flat, root))
 
     def all2all(self, send: np.ndarray, recv: np.ndarray) -> None:
@@ -136,28 +143,42 @@ class Communicator:
         """recv block i (recv_counts[i] elements, packed in order) <- member i's send block `rank`
         (its send_counts[rank] elements, packed in order)."""
         send, recv = self._flat(send, "all2allv"), self._flat(recv, "all2allv")
-        self._all2allv("all2allv", send, [int(c) for c in send_counts], recv, [int(c) for c in recv_counts])
+        counts = []
+        for what, given in (("send_counts", send_counts), ("recv_counts", recv_counts)):
+            if not all(isinstance(c, (int, np.integer)) and not isinstance(c, bool) for c in given):
+                raise FabricError(f"GPU {self.gpu.rank}: all2allv {what} must be integers, got {list(given)!r}")
+            counts.append([int(c) for c in given])
+        self._all2allv("all2allv", send, counts[0], recv, counts[1])
 
     def _all2allv(self, name, send, send_counts, recv, recv_counts) -> None:
+        self._same_dtype(send, recv, name)
+        problem = None
         for what, counts, array in (("send", send_counts, send), ("recv", recv_counts, recv)):
             if len(counts) != self.size or min(counts, default=0) < 0 or sum(counts) > array.size:
-                raise FabricError(f"GPU {self.gpu.rank}: {name} {what}_counts {counts} must be {self.size} "
-                                  f"non-negative counts summing to at most {array.size}")
-        self._same_dtype(send, recv, name)
+                problem = (f"{name} {what}_counts {counts} must be {self.size} non-negative counts summing to at "
+                           f"most {array.size}")
+                send_counts = recv_counts = [0] * self.size  # still take part in the call check
         self._collective(name, "direct", "sum", send.dtype, sum(send_counts), None,
                          (send, pairwise.offsets(send_counts), send_counts, recv, pairwise.offsets(recv_counts),
-                          recv_counts), counts=(send_counts, recv_counts))
+                          recv_counts), counts=(send_counts, recv_counts), problem=problem)
 
-    def _collective(self, name, algorithm, op, dtype, count, root, args, counts=None) -> None:
+    def _collective(self, name, algorithm, op, dtype, count, root, args, counts=None, problem=None) -> None:
+        """Check, then run one collective. `problem`: what is wrong with this member's own buffers,
+        carried in the call check so that every member raises, not just this one."""
         gpu = self.gpu
         dtype = check_dtype(dtype)
         check_op(op)
+        partitions = sorted({gpu.config.partition_of(m) for m in self.members})
+        if len(partitions) > 1:
+            raise AccessViolation(f"GPU {gpu.rank}: {name} on communicator {self.name!r}: its members "
+                                  f"{list(self.members)} span partitions {partitions}; partitions are isolated, so "
+                                  f"collectives run within one (use comm.split by partition)")
         if counts is None:
             algorithm = collectives.choose(name, algorithm, gpu.config, count * dtype.itemsize)
         seq = next(self._collective_seq)
         call = {"collective": name, "count": count if counts is None else None, "dtype": dtype_name(dtype),
-                "op": op, "root": root, "algorithm": algorithm, "seq": seq}
-        calls = self.allgather_object((call, counts), f"{name} #{seq} call check")
+                "op": op, "root": root, "algorithm": algorithm, "seq": seq, **({"problem": problem} if problem else {})}
+        calls = self.allgather_object((call, counts), f"{name} call check")
         self._check_calls(name, seq, calls)
         if count == 0 and counts is None:
             return
@@ -177,7 +198,10 @@ class Communicator:
         """CollectiveMismatch on every member, listing each member's call, before any data moves."""
         fingerprints = [c for c, _ in calls]
         problem = None
-        if any(f != fingerprints[0] for f in fingerprints):
+        own = [(m, c["problem"]) for m, (c, _) in zip(self.members, calls) if c.get("problem")]
+        if own:
+            problem = "; ".join(f"GPU {m}'s {text}" for m, text in own)
+        elif any(f != fingerprints[0] for f in fingerprints):
             problem = "members called different collectives or arguments"
         elif calls[0][1] is not None:
             sends = [c[1][0] for c in calls]
@@ -198,10 +222,11 @@ class Communicator:
             raise FabricError(f"GPU {self.gpu.rank}: {what} needs a contiguous numpy array")
         return array.reshape(-1)
 
-    def _expect(self, got: int, block: tuple[int, int], what: str) -> None:
+    def _expect(self, got: int, block: tuple[int, int], what: str) -> str | None:
+        """What is wrong with a buffer's size, if anything (reported to every member by the call check)."""
         if got != block[1] - block[0]:
-            raise FabricError(f"GPU {self.gpu.rank}: {what} has {got} elements; member {self.rank} of "
-                              f"{self.size} needs {block[1] - block[0]}")
+            return f"{what} has {got} elements; member {self.rank} of {self.size} needs {block[1] - block[0]}"
+        return None
 
     def _same_dtype(self, a: np.ndarray, b: np.ndarray, what: str) -> None:
         if a.dtype != b.dtype:

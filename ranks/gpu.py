@@ -2,6 +2,7 @@
 engine that serves incoming requests inside every blocking wait (so no legal pattern deadlocks)."""
 
 import itertools
+import math
 import time
 from dataclasses import replace
 
@@ -17,7 +18,7 @@ from fabric.packets import Kind, Packet, raw_bytes
 from fabric.timemodel import LinkClock
 
 from .comm import Communicator
-from .transport import ControlChannel, Idle, Transport, done, native_collective
+from .transport import ControlChannel, Idle, Transport, native_collective
 
 
 def raise_remote(info: dict, context: str):
@@ -48,6 +49,7 @@ class Gpu:
         self._network = config.mode == "network"
         self._keys = network_addresses if self._network else tuple(range(config.gpus))
         self.network_address = network_addresses[self.rank] if self._network else None
+        self._gpu_of = {key: gpu for gpu, key in enumerate(self._keys)}  # routing key -> GPU index
         self._mem = DeviceMemory(self.rank, config.memory_capacity_bytes, config.alignment_bytes)
         self.memory = self._mem.array
         self._counters = LinkCounters(config.mtu_bytes, config.header_bytes)
@@ -55,11 +57,12 @@ class Gpu:
         self._puts: dict[int, str] = {}                 # req -> what, until acknowledged
         self._gets: dict[int, np.ndarray] = {}          # req -> destination bytes, until data arrives
         self._replies: dict[int, Packet] = {}           # req -> REPLY / NACK for a waiting caller
-        self._async_errors: list[FabricError] = []      # refusals of puts and messages, raised at fence
+        self._async_errors: list[FabricError] = []      # refusals of puts: raised at put, get, fence, barrier
+        self._traffic_errors: list[FabricError] = []    # refusals of collective traffic: raised in any wait
         self._mailbox: dict[tuple, np.ndarray] = {}     # message key -> received bytes
         self._posted: dict[tuple, np.ndarray] = {}      # message key -> where to receive it
         self._control_box: dict[tuple, object] = {}     # (comm id, seq, source) -> control object
-        self._exports: dict[int, Handle] = {}           # physical offset -> live export
+        self._exports: list[tuple[int, int, Handle]] = []  # live windows: (physical offset, bytes, handle)
         self._bound: dict[tuple, np.ndarray] = {}       # buffer key -> bytes the switch may LOAD (NVLS)
         self._loads: dict[tuple, Packet] = {}           # (buffer key, slot) -> LOAD until served
         self._arrivals: dict[tuple, Packet] = {}        # message key -> its header until consumed (timing)
@@ -79,8 +82,8 @@ class Gpu:
     # -- modeled time -------------------------------------------------------------------------------
     def compute(self, ns: float) -> None:
         """Advance this GPU's modeled clock by `ns` of compute (workload scripts model kernels this way)."""
-        if ns < 0:
-            raise FabricError(f"GPU {self.rank}: compute({ns}): modeled time cannot go back")
+        if not math.isfinite(ns) or ns < 0:
+            raise FabricError(f"GPU {self.rank}: compute({ns}): needs a finite, non-negative number of ns")
         self.now_ns += ns
 
     def set_tracing(self, on: bool) -> None:
@@ -99,16 +102,22 @@ class Gpu:
     # -- memory -----------------------------------------------------------------------------------
     def alloc(self, count: int, dtype="float32") -> np.ndarray:
         """A new array of `count` elements of `dtype`, a view into this GPU's memory."""
-        dtype = np.dtype(dtype)
+        try:
+            dtype = np.dtype(dtype)
+        except TypeError:
+            raise FabricError(f"GPU {self.rank}: alloc: {dtype!r} is not a numpy dtype") from None
         offset = self._mem.allocate(int(count) * dtype.itemsize)
         return self._mem.view(offset, int(count), dtype)
 
     def free(self, array: np.ndarray) -> None:
         """Release an array from alloc(); an exported array must be revoked first."""
         offset = self._mem.offset_of(array)
-        if offset in self._exports:
-            raise FabricError(f"GPU {self.rank}: free of an array exported as {self._exports[offset]}; "
-                              f"revoke it first")
+        block = self._mem.allocation_at(offset)
+        end = offset + array.nbytes if block is None else block[0] + block[1]
+        live = [h for start, size, h in self._exports if start < end and offset < start + size]
+        if live:
+            raise FabricError(f"GPU {self.rank}: free of memory still exported as {', '.join(map(str, live))}; "
+                              f"revoke first")
         self._mem.release(offset)
 
     @property
@@ -133,7 +142,7 @@ class Gpu:
                 "writable": writable, "readable": readable}
         reply = self._control_call(Kind.EXPORT, info, "export")
         handle = Handle(*reply["handle"])
-        self._exports[offset] = handle
+        self._exports.append((offset, array.nbytes, handle))
         return handle
 
     def revoke(self, handle: Handle) -> None:
@@ -141,8 +150,11 @@ class Gpu:
         if not self._network:
             raise UnsupportedOperation(f"GPU {self.rank}: revoke on classic NVLink ({self.config.name}): "
                                        f"connections are fixed at boot")
-        self._control_call(Kind.REVOKE, {"address": handle.address}, f"revoke of {handle}")
-        self._exports = {off: h for off, h in self._exports.items() if h != handle}
+        if not isinstance(handle, Handle):
+            raise FabricError(f"GPU {self.rank}: revoke needs a Handle from export(), got {handle!r}")
+        self._control_call(Kind.REVOKE, {"network_address": handle.network_address, "address": handle.address},
+                           f"revoke of {handle}")
+        self._exports = [e for e in self._exports if e[2] != handle]
 
     def physical_address(self, array: np.ndarray) -> int:
         """Global physical address of `array` (classic NVLink: any GPU may put/get it, no isolation)."""
@@ -206,8 +218,12 @@ class Gpu:
 
     # -- messages (collective traffic) ------------------------------------------------------------
     def send_message(self, peer: int, key: tuple, data: np.ndarray, at_ns: float | None = None) -> list:
-        """Post `data` to GPU `peer`'s mailbox slot `key` through the switch; returns the send requests.
-        at_ns: modeled time the send is issued (default: now)."""
+        """Post `data` to GPU `peer`'s mailbox slot `key` (a flat tuple of ints and strings) through the
+        switch; returns the send requests. at_ns: modeled time the send is issued (default: now)."""
+        if isinstance(peer, bool) or not isinstance(peer, (int, np.integer)) or not 0 <= peer < self.size:
+            raise FabricError(f"GPU {self.rank}: send_message to {peer!r}: not a GPU 0..{self.size - 1}")
+        if not isinstance(key, tuple) or not all(isinstance(k, (int, str)) for k in key):
+            raise FabricError(f"GPU {self.rank}: message key {key!r} must be a flat tuple of ints and strings")
         data = self._as_bytes(data, "send")
         return self._send(Packet(Kind.MSG, self._keys[self.rank], self._keys[peer], 0, data.nbytes,
                                  info={"key": list(key)}), data, at_ns)
@@ -228,9 +244,10 @@ class Gpu:
         start, end = self._uplink.transmit(at_ns, at_ns, raw)
         return start + self._latency_ns, end + self._latency_ns
 
-    def post_receive(self, key: tuple, out: np.ndarray) -> None:
-        """Receive the message in slot `key` straight into `out` when it arrives (see wait_receive)."""
-        key = tuple(key)
+    def post_receive(self, key: tuple, out: np.ndarray, peer: int | None = None) -> None:
+        """Receive the message in slot `key` from GPU `peer` (None: a delivery of the switch, such as
+        an in-switch result or a multicast copy) straight into `out` when it arrives (see wait_receive)."""
+        key = (tuple(key), peer)
         dest = self._as_bytes(out, "receive")
         got = self._mailbox.pop(key, None)
         if got is None:
@@ -240,17 +257,18 @@ class Gpu:
             raise ProtocolError(f"GPU {self.rank}: message {key} has {got.nbytes} bytes, expected {dest.nbytes}")
         dest[:] = got
 
-    def wait_receive(self, key: tuple, peer) -> None:
-        """Wait until the posted receive of slot `key` (from `peer`, for messages) completed; the
-        transfer takes its turn on this GPU's downlink now, in program order (modeled time)."""
-        key = tuple(key)
-        self._wait(lambda: key not in self._posted, "receive", f"{peer} (slot {key})")
-        self.now_ns = max(self.now_ns, self._consume(*self._arrivals.pop(key)))
+    def wait_receive(self, key: tuple, peer: int | None = None, what: str = "") -> None:
+        """Wait until the posted receive of slot `key` from `peer` completed; the transfer takes its
+        turn on this GPU's downlink now, in program order (modeled time)."""
+        slot = (tuple(key), peer)
+        source = what or ("the switch" if peer is None else f"GPU {peer}")
+        self._wait(lambda: slot not in self._posted, "receive", f"{source} (slot {slot[0]})")
+        self.now_ns = max(self.now_ns, self._consume(*self._arrivals.pop(slot)))
 
     def receive_message(self, key: tuple, out: np.ndarray, peer: int) -> None:
-        """Wait for the message in slot `key` (from GPU `peer`) and place its bytes in `out`."""
-        self.post_receive(key, out)
-        self.wait_receive(key, f"GPU {peer}")
+        """Wait for the message in slot `key` from GPU `peer` and place its bytes in `out`."""
+        self.post_receive(key, out, peer)
+        self.wait_receive(key, peer)
 
     def wait_sent(self, sends: list[list], what: str) -> None:
         """Wait until sends (each the requests send_message returned) completed locally, so their
@@ -279,21 +297,24 @@ class Gpu:
         """The same collective by MPI's own implementation over the GPU ranks (not through the fabric,
         not counted): the reference the bench times and the tests compare with."""
         request = native_collective(self._control, collective, send, recv, op, root)
-        self._wait(lambda: done(request), f"native MPI {collective}", "the other GPU ranks")
+        self._wait(request.Test, f"native MPI {collective}", "the other GPU ranks")
 
     # -- the progress engine ------------------------------------------------------------------------
     def _wait(self, done, op: str, waiting_for: str, timeout_s: float | None = None) -> None:
         """Serve traffic until done() holds; FabricTimeout naming op and peer at the deadline."""
-        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
         idle = self._idle
         while not done():
-            if self._async_errors:
-                self._raise_async()  # a refused put or in-switch operation: do not wait for its answer
+            if self._traffic_errors:
+                # a refused message or in-switch operation: its answer will never come
+                error, self._traffic_errors = self._traffic_errors[0], []
+                raise error
             if self._progress():
                 idle.reset()
                 continue
             if time.monotonic() > deadline:
-                raise FabricTimeout(f"GPU {self.rank}: {op} timed out after {self.timeout_s:g} s waiting for "
+                raise FabricTimeout(f"GPU {self.rank}: {op} timed out after {timeout_s:g} s waiting for "
                                     f"{waiting_for}")
             idle()
 
@@ -336,23 +357,26 @@ class Gpu:
             self._acked_ns = max(self._acked_ns, self._consume(packet, seq))
         elif kind is Kind.GET_DATA:
             dest = self._gets.pop(packet.req, None)
-            if dest is None:
+            self._receive(packet, dest if dest is not None else np.empty(packet.nbytes, np.uint8))
+            if dest is None:  # the bytes are taken first, so the next payload is not mistaken for these
                 raise ProtocolError(f"GPU {self.rank}: GET_DATA for request {packet.req}, which it never made")
-            self._receive(packet, dest)
             self._got_ns[packet.req] = self._consume(packet, seq)
         elif kind is Kind.MSG or kind is Kind.MCAST:
-            key = tuple(packet.info["key"])
-            dest = self._posted.get(key)
-            if dest is not None and dest.nbytes != packet.nbytes:
-                raise ProtocolError(f"GPU {self.rank}: message {key} has {packet.nbytes} bytes, the receive "
-                                    f"expects {dest.nbytes}")
-            buffer = dest if dest is not None else np.empty(packet.nbytes, np.uint8)
+            sender = self._gpu_of.get(packet.src) if kind is Kind.MSG else None
+            slot = (tuple(packet.info["key"]), sender)
+            dest = self._posted.get(slot)
+            fits = dest is None or dest.nbytes == packet.nbytes
+            buffer = dest if dest is not None and fits else np.empty(packet.nbytes, np.uint8)
             self._receive(packet, buffer)
+            if not fits:  # taken first, so the next payload is not mistaken for this one
+                raise ProtocolError(f"GPU {self.rank}: message {slot[0]} from "
+                                    f"{'the switch' if sender is None else f'GPU {sender}'} has {packet.nbytes} "
+                                    f"bytes, the receive expects {dest.nbytes}")
             if dest is not None:
-                del self._posted[key]
+                del self._posted[slot]
             else:
-                self._mailbox[key] = buffer
-            self._arrivals[key] = (packet, seq)  # its downlink turn comes when the program consumes it
+                self._mailbox[slot] = buffer
+            self._arrivals[slot] = (packet, seq)  # its downlink turn comes when the program consumes it
         elif kind is Kind.LOAD:
             self._loads[(tuple(packet.info["src"]), tuple(packet.info["slot"]))] = (packet, seq)
         elif kind is Kind.NACK:
@@ -374,7 +398,7 @@ class Gpu:
         try:
             raise_remote(packet.info, f"GPU {self.rank}: {what or packet.info.get('kind', 'request')}")
         except FabricError as exc:
-            self._async_errors.append(exc)
+            (self._async_errors if what else self._traffic_errors).append(exc)
 
     def _raise_async(self) -> None:
         if self._async_errors:
@@ -426,8 +450,9 @@ class Gpu:
 
     # -- helpers ------------------------------------------------------------------------------------
     def _destination(self, target, offset: int, op: str) -> tuple[int, int]:
-        if offset < 0:
-            raise FabricError(f"GPU {self.rank}: {op} at negative offset {offset}")
+        if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)) or offset < 0:
+            raise FabricError(f"GPU {self.rank}: {op} offset must be a non-negative integer of bytes, got {offset!r}")
+        offset = int(offset)
         if self._network:
             if not isinstance(target, Handle):
                 raise UnsupportedOperation(f"GPU {self.rank}: {op} on NVLink Network needs a Handle from "

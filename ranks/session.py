@@ -1,6 +1,7 @@
 """One emulated run on an MPI communicator: ranks 0..G-1 are GPUs running main(gpu), rank G the switch."""
 
 import dataclasses
+import math
 import sys
 import time
 import traceback
@@ -56,8 +57,8 @@ def run_fabric(config: FabricConfig, main, timeout_s: float = DEFAULT_TIMEOUT_S,
     conftest hook does, after pytest reports the failure). With trace_dir, every rank writes its
     trace file there (fabric.trace).
     """
-    if timeout_s <= 0:
-        raise ConfigError(f"timeout: must be > 0 seconds, got {timeout_s}")
+    if not math.isfinite(timeout_s) or timeout_s <= 0:
+        raise ConfigError(f"timeout: must be a finite number of seconds > 0, got {timeout_s}")
     transport = Transport(comm)
     if transport.size != config.world_size:
         size = transport.size

@@ -6,7 +6,7 @@ import numpy as np
 
 from fabric.config import FabricConfig
 from fabric.counters import check_conservation, downlink, uplink
-from fabric.errors import FabricTimeout
+from fabric.errors import FabricTimeout, ProtocolError
 from fabric.packets import Kind, Packet, raw_bytes
 from fabric.switch import SwitchLogic
 
@@ -101,7 +101,7 @@ class SwitchRank:
             if got is not None:
                 source, packet = got
                 if packet.kind is not Kind.COUNTERS:
-                    raise FabricTimeout(f"switch: {packet.kind.name} from GPU {source} after every GPU was done")
+                    raise ProtocolError(f"switch: {packet.kind.name} from GPU {source} after every GPU was done")
                 self._counters[source] = packet.info
                 moved = True
             if moved:
@@ -133,6 +133,7 @@ class SwitchRank:
             "ports": {g: row for g, row in self.logic.port_stats().items()},
             "network_addresses": list(self.logic.network_addresses),
             "switch": {"peak_held_bytes": self.logic.peak_held_bytes, "groups_created": self.logic.groups.created,
+                       "groups_released": self.logic.groups.released,
                        "reduced_bytes": self.logic.groups.reduced_bytes},
             "unconsumed": {g: self._counters[g]["unconsumed"] for g in range(gpus)
                            if self._counters[g]["unconsumed"]},

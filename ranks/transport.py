@@ -39,11 +39,6 @@ def abort_job(code: int = 1) -> None:
     os._exit(code)  # MPI_Abort may return before the launcher kills us; never run on
 
 
-def wall_s() -> float:
-    """MPI wall clock, in seconds."""
-    return MPI.Wtime()
-
-
 class Idle:
     """Back-off for polling loops: yield the core first, then sleep, longer the longer nothing comes,
     up to max_sleep_s (ranks may share few cores: a spinning rank would starve the one it waits for)."""
@@ -193,11 +188,6 @@ def native_collective(channel: ControlChannel, collective: str, send: np.ndarray
     if collective == "all2all":
         return comm.Ialltoall(send, recv)
     raise ValueError(f"no native {collective}")
-
-
-def done(request) -> bool:
-    """Whether a request from native_collective completed."""
-    return request.Test()
 
 
 def split_gpus(transport: Transport, is_gpu: bool) -> ControlChannel | None:

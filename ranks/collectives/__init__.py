@@ -81,17 +81,24 @@ class Call:
         if data.size:
             self._sends.append(self.gpu.send_message(self.peer(to), self.key(*parts), data))
 
-    def post(self, parts: tuple, out: np.ndarray) -> None:
+    def post(self, parts: tuple, out: np.ndarray, frm: int | None = None) -> None:
+        """Receive `parts` into `out` when it comes, from member `frm` (None: from the switch)."""
         if out.size:
-            self.gpu.post_receive(self.key(*parts), out)
+            self.gpu.post_receive(self.key(*parts), out, None if frm is None else self.peer(frm))
 
-    def wait(self, parts: tuple, source: str, out: np.ndarray) -> None:
+    def wait(self, parts: tuple, source: str, out: np.ndarray, frm: int | None = None) -> None:
         if out.size:
-            self.gpu.wait_receive(self.key(*parts), source)
+            self.gpu.wait_receive(self.key(*parts), None if frm is None else self.peer(frm), source)
 
     def recv(self, frm: int, parts: tuple, out: np.ndarray) -> None:
+        """Receive `parts` from member `frm` into `out`."""
+        self.post(parts, out, frm)
+        self.wait(parts, f"GPU {self.peer(frm)}", out, frm)
+
+    def recv_switch(self, parts: tuple, out: np.ndarray, source: str) -> None:
+        """Receive a delivery of the switch (an in-switch result or a multicast copy) into `out`."""
         self.post(parts, out)
-        self.wait(parts, f"GPU {self.peer(frm)}", out)
+        self.wait(parts, source, out)
 
     def flush(self) -> None:
         """Wait until every send of this call left (its buffer may be written again); modeled time

@@ -19,7 +19,7 @@ def all2allv(call, send: np.ndarray, send_offsets, send_counts, recv: np.ndarray
         p = (r - shift) % n
         base = recv_offsets[p]
         for c, (lo, hi) in enumerate(chunks(base, base + recv_counts[p], call.chunk)):
-            call.post((A2A, p, c), recv[lo:hi])
+            call.post((A2A, p, c), recv[lo:hi], p)
     for shift in range(1, n):
         # step s: send to member r+s (a shifted order spreads the load over the switch's ports)
         p = (r + shift) % n
@@ -31,7 +31,7 @@ def all2allv(call, send: np.ndarray, send_offsets, send_counts, recv: np.ndarray
         p = (r - shift) % n
         base = recv_offsets[p]
         for c, (lo, hi) in enumerate(chunks(base, base + recv_counts[p], call.chunk)):
-            call.wait((A2A, p, c), f"GPU {call.peer(p)}", recv[lo:hi])
+            call.wait((A2A, p, c), f"GPU {call.peer(p)}", recv[lo:hi], p)
     call.flush()
 
 

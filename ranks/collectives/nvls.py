@@ -64,7 +64,7 @@ def _run(call, source: np.ndarray, reduced: np.ndarray, out: np.ndarray | None) 
                 if c < len(span):
                     lo, hi = span[c]
                     if p == r:
-                        call.recv(r, (MC, r, c), scratch[:hi - lo])  # my own copy of the multicast store
+                        call.recv_switch((MC, r, c), scratch[:hi - lo], "my own multicast copy")
                     else:
                         call.wait((MC, p, c), f"GPU {call.peer(p)}'s multicast", out[lo:hi])
 

@@ -85,8 +85,8 @@ def broadcast(call, array: np.ndarray, root: int) -> None:
         for c, (lo, hi) in enumerate(spans):
             call.multicast((BC, c), array[lo:hi])
         for c, (lo, hi) in enumerate(spans):
-            call.recv(root, (BC, c), scratch[:hi - lo])  # the root's own copy of the multicast
+            call.recv_switch((BC, c), scratch[:hi - lo], "the root's own multicast copy")
     else:
         for c, (lo, hi) in enumerate(spans):
-            call.recv(root, (BC, c), array[lo:hi])
+            call.recv_switch((BC, c), array[lo:hi], f"GPU {call.peer(root)}'s multicast")
     call.flush()

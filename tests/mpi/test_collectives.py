@@ -251,7 +251,7 @@ def test_mismatched_calls_raise_on_every_member_and_write_nothing():
 def test_a_gpu_that_never_joins_ends_the_collective_with_a_timeout_naming_it():
     def main(gpu):
         if gpu.rank != gpu.size - 1:
-            with pytest.raises(FabricTimeout, match=rf"allreduce #0 call check .* waiting for GPUs .*{gpu.size - 1}\]"):
+            with pytest.raises(FabricTimeout, match=rf"allreduce call check #0 .* waiting for GPUs .*{gpu.size - 1}\]"):
                 gpu.world.allreduce(np.ones(16, np.float32), "sum", "sharp")
 
     run(main, timeout_s=1.0)

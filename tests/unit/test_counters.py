@@ -64,13 +64,14 @@ def test_gpu_view_keys_and_values():
     assert view == {
         "tx_bytes": 1000, "rx_bytes": 300,
         "tx_raw_bytes": 1000 + 4 * 16, "rx_raw_bytes": 300 + 3 * 16,
-        "tx_packets": 4, "rx_packets": 3,
+        "tx_packets": 4, "rx_packets": 3, "tx_busy_ns": 0.0, "rx_busy_ns": 0.0,
     }
 
 
 def test_gpu_view_of_idle_gpu_is_zero():
     view = gpu_view({}, 0)
-    assert set(view) == {"tx_bytes", "rx_bytes", "tx_raw_bytes", "rx_raw_bytes", "tx_packets", "rx_packets"}
+    assert set(view) == {"tx_bytes", "rx_bytes", "tx_raw_bytes", "rx_raw_bytes", "tx_packets", "rx_packets",
+                         "tx_busy_ns", "rx_busy_ns"}
     assert all(v == 0 for v in view.values())
 
 

@@ -192,20 +192,22 @@ def test_get_data_and_put_ack_routed_back():
 def test_revoke_then_put_refused():
     sw = network()
     h = handle_of(export(sw, 1))
-    sends = sw.on_packet(1, Packet(Kind.REVOKE, src=0, dst=-1, req=4, info={"address": h.address}))
+    sends = sw.on_packet(1, Packet(Kind.REVOKE, src=0, dst=-1, req=4,
+                                   info={"network_address": h.network_address, "address": h.address}))
     assert len(sends) == 1 and sends[0].packet.kind is Kind.REPLY
     assert sends[0].packet.info == {"revoked": h.address}
     nack = only_nack(sw.on_packet(0, Packet(Kind.PUT, 0, h.network_address, h.address, 4, req=5)), 0, 5)
     assert "revoked" in nack.info["message"]
     # revoking it again is an error reply, not a crash
-    again = sw.on_packet(1, Packet(Kind.REVOKE, src=0, dst=-1, req=6, info={"address": h.address}))
+    again = sw.on_packet(1, Packet(Kind.REVOKE, src=0, dst=-1, req=6,
+                                   info={"network_address": h.network_address, "address": h.address}))
     assert again[0].packet.info["error"] == "AccessViolation"
 
 
 def test_revoke_only_own_windows():
     sw = network()
     h = handle_of(export(sw, 1))
-    reply = sw.on_packet(0, Packet(Kind.REVOKE, 0, -1, req=1, info={"address": h.address}))
+    reply = sw.on_packet(0, Packet(Kind.REVOKE, 0, -1, req=1, info={"network_address": h.network_address, "address": h.address}))
     assert reply[0].packet.info["error"] == "AccessViolation"
     assert sw.on_packet(0, Packet(Kind.PUT, 0, h.network_address, h.address, 4, req=2))[0].port == 1
 
@@ -360,3 +362,11 @@ def test_send_defaults_to_no_payload():
     p = Packet(Kind.PUT_ACK, 0, 1)
     assert Send(1, p) == Send(1, p, None)
     assert Send(1, p).payload is None
+
+
+def test_only_the_owner_may_revoke_a_window():
+    sw = network()
+    na, address, _, _ = export(sw, 1, to=[0])["handle"]
+    sends = sw.on_packet(0, Packet(Kind.REVOKE, src=0, dst=-1, req=9, info={"network_address": na, "address": address}))
+    assert sends[0].packet.info["error"] == "AccessViolation" and "only its owner" in sends[0].packet.info["message"]
+    assert address in [w.address for w in sw.tlbs[1].windows.values()]  # still mapped

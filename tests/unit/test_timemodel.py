@@ -10,9 +10,9 @@ from fabric.timemodel import LinkClock, ReductionClock
 def test_a_link_serializes_transfers_after_it_is_free():
     link = LinkClock(bandwidth=2.0)  # bytes per ns
     assert link.transmit(10.0, 10.0, 100) == (10.0, 60.0)
-    assert link.transmit(0.0, 0.0, 20) == (60.0, 70.0)      # waits for the link
+    assert link.transmit(0.0, 0.0, 40) == (60.0, 80.0)      # does not fit before 10: waits for the link
     assert link.transmit(100.0, 100.0, 2) == (100.0, 101.0)  # an idle gap is not busy time
-    assert link.free_ns == 101.0 and link.busy_ns == 50.0 + 10.0 + 1.0
+    assert link.free_ns == 101.0 and link.busy_ns == 50.0 + 20.0 + 1.0
 
 
 def test_cut_through_never_ends_before_the_upstream_last_byte():
@@ -48,3 +48,21 @@ def test_config_timing_takes_the_profile_and_overrides():
 def test_the_comparison_presets(name, link, mode, sharp):
     config = preset(name)
     assert (config.link, config.mode, config.sharp, config.gpus) == (link, mode, sharp, 8)
+
+
+def test_a_transfer_fills_an_idle_gap_left_before_later_ones():
+    link = LinkClock(bandwidth=1.0)
+    assert link.transmit(100.0, 100.0, 10) == (100.0, 110.0)  # handed over first, ready later
+    assert link.transmit(0.0, 0.0, 10) == (0.0, 10.0)         # ready earlier: takes the idle gap
+    assert link.transmit(95.0, 95.0, 10) == (110.0, 120.0)    # does not fit before 100: goes after
+    assert link.transmit(0.0, 0.0, 80) == (10.0, 90.0)        # fills most of the gap
+    assert link.free_ns == 120.0 and link.busy_ns == 110.0
+
+
+def test_gap_filling_makes_non_competing_transfers_order_independent():
+    transfers = [(0.0, 0.0, 10), (50.0, 60.0, 5), (200.0, 200.0, 30), (20.0, 20.0, 10)]
+    outcomes = set()
+    for order in ([0, 1, 2, 3], [3, 2, 1, 0], [2, 0, 3, 1]):
+        link = LinkClock(bandwidth=1.0)
+        outcomes.add(tuple(sorted(link.transmit(*transfers[i]) for i in order)))
+    assert len(outcomes) == 1

@@ -1,0 +1,162 @@
+"""Multi-rank: misuse gets a typed error on every rank involved, and never corrupts later traffic."""
+
+import math
+
+import numpy as np
+import pytest
+
+from fabric.config import preset
+from fabric.errors import AccessViolation, CollectiveMismatch, ConfigError, FabricError, ProtocolError
+from ranks.session import run_fabric
+
+from mpi_helpers import gpus, run
+
+pytestmark = pytest.mark.mpi(min_size=4)
+
+
+def test_a_rejected_message_does_not_leave_its_bytes_for_the_next_one():
+    def main(gpu):
+        if gpu.rank == 0:
+            gpu.send_message(1, ("a",), np.full(4, 1.0, np.float32))
+            gpu.send_message(1, ("b",), np.full(4, 2.0, np.float32))
+        if gpu.rank == 1:
+            with pytest.raises(ProtocolError, match=r"message \('a',\) from GPU 0 has 16 bytes, the receive expects 8"):
+                gpu.receive_message(("a",), np.empty(2, np.float32), peer=0)
+            b = np.empty(4, np.float32)
+            gpu.receive_message(("b",), b, peer=0)
+            assert (b == 2.0).all()
+
+    run(main)
+
+
+def test_messages_are_matched_by_sender_and_key():
+    def main(gpu):
+        if gpu.rank in (0, 2):
+            gpu.send_message(1, ("x",), np.full(4, float(gpu.rank), np.float32))
+        if gpu.rank == 1:
+            from_2, from_0 = np.empty(4, np.float32), np.empty(4, np.float32)
+            gpu.receive_message(("x",), from_2, peer=2)
+            gpu.receive_message(("x",), from_0, peer=0)
+            assert (from_0 == 0.0).all() and (from_2 == 2.0).all()
+        with pytest.raises(FabricError, match="flat tuple"):
+            gpu.send_message(0, ("k", (1, 2)), np.zeros(1))
+        with pytest.raises(FabricError, match="not a GPU"):
+            gpu.send_message(gpu.size, ("k",), np.zeros(1))
+
+    run(main)
+
+
+def test_only_the_owner_revokes_and_exported_memory_cannot_be_freed():
+    def main(gpu):
+        block = gpu.alloc(1024, "uint8")
+        first = gpu.export(block[256:512])
+        second = gpu.export(block)
+        handles = gpu.world.allgather_object(second)
+        with pytest.raises(FabricError, match="still exported"):
+            gpu.free(block)
+        gpu.revoke(second)
+        with pytest.raises(FabricError, match="still exported"):
+            gpu.free(block)   # the slice's window is still live
+        gpu.revoke(first)
+        gpu.free(block)
+        other = handles[(gpu.rank + 1) % gpu.size]
+        with pytest.raises(AccessViolation, match="only its owner may revoke"):
+            gpu.revoke(other)
+        with pytest.raises(FabricError, match="revoke needs a Handle"):
+            gpu.revoke(None)
+        with pytest.raises(FabricError, match="offset must be a non-negative integer"):
+            gpu.put(other, np.zeros(4, np.uint8), offset=1.5)
+        with pytest.raises(FabricError, match="not a numpy dtype"):
+            gpu.alloc(4, "nope")
+
+    run(main)
+
+
+def test_different_control_operations_are_a_mismatch_on_every_member():
+    def main(gpu):
+        with pytest.raises(CollectiveMismatch, match="different operations: GPU 0: barrier; GPU 1: allreduce call check"):
+            if gpu.rank == 0:
+                gpu.world.barrier()
+            else:
+                gpu.world.allreduce(np.ones(4, np.float32), "sum", "ring")
+
+    run(main)
+
+
+def test_one_members_bad_buffer_is_reported_by_every_member():
+    def main(gpu):
+        n = gpu.size
+        send = np.ones(5 if gpu.rank == 1 else 4, np.float32)
+        with pytest.raises(CollectiveMismatch, match="GPU 1's allgather send has 5 elements"):
+            gpu.world.allgather(send, np.empty(4 * n, np.float32), "ring")
+        counts = [1] * n if gpu.rank != 2 else [-1] * n
+        with pytest.raises(CollectiveMismatch, match="GPU 2's all2allv send_counts"):
+            gpu.world.all2allv(np.zeros(n), counts, np.zeros(n), [1] * n)
+        with pytest.raises(FabricError, match="root 1.0"):
+            gpu.world.broadcast(np.zeros(4), root=1.0)
+        x = np.ones(4, np.float32)
+        gpu.world.allreduce(x, "sum", "ring")  # the communicator still works
+        assert (x == n).all()
+
+    run(main)
+
+
+def test_a_refused_put_surfaces_at_fence_not_inside_a_collective():
+    def main(gpu):
+        window = gpu.alloc(64, "uint8")
+        handle = gpu.world.allgather_object(gpu.export(window, to=[0]) if gpu.rank == 1 else None)[1]
+        if gpu.rank == 2:
+            gpu.put(handle, np.ones(64, np.uint8))
+        x = np.ones(1000, np.float32)
+        gpu.world.allreduce(x, "sum", "sharp")  # the refusal arrives meanwhile; the collective is not hit
+        assert (x == gpu.size).all()
+        if gpu.rank == 2:
+            with pytest.raises(AccessViolation, match="not in the allowed set"):
+                gpu.fence()
+        gpu.world.barrier()
+
+    run(main)
+
+
+def test_collectives_do_not_cross_partitions():
+    n = gpus()
+
+    def main(gpu):
+        with pytest.raises(AccessViolation, match="span partitions"):
+            gpu.world.allreduce(np.ones(4, np.float32))
+        part = gpu.world.split(gpu.config.partition_of(gpu.rank))
+        x = np.ones(4, np.float32)
+        part.allreduce(x)
+        assert (x == part.size).all()
+
+    run(main, partitions=[[0, 1], list(range(2, n))])
+
+
+def test_one_sided_modeled_time_does_not_depend_on_host_order():
+    import time
+
+    def main(gpu):
+        w = gpu.alloc(1 << 16, "uint8")
+        handles = gpu.world.allgather_object(gpu.export(w))
+        data = gpu.alloc(1 << 16, "uint8")
+        times = []
+        for delay_first in (False, True):  # the other GPU's put waits at GPU 1 first, or not
+            gpu.world.barrier()
+            start = gpu.now_ns
+            if gpu.rank == 1 and delay_first:
+                time.sleep(0.2)
+            if gpu.rank < 2:
+                gpu.put(handles[1 - gpu.rank], data)
+                gpu.fence()
+            gpu.world.barrier()
+            times.append(gpu.now_ns - start)
+        assert times[0] == times[1]
+
+    run(main)
+
+
+def test_a_deadline_must_be_finite():
+    config = preset("dgx-h100", gpus=gpus())
+    for bad in (math.nan, math.inf, 0.0):
+        with pytest.raises(ConfigError, match="finite number of seconds"):
+            run_fabric(config, lambda gpu: None, timeout_s=bad)
