@@ -35,7 +35,7 @@ class FabricConfig:
     header_bytes: int = 16
     tlb_entries: int = 4096
     switch_buffer_bytes: int = 64 * MiB
-    chunk_bytes: int = 1 * MiB
+    chunk_bytes: int = 4 * MiB
     alignment_bytes: int = 256
     partitions: tuple[tuple[int, ...], ...] = field(default=())
     # modeled time: None takes the link profile's figure; a number overrides it

@@ -111,15 +111,15 @@ class Communicator:
     def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, op: str = "sum", algorithm: str = "auto") -> None:
         """recv <- block `rank` of the reduction of every member's `send` (blocks as fabric.reduction.blocks)."""
         send, recv = self._flat(send, "reduce_scatter"), self._flat(recv, "reduce_scatter")
-        self._same_dtype(send, recv, "reduce_scatter")
-        problem = self._expect(recv.size, blocks(send.size, self.size)[self.rank], "reduce_scatter recv")
+        problem = (self._same_dtype(send, recv, "reduce_scatter")
+                   or self._expect(recv.size, blocks(send.size, self.size)[self.rank], "reduce_scatter recv"))
         self._collective("reduce_scatter", algorithm, op, send.dtype, send.size, None, (send, recv), problem=problem)
 
     def allgather(self, send: np.ndarray, recv: np.ndarray, algorithm: str = "auto") -> None:
         """recv <- every member's `send`, concatenated in rank order."""
         send, recv = self._flat(send, "allgather"), self._flat(recv, "allgather")
-        self._same_dtype(send, recv, "allgather")
-        problem = self._expect(send.size, blocks(recv.size, self.size)[self.rank], "allgather send")
+        problem = (self._same_dtype(send, recv, "allgather")
+                   or self._expect(send.size, blocks(recv.size, self.size)[self.rank], "allgather send"))
         self._collective("allgather", algorithm, "sum", send.dtype, recv.size, None, (send, recv), problem=problem)
 
     def broadcast(self, array: np.ndarray, root: int = 0, algorithm: str = "auto") -> None:
@@ -151,8 +151,7 @@ class Communicator:
         self._all2allv("all2allv", send, counts[0], recv, counts[1])
 
     def _all2allv(self, name, send, send_counts, recv, recv_counts) -> None:
-        self._same_dtype(send, recv, name)
-        problem = None
+        problem = self._same_dtype(send, recv, name)
         for what, counts, array in (("send", send_counts, send), ("recv", recv_counts, recv)):
             if len(counts) != self.size or min(counts, default=0) < 0 or sum(counts) > array.size:
                 problem = (f"{name} {what}_counts {counts} must be {self.size} non-negative counts summing to at "
@@ -228,9 +227,9 @@ class Communicator:
             return f"{what} has {got} elements; member {self.rank} of {self.size} needs {block[1] - block[0]}"
         return None
 
-    def _same_dtype(self, a: np.ndarray, b: np.ndarray, what: str) -> None:
-        if a.dtype != b.dtype:
-            raise FabricError(f"GPU {self.gpu.rank}: {what} send is {a.dtype}, recv is {b.dtype}")
+    def _same_dtype(self, a: np.ndarray, b: np.ndarray, what: str) -> str | None:
+        """What is wrong with the buffers' dtypes, if anything (reported to every member)."""
+        return f"{what} send is {a.dtype}, recv is {b.dtype}" if a.dtype != b.dtype else None
 
 
 class _LazyText:

@@ -92,6 +92,9 @@ def test_one_members_bad_buffer_is_reported_by_every_member():
         counts = [1] * n if gpu.rank != 2 else [-1] * n
         with pytest.raises(CollectiveMismatch, match="GPU 2's all2allv send_counts"):
             gpu.world.all2allv(np.zeros(n), counts, np.zeros(n), [1] * n)
+        recv = np.empty(4, np.float64 if gpu.rank == 0 else np.float32)
+        with pytest.raises(CollectiveMismatch, match="GPU 0's reduce_scatter send is float32, recv is float64"):
+            gpu.world.reduce_scatter(np.ones(4 * n, np.float32), recv)
         with pytest.raises(FabricError, match="root 1.0"):
             gpu.world.broadcast(np.zeros(4), root=1.0)
         x = np.ones(4, np.float32)
