@@ -76,7 +76,7 @@ class SwitchLogic:
                 if isinstance(exc, AccessViolation):
                     self.violations[ingress] += 1  # counted on the requester's port
                 self._event({"ev": "refused", "gpu": ingress, "kind": packet.kind.name, "error": type(exc).__name__,
-                             "message": str(exc)})
+                             "message": str(exc), "m": packet.t_end + self.timing.switch_latency_ns})
                 sends = [Send(ingress, self.nack(ingress, packet, exc), origin=-1)]
         else:
             sends = self._control(ingress, packet)
@@ -126,7 +126,7 @@ class SwitchLogic:
             # one packet in, a copy out of every member port, the sender's included
             out = self._through(packet)
             self._event({"ev": "mcast", "group": info["g"], "from": ingress, "bytes": packet.nbytes,
-                         "copies": len(group.members)})
+                         "copies": len(group.members), "m": out.t_start})
             return [self._deliver(port, info["key"], payload, out.t_start, out.t_end, None) for port in group.members]
         if packet.kind is Kind.LOAD_REDUCE:
             # NVLS: read the range from every member's bound buffer; the answers are REDUCE packets
@@ -181,7 +181,8 @@ class SwitchLogic:
                 if self.tracing:
                     hits, misses, faults = (now - was for now, was in zip((tlb.hits, tlb.misses, tlb.faults), before))
                     self._event({"ev": "tlb", "port": target, "by": ingress, "address": packet.address,
-                                 "bytes": packet.nbytes, "hits": hits, "misses": misses, "faults": faults})
+                                 "bytes": packet.nbytes, "hits": hits, "misses": misses, "faults": faults,
+                                 "m": packet.t_start})
         target, offset = decode_physical(packet.address, self.config.gpus)
         if offset + packet.nbytes > self.config.memory_capacity_bytes:
             raise AccessViolation(f"physical range {packet.address:#x}+{packet.nbytes} runs past the "

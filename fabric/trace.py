@@ -21,7 +21,7 @@ def trace_path(directory: str | Path, rank: int) -> Path:
 class TraceWriter:
     """Appends records to one rank's trace file; buffered, flushed at close (and every `flush_every`)."""
 
-    def __init__(self, directory: str | Path, rank: int, header: dict, flush_every: int = 4096):
+    def __init__(self, directory: str | Path, rank: int, header: dict, flush_every: int = 256):
         Path(directory).mkdir(parents=True, exist_ok=True)
         self.path = trace_path(directory, rank)
         self._file = open(self.path, "wb")
@@ -30,6 +30,7 @@ class TraceWriter:
         self._flush_every = flush_every
         self.enabled = True
         self.write({"ev": "header", "schema": SCHEMA_VERSION, "rank": rank, **header}, force=True)
+        self.flush()  # a rank killed early still leaves a file that says whose it is
 
     def write(self, record: dict, force: bool = False) -> None:
         if not (self.enabled or force):
@@ -92,9 +93,29 @@ def read_trace(path: str | Path) -> RankTrace:
     return RankTrace(path, header, events, end, truncated, problem)
 
 
-def read_directory(directory: str | Path) -> list[RankTrace]:
-    """Every rank's trace in `directory`, in rank order."""
+def read_directory(directory: str | Path) -> tuple[list[RankTrace], list[str]]:
+    """The traces of one run in `directory`, in rank order, and warnings about files left out (no
+    header, or from another run: another fabric or rank count). FileNotFoundError if none is usable."""
     paths = sorted(Path(directory).glob("rank-*.msgpack"))
     if not paths:
         raise FileNotFoundError(f"{directory}: no rank-*.msgpack trace files")
-    return [read_trace(p) for p in paths]
+    traces, warnings = [], []
+    for path in paths:
+        trace = read_trace(path)
+        if not trace.header:
+            warnings.append(f"{path.name}: left out: {trace.problem or 'no header'}")
+        else:
+            traces.append(trace)
+    if not traces:
+        raise FileNotFoundError(f"{directory}: no trace file with a header ({'; '.join(warnings)})")
+    first = traces[0].header
+    same = [t for t in traces if (t.header.get("config_hash"), t.header.get("gpus")) ==
+            (first.get("config_hash"), first.get("gpus"))]
+    for trace in traces:
+        if trace not in same:
+            warnings.append(f"{trace.path.name}: left out: from another run (config {trace.header.get('config_hash')}, "
+                            f"not {first.get('config_hash')})")
+    for trace in same:
+        if trace.truncated:
+            warnings.append(f"{trace.path.name}: truncated: {trace.problem}")
+    return same, warnings

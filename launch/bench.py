@@ -161,10 +161,13 @@ def run_size(gpu, comm, args, dtype: np.dtype, size: int) -> dict:
     gpu.free(send)
     gpu.free(recv)
     size_bytes = count * dtype.itemsize
-    algbw = size_bytes / modeled_ns  # bytes per ns = GB/s
+    # bytes per ns = GB/s; a lone GPU moves nothing and takes no modeled time: no bandwidth to speak of
+    algbw = size_bytes / modeled_ns if modeled_ns else None
     return {"size_bytes": size_bytes, "count": count, "dtype": args.dtype, "op": args.op,
-            "algorithm": algorithm, "modeled_us": round(modeled_ns / 1e3, 4), "algbw_gbps": round(algbw, 3),
-            "busbw_gbps": round(algbw * bus_factor(name, n), 3), "wall_us": round(wall * 1e6, 1),
+            "algorithm": algorithm, "modeled_us": round(modeled_ns / 1e3, 4),
+            "algbw_gbps": None if algbw is None else round(algbw, 3),
+            "busbw_gbps": None if algbw is None else round(algbw * bus_factor(name, n), 3),
+            "wall_us": round(wall * 1e6, 1),
             "native_wall_us": None if native is None else round(native * 1e6, 1),
             "tx_bytes_per_gpu": after["tx_bytes"] - before["tx_bytes"],
             "rx_bytes_per_gpu": after["rx_bytes"] - before["rx_bytes"], "wrong": total_wrong,
@@ -202,11 +205,15 @@ def _expected(name, algorithm, op, dtype, count, n, r) -> np.ndarray:
     return np.take(period, np.arange(lo, hi) % PERIOD)
 
 
+def _bw(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
 def _format(row: dict) -> str:
     native = row["native_wall_us"]
     ratio = f"{row['wall_us'] / native:.2f}" if native else "n/a"
     return (f"{row['size_bytes']:>12}{row['count']:>12}{row['dtype']:>10}{row['op']:>7}{row['algorithm']:>10}"
-            f"{row['modeled_us']:>12.3f}{row['algbw_gbps']:>9.2f}{row['busbw_gbps']:>9.2f}"
+            f"{row['modeled_us']:>12.3f}{_bw(row['algbw_gbps']):>9}{_bw(row['busbw_gbps']):>9}"
             f"{row['wall_us']:>12.1f}{native if native is not None else 'n/a':>12}{ratio:>11}"
             f"{row['tx_bytes_per_gpu']:>12}{row['rx_bytes_per_gpu']:>12}{row['wrong']:>8}"
             + (f"\n# tracing costs {100 * (row['traced_wall_us'] / row['untraced_wall_us'] - 1):+.1f}% wall time here "

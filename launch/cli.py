@@ -71,8 +71,8 @@ def cmd_demo(args, script_args) -> int:
     classic = resolve("dgx-a100", None, args.gpus)
     demo = str(EXAMPLES / "demo.py")
     if args.trace_dir:  # one trace directory per part
-        args = argparse.Namespace(**{**vars(args), "trace_dir": str(Path(args.trace_dir) / network.name)})
-        classic_args.trace_dir = str(Path(classic_args.trace_dir) / classic.name)
+        args = argparse.Namespace(**{**vars(args), "trace_dir": str(Path(args.trace_dir) / f"part1-{network.name}")})
+        classic_args.trace_dir = str(Path(classic_args.trace_dir) / f"part2-{classic.name}")
     print(f"=== part 1: NVLink Network ({network.name}) ===", flush=True)
     status = launch_script(demo, args, script_args, network.world_size)
     if status:
@@ -132,7 +132,7 @@ def print_comparison(collective: str, presets: list[str], rows: dict, as_json: b
     if as_json:
         for name in presets:
             for row, ref in zip(rows[name], rows[first]):
-                print(json.dumps({"preset": name, **row, "time_vs_first": round(row["modeled_us"] / ref["modeled_us"], 4)}))
+                print(json.dumps({"preset": name, **row, "time_vs_first": _ratio(row["modeled_us"], ref["modeled_us"])}))
         return
     print(f"# {collective}: modeled time (us) and busbw (GB/s) per preset; x{first} = modeled time / {first}'s")
     head = f"{'size':>12}" + "".join(f"{name + ' alg':>16}{'us':>11}{'busbw':>9}{'x' + first:>{max(10, len(first) + 2)}}"
@@ -144,17 +144,25 @@ def print_comparison(collective: str, presets: list[str], rows: dict, as_json: b
         for name in presets:
             row = rows[name][i]
             wrong += row["wrong"]
-            line += (f"{row['algorithm']:>16}{row['modeled_us']:>11.3f}{row['busbw_gbps']:>9.2f}"
-                     f"{row['modeled_us'] / ref['modeled_us']:>{max(10, len(first) + 2)}.2f}")
+            ratio = _ratio(row["modeled_us"], ref["modeled_us"])
+            line += (f"{row['algorithm']:>16}{row['modeled_us']:>11.3f}{_number(row['busbw_gbps']):>9}"
+                     f"{_number(ratio):>{max(10, len(first) + 2)}}")
         print(line + f"{wrong:>8}")
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return round(a / b, 4) if b else None
+
+
+def _number(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
 
 
 def cmd_trace(args, script_args) -> int:
     """Merge a run's per-rank traces into one Chrome Trace Event JSON file."""
-    traces = read_directory(args.trace_dir)
-    for trace in traces:
-        if trace.truncated:
-            print(f"warning: {trace.path.name}: truncated: {trace.problem}", file=sys.stderr)
+    traces, warnings = read_directory(args.trace_dir)
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     merged = merge(traces, args.time)
     with open(args.output, "w") as out:
         json.dump(merged, out)
@@ -165,8 +173,11 @@ def cmd_trace(args, script_args) -> int:
 
 def cmd_report(args, script_args) -> int:
     """Per-link table, per-collective summary and figures of a traced run."""
-    text, figures = trace_report(read_directory(args.trace_dir), args.output or args.trace_dir)
+    traces, warnings = read_directory(args.trace_dir)
+    text, figures = trace_report(traces, args.output or args.trace_dir)
     print(text)
+    for warning in warnings:
+        print(f"warning: {warning}")
     for path in figures:
         print(f"wrote {path}")
     return 0

@@ -20,11 +20,22 @@ def trace_report(traces, out_dir) -> tuple[str, list]:
 
     from .traces import bytes_by_algorithm, collectives, link_totals, traffic_matrix
 
-    header = next(t.header for t in traces if t.header)
+    header = traces[0].header
     elapsed = max((t.end or {}).get("m", 0.0) for t in traces)
+    totals = link_totals(traces)
     lines = [f"# traced run of {header['fabric']} ({header['mode']} mode, {header['gpus']} GPUs, {header['link']}), "
              f"config {header['config_hash']}",
-             format_table(link_totals(traces), header["gpus"], elapsed_ns=elapsed), "",
+             format_table(totals, header["gpus"], elapsed_ns=elapsed)]
+    counted = {}
+    for trace in traces:  # what each GPU end counted, from its end record
+        if trace.header["role"] == "gpu" and trace.end:
+            counted.update(trace.end["counters"])
+    fields = ("payload_bytes", "raw_bytes", "packets")
+    if any({f: totals.get(link, {}).get(f, 0) for f in fields} != {f: c[f] for f in fields}
+           for link, c in counted.items()):
+        lines.append("warning: tracing was off for part of the run (bench turns it off to measure its cost): the "
+                     "table sums the traced packets only; the run's own counters are in the end records")
+    lines += ["",
              "# collectives (modeled time: slowest member's end - earliest member's begin, summed over calls)",
              f"{'collective':<16}{'algorithm':>10}{'calls':>7}{'bytes':>14}{'modeled us':>13}{'algbw GB/s':>12}"]
     for row in collectives(traces):

@@ -93,7 +93,13 @@ def merge(traces: list[RankTrace], time_base: str = "modeled") -> dict:
                 span(rank, "collectives", f"{event['name']} ({event['algorithm']})", start, end,
                      {k: event[k] for k in ("comm", "seq", "count", "dtype", "op", "algorithm")})
             elif ev in ("reduce", "mcast", "tlb", "refused", "error"):
-                ts = event.get("m_start", 0.0) * US if modeled and "m_start" in event else wall(rank, event["wall"])
+                if modeled:
+                    m = event.get("m_start", event.get("m"))
+                    if m is None:
+                        continue  # no modeled time to place it at
+                    ts = m * US
+                else:
+                    ts = wall(rank, event["wall"])
                 out.append({"ph": "i", "s": "t", "name": ev, "pid": rank, "tid": track(rank, "switch decisions"
                             if trace.header["role"] == "switch" else "events"), "ts": ts,
                             "args": {k: v for k, v in event.items() if k not in ("ev", "wall")}})
@@ -115,8 +121,9 @@ def merge(traces: list[RankTrace], time_base: str = "modeled") -> dict:
             real_tid = lane_tids[key]
             out.append({"ph": "X", "name": label, "pid": pid, "tid": real_tid, "ts": start, "dur": end - start,
                         "args": args})
-            placed[index] = (real_tid, start)
+            placed[index] = (real_tid, (start + end) / 2)
     for fid, (pid_a, a), (pid_b, b) in flows:
+        # flow ends sit mid-slice, so they bind to their own slice, never to a neighbour touching it
         (tid_a, ts_a), (tid_b, ts_b) = placed[a], placed[b]
         out.append({"ph": "s", "id": fid, "name": "packet", "cat": "packet", "pid": pid_a, "tid": tid_a, "ts": ts_a})
         out.append({"ph": "f", "bp": "e", "id": fid, "name": "packet", "cat": "packet", "pid": pid_b, "tid": tid_b,
@@ -126,8 +133,13 @@ def merge(traces: list[RankTrace], time_base: str = "modeled") -> dict:
         out.append({"ph": "M", "name": "process_name", "pid": rank,
                     "args": {"name": f"GPU {rank}" if role == "gpu" else f"switch (rank {rank})"}})
         out.append({"ph": "M", "name": "process_sort_index", "pid": rank, "args": {"sort_index": rank}})
+    named = set()
     for (pid, name, _), tid in lane_tids.items():
         out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
+        named.add((pid, tid))
+    for (pid, name), tid in tracks.items():
+        if (pid, tid) not in named:  # tracks with instant events only
+            out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
     return {"traceEvents": out, "displayTimeUnit": "ns",
             "otherData": {"time_base": time_base, "fabric": next(iter(ranks.values())).header["fabric"]}}
 

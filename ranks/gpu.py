@@ -380,7 +380,11 @@ class Gpu:
         elif kind is Kind.LOAD:
             self._loads[(tuple(packet.info["src"]), tuple(packet.info["slot"]))] = (packet, seq)
         elif kind is Kind.NACK:
-            self._consume(packet, seq)
+            arrived = self._consume(packet, seq)
+            if packet.req in self._puts:  # the refusal is what the put's fence waits for
+                self._acked_ns = max(self._acked_ns, arrived)
+            elif packet.req in self._gets:
+                self._got_ns[packet.req] = arrived
             self._nack(packet)
         elif kind is Kind.REPLY:
             self._replies[packet.req] = packet

@@ -6,6 +6,7 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
+from pathlib import Path
 
 from fabric.addressing import assign_network_addresses
 from fabric.config import FabricConfig
@@ -35,6 +36,10 @@ def open_trace(trace_dir: str, transport: Transport, config: FabricConfig, role:
     transport.barrier()
     synced = time.time()
     rank = transport.rank
+    if rank == 0:  # files of ranks this run does not have are another run's: they would be merged with ours
+        for stale in Path(trace_dir).glob("rank-*.msgpack"):
+            if stale.stem[5:].isdigit() and int(stale.stem[5:]) >= transport.size:
+                stale.unlink()
     return TraceWriter(trace_dir, rank, {
         "role": role, "gpu": rank if role == "gpu" else None, "fabric": config.name, "mode": config.mode,
         "link": config.link, "gpus": config.gpus, "config_hash": config.digest(), "clock_offset_s": synced,
@@ -89,8 +94,9 @@ def run_fabric(config: FabricConfig, main, timeout_s: float = DEFAULT_TIMEOUT_S,
         return RunResult(role, transport.rank, value, report)
     except BaseException as exc:
         if trace is not None:  # the error is part of the record; no end record: the rank did not close cleanly
-            trace.write({"ev": "error", "error": type(exc).__name__, "message": str(exc), "wall": time.time()},
-                        force=True)
+            now = getattr(locals().get("gpu"), "now_ns", None)
+            trace.write({"ev": "error", "error": type(exc).__name__, "message": str(exc), "wall": time.time(),
+                         **({"m": now} if now is not None else {})}, force=True)
             trace.flush()
         if not abort_on_error:
             raise

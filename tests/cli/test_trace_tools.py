@@ -75,6 +75,12 @@ def test_merged_trace_is_chrome_json_with_paired_flows_and_no_overlaps(traced, t
     assert collectives == ["allreduce (ring)", "allreduce (direct)", "allreduce (sharp)", "allreduce (nvls)",
                            "all2all (direct)"] or time_base == "wall"
     assert any(e["ph"] == "C" for e in events) and any(e["ph"] == "i" and e["name"] == "reduce" for e in events)
+    named = {(e["pid"], e["tid"]) for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert {(e["pid"], e["tid"]) for e in events if e["ph"] in ("X", "i")} <= named  # every track has a name
+    if time_base == "modeled":  # instants are on the same (modeled) time axis as the spans
+        last = max(e["ts"] + e["dur"] for e in events if e["ph"] == "X")
+        assert all(0 <= e["ts"] <= last for e in events if e["ph"] == "i")
+        assert {"tlb", "refused", "mcast"} <= {e["name"] for e in events if e["ph"] == "i"}
 
 
 def test_report_totals_equal_the_counters_the_run_printed(traced, tmp_path):
@@ -109,3 +115,9 @@ def test_a_failed_rank_leaves_an_error_record_and_no_end(tmp_path):
     trace = read_trace(tmp_path / "trace" / "rank-00001.msgpack")
     assert trace.truncated and trace.end is None
     assert trace.events[-1]["ev"] == "error" and trace.events[-1]["message"] == "boom"
+    # the tools still read what is there, and say what is missing
+    for tool in (["trace", str(tmp_path / "trace"), "-o", str(tmp_path / "t.json")],
+                 ["report", str(tmp_path / "trace"), "-o", str(tmp_path)]):
+        done, _ = run([command("nvlink-emu"), *tool])
+        assert done.returncode == 0, done.stderr
+        assert "rank-00001.msgpack: truncated" in done.stdout + done.stderr

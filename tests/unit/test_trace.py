@@ -63,6 +63,31 @@ def test_a_disabled_writer_keeps_header_and_end_only(tmp_path):
 def test_read_directory_orders_ranks_and_needs_files(tmp_path):
     for rank in (2, 0, 1):
         write_run(tmp_path, [], rank=rank)
-    assert [t.header["rank"] for t in read_directory(tmp_path)] == [0, 1, 2]
+    traces, warnings = read_directory(tmp_path)
+    assert [t.header["rank"] for t in traces] == [0, 1, 2] and warnings == []
     with pytest.raises(FileNotFoundError, match="no rank"):
         read_directory(tmp_path / "empty")
+
+
+def test_read_directory_leaves_out_headerless_files_and_other_runs(tmp_path):
+    for rank in (0, 1):
+        writer = TraceWriter(tmp_path, rank, {"role": "gpu", "config_hash": "aaa", "gpus": 2})
+        writer.close({"m": 1.0})
+    (tmp_path / "rank-00002.msgpack").write_bytes(b"")              # a rank killed before its header
+    other = TraceWriter(tmp_path, 3, {"role": "gpu", "config_hash": "bbb", "gpus": 3})
+    other.close({"m": 1.0})                                         # left over from another run
+    traces, warnings = read_directory(tmp_path)
+    assert [t.header["rank"] for t in traces] == [0, 1]
+    assert any("rank-00002.msgpack: left out" in w for w in warnings)
+    assert any("rank-00003.msgpack: left out: from another run" in w for w in warnings)
+    (tmp_path / "rank-00000.msgpack").write_bytes(b"")
+    (tmp_path / "rank-00001.msgpack").write_bytes(b"")
+    (tmp_path / "rank-00003.msgpack").write_bytes(b"\xc1")
+    with pytest.raises(FileNotFoundError, match="no trace file with a header"):
+        read_directory(tmp_path)
+
+
+def test_the_header_is_on_disk_before_any_event(tmp_path):
+    writer = TraceWriter(tmp_path, 5, {"role": "switch"})
+    writer.write({"ev": "tx"})
+    assert read_trace(trace_path(tmp_path, 5)).header["rank"] == 5  # not closed yet, header already written
