@@ -182,3 +182,25 @@ def test_compute_time_delays_whoever_depends_on_it():
     if result.role == "gpu":
         assert result.value > 50_000.0  # a ring waits for every member's data
     assert result.report["elapsed_ns"] > 50_000.0
+
+
+def test_a_refused_puts_fence_waits_for_the_refusal_to_come_back():
+    def main(gpu):
+        window = gpu.alloc(1 << 20, "uint8")
+        handle = gpu.world.allgather_object(gpu.export(window, to=[0]))[1]
+        gpu.world.barrier()
+        start = gpu.now_ns
+        if gpu.rank == 2:
+            gpu.put(handle, np.ones(1 << 20, np.uint8))
+            with pytest.raises(Exception, match="not in the allowed set"):
+                gpu.fence()
+            return gpu.now_ns - start
+
+    result = run(main)
+    if result.role == "gpu" and result.rank == 2:
+        config = preset("dgx-h100", gpus=gpus())
+        t = config.timing
+        B, a, s = t.bandwidth_gbytes_per_s, t.link_latency_ns, t.switch_latency_ns
+        # the data goes up, the switch refuses it, a header-only NACK comes back
+        want = raw_of(1 << 20, config) / B + a + s + config.header_bytes / B + a
+        assert math.isclose(result.value, want, rel_tol=1e-9)
