@@ -8,7 +8,7 @@ import pytest
 from cli_helpers import ROOT, command, run
 
 
-@pytest.mark.parametrize("world_size", [4, 6])  # 3 and 5 GPUs, plus the switch rank
+@pytest.mark.parametrize("world_size", [4, 6, 9])  # 3, 5 and 8 GPUs (a DGX), plus the switch rank
 def test_multi_rank_tier_passes_with_nothing_skipped(world_size):
     done, _ = run([command("mpiexec"), "-n", str(world_size), sys.executable, "-m", "pytest", "--with-mpi",
                    "-q", "-p", "no:cacheprovider", str(ROOT / "tests" / "mpi")], timeout_s=600)
