@@ -36,6 +36,7 @@ def test_put_adds_exact_bytes_to_both_links():
         window = gpu.alloc(sum(SIZES), "uint8")
         handle = gpu.world.allgather_object(gpu.export(window) if gpu.rank == owner else None)[owner]
         before = gpu.link_counters()
+        gpu.world.barrier()  # every GPU has its "before" before the first byte moves
         offset = 0
         if gpu.rank == writer:
             rng = np.random.default_rng(7)
