@@ -316,7 +316,7 @@ class Gpu:
             if time.monotonic() > deadline:
                 raise FabricTimeout(f"GPU {self.rank}: {op} timed out after {timeout_s:g} s waiting for "
                                     f"{waiting_for}")
-            idle()
+            idle(sending=not self._transport.idle)
 
     def _progress(self) -> bool:
         moved = self._transport.progress() | self._control.progress()

@@ -43,15 +43,22 @@ class Idle:
     """Back-off for polling loops: yield the core first, then sleep, longer the longer nothing comes,
     up to max_sleep_s (ranks may share few cores: a spinning rank would starve the one it waits for)."""
 
-    def __init__(self, yields: int = 8, max_sleep_s: float = 5e-3):
+    def __init__(self, yields: int = 8, max_sleep_s: float = 5e-3, sending_nap_s: float = 1e-3):
         self.spins = 0
         self.yields = yields
         self.max_sleep_s = max_sleep_s
+        self.sending_nap_s = sending_nap_s
 
     def reset(self) -> None:
         self.spins = 0
 
-    def __call__(self) -> None:
+    def __call__(self, sending: bool = False) -> None:
+        """Wait a little. `sending`: a large message of ours is in flight; the receiver copies it while
+        we sleep, so nap a fixed while rather than spin (measured: All2All 16 MiB on 8 GPUs ran
+        2.6-4.1x native MPI with this, 5.4-5.5x without)."""
+        if sending:
+            time.sleep(self.sending_nap_s)
+            return
         self.spins += 1
         if self.spins < self.yields:
             os.sched_yield()
