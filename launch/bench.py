@@ -143,11 +143,14 @@ def run_size(gpu, comm, args, dtype: np.dtype, size: int) -> dict:
     wall = sum(_synchronised(comm, once) for _ in range(iters)) / iters
     tracing = {}
     if gpu.trace is not None:
-        # the cost of tracing, measured in this run: the same calls with trace records off, then on
-        for on in (False, True):
-            gpu.set_tracing(on)
-            comm.barrier()
-            tracing[on] = sum(_synchronised(comm, once) for _ in range(iters)) / iters
+        # the cost of tracing, measured in this run: the same calls with trace records off and on,
+        # alternating, so that drift over the run (it is there: the later of two blocks of calls
+        # tends to be slower) weighs on both alike
+        tracing = {False: 0.0, True: 0.0}
+        for _ in range(iters):
+            for on in (False, True):
+                gpu.set_tracing(on)
+                tracing[on] += _synchronised(comm, once) / iters
     native = None
     if args.dtype in NATIVE_DTYPES:
         native_recv = np.empty(recv.size if name != "broadcast" else count, dtype)
