@@ -55,7 +55,7 @@ class Idle:
     def __call__(self, sending: bool = False) -> None:
         """Wait a little. `sending`: a large message of ours is in flight; the receiver copies it while
         we sleep, so nap a fixed while rather than spin (measured: All2All 16 MiB on 8 GPUs ran
-        3.5-4.6x native MPI with this, 4.4-5.5x without; short naps keep latency and noise low)."""
+        3.3-4.5x native MPI with this, 4.4-5.5x without; short naps keep latency and noise low)."""
         if sending:
             time.sleep(self.sending_nap_s)
             return
