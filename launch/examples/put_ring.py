@@ -3,9 +3,6 @@
     nvlink-emu run launch/examples/put_ring.py --gpus 4
 """
 
-import numpy as np
-
-
 def main(gpu):
     window = gpu.alloc(1 << 20, "uint8")
     handles = gpu.world.allgather_object(gpu.export(window))    # out-of-band handle exchange

@@ -10,7 +10,7 @@ import numpy as np
 
 from fabric.errors import UnsupportedOperation
 from fabric.packets import Kind
-from fabric.reduction import dtype_name
+from fabric.reduction import blocks, dtype_name
 
 from . import direct, nvls, ring, sharp
 
@@ -99,6 +99,13 @@ class Call:
         """Receive a delivery of the switch (an in-switch result or a multicast copy) into `out`."""
         self.post(parts, out)
         self.wait(parts, source, out)
+
+    def own_block_in_place(self, send: np.ndarray, recv: np.ndarray) -> list[tuple[int, int]]:
+        """Allgather's first step: this member's block of `recv` <- `send`; returns every block's range."""
+        parts = blocks(recv.size, self.n)
+        a, b = parts[self.r]
+        recv[a:b] = send
+        return parts
 
     def flush(self) -> None:
         """Wait until every send of this call left (its buffer may be written again); modeled time

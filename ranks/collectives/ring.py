@@ -64,10 +64,7 @@ def reduce_scatter(call, send: np.ndarray, recv: np.ndarray) -> None:
 
 
 def allgather(call, send: np.ndarray, recv: np.ndarray) -> None:
-    parts = blocks(recv.size, call.n)
-    a, b = parts[call.r]
-    recv[a:b] = send
-    _allgather_inplace(call, recv, parts)
+    _allgather_inplace(call, recv, call.own_block_in_place(send, recv))
 
 
 def broadcast(call, array: np.ndarray, root: int) -> None:
