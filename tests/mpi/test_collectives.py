@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from fabric.errors import CollectiveMismatch, FabricTimeout, ResourceExhausted, UnsupportedOperation
-from fabric.packets import raw_bytes, segments
+from fabric.packets import raw_bytes
 from fabric.reduction import blocks
 
 from mpi_helpers import gpus, run
@@ -212,8 +212,6 @@ def test_all2allv_moves_uneven_blocks_exactly():
 
 
 def test_results_are_identical_run_after_run():
-    n = gpus()
-
     def main(gpu):
         outputs = []
         for algorithm in ALGORITHMS:
