@@ -8,7 +8,7 @@ from pathlib import Path
 from fabric.config import DEFAULT_PRESET, PRESETS, resolve
 from fabric.errors import ConfigError
 from ranks.session import DEFAULT_TIMEOUT_S, run_fabric
-from ranks.transport import world_rank, world_size
+from ranks.transport import world_rank
 
 from .report import run_summary
 
@@ -64,6 +64,3 @@ def main(argv: list[str] | None = None) -> int:
     if result.role == "switch":
         print(run_summary(result.report), flush=True)
     return 0
-
-
-__all__ = ["main", "fabric_arguments", "split_script_args", "world_size"]

@@ -1,6 +1,7 @@
 """Trace tools: merge per-rank trace files into Chrome Trace Event JSON (Perfetto, chrome://tracing),
 and sum them into the numbers `nvlink-emu report` prints and draws."""
 
+import itertools
 from collections import defaultdict
 
 from fabric.counters import FIELDS
@@ -43,9 +44,11 @@ def merge(traces: list[RankTrace], time_base: str = "modeled") -> dict:
             tracks[(pid, name)] = len([1 for p, _ in tracks if p == pid]) + 1
         return tracks[(pid, name)]
 
+    span_ids = itertools.count()
+
     def span(pid: int, name: str, label: str, start: float, end: float, args: dict) -> tuple[int, int]:
         tid = track(pid, name)
-        index = sum(len(v) for v in spans.values())
+        index = next(span_ids)
         spans[(pid, tid)].append((start, max(end, start), label, args, name, index))
         return pid, index
 
