@@ -7,12 +7,13 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from fabric.config import resolve
 from fabric.errors import ConfigError, UnsupportedOperation
-
 from fabric.trace import read_directory
+from ranks.session import FAILURE_DIR_ENV
 
 from .bench import bench_arguments
 from .bench import check as check_bench
@@ -53,10 +54,12 @@ def launch_script(script: str, args: argparse.Namespace, script_args: list[str],
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    if capture:
-        done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
-        return done.returncode, done.stdout
-    return subprocess.run(cmd, env=env).returncode
+    with tempfile.TemporaryDirectory(prefix="nvlink-emu-failures-") as failures:
+        env[FAILURE_DIR_ENV] = failures  # failing ranks leave their tracebacks here (ranks.session)
+        done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE if capture else None, text=True)
+        for report in sorted(Path(failures).glob("rank-*.txt")):
+            sys.stderr.write(report.read_text())
+    return (done.returncode, done.stdout) if capture else done.returncode
 
 
 def cmd_run(args, script_args) -> int:

@@ -2,6 +2,7 @@
 
 import dataclasses
 import math
+import os
 import sys
 import time
 import traceback
@@ -101,9 +102,28 @@ def run_fabric(config: FabricConfig, main, timeout_s: float = DEFAULT_TIMEOUT_S,
         if not abort_on_error:
             raise
         name = f"{role} {transport.rank}" if role == "gpu" else f"switch (rank {transport.rank})"
-        text = traceback.format_exc()
-        prefix = f"[nvlink-emu {name}] "
-        sys.stderr.write(f"{prefix}failed; ending the job\n" + "".join(prefix + line + "\n"
-                                                                      for line in text.rstrip().split("\n")))
+        report_failure(transport.rank, name, traceback.format_exc())
         abort_job(1)
         raise
+
+
+FAILURE_DIR_ENV = "NVLINK_EMU_FAILURE_DIR"
+
+
+def report_failure(rank: int, name: str, text: str) -> None:
+    """Print a failing rank's traceback, each line labelled with the rank.
+
+    With $NVLINK_EMU_FAILURE_DIR set (`nvlink-emu run` sets it), the report goes to a file there,
+    which the launcher prints once the job has ended: a rank's stderr still in the MPI launcher's
+    pipe when MPI_Abort kills the job can be lost, a file cannot."""
+    prefix = f"[nvlink-emu {name}] "
+    report = f"{prefix}failed; ending the job\n" + "".join(prefix + line + "\n" for line in text.rstrip().split("\n"))
+    directory = os.environ.get(FAILURE_DIR_ENV)
+    if directory:
+        try:
+            with open(Path(directory) / f"rank-{rank:05d}.txt", "w") as out:
+                out.write(report)
+            return
+        except OSError:
+            pass  # an unwritable directory must not hide the report: fall back to stderr
+    sys.stderr.write(report)

@@ -21,6 +21,7 @@ from fabric.packets import Packet
 TAG_HEADER = 11
 TAG_PAYLOAD = 12
 TAG_CONTROL = 13
+ABORT_GRACE_S = 0.5  # s, between a failing rank's report and MPI_Abort
 
 
 def world_rank() -> int:
@@ -35,6 +36,9 @@ def abort_job(code: int = 1) -> None:
     """End every rank of the job now (after the caller printed its report)."""
     sys.stdout.flush()
     sys.stderr.flush()
+    # MPI_Abort makes the launcher kill every rank; what this rank just wrote may still sit in the pipe
+    # to the launcher (MPICH's hydra loses it then), so give the launcher time to forward it first.
+    time.sleep(ABORT_GRACE_S)
     MPI.COMM_WORLD.Abort(code)
     os._exit(code)  # MPI_Abort may return before the launcher kills us; never run on
 
