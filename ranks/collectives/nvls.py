@@ -12,7 +12,7 @@ Combine order: members 0, 1, ..., N-1, in the switch's accumulator, as in `sharp
 
 Schedule, in rounds c = 0, 1, ...: answer the switch's loads of chunk c of every member's block
 (member order), then take back my reduced chunk c - 1, multicast it, and take in every member's
-multicast of chunk c - 1. All load-reduce requests are booked on the uplink at the start (modeled as
+multicast of chunk c - 2 (a round behind, so that waiting for them never delays my next multicast). All load-reduce requests are booked on the uplink at the start (modeled as
 issued at once); the emulator sends them as credits allow, which bounds the switch's memory.
 """
 
@@ -51,7 +51,7 @@ def _run(call, source: np.ndarray, reduced: np.ndarray, out: np.ndarray | None) 
         call.post((LR, c), reduced[lo - base:hi - base])
 
     def take_back(c):
-        # my reduced chunk c is back: multicast it, let one more request go, take in every member's chunk c
+        # my reduced chunk c is back: multicast it, let one more request go
         if c < len(own):
             lo, hi = own[c]
             call.wait((LR, c), "the switch's load-reduce", reduced[lo - base:hi - base])
@@ -59,14 +59,16 @@ def _run(call, source: np.ndarray, reduced: np.ndarray, out: np.ndarray | None) 
                 call.multicast((MC, r, c), reduced[lo - base:hi - base])
             if c + window < len(own):
                 request(c + window)
-        if out is not None:
-            for p, span in enumerate(spans):
-                if c < len(span):
-                    lo, hi = span[c]
-                    if p == r:
-                        call.recv_switch((MC, r, c), scratch[:hi - lo], "my own multicast copy")
-                    else:
-                        call.wait((MC, p, c), f"GPU {call.peer(p)}'s multicast", out[lo:hi])
+
+    def gather(c):
+        # take in every member's multicast of chunk c
+        for p, span in enumerate(spans):
+            if out is not None and 0 <= c < len(span):
+                lo, hi = span[c]
+                if p == r:
+                    call.recv_switch((MC, r, c), scratch[:hi - lo], "my own multicast copy")
+                else:
+                    call.wait((MC, p, c), f"GPU {call.peer(p)}'s multicast", out[lo:hi])
 
     for c in range(min(window, len(own))):
         request(c)
@@ -77,7 +79,10 @@ def _run(call, source: np.ndarray, reduced: np.ndarray, out: np.ndarray | None) 
                 call.serve_load(SOURCE, (j, c), j)
         if c:
             take_back(c - 1)
+            gather(c - 2)  # a round behind: waiting for them must not hold back my next multicast
     take_back(rounds - 1)
+    gather(rounds - 2)
+    gather(rounds - 1)
     call.flush()
     gpu.unbind_buffer(call.key(*SOURCE))
 
