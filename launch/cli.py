@@ -56,9 +56,11 @@ def launch_script(script: str, args: argparse.Namespace, script_args: list[str],
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     with tempfile.TemporaryDirectory(prefix="nvlink-emu-failures-") as failures:
         env[FAILURE_DIR_ENV] = failures  # failing ranks leave their tracebacks here (ranks.session)
-        done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE if capture else None, text=True)
-        for report in sorted(Path(failures).glob("rank-*.txt")):
-            sys.stderr.write(report.read_text())
+        try:
+            done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE if capture else None, text=True)
+        finally:  # even when interrupted: a rank's traceback is the one thing worth keeping
+            for report in sorted(Path(failures).glob("rank-*.txt")):
+                sys.stderr.write(report.read_text())
     return (done.returncode, done.stdout) if capture else done.returncode
 
 
