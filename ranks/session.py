@@ -32,9 +32,10 @@ class RunResult:
     report: dict
 
 
-def open_trace(trace_dir: str, transport: Transport, config: FabricConfig, role: str, addresses) -> TraceWriter:
+def open_trace(trace_dir: str, transport: Transport, config: FabricConfig, role: str, addresses,
+               timeout_s: float) -> TraceWriter:
     """This rank's trace file, its header's clock offset taken right after a barrier of every rank."""
-    transport.barrier()
+    transport.barrier(timeout_s)
     synced = time.time()
     rank = transport.rank
     if rank == 0:  # files of ranks this run does not have are another run's: they would be merged with ours
@@ -78,7 +79,7 @@ def run_fabric(config: FabricConfig, main, timeout_s: float = DEFAULT_TIMEOUT_S,
         control = split_gpus(transport, role == "gpu")
         addresses = assign_network_addresses(config.gpus) if config.mode == "network" else ()
         if trace_dir is not None:
-            trace = open_trace(trace_dir, transport, config, role, addresses)
+            trace = open_trace(trace_dir, transport, config, role, addresses, timeout_s)
         if role == "gpu":
             gpu = Gpu(config, transport, control, config.gpus, addresses, timeout_s, trace)
             value = main(gpu)

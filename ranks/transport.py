@@ -143,9 +143,17 @@ class Transport:
                                     f"before the deadline")
             idle()
 
-    def barrier(self) -> None:
-        """Every rank of the fabric meets here (at setup only, before any traffic)."""
-        self.comm.Barrier()
+    def barrier(self, timeout_s: float) -> None:
+        """Every rank of the fabric meets here (at setup only, before any traffic); FabricTimeout if
+        some rank has not come within timeout_s."""
+        request = self.comm.Ibarrier()
+        deadline = time.monotonic() + timeout_s
+        idle = Idle()
+        while not request.Test():
+            if time.monotonic() > deadline:
+                raise FabricTimeout(f"rank {self.rank}: setup barrier of the fabric's {self.size} ranks timed "
+                                    f"out after {timeout_s:g} s (a rank never reached it)")
+            idle()
 
     def close(self) -> None:
         self.comm.Free()
