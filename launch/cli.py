@@ -111,7 +111,12 @@ def cmd_bench(args, script_args) -> int:
     if not args.compare:
         config = resolve(args.preset, args.config, args.gpus)
         check_bench(args, config)
-        return launch_script(script, args, bench_args + (["--json"] if args.json else []), config.world_size)
+        if not args.json:
+            return launch_script(script, args, bench_args, config.world_size)
+        status, out = launch_script(script, args, bench_args + ["--json"], config.world_size, capture=True)
+        for line in out.splitlines():  # stdout stays pure JSON lines; the run's link table goes to stderr
+            print(line, file=sys.stdout if line.startswith("{") else sys.stderr)
+        return status
     presets = [name.strip() for name in args.compare.split(",") if name.strip()]
     if len(presets) < 2 or args.preset or args.config:
         raise ConfigError("--compare takes two or more presets, P1,P2,..., instead of --preset/--config")

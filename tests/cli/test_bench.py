@@ -32,8 +32,9 @@ def test_bench_rows_are_right_and_exact(collective, algorithm):
     done, _ = run([command("nvlink-emu"), "bench", collective, "--algorithm", algorithm, "--gpus", str(N),
                    "--min-bytes", "3K", "--max-bytes", "48K", "--factor", "16", "--iters", "2", "--json"])
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    rows = [json.loads(line) for line in done.stdout.splitlines()]  # stdout: JSON lines only
     assert [r["size_bytes"] for r in rows] == [3072, 49152]
+    assert "# per-link counters" in done.stderr
     for row in rows:
         assert set(row) == {"size_bytes", "count", "dtype", "op", "algorithm", "wall_us", "native_wall_us",
                             "tx_bytes_per_gpu", "rx_bytes_per_gpu", "wrong", "modeled_us", "algbw_gbps", "busbw_gbps"}

@@ -3,7 +3,9 @@
 import sys
 import textwrap
 
-from cli_helpers import command, run, script
+import pytest
+
+from cli_helpers import ROOT, command, run, script
 
 PUT_SCRIPT = textwrap.dedent("""
     import sys
@@ -105,3 +107,12 @@ def test_config_file_with_partitions_runs(tmp_path):
                    "--", "64"])
     assert done.returncode == 0, done.stderr
     assert "# fabric fabric (network mode, 4 GPUs + 1 switch)" in done.stdout
+
+
+@pytest.mark.parametrize("preset", ["dgx-h100", "dgx-a100"])
+def test_the_readme_example_runs_on_both_kinds_of_nvlink(preset):
+    example = str(ROOT / "launch" / "examples" / "put_ring.py")
+    done, _ = run([command("nvlink-emu"), "run", example, "--gpus", "3", "--preset", preset])
+    assert done.returncode == 0, done.stderr[-3000:]
+    table = {line.split()[0]: line.split() for line in done.stdout.splitlines() if line.startswith("gpu")}
+    assert [table[f"gpu{g}<->sw0"][1] for g in range(3)] == [str(1 << 20)] * 3  # 1 MiB out of every GPU
