@@ -1,14 +1,16 @@
 """Rank bootstrap for `python -m launch`: parse, load the fabric and the script, run, print one report."""
 
 import argparse
+import math
 import runpy
 import sys
+import traceback
 from pathlib import Path
 
 from fabric.config import DEFAULT_PRESET, PRESETS, resolve
 from fabric.errors import ConfigError
-from ranks.session import DEFAULT_TIMEOUT_S, run_fabric
-from ranks.transport import world_rank
+from ranks.session import DEFAULT_TIMEOUT_S, report_failure, run_fabric
+from ranks.transport import abort_job, count_failed_ranks, world_rank, world_size
 
 from .report import run_summary
 
@@ -51,10 +53,28 @@ def main(argv: list[str] | None = None) -> int:
     fabric_arguments(parser)
     args = parser.parse_args(ours)
     rank = world_rank()
+    problem = None
     try:
         config = resolve(args.preset, args.config, args.gpus)
         sys.argv = [args.script, *script_args]
         workload = load_main(args.script)
+    except Exception as exc:  # noqa: BLE001 - whatever it is, every rank must learn of it
+        problem, text = exc, traceback.format_exc()
+    # The ranks agree on whether all got ready: one that failed alone (a script that raises on import
+    # on one node, a config file missing there) must end the job, not leave the others waiting.
+    setup_timeout = args.timeout if math.isfinite(args.timeout) and args.timeout > 0 else DEFAULT_TIMEOUT_S
+    failed = count_failed_ranks(problem is not None, setup_timeout)
+    if failed == world_size():  # every rank: the same error, most likely; report it once
+        if rank == 0:
+            print(f"nvlink-emu: error: {problem}" if isinstance(problem, ConfigError) else text.rstrip(),
+                  file=sys.stderr)
+        return 2 if isinstance(problem, ConfigError) else 1
+    if failed:
+        if problem is not None:
+            report_failure(rank, f"rank {rank}", text)
+            abort_job(1)
+        return 1  # the failed ranks end the job
+    try:
         result = run_fabric(config, workload, timeout_s=args.timeout, trace_dir=args.trace_dir)
     except ConfigError as exc:
         # every rank finds the same error before any traffic: report once, exit without aborting

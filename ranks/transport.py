@@ -32,6 +32,21 @@ def world_size() -> int:
     return MPI.COMM_WORLD.Get_size()
 
 
+def count_failed_ranks(failed: bool, timeout_s: float) -> int:
+    """How many ranks of the job failed to get ready (each says whether it did); FabricTimeout if some
+    rank has not said within timeout_s (it is stuck before the fabric starts)."""
+    send, count = np.array([int(failed)], np.int64), np.zeros(1, np.int64)
+    request = MPI.COMM_WORLD.Iallreduce(send, count, MPI.SUM)
+    deadline = time.monotonic() + timeout_s
+    idle = Idle()
+    while not request.Test():
+        if time.monotonic() > deadline:
+            raise FabricTimeout(f"rank {world_rank()}: not every rank loaded the fabric and the script within "
+                                f"{timeout_s:g} s")
+        idle()
+    return int(count[0])
+
+
 def abort_job(code: int = 1) -> None:
     """End every rank of the job now (after the caller printed its report)."""
     sys.stdout.flush()

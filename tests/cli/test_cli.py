@@ -71,6 +71,21 @@ def test_a_raising_gpu_ends_the_job_with_its_traceback(tmp_path):
     assert elapsed < 30, f"the job took {elapsed:.1f} s to end; it must not wait for the 60 s deadline"
 
 
+def test_a_script_failing_to_load_on_one_rank_only_ends_the_job(tmp_path):
+    # the other ranks must not wait forever in the fabric's setup for the one that failed
+    body = textwrap.dedent("""
+        import os
+        if os.environ.get("PMI_RANK") == "1":
+            raise RuntimeError("import fails on rank 1 only")
+        def main(gpu):
+            gpu.world.barrier()
+    """)
+    done, elapsed = run([command("nvlink-emu"), "run", script(tmp_path, body), "--gpus", "2", "--timeout", "60"])
+    assert done.returncode != 0
+    assert "[nvlink-emu rank 1]" in done.stderr and "RuntimeError: import fails on rank 1 only" in done.stderr
+    assert elapsed < 30
+
+
 def test_a_gpu_that_never_arrives_ends_the_job_at_the_deadline(tmp_path):
     body = textwrap.dedent("""
         def main(gpu):
