@@ -2,6 +2,7 @@
 collectives, which run as real traffic through the switch (algorithms in ranks/collectives)."""
 
 import itertools
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -105,49 +106,55 @@ class Communicator:
     # -- collectives --------------------------------------------------------------------------------
     def allreduce(self, array: np.ndarray, op: str = "sum", algorithm: str = "auto") -> None:
         """Reduce `array` over every member with `op` (sum, avg, max, min, prod), in place."""
-        flat = self._flat(array, "allreduce")
+        with self._arguments("allreduce"):
+            flat = self._flat(array, "allreduce", written=True)
         self._collective("allreduce", algorithm, op, flat.dtype, flat.size, None, (flat,))
 
     def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, op: str = "sum", algorithm: str = "auto") -> None:
         """recv <- block `rank` of the reduction of every member's `send` (blocks as fabric.reduction.blocks)."""
-        send, recv = self._flat(send, "reduce_scatter"), self._flat(recv, "reduce_scatter")
+        with self._arguments("reduce_scatter"):
+            send, recv = self._flat(send, "reduce_scatter send"), self._flat(recv, "reduce_scatter recv", written=True)
         problem = (self._same_dtype(send, recv, "reduce_scatter")
                    or self._expect(recv.size, blocks(send.size, self.size)[self.rank], "reduce_scatter recv"))
         self._collective("reduce_scatter", algorithm, op, send.dtype, send.size, None, (send, recv), problem=problem)
 
     def allgather(self, send: np.ndarray, recv: np.ndarray, algorithm: str = "auto") -> None:
         """recv <- every member's `send`, concatenated in rank order."""
-        send, recv = self._flat(send, "allgather"), self._flat(recv, "allgather")
+        with self._arguments("allgather"):
+            send, recv = self._flat(send, "allgather send"), self._flat(recv, "allgather recv", written=True)
         problem = (self._same_dtype(send, recv, "allgather")
                    or self._expect(send.size, blocks(recv.size, self.size)[self.rank], "allgather send"))
         self._collective("allgather", algorithm, "sum", send.dtype, recv.size, None, (send, recv), problem=problem)
 
     def broadcast(self, array: np.ndarray, root: int = 0, algorithm: str = "auto") -> None:
         """array <- the root member's array, on every member."""
-        flat = self._flat(array, "broadcast")
-        if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:
-            raise FabricError(f"GPU {self.gpu.rank}: broadcast root {root!r} is not a member rank 0..{self.size - 1}")
+        with self._arguments("broadcast"):
+            flat = self._flat(array, "broadcast", written=True)
+            if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:
+                raise FabricError(f"GPU {self.gpu.rank}: broadcast root {root!r} is not a member rank 0..{self.size - 1}")
         root = int(root)
         self._collective("broadcast", algorithm, "sum", flat.dtype, flat.size, root, (flat, root))
 
     def all2all(self, send: np.ndarray, recv: np.ndarray) -> None:
         """recv block i <- member i's send block `rank`; send and recv hold `size` equal blocks."""
-        send, recv = self._flat(send, "all2all"), self._flat(recv, "all2all")
-        if send.size != recv.size or send.size % self.size:
-            raise FabricError(f"GPU {self.gpu.rank}: all2all needs send and recv of equal size, a multiple of "
-                              f"{self.size} members (got {send.size}, {recv.size}); use all2allv for uneven blocks")
+        with self._arguments("all2all"):
+            send, recv = self._flat(send, "all2all send"), self._flat(recv, "all2all recv", written=True)
+            if send.size != recv.size or send.size % self.size:
+                raise FabricError(f"GPU {self.gpu.rank}: all2all needs send and recv of equal size, a multiple of "
+                                  f"{self.size} members (got {send.size}, {recv.size}); use all2allv for uneven blocks")
         counts = [send.size // self.size] * self.size
         self._all2allv("all2all", send, counts, recv, counts)
 
     def all2allv(self, send: np.ndarray, send_counts, recv: np.ndarray, recv_counts) -> None:
         """recv block i (recv_counts[i] elements, packed in order) <- member i's send block `rank`
         (its send_counts[rank] elements, packed in order)."""
-        send, recv = self._flat(send, "all2allv"), self._flat(recv, "all2allv")
-        counts = []
-        for what, given in (("send_counts", send_counts), ("recv_counts", recv_counts)):
-            if not all(isinstance(c, (int, np.integer)) and not isinstance(c, bool) for c in given):
-                raise FabricError(f"GPU {self.gpu.rank}: all2allv {what} must be integers, got {list(given)!r}")
-            counts.append([int(c) for c in given])
+        with self._arguments("all2allv"):
+            send, recv = self._flat(send, "all2allv send"), self._flat(recv, "all2allv recv", written=True)
+            counts = []
+            for what, given in (("send_counts", send_counts), ("recv_counts", recv_counts)):
+                if not all(isinstance(c, (int, np.integer)) and not isinstance(c, bool) for c in given):
+                    raise FabricError(f"GPU {self.gpu.rank}: all2allv {what} must be integers, got {list(given)!r}")
+                counts.append([int(c) for c in given])
         self._all2allv("all2allv", send, counts[0], recv, counts[1])
 
     def _all2allv(self, name, send, send_counts, recv, recv_counts) -> None:
@@ -165,15 +172,19 @@ class Communicator:
         """Check, then run one collective. `problem`: what is wrong with this member's own buffers,
         carried in the call check so that every member raises, not just this one."""
         gpu = self.gpu
-        dtype = check_dtype(dtype)
-        check_op(op)
-        partitions = sorted({gpu.config.partition_of(m) for m in self.members})
-        if len(partitions) > 1:
-            raise AccessViolation(f"GPU {gpu.rank}: {name} on communicator {self.name!r}: its members "
-                                  f"{list(self.members)} span partitions {partitions}; partitions are isolated, so "
-                                  f"collectives run within one (use comm.split by partition)")
-        if counts is None:
-            algorithm = collectives.choose(name, algorithm, gpu.config, count * dtype.itemsize)
+        with self._arguments(name):
+            try:
+                dtype = check_dtype(dtype)
+                check_op(op)
+                if counts is None:
+                    algorithm = collectives.choose(name, algorithm, gpu.config, count * dtype.itemsize)
+            except FabricError as exc:
+                raise type(exc)(f"GPU {gpu.rank}: {name}: {exc}") from None
+            partitions = sorted({gpu.config.partition_of(m) for m in self.members})
+            if len(partitions) > 1:
+                raise AccessViolation(f"GPU {gpu.rank}: {name} on communicator {self.name!r}: its members "
+                                      f"{list(self.members)} span partitions {partitions}; partitions are isolated, "
+                                      f"so collectives run within one (use comm.split by partition)")
         seq = next(self._collective_seq)
         call = {"collective": name, "count": count if counts is None else None, "dtype": dtype_name(dtype),
                 "op": op, "root": root, "algorithm": algorithm, "seq": seq, **({"problem": problem} if problem else {})}
@@ -216,9 +227,26 @@ class Communicator:
             raise CollectiveMismatch(f"GPU {self.gpu.rank}: {name} #{seq} on communicator {self.name!r}: "
                                      f"{problem}: {listing}")
 
-    def _flat(self, array: np.ndarray, what: str) -> np.ndarray:
+    @contextmanager
+    def _arguments(self, name: str):
+        """Check this member's own arguments of collective `name`. An invalid one still takes part in
+        the call check, so that every member fails at once instead of waiting for it to the deadline
+        (they raise CollectiveMismatch naming it); then it raises its own error here."""
+        try:
+            yield
+        except FabricError as exc:
+            seq = next(self._collective_seq)
+            call = {"collective": name, "seq": seq, "problem": f"{type(exc).__name__}: {exc}"}
+            self.allgather_object((call, None), f"{name} call check")
+            raise
+
+    def _flat(self, array: np.ndarray, what: str, written: bool = False) -> np.ndarray:
+        """`array` as one dimension; `written`: the collective writes into it."""
         if not isinstance(array, np.ndarray) or not array.flags.c_contiguous:
-            raise FabricError(f"GPU {self.gpu.rank}: {what} needs a contiguous numpy array")
+            raise FabricError(f"GPU {self.gpu.rank}: {what} needs a contiguous numpy array, got "
+                              f"{type(array).__name__ if not isinstance(array, np.ndarray) else 'a strided view'}")
+        if written and not array.flags.writeable:
+            raise FabricError(f"GPU {self.gpu.rank}: {what} is a read-only array; the collective writes into it")
         return array.reshape(-1)
 
     def _expect(self, got: int, block: tuple[int, int], what: str) -> str | None:

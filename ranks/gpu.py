@@ -185,7 +185,7 @@ class Gpu:
     def get(self, target, array: np.ndarray, offset: int = 0) -> None:
         """Read `array.nbytes` bytes at byte `offset` of `target` into `array`; AccessViolation if refused."""
         self._raise_async()
-        data = self._as_bytes(array, "get")
+        data = self._as_bytes(array, "get", written=True)
         dst, address = self._destination(target, offset, "get")
         reqs = []
         for start, stop in self._chunks(data.nbytes):
@@ -248,7 +248,7 @@ class Gpu:
         """Receive the message in slot `key` from GPU `peer` (None: a delivery of the switch, such as
         an in-switch result or a multicast copy) straight into `out` when it arrives (see wait_receive)."""
         key = (tuple(key), peer)
-        dest = self._as_bytes(out, "receive")
+        dest = self._as_bytes(out, "receive", written=True)
         got = self._mailbox.pop(key, None)
         if got is None:
             self._posted[key] = dest
@@ -471,9 +471,12 @@ class Gpu:
         step = self.config.chunk_bytes
         return [(s, min(s + step, nbytes)) for s in range(0, nbytes, step)] or [(0, 0)]
 
-    def _as_bytes(self, array: np.ndarray, op: str) -> np.ndarray:
+    def _as_bytes(self, array: np.ndarray, op: str, written: bool = False) -> np.ndarray:
+        """`array`'s bytes; `written`: the operation writes into them."""
         if not isinstance(array, np.ndarray) or not array.flags.c_contiguous:
             raise FabricError(f"GPU {self.rank}: {op} needs a contiguous numpy array")
+        if written and not array.flags.writeable:
+            raise FabricError(f"GPU {self.rank}: {op} into a read-only array")
         return array.reshape(-1).view(np.uint8)
 
     # -- end of run ---------------------------------------------------------------------------------

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from fabric.config import preset
-from fabric.errors import AccessViolation, CollectiveMismatch, ConfigError, FabricError, ProtocolError
+from fabric.errors import (AccessViolation, CollectiveMismatch, ConfigError, FabricError, ProtocolError,
+                           UnsupportedOperation)
 from ranks.session import run_fabric
 
 from mpi_helpers import gpus, run
@@ -102,6 +103,42 @@ def test_one_members_bad_buffer_is_reported_by_every_member():
         assert (x == n).all()
 
     run(main)
+
+
+def test_one_members_invalid_arguments_fail_every_member_at_once():
+    # the offender raises its own typed error; the others do not wait for it to the deadline
+    def main(gpu):
+        n, odd = gpu.size, gpu.rank == 1
+        x = np.ones(4, np.float32)
+        frozen = np.empty(4 * n, np.float32)
+        frozen.flags.writeable = not odd
+        cases = [
+            (lambda: gpu.world.allreduce(x, "mean" if odd else "sum"), FabricError, "op 'mean'"),
+            (lambda: gpu.world.allreduce(x, "sum", "tree" if odd else "ring"), UnsupportedOperation,
+             "unknown algorithm 'tree'"),
+            (lambda: gpu.world.allreduce(np.ones(4, np.int8) if odd else x), FabricError, "dtype int8"),
+            (lambda: gpu.world.allreduce(np.ones(8, np.float32)[::2] if odd else x), FabricError, "contiguous"),
+            (lambda: gpu.world.allgather(x, frozen), FabricError, "allgather recv is a read-only array"),
+            (lambda: gpu.world.broadcast(x, root=n if odd else 0), FabricError, f"root {n}"),
+            (lambda: gpu.world.all2all(np.ones(n + 1 if odd else n), np.ones(n + 1 if odd else n)),
+             FabricError, "all2all needs send and recv"),
+        ]
+        for call, error, text in cases:
+            if odd:
+                with pytest.raises(error, match=text):
+                    call()
+            else:
+                with pytest.raises(CollectiveMismatch, match=f"GPU 1's {error.__name__}: .*{text}"):
+                    call()
+        gpu.world.allreduce(x, "sum", "ring")  # the communicator still works
+        assert (x == n).all()
+        ro = np.zeros(4, np.float32)
+        ro.flags.writeable = False
+        window = gpu.world.allgather_object(gpu.export(gpu.alloc(4, "float32")))
+        with pytest.raises(FabricError, match=f"GPU {gpu.rank}: get into a read-only array"):
+            gpu.get(window[(gpu.rank + 1) % n], ro)
+
+    run(main, timeout_s=20)
 
 
 def test_a_refused_put_surfaces_at_fence_not_inside_a_collective():
