@@ -67,6 +67,8 @@ class DeviceMemory:
 
     def offset_of(self, array: np.ndarray) -> int:
         """Byte offset of `array` inside this memory; FabricError if it is not a contiguous view of it."""
+        if not isinstance(array, np.ndarray):
+            raise FabricError(f"GPU {self.gpu}: expected an array from gpu.alloc, got {type(array).__name__}")
         base = self.array.__array_interface__["data"][0]
         start = array.__array_interface__["data"][0] - base
         if not array.flags.c_contiguous or start < 0 or start + array.nbytes > self.capacity_bytes:

@@ -82,8 +82,9 @@ class Gpu:
     # -- modeled time -------------------------------------------------------------------------------
     def compute(self, ns: float) -> None:
         """Advance this GPU's modeled clock by `ns` of compute (workload scripts model kernels this way)."""
-        if not math.isfinite(ns) or ns < 0:
-            raise FabricError(f"GPU {self.rank}: compute({ns}): needs a finite, non-negative number of ns")
+        if isinstance(ns, bool) or not isinstance(ns, (int, float, np.integer, np.floating)) \
+                or not math.isfinite(ns) or ns < 0:
+            raise FabricError(f"GPU {self.rank}: compute({ns!r}): needs a finite, non-negative number of ns")
         self.now_ns += ns
 
     def set_tracing(self, on: bool) -> None:
@@ -106,6 +107,10 @@ class Gpu:
             dtype = np.dtype(dtype)
         except TypeError:
             raise FabricError(f"GPU {self.rank}: alloc: {dtype!r} is not a numpy dtype") from None
+        if dtype.hasobject or dtype.itemsize == 0:  # Python objects cannot live in device memory
+            raise FabricError(f"GPU {self.rank}: alloc: dtype {dtype} has no fixed-size binary layout")
+        if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
+            raise FabricError(f"GPU {self.rank}: alloc: count must be a non-negative integer, got {count!r}")
         offset = self._mem.allocate(int(count) * dtype.itemsize)
         return self._mem.view(offset, int(count), dtype)
 
@@ -137,7 +142,14 @@ class Gpu:
         offset = self._mem.offset_of(array)
         if array.nbytes == 0:
             raise FabricError(f"GPU {self.rank}: export of an empty array")
-        to = None if to is None else [int(g) for g in ([to] if np.isscalar(to) else to)]
+        block = self._mem.allocation_at(offset)
+        if block is None or offset + array.nbytes > block[0] + block[1]:
+            raise FabricError(f"GPU {self.rank}: export of memory at {offset:#x}+{array.nbytes} that is not "
+                              f"inside one allocation (export what gpu.alloc returned, or a part of it)")
+        to = None if to is None else list([to] if np.isscalar(to) else to)
+        if to is not None and any(isinstance(g, bool) or not isinstance(g, (int, np.integer)) for g in to):
+            raise FabricError(f"GPU {self.rank}: export to={to!r}: GPU indices must be integers")
+        to = None if to is None else [int(g) for g in to]
         info = {"phys_offset": offset, "size_bytes": array.nbytes, "to": to,
                 "writable": writable, "readable": readable}
         reply = self._control_call(Kind.EXPORT, info, "export")
@@ -267,7 +279,9 @@ class Gpu:
 
     def receive_message(self, key: tuple, out: np.ndarray, peer: int) -> None:
         """Wait for the message in slot `key` from GPU `peer` and place its bytes in `out`."""
-        self.post_receive(key, out, peer)
+        if isinstance(peer, bool) or not isinstance(peer, (int, np.integer)) or not 0 <= peer < self.size:
+            raise FabricError(f"GPU {self.rank}: receive_message from {peer!r}: not a GPU 0..{self.size - 1}")
+        self.post_receive(key, out, int(peer))
         self.wait_receive(key, peer)
 
     def wait_sent(self, sends: list[list], what: str) -> None:

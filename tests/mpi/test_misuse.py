@@ -200,3 +200,30 @@ def test_a_deadline_must_be_finite():
     for bad in (math.nan, math.inf, 0.0):
         with pytest.raises(ConfigError, match="finite number of seconds"):
             run_fabric(config, lambda gpu: None, timeout_s=bad)
+
+
+def test_bad_arguments_to_memory_and_messages_are_typed_and_leak_nothing():
+    def main(gpu):
+        free = gpu.free_bytes
+        for count, dtype, text in [(1 << 10, object, "no fixed-size binary layout"), (2.7, "float32", "count"),
+                                   (-1, "uint8", "count"), ("abc", "uint8", "count"), (5, "V0", "no fixed-size")]:
+            with pytest.raises(FabricError, match=f"GPU {gpu.rank}: alloc: .*{text}"):
+                gpu.alloc(count, dtype)
+        assert gpu.free_bytes == free  # a refused alloc takes no memory
+        for bad in ([1, 2, 3], "x"):
+            with pytest.raises(FabricError, match="expected an array from gpu.alloc"):
+                gpu.export(bad)
+            with pytest.raises(FabricError, match="expected an array from gpu.alloc"):
+                gpu.free(bad)
+        window = gpu.alloc(64, "uint8")
+        with pytest.raises(FabricError, match="GPU indices must be integers"):
+            gpu.export(window, to=[1.7])
+        with pytest.raises(FabricError, match="not inside one allocation"):
+            gpu.export(gpu.memory[-64:])
+        with pytest.raises(FabricError, match=r"receive_message from 99: not a GPU"):
+            gpu.receive_message(("x",), np.empty(1, np.uint8), peer=99)
+        with pytest.raises(FabricError, match=r"compute\('5'\)"):
+            gpu.compute("5")
+        gpu.world.barrier()
+
+    run(main, timeout_s=20)
