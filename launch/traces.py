@@ -76,17 +76,15 @@ def merge(traces: list[RankTrace], time_base: str = "modeled") -> dict:
         b = span(rx["rank"], f"{link} receive", tx["kind"], *recv, args)
         flow_id += 1
         flows.append((flow_id, a, b))
-    counters: dict[tuple[int, str], int] = defaultdict(int)
+    sent: dict[tuple[int, str], list] = defaultdict(list)  # (rank, link) -> [(ts, payload bytes)]
     for trace in traces:
         rank = trace.header["rank"]
         begun = {}
         for event in trace.events:
             ev = event["ev"]
             if ev == "tx":
-                counters[(rank, event["link"])] += event["payload"]
                 ts = event["m_start"] * US if modeled else wall(rank, event["wall"])
-                out.append({"ph": "C", "name": f"bytes {event['link']}", "pid": rank, "ts": ts,
-                            "args": {"payload bytes": counters[(rank, event["link"])]}})
+                sent[(rank, event["link"])].append((ts, event["payload"]))
             elif ev == "coll_begin":
                 begun[(event["comm"], event["seq"])] = event
             elif ev == "coll_end":
@@ -106,6 +104,13 @@ def merge(traces: list[RankTrace], time_base: str = "modeled") -> dict:
                 out.append({"ph": "i", "s": "t", "name": ev, "pid": rank, "tid": track(rank, "switch decisions"
                             if trace.header["role"] == "switch" else "events"), "ts": ts,
                             "args": {k: v for k, v in event.items() if k not in ("ev", "wall")}})
+    # counter tracks: bytes sent so far, in time order (records are written in issue order, and a
+    # transfer booked ahead, as in-switch contributions are, is recorded when it is actually sent)
+    for (rank, link), points in sent.items():
+        total = 0
+        for ts, payload in sorted(points, key=lambda point: point[0]):
+            total += payload
+            out.append({"ph": "C", "name": f"bytes {link}", "pid": rank, "ts": ts, "args": {"payload bytes": total}})
     # spans: lay each track's spans on lanes so none overlap, then emit them and the flows
     placed: dict[int, tuple[int, float]] = {}  # span index -> (track id it landed on, start)
     lane_tids: dict[tuple[int, str, int], int] = {}

@@ -47,7 +47,7 @@ def table_rows(text):
 
 @pytest.mark.parametrize("time_base", ["modeled", "wall"])
 def test_merged_trace_is_chrome_json_with_paired_flows_and_no_overlaps(traced, tmp_path, time_base):
-    trace_dir, _ = traced
+    trace_dir, printed = traced
     out = tmp_path / "trace.json"
     done, _ = run([command("nvlink-emu"), "trace", str(trace_dir), "-o", str(out), "--time", time_base])
     assert done.returncode == 0, done.stderr
@@ -74,7 +74,16 @@ def test_merged_trace_is_chrome_json_with_paired_flows_and_no_overlaps(traced, t
     collectives = [e["name"] for e in events if e["ph"] == "X" and e["pid"] == 0 and "(" in e["name"]]
     assert collectives == ["allreduce (ring)", "allreduce (direct)", "allreduce (sharp)", "allreduce (nvls)",
                            "all2all (direct)"] or time_base == "wall"
-    assert any(e["ph"] == "C" for e in events) and any(e["ph"] == "i" and e["name"] == "reduce" for e in events)
+    assert any(e["ph"] == "i" and e["name"] == "reduce" for e in events)
+    counters = defaultdict(list)
+    for e in events:
+        if e["ph"] == "C":
+            counters[(e["pid"], e["name"])].append((e["ts"], e["args"]["payload bytes"]))
+    for points in counters.values():
+        values = [v for _, v in sorted(points, key=lambda point: point[0])]
+        assert values == sorted(values)  # bytes sent so far never go down
+    for g in range(3):  # and end at what the run printed for the GPU's uplink
+        assert counters[(g, f"bytes gpu{g}->sw0")][-1][1] == printed[f"gpu{g}<->sw0"][0]
     named = {(e["pid"], e["tid"]) for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
     assert {(e["pid"], e["tid"]) for e in events if e["ph"] in ("X", "i")} <= named  # every track has a name
     if time_base == "modeled":  # instants are on the same (modeled) time axis as the spans
