@@ -171,20 +171,23 @@ def link_totals(traces: list[RankTrace]) -> dict[str, dict]:
 
 def collectives(traces: list[RankTrace]) -> list[dict]:
     """One row per (collective, algorithm): calls, and the sum of each call's modeled time (slowest
-    member's end minus earliest member's begin), in ns."""
+    member's end minus earliest member's begin), in ns. A call no member ended (it failed its call
+    check, or its ranks failed) is left out."""
     calls: dict[tuple, dict] = {}
     for trace in traces:
         for event in trace.events:
             if event["ev"] in ("coll_begin", "coll_end"):
                 call = calls.setdefault((event["comm"], event["seq"]), {"name": event["name"],
-                                        "algorithm": event["algorithm"], "begin": float("inf"), "end": 0.0,
+                                        "algorithm": event["algorithm"], "begin": float("inf"), "end": None,
                                         "bytes": event["count"] * _itemsize(event["dtype"])})
                 if event["ev"] == "coll_begin":
                     call["begin"] = min(call["begin"], event["m"])
                 else:
-                    call["end"] = max(call["end"], event["m"])
+                    call["end"] = max(call["end"] or 0.0, event["m"])
     rows: dict[tuple, dict] = {}
     for call in calls.values():
+        if call["end"] is None:
+            continue
         row = rows.setdefault((call["name"], call["algorithm"]), {"collective": call["name"],
                               "algorithm": call["algorithm"], "calls": 0, "bytes": 0, "modeled_ns": 0.0})
         row["calls"] += 1

@@ -188,20 +188,21 @@ class Communicator:
         seq = next(self._collective_seq)
         call = {"collective": name, "count": count if counts is None else None, "dtype": dtype_name(dtype),
                 "op": op, "root": root, "algorithm": algorithm, "seq": seq, **({"problem": problem} if problem else {})}
-        calls = self.allgather_object((call, counts), f"{name} call check")
-        self._check_calls(name, seq, calls)
-        if count == 0 and counts is None:
-            return
-        if algorithm in collectives.IN_SWITCH:
-            self.group_id()  # collective: every member, even one with an empty block, takes part
-        work = collectives.Call(self, seq, op, dtype)
         fingerprint = {"name": name, "comm": self.name, "seq": seq, "algorithm": algorithm, "count": count,
                        "dtype": dtype_name(dtype), "op": op, "members": self.size}
+        # begin before the call check: no peer sends this call's data before it has our call, so every
+        # byte of the call reaches this GPU between begin and end (a call failing the check has no end)
         gpu.event({"ev": "coll_begin", **fingerprint})
-        if counts is not None:
-            pairwise.all2allv(work, *args)
-        else:
-            collectives.run(algorithm, name, work, *args)
+        calls = self.allgather_object((call, counts), f"{name} call check")
+        self._check_calls(name, seq, calls)
+        if count or counts is not None:
+            if algorithm in collectives.IN_SWITCH:
+                self.group_id()  # collective: every member, even one with an empty block, takes part
+            work = collectives.Call(self, seq, op, dtype)
+            if counts is not None:
+                pairwise.all2allv(work, *args)
+            else:
+                collectives.run(algorithm, name, work, *args)
         gpu.event({"ev": "coll_end", **fingerprint})
 
     def _check_calls(self, name, seq, calls) -> None:

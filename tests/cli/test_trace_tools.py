@@ -8,6 +8,8 @@ from collections import defaultdict
 import pytest
 
 from cli_helpers import command, run, script
+from fabric.trace import read_directory
+from launch.traces import bytes_by_algorithm, link_totals
 
 WORKLOAD = textwrap.dedent("""
     import numpy as np
@@ -101,6 +103,32 @@ def test_report_totals_equal_the_counters_the_run_printed(traced, tmp_path):
     for name in ("traffic-matrix.png", "bytes-per-algorithm.png"):
         assert f"wrote {tmp_path / name}" in done.stdout
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_every_byte_of_a_collective_is_attributed_to_its_algorithm(tmp_path):
+    # small messages, so that a fast member's data reaches a slow one while it is still in the call check
+    config = tmp_path / "small.toml"
+    config.write_text('base = "dgx-h100"\nchunk_bytes = 1024\nswitch_buffer_bytes = 8192\n')
+    body = textwrap.dedent("""
+        import numpy as np
+
+        def main(gpu):
+            a = np.ones(3 * (1 << 14), np.float32)
+            for algorithm in ("ring", "direct", "sharp", "nvls"):
+                gpu.world.broadcast(a, 0, algorithm)
+                gpu.world.allreduce(a, "sum", algorithm)
+            gpu.world.all2all(a, np.empty_like(a))
+    """)
+    done, _ = run([command("nvlink-emu"), "run", script(tmp_path, body), "--gpus", "3", "--config", str(config),
+                   "--trace-dir", str(tmp_path / "trace")])
+    assert done.returncode == 0, done.stderr
+    traces, warnings = read_directory(tmp_path / "trace")
+    assert not warnings
+    by_algorithm = bytes_by_algorithm(traces)
+    assert set(by_algorithm) == {f"{c}/{a}" for c in ("broadcast", "allreduce") for a in ("ring", "direct", "sharp",
+                                                                                        "nvls")} | {"all2all/direct"}
+    for link, row in link_totals(traces).items():
+        assert sum(links.get(link, 0) for links in by_algorithm.values()) == row["payload_bytes"], link
 
 
 def test_a_cut_short_trace_is_reported_not_accepted_silently(traced, tmp_path):
