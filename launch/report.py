@@ -14,8 +14,8 @@ def run_summary(report: dict) -> str:
 
 
 def trace_report(traces, out_dir) -> tuple[str, list]:
-    """The report of a traced run: text (per-link table, per-collective summary, truncated files)
-    and the paths of the PNG figures written to out_dir (traffic matrix, bytes per algorithm)."""
+    """The report of a traced run: text (per-link table, per-collective summary) and the paths of
+    the PNG figures written to out_dir (traffic matrix, bytes per algorithm)."""
     from pathlib import Path
 
     from .traces import bytes_by_algorithm, collectives, link_totals, traffic_matrix
@@ -42,9 +42,6 @@ def trace_report(traces, out_dir) -> tuple[str, list]:
         algbw = row["bytes"] / row["modeled_ns"] if row["modeled_ns"] else 0.0
         lines.append(f"{row['collective']:<16}{row['algorithm']:>10}{row['calls']:>7}{row['bytes']:>14}"
                      f"{row['modeled_ns'] / 1e3:>13.3f}{algbw:>12.2f}")
-    for trace in traces:
-        if trace.truncated:
-            lines.append(f"warning: {trace.path.name}: truncated: {trace.problem}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     figures = [_matrix_figure(*traffic_matrix(traces), out / "traffic-matrix.png"),

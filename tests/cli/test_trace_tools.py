@@ -140,7 +140,7 @@ def test_a_cut_short_trace_is_reported_not_accepted_silently(traced, tmp_path):
     for tool in (["trace", str(copy), "-o", str(tmp_path / "t.json")], ["report", str(copy), "-o", str(tmp_path)]):
         done, _ = run([command("nvlink-emu"), *tool])
         assert done.returncode == 0, done.stderr
-        assert "rank-00001.msgpack: truncated: cut short" in done.stdout + done.stderr
+        assert (done.stdout + done.stderr).count("rank-00001.msgpack: truncated: cut short") == 1
 
 
 def test_a_failed_rank_leaves_an_error_record_and_no_end(tmp_path):
