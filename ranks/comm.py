@@ -6,7 +6,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from fabric.errors import AccessViolation, CollectiveMismatch, FabricError
+from fabric.errors import AccessViolation, CollectiveMismatch, FabricError, UnsupportedOperation
 from fabric.packets import Kind
 from fabric.reduction import blocks, check_dtype, check_op, dtype_name
 
@@ -176,10 +176,13 @@ class Communicator:
             try:
                 dtype = check_dtype(dtype)
                 check_op(op)
-                if counts is None:
-                    algorithm = collectives.choose(name, algorithm, gpu.config, count * dtype.itemsize)
             except FabricError as exc:
-                raise type(exc)(f"GPU {gpu.rank}: {name}: {exc}") from None
+                raise FabricError(f"GPU {gpu.rank}: {name}: {exc}") from None
+            if counts is None:
+                try:
+                    algorithm = collectives.choose(name, algorithm, gpu.config, count * dtype.itemsize)
+                except UnsupportedOperation as exc:
+                    raise UnsupportedOperation(f"GPU {gpu.rank}: {exc}") from None
             partitions = sorted({gpu.config.partition_of(m) for m in self.members})
             if len(partitions) > 1:
                 raise AccessViolation(f"GPU {gpu.rank}: {name} on communicator {self.name!r}: its members "

@@ -121,7 +121,7 @@ def allreduce_side_by_side(gpu, nbytes=4 << 20):
             gpu.world.allreduce(grad, op="avg", algorithm=algorithm)
         except UnsupportedOperation as exc:
             say(gpu, f"   {algorithm:<10}{'-':>12}{'-':>12}{'-':>7}{'-':>12}{'-':>12}   UnsupportedOperation: "
-                     f"{str(exc).split(': ', 1)[1]}")
+                     f"{str(exc).rsplit(': ', 1)[-1]}")  # the reason, without who and what
             continue
         after = gpu.link_counters()
         modeled_ns = max(gpu.world.allgather_object(gpu.now_ns - start))
