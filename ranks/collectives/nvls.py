@@ -12,8 +12,9 @@ Combine order: members 0, 1, ..., N-1, in the switch's accumulator, as in `sharp
 
 Schedule, in rounds c = 0, 1, ...: answer the switch's loads of chunk c of every member's block
 (member order), then take back my reduced chunk c - 1, multicast it, and take in every member's
-multicast of chunk c - 2 (a round behind, so that waiting for them never delays my next multicast). All load-reduce requests are booked on the uplink at the start (modeled as
-issued at once); the emulator sends them as credits allow, which bounds the switch's memory.
+multicast of chunk c - 2 (a round behind, so that waiting for them never delays my next multicast).
+All load-reduce requests are booked on the uplink at the start (modeled as issued at once); the
+emulator sends them as credits allow, which bounds the switch's memory.
 """
 
 import numpy as np
