@@ -36,15 +36,19 @@ def count_failed_ranks(failed: bool, timeout_s: float) -> int:
     """How many ranks of the job failed to get ready (each says whether it did); FabricTimeout if some
     rank has not said within timeout_s (it is stuck before the fabric starts)."""
     send, count = np.array([int(failed)], np.int64), np.zeros(1, np.int64)
-    request = MPI.COMM_WORLD.Iallreduce(send, count, MPI.SUM)
+    _complete(MPI.COMM_WORLD.Iallreduce(send, count, MPI.SUM), timeout_s,
+              f"rank {world_rank()}: not every rank loaded the fabric and the script within {timeout_s:g} s")
+    return int(count[0])
+
+
+def _complete(request, timeout_s: float, late: str) -> None:
+    """Wait, backing off, until a non-blocking MPI `request` completes; FabricTimeout(late) after timeout_s."""
     deadline = time.monotonic() + timeout_s
     idle = Idle()
     while not request.Test():
         if time.monotonic() > deadline:
-            raise FabricTimeout(f"rank {world_rank()}: not every rank loaded the fabric and the script within "
-                                f"{timeout_s:g} s")
+            raise FabricTimeout(late)
         idle()
-    return int(count[0])
 
 
 def abort_job(code: int = 1) -> None:
@@ -161,14 +165,8 @@ class Transport:
     def barrier(self, timeout_s: float) -> None:
         """Every rank of the fabric meets here (at setup only, before any traffic); FabricTimeout if
         some rank has not come within timeout_s."""
-        request = self.comm.Ibarrier()
-        deadline = time.monotonic() + timeout_s
-        idle = Idle()
-        while not request.Test():
-            if time.monotonic() > deadline:
-                raise FabricTimeout(f"rank {self.rank}: setup barrier of the fabric's {self.size} ranks timed "
-                                    f"out after {timeout_s:g} s (a rank never reached it)")
-            idle()
+        _complete(self.comm.Ibarrier(), timeout_s, f"rank {self.rank}: setup barrier of the fabric's {self.size} "
+                  f"ranks timed out after {timeout_s:g} s (a rank never reached it)")
 
     def close(self) -> None:
         self.comm.Free()
