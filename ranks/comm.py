@@ -14,6 +14,11 @@ from . import collectives
 from .collectives import all2all as pairwise
 
 
+def is_integer(value) -> bool:
+    """Whether an argument is an integer, Python's or numpy's (a bool is not)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
 class Communicator:
     """A group of GPUs. rank: this GPU's index in the group; size: members; members: GPU indices in
     rank order; name: a string unique to this communicator on every member.
@@ -130,7 +135,7 @@ class Communicator:
         """array <- the root member's array, on every member."""
         with self._arguments("broadcast"):
             flat = self._flat(array, "broadcast", written=True)
-            if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:
+            if not is_integer(root) or not 0 <= root < self.size:
                 raise FabricError(f"GPU {self.gpu.rank}: broadcast root {root!r} is not a member rank 0..{self.size - 1}")
         root = int(root)
         self._collective("broadcast", algorithm, "sum", flat.dtype, flat.size, root, (flat, root))
@@ -152,7 +157,7 @@ class Communicator:
             send, recv = self._flat(send, "all2allv send"), self._flat(recv, "all2allv recv", written=True)
             counts = []
             for what, given in (("send_counts", send_counts), ("recv_counts", recv_counts)):
-                if not all(isinstance(c, (int, np.integer)) and not isinstance(c, bool) for c in given):
+                if not all(is_integer(c) for c in given):
                     raise FabricError(f"GPU {self.gpu.rank}: all2allv {what} must be integers, got {list(given)!r}")
                 counts.append([int(c) for c in given])
         self._all2allv("all2allv", send, counts[0], recv, counts[1])

@@ -17,7 +17,7 @@ from fabric.memory import DeviceMemory
 from fabric.packets import Kind, Packet, raw_bytes
 from fabric.timemodel import LinkClock
 
-from .comm import Communicator
+from .comm import Communicator, is_integer
 from .transport import ControlChannel, Idle, Transport, native_collective
 
 
@@ -109,7 +109,7 @@ class Gpu:
             raise FabricError(f"GPU {self.rank}: alloc: {dtype!r} is not a numpy dtype") from None
         if dtype.hasobject or dtype.itemsize == 0:  # Python objects cannot live in device memory
             raise FabricError(f"GPU {self.rank}: alloc: dtype {dtype} has no fixed-size binary layout")
-        if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
+        if not is_integer(count) or count < 0:
             raise FabricError(f"GPU {self.rank}: alloc: count must be a non-negative integer, got {count!r}")
         offset = self._mem.allocate(int(count) * dtype.itemsize)
         return self._mem.view(offset, int(count), dtype)
@@ -146,10 +146,11 @@ class Gpu:
         if block is None or offset + array.nbytes > block[0] + block[1]:
             raise FabricError(f"GPU {self.rank}: export of memory at {offset:#x}+{array.nbytes} that is not "
                               f"inside one allocation (export what gpu.alloc returned, or a part of it)")
-        to = None if to is None else list([to] if np.isscalar(to) else to)
-        if to is not None and any(isinstance(g, bool) or not isinstance(g, (int, np.integer)) for g in to):
-            raise FabricError(f"GPU {self.rank}: export to={to!r}: GPU indices must be integers")
-        to = None if to is None else [int(g) for g in to]
+        if to is not None:
+            to = list([to] if np.isscalar(to) else to)
+            if not all(is_integer(g) for g in to):
+                raise FabricError(f"GPU {self.rank}: export to={to!r}: GPU indices must be integers")
+            to = [int(g) for g in to]
         info = {"phys_offset": offset, "size_bytes": array.nbytes, "to": to,
                 "writable": writable, "readable": readable}
         reply = self._control_call(Kind.EXPORT, info, "export")
@@ -232,8 +233,7 @@ class Gpu:
     def send_message(self, peer: int, key: tuple, data: np.ndarray, at_ns: float | None = None) -> list:
         """Post `data` to GPU `peer`'s mailbox slot `key` (a flat tuple of ints and strings) through the
         switch; returns the send requests. at_ns: modeled time the send is issued (default: now)."""
-        if isinstance(peer, bool) or not isinstance(peer, (int, np.integer)) or not 0 <= peer < self.size:
-            raise FabricError(f"GPU {self.rank}: send_message to {peer!r}: not a GPU 0..{self.size - 1}")
+        self._check_peer(peer, f"send_message to {peer!r}")
         if not isinstance(key, tuple) or not all(isinstance(k, (int, str)) for k in key):
             raise FabricError(f"GPU {self.rank}: message key {key!r} must be a flat tuple of ints and strings")
         data = self._as_bytes(data, "send")
@@ -279,8 +279,7 @@ class Gpu:
 
     def receive_message(self, key: tuple, out: np.ndarray, peer: int) -> None:
         """Wait for the message in slot `key` from GPU `peer` and place its bytes in `out`."""
-        if isinstance(peer, bool) or not isinstance(peer, (int, np.integer)) or not 0 <= peer < self.size:
-            raise FabricError(f"GPU {self.rank}: receive_message from {peer!r}: not a GPU 0..{self.size - 1}")
+        self._check_peer(peer, f"receive_message from {peer!r}")
         self.post_receive(key, out, int(peer))
         self.wait_receive(key, peer)
 
@@ -468,7 +467,7 @@ class Gpu:
 
     # -- helpers ------------------------------------------------------------------------------------
     def _destination(self, target, offset: int, op: str) -> tuple[int, int]:
-        if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)) or offset < 0:
+        if not is_integer(offset) or offset < 0:
             raise FabricError(f"GPU {self.rank}: {op} offset must be a non-negative integer of bytes, got {offset!r}")
         offset = int(offset)
         if self._network:
@@ -484,6 +483,10 @@ class Gpu:
     def _chunks(self, nbytes: int):
         step = self.config.chunk_bytes
         return [(s, min(s + step, nbytes)) for s in range(0, nbytes, step)] or [(0, 0)]
+
+    def _check_peer(self, peer, op: str) -> None:
+        if not is_integer(peer) or not 0 <= peer < self.size:
+            raise FabricError(f"GPU {self.rank}: {op}: not a GPU 0..{self.size - 1}")
 
     def _as_bytes(self, array: np.ndarray, op: str, written: bool = False) -> np.ndarray:
         """`array`'s bytes; `written`: the operation writes into them."""
