@@ -85,20 +85,14 @@ def test_other_partition_refused():
         tlb.translate(w.address, 4, 2, 0, True)
 
 
-def test_read_only_window():
+@pytest.mark.parametrize("permission, refused, text", [("writable", True, "not writable"),
+                                                        ("readable", False, "not readable")])
+def test_read_only_and_write_only_windows(permission, refused, text):
     tlb = make()
-    w = tlb.map(0, PS, ALL, 0, writable=False)
-    assert tlb.translate(w.address, 4, 0, 0, write=False) == 0
-    with pytest.raises(AccessViolation, match="not writable"):
-        tlb.translate(w.address, 4, 0, 0, write=True)
-
-
-def test_write_only_window():
-    tlb = make()
-    w = tlb.map(0, PS, ALL, 0, readable=False)
-    assert tlb.translate(w.address, 4, 0, 0, write=True) == 0
-    with pytest.raises(AccessViolation, match="not readable"):
-        tlb.translate(w.address, 4, 0, 0, write=False)
+    w = tlb.map(0, PS, ALL, 0, **{permission: False})
+    assert tlb.translate(w.address, 4, 0, 0, write=not refused) == 0
+    with pytest.raises(AccessViolation, match=text):
+        tlb.translate(w.address, 4, 0, 0, write=refused)
 
 
 def test_revoke():
