@@ -12,6 +12,10 @@ PHYSICAL_OFFSET_MASK = (1 << PHYSICAL_GPU_SHIFT) - 1
 # NVLink Network: each GPU's exported windows live in its own network-virtual space, from here up.
 NETWORK_VIRTUAL_BASE = 0x7F00_0000_0000
 
+# The network addresses the fabric manager hands out, one per GPU: a fabric holds at most MAX_GPUS GPUs.
+NETWORK_ADDRESSES = range(0x100, 0x1000)
+MAX_GPUS = len(NETWORK_ADDRESSES)  # 3840
+
 
 def physical_address(gpu: int, offset: int) -> int:
     """Global physical address of byte `offset` of GPU `gpu` (classic mode)."""
@@ -31,7 +35,7 @@ def decode_physical(address: int, gpus: int) -> tuple[int, int]:
 
 def assign_network_addresses(gpus: int, seed: int = 0x4E564C) -> tuple[int, ...]:
     """Network addresses the fabric manager hands out at start: unique, deterministic, unrelated to rank."""
-    pool = random.Random(seed).sample(range(0x100, 0x1000), gpus)
+    pool = random.Random(seed).sample(NETWORK_ADDRESSES, gpus)
     return tuple(pool)
 
 

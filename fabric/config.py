@@ -3,10 +3,12 @@
 import dataclasses
 import hashlib
 import json
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .addressing import MAX_GPUS, NETWORK_ADDRESSES
 from .errors import ConfigError
 from .profiles import link_profile
 
@@ -78,14 +80,15 @@ class FabricConfig:
         if self.mode not in MODES:
             raise ConfigError(f"mode: must be one of {MODES}, got {self.mode!r}")
         link_profile(self.link)
-        positive = ("gpus", "memory_capacity_bytes", "page_size_bytes", "mtu_bytes", "tlb_entries",
-                    "switch_buffer_bytes", "chunk_bytes", "alignment_bytes")
-        for key in positive:
+        for key, minimum in INTEGER_MINIMUMS.items():
             value = getattr(self, key)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(f"{key}: must be a positive integer, got {value!r}")
-        if not isinstance(self.header_bytes, int) or isinstance(self.header_bytes, bool) or self.header_bytes < 0:
-            raise ConfigError(f"header_bytes: must be a non-negative integer, got {self.header_bytes!r}")
+            # bool is an int in Python, but `gpus = true` is a mistake, not 1
+            if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+                kind = "a positive" if minimum else "a non-negative"
+                raise ConfigError(f"{key}: must be {kind} integer, got {value!r}")
+        if self.gpus > MAX_GPUS:
+            raise ConfigError(f"gpus: at most {MAX_GPUS} (one network address each, "
+                              f"{NETWORK_ADDRESSES.start:#x}..{NETWORK_ADDRESSES.stop - 1:#x}), got {self.gpus}")
         if self.switches != 1:
             raise ConfigError(f"switches: only one switch rank is supported so far, got {self.switches!r}")
         if not isinstance(self.sharp, bool):
@@ -103,21 +106,33 @@ class FabricConfig:
                               f"{self.switch_buffer_bytes}")
         for key in TIMING_FIELDS:
             value = getattr(self, key)
+            rate = key.endswith("per_s")
+            # nan passes every comparison and inf would make every modeled time inf or 0
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                      or value < 0 or (key.endswith("per_s") and value == 0)):
-                raise ConfigError(f"{key}: must be a {'positive' if key.endswith('per_s') else 'non-negative'} "
-                                  f"number, got {value!r}")
+                                      or not math.isfinite(value) or value < 0 or (rate and value == 0)):
+                raise ConfigError(f"{key}: must be a finite {'positive' if rate else 'non-negative'} number, "
+                                  f"got {value!r}")
         if self.partitions:
             seen: list[int] = []
             for members in self.partitions:
-                if not members:
-                    raise ConfigError("partitions: a partition must hold at least one GPU")
+                if not isinstance(members, tuple) or not members:
+                    raise ConfigError(f"partitions: a partition must be a list of at least one GPU index, "
+                                      f"got {members!r}")
+                for gpu in members:
+                    # 1.0 == 1 and True == 1 would pass the coverage check below
+                    if not isinstance(gpu, int) or isinstance(gpu, bool):
+                        raise ConfigError(f"partitions: GPU indices must be integers, got {gpu!r} in "
+                                          f"{list(members)}")
                 seen.extend(members)
             if sorted(seen) != list(range(self.gpus)):
                 raise ConfigError(f"partitions: must cover GPUs 0..{self.gpus - 1} exactly once, got "
                                   f"{[list(p) for p in self.partitions]}")
 
 
+# The integer keys and their least value (switches must also be 1, checked on its own).
+INTEGER_MINIMUMS = {"gpus": 1, "switches": 1, "memory_capacity_bytes": 1, "page_size_bytes": 1, "mtu_bytes": 1,
+                    "header_bytes": 0, "tlb_entries": 1, "switch_buffer_bytes": 1, "chunk_bytes": 1,
+                    "alignment_bytes": 1}
 TIMING_FIELDS = ("bandwidth_gbytes_per_s", "link_latency_ns", "switch_latency_ns", "reduction_gbytes_per_s",
                  "reduction_latency_ns")
 
@@ -181,9 +196,15 @@ def load_toml(path: str | Path, **overrides) -> FabricConfig:
     """A FabricConfig from a TOML file; `base = "PRESET"` in the file starts from that preset."""
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such config file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, not a config file") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the config file: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:  # TOML is UTF-8 text; this is most likely a binary file
+        raise ConfigError(f"{path}: not a TOML file: byte {exc.start} is not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     base = data.pop("base", None)

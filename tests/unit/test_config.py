@@ -1,9 +1,11 @@
 """fabric.config: presets, strict TOML loading, validation of impossible values, resolve(), digest()."""
 
 import dataclasses
+import math
 
 import pytest
 
+from fabric.addressing import MAX_GPUS, assign_network_addresses
 from fabric.config import DEFAULT_PRESET, PRESETS, FabricConfig, build_config, load_toml, preset, resolve
 from fabric.errors import ConfigError, FabricError
 from fabric.profiles import PROFILES, link_profile
@@ -135,6 +137,55 @@ def test_partitions_must_be_list_of_lists():
         build_config({"gpus": 2, "partitions": [0, 1]}, "test")
 
 
+# every key that holds a number: int fields and the float overrides of the time model
+NUMERIC_KEYS = [f.name for f in dataclasses.fields(FabricConfig) if f.type in (int, float | None)]
+
+
+INT_KEYS = {f.name for f in dataclasses.fields(FabricConfig) if f.type is int}
+BAD_NUMBERS = [(key, value) for key in NUMERIC_KEYS
+               for value in (math.nan, math.inf, -math.inf, True, False) + ((1.0,) if key in INT_KEYS else ())]
+
+
+@pytest.mark.parametrize("key, value", BAD_NUMBERS, ids=[f"{k}={v!r}" for k, v in BAD_NUMBERS])
+def test_numeric_keys_refuse_nan_inf_and_booleans(key, value):
+    with pytest.raises(ConfigError, match=f"^test: {key}: must be"):
+        build_config({key: value}, "test")
+
+
+def test_numeric_keys_are_the_ones_expected():
+    # the test above must not pass vacuously: every numeric key of the config is in it
+    assert {"gpus", "switches", "memory_capacity_bytes", "page_size_bytes", "mtu_bytes", "header_bytes",
+            "tlb_entries", "switch_buffer_bytes", "chunk_bytes", "alignment_bytes", "bandwidth_gbytes_per_s",
+            "link_latency_ns", "switch_latency_ns", "reduction_gbytes_per_s", "reduction_latency_ns"} <= set(NUMERIC_KEYS)
+
+
+@pytest.mark.parametrize("partitions", [
+    [[0, 1.0], [2, 3]],
+    [[False, True], [2, 3]],
+    [[0, 1], [2.0, 3.0]],
+    [["0", "1"], ["2", "3"]],
+    [[0, "1"], [2, 3]],
+    [[0, 1], [[2, 3]]],
+])
+def test_partitions_hold_integer_gpu_indices_only(partitions):
+    with pytest.raises(ConfigError, match=r"^test: partitions: GPU indices must be integers, got "):
+        build_config({"gpus": 4, "partitions": partitions}, "test")
+
+
+@pytest.mark.parametrize("mode", ["network", "classic"])
+def test_gpus_are_bounded_by_the_network_address_space(mode):
+    sharp = mode == "network"
+    assert MAX_GPUS == 0x1000 - 0x100 == 3840
+    assert build_config({"gpus": MAX_GPUS, "mode": mode, "sharp": sharp}, "test").world_size == MAX_GPUS + 1
+    assert len(set(assign_network_addresses(MAX_GPUS))) == MAX_GPUS
+    for gpus in (MAX_GPUS + 1, 5000):
+        with pytest.raises(ConfigError, match=rf"^test: gpus: at most 3840 \(one network address each, "
+                                              rf"0x100..0xfff\), got {gpus}$"):
+            build_config({"gpus": gpus, "mode": mode, "sharp": sharp}, "test")
+    with pytest.raises(ConfigError, match="gpus: at most 3840"):
+        resolve("dgx-h100", gpus=5000)
+
+
 # -- TOML ------------------------------------------------------------------------------------------
 
 def test_toml_minimal(tmp_path):
@@ -209,6 +260,38 @@ def test_toml_bad_syntax(tmp_path):
 def test_toml_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="no such config file"):
         load_toml(tmp_path / "absent.toml")
+
+
+@pytest.mark.parametrize("text, key", [
+    ("bandwidth_gbytes_per_s = nan\n", "bandwidth_gbytes_per_s"),
+    ("link_latency_ns = inf\n", "link_latency_ns"),
+    ("reduction_gbytes_per_s = -inf\n", "reduction_gbytes_per_s"),
+    ("switch_latency_ns = true\n", "switch_latency_ns"),
+    ("gpus = nan\n", "gpus"),
+    ("switches = true\n", "switches"),
+    ("switches = 1.0\n", "switches"),
+    ("gpus = 5000\n", "gpus"),
+    ("gpus = 4\npartitions = [[0, 1.0], [2, 3]]\n", "partitions"),
+    ("gpus = 4\npartitions = [[false, true], [2, 3]]\n", "partitions"),
+    ('gpus = 4\npartitions = [["0", "1"], [2, 3]]\n', "partitions"),
+])
+def test_toml_bad_numbers_name_the_key(tmp_path, text, key):
+    path = write_toml(tmp_path, 'base = "dgx-h100"\n' + text)
+    with pytest.raises(ConfigError, match=f"^{path}: {key}: "):
+        load_toml(path)
+
+
+def test_toml_path_that_is_a_directory(tmp_path):
+    with pytest.raises(ConfigError, match=f"^{tmp_path}: is a directory, not a config file$"):
+        load_toml(tmp_path)
+
+
+@pytest.mark.parametrize("content", [bytes(range(256)), b"\x89PNG\r\n\x1a\n\x00\x00", b"gpus = 4\n\xff\n"])
+def test_toml_binary_file_is_not_toml(tmp_path, content):
+    path = tmp_path / "fabric.toml"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match=f"^{path}: not (a TOML file: byte [0-9]+ is not UTF-8 text|valid TOML)"):
+        load_toml(path)
 
 
 # -- resolve() ---------------------------------------------------------------------------------------
