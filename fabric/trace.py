@@ -18,8 +18,13 @@ def trace_path(directory: str | Path, rank: int) -> Path:
     return Path(directory) / f"rank-{rank:05d}.msgpack"
 
 
+class TraceWriteError(OSError):
+    """A rank's trace file could not be written (a full disk, most likely); the message names the file."""
+
+
 class TraceWriter:
-    """Appends records to one rank's trace file; buffered, flushed at close (and every `flush_every`)."""
+    """Appends records to one rank's trace file; buffered, flushed at close (and every `flush_every`).
+    A failed write raises TraceWriteError."""
 
     def __init__(self, directory: str | Path, rank: int, header: dict, flush_every: int = 256):
         Path(directory).mkdir(parents=True, exist_ok=True)
@@ -41,9 +46,13 @@ class TraceWriter:
 
     def flush(self) -> None:
         if self._pending:
-            self._file.write(b"".join(self._pending))
-            self._pending = []
-            self._file.flush()
+            try:
+                self._file.write(b"".join(self._pending))
+                self._pending = []
+                self._file.flush()
+            except OSError as exc:
+                raise TraceWriteError(exc.errno, f"cannot write trace file {self.path}: "
+                                                 f"{exc.strerror or exc}") from None
 
     def close(self, end: dict | None = None) -> None:
         """Write the end record (a clean close) and close the file."""

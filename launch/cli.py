@@ -5,6 +5,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -13,15 +14,16 @@ from pathlib import Path
 from fabric.config import resolve
 from fabric.errors import ConfigError, UnsupportedOperation
 from fabric.trace import read_directory
-from ranks.session import FAILURE_DIR_ENV
+from ranks.session import FAILURE_DIR_ENV, INTERRUPTED_STATUS
 
 from .bench import bench_arguments
 from .bench import check as check_bench
 from .report import trace_report
 from .traces import merge
-from .runner import fabric_arguments, split_script_args
+from .runner import fabric_arguments, prepare_trace_dir, split_script_args
 
 EXAMPLES = Path(__file__).parent / "examples"
+INTERRUPT_GRACE_S = 10.0  # s, for mpiexec to end its ranks after Ctrl-C before it is killed
 
 
 def mpiexec_command() -> list[str]:
@@ -54,14 +56,37 @@ def launch_script(script: str, args: argparse.Namespace, script_args: list[str],
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    if getattr(args, "trace_dir", None) is not None:
+        prepare_trace_dir(args.trace_dir)  # a bad one is one line here, not a traceback from every rank
     with tempfile.TemporaryDirectory(prefix="nvlink-emu-failures-") as failures:
         env[FAILURE_DIR_ENV] = failures  # failing ranks leave their tracebacks here (ranks.session)
         try:
-            done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE if capture else None, text=True)
+            with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE if capture else None, text=True) as job:
+                try:
+                    out, _ = job.communicate()
+                except KeyboardInterrupt:
+                    stop_interrupted(job)
+                    raise
         finally:  # even when interrupted: a rank's traceback is the one thing worth keeping
             for report in sorted(Path(failures).glob("rank-*.txt")):
                 sys.stderr.write(report.read_text())
-    return (done.returncode, done.stdout) if capture else done.returncode
+    return (job.returncode, out) if capture else job.returncode
+
+
+def stop_interrupted(job: subprocess.Popen) -> None:
+    """End mpiexec after Ctrl-C. A terminal's Ctrl-C reached it too, and it passes SIGINT on to every
+    rank, which then ends at once; a SIGINT sent to this command alone did not, so pass it on. Kill
+    mpiexec if the job has not ended within INTERRUPT_GRACE_S, or at a second Ctrl-C."""
+    try:
+        try:
+            job.wait(timeout=1.0)  # a second SIGINT would make mpiexec kill the ranks mid-report
+            return
+        except subprocess.TimeoutExpired:
+            job.send_signal(signal.SIGINT)
+        job.wait(timeout=INTERRUPT_GRACE_S)
+    except (subprocess.TimeoutExpired, KeyboardInterrupt):
+        job.kill()
+        job.wait()
 
 
 def cmd_run(args, script_args) -> int:
@@ -228,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(ours)
     try:
         return args.handler(args, script_args)
+    except KeyboardInterrupt:
+        print("nvlink-emu: error: interrupted (Ctrl-C); the job was stopped", file=sys.stderr)
+        return INTERRUPTED_STATUS
     except (ConfigError, FileNotFoundError) as exc:
         print(f"nvlink-emu: error: {exc}", file=sys.stderr)
         return 2

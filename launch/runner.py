@@ -1,6 +1,7 @@
 """Rank bootstrap for `python -m launch`: parse, load the fabric and the script, run, print one report."""
 
 import argparse
+import inspect
 import math
 import runpy
 import sys
@@ -9,7 +10,7 @@ from pathlib import Path
 
 from fabric.config import DEFAULT_PRESET, PRESETS, resolve
 from fabric.errors import ConfigError
-from ranks.session import DEFAULT_TIMEOUT_S, report_failure, run_fabric
+from ranks.session import DEFAULT_TIMEOUT_S, INTERRUPTED_STATUS, report_failure, run_fabric
 from ranks.transport import abort_job, count_failed_ranks, world_rank, world_size
 
 from .report import run_summary
@@ -34,7 +35,8 @@ def split_script_args(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def load_main(script: str):
-    """The main(gpu) function of a workload script."""
+    """The main(gpu) function of a workload script; ConfigError naming the script if it has none, or
+    if its main cannot be called with the one argument (checked here, before any traffic)."""
     path = Path(script)
     if not path.is_file():
         raise ConfigError(f"{script}: no such script")
@@ -42,10 +44,42 @@ def load_main(script: str):
     main = namespace.get("main")
     if not callable(main):
         raise ConfigError(f"{script}: defines no main(gpu) function")
+    try:
+        signature = inspect.signature(main)
+    except (TypeError, ValueError):  # no signature to inspect (a builtin, say): the call will tell
+        return main
+    try:
+        signature.bind(None)
+    except TypeError:
+        raise ConfigError(f"{script}: main must take one argument, the GPU (def main(gpu)); "
+                          f"it is def main{signature}") from None
     return main
 
 
+def prepare_trace_dir(trace_dir: str) -> None:
+    """Create --trace-dir (and its parents) unless it exists; ConfigError naming it if it is a file,
+    lies under one, or cannot be created."""
+    directory = Path(trace_dir)
+    blocker = next((p for p in (directory, *directory.parents) if p.exists() and not p.is_dir()), None)
+    if blocker == directory:
+        raise ConfigError(f"--trace-dir {trace_dir}: is a file, not a directory")
+    if blocker is not None:
+        raise ConfigError(f"--trace-dir {trace_dir}: lies under {blocker}, which is a file, not a directory")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--trace-dir {trace_dir}: cannot create it: {exc.strerror or exc}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return run(argv)
+    except KeyboardInterrupt:  # Ctrl-C: mpiexec passes it to every rank; end them all, with no traceback
+        abort_job(INTERRUPTED_STATUS)
+
+
+def run(argv: list[str] | None) -> int:
+    """One rank of `python -m launch`: its exit status (a failure after setup aborts the job instead)."""
     ours, script_args = split_script_args(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="python -m launch", description="Run SCRIPT's main(gpu) on every "
                                      "GPU rank of an emulated fabric (under mpiexec).")
@@ -56,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     problem = None
     try:
         config = resolve(args.preset, args.config, args.gpus)
+        if args.trace_dir is not None:
+            prepare_trace_dir(args.trace_dir)
         sys.argv = [args.script, *script_args]
         workload = load_main(args.script)
     except Exception as exc:  # noqa: BLE001 - whatever it is, every rank must learn of it

@@ -12,13 +12,14 @@ from pathlib import Path
 from fabric.addressing import assign_network_addresses
 from fabric.config import FabricConfig
 from fabric.errors import ConfigError
-from fabric.trace import TraceWriter
+from fabric.trace import TraceWriter, TraceWriteError
 
 from .gpu import Gpu
 from .switch import SwitchRank
 from .transport import Transport, abort_job, split_gpus
 
 DEFAULT_TIMEOUT_S = 60.0
+INTERRUPTED_STATUS = 130  # the job's exit status after Ctrl-C: 128 + SIGINT, as shells report it
 
 
 @dataclass
@@ -59,10 +60,11 @@ def run_fabric(config: FabricConfig, main, timeout_s: float = DEFAULT_TIMEOUT_S,
     """Run `main(gpu)` on every GPU rank while the switch rank serves; collective over `comm`.
 
     A world size that does not match the fabric is a ConfigError on every rank before any traffic.
-    Any exception after that prints this rank's traceback, labelled, and aborts the whole job; with
-    abort_on_error=False it propagates instead, for a caller that ends the job itself (the tests'
-    conftest hook does, after pytest reports the failure). With trace_dir, every rank writes its
-    trace file there (fabric.trace).
+    Any exception after that prints this rank's report, labelled (its traceback; one line for
+    sys.exit(N) and for a trace file that cannot be written; nothing for Ctrl-C), and aborts the whole
+    job with exit_status(exc); with abort_on_error=False it propagates instead, for a caller that ends
+    the job itself (the tests' conftest hook does, after pytest reports the failure). With trace_dir,
+    every rank writes its trace file there (fabric.trace).
     """
     if not math.isfinite(timeout_s) or timeout_s <= 0:
         raise ConfigError(f"timeout: must be a finite number of seconds > 0, got {timeout_s}")
@@ -82,7 +84,7 @@ def run_fabric(config: FabricConfig, main, timeout_s: float = DEFAULT_TIMEOUT_S,
             trace = open_trace(trace_dir, transport, config, role, addresses, timeout_s)
         if role == "gpu":
             gpu = Gpu(config, transport, control, config.gpus, addresses, timeout_s, trace)
-            value = main(gpu)
+            value = call_main(main, gpu)
             report = gpu.finish()
             control.comm.Free()
             end = {"m": gpu.now_ns, "counters": gpu._snapshot()}
@@ -97,28 +99,59 @@ def run_fabric(config: FabricConfig, main, timeout_s: float = DEFAULT_TIMEOUT_S,
     except BaseException as exc:
         if trace is not None:  # the error is part of the record; no end record: the rank did not close cleanly
             now = getattr(locals().get("gpu"), "now_ns", None)
-            trace.write({"ev": "error", "error": type(exc).__name__, "message": str(exc), "wall": time.time(),
-                         **({"m": now} if now is not None else {})}, force=True)
-            trace.flush()
+            try:
+                trace.write({"ev": "error", "error": type(exc).__name__, "message": str(exc), "wall": time.time(),
+                             **({"m": now} if now is not None else {})}, force=True)
+                trace.flush()
+            except TraceWriteError:
+                pass  # the trace may be what failed (a full disk): the report and the abort must still happen
         if not abort_on_error:
             raise
         name = f"{role} {transport.rank}" if role == "gpu" else f"switch (rank {transport.rank})"
-        report_failure(transport.rank, name, traceback.format_exc())
-        abort_job(1)
+        status = exit_status(exc)
+        if isinstance(exc, SystemExit):
+            report_failure(transport.rank, name, headline=f"sys.exit({exc.code!r}) in the workload; ending the job "
+                           f"with status {status}")
+        elif isinstance(exc, TraceWriteError):  # where in the run the disk filled up does not matter
+            report_failure(transport.rank, name, headline=f"{exc.strerror}; ending the job")
+        elif not isinstance(exc, KeyboardInterrupt):  # Ctrl-C reached every rank; the launcher says it once
+            report_failure(transport.rank, name, traceback.format_exc())
+        abort_job(status)
         raise
+
+
+def call_main(main, gpu):
+    """The workload's main(gpu). sys.exit() and sys.exit(0) in it are a normal return on this GPU, as
+    they are in a plain script; any other exit status ends the job with it (exit_status)."""
+    try:
+        return main(gpu)
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            raise
+        return None
+
+
+def exit_status(exc: BaseException) -> int:
+    """The job's exit status when `exc` ends it: sys.exit(N)'s N (as Python would, but never 0: the job
+    is aborted), INTERRUPTED_STATUS for Ctrl-C, 1 otherwise."""
+    if isinstance(exc, SystemExit) and isinstance(exc.code, int) and not isinstance(exc.code, bool):
+        return exc.code & 0xFF or 1
+    return INTERRUPTED_STATUS if isinstance(exc, KeyboardInterrupt) else 1
 
 
 FAILURE_DIR_ENV = "NVLINK_EMU_FAILURE_DIR"
 
 
-def report_failure(rank: int, name: str, text: str) -> None:
-    """Print a failing rank's traceback, each line labelled with the rank.
+def report_failure(rank: int, name: str, text: str = "", headline: str = "failed; ending the job") -> None:
+    """Print a failing rank's report: a headline and then `text` (its traceback), each line labelled
+    with the rank.
 
     With $NVLINK_EMU_FAILURE_DIR set (`nvlink-emu run` sets it), the report goes to a file there,
     which the launcher prints once the job has ended: a rank's stderr still in the MPI launcher's
     pipe when MPI_Abort kills the job can be lost, a file cannot."""
     prefix = f"[nvlink-emu {name}] "
-    report = f"{prefix}failed; ending the job\n" + "".join(prefix + line + "\n" for line in text.rstrip().split("\n"))
+    lines = text.rstrip().split("\n") if text.strip() else []
+    report = f"{prefix}{headline}\n" + "".join(prefix + line + "\n" for line in lines)
     directory = os.environ.get(FAILURE_DIR_ENV)
     if directory:
         try:

@@ -1,9 +1,11 @@
 """Trace files: schema round trip, cut-short files read up to their last whole record."""
 
+import errno
+
 import msgpack
 import pytest
 
-from fabric.trace import SCHEMA_VERSION, TraceWriter, read_directory, read_trace, trace_path
+from fabric.trace import SCHEMA_VERSION, TraceWriteError, TraceWriter, read_directory, read_trace, trace_path
 
 
 def write_run(tmp_path, events, end=True, rank=3):
@@ -91,3 +93,23 @@ def test_the_header_is_on_disk_before_any_event(tmp_path):
     writer = TraceWriter(tmp_path, 5, {"role": "switch"})
     writer.write({"ev": "tx"})
     assert read_trace(trace_path(tmp_path, 5)).header["rank"] == 5  # not closed yet, header already written
+
+
+class FullDisk:
+    """A file on a disk that has just filled up."""
+
+    def write(self, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def flush(self):
+        pass
+
+
+def test_a_failed_write_is_a_trace_write_error_naming_the_file(tmp_path):
+    writer = TraceWriter(tmp_path, 2, {"role": "gpu"}, flush_every=2)
+    writer._file = FullDisk()
+    writer.write({"ev": "tx"})
+    with pytest.raises(TraceWriteError) as info:
+        writer.write({"ev": "rx"})  # the second record fills the buffer: the flush fails
+    assert str(info.value) == f"[Errno 28] cannot write trace file {tmp_path / 'rank-00002.msgpack'}: No space left on device"
+    assert isinstance(info.value, OSError) and info.value.errno == errno.ENOSPC
