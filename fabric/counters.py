@@ -70,11 +70,17 @@ def check_conservation(switch_side: dict[str, dict[str, int]],
                        gpu_sides: list[dict[str, dict[str, int]]]) -> None:
     """Every link's sender and receiver counted the same; FabricError naming the link otherwise."""
     for gpu, gpu_side in enumerate(gpu_sides):
-        for link in (uplink(gpu), downlink(gpu)):
-            a = {k: switch_side.get(link, {}).get(k, 0) for k in FIELDS}
-            b = {k: gpu_side.get(link, {}).get(k, 0) for k in FIELDS}
-            if a != b:
-                raise FabricError(f"byte conservation broken on {link}: switch counted {a}, GPU {gpu} counted {b}")
+        check_gpu_links(switch_side, gpu, gpu_side)
+
+
+def check_gpu_links(switch_side: dict[str, dict[str, int]], gpu: int, gpu_side: dict[str, dict[str, int]]) -> None:
+    """GPU `gpu`'s two links were counted the same at both ends; FabricError naming the link otherwise.
+    Each GPU checks its own links (a GPU's word is not trusted about any other's)."""
+    for link in (uplink(gpu), downlink(gpu)):
+        a = {k: switch_side.get(link, {}).get(k, 0) for k in FIELDS}
+        b = {k: gpu_side.get(link, {}).get(k, 0) for k in FIELDS}
+        if a != b:
+            raise FabricError(f"byte conservation broken on {link}: switch counted {a}, GPU {gpu} counted {b}")
 
 
 def format_table(snapshot: dict[str, dict], gpus: int, extra: dict[int, dict[str, int]] | None = None,

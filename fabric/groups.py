@@ -16,6 +16,8 @@ MAX_GROUPS = 128  # NVSwitch gen 3: up to 128 concurrent SHARP groups
 class Group:
     group_id: int
     members: tuple[int, ...]           # GPU indices in communicator rank order: the combine order
+    name: str = ""                     # the communicator's name: every key of the group starts with it
+    partition: int = 0                 # the partition its members are in
     bound: set[int] = field(default_factory=set)
     engine: ReductionClock | None = None  # modeled time of the group's reductions
 
@@ -48,26 +50,30 @@ class GroupTable:
         self.created = self.released = 0
         self.reduced_bytes = 0  # bytes of contributions combined in the switch
 
-    def create(self, members: tuple[int, ...], requester: int) -> int:
+    def create(self, members: tuple[int, ...], requester: int, name: str = "", partition: int = 0) -> int:
         if len(self.groups) >= self.limit:
             raise ResourceExhausted(f"GPU {requester}: cannot create a multicast/SHARP group for GPUs "
                                     f"{list(members)}: the switch holds {len(self.groups)} groups, its limit is "
                                     f"{self.limit}; release one first")
         if requester not in members or len(set(members)) != len(members):
             raise FabricError(f"GPU {requester}: group members {list(members)} must be distinct and include it")
-        group = Group(self._next_id, tuple(members))
+        group = Group(self._next_id, tuple(members), name, partition)
         self.groups[group.group_id] = group
         self._next_id += 1
         self.created += 1
         return group.group_id
 
-    def group(self, group_id: int, gpu: int, what: str) -> Group:
+    def group(self, group_id: int, gpu: int, what: str, bound: bool = False) -> Group:
+        """Group `group_id`, which GPU `gpu` must be a member of (`bound`: a bound member);
+        AccessViolation otherwise."""
         group = self.groups.get(group_id)
         if group is None:
             raise AccessViolation(f"{what} by GPU {gpu}: no live group {group_id}")
         if gpu not in group.members:
             raise AccessViolation(f"{what} by GPU {gpu}: not a member of group {group_id} "
                                   f"(members {list(group.members)})")
+        if bound and gpu not in group.bound:
+            raise AccessViolation(f"{what} by GPU {gpu}: it has not bound group {group_id}")
         return group
 
     def bind(self, group_id: int, gpu: int) -> None:
@@ -87,10 +93,12 @@ class GroupTable:
         return group.engine
 
     def contribute(self, group_id: int, slot: tuple, gpu: int, op: str, dtype: str, data: np.ndarray,
-                   delivery: tuple = (), times: tuple[float, float] = (0.0, 0.0)) -> tuple | None:
+                   delivery: tuple = (), times: tuple[float, float] = (0.0, 0.0),
+                   hold_limit_bytes: int | None = None) -> tuple | None:
         """Hold GPU `gpu`'s contribution to `slot` (its first/last byte at `times`, modeled ns); once
         every member's is in, (the finished result, the agreed `delivery`: whom it goes to and under
-        which key, (latest first byte, latest last byte))."""
+        which key, (latest first byte, latest last byte)). ResourceExhausted if holding it would take
+        the group's partition past `hold_limit_bytes` of held contributions."""
         group = self.group(group_id, gpu, "in-switch reduction")
         if not group.ready:
             raise AccessViolation(f"in-switch reduction by GPU {gpu}: group {group_id} is not bound by all "
@@ -109,6 +117,13 @@ class GroupTable:
         if index in state.parts:
             raise CollectiveMismatch(f"in-switch reduction slot {slot} of group {group_id}: GPU {gpu} "
                                      f"contributed twice")
+        if len(state.parts) + 1 < len(group.members) and hold_limit_bytes is not None \
+                and self.held_by(group.partition) + data.nbytes > hold_limit_bytes:
+            if not state.parts:
+                del self.reductions[key]
+            raise ResourceExhausted(f"in-switch reduction slot {slot} of group {group_id}: GPU {gpu}'s {data.nbytes} "
+                                    f"bytes do not fit partition {group.partition}'s share of the in-switch buffer "
+                                    f"({hold_limit_bytes} bytes, {self.held_by(group.partition)} held)")
         state.parts[index] = data
         state.first_ns = max(state.first_ns, times[0])
         state.last_ns = max(state.last_ns, times[1])
@@ -131,3 +146,12 @@ class GroupTable:
     def held_bytes(self) -> int:
         """Bytes of contributions the switch holds now."""
         return sum(p.nbytes for r in self.reductions.values() for p in r.parts.values())
+
+    def held_by(self, partition: int) -> int:
+        """Bytes of contributions the switch holds now for groups of `partition`."""
+        return sum(p.nbytes for key, r in self.reductions.items() if self.groups[key[0]].partition == partition
+                   for p in r.parts.values())
+
+    def count_in(self, partition: int) -> int:
+        """Live groups of `partition`."""
+        return sum(1 for g in self.groups.values() if g.partition == partition)

@@ -1,17 +1,28 @@
-"""Packets: immutable headers with an explicit wire format (msgpack), segmentation at the MTU.
+"""Packets: immutable headers with one explicit wire format per kind (msgpack), segmentation at the MTU.
 
 A packet's payload travels beside its header (the transport sends the numpy bytes as they are), so a
 header never copies data. One header stands for a burst of MTU-sized packets of one transfer: the
 wire carries the burst as one message, and the counters count the packets and header bytes the
 fabric would carry (see `segments`).
+
+Every kind that carries fields beyond the fixed header has its own frozen record (`MsgInfo`,
+`ReduceInfo`, ...), sent as a msgpack array in field order and checked field by field on decode,
+so a receiver only ever sees a well-typed record (or a `ProtocolError`). REPLY and SHUTDOWN carry a
+free map: only the switch sends them, and a GPU accepts packets from its switch alone.
 """
 
 import enum
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, fields
 
 import msgpack
 
 from .errors import ProtocolError
+
+WIRE_INT_MIN, WIRE_INT_MAX = -(2 ** 63), 2 ** 64 - 1  # msgpack's integer range
+MAX_KEY_PARTS = 16      # parts of a message key (collective keys have at most 7)
+MAX_TEXT = 4096         # characters of a string field (names, dtypes, error messages)
+MAX_LIST = 4096         # entries of a list field (GPU lists, slots)
 
 
 class Kind(enum.IntEnum):
@@ -20,21 +31,21 @@ class Kind(enum.IntEnum):
     PUT_ACK = 2      # the target wrote request `req`
     GET = 3          # read `nbytes` at `address` of `dst`
     GET_DATA = 4     # the bytes read for request `req`; payload = the bytes
-    NACK = 5         # the switch refused request `req`; info = {"error": class name, "message": text}
-    MSG = 6          # collective traffic to a peer GPU's mailbox; info["key"] names the slot
-    REDUCE = 7       # a contribution to an in-switch reduction; info names group, slot, op, dtype
-    MCAST = 8        # a multicast store: the switch copies the payload out of every member port
-    LOAD_REDUCE = 9  # NVLS load-reduce: ask the switch for the reduction of a range of members' buffers
-    LOAD = 10        # the switch reads a range of a member's bound buffer (answered by a REDUCE)
+    NACK = 5         # the switch refused request `req` (NackInfo)
+    MSG = 6          # traffic to a peer GPU's mailbox slot (MsgInfo)
+    REDUCE = 7       # a contribution to an in-switch reduction (ReduceInfo)
+    MCAST = 8        # a multicast store: the switch copies the payload out of every member port (McastInfo)
+    LOAD_REDUCE = 9  # NVLS load-reduce: ask the switch for the reduction of a range of members' buffers (LoadInfo)
+    LOAD = 10        # the switch reads a range of a member's bound buffer (LoadInfo; answered by a REDUCE)
     # control plane: fabric-manager traffic, not NVLink data, never counted
-    EXPORT = 20      # map a window in this GPU's Link TLB
-    REVOKE = 21      # unmap it
-    REPLY = 22       # answer to EXPORT / REVOKE / group calls; info carries the result or the error
-    GROUP = 23       # multicast/SHARP group lifecycle: create, bind, release
-    TRACE = 24       # turn the switch's trace records on or off (info["on"])
+    EXPORT = 20      # map a window in this GPU's Link TLB (ExportInfo)
+    REVOKE = 21      # unmap it (RevokeInfo)
+    REPLY = 22       # answer to EXPORT / REVOKE / group calls: a map with the result or the error
+    GROUP = 23       # multicast/SHARP group lifecycle: create, bind, release (GroupInfo)
+    TRACE = 24       # turn the switch's trace records on or off (TraceInfo)
     DONE = 30        # this GPU's script returned and its requests completed
-    SHUTDOWN = 31    # every GPU is done: report counters and leave
-    COUNTERS = 32    # a GPU's counters, in answer to SHUTDOWN
+    SHUTDOWN = 31    # every GPU is done: report counters and leave (a map: the run's report)
+    COUNTERS = 32    # a GPU's counters, in answer to SHUTDOWN (CountersInfo)
 
     @property
     def counted(self) -> bool:
@@ -49,12 +60,194 @@ class Kind(enum.IntEnum):
 _WITH_PAYLOAD = frozenset({Kind.PUT, Kind.GET_DATA, Kind.MSG, Kind.REDUCE, Kind.MCAST})
 
 
+# -- field checkers: each returns the field's value in its canonical type or raises ProtocolError ----
+class _Bad(Exception):
+    pass
+
+
+def _int(v):
+    if type(v) is not int:
+        raise _Bad(f"an integer, got {type(v).__name__}")
+    return v
+
+
+def _num(v):
+    if type(v) not in (int, float) or not math.isfinite(v):
+        raise _Bad(f"a finite number, got {v!r}")
+    return float(v)
+
+
+def _bool(v):
+    if type(v) is not bool:
+        raise _Bad(f"true or false, got {type(v).__name__}")
+    return v
+
+
+def _text(v):
+    if type(v) is not str or len(v) > MAX_TEXT:
+        raise _Bad(f"a string of at most {MAX_TEXT} characters, got {type(v).__name__}")
+    return v
+
+
+def _ints(v):
+    if type(v) not in (list, tuple) or len(v) > MAX_LIST or not all(type(x) is int for x in v):
+        raise _Bad(f"a list of at most {MAX_LIST} integers, got {v!r:.80}")
+    return tuple(v)
+
+
+def _key(v):
+    """A message key: a flat tuple of ints and strings."""
+    if (type(v) not in (list, tuple) or len(v) > MAX_KEY_PARTS
+            or not all(type(x) is int or (type(x) is str and len(x) <= MAX_TEXT) for x in v)):
+        raise _Bad(f"a flat list of at most {MAX_KEY_PARTS} integers and strings, got {v!r:.80}")
+    return tuple(v)
+
+
+def _optional_ints(v):
+    return None if v is None else _ints(v)
+
+
+def _links(v):
+    """A GPU's link counters: {link name: {counter: number}}."""
+    if type(v) is not dict or len(v) > MAX_LIST:
+        raise _Bad("a map of links")
+    for name, stats in v.items():
+        _text(name)
+        if type(stats) is not dict or not all(type(k) is str and type(x) in (int, float) and math.isfinite(x)
+                                              for k, x in stats.items()):
+            raise _Bad(f"link {name!r}: a map of counters to numbers")
+    return v
+
+
+def _keys(v):
+    if type(v) not in (list, tuple) or len(v) > MAX_LIST:
+        raise _Bad("a list of message keys")
+    return [list(_key(k)) for k in v]
+
+
+def _map(v):
+    if type(v) is not dict:
+        raise _Bad(f"a map, got {type(v).__name__}")
+    return v
+
+
+def _check(kind: "Kind", name: str, checker, value):
+    try:
+        return checker(value)
+    except _Bad as bad:
+        raise ProtocolError(f"malformed {kind.name} header: field {name!r} must be {bad}") from None
+
+
+def _field(checker):
+    return field(metadata={"check": checker})
+
+
+class Info:
+    """Base of the per-kind records: wire form = the fields' values in declaration order."""
+
+    def to_wire(self) -> list:
+        return [getattr(self, f.name) for f in fields(self)]
+
+    @classmethod
+    def from_wire(cls, kind: "Kind", values) -> "Info":
+        spec = fields(cls)
+        if type(values) is not list or len(values) != len(spec):
+            raise ProtocolError(f"malformed {kind.name} header: its record needs {len(spec)} fields "
+                                f"({', '.join(f.name for f in spec)}), got {values!r:.80}")
+        return cls(*(_check(kind, f.name, f.metadata["check"], v) for f, v in zip(spec, values)))
+
+
+@dataclass(frozen=True)
+class MsgInfo(Info):
+    key: tuple = _field(_key)            # the receiver's mailbox slot (matched with the sender's GPU index)
+
+
+@dataclass(frozen=True)
+class McastInfo(Info):
+    group: int = _field(_int)            # the multicast group it goes through (deliveries name it too)
+    key: tuple = _field(_key)            # the receivers' slot, matched with the group
+
+
+@dataclass(frozen=True)
+class ReduceInfo(Info):
+    group: int = _field(_int)            # the SHARP group reducing it
+    slot: tuple = _field(_ints)          # which reduction of the group (collective seq, block, chunk...)
+    op: str = _field(_text)              # sum, avg, max, min, prod
+    dtype: str = _field(_text)           # element type of the payload
+    dest: tuple = _field(_ints)          # GPU indices the result goes to
+    key: tuple = _field(_key)            # the result's slot at the destinations
+
+
+@dataclass(frozen=True)
+class LoadInfo(Info):
+    group: int = _field(_int)
+    slot: tuple = _field(_ints)
+    op: str = _field(_text)
+    dtype: str = _field(_text)
+    dest: tuple = _field(_ints)
+    key: tuple = _field(_key)
+    source: tuple = _field(_key)         # the members' bound buffer to load from (NVLS)
+
+    def contribution(self) -> ReduceInfo:
+        """The record of a member's REDUCE answering this LOAD."""
+        return ReduceInfo(self.group, self.slot, self.op, self.dtype, self.dest, self.key)
+
+
+@dataclass(frozen=True)
+class NackInfo(Info):
+    error: str = _field(_text)           # a fabric.errors class name
+    message: str = _field(_text)
+    kind: str = _field(_text)            # the refused packet's kind
+
+
+@dataclass(frozen=True)
+class ExportInfo(Info):
+    phys_offset: int = _field(_int)      # bytes, in the exporting GPU's memory
+    size_bytes: int = _field(_int)
+    to: tuple | None = _field(_optional_ints)  # GPU indices allowed; None: the exporter's partition
+    writable: bool = _field(_bool)
+    readable: bool = _field(_bool)
+
+
+@dataclass(frozen=True)
+class RevokeInfo(Info):
+    network_address: int = _field(_int)
+    address: int = _field(_int)
+
+
+@dataclass(frozen=True)
+class GroupInfo(Info):
+    action: str = _field(_text)          # create, bind, release
+    group: int = _field(_int)            # bind, release: the group; create: 0
+    members: tuple = _field(_ints)       # create: GPU indices in communicator rank order
+    name: str = _field(_text)            # create: the communicator's name, the first part of its keys
+
+
+@dataclass(frozen=True)
+class TraceInfo(Info):
+    on: bool = _field(_bool)
+
+
+@dataclass(frozen=True)
+class CountersInfo(Info):
+    links: dict = _field(_links)         # this GPU's link counters (LinkCounters.snapshot)
+    unconsumed: list = _field(_keys)     # message slots received but never consumed
+    now_ns: float = _field(_num)         # its final modeled clock
+
+
+INFO_OF = {Kind.NACK: NackInfo, Kind.MSG: MsgInfo, Kind.REDUCE: ReduceInfo, Kind.MCAST: McastInfo,
+           Kind.LOAD_REDUCE: LoadInfo, Kind.LOAD: LoadInfo, Kind.EXPORT: ExportInfo, Kind.REVOKE: RevokeInfo,
+           Kind.GROUP: GroupInfo, Kind.TRACE: TraceInfo, Kind.COUNTERS: CountersInfo}
+FREE_MAP = frozenset({Kind.REPLY, Kind.SHUTDOWN})  # switch-only kinds with a free map (or nothing)
+
+
 @dataclass(frozen=True)
 class Packet:
     """One header. `dst` is a routing key: a network address (network mode), a GPU index (classic
-    mode) or -1 (classic request: route by the physical `address`). `src` is set by the switch to the
-    ingress port's routing key, so a GPU cannot claim to be another. `nbytes` is the payload length,
-    or the requested length of a GET."""
+    mode) or -1 (classic request: route by the physical `address`; requests to the switch itself).
+    `src` is set by the switch to the ingress port's routing key, so a GPU cannot claim to be another.
+    `nbytes` is the payload length, or the requested length of a GET / LOAD_REDUCE. `info` is the
+    kind's record (INFO_OF), a map (REPLY, SHUTDOWN) or None."""
 
     kind: Kind
     src: int
@@ -62,16 +255,23 @@ class Packet:
     address: int = 0
     nbytes: int = 0
     req: int = 0
-    info: dict = field(default=None, hash=False, compare=True)
+    info: object = field(default=None, hash=False, compare=True)
     t_start: float = 0.0  # modeled ns: first byte ready at the packet's current point
     t_end: float = 0.0    # modeled ns: last byte ready there
 
+    def __post_init__(self):
+        record = INFO_OF.get(self.kind)
+        if record is not None and not isinstance(self.info, record):
+            raise TypeError(f"a {self.kind.name} packet carries a {record.__name__}, not {self.info!r:.80}")
+
     def to_wire(self) -> bytes:
+        info = self.info.to_wire() if isinstance(self.info, Info) else self.info
         return msgpack.packb((int(self.kind), self.src, self.dst, self.address, self.nbytes, self.req,
-                              self.info, float(self.t_start), float(self.t_end)), use_bin_type=True)
+                              info, float(self.t_start), float(self.t_end)), use_bin_type=True)
 
     @classmethod
     def from_wire(cls, data: bytes) -> "Packet":
+        """The packet `data` encodes; ProtocolError for anything that is not a well-formed header."""
         try:
             kind, src, dst, address, nbytes, req, info, t_start, t_end = msgpack.unpackb(
                 data, raw=False, strict_map_key=False)
@@ -79,11 +279,18 @@ class Packet:
         except (ValueError, TypeError, msgpack.UnpackException) as exc:
             raise ProtocolError(f"undecodable packet header ({len(data)} bytes): {exc}") from None
         numbers = (src, dst, address, nbytes, req)
-        if (not all(type(v) is int for v in numbers) or nbytes < 0 or not (info is None or isinstance(info, dict))
+        if (not all(type(v) is int for v in numbers) or nbytes < 0
                 or not all(type(t) in (int, float) for t in (t_start, t_end))):
             raise ProtocolError(f"malformed {kind.name} header: src, dst, address, nbytes, req must be integers "
-                                f"(nbytes >= 0), info a map and the times numbers, got {numbers} "
-                                f"{type(info).__name__} {t_start!r} {t_end!r}")
+                                f"(nbytes >= 0) and the times numbers, got {numbers} {t_start!r} {t_end!r}")
+        record = INFO_OF.get(kind)
+        if record is not None:
+            info = record.from_wire(kind, info)
+        elif kind in FREE_MAP:
+            if info is not None:
+                info = _check(kind, "info", _map, info)
+        elif info is not None:
+            raise ProtocolError(f"malformed {kind.name} header: this kind carries no record, got {info!r:.80}")
         return cls(kind, src, dst, address, nbytes, req, info, float(t_start), float(t_end))
 
     @property

@@ -1,10 +1,15 @@
-"""The switch's decisions as pure code: route, translate, authorise, count; the switch rank only moves bytes.
+"""The switch's decisions as pure code: validate, route, translate, authorise, count; the switch rank
+only moves bytes.
 
-`SwitchLogic.on_packet(ingress, packet)` returns the packets to send, each with the port it leaves by
-and whether it carries the incoming payload on. The switch authorises by the ingress port it saw the
-packet arrive on, never by a field the sender wrote.
+`SwitchLogic.on_packet(ingress, packet, payload)` returns the packets to send, each with the port it
+leaves by and whether it carries the incoming payload on. The switch authorises by the ingress port
+it saw the packet arrive on, never by a field the sender wrote; it validates every field against the
+config before it allocates or looks anything up (`check_header`), forwards a reply only if it
+answers a request it forwarded, and takes in-switch operations only from a group's bound members for
+keys of that group. A refused packet is counted on the sender's port and answered with a NACK.
 """
 
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -12,10 +17,31 @@ import numpy as np
 from .addressing import Handle, assign_network_addresses, decode_physical
 from .config import FabricConfig
 from .counters import LinkCounters, downlink, uplink
-from .errors import AccessViolation, FabricError, ProtocolError, UnsupportedOperation
+from .errors import AccessViolation, FabricError, ProtocolError, ResourceExhausted, UnsupportedOperation
 from .groups import GroupTable
-from .packets import Kind, Packet, raw_bytes
+from .packets import (WIRE_INT_MAX, GroupInfo, Kind, LoadInfo, McastInfo, NackInfo, Packet, ReduceInfo,
+                      raw_bytes)
+from .reduction import check_dtype, check_op
 from .tlb import LinkTLB
+
+# what a GPU may send to its switch; NACK, LOAD, REPLY and SHUTDOWN are the switch's own
+FROM_GPU = frozenset({Kind.PUT, Kind.PUT_ACK, Kind.GET, Kind.GET_DATA, Kind.MSG, Kind.REDUCE, Kind.MCAST,
+                      Kind.LOAD_REDUCE, Kind.EXPORT, Kind.REVOKE, Kind.GROUP, Kind.TRACE, Kind.DONE,
+                      Kind.COUNTERS})
+# the reply each request kind is answered with, by the GPU it was forwarded to
+REPLY_OF = {Kind.PUT: Kind.PUT_ACK, Kind.GET: Kind.GET_DATA}
+_NO_BYTES = np.empty(0, np.uint8)  # the payload of a transfer of 0 bytes
+
+
+def buffer_share_bytes(config: FabricConfig) -> int:
+    """In-switch buffer for held contributions each partition may use, in bytes (an equal share)."""
+    return config.switch_buffer_bytes // len(config.partitions)
+
+
+def port_share_bytes(config: FabricConfig) -> int:
+    """Forwarded bytes the switch keeps in flight to one port at most, in bytes (an equal share of
+    switch_buffer_bytes; a port with nothing in flight always takes one more transfer)."""
+    return config.switch_buffer_bytes // config.gpus
 
 
 @dataclass(frozen=True)
@@ -29,23 +55,33 @@ class Send:
 
 
 class SwitchLogic:
-    """State and decisions of one switch: port map, Link TLBs (network mode), counters, violations."""
+    """State and decisions of one switch: port map, Link TLBs (network mode), counters, refusals."""
 
     def __init__(self, config: FabricConfig):
         self.config = config
         self.network = config.mode == "network"
         self.network_addresses = assign_network_addresses(config.gpus) if self.network else ()
         self._port_of_address = {na: gpu for gpu, na in enumerate(self.network_addresses)}
-        self.tlbs = [LinkTLB(g, config.page_size_bytes, config.tlb_entries) for g in range(config.gpus)] \
+        # a port's page table maps each page of its GPU's memory twice at most (windows may overlap)
+        pages = 2 * -(-config.memory_capacity_bytes // config.page_size_bytes)
+        self.tlbs = [LinkTLB(g, config.page_size_bytes, config.tlb_entries, pages) for g in range(config.gpus)] \
             if self.network else []
         self.counters = LinkCounters(config.mtu_bytes, config.header_bytes)
         self.timing = config.timing
-        self.violations = [0] * config.gpus
+        self.violations = [0] * config.gpus  # AccessViolations, by the requester's port
+        self.refused = [0] * config.gpus     # every refused packet, by the sender's port
+        self.malformed = [0] * config.gpus   # of those, the ones that broke the protocol (ProtocolError)
         self.groups = GroupTable()
         self.peak_held_bytes = 0  # most contribution bytes held at once by in-switch reductions
         self.tracing = False      # when set, decisions worth a trace record are appended to `events`
         self.events: list[dict] = []
         self._partition = [config.partition_of(g) for g in range(config.gpus)]
+        # switch resources are shared out among partitions, so that one tenant cannot starve another
+        self.group_share = max(1, self.groups.limit // len(config.partitions))
+        self.buffer_share_bytes = buffer_share_bytes(config)
+        # requests forwarded and not yet answered: (replier port, requester port, req, reply kind) -> the
+        # byte counts the replies must carry, oldest first
+        self._awaited: dict[tuple[int, int, int, Kind], list[int]] = {}
 
     # -- addressing -------------------------------------------------------------------------------
     def route_key(self, gpu: int) -> int:
@@ -57,39 +93,96 @@ class SwitchLogic:
         if self.network:
             port = self._port_of_address.get(key)
         else:
-            port = key if 0 <= key < self.config.gpus else None
+            port = key if type(key) is int and 0 <= key < self.config.gpus else None
         if port is None:
             kind = "network address" if self.network else "GPU index"
             raise AccessViolation(f"no GPU has {kind} {key:#x}")
         return port
 
+    # -- validation -------------------------------------------------------------------------------
+    @property
+    def payload_limit(self) -> int:
+        """Largest transfer a GPU may send or request, in bytes: one GPU's whole memory."""
+        return self.config.memory_capacity_bytes
+
+    def check_header(self, ingress: int, packet: Packet) -> None:
+        """ProtocolError unless `packet`, arriving from GPU `ingress`, is one a GPU may send, with every
+        field in range; checked before its payload is taken or anything is looked up."""
+        what = f"{packet.kind.name} from GPU {ingress}"
+        if packet.kind not in FROM_GPU:
+            raise ProtocolError(f"{what}: only the switch sends {packet.kind.name} packets")
+        if not 0 <= packet.nbytes <= self.payload_limit:
+            raise ProtocolError(f"{what}: {packet.nbytes} bytes is more than a GPU's {self.payload_limit} "
+                                f"bytes of memory")
+        if not 0 <= packet.address <= WIRE_INT_MAX - packet.nbytes:
+            raise ProtocolError(f"{what}: address {packet.address:#x}+{packet.nbytes} is outside the 64-bit space")
+        if not 0 <= packet.req <= WIRE_INT_MAX:
+            raise ProtocolError(f"{what}: request number {packet.req} is negative")
+        if not (math.isfinite(packet.t_start) and math.isfinite(packet.t_end)
+                and 0 <= packet.t_start <= packet.t_end):
+            raise ProtocolError(f"{what}: modeled times {packet.t_start}..{packet.t_end} ns are not "
+                                f"0 <= start <= end")
+
+    def egress_ports(self, ingress: int, packet: Packet) -> tuple[int, ...]:
+        """The ports `packet` from `ingress` would leave by (best effort, before it is validated: a
+        packet that names nowhere is answered on its own port); the switch rank holds a packet back
+        while one of them has too much in flight, so a slow GPU slows only the traffic bound for it."""
+        kind, info = packet.kind, packet.info
+        try:
+            if kind is Kind.MCAST:
+                group = self.groups.groups.get(info.group)
+                return group.members if group is not None else (ingress,)
+            if kind is Kind.REDUCE:
+                return tuple(p for p in info.dest if 0 <= p < self.config.gpus) or (ingress,)
+            if kind.counted and kind is not Kind.LOAD_REDUCE:
+                if not self.network and packet.dst == -1:
+                    return (decode_physical(packet.address, self.config.gpus)[0],)
+                return (self.port_of(packet.dst),)
+        except (AccessViolation, AttributeError, TypeError):
+            pass
+        return (ingress,)
+
     # -- the data plane ---------------------------------------------------------------------------
     def on_packet(self, ingress: int, packet: Packet, payload: np.ndarray | None = None) -> list[Send]:
         """What to send in answer to `packet` (with its `payload` bytes) arriving from GPU `ingress`."""
-        if packet.kind.counted:
-            self.counters.record(uplink(ingress), packet.payload_bytes)
-            try:
-                sends = self._data(ingress, packet, payload)
-            except ProtocolError:
-                raise  # an emulator bug: end the job rather than answer it
-            except FabricError as exc:
-                if isinstance(exc, AccessViolation):
-                    self.violations[ingress] += 1  # counted on the requester's port
-                self._event({"ev": "refused", "gpu": ingress, "kind": packet.kind.name, "error": type(exc).__name__,
-                             "message": str(exc), "m": packet.t_end + self.timing.switch_latency_ns})
-                sends = [Send(ingress, self.nack(ingress, packet, exc), origin=-1)]
-        else:
-            sends = self._control(ingress, packet)
+        try:
+            self.check_header(ingress, packet)
+            if packet.kind.has_payload:
+                if payload is None and packet.nbytes == 0:
+                    payload = _NO_BYTES
+                if payload is None or payload.nbytes != packet.nbytes:
+                    raise ProtocolError(f"{packet.kind.name} from GPU {ingress}: header says {packet.nbytes} "
+                                        f"bytes, {None if payload is None else payload.nbytes} came")
+            else:
+                payload = None  # bytes beside a header that carries none go nowhere
+            if not packet.kind.counted:
+                return self._control(ingress, packet)
+        except ProtocolError as exc:
+            return self.refuse(ingress, exc, packet.kind.name, packet.req, packet.t_end)
+        self.counters.record(uplink(ingress), packet.payload_bytes)
+        try:
+            sends = self._data(ingress, packet, payload)
+        except FabricError as exc:
+            return self.refuse(ingress, exc, packet.kind.name, packet.req, packet.t_end)
         for send in sends:
-            if send.packet.kind.counted:
-                self.counters.record(downlink(send.port), send.packet.payload_bytes)
+            self.counters.record(downlink(send.port), send.packet.payload_bytes)
         return sends
 
-    def nack(self, ingress: int, packet: Packet, error: FabricError) -> Packet:
-        ready = packet.t_end + self.timing.switch_latency_ns
-        return Packet(Kind.NACK, src=-1, dst=self.route_key(ingress), req=packet.req,
-                      info={"error": type(error).__name__, "message": str(error), "kind": packet.kind.name},
-                      t_start=ready, t_end=ready)
+    def refuse(self, ingress: int, error: FabricError, kind: str = "?", req: int = 0, t_end: float = 0.0) -> list[Send]:
+        """Refuse a packet of GPU `ingress` (malformed ones too, whose header may not even decode):
+        count it on its port, record why, and answer with a NACK (counted on the downlink)."""
+        self.refused[ingress] += 1
+        if isinstance(error, AccessViolation):
+            self.violations[ingress] += 1
+        elif isinstance(error, ProtocolError):
+            self.malformed[ingress] += 1
+        ready = (t_end if math.isfinite(t_end) and t_end >= 0 else 0.0) + self.timing.switch_latency_ns
+        self._event({"ev": "refused", "gpu": ingress, "kind": kind, "error": type(error).__name__,
+                     "message": str(error), "m": ready})
+        nack = Packet(Kind.NACK, src=-1, dst=self.route_key(ingress), req=req if 0 <= req <= WIRE_INT_MAX else 0,
+                      info=NackInfo(type(error).__name__, str(error)[:4000], kind), t_start=ready, t_end=ready)
+        self.counters.record(downlink(ingress), 0)
+        return [Send(ingress, nack, origin=-1)]
 
     def _through(self, packet: Packet, **changes) -> Packet:
         """`packet` leaving the switch: cut-through, each byte one switch traversal later."""
@@ -102,45 +195,77 @@ class SwitchLogic:
         if kind in (Kind.PUT, Kind.GET):
             write = kind is Kind.PUT
             target, phys = self._resolve(ingress, packet, write)
+            # the target's answer is forwarded only if it matches this request
+            self._awaited.setdefault((target, ingress, packet.req, REPLY_OF[kind]), []).append(
+                0 if write else packet.nbytes)
             return [Send(target, self._through(packet, src=src, dst=self.route_key(target), address=phys),
                          payload if write else None)]
-        if kind in (Kind.PUT_ACK, Kind.GET_DATA, Kind.MSG):
+        if kind in (Kind.PUT_ACK, Kind.GET_DATA):
             target = self._port_for(ingress, packet)
-            # a genuine reply never crosses partitions (its request could not), so none may
-            if self._partition[target] != self._partition[ingress]:
-                raise AccessViolation(f"GPU {ingress} (partition {self._partition[ingress]}) may not send to "
-                                      f"GPU {target} (partition {self._partition[target]})")
+            self._answered(ingress, target, packet)
             return [Send(target, self._through(packet, src=src), payload)]
-        if kind in (Kind.REDUCE, Kind.MCAST, Kind.LOAD_REDUCE):
-            return self._in_switch(ingress, packet, payload)
-        raise ProtocolError(f"switch: GPU {ingress} sent a {kind.name}, which only the switch sends")
+        if kind is Kind.MSG:
+            target = self._port_for(ingress, packet)
+            if self._partition[target] != self._partition[ingress]:
+                raise AccessViolation(f"MSG from GPU {ingress} (partition {self._partition[ingress]}) to GPU "
+                                      f"{target} (partition {self._partition[target]}): partitions are isolated")
+            return [Send(target, self._through(packet, src=src), payload)]
+        return self._in_switch(ingress, packet, payload)
+
+    def _answered(self, replier: int, requester: int, packet: Packet) -> None:
+        """Retire the forwarded request that `packet` (a PUT_ACK or GET_DATA of GPU `replier`) answers;
+        AccessViolation if it answers none (a forged or repeated reply)."""
+        key = (replier, requester, packet.req, packet.kind)
+        sizes = self._awaited.get(key)
+        if not sizes or packet.nbytes not in sizes:
+            raise AccessViolation(f"{packet.kind.name} of {packet.nbytes} bytes from GPU {replier} to GPU "
+                                  f"{requester} for request {packet.req}: it answers no request the switch "
+                                  f"forwarded from GPU {requester} to GPU {replier}")
+        sizes.remove(packet.nbytes)
+        if not sizes:
+            del self._awaited[key]
+
+    @property
+    def awaited_replies(self) -> int:
+        """Forwarded requests whose answer has not come (the end-of-run report shows them)."""
+        return sum(len(sizes) for sizes in self._awaited.values())
 
     # -- NVLink SHARP: in-switch reduction and multicast ------------------------------------------
     def _in_switch(self, ingress: int, packet: Packet, payload: np.ndarray | None) -> list[Send]:
+        kind, info = packet.kind, packet.info
         if not (self.network and self.config.sharp):
-            raise UnsupportedOperation(f"{packet.kind.name} from GPU {ingress}: fabric {self.config.name!r} has "
+            raise UnsupportedOperation(f"{kind.name} from GPU {ingress}: fabric {self.config.name!r} has "
                                        f"no in-switch reduction or multicast (needs NVLink Network with SHARP)")
-        info = packet.info
-        group = self.groups.group(info["g"], ingress, packet.kind.name)
-        if packet.kind is Kind.MCAST:
+        group = self.groups.group(info.group, ingress, kind.name, bound=True)
+        keys = (info.key, info.source) if isinstance(info, LoadInfo) else (info.key,)
+        for key in keys:
+            if not key or key[0] != group.name:
+                raise AccessViolation(f"{kind.name} from GPU {ingress}: key {list(key)} is not one of group "
+                                      f"{info.group}'s (its keys start with {group.name!r})")
+        if kind is Kind.MCAST:
             # one packet in, a copy out of every member port, the sender's included
             out = self._through(packet)
-            self._event({"ev": "mcast", "group": info["g"], "from": ingress, "bytes": packet.nbytes,
+            self._event({"ev": "mcast", "group": info.group, "from": ingress, "bytes": packet.nbytes,
                          "copies": len(group.members), "m": out.t_start})
-            return [self._deliver(port, info["key"], payload, out.t_start, out.t_end, None) for port in group.members]
-        if packet.kind is Kind.LOAD_REDUCE:
+            return [self._deliver(port, info.group, info.key, payload, out.t_start, out.t_end, None)
+                    for port in group.members]
+        try:  # before any contribution is held: the reduction must be one the switch can do
+            check_op(info.op)
+            check_dtype(info.dtype)
+        except FabricError as exc:
+            raise FabricError(f"{kind.name} from GPU {ingress}: {exc}") from None
+        outside = [port for port in info.dest if port not in group.members]
+        if outside or not info.dest:
+            raise AccessViolation(f"{kind.name} from GPU {ingress}: result destinations {list(info.dest)}: "
+                                  f"{' '.join(f'GPU {p}' for p in outside) or 'none'} not members of group "
+                                  f"{info.group} ({list(group.members)})")
+        if kind is Kind.LOAD_REDUCE:
             # NVLS: read the range from every member's bound buffer; the answers are REDUCE packets
             ready = packet.t_end + self.timing.switch_latency_ns
             load = Packet(Kind.LOAD, -1, 0, packet.address, packet.nbytes, packet.req, info, ready, ready)
             return [Send(port, replace(load, dst=self.route_key(port)), origin=-1) for port in group.members]
-        outside = [port for port in info["dest"] if port not in group.members]
-        if outside or not info["dest"]:
-            raise AccessViolation(f"{packet.kind.name} from GPU {ingress}: result destinations {info['dest']}: "
-                                  f"{' '.join(f'GPU {p}' for p in outside) or 'none'} not members of group "
-                                  f"{info['g']} ({list(group.members)})")
-        done = self.groups.contribute(info["g"], tuple(info["slot"]), ingress, info["op"], info["dtype"],
-                                      payload, (tuple(info["dest"]), tuple(info["key"])),
-                                      (packet.t_start, packet.t_end))
+        done = self.groups.contribute(info.group, info.slot, ingress, info.op, info.dtype, payload,
+                                      (info.dest, info.key), (packet.t_start, packet.t_end), self.buffer_share_bytes)
         if done is None:
             self.peak_held_bytes = max(self.peak_held_bytes, self.groups.held_bytes)
             return []
@@ -148,15 +273,15 @@ class SwitchLogic:
         # the reduced stream leaves once the latest contribution streams in, through the group's engine
         delay = self.timing.switch_latency_ns
         raw = raw_bytes(result.nbytes, self.config.mtu_bytes, self.config.header_bytes)
-        start, end = self.groups.engine(info["g"], self.timing).reduce(first + delay, last + delay, raw)
-        self._event({"ev": "reduce", "group": info["g"], "slot": list(info["slot"]), "op": info["op"],
-                     "bytes": result.nbytes, "members": len(self.groups.groups[info["g"]].members),
-                     "m_start": start, "m_end": end})
-        return [self._deliver(port, list(key), result, start, end, -1) for port in dest]
+        start, end = self.groups.engine(info.group, self.timing).reduce(first + delay, last + delay, raw)
+        self._event({"ev": "reduce", "group": info.group, "slot": list(info.slot), "op": info.op,
+                     "bytes": result.nbytes, "members": len(group.members), "m_start": start, "m_end": end})
+        return [self._deliver(port, info.group, key, result, start, end, -1) for port in dest]
 
-    def _deliver(self, port: int, key: list, payload: np.ndarray, t_start: float, t_end: float,
+    def _deliver(self, port: int, group: int, key: tuple, payload: np.ndarray, t_start: float, t_end: float,
                  origin: int | None) -> Send:
-        return Send(port, Packet(Kind.MCAST, -1, self.route_key(port), 0, payload.nbytes, info={"key": key},
+        """A copy for `port` of an in-switch result or a multicast store through `group`."""
+        return Send(port, Packet(Kind.MCAST, -1, self.route_key(port), 0, payload.nbytes, info=McastInfo(group, key),
                                  t_start=t_start, t_end=t_end), payload, origin)
 
     def _event(self, record: dict) -> None:
@@ -183,6 +308,9 @@ class SwitchLogic:
                     self._event({"ev": "tlb", "port": target, "by": ingress, "address": packet.address,
                                  "bytes": packet.nbytes, "hits": hits, "misses": misses, "faults": faults,
                                  "m": packet.t_start})
+        if packet.dst != -1:
+            raise AccessViolation(f"{packet.kind.name} from GPU {ingress}: classic NVLink routes requests by "
+                                  f"physical address (dst -1), got dst {packet.dst}")
         target, offset = decode_physical(packet.address, self.config.gpus)
         if offset + packet.nbytes > self.config.memory_capacity_bytes:
             raise AccessViolation(f"physical range {packet.address:#x}+{packet.nbytes} runs past the "
@@ -192,70 +320,84 @@ class SwitchLogic:
     # -- the control plane (fabric manager) -------------------------------------------------------
     def _control(self, ingress: int, packet: Packet) -> list[Send]:
         handler = {Kind.EXPORT: self._export, Kind.REVOKE: self._revoke, Kind.GROUP: self._group}.get(packet.kind)
-        if handler is None:
-            raise ProtocolError(f"switch: unexpected {packet.kind.name} from GPU {ingress}")
+        if handler is None:  # DONE, TRACE, COUNTERS: the switch rank's own business
+            raise ProtocolError(f"switch: {packet.kind.name} from GPU {ingress} is not a fabric-manager call")
         try:
-            info = handler(ingress, packet.info or {})
-        except FabricError as exc:
+            info = handler(ingress, packet.info)
+        except FabricError as exc:  # a refused call is answered, not a data-plane violation
+            self.refused[ingress] += 1
             info = {"error": type(exc).__name__, "message": str(exc)}
         return [Send(ingress, Packet(Kind.REPLY, src=-1, dst=self.route_key(ingress), req=packet.req, info=info))]
 
-    def _export(self, ingress: int, info: dict) -> dict:
+    def _export(self, ingress: int, info) -> dict:
         if not self.network:
             raise UnsupportedOperation(f"export by GPU {ingress}: classic NVLink connections are fixed at "
                                        f"boot; use gpu.physical_address(array)")
+        capacity = self.config.memory_capacity_bytes
+        if not (0 <= info.phys_offset and 0 < info.size_bytes <= capacity - info.phys_offset):
+            raise AccessViolation(f"export by GPU {ingress}: bytes {info.phys_offset:#x}+{info.size_bytes} are "
+                                  f"not inside its {capacity} bytes of memory")
         partition = self._partition[ingress]
         members = self.config.partitions[partition]
-        allowed = members if info.get("to") is None else tuple(info["to"])
+        allowed = members if info.to is None else info.to
+        if not allowed:
+            raise FabricError(f"export by GPU {ingress}: to= names no GPU; nobody could use the window")
         for gpu in allowed:
-            if not isinstance(gpu, int) or not 0 <= gpu < self.config.gpus:
+            if not 0 <= gpu < self.config.gpus:
                 raise FabricError(f"export by GPU {ingress}: to= names {gpu!r}, not a GPU 0..{self.config.gpus - 1}")
             if self._partition[gpu] != partition:
                 raise AccessViolation(f"export by GPU {ingress}: GPU {gpu} is in partition {self._partition[gpu]}, "
                                       f"GPU {ingress} in partition {partition}; partitions are isolated")
-        window = self.tlbs[ingress].map(info["phys_offset"], info["size_bytes"], frozenset(allowed), partition,
-                                        writable=info.get("writable", True), readable=info.get("readable", True))
+        window = self.tlbs[ingress].map(info.phys_offset, info.size_bytes, frozenset(allowed), partition,
+                                        writable=info.writable, readable=info.readable)
         handle = Handle(self.route_key(ingress), window.address, window.size_bytes, ingress)
         return {"handle": [handle.network_address, handle.address, handle.size_bytes, handle.owner],
-                "allowed": sorted(allowed)}
+                "allowed": sorted(set(allowed))}
 
-    def _revoke(self, ingress: int, info: dict) -> dict:
+    def _revoke(self, ingress: int, info) -> dict:
         if not self.network:
             raise UnsupportedOperation(f"revoke by GPU {ingress}: classic NVLink connections are fixed at boot")
-        if info.get("network_address") != self.route_key(ingress):
-            raise AccessViolation(f"revoke by GPU {ingress}: the window {info.get('network_address', 0):#x}:"
-                                  f"{info.get('address', 0):#x} is not GPU {ingress}'s; only its owner may revoke it")
-        window = self.tlbs[ingress].unmap(info["address"])
+        if info.network_address != self.route_key(ingress):
+            raise AccessViolation(f"revoke by GPU {ingress}: the window {info.network_address:#x}:"
+                                  f"{info.address:#x} is not GPU {ingress}'s; only its owner may revoke it")
+        window = self.tlbs[ingress].unmap(info.address)
         return {"revoked": window.address}
 
-    def _group(self, ingress: int, info: dict) -> dict:
+    def _group(self, ingress: int, info: GroupInfo) -> dict:
         if not (self.network and self.config.sharp):
             raise UnsupportedOperation(f"multicast group call by GPU {ingress}: fabric {self.config.name!r} has no "
                                        f"multicast/SHARP groups (needs NVLink Network with a SHARP switch)")
-        action = info.get("action")
-        if action == "create":
-            members = tuple(info["members"])
-            for gpu in members:
-                if type(gpu) is not int or not 0 <= gpu < self.config.gpus:
+        if info.action == "create":
+            for gpu in info.members:
+                if not 0 <= gpu < self.config.gpus:
                     raise FabricError(f"group create by GPU {ingress}: member {gpu!r} is not a GPU "
                                       f"0..{self.config.gpus - 1}")
-            outside = [g for g in members if self._partition[g] != self._partition[ingress]]
+            outside = [g for g in info.members if self._partition[g] != self._partition[ingress]]
             if outside:
                 raise AccessViolation(f"group create by GPU {ingress}: GPUs {outside} are in another partition")
-            return {"group": self.groups.create(members, ingress)}
-        if action == "bind":
-            self.groups.bind(info["group"], ingress)
-            return {"group": info["group"]}
-        if action == "release":
-            self.groups.release(info["group"], ingress)
-            return {"group": info["group"]}
-        raise ProtocolError(f"group call by GPU {ingress}: unknown action {action!r}")
+            if not info.name:
+                raise ProtocolError(f"group create by GPU {ingress}: the group needs its communicator's name")
+            partition = self._partition[ingress]
+            if self.groups.count_in(partition) >= self.group_share:
+                raise ResourceExhausted(f"GPU {ingress}: cannot create a multicast/SHARP group for GPUs "
+                                        f"{list(info.members)}: partition {partition} holds {self.group_share} "
+                                        f"groups, its share (the limit is {self.groups.limit} per switch, shared "
+                                        f"by {len(self.config.partitions)} partitions); release one first")
+            return {"group": self.groups.create(info.members, ingress, info.name, partition)}
+        if info.action == "bind":
+            self.groups.bind(info.group, ingress)
+            return {"group": info.group}
+        if info.action == "release":
+            self.groups.group(info.group, ingress, "release", bound=True)
+            self.groups.release(info.group, ingress)
+            return {"group": info.group}
+        raise ProtocolError(f"group call by GPU {ingress}: unknown action {info.action!r}")
 
     def port_stats(self) -> dict[int, dict[str, int]]:
-        """Per-port TLB statistics and violations, for the report."""
+        """Per-port TLB statistics, violations and refusals, for the report."""
         stats = {}
         for gpu in range(self.config.gpus):
             row = self.tlbs[gpu].stats() if self.network else {}
-            row["violations"] = self.violations[gpu]
+            row.update(violations=self.violations[gpu], refused=self.refused[gpu], malformed=self.malformed[gpu])
             stats[gpu] = row
         return stats

@@ -10,7 +10,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from .addressing import NETWORK_VIRTUAL_BASE
-from .errors import AccessViolation
+from .errors import AccessViolation, ResourceExhausted
+
+REVOKED_KEPT = 4096  # revoked windows remembered, so that a late access says "was revoked"
 
 
 @dataclass(frozen=True)
@@ -34,12 +36,13 @@ class Window:
 class LinkTLB:
     """Translation and authorisation for accesses into one GPU's exported windows."""
 
-    def __init__(self, owner: int, page_size_bytes: int, entries: int):
+    def __init__(self, owner: int, page_size_bytes: int, entries: int, max_pages: int | None = None):
         self.owner = owner
+        self.max_pages = max_pages  # the page table's size (None: unbounded)
         self.page_size = page_size_bytes
         self.entries = entries
         self.windows: dict[int, Window] = {}
-        self.revoked: dict[int, Window] = {}
+        self.revoked: OrderedDict[int, Window] = OrderedDict()  # the latest REVOKED_KEPT
         self._pages: dict[int, tuple[int, int]] = {}  # virtual page -> (physical page, window id)
         self._cache: OrderedDict[int, None] = OrderedDict()
         self._next_page = NETWORK_VIRTUAL_BASE // page_size_bytes
@@ -52,6 +55,9 @@ class LinkTLB:
         ps = self.page_size
         in_page = phys_offset % ps
         pages = -(-(in_page + size_bytes) // ps)
+        if self.max_pages is not None and len(self._pages) + pages > self.max_pages:
+            raise ResourceExhausted(f"export of {size_bytes} bytes on GPU {self.owner}: its Link TLB page table holds "
+                                    f"{len(self._pages)} of {self.max_pages} pages; revoke windows first")
         first_vpage, first_ppage = self._next_page, phys_offset // ps
         self._next_page += pages + 1  # one unmapped guard page between windows
         window = Window(self._next_id, self.owner, first_vpage * ps + in_page, size_bytes, phys_offset,
@@ -69,7 +75,10 @@ class LinkTLB:
             raise AccessViolation(f"revoke of {address:#x} on GPU {self.owner}: no live window starts there")
         del self.windows[window.window_id]
         self.revoked[window.window_id] = window
-        for vpage in [v for v, (_, wid) in self._pages.items() if wid == window.window_id]:
+        if len(self.revoked) > REVOKED_KEPT:
+            self.revoked.popitem(last=False)
+        first = window.address // self.page_size
+        for vpage in range(first, -(-(window.address + window.size_bytes) // self.page_size)):
             del self._pages[vpage]
             self._cache.pop(vpage, None)
         return window

@@ -8,6 +8,8 @@ def run_summary(report: dict) -> str:
     ports = {int(g): row for g, row in report["ports"].items()}
     lines = [f"# fabric {report['fabric']} ({report['mode']} mode, {report['gpus']} GPUs + 1 switch)",
              format_table(report["links"], report["gpus"], extra=ports, elapsed_ns=report["elapsed_ns"])]
+    for gpu, problem in sorted(report.get("conservation", {}).items()):
+        lines.append(f"warning: GPU {gpu}'s own count disagrees with the switch's: {problem}")
     for gpu, keys in sorted(report.get("unconsumed", {}).items()):
         lines.append(f"warning: GPU {gpu} ended with {len(keys)} message(s) never received: {keys[:4]}")
     return "\n".join(lines)

@@ -7,7 +7,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from fabric.errors import AccessViolation, CollectiveMismatch, FabricError, UnsupportedOperation
-from fabric.packets import Kind
+from fabric.packets import GroupInfo, Kind
 from fabric.reduction import blocks, check_dtype, check_op, dtype_name
 
 from . import collectives
@@ -34,16 +34,20 @@ class Communicator:
         self.size = len(self.members)
         self.rank = self.members.index(gpu.rank)
         self.name = name
-        self._control_seq = itertools.count()
-        self._collective_seq = itertools.count()
-        self._splits = itertools.count()
+        # one sequence for every operation, control or collective: each call takes exactly one number
+        # on every member, so members stay in step even after a call that failed its check
+        self._seq = itertools.count()
         self._group: int | None = None
 
     # -- control plane ------------------------------------------------------------------------------
     def allgather_object(self, obj, op: str = "allgather_object") -> list:
         """Every member's `obj`, in member order (pickled, out of band, not counted). Members must be in
-        the same control operation (`op`): a barrier met by an allgather is a CollectiveMismatch."""
-        seq = next(self._control_seq)
+        the same control operation (`op`): a barrier met by an allgather is a CollectiveMismatch.
+        Objects are plain values, Handles and numpy arrays/scalars (receivers unpickle nothing else)."""
+        return self._exchange(obj, op, next(self._seq))
+
+    def _exchange(self, obj, op: str, seq: int) -> list:
+        """allgather_object as operation number `seq` of this communicator."""
         gpu = self.gpu
         for peer in self.members:
             if peer != gpu.rank:
@@ -71,13 +75,13 @@ class Communicator:
     def split(self, color, key=None) -> "Communicator | None":
         """A new communicator of the members that pass the same `color`, ordered by (key, rank);
         color None leaves this GPU out (returns None). Collective over this communicator."""
-        index = next(self._splits)
-        choices = self.allgather_object((color, self.rank if key is None else key), "split")
+        seq = next(self._seq)
+        choices = self._exchange((color, self.rank if key is None else key), "split", seq)
         if color is None:
             return None
         chosen = sorted((k, rank) for rank, (c, k) in enumerate(choices) if c == color)
         members = tuple(self.members[rank] for _, rank in chosen)
-        return Communicator(self.gpu, members, f"{self.name}.{index}:{color}")
+        return Communicator(self.gpu, members, f"{self.name}.{seq}:{color}")
 
     def group_id(self) -> int:
         """This communicator's multicast/SHARP group in the switch, created and bound on first use
@@ -86,7 +90,7 @@ class Communicator:
             created = None
             if self.rank == 0:
                 try:
-                    created = self.gpu._control_call(Kind.GROUP, {"action": "create", "members": list(self.members)},
+                    created = self.gpu._control_call(Kind.GROUP, GroupInfo("create", 0, self.members, self.name),
                                                      f"group create for communicator {self.name!r}")["group"]
                 except FabricError as exc:
                     created = exc  # every member raises it, none is left waiting
@@ -94,7 +98,7 @@ class Communicator:
             if isinstance(created, FabricError):
                 raise type(created)(f"{created} (raised on GPU {self.members[0]}, the communicator's first member)")
             gid = created
-            self.gpu._control_call(Kind.GROUP, {"action": "bind", "group": gid}, f"group bind {gid}")
+            self.gpu._control_call(Kind.GROUP, GroupInfo("bind", gid, (), ""), f"group bind {gid}")
             self.allgather_object(None, "group bind")  # every member bound before any contribution
             self._group = gid
         return self._group
@@ -104,7 +108,7 @@ class Communicator:
         if self._group is not None:
             self.allgather_object(None, "group release")
             if self.rank == 0:
-                self.gpu._control_call(Kind.GROUP, {"action": "release", "group": self._group},
+                self.gpu._control_call(Kind.GROUP, GroupInfo("release", self._group, (), ""),
                                        f"group release {self._group}")
             self._group = None
 
@@ -193,7 +197,7 @@ class Communicator:
                 raise AccessViolation(f"GPU {gpu.rank}: {name} on communicator {self.name!r}: its members "
                                       f"{list(self.members)} span partitions {partitions}; partitions are isolated, "
                                       f"so collectives run within one (use comm.split by partition)")
-        seq = next(self._collective_seq)
+        seq = next(self._seq)
         call = {"collective": name, "count": count if counts is None else None, "dtype": dtype_name(dtype),
                 "op": op, "root": root, "algorithm": algorithm, "seq": seq, **({"problem": problem} if problem else {})}
         fingerprint = {"name": name, "comm": self.name, "seq": seq, "algorithm": algorithm, "count": count,
@@ -201,7 +205,7 @@ class Communicator:
         # begin before the call check: no peer sends this call's data before it has our call, so every
         # byte of the call reaches this GPU between begin and end (a call failing the check has no end)
         gpu.event({"ev": "coll_begin", **fingerprint})
-        calls = self.allgather_object((call, counts), f"{name} call check")
+        calls = self._exchange((call, counts), f"{name} call check", seq)
         self._check_calls(name, seq, calls)
         if count or counts is not None:
             if algorithm in collectives.IN_SWITCH:
@@ -244,9 +248,9 @@ class Communicator:
         try:
             yield
         except FabricError as exc:
-            seq = next(self._collective_seq)
+            seq = next(self._seq)
             call = {"collective": name, "seq": seq, "problem": f"{type(exc).__name__}: {exc}"}
-            self.allgather_object((call, None), f"{name} call check")
+            self._exchange((call, None), f"{name} call check", seq)
             raise
 
     def _flat(self, array: np.ndarray, what: str, written: bool = False) -> np.ndarray:

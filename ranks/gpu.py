@@ -1,5 +1,9 @@
 """The GPU rank: its own memory and address, one-sided put/get through the switch, and a progress
-engine that serves incoming requests inside every blocking wait (so no legal pattern deadlocks)."""
+engine that serves incoming requests inside every blocking wait (so no legal pattern deadlocks).
+
+A GPU takes fabric packets from the switch it is attached to and from nobody else: whatever another
+rank sends it straight is dropped unread (and counted as stray), so only what the switch forwarded,
+translated and authorised can reach its memory, its mailbox or its results."""
 
 import itertools
 import math
@@ -12,21 +16,25 @@ from fabric import errors
 from fabric.addressing import Handle, physical_address
 from fabric.config import FabricConfig
 from fabric.counters import LinkCounters, LinkStats, downlink, gpu_view, uplink
-from fabric.errors import FabricError, FabricTimeout, ProtocolError, UnsupportedOperation
+from fabric.errors import AccessViolation, FabricError, FabricTimeout, ProtocolError, UnsupportedOperation
 from fabric.memory import DeviceMemory
-from fabric.packets import Kind, Packet, raw_bytes
+from fabric.packets import (WIRE_INT_MAX, CountersInfo, ExportInfo, Info, Kind, MsgInfo, Packet, RevokeInfo,
+                            TraceInfo, raw_bytes)
 from fabric.timemodel import LinkClock
 
 from .comm import Communicator, is_integer
 from .transport import ControlChannel, Idle, Transport, native_collective
 
 
-def raise_remote(info: dict, context: str):
-    """Re-raise an error the switch reported, as the same fabric.errors class."""
-    cls = getattr(errors, info.get("error", ""), FabricError)
+STRAY_SWEEP = 256  # every this many progress calls, look for strays from every rank, not just in front
+
+
+def raise_remote(error: str, message: str, context: str):
+    """Re-raise an error the switch reported (a fabric.errors class name and its message), as that class."""
+    cls = getattr(errors, error, FabricError)
     if not (isinstance(cls, type) and issubclass(cls, FabricError)):
         cls = FabricError
-    raise cls(f"{context}: {info.get('message')}")
+    raise cls(f"{context}: {message}")
 
 
 class Gpu:
@@ -64,7 +72,10 @@ class Gpu:
         self._control_box: dict[tuple, object] = {}     # (comm id, seq, source) -> control object
         self._exports: list[tuple[int, int, Handle]] = []  # live windows: (physical offset, bytes, handle)
         self._bound: dict[tuple, np.ndarray] = {}       # buffer key -> bytes the switch may LOAD (NVLS)
-        self._loads: dict[tuple, Packet] = {}           # (buffer key, slot) -> LOAD until served
+        self._loads: dict[tuple, Packet] = {}           # (group, buffer key, slot) -> LOAD until served
+        self._allocations: dict[int, tuple[np.ndarray, int]] = {}  # id(array) -> (the array alloc returned, offset)
+        self.strays = 0                                 # messages from ranks other than the switch, dropped
+        self._polls = 0                                 # progress calls, to sweep for strays now and then
         self._arrivals: dict[tuple, Packet] = {}        # message key -> its header until consumed (timing)
         timing = config.timing
         self._latency_ns = timing.link_latency_ns
@@ -78,6 +89,9 @@ class Gpu:
         self._shutdown: Packet | None = None
         self._idle = Idle()
         self.world = Communicator(self, tuple(range(config.gpus)), "world")
+        partition = config.partition_of(self.rank)
+        # members known from the config, so no GPU outside the partition takes part in making it
+        self.partition = Communicator(self, config.partitions[partition], f"partition{partition}")
 
     # -- modeled time -------------------------------------------------------------------------------
     def compute(self, ns: float) -> None:
@@ -93,7 +107,7 @@ class Gpu:
         if self.trace is not None:
             self.trace.enabled = on
             if self.rank == 0:
-                self._transport.send(self._switch, Packet(Kind.TRACE, self._keys[self.rank], -1, info={"on": on}))
+                self._transport.send(self._switch, Packet(Kind.TRACE, self._keys[self.rank], -1, info=TraceInfo(bool(on))))
 
     def event(self, record: dict) -> None:
         """Append a record to this GPU's trace (with wall and modeled time), if tracing."""
@@ -112,18 +126,27 @@ class Gpu:
         if not is_integer(count) or count < 0:
             raise FabricError(f"GPU {self.rank}: alloc: count must be a non-negative integer, got {count!r}")
         offset = self._mem.allocate(int(count) * dtype.itemsize)
-        return self._mem.view(offset, int(count), dtype)
+        array = self._mem.view(offset, int(count), dtype)
+        self._allocations[id(array)] = (array, offset)
+        return array
 
     def free(self, array: np.ndarray) -> None:
-        """Release an array from alloc(); an exported array must be revoked first."""
-        offset = self._mem.offset_of(array)
+        """Release the array alloc() returned (that object itself, once); an exported array must be
+        revoked first."""
+        entry = self._allocations.get(id(array))
+        if entry is None or entry[0] is not array:
+            # by identity: an empty array's address, a view's or a freed array's, would name another block
+            raise FabricError(f"GPU {self.rank}: free of an array that is not a live allocation (free takes "
+                              f"the very array gpu.alloc returned, once)")
+        offset = entry[1]
         block = self._mem.allocation_at(offset)
-        end = offset + array.nbytes if block is None else block[0] + block[1]
+        end = block[0] + block[1]
         live = [h for start, size, h in self._exports if start < end and offset < start + size]
         if live:
             raise FabricError(f"GPU {self.rank}: free of memory still exported as {', '.join(map(str, live))}; "
                               f"revoke first")
         self._mem.release(offset)
+        del self._allocations[id(array)]
 
     @property
     def free_bytes(self) -> int:
@@ -147,12 +170,21 @@ class Gpu:
             raise FabricError(f"GPU {self.rank}: export of memory at {offset:#x}+{array.nbytes} that is not "
                               f"inside one allocation (export what gpu.alloc returned, or a part of it)")
         if to is not None:
-            to = list([to] if np.isscalar(to) else to)
-            if not all(is_integer(g) for g in to):
-                raise FabricError(f"GPU {self.rank}: export to={to!r}: GPU indices must be integers")
-            to = [int(g) for g in to]
-        info = {"phys_offset": offset, "size_bytes": array.nbytes, "to": to,
-                "writable": writable, "readable": readable}
+            given = to
+            try:
+                to = [to] if is_integer(to) else list(to)
+            except TypeError:
+                to = None
+            if to is None or not all(is_integer(g) for g in to):
+                raise FabricError(f"GPU {self.rank}: export to={given!r}: GPU indices must be integers")
+            if not to:
+                raise FabricError(f"GPU {self.rank}: export to=[]: a window nobody may use; name at least one GPU")
+            to = tuple(int(g) for g in to)
+            self._check_peer_list(to, "export to=")
+        for name, flag in (("writable", writable), ("readable", readable)):
+            if not isinstance(flag, (bool, np.bool_)):
+                raise FabricError(f"GPU {self.rank}: export {name}={flag!r}: must be True or False")
+        info = ExportInfo(offset, array.nbytes, to, bool(writable), bool(readable))
         reply = self._control_call(Kind.EXPORT, info, "export")
         handle = Handle(*reply["handle"])
         self._exports.append((offset, array.nbytes, handle))
@@ -165,7 +197,10 @@ class Gpu:
                                        f"connections are fixed at boot")
         if not isinstance(handle, Handle):
             raise FabricError(f"GPU {self.rank}: revoke needs a Handle from export(), got {handle!r}")
-        self._control_call(Kind.REVOKE, {"network_address": handle.network_address, "address": handle.address},
+        if not (is_integer(handle.network_address) and is_integer(handle.address)
+                and 0 <= handle.network_address <= WIRE_INT_MAX and 0 <= handle.address <= WIRE_INT_MAX):
+            raise FabricError(f"GPU {self.rank}: revoke of {handle!r}: not a handle export() returned")
+        self._control_call(Kind.REVOKE, RevokeInfo(int(handle.network_address), int(handle.address)),
                            f"revoke of {handle}")
         self._exports = [e for e in self._exports if e[2] != handle]
 
@@ -185,7 +220,7 @@ class Gpu:
         """
         self._raise_async()
         data = self._as_bytes(array, "put")
-        dst, address = self._destination(target, offset, "put")
+        dst, address = self._destination(target, offset, data.nbytes, "put")
         sends = []
         for start, stop in self._chunks(data.nbytes):
             req = next(self._req)
@@ -199,7 +234,7 @@ class Gpu:
         """Read `array.nbytes` bytes at byte `offset` of `target` into `array`; AccessViolation if refused."""
         self._raise_async()
         data = self._as_bytes(array, "get", written=True)
-        dst, address = self._destination(target, offset, "get")
+        dst, address = self._destination(target, offset, data.nbytes, "get")
         reqs = []
         for start, stop in self._chunks(data.nbytes):
             req = next(self._req)
@@ -212,7 +247,7 @@ class Gpu:
         for req in reqs:
             nack = self._replies.pop(req, None)
             if nack is not None:
-                raise_remote(nack.info, f"GPU {self.rank}: get from {_describe(target)}")
+                raise_remote(nack.info.error, nack.info.message, f"GPU {self.rank}: get from {_describe(target)}")
 
     def fence(self) -> None:
         """Return when every put of this GPU is visible at its target; raise any refusal."""
@@ -238,9 +273,9 @@ class Gpu:
             raise FabricError(f"GPU {self.rank}: message key {key!r} must be a flat tuple of ints and strings")
         data = self._as_bytes(data, "send")
         return self._send(Packet(Kind.MSG, self._keys[self.rank], self._keys[peer], 0, data.nbytes,
-                                 info={"key": list(key)}), data, at_ns)
+                                 info=MsgInfo(key)), data, at_ns)
 
-    def switch_request(self, kind: Kind, info: dict, payload: np.ndarray | None = None, address: int = 0,
+    def switch_request(self, kind: Kind, info: Info, payload: np.ndarray | None = None, address: int = 0,
                        nbytes: int | None = None, at_ns: float | None = None,
                        stamp: tuple[float, float] | None = None) -> list:
         """Post an in-switch operation (REDUCE, MCAST, LOAD_REDUCE) to the switch; returns the send requests.
@@ -256,10 +291,11 @@ class Gpu:
         start, end = self._uplink.transmit(at_ns, at_ns, raw)
         return start + self._latency_ns, end + self._latency_ns
 
-    def post_receive(self, key: tuple, out: np.ndarray, peer: int | None = None) -> None:
-        """Receive the message in slot `key` from GPU `peer` (None: a delivery of the switch, such as
-        an in-switch result or a multicast copy) straight into `out` when it arrives (see wait_receive)."""
-        key = (tuple(key), peer)
+    def post_receive(self, key: tuple, out: np.ndarray, peer: int | None = None, group: int | None = None) -> None:
+        """Receive the message in slot `key` from GPU `peer`, or (peer None) the switch's delivery through
+        multicast group `group` (an in-switch result or a multicast copy), straight into `out` when it
+        arrives (see wait_receive)."""
+        key = (tuple(key), _sender(peer, group))
         dest = self._as_bytes(out, "receive", written=True)
         got = self._mailbox.pop(key, None)
         if got is None:
@@ -269,10 +305,10 @@ class Gpu:
             raise ProtocolError(f"GPU {self.rank}: message {key} has {got.nbytes} bytes, expected {dest.nbytes}")
         dest[:] = got
 
-    def wait_receive(self, key: tuple, peer: int | None = None, what: str = "") -> None:
-        """Wait until the posted receive of slot `key` from `peer` completed; the transfer takes its
-        turn on this GPU's downlink now, in program order (modeled time)."""
-        slot = (tuple(key), peer)
+    def wait_receive(self, key: tuple, peer: int | None = None, what: str = "", group: int | None = None) -> None:
+        """Wait until the posted receive of slot `key` from `peer` (or group `group`) completed; the
+        transfer takes its turn on this GPU's downlink now, in program order (modeled time)."""
+        slot = (tuple(key), _sender(peer, group))
         source = what or ("the switch" if peer is None else f"GPU {peer}")
         self._wait(lambda: slot not in self._posted, "receive", f"{source} (slot {slot[0]})")
         self.now_ns = max(self.now_ns, self._consume(*self._arrivals.pop(slot)))
@@ -295,16 +331,21 @@ class Gpu:
     def unbind_buffer(self, key: tuple) -> None:
         del self._bound[tuple(key)]
 
-    def serve_load(self, key: tuple, slot: tuple, requester: str) -> None:
-        """Answer the switch's LOAD of `slot` from the buffer bound as `key` (NVLS), waiting for it to
-        arrive. Served in program order, so its place on the links is deterministic; the answer leaves
-        when the LOAD arrived, not when the program got to it (memory answers, not the SMs)."""
-        lookup = (tuple(key), tuple(slot))
+    def serve_load(self, group: int, key: tuple, slot: tuple, requester: str) -> None:
+        """Answer the switch's LOAD of `slot` through `group` from the buffer bound as `key` (NVLS),
+        waiting for it to arrive. Served in program order, so its place on the links is deterministic;
+        the answer leaves when the LOAD arrived, not when the program got to it (memory answers, not
+        the SMs)."""
+        lookup = (group, tuple(key), tuple(slot))
         self._wait(lambda: lookup in self._loads, "serve load", f"{requester}'s load-reduce (slot {slot})")
         packet, seq = self._loads.pop(lookup)
-        data = self._bound[lookup[0]][packet.address:packet.address + packet.nbytes]
-        self._send(Packet(Kind.REDUCE, self._keys[self.rank], -1, 0, packet.nbytes, packet.req, packet.info),
-                   data, self._consume(packet, seq))
+        bound = self._bound[lookup[1]]
+        if packet.address + packet.nbytes > bound.nbytes:
+            raise ProtocolError(f"GPU {self.rank}: LOAD of {packet.address}+{packet.nbytes} bytes of a bound "
+                                f"buffer of {bound.nbytes}")
+        data = bound[packet.address:packet.address + packet.nbytes]
+        self._send(Packet(Kind.REDUCE, self._keys[self.rank], -1, 0, packet.nbytes, packet.req,
+                          packet.info.contribution()), data, self._consume(packet, seq))
 
     def native(self, collective: str, send: np.ndarray, recv: np.ndarray, op: str = "sum", root: int = 0) -> None:
         """The same collective by MPI's own implementation over the GPU ranks (not through the fabric,
@@ -335,14 +376,25 @@ class Gpu:
         moved = self._transport.progress() | self._control.progress()
         got = self._control.poll()
         if got is not None:
-            source, (name, seq, obj) = got
-            self._control_box[(name, seq, source)] = obj
+            source, message = got
+            if type(message) is tuple and len(message) == 3 and type(message[0]) is str and type(message[1]) is int:
+                name, seq, obj = message
+                self._control_box[(name, seq, source)] = obj
+            else:
+                self.strays += 1  # not a control exchange of this emulator's: dropped
             moved = True
-        incoming = self._transport.poll()
+        self._polls += 1
+        incoming = self._transport.poll(self._switch)
+        if incoming is not None and self._polls % STRAY_SWEEP:
+            source, data = incoming
+            self._handle(source, Packet.from_wire(data))  # the switch is trusted: a bad header is a bug
+            return True
         if incoming is not None:
-            self._handle(*incoming)
+            self._handle(incoming[0], Packet.from_wire(incoming[1]))
             moved = True
-        return moved
+        dropped = self._transport.drop_strays(self._switch, sweep=not self._polls % STRAY_SWEEP)
+        self.strays += dropped
+        return moved or bool(dropped)
 
     def _handle(self, source: int, packet: Packet) -> None:
         seq = None
@@ -375,15 +427,15 @@ class Gpu:
                 raise ProtocolError(f"GPU {self.rank}: GET_DATA for request {packet.req}, which it never made")
             self._got_ns[packet.req] = self._consume(packet, seq)
         elif kind is Kind.MSG or kind is Kind.MCAST:
-            sender = self._gpu_of.get(packet.src) if kind is Kind.MSG else None
-            slot = (tuple(packet.info["key"]), sender)
+            sender = self._gpu_of.get(packet.src) if kind is Kind.MSG else _sender(None, packet.info.group)
+            slot = (packet.info.key, sender)
             dest = self._posted.get(slot)
             fits = dest is None or dest.nbytes == packet.nbytes
             buffer = dest if dest is not None and fits else np.empty(packet.nbytes, np.uint8)
             self._receive(packet, buffer)
             if not fits:  # taken first, so the next payload is not mistaken for this one
                 raise ProtocolError(f"GPU {self.rank}: message {slot[0]} from "
-                                    f"{'the switch' if sender is None else f'GPU {sender}'} has {packet.nbytes} "
+                                    f"{sender if isinstance(sender, str) else f'GPU {sender}'} has {packet.nbytes} "
                                     f"bytes, the receive expects {dest.nbytes}")
             if dest is not None:
                 del self._posted[slot]
@@ -391,7 +443,7 @@ class Gpu:
                 self._mailbox[slot] = buffer
             self._arrivals[slot] = (packet, seq)  # its downlink turn comes when the program consumes it
         elif kind is Kind.LOAD:
-            self._loads[(tuple(packet.info["src"]), tuple(packet.info["slot"]))] = (packet, seq)
+            self._loads[(packet.info.group, packet.info.source, packet.info.slot)] = (packet, seq)
         elif kind is Kind.NACK:
             arrived = self._consume(packet, seq)
             if packet.req in self._puts:  # the refusal is what the put's fence waits for
@@ -413,7 +465,7 @@ class Gpu:
             self._replies[packet.req] = packet
             return
         try:
-            raise_remote(packet.info, f"GPU {self.rank}: {what or packet.info.get('kind', 'request')}")
+            raise_remote(packet.info.error, packet.info.message, f"GPU {self.rank}: {what or packet.info.kind}")
         except FabricError as exc:
             (self._async_errors if what else self._traffic_errors).append(exc)
 
@@ -456,17 +508,19 @@ class Gpu:
                               "wall": time.time()})
         return end + self._latency_ns
 
-    def _control_call(self, kind: Kind, info: dict, what: str) -> dict:
+    def _control_call(self, kind: Kind, info: Info, what: str) -> dict:
         req = next(self._req)
         self._transport.send(self._switch, Packet(kind, self._keys[self.rank], -1, req=req, info=info))
         self._wait(lambda: req in self._replies, what, "the fabric manager (switch)")
         reply = self._replies.pop(req).info
         if "error" in reply:
-            raise_remote(reply, f"GPU {self.rank}: {what}")
+            raise_remote(reply["error"], reply.get("message", ""), f"GPU {self.rank}: {what}")
         return reply
 
     # -- helpers ------------------------------------------------------------------------------------
-    def _destination(self, target, offset: int, op: str) -> tuple[int, int]:
+    def _destination(self, target, offset: int, nbytes: int, op: str) -> tuple[int, int]:
+        """(dst routing key, address) of a put/get of `nbytes` at byte `offset` of `target`; checked
+        before anything is sent or left pending."""
         if not is_integer(offset) or offset < 0:
             raise FabricError(f"GPU {self.rank}: {op} offset must be a non-negative integer of bytes, got {offset!r}")
         offset = int(offset)
@@ -474,11 +528,19 @@ class Gpu:
             if not isinstance(target, Handle):
                 raise UnsupportedOperation(f"GPU {self.rank}: {op} on NVLink Network needs a Handle from "
                                            f"export(), got {target!r}")
-            return target.network_address, target.address + offset
-        if isinstance(target, Handle) or not isinstance(target, (int, np.integer)):
-            raise UnsupportedOperation(f"GPU {self.rank}: {op} on classic NVLink takes a physical address "
-                                       f"(gpu.physical_address(array)), got {target!r}")
-        return -1, int(target) + offset
+            dst, base = target.network_address, target.address
+            if not (is_integer(dst) and is_integer(base) and 0 <= dst <= WIRE_INT_MAX):
+                raise FabricError(f"GPU {self.rank}: {op} to {target!r}: not a handle export() returned")
+        else:
+            if isinstance(target, Handle) or not is_integer(target):
+                raise UnsupportedOperation(f"GPU {self.rank}: {op} on classic NVLink takes a physical address "
+                                           f"(gpu.physical_address(array)), got {target!r}")
+            dst, base = -1, target
+        address = int(base) + offset
+        if not 0 <= address <= WIRE_INT_MAX - nbytes:
+            raise AccessViolation(f"GPU {self.rank}: {op} of {nbytes} bytes at {address:#x} ({_describe(target)} + "
+                                  f"offset {offset}): outside the 64-bit address space")
+        return int(dst), address
 
     def _chunks(self, nbytes: int):
         step = self.config.chunk_bytes
@@ -487,6 +549,10 @@ class Gpu:
     def _check_peer(self, peer, op: str) -> None:
         if not is_integer(peer) or not 0 <= peer < self.size:
             raise FabricError(f"GPU {self.rank}: {op}: not a GPU 0..{self.size - 1}")
+
+    def _check_peer_list(self, peers, op: str) -> None:
+        for peer in peers:
+            self._check_peer(peer, f"{op}{list(peers)} names {peer}")
 
     def _as_bytes(self, array: np.ndarray, op: str, written: bool = False) -> np.ndarray:
         """`array`'s bytes; `written`: the operation writes into them."""
@@ -505,9 +571,10 @@ class Gpu:
         # The switch bounds this wait: it times out on GPUs that never finish and ends the job.
         self._wait(lambda: self._shutdown is not None, "end of run", "the other GPUs to finish",
                    timeout_s=2 * self.timeout_s + 30)  # switch's is 2 t + 5
-        leftovers = sorted(self._mailbox)
-        self._transport.send(self._switch, Packet(Kind.COUNTERS, self._keys[self.rank], -1, info={
-            "links": self._snapshot(), "unconsumed": [list(k) for k in leftovers], "now_ns": self.now_ns}))
+        leftovers = sorted(self._mailbox, key=repr)
+        links = self._snapshot()
+        self._transport.send(self._switch, Packet(Kind.COUNTERS, self._keys[self.rank], -1, info=CountersInfo(
+            links, [[*key, sender] for key, sender in leftovers], float(self.now_ns))))
         self._shutdown = None
         self._wait(lambda: self._shutdown is not None, "end of run", "the switch's report")
         return self._shutdown.info
@@ -515,3 +582,8 @@ class Gpu:
 
 def _describe(target) -> str:
     return str(target) if isinstance(target, Handle) else f"physical {int(target):#x}"
+
+
+def _sender(peer: int | None, group: int | None):
+    """Who a mailbox slot's message comes from: GPU `peer`, or the switch through multicast `group`."""
+    return peer if peer is not None else f"group {group}"

@@ -1,23 +1,47 @@
-"""The switch rank: executes SwitchLogic's decisions over MPI, bounds its in-flight buffer, ends the run."""
+"""The switch rank: executes SwitchLogic's decisions over MPI, bounds its in-flight buffer, ends the run.
+
+It trusts nothing a GPU rank sends: a header is decoded and checked before its payload is taken, a
+payload is sized by what MPI says arrived (never by the header) and dropped unread when it does not
+fit, and a sender whose payload does not come delays only its own later packets. Whatever is
+refused is answered with a NACK and counted on the sender's port; the switch keeps serving.
+"""
 
 import time
+from collections import deque
 
 import numpy as np
 
 from fabric.config import FabricConfig
-from fabric.counters import check_conservation, downlink, uplink
-from fabric.errors import FabricTimeout, ProtocolError
-from fabric.packets import Kind, Packet, raw_bytes
-from fabric.switch import SwitchLogic
+from fabric.counters import LinkStats, check_gpu_links, downlink, uplink
+from fabric.errors import FabricError, FabricTimeout, ProtocolError
+from fabric.packets import CountersInfo, Kind, Packet, raw_bytes
+from fabric.switch import SwitchLogic, port_share_bytes
 
-from .transport import Idle, Transport
+from .transport import MAX_HEADER_BYTES, Idle, Transport
+
+MAX_UNREAD = 1024  # answers a GPU may leave unread before the switch stops reading its packets
+MAX_QUEUED = 256   # packets of one GPU waiting behind one that cannot go on yet
+
+
+class _Waiting:
+    """A header whose payload is still to come (or still being received), with its deadline."""
+
+    __slots__ = ("packet", "deadline", "request", "buffer", "held")
+
+    def __init__(self, packet: Packet, deadline: float):
+        self.packet, self.deadline = packet, deadline
+        self.request = self.buffer = None
+        self.held = False  # its payload is not taken yet: a port it goes to has too much in flight
 
 
 class SwitchRank:
-    """Serves the GPUs until all of them are done, then gathers and checks counters.
+    """Serves the GPUs until all of them are done, then gathers their counters and sends the report.
 
-    In-flight forwarded bytes are bounded by switch_buffer_bytes: past it, the switch stops taking
-    new packets until its sends drain (back-pressure), so its memory is not N x S.
+    In-flight forwarded bytes are bounded per port, by an equal share of switch_buffer_bytes: a
+    transfer bound for a port with its share in flight waits (its payload not taken yet, its
+    sender's later packets behind it) until that port drains, so the switch's memory is not N x S
+    and a GPU that does not receive slows only the traffic bound for it. A GPU that leaves too many
+    answers unread, or has too many packets waiting, is not read from until it catches up.
     """
 
     def __init__(self, config: FabricConfig, transport: Transport, timeout_s: float, trace=None):
@@ -29,8 +53,13 @@ class SwitchRank:
         self.transport = transport
         self.timeout_s = timeout_s
         self.end_timeout_s = 2 * timeout_s + 5
+        self.port_share_bytes = port_share_bytes(config)
         self._done: set[int] = set()
-        self._counters: dict[int, dict] = {}
+        self._counters: dict[int, CountersInfo] = {}
+        self._asked_counters = False
+        self._waiting: dict[int, deque[_Waiting]] = {}  # per GPU: its headers behind a payload, in order
+        self._abandoned: list[tuple] = []  # payload receives given up on: (request, buffer) until they end
+        self._suspects: set[int] = set()   # GPUs that sent a malformed packet: their stray payloads are dropped
         self._idle = Idle(yields=64, max_sleep_s=1e-3)  # every packet passes here: stay more awake
 
     def serve(self) -> dict:
@@ -38,13 +67,7 @@ class SwitchRank:
         gpus = self.config.gpus
         first_done = None
         while len(self._done) < gpus:
-            moved = self.transport.progress()
-            if self.transport.pending_bytes < self.config.switch_buffer_bytes:
-                got = self.transport.poll()
-                if got is not None:
-                    self._handle(*got)
-                    moved = True
-            if moved:
+            if self._step():
                 self._idle.reset()
                 continue
             if self._done and first_done is None:
@@ -57,23 +80,169 @@ class SwitchRank:
             self._idle()
         return self._finish()
 
-    def _handle(self, source: int, packet: Packet) -> None:
-        if packet.kind is Kind.DONE:
+    # -- intake -------------------------------------------------------------------------------------
+    def _step(self) -> bool:
+        """Move what can move: sends, payloads being received, one new header; True if anything did."""
+        moved = self.transport.progress()
+        if self._waiting or self._abandoned:
+            moved |= self._advance_all()
+        for source in self._suspects:
+            moved |= self._drop_orphans(source)
+        got = self._poll()
+        if got is not None:
+            self._take(*got)
+            moved = True
+        return moved
+
+    def _poll(self):
+        """The next header from a GPU the switch is reading from (any GPU, unless some are held)."""
+        transport = self.transport
+        held = {s for s, queue in self._waiting.items() if len(queue) > MAX_QUEUED or queue[0].held}
+        held.update(d for d in transport.backlogged(MAX_UNREAD) if d < self.config.gpus)
+        if not held:
+            return transport.poll(limit=MAX_HEADER_BYTES)
+        for source in range(self.config.gpus):
+            if source not in held:
+                got = transport.poll(source, limit=MAX_HEADER_BYTES)
+                if got is not None:
+                    return got
+        return None
+
+    def _congested(self, source: int, packet: Packet) -> bool:
+        """Whether a port `packet` goes to has its share of forwarded bytes in flight already."""
+        pending = self.transport.pending_bytes_to
+        return any(pending.get(port, 0) and pending[port] + packet.payload_bytes > self.port_share_bytes
+                   for port in self.logic.egress_ports(source, packet))
+
+    def _take(self, source: int, data: bytes | None) -> None:
+        if not 0 <= source < self.config.gpus:
+            return  # not a GPU of this fabric: nobody to answer
+        if data is None:
+            self._refuse(source, ProtocolError(f"switch: a header of more than {MAX_HEADER_BYTES} bytes from "
+                                               f"GPU {source}"))
+            return
+        try:
+            packet = Packet.from_wire(data)
+        except ProtocolError as exc:
+            self._refuse(source, ProtocolError(f"switch: from GPU {source}: {exc}"))
+            return
+        queue = self._waiting.get(source)
+        if queue or packet.payload_bytes:  # a GPU's packets are served in the order it sent them
+            self._waiting.setdefault(source, deque()).append(_Waiting(packet, time.monotonic() + self.timeout_s))
+            self._advance(source)
+        else:
+            self._handle(source, packet, None)
+
+    def _advance_all(self) -> bool:
+        moved = False
+        for source in list(self._waiting):
+            moved |= self._advance(source)
+        if self._abandoned:
+            before = len(self._abandoned)
+            self._abandoned = [(r, b) for r, b in self._abandoned if not r.Test()]
+            moved |= len(self._abandoned) != before
+        return moved
+
+    def _advance(self, source: int) -> bool:
+        """Serve GPU `source`'s waiting headers in order, as far as their payloads have come."""
+        queue, moved = self._waiting[source], False
+        while queue:
+            entry = queue[0]
+            packet = entry.packet
+            if packet.payload_bytes and entry.request is None:
+                entry.held = self._congested(source, packet)
+                if entry.held:  # its wait for the payload starts once it may be taken
+                    entry.deadline = time.monotonic() + self.timeout_s
+                    break
+                got = self.transport.probe_payload(source)
+                if got is None:
+                    if time.monotonic() <= entry.deadline:
+                        break
+                    queue.popleft()
+                    self._refuse(source, ProtocolError(f"{packet.kind.name} from GPU {source}: its payload of "
+                                                       f"{packet.payload_bytes} bytes did not come within "
+                                                       f"{self.timeout_s:g} s"), packet)
+                    moved = True
+                    continue
+                message, size = got
+                try:
+                    self.logic.check_header(source, packet)  # before allocating anything for it
+                    if size != packet.payload_bytes:
+                        raise ProtocolError(f"{packet.kind.name} from GPU {source}: header says "
+                                            f"{packet.payload_bytes} bytes, {size} came")
+                except ProtocolError as exc:
+                    self.transport.drop(message)
+                    queue.popleft()
+                    self._refuse(source, exc, packet)
+                    moved = True
+                    continue
+                entry.buffer = np.empty(size, np.uint8)
+                entry.request = self.transport.receive_matched(message, entry.buffer)
+                moved = True
+            if entry.request is not None and not entry.request.Test():
+                if time.monotonic() <= entry.deadline:
+                    break
+                # the sender stopped sending mid-payload: give up on it, keep its buffer until MPI lets go
+                self._abandoned.append((entry.request, entry.buffer))
+                queue.popleft()
+                self._refuse(source, ProtocolError(f"{packet.kind.name} from GPU {source}: its payload of "
+                                                   f"{packet.payload_bytes} bytes stalled"), packet)
+                moved = True
+                continue
+            queue.popleft()
+            self._handle(source, packet, entry.buffer)
+            moved = True
+        if not queue:
+            del self._waiting[source]
+        return moved
+
+    # -- serving --------------------------------------------------------------------------------------
+    def _handle(self, source: int, packet: Packet, payload: np.ndarray | None) -> None:
+        kind = packet.kind
+        if kind is Kind.DONE:
             self._done.add(source)
             return
-        if packet.kind is Kind.TRACE:
+        if kind is Kind.TRACE:
             if self.trace is not None:
-                self.trace.enabled = bool(packet.info["on"])
+                self.trace.enabled = packet.info.on
                 self.logic.tracing = self.trace.enabled
             return
-        payload = None
-        if packet.payload_bytes:
-            payload = np.empty(packet.payload_bytes, np.uint8)
-            self.transport.recv_payload(source, payload, time.monotonic() + self.timeout_s,
-                                        f"{packet.kind.name} req {packet.req}")
-        if self.trace is not None and packet.kind.counted:
-            self._record("rx", uplink(source), packet, source)
-        for send in self.logic.on_packet(source, packet, payload):
+        if kind is Kind.COUNTERS:
+            if not self._asked_counters or source in self._counters:
+                self._refuse(source, ProtocolError(f"COUNTERS from GPU {source}: the switch did not ask for "
+                                                   f"them (or has them already)"), packet)
+            else:
+                self._counters[source] = packet.info
+            return
+        link = uplink(source)
+        before = self.logic.counters.get(link).packets if self.trace is not None else 0
+        sends = self.logic.on_packet(source, packet, payload)
+        if self.trace is not None and self.logic.counters.get(link).packets != before:
+            self._record("rx", link, packet, source)
+        self._send_all(sends, source)
+
+    def _drop_orphans(self, source: int) -> bool:
+        """Drop a payload of GPU `source` that no header of it waits for (it sent one after a header
+        that did not decode, say): left in MPI's queue, such messages would slow every later match."""
+        if source in self._waiting or self.transport.header_waiting(source):
+            return False  # a header yet to be read may claim it
+        got = self.transport.probe_payload(source)
+        if got is None:
+            return False
+        self.transport.drop(got[0])
+        return True
+
+    def _refuse(self, source: int, error: FabricError, packet: Packet | None = None) -> None:
+        if isinstance(error, ProtocolError):
+            self._suspects.add(source)  # an honest GPU never breaks the protocol
+        if packet is None:
+            sends = self.logic.refuse(source, error)
+        else:
+            sends = self.logic.refuse(source, error, packet.kind.name, packet.req, packet.t_end)
+        self._send_all(sends, source)
+
+    def _send_all(self, sends: list, source: int) -> None:
+        for send in sends:
             self.transport.send(send.port, send.packet, send.payload)
             if self.trace is not None and send.packet.kind.counted:
                 self._record("tx", downlink(send.port), send.packet, source if send.origin is None else send.origin)
@@ -93,18 +262,12 @@ class SwitchRank:
                           "raw": raw_bytes(packet.payload_bytes, config.mtu_bytes, config.header_bytes),
                           "m_start": packet.t_start, "m_end": packet.t_end, "wall": time.time()})
 
+    # -- end of run ---------------------------------------------------------------------------------
     def _wait(self, done, what: str, waiting_for) -> None:
+        """Keep serving (and refusing) until done() holds; FabricTimeout at the deadline."""
         deadline = time.monotonic() + self.timeout_s
         while not done():
-            moved = self.transport.progress()
-            got = self.transport.poll()
-            if got is not None:
-                source, packet = got
-                if packet.kind is not Kind.COUNTERS:
-                    raise ProtocolError(f"switch: {packet.kind.name} from GPU {source} after every GPU was done")
-                self._counters[source] = packet.info
-                moved = True
-            if moved:
+            if self._step():
                 continue
             if time.monotonic() > deadline:
                 raise FabricTimeout(f"switch: {what} timed out after {self.timeout_s:g} s waiting for "
@@ -114,29 +277,38 @@ class SwitchRank:
     def _finish(self) -> dict:
         gpus = self.config.gpus
         self._wait(lambda: self.transport.idle, "end of run", lambda: "forwarded packets to be received")
+        self._asked_counters = True
         for gpu in range(gpus):
             self.transport.send(gpu, Packet(Kind.SHUTDOWN, -1, self.logic.route_key(gpu)))
         self._wait(lambda: len(self._counters) == gpus, "end of run",
                    lambda: f"counters of GPUs {sorted(set(range(gpus)) - set(self._counters))}")
-        switch_side = self.logic.counters.snapshot()
-        gpu_sides = [self._counters[g]["links"] for g in range(gpus)]
-        check_conservation(switch_side, gpu_sides)
-        for gpu_side in gpu_sides:  # modeled busy time is kept by the GPU end of each link
-            for link, stats in gpu_side.items():
-                switch_side.setdefault(link, dict(stats))["busy_ns"] = stats.get("busy_ns", 0.0)
+        # The switch's own counts are the report's. Byte conservation is checked link by link against
+        # what each GPU says it counted: a GPU's word is not trusted, so a mismatch is reported against
+        # that GPU's links (an emulator bug, or a GPU that lies) and never fails the others' run.
+        links = self.logic.counters.snapshot()
+        conservation = {}
+        for gpu in range(gpus):
+            try:
+                check_gpu_links(links, gpu, self._counters[gpu].links)
+            except FabricError as exc:
+                conservation[gpu] = str(exc)
+            for link in (uplink(gpu), downlink(gpu)):  # modeled busy time is kept by the GPU end of each link
+                busy = self._counters[gpu].links.get(link, {}).get("busy_ns", 0.0)
+                links.setdefault(link, LinkStats().as_dict())["busy_ns"] = float(busy)
         report = {
             "fabric": self.config.name,
             "mode": self.config.mode,
             "gpus": gpus,
-            "elapsed_ns": max(self._counters[g]["now_ns"] for g in range(gpus)),
-            "links": switch_side,
+            "elapsed_ns": max(self._counters[g].now_ns for g in range(gpus)),
+            "links": links,
             "ports": {g: row for g, row in self.logic.port_stats().items()},
             "network_addresses": list(self.logic.network_addresses),
             "switch": {"peak_held_bytes": self.logic.peak_held_bytes, "groups_created": self.logic.groups.created,
                        "groups_released": self.logic.groups.released,
-                       "reduced_bytes": self.logic.groups.reduced_bytes},
-            "unconsumed": {g: self._counters[g]["unconsumed"] for g in range(gpus)
-                           if self._counters[g]["unconsumed"]},
+                       "reduced_bytes": self.logic.groups.reduced_bytes,
+                       "unanswered_requests": self.logic.awaited_replies},
+            "unconsumed": {g: self._counters[g].unconsumed for g in range(gpus) if self._counters[g].unconsumed},
+            "conservation": conservation,
         }
         for gpu in range(gpus):
             self.transport.send(gpu, Packet(Kind.SHUTDOWN, -1, self.logic.route_key(gpu), info=report))

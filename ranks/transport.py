@@ -5,16 +5,24 @@ payload, by the raw bytes as a second message (TAG_PAYLOAD) sent straight from t
 MPI keeps messages between two ranks in order per tag, so the n-th payload from a rank belongs to
 the n-th payload-carrying header from it. Every send is non-blocking: a rank waiting for anything
 keeps serving, so two ranks sending to each other never deadlock.
+
+Receivers trust nothing about a message but its MPI source: a GPU takes fabric packets from its
+switch alone (`poll(source=...)`) and drops whatever other ranks send it (`drop_strays`); the
+switch sizes a payload by what MPI says arrived, never by the header, and can drop any message
+without allocating for it (`drop`); control objects are unpickled with an allow-list of types.
 """
 
+import io
 import os
 import pickle
 import sys
 import time
+from collections import deque
 
 import numpy as np
 from mpi4py import MPI
 
+from fabric import errors
 from fabric.errors import FabricTimeout
 from fabric.packets import Packet
 
@@ -22,6 +30,8 @@ TAG_HEADER = 11
 TAG_PAYLOAD = 12
 TAG_CONTROL = 13
 ABORT_GRACE_S = 0.5  # s, between a failing rank's report and MPI_Abort
+MAX_HEADER_BYTES = 1 << 16  # a header from a GPU is at most this long (the longest real one is ~1 KiB)
+_NOTHING = np.empty(0, np.uint8)  # where dropped messages go (a receive truncated to nothing)
 
 
 def world_rank() -> int:
@@ -96,39 +106,62 @@ class Transport:
         self.comm = (comm or MPI.COMM_WORLD).Dup()
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
-        self._pending: list[tuple[list, object]] = []  # (requests, buffers kept alive until sent)
-        self.pending_bytes = 0
+        # per destination, oldest first: (requests, buffers kept alive until sent, payload bytes); retired
+        # in order, so a destination that does not receive costs the progress loop one test, not one per send
+        self._pending: dict[int, deque] = {}
+        self.pending_bytes = 0                      # payload bytes posted and not yet sent, all destinations
+        self.pending_bytes_to: dict[int, int] = {}  # the same per destination
         self._status = MPI.Status()
 
     def send(self, dest: int, packet: Packet, payload: np.ndarray | None = None) -> list:
         """Post `packet` (and its payload bytes) to `dest`; returns the requests, complete when sent."""
-        header = packet.to_wire()
+        if packet.payload_bytes and (payload is None or payload.nbytes != packet.payload_bytes):
+            raise ValueError(f"{packet.kind.name} to rank {dest}: payload of "
+                             f"{None if payload is None else payload.nbytes} bytes, header says "
+                             f"{packet.payload_bytes}")
+        return self.send_bytes(dest, packet.to_wire(), payload if packet.payload_bytes else None)
+
+    def send_bytes(self, dest: int, header: bytes, payload: np.ndarray | None = None) -> list:
+        """Post a header message of any bytes, and a payload message if given, to `dest` (send() does
+        it for packets; tests use it as a hostile GPU would); returns the requests."""
         requests = [self.comm.Isend([header, MPI.BYTE], dest, TAG_HEADER)]
-        nbytes = 0
-        if packet.payload_bytes:
-            if payload is None or payload.nbytes != packet.payload_bytes:
-                raise ValueError(f"{packet.kind.name} to rank {dest}: payload of "
-                                 f"{None if payload is None else payload.nbytes} bytes, header says "
-                                 f"{packet.payload_bytes}")
+        if payload is not None:
             requests.append(self.comm.Isend([payload, MPI.BYTE], dest, TAG_PAYLOAD))
-            nbytes = payload.nbytes
-        self._pending.append((requests, (header, payload, nbytes)))
+        return self._keep(dest, requests, (header, payload))
+
+    def payload_only(self, dest: int, payload: np.ndarray) -> list:
+        """Post a payload message with no header (a hostile GPU's realignment; tests use it)."""
+        return self._keep(dest, [self.comm.Isend([payload, MPI.BYTE], dest, TAG_PAYLOAD)], (None, payload))
+
+    def _keep(self, dest: int, requests: list, buffers: tuple) -> list:
+        nbytes = 0 if buffers[1] is None else buffers[1].nbytes
+        self._pending.setdefault(dest, deque()).append((requests, buffers, nbytes))
         self.pending_bytes += nbytes
+        self.pending_bytes_to[dest] = self.pending_bytes_to.get(dest, 0) + nbytes
         return requests
 
     def progress(self) -> bool:
-        """Retire completed sends; True if any completed."""
-        if not self._pending:
-            return False
-        still, done = [], False
-        for requests, keep in self._pending:
-            if MPI.Request.Testall(requests):
-                self.pending_bytes -= keep[2]
+        """Retire completed sends, oldest first per destination; True if any completed."""
+        done = False
+        for dest in list(self._pending):
+            queue = self._pending[dest]
+            while queue and MPI.Request.Testall(queue[0][0]):
+                nbytes = queue.popleft()[2]
+                self.pending_bytes -= nbytes
+                self.pending_bytes_to[dest] -= nbytes
                 done = True
-            else:
-                still.append((requests, keep))
-        self._pending = still
+            if not queue:
+                del self._pending[dest]
         return done
+
+    @property
+    def in_flight(self) -> int:
+        """Sends posted and not yet retired, all destinations."""
+        return sum(len(queue) for queue in self._pending.values())
+
+    def backlogged(self, limit: int) -> list[int]:
+        """Destinations with more than `limit` sends posted and not yet retired."""
+        return [dest for dest, queue in self._pending.items() if len(queue) > limit]
 
     @staticmethod
     def sent(requests: list) -> bool:
@@ -139,14 +172,70 @@ class Transport:
     def idle(self) -> bool:
         return not self._pending
 
-    def poll(self) -> tuple[int, Packet] | None:
-        """The next header from any rank, or None; its payload must be taken with recv_payload next."""
-        if not self.comm.Iprobe(MPI.ANY_SOURCE, TAG_HEADER, self._status):
+    def poll(self, source: int = -1, limit: int | None = None) -> tuple[int, bytes | None] | None:
+        """The next header message (its bytes) from `source` (-1: any), or None if none is waiting; its payload,
+        if any, is the next TAG_PAYLOAD message from the same rank. A header longer than `limit` bytes
+        is dropped unread: (source, None)."""
+        if not self.comm.Iprobe(MPI.ANY_SOURCE if source < 0 else source, TAG_HEADER, self._status):
             return None
         source, count = self._status.Get_source(), self._status.Get_count(MPI.BYTE)
+        if limit is not None and count > limit:
+            self._drop_from(source, TAG_HEADER)
+            return source, None
         buffer = bytearray(count)
         self.comm.Recv([buffer, MPI.BYTE], source, TAG_HEADER)
-        return source, Packet.from_wire(bytes(buffer))
+        return source, bytes(buffer)
+
+    def header_waiting(self, source: int) -> bool:
+        """Whether a header from `source` is waiting to be read."""
+        return self.comm.Iprobe(source, TAG_HEADER)
+
+    def probe_payload(self, source: int):
+        """(message, its size in bytes) of the next payload from `source` if it has arrived, else None.
+        The message is matched: take it with receive_matched or drop it."""
+        message = self.comm.Improbe(source, TAG_PAYLOAD, self._status)
+        if message is None:
+            return None
+        return message, self._status.Get_count(MPI.BYTE)
+
+    @staticmethod
+    def receive_matched(message, out: np.ndarray):
+        """Start receiving a matched `message` into `out` (uint8, its exact size); returns the request."""
+        return message.Irecv([out, MPI.BYTE])
+
+    @staticmethod
+    def drop(message) -> None:
+        """Receive a matched message into nothing: it is gone, whatever its size, and nothing was allocated."""
+        try:
+            message.Recv([_NOTHING, MPI.BYTE])
+        except MPI.Exception as exc:  # truncation is the point
+            if exc.Get_error_class() != MPI.ERR_TRUNCATE:
+                raise
+
+    def _drop_from(self, source: int, tag: int) -> None:
+        message = self.comm.Improbe(source, tag)
+        if message is not None:
+            self.drop(message)
+
+    def drop_strays(self, expected: int, sweep: bool = False) -> int:
+        """Drop messages waiting from ranks other than `expected` (a GPU hears only its switch);
+        returns how many. Stops at the first message that is `expected`'s, unless `sweep`: then it
+        asks every other rank in turn (strays left behind the switch's messages would slow every
+        later match in MPI's queue)."""
+        dropped = 0
+        if sweep:
+            for source in range(self.size):
+                while source != expected and self.comm.Iprobe(source, MPI.ANY_TAG, self._status):
+                    self._drop_from(source, self._status.Get_tag())
+                    dropped += 1
+            return dropped
+        while self.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, self._status):
+            source, tag = self._status.Get_source(), self._status.Get_tag()
+            if source == expected:
+                break
+            self._drop_from(source, tag)
+            dropped += 1
+        return dropped
 
     def recv_payload(self, source: int, out: np.ndarray, deadline_s: float, what: str) -> None:
         """Receive the payload that follows a header from `source` into `out` (uint8, contiguous)."""
@@ -180,7 +269,10 @@ class ControlChannel:
         self._pending: list = []
 
     def send(self, dest: int, obj) -> None:
-        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        self.send_bytes(dest, pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def send_bytes(self, dest: int, data: bytes) -> None:
+        """Post a control message of any bytes to GPU rank `dest` (send() pickles an object)."""
         self._pending.append((self.comm.Isend([data, MPI.BYTE], dest, TAG_CONTROL), data))
 
     def progress(self) -> bool:
@@ -193,12 +285,38 @@ class ControlChannel:
         return not self._pending
 
     def poll(self) -> tuple[int, object] | None:
+        """The next control object from any GPU rank, or None. An object that does not unpickle with
+        the allow-list is dropped: (source, None)."""
         status = MPI.Status()
         if not self.comm.Iprobe(MPI.ANY_SOURCE, TAG_CONTROL, status):
             return None
         buffer = bytearray(status.Get_count(MPI.BYTE))
         self.comm.Recv([buffer, MPI.BYTE], status.Get_source(), TAG_CONTROL)
-        return status.Get_source(), pickle.loads(buffer)
+        try:
+            return status.Get_source(), _SafeUnpickler(io.BytesIO(bytes(buffer))).load()
+        except Exception:  # noqa: BLE001 - whatever a peer sent, it must not run code or end this rank
+            return status.Get_source(), None
+
+
+class _SafeUnpickler(pickle._Unpickler):  # pure Python: hostile bytes raise, never corrupt memory
+    """Unpickles what control exchanges carry - Python's plain values, Handles, numpy scalars and
+    arrays, fabric errors - and refuses every other class: unpickling a peer's bytes must not run a peer's code."""
+
+    ALLOWED = {("fabric.addressing", "Handle"), ("builtins", "complex"), ("builtins", "set"),
+               ("builtins", "frozenset"), ("builtins", "slice"), ("builtins", "range"),
+               ("numpy", "dtype"), ("numpy", "ndarray"), ("numpy.core.multiarray", "scalar"),
+               ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "scalar"),
+               ("numpy._core.multiarray", "_reconstruct"), ("numpy.core.numeric", "_frombuffer"),
+               ("numpy._core.numeric", "_frombuffer"), ("collections", "OrderedDict")}
+
+    def find_class(self, module, name):
+        if module == "fabric.errors":  # a member's error, handed to the others so that all raise at once
+            cls = getattr(errors, name, None)
+            if isinstance(cls, type) and issubclass(cls, errors.FabricError):
+                return cls
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f"control objects may not contain {module}.{name}")
+        return super().find_class(module, name)
 
 
 _NATIVE_OPS = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}

@@ -9,8 +9,9 @@ recv)`, `broadcast(call, array, root)`, and documents its per-GPU link bytes and
 import numpy as np
 
 from fabric.errors import UnsupportedOperation
-from fabric.packets import Kind
+from fabric.packets import Kind, LoadInfo, McastInfo, ReduceInfo
 from fabric.reduction import blocks, dtype_name
+from fabric.switch import buffer_share_bytes
 
 from . import direct, nvls, ring, sharp
 
@@ -61,11 +62,12 @@ class Call:
 
     def in_switch_window(self, streams: int, least: int = 1) -> int:
         """Chunks each member may have in the switch at once, so that the contributions the switch
-        holds - window x streams x (n - 1) x chunk bytes - stay within switch_buffer_bytes; shrinks the
+        holds - window x streams x (n - 1) x chunk bytes - stay within the partition's share of
+        switch_buffer_bytes (fabric.switch.buffer_share_bytes); shrinks the
         message size if even `least` chunks would not fit. `streams`: reductions one credit step
         covers (1 for allreduce; n when all n blocks are in flight at once)."""
         config, item = self.gpu.config, self.dtype.itemsize
-        budget = config.switch_buffer_bytes // (streams * max(1, self.n - 1))
+        budget = buffer_share_bytes(config) // (streams * max(1, self.n - 1))
         self.chunk = max(1, min(config.chunk_bytes, budget // least) // item)
         return max(least, budget // (self.chunk * item))
 
@@ -82,13 +84,19 @@ class Call:
             self._sends.append(self.gpu.send_message(self.peer(to), self.key(*parts), data))
 
     def post(self, parts: tuple, out: np.ndarray, frm: int | None = None) -> None:
-        """Receive `parts` into `out` when it comes, from member `frm` (None: from the switch)."""
+        """Receive `parts` into `out` when it comes, from member `frm` (None: from the switch, through
+        this communicator's group)."""
         if out.size:
-            self.gpu.post_receive(self.key(*parts), out, None if frm is None else self.peer(frm))
+            self.gpu.post_receive(self.key(*parts), out, *self._sender(frm))
 
     def wait(self, parts: tuple, source: str, out: np.ndarray, frm: int | None = None) -> None:
         if out.size:
-            self.gpu.wait_receive(self.key(*parts), None if frm is None else self.peer(frm), source)
+            peer, group = self._sender(frm)
+            self.gpu.wait_receive(self.key(*parts), peer, source, group)
+
+    def _sender(self, frm: int | None) -> tuple[int | None, int | None]:
+        """(peer GPU, multicast group) a message of member `frm` (None: of the switch) comes from."""
+        return (self.peer(frm), None) if frm is not None else (None, self.comm.group_id())
 
     def recv(self, frm: int, parts: tuple, out: np.ndarray) -> None:
         """Receive `parts` from member `frm` into `out`."""
@@ -118,13 +126,13 @@ class Call:
     def reduce(self, slot: tuple, data: np.ndarray, dest: list[int], parts: tuple, at_ns: float | None = None) -> None:
         """Contribute `data` to in-switch reduction `slot`; the result goes to members `dest` as `parts`.
         at_ns: modeled issue time (the credits that bound the switch's memory are not modeled)."""
-        info = {"g": self.comm.group_id(), "slot": [self.seq, *slot], "op": self.op,
-                "dtype": dtype_name(self.dtype), "dest": [self.peer(d) for d in dest], "key": list(self.key(*parts))}
+        info = ReduceInfo(self.comm.group_id(), (self.seq, *slot), self.op, dtype_name(self.dtype),
+                          tuple(self.peer(d) for d in dest), self.key(*parts))
         self._sends.append(self.gpu.switch_request(Kind.REDUCE, info, data, at_ns=at_ns))
 
     def multicast(self, parts: tuple, data: np.ndarray) -> None:
         """Multicast-store `data` to every member (this one included) as `parts`."""
-        info = {"g": self.comm.group_id(), "key": list(self.key(*parts))}
+        info = McastInfo(self.comm.group_id(), self.key(*parts))
         self._sends.append(self.gpu.switch_request(Kind.MCAST, info, data))
 
     def load_reduce(self, slot: tuple, source: tuple, offset_bytes: int, nbytes: int, parts: tuple,
@@ -132,12 +140,11 @@ class Call:
         """Ask the switch to read [offset, offset + nbytes) of every member's buffer bound as `source`,
         reduce, and return the result to this member as `parts` (NVLS load-reduce). stamp: the uplink
         times booked for this request (gpu.reserve_uplink)."""
-        info = {"g": self.comm.group_id(), "slot": [self.seq, *slot], "op": self.op,
-                "dtype": dtype_name(self.dtype), "dest": [self.gpu.rank], "key": list(self.key(*parts)),
-                "src": list(self.key(*source))}
+        info = LoadInfo(self.comm.group_id(), (self.seq, *slot), self.op, dtype_name(self.dtype),
+                        (self.gpu.rank,), self.key(*parts), self.key(*source))
         self._sends.append(self.gpu.switch_request(Kind.LOAD_REDUCE, info, None, offset_bytes, nbytes,
                                                    stamp=stamp))
 
     def serve_load(self, source: tuple, slot: tuple, requester: int) -> None:
         """Answer the switch's read of `slot` (requested by member `requester`) from our `source` buffer."""
-        self.gpu.serve_load(self.key(*source), (self.seq, *slot), f"GPU {self.peer(requester)}")
+        self.gpu.serve_load(self.comm.group_id(), self.key(*source), (self.seq, *slot), f"GPU {self.peer(requester)}")

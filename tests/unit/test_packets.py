@@ -8,16 +8,40 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fabric.errors import ProtocolError
-from fabric.packets import Kind, Packet, raw_bytes, segments
+
+from fabric.packets import (MAX_KEY_PARTS, CountersInfo, ExportInfo, GroupInfo, Kind, LoadInfo, McastInfo, MsgInfo,
+                            NackInfo, Packet, ReduceInfo, RevokeInfo, TraceInfo, raw_bytes, segments)
 
 ints = st.integers(min_value=-(2 ** 63), max_value=2 ** 64 - 1)
+text = st.text(max_size=12)
+keys = st.lists(st.one_of(st.integers(-(2 ** 63), 2 ** 63 - 1), text), max_size=MAX_KEY_PARTS).map(tuple)
+int_lists = st.lists(st.integers(-(2 ** 63), 2 ** 63 - 1), max_size=8).map(tuple)
 leaf = st.one_of(st.none(), st.booleans(), st.integers(-(2 ** 63), 2 ** 63 - 1), st.text(max_size=12),
                  st.binary(max_size=12), st.floats(allow_nan=False))
 info_values = st.recursive(leaf, lambda inner: st.lists(inner, max_size=3)
                            | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=8)
-infos = st.one_of(st.none(), st.dictionaries(st.text(max_size=8), info_values, max_size=4))
-packets = st.builds(Packet, kind=st.sampled_from(list(Kind)), src=ints, dst=ints, address=ints,
-                    nbytes=st.integers(min_value=0, max_value=2 ** 64 - 1), req=ints, info=infos)
+free_maps = st.one_of(st.none(), st.dictionaries(st.text(max_size=8), info_values, max_size=4))
+counters = st.builds(CountersInfo, st.dictionaries(text, st.dictionaries(text, st.integers(0, 2 ** 40), max_size=4),
+                                                   max_size=3),
+                     st.lists(keys.map(list), max_size=3), st.floats(0, 1e15))
+RECORDS = {
+    Kind.NACK: st.builds(NackInfo, text, text, text),
+    Kind.MSG: st.builds(MsgInfo, keys),
+    Kind.REDUCE: st.builds(ReduceInfo, ints, int_lists, text, text, int_lists, keys),
+    Kind.MCAST: st.builds(McastInfo, ints, keys),
+    Kind.LOAD_REDUCE: st.builds(LoadInfo, ints, int_lists, text, text, int_lists, keys, keys),
+    Kind.LOAD: st.builds(LoadInfo, ints, int_lists, text, text, int_lists, keys, keys),
+    Kind.EXPORT: st.builds(ExportInfo, ints, ints, st.none() | int_lists, st.booleans(), st.booleans()),
+    Kind.REVOKE: st.builds(RevokeInfo, ints, ints),
+    Kind.GROUP: st.builds(GroupInfo, text, ints, int_lists, text),
+    Kind.TRACE: st.builds(TraceInfo, st.booleans()),
+    Kind.COUNTERS: counters,
+    Kind.REPLY: free_maps,
+    Kind.SHUTDOWN: free_maps,
+}
+packets = st.sampled_from(list(Kind)).flatmap(lambda kind: st.builds(
+    Packet, kind=st.just(kind), src=ints, dst=ints, address=ints, nbytes=st.integers(min_value=0, max_value=2 ** 64 - 1),
+    req=ints, info=RECORDS.get(kind, st.none())))
 
 
 @settings(max_examples=300, deadline=None)
@@ -35,13 +59,68 @@ def test_wire_round_trip(packet):
 
 
 def test_round_trip_typical_packet():
-    p = Packet(Kind.NACK, src=-1, dst=0x1AB, req=7, info={"error": "AccessViolation", "message": "no"})
+    p = Packet(Kind.NACK, src=-1, dst=0x1AB, req=7, info=NackInfo("AccessViolation", "no", "PUT"))
     assert Packet.from_wire(p.to_wire()) == p
 
 
-def test_round_trip_int_keys_in_info():
-    p = Packet(Kind.REDUCE, src=1, dst=2, nbytes=64, info={1: "a", "slot": 3})
-    assert Packet.from_wire(p.to_wire()).info == {1: "a", "slot": 3}
+def test_a_kind_carries_only_its_own_record():
+    with pytest.raises(TypeError, match="REDUCE packet carries a ReduceInfo"):
+        Packet(Kind.REDUCE, src=1, dst=2, nbytes=64, info={"g": 1})
+    with pytest.raises(TypeError, match="MSG packet carries a MsgInfo"):
+        Packet(Kind.MSG, src=1, dst=2, info=None)
+
+
+def wire(kind, info, **header):
+    fields = dict(src=0, dst=0, address=0, nbytes=0, req=0, **header)
+    return msgpack.packb([int(kind), fields["src"], fields["dst"], fields["address"], fields["nbytes"], fields["req"],
+                          info, 0.0, 0.0])
+
+
+@pytest.mark.parametrize("kind, info, complaint", [
+    (Kind.REDUCE, None, "needs 6 fields"),                                        # the crash of issue 8
+    (Kind.REDUCE, {"g": 1}, "needs 6 fields"),                                     # the old free-form map
+    (Kind.REDUCE, [1, [0], "sum", "float32", [0]], "needs 6 fields"),              # one short
+    (Kind.REDUCE, ["1", [0], "sum", "float32", [0], ["k"]], "'group' must be an integer"),
+    (Kind.REDUCE, [1, [0.5], "sum", "float32", [0], ["k"]], "'slot' must be a list"),
+    (Kind.REDUCE, [1, [0], 7, "float32", [0], ["k"]], "'op' must be a string"),
+    (Kind.REDUCE, [1, [0], "sum", "float32", [True], ["k"]], "'dest' must be a list"),
+    (Kind.MSG, [[["nested"]]], "'key' must be a flat list"),
+    (Kind.MSG, [list(range(MAX_KEY_PARTS + 1))], "'key' must be a flat list"),
+    (Kind.MCAST, [1, ["k", 1.5]], "'key' must be a flat list"),
+    (Kind.EXPORT, [0, 64, None, "no", True], "'writable' must be true or false"),
+    (Kind.EXPORT, [0, 64, "0", True, True], "'to' must be a list"),
+    (Kind.COUNTERS, [{"gpu0->sw0": {"packets": "many"}}, [], 0.0], "'links' must be"),
+    (Kind.COUNTERS, [{}, [], float("nan")], "'now_ns' must be a finite number"),
+    (Kind.TRACE, [1], "'on' must be true or false"),
+    (Kind.PUT, {"key": 1}, "carries no record"),
+    (Kind.REPLY, [1, 2], "'info' must be a map"),
+])
+def test_malformed_records_are_protocol_errors_naming_the_field(kind, info, complaint):
+    with pytest.raises(ProtocolError, match=complaint) as raised:
+        Packet.from_wire(wire(kind, info))
+    assert kind.name in str(raised.value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(packet=packets, data=st.data())
+def test_mutated_records_decode_to_typed_records_or_protocol_error(packet, data):
+    """Flip, drop or replace one element of a valid header: the result decodes to the kind's record
+    type, or is a ProtocolError; nothing else (a receiver never sees an untyped field)."""
+    fields = msgpack.unpackb(packet.to_wire(), raw=False, strict_map_key=False)
+    target = data.draw(st.integers(0, len(fields) - 1))
+    value = fields[target]
+    if isinstance(value, list) and value and data.draw(st.booleans()):
+        index = data.draw(st.integers(0, len(value) - 1))
+        value[index] = data.draw(info_values)
+    else:
+        fields[target] = data.draw(info_values)
+    try:
+        back = Packet.from_wire(msgpack.packb(fields))
+    except ProtocolError:
+        return
+    record = RECORDS.get(back.kind)
+    if back.kind not in (Kind.REPLY, Kind.SHUTDOWN) and record is not None:
+        assert type(back.info).__name__ == type(data.draw(record)).__name__
 
 
 def test_packet_is_immutable():

@@ -1,0 +1,280 @@
+"""Multi-rank: the trust boundary holds against a GPU rank that sends whatever it likes (issue 8).
+
+A workload script is arbitrary Python inside its GPU rank, so these tests reach for the rank's
+internals (its transport, its control channel) exactly as a hostile script could.
+"""
+
+import pickle
+import runpy
+import time
+from pathlib import Path
+
+import msgpack
+import numpy as np
+import pytest
+
+from fabric.errors import AccessViolation, CollectiveMismatch, FabricError, ProtocolError
+from fabric.packets import Kind, McastInfo, MsgInfo, Packet
+
+from mpi_helpers import gpus, run
+
+pytestmark = pytest.mark.mpi(min_size=4)
+EXAMPLES = Path(__file__).resolve().parents[2] / "launch" / "examples"
+
+
+def lone_attacker() -> dict:
+    """GPU 0 alone in partition 0; every other GPU in partition 1."""
+    return {"partitions": ((0,), tuple(range(1, gpus())))}
+
+
+def until(gpu, done, what: str, timeout_s: float = 10.0) -> None:
+    """Serve this GPU's traffic until done() holds (a test's own wait on internals)."""
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, f"GPU {gpu.rank}: {what} did not happen within {timeout_s} s"
+        gpu._progress()
+
+
+def refusals(gpu, count: int) -> list[FabricError]:
+    """Wait for `count` refusals of this GPU's packets (NACKs) and take them."""
+    until(gpu, lambda: len(gpu._traffic_errors) >= count, f"{count} refusals")
+    taken, gpu._traffic_errors = gpu._traffic_errors, []
+    return taken
+
+
+def test_packets_sent_straight_to_a_gpu_are_dropped_unread():
+    """Issue 8.1 and 8.2: a header-only PUT sent straight to GPU 2's rank, naming a buffer it never
+    exported, must not pair with the payload of the next legal put; a MSG claiming to come from GPU 1
+    must not complete GPU 2's receive from GPU 1."""
+    victim = 2
+
+    def main(gpu):
+        private = gpu.alloc(4096, "uint8")
+        private[:] = 0x11
+        window = gpu.alloc(4096, "uint8")
+        handle = gpu.export(window) if gpu.rank else None
+        offsets = gpu.world.allgather_object(gpu._mem.offset_of(private))
+        handles = gpu.world.allgather_object(handle)
+        if gpu.rank == 0:
+            put = Packet(Kind.PUT, gpu._keys[1], gpu._keys[victim], offsets[victim], 4096, 1)
+            gpu._transport.send_bytes(victim, put.to_wire())  # its payload would be the next one to come
+            gpu._transport.send_bytes(victim, put.to_wire(), np.full(4096, 0xEE, np.uint8))
+            spoof = Packet(Kind.MSG, gpu._keys[1], gpu._keys[victim], 0, 64, info=MsgInfo(("k",)))
+            gpu._transport.send_bytes(victim, spoof.to_wire(), np.full(64, 0xEE, np.uint8))
+        gpu.world.barrier()
+        if gpu.rank == 1:
+            data = gpu.alloc(4096, "uint8")
+            data[:] = 0x22
+            gpu.put(handles[victim], data)
+            gpu.send_message(victim, ("k",), np.full(64, 0x33, np.uint8))
+        if gpu.rank == victim:
+            box = np.empty(64, np.uint8)
+            gpu.receive_message(("k",), box, peer=1)
+            assert (box == 0x33).all()
+            until(gpu, lambda: gpu.strays >= 5, "dropping the 5 stray messages")
+            assert gpu.strays == 5  # three headers, two payloads
+        if gpu.rank:
+            gpu.partition.barrier()
+        if gpu.rank == victim:
+            assert (private == 0x11).all() and (window == 0x22).all()
+
+    report = run(main, **lone_attacker()).report
+    assert all(report["ports"][g]["refused"] == 0 for g in range(gpus()))  # nothing reached the switch
+
+
+def test_a_reply_is_forwarded_only_if_it_answers_a_forwarded_request():
+    """Issue 8.3: GPU 2 sends GET_DATA naming GPU 0's request numbers; GPU 0's get of GPU 1's window
+    returns GPU 1's bytes, and every forgery is refused and counted on GPU 2's port."""
+    forged = 64
+
+    def main(gpu):
+        window = gpu.alloc(1024, "uint8")
+        window[:] = gpu.rank + 1
+        handles = gpu.world.allgather_object(gpu.export(window))
+        if gpu.rank == 2:
+            for req in range(1, forged + 1):
+                gpu._send(Packet(Kind.GET_DATA, gpu._keys[2], gpu._keys[0], 0, 1024, req), np.full(1024, 0xEE, np.uint8))
+            errors = refusals(gpu, forged)
+            assert all(isinstance(e, AccessViolation) and "answers no request" in str(e) for e in errors)
+            gpu._send(Packet(Kind.PUT_ACK, gpu._keys[2], gpu._keys[0], req=1))
+            assert "answers no request" in str(refusals(gpu, 1)[0])
+        gpu.world.barrier()
+        if gpu.rank == 0:
+            got = gpu.alloc(1024, "uint8")
+            gpu.get(handles[1], got)
+            assert (got == 2).all()
+        gpu.world.barrier()
+
+    report = run(main).report
+    assert report["ports"][2]["violations"] == forged + 1
+    assert [report["ports"][g]["violations"] for g in range(gpus()) if g != 2] == [0] * (gpus() - 1)
+
+
+def test_a_multicast_names_only_its_own_group_and_keys():
+    """Issue 8.4: a GPU outside a sub-communicator multicasts through the world group with the
+    sub-communicator's result key; the members' sharp AllReduce still returns the sum."""
+    def main(gpu):
+        x = np.ones(16, np.float32)
+        gpu.world.allreduce(x, "sum", "sharp")  # the world group exists and is bound
+        sub = gpu.world.split(0 if gpu.rank < 2 else None)
+        name = gpu.world.allgather_object(sub.name if sub else None)[0]
+        if gpu.rank == 2:
+            world_group = gpu.world.group_id()
+            for parts in ((0, 0), (0, 1)):  # sharp allreduce's result slots of the sub's first call
+                gpu.switch_request(Kind.MCAST, McastInfo(world_group, (name, 0, *parts)),
+                                   np.full(16, 999, np.float32))
+            errors = refusals(gpu, 2)
+            assert all(isinstance(e, AccessViolation) and "is not one of group" in str(e) for e in errors)
+        gpu.world.barrier()
+        if sub is not None:
+            y = np.full(16, 1 + sub.rank, np.float32)
+            sub.allreduce(y, "sum", "sharp")
+            assert (y == 3).all()
+        gpu.world.barrier()
+
+    report = run(main).report
+    assert report["ports"][2]["violations"] == 2
+
+
+def test_freeing_an_empty_allocation_frees_only_it_and_a_second_free_is_refused():
+    """Issue 8.5: free(alloc(0)) freed the allocation at offset 0, so the next alloc aliased a live array."""
+    def main(gpu):
+        empty = gpu.alloc(0, "float32")
+        live = gpu.alloc(16, "uint8")
+        live[:] = 7
+        gpu.free(empty)
+        fresh = gpu.alloc(16, "uint8")
+        fresh[:] = 1
+        assert (live == 7).all()
+        with pytest.raises(FabricError, match="not a live allocation"):
+            gpu.free(empty)
+        gpu.free(live)
+        with pytest.raises(FabricError, match="not a live allocation"):
+            gpu.free(live)
+        with pytest.raises(FabricError, match="not a live allocation"):
+            gpu.free(fresh[4:])  # a view is not the allocation
+        gpu.free(fresh)
+
+    run(main)
+
+
+def test_malformed_packets_are_refused_and_the_switch_serves_the_other_tenant():
+    """Issue 8.6: a PUT claiming 2**40 bytes and a REDUCE without its fields crashed the switch; now
+    they are refused (ProtocolError back to the sender, counted on its port) while the GPUs of the
+    other partition run their AllReduce."""
+    def main(gpu):
+        if gpu.rank == 0:
+            me = gpu._keys[0]
+            gpu._transport.send_bytes(gpu.size, Packet(Kind.PUT, me, gpu._keys[1], 0, 2 ** 40, 1).to_wire(),
+                                      np.zeros(16, np.uint8))
+            header = msgpack.unpackb(Packet(Kind.GET, me, -1).to_wire())
+            header[0] = int(Kind.REDUCE)  # a REDUCE with no record at all
+            gpu._transport.send_bytes(gpu.size, msgpack.packb(header))
+            errors = refusals(gpu, 2)
+            assert all(isinstance(e, ProtocolError) for e in errors)
+            texts = " | ".join(map(str, errors))
+            assert "REDUCE header: its record needs 6 fields" in texts
+            assert f"{2 ** 40} bytes is more than a GPU's" in texts
+        else:
+            x = np.full(1 << 16, gpu.rank, np.float32)
+            gpu.partition.allreduce(x, "sum", "sharp")
+            assert (x == sum(range(1, gpu.size))).all()
+
+    report = run(main, **lone_attacker()).report
+    assert report["ports"][0]["malformed"] == 2 and report["ports"][0]["refused"] == 2
+    assert all(report["ports"][g]["refused"] == 0 for g in range(1, gpus()))
+
+
+def test_put_and_get_beyond_the_64_bit_space_are_typed_errors_and_leave_nothing_pending():
+    def main(gpu):
+        window = gpu.alloc(256, "uint8")
+        handles = gpu.world.allgather_object(gpu.export(window))
+        data = gpu.alloc(16, "uint8")
+        for offset in (2 ** 64, 2 ** 64 - 8, 2 ** 70):
+            with pytest.raises(AccessViolation, match="outside the 64-bit address space"):
+                gpu.put(handles[(gpu.rank + 1) % gpu.size], data, offset=offset)
+            with pytest.raises(AccessViolation, match="outside the 64-bit address space"):
+                gpu.get(handles[(gpu.rank + 1) % gpu.size], data, offset=offset)
+        gpu.world.barrier()  # no put was left pending: the barrier's fence does not wait
+
+    run(main, timeout_s=10)
+
+
+@pytest.mark.parametrize("other", ["barrier", "allgather_object", "split"])
+def test_a_communicator_stays_usable_after_a_caught_mismatch(other):
+    """A member's barrier (or allgather_object, or split) met by the others' AllReduce is a
+    CollectiveMismatch on every member; after it, every member's next calls match again."""
+    def main(gpu):
+        x = np.ones(8, np.float32)
+        with pytest.raises(CollectiveMismatch):
+            if gpu.rank == 0:
+                getattr(gpu.world, other)(*{"barrier": (), "allgather_object": (1,), "split": (0,)}[other])
+            else:
+                gpu.world.allreduce(x)
+        x[:] = 1
+        gpu.world.allreduce(x)
+        assert (x == gpu.size).all()
+        sub = gpu.world.split(0)
+        names = gpu.world.allgather_object(sub.name)
+        assert len(set(names)) == 1  # every member names the new communicator alike
+        sub.allreduce(x)
+        assert (x == gpu.size ** 2).all()
+
+    run(main, timeout_s=20)
+
+
+def test_export_arguments_of_the_wrong_type_are_typed_errors():
+    def main(gpu):
+        b = gpu.alloc(64, "uint8")
+        for kwargs, text in [({"writable": "no"}, "writable='no': must be True or False"),
+                             ({"readable": 1}, "readable=1: must be True or False"),
+                             ({"to": []}, "nobody may use"),
+                             ({"to": "01"}, "GPU indices must be integers"),
+                             ({"to": [gpu.size]}, "not a GPU")]:
+            with pytest.raises(FabricError, match=text):
+                gpu.export(b, **kwargs)
+        gpu.free(b)  # nothing was exported
+
+    run(main)
+
+
+def test_a_poisoned_control_message_runs_nothing_and_is_dropped():
+    """The control channel unpickled whatever a peer sent: a pickle that runs code ran it."""
+    script = runpy.run_path(str(EXAMPLES / "hostile_gpu.py"))
+    exploit = script["_Exploit"]
+    Path(exploit.path).unlink(missing_ok=True)
+
+    def main(gpu):
+        if gpu.rank == 0:
+            gpu._control.send_bytes(1, pickle.dumps(exploit()))
+            gpu._control.send_bytes(1, pickle.dumps(("world", 0, "x", "extra")))
+            gpu._control.send_bytes(1, b"\x80\x05garbage")
+        if gpu.rank == 1:
+            until(gpu, lambda: gpu.strays >= 3, "dropping 3 poisoned control messages")
+        gpu.world.barrier()
+        assert not Path(exploit.path).exists()
+
+    run(main)
+
+
+def test_a_hostile_gpu_harms_nobody_in_the_other_partition():
+    """The fuzz tier: GPU 0 sends 10,000 bad packets (launch/examples/hostile_gpu.py) while the
+    other partition works; their results are all right, their memory changed only by their own
+    writes, nothing of theirs was refused, and the switch served to the end."""
+    packets = 10_000
+    script = runpy.run_path(str(EXAMPLES / "hostile_gpu.py"))
+    Path(script["_Exploit"].path).unlink(missing_ok=True)
+    result = run(lambda gpu: script["run"](gpu, packets, seed=gpus()), timeout_s=60, trusted=False, **lone_attacker())
+    figures, report = result.value, result.report
+    if result.role == "switch":
+        return
+    attacker = figures["attacker"]
+    assert attacker["sent"] == packets
+    assert [v["wrong"] for v in figures["victims"]] == [0] * (gpus() - 1)
+    assert min(v["rounds"] for v in figures["victims"]) >= 3
+    ports = report["ports"]
+    assert ports[0]["refused"] > attacker["to_switch"] // 2  # most of the attack reached the switch and was refused
+    assert all(ports[g]["refused"] == ports[g]["violations"] == 0 for g in range(1, gpus()))
+    assert set(report["conservation"]) <= {0}  # only the attacker's own counts can be off
+    assert not Path(script["_Exploit"].path).exists()
+    print(f"hostile GPU: {attacker}, switch refused {ports[0]['refused']} ({ports[0]['malformed']} malformed)")
