@@ -1,1 +1,1 @@
-"""The way in: `python -m launch SCRIPT` under mpiexec, the `nvlink-emu` command, reports and examples."""
+"""The way in: `python -m nvlink_emu.launch SCRIPT` under mpiexec, the `nvlink-emu` command, reports and examples."""

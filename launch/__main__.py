@@ -1,4 +1,4 @@
-"""`mpiexec -n W python -m launch SCRIPT.py [options] [-- ARGS]`: run a workload script on the fabric."""
+"""`mpiexec -n W python -m nvlink_emu.launch SCRIPT.py [options] [-- ARGS]`: run a workload script on the fabric."""
 
 import sys
 

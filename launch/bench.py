@@ -8,9 +8,9 @@ import time
 
 import numpy as np
 
-from fabric.errors import ConfigError
-from fabric.reduction import DTYPES, OPS, blocks, check_dtype, reduce_in_order, switch_accumulator
-from ranks.collectives import ALGORITHMS, choose
+from nvlink_emu.fabric.errors import ConfigError
+from nvlink_emu.fabric.reduction import DTYPES, OPS, blocks, check_dtype, reduce_in_order, switch_accumulator
+from nvlink_emu.ranks.collectives import ALGORITHMS, choose
 
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "all2all")
 BUS_FACTOR_TEXT = {"allreduce": "2(n-1)/n", "reduce_scatter": "(n-1)/n", "allgather": "(n-1)/n",

@@ -11,10 +11,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from fabric.config import resolve
-from fabric.errors import ConfigError, UnsupportedOperation
-from fabric.trace import read_directory
-from ranks.session import FAILURE_DIR_ENV, INTERRUPTED_STATUS
+from nvlink_emu.fabric.config import resolve
+from nvlink_emu.fabric.errors import ConfigError, UnsupportedOperation
+from nvlink_emu.fabric.trace import read_directory
+from nvlink_emu.ranks.session import FAILURE_DIR_ENV, INTERRUPTED_STATUS
 
 from .bench import bench_arguments
 from .bench import check as check_bench
@@ -43,9 +43,9 @@ def mpiexec_command() -> list[str]:
 
 def launch_script(script: str, args: argparse.Namespace, script_args: list[str], world_size: int,
                   capture: bool = False):
-    """Run `python -m launch SCRIPT` on `world_size` ranks; returns mpiexec's exit status (and, with
+    """Run `python -m nvlink_emu.launch SCRIPT` on `world_size` ranks; returns mpiexec's exit status (and, with
     capture, its standard output)."""
-    cmd = [*mpiexec_command(), "-n", str(world_size), sys.executable, "-m", "launch", script,
+    cmd = [*mpiexec_command(), "-n", str(world_size), sys.executable, "-m", "nvlink_emu.launch", script,
            "--timeout", str(args.timeout)]
     for flag in ("preset", "config", "gpus", "trace_dir"):
         value = getattr(args, flag, None)

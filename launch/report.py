@@ -1,6 +1,6 @@
 """Text reports of a run: the per-link table and its warnings."""
 
-from fabric.counters import format_table
+from nvlink_emu.fabric.counters import format_table
 
 
 def run_summary(report: dict) -> str:

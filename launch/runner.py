@@ -1,4 +1,4 @@
-"""Rank bootstrap for `python -m launch`: parse, load the fabric and the script, run, print one report."""
+"""Rank bootstrap for `python -m nvlink_emu.launch`: parse, load the fabric and the script, run, print one report."""
 
 import argparse
 import inspect
@@ -8,10 +8,10 @@ import sys
 import traceback
 from pathlib import Path
 
-from fabric.config import DEFAULT_PRESET, PRESETS, resolve
-from fabric.errors import ConfigError
-from ranks.session import DEFAULT_TIMEOUT_S, INTERRUPTED_STATUS, report_failure, run_fabric
-from ranks.transport import abort_job, count_failed_ranks, world_rank, world_size
+from nvlink_emu.fabric.config import DEFAULT_PRESET, PRESETS, resolve
+from nvlink_emu.fabric.errors import ConfigError
+from nvlink_emu.ranks.session import DEFAULT_TIMEOUT_S, INTERRUPTED_STATUS, report_failure, run_fabric
+from nvlink_emu.ranks.transport import abort_job, count_failed_ranks, world_rank, world_size
 
 from .report import run_summary
 
@@ -79,9 +79,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(argv: list[str] | None) -> int:
-    """One rank of `python -m launch`: its exit status (a failure after setup aborts the job instead)."""
+    """One rank of `python -m nvlink_emu.launch`: its exit status (a failure after setup aborts the job instead)."""
     ours, script_args = split_script_args(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="python -m launch", description="Run SCRIPT's main(gpu) on every "
+    parser = argparse.ArgumentParser(prog="python -m nvlink_emu.launch", description="Run SCRIPT's main(gpu) on every "
                                      "GPU rank of an emulated fabric (under mpiexec).")
     parser.add_argument("script", help="Python file defining main(gpu)")
     fabric_arguments(parser)

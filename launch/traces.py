@@ -4,8 +4,8 @@ and sum them into the numbers `nvlink-emu report` prints and draws."""
 import itertools
 from collections import defaultdict
 
-from fabric.counters import FIELDS
-from fabric.trace import RankTrace
+from nvlink_emu.fabric.counters import FIELDS
+from nvlink_emu.fabric.trace import RankTrace
 
 US = 1e-3  # Chrome traces count microseconds; modeled times are ns
 

@@ -6,9 +6,9 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from fabric.errors import AccessViolation, CollectiveMismatch, FabricError, UnsupportedOperation
-from fabric.packets import GroupInfo, Kind
-from fabric.reduction import blocks, check_dtype, check_op, dtype_name
+from nvlink_emu.fabric.errors import AccessViolation, CollectiveMismatch, FabricError, UnsupportedOperation
+from nvlink_emu.fabric.packets import GroupInfo, Kind
+from nvlink_emu.fabric.reduction import blocks, check_dtype, check_op, dtype_name
 
 from . import collectives
 from .collectives import all2all as pairwise

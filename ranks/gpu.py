@@ -12,15 +12,15 @@ from dataclasses import replace
 
 import numpy as np
 
-from fabric import errors
-from fabric.addressing import Handle, physical_address
-from fabric.config import FabricConfig
-from fabric.counters import LinkCounters, LinkStats, downlink, gpu_view, uplink
-from fabric.errors import AccessViolation, FabricError, FabricTimeout, ProtocolError, UnsupportedOperation
-from fabric.memory import DeviceMemory
-from fabric.packets import (WIRE_INT_MAX, CountersInfo, ExportInfo, Info, Kind, MsgInfo, Packet, RevokeInfo,
+from nvlink_emu.fabric import errors
+from nvlink_emu.fabric.addressing import Handle, physical_address
+from nvlink_emu.fabric.config import FabricConfig
+from nvlink_emu.fabric.counters import LinkCounters, LinkStats, downlink, gpu_view, uplink
+from nvlink_emu.fabric.errors import AccessViolation, FabricError, FabricTimeout, ProtocolError, UnsupportedOperation
+from nvlink_emu.fabric.memory import DeviceMemory
+from nvlink_emu.fabric.packets import (WIRE_INT_MAX, CountersInfo, ExportInfo, Info, Kind, MsgInfo, Packet, RevokeInfo,
                             TraceInfo, raw_bytes)
-from fabric.timemodel import LinkClock
+from nvlink_emu.fabric.timemodel import LinkClock
 
 from .comm import Communicator, is_integer
 from .transport import ControlChannel, Idle, Transport, native_collective

@@ -9,10 +9,10 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from fabric.addressing import assign_network_addresses
-from fabric.config import FabricConfig
-from fabric.errors import ConfigError
-from fabric.trace import TraceWriter, TraceWriteError
+from nvlink_emu.fabric.addressing import assign_network_addresses
+from nvlink_emu.fabric.config import FabricConfig
+from nvlink_emu.fabric.errors import ConfigError
+from nvlink_emu.fabric.trace import TraceWriter, TraceWriteError
 
 from .gpu import Gpu
 from .switch import SwitchRank

@@ -11,11 +11,11 @@ from collections import deque
 
 import numpy as np
 
-from fabric.config import FabricConfig
-from fabric.counters import LinkStats, check_gpu_links, downlink, uplink
-from fabric.errors import FabricError, FabricTimeout, ProtocolError
-from fabric.packets import CountersInfo, Kind, Packet, raw_bytes
-from fabric.switch import SwitchLogic, port_share_bytes
+from nvlink_emu.fabric.config import FabricConfig
+from nvlink_emu.fabric.counters import LinkStats, check_gpu_links, downlink, uplink
+from nvlink_emu.fabric.errors import FabricError, FabricTimeout, ProtocolError
+from nvlink_emu.fabric.packets import CountersInfo, Kind, Packet, raw_bytes
+from nvlink_emu.fabric.switch import SwitchLogic, port_share_bytes
 
 from .transport import MAX_HEADER_BYTES, Idle, Transport
 

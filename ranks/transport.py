@@ -22,9 +22,9 @@ from collections import deque
 import numpy as np
 from mpi4py import MPI
 
-from fabric import errors
-from fabric.errors import FabricTimeout
-from fabric.packets import Packet
+from nvlink_emu.fabric import errors
+from nvlink_emu.fabric.errors import FabricTimeout
+from nvlink_emu.fabric.packets import Packet
 
 TAG_HEADER = 11
 TAG_PAYLOAD = 12
@@ -302,7 +302,7 @@ class _SafeUnpickler(pickle._Unpickler):  # pure Python: hostile bytes raise, ne
     """Unpickles what control exchanges carry - Python's plain values, Handles, numpy scalars and
     arrays, fabric errors - and refuses every other class: unpickling a peer's bytes must not run a peer's code."""
 
-    ALLOWED = {("fabric.addressing", "Handle"), ("builtins", "complex"), ("builtins", "set"),
+    ALLOWED = {("nvlink_emu.fabric.addressing", "Handle"), ("builtins", "complex"), ("builtins", "set"),
                ("builtins", "frozenset"), ("builtins", "slice"), ("builtins", "range"),
                ("numpy", "dtype"), ("numpy", "ndarray"), ("numpy.core.multiarray", "scalar"),
                ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "scalar"),
@@ -310,7 +310,7 @@ class _SafeUnpickler(pickle._Unpickler):  # pure Python: hostile bytes raise, ne
                ("numpy._core.numeric", "_frombuffer"), ("collections", "OrderedDict")}
 
     def find_class(self, module, name):
-        if module == "fabric.errors":  # a member's error, handed to the others so that all raise at once
+        if module == "nvlink_emu.fabric.errors":  # a member's error, handed to the others so that all raise at once
             cls = getattr(errors, name, None)
             if isinstance(cls, type) and issubclass(cls, errors.FabricError):
                 return cls

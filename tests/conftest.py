@@ -18,7 +18,7 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     if report.failed and item.config.getoption("--with-mpi", default=False):
-        from ranks.transport import abort_job, world_rank, world_size
+        from nvlink_emu.ranks.transport import abort_job, world_rank, world_size
 
         if world_size() > 1:
             capture = item.config.pluginmanager.getplugin("capturemanager")

@@ -6,7 +6,7 @@ GPU 0 prints everything; the others report to it out of band.
 
 import numpy as np
 
-from fabric.errors import AccessViolation, OutOfMemory, UnsupportedOperation
+from nvlink_emu.fabric import AccessViolation, OutOfMemory, UnsupportedOperation
 
 KiB = 1024
 

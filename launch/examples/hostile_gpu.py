@@ -21,9 +21,9 @@ from pathlib import Path
 import msgpack
 import numpy as np
 
-from fabric.addressing import assign_network_addresses
-from fabric.errors import ConfigError, FabricTimeout
-from fabric.packets import ExportInfo, Kind, Packet
+from nvlink_emu.fabric.addressing import assign_network_addresses
+from nvlink_emu.fabric import ConfigError, FabricTimeout
+from nvlink_emu.fabric.packets import ExportInfo, Kind, Packet
 
 ATTACKER = 0
 PATTERN = 0xA5          # the bytes of every victim's private buffer

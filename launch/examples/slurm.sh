@@ -6,4 +6,4 @@
 #SBATCH --time=00:10:00
 set -euo pipefail
 source .venv/bin/activate            # a venv with mpi4py built against the site's MPI (see README)
-srun -n "$SLURM_NTASKS" python -m launch "$1" --preset dgx-h100 --gpus $((SLURM_NTASKS - 1)) "${@:2}"
+srun -n "$SLURM_NTASKS" python -m nvlink_emu.launch "$1" --preset dgx-h100 --gpus $((SLURM_NTASKS - 1)) "${@:2}"

@@ -8,10 +8,10 @@ recv)`, `broadcast(call, array, root)`, and documents its per-GPU link bytes and
 
 import numpy as np
 
-from fabric.errors import UnsupportedOperation
-from fabric.packets import Kind, LoadInfo, McastInfo, ReduceInfo
-from fabric.reduction import blocks, dtype_name
-from fabric.switch import buffer_share_bytes
+from nvlink_emu.fabric.errors import UnsupportedOperation
+from nvlink_emu.fabric.packets import Kind, LoadInfo, McastInfo, ReduceInfo
+from nvlink_emu.fabric.reduction import blocks, dtype_name
+from nvlink_emu.fabric.switch import buffer_share_bytes
 
 from . import direct, nvls, ring, sharp
 

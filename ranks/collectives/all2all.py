@@ -6,7 +6,7 @@ block never leaves it (copied locally). All2Allv moves exactly the counts given,
 
 import numpy as np
 
-from fabric.reduction import chunks
+from nvlink_emu.fabric.reduction import chunks
 
 A2A = 6  # message phase
 

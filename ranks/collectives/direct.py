@@ -11,7 +11,7 @@ block per step. Combine order: members 0, 1, ..., N-1, in the array's dtype.
 
 import numpy as np
 
-from fabric.reduction import blocks, chunks, combine, finish
+from nvlink_emu.fabric.reduction import blocks, chunks, combine, finish
 
 RED, BCAST, ROOT = 0, 1, 2  # message phases
 

@@ -19,7 +19,7 @@ emulator sends them as credits allow, which bounds the switch's memory.
 
 import numpy as np
 
-from fabric.reduction import blocks, chunks
+from nvlink_emu.fabric.reduction import blocks, chunks
 
 from .sharp import allgather, broadcast  # noqa: F401  (multicast stores, the same as sharp's)
 

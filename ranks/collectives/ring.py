@@ -11,7 +11,7 @@ rounding per hop (16-bit floats included), as NCCL's ring does.
 
 import numpy as np
 
-from fabric.reduction import blocks, chunks, combine, finish
+from nvlink_emu.fabric.reduction import blocks, chunks, combine, finish
 
 RS, AG, BC = 0, 1, 2  # message phases
 

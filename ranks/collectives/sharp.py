@@ -13,7 +13,7 @@ bfloat16, rounded once at the end; the dtype itself otherwise). avg divides in t
 
 import numpy as np
 
-from fabric.reduction import blocks, chunks
+from nvlink_emu.fabric.reduction import blocks, chunks
 
 AR, RS, AG, BC = 0, 1, 2, 3  # message phases
 

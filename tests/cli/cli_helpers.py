@@ -17,10 +17,11 @@ def command(name: str) -> str:
     return str(path)
 
 
-def run(args: list[str], timeout_s: float = 120, cwd: Path = ROOT) -> tuple[subprocess.CompletedProcess, float]:
-    """(completed process with text stdout/stderr, elapsed seconds)."""
+def run(args: list[str], timeout_s: float = 120, cwd: Path = ROOT,
+        env: dict | None = None) -> tuple[subprocess.CompletedProcess, float]:
+    """(completed process with text stdout/stderr, elapsed seconds); `env`: the environment (default ours)."""
     start = time.monotonic()
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
     done = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s, cwd=cwd, env=env)
     return done, time.monotonic() - start
 

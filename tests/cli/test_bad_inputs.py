@@ -19,7 +19,7 @@ def entry_point(how: str, gpus: int) -> list[str]:
     """The command line that runs a workload script on `gpus` GPUs, before the script's path."""
     if how == "nvlink-emu run":
         return [command("nvlink-emu"), "run"]
-    return [command("mpiexec"), "-n", str(gpus + 1), sys.executable, "-m", "launch"]
+    return [command("mpiexec"), "-n", str(gpus + 1), sys.executable, "-m", "nvlink_emu.launch"]
 
 
 def only_line(stderr: str) -> str:

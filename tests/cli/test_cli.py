@@ -1,4 +1,4 @@
-"""CLI tier: `nvlink-emu run`, `nvlink-emu demo` and `python -m launch` as subprocesses under mpiexec."""
+"""CLI tier: `nvlink-emu run`, `nvlink-emu demo` and `python -m nvlink_emu.launch` as subprocesses under mpiexec."""
 
 import sys
 import textwrap
@@ -100,7 +100,7 @@ def test_a_gpu_that_never_arrives_ends_the_job_at_the_deadline(tmp_path):
 
 
 def test_world_size_that_does_not_match_the_fabric_is_refused_before_traffic(tmp_path):
-    done, _ = run([command("mpiexec"), "-n", "3", sys.executable, "-m", "launch",
+    done, _ = run([command("mpiexec"), "-n", "3", sys.executable, "-m", "nvlink_emu.launch",
                    script(tmp_path, PUT_SCRIPT), "--preset", "dgx-h100"])
     assert done.returncode != 0
     assert "world size 3 does not match fabric 'dgx-h100'" in done.stderr

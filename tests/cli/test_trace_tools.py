@@ -8,8 +8,8 @@ from collections import defaultdict
 import pytest
 
 from cli_helpers import command, run, script
-from fabric.trace import read_directory
-from launch.traces import bytes_by_algorithm, link_totals
+from nvlink_emu.fabric.trace import read_directory
+from nvlink_emu.launch.traces import bytes_by_algorithm, link_totals
 
 WORKLOAD = textwrap.dedent("""
     import numpy as np
@@ -148,7 +148,7 @@ def test_a_failed_rank_leaves_an_error_record_and_no_end(tmp_path):
     done, _ = run([command("nvlink-emu"), "run", script(tmp_path, body), "--gpus", "3", "--timeout", "30",
                    "--trace-dir", str(tmp_path / "trace")])
     assert done.returncode != 0
-    from fabric.trace import read_trace
+    from nvlink_emu.fabric.trace import read_trace
     trace = read_trace(tmp_path / "trace" / "rank-00001.msgpack")
     assert trace.truncated and trace.end is None
     assert trace.events[-1]["ev"] == "error" and trace.events[-1]["message"] == "boom"

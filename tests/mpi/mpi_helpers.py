@@ -1,8 +1,8 @@
 """Helpers of the multi-rank tier: every test is one emulated run on MPI_COMM_WORLD (G GPUs + 1 switch)."""
 
-from fabric.config import preset
-from ranks.session import run_fabric
-from ranks.transport import world_size
+from nvlink_emu.fabric.config import preset
+from nvlink_emu.ranks.session import run_fabric
+from nvlink_emu.ranks.transport import world_size
 
 
 def gpus() -> int:

@@ -5,9 +5,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from fabric.errors import CollectiveMismatch, FabricTimeout, ResourceExhausted, UnsupportedOperation
-from fabric.packets import raw_bytes
-from fabric.reduction import blocks
+from nvlink_emu.fabric.errors import CollectiveMismatch, FabricTimeout, ResourceExhausted, UnsupportedOperation
+from nvlink_emu.fabric.packets import raw_bytes
+from nvlink_emu.fabric.reduction import blocks
 
 from mpi_helpers import gpus, run
 

@@ -5,10 +5,10 @@ import math
 import numpy as np
 import pytest
 
-from fabric.config import preset
-from fabric.errors import (AccessViolation, CollectiveMismatch, ConfigError, FabricError, ProtocolError,
+from nvlink_emu.fabric.config import preset
+from nvlink_emu.fabric.errors import (AccessViolation, CollectiveMismatch, ConfigError, FabricError, ProtocolError,
                            UnsupportedOperation)
-from ranks.session import run_fabric
+from nvlink_emu.ranks.session import run_fabric
 
 from mpi_helpers import gpus, run
 

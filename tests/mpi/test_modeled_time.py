@@ -11,9 +11,9 @@ import math
 import numpy as np
 import pytest
 
-from fabric.config import preset
-from fabric.packets import raw_bytes
-from fabric.reduction import chunks
+from nvlink_emu.fabric.config import preset
+from nvlink_emu.fabric.packets import raw_bytes
+from nvlink_emu.fabric.reduction import chunks
 
 from mpi_helpers import gpus, run
 

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from fabric.counters import downlink, uplink
-from fabric.errors import AccessViolation, FabricTimeout, OutOfMemory, UnsupportedOperation
-from fabric.packets import raw_bytes, segments
+from nvlink_emu.fabric.counters import downlink, uplink
+from nvlink_emu.fabric.errors import AccessViolation, FabricTimeout, OutOfMemory, UnsupportedOperation
+from nvlink_emu.fabric.packets import raw_bytes, segments
 
 from mpi_helpers import gpus, run
 

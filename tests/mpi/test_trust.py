@@ -13,8 +13,8 @@ import msgpack
 import numpy as np
 import pytest
 
-from fabric.errors import AccessViolation, CollectiveMismatch, FabricError, ProtocolError
-from fabric.packets import Kind, McastInfo, MsgInfo, Packet
+from nvlink_emu.fabric.errors import AccessViolation, CollectiveMismatch, FabricError, ProtocolError
+from nvlink_emu.fabric.packets import Kind, McastInfo, MsgInfo, Packet
 
 from mpi_helpers import gpus, run
 

@@ -2,10 +2,10 @@
 
 import numpy as np
 
-from fabric.addressing import Handle
-from fabric.config import FabricConfig
-from fabric.packets import ExportInfo, GroupInfo, Kind, McastInfo, MsgInfo, Packet, ReduceInfo, raw_bytes, segments
-from fabric.switch import SwitchLogic
+from nvlink_emu.fabric.addressing import Handle
+from nvlink_emu.fabric.config import FabricConfig
+from nvlink_emu.fabric.packets import ExportInfo, GroupInfo, Kind, McastInfo, MsgInfo, Packet, ReduceInfo, raw_bytes, segments
+from nvlink_emu.fabric.switch import SwitchLogic
 
 MTU, HEADER, PAGE = 256, 16, 4096
 MEMORY = 1 << 20

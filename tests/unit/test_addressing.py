@@ -4,9 +4,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fabric.addressing import (PHYSICAL_GPU_SHIFT, PHYSICAL_OFFSET_MASK, Handle, assign_network_addresses,
+from nvlink_emu.fabric.addressing import (PHYSICAL_GPU_SHIFT, PHYSICAL_OFFSET_MASK, Handle, assign_network_addresses,
                                decode_physical, physical_address)
-from fabric.errors import AccessViolation
+from nvlink_emu.fabric.errors import AccessViolation
 
 
 def test_physical_address_layout():

@@ -5,10 +5,10 @@ import math
 
 import pytest
 
-from fabric.addressing import MAX_GPUS, assign_network_addresses
-from fabric.config import DEFAULT_PRESET, PRESETS, FabricConfig, build_config, load_toml, preset, resolve
-from fabric.errors import ConfigError, FabricError
-from fabric.profiles import PROFILES, link_profile
+from nvlink_emu.fabric.addressing import MAX_GPUS, assign_network_addresses
+from nvlink_emu.fabric.config import DEFAULT_PRESET, PRESETS, FabricConfig, build_config, load_toml, preset, resolve
+from nvlink_emu.fabric.errors import ConfigError, FabricError
+from nvlink_emu.fabric.profiles import PROFILES, link_profile
 
 
 def write_toml(tmp_path, text, name="fabric.toml"):

@@ -2,8 +2,8 @@
 
 import pytest
 
-from fabric.counters import LinkCounters, LinkStats, check_conservation, downlink, format_table, gpu_view, uplink
-from fabric.errors import FabricError
+from nvlink_emu.fabric.counters import LinkCounters, LinkStats, check_conservation, downlink, format_table, gpu_view, uplink
+from nvlink_emu.fabric.errors import FabricError
 
 
 def test_link_names():

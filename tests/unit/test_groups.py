@@ -6,9 +6,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from fabric.errors import AccessViolation, CollectiveMismatch, FabricError, ResourceExhausted
-from fabric.groups import MAX_GROUPS, GroupTable
-from fabric.reduction import reduce_in_order
+from nvlink_emu.fabric.errors import AccessViolation, CollectiveMismatch, FabricError, ResourceExhausted
+from nvlink_emu.fabric.groups import MAX_GROUPS, GroupTable
+from nvlink_emu.fabric.reduction import reduce_in_order
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 

@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fabric.errors import FabricError, OutOfMemory
-from fabric.memory import DeviceMemory
+from nvlink_emu.fabric.errors import FabricError, OutOfMemory
+from nvlink_emu.fabric.memory import DeviceMemory
 
 KiB = 1024
 

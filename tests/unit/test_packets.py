@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fabric.errors import ProtocolError
+from nvlink_emu.fabric.errors import ProtocolError
 
-from fabric.packets import (MAX_KEY_PARTS, CountersInfo, ExportInfo, GroupInfo, Kind, LoadInfo, McastInfo, MsgInfo,
+from nvlink_emu.fabric.packets import (MAX_KEY_PARTS, CountersInfo, ExportInfo, GroupInfo, Kind, LoadInfo, McastInfo, MsgInfo,
                             NackInfo, Packet, ReduceInfo, RevokeInfo, TraceInfo, raw_bytes, segments)
 
 ints = st.integers(min_value=-(2 ** 63), max_value=2 ** 64 - 1)

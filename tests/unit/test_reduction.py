@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from fabric.errors import FabricError
-from fabric.reduction import (BFLOAT16, DTYPES, OPS, blocks, check_dtype, check_op, chunks, combine, dtype_name,
+from nvlink_emu.fabric.errors import FabricError
+from nvlink_emu.fabric.reduction import (BFLOAT16, DTYPES, OPS, blocks, check_dtype, check_op, chunks, combine, dtype_name,
                               finish, reduce_in_order, switch_accumulator)
 
 BF16 = np.dtype(ml_dtypes.bfloat16)

@@ -3,12 +3,12 @@
 import numpy as np
 import pytest
 
-from fabric.config import preset
-from fabric.counters import downlink, uplink
-from fabric.errors import ProtocolError
-from fabric.packets import GroupInfo, Kind, LoadInfo, McastInfo, Packet, ReduceInfo, raw_bytes, segments
-from fabric.reduction import reduce_in_order
-from fabric.switch import SwitchLogic
+from nvlink_emu.fabric.config import preset
+from nvlink_emu.fabric.counters import downlink, uplink
+from nvlink_emu.fabric.errors import ProtocolError
+from nvlink_emu.fabric.packets import GroupInfo, Kind, LoadInfo, McastInfo, Packet, ReduceInfo, raw_bytes, segments
+from nvlink_emu.fabric.reduction import reduce_in_order
+from nvlink_emu.fabric.switch import SwitchLogic
 from switch_helpers import group_call, mcast_packet, only_nack, ready_group, reduce_packet
 
 

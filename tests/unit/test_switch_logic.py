@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-from fabric.addressing import physical_address
-from fabric.config import FabricConfig
-from fabric.counters import downlink, uplink
-from fabric.packets import ExportInfo, Kind, MsgInfo, NackInfo, Packet, RevokeInfo
-from fabric.switch import Send, SwitchLogic
+from nvlink_emu.fabric.addressing import physical_address
+from nvlink_emu.fabric.config import FabricConfig
+from nvlink_emu.fabric.counters import downlink, uplink
+from nvlink_emu.fabric.packets import ExportInfo, Kind, MsgInfo, NackInfo, Packet, RevokeInfo
+from nvlink_emu.fabric.switch import Send, SwitchLogic
 from switch_helpers import HEADER, MEMORY, MTU, export, handle_of, link, msg, network, only_nack, payload_for, put
 
 

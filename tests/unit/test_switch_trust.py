@@ -10,9 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fabric.counters import downlink, uplink
-from fabric.errors import ProtocolError
-from fabric.packets import (ExportInfo, GroupInfo, Kind, LoadInfo, McastInfo, MsgInfo, NackInfo, Packet, ReduceInfo,
+from nvlink_emu.fabric.counters import downlink, uplink
+from nvlink_emu.fabric.errors import ProtocolError
+from nvlink_emu.fabric.packets import (ExportInfo, GroupInfo, Kind, LoadInfo, McastInfo, MsgInfo, NackInfo, Packet, ReduceInfo,
                             RevokeInfo)
 from switch_helpers import (MEMORY, export, group_call, handle_of, link, mcast_packet, msg, network, only_nack,
                             payload_for, put, ready_group, reduce_packet)

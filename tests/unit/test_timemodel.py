@@ -2,9 +2,9 @@
 
 import pytest
 
-from fabric.config import preset
-from fabric.errors import ConfigError
-from fabric.timemodel import LinkClock, ReductionClock
+from nvlink_emu.fabric.config import preset
+from nvlink_emu.fabric.errors import ConfigError
+from nvlink_emu.fabric.timemodel import LinkClock, ReductionClock
 
 
 def test_a_link_serializes_transfers_after_it_is_free():

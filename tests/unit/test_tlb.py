@@ -4,9 +4,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fabric.addressing import NETWORK_VIRTUAL_BASE
-from fabric.errors import AccessViolation
-from fabric.tlb import LinkTLB
+from nvlink_emu.fabric.addressing import NETWORK_VIRTUAL_BASE
+from nvlink_emu.fabric.errors import AccessViolation
+from nvlink_emu.fabric.tlb import LinkTLB
 
 PS = 4096
 ALL = frozenset({0, 1, 2, 3})

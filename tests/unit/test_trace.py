@@ -5,7 +5,7 @@ import errno
 import msgpack
 import pytest
 
-from fabric.trace import SCHEMA_VERSION, TraceWriteError, TraceWriter, read_directory, read_trace, trace_path
+from nvlink_emu.fabric.trace import SCHEMA_VERSION, TraceWriteError, TraceWriter, read_directory, read_trace, trace_path
 
 
 def write_run(tmp_path, events, end=True, rank=3):
