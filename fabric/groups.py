@@ -46,6 +46,9 @@ class GroupTable:
         self.limit = limit
         self.groups: dict[int, Group] = {}
         self.reductions: dict[tuple, Reduction] = {}
+        # held contributions per partition, kept as they change (a scan per packet would let many
+        # small held reductions slow the switch for everyone): partition -> [bytes, contributions]
+        self._held: dict[int, list[int]] = {}
         self._next_id = 1
         self.created = self.released = 0
         self.reduced_bytes = 0  # bytes of contributions combined in the switch
@@ -81,8 +84,9 @@ class GroupTable:
 
     def release(self, group_id: int, gpu: int) -> None:
         self.group(group_id, gpu, "release")
-        del self.groups[group_id]
-        self.reductions = {k: v for k, v in self.reductions.items() if k[0] != group_id}
+        group = self.groups.pop(group_id)
+        for key in [k for k in self.reductions if k[0] == group_id]:
+            self._hold(group.partition, self.reductions.pop(key), -1)
         self.released += 1
 
     def engine(self, group_id: int, timing) -> ReductionClock:
@@ -94,11 +98,11 @@ class GroupTable:
 
     def contribute(self, group_id: int, slot: tuple, gpu: int, op: str, dtype: str, data: np.ndarray,
                    delivery: tuple = (), times: tuple[float, float] = (0.0, 0.0),
-                   hold_limit_bytes: int | None = None) -> tuple | None:
+                   hold_limit_bytes: int | None = None, hold_limit_parts: int | None = None) -> tuple | None:
         """Hold GPU `gpu`'s contribution to `slot` (its first/last byte at `times`, modeled ns); once
         every member's is in, (the finished result, the agreed `delivery`: whom it goes to and under
         which key, (latest first byte, latest last byte)). ResourceExhausted if holding it would take
-        the group's partition past `hold_limit_bytes` of held contributions."""
+        the group's partition past `hold_limit_bytes` or `hold_limit_parts` of held contributions."""
         group = self.group(group_id, gpu, "in-switch reduction")
         if not group.ready:
             raise AccessViolation(f"in-switch reduction by GPU {gpu}: group {group_id} is not bound by all "
@@ -117,19 +121,24 @@ class GroupTable:
         if index in state.parts:
             raise CollectiveMismatch(f"in-switch reduction slot {slot} of group {group_id}: GPU {gpu} "
                                      f"contributed twice")
-        if len(state.parts) + 1 < len(group.members) and hold_limit_bytes is not None \
-                and self.held_by(group.partition) + data.nbytes > hold_limit_bytes:
+        held, parts = self._held.get(group.partition, (0, 0))
+        if len(state.parts) + 1 < len(group.members) and (
+                (hold_limit_bytes is not None and held + data.nbytes > hold_limit_bytes)
+                or (hold_limit_parts is not None and parts + 1 > hold_limit_parts)):
             if not state.parts:
                 del self.reductions[key]
             raise ResourceExhausted(f"in-switch reduction slot {slot} of group {group_id}: GPU {gpu}'s {data.nbytes} "
                                     f"bytes do not fit partition {group.partition}'s share of the in-switch buffer "
-                                    f"({hold_limit_bytes} bytes, {self.held_by(group.partition)} held)")
+                                    f"({hold_limit_bytes} bytes and {hold_limit_parts} contributions; {held} bytes "
+                                    f"in {parts} held)")
         state.parts[index] = data
         state.first_ns = max(state.first_ns, times[0])
         state.last_ns = max(state.last_ns, times[1])
         if len(state.parts) < len(group.members):
+            self._hold(group.partition, data, +1)
             return None
         del self.reductions[key]
+        self._hold(group.partition, state, -1, but=index)
         return self._reduce(state, len(group.members)), state.delivery, (state.first_ns, state.last_ns)
 
     def _reduce(self, state: Reduction, members: int) -> np.ndarray:
@@ -142,15 +151,22 @@ class GroupTable:
         self.reduced_bytes += state.nbytes * members
         return out.view(np.uint8)
 
+    def _hold(self, partition: int, what, sign: int, but: int | None = None) -> None:
+        """Count a contribution (an array) or a reduction's held contributions (but member `but`'s,
+        which was never held) in (+1) or out (-1) of `partition`'s held total."""
+        parts = [what] if isinstance(what, np.ndarray) else [p for i, p in what.parts.items() if i != but]
+        totals = self._held.setdefault(partition, [0, 0])
+        totals[0] += sign * sum(p.nbytes for p in parts)
+        totals[1] += sign * len(parts)
+
     @property
     def held_bytes(self) -> int:
         """Bytes of contributions the switch holds now."""
-        return sum(p.nbytes for r in self.reductions.values() for p in r.parts.values())
+        return sum(held for held, _ in self._held.values())
 
     def held_by(self, partition: int) -> int:
         """Bytes of contributions the switch holds now for groups of `partition`."""
-        return sum(p.nbytes for key, r in self.reductions.items() if self.groups[key[0]].partition == partition
-                   for p in r.parts.values())
+        return self._held.get(partition, (0, 0))[0]
 
     def count_in(self, partition: int) -> int:
         """Live groups of `partition`."""

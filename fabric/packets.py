@@ -107,6 +107,10 @@ def _optional_ints(v):
     return None if v is None else _ints(v)
 
 
+def _optional_int(v):
+    return None if v is None else _int(v)
+
+
 def _links(v):
     """A GPU's link counters: {link name: {counter: number}}."""
     if type(v) is not dict or len(v) > MAX_LIST:
@@ -131,6 +135,19 @@ def _map(v):
     return v
 
 
+def _calls(v):
+    """A list of CallRecord wire forms, each checked field by field."""
+    if type(v) not in (list, tuple) or len(v) > MAX_LIST:
+        raise _Bad(f"a list of at most {MAX_LIST} call records")
+    records = []
+    for i, values in enumerate(v):
+        try:
+            records.append(CallRecord.from_wire(Kind.COUNTERS, values))
+        except ProtocolError as exc:  # name the record and its field, not the whole header again
+            raise _Bad(f"a list of call records; record {i}: {str(exc).split(': ', 1)[-1]}") from None
+    return tuple(records)
+
+
 def _check(kind: "Kind", name: str, checker, value):
     try:
         return checker(value)
@@ -146,7 +163,7 @@ class Info:
     """Base of the per-kind records: wire form = the fields' values in declaration order."""
 
     def to_wire(self) -> list:
-        return [getattr(self, f.name) for f in fields(self)]
+        return [_wire(getattr(self, f.name)) for f in fields(self)]
 
     @classmethod
     def from_wire(cls, kind: "Kind", values) -> "Info":
@@ -155,6 +172,15 @@ class Info:
             raise ProtocolError(f"malformed {kind.name} header: its record needs {len(spec)} fields "
                                 f"({', '.join(f.name for f in spec)}), got {values!r:.80}")
         return cls(*(_check(kind, f.name, f.metadata["check"], v) for f, v in zip(spec, values)))
+
+
+def _wire(value):
+    """A field's wire form: nested records (CountersInfo's calls) as their own field lists."""
+    if isinstance(value, Info):
+        return value.to_wire()
+    if isinstance(value, tuple) and value and isinstance(value[0], Info):
+        return [item.to_wire() for item in value]
+    return value
 
 
 @dataclass(frozen=True)
@@ -229,10 +255,31 @@ class TraceInfo(Info):
 
 
 @dataclass(frozen=True)
+class CallRecord(Info):
+    """One collective call as a member GPU saw it (its own word, like its clock): part of CountersInfo."""
+
+    comm: str = _field(_text)            # the communicator's name
+    seq: int = _field(_int)              # the call's number on that communicator
+    collective: str = _field(_text)      # allreduce, all2all, ...
+    algorithm: str = _field(_text)       # the one that ran (auto resolved)
+    count: int = _field(_int)            # elements, as in the call check
+    dtype: str = _field(_text)
+    op: str = _field(_text)
+    root: int | None = _field(_optional_int)  # broadcast's root member; None for the others
+    members: int = _field(_int)
+    m_start_ns: float = _field(_num)     # this GPU's modeled clock entering the call
+    m_end_ns: float = _field(_num)       # and leaving it
+    tx_bytes: int = _field(_int)         # payload this GPU sent on its uplink during the call
+    rx_bytes: int = _field(_int)         # and received on its downlink
+
+
+@dataclass(frozen=True)
 class CountersInfo(Info):
     links: dict = _field(_links)         # this GPU's link counters (LinkCounters.snapshot)
     unconsumed: list = _field(_keys)     # message slots received but never consumed
     now_ns: float = _field(_num)         # its final modeled clock
+    calls: tuple = _field(_calls)        # CallRecords of its first collective calls (see ranks.gpu.CALL_RECORD_BYTES)
+    calls_unrecorded: int = _field(_int)  # its collective calls past those
 
 
 INFO_OF = {Kind.NACK: NackInfo, Kind.MSG: MsgInfo, Kind.REDUCE: ReduceInfo, Kind.MCAST: McastInfo,

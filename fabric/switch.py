@@ -31,6 +31,7 @@ FROM_GPU = frozenset({Kind.PUT, Kind.PUT_ACK, Kind.GET, Kind.GET_DATA, Kind.MSG,
 # the reply each request kind is answered with, by the GPU it was forwarded to
 REPLY_OF = {Kind.PUT: Kind.PUT_ACK, Kind.GET: Kind.GET_DATA}
 _NO_BYTES = np.empty(0, np.uint8)  # the payload of a transfer of 0 bytes
+MAX_AWAITED = 1 << 16  # requests of one GPU forwarded and not yet answered; past it, new ones are refused
 
 
 def buffer_share_bytes(config: FabricConfig) -> int:
@@ -79,9 +80,13 @@ class SwitchLogic:
         # switch resources are shared out among partitions, so that one tenant cannot starve another
         self.group_share = max(1, self.groups.limit // len(config.partitions))
         self.buffer_share_bytes = buffer_share_bytes(config)
+        # contributions held per partition: the credit windows hold at most share / chunk of them, and
+        # chunks are never under 1 KiB in practice; this bounds what zero-byte contributions can pile up
+        self.held_parts_share = max(4096, self.buffer_share_bytes // 1024)
         # requests forwarded and not yet answered: (replier port, requester port, req, reply kind) -> the
         # byte counts the replies must carry, oldest first
         self._awaited: dict[tuple[int, int, int, Kind], list[int]] = {}
+        self._awaiting = [0] * config.gpus  # per requester port: its forwarded requests not yet answered
 
     # -- addressing -------------------------------------------------------------------------------
     def route_key(self, gpu: int) -> int:
@@ -196,6 +201,10 @@ class SwitchLogic:
             write = kind is Kind.PUT
             target, phys = self._resolve(ingress, packet, write)
             # the target's answer is forwarded only if it matches this request
+            if self._awaiting[ingress] >= MAX_AWAITED:
+                raise ResourceExhausted(f"{kind.name} from GPU {ingress}: {MAX_AWAITED} of its requests are still "
+                                        f"unanswered")
+            self._awaiting[ingress] += 1
             self._awaited.setdefault((target, ingress, packet.req, REPLY_OF[kind]), []).append(
                 0 if write else packet.nbytes)
             return [Send(target, self._through(packet, src=src, dst=self.route_key(target), address=phys),
@@ -222,6 +231,7 @@ class SwitchLogic:
                                   f"{requester} for request {packet.req}: it answers no request the switch "
                                   f"forwarded from GPU {requester} to GPU {replier}")
         sizes.remove(packet.nbytes)
+        self._awaiting[requester] -= 1
         if not sizes:
             del self._awaited[key]
 
@@ -237,6 +247,9 @@ class SwitchLogic:
             raise UnsupportedOperation(f"{kind.name} from GPU {ingress}: fabric {self.config.name!r} has "
                                        f"no in-switch reduction or multicast (needs NVLink Network with SHARP)")
         group = self.groups.group(info.group, ingress, kind.name, bound=True)
+        if not group.ready:  # a copy must go only to members that bound the group
+            raise AccessViolation(f"{kind.name} from GPU {ingress}: group {info.group} is not bound by all members "
+                                  f"yet ({sorted(group.bound)} of {list(group.members)})")
         keys = (info.key, info.source) if isinstance(info, LoadInfo) else (info.key,)
         for key in keys:
             if not key or key[0] != group.name:
@@ -265,7 +278,8 @@ class SwitchLogic:
             load = Packet(Kind.LOAD, -1, 0, packet.address, packet.nbytes, packet.req, info, ready, ready)
             return [Send(port, replace(load, dst=self.route_key(port)), origin=-1) for port in group.members]
         done = self.groups.contribute(info.group, info.slot, ingress, info.op, info.dtype, payload,
-                                      (info.dest, info.key), (packet.t_start, packet.t_end), self.buffer_share_bytes)
+                                      (info.dest, info.key), (packet.t_start, packet.t_end), self.buffer_share_bytes,
+                                      self.held_parts_share)
         if done is None:
             self.peak_held_bytes = max(self.peak_held_bytes, self.groups.held_bytes)
             return []

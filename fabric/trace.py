@@ -102,6 +102,21 @@ def read_trace(path: str | Path) -> RankTrace:
     return RankTrace(path, header, events, end, truncated, problem)
 
 
+def find_runs(directory: str | Path) -> list[Path]:
+    """The traced runs under `directory`: itself if it holds trace files, else its subdirectories that
+    do, in name order (a demo's part1-FABRIC and part2-FABRIC, a bench --compare's presets).
+    FileNotFoundError if there are none."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"{directory}: no such directory")
+    if any(directory.glob("rank-*.msgpack")):
+        return [directory]
+    runs = sorted(d for d in directory.iterdir() if d.is_dir() and any(d.glob("rank-*.msgpack")))
+    if not runs:
+        raise FileNotFoundError(f"{directory}: no rank-*.msgpack trace files, in it or in its subdirectories")
+    return runs
+
+
 def read_directory(directory: str | Path) -> tuple[list[RankTrace], list[str]]:
     """The traces of one run in `directory`, in rank order, and warnings about files left out (no
     header, or from another run: another fabric or rank count). FileNotFoundError if none is usable."""

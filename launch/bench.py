@@ -2,7 +2,9 @@
 the GPU ranks timed in the same run as the reference. Runs as a workload script: main(gpu)."""
 
 import argparse
+import dataclasses
 import json
+import math
 import sys
 import time
 
@@ -10,14 +12,18 @@ import numpy as np
 
 from nvlink_emu.fabric.errors import ConfigError
 from nvlink_emu.fabric.reduction import DTYPES, OPS, blocks, check_dtype, reduce_in_order, switch_accumulator
-from nvlink_emu.ranks.collectives import ALGORITHMS, choose
+from nvlink_emu.ranks.collectives import ALGORITHMS, SMALL_BYTES, choose
 
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "all2all")
+REDUCING = ("allreduce", "reduce_scatter")  # the others' redop is "none", as nccl-tests prints it
+ROOT = 0  # broadcast's root (nccl-tests' default, -r 0)
 BUS_FACTOR_TEXT = {"allreduce": "2(n-1)/n", "reduce_scatter": "(n-1)/n", "allgather": "(n-1)/n",
                    "broadcast": "1", "all2all": "(n-1)/n"}
-HEADER = (f"{'size':>12}{'count':>12}{'type':>10}{'redop':>7}{'algorithm':>10}{'modeled_us':>12}{'algbw':>9}"
-          f"{'busbw':>9}{'wall_us':>12}{'native_us':>12}{'emu/native':>11}{'tx_B/gpu':>12}{'rx_B/gpu':>12}"
-          f"{'#wrong':>8}")
+HEADER = (f"{'size':>12}{'count':>12}{'type':>10}{'redop':>7}{'root':>6}{'algorithm':>10}{'modeled_us':>12}"
+          f"{'algbw':>9}{'busbw':>9}{'wall_us':>12}{'native_us':>12}{'emu/native':>11}{'tx_B/gpu':>12}"
+          f"{'rx_B/gpu':>12}{'#wrong':>8}")
+NATIVE_DTYPES = ("float32", "float64", "int32", "int64")  # MPI has no reduction on 16-bit floats
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
 
 def bus_factor(collective: str, n: int) -> float:
@@ -25,25 +31,34 @@ def bus_factor(collective: str, n: int) -> float:
     if collective == "allreduce":
         return 2 * (n - 1) / n
     return 1.0 if collective == "broadcast" else (n - 1) / n
-NATIVE_DTYPES = ("float32", "float64", "int32", "int64")  # MPI has no reduction on 16-bit floats
 
 
 def bench_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("collective", choices=COLLECTIVES)
-    parser.add_argument("--algorithm", default="auto", choices=("auto", *ALGORITHMS))
-    parser.add_argument("--min-bytes", type=_size, default=1024, metavar="B", help="smallest size (default 1K)")
-    parser.add_argument("--max-bytes", type=_size, default=16 << 20, metavar="B", help="largest size (default 16M)")
-    parser.add_argument("--factor", type=int, default=4, metavar="F", help="size multiplier per row (default 4)")
-    parser.add_argument("--dtype", default="float32", choices=tuple(DTYPES))
-    parser.add_argument("--op", default="sum", choices=OPS)
-    parser.add_argument("--iters", type=int, default=0, metavar="N",
+    """The sweep's options, shared by `nvlink-emu bench` and the bench workload on the ranks; the short
+    flags are nccl-tests' (-b, -e, -f, -n)."""
+    parser.add_argument("collective", choices=COLLECTIVES, metavar="COLLECTIVE",
+                        help=f"the collective to sweep: {', '.join(COLLECTIVES)}")
+    parser.add_argument("--algorithm", default="auto", choices=("auto", *ALGORITHMS), metavar="A",
+                        help=f"auto (default: sharp on a SHARP switch, else direct below {SMALL_BYTES // KiB} KiB "
+                             f"and ring from there), {', '.join(ALGORITHMS)}; sharp and nvls need NVLink Network "
+                             f"with a SHARP switch; all2all has one algorithm, direct")
+    parser.add_argument("-b", "--min-bytes", type=_size, default=1024, metavar="B", help="smallest size (default 1K)")
+    parser.add_argument("-e", "--max-bytes", type=_size, default=16 << 20, metavar="B",
+                        help="largest size (default 16M; GPU memory is sized for it)")
+    parser.add_argument("-f", "--factor", type=int, default=4, metavar="F", help="size multiplier per row (default 4)")
+    parser.add_argument("--dtype", default="float32", choices=tuple(DTYPES), metavar="D",
+                        help=f"element type: {', '.join(DTYPES)} (default float32)")
+    parser.add_argument("--op", choices=OPS, metavar="OP",
+                        help=f"reduction of allreduce and reduce_scatter: {', '.join(OPS)} (default sum); the "
+                             f"other collectives reduce nothing")
+    parser.add_argument("-n", "--iters", type=int, default=0, metavar="N",
                         help="timed iterations per size (default: from 20 at small sizes down to 2)")
     parser.add_argument("--json", action="store_true", help="one JSON object per row")
 
 
 def _size(text: str) -> int:
     """Bytes from '1024', '64K', '16M', '1G'."""
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    units = {"K": KiB, "M": MiB, "G": GiB}
     clean = text.strip().upper().removesuffix("B")
     try:
         if clean and clean[-1] in units:
@@ -54,10 +69,17 @@ def _size(text: str) -> int:
 
 
 def check(args, config) -> None:
-    """Refuse, before any rank starts, a sweep that cannot run on `config`."""
+    """Refuse, before any rank starts, a sweep that cannot run on `config` or an option it would ignore."""
     sizes(args)
-    if args.collective != "all2all":
+    if args.collective == "all2all":
+        if args.algorithm not in ("auto", "direct"):
+            raise ConfigError(f"bench all2all: --algorithm {args.algorithm} does not apply: all2all has one "
+                              f"algorithm, direct (every GPU sends each peer its block through the switch)")
+    else:
         choose(args.collective, args.algorithm, config, args.min_bytes)
+    if args.op is not None and args.collective not in REDUCING:
+        raise ConfigError(f"bench {args.collective}: --op {args.op} does not apply: {args.collective} reduces "
+                          f"nothing (its redop is none); --op is for {' and '.join(REDUCING)}")
 
 
 def sizes(args) -> list[int]:
@@ -72,6 +94,89 @@ def sizes(args) -> list[int]:
     return out
 
 
+def element_count(collective: str, size: int, itemsize: int, n: int) -> int:
+    """Elements of one call of `size` bytes; blocked collectives round to equal blocks on n GPUs, so
+    that the byte formulas hold exactly."""
+    count = max(size // itemsize, 1)
+    if collective in ("reduce_scatter", "allgather", "all2all"):
+        count = max(count // n, 1) * n
+    return count
+
+
+def buffer_counts(collective: str, count: int, n: int) -> tuple[int, int]:
+    """(send, recv) elements a GPU allocates for one call of `count` elements (count a multiple of n
+    where the collective has blocks)."""
+    block = -(-count // n)
+    if collective == "reduce_scatter":
+        return count, block
+    if collective == "allgather":
+        return block, count
+    return count, count
+
+
+def gpu_memory_bytes(collective: str, max_bytes: int, dtype: np.dtype, n: int, alignment_bytes: int) -> int:
+    """GPU memory (bytes) the sweep's largest call allocates on each GPU: its send and receive buffers,
+    each rounded up as the allocator rounds (fabric.memory)."""
+    count = element_count(collective, max_bytes, dtype.itemsize, n)
+    return sum(max(-(-c * dtype.itemsize // alignment_bytes) * alignment_bytes, alignment_bytes)
+               for c in buffer_counts(collective, count, n))
+
+
+def sweep_gpu_bytes(args, config) -> int:
+    """GPU memory (bytes) the sweep `args` allocates on each GPU of `config` at its largest size."""
+    return gpu_memory_bytes(args.collective, sizes(args)[-1], np.dtype(DTYPES[args.dtype]), config.gpus,
+                            config.alignment_bytes)
+
+
+def sized_config(args, config):
+    """`config`, with each GPU's memory raised (to a whole MiB) if the sweep's buffers do not fit it:
+    memory is mapped lazily, so only what the sweep touches costs host memory."""
+    need = sweep_gpu_bytes(args, config)
+    if need <= config.memory_capacity_bytes:
+        return config
+    return dataclasses.replace(config, memory_capacity_bytes=-(-need // MiB) * MiB)
+
+
+def available_host_bytes() -> int | None:
+    """Host memory available for new processes (Linux's MemAvailable + SwapFree), or None if unknown."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            fields = {line.split(":")[0]: int(line.split()[1]) * KiB for line in meminfo if line.split()[1:]}
+    except (OSError, ValueError):
+        return None
+    return fields["MemAvailable"] + fields.get("SwapFree", 0) if "MemAvailable" in fields else None
+
+
+def check_host_memory(args, config, available: int | None) -> None:
+    """ConfigError, before any rank starts, if the sweep's buffers alone - the part of every GPU's
+    memory it touches, which is host memory of that GPU's rank - exceed `available` host bytes."""
+    per_gpu = sweep_gpu_bytes(args, config)
+    if available is not None and config.gpus * per_gpu > available:
+        raise ConfigError(f"bench: the sweep's largest {args.collective} holds at least "
+                          f"{format_bytes(config.gpus * per_gpu)} of host memory ({config.gpus} GPU ranks x "
+                          f"{format_bytes(per_gpu)} of send and receive buffers), more than the "
+                          f"{format_bytes(available)} available here: lower --max-bytes (-e) or --gpus")
+
+
+def config_toml(config) -> str:
+    """`config` as a TOML file that load_toml reads back to an equal FabricConfig (every key set)."""
+    lines = []
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if value is None:  # a timing key left to the link profile
+            continue
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, str):
+            text = json.dumps(value)  # a TOML basic string: JSON's escapes are TOML's
+        elif isinstance(value, tuple):
+            text = "[" + ", ".join("[" + ", ".join(map(str, part)) + "]" for part in value) + "]"
+        else:
+            text = repr(value)
+        lines.append(f"{field.name} = {text}")
+    return "\n".join(lines) + "\n"
+
+
 PERIOD = 33  # the data pattern repeats every 33 elements (lcm of 3 and 11)
 
 
@@ -83,62 +188,100 @@ def contribution(rank: int, lo: int, hi: int, dtype: np.dtype, op: str) -> np.nd
     return values.astype(dtype)
 
 
+TILE = PERIOD * (1 << 15)  # elements written or checked at a time (~1M): no full-size temporaries
+
+
+def fill(out: np.ndarray, rank: int, lo: int, op: str) -> None:
+    """out[k] <- element lo + k of member `rank`'s input, a tile at a time."""
+    tile = contribution(rank, lo, lo + min(TILE, out.size), out.dtype, op)
+    for start in range(0, out.size, TILE):  # TILE is a whole number of periods: every tile is the same
+        out[start:start + TILE] = tile[:out.size - start]
+
+
+def count_wrong(actual: np.ndarray, segments) -> int:
+    """Elements of `actual` that differ from the expected values, given as segments (start, length,
+    one PERIOD of values, phase): actual[start + k] should be values[(phase + k) % PERIOD]."""
+    wrong = 0
+    for start, length, values, phase in segments:
+        tile = np.take(values, (phase + np.arange(min(TILE, length))) % PERIOD)
+        for at in range(0, length, TILE):
+            part = actual[start + at:start + min(at + TILE, length)]
+            wrong += int(np.count_nonzero(part != tile[:part.size]))
+    return wrong
+
+
+def header(collective: str, fabric: str, n: int, link: str) -> str:
+    """The table's comment line and column heads."""
+    return (f"# nvlink-emu bench {collective} on {fabric} ({n} GPUs, {link}); modeled: time on the modeled fabric, "
+            f"algbw = size / time, busbw = algbw x {BUS_FACTOR_TEXT[collective]} (GB/s); wall: this machine, "
+            f"native = MPI's own collective; tx/rx: GPU 0's link payload per call\n{HEADER}")
+
+
+def closing(rows: list[dict]) -> str:
+    """nccl-tests' closing lines: elements wrong over the sweep, and busbw averaged over its sizes."""
+    wrong = sum(row["wrong"] for row in rows)
+    measured = [row["busbw_gbps"] for row in rows if row["busbw_gbps"] is not None]
+    average = f"{sum(measured) / len(measured):g}" if measured else "n/a"
+    return (f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}\n"
+            f"# Avg bus bandwidth    : {average}")
+
+
 def main(gpu):
     parser = argparse.ArgumentParser(prog="nvlink-emu bench")
     bench_arguments(parser)
     args = parser.parse_args(sys.argv[1:])
     dtype = check_dtype(DTYPES[args.dtype])
     comm, n = gpu.world, gpu.size
+    # under a launcher of one's own nothing sized the memory for the sweep: say which key to raise
+    need = sweep_gpu_bytes(args, gpu.config)
+    if need > gpu.config.memory_capacity_bytes:
+        raise ConfigError(f"bench: the sweep's largest {args.collective} needs {need} bytes of memory on each GPU "
+                          f"(send + receive buffers), more than memory_capacity_bytes = "
+                          f"{gpu.config.memory_capacity_bytes}: raise it in a --config file (`nvlink-emu bench` "
+                          f"does so itself)")
     if gpu.rank == 0 and not args.json:
-        print(f"# nvlink-emu bench {args.collective} on {gpu.config.name} ({n} GPUs, {gpu.config.link}); "
-              f"modeled: time on the modeled fabric, algbw = size / time, busbw = algbw x {BUS_FACTOR_TEXT[args.collective]} "
-              f"(GB/s); wall: this machine, native = MPI's own collective; tx/rx: GPU 0's link payload per call",
-              flush=True)
-        print(HEADER, flush=True)
+        print(header(args.collective, gpu.config.name, n, gpu.config.link), flush=True)
+    rows = []
     for size in sizes(args):
-        row = run_size(gpu, comm, args, dtype, size)
+        rows.append(run_size(gpu, comm, args, dtype, size))
         if gpu.rank == 0:
-            print(json.dumps(row) if args.json else _format(row), flush=True)
+            print(json.dumps(rows[-1]) if args.json else format_row(rows[-1]), flush=True)
+    if gpu.rank == 0 and not args.json:
+        print(closing(rows), flush=True)
 
 
 def run_size(gpu, comm, args, dtype: np.dtype, size: int) -> dict:
     n, r, name = gpu.size, gpu.rank, args.collective
-    count = max(size // dtype.itemsize, 1)
-    if name in ("reduce_scatter", "allgather", "all2all"):
-        count = max(count // n, 1) * n  # equal blocks: the byte formulas hold exactly
+    op = args.op or ("sum" if name in REDUCING else "none")
+    count = element_count(name, size, dtype.itemsize, n)
     algorithm = "direct" if name == "all2all" else choose(name, args.algorithm, gpu.config, count * dtype.itemsize)
     a, b = blocks(count, n)[r]
-    inputs = contribution(r, 0, count, dtype, args.op)
-    send = gpu.alloc(count, dtype)
-    recv = gpu.alloc(count if name in ("allgather", "all2all", "broadcast", "allreduce") else b - a, dtype)
-
-    def prepare():
-        send[:] = inputs
-        if name == "allgather":
-            send[:b - a] = inputs[a:b]
+    send_count, recv_count = buffer_counts(name, count, n)
+    send, recv = gpu.alloc(send_count, dtype), gpu.alloc(recv_count, dtype)
+    # the input is written into the GPU's buffers in place: at 1 GiB a host copy would cost 1 GiB per rank
+    fill(send, r, a if name == "allgather" else 0, op)  # allgather's send is this member's block
 
     def once():
         if name == "allreduce":
             recv[:] = send
-            t = _timed(lambda: comm.allreduce(recv, args.op, algorithm))
+            t = _timed(lambda: comm.allreduce(recv, op, algorithm))
         elif name == "reduce_scatter":
-            t = _timed(lambda: comm.reduce_scatter(send, recv, args.op, algorithm))
+            t = _timed(lambda: comm.reduce_scatter(send, recv, op, algorithm))
         elif name == "allgather":
-            t = _timed(lambda: comm.allgather(send[:b - a], recv, algorithm))
+            t = _timed(lambda: comm.allgather(send, recv, algorithm))
         elif name == "broadcast":
             recv[:] = send
-            t = _timed(lambda: comm.broadcast(recv, 0, algorithm))
+            t = _timed(lambda: comm.broadcast(recv, ROOT, algorithm))
         else:
             t = _timed(lambda: comm.all2all(send, recv))
         return t
 
-    prepare()
     comm.barrier()  # every member starts at the same modeled time
     before, start_ns = gpu.link_counters(), gpu.now_ns
     once()  # warm-up, and the call whose bytes, data and modeled time are checked
     after = gpu.link_counters()
     modeled_ns = max(comm.allgather_object(gpu.now_ns - start_ns, "bench modeled time"))
-    wrong = int(np.count_nonzero(recv != _expected(name, algorithm, args.op, dtype, count, n, r)))
+    wrong = count_wrong(recv, _expected(name, algorithm, op, dtype, count, n, r))
     iters = args.iters or max(2, min(20, (64 << 20) // (count * dtype.itemsize)))
     wall = sum(_synchronised(comm, once) for _ in range(iters)) / iters
     tracing = {}
@@ -153,12 +296,10 @@ def run_size(gpu, comm, args, dtype: np.dtype, size: int) -> dict:
                 tracing[on] += _synchronised(comm, once) / iters
     native = None
     if args.dtype in NATIVE_DTYPES:
-        native_recv = np.empty(recv.size if name != "broadcast" else count, dtype)
-        native_send = send if name != "allgather" else send[:b - a]
+        # into the emulator's receive buffer, already checked: no third buffer of the call's size
         if name == "broadcast":
-            native_recv[:] = send
-        op = args.op
-        native = sum(_synchronised(comm, lambda: _timed(lambda: gpu.native(name, native_send, native_recv, op)))
+            recv[:] = send
+        native = sum(_synchronised(comm, lambda: _timed(lambda: gpu.native(name, send, recv, op, ROOT)))
                      for _ in range(iters)) / iters
     total_wrong = sum(comm.allgather_object(wrong, "bench #wrong"))
     gpu.free(send)
@@ -166,7 +307,8 @@ def run_size(gpu, comm, args, dtype: np.dtype, size: int) -> dict:
     size_bytes = count * dtype.itemsize
     # bytes per ns = GB/s; a lone GPU moves nothing and takes no modeled time: no bandwidth to speak of
     algbw = size_bytes / modeled_ns if modeled_ns else None
-    return {"size_bytes": size_bytes, "count": count, "dtype": args.dtype, "op": args.op,
+    return {"size_bytes": size_bytes, "count": count, "dtype": args.dtype, "op": op,
+            "root": ROOT if name == "broadcast" else None,
             "algorithm": algorithm, "modeled_us": round(modeled_ns / 1e3, 4),
             "algbw_gbps": None if algbw is None else round(algbw, 3),
             "busbw_gbps": None if algbw is None else round(algbw * bus_factor(name, n), 3),
@@ -190,35 +332,78 @@ def _synchronised(comm, once) -> float:
     return max(comm.allgather_object(once(), "bench timing"))
 
 
-def _expected(name, algorithm, op, dtype, count, n, r) -> np.ndarray:
-    """This member's correct result: the inputs are small integers, so every order gives the same sum;
-    the accumulator dtype (wider in the switch for 16-bit floats) still decides avg's rounding."""
-    a, b = blocks(count, n)[r]
+def _expected(name, algorithm, op, dtype, count, n, r) -> list[tuple]:
+    """This member's correct result, as count_wrong's segments: the inputs are small integers, so every
+    order gives the same sum; the accumulator dtype (wider in the switch for 16-bit floats) still
+    decides avg's rounding."""
+    parts = blocks(count, n)
     if name == "allgather":
-        return np.concatenate([contribution(m, *blocks(count, n)[m], dtype, op) for m in range(n)])
+        return [(a, b - a, contribution(m, 0, PERIOD, dtype, op), a % PERIOD) for m, (a, b) in enumerate(parts)]
     if name == "broadcast":
-        return contribution(0, 0, count, dtype, op)
+        return [(0, count, contribution(ROOT, 0, PERIOD, dtype, op), 0)]
     if name == "all2all":
         size = count // n
-        return np.concatenate([contribution(m, r * size, (r + 1) * size, dtype, op) for m in range(n)])
-    # one period of the reduction, tiled: the pattern repeats every PERIOD elements
+        return [(m * size, size, contribution(m, 0, PERIOD, dtype, op), r * size % PERIOD) for m in range(n)]
+    # one period of the reduction: the pattern repeats every PERIOD elements
     accumulate = switch_accumulator(dtype) if algorithm in ("sharp", "nvls") else dtype
     period = reduce_in_order([contribution(m, 0, PERIOD, dtype, op) for m in range(n)], op, accumulate, dtype)
-    lo, hi = (0, count) if name == "allreduce" else (a, b)
-    return np.take(period, np.arange(lo, hi) % PERIOD)
+    a, b = (0, count) if name == "allreduce" else parts[r]
+    return [(0, b - a, period, a % PERIOD)]
 
 
 def _bw(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}"
 
 
-def _format(row: dict) -> str:
+def format_row(row: dict) -> str:
+    """One table row, nccl-tests' columns first (root -1: the collective has none)."""
     native = row["native_wall_us"]
     ratio = f"{row['wall_us'] / native:.2f}" if native else "n/a"
-    return (f"{row['size_bytes']:>12}{row['count']:>12}{row['dtype']:>10}{row['op']:>7}{row['algorithm']:>10}"
+    root = -1 if row.get("root") is None else row["root"]
+    return (f"{row['size_bytes']:>12}{row['count']:>12}{row['dtype']:>10}{row['op']:>7}{root:>6}{row['algorithm']:>10}"
             f"{row['modeled_us']:>12.3f}{_bw(row['algbw_gbps']):>9}{_bw(row['busbw_gbps']):>9}"
             f"{row['wall_us']:>12.1f}{native if native is not None else 'n/a':>12}{ratio:>11}"
             f"{row['tx_bytes_per_gpu']:>12}{row['rx_bytes_per_gpu']:>12}{row['wrong']:>8}"
             + (f"\n# tracing costs {100 * (row['traced_wall_us'] / row['untraced_wall_us'] - 1):+.1f}% wall time here "
                f"({row['traced_wall_us']:.1f} us traced, {row['untraced_wall_us']:.1f} us not)"
                if "traced_wall_us" in row else ""))
+
+
+def format_bytes(n: int) -> str:
+    """A size for people: '512 B', '64 KiB', '1.5 MiB', '1 GiB'."""
+    for unit, name in ((GiB, "GiB"), (MiB, "MiB"), (KiB, "KiB")):
+        if n >= unit:
+            return f"{round(n / unit, 2):g} {name}"
+    return f"{n} B"
+
+
+def plot_busbw(path: str, title: str, series: dict[str, list[dict]]) -> None:
+    """Draw busbw (GB/s) against size (log scale, ticks in KiB/MiB/GiB), one line per series of rows,
+    into the image `path` (PNG unless its suffix names another format matplotlib writes)."""
+    import matplotlib
+    matplotlib.use("Agg")  # files only: no display needed
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullLocator
+
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    ticks = set()
+    for label, rows in series.items():
+        points = [(row["size_bytes"], row["busbw_gbps"]) for row in rows if row["busbw_gbps"] is not None]
+        if points:
+            ax.plot(*zip(*points), marker="o", label=label)
+            ticks.update(size for size, _ in points)
+    ax.set_xscale("log", base=2)
+    ticks = sorted(ticks)
+    if ticks:
+        step = math.ceil(len(ticks) / 10)  # at most about 10 labels, that do not overlap
+        ax.set_xticks(ticks[::step], [format_bytes(t) for t in ticks[::step]])
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.legend()
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("message size (log scale)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -3,12 +3,14 @@
 import argparse
 import json
 import os
-import shlex
-import shutil
+import re
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
+from importlib import metadata
 from pathlib import Path
 
 from nvlink_emu.fabric.config import resolve
@@ -16,41 +18,38 @@ from nvlink_emu.fabric.errors import ConfigError, UnsupportedOperation
 from nvlink_emu.fabric.trace import read_directory
 from nvlink_emu.ranks.session import FAILURE_DIR_ENV, INTERRUPTED_STATUS
 
-from .bench import bench_arguments
+from .bench import (available_host_bytes, bench_arguments, check_host_memory, closing, config_toml, format_bytes,
+                    format_row, header, plot_busbw, sized_config)
 from .bench import check as check_bench
-from .report import trace_report
+from .bench import sizes as bench_sizes
+from .mpiexec import ENV as MPIEXEC_ENV
+from .mpiexec import mpiexec_command
+from .report import print_report
 from .traces import merge
 from .runner import fabric_arguments, prepare_trace_dir, split_script_args
 
 EXAMPLES = Path(__file__).parent / "examples"
+BENCH = str(Path(__file__).parent / "bench.py")
 INTERRUPT_GRACE_S = 10.0  # s, for mpiexec to end its ranks after Ctrl-C before it is killed
-
-
-def mpiexec_command() -> list[str]:
-    """The MPI launcher: $NVLINK_EMU_MPIEXEC (e.g. "srun" or "mpiexec --oversubscribe"), else the
-    mpiexec installed beside this Python (the mpich wheel), else the first mpiexec on PATH."""
-    override = os.environ.get("NVLINK_EMU_MPIEXEC")
-    if override:
-        return shlex.split(override)
-    beside = Path(sys.executable).parent / "mpiexec"
-    if beside.exists():
-        return [str(beside)]
-    found = shutil.which("mpiexec")
-    if found is None:
-        raise ConfigError("no mpiexec found: install the mpich wheel (pip install mpich) or set NVLINK_EMU_MPIEXEC")
-    return [found]
+PLOT_FORMATS = (".png", ".svg", ".pdf")
+LAUNCHER_HELP = (f"The MPI launcher: ${MPIEXEC_ENV} if set (e.g. srun, or \"mpiexec --oversubscribe\" for Open "
+                 f"MPI), else the first mpiexec of the MPI library mpi4py uses, beside this Python (the mpich "
+                 f"wheel's) or on PATH; with none, nvlink-emu stops before launching and says so.")
 
 
 def launch_script(script: str, args: argparse.Namespace, script_args: list[str], world_size: int,
-                  capture: bool = False):
-    """Run `python -m nvlink_emu.launch SCRIPT` on `world_size` ranks; returns mpiexec's exit status (and, with
-    capture, its standard output)."""
+                  on_line=None, quiet: bool = False) -> int:
+    """Run `python -m nvlink_emu.launch SCRIPT` on `world_size` ranks; returns mpiexec's exit status.
+    With `on_line`, every line of the job's standard output goes to on_line(line) as it comes, instead
+    of to ours; with `quiet`, its standard error (the link table) is shown only if the job fails."""
     cmd = [*mpiexec_command(), "-n", str(world_size), sys.executable, "-m", "nvlink_emu.launch", script,
            "--timeout", str(args.timeout)]
-    for flag in ("preset", "config", "gpus", "trace_dir"):
+    for flag in ("preset", "config", "gpus", "trace_dir", "report_json"):
         value = getattr(args, flag, None)
         if value is not None:
             cmd += [f"--{flag.replace('_', '-')}", str(value)]
+    if getattr(args, "no_label", False):
+        cmd.append("--no-label")
     if script_args:
         cmd += ["--", *script_args]
     env = dict(os.environ)
@@ -60,17 +59,29 @@ def launch_script(script: str, args: argparse.Namespace, script_args: list[str],
         prepare_trace_dir(args.trace_dir)  # a bad one is one line here, not a traceback from every rank
     with tempfile.TemporaryDirectory(prefix="nvlink-emu-failures-") as failures:
         env[FAILURE_DIR_ENV] = failures  # failing ranks leave their tracebacks here (ranks.session)
+        held, job = [], None  # held: the quiet job's standard error
         try:
-            with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE if capture else None, text=True) as job:
+            with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE if on_line else None,
+                                  stderr=subprocess.PIPE if quiet else None, text=True) as job:
+                if quiet:  # drained beside stdout, or a full pipe would stop the job
+                    drain = threading.Thread(target=lambda: held.extend(job.stderr), daemon=True)
+                    drain.start()
                 try:
-                    out, _ = job.communicate()
+                    if on_line is not None:
+                        for line in job.stdout:
+                            on_line(line.rstrip("\n"))
+                    job.wait()
+                    if quiet:
+                        drain.join()
                 except KeyboardInterrupt:
                     stop_interrupted(job)
                     raise
         finally:  # even when interrupted: a rank's traceback is the one thing worth keeping
+            if quiet and job is not None and job.returncode != 0:  # None: interrupted
+                sys.stderr.write("".join(held))
             for report in sorted(Path(failures).glob("rank-*.txt")):
                 sys.stderr.write(report.read_text())
-    return (job.returncode, out) if capture else job.returncode
+    return job.returncode
 
 
 def stop_interrupted(job: subprocess.Popen) -> None:
@@ -96,6 +107,8 @@ def cmd_run(args, script_args) -> int:
 
 def cmd_demo(args, script_args) -> int:
     """The demo on NVLink Network (dgx-h100 unless told otherwise), then the same on classic NVLink."""
+    if getattr(args, "report_json", None) is not None:
+        raise ConfigError("--report-json: the demo is several runs; write a run's report with nvlink-emu run")
     network = resolve(args.preset, args.config, args.gpus)
     classic_args = argparse.Namespace(**{**vars(args), "preset": "dgx-a100", "config": None})
     classic = resolve("dgx-a100", None, args.gpus)
@@ -103,6 +116,8 @@ def cmd_demo(args, script_args) -> int:
     if args.trace_dir:  # one trace directory per part
         args = argparse.Namespace(**{**vars(args), "trace_dir": str(Path(args.trace_dir) / f"part1-{network.name}")})
         classic_args.trace_dir = str(Path(classic_args.trace_dir) / f"part2-{classic.name}")
+    # GPU 0 tells the story: a [gpu 0] label on every line would say nothing
+    args.no_label = classic_args.no_label = True
     print(f"=== part 1: NVLink Network ({network.name}) ===", flush=True)
     status = launch_script(demo, args, script_args, network.world_size)
     if status:
@@ -113,51 +128,156 @@ def cmd_demo(args, script_args) -> int:
         return status
     presets = ["dgx-a100", "dgx-h100", "h100-ib"]
     print(f"\n=== part 3: the same AllReduce (float32 sum, algorithm auto) on {', '.join(presets)} ===", flush=True)
-    bench_args = ["allreduce", "--min-bytes", "64K", "--max-bytes", "16M", "--factor", "16", "--iters", "1", "--json"]
-    rows = {}
-    for name in presets:
-        config = resolve(name, None, args.gpus)
-        status, out = launch_script(str(Path(__file__).parent / "bench.py"),
-                                    argparse.Namespace(**{**vars(args), "preset": name, "config": None,
-                                                          "trace_dir": None}),
-                                    bench_args, config.world_size, capture=True)
-        if status:
-            return status
-        rows[name] = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    sweep = argparse.Namespace(**{**vars(args), "collective": "allreduce", "algorithm": "auto", "min_bytes": 64 << 10,
+                                  "max_bytes": 16 << 20, "factor": 16, "iters": 1, "dtype": "float32", "op": None,
+                                  "trace_dir": None})
+    rows, status = sweep_presets(sweep, {name: resolve(name, None, args.gpus) for name in presets})
+    if status:
+        return status
     print_comparison("allreduce", presets, rows, as_json=False)
     return 0
 
 
-def cmd_bench(args, script_args) -> int:
-    bench_args = [args.collective, "--algorithm", args.algorithm, "--min-bytes", str(args.min_bytes),
-                  "--max-bytes", str(args.max_bytes), "--factor", str(args.factor), "--dtype", args.dtype,
-                  "--op", args.op, "--iters", str(args.iters)]
-    script = str(Path(__file__).parent / "bench.py")
-    if not args.compare:
-        config = resolve(args.preset, args.config, args.gpus)
-        check_bench(args, config)
-        if not args.json:
-            return launch_script(script, args, bench_args, config.world_size)
-        status, out = launch_script(script, args, bench_args + ["--json"], config.world_size, capture=True)
-        for line in out.splitlines():  # stdout stays pure JSON lines; the run's link table goes to stderr
-            print(line, file=sys.stdout if line.startswith("{") else sys.stderr)
-        return status
-    presets = [name.strip() for name in args.compare.split(",") if name.strip()]
-    if len(presets) < 2 or args.preset or args.config:
-        raise ConfigError("--compare takes two or more presets, P1,P2,..., instead of --preset/--config")
-    for name in presets:
-        check_bench(args, resolve(name, None, args.gpus))
+class Progress:
+    """Progress of work that prints nothing for a while: a line per step on stderr (whole lines, as
+    the ranks' own lines - a link table after each job - share that stream)."""
+
+    def __init__(self, what: str, total: int):
+        self.what, self.total, self.done = what, total, 0
+        self.start = time.monotonic()
+
+    def step(self, text: str) -> None:
+        self.done += 1
+        print(f"nvlink-emu: {self.what}: {self.done}/{self.total} {text} ({time.monotonic() - self.start:.0f} s)",
+              file=sys.stderr, flush=True)
+
+
+def bench_row(line: str) -> dict | None:
+    """The row on a line of a bench job's standard output (GPU 0's JSON, "[gpu 0] "-labelled or not), or None."""
+    text = re.sub(r"^\[[^\]]*\] ?", "", line)
+    if not text.startswith("{"):
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def bench_arguments_for_ranks(args) -> list[str]:
+    """The sweep's options as the bench workload on the ranks takes them."""
+    return ([args.collective, "--algorithm", args.algorithm, "--min-bytes", str(args.min_bytes), "--max-bytes",
+             str(args.max_bytes), "--factor", str(args.factor), "--dtype", args.dtype, "--iters", str(args.iters),
+             "--json"] + (["--op", args.op] if args.op else []))
+
+
+def bench_launch(args, config, workdir: str, on_row, other=None, quiet=False) -> int:
+    """One bench job on `config`, GPU memory sized for the sweep; every row, as it comes, to on_row(row),
+    other lines of its standard output to other(line) (default: dropped); `quiet`: see launch_script.
+    Returns its exit status."""
+    sized = sized_config(args, config)
+    if sized is not config:  # the ranks build the fabric from a file: --preset cannot say what changed
+        path = Path(workdir) / f"{config.name}.toml"
+        path.write_text(config_toml(sized))
+        args = argparse.Namespace(**{**vars(args), "preset": None, "config": str(path), "gpus": None})
+        print(f"nvlink-emu: bench: GPU memory on {config.name} raised from {config.memory_capacity_bytes} to "
+              f"{sized.memory_capacity_bytes} bytes per GPU (memory_capacity_bytes) for the sweep's largest call",
+              file=sys.stderr, flush=True)
+    args = argparse.Namespace(**{**vars(args), "no_label": True})  # GPU 0's rows are parsed, not read
+
+    def on_line(line: str) -> None:
+        row = bench_row(line)
+        if row is not None:
+            on_row(row)
+        elif other is not None:
+            other(line)
+
+    return launch_script(BENCH, args, bench_arguments_for_ranks(args), config.world_size, on_line, quiet)
+
+
+def sweep_presets(args, configs: dict) -> tuple[dict, int]:
+    """The same sweep on each of `configs` (name: FabricConfig), with progress on stderr: (rows per name,
+    exit status of the first job that failed, or 0)."""
+    progress = Progress(f"bench {args.collective}", len(bench_sizes(args)) * len(configs))
     rows = {}
-    for name in presets:
-        config = resolve(name, None, args.gpus)
-        trace_dir = str(Path(args.trace_dir) / name) if args.trace_dir else None
-        per_preset = argparse.Namespace(**{**vars(args), "preset": name, "trace_dir": trace_dir})
-        status, out = launch_script(script, per_preset, bench_args + ["--json"], config.world_size, capture=True)
+    with tempfile.TemporaryDirectory(prefix="nvlink-emu-bench-") as workdir:
+        for name, config in configs.items():
+            rows[name] = []
+            trace_dir = str(Path(args.trace_dir) / name) if args.trace_dir else None
+            per_preset = argparse.Namespace(**{**vars(args), "preset": name, "config": None, "trace_dir": trace_dir})
+
+            def on_row(row, name=name):
+                rows[name].append(row)
+                progress.step(f"{name}: {format_bytes(row['size_bytes'])} done")
+
+            # each job's link table would come between the progress lines: the comparison is the result
+            status = bench_launch(per_preset, config, workdir, on_row, quiet=True)
+            if status:
+                return rows, status
+    return rows, 0
+
+
+def cmd_bench(args, script_args) -> int:
+    """The sweep on one fabric (rows as they come), or with --compare on several presets side by side."""
+    if args.compare:
+        presets = [name.strip() for name in args.compare.split(",") if name.strip()]
+        if len(presets) < 2 or args.preset or args.config:
+            raise ConfigError("--compare takes two or more presets, P1,P2,..., instead of --preset/--config")
+        if getattr(args, "report_json", None) is not None:
+            raise ConfigError("--report-json: one report per run, and --compare makes a run per preset")
+        configs = {name: resolve(name, None, args.gpus) for name in presets}
+    else:
+        config = resolve(args.preset, args.config, args.gpus)
+        configs = {config.name: config}
+    available = available_host_bytes()
+    for config in configs.values():
+        check_bench(args, config)
+        check_host_memory(args, config, available)
+    if args.plot is not None:
+        check_plot(args.plot)
+    if args.compare:
+        rows, status = sweep_presets(args, configs)
         if status:
             return status
-        rows[name] = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    print_comparison(args.collective, presets, rows, args.json)
+        print_comparison(args.collective, presets, rows, args.json)
+        series = {f"{name} ({', '.join(dict.fromkeys(r['algorithm'] for r in rows[name]))})": rows[name]
+                  for name in presets}
+        title = f"{args.collective} on {next(iter(configs.values())).gpus} GPUs per preset: modeled bus bandwidth"
+    else:
+        rows = []
+        expected = len(bench_sizes(args))
+
+        def on_row(row):
+            if not rows and not args.json:
+                print(header(args.collective, config.name, config.gpus, config.link), flush=True)
+            rows.append(row)
+            print(json.dumps(row) if args.json else format_row(row), flush=True)
+            if len(rows) == expected and not args.json:
+                print(closing(rows), flush=True)
+
+        with tempfile.TemporaryDirectory(prefix="nvlink-emu-bench-") as workdir:
+            status = bench_launch(args, config, workdir, on_row,
+                                  other=lambda line: print(line, file=sys.stderr if args.json else sys.stdout))
+        if status:
+            return status
+        series = {}
+        for row in rows:
+            series.setdefault(row["algorithm"], []).append(row)
+        title = f"{args.collective} on {config.name} ({config.gpus} GPUs, {config.link}): modeled bus bandwidth"
+    if args.plot is not None:
+        plot_busbw(args.plot, title, series)
+        print(f"wrote {args.plot}", file=sys.stderr if args.json else sys.stdout)
     return 0
+
+
+def check_plot(path: str) -> None:
+    """ConfigError, before any rank starts, for a --plot file that cannot be written."""
+    target = Path(path)
+    if target.suffix.lower() not in PLOT_FORMATS:
+        raise ConfigError(f"--plot {path}: name a {', '.join(PLOT_FORMATS[:-1])} or {PLOT_FORMATS[-1]} file")
+    if target.is_dir():
+        raise ConfigError(f"--plot {path}: is a directory")
+    if not target.parent.is_dir():
+        raise ConfigError(f"--plot {path}: {target.parent} is not a directory")
 
 
 def print_comparison(collective: str, presets: list[str], rows: dict, as_json: bool) -> None:
@@ -183,6 +303,11 @@ def print_comparison(collective: str, presets: list[str], rows: dict, as_json: b
             line += (f"{row['algorithm']:>16}{row['modeled_us']:>11.3f}{_number(row['busbw_gbps']):>9}"
                      f"{_number(ratio):>{max(10, len(first) + 2)}}")
         print(line + f"{wrong:>8}")
+    averages = []
+    for name in presets:  # nccl-tests' closing line, per preset
+        measured = [row["busbw_gbps"] for row in rows[name] if row["busbw_gbps"] is not None]
+        averages.append(f"{name} {sum(measured) / len(measured):g}" if measured else f"{name} n/a")
+    print(f"# Avg bus bandwidth    : {', '.join(averages)}")
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -207,33 +332,41 @@ def cmd_trace(args, script_args) -> int:
 
 
 def cmd_report(args, script_args) -> int:
-    """Per-link table, per-collective summary and figures of a traced run."""
-    traces, warnings = read_directory(args.trace_dir)
-    text, figures = trace_report(traces, args.output or args.trace_dir)
-    print(text)
-    for warning in warnings:
-        print(f"warning: {warning}")
-    for path in figures:
-        print(f"wrote {path}")
-    return 0
+    """Per-link table, per-collective summary and figures of each traced run in DIR (warnings on stderr)."""
+    return print_report(args.trace_dir, args.output)
+
+
+def package_version() -> str:
+    try:
+        return metadata.version("nvlink-emu")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nvlink-emu", description="Emulated NVLink / NVLink Network fabric "
-                                     "on MPI: every rank a GPU or a switch, real bytes, counted per link.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run SCRIPT's main(gpu) on every GPU of a fabric")
+                                     "on MPI: every rank a GPU or a switch, real bytes, counted per link.",
+                                     epilog=LAUNCHER_HELP)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = sub.add_parser("run", help="run SCRIPT's main(gpu) on every GPU of a fabric",
+                         usage="nvlink-emu run SCRIPT.py [options] [-- ARGS ...]",
+                         epilog=f"ARGS: what follows -- reaches the script as sys.argv[1:]. {LAUNCHER_HELP}")
     run.add_argument("script", help="Python file defining main(gpu)")
     fabric_arguments(run)
     run.set_defaults(handler=cmd_run)
-    demo = sub.add_parser("demo", help="what NVLink Network changes compared with classic NVLink, with real traffic")
+    demo = sub.add_parser("demo", help="what NVLink Network changes compared with classic NVLink, with real traffic",
+                          epilog=LAUNCHER_HELP)
     fabric_arguments(demo)
     demo.set_defaults(handler=cmd_demo)
-    bench = sub.add_parser("bench", help="nccl-tests-like sweep of one collective, with MPI's native one as reference")
+    bench = sub.add_parser("bench", help="nccl-tests-like sweep of one collective, with MPI's native one as reference",
+                           epilog=LAUNCHER_HELP)
     bench_arguments(bench)
     fabric_arguments(bench)
     bench.add_argument("--compare", metavar="P1,P2,...", help="run the sweep on each preset and print them side "
                        "by side, with each one's modeled time relative to the first")
+    bench.add_argument("--plot", metavar="FILE.png", help="draw busbw against size, a line per algorithm (per "
+                       "preset with --compare), into FILE (PNG; .svg and .pdf also work)")
     bench.set_defaults(handler=cmd_bench)
     trace = sub.add_parser("trace", help="merge per-rank trace files into Chrome/Perfetto trace JSON")
     trace.add_argument("trace_dir", metavar="DIR", help="the --trace-dir of a run")
@@ -252,6 +385,12 @@ def main(argv: list[str] | None = None) -> int:
     ours, script_args = split_script_args(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(ours)
     try:
+        if script_args and args.command != "run":  # only a workload script has a use for them
+            raise ConfigError(f"{args.command} takes no arguments after --, got {' '.join(script_args)!r} "
+                              f"(only run passes them on, to its script)")
+        if getattr(args, "no_label", False) and args.command in ("demo", "bench"):
+            raise ConfigError(f"--no-label: {args.command}'s lines are never labelled (GPU 0 prints them all); "
+                              f"it is an option of run")
         return args.handler(args, script_args)
     except KeyboardInterrupt:
         print("nvlink-emu: error: interrupted (Ctrl-C); the job was stopped", file=sys.stderr)

@@ -10,10 +10,11 @@ from pathlib import Path
 
 from nvlink_emu.fabric.config import DEFAULT_PRESET, PRESETS, resolve
 from nvlink_emu.fabric.errors import ConfigError
+from nvlink_emu.ranks.output import GPU_LABEL
 from nvlink_emu.ranks.session import DEFAULT_TIMEOUT_S, INTERRUPTED_STATUS, report_failure, run_fabric
 from nvlink_emu.ranks.transport import abort_job, count_failed_ranks, world_rank, world_size
 
-from .report import run_summary
+from .report import check_report_path, run_summary, write_report_json
 
 
 def fabric_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,6 +25,10 @@ def fabric_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
                         help=f"deadline of every blocking wait, seconds (default {DEFAULT_TIMEOUT_S:g})")
     parser.add_argument("--trace-dir", metavar="DIR", help="write one trace file per rank into DIR")
+    parser.add_argument("--no-label", action="store_true", help="print the workload's lines without the "
+                        "[gpu N] label (still whole lines, never spliced)")
+    parser.add_argument("--report-json", metavar="FILE", help="write the end-of-run report (link counters, "
+                        "port counts, every collective call) as JSON to FILE")
 
 
 def split_script_args(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -54,6 +59,18 @@ def load_main(script: str):
         raise ConfigError(f"{script}: main must take one argument, the GPU (def main(gpu)); "
                           f"it is def main{signature}") from None
     return main
+
+
+def workload_traceback(exc: BaseException, script: str) -> str:
+    """`exc`'s traceback from its first frame in the workload script on: the launcher's frames (run,
+    load_main, runpy) say nothing to the script's author. A SyntaxError has no frame in the script,
+    only its file, line and caret; an error elsewhere keeps the whole traceback."""
+    tb, path = exc.__traceback__, Path(script).resolve()
+    while tb is not None and Path(tb.tb_frame.f_code.co_filename).resolve() != path:
+        tb = tb.tb_next
+    if tb is None and not (isinstance(exc, SyntaxError) and exc.filename and Path(exc.filename).resolve() == path):
+        return traceback.format_exc()
+    return "".join(traceback.format_exception(type(exc), exc, tb))
 
 
 def prepare_trace_dir(trace_dir: str) -> None:
@@ -92,10 +109,12 @@ def run(argv: list[str] | None) -> int:
         config = resolve(args.preset, args.config, args.gpus)
         if args.trace_dir is not None:
             prepare_trace_dir(args.trace_dir)
+        if args.report_json is not None:
+            check_report_path(args.report_json)
         sys.argv = [args.script, *script_args]
         workload = load_main(args.script)
     except Exception as exc:  # noqa: BLE001 - whatever it is, every rank must learn of it
-        problem, text = exc, traceback.format_exc()
+        problem, text = exc, workload_traceback(exc, args.script)
     # The ranks agree on whether all got ready: one that failed alone (a script that raises on import
     # on one node, a config file missing there) must end the job, not leave the others waiting.
     setup_timeout = args.timeout if math.isfinite(args.timeout) and args.timeout > 0 else DEFAULT_TIMEOUT_S
@@ -111,12 +130,20 @@ def run(argv: list[str] | None) -> int:
             abort_job(1)
         return 1  # the failed ranks end the job
     try:
-        result = run_fabric(config, workload, timeout_s=args.timeout, trace_dir=args.trace_dir)
+        result = run_fabric(config, workload, timeout_s=args.timeout, trace_dir=args.trace_dir,
+                            stdout_prefix="" if args.no_label else GPU_LABEL)
     except ConfigError as exc:
         # every rank finds the same error before any traffic: report once, exit without aborting
         if rank == 0:
             print(f"nvlink-emu: error: {exc}", file=sys.stderr)
         return 2
     if result.role == "switch":
-        print(run_summary(result.report), flush=True)
+        print(run_summary(result.report), file=sys.stderr, flush=True)  # stdout is the workload's
+        if args.report_json is not None:
+            try:
+                write_report_json(result.report, args.report_json)
+            except OSError as exc:
+                print(f"nvlink-emu: error: --report-json {args.report_json}: cannot write it: {exc.strerror or exc}",
+                      file=sys.stderr)
+                return 1
     return 0

@@ -5,6 +5,7 @@ import itertools
 from collections import defaultdict
 
 from nvlink_emu.fabric.counters import FIELDS
+from nvlink_emu.fabric.reduction import check_dtype
 from nvlink_emu.fabric.trace import RankTrace
 
 US = 1e-3  # Chrome traces count microseconds; modeled times are ns
@@ -179,7 +180,7 @@ def collectives(traces: list[RankTrace]) -> list[dict]:
             if event["ev"] in ("coll_begin", "coll_end"):
                 call = calls.setdefault((event["comm"], event["seq"]), {"name": event["name"],
                                         "algorithm": event["algorithm"], "begin": float("inf"), "end": None,
-                                        "bytes": event["count"] * _itemsize(event["dtype"])})
+                                        "bytes": event["count"] * check_dtype(event["dtype"]).itemsize})
                 if event["ev"] == "coll_begin":
                     call["begin"] = min(call["begin"], event["m"])
                 else:
@@ -225,7 +226,3 @@ def bytes_by_algorithm(traces: list[RankTrace]) -> dict[str, dict[str, int]]:
             elif event["ev"] in ("tx", "rx") and running is not None:
                 result[running][event["link"]] += event["payload"]
     return {alg: dict(links) for alg, links in result.items()}
-
-
-def _itemsize(dtype: str) -> int:
-    return 2 if dtype in ("float16", "bfloat16") else 8 if dtype in ("float64", "int64") else 4

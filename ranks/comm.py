@@ -7,7 +7,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from nvlink_emu.fabric.errors import AccessViolation, CollectiveMismatch, FabricError, UnsupportedOperation
-from nvlink_emu.fabric.packets import GroupInfo, Kind
+from nvlink_emu.fabric.packets import CallRecord, GroupInfo, Kind
 from nvlink_emu.fabric.reduction import blocks, check_dtype, check_op, dtype_name
 
 from . import collectives
@@ -38,12 +38,13 @@ class Communicator:
         # on every member, so members stay in step even after a call that failed its check
         self._seq = itertools.count()
         self._group: int | None = None
+        gpu._communicators[name] = self.members  # control messages of non-members are dropped
 
     # -- control plane ------------------------------------------------------------------------------
     def allgather_object(self, obj, op: str = "allgather_object") -> list:
-        """Every member's `obj`, in member order (pickled, out of band, not counted). Members must be in
-        the same control operation (`op`): a barrier met by an allgather is a CollectiveMismatch.
-        Objects are plain values, Handles and numpy arrays/scalars (receivers unpickle nothing else)."""
+        """Every member's `obj`, in member order (out of band, not counted). Members must be in the same
+        control operation (`op`): a barrier met by an allgather is a CollectiveMismatch. Objects are
+        plain values, tuples, sets, Handles, numpy arrays and scalars (fabric.control's encoding)."""
         return self._exchange(obj, op, next(self._seq))
 
     def _exchange(self, obj, op: str, seq: int) -> list:
@@ -59,7 +60,8 @@ class Communicator:
 
         gpu._wait(lambda: not missing(), f"{op} #{seq} on communicator {self.name!r}",
                   _LazyText(lambda: f"GPUs {missing()}"))
-        got = [(op, obj) if p == gpu.rank else box.pop((self.name, seq, p)) for p in self.members]
+        got = [(op, obj) if p == gpu.rank else gpu.take_control(self.name, seq, p) for p in self.members]
+        got = [g if type(g) is tuple and len(g) == 2 else ("(not a control exchange)", None) for g in got]
         if any(other != op for other, _ in got):
             listing = "; ".join(f"GPU {p}: {other}" for p, (other, _) in zip(self.members, got))
             raise CollectiveMismatch(f"GPU {gpu.rank}: control exchange #{seq} on communicator {self.name!r}: "
@@ -205,6 +207,7 @@ class Communicator:
         # begin before the call check: no peer sends this call's data before it has our call, so every
         # byte of the call reaches this GPU between begin and end (a call failing the check has no end)
         gpu.event({"ev": "coll_begin", **fingerprint})
+        start_ns, before = gpu.now_ns, gpu.link_counters()
         calls = self._exchange((call, counts), f"{name} call check", seq)
         self._check_calls(name, seq, calls)
         if count or counts is not None:
@@ -216,6 +219,10 @@ class Communicator:
             else:
                 collectives.run(algorithm, name, work, *args)
         gpu.event({"ev": "coll_end", **fingerprint})
+        after = gpu.link_counters()
+        gpu.record_call(CallRecord(self.name, seq, name, algorithm, count, dtype_name(dtype), op, root, self.size,
+                                   float(start_ns), float(gpu.now_ns), after["tx_bytes"] - before["tx_bytes"],
+                                   after["rx_bytes"] - before["rx_bytes"]))
 
     def _check_calls(self, name, seq, calls) -> None:
         """CollectiveMismatch on every member, listing each member's call, before any data moves."""

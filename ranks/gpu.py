@@ -5,11 +5,13 @@ A GPU takes fabric packets from the switch it is attached to and from nobody els
 rank sends it straight is dropped unread (and counted as stray), so only what the switch forwarded,
 translated and authorised can reach its memory, its mailbox or its results."""
 
+import collections
 import itertools
 import math
 import time
 from dataclasses import replace
 
+import msgpack
 import numpy as np
 
 from nvlink_emu.fabric import errors
@@ -18,15 +20,19 @@ from nvlink_emu.fabric.config import FabricConfig
 from nvlink_emu.fabric.counters import LinkCounters, LinkStats, downlink, gpu_view, uplink
 from nvlink_emu.fabric.errors import AccessViolation, FabricError, FabricTimeout, ProtocolError, UnsupportedOperation
 from nvlink_emu.fabric.memory import DeviceMemory
-from nvlink_emu.fabric.packets import (WIRE_INT_MAX, CountersInfo, ExportInfo, Info, Kind, MsgInfo, Packet, RevokeInfo,
-                            TraceInfo, raw_bytes)
+from nvlink_emu.fabric.packets import (MAX_LIST, WIRE_INT_MAX, CallRecord, CountersInfo, ExportInfo, Info, Kind, MsgInfo,
+                            Packet, RevokeInfo, TraceInfo, raw_bytes)
 from nvlink_emu.fabric.timemodel import LinkClock
 
 from .comm import Communicator, is_integer
-from .transport import ControlChannel, Idle, Transport, native_collective
+from .transport import MAX_HEADER_BYTES, ControlChannel, Idle, Transport, native_collective
 
 
 STRAY_SWEEP = 256  # every this many progress calls, look for strays from every rank, not just in front
+MAX_CONTROL_WAITING = 1024  # control messages one GPU may have waiting here (for calls not made yet)
+# Call records travel in the COUNTERS header, which the switch takes up to MAX_HEADER_BYTES: a GPU keeps
+# its first calls' records up to this many encoded bytes (about 700 calls) and only counts the rest.
+CALL_RECORD_BYTES = MAX_HEADER_BYTES * 3 // 4
 
 
 def raise_remote(error: str, message: str, context: str):
@@ -70,6 +76,8 @@ class Gpu:
         self._mailbox: dict[tuple, np.ndarray] = {}     # message key -> received bytes
         self._posted: dict[tuple, np.ndarray] = {}      # message key -> where to receive it
         self._control_box: dict[tuple, object] = {}     # (comm id, seq, source) -> control object
+        self._control_waiting = collections.Counter()   # source -> its messages in the box
+        self._communicators: dict[str, tuple] = {}      # name -> members, of this GPU's communicators
         self._exports: list[tuple[int, int, Handle]] = []  # live windows: (physical offset, bytes, handle)
         self._bound: dict[tuple, np.ndarray] = {}       # buffer key -> bytes the switch may LOAD (NVLS)
         self._loads: dict[tuple, Packet] = {}           # (group, buffer key, slot) -> LOAD until served
@@ -87,6 +95,9 @@ class Gpu:
         self.trace = trace                              # a TraceWriter, or None
         self._tx_seq = self._rx_seq = -1                # packets sent / received on this GPU's links
         self._shutdown: Packet | None = None
+        self._calls: list[CallRecord] = []             # collective calls, for the run's report (record_call)
+        self._call_bytes = 0                            # their encoded size
+        self._calls_unrecorded = 0                      # calls past CALL_RECORD_BYTES
         self._idle = Idle()
         self.world = Communicator(self, tuple(range(config.gpus)), "world")
         partition = config.partition_of(self.rank)
@@ -259,6 +270,16 @@ class Gpu:
         """This GPU's link counters: tx_/rx_ bytes (payload), raw_bytes, packets, busy_ns (modeled)."""
         return gpu_view(self._snapshot(), self.rank)
 
+    def record_call(self, call: CallRecord) -> None:
+        """Keep a collective call's record for the run's report (the communicators call this); past
+        CALL_RECORD_BYTES of records, calls are only counted."""
+        size = len(msgpack.packb(call.to_wire()))
+        if self._calls_unrecorded or self._call_bytes + size > CALL_RECORD_BYTES or len(self._calls) >= MAX_LIST:
+            self._calls_unrecorded += 1
+        else:
+            self._calls.append(call)
+            self._call_bytes += size
+
     def _snapshot(self) -> dict:
         self._counters.links.setdefault(uplink(self.rank), LinkStats()).busy_ns = self._uplink.busy_ns
         self._counters.links.setdefault(downlink(self.rank), LinkStats()).busy_ns = self._downlink.busy_ns
@@ -376,12 +397,7 @@ class Gpu:
         moved = self._transport.progress() | self._control.progress()
         got = self._control.poll()
         if got is not None:
-            source, message = got
-            if type(message) is tuple and len(message) == 3 and type(message[0]) is str and type(message[1]) is int:
-                name, seq, obj = message
-                self._control_box[(name, seq, source)] = obj
-            else:
-                self.strays += 1  # not a control exchange of this emulator's: dropped
+            self._file_control(*got)
             moved = True
         self._polls += 1
         incoming = self._transport.poll(self._switch)
@@ -392,9 +408,32 @@ class Gpu:
         if incoming is not None:
             self._handle(incoming[0], Packet.from_wire(incoming[1]))
             moved = True
-        dropped = self._transport.drop_strays(self._switch, sweep=not self._polls % STRAY_SWEEP)
+        sweep = not self._polls % STRAY_SWEEP
+        dropped = self._transport.drop_strays(self._switch, sweep=sweep) + (self._control.drop_strays() if sweep else 0)
         self.strays += dropped
         return moved or bool(dropped)
+
+    def _file_control(self, source: int, message) -> None:
+        """Keep a control exchange's message for the communicator it names, if `source` may speak
+        there: not a member of a communicator this GPU knows, or too many messages waiting for
+        communicators it does not know yet (a split a peer finished first), and it is dropped."""
+        if not (type(message) is tuple and len(message) == 3 and type(message[0]) is str
+                and type(message[1]) is int):
+            self.strays += 1  # not a control exchange of this emulator's
+            return
+        name, seq, obj = message
+        members = self._communicators.get(name)
+        if (members is not None and source not in members) or self._control_waiting[source] >= MAX_CONTROL_WAITING \
+                or (name, seq, source) in self._control_box:
+            self.strays += 1
+            return
+        self._control_box[(name, seq, source)] = obj
+        self._control_waiting[source] += 1
+
+    def take_control(self, name: str, seq: int, source: int):
+        """The control message of exchange `seq` on communicator `name` from GPU `source` (it must be here)."""
+        self._control_waiting[source] -= 1
+        return self._control_box.pop((name, seq, source))
 
     def _handle(self, source: int, packet: Packet) -> None:
         seq = None
@@ -573,11 +612,22 @@ class Gpu:
                    timeout_s=2 * self.timeout_s + 30)  # switch's is 2 t + 5
         leftovers = sorted(self._mailbox, key=repr)
         links = self._snapshot()
-        self._transport.send(self._switch, Packet(Kind.COUNTERS, self._keys[self.rank], -1, info=CountersInfo(
-            links, [[*key, sender] for key, sender in leftovers], float(self.now_ns))))
+        self._transport.send(self._switch, self._counters_packet(links, [[*key, sender] for key, sender in leftovers]))
         self._shutdown = None
         self._wait(lambda: self._shutdown is not None, "end of run", "the switch's report")
         return self._shutdown.info
+
+    def _counters_packet(self, links: dict, leftovers: list) -> Packet:
+        """The COUNTERS answer; its call records cut (the cut ones counted) until the header fits in
+        the MAX_HEADER_BYTES the switch takes, so many leftover messages cannot make it refused."""
+        calls = self._calls
+        while True:
+            info = CountersInfo(links, leftovers, float(self.now_ns), tuple(calls),
+                                self._calls_unrecorded + len(self._calls) - len(calls))
+            packet = Packet(Kind.COUNTERS, self._keys[self.rank], -1, info=info)
+            if not calls or len(packet.to_wire()) <= MAX_HEADER_BYTES:
+                return packet
+            calls = calls[:len(calls) * 3 // 4]
 
 
 def _describe(target) -> str:

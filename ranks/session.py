@@ -15,6 +15,7 @@ from nvlink_emu.fabric.errors import ConfigError
 from nvlink_emu.fabric.trace import TraceWriter, TraceWriteError
 
 from .gpu import Gpu
+from .output import lines_on_stdout
 from .switch import SwitchRank
 from .transport import Transport, abort_job, split_gpus
 
@@ -55,26 +56,46 @@ def role_of(rank: int, config: FabricConfig) -> str:
     return "gpu" if rank < config.gpus else "switch"
 
 
-def run_fabric(config: FabricConfig, main, timeout_s: float = DEFAULT_TIMEOUT_S, comm=None,
-               abort_on_error: bool = True, trace_dir: str | None = None) -> RunResult:
-    """Run `main(gpu)` on every GPU rank while the switch rank serves; collective over `comm`.
+def rank_name(rank: int, config: FabricConfig) -> str:
+    """How reports name a rank of a run of `config`: "gpu 2", or "switch (rank 8)"."""
+    return f"gpu {rank}" if role_of(rank, config) == "gpu" else f"switch (rank {rank})"
 
-    A world size that does not match the fabric is a ConfigError on every rank before any traffic.
-    Any exception after that prints this rank's report, labelled (its traceback; one line for
-    sys.exit(N) and for a trace file that cannot be written; nothing for Ctrl-C), and aborts the whole
-    job with exit_status(exc); with abort_on_error=False it propagates instead, for a caller that ends
-    the job itself (the tests' conftest hook does, after pytest reports the failure). With trace_dir,
-    every rank writes its trace file there (fabric.trace).
-    """
+
+def check_run(config: FabricConfig, timeout_s: float, size: int) -> None:
+    """ConfigError, the same on every rank and before any traffic, if a run of `config` with a deadline
+    of `timeout_s` seconds cannot start on `size` ranks."""
     if not math.isfinite(timeout_s) or timeout_s <= 0:
         raise ConfigError(f"timeout: must be a finite number of seconds > 0, got {timeout_s}")
-    transport = Transport(comm)
-    if transport.size != config.world_size:
-        size = transport.size
-        transport.close()
+    if size != config.world_size:
         raise ConfigError(f"world size {size} does not match fabric {config.name!r}: {config.gpus} GPUs + "
                           f"{config.switches} switch = {config.world_size} ranks; run with mpiexec -n "
-                          f"{config.world_size} (or pass --gpus {size - config.switches})")
+                          f"{config.world_size}" + (f" (or pass --gpus {size - config.switches})"
+                                                     if size > config.switches else
+                                                     " (with a world size of 1, this mpiexec may belong to "
+                                                     "another MPI than mpi4py's: see NVLINK_EMU_MPIEXEC)"))
+
+
+def run_fabric(config: FabricConfig, main, timeout_s: float = DEFAULT_TIMEOUT_S, comm=None,
+               abort_on_error: bool = True, trace_dir: str | None = None,
+               stdout_prefix: str | None = None) -> RunResult:
+    """Run `main(gpu)` on every GPU rank while the switch rank serves; collective over `comm`.
+
+    A world size that does not match the fabric (check_run) is a ConfigError on every rank before
+    any traffic. Any exception after that prints this rank's report, labelled (its traceback; one line
+    for sys.exit(N) and for a trace file that cannot be written; nothing for Ctrl-C), and aborts the
+    whole job with exit_status(exc); with abort_on_error=False it propagates instead, for a caller that
+    ends the job itself (the pytest plugin, nvlink_emu.launch.pytest_plugin, does, after pytest
+    reports the failure). With trace_dir, every rank writes its trace file there (fabric.trace). With
+    stdout_prefix, main's standard output on a GPU rank goes out in whole lines, each starting with
+    stdout_prefix.format(gpu=GPU index) (output.GPU_LABEL, or "" for none; see output.LineWriter);
+    None leaves sys.stdout as it is.
+    """
+    transport = Transport(comm)
+    try:
+        check_run(config, timeout_s, transport.size)
+    except ConfigError:
+        transport.close()
+        raise
     role = role_of(transport.rank, config)
     trace = None
     try:
@@ -84,7 +105,8 @@ def run_fabric(config: FabricConfig, main, timeout_s: float = DEFAULT_TIMEOUT_S,
             trace = open_trace(trace_dir, transport, config, role, addresses, timeout_s)
         if role == "gpu":
             gpu = Gpu(config, transport, control, config.gpus, addresses, timeout_s, trace)
-            value = call_main(main, gpu)
+            with lines_on_stdout(None if stdout_prefix is None else stdout_prefix.format(gpu=transport.rank)):
+                value = call_main(main, gpu)
             report = gpu.finish()
             control.comm.Free()
             end = {"m": gpu.now_ns, "counters": gpu._snapshot()}
@@ -107,7 +129,7 @@ def run_fabric(config: FabricConfig, main, timeout_s: float = DEFAULT_TIMEOUT_S,
                 pass  # the trace may be what failed (a full disk): the report and the abort must still happen
         if not abort_on_error:
             raise
-        name = f"{role} {transport.rank}" if role == "gpu" else f"switch (rank {transport.rank})"
+        name = rank_name(transport.rank, config)
         status = exit_status(exc)
         if isinstance(exc, SystemExit):
             report_failure(transport.rank, name, headline=f"sys.exit({exc.code!r}) in the workload; ending the job "
@@ -123,6 +145,7 @@ def run_fabric(config: FabricConfig, main, timeout_s: float = DEFAULT_TIMEOUT_S,
 def call_main(main, gpu):
     """The workload's main(gpu). sys.exit() and sys.exit(0) in it are a normal return on this GPU, as
     they are in a plain script; any other exit status ends the job with it (exit_status)."""
+    __tracebackhide__ = True  # pytest: this frame says nothing the workload's own frames below do not
     try:
         return main(gpu)
     except SystemExit as exc:

@@ -6,6 +6,7 @@ fit, and a sender whose payload does not come delays only its own later packets.
 refused is answered with a NACK and counted on the sender's port; the switch keeps serving.
 """
 
+import dataclasses
 import time
 from collections import deque
 
@@ -21,6 +22,7 @@ from .transport import MAX_HEADER_BYTES, Idle, Transport
 
 MAX_UNREAD = 1024  # answers a GPU may leave unread before the switch stops reading its packets
 MAX_QUEUED = 256   # packets of one GPU waiting behind one that cannot go on yet
+SWEEP_STEPS = 1024  # every this many intake steps, drop stray messages of every GPU
 
 
 class _Waiting:
@@ -60,6 +62,8 @@ class SwitchRank:
         self._waiting: dict[int, deque[_Waiting]] = {}  # per GPU: its headers behind a payload, in order
         self._abandoned: list[tuple] = []  # payload receives given up on: (request, buffer) until they end
         self._suspects: set[int] = set()   # GPUs that sent a malformed packet: their stray payloads are dropped
+        self._steps = 0                    # intake steps, for the sweeps of stray messages
+        self._busy_after_done = False      # a GPU that said DONE sent another packet
         self._idle = Idle(yields=64, max_sleep_s=1e-3)  # every packet passes here: stay more awake
 
     def serve(self) -> dict:
@@ -69,6 +73,8 @@ class SwitchRank:
         while len(self._done) < gpus:
             if self._step():
                 self._idle.reset()
+                if self._busy_after_done:  # a GPU that said DONE still sends: it was not done
+                    self._busy_after_done, first_done = False, None
                 continue
             if self._done and first_done is None:
                 first_done = time.monotonic()
@@ -86,8 +92,14 @@ class SwitchRank:
         moved = self.transport.progress()
         if self._waiting or self._abandoned:
             moved |= self._advance_all()
-        for source in self._suspects:
-            moved |= self._drop_orphans(source)
+        self._steps += 1
+        if not self._steps % SWEEP_STEPS:  # now and then, for every GPU (honest ones never leave any)
+            moved |= self.transport.drop_other_tags() > 0
+            for source in range(self.config.gpus):
+                moved |= self._drop_orphans(source)
+        else:
+            for source in self._suspects:
+                moved |= self._drop_orphans(source)
         got = self._poll()
         if got is not None:
             self._take(*got)
@@ -202,8 +214,14 @@ class SwitchRank:
         if kind is Kind.DONE:
             self._done.add(source)
             return
+        if source in self._done and not self._asked_counters:
+            self._done.discard(source)  # it said DONE too early: it is still at work
+            self._busy_after_done = True
         if kind is Kind.TRACE:
-            if self.trace is not None:
+            if source != 0:  # GPU 0 speaks for the bench; nobody else may turn everyone's records off
+                self._refuse(source, ProtocolError(f"TRACE from GPU {source}: only GPU 0 turns tracing on or off"),
+                             packet)
+            elif self.trace is not None:
                 self.trace.enabled = packet.info.on
                 self.logic.tracing = self.trace.enabled
             return
@@ -309,6 +327,9 @@ class SwitchRank:
                        "unanswered_requests": self.logic.awaited_replies},
             "unconsumed": {g: self._counters[g].unconsumed for g in range(gpus) if self._counters[g].unconsumed},
             "conservation": conservation,
+            # each GPU's own record of its collective calls, in call order (its word, like its clock)
+            "collectives": {g: [dataclasses.asdict(c) for c in self._counters[g].calls] for g in range(gpus)},
+            "collectives_unrecorded": {g: self._counters[g].calls_unrecorded for g in range(gpus)},
         }
         for gpu in range(gpus):
             self.transport.send(gpu, Packet(Kind.SHUTDOWN, -1, self.logic.route_key(gpu), info=report))

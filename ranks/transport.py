@@ -9,12 +9,10 @@ keeps serving, so two ranks sending to each other never deadlock.
 Receivers trust nothing about a message but its MPI source: a GPU takes fabric packets from its
 switch alone (`poll(source=...)`) and drops whatever other ranks send it (`drop_strays`); the
 switch sizes a payload by what MPI says arrived, never by the header, and can drop any message
-without allocating for it (`drop`); control objects are unpickled with an allow-list of types.
+without allocating for it (`drop`); control objects use fabric.control's encoding, never pickle.
 """
 
-import io
 import os
-import pickle
 import sys
 import time
 from collections import deque
@@ -22,8 +20,8 @@ from collections import deque
 import numpy as np
 from mpi4py import MPI
 
-from nvlink_emu.fabric import errors
-from nvlink_emu.fabric.errors import FabricTimeout
+from nvlink_emu.fabric import control
+from nvlink_emu.fabric.errors import FabricTimeout, ProtocolError
 from nvlink_emu.fabric.packets import Packet
 
 TAG_HEADER = 11
@@ -40,6 +38,12 @@ def world_rank() -> int:
 
 def world_size() -> int:
     return MPI.COMM_WORLD.Get_size()
+
+
+def mpi_library_version() -> str:
+    """What the MPI library mpi4py is linked against says of itself (MPI_Get_library_version; callable
+    before MPI_Init), e.g. "MPICH Version: 4.2.0 ..." or "Open MPI v4.1.5, ..."."""
+    return MPI.Get_library_version()
 
 
 def count_failed_ranks(failed: bool, timeout_s: float) -> int:
@@ -217,6 +221,16 @@ class Transport:
         if message is not None:
             self.drop(message)
 
+    def drop_other_tags(self) -> int:
+        """Drop messages under tags the fabric never uses (left in MPI's queue, they would slow every
+        later match); returns how many. Stops at the first message with a fabric tag."""
+        dropped = 0
+        while self.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, self._status) \
+                and self._status.Get_tag() not in (TAG_HEADER, TAG_PAYLOAD):
+            self._drop_from(self._status.Get_source(), self._status.Get_tag())
+            dropped += 1
+        return dropped
+
     def drop_strays(self, expected: int, sweep: bool = False) -> int:
         """Drop messages waiting from ranks other than `expected` (a GPU hears only its switch);
         returns how many. Stops at the first message that is `expected`'s, unless `sweep`: then it
@@ -262,17 +276,19 @@ class Transport:
 
 
 class ControlChannel:
-    """Out-of-band control messages between GPU ranks (pickled objects); never counted on links."""
+    """Out-of-band control messages between GPU ranks (fabric.control's encoding: no code runs on
+    decode, nothing larger than the message is built); never counted on links."""
 
     def __init__(self, comm):
         self.comm = comm
         self._pending: list = []
+        self._status = MPI.Status()
 
     def send(self, dest: int, obj) -> None:
-        self.send_bytes(dest, pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+        self.send_bytes(dest, control.encode(obj))
 
     def send_bytes(self, dest: int, data: bytes) -> None:
-        """Post a control message of any bytes to GPU rank `dest` (send() pickles an object)."""
+        """Post a control message of any bytes to GPU rank `dest` (send() encodes an object)."""
         self._pending.append((self.comm.Isend([data, MPI.BYTE], dest, TAG_CONTROL), data))
 
     def progress(self) -> bool:
@@ -285,38 +301,30 @@ class ControlChannel:
         return not self._pending
 
     def poll(self) -> tuple[int, object] | None:
-        """The next control object from any GPU rank, or None. An object that does not unpickle with
-        the allow-list is dropped: (source, None)."""
-        status = MPI.Status()
+        """The next control object from any GPU rank, or None. A message that is too long or does
+        not decode is dropped: (source, None)."""
+        status = self._status
         if not self.comm.Iprobe(MPI.ANY_SOURCE, TAG_CONTROL, status):
             return None
-        buffer = bytearray(status.Get_count(MPI.BYTE))
-        self.comm.Recv([buffer, MPI.BYTE], status.Get_source(), TAG_CONTROL)
+        source, count = status.Get_source(), status.Get_count(MPI.BYTE)
+        message = self.comm.Improbe(source, TAG_CONTROL)
+        if count > control.MAX_CONTROL_BYTES:
+            Transport.drop(message)
+            return source, None
+        buffer = bytearray(count)
+        message.Recv([buffer, MPI.BYTE])
         try:
-            return status.Get_source(), _SafeUnpickler(io.BytesIO(bytes(buffer))).load()
-        except Exception:  # noqa: BLE001 - whatever a peer sent, it must not run code or end this rank
-            return status.Get_source(), None
+            return source, control.decode(bytes(buffer))
+        except ProtocolError:
+            return source, None
 
-
-class _SafeUnpickler(pickle._Unpickler):  # pure Python: hostile bytes raise, never corrupt memory
-    """Unpickles what control exchanges carry - Python's plain values, Handles, numpy scalars and
-    arrays, fabric errors - and refuses every other class: unpickling a peer's bytes must not run a peer's code."""
-
-    ALLOWED = {("nvlink_emu.fabric.addressing", "Handle"), ("builtins", "complex"), ("builtins", "set"),
-               ("builtins", "frozenset"), ("builtins", "slice"), ("builtins", "range"),
-               ("numpy", "dtype"), ("numpy", "ndarray"), ("numpy.core.multiarray", "scalar"),
-               ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "scalar"),
-               ("numpy._core.multiarray", "_reconstruct"), ("numpy.core.numeric", "_frombuffer"),
-               ("numpy._core.numeric", "_frombuffer"), ("collections", "OrderedDict")}
-
-    def find_class(self, module, name):
-        if module == "nvlink_emu.fabric.errors":  # a member's error, handed to the others so that all raise at once
-            cls = getattr(errors, name, None)
-            if isinstance(cls, type) and issubclass(cls, errors.FabricError):
-                return cls
-        if (module, name) not in self.ALLOWED:
-            raise pickle.UnpicklingError(f"control objects may not contain {module}.{name}")
-        return super().find_class(module, name)
+    def drop_strays(self) -> int:
+        """Drop messages on this communicator under tags it never uses; returns how many."""
+        dropped = 0
+        while self.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, self._status) and self._status.Get_tag() != TAG_CONTROL:
+            Transport.drop(self.comm.Improbe(self._status.Get_source(), self._status.Get_tag()))
+            dropped += 1
+        return dropped
 
 
 _NATIVE_OPS = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}

@@ -101,7 +101,7 @@ def main(gpu):
 
     allreduce_side_by_side(gpu)
     embedding_exchange(gpu)
-    say(gpu, "Per-link counters of the whole run follow (printed by the switch rank).")
+    say(gpu, "Per-link counters of the whole run follow on standard error (printed by the switch rank).")
 
 
 def allreduce_side_by_side(gpu, nbytes=4 << 20):

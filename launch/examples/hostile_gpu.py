@@ -173,7 +173,7 @@ class Attacker:
         out += [([Kind.GROUP, me, -1, 0, 0, 4, ["create", 0, [ATTACKER, *self.victims], "partition1"], 0.0, 0.0], 0),
                 ([Kind.EXPORT, me, -1, 0, 0, 5, [0, 2 ** 40, list(self.victims), True, True], 0.0, 0.0], 0),
                 ([Kind.EXPORT, me, -1, 0, 0, 5, [0, 4096, [], True, True], 0.0, 0.0], 0),
-                ([Kind.COUNTERS, me, -1, 0, 0, 0, [{}, [], 0.0], 0.0, 0.0], 0),
+                ([Kind.COUNTERS, me, -1, 0, 0, 0, [{}, [], 0.0, [], 0], 0.0, 0.0], 0),
                 ([Kind.NACK, me, self.addresses[1], 0, 0, 1, ["AccessViolation", "forged", "PUT"], 0.0, 0.0], 0),
                 ([Kind.SHUTDOWN, me, self.addresses[1], 0, 0, 0, {"links": {}}, 0.0, 0.0], 0),
                 ([Kind.LOAD, me, self.addresses[1], 0, 64, 0, [1, [0, 0], "sum", "int64", [1], ["partition1", 0],

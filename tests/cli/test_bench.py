@@ -1,11 +1,12 @@
 """CLI tier: `nvlink-emu bench` for every collective and algorithm: #wrong is 0 and the per-GPU
-bytes follow the closed forms."""
+bytes follow the closed forms; nccl-tests' conventions, GPU memory sized for the sweep, --plot."""
 
 import json
+import sys
 
 import pytest
 
-from cli_helpers import command, run
+from cli_helpers import ROOT, command, run
 
 N = 3  # GPUs
 CASES = [(c, a) for c in ("allreduce", "reduce_scatter", "allgather", "broadcast")
@@ -36,8 +37,11 @@ def test_bench_rows_are_right_and_exact(collective, algorithm):
     assert [r["size_bytes"] for r in rows] == [3072, 49152]
     assert "# per-link counters" in done.stderr
     for row in rows:
-        assert set(row) == {"size_bytes", "count", "dtype", "op", "algorithm", "wall_us", "native_wall_us",
+        assert set(row) == {"size_bytes", "count", "dtype", "op", "root", "algorithm", "wall_us", "native_wall_us",
                             "tx_bytes_per_gpu", "rx_bytes_per_gpu", "wrong", "modeled_us", "algbw_gbps", "busbw_gbps"}
+        # as nccl-tests prints them: redop none where nothing is reduced, a root for broadcast only
+        assert row["op"] == ("sum" if collective in ("allreduce", "reduce_scatter") else "none")
+        assert row["root"] == (0 if collective == "broadcast" else None)
         assert row["modeled_us"] > 0
         assert abs(row["algbw_gbps"] - row["size_bytes"] / (row["modeled_us"] * 1e3)) < 1e-2
         assert row["wrong"] == 0
@@ -54,7 +58,67 @@ def test_bench_table_and_16_bit_types():
     lines = [line for line in done.stdout.splitlines() if line.strip().startswith("6144")]
     assert len(lines) == 1
     fields = lines[0].split()
-    assert fields[2:5] == ["bfloat16", "avg", "sharp"] and fields[9] == "n/a" and fields[-1] == "0"
+    # size count type redop root algorithm modeled_us algbw busbw wall_us native_us ...
+    assert fields[2:6] == ["bfloat16", "avg", "-1", "sharp"] and fields[10] == "n/a" and fields[-1] == "0"
+    out = done.stdout.splitlines()
+    assert out[1].split()[:6] == ["size", "count", "type", "redop", "root", "algorithm"]
+    assert out[-2] == "# Out of bounds values : 0 OK" and out[-1].startswith("# Avg bus bandwidth    : ")
+    assert abs(float(out[-1].split(":")[1]) - float(fields[8])) < 0.01  # one row: its busbw
+
+
+def test_broadcast_table_has_its_root_and_no_redop():
+    done, _ = run([command("nvlink-emu"), "bench", "broadcast", "--gpus", str(N), "-b", "4K", "-e", "4K", "-n", "1"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    row = next(line.split() for line in done.stdout.splitlines() if line.strip().startswith("4096"))
+    assert row[2:6] == ["float32", "none", "0", "sharp"]
+
+
+def test_nccl_tests_short_flags():
+    done, _ = run([command("nvlink-emu"), "bench", "allgather", "--gpus", str(N), "-b", "3K", "-e", "12K", "-f", "4",
+                   "-n", "1", "--json"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [json.loads(line)["size_bytes"] for line in done.stdout.splitlines()] == [3072, 12288]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["all2all", "--algorithm", "sharp"], "bench all2all: --algorithm sharp does not apply: all2all has one algorithm"),
+    (["allgather", "--op", "max"], "bench allgather: --op max does not apply"),
+    (["allreduce", "--", "-b", "1K"], "bench takes no arguments after --, got '-b 1K'"),
+    (["allreduce", "--no-label"], "--no-label: bench's lines are never labelled"),
+    (["allreduce", "--plot", "figure.txt"], "--plot figure.txt: name a .png, .svg or .pdf file"),
+])
+def test_options_that_would_do_nothing_are_errors_before_any_rank_starts(argv, message):
+    done, elapsed = run([command("nvlink-emu"), "bench", "--gpus", str(N), *argv])
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"nvlink-emu: error: {message}")
+    assert done.stderr.count("\n") == 1 and done.stdout == ""
+
+
+def test_gpu_memory_is_sized_for_the_sweep(tmp_path):
+    # a fabric whose GPUs hold 64 KiB: send + recv of a 48 KiB allreduce do not fit it
+    config = tmp_path / "small.toml"
+    config.write_text('base = "dgx-h100"\ngpus = 3\nmemory_capacity_bytes = 65536\n')
+    done, _ = run([command("nvlink-emu"), "bench", "allreduce", "--config", str(config), "-b", "48K", "-e", "48K",
+                   "-n", "1", "--json"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "GPU memory on small raised from 65536 to 1048576 bytes per GPU (memory_capacity_bytes)" in done.stderr
+    (row,) = [json.loads(line) for line in done.stdout.splitlines()]
+    assert row["wrong"] == 0 and row["tx_bytes_per_gpu"] == 49152
+    # under a launcher of one's own, the bench says which key to raise, before any traffic
+    done, _ = run([command("mpiexec"), "-n", "4", sys.executable, "-m", "nvlink_emu.launch",
+                   str(ROOT / "launch" / "bench.py"), "--config", str(config), "--", "allreduce", "-b", "48K",
+                   "-e", "48K"])
+    assert done.returncode != 0
+    assert "needs 98304 bytes of memory on each GPU" in done.stderr and "memory_capacity_bytes = 65536" in done.stderr
+
+
+def test_a_sweep_that_cannot_fit_in_host_memory_is_refused_before_it_starts():
+    with open("/proc/meminfo") as meminfo:
+        available = sum(int(line.split()[1]) << 10 for line in meminfo if line.startswith(("MemAvailable", "SwapFree")))
+    size = 1 << available.bit_length()  # 2 GPUs x (send + recv) of it: 4 x more than there is
+    done, elapsed = run([command("nvlink-emu"), "bench", "allreduce", "--gpus", "2", "-b", str(size), "-e", str(size)])
+    assert done.returncode == 2 and "of host memory (2 GPU ranks x" in done.stderr
+    assert "lower --max-bytes (-e) or --gpus" in done.stderr and elapsed < 20
 
 
 def test_in_switch_algorithm_on_a_forwarding_switch_is_refused():
@@ -64,10 +128,26 @@ def test_in_switch_algorithm_on_a_forwarding_switch_is_refused():
     assert "UnsupportedOperation" in done.stderr and "dgx-a100" in done.stderr
 
 
-def test_bench_compare_prints_presets_side_by_side():
-    done, _ = run([command("nvlink-emu"), "bench", "allreduce", "--compare", "dgx-a100,dgx-h100,h100-ib",
-                   "--gpus", str(N), "--min-bytes", "3M", "--max-bytes", "3M", "--iters", "1"], timeout_s=300)
+def test_bench_plot_draws_busbw_per_algorithm(tmp_path):
+    figure = tmp_path / "busbw.png"
+    done, _ = run([command("nvlink-emu"), "bench", "allreduce", "--gpus", str(N), "--preset", "dgx-a100",
+                   "-b", "16K", "-e", "256K", "-f", "4", "-n", "1", "--plot", str(figure)])
     assert done.returncode == 0, done.stderr[-3000:]
+    assert f"wrote {figure}" in done.stdout
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and figure.stat().st_size > 10_000
+
+
+def test_bench_compare_prints_presets_side_by_side(tmp_path):
+    figure = tmp_path / "compare.png"
+    done, _ = run([command("nvlink-emu"), "bench", "allreduce", "--compare", "dgx-a100,dgx-h100,h100-ib",
+                   "--gpus", str(N), "--min-bytes", "3M", "--max-bytes", "3M", "--iters", "1", "--plot", str(figure)],
+                  timeout_s=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    # progress on stderr while the presets run, a line per row
+    progress = [line for line in done.stderr.splitlines() if line.startswith("nvlink-emu: bench allreduce: ")]
+    assert [line.split()[3:5] for line in progress] == [["1/3", "dgx-a100:"], ["2/3", "dgx-h100:"], ["3/3", "h100-ib:"]]
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert done.stdout.splitlines()[-2].startswith("# Avg bus bandwidth    : dgx-a100 ")
     row = next(line.split() for line in done.stdout.splitlines() if line.strip().startswith("3145728"))
     # size, then per preset: algorithm, modeled us, busbw, time relative to the first; then #wrong
     assert row[1::4][:3] == ["ring", "sharp", "ring"] and row[-1] == "0"

@@ -1,11 +1,13 @@
 """CLI tier: `nvlink-emu run`, `nvlink-emu demo` and `python -m nvlink_emu.launch` as subprocesses under mpiexec."""
 
+import os
 import sys
 import textwrap
+import tomllib
 
 import pytest
 
-from cli_helpers import ROOT, command, run, script
+from cli_helpers import BIN, ROOT, command, run, script
 
 PUT_SCRIPT = textwrap.dedent("""
     import sys
@@ -27,11 +29,12 @@ PUT_SCRIPT = textwrap.dedent("""
 def test_run_prints_one_link_table_with_exact_bytes(tmp_path):
     done, _ = run([command("nvlink-emu"), "run", script(tmp_path, PUT_SCRIPT), "--gpus", "3", "--", "5000"])
     assert done.returncode == 0, done.stderr
-    rows = {line.split()[0]: line.split()[1:] for line in done.stdout.splitlines() if "<->sw0" in line}
+    rows = {line.split()[0]: line.split()[1:] for line in done.stderr.splitlines() if "<->sw0" in line}
     # 5000 B in 256 B packets: 20 packets, raw = 5000 + 20 x 16
     assert rows["gpu0<->sw0"][:3] == ["5000", "5320", "20"]
     assert rows["gpu1<->sw0"][3:6] == ["5000", "5320", "20"]
-    assert done.stdout.count("# per-link counters") == 1
+    assert done.stderr.count("# per-link counters") == 1
+    assert done.stdout == ""  # the tool's table stays out of the workload's output
 
 
 def test_demo_shows_isolation_and_classic_nvlink():
@@ -42,7 +45,7 @@ def test_demo_shows_isolation_and_classic_nvlink():
     assert "landed" in out and "OVERWRITTEN" in out
     assert "refused after revoke" in out and "fixed at boot" in out
     assert out.count("OutOfMemory") == 2
-    assert out.count("# per-link counters") == 2
+    assert done.stderr.count("# per-link counters") == 2 and "# per-link counters" not in out
     # 8 GPUs, 4 MiB: ring and direct move 2(N-1)/N x S, sharp S, nvls (N+1)/N x S per GPU each way
     table = {line.split()[0]: line.split() for line in out.splitlines() if "every GPU holds the average" in line}
     assert table["ring"][1:4] == ["7340032", "7340032", "1.750"]
@@ -56,6 +59,8 @@ def test_demo_shows_isolation_and_classic_nvlink():
     row = next(line.split() for line in out.splitlines() if line.strip().startswith("16777216"))
     assert row[1::4][:3] == ["ring", "sharp", "ring"] and row[-1] == "0"
     assert float(row[6]) < float(row[2]) < float(row[10])  # dgx-h100 < dgx-a100 < h100-ib
+    # progress while part 3 runs, and none of its jobs' link tables (the comparison is their result)
+    assert "nvlink-emu: bench allreduce: 9/9 h100-ib: 16 MiB done" in done.stderr
 
 
 def test_a_raising_gpu_ends_the_job_with_its_traceback(tmp_path):
@@ -121,7 +126,7 @@ def test_config_file_with_partitions_runs(tmp_path):
     done, _ = run([command("nvlink-emu"), "run", script(tmp_path, PUT_SCRIPT), "--config", str(config),
                    "--", "64"])
     assert done.returncode == 0, done.stderr
-    assert "# fabric fabric (network mode, 4 GPUs + 1 switch)" in done.stdout
+    assert "# fabric fabric (network mode, 4 GPUs + 1 switch)" in done.stderr
 
 
 @pytest.mark.parametrize("preset", ["dgx-h100", "dgx-a100"])
@@ -129,5 +134,76 @@ def test_the_readme_example_runs_on_both_kinds_of_nvlink(preset):
     example = str(ROOT / "launch" / "examples" / "put_ring.py")
     done, _ = run([command("nvlink-emu"), "run", example, "--gpus", "3", "--preset", preset])
     assert done.returncode == 0, done.stderr[-3000:]
-    table = {line.split()[0]: line.split() for line in done.stdout.splitlines() if line.startswith("gpu")}
+    table = {line.split()[0]: line.split() for line in done.stderr.splitlines() if line.startswith("gpu")}
     assert [table[f"gpu{g}<->sw0"][1] for g in range(3)] == [str(1 << 20)] * 3  # 1 MiB out of every GPU
+
+
+def test_version_and_help_name_every_option():
+    done, _ = run([command("nvlink-emu"), "--version"])
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert done.returncode == 0 and done.stdout == f"nvlink-emu {version}\n"
+    top, _ = run([command("nvlink-emu"), "--help"])
+    assert "NVLINK_EMU_MPIEXEC" in top.stdout
+    helped, _ = run([command("nvlink-emu"), "run", "--help"])
+    assert "[-- ARGS ...]" in helped.stdout and "sys.argv[1:]" in helped.stdout
+    bench, _ = run([command("nvlink-emu"), "bench", "--help"])
+    text = " ".join(bench.stdout.split())
+    for option in ("COLLECTIVE the collective to sweep", "--algorithm A auto", "-b B, --min-bytes B smallest",
+                   "-e B, --max-bytes B largest", "-f F, --factor F", "--dtype D element type", "--op OP reduction",
+                   "-n N, --iters N", "--plot FILE.png draw busbw", "NVLINK_EMU_MPIEXEC"):
+        assert option in text, option
+
+
+@pytest.mark.parametrize("command_line", [["demo", "--", "x"], ["trace", "dir", "--", "x"]])
+def test_arguments_after_dashes_are_for_run_only(command_line):
+    done, _ = run([command("nvlink-emu"), *command_line])
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"nvlink-emu: error: {command_line[0]} takes no arguments after --, got 'x'")
+
+
+def test_a_syntax_error_in_a_workload_shows_its_own_frames(tmp_path):
+    broken = script(tmp_path, "import os\n\ndef main(gpu)\n    pass\n", "broken.py")
+    done, _ = run([command("nvlink-emu"), "run", broken, "--gpus", "2"])
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [f'  File "{broken}", line 3', "    def main(gpu)", "                 ^",
+                                        "SyntaxError: expected ':'"]
+    raising = script(tmp_path, "def helper():\n    raise RuntimeError('at import')\n\nhelper()\n", "raising.py")
+    done, _ = run([command("nvlink-emu"), "run", raising, "--gpus", "2"])
+    assert done.returncode == 1
+    assert done.stderr.startswith(f'Traceback (most recent call last):\n  File "{raising}", line 4, in <module>')
+    assert "runner.py" not in done.stderr and "runpy" not in done.stderr
+    assert done.stderr.rstrip().endswith("RuntimeError: at import")
+
+
+def test_the_partitions_example_keeps_tenants_apart():
+    done, _ = run([command("nvlink-emu"), "run", str(ROOT / "launch" / "examples" / "partitions.py"),
+                   "--config", str(ROOT / "launch" / "examples" / "partitioned.toml")])
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert "1. partition [0, 1]: AllReduce sum of (GPU + 1) = 3, AllGather of GPU indices = [0, 1]: its own" in out
+    assert "1. partition [2, 3]: AllReduce sum of (GPU + 1) = 7, AllGather of GPU indices = [2, 3]: its own" in out
+    assert "with its handle: AccessViolation: GPU 2: put to window" in out and "GPU 2 is in partition 1" in out
+    assert "its get of the same window: AccessViolation" in out and "window bytes unchanged" in out
+    assert "exports a window to GPU 2: AccessViolation" in out and "isolation holds" in out
+    ports = {line.split()[0]: line.split() for line in done.stderr.splitlines() if "<->sw0" in line}
+    assert ports["gpu2<->sw0"][-1] == "2"  # violations: its put and its get
+
+
+def test_the_slurm_script_says_how_to_use_it(tmp_path):
+    slurm = str(ROOT / "launch" / "examples" / "slurm.sh")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    done, _ = run(["bash", slurm], env=env)
+    assert done.returncode == 2 and done.stderr.startswith("usage: sbatch launch/examples/slurm.sh SCRIPT.py")
+    done, _ = run(["bash", slurm, "launch/examples/put_ring.py"], env=env)
+    assert done.returncode == 2 and "SLURM_NTASKS is not set" in done.stderr
+    # under Slurm, submitted from a directory with .venv: a stand-in srun starts the ranks with mpiexec
+    venv_bin = tmp_path / ".venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "activate").write_text(f'export PATH="{BIN}{os.pathsep}$PATH"\n')  # this test's venv
+    (venv_bin / "srun").write_text(f'#!/bin/sh\n[ "$1" = -n ] || exit 9\nexec {command("mpiexec")} "$@"\n')
+    (venv_bin / "srun").chmod(0o755)
+    env.update(SLURM_NTASKS="4", PATH=f"{venv_bin}{os.pathsep}{env['PATH']}")
+    done, _ = run(["bash", slurm, str(ROOT / "launch" / "examples" / "put_ring.py")], cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    table = {line.split()[0]: line.split() for line in done.stderr.splitlines() if line.startswith("gpu")}
+    assert [table[f"gpu{g}<->sw0"][1] for g in range(3)] == [str(1 << 20)] * 3

@@ -19,7 +19,7 @@ def test_a_package_named_fabric_beside_ours_shadows_nothing(tmp_path):
     done, _ = run([command("nvlink-emu"), "run", str(ROOT / "launch" / "examples" / "put_ring.py"), "--gpus", "2"],
                   env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "gpu1<->sw0" in done.stdout
+    assert "gpu1<->sw0" in done.stderr
 
 
 def test_workload_scripts_get_errors_config_and_presets_from_one_import():

@@ -38,7 +38,7 @@ def traced(tmp_path_factory):
     done, _ = run([command("nvlink-emu"), "run", script(tmp, WORKLOAD), "--gpus", "3",
                    "--trace-dir", str(tmp / "trace")])
     assert done.returncode == 0, done.stderr
-    return tmp / "trace", table_rows(done.stdout)
+    return tmp / "trace", table_rows(done.stderr)  # the run prints its table on stderr
 
 
 def table_rows(text):
@@ -158,3 +158,5 @@ def test_a_failed_rank_leaves_an_error_record_and_no_end(tmp_path):
         done, _ = run([command("nvlink-emu"), *tool])
         assert done.returncode == 0, done.stderr
         assert "rank-00001.msgpack: truncated" in done.stdout + done.stderr
+    # and the report shows the error the failed rank recorded
+    assert "GPU 1 (rank 1) failed at modeled" in done.stdout and "RuntimeError: boom" in done.stdout

@@ -12,8 +12,9 @@ def gpus() -> int:
 
 def run(main, timeout_s: float = 30.0, base: str = "dgx-h100", trusted: bool = True, **overrides):
     """Run main(gpu) on a fabric of world_size - 1 GPUs; returns this rank's RunResult. A failure
-    propagates to pytest, whose report the conftest hook prints before it ends the job. `trusted`:
-    every GPU counts honestly, so both ends of every link must agree."""
+    propagates to pytest, whose report the package's pytest plugin prints before it ends the job
+    (pyproject.toml sets nvlink_emu_abort_on_failure). `trusted`: every GPU counts honestly, so both
+    ends of every link must agree."""
     result = run_fabric(preset(base, gpus=gpus(), **overrides), main, timeout_s=timeout_s, abort_on_error=False)
     if trusted:
         assert result.report["conservation"] == {}, result.report["conservation"]

@@ -13,8 +13,9 @@ import msgpack
 import numpy as np
 import pytest
 
+from nvlink_emu.fabric.control import MAX_CONTROL_BYTES
 from nvlink_emu.fabric.errors import AccessViolation, CollectiveMismatch, FabricError, ProtocolError
-from nvlink_emu.fabric.packets import Kind, McastInfo, MsgInfo, Packet
+from nvlink_emu.fabric.packets import Kind, McastInfo, MsgInfo, Packet, TraceInfo
 
 from mpi_helpers import gpus, run
 
@@ -278,3 +279,32 @@ def test_a_hostile_gpu_harms_nobody_in_the_other_partition():
     assert set(report["conservation"]) <= {0}  # only the attacker's own counts can be off
     assert not Path(script["_Exploit"].path).exists()
     print(f"hostile GPU: {attacker}, switch refused {ports[0]['refused']} ({ports[0]['malformed']} malformed)")
+
+
+def test_control_messages_too_long_undecodable_or_from_non_members_are_dropped():
+    """Found in review: the control channel took any size from anyone and kept non-members' messages
+    for ever, and its unpickler could be made to build huge objects from a few bytes."""
+    bomb = pickle.dumps(np.ndarray((10 ** 8,), np.dtype("O")))  # 10**8 Nones from a few dozen bytes, once
+
+    def main(gpu):
+        if gpu.rank == 0:
+            gpu._control.send_bytes(1, b"\x00" * (MAX_CONTROL_BYTES + 1))  # too long: dropped unread
+            gpu._control.send_bytes(1, bomb)
+            for seq in range(50):  # well-formed, but GPU 0 is no member of partition 1's communicator
+                gpu._control.send(1, ("partition1", seq, ("barrier", 0.0)))
+        if gpu.rank == 1:
+            until(gpu, lambda: gpu.strays >= 52, "dropping 52 control messages")
+            assert gpu.strays == 52 and not [key for key in gpu._control_box if key[2] == 0]
+        if gpu.rank:
+            gpu.partition.barrier()
+
+    run(main, **lone_attacker())
+
+
+def test_only_gpu_0_turns_the_switch_s_tracing_on_or_off():
+    def main(gpu):
+        if gpu.rank == 1:
+            gpu._transport.send(gpu.size, Packet(Kind.TRACE, gpu._keys[1], -1, info=TraceInfo(False)))
+            assert "only GPU 0 turns tracing on or off" in str(refusals(gpu, 1)[0])
+
+    assert run(main).report["ports"][1]["malformed"] == 1

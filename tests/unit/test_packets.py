@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from nvlink_emu.fabric.errors import ProtocolError
 
-from nvlink_emu.fabric.packets import (MAX_KEY_PARTS, CountersInfo, ExportInfo, GroupInfo, Kind, LoadInfo, McastInfo, MsgInfo,
+from nvlink_emu.fabric.packets import (MAX_KEY_PARTS, CallRecord, CountersInfo, ExportInfo, GroupInfo, Kind, LoadInfo, McastInfo, MsgInfo,
                             NackInfo, Packet, ReduceInfo, RevokeInfo, TraceInfo, raw_bytes, segments)
 
 ints = st.integers(min_value=-(2 ** 63), max_value=2 ** 64 - 1)
@@ -21,9 +21,12 @@ leaf = st.one_of(st.none(), st.booleans(), st.integers(-(2 ** 63), 2 ** 63 - 1),
 info_values = st.recursive(leaf, lambda inner: st.lists(inner, max_size=3)
                            | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=8)
 free_maps = st.one_of(st.none(), st.dictionaries(st.text(max_size=8), info_values, max_size=4))
+calls = st.builds(CallRecord, text, ints, text, text, ints, text, text, st.none() | ints, ints, st.floats(0, 1e15),
+                  st.floats(0, 1e15), ints, ints)
 counters = st.builds(CountersInfo, st.dictionaries(text, st.dictionaries(text, st.integers(0, 2 ** 40), max_size=4),
                                                    max_size=3),
-                     st.lists(keys.map(list), max_size=3), st.floats(0, 1e15))
+                     st.lists(keys.map(list), max_size=3), st.floats(0, 1e15), st.lists(calls, max_size=3).map(tuple),
+                     st.integers(0, 2 ** 40))
 RECORDS = {
     Kind.NACK: st.builds(NackInfo, text, text, text),
     Kind.MSG: st.builds(MsgInfo, keys),
@@ -89,8 +92,14 @@ def wire(kind, info, **header):
     (Kind.MCAST, [1, ["k", 1.5]], "'key' must be a flat list"),
     (Kind.EXPORT, [0, 64, None, "no", True], "'writable' must be true or false"),
     (Kind.EXPORT, [0, 64, "0", True, True], "'to' must be a list"),
-    (Kind.COUNTERS, [{"gpu0->sw0": {"packets": "many"}}, [], 0.0], "'links' must be"),
-    (Kind.COUNTERS, [{}, [], float("nan")], "'now_ns' must be a finite number"),
+    (Kind.COUNTERS, [{"gpu0->sw0": {"packets": "many"}}, [], 0.0, [], 0], "'links' must be"),
+    (Kind.COUNTERS, [{}, [], float("nan"), [], 0], "'now_ns' must be a finite number"),
+    (Kind.COUNTERS, [{}, [], 0.0, [["world", 0, "allreduce"]], 0], "'calls' must be .*record 0: its record needs 13"),
+    (Kind.COUNTERS, [{}, [], 0.0, [["world", "0", "allreduce", "ring", 4, "float32", "sum", None, 3, 0.0, 1.0, 8, 8]],
+                     0], "'calls' must be .*record 0: field 'seq' must be an integer"),
+    (Kind.COUNTERS, [{}, [], 0.0, [["world", 0, "allreduce", "ring", 4, "float32", "sum", None, 3, 0.0, float("inf"),
+                                    8, 8]], 0], "record 0: field 'm_end_ns' must be a finite number"),
+    (Kind.COUNTERS, [{}, [], 0.0, [], None], "'calls_unrecorded' must be an integer"),
     (Kind.TRACE, [1], "'on' must be true or false"),
     (Kind.PUT, {"key": 1}, "carries no record"),
     (Kind.REPLY, [1, 2], "'info' must be a map"),

@@ -489,3 +489,52 @@ def test_fuzz_hostile_packets_never_crash_the_switch_or_cross_partitions(data):
     w = handle_of(export(sw, 1, req=90))
     serves_put(sw, 0, w)
     assert [s.port for s in sw.on_packet(2, *msg(0, sw.network_addresses[3], 8, key=("p1", 9)))] == [3]
+
+
+# -- found by the attacker's review ------------------------------------------------------------------
+
+def test_held_contributions_are_bounded_in_number_and_counted_without_a_scan():
+    """Zero-byte contributions to ever new slots (a member that never completes them) cost no bytes,
+    so they are bounded by count; the held totals are kept as they change, so the other partition's
+    reductions cost what they always did."""
+    sw = network(partitions=TWO)
+    p0, p1 = ready_group(sw, (0, 1), name="p0"), ready_group(sw, (2, 3), name="p1")
+    nothing = np.empty(0, np.int32)
+    for slot in range(sw.held_parts_share):
+        assert sw.on_packet(0, *reduce_packet(p0, (slot,), "sum", "int32", (0, 1), ("p0", slot), nothing)) == []
+    nack = only_nack(sw.on_packet(0, *reduce_packet(p0, (-1,), "sum", "int32", (0, 1), ("p0", -1), nothing, req=3)),
+                     0, 3)
+    assert nack.info.error == "ResourceExhausted" and f"{sw.held_parts_share} contributions" in nack.info.message
+    assert sw.groups.held_by(0) == 0 and sw.groups.held_by(1) == 0
+    # the other tenant reduces as ever
+    one = np.arange(4, dtype=np.int32)
+    assert sw.on_packet(2, *reduce_packet(p1, (0,), "sum", "int32", (2, 3), ("p1", 0), one)) == []
+    assert sw.groups.held_by(1) == 16
+    sends = sw.on_packet(3, *reduce_packet(p1, (0,), "sum", "int32", (2, 3), ("p1", 0), one))
+    assert sorted(s.port for s in sends) == [2, 3] and (sends[0].payload.view(np.int32) == 2 * one).all()
+    assert sw.groups.held_by(1) == 0 and sw.groups.held_bytes == 0
+    group_call(sw, 0, action="release", group=p0)  # releasing drops the held slots and their count
+    assert sw.groups.held_by(0) == 0 and sw.groups._held[0] == [0, 0]
+
+
+def test_a_multicast_waits_for_every_member_to_bind():
+    sw = network()
+    gid = group_call(sw, 3, action="create", members=(3, 1, 2), name="w")["group"]
+    assert group_call(sw, 3, action="bind", group=gid) == {"group": gid}
+    nack = only_nack(sw.on_packet(3, *mcast_packet(gid, ("w", 0), np.zeros(32, np.uint8), req=4)), 3, 4)
+    assert nack.info.error == "AccessViolation" and "not bound by all members" in nack.info.message
+
+
+def test_a_gpu_with_too_many_unanswered_requests_is_refused_more(monkeypatch):
+    import nvlink_emu.fabric.switch as switch
+
+    monkeypatch.setattr(switch, "MAX_AWAITED", 3)
+    sw = network()
+    window = handle_of(export(sw, 1, size=4096))
+    for req in range(3):  # forwarded to GPU 1, which does not answer
+        sends = sw.on_packet(0, Packet(Kind.GET, 0, window.network_address, window.address, 64, req))
+        assert [s.port for s in sends] == [1]
+    nack = only_nack(sw.on_packet(0, Packet(Kind.GET, 0, window.network_address, window.address, 64, 9)), 0, 9)
+    assert nack.info.error == "ResourceExhausted" and "3 of its requests are still unanswered" in nack.info.message
+    sw.on_packet(1, Packet(Kind.GET_DATA, 0, sw.network_addresses[0], 0, 64, 0), np.zeros(64, np.uint8))
+    assert [s.port for s in sw.on_packet(0, Packet(Kind.GET, 0, window.network_address, window.address, 64, 10))] == [1]

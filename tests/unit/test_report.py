@@ -1,0 +1,169 @@
+"""launch.report: the JSON run report, traced-run reports (failed ranks, runs in subdirectories,
+warnings on stderr) and figures that read (units, values in cells, labelled axes)."""
+
+import io
+import json
+
+import pytest
+
+from nvlink_emu.fabric.errors import ConfigError
+from nvlink_emu.fabric.trace import TraceWriter, find_runs
+from nvlink_emu.launch.report import (REPORT_SCHEMA_VERSION, algorithm_figure, byte_unit, check_report_path,
+                                      matrix_figure, print_report, report_json, write_report_json)
+
+MIB = 1 << 20
+TIMING = {"bandwidth_gbytes_per_s": 450.0, "link_latency_ns": 150.0}
+
+
+def run_report(mode="network") -> dict:
+    """A RunResult.report as the switch builds it: int keys, one collective call per GPU."""
+    tlb = {"tlb_hits": 5, "tlb_misses": 1, "tlb_faults": 0} if mode == "network" else {}
+    call = {"comm": "world", "seq": 0, "collective": "allreduce", "algorithm": "ring", "count": 1000,
+            "dtype": "bfloat16", "op": "sum", "root": None, "members": 2, "m_start_ns": 100.0, "m_end_ns": 350.5,
+            "tx_bytes": 2000, "rx_bytes": 2000}
+    return {"fabric": "dgx-h100", "mode": mode, "gpus": 2, "elapsed_ns": 500.0,
+            "links": {"gpu0->sw0": {"payload_bytes": 2000, "raw_bytes": 2128, "packets": 8, "busy_ns": 125.0},
+                      "sw0->gpu0": {"payload_bytes": 2000, "raw_bytes": 2128, "packets": 8, "busy_ns": 250.0}},
+            "ports": {0: {**tlb, "violations": 1, "refused": 2, "malformed": 1}, 1: {**tlb, "violations": 0,
+                                                                                     "refused": 0, "malformed": 0}},
+            "network_addresses": [256, 257], "switch": {"peak_held_bytes": 64},
+            "unconsumed": {1: [["k", 0, 1]]}, "conservation": {},
+            "collectives": {0: [call], 1: [{**call, "tx_bytes": 1000}]}, "collectives_unrecorded": {0: 0, 1: 3}}
+
+
+def test_report_json_has_the_schema_string_keys_and_derived_figures():
+    doc = report_json(run_report())
+    assert (doc["schema"], doc["version"]) == ("nvlink-emu-run-report", REPORT_SCHEMA_VERSION)
+    assert doc["links"]["gpu0->sw0"] == {"payload_bytes": 2000, "raw_bytes": 2128, "packets": 8, "busy_ns": 125.0,
+                                         "utilization": 0.25}
+    assert doc["ports"]["0"] == {"tlb_hits": 5, "tlb_misses": 1, "tlb_faults": 0, "violations": 1, "refused": 2,
+                                 "malformed": 1}
+    first = doc["collectives"][0]
+    assert first["gpu"] == 0 and first["size_bytes"] == 2000  # 1000 bfloat16 elements
+    assert first["modeled_ns"] == 250.5
+    assert [c["gpu"] for c in doc["collectives"]] == [0, 1] and doc["collectives"][1]["tx_bytes"] == 1000
+    assert doc["collectives_unrecorded"] == {"0": 0, "1": 3} and doc["unconsumed"] == {"1": [["k", 0, 1]]}
+    assert json.loads(json.dumps(doc)) == doc  # plain JSON: nothing is lost in the file
+
+
+def test_classic_mode_has_no_link_tlb_so_its_counts_are_null():
+    ports = report_json(run_report("classic"))["ports"]
+    assert ports["1"] == {"tlb_hits": None, "tlb_misses": None, "tlb_faults": None, "violations": 0, "refused": 0,
+                          "malformed": 0}
+
+
+def test_the_json_file_is_written_whole_and_its_path_checked_before_the_run(tmp_path):
+    target = tmp_path / "run.json"
+    check_report_path(str(target))
+    write_report_json(run_report(), str(target))
+    assert json.loads(target.read_text()) == report_json(run_report())
+    assert [p.name for p in tmp_path.iterdir()] == ["run.json"]  # no partial file left beside it
+    with pytest.raises(ConfigError, match="is a directory"):
+        check_report_path(str(tmp_path))
+    with pytest.raises(ConfigError, match="is not a directory"):
+        check_report_path(str(tmp_path / "missing" / "run.json"))
+    with pytest.raises(ConfigError, match="is not a directory"):
+        check_report_path(str(target / "run.json"))  # under a file
+
+
+def write_run(directory, gpus=2, failed=None, end=True):
+    """Trace files of a small run: GPU g sends 3 MiB to GPU g+1 (mod gpus) inside one allreduce; GPU
+    `failed` records an error and no end."""
+    header = {"fabric": "dgx-h100", "mode": "network", "link": "nvlink4", "gpus": gpus, "config_hash": "abc",
+              "clock_offset_s": 0.0, "network_address": None, "timing": TIMING, "mtu_bytes": 256, "header_bytes": 16}
+    size = 3 * MIB
+    raw = size + (size // 256) * 16
+    switch = TraceWriter(directory, gpus, {**header, "role": "switch", "gpu": None})
+    for g in range(gpus):
+        gpu = TraceWriter(directory, g, {**header, "role": "gpu", "gpu": g})
+        call = {"name": "allreduce", "comm": "world", "seq": 0, "algorithm": "ring", "count": size // 4,
+                "dtype": "float32", "op": "sum", "members": gpus}
+        gpu.write({"ev": "coll_begin", **call, "m": 0.0, "wall": 0.0})
+        gpu.write({"ev": "tx", "link": f"gpu{g}->sw0", "seq": 0, "kind": "MSG", "payload": size, "raw": raw,
+                   "m_start": 0.0, "m_end": 10.0, "wall": 0.0})
+        gpu.write({"ev": "rx", "link": f"sw0->gpu{g}", "seq": 0, "kind": "MSG", "payload": size, "raw": raw,
+                   "wall": 0.0})
+        switch.write({"ev": "tx", "link": f"sw0->gpu{(g + 1) % gpus}", "seq": 0, "kind": "MSG", "origin": g,
+                      "payload": size, "raw": raw, "m_start": 1.0, "m_end": 11.0, "wall": 0.0})
+        if g == failed:
+            gpu.write({"ev": "error", "error": "RuntimeError", "message": "boom", "m": 12.0, "wall": 0.0})
+            gpu.close()
+            continue
+        gpu.write({"ev": "coll_end", **call, "m": 20.0, "wall": 0.0})
+        links = {f"gpu{g}->sw0": {"payload_bytes": size, "raw_bytes": raw, "packets": size // 256},
+                 f"sw0->gpu{g}": {"payload_bytes": size, "raw_bytes": raw, "packets": size // 256}}
+        gpu.close({"m": 20.0, "counters": links} if end else None)
+    switch.close({"m": 20.0, "counters": {}} if end and failed is None else None)
+
+
+def test_a_failed_rank_s_error_is_in_the_report_and_warnings_go_to_stderr(tmp_path):
+    write_run(tmp_path / "run", failed=1)
+    out, err = io.StringIO(), io.StringIO()
+    assert print_report(tmp_path / "run", tmp_path / "figures", out, err) == 0
+    text = out.getvalue()
+    assert "GPU 1 (rank 1) failed at modeled 0.012 us: RuntimeError: boom" in text
+    assert "modeled elapsed 0.020 us" in text  # the latest modeled time recorded, though not every rank ended
+    assert "warning" not in text
+    assert "warning: rank-00001.msgpack: truncated: no end record" in err.getvalue()
+    assert "warning: rank-00002.msgpack: truncated" in err.getvalue()
+
+
+def test_a_directory_of_runs_is_reported_run_by_run(tmp_path):
+    write_run(tmp_path / "demo" / "part1-dgx-h100")
+    write_run(tmp_path / "demo" / "part2-dgx-a100", gpus=3)
+    (tmp_path / "demo" / "notes").mkdir()  # a subdirectory without traces is not a run
+    assert find_runs(tmp_path / "demo") == [tmp_path / "demo" / "part1-dgx-h100", tmp_path / "demo" / "part2-dgx-a100"]
+    out, err = io.StringIO(), io.StringIO()
+    print_report(tmp_path / "demo", None, out, err)
+    text = out.getvalue()
+    assert text.index("=== part1-dgx-h100") < text.index("2 GPUs") < text.index("=== part2-dgx-a100") \
+        < text.index("3 GPUs")
+    for part in ("part1-dgx-h100", "part2-dgx-a100"):
+        for name in ("traffic-matrix.png", "bytes-per-algorithm.png"):
+            assert f"wrote {tmp_path / 'demo' / part / name}" in text
+    assert err.getvalue() == ""
+    with pytest.raises(FileNotFoundError, match="in it or in its subdirectories"):
+        find_runs(tmp_path / "demo" / "notes")
+    with pytest.raises(FileNotFoundError, match="no such directory"):
+        find_runs(tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize("largest, unit", [(0, "B"), (1023, "B"), (1024, "KiB"), (3 * MIB, "MiB"),
+                                           (5 << 30, "GiB")])
+def test_byte_units_read_below_1024(largest, unit):
+    scale, name = byte_unit(largest)
+    assert name == unit and (largest / scale < 1024)
+
+
+def drawn_axes(fig):
+    fig.canvas.draw()  # offsets and tick labels are decided at draw time
+    return fig.axes
+
+
+def test_the_traffic_matrix_writes_its_values_in_mib_and_labels_every_axis():
+    rows = ["GPU 0", "GPU 1", "switch"]
+    matrix = [[0, 3 * MIB, 0], [MIB // 2, 0, 9 * MIB], [4 * MIB, 4 * MIB, 4 * MIB]]
+    fig = matrix_figure(rows, matrix, "dgx-h100, 3 GPUs")
+    heat, bar = drawn_axes(fig)
+    cells = [t.get_text() for t in heat.texts]
+    assert cells == ["0", "3.00", "0", "0.50", "0", "9.00", "4.00", "4.00", "4.00"]
+    assert heat.get_xlabel().startswith("delivered to") and heat.get_ylabel() == "data from"
+    assert "(MiB)" in heat.get_title() and bar.get_ylabel() == "payload (MiB)"
+    for ax in (heat, bar):
+        assert ax.yaxis.get_offset_text().get_text() == ""
+    assert all("e" not in t.get_text() for t in bar.get_yticklabels())
+
+
+def test_the_algorithm_figure_is_in_mib_with_labelled_axes_and_no_offset():
+    by_algorithm = {"allreduce/ring": {"gpu0->sw0": 7 * MIB, "sw0->gpu0": 7 * MIB, "gpu1->sw0": 7 * MIB},
+                    "all2all/direct": {"gpu0->sw0": MIB // 8}}
+    fig = algorithm_figure(by_algorithm, 2, "dgx-h100, 2 GPUs")
+    axes = drawn_axes(fig)
+    assert len(axes) == 2
+    for ax in axes:
+        assert ax.get_xlabel() == "GPU" and ax.get_ylabel() == "payload per link (MiB)"
+        assert ax.yaxis.get_offset_text().get_text() == ""
+        assert all("e" not in t.get_text() for t in ax.get_yticklabels())
+    heights = {round(p.get_height(), 3) for p in axes[0].patches}
+    assert heights == {7.0, 0.125, 0.0}
+    assert [t.get_text() for t in axes[1].get_legend().get_texts()] == ["all2all/direct", "allreduce/ring"]
