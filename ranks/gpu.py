@@ -400,15 +400,13 @@ class Gpu:
             self._file_control(*got)
             moved = True
         self._polls += 1
-        incoming = self._transport.poll(self._switch)
-        if incoming is not None and self._polls % STRAY_SWEEP:
-            source, data = incoming
-            self._handle(source, Packet.from_wire(data))  # the switch is trusted: a bad header is a bug
-            return True
-        if incoming is not None:
-            self._handle(incoming[0], Packet.from_wire(incoming[1]))
-            moved = True
         sweep = not self._polls % STRAY_SWEEP
+        incoming = self._transport.poll(self._switch)
+        if incoming is not None:
+            self._handle(incoming[0], Packet.from_wire(incoming[1]))  # the switch is trusted: a bad header is a bug
+            if not sweep:
+                return True
+            moved = True
         dropped = self._transport.drop_strays(self._switch, sweep=sweep) + (self._control.drop_strays() if sweep else 0)
         self.strays += dropped
         return moved or bool(dropped)

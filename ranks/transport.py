@@ -217,19 +217,12 @@ class Transport:
                 raise
 
     def _drop_from(self, source: int, tag: int) -> None:
-        message = self.comm.Improbe(source, tag)
-        if message is not None:
-            self.drop(message)
+        _drop_from(self.comm, source, tag)
 
     def drop_other_tags(self) -> int:
         """Drop messages under tags the fabric never uses (left in MPI's queue, they would slow every
         later match); returns how many. Stops at the first message with a fabric tag."""
-        dropped = 0
-        while self.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, self._status) \
-                and self._status.Get_tag() not in (TAG_HEADER, TAG_PAYLOAD):
-            self._drop_from(self._status.Get_source(), self._status.Get_tag())
-            dropped += 1
-        return dropped
+        return _drop_front(self.comm, self._status, lambda source, tag: tag in (TAG_HEADER, TAG_PAYLOAD))
 
     def drop_strays(self, expected: int, sweep: bool = False) -> int:
         """Drop messages waiting from ranks other than `expected` (a GPU hears only its switch);
@@ -243,13 +236,7 @@ class Transport:
                     self._drop_from(source, self._status.Get_tag())
                     dropped += 1
             return dropped
-        while self.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, self._status):
-            source, tag = self._status.Get_source(), self._status.Get_tag()
-            if source == expected:
-                break
-            self._drop_from(source, tag)
-            dropped += 1
-        return dropped
+        return _drop_front(self.comm, self._status, lambda source, tag: source == expected)
 
     def recv_payload(self, source: int, out: np.ndarray, deadline_s: float, what: str) -> None:
         """Receive the payload that follows a header from `source` into `out` (uint8, contiguous)."""
@@ -320,11 +307,24 @@ class ControlChannel:
 
     def drop_strays(self) -> int:
         """Drop messages on this communicator under tags it never uses; returns how many."""
-        dropped = 0
-        while self.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, self._status) and self._status.Get_tag() != TAG_CONTROL:
-            Transport.drop(self.comm.Improbe(self._status.Get_source(), self._status.Get_tag()))
-            dropped += 1
-        return dropped
+        return _drop_front(self.comm, self._status, lambda source, tag: tag == TAG_CONTROL)
+
+
+def _drop_from(comm, source: int, tag: int) -> None:
+    """Drop the first message from `source` under `tag` on `comm`, if one is waiting."""
+    message = comm.Improbe(source, tag)
+    if message is not None:
+        Transport.drop(message)
+
+
+def _drop_front(comm, status, wanted) -> int:
+    """Drop the messages at the front of `comm`'s queue until one is `wanted(source, tag)` (or none is
+    left); returns how many. A wanted message hides those behind it until it is taken."""
+    dropped = 0
+    while comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status) and not wanted(status.Get_source(), status.Get_tag()):
+        _drop_from(comm, status.Get_source(), status.Get_tag())
+        dropped += 1
+    return dropped
 
 
 _NATIVE_OPS = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}
