@@ -21,6 +21,7 @@ from nvlink_emu.ranks.session import FAILURE_DIR_ENV, INTERRUPTED_STATUS
 from .bench import (available_host_bytes, bench_arguments, check_host_memory, closing, config_toml, format_bytes,
                     format_row, header, plot_busbw, sized_config)
 from .bench import check as check_bench
+from .compare import CompareError, compare_presets, run_compare
 from .bench import sizes as bench_sizes
 from .mpiexec import ENV as MPIEXEC_ENV
 from .mpiexec import mpiexec_command
@@ -101,6 +102,16 @@ def stop_interrupted(job: subprocess.Popen) -> None:
 
 
 def cmd_run(args, script_args) -> int:
+    """SCRIPT on one fabric, or with --compare once per preset and their step times side by side."""
+    if args.compare:
+        progress = Progress("run --compare", len(compare_presets(args.compare)))
+        try:
+            return run_compare(args, script_args, launch_script, progress)
+        except CompareError as exc:
+            print(f"nvlink-emu: error: {exc}", file=sys.stderr)
+            return exc.status
+    if args.plot is not None:
+        raise ConfigError("--plot: draws the step times of --compare; give --compare P1,P2,... too")
     config = resolve(args.preset, args.config, args.gpus)
     return launch_script(args.script, args, script_args, config.world_size)
 
@@ -354,6 +365,10 @@ def build_parser() -> argparse.ArgumentParser:
                          epilog=f"ARGS: what follows -- reaches the script as sys.argv[1:]. {LAUNCHER_HELP}")
     run.add_argument("script", help="Python file defining main(gpu)")
     fabric_arguments(run)
+    run.add_argument("--compare", metavar="P1,P2,...", help="run SCRIPT once per preset and print its modeled "
+                     "step time (GPU 0's step_ns= lines), link bytes and time relative to the first preset")
+    run.add_argument("--plot", metavar="FILE.png", help="with --compare: the bar chart of the step times (default "
+                     "SCRIPT-compare.png in the current directory; .svg and .pdf also work)")
     run.set_defaults(handler=cmd_run)
     demo = sub.add_parser("demo", help="what NVLink Network changes compared with classic NVLink, with real traffic",
                           epilog=LAUNCHER_HELP)
