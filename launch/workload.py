@@ -99,35 +99,137 @@ class timed_step:
 # -- kernels charged to the GPU compute model --------------------------------------------------------
 # Each does the numpy work and adds its roofline time (gpu.compute(flops=, bytes=, dtype=)): the
 # FLOPs are the arithmetic the kernel does, the bytes what it reads from and writes to HBM once each
-# (no operand reuse from caches across kernels, as for separate kernel launches).
+# (no operand reuse from caches across kernels, as for separate kernel launches). gpu=None does the
+# numpy work alone: a one-process reference runs the same code and charges nobody.
+
+def _charge(gpu, flops: int, nbytes: int, dtype) -> None:
+    if gpu is not None:
+        gpu.compute(flops=flops, bytes=nbytes, dtype=dtype)
+
 
 def matmul(gpu, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """a @ b for 2-D a (m x k) and b (k x n): 2mkn FLOPs, (mk + kn + mn) elements of HBM traffic."""
     (m, k), (k2, n) = a.shape, b.shape
     if k != k2 or a.dtype != b.dtype:
-        raise FabricError(f"GPU {gpu.rank}: matmul of {a.shape} {a.dtype} by {b.shape} {b.dtype}: shapes or "
-                          f"dtypes differ")
-    gpu.compute(flops=2 * m * k * n, bytes=(m * k + k * n + m * n) * a.dtype.itemsize, dtype=a.dtype)
+        raise FabricError(f"matmul of {a.shape} {a.dtype} by {b.shape} {b.dtype}: shapes or dtypes differ")
+    _charge(gpu, 2 * m * k * n, (m * k + k * n + m * n) * a.dtype.itemsize, a.dtype)
     return a @ b
 
 
-def elementwise(gpu, result: np.ndarray, flops_per_element: int, reads: int, writes: int = 1):
-    """Charge an elementwise kernel over `result`'s elements: flops_per_element each, `reads` input and
-    `writes` output arrays of that size through HBM. Returns `result` (computed by the caller)."""
-    n, itemsize = result.size, result.dtype.itemsize
-    gpu.compute(flops=flops_per_element * n, bytes=(reads + writes) * n * itemsize, dtype=result.dtype)
+def elementwise(gpu, result: np.ndarray, flops_per_element: int, reads: int, writes: int = 1) -> np.ndarray:
+    """Charge an elementwise kernel over `result`'s elements (computed by the caller):
+    flops_per_element each, `reads` input and `writes` output arrays of that size through HBM."""
+    _charge(gpu, flops_per_element * result.size, (reads + writes) * result.nbytes, result.dtype)
     return result
+
+
+def copy(gpu, array: np.ndarray) -> np.ndarray:
+    """A copy of `array` (packing, concatenating or splitting buffers): no FLOPs, read once, written once."""
+    _charge(gpu, 0, 2 * array.nbytes, array.dtype)
+    return np.array(array)
 
 
 def gather_rows(gpu, table: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """table[rows] (an embedding lookup): no FLOPs; the rows read, the indices read, the result written."""
     out = table[rows]
-    gpu.compute(flops=0, bytes=2 * out.nbytes + rows.nbytes, dtype=table.dtype)
+    _charge(gpu, 0, 2 * out.nbytes + rows.nbytes, table.dtype)
+    return out
+
+
+def pool(gpu, rows: np.ndarray) -> np.ndarray:
+    """Sum-pool bags of looked-up rows, (bags, L, E) -> (bags, E): L - 1 adds per output element,
+    the rows read, the result written."""
+    out = rows.sum(axis=1)
+    _charge(gpu, max(rows.shape[1] - 1, 0) * out.size, rows.nbytes + out.nbytes, rows.dtype)
     return out
 
 
 def scatter_add(gpu, table: np.ndarray, rows: np.ndarray, values: np.ndarray, scale: float = 1.0) -> None:
-    """table[rows] += scale * values, repeated rows accumulated in order (a sparse update of an
-    embedding table): two FLOPs per element; each touched row read and written, values and indices read."""
-    np.add.at(table, rows, (scale * values).astype(table.dtype))
-    gpu.compute(flops=2 * values.size, bytes=3 * values.nbytes + rows.nbytes, dtype=table.dtype)
+    """table[rows] += scale * values, repeated rows accumulated in the order given (a sparse update of
+    an embedding table): two FLOPs per element; each touched row read and written, values and indices
+    read."""
+    np.add.at(table, rows, np.asarray(scale, table.dtype) * values)
+    _charge(gpu, 2 * values.size, 3 * values.nbytes + rows.nbytes, table.dtype)
+
+
+# -- a ReLU MLP whose kernels are charged to a GPU (or to nobody: the one-process reference) ----------
+
+class Mlp:
+    """A ReLU MLP y = relu(...relu(x W1 + b1)...) W_L + b_L with layer widths `sizes` (inputs first),
+    its parameters in one flat array: layer by layer, W (in x out, row-major) then b (out). Flat
+    parameters make the gradient of the whole model one buffer (one AllReduce) and a bucket of
+    layers one contiguous slice of it. forward/backward take `gpu`, whose compute model they charge
+    (matmul, elementwise), or None for numpy alone (the reference). Kernels, per layer of a batch of
+    m rows, in -> out: forward x W (matmul), + b and relu fused (2 FLOPs per output element, reads
+    and writes it once); backward dW = x^T dy and dx = dy W^T (matmuls; dx skipped at the first
+    layer unless asked for), db = column sums of dy (one FLOP per element), relu's mask on dx (one FLOP,
+    reads dx and the activation, writes dx)."""
+
+    def __init__(self, sizes: list[int]):
+        self.sizes = list(sizes)
+        self.slices = []  # per layer: (slice of W, slice of b) in the flat parameters
+        at = 0
+        for fan_in, fan_out in zip(sizes, sizes[1:]):
+            self.slices.append((slice(at, at + fan_in * fan_out), slice(at + fan_in * fan_out, at + (fan_in + 1) * fan_out)))
+            at += (fan_in + 1) * fan_out
+        self.count = at  # parameters (elements)
+
+    def layer_range(self, first: int, last: int) -> slice:
+        """The flat slice holding layers first..last (inclusive), in elements."""
+        return slice(self.slices[first][0].start, self.slices[last][1].stop)
+
+    def layers(self, flat: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(W, b) views of each layer in `flat` (parameters or gradients)."""
+        return [(flat[w].reshape(fan_in, fan_out), flat[b])
+                for (w, b), fan_in, fan_out in zip(self.slices, self.sizes, self.sizes[1:])]
+
+    def init(self, rng: np.random.Generator, dtype=np.float32) -> np.ndarray:
+        """Flat parameters: He-normal weights, zero biases."""
+        flat = np.zeros(self.count, dtype)
+        for (w, _), fan_in in zip(self.layers(flat), self.sizes):
+            w[:] = rng.standard_normal(w.shape) * np.sqrt(2.0 / fan_in)
+        return flat
+
+    def forward(self, gpu, flat: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, list]:
+        """(output, the activations backward needs: every layer's input)."""
+        inputs, h = [], x
+        layers = self.layers(flat)
+        for i, (w, b) in enumerate(layers):
+            inputs.append(h)
+            h = matmul(gpu, h, w) + b
+            if i < len(layers) - 1:
+                h = np.maximum(h, 0)
+            elementwise(gpu, h, 2 if i < len(layers) - 1 else 1, reads=1)
+        return h, inputs
+
+    def backward(self, gpu, flat: np.ndarray, inputs: list, dy: np.ndarray, grads: np.ndarray,
+                 on_layer=None, need_dx: bool = False) -> np.ndarray | None:
+        """Gradients of the loss, given dy = dloss/doutput, into `grads` (flat, as the parameters), last
+        layer first; on_layer(i), if given, runs as soon as layer i's gradients are in `grads` (a hook,
+        as frameworks start a bucket's AllReduce). Returns dloss/dx if need_dx, else None."""
+        layers, out = self.layers(flat), self.layers(grads)
+        for i in range(len(layers) - 1, -1, -1):
+            (w, _), (dw, db), x = layers[i], out[i], inputs[i]
+            dw[:] = matmul(gpu, x.T, dy)
+            db[:] = elementwise(gpu, dy, 1, reads=1, writes=0).sum(axis=0)
+            if i > 0 or need_dx:
+                dy = matmul(gpu, dy, w.T)
+                if i > 0:
+                    dy = elementwise(gpu, dy * (x > 0), 1, reads=2)  # x: relu's output of the layer below
+            if on_layer is not None:
+                on_layer(i)
+        return dy if need_dx else None
+
+
+def sgd(gpu, flat: np.ndarray, grads: np.ndarray, lr: float) -> None:
+    """flat -= lr * grads in place: two FLOPs per parameter, reads both arrays, writes one."""
+    flat -= np.asarray(lr, flat.dtype) * grads
+    elementwise(gpu, flat, 2, reads=2)
+
+
+def mse_grad(gpu, y: np.ndarray, target: np.ndarray, batch: int) -> tuple[float, np.ndarray]:
+    """(loss, dloss/dy) of loss = sum((y - target)^2) / (2 batch): the mean over `batch` rows of half
+    the squared error. dy = (y - target) / batch: two FLOPs per element, reads two arrays, writes one."""
+    diff = y - target
+    dy = elementwise(gpu, diff * np.asarray(1.0 / batch, y.dtype), 2, reads=2)
+    return float(np.sum(diff.astype(np.float64) ** 2) / (2 * batch)), dy
