@@ -12,7 +12,7 @@ asynchronous progress thread progresses inside MPI calls. Links are therefore al
 program order, and modeled times do not depend on how the host schedules the ranks.
 """
 
-from nvlink_emu.fabric.errors import FabricError
+from nvlink_emu.fabric.errors import CollectiveMismatch, FabricError, ResourceExhausted
 
 
 class Request:
@@ -39,13 +39,17 @@ class Request:
         gpu.now_ns = self.start_ns = max(self.issue_ns, gpu._stream_ns)
         try:
             self._execute()
-        except FabricError as exc:  # the same on every member (call checks): raised at wait/test
-            self._error = exc
+        except (CollectiveMismatch, ResourceExhausted) as exc:
+            self._error = exc  # raised on every member alike, the communicator stays usable: at wait/test
+        except BaseException as exc:
+            self._error = exc  # anything else (a timeout, a refusal) ends the job: raised here, now
+            raise
         finally:
             self.end_ns = gpu._stream_ns = gpu.now_ns
             gpu.now_ns = saved
 
     def _complete(self) -> None:
+        """Run this request (and the ones issued before it) if it has not run; raise its error."""
         if self.end_ns is None:
             self.gpu._drain(upto=self)
         if self._error is not None:
