@@ -12,6 +12,7 @@ from nvlink_emu.fabric.reduction import blocks, check_dtype, check_op, dtype_nam
 
 from . import collectives
 from .collectives import all2all as pairwise
+from .requests import Request
 
 
 def is_integer(value) -> bool:
@@ -37,6 +38,9 @@ class Communicator:
         # one sequence for every operation, control or collective: each call takes exactly one number
         # on every member, so members stay in step even after a call that failed its check
         self._seq = itertools.count()
+        # group creation runs inside a collective, whenever this GPU runs its pending requests: its
+        # exchanges take numbers of their own (negative ones), so that the program's calls keep theirs
+        self._group_seq = itertools.count(-1, -1)
         self._group: int | None = None
         gpu._communicators[name] = self.members  # control messages of non-members are dropped
 
@@ -96,17 +100,18 @@ class Communicator:
                                                      f"group create for communicator {self.name!r}")["group"]
                 except FabricError as exc:
                     created = exc  # every member raises it, none is left waiting
-            created = self.allgather_object(created, "group create")[0]
+            created = self._exchange(created, "group create", next(self._group_seq))[0]
             if isinstance(created, FabricError):
                 raise type(created)(f"{created} (raised on GPU {self.members[0]}, the communicator's first member)")
             gid = created
             self.gpu._control_call(Kind.GROUP, GroupInfo("bind", gid, (), ""), f"group bind {gid}")
-            self.allgather_object(None, "group bind")  # every member bound before any contribution
+            self._exchange(None, "group bind", next(self._group_seq))  # all bound before any contribution
             self._group = gid
         return self._group
 
     def release_group(self) -> None:
         """Release this communicator's multicast/SHARP group in the switch (collective)."""
+        self.gpu._drain()  # this GPU's pending collectives may still use the group
         if self._group is not None:
             self.allgather_object(None, "group release")
             if self.rank == 0:
@@ -115,50 +120,80 @@ class Communicator:
             self._group = None
 
     # -- collectives --------------------------------------------------------------------------------
+    # Each collective has a blocking form and a non-blocking i-form that returns a Request
+    # (ranks/requests.py: req.wait(), req.test(), gpu.wait_all). The blocking form is its i-form waited
+    # for at once. Buffers of a pending i-form belong to it until its wait: not written (send) or read
+    # (recv) before, as in MPI.
     def allreduce(self, array: np.ndarray, op: str = "sum", algorithm: str = "auto") -> None:
         """Reduce `array` over every member with `op` (sum, avg, max, min, prod), in place."""
+        self.iallreduce(array, op, algorithm).wait()
+
+    def iallreduce(self, array: np.ndarray, op: str = "sum", algorithm: str = "auto") -> Request:
+        """Non-blocking allreduce; returns its Request."""
         with self._arguments("allreduce"):
             flat = self._flat(array, "allreduce", written=True)
-        self._collective("allreduce", algorithm, op, flat.dtype, flat.size, None, (flat,))
+        return self._collective("allreduce", algorithm, op, flat.dtype, flat.size, None, (flat,))
 
     def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, op: str = "sum", algorithm: str = "auto") -> None:
         """recv <- block `rank` of the reduction of every member's `send` (blocks as fabric.reduction.blocks)."""
+        self.ireduce_scatter(send, recv, op, algorithm).wait()
+
+    def ireduce_scatter(self, send: np.ndarray, recv: np.ndarray, op: str = "sum", algorithm: str = "auto") -> Request:
+        """Non-blocking reduce_scatter; returns its Request."""
         with self._arguments("reduce_scatter"):
             send, recv = self._flat(send, "reduce_scatter send"), self._flat(recv, "reduce_scatter recv", written=True)
         problem = (self._same_dtype(send, recv, "reduce_scatter")
                    or self._expect(recv.size, blocks(send.size, self.size)[self.rank], "reduce_scatter recv"))
-        self._collective("reduce_scatter", algorithm, op, send.dtype, send.size, None, (send, recv), problem=problem)
+        return self._collective("reduce_scatter", algorithm, op, send.dtype, send.size, None, (send, recv),
+                                problem=problem)
 
     def allgather(self, send: np.ndarray, recv: np.ndarray, algorithm: str = "auto") -> None:
         """recv <- every member's `send`, concatenated in rank order."""
+        self.iallgather(send, recv, algorithm).wait()
+
+    def iallgather(self, send: np.ndarray, recv: np.ndarray, algorithm: str = "auto") -> Request:
+        """Non-blocking allgather; returns its Request."""
         with self._arguments("allgather"):
             send, recv = self._flat(send, "allgather send"), self._flat(recv, "allgather recv", written=True)
         problem = (self._same_dtype(send, recv, "allgather")
                    or self._expect(send.size, blocks(recv.size, self.size)[self.rank], "allgather send"))
-        self._collective("allgather", algorithm, "sum", send.dtype, recv.size, None, (send, recv), problem=problem)
+        return self._collective("allgather", algorithm, "sum", send.dtype, recv.size, None, (send, recv),
+                                problem=problem)
 
     def broadcast(self, array: np.ndarray, root: int = 0, algorithm: str = "auto") -> None:
         """array <- the root member's array, on every member."""
+        self.ibroadcast(array, root, algorithm).wait()
+
+    def ibroadcast(self, array: np.ndarray, root: int = 0, algorithm: str = "auto") -> Request:
+        """Non-blocking broadcast; returns its Request."""
         with self._arguments("broadcast"):
             flat = self._flat(array, "broadcast", written=True)
             if not is_integer(root) or not 0 <= root < self.size:
                 raise FabricError(f"GPU {self.gpu.rank}: broadcast root {root!r} is not a member rank 0..{self.size - 1}")
         root = int(root)
-        self._collective("broadcast", algorithm, "sum", flat.dtype, flat.size, root, (flat, root))
+        return self._collective("broadcast", algorithm, "sum", flat.dtype, flat.size, root, (flat, root))
 
     def all2all(self, send: np.ndarray, recv: np.ndarray) -> None:
         """recv block i <- member i's send block `rank`; send and recv hold `size` equal blocks."""
+        self.iall2all(send, recv).wait()
+
+    def iall2all(self, send: np.ndarray, recv: np.ndarray) -> Request:
+        """Non-blocking all2all; returns its Request."""
         with self._arguments("all2all"):
             send, recv = self._flat(send, "all2all send"), self._flat(recv, "all2all recv", written=True)
             if send.size != recv.size or send.size % self.size:
                 raise FabricError(f"GPU {self.gpu.rank}: all2all needs send and recv of equal size, a multiple of "
                                   f"{self.size} members (got {send.size}, {recv.size}); use all2allv for uneven blocks")
         counts = [send.size // self.size] * self.size
-        self._all2allv("all2all", send, counts, recv, counts)
+        return self._all2allv("all2all", send, counts, recv, counts)
 
     def all2allv(self, send: np.ndarray, send_counts, recv: np.ndarray, recv_counts) -> None:
         """recv block i (recv_counts[i] elements, packed in order) <- member i's send block `rank`
         (its send_counts[rank] elements, packed in order)."""
+        self.iall2allv(send, send_counts, recv, recv_counts).wait()
+
+    def iall2allv(self, send: np.ndarray, send_counts, recv: np.ndarray, recv_counts) -> Request:
+        """Non-blocking all2allv; returns its Request."""
         with self._arguments("all2allv"):
             send, recv = self._flat(send, "all2allv send"), self._flat(recv, "all2allv recv", written=True)
             counts = []
@@ -166,22 +201,23 @@ class Communicator:
                 if not all(is_integer(c) for c in given):
                     raise FabricError(f"GPU {self.gpu.rank}: all2allv {what} must be integers, got {list(given)!r}")
                 counts.append([int(c) for c in given])
-        self._all2allv("all2allv", send, counts[0], recv, counts[1])
+        return self._all2allv("all2allv", send, counts[0], recv, counts[1])
 
-    def _all2allv(self, name, send, send_counts, recv, recv_counts) -> None:
+    def _all2allv(self, name, send, send_counts, recv, recv_counts) -> Request:
         problem = self._same_dtype(send, recv, name)
         for what, counts, array in (("send", send_counts, send), ("recv", recv_counts, recv)):
             if len(counts) != self.size or min(counts, default=0) < 0 or sum(counts) > array.size:
                 problem = (f"{name} {what}_counts {counts} must be {self.size} non-negative counts summing to at "
                            f"most {array.size}")
                 send_counts = recv_counts = [0] * self.size  # still take part in the call check
-        self._collective(name, "direct", "sum", send.dtype, sum(send_counts), None,
-                         (send, pairwise.offsets(send_counts), send_counts, recv, pairwise.offsets(recv_counts),
-                          recv_counts), counts=(send_counts, recv_counts), problem=problem)
+        return self._collective(name, "direct", "sum", send.dtype, sum(send_counts), None,
+                                (send, pairwise.offsets(send_counts), send_counts, recv, pairwise.offsets(recv_counts),
+                                 recv_counts), counts=(send_counts, recv_counts), problem=problem)
 
-    def _collective(self, name, algorithm, op, dtype, count, root, args, counts=None, problem=None) -> None:
-        """Check, then run one collective. `problem`: what is wrong with this member's own buffers,
-        carried in the call check so that every member raises, not just this one."""
+    def _collective(self, name, algorithm, op, dtype, count, root, args, counts=None, problem=None) -> Request:
+        """Check this member's arguments now, then issue one collective as a Request (it runs when this
+        GPU drains its requests: ranks/requests.py). `problem`: what is wrong with this member's own
+        buffers, carried in the call check so that every member raises, not just this one."""
         gpu = self.gpu
         with self._arguments(name):
             try:
@@ -204,6 +240,13 @@ class Communicator:
                 "op": op, "root": root, "algorithm": algorithm, "seq": seq, **({"problem": problem} if problem else {})}
         fingerprint = {"name": name, "comm": self.name, "seq": seq, "algorithm": algorithm, "count": count,
                        "dtype": dtype_name(dtype), "op": op, "members": self.size}
+        return gpu._issue(f"{name} #{seq} on communicator {self.name!r}",
+                          lambda: self._execute(name, seq, algorithm, op, dtype, count, root, args, counts, call,
+                                                fingerprint))
+
+    def _execute(self, name, seq, algorithm, op, dtype, count, root, args, counts, call, fingerprint) -> None:
+        """Run collective `seq` (issued by _collective): the call check, then its traffic."""
+        gpu = self.gpu
         # begin before the call check: no peer sends this call's data before it has our call, so every
         # byte of the call reaches this GPU between begin and end (a call failing the check has no end)
         gpu.event({"ev": "coll_begin", **fingerprint})
@@ -255,6 +298,7 @@ class Communicator:
         try:
             yield
         except FabricError as exc:
+            self.gpu._drain()  # the members run this GPU's earlier requests first, so must it
             seq = next(self._seq)
             call = {"collective": name, "seq": seq, "problem": f"{type(exc).__name__}: {exc}"}
             self._exchange((call, None), f"{name} call check", seq)
