@@ -104,7 +104,9 @@ class timed_step:
 
 def _charge(gpu, flops: int, nbytes: int, dtype) -> None:
     if gpu is not None:
-        gpu.compute(flops=flops, bytes=nbytes, dtype=dtype)
+        # a kernel without arithmetic (a copy, a lookup of int64 indices) uses no math units: the
+        # roofline takes its bytes alone, whatever the dtype, and the compute dtypes have no int64
+        gpu.compute(flops=flops, bytes=nbytes, dtype=dtype if flops else "float32")
 
 
 def matmul(gpu, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -184,10 +186,10 @@ class Mlp:
                 for (w, b), fan_in, fan_out in zip(self.slices, self.sizes, self.sizes[1:])]
 
     def init(self, rng: np.random.Generator, dtype=np.float32) -> np.ndarray:
-        """Flat parameters: He-normal weights, zero biases."""
+        """Flat parameters: LeCun-normal weights (standard deviation sqrt(1 / fan_in)), zero biases."""
         flat = np.zeros(self.count, dtype)
         for (w, _), fan_in in zip(self.layers(flat), self.sizes):
-            w[:] = rng.standard_normal(w.shape) * np.sqrt(2.0 / fan_in)
+            w[:] = rng.standard_normal(w.shape) * np.sqrt(1.0 / fan_in)
         return flat
 
     def forward(self, gpu, flat: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, list]:

@@ -35,7 +35,7 @@ def arguments():
     parser.add_argument("--sizes", default="512,1024,1024,1024,1024,64",
                         help="layer widths, inputs first (default 512,1024,1024,1024,1024,64)")
     parser.add_argument("--bucket-bytes", type=int, default=1 << 20, help="smallest bucket (default 1 MiB)")
-    parser.add_argument("--steps", type=int, default=3, help="SGD steps of each run (default 3)")
+    parser.add_argument("--steps", type=int, default=2, help="SGD steps of each run (default 2)")
     parser.add_argument("--lr", type=float, default=0.02, help="learning rate (default 0.02)")
     parser.add_argument("--algorithm", default="auto", help="the AllReduces' algorithm (default auto)")
     return parser.parse_args(sys.argv[1:])

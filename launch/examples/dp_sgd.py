@@ -27,8 +27,8 @@ def arguments():
     parser = argparse.ArgumentParser(prog="dp_sgd.py")
     parser.add_argument("--batch", type=int, default=64, help="samples per GPU (default 64)")
     parser.add_argument("--sizes", default="256,512,512,64", help="layer widths, inputs first (default 256,512,512,64)")
-    parser.add_argument("--steps", type=int, default=4, help="SGD steps (default 4)")
-    parser.add_argument("--lr", type=float, default=0.05, help="learning rate (default 0.05)")
+    parser.add_argument("--steps", type=int, default=3, help="SGD steps (default 3)")
+    parser.add_argument("--lr", type=float, default=0.02, help="learning rate (default 0.02)")
     parser.add_argument("--algorithm", default="auto", help="the AllReduce's algorithm (default auto)")
     return parser.parse_args(sys.argv[1:])
 
