@@ -65,6 +65,8 @@ def run_compare(args, script_args, launch_script, progress) -> int:
         raise ConfigError("--compare takes the presets, P1,P2,..., instead of --preset/--config")
     if args.report_json is not None:
         raise ConfigError("--report-json: one report per run, and --compare makes a run per preset")
+    if args.no_label:
+        raise ConfigError("--no-label: --compare reads GPU 0's step lines by their [gpu 0] label")
     configs = {name: resolve(name, None, args.gpus) for name in presets}  # every name checked before any job
     plot = args.plot or default_plot(args.script)
     from .cli import check_plot  # cli imports this module

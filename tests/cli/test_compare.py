@@ -121,6 +121,7 @@ def test_a_run_without_a_readable_step_time_is_one_line(tmp_path, body, message)
     (["--compare", "dgx-a100,dgx-a100"], "--compare dgx-a100,dgx-a100: names dgx-a100 more than once"),
     (["--compare", "dgx-a100,dgx-h100", "--preset", "h100-ib"], "--compare takes the presets, P1,P2,..., instead"),
     (["--compare", "dgx-a100,dgx-h100", "--report-json", "r.json"], "--report-json: one report per run"),
+    (["--compare", "dgx-a100,dgx-h100", "--no-label"], "--no-label: --compare reads GPU 0's step lines by their"),
     (["--compare", "dgx-a100,dgx-h100", "--plot", "steps.txt"], "--plot steps.txt: name a .png, .svg or .pdf file"),
     (["--plot", "steps.png"], "--plot: draws the step times of --compare; give --compare P1,P2,... too"),
 ])
