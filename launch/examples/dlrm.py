@@ -172,7 +172,7 @@ def main(gpu):
             y, top_inputs = reference.top.forward(gpu, top, features)
             _, dy = mse_grad(gpu, y, target[own], b)  # my samples' mean loss: gradients averaged below
 
-            # -- backward: MLPs, then their gradients averaged while the embeddings' travel back
+            # -- backward: MLPs and their gradients averaged, then the embeddings' gradients back to their owners
             dx = reference.top.backward(gpu, top, top_inputs, dy, top_grads, need_dx=True)
             reference.bottom.backward(gpu, bottom, bottom_inputs, dx[:, :E].copy(), bottom_grads)
             comm.allreduce(grads, op="avg")
