@@ -471,8 +471,9 @@ class Topology:
         for i, j in zip(*np.nonzero(matrix)):
             value = matrix[i, j]
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
+                shown = int(value) if isinstance(value, np.integer) else value
                 raise FabricError(f"{self._what}: traffic from GPU {i} to GPU {j} must be a non-negative integer "
-                                  f"number of bytes, got {value!r}")
+                                  f"number of bytes, got {shown!r}")
         return matrix
 
     def _flows(self) -> tuple[dict[str, set], dict[str, set]]:
