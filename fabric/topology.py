@@ -21,9 +21,9 @@ always takes the same spine, a node's G GPUs spread over the S spines evenly whe
 and a spine index beyond G - 1 would carry nothing, so S <= G); a spine sends down to the
 destination's leaf, port node(dst). Routes: same node GPU -> leaf -> GPU (also for dst = src:
 the switch forwards a transfer addressed to its own port back out of it); other node GPU -> leaf
--> spine -> leaf -> GPU. With S = G this is the rail-optimised pattern (traffic for local index k
-of any node goes over spine k). A ring in node-major order crosses nodes only into local index 0,
-so its inter-node hops all take spine 0: it sees U / S of the uplink, not U.
+-> spine -> leaf -> GPU. With S = G this is a rail-optimised network's pattern (traffic for local
+index k of any node goes over spine k, as PXN sends it). A ring in node-major order crosses nodes
+only into local index 0, so its inter-node hops all take spine 0: it sees U / S of the uplink.
 
 **Rank layout** (`rank_of`, `role_of`): node n's GPUs and its leaf are one block of G + 1
 consecutive ranks, rank(GPU g) = node(g) * (G + 1) + local(g), rank(leaf n) = n * (G + 1) + G;
@@ -45,17 +45,18 @@ latency (`lookahead_ns`: a + s from a GPU, 400 ns on nvlink4; u + s from a leaf 
 GPU promises min(now_ns, the start of its earliest pending request), piggybacked on every packet
 and sent as a null message when it blocks in a wait; a switch passes on min(its held transfers'
 ready times, its feeders' promises + lookahead) to the switches downstream. Why this rule:
-optimistic PDES (Time Warp, ROSS's default) needs rollback, and a GPU rank runs an arbitrary
-Python script that cannot be rolled back; SST's global synchronisation every min-cross-rank-latency
-period (sst-core RankSync, period = getMinPartTC) would take 1 ms / 400 ns = 2,500 global rounds
-per modeled ms on nvlink4, where null messages cost only where links are shared (SST is adding
-a null-message mode for MPI-only jobs: sst-core issue #996). Its costs, to handle: lookahead creep
-when a blocked GPU's clock lags far behind held traffic (each null round advances a cycle by its
-lookahead), broken by an LBTS reduction over the switch ranks when all of them stall (as ns-3's
-distributed simulator and ROSS's GVT compute with MPI collectives); the lookahead must be positive
-(zero link plus switch latency on a feeder admits deadlock); and a GPU polling `test()` must count
-as blocked or advance its clock, or its promise never moves. Downlinks to a GPU keep today's rule
-(the GPU books them in the order it consumes transfers).
+optimistic PDES (Time Warp, ROSS's optimistic mode) needs rollback, and a GPU rank runs an
+arbitrary Python script that cannot be rolled back; SST's global synchronisation once per period of
+the least latency of a link between ranks (sst-core RankSync, period = getMinPartTC) would be
+1 ms / 150 ns = 6,667 global rounds per modeled ms on nvlink4, where null messages cost only where
+links are shared (a null-message mode for MPI-only SST jobs is proposed in sst-core issue #996).
+Its costs, to handle: lookahead creep when a blocked GPU's clock lags far behind held traffic (each
+null round advances a cycle by its lookahead), broken by an LBTS reduction over the switch ranks
+when all of them stall (as ns-3's distributed simulator and ROSS's GVT compute with MPI
+collectives); the lookahead must be positive (a feeder of zero link plus switch latency admits
+deadlock); and a GPU polling `test()` must count as blocked or advance its clock, or its promise
+never moves. Downlinks to a GPU keep today's rule (the GPU books them in the order it consumes
+transfers).
 """
 
 import math
@@ -159,6 +160,7 @@ class Topology:
     links: tuple[Link, ...] = field(init=False, repr=False, compare=False)
     _by_name: dict = field(init=False, repr=False, compare=False)
     _switch_named: dict = field(init=False, repr=False, compare=False)
+    _gpu_named: dict = field(init=False, repr=False, compare=False)
     _cache: dict = field(init=False, repr=False, compare=False)
 
     # -- builders ---------------------------------------------------------------------------------
@@ -225,6 +227,7 @@ class Topology:
         object.__setattr__(self, "links", tuple(links))
         object.__setattr__(self, "_by_name", {link.name: link for link in links})
         object.__setattr__(self, "_switch_named", {sw.name: sw for sw in switches})
+        object.__setattr__(self, "_gpu_named", {gpu_name(x): x for x in range(n * g)})
         object.__setattr__(self, "_cache", {})
 
     def _validate(self):
@@ -432,15 +435,32 @@ class Topology:
 
     def sources(self, name: str) -> tuple[int, ...]:
         """GPUs whose transfers the routing can send over link `name` (the flows that share it)."""
-        self.link(name)
-        return tuple(sorted(self._flows()[0].get(name, ())))
+        link = self.link(name)
+        g = self.gpus_per_node
+        if link.direction == "up" and link.level == "gpu-leaf":
+            return (self._gpu_named[link.src],)
+        if link.direction == "down" and link.level == "gpu-leaf":
+            return tuple(range(self.gpus))  # every GPU reaches every GPU
+        if link.direction == "up":  # leaf n -> spine: node n's GPUs (a spine index < G serves some GPU of every node)
+            node = self._switch_named[link.src].node
+            return tuple(range(node * g, (node + 1) * g))
+        node = self._switch_named[link.dst].node  # spine -> leaf m: every GPU outside node m
+        return tuple(x for x in range(self.gpus) if x // g != node)
 
     def feeders(self, name: str) -> tuple[Link, ...]:
         """Links into the sending end of link `name` whose transfers the routing passes on to it, in
         link order; none for a GPU's uplink (its GPU alone orders what it sends)."""
-        self.link(name)
-        fed = self._flows()[1].get(name, set())
-        return tuple(link for link in self.links if link.name in fed)
+        link = self.link(name)
+        sw = self._switch_named.get(link.src)
+        if sw is None:
+            return ()
+        if sw.level == "spine":  # down to leaf m: from every other leaf
+            fed = {p.ingress for p in sw.ports if p.number != self._switch_named[link.dst].node}
+        else:  # a leaf passes on what its own GPUs send, and to a GPU what comes down from its spine
+            fed = {p.ingress for p in sw.ports[:self.gpus_per_node]}
+            if link.level == "gpu-leaf" and self.spines:
+                fed.add(sw.ports[self.gpus_per_node + self.spine_for(self._gpu_named[link.dst])].ingress)
+        return tuple(x for x in self.links if x.name in fed)
 
     def lookahead_ns(self, name: str) -> float | None:
         """Least modeled ns between a transfer entering a feeder of link `name` and being ready at
@@ -468,29 +488,18 @@ class Topology:
         # a float matrix would round byte counts past 2**53; bool is a mistake, not 0/1 bytes
         if matrix.dtype == np.bool_ or not (np.issubdtype(matrix.dtype, np.integer) or matrix.dtype == object):
             raise FabricError(f"{self._what}: traffic matrix must hold integer byte counts, got dtype {matrix.dtype}")
-        for i, j in zip(*np.nonzero(matrix)):
+        if matrix.dtype == object:  # Python ints too large for int64, or anything else
+            bad = [(i, j) for i, j in zip(*np.nonzero(matrix)) if not isinstance(matrix[i, j], (int, np.integer))
+                   or isinstance(matrix[i, j], bool) or matrix[i, j] < 0]
+        else:
+            bad = list(zip(*np.nonzero(matrix < 0)))
+        if bad:
+            i, j = bad[0]
             value = matrix[i, j]
-            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
-                shown = int(value) if isinstance(value, np.integer) else value
-                raise FabricError(f"{self._what}: traffic from GPU {i} to GPU {j} must be a non-negative integer "
-                                  f"number of bytes, got {shown!r}")
+            shown = int(value) if isinstance(value, np.integer) else value
+            raise FabricError(f"{self._what}: traffic from GPU {i} to GPU {j} must be a non-negative integer "
+                              f"number of bytes, got {shown!r}")
         return matrix
-
-    def _flows(self) -> tuple[dict[str, set], dict[str, set]]:
-        """{link: source GPUs} and {link: feeder link names} over every route (computed once)."""
-        flows = self._cache.get("flows")
-        if flows is None:
-            sources: dict[str, set] = {}
-            feeders: dict[str, set] = {}
-            for src in range(self.gpus):
-                for dst in range(self.gpus):
-                    route = self.route(src, dst)
-                    for k, link in enumerate(route):
-                        sources.setdefault(link.name, set()).add(src)
-                        if k:
-                            feeders.setdefault(link.name, set()).add(route[k - 1].name)
-            flows = self._cache["flows"] = (sources, feeders)
-        return flows
 
 
 def _is_index(value, size: int) -> bool:

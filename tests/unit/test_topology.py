@@ -12,7 +12,7 @@ from nvlink_emu.fabric.counters import downlink, uplink
 from nvlink_emu.fabric.errors import ConfigError, FabricError
 from nvlink_emu.fabric.packets import raw_bytes, segments
 from nvlink_emu.fabric.timemodel import LinkClock
-from nvlink_emu.fabric.topology import LEVELS, Topology, gpu_name, link_name, switch_name
+from nvlink_emu.fabric.topology import LEVELS, SWITCH_LEVELS, Topology, gpu_name, link_name, switch_name
 from switch_helpers import msg, network
 
 
@@ -124,6 +124,7 @@ def test_rank_layout_puts_each_node_next_to_its_leaf_and_the_spines_last():
 
 def test_switches_ports_and_links_of_two_nodes_and_two_spines():
     topo = two_by_four(spines=2, uplink_gbytes=1800.0)
+    assert {s.level for s in topo.switches} == set(SWITCH_LEVELS)
     assert [(s.name, s.level, s.node) for s in topo.switches] == [
         ("sw0", "leaf", 0), ("sw1", "leaf", 1), ("sw2", "spine", None), ("sw3", "spine", None)]
     leaf1 = topo.switch(1)
@@ -290,6 +291,9 @@ def test_the_diagonal_is_fabric_loopback():
     t[5, 5] = 100
     assert nonzero(topo.link_payload_bytes(t)) == {"gpu5->sw1": 100, "sw1->gpu5": 100}
     assert nonzero(topo.link_payload_bytes(np.zeros((8, 8), int))) == {}
+    huge = np.zeros((8, 8), object)  # Python ints past int64 stay exact
+    huge[0, 7] = huge[1, 7] = 2 ** 70
+    assert topo.link_payload_bytes(huge)["sw1->gpu7"] == 2 ** 71
     assert topo.link_payload_bytes([[0] * 8] * 7 + [[3] + [0] * 7])["sw0->gpu0"] == 3  # nested lists work
 
 
@@ -324,6 +328,24 @@ def test_sources_feeders_and_lookahead():
     assert topo.lookahead_ns("gpu5->sw1") is None
     single = Topology.single(preset("dgx-h100"))
     assert single.lookahead_ns(downlink(3)) == 150 + 250 and single.sources(downlink(3)) == tuple(range(8))
+    assert names(single.feeders(downlink(3))) == [uplink(g) for g in range(8)]
+
+
+@pytest.mark.parametrize("nodes,gpn,spines", [(1, 3, 0), (2, 4, 1), (2, 4, 3), (3, 2, 2), (4, 3, 3)])
+def test_sources_and_feeders_are_what_every_route_does(nodes, gpn, spines):
+    topo = Topology.multi_node(nodes, gpn, spines, (300.0, 150.0), 600.0, 300.0, 250.0)
+    sources, feeders = {}, {}
+    for src in range(topo.gpus):  # the oracle: walk every route
+        for dst in range(topo.gpus):
+            route = topo.route(src, dst)
+            for k, link in enumerate(route):
+                sources.setdefault(link.name, set()).add(src)
+                if k:
+                    feeders.setdefault(link.name, set()).add(route[k - 1].name)
+    assert set(sources) == {link.name for link in topo.links}  # every link carries something
+    for link in topo.links:
+        assert topo.sources(link.name) == tuple(sorted(sources[link.name]))
+        assert set(names(topo.feeders(link.name))) == feeders.get(link.name, set())
 
 
 # -- errors -------------------------------------------------------------------------------------------
@@ -396,6 +418,11 @@ def test_bad_queries_are_fabric_errors_naming_the_value():
     with pytest.raises(FabricError, match="traffic from GPU 2 to GPU 5 must be a non-negative integer number "
                                           "of bytes, got -4"):
         topo.link_payload_bytes(negative)
+    fractional = np.zeros((8, 8), object)
+    fractional[3, 1] = 1.5
+    with pytest.raises(FabricError, match="traffic from GPU 3 to GPU 1 must be a non-negative integer number "
+                                          "of bytes, got 1.5"):
+        topo.link_payload_bytes(fractional)
     with pytest.raises(FabricError, match=r"transfer GPU 1 -> GPU 2: bytes must be a non-negative integer, got 1.5"):
         topo.expected_counters([(1, 2, 1.5)], 256, 16)
     with pytest.raises(FabricError, match=r"a transfer is \(src GPU, dst GPU, bytes\), got \(1, 2\)"):
