@@ -407,14 +407,29 @@ class Topology:
         """Payload bytes each link carries when GPU i sends traffic[i][j] bytes to GPU j, routed as
         `route` does: {link name: bytes} for every link, in link order. traffic is a gpus x gpus
         matrix of non-negative integers; its diagonal is fabric loopback (up and down again), so a
-        collective's own block, which it copies locally, must be 0 there."""
+        collective's own block, which it copies locally, must be 0 there. Exact (Python ints past
+        int64); O(gpus^2) in numpy, so a 256-GPU matrix takes milliseconds."""
         matrix = self._traffic(traffic)
-        totals = dict.fromkeys(self._by_name, 0)
-        for i, j in zip(*np.nonzero(matrix)):
-            nbytes = int(matrix[i, j])
-            for link in self.route(int(i), int(j)):
-                totals[link.name] += nbytes
-        return totals
+        if matrix.dtype != object and int(matrix.sum(dtype=object)) >= 2 ** 63:
+            matrix = matrix.astype(object)  # int64 sums would wrap
+        n, g, s = self.nodes, self.gpus_per_node, self.spines
+        totals = {}
+        for gpu, (up, down) in enumerate(zip(matrix.sum(axis=1), matrix.sum(axis=0))):
+            leaf = switch_name(gpu // g)
+            totals[link_name(gpu_name(gpu), leaf)] = int(up)
+            totals[link_name(leaf, gpu_name(gpu))] = int(down)
+        if s:
+            # by[a, b, k]: bytes from node a's GPUs to node b's GPUs of local index = k mod S, i.e. what
+            # crosses spine k from leaf a to leaf b (nothing for a = b: it stays in the leaf)
+            to_local = matrix.reshape(n, g, n, g).sum(axis=1)
+            by = np.stack([to_local[:, :, k::s].sum(axis=2) for k in range(s)], axis=2)
+            for a in range(n):
+                by[a, a, :] = 0
+            for a in range(n):
+                for k in range(s):
+                    totals[link_name(switch_name(a), switch_name(n + k))] = int(by[a, :, k].sum())
+                    totals[link_name(switch_name(n + k), switch_name(a))] = int(by[:, a, k].sum())
+        return {link.name: totals[link.name] for link in self.links}
 
     def expected_counters(self, transfers, mtu_bytes: int, header_bytes: int) -> LinkCounters:
         """The per-link counters (payload, raw bytes and packets, fabric.counters) a fabric shows after

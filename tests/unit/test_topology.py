@@ -166,6 +166,9 @@ def test_routes_same_node_other_node_and_loopback():
             route = topo.route(src, dst)
             assert route[0].src == f"gpu{src}" and route[-1].dst == f"gpu{dst}"
             assert all(a.dst == b.src for a, b in zip(route, route[1:]))
+            for link in route[1:]:  # each hop is the port the switch it leaves picks for dst
+                switch = next(sw for sw in topo.switches if sw.name == link.src)
+                assert switch.ports[topo.next_port(switch.index, dst)].egress == link.name
             same_node = src // 4 == dst // 4
             assert len(route) == (2 if same_node else 4)
     # latency: 2 GPU hops + 2 uplink hops + 3 switch traversals across nodes, today's hop within one
@@ -281,6 +284,12 @@ def test_random_traffic_matches_numpy_block_sums(nodes, gpn, spines):
             expected[f"sw{nodes + k}->sw{n}"] = int(traffic[np.ix_(node != n, (node == n) & into_k)].sum())
     assert per_link == expected
     assert list(per_link) == names(topo.links)
+    walked = dict.fromkeys(names(topo.links), 0)  # and the oracle of the routes themselves
+    for i in range(gpus):
+        for j in range(gpus):
+            for link in topo.route(i, j):
+                walked[link.name] += int(traffic[i, j])
+    assert per_link == walked
     inter = int(traffic[node[:, None] != node[None, :]].sum())
     assert topo.totals_by_level(per_link)["leaf-spine"] == {"up": inter, "down": inter}
 
@@ -294,6 +303,9 @@ def test_the_diagonal_is_fabric_loopback():
     huge = np.zeros((8, 8), object)  # Python ints past int64 stay exact
     huge[0, 7] = huge[1, 7] = 2 ** 70
     assert topo.link_payload_bytes(huge)["sw1->gpu7"] == 2 ** 71
+    wide = np.zeros((8, 8), np.int64)  # int64 entries whose sum does not fit int64
+    wide[0, 7] = wide[1, 7] = 2 ** 62
+    assert topo.link_payload_bytes(wide)["sw1->gpu7"] == 2 ** 63
     assert topo.link_payload_bytes([[0] * 8] * 7 + [[3] + [0] * 7])["sw0->gpu0"] == 3  # nested lists work
 
 
