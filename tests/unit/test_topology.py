@@ -439,3 +439,12 @@ def test_bad_queries_are_fabric_errors_naming_the_value():
         topo.expected_counters([(1, 2, 1.5)], 256, 16)
     with pytest.raises(FabricError, match=r"a transfer is \(src GPU, dst GPU, bytes\), got \(1, 2\)"):
         topo.expected_counters([(1, 2)], 256, 16)
+
+
+def test_the_module_is_pure():
+    # fabric/ never imports MPI: the topology must be usable by the launcher and the cost model anywhere
+    import subprocess
+    import sys
+    code = "import sys, nvlink_emu.fabric.topology; print(sorted(m for m in sys.modules if m.startswith('mpi4py')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
