@@ -46,6 +46,9 @@ class Communicator:
         # point to point: messages sent to / received from (member, tag), numbering each pair's stream
         self._p2p_sent: collections.Counter = collections.Counter()
         self._p2p_received: collections.Counter = collections.Counter()
+        # credits of rooted in-switch reductions (sharp reduce), numbered per sending GPU
+        self._credits_sent = 0
+        self._credits_taken: collections.Counter = collections.Counter()
         gpu._communicators[name] = self.members  # control messages of non-members are dropped
 
     # -- control plane ------------------------------------------------------------------------------
@@ -288,6 +291,73 @@ class Communicator:
         self._collective(name, "direct", "sum", send.dtype, sum(send_counts), None,
                          (send, pairwise.offsets(send_counts), send_counts, recv, pairwise.offsets(recv_counts),
                           recv_counts), counts=(send_counts, recv_counts), problem=problem)
+
+    def reduce(self, send: np.ndarray, recv: np.ndarray | None, root: int = 0, op: str = "sum",
+               algorithm: str = "auto") -> None:
+        """The root's recv <- the reduction of every member's `send` with `op`; recv has send's size
+        and dtype at the root and is not used elsewhere (None is fine there). Combine orders as each
+        algorithm documents (direct, ring, sharp)."""
+        with self._arguments("reduce"):
+            root = self._root(root, "reduce")
+            send = self._flat(send, "reduce send")
+            recv = self._flat(recv, "reduce recv", written=True) if self.rank == root else None
+        problem = None if recv is None else (self._same_dtype(send, recv, "reduce") or
+                                             self._expect(recv.size, (0, send.size), "reduce recv at the root"))
+        self._collective("reduce", algorithm, op, send.dtype, send.size, root, (send, recv, root), problem=problem)
+
+    def gather(self, send: np.ndarray, recv: np.ndarray | None, root: int = 0) -> None:
+        """The root's recv <- every member's `send` (all of one size), concatenated in rank order; recv
+        has size x send's elements at the root and is not used elsewhere (None is fine there)."""
+        with self._arguments("gather"):
+            root = self._root(root, "gather")
+            send = self._flat(send, "gather send")
+            recv = self._flat(recv, "gather recv", written=True) if self.rank == root else None
+        problem = None if recv is None else (self._same_dtype(send, recv, "gather") or
+                                             self._expect(recv.size, (0, self.size * send.size),
+                                                          "gather recv at the root"))
+        self._collective("gather", "direct", "sum", send.dtype, send.size, root, (send, recv, root),
+                         problem=problem)
+
+    def scatter(self, send: np.ndarray | None, recv: np.ndarray, root: int = 0) -> None:
+        """recv <- block `rank` of the root's `send`, which holds size blocks of recv's size (all of one
+        size) and is not used elsewhere (None is fine there)."""
+        with self._arguments("scatter"):
+            root = self._root(root, "scatter")
+            recv = self._flat(recv, "scatter recv", written=True)
+            send = self._flat(send, "scatter send") if self.rank == root else None
+        problem = None if send is None else (self._same_dtype(send, recv, "scatter") or
+                                             self._expect(send.size, (0, self.size * recv.size),
+                                                          "scatter send at the root"))
+        self._collective("scatter", "direct", "sum", recv.dtype, recv.size, root, (send, recv, root),
+                         problem=problem)
+
+    def _root(self, root, name: str) -> int:
+        if not is_integer(root) or not 0 <= root < self.size:
+            raise FabricError(f"GPU {self.gpu.rank}: {name} root {root!r} is not a member rank 0..{self.size - 1}")
+        return int(root)
+
+    def _send_credit(self, value: int) -> None:
+        """Tell every other member that `value` results of this member's in-switch reduction came back
+        (sharp reduce): out of band, like the call check, so not counted and not modeled (the credits
+        that bound the switch's memory are not modeled, see README, Modeled time)."""
+        number, self._credits_sent = self._credits_sent, self._credits_sent + 1
+        for peer in self.members:
+            if peer != self.gpu.rank:
+                # negative numbers: never one of this communicator's control exchanges (0, 1, ...)
+                self.gpu._control.send(peer, (self.name, -1 - number, ("credit", value)))
+
+    def _next_credit(self, member: int) -> int:
+        """The value of member `member`'s next credit, waiting for it."""
+        gpu, source = self.gpu, self.members[member]
+        key = (self.name, -1 - self._credits_taken[source], source)
+        gpu._wait(lambda: key in gpu._control_box, f"reduce on communicator {self.name!r}",
+                  f"GPU {source} (the root) to report in-switch results")
+        self._credits_taken[source] += 1
+        got = gpu.take_control(*key)
+        if not (type(got) is tuple and len(got) == 2 and got[0] == "credit" and is_integer(got[1])):
+            raise ProtocolError(f"GPU {gpu.rank}: reduce on communicator {self.name!r}: GPU {source} sent "
+                                f"{got!r:.80} where a credit was due")
+        return int(got[1])
 
     def _collective(self, name, algorithm, op, dtype, count, root, args, counts=None, problem=None) -> None:
         """Check, then run one collective. `problem`: what is wrong with this member's own buffers,
