@@ -10,12 +10,13 @@ import numpy as np
 from nvlink_emu.fabric.errors import (AccessViolation, CollectiveMismatch, FabricError, ProtocolError,
                                       UnsupportedOperation)
 from nvlink_emu.fabric.packets import CallRecord, GroupInfo, Kind
-from nvlink_emu.fabric.reduction import blocks, check_dtype, check_op, dtype_name
+from nvlink_emu.fabric.reduction import blocks, check_dtype, check_movable, check_op, dtype_name
 
 from . import collectives
 from .collectives import all2all as pairwise
 
 
+REDUCING = frozenset({"allreduce", "reduce_scatter", "reduce"})  # the collectives that combine elements
 P2P_TAG_LIMIT = 2 ** 31  # tags of point-to-point messages are 0..2**31 - 1 (MPI guarantees at least 0..32767)
 
 
@@ -365,7 +366,7 @@ class Communicator:
         gpu = self.gpu
         with self._arguments(name):
             try:
-                dtype = check_dtype(dtype)
+                dtype = check_dtype(dtype) if name in REDUCING else check_movable(dtype)  # reductions: DTYPES
                 check_op(op)
             except FabricError as exc:
                 raise FabricError(f"GPU {gpu.rank}: {name}: {exc}") from None
