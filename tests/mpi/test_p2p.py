@@ -61,6 +61,7 @@ def test_send_and_recv_count_exactly_the_payload_and_take_the_modeled_time_of_on
         B, a, s = t.bandwidth_gbytes_per_s, t.link_latency_ns, t.switch_latency_ns
         raw = raw_bytes(S, config.mtu_bytes, config.header_bytes)
         before = gpu.link_counters()
+        gpu.world.barrier()  # nothing is sent before every GPU took its `before` (counted on arrival)
         start = gpu.now_ns
         assert start == 0.0
         data = np.arange(S, dtype=np.uint8)
@@ -77,14 +78,16 @@ def test_send_and_recv_count_exactly_the_payload_and_take_the_modeled_time_of_on
         sent, received = S if gpu.rank == 0 else 0, S if gpu.rank == n - 1 else 0
         assert delta["tx_bytes"] == sent and delta["rx_bytes"] == received, (gpu.rank, delta)
         assert delta["tx_raw_bytes"] == (raw if sent else 0) and delta["rx_raw_bytes"] == (raw if received else 0)
-        # sendrecv between two members: each link carries exactly the two payloads
-        gpu.world.barrier()
+        # sendrecv between two members: each link carries exactly the two payloads (counted before the
+        # barrier: a message is counted when it arrives, which may be while this GPU waits in it)
         before = gpu.link_counters()
+        gpu.world.barrier()
         if gpu.rank in (1, 2):
             other = 3 - gpu.rank
             out = np.empty(1000 + other, np.float64)
             gpu.world.sendrecv(np.full(1000 + gpu.rank, gpu.rank, np.float64), other, out, other, sendtag=9)
             assert (out == other).all()
+        gpu.world.barrier()
         after = gpu.link_counters()
         expect_tx = 8 * (1000 + gpu.rank) if gpu.rank in (1, 2) else 0
         expect_rx = 8 * (1000 + 3 - gpu.rank) if gpu.rank in (1, 2) else 0
