@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .addressing import MAX_GPUS, NETWORK_ADDRESSES
 from .errors import ConfigError
-from .profiles import link_profile
+from .profiles import gpu_profile, link_profile
 
 MODES = ("network", "classic")
 MiB = 1 << 20
@@ -46,6 +46,11 @@ class FabricConfig:
     switch_latency_ns: float | None = None
     reduction_gbytes_per_s: float | None = None
     reduction_latency_ns: float | None = None
+    # compute model (fabric/compute.py): the GPU profile, and the fractions of its datasheet peaks that
+    # kernels reach (assumptions of this emulator, not measurements; set them from your own profiles)
+    gpu: str = "h100-sxm"
+    compute_efficiency: float = 0.7
+    memory_efficiency: float = 0.9
 
     def __post_init__(self):
         self._validate()
@@ -58,6 +63,12 @@ class FabricConfig:
         profile = link_profile(self.link)
         return Timing(*(getattr(self, name) if getattr(self, name) is not None else getattr(profile, name)
                         for name in TIMING_FIELDS))
+
+    def compute_ns(self, flops: float = 0, nbytes: float = 0, dtype="float32") -> float:
+        """Modeled ns of a kernel of `flops` operations in `dtype` moving `nbytes` HBM bytes (roofline)."""
+        from .compute import roofline_ns
+        return roofline_ns(gpu_profile(self.gpu), flops, nbytes, dtype, self.compute_efficiency,
+                           self.memory_efficiency)
 
     @property
     def world_size(self) -> int:
@@ -80,6 +91,14 @@ class FabricConfig:
         if self.mode not in MODES:
             raise ConfigError(f"mode: must be one of {MODES}, got {self.mode!r}")
         link_profile(self.link)
+        if not isinstance(self.gpu, str):
+            raise ConfigError(f"gpu: must be the name of a GPU profile, got {self.gpu!r}")
+        gpu_profile(self.gpu)
+        for key in ("compute_efficiency", "memory_efficiency"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or not 0 < value <= 1:
+                raise ConfigError(f"{key}: must be a number in (0, 1], got {value!r}")
         for key, minimum in INTEGER_MINIMUMS.items():
             value = getattr(self, key)
             # bool is an int in Python, but `gpus = true` is a mistake, not 1
@@ -151,16 +170,19 @@ class Timing:
 # Every preset names its sources in fabric/profiles.py (link) and README.md (topology).
 PRESETS: dict[str, dict] = {
     # DGX H100: 8 H100 GPUs on NVLink4 through NVSwitch gen 3 (SHARP); NVLink Network addressing.
-    "dgx-h100": dict(mode="network", gpus=8, sharp=True, link="nvlink4"),
+    "dgx-h100": dict(mode="network", gpus=8, sharp=True, link="nvlink4", gpu="h100-sxm"),
     # DGX A100: 8 A100 GPUs on NVLink3 through NVSwitch gen 2 (forwarding only); shared physical addresses.
-    "dgx-a100": dict(mode="classic", gpus=8, sharp=False, link="nvlink3"),
+    "dgx-a100": dict(mode="classic", gpus=8, sharp=False, link="nvlink3", gpu="a100-sxm"),
     # 8 A100 / H100 GPUs, each behind its own InfiniBand HDR / NDR port on one IB switch (no SHARP):
     # separate address spaces reached through registered windows, like NVLink Network mode.
-    "a100-ib": dict(mode="network", gpus=8, sharp=False, link="ib-hdr"),
-    "h100-ib": dict(mode="network", gpus=8, sharp=False, link="ib-ndr"),
-    # 8 GPUs behind a PCIe switch: peer-to-peer by physical (BAR) address, no isolation, no SHARP.
-    "pcie-gen4": dict(mode="classic", gpus=8, sharp=False, link="pcie-gen4"),
-    "pcie-gen5": dict(mode="classic", gpus=8, sharp=False, link="pcie-gen5"),
+    "a100-ib": dict(mode="network", gpus=8, sharp=False, link="ib-hdr", gpu="a100-sxm"),
+    "h100-ib": dict(mode="network", gpus=8, sharp=False, link="ib-ndr", gpu="h100-sxm"),
+    # 8 A100 / H100 PCIe cards behind a PCIe switch: peer-to-peer by physical (BAR) address, no isolation,
+    # no SHARP.
+    "pcie-gen4": dict(mode="classic", gpus=8, sharp=False, link="pcie-gen4", gpu="a100-pcie"),
+    "pcie-gen5": dict(mode="classic", gpus=8, sharp=False, link="pcie-gen5", gpu="h100-pcie"),
+    # DGX B200: 8 B200 GPUs on NVLink5 through NVSwitch gen 4 (SHARP); NVLink Network addressing.
+    "dgx-b200": dict(mode="network", gpus=8, sharp=True, link="nvlink5", gpu="b200"),
 }
 DEFAULT_PRESET = "dgx-h100"
 _KEYS = {f.name for f in dataclasses.fields(FabricConfig)}

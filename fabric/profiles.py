@@ -73,3 +73,76 @@ def link_profile(name: str) -> LinkProfile:
         return PROFILES[name]
     except KeyError:
         raise ConfigError(f"link: unknown link profile {name!r}; known: {', '.join(PROFILES)}") from None
+
+
+# -- GPU compute profiles ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GpuProfile:
+    """One GPU's compute roofline: dense peak throughput per dtype and HBM bandwidth.
+
+    peak_tflops: dense (no 2:4 sparsity) peak, TFLOP/s (1e12 per s) per compute dtype of
+    COMPUTE_DTYPES; a dtype missing has no such units (e.g. FP8 on A100). hbm_gbytes_per_s: peak
+    memory bandwidth, GB/s (1e9 bytes/s = bytes per ns).
+    """
+
+    name: str
+    peak_tflops: dict
+    hbm_gbytes_per_s: float
+    description: str
+    source: str
+
+
+# The dtypes gpu.compute(dtype=...) takes: float64/float32 run on the FP64/FP32 units (FP64 on the
+# FP64 tensor cores where the GPU has them, as cuBLAS DGEMM does); tf32, bfloat16, float16, fp8, int8
+# on the tensor cores. Vendors quote tensor-core peaks "with sparsity"; dense is half of that.
+COMPUTE_DTYPES = ("float64", "float32", "tf32", "bfloat16", "float16", "fp8", "int8")
+
+GPU_PROFILES: dict[str, GpuProfile] = {
+    g.name: g
+    for g in (
+        GpuProfile(
+            "a100-sxm", dict(float64=19.5, float32=19.5, tf32=156.0, bfloat16=312.0, float16=312.0, int8=624.0),
+            2039.0, "A100 SXM4 80 GB (HBM2e)",
+            "NVIDIA A100 Tensor Core GPU datasheet (2021, nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf): "
+            "FP64 Tensor Core 19.5 TFLOPS, FP32 19.5, TF32 156, BF16/FP16 312, INT8 624 TOPS (dense), "
+            "2,039 GB/s HBM2e (80 GB SXM)",
+        ),
+        GpuProfile(
+            "a100-pcie", dict(float64=19.5, float32=19.5, tf32=156.0, bfloat16=312.0, float16=312.0, int8=624.0),
+            1935.0, "A100 PCIe 80 GB (HBM2e)",
+            "NVIDIA A100 Tensor Core GPU datasheet (2021): the PCIe 80 GB card has the SXM4's peaks and "
+            "1,935 GB/s HBM2e",
+        ),
+        GpuProfile(
+            "h100-sxm", dict(float64=67.0, float32=67.0, tf32=494.7, bfloat16=989.4, float16=989.4, fp8=1978.9,
+                             int8=1978.9),
+            3350.0, "H100 SXM5 80 GB (HBM3)",
+            "NVIDIA H100 Tensor Core GPU datasheet (2022-2023): FP64 Tensor Core 67 TFLOPS, FP32 67, "
+            "TF32 989 / BF16 and FP16 1,979 / FP8 and INT8 3,958 with sparsity (half dense), 3.35 TB/s HBM3 (SXM)",
+        ),
+        GpuProfile(
+            "h100-pcie", dict(float64=51.0, float32=51.0, tf32=378.0, bfloat16=756.0, float16=756.0, fp8=1513.0,
+                              int8=1513.0),
+            2000.0, "H100 PCIe 80 GB (HBM2e)",
+            "NVIDIA H100 Tensor Core GPU datasheet (2022-2023): PCIe card FP64 Tensor Core 51 TFLOPS, FP32 51, "
+            "TF32 756 / BF16 and FP16 1,513 / FP8 and INT8 3,026 with sparsity (half dense), 2 TB/s HBM2e",
+        ),
+        GpuProfile(
+            "b200", dict(float64=40.0, float32=80.0, tf32=1100.0, bfloat16=2250.0, float16=2250.0, fp8=4500.0,
+                         int8=4500.0),
+            8000.0, "B200 (HGX B200, 1,000 W, HBM3e)",
+            "NVIDIA HGX B200 specifications per GPU (2024), as tabulated at glennklockwood.com/garden/processors/"
+            "B200: FP64 40 TFLOPS, FP32 80, TF32 1,100 / BF16 and FP16 2,250 / FP8 and INT8 4,500 dense; "
+            "8 TB/s HBM3e",
+        ),
+    )
+}
+
+
+def gpu_profile(name: str) -> GpuProfile:
+    """The GPU profile called `name`; ConfigError naming the known profiles otherwise."""
+    try:
+        return GPU_PROFILES[name]
+    except KeyError:
+        raise ConfigError(f"gpu: unknown GPU profile {name!r}; known: {', '.join(GPU_PROFILES)}") from None

@@ -14,9 +14,13 @@ from nvlink_emu.fabric.reduction import blocks, check_dtype, check_movable, chec
 
 from . import collectives
 from .collectives import all2all as pairwise
+from .requests import Request
 
 
 REDUCING = frozenset({"allreduce", "reduce_scatter", "reduce"})  # the collectives that combine elements
+# control numbers of sharp reduce's credits: far below the calls' (0, 1, ...) and group creation's
+# (-1, -2, ...), so that a credit is never taken for either
+CREDIT_SEQ = -(2 ** 62)
 P2P_TAG_LIMIT = 2 ** 31  # tags of point-to-point messages are 0..2**31 - 1 (MPI guarantees at least 0..32767)
 
 
@@ -43,6 +47,9 @@ class Communicator:
         # one sequence for every operation, control or collective: each call takes exactly one number
         # on every member, so members stay in step even after a call that failed its check
         self._seq = itertools.count()
+        # group creation runs inside a collective, whenever this GPU runs its pending requests: its
+        # exchanges take numbers of their own (negative ones), so that the program's calls keep theirs
+        self._group_seq = itertools.count(-1, -1)
         self._group: int | None = None
         # point to point: messages sent to / received from (member, tag), numbering each pair's stream
         self._p2p_sent: collections.Counter = collections.Counter()
@@ -108,17 +115,18 @@ class Communicator:
                                                      f"group create for communicator {self.name!r}")["group"]
                 except FabricError as exc:
                     created = exc  # every member raises it, none is left waiting
-            created = self.allgather_object(created, "group create")[0]
+            created = self._exchange(created, "group create", next(self._group_seq))[0]
             if isinstance(created, FabricError):
                 raise type(created)(f"{created} (raised on GPU {self.members[0]}, the communicator's first member)")
             gid = created
             self.gpu._control_call(Kind.GROUP, GroupInfo("bind", gid, (), ""), f"group bind {gid}")
-            self.allgather_object(None, "group bind")  # every member bound before any contribution
+            self._exchange(None, "group bind", next(self._group_seq))  # all bound before any contribution
             self._group = gid
         return self._group
 
     def release_group(self) -> None:
         """Release this communicator's multicast/SHARP group in the switch (collective)."""
+        self.gpu._drain()  # this GPU's pending collectives may still use the group
         if self._group is not None:
             self.allgather_object(None, "group release")
             if self.rank == 0:
@@ -211,6 +219,7 @@ class Communicator:
     def _take(self, out: np.ndarray, source: int, tag: int, before_copy=None) -> None:
         """Wait for the next message of member `source` with `tag`, check its size, copy it into `out`."""
         gpu, peer = self.gpu, self.members[source]
+        gpu._drain()  # pending collectives take the links first, in program order
         number = self._p2p_received[(source, tag)]
         self._p2p_received[(source, tag)] += 1
         slot = (self._p2p_key(tag, number), peer)
@@ -229,50 +238,80 @@ class Communicator:
         out[:] = got
 
     # -- collectives --------------------------------------------------------------------------------
+    # Each collective has a blocking form and a non-blocking i-form that returns a Request
+    # (ranks/requests.py: req.wait(), req.test(), gpu.wait_all). The blocking form is its i-form waited
+    # for at once. Buffers of a pending i-form belong to it until its wait: not written (send) or read
+    # (recv) before, as in MPI.
     def allreduce(self, array: np.ndarray, op: str = "sum", algorithm: str = "auto") -> None:
         """Reduce `array` over every member with `op` (sum, avg, max, min, prod), in place."""
+        self.iallreduce(array, op, algorithm).wait()
+
+    def iallreduce(self, array: np.ndarray, op: str = "sum", algorithm: str = "auto") -> Request:
+        """Non-blocking allreduce; returns its Request."""
         with self._arguments("allreduce"):
             flat = self._flat(array, "allreduce", written=True)
-        self._collective("allreduce", algorithm, op, flat.dtype, flat.size, None, (flat,))
+        return self._collective("allreduce", algorithm, op, flat.dtype, flat.size, None, (flat,))
 
     def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, op: str = "sum", algorithm: str = "auto") -> None:
         """recv <- block `rank` of the reduction of every member's `send` (blocks as fabric.reduction.blocks)."""
+        self.ireduce_scatter(send, recv, op, algorithm).wait()
+
+    def ireduce_scatter(self, send: np.ndarray, recv: np.ndarray, op: str = "sum", algorithm: str = "auto") -> Request:
+        """Non-blocking reduce_scatter; returns its Request."""
         with self._arguments("reduce_scatter"):
             send, recv = self._flat(send, "reduce_scatter send"), self._flat(recv, "reduce_scatter recv", written=True)
         problem = (self._same_dtype(send, recv, "reduce_scatter")
                    or self._expect(recv.size, blocks(send.size, self.size)[self.rank], "reduce_scatter recv"))
-        self._collective("reduce_scatter", algorithm, op, send.dtype, send.size, None, (send, recv), problem=problem)
+        return self._collective("reduce_scatter", algorithm, op, send.dtype, send.size, None, (send, recv),
+                                problem=problem)
 
     def allgather(self, send: np.ndarray, recv: np.ndarray, algorithm: str = "auto") -> None:
         """recv <- every member's `send`, concatenated in rank order."""
+        self.iallgather(send, recv, algorithm).wait()
+
+    def iallgather(self, send: np.ndarray, recv: np.ndarray, algorithm: str = "auto") -> Request:
+        """Non-blocking allgather; returns its Request."""
         with self._arguments("allgather"):
             send, recv = self._flat(send, "allgather send"), self._flat(recv, "allgather recv", written=True)
         problem = (self._same_dtype(send, recv, "allgather")
                    or self._expect(send.size, blocks(recv.size, self.size)[self.rank], "allgather send"))
-        self._collective("allgather", algorithm, "sum", send.dtype, recv.size, None, (send, recv), problem=problem)
+        return self._collective("allgather", algorithm, "sum", send.dtype, recv.size, None, (send, recv),
+                                problem=problem)
 
     def broadcast(self, array: np.ndarray, root: int = 0, algorithm: str = "auto") -> None:
         """array <- the root member's array, on every member."""
+        self.ibroadcast(array, root, algorithm).wait()
+
+    def ibroadcast(self, array: np.ndarray, root: int = 0, algorithm: str = "auto") -> Request:
+        """Non-blocking broadcast; returns its Request."""
         with self._arguments("broadcast"):
             flat = self._flat(array, "broadcast", written=True)
             if not is_integer(root) or not 0 <= root < self.size:
                 raise FabricError(f"GPU {self.gpu.rank}: broadcast root {root!r} is not a member rank 0..{self.size - 1}")
         root = int(root)
-        self._collective("broadcast", algorithm, "sum", flat.dtype, flat.size, root, (flat, root))
+        return self._collective("broadcast", algorithm, "sum", flat.dtype, flat.size, root, (flat, root))
 
     def all2all(self, send: np.ndarray, recv: np.ndarray) -> None:
         """recv block i <- member i's send block `rank`; send and recv hold `size` equal blocks."""
+        self.iall2all(send, recv).wait()
+
+    def iall2all(self, send: np.ndarray, recv: np.ndarray) -> Request:
+        """Non-blocking all2all; returns its Request."""
         with self._arguments("all2all"):
             send, recv = self._flat(send, "all2all send"), self._flat(recv, "all2all recv", written=True)
             if send.size != recv.size or send.size % self.size:
                 raise FabricError(f"GPU {self.gpu.rank}: all2all needs send and recv of equal size, a multiple of "
                                   f"{self.size} members (got {send.size}, {recv.size}); use all2allv for uneven blocks")
         counts = [send.size // self.size] * self.size
-        self._all2allv("all2all", send, counts, recv, counts)
+        return self._all2allv("all2all", send, counts, recv, counts)
 
     def all2allv(self, send: np.ndarray, send_counts, recv: np.ndarray, recv_counts) -> None:
         """recv block i (recv_counts[i] elements, packed in order) <- member i's send block `rank`
         (its send_counts[rank] elements, packed in order)."""
+        self.iall2allv(send, send_counts, recv, recv_counts).wait()
+
+    def iall2allv(self, send: np.ndarray, send_counts, recv: np.ndarray, recv_counts) -> Request:
+        """Non-blocking all2allv; returns its Request."""
         with self._arguments("all2allv"):
             send, recv = self._flat(send, "all2allv send"), self._flat(recv, "all2allv recv", written=True)
             counts = []
@@ -280,35 +319,45 @@ class Communicator:
                 if not all(is_integer(c) for c in given):
                     raise FabricError(f"GPU {self.gpu.rank}: all2allv {what} must be integers, got {list(given)!r}")
                 counts.append([int(c) for c in given])
-        self._all2allv("all2allv", send, counts[0], recv, counts[1])
+        return self._all2allv("all2allv", send, counts[0], recv, counts[1])
 
-    def _all2allv(self, name, send, send_counts, recv, recv_counts) -> None:
+    def _all2allv(self, name, send, send_counts, recv, recv_counts) -> Request:
         problem = self._same_dtype(send, recv, name)
         for what, counts, array in (("send", send_counts, send), ("recv", recv_counts, recv)):
             if len(counts) != self.size or min(counts, default=0) < 0 or sum(counts) > array.size:
                 problem = (f"{name} {what}_counts {counts} must be {self.size} non-negative counts summing to at "
                            f"most {array.size}")
                 send_counts = recv_counts = [0] * self.size  # still take part in the call check
-        self._collective(name, "direct", "sum", send.dtype, sum(send_counts), None,
-                         (send, pairwise.offsets(send_counts), send_counts, recv, pairwise.offsets(recv_counts),
-                          recv_counts), counts=(send_counts, recv_counts), problem=problem)
+        return self._collective(name, "direct", "sum", send.dtype, sum(send_counts), None,
+                                (send, pairwise.offsets(send_counts), send_counts, recv, pairwise.offsets(recv_counts),
+                                 recv_counts), counts=(send_counts, recv_counts), problem=problem)
 
     def reduce(self, send: np.ndarray, recv: np.ndarray | None, root: int = 0, op: str = "sum",
                algorithm: str = "auto") -> None:
         """The root's recv <- the reduction of every member's `send` with `op`; recv has send's size
         and dtype at the root and is not used elsewhere (None is fine there). Combine orders as each
         algorithm documents (direct, ring, sharp)."""
+        self.ireduce(send, recv, root, op, algorithm).wait()
+
+    def ireduce(self, send: np.ndarray, recv: np.ndarray | None, root: int = 0, op: str = "sum",
+                algorithm: str = "auto") -> Request:
+        """Non-blocking reduce; returns its Request."""
         with self._arguments("reduce"):
             root = self._root(root, "reduce")
             send = self._flat(send, "reduce send")
             recv = self._flat(recv, "reduce recv", written=True) if self.rank == root else None
         problem = None if recv is None else (self._same_dtype(send, recv, "reduce") or
                                              self._expect(recv.size, (0, send.size), "reduce recv at the root"))
-        self._collective("reduce", algorithm, op, send.dtype, send.size, root, (send, recv, root), problem=problem)
+        return self._collective("reduce", algorithm, op, send.dtype, send.size, root, (send, recv, root),
+                                problem=problem)
 
     def gather(self, send: np.ndarray, recv: np.ndarray | None, root: int = 0) -> None:
         """The root's recv <- every member's `send` (all of one size), concatenated in rank order; recv
         has size x send's elements at the root and is not used elsewhere (None is fine there)."""
+        self.igather(send, recv, root).wait()
+
+    def igather(self, send: np.ndarray, recv: np.ndarray | None, root: int = 0) -> Request:
+        """Non-blocking gather; returns its Request."""
         with self._arguments("gather"):
             root = self._root(root, "gather")
             send = self._flat(send, "gather send")
@@ -316,12 +365,16 @@ class Communicator:
         problem = None if recv is None else (self._same_dtype(send, recv, "gather") or
                                              self._expect(recv.size, (0, self.size * send.size),
                                                           "gather recv at the root"))
-        self._collective("gather", "direct", "sum", send.dtype, send.size, root, (send, recv, root),
-                         problem=problem)
+        return self._collective("gather", "direct", "sum", send.dtype, send.size, root, (send, recv, root),
+                                problem=problem)
 
     def scatter(self, send: np.ndarray | None, recv: np.ndarray, root: int = 0) -> None:
         """recv <- block `rank` of the root's `send`, which holds size blocks of recv's size (all of one
         size) and is not used elsewhere (None is fine there)."""
+        self.iscatter(send, recv, root).wait()
+
+    def iscatter(self, send: np.ndarray | None, recv: np.ndarray, root: int = 0) -> Request:
+        """Non-blocking scatter; returns its Request."""
         with self._arguments("scatter"):
             root = self._root(root, "scatter")
             recv = self._flat(recv, "scatter recv", written=True)
@@ -329,8 +382,8 @@ class Communicator:
         problem = None if send is None else (self._same_dtype(send, recv, "scatter") or
                                              self._expect(send.size, (0, self.size * recv.size),
                                                           "scatter send at the root"))
-        self._collective("scatter", "direct", "sum", recv.dtype, recv.size, root, (send, recv, root),
-                         problem=problem)
+        return self._collective("scatter", "direct", "sum", recv.dtype, recv.size, root, (send, recv, root),
+                                problem=problem)
 
     def _root(self, root, name: str) -> int:
         if not is_integer(root) or not 0 <= root < self.size:
@@ -344,13 +397,12 @@ class Communicator:
         number, self._credits_sent = self._credits_sent, self._credits_sent + 1
         for peer in self.members:
             if peer != self.gpu.rank:
-                # negative numbers: never one of this communicator's control exchanges (0, 1, ...)
-                self.gpu._control.send(peer, (self.name, -1 - number, ("credit", value)))
+                self.gpu._control.send(peer, (self.name, CREDIT_SEQ - number, ("credit", value)))
 
     def _next_credit(self, member: int) -> int:
         """The value of member `member`'s next credit, waiting for it."""
         gpu, source = self.gpu, self.members[member]
-        key = (self.name, -1 - self._credits_taken[source], source)
+        key = (self.name, CREDIT_SEQ - self._credits_taken[source], source)
         gpu._wait(lambda: key in gpu._control_box, f"reduce on communicator {self.name!r}",
                   f"GPU {source} (the root) to report in-switch results")
         self._credits_taken[source] += 1
@@ -360,9 +412,10 @@ class Communicator:
                                 f"{got!r:.80} where a credit was due")
         return int(got[1])
 
-    def _collective(self, name, algorithm, op, dtype, count, root, args, counts=None, problem=None) -> None:
-        """Check, then run one collective. `problem`: what is wrong with this member's own buffers,
-        carried in the call check so that every member raises, not just this one."""
+    def _collective(self, name, algorithm, op, dtype, count, root, args, counts=None, problem=None) -> Request:
+        """Check this member's arguments now, then issue one collective as a Request (it runs when this
+        GPU drains its requests: ranks/requests.py). `problem`: what is wrong with this member's own
+        buffers, carried in the call check so that every member raises, not just this one."""
         gpu = self.gpu
         with self._arguments(name):
             try:
@@ -385,6 +438,13 @@ class Communicator:
                 "op": op, "root": root, "algorithm": algorithm, "seq": seq, **({"problem": problem} if problem else {})}
         fingerprint = {"name": name, "comm": self.name, "seq": seq, "algorithm": algorithm, "count": count,
                        "dtype": dtype_name(dtype), "op": op, "members": self.size}
+        return gpu._issue(f"{name} #{seq} on communicator {self.name!r}",
+                          lambda: self._execute(name, seq, algorithm, op, dtype, count, root, args, counts, call,
+                                                fingerprint))
+
+    def _execute(self, name, seq, algorithm, op, dtype, count, root, args, counts, call, fingerprint) -> None:
+        """Run collective `seq` (issued by _collective): the call check, then its traffic."""
+        gpu = self.gpu
         # begin before the call check: no peer sends this call's data before it has our call, so every
         # byte of the call reaches this GPU between begin and end (a call failing the check has no end)
         gpu.event({"ev": "coll_begin", **fingerprint})
@@ -436,6 +496,7 @@ class Communicator:
         try:
             yield
         except FabricError as exc:
+            self.gpu._drain()  # the members run this GPU's earlier requests first, so must it
             seq = next(self._seq)
             call = {"collective": name, "seq": seq, "problem": f"{type(exc).__name__}: {exc}"}
             self._exchange((call, None), f"{name} call check", seq)

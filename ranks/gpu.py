@@ -25,6 +25,7 @@ from nvlink_emu.fabric.packets import (MAX_LIST, WIRE_INT_MAX, CallRecord, Count
 from nvlink_emu.fabric.timemodel import LinkClock
 
 from .comm import Communicator, is_integer
+from .requests import Request, wait_all, wait_any
 from .transport import MAX_HEADER_BYTES, ControlChannel, Idle, Transport, native_collective
 
 
@@ -99,18 +100,37 @@ class Gpu:
         self._call_bytes = 0                            # their encoded size
         self._calls_unrecorded = 0                      # calls past CALL_RECORD_BYTES
         self._idle = Idle()
+        self._pending: collections.deque[Request] = collections.deque()  # issued, not yet run (ranks/requests.py)
+        self._draining = False                          # running pending requests (no nested drain)
+        self._stream_ns = 0.0                           # modeled end of this GPU's latest collective
         self.world = Communicator(self, tuple(range(config.gpus)), "world")
         partition = config.partition_of(self.rank)
         # members known from the config, so no GPU outside the partition takes part in making it
         self.partition = Communicator(self, config.partitions[partition], f"partition{partition}")
 
     # -- modeled time -------------------------------------------------------------------------------
-    def compute(self, ns: float) -> None:
-        """Advance this GPU's modeled clock by `ns` of compute (workload scripts model kernels this way)."""
-        if isinstance(ns, bool) or not isinstance(ns, (int, float, np.integer, np.floating)) \
-                or not math.isfinite(ns) or ns < 0:
-            raise FabricError(f"GPU {self.rank}: compute({ns!r}): needs a finite, non-negative number of ns")
-        self.now_ns += ns
+    def compute(self, ns: float | None = None, *, flops: float = 0, bytes: float = 0, dtype="float32") -> float:
+        """Advance this GPU's modeled clock by a kernel's time; returns the ns added.
+
+        compute(ns): `ns` of compute, as the script says. compute(flops=F, bytes=B, dtype=d): F
+        operations in d (float64, float32, tf32, bfloat16, float16, fp8, int8, or a numpy dtype) moving B
+        bytes to and from HBM, timed by the roofline of this fabric's GPU profile (fabric/compute.py).
+        Communication issued before (non-blocking collectives) runs meanwhile: it overlaps."""
+        if ns is not None:
+            if flops or bytes:
+                raise FabricError(f"GPU {self.rank}: compute({ns!r}, flops={flops!r}, bytes={bytes!r}): give "
+                                  f"ns, or flops/bytes, not both")
+            if isinstance(ns, bool) or not isinstance(ns, (int, float, np.integer, np.floating)) \
+                    or not math.isfinite(ns) or ns < 0:
+                raise FabricError(f"GPU {self.rank}: compute({ns!r}): needs a finite, non-negative number of ns")
+            added = float(ns)
+        else:
+            try:
+                added = self.config.compute_ns(flops, bytes, dtype)
+            except FabricError as exc:
+                raise FabricError(f"GPU {self.rank}: {exc}") from None
+        self.now_ns += added
+        return added
 
     def set_tracing(self, on: bool) -> None:
         """Turn this GPU's trace records on or off (GPU 0 also tells the switch); the bench measures
@@ -229,6 +249,7 @@ class Gpu:
         Returns once `array` may be reused; fence() waits until the bytes are visible at the target and
         raises AccessViolation if the switch refused them.
         """
+        self._drain()
         self._raise_async()
         data = self._as_bytes(array, "put")
         dst, address = self._destination(target, offset, data.nbytes, "put")
@@ -243,6 +264,7 @@ class Gpu:
 
     def get(self, target, array: np.ndarray, offset: int = 0) -> None:
         """Read `array.nbytes` bytes at byte `offset` of `target` into `array`; AccessViolation if refused."""
+        self._drain()
         self._raise_async()
         data = self._as_bytes(array, "get", written=True)
         dst, address = self._destination(target, offset, data.nbytes, "get")
@@ -285,10 +307,43 @@ class Gpu:
         self._counters.links.setdefault(downlink(self.rank), LinkStats()).busy_ns = self._downlink.busy_ns
         return self._counters.snapshot()
 
+    # -- non-blocking operations (ranks/requests.py) -------------------------------------------------
+    def wait_all(self, requests) -> None:
+        """Wait for every request (comm.iallreduce and the other i-forms); the clock moves to the latest end."""
+        wait_all(requests)
+
+    def wait_any(self, requests) -> int:
+        """Wait for the request that completes first in modeled time; returns its index in `requests`."""
+        return wait_any(requests)
+
+    def _issue(self, what: str, execute) -> Request:
+        """A pending request that runs `execute` (a collective's traffic) when its turn comes."""
+        request = Request(self, what, execute, self.now_ns)
+        self._pending.append(request)
+        return request
+
+    def _drain(self, upto: Request | None = None) -> None:
+        """Run pending requests on the host, in issue order: all of them, or up to `upto`. Every call
+        that uses the links drains first, so links are booked in program order."""
+        if self._draining or not self._pending:
+            return
+        self._draining = True
+        try:
+            while self._pending:
+                request = self._pending.popleft()
+                request._run()
+                if request is upto:
+                    break
+        finally:
+            self._draining = False
+
     # -- messages (collective traffic) ------------------------------------------------------------
     def send_message(self, peer: int, key: tuple, data: np.ndarray, at_ns: float | None = None) -> list:
         """Post `data` to GPU `peer`'s mailbox slot `key` (a flat tuple of ints and strings) through the
-        switch; returns the send requests. at_ns: modeled time the send is issued (default: now)."""
+        switch; returns the send requests. Asynchronous: `data` must not be written until
+        gpu.wait_sent([requests]) returned (the emulator may still be sending from it). at_ns: modeled
+        time the send is issued (default: now)."""
+        self._drain()
         self._check_peer(peer, f"send_message to {peer!r}")
         if not isinstance(key, tuple) or not all(isinstance(k, (int, str)) for k in key):
             raise FabricError(f"GPU {self.rank}: message key {key!r} must be a flat tuple of ints and strings")
@@ -301,6 +356,7 @@ class Gpu:
                        stamp: tuple[float, float] | None = None) -> list:
         """Post an in-switch operation (REDUCE, MCAST, LOAD_REDUCE) to the switch; returns the send requests.
         at_ns: modeled issue time (default now); stamp: uplink times reserved earlier (reserve_uplink)."""
+        self._drain()
         data = None if payload is None else self._as_bytes(payload, kind.name)
         size = data.nbytes if nbytes is None else nbytes
         return self._send(Packet(kind, self._keys[self.rank], -1, address, size, info=info), data, at_ns, stamp)
@@ -316,6 +372,7 @@ class Gpu:
         """Receive the message in slot `key` from GPU `peer`, or (peer None) the switch's delivery through
         multicast group `group` (an in-switch result or a multicast copy), straight into `out` when it
         arrives (see wait_receive)."""
+        self._drain()
         key = (tuple(key), _sender(peer, group))
         dest = self._as_bytes(out, "receive", written=True)
         got = self._mailbox.pop(key, None)
@@ -329,6 +386,7 @@ class Gpu:
     def wait_receive(self, key: tuple, peer: int | None = None, what: str = "", group: int | None = None) -> None:
         """Wait until the posted receive of slot `key` from `peer` (or group `group`) completed; the
         transfer takes its turn on this GPU's downlink now, in program order (modeled time)."""
+        self._drain()
         slot = (tuple(key), _sender(peer, group))
         source = what or ("the switch" if peer is None else f"GPU {peer}")
         self._wait(lambda: slot not in self._posted, "receive", f"{source} (slot {slot[0]})")
@@ -341,8 +399,8 @@ class Gpu:
         self.wait_receive(key, peer)
 
     def wait_sent(self, sends: list[list], what: str) -> None:
-        """Wait until sends (each the requests send_message returned) completed locally, so their
-        buffers may be reused."""
+        """Wait until sends (a list of what send_message returned) completed locally, so their buffers
+        may be written again; `what` names them in a timeout. Modeled time does not move."""
         self._wait(lambda: all(self._transport.sent(r) for r in sends), what, "the switch to take the data")
 
     def bind_buffer(self, key: tuple, data: np.ndarray) -> None:
@@ -601,7 +659,12 @@ class Gpu:
 
     # -- end of run ---------------------------------------------------------------------------------
     def finish(self) -> dict:
-        """After main(gpu): complete this GPU's traffic, report DONE, serve until the switch's report."""
+        """After main(gpu): complete this GPU's traffic (requests never waited for included, their
+        errors raised), report DONE, serve until the switch's report."""
+        pending = list(self._pending)
+        self._drain()
+        for request in pending:
+            request._complete()
         self.fence()
         self._wait(lambda: self._transport.idle and self._control.idle, "end of run", "sends to complete")
         self._transport.send(self._switch, Packet(Kind.DONE, self._keys[self.rank], -1))

@@ -1,0 +1,52 @@
+"""The GPU compute model: a roofline over the preset's GPU profile (fabric/profiles.py).
+
+A kernel of F floating-point (or integer) operations in dtype d that moves B bytes to and from HBM
+takes max(F / (peak_d x compute_efficiency), B / (hbm x memory_efficiency)) ns of modeled time:
+whichever of the math units and the memory is the bottleneck, the other overlaps with it. The
+efficiencies stand for what real kernels reach below the datasheet peaks; they are assumptions of
+this emulator (FabricConfig keys, see README "Compute model"), not measurements.
+"""
+
+import math
+
+import numpy as np
+
+from .errors import FabricError
+from .profiles import COMPUTE_DTYPES, GpuProfile
+
+# numpy dtypes that name a compute dtype directly (tf32 and fp8 have no numpy dtype: pass the name)
+_NUMPY_NAMES = {"float64": "float64", "float32": "float32", "float16": "float16", "int8": "int8",
+                "bfloat16": "bfloat16"}
+
+
+def compute_dtype(dtype) -> str:
+    """The COMPUTE_DTYPES name of `dtype` (a name or a numpy dtype); FabricError otherwise."""
+    if isinstance(dtype, str) and dtype in COMPUTE_DTYPES:
+        return dtype
+    try:
+        name = np.dtype(dtype).name
+    except TypeError:
+        name = None
+    if name in _NUMPY_NAMES:
+        return _NUMPY_NAMES[name]
+    raise FabricError(f"dtype {dtype!r}: compute takes one of {', '.join(COMPUTE_DTYPES)}")
+
+
+def roofline_ns(profile: GpuProfile, flops: float, nbytes: float, dtype, compute_efficiency: float,
+                memory_efficiency: float) -> float:
+    """Modeled ns of a kernel of `flops` operations in `dtype` moving `nbytes` HBM bytes on `profile`."""
+    for what, value in (("flops", flops), ("bytes", nbytes)):
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+                or not math.isfinite(value) or value < 0:
+            raise FabricError(f"compute {what}={value!r}: needs a finite, non-negative number")
+    name = compute_dtype(dtype)
+    peak = profile.peak_tflops.get(name)
+    if peak is None:
+        if not flops:
+            peak = math.inf  # a pure memory kernel needs no math units
+        else:
+            raise FabricError(f"compute in {name}: the {profile.description} has no {name} units "
+                              f"(it has {', '.join(profile.peak_tflops)})")
+    math_ns = float(flops) / (peak * 1e3 * compute_efficiency)  # TFLOP/s = 1e3 operations per ns
+    memory_ns = float(nbytes) / (profile.hbm_gbytes_per_s * memory_efficiency)  # GB/s = bytes per ns
+    return max(math_ns, memory_ns)
