@@ -263,3 +263,26 @@ def test_reduce_auto_runs_on_every_fabric():
         result = run(main, base=base)
         if result.role == "gpu":
             assert result.value in ALGORITHMS
+
+
+def test_rooted_i_forms_return_requests_and_point_to_point_waits_its_turn():
+    n = gpus()
+
+    def main(gpu):
+        r, comm = gpu.rank, gpu.world
+        out = np.empty(6, np.int64) if r == 0 else None
+        whole = np.empty(2 * n, np.int32) if r == 1 else None
+        part = np.empty(3, np.float32)
+        requests = [comm.ireduce(np.full(6, r, np.int64), out, root=0, algorithm="ring"),
+                    comm.igather(np.array([r, -r], np.int32), whole, root=1),
+                    comm.iscatter(np.arange(3 * n, dtype=np.float32) if r == 2 else None, part, root=2)]
+        # a point-to-point exchange issued while they are pending: they move their bytes first
+        got = np.empty(2, np.uint8)
+        comm.sendrecv(np.array([r, 7], np.uint8), (r + 1) % n, got, (r - 1) % n)
+        assert list(got) == [(r - 1) % n, 7]
+        gpu.wait_all(requests)
+        assert r != 0 or (out == sum(range(n))).all()
+        assert r != 1 or list(whole) == [v for m in range(n) for v in (m, -m)]
+        assert list(part) == [3 * r, 3 * r + 1, 3 * r + 2]
+
+    run(main)
