@@ -11,9 +11,8 @@ of B rows (float32).
   ends with y. Bytes: one AllReduce of B x H x 4 bytes per pair of layers.
 - **Pipeline** (layer split): GPU s holds a contiguous stage of the layers; the batch goes through in
   `--micro` micro-batches, each stage receiving a micro-batch's activations from the one before
-  (gpu.receive_message), computing, and sending them on (gpu.send_message, asynchronous: the stage
-  goes on to its next micro-batch while they travel), so the stages work on different micro-batches
-  at once. The last GPU ends with y. Bytes: B x H x 4 per stage boundary, N - 1 of them.
+  (comm.recv), computing, and sending them on (comm.send), so the stages work on different
+  micro-batches at once. The last GPU ends with y. Bytes: B x H x 4 per stage boundary, N - 1 of them.
 
 Every GPU holding y compares it with the one-process numpy reference and raises beyond float32
 tolerance. Compute is charged to the preset's GPU profile by FLOPs and HBM bytes
@@ -32,6 +31,7 @@ import numpy as np
 from nvlink_emu.fabric import ConfigError
 from nvlink_emu.launch.workload import copy, elementwise, matmul, timed_step
 
+ACTIVATIONS = 1  # the pipeline's message tag
 TOLERANCE = 1e-4  # largest |y - y_ref| / max|y_ref| allowed: float32 sums of H products, in other orders
 
 
@@ -109,26 +109,24 @@ def tp_shards(gpu, args, weights, biases):
     return shards
 
 
-def pipeline(gpu, args, step: int, stage: dict, biases, x):
-    """Step `step` of the layer split: this GPU runs `stage` (its layers: index -> W in GPU memory) on
+def pipeline(gpu, args, stage: dict, biases, x):
+    """One step of the layer split: this GPU runs `stage` (its layers: index -> W in GPU memory) on
     every micro-batch. Returns y on the last GPU, None on the others."""
-    n, r = gpu.size, gpu.rank
-    outputs, buffers, sends = [], [], []
-    for m, rows in enumerate(np.array_split(np.arange(args.batch), args.micro)):
-        buffers.append(gpu.alloc(rows.size * args.width, "float32"))
-        h = buffers[-1].reshape(rows.size, args.width)
+    n, r, comm = gpu.size, gpu.rank, gpu.world
+    outputs = []
+    for rows in np.array_split(np.arange(args.batch), args.micro):
+        buffer = gpu.alloc(rows.size * args.width, "float32")
+        h = buffer.reshape(rows.size, args.width)
         if r == 0:
             h[:] = x[rows]
-        else:  # the micro-batch's activations from the stage before
-            gpu.receive_message(("pipeline", step, m), h, r - 1)
+        else:
+            comm.recv(h, r - 1, tag=ACTIVATIONS)  # the micro-batch's activations from the stage before
         for i in stage:
             h[:] = layer_out(gpu, matmul(gpu, h, stage[i]), biases[i], last=i == args.layers - 1)
         if r < n - 1:
-            sends.append(gpu.send_message(r + 1, ("pipeline", step, m), h))
+            comm.send(h, r + 1, tag=ACTIVATIONS)  # returns once h's bytes have left: it may be freed
         else:
             outputs.append(copy(gpu, h))
-    gpu.wait_sent(sends, "the pipeline's activations")  # before their buffers are freed
-    for buffer in buffers:
         gpu.free(buffer)
     return np.concatenate(outputs) if outputs else None
 
@@ -158,7 +156,7 @@ def main(gpu):
         stage[int(i)][:] = weights[i]
     for step in range(args.steps):
         with timed_step(gpu, "pipeline") as pp:
-            y = pipeline(gpu, args, step, stage, biases, x)
+            y = pipeline(gpu, args, stage, biases, x)
         pp_error = max(gpu.world.allgather_object(check(gpu, y, y_ref, "pipeline") if y is not None else 0.0,
                                                   "pipeline check"))
     if r == 0:
