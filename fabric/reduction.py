@@ -5,6 +5,9 @@ algorithm and the member ranks, never on arrival order, so results are bitwise i
 and equal the numpy reference computed in the same order (`reduce_in_order`).
 """
 
+import hashlib
+import re
+
 import numpy as np
 
 from .errors import FabricError
@@ -17,20 +20,52 @@ except ImportError:  # pragma: no cover - ml_dtypes is a dependency
     BFLOAT16 = None
 
 OPS = ("sum", "avg", "max", "min", "prod")
-DTYPES = {name: np.dtype(name) for name in ("float16", "float32", "float64", "int32", "int64")}
+# Reductions (allreduce, reduce_scatter, reduce; GPU algorithms and the switch alike) take these:
+# every integer width (sum and prod wrap in the dtype, avg floors), and the float widths. bool and
+# complex are refused (see check_dtype). NCCL reduces the same set but int16/uint16; NVSwitch's
+# multimem reductions a smaller one (32/64-bit integers, fp16, bf16, fp32, fp64: PTX ISA,
+# multimem.ld_reduce), so an 8- or 16-bit integer in-switch reduction is a what-if.
+DTYPES = {name: np.dtype(name) for name in ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64",
+                                            "uint64", "float16", "float32", "float64")}
 if BFLOAT16 is not None:
     DTYPES["bfloat16"] = BFLOAT16
 _COMBINE = {"sum": np.add, "avg": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
+_REFUSED = {"b": "bool has no sum or average (reduce uint8 with max for a logical or, min for a logical and)",
+            "c": "complex has no order for max and min (reduce its real view, x.view(float32 or float64), "
+                 "for sum and avg)"}
+_SIMPLE_NAME = re.compile(r"[<>|=]?[A-Za-z][A-Za-z0-9]*(\[[A-Za-z0-9]+\])?")  # 'uint16', '>f4', 'datetime64[ns]'
+MAX_DTYPE_NAME = 200  # characters of a dtype's name in call records and fingerprints
 
 
 def check_dtype(dtype) -> np.dtype:
-    """The numpy dtype for a name or dtype the collectives support; FabricError otherwise."""
+    """The numpy dtype of a reduction dtype (a dtype, or one of DTYPES' names: a name is looked up,
+    never parsed, as the switch takes names from GPUs it does not trust); FabricError otherwise."""
+    supported = (f"reductions support {', '.join(DTYPES)}; data-movement collectives (allgather, broadcast, "
+                 f"gather, scatter, all2all, all2allv, send/recv) take any fixed-size dtype")
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise FabricError(f"dtype {dtype[:MAX_DTYPE_NAME]!r}: {supported}")
+        return DTYPES[dtype]
     try:
-        dtype = np.dtype(DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype)
+        dtype = np.dtype(dtype)
     except TypeError:
-        raise FabricError(f"dtype {dtype!r}: collectives support {', '.join(DTYPES)}") from None
+        raise FabricError(f"dtype {dtype!r:.{MAX_DTYPE_NAME}}: {supported}") from None
     if dtype not in DTYPES.values():
-        raise FabricError(f"dtype {dtype}: collectives support {', '.join(DTYPES)}")
+        why = _REFUSED.get(dtype.kind)
+        raise FabricError(f"dtype {dtype}: {why + '; ' if why else ''}{supported}")
+    return dtype
+
+
+def check_movable(dtype) -> np.dtype:
+    """The numpy dtype of data that collectives move as bytes: any fixed-size binary layout (no
+    Python objects, not empty); FabricError otherwise."""
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError:
+        raise FabricError(f"dtype {dtype!r:.{MAX_DTYPE_NAME}}: not a numpy dtype") from None
+    if dtype.hasobject or dtype.itemsize == 0:
+        raise FabricError(f"dtype {dtype}: collectives move fixed-size binary elements; this one has "
+                          f"{'Python objects' if dtype.hasobject else 'no bytes'}")
     return dtype
 
 
@@ -41,7 +76,40 @@ def check_op(op: str) -> str:
 
 
 def dtype_name(dtype: np.dtype) -> str:
-    return next(name for name, d in DTYPES.items() if d == dtype)
+    """A name for any dtype, for call records and fingerprints: DTYPES' name for a reduction dtype,
+    numpy's for another simple one ('bool', 'complex64', '>f4', '|S7'); a structured or sub-array
+    dtype is 'V<itemsize>:' and its description (a digest of it past MAX_DTYPE_NAME characters), so
+    dtype_itemsize can read every name back."""
+    dtype = np.dtype(dtype)
+    for name, known in DTYPES.items():
+        if known == dtype:
+            return name
+    name = str(dtype)
+    if dtype.fields is None and dtype.subdtype is None and _SIMPLE_NAME.fullmatch(name):
+        return name
+    prefix = f"V{dtype.itemsize}:"
+    if len(prefix) + len(name) > MAX_DTYPE_NAME:
+        name = hashlib.sha256(name.encode()).hexdigest()[:32]
+    return prefix + name
+
+
+def dtype_itemsize(name: str) -> int:
+    """Bytes per element of a dtype named by dtype_name; FabricError for any other string (the names
+    come from call records, which GPUs write)."""
+    if name in DTYPES:
+        return DTYPES[name].itemsize
+    sized = re.fullmatch(r"V(\d{1,12}):.*", name, re.S) if isinstance(name, str) else None
+    if sized:
+        return int(sized.group(1))
+    if isinstance(name, str) and _SIMPLE_NAME.fullmatch(name):
+        try:
+            dtype = np.dtype(name)
+        except TypeError:
+            pass
+        else:
+            if not dtype.hasobject:
+                return dtype.itemsize
+    raise FabricError(f"dtype name {str(name)[:MAX_DTYPE_NAME]!r}: not one dtype_name gives")
 
 
 def switch_accumulator(dtype: np.dtype) -> np.dtype:

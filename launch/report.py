@@ -7,7 +7,7 @@ from pathlib import Path
 
 from nvlink_emu.fabric.counters import FIELDS, format_table
 from nvlink_emu.fabric.errors import ConfigError
-from nvlink_emu.fabric.reduction import check_dtype
+from nvlink_emu.fabric.reduction import dtype_itemsize
 from nvlink_emu.fabric.trace import find_runs, read_directory
 
 REPORT_SCHEMA_VERSION = 1  # of --report-json's file (README, "Run report JSON")
@@ -43,7 +43,7 @@ def report_json(report: dict) -> dict:
         for call in by_gpu[gpu]:
             calls.append({"gpu": gpu, **{k: call[k] for k in ("comm", "seq", "collective", "algorithm", "count",
                                                                "dtype", "op", "root", "members")},
-                          "size_bytes": call["count"] * check_dtype(call["dtype"]).itemsize,
+                          "size_bytes": call["count"] * dtype_itemsize(call["dtype"]),
                           "m_start_ns": call["m_start_ns"], "m_end_ns": call["m_end_ns"],
                           "modeled_ns": call["m_end_ns"] - call["m_start_ns"],
                           "tx_bytes": call["tx_bytes"], "rx_bytes": call["rx_bytes"]})

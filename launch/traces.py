@@ -5,7 +5,7 @@ import itertools
 from collections import defaultdict
 
 from nvlink_emu.fabric.counters import FIELDS
-from nvlink_emu.fabric.reduction import check_dtype
+from nvlink_emu.fabric.reduction import dtype_itemsize
 from nvlink_emu.fabric.trace import RankTrace
 
 US = 1e-3  # Chrome traces count microseconds; modeled times are ns
@@ -180,7 +180,7 @@ def collectives(traces: list[RankTrace]) -> list[dict]:
             if event["ev"] in ("coll_begin", "coll_end"):
                 call = calls.setdefault((event["comm"], event["seq"]), {"name": event["name"],
                                         "algorithm": event["algorithm"], "begin": float("inf"), "end": None,
-                                        "bytes": event["count"] * check_dtype(event["dtype"]).itemsize})
+                                        "bytes": event["count"] * dtype_itemsize(event["dtype"])})
                 if event["ev"] == "coll_begin":
                     call["begin"] = min(call["begin"], event["m"])
                 else:

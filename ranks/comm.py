@@ -1,18 +1,27 @@
 """Communicators of GPUs: the out-of-band control exchange (barrier, allgather_object, split) and the
 collectives, which run as real traffic through the switch (algorithms in ranks/collectives)."""
 
+import collections
 import itertools
 from contextlib import contextmanager
 
 import numpy as np
 
-from nvlink_emu.fabric.errors import AccessViolation, CollectiveMismatch, FabricError, UnsupportedOperation
+from nvlink_emu.fabric.errors import (AccessViolation, CollectiveMismatch, FabricError, ProtocolError,
+                                      UnsupportedOperation)
 from nvlink_emu.fabric.packets import CallRecord, GroupInfo, Kind
-from nvlink_emu.fabric.reduction import blocks, check_dtype, check_op, dtype_name
+from nvlink_emu.fabric.reduction import blocks, check_dtype, check_movable, check_op, dtype_name
 
 from . import collectives
 from .collectives import all2all as pairwise
 from .requests import Request
+
+
+REDUCING = frozenset({"allreduce", "reduce_scatter", "reduce"})  # the collectives that combine elements
+# control numbers of sharp reduce's credits: far below the calls' (0, 1, ...) and group creation's
+# (-1, -2, ...), so that a credit is never taken for either
+CREDIT_SEQ = -(2 ** 62)
+P2P_TAG_LIMIT = 2 ** 31  # tags of point-to-point messages are 0..2**31 - 1 (MPI guarantees at least 0..32767)
 
 
 def is_integer(value) -> bool:
@@ -42,6 +51,12 @@ class Communicator:
         # exchanges take numbers of their own (negative ones), so that the program's calls keep theirs
         self._group_seq = itertools.count(-1, -1)
         self._group: int | None = None
+        # point to point: messages sent to / received from (member, tag), numbering each pair's stream
+        self._p2p_sent: collections.Counter = collections.Counter()
+        self._p2p_received: collections.Counter = collections.Counter()
+        # credits of rooted in-switch reductions (sharp reduce), numbered per sending GPU
+        self._credits_sent = 0
+        self._credits_taken: collections.Counter = collections.Counter()
         gpu._communicators[name] = self.members  # control messages of non-members are dropped
 
     # -- control plane ------------------------------------------------------------------------------
@@ -121,6 +136,109 @@ class Communicator:
                 self.gpu._control_call(Kind.GROUP, GroupInfo("release", self._group, (), ""),
                                        f"group release {self._group}")
             self._group = None
+
+    # -- point to point -----------------------------------------------------------------------------
+    def send(self, array: np.ndarray, dest: int, tag: int = 0) -> None:
+        """Send `array`'s bytes to member `dest` (a rank of this communicator) with `tag` (0 <= tag <
+        2**31). Returns once `array` may be reused (its bytes have left this GPU); modeled time moves
+        to when its last byte left the uplink. Messages to one member with one tag are received in
+        the order they were sent (MPI's non-overtaking rule)."""
+        data = self._p2p_args("send", array, dest, tag)
+        requests = self._post_send(data, int(dest), int(tag))
+        self.gpu.wait_sent([requests], f"send to member {dest} tag {tag}")
+        self.gpu.now_ns = max(self.gpu.now_ns, self.gpu._uplink.free_ns)
+
+    def recv(self, array: np.ndarray, source: int, tag: int = 0) -> None:
+        """Receive the next message of member `source` with `tag` into `array`, which must have the
+        message's byte size (ProtocolError naming both GPUs, the tag and the sizes otherwise). The
+        transfer takes its turn on this GPU's downlink now (modeled time)."""
+        out = self._p2p_args("recv", array, source, tag, written=True)
+        self._take(out, int(source), int(tag))
+
+    def sendrecv(self, send: np.ndarray, dest: int, recv: np.ndarray, source: int, sendtag: int = 0,
+                 recvtag: int | None = None) -> None:
+        """Send `send` to member `dest` and receive from member `source` into `recv` at once (no
+        deadlock when two members exchange with each other); recvtag None means sendtag. `recv` may be
+        `send` itself (as MPI's Sendrecv_replace). dest = source = this member's rank is a local copy
+        (no link bytes). Returns once both are done."""
+        recvtag = sendtag if recvtag is None else recvtag
+        if is_integer(dest) and dest == source == self.rank:
+            self._sendrecv_self(send, recv, sendtag, recvtag)
+            return
+        data = self._p2p_args("sendrecv", send, dest, sendtag)
+        out = self._p2p_args("sendrecv", recv, source, recvtag, written=True)
+        requests = self._post_send(data, int(dest), int(sendtag))
+        # the received bytes land only after the send left, so recv may share send's memory
+        self._take(out, int(source), int(recvtag), before_copy=lambda: self.gpu.wait_sent(
+            [requests], f"sendrecv to member {dest} tag {sendtag}"))
+        self.gpu.now_ns = max(self.gpu.now_ns, self.gpu._uplink.free_ns)
+
+    def _sendrecv_self(self, send, recv, sendtag, recvtag) -> None:
+        """sendrecv with this member itself (a shift on a one-member ring): a local copy, no link bytes."""
+        for tag in (sendtag, recvtag):
+            if not is_integer(tag) or not 0 <= tag < P2P_TAG_LIMIT:
+                raise FabricError(f"GPU {self.gpu.rank}: sendrecv tag {tag!r}: tags are integers "
+                                  f"0..{P2P_TAG_LIMIT - 1}")
+        if sendtag != recvtag:
+            raise FabricError(f"GPU {self.gpu.rank}: sendrecv with itself (member {self.rank} of communicator "
+                              f"{self.name!r}) sends tag {sendtag} and receives tag {recvtag}: it would wait forever")
+        data = self._flat(send, "sendrecv buffer").view(np.uint8)
+        out = self._flat(recv, "sendrecv buffer", written=True).view(np.uint8)
+        if data.nbytes != out.nbytes:
+            raise ProtocolError(f"GPU {self.gpu.rank}: sendrecv with itself tag {sendtag} on communicator "
+                                f"{self.name!r}: it sends {data.nbytes} bytes, its receive buffer has {out.nbytes}")
+        out[:] = data.copy()  # a copy first: recv may overlap send
+
+    def _p2p_args(self, op: str, array, peer, tag, written: bool = False) -> np.ndarray:
+        """`array`'s bytes, after checking the peer member and the tag."""
+        gpu = self.gpu
+        if not is_integer(peer) or not 0 <= peer < self.size:
+            raise FabricError(f"GPU {gpu.rank}: {op}: peer {peer!r} is not a member rank 0..{self.size - 1} of "
+                              f"communicator {self.name!r}")
+        if peer == self.rank:
+            raise FabricError(f"GPU {gpu.rank}: {op} with itself (member {peer} of communicator {self.name!r}): "
+                              f"a member does not send or receive messages to itself (sendrecv with itself as both "
+                              f"dest and source is a local copy)")
+        if not is_integer(tag) or not 0 <= tag < P2P_TAG_LIMIT:
+            raise FabricError(f"GPU {gpu.rank}: {op} tag {tag!r}: tags are integers 0..{P2P_TAG_LIMIT - 1}")
+        other = self.members[peer]
+        if gpu.config.partition_of(other) != gpu.config.partition_of(gpu.rank):
+            raise AccessViolation(f"GPU {gpu.rank}: {op} with GPU {other} (member {peer}): it is in partition "
+                                  f"{gpu.config.partition_of(other)}, this GPU in "
+                                  f"{gpu.config.partition_of(gpu.rank)}; partitions are isolated")
+        flat = self._flat(array, f"{op} buffer", written=written)
+        return flat.view(np.uint8)
+
+    def _p2p_key(self, tag: int, number: int) -> tuple:
+        # "p2p" where a collective's key has its (integer) sequence number: the two can never meet,
+        # and the communicator's name keeps other communicators' messages apart
+        return (self.name, "p2p", tag, number)
+
+    def _post_send(self, data: np.ndarray, dest: int, tag: int) -> list:
+        number = self._p2p_sent[(dest, tag)]
+        self._p2p_sent[(dest, tag)] += 1
+        return self.gpu.send_message(self.members[dest], self._p2p_key(tag, number), data)
+
+    def _take(self, out: np.ndarray, source: int, tag: int, before_copy=None) -> None:
+        """Wait for the next message of member `source` with `tag`, check its size, copy it into `out`."""
+        gpu, peer = self.gpu, self.members[source]
+        gpu._drain()  # pending collectives take the links first, in program order
+        number = self._p2p_received[(source, tag)]
+        self._p2p_received[(source, tag)] += 1
+        slot = (self._p2p_key(tag, number), peer)
+        # taken from the mailbox rather than posted in place, so that a message of the wrong size is
+        # reported here, with the tag and both sizes, instead of in whatever wait it happens to arrive
+        gpu._wait(lambda: slot in gpu._mailbox, f"recv from member {source} tag {tag} on communicator {self.name!r}",
+                  f"GPU {peer}'s message #{number} with tag {tag}")
+        got = gpu._mailbox.pop(slot)
+        gpu.now_ns = max(gpu.now_ns, gpu._consume(*gpu._arrivals.pop(slot)))
+        if before_copy is not None:
+            before_copy()
+        if got.nbytes != out.nbytes:
+            raise ProtocolError(f"GPU {gpu.rank}: recv from GPU {peer} (member {source}) tag {tag} on communicator "
+                                f"{self.name!r}: GPU {peer} sent {got.nbytes} bytes, GPU {gpu.rank}'s receive "
+                                f"buffer has {out.nbytes}")
+        out[:] = got
 
     # -- collectives --------------------------------------------------------------------------------
     # Each collective has a blocking form and a non-blocking i-form that returns a Request
@@ -217,6 +335,86 @@ class Communicator:
                                 (send, pairwise.offsets(send_counts), send_counts, recv, pairwise.offsets(recv_counts),
                                  recv_counts), counts=(send_counts, recv_counts), problem=problem)
 
+    def reduce(self, send: np.ndarray, recv: np.ndarray | None, root: int = 0, op: str = "sum",
+               algorithm: str = "auto") -> None:
+        """The root's recv <- the reduction of every member's `send` with `op`; recv has send's size
+        and dtype at the root and is not used elsewhere (None is fine there). Combine orders as each
+        algorithm documents (direct, ring, sharp)."""
+        self.ireduce(send, recv, root, op, algorithm).wait()
+
+    def ireduce(self, send: np.ndarray, recv: np.ndarray | None, root: int = 0, op: str = "sum",
+                algorithm: str = "auto") -> Request:
+        """Non-blocking reduce; returns its Request."""
+        with self._arguments("reduce"):
+            root = self._root(root, "reduce")
+            send = self._flat(send, "reduce send")
+            recv = self._flat(recv, "reduce recv", written=True) if self.rank == root else None
+        problem = None if recv is None else (self._same_dtype(send, recv, "reduce") or
+                                             self._expect(recv.size, (0, send.size), "reduce recv at the root"))
+        return self._collective("reduce", algorithm, op, send.dtype, send.size, root, (send, recv, root),
+                                problem=problem)
+
+    def gather(self, send: np.ndarray, recv: np.ndarray | None, root: int = 0) -> None:
+        """The root's recv <- every member's `send` (all of one size), concatenated in rank order; recv
+        has size x send's elements at the root and is not used elsewhere (None is fine there)."""
+        self.igather(send, recv, root).wait()
+
+    def igather(self, send: np.ndarray, recv: np.ndarray | None, root: int = 0) -> Request:
+        """Non-blocking gather; returns its Request."""
+        with self._arguments("gather"):
+            root = self._root(root, "gather")
+            send = self._flat(send, "gather send")
+            recv = self._flat(recv, "gather recv", written=True) if self.rank == root else None
+        problem = None if recv is None else (self._same_dtype(send, recv, "gather") or
+                                             self._expect(recv.size, (0, self.size * send.size),
+                                                          "gather recv at the root"))
+        return self._collective("gather", "direct", "sum", send.dtype, send.size, root, (send, recv, root),
+                                problem=problem)
+
+    def scatter(self, send: np.ndarray | None, recv: np.ndarray, root: int = 0) -> None:
+        """recv <- block `rank` of the root's `send`, which holds size blocks of recv's size (all of one
+        size) and is not used elsewhere (None is fine there)."""
+        self.iscatter(send, recv, root).wait()
+
+    def iscatter(self, send: np.ndarray | None, recv: np.ndarray, root: int = 0) -> Request:
+        """Non-blocking scatter; returns its Request."""
+        with self._arguments("scatter"):
+            root = self._root(root, "scatter")
+            recv = self._flat(recv, "scatter recv", written=True)
+            send = self._flat(send, "scatter send") if self.rank == root else None
+        problem = None if send is None else (self._same_dtype(send, recv, "scatter") or
+                                             self._expect(send.size, (0, self.size * recv.size),
+                                                          "scatter send at the root"))
+        return self._collective("scatter", "direct", "sum", recv.dtype, recv.size, root, (send, recv, root),
+                                problem=problem)
+
+    def _root(self, root, name: str) -> int:
+        if not is_integer(root) or not 0 <= root < self.size:
+            raise FabricError(f"GPU {self.gpu.rank}: {name} root {root!r} is not a member rank 0..{self.size - 1}")
+        return int(root)
+
+    def _send_credit(self, value: int) -> None:
+        """Tell every other member that `value` results of this member's in-switch reduction came back
+        (sharp reduce): out of band, like the call check, so not counted and not modeled (the credits
+        that bound the switch's memory are not modeled, see README, Modeled time)."""
+        number, self._credits_sent = self._credits_sent, self._credits_sent + 1
+        for peer in self.members:
+            if peer != self.gpu.rank:
+                self.gpu._control.send(peer, (self.name, CREDIT_SEQ - number, ("credit", value)))
+
+    def _next_credit(self, member: int) -> int:
+        """The value of member `member`'s next credit, waiting for it."""
+        gpu, source = self.gpu, self.members[member]
+        key = (self.name, CREDIT_SEQ - self._credits_taken[source], source)
+        gpu._wait(lambda: key in gpu._control_box, f"reduce on communicator {self.name!r}",
+                  f"GPU {source} (the root) to report in-switch results")
+        self._credits_taken[source] += 1
+        got = gpu.take_control(*key)
+        if not (type(got) is tuple and len(got) == 2 and got[0] == "credit" and is_integer(got[1])):
+            raise ProtocolError(f"GPU {gpu.rank}: reduce on communicator {self.name!r}: GPU {source} sent "
+                                f"{got!r:.80} where a credit was due")
+        return int(got[1])
+
     def _collective(self, name, algorithm, op, dtype, count, root, args, counts=None, problem=None) -> Request:
         """Check this member's arguments now, then issue one collective as a Request (it runs when this
         GPU drains its requests: ranks/requests.py). `problem`: what is wrong with this member's own
@@ -224,7 +422,7 @@ class Communicator:
         gpu = self.gpu
         with self._arguments(name):
             try:
-                dtype = check_dtype(dtype)
+                dtype = check_dtype(dtype) if name in REDUCING else check_movable(dtype)  # reductions: DTYPES
                 check_op(op)
             except FabricError as exc:
                 raise FabricError(f"GPU {gpu.rank}: {name}: {exc}") from None

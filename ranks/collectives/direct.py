@@ -5,15 +5,22 @@ reduced block to every peer. Per-GPU link payload for S bytes on N GPUs, tx = rx
 - allreduce: (N-1)/N x S in the reduce phase + (N-1)/N x S in the broadcast phase = 2(N-1)/N x S;
 - reduce_scatter (S = input bytes) and allgather (S = output bytes): (N-1)/N x S;
 - broadcast: the root sends S to each of the N-1 others (root tx (N-1) x S, every other rx S).
+- reduce (S = input bytes; b_j = bytes of block j, blocks as fabric.reduction.blocks): the
+  reduce-scatter above, then every member but the root sends its reduced block to the root. Member
+  r tx = S - b_r, plus b_r if r is not the root (= S); rx = (N-1) b_r, plus S - b_root at the root
+  (= 2(N-1)/N x S for equal blocks).
+- gather (s = bytes each member sends): every other member tx s, the root rx (N-1) s.
+- scatter (s = bytes each member receives): the root tx (N-1) s, every other member rx s.
 In step k = 1..N-1 GPU r sends to GPU r+k and takes in from GPU r-k, so every link carries one
-block per step. Combine order: members 0, 1, ..., N-1, in the array's dtype.
+block per step; the root takes the gathered blocks in from members root+1, root+2, ... in turn.
+Combine order: members 0, 1, ..., N-1, in the array's dtype.
 """
 
 import numpy as np
 
 from nvlink_emu.fabric.reduction import blocks, chunks, combine, finish
 
-RED, BCAST, ROOT = 0, 1, 2  # message phases
+RED, BCAST, ROOT, TO_ROOT, GATHER, SCATTER = 0, 1, 2, 3, 4, 5  # message phases
 
 
 def _reduce_own_block(call, source: np.ndarray, parts, out: np.ndarray) -> None:
@@ -78,3 +85,59 @@ def broadcast(call, array: np.ndarray, root: int) -> None:
         for c, (lo, hi) in enumerate(spans):
             call.recv(root, (ROOT, c), array[lo:hi])
     call.flush()
+
+
+def reduce(call, send: np.ndarray, recv: np.ndarray | None, root: int) -> None:
+    n, r = call.n, call.r
+    parts = blocks(send.size, n)
+    a, b = parts[r]
+    reduced = np.empty(b - a, send.dtype)
+    _reduce_own_block(call, send, parts, reduced)
+    if r != root:
+        for c, (lo, hi) in enumerate(chunks(0, b - a, call.chunk)):
+            call.send(root, (TO_ROOT, r, c), reduced[lo:hi])
+    else:
+        # every send of this member left in _reduce_own_block: recv may be written now
+        _take_blocks(call, recv, parts, TO_ROOT)
+        recv[a:b] = reduced
+    call.flush()
+
+
+def gather(call, send: np.ndarray, recv: np.ndarray | None, root: int) -> None:
+    n, r = call.n, call.r
+    if r != root:
+        for c, (lo, hi) in enumerate(chunks(0, send.size, call.chunk)):
+            call.send(root, (GATHER, r, c), send[lo:hi])
+    else:
+        parts = [(p * send.size, (p + 1) * send.size) for p in range(n)]
+        recv[slice(*parts[r])] = send
+        _take_blocks(call, recv, parts, GATHER)
+    call.flush()
+
+
+def scatter(call, send: np.ndarray | None, recv: np.ndarray, root: int) -> None:
+    n, r = call.n, call.r
+    if r == root:
+        for k in range(1, n):
+            p = (root + k) % n
+            for c, (lo, hi) in enumerate(chunks(p * recv.size, (p + 1) * recv.size, call.chunk)):
+                call.send(p, (SCATTER, c), send[lo:hi])
+        recv[:] = send[r * recv.size:(r + 1) * recv.size]
+    else:
+        for c, (lo, hi) in enumerate(chunks(0, recv.size, call.chunk)):
+            call.recv(root, (SCATTER, c), recv[lo:hi])
+    call.flush()
+
+
+def _take_blocks(call, out: np.ndarray, parts, phase: int) -> None:
+    """The root: block p of `out` <- member p's block (message phase `phase`), from root+1, root+2, ..."""
+    n, r = call.n, call.r
+    spans = {p: list(enumerate(chunks(*parts[p], call.chunk))) for p in range(n) if p != r}
+    for k in range(1, n):  # post every receive first, so blocks land in place as they come
+        p = (r + k) % n
+        for c, (lo, hi) in spans[p]:
+            call.post((phase, p, c), out[lo:hi], p)
+    for k in range(1, n):
+        p = (r + k) % n
+        for c, (lo, hi) in spans[p]:
+            call.wait((phase, p, c), f"GPU {call.peer(p)}", out[lo:hi], p)

@@ -5,15 +5,19 @@ Per-GPU link payload for S bytes on N GPUs (S a multiple of N x itemsize), tx = 
 - reduce_scatter (S = input bytes) and allgather (S = output bytes): (N-1)/N x S;
 - broadcast: a pipelined chain from the root, S on every GPU's uplink but the last one's, and S on
   every downlink but the root's.
+- reduce: a pipelined chain root+1, root+2, ..., root (as NCCL's ring Reduce): each member folds
+  its own data into the partial it received and passes it on; S on every uplink but the root's, and
+  S on every downlink but root+1's.
 Combine order: block b is folded b+1, b+2, ..., b+N-1, b (members mod N) in the array's dtype, one
-rounding per hop (16-bit floats included), as NCCL's ring does.
+rounding per hop (16-bit floats included), as NCCL's ring does; reduce folds the whole buffer
+root+1, root+2, ..., root+N-1, root the same way.
 """
 
 import numpy as np
 
 from nvlink_emu.fabric.reduction import blocks, chunks, combine, finish
 
-RS, AG, BC = 0, 1, 2  # message phases
+RS, AG, BC, RD = 0, 1, 2, 3  # message phases
 
 
 def _reduce_scatter_inplace(call, work: np.ndarray) -> list[tuple[int, int]]:
@@ -75,4 +79,20 @@ def broadcast(call, array: np.ndarray, root: int) -> None:
             call.recv(call.r - 1, (BC, c), array[lo:hi])
         if position < n - 1:
             call.send(call.r + 1, (BC, c), array[lo:hi])
+    call.flush()
+
+
+def reduce(call, send: np.ndarray, recv: np.ndarray | None, root: int) -> None:
+    n, r = call.n, call.r
+    position = (r - root - 1) % n  # 0: root+1, the chain's start; n-1: the root, its end
+    work = send if position == 0 else np.empty(send.size, send.dtype)
+    for c, (lo, hi) in enumerate(chunks(0, send.size, call.chunk)):
+        # chunk c: fold my part into the partial from the previous member, pass it on (root: finish)
+        if position:
+            call.recv(r - 1, (RD, c), work[lo:hi])
+            combine(call.op, work[lo:hi], send[lo:hi])
+        if position < n - 1:
+            call.send(r + 1, (RD, c), work[lo:hi])
+        else:
+            finish(call.op, work[lo:hi], n, recv[lo:hi])
     call.flush()

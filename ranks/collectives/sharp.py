@@ -7,6 +7,9 @@ Per-GPU link payload for S bytes on N GPUs:
 - allgather (S = output bytes), a multicast store of each block: tx = S/N, rx = S (every block comes
   back to every member, the sender's own included, as NVLS's multicast store does);
 - broadcast: the root's tx = S; every member's rx = S (the root's own copy included).
+- reduce: tx = S on every member; the switch sends the result to the root only: root rx = S, the
+  others rx 0. Only the root gets results back, so it tells the others out of band (like the call
+  check, not counted, not modeled) how many came, which bounds their contributions in the switch.
 Combine order: members 0, 1, ..., N-1, in the switch's accumulator (float32 for float16 and
 bfloat16, rounded once at the end; the dtype itself otherwise). avg divides in the switch.
 """
@@ -15,7 +18,7 @@ import numpy as np
 
 from nvlink_emu.fabric.reduction import blocks, chunks
 
-AR, RS, AG, BC = 0, 1, 2, 3  # message phases
+AR, RS, AG, BC, RD = 0, 1, 2, 3, 4  # message phases
 
 
 def allreduce(call, array: np.ndarray) -> None:
@@ -89,4 +92,37 @@ def broadcast(call, array: np.ndarray, root: int) -> None:
     else:
         for c, (lo, hi) in enumerate(spans):
             call.recv_switch((BC, c), array[lo:hi], f"GPU {call.peer(root)}'s multicast")
+    call.flush()
+
+
+def reduce(call, send: np.ndarray, recv: np.ndarray | None, root: int) -> None:
+    window = call.in_switch_window(1)
+    spans = chunks(0, send.size, call.chunk)
+    start = call.gpu.now_ns  # modeled: every contribution is issued at once
+    last = len(spans) - window  # results the last contribution must wait for (none: no credits)
+    step = max(1, window // 2)  # the root gives credit every `step` results, not for each one
+
+    def contribute(c):
+        lo, hi = spans[c]
+        call.reduce((c,), send[lo:hi], [root], (RD, c), start)
+
+    if call.r == root:
+        for c, (lo, hi) in enumerate(spans):
+            call.post((RD, c), recv[lo:hi])
+        for c in range(min(window, len(spans))):
+            contribute(c)
+        for c, (lo, hi) in enumerate(spans):
+            call.wait((RD, c), "the switch's reduction", recv[lo:hi])
+            done = c + 1
+            if done <= last and (done % step == 0 or done == last):
+                call.comm._send_credit(done)
+            if c + window < len(spans):
+                contribute(c + window)
+    else:
+        seen = 0
+        for c in range(len(spans)):
+            # chunk c goes once results 0..c-window are back at the root: at most `window` in the switch
+            while seen < c - window + 1:
+                seen = call.comm._next_credit(root)
+            contribute(c)
     call.flush()

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from nvlink_emu.fabric.errors import FabricError
-from nvlink_emu.fabric.reduction import (BFLOAT16, DTYPES, OPS, blocks, check_dtype, check_op, chunks, combine, dtype_name,
+from nvlink_emu.fabric.reduction import (BFLOAT16, DTYPES, OPS, blocks, check_dtype, check_movable, check_op, chunks,
+                              combine, dtype_itemsize, dtype_name,
                               finish, reduce_in_order, switch_accumulator)
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -86,31 +87,99 @@ def test_chunks_cover_blocks():
 
 # -- dtypes and ops ----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["float16", "bfloat16", "float32", "float64", "int32", "int64"])
+REDUCTION_NAMES = ["int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16", "float32",
+                   "float64", "bfloat16"]
+
+
+@pytest.mark.parametrize("name", REDUCTION_NAMES)
 def test_check_dtype_accepts_supported(name):
     expected = BF16 if name == "bfloat16" else np.dtype(name)
     assert check_dtype(name) == expected
     assert check_dtype(expected) == expected
     assert dtype_name(expected) == name
+    assert dtype_itemsize(name) == expected.itemsize
 
 
 def test_supported_set_is_the_documented_one():
-    assert set(DTYPES) == {"float16", "bfloat16", "float32", "float64", "int32", "int64"}
+    assert list(DTYPES) == REDUCTION_NAMES
     assert OPS == ("sum", "avg", "max", "min", "prod")
     assert BFLOAT16 == BF16
 
 
-@pytest.mark.parametrize("dtype", ["int8", "uint8", "int16", "uint32", "uint64", "bool", "complex64", "complex128",
-                                   ">f4"])
-def test_check_dtype_rejects_unsupported(dtype):
-    with pytest.raises(FabricError, match="collectives support float16") as info:
-        check_dtype(dtype)
-    assert "bfloat16" in str(info.value)
+@pytest.mark.parametrize("dtype", ["bool", "complex64", "complex128", ">f4", ">i4", "float128", "S4", "datetime64[ns]",
+                                   np.dtype([("a", "<i4")])])
+def test_check_dtype_rejects_what_has_no_reduction(dtype):
+    with pytest.raises(FabricError, match="reductions support int8, uint8, .*bfloat16; data-movement collectives "
+                                          r"\(allgather, .*\) take any fixed-size dtype") as info:
+        check_dtype(np.dtype(dtype))
+    if np.dtype(dtype).kind == "b":
+        assert "bool has no sum or average (reduce uint8 with max for a logical or" in str(info.value)
+    if np.dtype(dtype).kind == "c":
+        assert "complex has no order for max and min (reduce its real view" in str(info.value)
 
 
-def test_check_dtype_unknown_name_is_fabric_error():
-    with pytest.raises(FabricError, match="bogus"):
-        check_dtype("bogus")
+@pytest.mark.parametrize("name", ["bogus", "float", "int", "f4", "<f4", "bool", "complex64", "(1000000000,)f8", "O",
+                                  "V8", "", "float32 ", "x" * 10000])
+def test_check_dtype_looks_names_up_and_never_parses_them(name):
+    # the switch takes dtype names from GPUs it does not trust: only DTYPES' own names pass
+    with pytest.raises(FabricError, match="reductions support") as info:
+        check_dtype(name)
+    assert len(str(info.value)) < 1000
+
+
+MOVABLE = [np.dtype(d) for d in ("bool", "int8", "uint8", "uint16", "int16", "uint32", "uint64", "complex64",
+                                 "complex128", ">f4", "S7", "U3", "datetime64[ns]", "timedelta64[s]", "V8", "float32")] + \
+          [BF16, np.dtype([("id", "<u4"), ("w", "<f8")]), np.dtype([(f"x{i}", "<f8") for i in range(60)])]
+
+
+@pytest.mark.parametrize("dtype", MOVABLE, ids=str)
+def test_data_movement_takes_every_fixed_size_dtype_and_names_it_readably(dtype):
+    assert check_movable(dtype) == dtype
+    name = dtype_name(dtype)
+    assert dtype_itemsize(name) == dtype.itemsize
+    assert len(name) <= 200
+    if dtype.fields is None:
+        assert np.dtype(name) == dtype  # a simple dtype's name is numpy's own
+
+
+def test_dtype_names_tell_different_dtypes_apart():
+    names = [dtype_name(d) for d in MOVABLE]
+    assert len(set(names)) == len(names)
+    assert dtype_name(np.dtype([("id", "<u4"), ("w", "<f8")])) == "V12:[('id', '<u4'), ('w', '<f8')]"
+    assert dtype_name(np.dtype([("a", "<f8"), ("b", "<u4"), ("c", "<u4")])) != dtype_name(
+        np.dtype([("a", "<f8"), ("b", "<f4"), ("c", "<u4")]))
+
+
+@pytest.mark.parametrize("dtype", [object, np.dtype("V0"), np.dtype([("o", object)])])
+def test_data_movement_refuses_objects_and_empty_elements(dtype):
+    with pytest.raises(FabricError, match="fixed-size binary elements"):
+        check_movable(dtype)
+
+
+@pytest.mark.parametrize("name", ["bogus", "O", "(3,)f8", "V12", "V:", "Vx:", "float32 ", 7, None, "a" * 300])
+def test_dtype_itemsize_refuses_names_dtype_name_never_gives(name):
+    if name == "V12":  # numpy's own simple name for 12 raw bytes is one dtype_name gives
+        assert dtype_itemsize(name) == 12
+        return
+    with pytest.raises(FabricError, match="not one dtype_name gives"):
+        dtype_itemsize(name)
+
+
+@pytest.mark.parametrize("name", ["int8", "uint8", "int16", "uint16", "uint32", "uint64"])
+def test_integer_widths_wrap_like_the_hardware_and_avg_floors(name):
+    dtype = np.dtype(name)
+    info = np.iinfo(dtype)
+    top = np.array([info.max, info.max, 3], dtype)
+    one = np.array([1, info.max, 4], dtype)
+    total = reduce_in_order([top, one], "sum")
+    assert total.dtype == dtype
+    expect = ((top.astype(object) + one.astype(object) - info.min) % (info.max - info.min + 1) + info.min)
+    assert [int(v) for v in total] == [int(v) for v in expect]  # modular, in the dtype's width
+    assert [int(v) for v in reduce_in_order([top, one], "max")] == [info.max, info.max, 4]
+    assert [int(v) for v in reduce_in_order([top, one], "min")] == [1, info.max, 3]
+    small = [np.array([7, 1], dtype), np.array([2, 1], dtype)]
+    assert [int(v) for v in reduce_in_order(small, "avg")] == [4, 1]  # (7 + 2) // 2
+    assert [int(v) for v in reduce_in_order(small, "prod")] == [14, 1]
 
 
 @pytest.mark.parametrize("op", OPS)
