@@ -14,30 +14,40 @@ import numpy as np
 from .errors import FabricError
 from .profiles import COMPUTE_DTYPES, GpuProfile
 
-# numpy dtypes that name a compute dtype directly (tf32 and fp8 have no numpy dtype: pass the name)
+# numpy dtypes that name a compute dtype (tf32 has none: pass its name); ml_dtypes' 8-bit floats are fp8
 _NUMPY_NAMES = {"float64": "float64", "float32": "float32", "float16": "float16", "int8": "int8",
-                "bfloat16": "bfloat16"}
+                "bfloat16": "bfloat16", "float8_e4m3fn": "fp8", "float8_e5m2": "fp8", "float8_e4m3fnuz": "fp8",
+                "float8_e5m2fnuz": "fp8"}
 
 
 def compute_dtype(dtype) -> str:
-    """The COMPUTE_DTYPES name of `dtype` (a name or a numpy dtype); FabricError otherwise."""
-    if isinstance(dtype, str) and dtype in COMPUTE_DTYPES:
-        return dtype
-    try:
-        name = np.dtype(dtype).name
-    except TypeError:
+    """The COMPUTE_DTYPES name of `dtype`: one of those names, or a numpy dtype (or type) that is one;
+    FabricError otherwise (numpy's own strings such as "f8", which is float64, are not taken)."""
+    if isinstance(dtype, str):
+        if dtype in COMPUTE_DTYPES:
+            return dtype
         name = None
+    else:
+        try:
+            name = np.dtype(dtype).name if dtype is not None else None
+        except TypeError:
+            name = None
     if name in _NUMPY_NAMES:
         return _NUMPY_NAMES[name]
-    raise FabricError(f"dtype {dtype!r}: compute takes one of {', '.join(COMPUTE_DTYPES)}")
+    raise FabricError(f"dtype {dtype!r}: compute takes one of {', '.join(COMPUTE_DTYPES)} (a name, or the "
+                      f"numpy dtype)")
 
 
 def roofline_ns(profile: GpuProfile, flops: float, nbytes: float, dtype, compute_efficiency: float,
                 memory_efficiency: float) -> float:
     """Modeled ns of a kernel of `flops` operations in `dtype` moving `nbytes` HBM bytes on `profile`."""
     for what, value in (("flops", flops), ("bytes", nbytes)):
+        try:
+            finite = math.isfinite(value)
+        except (TypeError, OverflowError):  # not a number, or an integer beyond any float
+            finite = False
         if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
-                or not math.isfinite(value) or value < 0:
+                or not finite or value < 0:
             raise FabricError(f"compute {what}={value!r}: needs a finite, non-negative number")
     name = compute_dtype(dtype)
     peak = profile.peak_tflops.get(name)
@@ -49,4 +59,7 @@ def roofline_ns(profile: GpuProfile, flops: float, nbytes: float, dtype, compute
                               f"(it has {', '.join(profile.peak_tflops)})")
     math_ns = float(flops) / (peak * 1e3 * compute_efficiency)  # TFLOP/s = 1e3 operations per ns
     memory_ns = float(nbytes) / (profile.hbm_gbytes_per_s * memory_efficiency)  # GB/s = bytes per ns
-    return max(math_ns, memory_ns)
+    ns = max(math_ns, memory_ns)
+    if not math.isfinite(ns):
+        raise FabricError(f"compute of flops={flops!r}, bytes={nbytes!r}: takes longer than any modeled clock")
+    return ns

@@ -267,8 +267,8 @@ class CallRecord(Info):
     op: str = _field(_text)
     root: int | None = _field(_optional_int)  # broadcast's root member; None for the others
     members: int = _field(_int)
-    m_start_ns: float = _field(_num)     # this GPU's modeled clock entering the call
-    m_end_ns: float = _field(_num)       # and leaving it
+    m_start_ns: float = _field(_num)     # the call's modeled start on this GPU (an i-form's: its request's)
+    m_end_ns: float = _field(_num)       # and end
     tx_bytes: int = _field(_int)         # payload this GPU sent on its uplink during the call
     rx_bytes: int = _field(_int)         # and received on its downlink
 

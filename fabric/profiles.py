@@ -129,12 +129,12 @@ GPU_PROFILES: dict[str, GpuProfile] = {
             "TF32 756 / BF16 and FP16 1,513 / FP8 and INT8 3,026 with sparsity (half dense), 2 TB/s HBM2e",
         ),
         GpuProfile(
-            "b200", dict(float64=40.0, float32=80.0, tf32=1100.0, bfloat16=2250.0, float16=2250.0, fp8=4500.0,
+            "b200", dict(float64=37.0, float32=75.0, tf32=1125.0, bfloat16=2250.0, float16=2250.0, fp8=4500.0,
                          int8=4500.0),
-            8000.0, "B200 (HGX B200, 1,000 W, HBM3e)",
-            "NVIDIA HGX B200 specifications per GPU (2024), as tabulated at glennklockwood.com/garden/processors/"
-            "B200: FP64 40 TFLOPS, FP32 80, TF32 1,100 / BF16 and FP16 2,250 / FP8 and INT8 4,500 dense; "
-            "8 TB/s HBM3e",
+            8000.0, "B200 (HGX B200, HBM3e)",
+            "NVIDIA HGX platform specifications (2024-2025), HGX B200 with 8 GPUs: FP64 296 TFLOPS, FP32 600, "
+            "TF32 18 / BF16 and FP16 36 / FP8 and INT8 72 PFLOPS with sparsity; per GPU an eighth, dense half of "
+            "sparse. HBM3e: NVIDIA DGX B200 datasheet (2024), 64 TB/s for 8 GPUs = 8 TB/s per GPU",
         ),
     )
 }

@@ -63,7 +63,9 @@ class Communicator:
     def allgather_object(self, obj, op: str = "allgather_object") -> list:
         """Every member's `obj`, in member order (out of band, not counted). Members must be in the same
         control operation (`op`): a barrier met by an allgather is a CollectiveMismatch. Objects are
-        plain values, tuples, sets, Handles, numpy arrays and scalars (fabric.control's encoding)."""
+        plain values, tuples, sets, Handles, numpy arrays and scalars (fabric.control's encoding).
+        This GPU's pending requests run first (every call progresses them, as in MPI)."""
+        self.gpu._drain()
         return self._exchange(obj, op, next(self._seq))
 
     def _exchange(self, obj, op: str, seq: int) -> list:
@@ -96,6 +98,7 @@ class Communicator:
     def split(self, color, key=None) -> "Communicator | None":
         """A new communicator of the members that pass the same `color`, ordered by (key, rank);
         color None leaves this GPU out (returns None). Collective over this communicator."""
+        self.gpu._drain()
         seq = next(self._seq)
         choices = self._exchange((color, self.rank if key is None else key), "split", seq)
         if color is None:

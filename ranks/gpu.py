@@ -103,32 +103,39 @@ class Gpu:
         self._pending: collections.deque[Request] = collections.deque()  # issued, not yet run (ranks/requests.py)
         self._draining = False                          # running pending requests (no nested drain)
         self._stream_ns = 0.0                           # modeled end of this GPU's latest collective
+        self._failed: list[Request] = []                # failed requests the program has not waited for
         self.world = Communicator(self, tuple(range(config.gpus)), "world")
         partition = config.partition_of(self.rank)
         # members known from the config, so no GPU outside the partition takes part in making it
         self.partition = Communicator(self, config.partitions[partition], f"partition{partition}")
 
     # -- modeled time -------------------------------------------------------------------------------
-    def compute(self, ns: float | None = None, *, flops: float = 0, bytes: float = 0, dtype="float32") -> float:
+    def compute(self, ns: float | None = None, *, flops: float = 0, bytes: float = 0, dtype=None) -> float:
         """Advance this GPU's modeled clock by a kernel's time; returns the ns added.
 
         compute(ns): `ns` of compute, as the script says. compute(flops=F, bytes=B, dtype=d): F
-        operations in d (float64, float32, tf32, bfloat16, float16, fp8, int8, or a numpy dtype) moving B
-        bytes to and from HBM, timed by the roofline of this fabric's GPU profile (fabric/compute.py).
-        Communication issued before (non-blocking collectives) runs meanwhile: it overlaps."""
+        operations in d (float64, float32, tf32, bfloat16, float16, fp8, int8, or the numpy dtype;
+        default float32) moving B bytes to and from HBM, timed by the roofline of this fabric's GPU
+        profile (fabric/compute.py). Non-blocking collectives issued before run meanwhile: they overlap."""
         if ns is not None:
-            if flops or bytes:
-                raise FabricError(f"GPU {self.rank}: compute({ns!r}, flops={flops!r}, bytes={bytes!r}): give "
-                                  f"ns, or flops/bytes, not both")
-            if isinstance(ns, bool) or not isinstance(ns, (int, float, np.integer, np.floating)) \
-                    or not math.isfinite(ns) or ns < 0:
-                raise FabricError(f"GPU {self.rank}: compute({ns!r}): needs a finite, non-negative number of ns")
-            added = float(ns)
-        else:
+            if flops or bytes or dtype is not None:
+                raise FabricError(f"GPU {self.rank}: compute({ns!r}, flops={flops!r}, bytes={bytes!r}, "
+                                  f"dtype={dtype!r}): give ns, or flops/bytes/dtype, not both")
             try:
-                added = self.config.compute_ns(flops, bytes, dtype)
+                added = float(ns) if isinstance(ns, (int, float, np.integer, np.floating)) else math.nan
+            except OverflowError:  # an integer beyond any float
+                added = math.inf
+            if isinstance(ns, bool) or not math.isfinite(added) or added < 0:
+                raise FabricError(f"GPU {self.rank}: compute({ns!r}): needs a finite, non-negative number of ns")
+        else:
+            if not flops and not bytes:
+                raise FabricError(f"GPU {self.rank}: compute(): give ns, or the kernel's flops and/or bytes")
+            try:
+                added = self.config.compute_ns(flops, bytes, "float32" if dtype is None else dtype)
             except FabricError as exc:
                 raise FabricError(f"GPU {self.rank}: {exc}") from None
+        if not math.isfinite(self.now_ns + added):
+            raise FabricError(f"GPU {self.rank}: compute of {added!r} ns: past any modeled clock")
         self.now_ns += added
         return added
 
@@ -164,6 +171,7 @@ class Gpu:
     def free(self, array: np.ndarray) -> None:
         """Release the array alloc() returned (that object itself, once); an exported array must be
         revoked first."""
+        self._drain()  # a pending request may still own the array's memory
         entry = self._allocations.get(id(array))
         if entry is None or entry[0] is not array:
             # by identity: an empty array's address, a view's or a freed array's, would name another block
@@ -310,11 +318,25 @@ class Gpu:
     # -- non-blocking operations (ranks/requests.py) -------------------------------------------------
     def wait_all(self, requests) -> None:
         """Wait for every request (comm.iallreduce and the other i-forms); the clock moves to the latest end."""
-        wait_all(requests)
+        wait_all(self._requests(requests, "wait_all"))
 
     def wait_any(self, requests) -> int:
         """Wait for the request that completes first in modeled time; returns its index in `requests`."""
+        requests = self._requests(requests, "wait_any")
+        if not requests:
+            raise FabricError(f"GPU {self.rank}: wait_any of no requests")
         return wait_any(requests)
+
+    def _requests(self, requests, op: str) -> list[Request]:
+        try:
+            requests = list(requests)
+        except TypeError:
+            raise FabricError(f"GPU {self.rank}: {op} takes a list of Requests, got {requests!r}") from None
+        for request in requests:
+            if not isinstance(request, Request) or request.gpu is not self:
+                raise FabricError(f"GPU {self.rank}: {op}: {request!r} is not a Request of this GPU (the i-forms "
+                                  f"of the collectives return them)")
+        return requests
 
     def _issue(self, what: str, execute) -> Request:
         """A pending request that runs `execute` (a collective's traffic) when its turn comes."""
@@ -661,10 +683,10 @@ class Gpu:
     def finish(self) -> dict:
         """After main(gpu): complete this GPU's traffic (requests never waited for included, their
         errors raised), report DONE, serve until the switch's report."""
-        pending = list(self._pending)
         self._drain()
-        for request in pending:
-            request._complete()
+        if self._failed:
+            self._failed[0]._complete()  # a failure nobody waited for is not lost
+        self.now_ns = max(self.now_ns, self._stream_ns)  # the end of main waits for every request
         self.fence()
         self._wait(lambda: self._transport.idle and self._control.idle, "end of run", "sends to complete")
         self._transport.send(self._switch, Packet(Kind.DONE, self._keys[self.rank], -1))

@@ -12,7 +12,7 @@ asynchronous progress thread progresses inside MPI calls. Links are therefore al
 program order, and modeled times do not depend on how the host schedules the ranks.
 """
 
-from nvlink_emu.fabric.errors import CollectiveMismatch, FabricError, ResourceExhausted
+from nvlink_emu.fabric.errors import CollectiveMismatch, FabricTimeout, ResourceExhausted
 
 
 class Request:
@@ -41,19 +41,30 @@ class Request:
             self._execute()
         except (CollectiveMismatch, ResourceExhausted) as exc:
             self._error = exc  # raised on every member alike, the communicator stays usable: at wait/test
+        except FabricTimeout as exc:  # it ends the job; say which pending request it came from
+            self._error = type(exc)(f"{exc} (while running {self.what}, issued earlier and pending until this "
+                                    f"call: a GPU's collectives run in issue order, on every communicator)")
+            raise self._error from None
         except BaseException as exc:
-            self._error = exc  # anything else (a timeout, a refusal) ends the job: raised here, now
+            self._error = exc  # anything else (a refusal) ends the job: raised here, now
             raise
         finally:
             self.end_ns = gpu._stream_ns = gpu.now_ns
             gpu.now_ns = saved
+            if self._error is not None:
+                gpu._failed.append(self)  # raised at its wait/test, or at the end of main if never waited
 
     def _complete(self) -> None:
         """Run this request (and the ones issued before it) if it has not run; raise its error."""
+        self._run_now()
+        if self._error is not None:
+            if self in self.gpu._failed:
+                self.gpu._failed.remove(self)  # seen by the program
+            raise self._error
+
+    def _run_now(self) -> None:
         if self.end_ns is None:
             self.gpu._drain(upto=self)
-        if self._error is not None:
-            raise self._error
 
     def wait(self) -> None:
         """Return when the operation completed; this GPU's clock moves to its end if that is later."""
@@ -68,22 +79,26 @@ class Request:
 
 
 def wait_all(requests) -> None:
-    """Wait for every request; the clock moves to the latest end."""
+    """Wait for every request; the clock moves to the latest end. If some failed, the first failure
+    (in list order) is raised after all of them were waited for."""
     requests = list(requests)
+    first = None
     for request in requests:
-        request._complete()
-    for request in requests:
-        request.wait()
+        try:
+            request.wait()
+        except (CollectiveMismatch, ResourceExhausted) as exc:
+            first = first or exc
+    if first is not None:
+        raise first
 
 
 def wait_any(requests) -> int:
-    """Wait for the request that completes first in modeled time (the first in the list among equals);
-    returns its index."""
+    """Wait for the request that ends first in modeled time (the first in the list among equals) and
+    return its index; its error, if it failed, is raised. Requests stay valid after a wait: one already
+    waited for is chosen again, as an MPI request that completed is not (there is no inactive state)."""
     requests = list(requests)
-    if not requests:
-        raise FabricError("wait_any of no requests")
     for request in requests:
-        request._complete()
+        request._run_now()
     index = min(range(len(requests)), key=lambda i: (requests[i].end_ns, i))
     requests[index].wait()
     return index

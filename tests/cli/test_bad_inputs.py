@@ -212,3 +212,17 @@ def test_a_full_disk_under_the_trace_dir_ends_the_job_with_one_labelled_error(tm
                     f"No space left on device; ending the job"], done.stderr
     assert "Traceback" not in done.stderr and "AssertionError" not in done.stderr
     assert elapsed < 15, f"the job took {elapsed:.1f} s to end; it must not wait for the 30 s deadline"
+
+
+def test_a_failed_request_nobody_waited_for_ends_the_job(tmp_path):
+    """Its mismatch surfaces when main returns, even after a later call ran it (issue 12 review)."""
+    body = textwrap.dedent("""\
+        import numpy as np
+
+        def main(gpu):
+            gpu.world.iallreduce(np.ones(64 if gpu.rank else 128, np.float32))  # never waited for
+            gpu.world.allreduce(np.ones(16, np.float32))  # runs the bad one first
+        """)
+    done, elapsed = run([command("nvlink-emu"), "run", script(tmp_path, body), "--gpus", "3", "--timeout", "20"])
+    assert done.returncode != 0, done.stdout + done.stderr
+    assert "CollectiveMismatch" in done.stderr and "allreduce #0" in done.stderr, done.stderr[-3000:]

@@ -228,3 +228,85 @@ def test_pending_requests_move_their_bytes_before_point_to_point_traffic_and_at_
     result = run(main)
     calls = result.report["collectives"]
     assert all(len(calls[g]) == 2 and calls[g][1]["algorithm"] == "ring" for g in range(gpus()))
+
+
+def test_control_calls_progress_pending_requests_whichever_order_members_wait_in():
+    """MPI progresses inside every call: GPU 0 waits after an allgather_object, the others before it."""
+
+    def main(gpu):
+        comm = gpu.world
+        x = np.ones(1024, np.float32)
+        req = comm.iallreduce(x, "sum", "ring")
+        if gpu.rank == 0:
+            got = comm.allgather_object(gpu.rank)
+            req.wait()
+        else:
+            req.wait()
+            got = comm.allgather_object(gpu.rank)
+        sub = comm.split(gpu.rank % 2)  # split progresses them too
+        sub_req = sub.iallreduce(x, "sum", "direct")
+        comm.barrier()
+        sub_req.wait()
+        return got == list(range(gpu.size)) and float(x[0]) == gpu.size * sub.size
+
+    result = run(main, base="h100-ib")
+    assert result.role != "gpu" or result.value
+
+
+def test_free_runs_the_requests_that_own_the_memory_first():
+    def main(gpu):
+        x = gpu.alloc(1024)
+        x[:] = 1
+        req = gpu.world.iallreduce(x, "sum", "ring")
+        gpu.free(x)  # the allreduce ran before the memory went back
+        y = gpu.alloc(1024)
+        y[:] = 7
+        req.wait()
+        return bool(np.all(y == 7))
+
+    result = run(main, base="h100-ib")
+    assert result.role != "gpu" or result.value
+
+
+def test_a_request_never_waited_for_counts_in_the_elapsed_time():
+    def main(gpu):
+        gpu.world.iallreduce(np.ones(S // 4, np.float32), "sum", "ring")
+        gpu.compute(1000.0)
+
+    result = run(main, base="h100-ib")
+    report = result.report
+    record = report["collectives"][0][0]
+    assert report["elapsed_ns"] >= record["m_end_ns"] > 1000.0
+    assert all(link["busy_ns"] <= report["elapsed_ns"] for link in report["links"].values())
+
+
+def test_wait_all_waits_for_every_request_before_it_raises_the_first_failure():
+    def main(gpu):
+        comm = gpu.world
+        good = np.ones(S // 4, np.float32)
+        bad = comm.iallreduce(np.ones(64 if gpu.rank else 128, np.float32))
+        ok = comm.iallreduce(good, "sum", "ring")
+        with pytest.raises(CollectiveMismatch):
+            gpu.wait_all([bad, ok])
+        assert gpu.now_ns >= ok.end_ns and float(good[0]) == gpu.size
+        with pytest.raises(FabricError, match="not a Request of this GPU"):
+            gpu.wait_all([None])
+        with pytest.raises(FabricError, match="wait_any of no requests"):
+            gpu.wait_any([])
+        return True
+
+    result = run(main, base="h100-ib")
+    assert result.role != "gpu" or result.value
+
+
+def test_compute_arguments_are_checked():
+    def main(gpu):
+        for call, match in ((lambda: gpu.compute(5, dtype="fp8"), "not both"), (lambda: gpu.compute(), "give ns"),
+                            (lambda: gpu.compute(10 ** 400), "finite"),
+                            (lambda: gpu.compute(flops=1, dtype="int4"), "compute takes one of")):
+            with pytest.raises(FabricError, match=match):
+                call()
+        return gpu.now_ns
+
+    result = run(main)
+    assert result.role != "gpu" or result.value == 0.0

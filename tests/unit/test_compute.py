@@ -73,3 +73,21 @@ def test_a_dtype_the_gpu_lacks_is_refused_but_memory_only_work_is_not():
 def test_bad_compute_keys_are_config_errors(key, value):
     with pytest.raises(ConfigError, match=key):
         preset("dgx-h100", **{key: value})
+
+
+def test_numpy_strings_are_not_compute_dtypes_but_ml_dtypes_fp8_is():
+    import ml_dtypes
+
+    assert compute_dtype(ml_dtypes.float8_e4m3fn) == "fp8" and compute_dtype(ml_dtypes.bfloat16) == "bfloat16"
+    for bad in ("f8", None, "float8"):  # "f8" is numpy's float64: easy to mistake for fp8
+        with pytest.raises(FabricError, match="compute takes one of"):
+            compute_dtype(bad)
+
+
+def test_work_beyond_any_float_or_clock_is_refused():
+    h100 = preset("dgx-h100")
+    with pytest.raises(FabricError, match="finite, non-negative"):
+        h100.compute_ns(10 ** 400, 0)
+    slow = preset("dgx-h100", compute_efficiency=5e-324)
+    with pytest.raises(FabricError, match="longer than any modeled clock"):
+        slow.compute_ns(1e300, 0)
