@@ -103,10 +103,10 @@ class timed_step:
 # numpy work alone: a one-process reference runs the same code and charges nobody.
 
 def _charge(gpu, flops: int, nbytes: int, dtype) -> None:
-    if gpu is not None:
+    if gpu is not None and (flops or nbytes):  # a kernel on no elements is not launched
         # a kernel without arithmetic (a copy, a lookup of int64 indices) uses no math units: the
         # roofline takes its bytes alone, whatever the dtype, and the compute dtypes have no int64
-        gpu.compute(flops=flops, bytes=nbytes, dtype=dtype if flops else "float32")
+        gpu.compute(flops=flops, bytes=nbytes, dtype=dtype if flops else None)
 
 
 def matmul(gpu, a: np.ndarray, b: np.ndarray) -> np.ndarray:
