@@ -31,7 +31,8 @@ def _run(call, source: np.ndarray, reduced: np.ndarray, out: np.ndarray | None) 
     """Load-reduce block r of every member's `source` into `reduced`; with `out`, also multicast it and
     gather every member's reduced block into `out` (allreduce)."""
     gpu, n, r = call.gpu, call.n, call.r
-    window = call.in_switch_window(n, least=2)  # every member's requests are in the switch at once
+    # pipeline chunks of nvls_chunk_bytes (NCCL's NVLS chunk); every member's requests are in the switch at once
+    window = call.in_switch_window(n, least=2, chunk_bytes=gpu.config.nvls_chunk_bytes)
     parts = blocks(source.size, n)
     spans = [chunks(a, b, call.chunk) for a, b in parts]
     own, base = spans[r], parts[r][0]
