@@ -154,6 +154,21 @@ def nvls_request_packets(S: int, n: int, config, rank: int = 0, itemsize: int = 
     return spans[rank], sum(spans)
 
 
+def nvls_raw_bytes(collective: str, S: int, n: int, config, rank: int = 0, itemsize: int = 4) -> tuple[int, int]:
+    """(tx, rx) raw bytes (payload + headers) of member `rank` in one NVLS allreduce or reduce_scatter
+    on S bytes: R() of every load answer (each chunk of every block), my multicast and my reduced
+    block, in pipeline chunks, plus header_bytes for each request packet (nvls_request_packets)."""
+    c = in_switch_chunk(config, n, n, 2, config.nvls_chunk_bytes, itemsize)
+    sizes = [(hi - lo) * itemsize for lo, hi in blocks(S // itemsize, n)]
+    answers = sum(raw_of(size, config, c) for size in sizes)
+    mine = raw_of(sizes[rank], config, c)
+    up, down = nvls_request_packets(S, n, config, rank, itemsize)
+    h = config.header_bytes
+    if collective == "reduce_scatter":
+        return answers + up * h, mine + down * h
+    return answers + mine + up * h, mine + answers + down * h
+
+
 def busbw_gbps(collective: str, algorithm: str, S: int, n: int, config, itemsize: int = 4) -> float:
     """Modeled bus bandwidth (GB/s) as nccl-tests reports it: S / time x bus_factor."""
     return S / modeled_ns(collective, algorithm, S, n, config, itemsize) * bus_factor(collective, n)

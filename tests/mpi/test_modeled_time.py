@@ -92,6 +92,29 @@ def test_modeled_time_equals_the_closed_form(collective, algorithm):
                 assert math.isclose(got, want, rel_tol=0.01), (collective, algorithm, link, S, got, want)
 
 
+def test_nvls_counts_one_header_per_request_packet():
+    n = gpus()
+    S = n * 5 * (128 << 10) + n * 4096  # blocks of 5 pipeline chunks and a short one
+
+    def main(gpu):
+        out = []
+        for collective in ("allreduce", "reduce_scatter"):
+            before = gpu.link_counters()
+            call(gpu, collective, "nvls", S)
+            gpu.world.barrier()
+            after = gpu.link_counters()
+            out.append(tuple(after[k] - before[k] for k in ("tx_bytes", "rx_bytes", "tx_raw_bytes", "rx_raw_bytes")))
+        return out
+
+    result = run(main)
+    if result.role == "gpu":
+        config = preset("dgx-h100", gpus=n)
+        for collective, got in zip(("allreduce", "reduce_scatter"), result.value):
+            want = cost.payload_bytes(collective, "nvls", S, n) + cost.nvls_raw_bytes(collective, S, n, config, result.rank)
+            assert got == want, (collective, got, want)
+        assert cost.nvls_request_packets(S, n, config) == (6, 6 * n)
+
+
 def test_modeled_times_are_identical_run_after_run():
     def main(gpu):
         times = []
