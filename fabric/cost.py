@@ -108,7 +108,8 @@ def modeled_ns(collective: str, algorithm: str, S: int, n: int, config, itemsize
     # pipelined, link-bound (E >= B): two rounds of loads fill it (needs N u >= hop + p, nvls_pipelined);
     # exact. Engine-bound (E < B): the last reduced chunk's multicast follows the engine; a lower bound,
     # as the engine's pace, the loads and the multicasts couple on the downlinks: emulated runs took up
-    # to 8% longer at 1-4 MiB a block on 3-8 GPUs (dgx-h100), 0.1% at 32 MiB on 8, less beyond.
+    # to 8.2% longer with blocks of 64 KiB to 1 MiB on 3-8 GPUs (dgx-h100), 2.5% with 4 MiB blocks on 4,
+    # 0.1% at 32 MiB and 0.06% at 64 MiB on 8.
     return 2 * h + 2 * hop + p + max((n + 1) * Rb + 2 * (n - 1) * u, engine + hop + u)
 
 
