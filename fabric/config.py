@@ -38,6 +38,9 @@ class FabricConfig:
     tlb_entries: int = 4096
     switch_buffer_bytes: int = 64 * MiB
     chunk_bytes: int = 4 * MiB
+    # NVLS pipelines each block in pieces of this size (at most chunk_bytes); NCCL's default NVLS chunk,
+    # NCCL_PARAM(NvlsChunkSize, "NVLS_CHUNKSIZE", 128*1024) in NVIDIA/nccl src/transport/nvls.cc
+    nvls_chunk_bytes: int = 128 * 1024
     alignment_bytes: int = 256
     partitions: tuple[tuple[int, ...], ...] = field(default=())
     # modeled time: None takes the link profile's figure; a number overrides it
@@ -151,7 +154,7 @@ class FabricConfig:
 # The integer keys and their least value (switches must also be 1, checked on its own).
 INTEGER_MINIMUMS = {"gpus": 1, "switches": 1, "memory_capacity_bytes": 1, "page_size_bytes": 1, "mtu_bytes": 1,
                     "header_bytes": 0, "tlb_entries": 1, "switch_buffer_bytes": 1, "chunk_bytes": 1,
-                    "alignment_bytes": 1}
+                    "nvls_chunk_bytes": 1, "alignment_bytes": 1}
 TIMING_FIELDS = ("bandwidth_gbytes_per_s", "link_latency_ns", "switch_latency_ns", "reduction_gbytes_per_s",
                  "reduction_latency_ns")
 
@@ -170,9 +173,14 @@ class Timing:
 # Every preset names its sources in fabric/profiles.py (link) and README.md (topology).
 PRESETS: dict[str, dict] = {
     # DGX H100: 8 H100 GPUs on NVLink4 through NVSwitch gen 3 (SHARP); NVLink Network addressing.
-    "dgx-h100": dict(mode="network", gpus=8, sharp=True, link="nvlink4", gpu="h100-sxm"),
+    # Calibrated: effective bandwidth and in-switch reduction as NCCL measures them (profiles.PUBLISHED).
+    "dgx-h100": dict(mode="network", gpus=8, sharp=True, link="nvlink4-nccl", gpu="h100-sxm"),
     # DGX A100: 8 A100 GPUs on NVLink3 through NVSwitch gen 2 (forwarding only); shared physical addresses.
-    "dgx-a100": dict(mode="classic", gpus=8, sharp=False, link="nvlink3", gpu="a100-sxm"),
+    # Calibrated: effective bandwidth as NCCL measures it (profiles.PUBLISHED).
+    "dgx-a100": dict(mode="classic", gpus=8, sharp=False, link="nvlink3-nccl", gpu="a100-sxm"),
+    # The same systems at line rate (450 / 300 GB/s, reduction at line rate), for what-if studies.
+    "dgx-h100-line": dict(mode="network", gpus=8, sharp=True, link="nvlink4", gpu="h100-sxm"),
+    "dgx-a100-line": dict(mode="classic", gpus=8, sharp=False, link="nvlink3", gpu="a100-sxm"),
     # 8 A100 / H100 GPUs, each behind its own InfiniBand HDR / NDR port on one IB switch (no SHARP):
     # separate address spaces reached through registered windows, like NVLink Network mode.
     "a100-ib": dict(mode="network", gpus=8, sharp=False, link="ib-hdr", gpu="a100-sxm"),

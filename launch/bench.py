@@ -10,9 +10,10 @@ import time
 
 import numpy as np
 
+from nvlink_emu.fabric.cost import bus_factor
 from nvlink_emu.fabric.errors import ConfigError
 from nvlink_emu.fabric.reduction import DTYPES, OPS, blocks, check_dtype, reduce_in_order, switch_accumulator
-from nvlink_emu.ranks.collectives import ALGORITHMS, SMALL_BYTES, choose
+from nvlink_emu.ranks.collectives import ALGORITHMS, choose
 
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "all2all")
 REDUCING = ("allreduce", "reduce_scatter")  # the others' redop is "none", as nccl-tests prints it
@@ -26,21 +27,14 @@ NATIVE_DTYPES = ("float32", "float64", "int32", "int64")  # MPI has no reduction
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
 
-def bus_factor(collective: str, n: int) -> float:
-    """nccl-tests' bus bandwidth factor: what a ring-optimal algorithm moves per GPU, over S."""
-    if collective == "allreduce":
-        return 2 * (n - 1) / n
-    return 1.0 if collective == "broadcast" else (n - 1) / n
-
-
 def bench_arguments(parser: argparse.ArgumentParser) -> None:
     """The sweep's options, shared by `nvlink-emu bench` and the bench workload on the ranks; the short
     flags are nccl-tests' (-b, -e, -f, -n)."""
     parser.add_argument("collective", choices=COLLECTIVES, metavar="COLLECTIVE",
                         help=f"the collective to sweep: {', '.join(COLLECTIVES)}")
     parser.add_argument("--algorithm", default="auto", choices=("auto", *ALGORITHMS), metavar="A",
-                        help=f"auto (default: sharp on a SHARP switch, else direct below {SMALL_BYTES // KiB} KiB "
-                             f"and ring from there), {', '.join(ALGORITHMS)}; sharp and nvls need NVLink Network "
+                        help=f"auto (default: the fastest the cost model, fabric.cost, names for the size and GPU "
+                             f"count), {', '.join(ALGORITHMS)}; sharp and nvls need NVLink Network "
                              f"with a SHARP switch; all2all has one algorithm, direct")
     parser.add_argument("-b", "--min-bytes", type=_size, default=1024, metavar="B", help="smallest size (default 1K)")
     parser.add_argument("-e", "--max-bytes", type=_size, default=16 << 20, metavar="B",

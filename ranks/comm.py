@@ -428,7 +428,7 @@ class Communicator:
                 raise FabricError(f"GPU {gpu.rank}: {name}: {exc}") from None
             if counts is None:
                 try:
-                    algorithm = collectives.choose(name, algorithm, gpu.config, count * dtype.itemsize)
+                    algorithm = collectives.choose(name, algorithm, gpu.config, count * dtype.itemsize, self.size)
                 except UnsupportedOperation as exc:
                     raise UnsupportedOperation(f"GPU {gpu.rank}: {exc}") from None
             partitions = sorted({gpu.config.partition_of(m) for m in self.members})

@@ -353,7 +353,7 @@ class Gpu:
         try:
             while self._pending:
                 request = self._pending.popleft()
-                request._run()
+                request._run(for_another_call=request is not upto)
                 if request is upto:
                     break
         finally:

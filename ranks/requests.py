@@ -32,16 +32,21 @@ class Request:
         state = "pending" if self.end_ns is None else f"{self.start_ns:.1f}..{self.end_ns:.1f} ns"
         return f"<Request {self.what} on GPU {self.gpu.rank}: {state}>"
 
-    def _run(self) -> None:
-        """Move the bytes now, on the request's own modeled clock (the GPU's is put back after)."""
+    def _run(self, for_another_call: bool) -> None:
+        """Move the bytes now, on the request's own modeled clock (the GPU's is put back after).
+        for_another_call: run because some other call came (not this request's own wait)."""
         gpu = self.gpu
         saved = gpu.now_ns
         gpu.now_ns = self.start_ns = max(self.issue_ns, gpu._stream_ns)
         try:
             self._execute()
         except (CollectiveMismatch, ResourceExhausted) as exc:
-            self._error = exc  # raised on every member alike, the communicator stays usable: at wait/test
-        except FabricTimeout as exc:  # it ends the job; say which pending request it came from
+            self._error = exc  # raised on every member alike, the communicator stays usable: at wait/test,
+            gpu._failed.append(self)  # or at the end of main if the program never waits for it
+        except FabricTimeout as exc:  # it ends the job, raised here and now; say which request it came from
+            if not for_another_call:
+                self._error = exc
+                raise
             self._error = type(exc)(f"{exc} (while running {self.what}, issued earlier and pending until this "
                                     f"call: a GPU's collectives run in issue order, on every communicator)")
             raise self._error from None
@@ -51,8 +56,6 @@ class Request:
         finally:
             self.end_ns = gpu._stream_ns = gpu.now_ns
             gpu.now_ns = saved
-            if self._error is not None:
-                gpu._failed.append(self)  # raised at its wait/test, or at the end of main if never waited
 
     def _complete(self) -> None:
         """Run this request (and the ones issued before it) if it has not run; raise its error."""

@@ -11,29 +11,52 @@ import numpy as np
 from nvlink_emu.fabric.errors import UnsupportedOperation
 from nvlink_emu.fabric.packets import Kind, LoadInfo, McastInfo, ReduceInfo
 from nvlink_emu.fabric.reduction import blocks, dtype_name
+from nvlink_emu.fabric import cost
+from nvlink_emu.fabric.cost import in_switch_chunk
 from nvlink_emu.fabric.switch import buffer_share_bytes
 
 from . import direct, nvls, ring, sharp
 
-ALGORITHMS = {"ring": ring, "direct": direct, "sharp": sharp, "nvls": nvls}
+ALGORITHMS = {"ring": ring, "direct": direct, "sharp": sharp, "nvls": nvls}  # also `auto`'s tie order
 IN_SWITCH = ("sharp", "nvls")
-SMALL_BYTES = 64 * 1024  # below this, `auto` picks `direct` (fewer steps) on a forwarding switch
+SMALL_BYTES = 64 * 1024  # fallback rule: below this, `direct` (fewer steps) before `ring` on a forwarding switch
 
 
-def choose(collective: str, algorithm: str, config, nbytes: int) -> str:
-    """The algorithm a call runs. `auto`: with a SHARP switch (NVLink Network), `sharp` for every
-    collective that has it; otherwise `direct` below 64 KiB and `ring` from there on."""
+def allowed(config) -> tuple[str, ...]:
+    """Algorithms the fabric can run: the in-switch ones need NVLink Network mode with a SHARP switch."""
+    in_switch = config.mode == "network" and config.sharp
+    return tuple(name for name in ALGORITHMS if in_switch or name not in IN_SWITCH)
+
+
+def choose(collective: str, algorithm: str, config, nbytes: int, members: int | None = None) -> str:
+    """The algorithm a call on `nbytes` bytes by `members` GPUs (default: all of the fabric's) runs.
+
+    `auto`: among the algorithms that implement the collective and that the fabric allows, the one
+    the cost model (fabric.cost.modeled_ns) says is fastest, ties to the earlier in ALGORITHMS order
+    (ring, direct, sharp, nvls). For a collective the cost model does not cover, a fixed rule: on a
+    SHARP switch the first of sharp, nvls, direct, ring that implements it; otherwise direct, then
+    ring below 64 KiB (SMALL_BYTES), ring, then direct from there on."""
+    n = config.gpus if members is None else members
     if algorithm == "auto":
+        candidates = [name for name in allowed(config) if hasattr(ALGORITHMS[name], collective)]
+        best = cost.fastest(collective, candidates, nbytes, n, config)
+        if best is not None:
+            return best
         if config.mode == "network" and config.sharp:
-            return "sharp"
-        return "direct" if nbytes < SMALL_BYTES else "ring"
+            order = ("sharp", "nvls", "direct", "ring")
+        else:
+            order = ("direct", "ring") if nbytes < SMALL_BYTES else ("ring", "direct")
+        for name in order:
+            if name in candidates:
+                return name
+        raise UnsupportedOperation(f"{collective}: no algorithm implements it on fabric {config.name!r}")
     module = ALGORITHMS.get(algorithm)
     if module is None:
         raise UnsupportedOperation(f"{collective}: unknown algorithm {algorithm!r}; known: auto, "
                                    f"{', '.join(ALGORITHMS)}")
     if not hasattr(module, collective):
         raise UnsupportedOperation(f"{collective}: algorithm {algorithm!r} does not implement it")
-    if algorithm in IN_SWITCH and not (config.mode == "network" and config.sharp):
+    if algorithm not in allowed(config):
         raise UnsupportedOperation(f"{collective} with {algorithm!r}: fabric {config.name!r} has no in-switch "
                                    f"reduction or multicast (needs NVLink Network mode with a SHARP switch)")
     return algorithm
@@ -60,15 +83,17 @@ class Call:
         self.chunk = max(1, config.chunk_bytes // dtype.itemsize)
         self._sends: list = []
 
-    def in_switch_window(self, streams: int, least: int = 1) -> int:
+    def in_switch_window(self, streams: int, least: int = 1, chunk_bytes: int | None = None) -> int:
         """Chunks each member may have in the switch at once, so that the contributions the switch
         holds - window x streams x (n - 1) x chunk bytes - stay within the partition's share of
         switch_buffer_bytes (fabric.switch.buffer_share_bytes); shrinks the
         message size if even `least` chunks would not fit. `streams`: reductions one credit step
-        covers (1 for allreduce; n when all n blocks are in flight at once)."""
+        covers (1 for allreduce; n when all n blocks are in flight at once); chunk_bytes: the
+        message size wanted (default and at most config.chunk_bytes). fabric.cost.in_switch_chunk
+        is the same rule, for the cost model."""
         config, item = self.gpu.config, self.dtype.itemsize
         budget = buffer_share_bytes(config) // (streams * max(1, self.n - 1))
-        self.chunk = max(1, min(config.chunk_bytes, budget // least) // item)
+        self.chunk = in_switch_chunk(config, self.n, streams, least, chunk_bytes, item) // item
         return max(least, budget // (self.chunk * item))
 
     def key(self, *parts) -> tuple:

@@ -7,7 +7,11 @@ Per-GPU link payload for S bytes on N GPUs:
   rx = S/N (my reduced block) + S (every member's multicast, mine included) = (N+1)/N x S;
 - reduce_scatter (S = input bytes): tx = S, rx = S/N (load-reduce only);
 - allgather and broadcast: multicast stores, as in `sharp`.
-Requests (LOAD_REDUCE, LOAD) are header-only packets: raw bytes, no payload.
+Each block travels in pipeline chunks of nvls_chunk_bytes (default 128 KiB, NCCL's NVLS chunk;
+smaller if the switch buffer's share needs it, Call.in_switch_window). Requests (LOAD_REDUCE, LOAD)
+are header-only packets: one per chunk, header_bytes of raw bytes each, no payload: a LOAD_REDUCE per
+chunk of my block on my uplink, a LOAD per chunk of every block on my downlink; the raw bytes are
+those of fabric.cost.nvls_raw_bytes. Modeled time: fabric.cost.modeled_ns.
 Combine order: members 0, 1, ..., N-1, in the switch's accumulator, as in `sharp`.
 
 Schedule, in rounds c = 0, 1, ...: answer the switch's loads of chunk c of every member's block
@@ -31,7 +35,8 @@ def _run(call, source: np.ndarray, reduced: np.ndarray, out: np.ndarray | None) 
     """Load-reduce block r of every member's `source` into `reduced`; with `out`, also multicast it and
     gather every member's reduced block into `out` (allreduce)."""
     gpu, n, r = call.gpu, call.n, call.r
-    window = call.in_switch_window(n, least=2)  # every member's requests are in the switch at once
+    # pipeline chunks of nvls_chunk_bytes (NCCL's NVLS chunk); every member's requests are in the switch at once
+    window = call.in_switch_window(n, least=2, chunk_bytes=gpu.config.nvls_chunk_bytes)
     parts = blocks(source.size, n)
     spans = [chunks(a, b, call.chunk) for a, b in parts]
     own, base = spans[r], parts[r][0]

@@ -7,6 +7,8 @@ import sys
 import pytest
 
 from cli_helpers import ROOT, command, run
+from nvlink_emu.fabric.config import preset
+from nvlink_emu.ranks.collectives import choose
 
 N = 3  # GPUs
 CASES = [(c, a) for c in ("allreduce", "reduce_scatter", "allgather", "broadcast")
@@ -150,7 +152,9 @@ def test_bench_compare_prints_presets_side_by_side(tmp_path):
     assert done.stdout.splitlines()[-2].startswith("# Avg bus bandwidth    : dgx-a100 ")
     row = next(line.split() for line in done.stdout.splitlines() if line.strip().startswith("3145728"))
     # size, then per preset: algorithm, modeled us, busbw, time relative to the first; then #wrong
-    assert row[1::4][:3] == ["ring", "sharp", "ring"] and row[-1] == "0"
+    # `auto`: what the cost model names fastest (fabric.cost): direct on the forwarding switches
+    assert row[1::4][:3] == ["direct", "sharp", "direct"] and row[-1] == "0"
+    assert row[1::4][:3] == [choose("allreduce", "auto", preset(p, gpus=N), 3 << 20) for p in ("dgx-a100", "dgx-h100", "h100-ib")]
     assert row[4] == "1.00"
     a100, h100, ib = (float(row[2 + 4 * i]) for i in range(3))
     assert h100 < a100 < ib  # SHARP on NVLink4 beats a ring on NVLink3, which beats InfiniBand NDR

@@ -1,69 +1,22 @@
-"""Multi-rank: modeled time equals the alpha-beta closed form of every collective and algorithm
-(within 1%), on several link profiles and GPU counts; it is identical run after run; busy <= elapsed.
-
-Notation (one switch, N GPUs, S bytes): B link bandwidth (bytes/ns), a link latency, s switch
-traversal, p reduction latency, h header bytes; R(x) = x + max(1, ceil(x / mtu)) h is one message's
-raw bytes, summed over the chunk_bytes messages a block travels in; b = S / N.
-"""
+"""Multi-rank: modeled time equals the cost model's closed form (fabric.cost.modeled_ns) of every
+collective and algorithm (within 1%), on several link profiles and GPU counts, line rate and
+calibrated; it is identical run after run; busy <= elapsed. Notation: fabric/cost.py."""
 
 import math
 
 import numpy as np
 import pytest
 
+from nvlink_emu.fabric import cost
 from nvlink_emu.fabric.config import preset
-from nvlink_emu.fabric.packets import raw_bytes
-from nvlink_emu.fabric.reduction import chunks
+from nvlink_emu.fabric.cost import raw_of
 
 from mpi_helpers import gpus, run
 
 pytestmark = pytest.mark.mpi(min_size=4)
 
-PROFILES = ["nvlink4", "ib-ndr", "pcie-gen5"]
+PROFILES = ["nvlink4", "ib-ndr", "pcie-gen5", "nvlink4-nccl"]  # the last calibrated: reduction slower than the link
 BIG = 1 << 30  # switch buffer: never shrinks in-switch messages below chunk_bytes
-
-
-def raw_of(nbytes, config, chunk=None):
-    """R(nbytes): raw bytes of nbytes sent as messages of at most `chunk` bytes."""
-    chunk = chunk or config.chunk_bytes
-    return sum(raw_bytes(hi - lo, config.mtu_bytes, config.header_bytes) for lo, hi in chunks(0, nbytes, chunk))
-
-
-def closed_form(collective, algorithm, S, n, config):
-    """Modeled time (ns) of one call on S bytes, started together by every member."""
-    t = config.timing
-    B, a, s, p = t.bandwidth_gbytes_per_s, t.link_latency_ns, t.switch_latency_ns, t.reduction_latency_ns
-    hop = 2 * a + s                  # GPU -> switch -> GPU, first byte
-    b = S // n
-    Rb, RS = raw_of(b, config) / B, raw_of(S, config) / B
-    h = config.header_bytes / B
-    if algorithm == "ring":
-        if collective == "allreduce":
-            return 2 * (n - 1) * (Rb + hop)
-        if collective in ("reduce_scatter", "allgather"):
-            return (n - 1) * (Rb + hop)
-        u = raw_of(min(S, config.chunk_bytes), config) / B   # broadcast: a chain, store-and-forward per chunk
-        return RS + (n - 1) * hop + (n - 2) * u
-    if algorithm == "direct" or collective == "all2all":
-        if collective == "allreduce":
-            return 2 * ((n - 1) * Rb + hop)
-        if collective == "broadcast":
-            return (n - 1) * RS + hop
-        return (n - 1) * Rb + hop
-    if collective == "allgather":  # sharp and nvls: multicast stores
-        return n * Rb + hop
-    if collective == "broadcast":
-        return RS + hop
-    if algorithm == "sharp":         # push, reduce in the switch, multicast
-        return RS + hop + p
-    # nvls: requests up, loads down (2h + hop), then the loads, the reduced blocks and the multicasts
-    if collective == "reduce_scatter":
-        return 2 * h + 2 * hop + p + n * Rb
-    if b <= config.chunk_bytes:  # one message per block
-        return 2 * h + 2 * hop + max((n + 1) * Rb + hop + p, 2 * n * Rb + p)
-    c = raw_of(config.chunk_bytes, config) / B
-    assert n * c >= hop + p, "outside the bandwidth-bound regime the closed form is written for"
-    return 2 * h + 2 * hop + p + (n + 1) * Rb + 2 * (n - 1) * c  # pipelined: two rounds of loads fill it
 
 
 def base_of(algorithm):
@@ -88,8 +41,8 @@ def call(gpu, collective, algorithm, S):
 
 def overrides_of(algorithm):
     """Fabric overrides of the closed-form runs: a switch buffer big enough for messages of whole
-    chunks, and for nvls chunks small enough that N MiB pipelines in several (4 and 16 a block)."""
-    return dict(switch_buffer_bytes=BIG, **({"chunk_bytes": 256 << 10} if algorithm == "nvls" else {}))
+    chunks (NVLS pipelines N MiB in 8 chunks of nvls_chunk_bytes a block, 4 N MiB in 32)."""
+    return dict(switch_buffer_bytes=BIG)
 
 
 def modeled_times(collective, algorithm, sizes, link):
@@ -126,8 +79,40 @@ def test_modeled_time_equals_the_closed_form(collective, algorithm):
             continue  # the switch rank
         config = preset(base_of(algorithm), gpus=n, link=link, **overrides_of(algorithm))
         for S, got in zip(sizes, times):
-            want = closed_form(collective, algorithm, S, n, config)
-            assert math.isclose(got, want, rel_tol=0.01), (collective, algorithm, link, S, got, want)
+            if algorithm == "nvls" and S // n > config.nvls_chunk_bytes:
+                assert cost.nvls_pipelined(S, n, config), "outside the regime the pipelined form is written for"
+            want = cost.modeled_ns(collective, algorithm, S, n, config)
+            t = config.timing
+            if (collective, algorithm) == ("allreduce", "nvls") and t.reduction_gbytes_per_s < t.bandwidth_gbytes_per_s \
+                    and S >= 64 * unit:
+                # engine-bound NVLS: the form is a lower bound; loads, multicasts and the engine's pace
+                # couple on the downlinks, up to +10% at these sizes (fabric.cost, nvls)
+                assert want * 0.99 <= got <= want * 1.10, (collective, algorithm, link, S, got, want)
+            else:
+                assert math.isclose(got, want, rel_tol=0.01), (collective, algorithm, link, S, got, want)
+
+
+def test_nvls_counts_one_header_per_request_packet():
+    n = gpus()
+    S = n * 5 * (128 << 10) + n * 4096  # blocks of 5 pipeline chunks and a short one
+
+    def main(gpu):
+        out = []
+        for collective in ("allreduce", "reduce_scatter"):
+            before = gpu.link_counters()
+            call(gpu, collective, "nvls", S)
+            gpu.world.barrier()
+            after = gpu.link_counters()
+            out.append(tuple(after[k] - before[k] for k in ("tx_bytes", "rx_bytes", "tx_raw_bytes", "rx_raw_bytes")))
+        return out
+
+    result = run(main)
+    if result.role == "gpu":
+        config = preset("dgx-h100", gpus=n)
+        for collective, got in zip(("allreduce", "reduce_scatter"), result.value):
+            want = cost.payload_bytes(collective, "nvls", S, n) + cost.nvls_raw_bytes(collective, S, n, config, result.rank)
+            assert got == want, (collective, got, want)
+        assert cost.nvls_request_packets(S, n, config) == (6, 6 * n)
 
 
 def test_modeled_times_are_identical_run_after_run():
@@ -166,7 +151,7 @@ def test_busy_time_never_exceeds_elapsed_time_and_adds_up():
 def test_bus_bandwidth_approaches_the_link_at_large_sizes():
     n = gpus()
     S = 4096 * n * 4 * 256
-    config = preset("dgx-h100", gpus=n)
+    config = preset("dgx-h100", gpus=n, link="nvlink4")
     # payload bandwidth of a link: headers take header_bytes of every mtu_bytes + header_bytes on the wire
     B = config.timing.bandwidth_gbytes_per_s * config.mtu_bytes / (config.mtu_bytes + config.header_bytes)
     ring = modeled_times("allreduce", "ring", [S], "nvlink4")

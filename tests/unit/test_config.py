@@ -26,7 +26,8 @@ def test_preset_dgx_h100_fields():
     assert cfg.gpus == 8
     assert cfg.switches == 1
     assert cfg.sharp is True
-    assert cfg.link == "nvlink4"
+    assert cfg.link == "nvlink4-nccl"  # calibrated; dgx-h100-line keeps the line rate
+    assert preset("dgx-h100-line").link == "nvlink4"
     assert cfg.world_size == 9
     assert cfg.partitions == (tuple(range(8)),)
 
@@ -37,7 +38,8 @@ def test_preset_dgx_a100_fields():
     assert cfg.mode == "classic"
     assert cfg.gpus == 8
     assert cfg.sharp is False
-    assert cfg.link == "nvlink3"
+    assert cfg.link == "nvlink3-nccl"  # calibrated; dgx-a100-line keeps the line rate
+    assert preset("dgx-a100-line").link == "nvlink3"
     assert cfg.world_size == 9
 
 
@@ -229,7 +231,7 @@ def test_toml_base_preset(tmp_path):
     cfg = load_toml(path)
     assert cfg.mode == "classic"
     assert cfg.sharp is False
-    assert cfg.link == "nvlink3"
+    assert cfg.link == "nvlink3-nccl"
     assert cfg.gpus == 4
     assert cfg.name == "a100-small"
 

@@ -31,8 +31,9 @@ def test_reduction_engine_adds_latency_and_streams_at_its_throughput():
 
 
 def test_config_timing_takes_the_profile_and_overrides():
-    t = preset("dgx-h100").timing
-    assert (t.bandwidth_gbytes_per_s, t.link_latency_ns, t.switch_latency_ns) == (450.0, 150.0, 250.0)
+    t = preset("dgx-h100").timing  # calibrated (nvlink4-nccl); dgx-h100-line: the line rate
+    assert (t.bandwidth_gbytes_per_s, t.link_latency_ns, t.switch_latency_ns) == (393.0, 150.0, 250.0)
+    assert preset("dgx-h100-line").timing.bandwidth_gbytes_per_s == 450.0
     assert preset("h100-ib").timing.bandwidth_gbytes_per_s == 50.0
     assert preset("dgx-a100", link_latency_ns=7).timing.link_latency_ns == 7
     with pytest.raises(ConfigError, match="bandwidth_gbytes_per_s"):
