@@ -65,11 +65,16 @@ def parse_step_line(line: str) -> dict | None:
 
 class timed_step:
     """`with timed_step(gpu, "name") as step:` times the body as one step of every GPU of `comm`
-    (default gpu.world; every member must enter and leave it): a barrier first, so all start at the
-    latest member's clock; at the end, step.ns = the latest member's clock minus that start (modeled
-    ns) and step.link_bytes = the payload every member's links moved meanwhile (tx + rx, summed);
-    GPU 0 prints the step line unless `quiet`. Out-of-band exchanges only: the timing costs no
-    modeled time and no link bytes. An exception in the body propagates untimed."""
+    (default gpu.world; every member must enter and leave it). On entry a barrier (every member
+    leaves it at the latest member's clock), then each member reads its link counters and the
+    members meet once more out of band, so no member's step traffic can reach a GPU that has not
+    read them yet; on exit another barrier (it fences puts too, so every byte of the step has been
+    counted at both ends), then step.ns = the clock at the end minus the common start (modeled ns)
+    and step.link_bytes = the payload every member's links moved between the two (tx + rx, summed
+    over the members: a GPU counts a transfer when it reaches its host, so without the meetings a
+    fast peer's bytes could fall outside the step they belong to). GPU 0 prints the step line unless
+    `quiet`. The meetings are out of band: they add no link bytes, and no modeled time beyond
+    aligning the members' clocks at the barriers. An exception in the body propagates untimed."""
 
     def __init__(self, gpu, name: str | None = None, comm=None, quiet: bool = False):
         self.gpu, self.name, self.comm, self.quiet = gpu, name, comm or gpu.world, quiet
@@ -83,14 +88,16 @@ class timed_step:
     def __enter__(self):
         self.comm.barrier()
         self.start_ns, self._before = self.gpu.now_ns, self._moved()
+        self.comm.allgather_object(None, "timed_step start")
         return self
 
     def __exit__(self, kind, exc, tb):
         if kind is not None:
             return False
-        ends = self.comm.allgather_object((self.gpu.now_ns, self._moved() - self._before), "timed_step")
-        self.ns = max(end for end, _ in ends) - self.start_ns
-        self.link_bytes = sum(moved for _, moved in ends)
+        self.comm.barrier()
+        moved = self.comm.allgather_object(self._moved() - self._before, "timed_step end")
+        self.ns = self.gpu.now_ns - self.start_ns  # the barrier gave every member the latest clock
+        self.link_bytes = sum(moved)
         if self.gpu.rank == 0 and not self.quiet:
             print(step_line(self.ns, self.name, self.link_bytes), flush=True)
         return False

@@ -78,7 +78,7 @@ def test_the_chart_goes_to_a_default_file_named_after_the_script(tmp_path):
 
 FAILS_ON_H100 = textwrap.dedent("""
     def main(gpu):
-        if gpu.config.link == "nvlink4" and gpu.rank == 1:
+        if gpu.config.name == "dgx-h100" and gpu.rank == 1:
             raise RuntimeError("no luck on this one")
         gpu.world.barrier()
         print("step_ns=5")
@@ -104,7 +104,7 @@ def test_a_script_failing_on_one_preset_names_it_and_shows_its_output(tmp_path):
      "workload.py printed no step time on preset dgx-a100: GPU 0 must print a line step_ns=<float>"),
     ("def main(gpu):\n    print('step_ns=fast')\n",
      "workload.py on preset dgx-a100: GPU 0 printed a malformed step line: not a step line"),
-    ("def main(gpu):\n    print('step_ns=1' if gpu.config.link == 'nvlink3' else 'step_ns=1 step=other')\n",
+    ("def main(gpu):\n    print('step_ns=1' if gpu.config.name == 'dgx-a100' else 'step_ns=1 step=other')\n",
      "workload.py: its steps differ between presets: dgx-a100 printed (unnamed), dgx-h100 printed other"),
 ])
 def test_a_run_without_a_readable_step_time_is_one_line(tmp_path, body, message):
