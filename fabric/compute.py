@@ -49,12 +49,17 @@ def roofline_ns(profile: GpuProfile, flops: float, nbytes: float, dtype, compute
         if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
                 or not finite or value < 0:
             raise FabricError(f"compute {what}={value!r}: needs a finite, non-negative number")
-    name = compute_dtype(dtype)
-    peak = profile.peak_tflops.get(name)
-    if peak is None:
-        if not flops:
-            peak = math.inf  # a pure memory kernel needs no math units
-        else:
+    if not flops:  # a pure memory kernel needs no math units: any element type moves at HBM speed
+        if not (isinstance(dtype, str) and dtype in COMPUTE_DTYPES):
+            try:
+                np.dtype(dtype)
+            except TypeError:
+                raise FabricError(f"dtype {dtype!r}: not a numpy dtype") from None
+        peak = math.inf
+    else:
+        name = compute_dtype(dtype)
+        peak = profile.peak_tflops.get(name)
+        if peak is None:
             raise FabricError(f"compute in {name}: the {profile.description} has no {name} units "
                               f"(it has {', '.join(profile.peak_tflops)})")
     math_ns = float(flops) / (peak * 1e3 * compute_efficiency)  # TFLOP/s = 1e3 operations per ns

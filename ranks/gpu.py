@@ -110,15 +110,16 @@ class Gpu:
         self.partition = Communicator(self, config.partitions[partition], f"partition{partition}")
 
     # -- modeled time -------------------------------------------------------------------------------
-    def compute(self, ns: float | None = None, *, flops: float = 0, bytes: float = 0, dtype=None) -> float:
+    def compute(self, ns: float | None = None, *, flops: float | None = None, bytes: float | None = None,
+                dtype=None) -> float:
         """Advance this GPU's modeled clock by a kernel's time; returns the ns added.
 
         compute(ns): `ns` of compute, as the script says. compute(flops=F, bytes=B, dtype=d): F
         operations in d (float64, float32, tf32, bfloat16, float16, fp8, int8, or the numpy dtype;
-        default float32) moving B bytes to and from HBM, timed by the roofline of this fabric's GPU
+        default float32; work with no flops takes any numpy dtype) moving B bytes to and from HBM, timed by the roofline of this fabric's GPU
         profile (fabric/compute.py). Non-blocking collectives issued before run meanwhile: they overlap."""
         if ns is not None:
-            if flops or bytes or dtype is not None:
+            if flops is not None or bytes is not None or dtype is not None:
                 raise FabricError(f"GPU {self.rank}: compute({ns!r}, flops={flops!r}, bytes={bytes!r}, "
                                   f"dtype={dtype!r}): give ns, or flops/bytes/dtype, not both")
             try:
@@ -128,10 +129,10 @@ class Gpu:
             if isinstance(ns, bool) or not math.isfinite(added) or added < 0:
                 raise FabricError(f"GPU {self.rank}: compute({ns!r}): needs a finite, non-negative number of ns")
         else:
-            if not flops and not bytes:
+            if flops is None and bytes is None:
                 raise FabricError(f"GPU {self.rank}: compute(): give ns, or the kernel's flops and/or bytes")
             try:
-                added = self.config.compute_ns(flops, bytes, "float32" if dtype is None else dtype)
+                added = self.config.compute_ns(flops or 0, bytes or 0, "float32" if dtype is None else dtype)
             except FabricError as exc:
                 raise FabricError(f"GPU {self.rank}: {exc}") from None
         if not math.isfinite(self.now_ns + added):

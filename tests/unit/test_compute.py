@@ -91,3 +91,10 @@ def test_work_beyond_any_float_or_clock_is_refused():
     slow = preset("dgx-h100", compute_efficiency=5e-324)
     with pytest.raises(FabricError, match="longer than any modeled clock"):
         slow.compute_ns(1e300, 0)
+
+
+def test_memory_only_work_takes_any_element_type():
+    h100 = preset("dgx-h100")
+    assert h100.compute_ns(0, 3350, "int64") == pytest.approx(1 / 0.9)
+    with pytest.raises(FabricError, match="not a numpy dtype"):
+        h100.compute_ns(0, 1, "bogus")
