@@ -30,9 +30,11 @@ L of a round, W_L = raw bytes crossing it, bw_L its bandwidth, and over the flow
 pre_f (ns from f leaving its GPU to its first byte entering L: the links before L and the switches
 passed) and post_f (ns from its last byte entering L to the destination: L's latency, the switch at
 L's end, the links and switches after). Then
-    round_ns = max over links L of  min_f pre_f + W_L / bw_L + min_f post_f.
+    round_ns = max( max over links L of  min_f pre_f + W_L / bw_L + min_f post_f,
+                    max over flows f of  path latency_f + R_f / least bandwidth on f's route ).
 It is a **lower bound** on the round under cut-through links of those bandwidths: no byte reaches L
-before min pre, L serialises W_L at bw_L, and its last byte has at least min post to go.
+before min pre, L serialises W_L at bw_L, and its last byte has at least min post to go; and no
+flow ends before its own bytes crossed its slowest link.
 `modeled_ns` = the sum of round_ns over the rounds: the time of a bulk-synchronous execution in
 which each round starts once the previous one has ended everywhere, and in which each link is busy
 back to back from the moment the first byte could reach it (no link waits for a slower one upstream:
@@ -44,10 +46,11 @@ broadcast, all2all (tests check it; with uneven blocks this module takes each ro
 blocks, fabric.cost S // N).
 `lower_bound_ns` holds whatever the rounds' overlap (the ranks do not run in lockstep: a ring GPU
 starts round k+1 once it has received round k, whatever the others do): the larger of
-- the link bound of the whole call: the round_ns formula over the flows of every round together;
+- the round_ns formula over the flows of every round together (each pair's rounds as one flow);
 - the dependency chain: the sum over rounds of each round's fastest flow (path latency + R / its
   route's least bandwidth), since in every schedule here a GPU sends round k+1's data only after it
   received round k's.
+Each of the three is at most the sum of round_ns, so lower_bound_ns <= modeled_ns always.
 The gap between modeled_ns and lower_bound_ns says how much overlap and latency can matter; for
 large messages whose bottleneck is one link in every round (a node-major ring's crossing into local
 index 0 over spine 0 at U / spines, an all2all's leaf-spine links) the bandwidth terms are equal and
@@ -202,10 +205,20 @@ def _least_flow_ns(topo: Topology, flows: dict) -> float:
     return 0.0 if least == math.inf else least
 
 
+def _slowest_flow_ns(topo: Topology, flows: dict) -> float:
+    """max over the flows of a round of path latency + raw bytes / the route's least bandwidth."""
+    most = 0.0
+    for (i, j), w in flows.items():
+        _, latency, bandwidth = _hops(topo, i, j)
+        most = max(most, latency + w / bandwidth)
+    return most
+
+
 def round_ns(topo: Topology, t: np.ndarray, config, itemsize: int = 4) -> float:
     """Lower bound (ns) of one round of payload traffic `t` (gpus x gpus) on `topo`, raw bytes by
     config's mtu_bytes, header_bytes and chunk_bytes (the module docstring's round_ns)."""
-    return _link_bound(topo, _flows(topo._traffic(t), config, itemsize))
+    flows = _flows(topo._traffic(t), config, itemsize)
+    return max(_link_bound(topo, flows), _slowest_flow_ns(topo, flows))
 
 
 def modeled_ns(collective: str, algorithm: str, topo: Topology, S: int, config, itemsize: int = 4, root: int = 0,
@@ -223,7 +236,8 @@ def lower_bound_ns(collective: str, algorithm: str, topo: Topology, S: int, conf
     sum over rounds of each round's fastest flow (a GPU sends round k + 1's data only once it has
     received round k's, in every schedule here)."""
     steps = [_flows(t, config, itemsize) for t in rounds(collective, algorithm, topo, S, itemsize, root, counts)]
-    return max(_link_bound(topo, _merged(steps)), sum(_least_flow_ns(topo, f) for f in steps), 0.0)
+    merged = _merged(steps)
+    return max(_link_bound(topo, merged), _slowest_flow_ns(topo, merged), sum(_least_flow_ns(topo, f) for f in steps))
 
 
 def _merged(steps: list[dict]) -> dict[tuple[int, int], int]:

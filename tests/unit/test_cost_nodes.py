@@ -161,6 +161,19 @@ def test_all2all_time_on_two_nodes_by_hand():
     assert math.isclose(cn.lower_bound_ns("all2all", "direct", topo, S, LINE), want)  # one round: the same
 
 
+@pytest.mark.parametrize("spines,uplink", [(1, 90.0), (2, 90.0), (2, 1800.0), (4, 7200.0)])
+def test_the_lower_bound_never_exceeds_the_estimate(spines, uplink):
+    topo = two_by_four(spines, uplink)
+    counts = np.arange(64, dtype=np.int64).reshape(8, 8) * 1000
+    for size in (S, 8 * 2**20):
+        for algorithm, collectives in cn.FLAT.items():
+            for collective in collectives:
+                args = dict(counts=counts) if algorithm == "all2allv" else dict(root=6)
+                low = cn.lower_bound_ns(collective, algorithm, topo, size, LINE, **args)
+                est = cn.modeled_ns(collective, algorithm, topo, size, LINE, **args)
+                assert 0 < low <= est * (1 + 1e-12), (collective, algorithm, size, low, est)
+
+
 def test_a_faster_uplink_moves_the_bottleneck_to_the_gpu_links():
     topo = two_by_four(2, uplink=1800.0)  # 900 GB/s per leaf <-> spine link, against 450 per GPU link
     name, _ = cn.bottleneck("all2all", "direct", topo, S, LINE)
