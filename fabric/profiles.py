@@ -210,3 +210,143 @@ def gpu_profile(name: str) -> GpuProfile:
         return GPU_PROFILES[name]
     except KeyError:
         raise ConfigError(f"gpu: unknown GPU profile {name!r}; known: {', '.join(GPU_PROFILES)}") from None
+
+
+# -- multi-node systems (issue 10): the figures the SuperPOD presets are built from --------------------
+
+@dataclass(frozen=True)
+class SystemProfile:
+    """One multi-node system as published: nodes of GPUs behind the node's NVSwitch chips (one leaf
+    switch in fabric.topology) and the scale-out network above them (the spines).
+
+    nodes_max: nodes the source describes in one such system; gpus_per_node; gpu_link and gpu: the
+    LinkProfile and GpuProfile inside a node; mode: "network" or "classic" (FabricConfig.mode);
+    uplinks_per_node x uplink_gbytes_per_s_each = uplink_gbytes_per_s_per_node, per direction, GB/s
+    (Topology.multi_node's uplink, split over the spines); spine_link: the LinkProfile of the scale-out
+    links; in_network_reduction: whether the preset reduces in the spines; uplink_latency_ns: a
+    published latency of a leaf <-> spine link, None where none was found; sources: (figure, source)
+    pairs, each source "title", publisher, year, URL; notes: what the sources do not say.
+    """
+
+    name: str
+    description: str
+    nodes_max: int
+    gpus_per_node: int
+    gpu_link: str
+    gpu: str
+    mode: str
+    uplinks_per_node: int
+    uplink_gbytes_per_s_each: float
+    uplink_gbytes_per_s_per_node: float
+    spine_link: str
+    in_network_reduction: bool
+    uplink_latency_ns: float | None
+    sources: tuple[tuple[str, str], ...]
+    notes: str
+
+    @property
+    def node_gbytes_per_s(self) -> float:
+        """What a node's GPUs can send to their leaf, per direction: gpus_per_node x gpu_link's GB/s."""
+        return self.gpus_per_node * link_profile(self.gpu_link).bandwidth_gbytes_per_s
+
+    @property
+    def taper(self) -> float:
+        """node_gbytes_per_s / uplink_gbytes_per_s_per_node (2.0 is a 2:1 taper)."""
+        return self.node_gbytes_per_s / self.uplink_gbytes_per_s_per_node
+
+
+NVSWITCH3_BLOG = ("\"Upgrading Multi-GPU Interconnectivity with the Third-Generation NVIDIA NVSwitch\", NVIDIA Technical "
+                  "Blog, NVIDIA, 2022 (Hot Chips 34 week, August 2022), https://developer.nvidia.com/blog/"
+                  "upgrading-multi-gpu-interconnectivity-with-the-third-generation-nvidia-nvswitch/")
+HC34_REPORT = ("\"NVIDIA Networks NVLink\" (on NVIDIA's NVSwitch talk at Hot Chips 34), Wheeler's Network, B. Wheeler, "
+               "August 2022, https://www.wheelersnetwork.com/2022/08/")
+SUPERPOD_TAPER = ("\"From H100, GH200 to GB200: How NVIDIA Builds AI Supercomputers with SuperPod\", NADDOD blog, "
+                  "2024-09-25, https://naddod.com/blog/how-nvidia-builds-ai-supercomputers-with-superpod")
+SUPERPOD_H100_RA = ("\"NVIDIA DGX SuperPOD: Next Generation Scalable Infrastructure for AI Leadership, Reference "
+                    "Architecture Featuring NVIDIA DGX H100 Systems\", RA-11333-001, NVIDIA, 2023, https://docs.nvidia.com/"
+                    "dgx-superpod/reference-architecture-scalable-infrastructure-h100/latest/dgx-superpod-components.html")
+BASEPOD_RA = ("\"NVIDIA DGX BasePOD: The Infrastructure Foundation for Enterprise AI, Reference Architecture\", Core "
+              "Components, NVIDIA, 2024, https://docs.nvidia.com/dgx-basepod/"
+              "reference-architecture-infrastructure-foundation-enterprise-ai/latest/core-components.html")
+SUPERPOD_A100_RA = ("\"NVIDIA DGX SuperPOD: Scalable Infrastructure for AI Leadership, NVIDIA DGX A100 System Reference "
+                    "Architecture\", RA-09950-001, NVIDIA, November 2020 (read through a mirror: https://vdocuments.net/"
+                    "nvidia-dgx-superpod-scalable-infrastructure-for-ai-nvidia-ngca-optimized-software.html)")
+NVLINK4_LINK = ("\"H100 and H200 NVLink Cluster Scaling: Maximum Configurations and Performance\", Petronella "
+                "Technology Group, 2025, https://petronellatech.com/hardware/h100-h200-nvlink-cluster-scaling/ (third "
+                "party; NVIDIA's own figure, 18 NVLinks = 900 GB/s bidirectional, is PROFILES['nvlink4']'s source)")
+IB_NDR = ("\"NVIDIA MMS4X00-NS400 400Gb/s Single-port OSFP Single Mode DR4 Transceivers Product Specifications\", "
+          "Overview, NVIDIA, 2023, https://docs.nvidia.com/networking/display/mms4x00ns400/overview")
+IB_HDR = ("\"Building a SuperPod with 256 GPUs based on H100\" (the DGX A100 part), FiberMall blog, 2024, "
+          "https://www.fibermall.com/blog/supercomputer-superpod.htm (third party)")
+
+SYSTEMS: dict[str, SystemProfile] = {
+    s.name: s
+    for s in (
+        SystemProfile(
+            "superpod-h100-nvlink", "DGX H100 nodes on the NVLink Switch System: NVLink4 inside, 72 NVLink4 links "
+            "per node to the second-level NVLink switches (2:1 taper), NVLink SHARP in the switches",
+            nodes_max=32, gpus_per_node=8, gpu_link="nvlink4", gpu="h100-sxm", mode="network",
+            uplinks_per_node=72, uplink_gbytes_per_s_each=25.0, uplink_gbytes_per_s_per_node=1800.0,
+            spine_link="nvlink4", in_network_reduction=True, uplink_latency_ns=None,
+            sources=(
+                ("up to 256 H100 GPUs (32 DGX H100 x 8) on the NVLink Switch System, 57.6 TB/s all-to-all bandwidth "
+                 "(= 32 nodes x 1.8 TB/s); the NVSwitch does multicast and NVLink SHARP in-network reductions",
+                 NVSWITCH3_BLOG),
+                ("the pod: 18 NVLink Switch systems (two NVSwitch chips each) in a central rack connect 32 DGX H100 in "
+                 "a two-level fat tree, 460.8 Tb/s bisection bandwidth (= 57.6 TB/s)", HC34_REPORT),
+                ("a node's four NVSwitch chips leave 72 NVLink links to the NVLink Switches: 3.6 TB/s bidirectional "
+                 "against 7.2 TB/s of the 8 GPUs inside, not non-blocking (2:1)", SUPERPOD_TAPER),
+                ("an NVLink4 link carries 25 GB/s per direction: 18 links = 900 GB/s bidirectional per GPU",
+                 NVLINK4_LINK),
+            ),
+            notes="The Hopper whitepaper's NVLink Switch System section and the Hot Chips 34 slides themselves were "
+                  "not found in the searchable sources: the 72-link 2:1 figure is from a third-party analysis (and "
+                  "issue 10), consistent with NVIDIA's 57.6 TB/s for 32 nodes. The 18 NVLink Switch systems are "
+                  "more than a Topology's spines (at most gpus_per_node): a preset keeps 1800 GB/s per node and "
+                  "chooses its spines. No published latency of an NVLink Network hop or of the second-level switch "
+                  "was found: uplink_latency_ns is None, the preset must state its assumption.",
+        ),
+        SystemProfile(
+            "superpod-h100-ib", "DGX H100 nodes over NDR InfiniBand: one ConnectX-7 400 Gb/s NIC per GPU, an "
+            "InfiniBand spine modeled without in-network reduction",
+            nodes_max=32, gpus_per_node=8, gpu_link="nvlink4", gpu="h100-sxm", mode="network",
+            uplinks_per_node=8, uplink_gbytes_per_s_each=50.0, uplink_gbytes_per_s_per_node=400.0,
+            spine_link="ib-ndr", in_network_reduction=False, uplink_latency_ns=None,
+            sources=(
+                ("NDR 400 Gb/s InfiniBand with ConnectX-7; scalable units of 32 DGX H100 systems each (a fully tested "
+                 "system: four SUs)", SUPERPOD_H100_RA),
+                ("DGX H100: four OSFP ports serving eight single-port ConnectX-7 VPI, up to 400 Gb/s "
+                 "InfiniBand/Ethernet, four NVSwitch chips", BASEPOD_RA),
+                ("NDR: a 400 Gb/s port to a ConnectX-7 (400 Gb/s = 50 GB/s per direction)", IB_NDR),
+            ),
+            notes="nodes_max 32 is one scalable unit (the RA's SuperPOD scales to four SUs and beyond). NDR Quantum-2 "
+                  "switches do offer SHARP; issue 10 models this spine without in-network reduction, a choice of the "
+                  "preset, not a property of the hardware. No published per-hop latency was found: "
+                  "uplink_latency_ns is None (the ib-ndr LinkProfile's 600 ns is this emulator's assumption).",
+        ),
+        SystemProfile(
+            "superpod-a100-ib", "DGX A100 nodes (classic NVLink3 inside) over HDR InfiniBand: one 200 Gb/s NIC per GPU",
+            nodes_max=32, gpus_per_node=8, gpu_link="nvlink3", gpu="a100-sxm", mode="classic",
+            uplinks_per_node=8, uplink_gbytes_per_s_each=25.0, uplink_gbytes_per_s_per_node=200.0,
+            spine_link="ib-hdr", in_network_reduction=False, uplink_latency_ns=None,
+            sources=(
+                ("the DGX A100 SuperPOD's compute fabric is HDR InfiniBand", SUPERPOD_A100_RA),
+                ("the NVLink Switch System's 57.6 TB/s is 9x the bisection bandwidth of HDR InfiniBand on Ampere GPUs "
+                 "(256 GPUs x 25 GB/s = 6.4 TB/s: one 200 Gb/s link per GPU)", NVSWITCH3_BLOG),
+                ("DGX A100 nodes are joined by 200 Gb/s HDR InfiniBand (200 Gb/s = 25 GB/s per direction)", IB_HDR),
+            ),
+            notes="The RA's own pages on the per-node NIC count and the scalable-unit size were not readable in the "
+                  "searchable sources; one NIC per GPU rests on NVIDIA's 9x comparison (and issue 10). nodes_max 32 "
+                  "is that comparison's 256 GPUs, not a published SuperPOD limit. No published per-hop latency was "
+                  "found: uplink_latency_ns is None.",
+        ),
+    )
+}
+
+
+def system_profile(name: str) -> SystemProfile:
+    """The system called `name`; ConfigError naming the known systems otherwise."""
+    try:
+        return SYSTEMS[name]
+    except KeyError:
+        raise ConfigError(f"system: unknown system profile {name!r}; known: {', '.join(SYSTEMS)}") from None

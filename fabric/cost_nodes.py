@@ -1,0 +1,262 @@
+"""Cost model of the flat algorithms on a multi-node Topology: exact bytes per link, and time bounds.
+
+Pure (numpy, no MPI). Units: bytes, ns, GB/s (= bytes per ns). The members of a call are every GPU
+of the Topology in GPU order, which is node-major (fabric.topology), so the ring is the node-major
+ring; all start at modeled time 0, as fabric.cost assumes.
+
+**Traffic** (`rounds`): each algorithm is written as its dependent *rounds*, each a gpus x gpus matrix
+T with T[i, j] = payload bytes GPU i sends GPU j in that round, derived from the schedules of
+ranks/collectives (blocks are fabric.reduction.blocks of the element count, times itemsize):
+- ring (ranks/collectives/ring.py), 2(N-1) rounds for allreduce, N-1 for reduce_scatter (S = input
+  bytes) and allgather (S = output bytes). Reduce-scatter round s: GPU r sends block (r-1-s) mod N
+  to r+1; all-gather round s: GPU r sends block (r-s) mod N to r+1.
+- direct (direct.py): reduce_scatter, one round: GPU r sends block j to every j != r; allgather, one
+  round: GPU r sends its block r to every j != r; allreduce: the two, in that order (a GPU broadcasts
+  only its reduced block); broadcast, one round: the root sends S to every other GPU.
+- all2all / all2allv (all2all.py), one round: GPU i sends its block j to GPU j (own block copied
+  locally, never on a link); all2all's blocks are S / N bytes each (S = each member's send buffer,
+  a multiple of N x itemsize, as comm.all2all requires); all2allv takes the matrix of counts.
+Within a round the order of a GPU's sends (r+1, r+2, ... in direct and all2all) does not change any
+link's bytes, so it is not represented.
+
+**Bytes** (`link_bytes`, exact): the sum over rounds of Topology.link_payload_bytes(T), routed as the
+Topology routes (D-mod-k over the spines). On one node it is fabric.cost.payload_bytes per GPU: tx on
+"gpuX->sw0", rx on "sw0->gpuX".
+
+**Time.** Raw bytes of a flow i -> j in a round: R(T[i, j]) = payload + one header per MTU packet of
+each message of at most chunk_bytes (fabric.cost.raw_of, messages as fabric.cost's); cut-through
+switches forward it whole, so a flow has the same raw bytes on every link of its route. For a link
+L of a round, W_L = raw bytes crossing it, bw_L its bandwidth, and over the flows f crossing it
+pre_f (ns from f leaving its GPU to its first byte entering L: the links before L and the switches
+passed) and post_f (ns from its last byte entering L to the destination: L's latency, the switch at
+L's end, the links and switches after). Then
+    round_ns = max( max over links L of  min_f pre_f + W_L / bw_L + min_f post_f,
+                    max over flows f of  path latency_f + R_f / least bandwidth on f's route ).
+It is a **lower bound** on the round under cut-through links of those bandwidths: no byte reaches L
+before min pre, L serialises W_L at bw_L, and its last byte has at least min post to go; and no
+flow ends before its own bytes crossed its slowest link.
+`modeled_ns` = the sum of round_ns over the rounds: the time of a bulk-synchronous execution in
+which each round starts once the previous one has ended everywhere, and in which each link is busy
+back to back from the moment the first byte could reach it (no link waits for a slower one upstream:
+that is where a run on several nodes can take longer, and why modeled_ns is an estimate there, not a
+bound of either kind). On one node (a flow is one GPU uplink and one downlink, all links equal)
+round_ns = R(b)/B + 2a + s for blocks of b bytes, and modeled_ns is exactly fabric.cost.modeled_ns
+for ring allreduce, reduce_scatter, allgather and direct allreduce, reduce_scatter, allgather,
+broadcast, all2all (tests check it; with uneven blocks this module takes each round's actual
+blocks, fabric.cost S // N).
+`lower_bound_ns` holds whatever the rounds' overlap (the ranks do not run in lockstep: a ring GPU
+starts round k+1 once it has received round k, whatever the others do): the larger of
+- the round_ns formula over the flows of every round together (each pair's rounds as one flow);
+- the dependency chain: the sum over rounds of each round's fastest flow (path latency + R / its
+  route's least bandwidth), since in every schedule here a GPU sends round k+1's data only after it
+  received round k's.
+Each of the three is at most the sum of round_ns, so lower_bound_ns <= modeled_ns always.
+The gap between modeled_ns and lower_bound_ns says how much overlap and latency can matter; for
+large messages whose bottleneck is one link in every round (a node-major ring's crossing into local
+index 0 over spine 0 at U / spines, an all2all's leaf-spine links) the bandwidth terms are equal and
+the two differ by latencies only: (rounds - 1) path latencies for a ring.
+"""
+
+import math
+
+import numpy as np
+
+from .cost import raw_of
+from .errors import FabricError
+from .reduction import blocks
+from .topology import Topology
+
+FLAT = {
+    "ring": ("allreduce", "reduce_scatter", "allgather"),
+    "direct": ("allreduce", "reduce_scatter", "allgather", "broadcast", "all2all"),
+    "all2allv": ("all2allv",),
+}
+
+
+def _block_bytes(S: int, n: int, itemsize: int) -> list[int]:
+    """Bytes of each of the N blocks of S bytes (fabric.reduction.blocks of S / itemsize elements)."""
+    if not isinstance(itemsize, int) or isinstance(itemsize, bool) or itemsize < 1:
+        raise FabricError(f"cost_nodes: itemsize must be a positive integer, got {itemsize!r}")
+    if not isinstance(S, (int, np.integer)) or isinstance(S, bool) or S < 0 or S % itemsize:
+        raise FabricError(f"cost_nodes: S must be a non-negative multiple of itemsize {itemsize} bytes, got {S!r}")
+    return [(hi - lo) * itemsize for lo, hi in blocks(int(S) // itemsize, n)]
+
+
+def rounds(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsize: int = 4, root: int = 0,
+           counts=None) -> list[np.ndarray]:
+    """The dependent rounds of one call on every GPU of `topo`, each a gpus x gpus int64 matrix of
+    payload bytes (row: sender, column: receiver), as the module docstring derives them.
+    collective/algorithm: a pair of FLAT (all2all is `direct`; all2allv is ("all2allv", "all2allv")
+    with `counts`, counts[i][j] = bytes GPU i sends GPU j, the diagonal a local copy). FabricError for
+    anything else."""
+    if not isinstance(topo, Topology):
+        raise FabricError(f"cost_nodes: takes a Topology, got {type(topo).__name__}")
+    if algorithm not in FLAT or collective not in FLAT[algorithm]:
+        known = "; ".join(f"{a}: {', '.join(c)}" for a, c in FLAT.items())
+        raise FabricError(f"cost_nodes: no flat multi-node model for {collective} with {algorithm!r} ({known})")
+    n = topo.gpus
+    if collective == "all2allv":
+        if counts is None:
+            raise FabricError("cost_nodes: all2allv needs counts, a gpus x gpus matrix of bytes")
+        matrix = np.array(topo._traffic(counts))  # checked: shape, integers, non-negative; a copy
+        np.fill_diagonal(matrix, 0)  # a GPU's own block is copied locally (all2all.py)
+        return [matrix]
+    if collective == "broadcast":
+        if not isinstance(root, (int, np.integer)) or isinstance(root, bool) or not 0 <= root < n:
+            raise FabricError(f"cost_nodes: broadcast root must be one of GPUs 0..{n - 1}, got {root!r}")
+        if not isinstance(S, (int, np.integer)) or isinstance(S, bool) or S < 0:
+            raise FabricError(f"cost_nodes: S must be a non-negative number of bytes, got {S!r}")
+        t = np.zeros((n, n), np.int64)
+        t[root, :] = S
+        t[root, root] = 0
+        return [t] if n > 1 else []
+    b = _block_bytes(S, n, itemsize)
+    out: list[np.ndarray] = []
+    if algorithm == "ring":
+        phases = {"allreduce": ("rs", "ag"), "reduce_scatter": ("rs",), "allgather": ("ag",)}[collective]
+        for phase in phases:
+            for s in range(n - 1):
+                t = np.zeros((n, n), np.int64)
+                for r in range(n):
+                    t[r, (r + 1) % n] = b[(r - 1 - s) % n] if phase == "rs" else b[(r - s) % n]
+                out.append(t)
+        return out
+    rs = np.array([[b[j] if i != j else 0 for j in range(n)] for i in range(n)], np.int64).reshape(n, n)
+    ag = np.array([[b[i] if i != j else 0 for j in range(n)] for i in range(n)], np.int64).reshape(n, n)
+    if collective == "all2all":
+        return [rs] if n > 1 else []  # equal blocks: GPU i sends its block j (b_j bytes) to GPU j
+    phases = {"allreduce": (rs, ag), "reduce_scatter": (rs,), "allgather": (ag,)}[collective]
+    return [t for t in phases if n > 1]
+
+
+def traffic(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsize: int = 4, root: int = 0,
+            counts=None) -> np.ndarray:
+    """The call's whole traffic matrix (the sum of its rounds), payload bytes."""
+    total = np.zeros((topo.gpus, topo.gpus), np.int64)
+    for t in rounds(collective, algorithm, topo, S, itemsize, root, counts):
+        total = total + t
+    return total
+
+
+def link_bytes(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsize: int = 4, root: int = 0,
+               counts=None) -> dict[str, int]:
+    """Exact payload bytes every link of `topo` carries in one call: {link name: bytes}, link order."""
+    return topo.link_payload_bytes(traffic(collective, algorithm, topo, S, itemsize, root, counts))
+
+
+def _flows(t: np.ndarray, config, itemsize: int) -> dict[tuple[int, int], int]:
+    """Raw bytes of each flow of a round, {(src, dst): R(T[src, dst])}: messages of chunk_bytes (whole
+    elements), each in MTU packets with a header (fabric.cost.raw_of)."""
+    msg = max(1, config.chunk_bytes // itemsize) * itemsize
+    cache: dict[int, int] = {}
+    flows = {}
+    for i, j in zip(*np.nonzero(t)):
+        x = int(t[i, j])
+        if x not in cache:
+            cache[x] = raw_of(x, config, msg)
+        flows[(int(i), int(j))] = cache[x]
+    return flows
+
+
+def _hops(topo: Topology, src: int, dst: int) -> tuple[tuple[tuple[str, float, float], ...], float, float]:
+    """The route src -> dst as ((link name, pre ns, post ns), ...), its latency (ns) and its least
+    bandwidth (GB/s). pre: from the flow leaving src to its first byte entering the link (earlier links
+    and switches); post: from its last byte entering the link to dst (the link's latency, the switch
+    at its end and the links after). Cached in the topology (its routes are fixed)."""
+    cache = topo._cache.setdefault("cost_nodes.hops", {})
+    hops = cache.get((src, dst))
+    if hops is None:
+        switch_ns = topo._cache.get("cost_nodes.switch_ns")
+        if switch_ns is None:
+            switch_ns = topo._cache["cost_nodes.switch_ns"] = {sw.name: sw.latency_ns for sw in topo.switches}
+        route = topo.route(src, dst)
+        before = [0.0]
+        for link in route[:-1]:
+            before.append(before[-1] + link.latency_ns + switch_ns[link.dst])
+        total = before[-1] + route[-1].latency_ns
+        hops = cache[(src, dst)] = (tuple((link.name, before[k], total - before[k]) for k, link in enumerate(route)),
+                                    total, min(link.bandwidth_gbytes_per_s for link in route))
+    return hops
+
+
+def _link_bound(topo: Topology, flows: dict) -> float:
+    """max over links L of min pre + W_L / bw_L + min post (latency_L included) over the flows crossing L."""
+    load: dict[str, int] = {}
+    pre: dict[str, float] = {}
+    post: dict[str, float] = {}
+    for (i, j), w in flows.items():
+        for name, before, after in _hops(topo, i, j)[0]:
+            load[name] = load.get(name, 0) + w
+            if before < pre.get(name, math.inf):
+                pre[name] = before
+            if after < post.get(name, math.inf):
+                post[name] = after
+    return max((pre[name] + w / topo.link(name).bandwidth_gbytes_per_s + post[name] for name, w in load.items()),
+               default=0.0)
+
+
+def _least_flow_ns(topo: Topology, flows: dict) -> float:
+    """min over the flows of a round of path latency + raw bytes / the route's least bandwidth: no
+    receiver of the round has its data sooner."""
+    least = math.inf
+    for (i, j), w in flows.items():
+        _, latency, bandwidth = _hops(topo, i, j)
+        least = min(least, latency + w / bandwidth)
+    return 0.0 if least == math.inf else least
+
+
+def _slowest_flow_ns(topo: Topology, flows: dict) -> float:
+    """max over the flows of a round of path latency + raw bytes / the route's least bandwidth."""
+    most = 0.0
+    for (i, j), w in flows.items():
+        _, latency, bandwidth = _hops(topo, i, j)
+        most = max(most, latency + w / bandwidth)
+    return most
+
+
+def round_ns(topo: Topology, t: np.ndarray, config, itemsize: int = 4) -> float:
+    """Lower bound (ns) of one round of payload traffic `t` (gpus x gpus) on `topo`, raw bytes by
+    config's mtu_bytes, header_bytes and chunk_bytes (the module docstring's round_ns)."""
+    flows = _flows(topo._traffic(t), config, itemsize)
+    return max(_link_bound(topo, flows), _slowest_flow_ns(topo, flows))
+
+
+def modeled_ns(collective: str, algorithm: str, topo: Topology, S: int, config, itemsize: int = 4, root: int = 0,
+               counts=None) -> float:
+    """Bulk-synchronous estimate (ns) of one call: the sum of its rounds' round_ns. Equals
+    fabric.cost.modeled_ns on one node; see the module docstring for what it assumes elsewhere."""
+    return sum(round_ns(topo, t, config, itemsize) for t in rounds(collective, algorithm, topo, S, itemsize, root,
+                                                                   counts))
+
+
+def lower_bound_ns(collective: str, algorithm: str, topo: Topology, S: int, config, itemsize: int = 4,
+                   root: int = 0, counts=None) -> float:
+    """A lower bound (ns) of one call however its rounds overlap: the larger of the link bound of all
+    its rounds' flows together (each round's flows separate messages) and the dependency chain, the
+    sum over rounds of each round's fastest flow (a GPU sends round k + 1's data only once it has
+    received round k's, in every schedule here)."""
+    steps = [_flows(t, config, itemsize) for t in rounds(collective, algorithm, topo, S, itemsize, root, counts)]
+    merged = _merged(steps)
+    return max(_link_bound(topo, merged), _slowest_flow_ns(topo, merged), sum(_least_flow_ns(topo, f) for f in steps))
+
+
+def _merged(steps: list[dict]) -> dict[tuple[int, int], int]:
+    """The flows of several rounds together: raw bytes summed per (src, dst)."""
+    total: dict[tuple[int, int], int] = {}
+    for flows in steps:
+        for key, w in flows.items():
+            total[key] = total.get(key, 0) + w
+    return total
+
+
+def bottleneck(collective: str, algorithm: str, topo: Topology, S: int, config, itemsize: int = 4, root: int = 0,
+               counts=None) -> tuple[str, float]:
+    """(name, ns) of the link with the most raw bytes over bandwidth in the whole call: where the
+    time goes (W_L / bw_L, ns, without latencies)."""
+    flows = _merged([_flows(t, config, itemsize) for t in rounds(collective, algorithm, topo, S, itemsize, root, counts)])
+    load = {link.name: 0 for link in topo.links}
+    for (i, j), w in flows.items():
+        for name, _, _ in _hops(topo, i, j)[0]:
+            load[name] += w
+    name = max(load, key=lambda x: load[x] / topo.link(x).bandwidth_gbytes_per_s)
+    return name, load[name] / topo.link(name).bandwidth_gbytes_per_s
