@@ -38,16 +38,22 @@ def compute_dtype(dtype) -> str:
                       f"numpy dtype)")
 
 
+def amount(value) -> float | None:
+    """`value` as a float if it is a finite, non-negative number (a bool is not); None otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond any float
+        return None
+    return number if math.isfinite(number) and number >= 0 else None
+
+
 def roofline_ns(profile: GpuProfile, flops: float, nbytes: float, dtype, compute_efficiency: float,
                 memory_efficiency: float) -> float:
     """Modeled ns of a kernel of `flops` operations in `dtype` moving `nbytes` HBM bytes on `profile`."""
     for what, value in (("flops", flops), ("bytes", nbytes)):
-        try:
-            finite = math.isfinite(value)
-        except (TypeError, OverflowError):  # not a number, or an integer beyond any float
-            finite = False
-        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
-                or not finite or value < 0:
+        if amount(value) is None:
             raise FabricError(f"compute {what}={value!r}: needs a finite, non-negative number")
     if not flops:  # a pure memory kernel needs no math units: any element type moves at HBM speed
         if not (isinstance(dtype, str) and dtype in COMPUTE_DTYPES):

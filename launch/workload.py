@@ -230,6 +230,15 @@ class Mlp:
         return dy if need_dx else None
 
 
+def teacher_dataset(sizes: list[int], total: int, seed: int = 12) -> tuple[np.ndarray, np.ndarray]:
+    """A global batch of `total` samples: float32 inputs of width sizes[0] and the targets a fixed random
+    'teacher' (tanh of a linear map to width sizes[-1]) gives them; the same on every GPU for a seed."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((total, sizes[0])).astype(np.float32)
+    teacher = rng.standard_normal((sizes[0], sizes[-1])).astype(np.float32) / np.sqrt(sizes[0])
+    return x, np.tanh(x @ teacher).astype(np.float32)
+
+
 def sgd(gpu, flat: np.ndarray, grads: np.ndarray, lr: float) -> None:
     """flat -= lr * grads in place: two FLOPs per parameter, reads both arrays, writes one."""
     flat -= np.asarray(lr, flat.dtype) * grads

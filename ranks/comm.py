@@ -222,16 +222,13 @@ class Communicator:
     def _take(self, out: np.ndarray, source: int, tag: int, before_copy=None) -> None:
         """Wait for the next message of member `source` with `tag`, check its size, copy it into `out`."""
         gpu, peer = self.gpu, self.members[source]
-        gpu._drain()  # pending collectives take the links first, in program order
         number = self._p2p_received[(source, tag)]
         self._p2p_received[(source, tag)] += 1
-        slot = (self._p2p_key(tag, number), peer)
         # taken from the mailbox rather than posted in place, so that a message of the wrong size is
         # reported here, with the tag and both sizes, instead of in whatever wait it happens to arrive
-        gpu._wait(lambda: slot in gpu._mailbox, f"recv from member {source} tag {tag} on communicator {self.name!r}",
-                  f"GPU {peer}'s message #{number} with tag {tag}")
-        got = gpu._mailbox.pop(slot)
-        gpu.now_ns = max(gpu.now_ns, gpu._consume(*gpu._arrivals.pop(slot)))
+        got = gpu.take_message(self._p2p_key(tag, number), peer,
+                               f"recv from member {source} tag {tag} on communicator {self.name!r}",
+                               f"GPU {peer}'s message #{number} with tag {tag}")
         if before_copy is not None:
             before_copy()
         if got.nbytes != out.nbytes:

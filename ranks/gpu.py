@@ -16,6 +16,7 @@ import numpy as np
 
 from nvlink_emu.fabric import errors
 from nvlink_emu.fabric.addressing import Handle, physical_address
+from nvlink_emu.fabric.compute import amount
 from nvlink_emu.fabric.config import FabricConfig
 from nvlink_emu.fabric.counters import LinkCounters, LinkStats, downlink, gpu_view, uplink
 from nvlink_emu.fabric.errors import AccessViolation, FabricError, FabricTimeout, ProtocolError, UnsupportedOperation
@@ -122,11 +123,8 @@ class Gpu:
             if flops is not None or bytes is not None or dtype is not None:
                 raise FabricError(f"GPU {self.rank}: compute({ns!r}, flops={flops!r}, bytes={bytes!r}, "
                                   f"dtype={dtype!r}): give ns, or flops/bytes/dtype, not both")
-            try:
-                added = float(ns) if isinstance(ns, (int, float, np.integer, np.floating)) else math.nan
-            except OverflowError:  # an integer beyond any float
-                added = math.inf
-            if isinstance(ns, bool) or not math.isfinite(added) or added < 0:
+            added = amount(ns)
+            if added is None:
                 raise FabricError(f"GPU {self.rank}: compute({ns!r}): needs a finite, non-negative number of ns")
         else:
             if flops is None and bytes is None:
@@ -414,6 +412,15 @@ class Gpu:
         source = what or ("the switch" if peer is None else f"GPU {peer}")
         self._wait(lambda: slot not in self._posted, "receive", f"{source} (slot {slot[0]})")
         self.now_ns = max(self.now_ns, self._consume(*self._arrivals.pop(slot)))
+
+    def take_message(self, key: tuple, peer: int, op: str, waiting_for: str) -> np.ndarray:
+        """Wait for the message in slot `key` from GPU `peer` (never posted: it lands in the mailbox) and
+        return its bytes, whatever their size; its downlink turn comes now, in program order."""
+        self._drain()
+        slot = (tuple(key), peer)
+        self._wait(lambda: slot in self._mailbox, op, waiting_for)
+        self.now_ns = max(self.now_ns, self._consume(*self._arrivals.pop(slot)))
+        return self._mailbox.pop(slot)
 
     def receive_message(self, key: tuple, out: np.ndarray, peer: int) -> None:
         """Wait for the message in slot `key` from GPU `peer` and place its bytes in `out`."""

@@ -26,7 +26,7 @@ class Request:
         self.start_ns: float | None = None
         self.end_ns: float | None = None
         self._execute = execute
-        self._error: FabricError | None = None
+        self._error: BaseException | None = None  # raised at wait/test (see _run)
 
     def __repr__(self) -> str:
         state = "pending" if self.end_ns is None else f"{self.start_ns:.1f}..{self.end_ns:.1f} ns"

@@ -18,7 +18,7 @@ import sys
 
 import numpy as np
 
-from nvlink_emu.launch.workload import Mlp, mse_grad, sgd, timed_step
+from nvlink_emu.launch.workload import Mlp, mse_grad, sgd, teacher_dataset, timed_step
 
 TOLERANCE = 1e-5  # largest |w - w_ref| allowed: ~100 float32 ulps at 1, far below any real mistake
 
@@ -33,19 +33,11 @@ def arguments():
     return parser.parse_args(sys.argv[1:])
 
 
-def dataset(sizes: list[int], total: int, seed: int = 12):
-    """The global batch: inputs and the targets of a fixed random 'teacher' (the same on every GPU)."""
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((total, sizes[0])).astype(np.float32)
-    teacher = rng.standard_normal((sizes[0], sizes[-1])).astype(np.float32) / np.sqrt(sizes[0])
-    return x, np.tanh(x @ teacher).astype(np.float32)
-
-
 def main(gpu):
     args = arguments()
     sizes = [int(s) for s in args.sizes.split(",")]
     mlp, n, b = Mlp(sizes), gpu.size, args.batch
-    x, target = dataset(sizes, n * b)
+    x, target = teacher_dataset(sizes, n * b)
     mine = slice(gpu.rank * b, (gpu.rank + 1) * b)  # this GPU's slice of the global batch
     x_mine, target_mine = x[mine].copy(), target[mine].copy()
 
