@@ -27,7 +27,7 @@ from .mpiexec import ENV as MPIEXEC_ENV
 from .mpiexec import mpiexec_command
 from .report import print_report
 from .traces import merge
-from .runner import fabric_arguments, prepare_trace_dir, split_script_args
+from .runner import fabric_arguments, mpi4py_argument, prepare_trace_dir, split_script_args
 
 EXAMPLES = Path(__file__).parent / "examples"
 BENCH = str(Path(__file__).parent / "bench.py")
@@ -51,6 +51,8 @@ def launch_script(script: str, args: argparse.Namespace, script_args: list[str],
             cmd += [f"--{flag.replace('_', '-')}", str(value)]
     if getattr(args, "no_label", False):
         cmd.append("--no-label")
+    if getattr(args, "mpi4py", False):
+        cmd.append("--mpi4py")
     if script_args:
         cmd += ["--", *script_args]
     env = dict(os.environ)
@@ -363,8 +365,9 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run SCRIPT's main(gpu) on every GPU of a fabric",
                          usage="nvlink-emu run SCRIPT.py [options] [-- ARGS ...]",
                          epilog=f"ARGS: what follows -- reaches the script as sys.argv[1:]. {LAUNCHER_HELP}")
-    run.add_argument("script", help="Python file defining main(gpu)")
+    run.add_argument("script", help="Python file defining main(gpu), or with --mpi4py an mpi4py program")
     fabric_arguments(run)
+    mpi4py_argument(run)
     run.add_argument("--compare", metavar="P1,P2,...", help="run SCRIPT once per preset and print its modeled "
                      "step time (GPU 0's step_ns= lines), link bytes and time relative to the first preset")
     run.add_argument("--plot", metavar="FILE.png", help="with --compare: the bar chart of the step times (default "

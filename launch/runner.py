@@ -3,6 +3,7 @@
 import argparse
 import inspect
 import math
+import os
 import runpy
 import sys
 import traceback
@@ -61,6 +62,26 @@ def load_main(script: str):
     return main
 
 
+def mpi4py_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--mpi4py", action="store_true", help="SCRIPT is an unmodified mpi4py program (no main(gpu)): "
+                        "its `from mpi4py import MPI` gets the emulator's layer, COMM_WORLD the GPUs")
+
+
+def load_mpi4py_program(script: str, script_args: list[str]):
+    """A main(gpu) running the mpi4py program `script` as __main__ (ranks.mpi4py_layer); ConfigError if
+    it is not a file, or if NVLINK_EMU_MPI4PY_ALGORITHM names no algorithm (before any traffic)."""
+    from nvlink_emu.fabric.errors import UnsupportedOperation
+    from nvlink_emu.ranks.mpi4py_layer import MPI, program
+
+    if not Path(script).is_file():
+        raise ConfigError(f"{script}: no such program")
+    try:
+        MPI.check_algorithm(os.environ.get(MPI.ALGORITHM_ENV, "auto").strip() or "auto")
+    except UnsupportedOperation as exc:
+        raise ConfigError(str(exc)) from None
+    return program(script, script_args)
+
+
 def workload_traceback(exc: BaseException, script: str) -> str:
     """`exc`'s traceback from its first frame in the workload script on: the launcher's frames (run,
     load_main, runpy) say nothing to the script's author. A SyntaxError has no frame in the script,
@@ -102,6 +123,7 @@ def run(argv: list[str] | None) -> int:
                                      "GPU rank of an emulated fabric (under mpiexec).")
     parser.add_argument("script", help="Python file defining main(gpu)")
     fabric_arguments(parser)
+    mpi4py_argument(parser)
     args = parser.parse_args(ours)
     rank = world_rank()
     problem = None
@@ -111,8 +133,11 @@ def run(argv: list[str] | None) -> int:
             prepare_trace_dir(args.trace_dir)
         if args.report_json is not None:
             check_report_path(args.report_json)
-        sys.argv = [args.script, *script_args]
-        workload = load_main(args.script)
+        if args.mpi4py:
+            workload = load_mpi4py_program(args.script, script_args)
+        else:
+            sys.argv = [args.script, *script_args]
+            workload = load_main(args.script)
     except Exception as exc:  # noqa: BLE001 - whatever it is, every rank must learn of it
         problem, text = exc, workload_traceback(exc, args.script)
     # The ranks agree on whether all got ready: one that failed alone (a script that raises on import

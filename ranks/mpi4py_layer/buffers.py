@@ -1,0 +1,481 @@
+"""Datatypes and buffer specifications of the mpi4py layer: what mpi4py accepts as a message, read as numpy.
+
+A datatype is a numpy base dtype and a layout: the base-element offsets of one item and the item's
+extent in base elements (a predefined type: offsets [0], extent 1). Derived types (contiguous,
+vector, indexed, indexed_block, resized) are layouts over one base dtype; a struct of several base
+dtypes is not representable and raises UnsupportedOperation.
+"""
+
+import ctypes
+
+import numpy as np
+
+from nvlink_emu.fabric.errors import UnsupportedOperation
+
+
+class _Constant:
+    """A named MPI constant object (IN_PLACE, BOTTOM): compared by identity, printed by name."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self):
+        return f"<mpi4py layer constant {self.name}>"
+
+    def __int__(self):
+        return {"BOTTOM": 0, "IN_PLACE": 1}.get(self.name, -1)
+
+
+IN_PLACE = _Constant("IN_PLACE")
+BOTTOM = _Constant("BOTTOM")
+
+
+def is_in_place(msg) -> bool:
+    """mpi4py's rule: None or IN_PLACE as a send buffer means in place."""
+    return msg is None or msg is IN_PLACE
+
+
+class Datatype:
+    """An MPI datatype: `base` numpy dtype, `offsets` (base elements of one item), `extent` (base
+    elements from one item to the next). size in bytes = len(offsets) x base.itemsize."""
+
+    def __init__(self, datatype=None, *, name=None, base=None, offsets=None, extent=None):
+        if isinstance(datatype, Datatype):  # Datatype(other): the same handle, as mpi4py
+            name, base, offsets, extent = datatype.name, datatype.base, datatype.offsets, datatype._extent
+        self.name = name
+        self.base = None if base is None else np.dtype(base)
+        self.offsets = np.zeros(1, np.int64) if offsets is None else np.asarray(offsets, np.int64)
+        self._extent = 1 if extent is None else int(extent)
+        self.committed = True
+        self.predefined = offsets is None and base is not None
+
+    def __repr__(self):
+        return f"<Datatype {self.name or 'derived'}>"
+
+    def __bool__(self):
+        return self.base is not None
+
+    def __eq__(self, other):
+        if not isinstance(other, Datatype):
+            return NotImplemented
+        if self.base is None or other.base is None:
+            return self.base is None and other.base is None
+        return self is other or (self.name is not None and self.name == other.name and self.predefined
+                                 and other.predefined)
+
+    def __hash__(self):
+        return hash(self.name) if self.predefined else id(self)
+
+    # -- queries ------------------------------------------------------------------------------------
+    def _null_check(self, what: str):
+        if self.base is None:
+            from .MPI import ERR_TYPE, Exception as MPIException
+            raise MPIException(ERR_TYPE, f"{what} of DATATYPE_NULL")
+
+    def Get_size(self) -> int:
+        """Bytes of data in one item."""
+        self._null_check("Get_size")
+        return len(self.offsets) * self.base.itemsize
+
+    size = property(Get_size)
+
+    def Get_extent(self) -> tuple[int, int]:
+        """(lower bound, extent) in bytes."""
+        self._null_check("Get_extent")
+        return 0, self._extent * self.base.itemsize
+
+    def Get_true_extent(self) -> tuple[int, int]:
+        self._null_check("Get_true_extent")
+        low, high = int(self.offsets.min(initial=0)), int(self.offsets.max(initial=-1)) + 1
+        return low * self.base.itemsize, (high - low) * self.base.itemsize
+
+    extent = property(lambda self: self.Get_extent()[1])
+    lb = property(lambda self: 0)
+    ub = property(lambda self: self.extent)
+
+    @property
+    def contiguous(self) -> bool:
+        return self._extent == len(self.offsets) and np.array_equal(self.offsets, np.arange(len(self.offsets)))
+
+    # -- constructors -------------------------------------------------------------------------------
+    def _derived(self, offsets, extent) -> "Datatype":
+        self._null_check("a derived type")
+        made = Datatype(base=self.base, offsets=np.asarray(offsets, np.int64).reshape(-1), extent=extent)
+        made.committed = False
+        return made
+
+    def _items(self, starts) -> np.ndarray:
+        """Base-element offsets of one item of self placed at each of `starts` (in base elements)."""
+        return (np.asarray(starts, np.int64)[:, None] + self.offsets[None, :]).reshape(-1)
+
+    def Dup(self) -> "Datatype":
+        made = self._derived(self.offsets, self._extent)
+        made.name = self.name
+        return made
+
+    def Create_contiguous(self, count: int) -> "Datatype":
+        return self._derived(self._items(np.arange(count) * self._extent), count * self._extent)
+
+    def Create_vector(self, count: int, blocklength: int, stride: int) -> "Datatype":
+        starts = (np.arange(count)[:, None] * stride + np.arange(blocklength)[None, :]).reshape(-1) * self._extent
+        return self._derived(self._items(starts), ((count - 1) * stride + blocklength) * self._extent if count else 0)
+
+    def Create_indexed(self, blocklengths, displacements) -> "Datatype":
+        starts = [d + i for b, d in zip(blocklengths, displacements) for i in range(b)]
+        ends = [d + b for b, d in zip(blocklengths, displacements)]
+        return self._derived(self._items(np.asarray(starts, np.int64) * self._extent),
+                             max(ends, default=0) * self._extent)
+
+    def Create_indexed_block(self, blocklength: int, displacements) -> "Datatype":
+        return self.Create_indexed([blocklength] * len(displacements), displacements)
+
+    def Create_resized(self, lb: int, extent: int) -> "Datatype":
+        if lb != 0 or extent % self.base.itemsize:
+            raise UnsupportedOperation(f"Datatype.Create_resized(lb={lb}, extent={extent}): the layer's layouts "
+                                       f"have lower bound 0 and an extent in whole {self.base} elements")
+        return self._derived(self.offsets, extent // self.base.itemsize)
+
+    def Create_struct(self, *args, **kwargs):
+        raise UnsupportedOperation("Datatype.Create_struct: the mpi4py layer's datatypes are layouts of one base "
+                                   "type (contiguous, vector, indexed, indexed_block, resized)")
+
+    Create_hvector = Create_hindexed = Create_hindexed_block = Create_subarray = Create_darray = Create_struct
+
+    def Commit(self) -> "Datatype":
+        self.committed = True
+        return self
+
+    def Free(self) -> None:
+        if self.predefined:
+            from .MPI import ERR_TYPE, Exception as MPIException
+            raise MPIException(ERR_TYPE, f"Free of predefined datatype {self.name}")
+        self.base = None
+
+    def Get_name(self) -> str:
+        return self.name or ""
+
+    def tocode(self) -> str:
+        return self.base.char if self.base is not None else ""
+
+
+DATATYPE_NULL = Datatype()
+
+
+def predefined(name: str, dtype) -> Datatype:
+    return Datatype(name=name, base=np.dtype(dtype))
+
+
+# -- buffers ----------------------------------------------------------------------------------------
+def as_array(obj, readonly: bool) -> np.ndarray:
+    """A flat numpy view of `obj`'s memory (no copy): numpy arrays, array.array, bytes, bytearray,
+    memoryview, any buffer-protocol object, DLPack (__dlpack__) and CUDA-array-interface objects
+    (host memory only: their addresses are read as this process's memory)."""
+    if isinstance(obj, np.ndarray):
+        array = obj
+    elif hasattr(obj, "__cuda_array_interface__") and not _has_buffer(obj):
+        array = _from_cai(obj.__cuda_array_interface__)
+    elif hasattr(obj, "__dlpack__") and not _has_buffer(obj):
+        array = _from_dlpack(obj)
+    else:
+        try:
+            view = memoryview(obj)
+        except TypeError:
+            raise TypeError(f"message: expecting a buffer, got {type(obj).__name__}") from None
+        array = np.asarray(view) if view.nbytes else np.zeros(0, _format_dtype(view.format))
+    if not array.flags.c_contiguous:
+        raise ValueError("message: the buffer is not contiguous")
+    if not readonly and not array.flags.writeable:
+        raise BufferError("message: the receive buffer is read-only")
+    return array.reshape(-1)
+
+
+def _has_buffer(obj) -> bool:
+    try:
+        memoryview(obj)
+        return True
+    except TypeError:
+        return False
+
+
+def _format_dtype(fmt: str) -> np.dtype:
+    try:
+        return np.dtype(fmt)
+    except TypeError:
+        return np.dtype(np.uint8)
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_uint), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):  # the DLPack header (dlpack.h, DLTensor)
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32), ("dtype", _DLDataType),
+                ("shape", ctypes.POINTER(ctypes.c_int64)), ("strides", ctypes.POINTER(ctypes.c_int64)),
+                ("byte_offset", ctypes.c_uint64)]
+
+
+_DL_KINDS = {0: "i", 1: "u", 2: "f", 5: "c", 6: "b"}  # DLDataTypeCode: int, uint, float, complex, bool
+_get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_get_pointer.restype, _get_pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+
+
+def _from_dlpack(obj) -> np.ndarray:
+    """The host memory an object's __dlpack__ capsule describes, read from the DLTensor itself (the
+    capsule stays unconsumed, so its producer frees it; the memory is the object's, alive meanwhile)."""
+    device = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else (1, 0)
+    if int(device[0]) not in (1, 3):  # kDLCPU, kDLCUDAHost
+        raise ValueError(f"message: a DLPack buffer on device {tuple(device)}: the layer reads host memory only")
+    capsule = obj.__dlpack__()
+    tensor = _DLTensor.from_address(_get_pointer(capsule, b"dltensor"))
+    kind, bits = _DL_KINDS.get(tensor.dtype.code), tensor.dtype.bits
+    if kind == "f" and tensor.dtype.lanes == 2:  # complex as two float lanes, as some producers write it
+        kind, bits = "c", 2 * bits
+    elif kind is None or tensor.dtype.lanes != 1:
+        raise ValueError(f"message: DLPack dtype code {tensor.dtype.code} x{tensor.dtype.lanes} is not a numpy type")
+    dtype = np.dtype("?") if kind == "b" else np.dtype(f"{kind}{bits // 8}")
+    shape = [tensor.shape[i] for i in range(tensor.ndim)]
+    count = int(np.prod(shape)) if shape else 1
+    if tensor.strides and count > 1:
+        expected = [int(np.prod(shape[i + 1:])) for i in range(tensor.ndim)]
+        if [tensor.strides[i] for i in range(tensor.ndim) if shape[i] > 1] != \
+                [e for e, n in zip(expected, shape) if n > 1]:
+            raise ValueError("message: a strided DLPack buffer is not contiguous")
+    if count == 0 or not tensor.data:
+        return np.zeros(0, dtype)
+    memory = (ctypes.c_char * (count * dtype.itemsize)).from_address(tensor.data + tensor.byte_offset)
+    return np.frombuffer(memory, dtype)
+
+
+def _from_cai(interface: dict) -> np.ndarray:
+    """The host memory a CUDA-array-interface dict describes (the fake GPU arrays of mpi4py's tests)."""
+    address, readonly = interface["data"]
+    dtype = np.dtype(interface["typestr"])
+    shape = tuple(interface.get("shape", ()))
+    count = int(np.prod(shape)) if shape else 1
+    if interface.get("strides") not in (None, ()) and count > 1:
+        expected = tuple(int(np.prod(shape[i + 1:])) * dtype.itemsize for i in range(len(shape)))
+        if tuple(interface["strides"]) != expected:
+            raise ValueError("message: a strided __cuda_array_interface__ buffer is not contiguous")
+    if count == 0 or not address:
+        array = np.zeros(0, dtype)
+    else:
+        memory = (ctypes.c_char * (count * dtype.itemsize)).from_address(address)
+        array = np.frombuffer(memory, dtype)
+    if readonly:
+        array = array.view()
+        array.flags.writeable = False
+    return array
+
+
+def is_buffer_like(obj) -> bool:
+    return (isinstance(obj, np.ndarray) or _has_buffer(obj) or hasattr(obj, "__dlpack__")
+            or hasattr(obj, "__cuda_array_interface__"))
+
+
+def as_datatype(obj) -> Datatype:
+    if isinstance(obj, Datatype):
+        return obj
+    if isinstance(obj, str):
+        from .MPI import typecode_datatype
+        return typecode_datatype(obj)
+    raise TypeError(f"message: expecting a Datatype, got {obj!r}")
+
+
+class Message:
+    """One buffer of a call: `array` (the user's memory, flat, from the message's displacement on),
+    `count` items of `datatype`; for a vector message, `counts` and `displs` (in items) per block."""
+
+    def __init__(self, array, count, datatype, counts=None, displs=None):
+        self.array, self.count, self.datatype = array, count, datatype
+        self.counts, self.displs = counts, displs
+
+    @property
+    def base(self) -> np.dtype:
+        return self.datatype.base
+
+    def _base_view(self) -> np.ndarray:
+        raw = self.array.view(np.uint8) if self.array.dtype != np.uint8 else self.array
+        usable = raw.size - raw.size % self.base.itemsize
+        return raw[:usable].view(self.base)
+
+    def _index(self, start_items: int, count: int):
+        dt = self.datatype
+        if dt.contiguous:
+            first = start_items * dt._extent
+            return slice(first, first + count * dt._extent)
+        return dt._items(start_items * dt._extent + np.arange(count) * dt._extent)
+
+    def _check(self, index, view):
+        last = index.stop if isinstance(index, slice) else (int(index.max()) + 1 if index.size else 0)
+        if last > view.size:
+            raise ValueError(f"message: {last} elements of {self.base} needed, the buffer holds {view.size}")
+
+    def pack(self, start_items: int = 0, count: int | None = None) -> np.ndarray:
+        """A contiguous copy of `count` items (default self.count) from item `start_items` on, in base elements."""
+        count = self.count if count is None else count
+        view, index = self._base_view(), self._index(start_items, count)
+        self._check(index, view)
+        return np.array(view[index], copy=True)
+
+    def unpack(self, values: np.ndarray, start_items: int = 0, count: int | None = None) -> None:
+        """Write `values` (base elements) into `count` items from item `start_items` on."""
+        count = self.count if count is None else count
+        view, index = self._base_view(), self._index(start_items, count)
+        self._check(index, view)
+        view[index] = values
+
+    @property
+    def elements(self) -> int:
+        """Base elements per item."""
+        return len(self.datatype.offsets)
+
+
+def _null_message() -> Message:
+    from .MPI import BYTE
+    return Message(np.zeros(0, np.uint8), 0, BYTE)
+
+
+def _basic(buf, datatype, readonly: bool) -> tuple[np.ndarray, Datatype]:
+    if buf is BOTTOM:
+        raise UnsupportedOperation("message at MPI.BOTTOM (absolute addresses): the mpi4py layer takes buffers")
+    if buf is None:
+        array = np.zeros(0, np.uint8)
+    else:
+        array = as_array(buf, readonly)
+    if datatype is None:
+        from .MPI import dtype_datatype
+        datatype = dtype_datatype(array.dtype)
+    else:
+        datatype = as_datatype(datatype)
+    return array, datatype
+
+
+def _extent_bytes(datatype: Datatype, what: str) -> int:
+    if datatype.base is None:
+        raise ValueError(f"message: cannot {what}, datatype is null")
+    extent = datatype.extent
+    if extent <= 0:
+        raise ValueError(f"message: cannot {what}, datatype extent {extent}")
+    return extent
+
+
+def message_simple(msg, readonly: bool, null: bool = False, blocks: int = 0) -> Message:
+    """mpi4py's message_simple: buf, [buf, datatype], [buf, count], [buf, (count, displ)],
+    [buf, count, datatype], [buf, (count, displ), datatype], [buf, count, displ, datatype].
+    null: the peer is PROC_NULL (or the buffer is not used on this rank): an empty message."""
+    if null:
+        return _null_message()
+    count = displ = datatype = None
+    if isinstance(msg, (list, tuple)):
+        if len(msg) == 2:
+            buf, count = msg
+            if isinstance(count, Datatype) or isinstance(count, str):
+                count, datatype = None, count
+            elif isinstance(count, (list, tuple)):
+                count, displ = count
+        elif len(msg) == 3:
+            buf, count, datatype = msg
+            if isinstance(count, (list, tuple)):
+                count, displ = count
+        elif len(msg) == 4:
+            buf, count, displ, datatype = msg
+        else:
+            raise ValueError("message: expecting 2 to 4 items")
+    elif msg is None or is_buffer_like(msg) or msg is BOTTOM:
+        buf = msg
+    else:
+        raise TypeError("message: expecting buffer or list/tuple")
+    array, datatype = _basic(buf, datatype, readonly)
+    raw = array.view(np.uint8) if array.size else np.zeros(0, np.uint8)
+    if displ is not None:
+        displ = int(displ)
+        if displ < 0:
+            raise ValueError(f"message: negative displacement {displ}")
+        if displ:
+            offset = displ * _extent_bytes(datatype, "handle displacement")
+            if offset > raw.size:
+                raise ValueError(f"message: displacement {displ} out of bounds")
+            raw = raw[offset:]
+    if count is not None:
+        count = int(count)
+        if count < 0:
+            raise ValueError(f"message: negative count {count}")
+        if count > 0 and buf is None:
+            raise ValueError(f"message: buffer is None but count is {count}")
+    elif raw.size:
+        extent = _extent_bytes(datatype, "infer count")
+        if raw.size % extent:
+            raise ValueError(f"message: cannot infer count, buffer length {raw.size} is not a multiple of "
+                             f"datatype extent {extent}")
+        count = raw.size // extent
+        if blocks >= 2:
+            if count % blocks:
+                raise ValueError(f"message: cannot infer count, number of entries {count} is not a multiple of "
+                                 f"required number of blocks {blocks}")
+            count //= blocks
+    else:
+        count = 0
+    return Message(raw, count, datatype)
+
+
+def message_vector(msg, readonly: bool, blocks: int, null: bool = False) -> Message:
+    """mpi4py's message_vector: buf, [buf, datatype], [buf, counts], [buf, (counts, displs)],
+    [buf, counts, datatype], [buf, (counts, displs), datatype], [buf, counts, displs, datatype];
+    counts an int (every block) or a sequence, displs an int (stride) or a sequence (in items)."""
+    if null:
+        message = _null_message()
+        message.counts, message.displs = [0] * blocks, [0] * blocks
+        return message
+    counts = displs = datatype = None
+    if isinstance(msg, (list, tuple)):
+        if len(msg) == 2:
+            buf, counts = msg
+            if isinstance(counts, (Datatype, str)):
+                counts, datatype = None, counts
+            elif isinstance(counts, tuple):
+                counts, displs = counts
+        elif len(msg) == 3:
+            buf, counts, datatype = msg
+            if isinstance(counts, tuple):
+                counts, displs = counts
+        elif len(msg) == 4:
+            buf, counts, displs, datatype = msg
+        else:
+            raise ValueError("message: expecting 2 to 4 items")
+    elif msg is None or is_buffer_like(msg) or msg is BOTTOM:
+        buf = msg
+    else:
+        raise TypeError("message: expecting buffer or list/tuple")
+    array, datatype = _basic(buf, datatype, readonly)
+    raw = array.view(np.uint8) if array.size else np.zeros(0, np.uint8)
+    if counts is None:
+        total = 0
+        if raw.size:
+            extent = _extent_bytes(datatype, "infer count")
+            if raw.size % extent:
+                raise ValueError(f"message: cannot infer count, buffer length {raw.size} is not a multiple of "
+                                 f"datatype extent {extent}")
+            total = raw.size // extent
+        counts = [total // blocks + (total % blocks > i) for i in range(blocks)]
+    elif isinstance(counts, (int, np.integer)):
+        counts = [int(counts)] * blocks
+    else:
+        counts = [int(c) for c in counts]
+        if len(counts) < blocks:
+            raise ValueError(f"message: expecting {blocks} counts, got {len(counts)}")
+        counts = counts[:blocks]
+    if displs is None:
+        displs = list(np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int)) if blocks else []
+    elif isinstance(displs, (int, np.integer)):
+        displs = [int(displs) * i for i in range(blocks)]
+    else:
+        displs = [int(d) for d in displs]
+        if len(displs) < blocks:
+            raise ValueError(f"message: expecting {blocks} displacements, got {len(displs)}")
+        displs = displs[:blocks]
+    return Message(raw, None, datatype, [int(c) for c in counts], [int(d) for d in displs])
+
