@@ -11,6 +11,7 @@ import os
 import pickle as _pickle
 import platform
 import time
+import warnings
 
 import numpy as np
 
@@ -406,8 +407,11 @@ class Request:
         return self.Get_status(status)
 
     def Cancel(self) -> None:
+        """Cancel a receive not matched yet; a send has left already, so its cancel does nothing."""
         if self._op is not None:
             self._op.cancel()
+
+    cancel = Cancel
 
     def Free(self) -> None:
         if self._op is not None:
@@ -717,19 +721,23 @@ class _Engine:
                 tag = int(data[:ENVELOPE_BYTES].view(np.int64)[0])
                 self.deliver(source, tag, np.array(data[ENVELOPE_BYTES:], copy=True))
 
-    def deliver(self, source: int, tag: int, data: np.ndarray) -> None:
+    def deliver(self, source: int, tag: int, data: np.ndarray, send=None) -> None:
+        """A message arrived (send: the _Send of a message to oneself, told when it is matched)."""
         for recv in self.posted:
             if recv.matches(source, tag):
                 self.posted.remove(recv)
                 recv.complete(source, tag, data)
+                if send is not None:
+                    send.matched = True
                 return
-        self.unexpected.append([source, tag, data])
+        self.unexpected.append([source, tag, data, send])
 
-    def send(self, data: np.ndarray, dest: int, tag: int):
+    def send(self, data: np.ndarray, dest: int, tag: int, synchronous: bool = False):
         """Post `data` (uint8) to member `dest`; returns the _Send (done once the switch took it)."""
-        if dest == self.emu.rank:
-            self.deliver(dest, tag, np.array(data, copy=True))
-            return _Send(None, None)
+        if dest == self.emu.rank:  # a local copy; a synchronous send completes when it is matched
+            send = _Send(None, None, synchronous)
+            self.deliver(dest, tag, np.array(data, copy=True), send)
+            return send
         staged = _staging(ENVELOPE_BYTES + data.size, np.uint8)
         staged[:ENVELOPE_BYTES].view(np.int64)[0] = tag
         staged[ENVELOPE_BYTES:] = data
@@ -741,7 +749,9 @@ class _Engine:
         for entry in self.unexpected:
             if recv.matches(entry[0], entry[1]):
                 self.unexpected.remove(entry)
-                recv.complete(*entry)
+                recv.complete(*entry[:3])
+                if entry[3] is not None:
+                    entry[3].matched = True
                 return
         self.posted.append(recv)
 
@@ -753,16 +763,24 @@ class _Engine:
 
 
 class _Send(_Op):
-    def __init__(self, requests, staged):
+    """A send: done once the switch took its bytes (eager), or for a synchronous send to oneself once
+    it was matched."""
+
+    def __init__(self, requests, staged, synchronous=False):
         self._requests, self._staged = requests, staged
+        self.matched = not synchronous
 
     def wait(self):
         if self._staged is not None:
             _gpu().wait_sent([self._requests], "MPI send")
             _free(self._staged)
             self._staged = None
+        if not self.matched:
+            _progress_until(lambda: self.matched or None, "synchronous send to oneself")
 
     def test(self):
+        if not self.matched:
+            return False
         self.wait()  # the data is in GPU memory already; the switch takes it at once
         return True
 
@@ -783,7 +801,7 @@ class _Recv(_Op):
         self.done = True
         self.envelope = (source, tag, data.size)
         if self.pickled:
-            self.result = _pickle.loads(data.tobytes())
+            self.result = _unpickle(data)
         else:
             message = self.message
             room = message.count * message.datatype.Get_size()
@@ -851,7 +869,8 @@ def _pickled(obj) -> np.ndarray:
 
 
 def _unpickle(data: np.ndarray):
-    return _pickle.loads(data.tobytes())
+    """The object of a pickle-based message; an empty one is None (a buffer send of no bytes), as mpi4py."""
+    return _pickle.loads(data.tobytes()) if data.size else None
 
 
 class Comm:
@@ -990,11 +1009,11 @@ class Comm:
             return int(tag)
         raise Exception(ERR_TAG, f"MPI.Comm.{call}: tag {tag} is not 0..{TAG_UB}")
 
-    def _isend_bytes(self, data: np.ndarray, dest, tag, call: str) -> _Op:
+    def _isend_bytes(self, data: np.ndarray, dest, tag, call: str, synchronous: bool = False) -> _Op:
         dest, tag = self._peer(dest, call), self._tag(tag, call)
         if dest == PROC_NULL:
             return _Null()
-        return self._engine.send(data, dest, tag)
+        return self._engine.send(data, dest, tag, synchronous)
 
     def _irecv(self, source, tag, message, pickled, call: str) -> _Op:
         source, tag = self._peer(source, call, any_ok=True), self._tag(tag, call, any_ok=True)
@@ -1013,7 +1032,11 @@ class Comm:
     def Isend(self, buf, dest: int, tag: int = 0) -> Request:
         return _request(self._isend_bytes(self._send_message(buf, dest, "Isend"), dest, tag, "Isend"))
 
-    Ibsend = Issend = Irsend = Isend
+    Ibsend = Irsend = Isend
+
+    def Issend(self, buf, dest: int, tag: int = 0) -> Request:
+        """Synchronous: to oneself it completes when matched; to another GPU when the switch took it (eager)."""
+        return _request(self._isend_bytes(self._send_message(buf, dest, "Issend"), dest, tag, "Issend", True))
 
     def Send(self, buf, dest: int, tag: int = 0) -> None:
         """Eager: returns once the data is in GPU memory and handed to the switch."""
@@ -1104,9 +1127,14 @@ class Comm:
     def isend(self, obj, dest: int, tag: int = 0) -> Request:
         return _request(self._isend_bytes(_pickled(obj), dest, tag, "isend"))
 
-    ibsend = issend = isend
+    ibsend = isend
+
+    def issend(self, obj, dest: int, tag: int = 0) -> Request:
+        return _request(self._isend_bytes(_pickled(obj), dest, tag, "issend", True))
 
     def recv(self, buf=None, source: int = ANY_SOURCE, tag: int = ANY_TAG, status=None):
+        if buf is not None:
+            warnings.warn("the 'buf' argument is deprecated", UserWarning, stacklevel=2)  # as mpi4py warns
         return _request(self._irecv(source, tag, None, True, "recv")).wait(status)
 
     def irecv(self, buf=None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
@@ -1499,9 +1527,9 @@ class Comm:
         emu = self._live(call)
         n = emu.size
         lengths = np.array([-1 if p is None else p.size for p in pieces], np.int64)
-        staged_len = _stage(lengths)
-        got_len = _staging(n, np.int64)
         counts = [1 if dest_of(j) else 0 for j in range(n)]
+        staged_len = _stage(lengths[np.array(counts, bool)])  # all2allv sends its blocks packed, in order
+        got_len = _staging(n, np.int64)
         recv_counts = [1 if dest_of(-1 - i) else 0 for i in range(n)]
         emu.iall2allv(staged_len, counts, got_len, recv_counts).wait()
         expected = np.full(n, -1, np.int64)
