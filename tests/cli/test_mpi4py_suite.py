@@ -1,0 +1,71 @@
+"""mpi4py's own test files, unmodified, against the mpi4py layer (`nvlink-emu run --mpi4py`) at 3 and 4 GPUs.
+
+The files come from the source distribution of the installed mpi4py version, downloaded with pip into
+~/.cache/nvlink-emu (or $NVLINK_EMU_CACHE) once; they are never copied into this repo. A failed
+download fails the test (it is not skipped). The deselected tests are listed, each with its reason,
+in tests/mpi4py_suite/deselected.txt.
+"""
+
+import os
+import re
+import sys
+import tarfile
+from pathlib import Path
+
+import mpi4py
+import pytest
+
+from cli_helpers import ROOT, command, run
+
+SUITE = ROOT / "tests" / "mpi4py_suite"
+FILES = ("test_cco_buf.py", "test_cco_obj.py", "test_cco_nb_buf.py", "test_cco_vec.py", "test_p2p_buf.py",
+         "test_p2p_obj.py")
+# Which of arrayimpl's array classes the buffer tests loop over, per world size (CI time: each class
+# repeats every test for each of its typecodes). ArrayNumPy has all 17 typecodes (bool, unsigned,
+# complex and long double take the layer's local-reduction paths); ArrayArray (array.array, the plain
+# buffer protocol) the 7 C types. NVLINK_EMU_MPI4PY_BACKENDS=all runs all six classes at both sizes.
+BACKENDS = {3: "ArrayNumPy", 4: "ArrayArray"}
+# tests per file (mpi4py 4.1.2), and how many of them the deselect list removes
+EXPECTED = {"test_cco_buf.py": (72, 0), "test_cco_obj.py": (40, 0), "test_cco_nb_buf.py": (70, 0),
+            "test_cco_vec.py": (62, 12), "test_p2p_buf.py": (52, 4), "test_p2p_obj.py": (92, 4)}
+
+
+def mpi4py_tests() -> Path:
+    """The test/ folder of the installed mpi4py's source distribution, downloaded and unpacked once."""
+    version = mpi4py.__version__
+    cache = Path(os.environ.get("NVLINK_EMU_CACHE", Path.home() / ".cache" / "nvlink-emu"))
+    testdir = cache / f"mpi4py-{version}" / "test"
+    if (testdir / "mpiunittest.py").is_file():
+        return testdir
+    cache.mkdir(parents=True, exist_ok=True)
+    done, _ = run([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps", "-q",
+                   f"mpi4py=={version}", "-d", str(cache)], timeout_s=300)
+    assert done.returncode == 0, f"cannot download mpi4py {version}'s source distribution:\n{done.stderr[-3000:]}"
+    with tarfile.open(cache / f"mpi4py-{version}.tar.gz") as archive:
+        members = [m for m in archive.getmembers() if m.name.startswith(f"mpi4py-{version}/test/")]
+        archive.extractall(cache, members=members, filter="data")
+    assert (testdir / "mpiunittest.py").is_file(), f"{testdir}: no mpiunittest.py in the source distribution"
+    return testdir
+
+
+@pytest.mark.parametrize("gpus", [3, 4])
+def test_mpi4py_own_tests_pass_on_the_layer(gpus):
+    testdir = mpi4py_tests()
+    backends = os.environ.get("NVLINK_EMU_MPI4PY_BACKENDS", BACKENDS[gpus])
+    done, elapsed = run([command("nvlink-emu"), "run", "--mpi4py", str(SUITE / "run_suite.py"), "--gpus", str(gpus),
+                         "--timeout", "60", "--", str(testdir), str(SUITE / "deselected.txt"), backends, *FILES],
+                        timeout_s=1800)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-6000:]
+    rows = {m["file"]: m for m in (re.search(r"file=(?P<file>\S+) tests=(?P<tests>\d+) passed=(?P<passed>\d+) "
+                                             r"failed=(?P<failed>\d+) skipped=(?P<skipped>\d+) "
+                                             r"deselected=(?P<deselected>\d+)", line)
+                                   for line in done.stdout.splitlines()) if m}
+    assert sorted(rows) == sorted(FILES), output[-6000:]
+    assert "mpi4py-suite FAIL" not in output and "mpi4py-suite STALE" not in output, output[-6000:]
+    for name, (tests, deselected) in EXPECTED.items():
+        row = {k: int(v) for k, v in rows[name].groupdict().items() if k != "file"}
+        assert (row["tests"], row["deselected"], row["failed"]) == (tests, deselected, 0), (name, row)
+        assert row["passed"] + row["skipped"] == tests - deselected, (name, row)
+        assert row["skipped"] == 0, (name, row)  # no test of these files skips itself on this layer
+    print(f"mpi4py suite at {gpus} GPUs ({backends}): {elapsed:.1f} s")
