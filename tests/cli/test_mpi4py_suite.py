@@ -6,6 +6,7 @@ download fails the test (it is not skipped). The deselected tests are listed, ea
 in tests/mpi4py_suite/deselected.txt.
 """
 
+import json
 import os
 import re
 import sys
@@ -69,3 +70,55 @@ def test_mpi4py_own_tests_pass_on_the_layer(gpus):
         assert row["passed"] + row["skipped"] == tests - deselected, (name, row)
         assert row["skipped"] == 0, (name, row)  # no test of these files skips itself on this layer
     print(f"mpi4py suite at {gpus} GPUs ({backends}): {elapsed:.1f} s")
+
+
+ALLREDUCE = """
+import numpy as np
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+a = np.full(1024, comm.Get_rank() + 1, np.float32)
+comm.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM)
+assert (a == sum(range(1, comm.Get_size() + 1))).all(), a[:4]
+"""
+
+
+@pytest.mark.parametrize("algorithm, sent", [("sharp", lambda n, s: n * s), ("ring", lambda n, s: 2 * (n - 1) * s)])
+def test_an_unmodified_allreduce_moves_the_algorithms_bytes(tmp_path, algorithm, sent):
+    """Every byte goes through the switch: sharp sends S per GPU, ring 2(n-1)/n S (summed: 2(n-1) S)."""
+    program = tmp_path / "allreduce.py"
+    program.write_text(ALLREDUCE)
+    report = tmp_path / "report.json"
+    done, _ = run([command("nvlink-emu"), "run", "--mpi4py", str(program), "--gpus", "3", "--report-json",
+                   str(report)], env=dict(os.environ, NVLINK_EMU_MPI4PY_ALGORITHM=algorithm))
+    assert done.returncode == 0, done.stderr[-3000:]
+    links = json.loads(report.read_text())["links"]
+    up = sum(links[f"gpu{g}->sw0"]["payload_bytes"] for g in range(3))
+    down = sum(links[f"sw0->gpu{g}"]["payload_bytes"] for g in range(3))
+    assert up == down == sent(3, 1024 * 4)
+    assert "gpu0<->sw0" in done.stderr  # the usual link table
+
+
+def test_the_data_parallel_example_runs_unmodified_under_mpiexec(tmp_path):
+    """`mpiexec -n W python -m nvlink_emu.launch --mpi4py PROGRAM.py`: the same as nvlink-emu run."""
+    done, _ = run([command("mpiexec"), "-n", "4", sys.executable, "-m", "nvlink_emu.launch", "--mpi4py",
+                   str(ROOT / "launch" / "examples" / "mpi4py_dp.py"), "--gpus", "3", "--", "3"], timeout_s=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "[gpu 0] step   2  loss" in done.stdout
+    assert "3 ranks, 3 steps" in done.stdout and "weights identical on every rank: True" in done.stdout
+
+
+def test_an_unsupported_call_is_an_error_naming_it(tmp_path):
+    program = tmp_path / "alltoallw.py"
+    program.write_text("from mpi4py import MPI\nMPI.COMM_WORLD.Alltoallw(None, None)\n")
+    done, _ = run([command("nvlink-emu"), "run", "--mpi4py", str(program), "--gpus", "2"])
+    assert done.returncode != 0
+    assert "UnsupportedOperation: MPI.Comm.Alltoallw" in done.stderr, done.stderr[-3000:]
+
+
+def test_a_bad_algorithm_variable_stops_before_any_traffic(tmp_path):
+    program = tmp_path / "nothing.py"
+    program.write_text("from mpi4py import MPI\n")
+    done, _ = run([command("nvlink-emu"), "run", "--mpi4py", str(program), "--gpus", "2"],
+                  env=dict(os.environ, NVLINK_EMU_MPI4PY_ALGORITHM="torus"))
+    assert done.returncode == 2
+    assert "NVLINK_EMU_MPI4PY_ALGORITHM='torus'" in done.stderr and "known algorithms are auto" in done.stderr

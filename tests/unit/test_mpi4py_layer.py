@@ -1,0 +1,121 @@
+"""The mpi4py layer's pure parts, without MPI: message specifications, datatype layouts, which
+reductions the fabric does itself, and the fixed rank order of the ones combined on the GPUs' host."""
+
+import array
+
+import numpy as np
+import pytest
+
+from nvlink_emu.fabric.errors import UnsupportedOperation
+from nvlink_emu.ranks.mpi4py_layer import MPI
+from nvlink_emu.ranks.mpi4py_layer.buffers import IN_PLACE, as_array, is_in_place, message_simple, message_vector
+
+
+def test_a_plain_buffer_is_a_message_of_its_own_type_and_length():
+    buf = np.arange(6, dtype=np.int16)
+    message = message_simple(buf, readonly=True)
+    assert (message.count, message.datatype) == (6, MPI.SHORT)
+    assert message.pack().tolist() == list(range(6))
+    assert message_simple(array.array("d", [1.0, 2.0]), True).datatype == MPI.DOUBLE
+
+
+def test_count_displacement_and_datatype_forms_select_the_items_mpi4py_selects():
+    buf = np.arange(10, dtype=np.intc)
+    assert message_simple([buf, MPI.INT], True).count == 10
+    assert message_simple([buf, 4], True).pack().tolist() == [0, 1, 2, 3]
+    assert message_simple([buf, (3, 2), MPI.INT], True).pack().tolist() == [2, 3, 4]
+    assert message_simple([buf, 3, 5, MPI.INT], True).pack().tolist() == [5, 6, 7]
+    assert message_simple(buf, True, blocks=5).count == 2  # per block, as a Gather's receive buffer
+    with pytest.raises(ValueError, match="multiple of required number of blocks 3"):
+        message_simple(buf, True, blocks=3)
+    with pytest.raises(ValueError, match="expecting 2 to 4 items"):
+        message_simple([buf, 1, 2, 3, 4], True)
+
+
+def test_a_vector_message_takes_counts_and_displacements_as_mpi4py():
+    buf = np.arange(10, dtype=np.float32)
+    v = message_vector([buf, ([1, 2, 3], [0, 4, 7]), MPI.FLOAT], True, 3)
+    assert (v.counts, v.displs) == ([1, 2, 3], [0, 4, 7])
+    assert message_vector([buf, 2], True, 3).displs == [0, 2, 4]  # contiguous blocks of 2
+    assert message_vector([buf, (2, 3)], True, 3).displs == [0, 3, 6]  # an int displacement is a stride
+    assert message_vector(buf, True, 3).counts == [4, 3, 3]  # the length split as evenly as possible
+
+
+def test_derived_types_pack_and_unpack_the_elements_they_name():
+    base = np.arange(10, dtype=np.int64)
+    every_other = MPI.LONG.Create_indexed_block(1, [0, 2, 4, 6, 8]).Commit()
+    assert every_other.Get_size() == 5 * 8 and every_other.Get_extent() == (0, 9 * 8)
+    message = message_simple([base, 1, every_other], True)
+    assert message.pack().tolist() == [0, 2, 4, 6, 8]
+    out = np.full(10, -1, np.int64)
+    message_simple([out, 1, every_other], False).unpack(np.array([5, 6, 7, 8, 9]))
+    assert out.tolist() == [5, -1, 6, -1, 7, -1, 8, -1, 9, -1]
+    vector = MPI.INT.Create_vector(2, 2, 3)  # [x x . x x]
+    assert message_simple([np.arange(5, dtype=np.intc), 1, vector], True).pack().tolist() == [0, 1, 3, 4]
+    with pytest.raises(UnsupportedOperation, match="Create_struct"):
+        MPI.INT.Create_struct([1], [0], [MPI.INT])
+
+
+def test_buffers_are_views_of_the_users_memory():
+    data = bytearray(8)
+    as_array(data, readonly=False)[:] = 7
+    assert data == bytearray([7] * 8)
+    with pytest.raises(BufferError):
+        as_array(b"abc", readonly=False)
+    assert is_in_place(None) and is_in_place(IN_PLACE) and not is_in_place(data)
+
+
+def test_the_fabric_reduces_what_the_switch_reduces_and_nothing_else():
+    assert MPI.native_reduction(MPI.SUM, np.float32) == ("sum", np.dtype(np.float32))
+    assert MPI.native_reduction(MPI.PROD, np.int8) == ("prod", np.dtype(np.int8))
+    assert MPI.native_reduction(MPI.SUM, np.complex64) == ("sum", np.dtype(np.float32))  # its real view
+    assert MPI.native_reduction(MPI.LOR, np.bool_) == ("max", np.dtype(np.uint8))
+    assert MPI.native_reduction(MPI.LAND, np.bool_) == ("min", np.dtype(np.uint8))
+    for op, dtype in ((MPI.PROD, np.complex64), (MPI.SUM, np.longdouble), (MPI.BAND, np.int32),
+                      (MPI.LXOR, np.bool_), (MPI.MAXLOC, MPI.FLOAT_INT.base)):
+        assert MPI.native_reduction(op, dtype) is None
+
+
+def test_host_combined_reductions_run_in_rank_order():
+    rows = np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
+    assert MPI.reduce_rows(MPI.REPLACE, rows).tolist() == [5.0, 6.0]  # the last rank's
+    assert MPI.reduce_rows(MPI.NO_OP, rows).tolist() == [1.0, 2.0]    # the first rank's
+    assert MPI.reduce_rows(MPI.PROD, rows).tolist() == [15.0, 48.0]
+    pairs = np.zeros(3, MPI.DOUBLE_INT.base)
+    pairs["v"], pairs["i"] = [2.0, 7.0, 7.0], [0, 2, 1]
+    best = MPI.reduce_rows(MPI.MAXLOC, pairs.reshape(3, 1))[0]
+    assert (best["v"], best["i"]) == (7.0, 1)  # ties to the lower index, as MPI_MAXLOC
+    assert MPI.MAXLOC((1, 3), (1, 2)) == (1, 2) and MPI.MINLOC((0, 5), (1, 0)) == (0, 5)
+
+
+def test_reduce_local_checks_counts_and_types_as_mpi4py():
+    inout = np.array([1, 2, 3], np.intc)
+    MPI.SUM.Reduce_local(np.array([10, 20, 30], np.intc), inout)
+    assert inout.tolist() == [11, 22, 33]
+    with pytest.raises(ValueError):
+        MPI.SUM.Reduce_local([np.zeros(3, np.intc), 2], [inout, 3])
+    with pytest.raises(MPI.Exception):
+        MPI.MAX.combine(np.zeros(1, np.complex64), np.zeros(1, np.complex64))  # complex has no order
+
+
+def test_the_algorithm_variable_names_a_registered_algorithm():
+    assert MPI.check_algorithm("ring") == "ring"
+    with pytest.raises(UnsupportedOperation, match="NVLINK_EMU_MPI4PY_ALGORITHM='torus'"):
+        MPI.check_algorithm("torus")
+
+
+def test_the_shim_is_mpi4py_only_while_the_program_runs():
+    import sys
+    import types
+
+    import mpi4py  # the real package, as the emulator's transport has it
+
+    from nvlink_emu.ranks.mpi4py_layer import MPI as layer, installed
+    from nvlink_emu.ranks.mpi4py_layer.MPI import _Solo
+
+    fake = types.SimpleNamespace(rank=0, world=_Solo("world"))
+    with installed(fake):
+        from mpi4py import MPI as seen  # noqa: F811 - what the program imports
+
+        assert seen is layer and seen.COMM_WORLD.Get_size() == 1 and sys.modules["mpi4py"] is not mpi4py
+    assert sys.modules["mpi4py"] is mpi4py and not layer.COMM_WORLD
