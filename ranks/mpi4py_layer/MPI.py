@@ -546,21 +546,7 @@ class Prequest(Request):
     def Start(self):
         self._op = self._make()
 
-    def _finish(self, status):
-        op, self._op = self._op, None
-        if status is not None:
-            status._set(*op.envelope)
-        return op.result
-
-    def wait(self, status=None):
-        if self._op is None:  # inactive: completes at once
-            if status is not None:
-                status._set(ANY_SOURCE, ANY_TAG, 0)
-            return None
-        self._op.wait()
-        return self._finish(status)
-
-    def Free(self):
+    def Free(self):  # waits as Request's do; only Free ends a persistent request
         if self._op is not None:
             self._op.wait()
         self._op = self._make = None

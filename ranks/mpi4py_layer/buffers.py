@@ -363,23 +363,21 @@ def _extent_bytes(datatype: Datatype, what: str) -> int:
     return extent
 
 
-def message_simple(msg, readonly: bool, null: bool = False, blocks: int = 0) -> Message:
-    """mpi4py's message_simple: buf, [buf, datatype], [buf, count], [buf, (count, displ)],
-    [buf, count, datatype], [buf, (count, displ), datatype], [buf, count, displ, datatype].
-    null: the peer is PROC_NULL (or the buffer is not used on this rank): an empty message."""
-    if null:
-        return _null_message()
+def _spec(msg, pairs) -> tuple:
+    """(buf, count, displ, datatype) of a message list: [buf, datatype], [buf, count], [buf, (count,
+    displ)], [buf, count, datatype], [buf, (count, displ), datatype], [buf, count, displ, datatype];
+    `pairs`: the types that hold (count, displ) (mpi4py takes a list there for simple messages only)."""
     count = displ = datatype = None
     if isinstance(msg, (list, tuple)):
         if len(msg) == 2:
             buf, count = msg
-            if isinstance(count, Datatype) or isinstance(count, str):
+            if isinstance(count, (Datatype, str)):
                 count, datatype = None, count
-            elif isinstance(count, (list, tuple)):
+            elif isinstance(count, pairs):
                 count, displ = count
         elif len(msg) == 3:
             buf, count, datatype = msg
-            if isinstance(count, (list, tuple)):
+            if isinstance(count, pairs):
                 count, displ = count
         elif len(msg) == 4:
             buf, count, displ, datatype = msg
@@ -389,6 +387,26 @@ def message_simple(msg, readonly: bool, null: bool = False, blocks: int = 0) -> 
         buf = msg
     else:
         raise TypeError("message: expecting buffer or list/tuple")
+    return buf, count, displ, datatype
+
+
+def _entries(raw: np.ndarray, datatype: Datatype) -> int:
+    """How many items of `datatype` the bytes `raw` hold (ValueError if not a whole number)."""
+    if not raw.size:
+        return 0
+    extent = _extent_bytes(datatype, "infer count")
+    if raw.size % extent:
+        raise ValueError(f"message: cannot infer count, buffer length {raw.size} is not a multiple of "
+                         f"datatype extent {extent}")
+    return raw.size // extent
+
+
+def message_simple(msg, readonly: bool, null: bool = False, blocks: int = 0) -> Message:
+    """mpi4py's message_simple (forms as _spec). null: the peer is PROC_NULL (or the buffer is not
+    used on this rank): an empty message. blocks >= 2: the count inferred is per block."""
+    if null:
+        return _null_message()
+    buf, count, displ, datatype = _spec(msg, (list, tuple))
     array, datatype = _basic(buf, datatype, readonly)
     raw = array.view(np.uint8) if array.size else np.zeros(0, np.uint8)
     if displ is not None:
@@ -406,60 +424,29 @@ def message_simple(msg, readonly: bool, null: bool = False, blocks: int = 0) -> 
             raise ValueError(f"message: negative count {count}")
         if count > 0 and buf is None:
             raise ValueError(f"message: buffer is None but count is {count}")
-    elif raw.size:
-        extent = _extent_bytes(datatype, "infer count")
-        if raw.size % extent:
-            raise ValueError(f"message: cannot infer count, buffer length {raw.size} is not a multiple of "
-                             f"datatype extent {extent}")
-        count = raw.size // extent
+    else:
+        count = _entries(raw, datatype)
         if blocks >= 2:
             if count % blocks:
                 raise ValueError(f"message: cannot infer count, number of entries {count} is not a multiple of "
                                  f"required number of blocks {blocks}")
             count //= blocks
-    else:
-        count = 0
     return Message(raw, count, datatype)
 
 
 def message_vector(msg, readonly: bool, blocks: int, null: bool = False) -> Message:
-    """mpi4py's message_vector: buf, [buf, datatype], [buf, counts], [buf, (counts, displs)],
-    [buf, counts, datatype], [buf, (counts, displs), datatype], [buf, counts, displs, datatype];
-    counts an int (every block) or a sequence, displs an int (stride) or a sequence (in items)."""
+    """mpi4py's message_vector (forms as _spec, with counts and displs per block): counts an int
+    (every block) or a sequence, displs an int (a stride) or a sequence, in items; no counts: the
+    buffer split as evenly as possible."""
     if null:
         message = _null_message()
         message.counts, message.displs = [0] * blocks, [0] * blocks
         return message
-    counts = displs = datatype = None
-    if isinstance(msg, (list, tuple)):
-        if len(msg) == 2:
-            buf, counts = msg
-            if isinstance(counts, (Datatype, str)):
-                counts, datatype = None, counts
-            elif isinstance(counts, tuple):
-                counts, displs = counts
-        elif len(msg) == 3:
-            buf, counts, datatype = msg
-            if isinstance(counts, tuple):
-                counts, displs = counts
-        elif len(msg) == 4:
-            buf, counts, displs, datatype = msg
-        else:
-            raise ValueError("message: expecting 2 to 4 items")
-    elif msg is None or is_buffer_like(msg) or msg is BOTTOM:
-        buf = msg
-    else:
-        raise TypeError("message: expecting buffer or list/tuple")
+    buf, counts, displs, datatype = _spec(msg, tuple)
     array, datatype = _basic(buf, datatype, readonly)
     raw = array.view(np.uint8) if array.size else np.zeros(0, np.uint8)
     if counts is None:
-        total = 0
-        if raw.size:
-            extent = _extent_bytes(datatype, "infer count")
-            if raw.size % extent:
-                raise ValueError(f"message: cannot infer count, buffer length {raw.size} is not a multiple of "
-                                 f"datatype extent {extent}")
-            total = raw.size // extent
+        total = _entries(raw, datatype)
         counts = [total // blocks + (total % blocks > i) for i in range(blocks)]
     elif isinstance(counts, (int, np.integer)):
         counts = [int(counts)] * blocks
@@ -469,7 +456,7 @@ def message_vector(msg, readonly: bool, blocks: int, null: bool = False) -> Mess
             raise ValueError(f"message: expecting {blocks} counts, got {len(counts)}")
         counts = counts[:blocks]
     if displs is None:
-        displs = list(np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int)) if blocks else []
+        displs = [sum(counts[:i]) for i in range(blocks)]
     elif isinstance(displs, (int, np.integer)):
         displs = [int(displs) * i for i in range(blocks)]
     else:
@@ -477,5 +464,4 @@ def message_vector(msg, readonly: bool, blocks: int, null: bool = False) -> Mess
         if len(displs) < blocks:
             raise ValueError(f"message: expecting {blocks} displacements, got {len(displs)}")
         displs = displs[:blocks]
-    return Message(raw, None, datatype, [int(c) for c in counts], [int(d) for d in displs])
-
+    return Message(raw, None, datatype, counts, displs)
