@@ -9,14 +9,15 @@ or `all`: a selection of what the unmodified tests iterate over, as mpi4py's own
 --no-numpy / --no-array.
 
 A plain mpi4py program itself (run under --mpi4py). GPU 0 prints, per file, one line
-`mpi4py-suite file=F tests=T passed=P failed=X skipped=S deselected=D` (a test passed if it passed on
-every GPU), then the id and first traceback of every test that failed on some GPU.
+`mpi4py-suite file=F tests=T passed=P failed=X skipped=S deselected=D seconds=W` (a test passed if it
+passed on every GPU; W: GPU 0's wall time for the file), then the id and first traceback of every test that failed on some GPU.
 """
 
 import fnmatch
 import importlib
 import io
 import sys
+import time
 import unittest
 from pathlib import Path
 
@@ -92,7 +93,7 @@ def main():
                 dropped += 1
             else:
                 keep.append(test)
-        result = Result()
+        result, start = Result(), time.monotonic()
         unittest.TestSuite(keep).run(result)
         every = comm.allgather(result.outcomes)  # through the switch, as any pickle-based call
         failed = {tid: (rank, text) for rank, outcomes in enumerate(every)
@@ -101,7 +102,7 @@ def main():
         passed = len(keep) - len(failed) - len(skipped)
         if comm.Get_rank() == 0:
             print(f"mpi4py-suite file={name} tests={len(tests)} passed={passed} failed={len(failed)} "
-                  f"skipped={len(skipped)} deselected={dropped}", flush=True)
+                  f"skipped={len(skipped)} deselected={dropped} seconds={time.monotonic() - start:.1f}", flush=True)
             for tid, (rank, text) in sorted(failed.items()):
                 print(f"mpi4py-suite FAIL {tid} (gpu {rank}):\n{text}", flush=True)
         status |= bool(failed)
