@@ -15,12 +15,13 @@ import warnings
 
 import numpy as np
 
-from nvlink_emu.fabric.errors import FabricError, UnsupportedOperation
+from nvlink_emu.fabric.errors import UnsupportedOperation
 from nvlink_emu.fabric.reduction import DTYPES, blocks
 from nvlink_emu.ranks import collectives
 
-from .buffers import (BOTTOM, DATATYPE_NULL, IN_PLACE, Datatype, Message, as_array, is_in_place, message_simple,
-                      message_vector, predefined)
+from .buffers import BOTTOM, DATATYPE_NULL, IN_PLACE, Datatype, Message, is_in_place, message_simple, message_vector, predefined
+
+__all__ = ["BOTTOM", "IN_PLACE", "DATATYPE_NULL", "Datatype"]  # re-exported: mpi4py's MPI names them
 
 ALGORITHM_ENV = "NVLINK_EMU_MPI4PY_ALGORITHM"
 ENVELOPE_BYTES = 8  # every point-to-point message carries its tag (int64) ahead of the data, on the links too
@@ -79,26 +80,51 @@ def _pair(value) -> np.dtype:
     return np.dtype([("v", value), ("i", np.intc)], align=True)
 
 
-_TYPES = [
-    ("CHAR", "S1"), ("WCHAR", "U1"), ("SIGNED_CHAR", np.byte), ("SHORT", np.short), ("INT", np.intc),
-    ("LONG", np.long), ("LONG_LONG", np.longlong), ("UNSIGNED_CHAR", np.ubyte), ("UNSIGNED_SHORT", np.ushort),
-    ("UNSIGNED", np.uintc), ("UNSIGNED_LONG", np.ulong), ("UNSIGNED_LONG_LONG", np.ulonglong),
-    ("FLOAT", np.single), ("DOUBLE", np.double), ("LONG_DOUBLE", np.longdouble), ("C_BOOL", np.bool_),
-    ("INT8_T", np.int8), ("INT16_T", np.int16), ("INT32_T", np.int32), ("INT64_T", np.int64),
-    ("UINT8_T", np.uint8), ("UINT16_T", np.uint16), ("UINT32_T", np.uint32), ("UINT64_T", np.uint64),
-    ("C_FLOAT_COMPLEX", np.csingle), ("C_DOUBLE_COMPLEX", np.cdouble), ("C_LONG_DOUBLE_COMPLEX", np.clongdouble),
-    ("BYTE", np.ubyte), ("PACKED", np.ubyte), ("AINT", np.intp), ("OFFSET", np.int64), ("COUNT", np.int64),
-    ("FLOAT_INT", _pair(np.single)), ("DOUBLE_INT", _pair(np.double)), ("LONG_INT", _pair(np.long)),
-    ("SHORT_INT", _pair(np.short)), ("LONG_DOUBLE_INT", _pair(np.longdouble)), ("TWOINT", _pair(np.intc)),
-]
-for _name, _dtype in _TYPES:
-    globals()[_name] = predefined(_name, _dtype)
-INT_INT = TWOINT  # noqa: F821 - defined just above
-globals()["2INT"] = TWOINT  # noqa: F821
-UNSIGNED_INT, SIGNED_SHORT, SIGNED_INT, SIGNED_LONG = UNSIGNED, SHORT, INT, LONG  # noqa: F821
-C_COMPLEX, C_FLOAT_COMPLEX_ = C_FLOAT_COMPLEX, C_FLOAT_COMPLEX  # noqa: F821
-BOOL, CXX_BOOL = C_BOOL, C_BOOL  # noqa: F821
-REAL, DOUBLE_PRECISION, INTEGER, LOGICAL, COMPLEX = FLOAT, DOUBLE, INT, C_BOOL, C_FLOAT_COMPLEX  # noqa: F821
+# the predefined datatypes (numpy dtypes of this platform's C types, as mpi4py maps them)
+CHAR = predefined("CHAR", "S1")
+WCHAR = predefined("WCHAR", "U1")
+SIGNED_CHAR = predefined("SIGNED_CHAR", np.byte)
+SHORT = predefined("SHORT", np.short)
+INT = predefined("INT", np.intc)
+LONG = predefined("LONG", "l")
+LONG_LONG = predefined("LONG_LONG", np.longlong)
+UNSIGNED_CHAR = predefined("UNSIGNED_CHAR", np.ubyte)
+UNSIGNED_SHORT = predefined("UNSIGNED_SHORT", np.ushort)
+UNSIGNED = predefined("UNSIGNED", np.uintc)
+UNSIGNED_LONG = predefined("UNSIGNED_LONG", "L")
+UNSIGNED_LONG_LONG = predefined("UNSIGNED_LONG_LONG", np.ulonglong)
+FLOAT = predefined("FLOAT", np.single)
+DOUBLE = predefined("DOUBLE", np.double)
+LONG_DOUBLE = predefined("LONG_DOUBLE", np.longdouble)
+C_BOOL = predefined("C_BOOL", np.bool_)
+INT8_T = predefined("INT8_T", np.int8)
+INT16_T = predefined("INT16_T", np.int16)
+INT32_T = predefined("INT32_T", np.int32)
+INT64_T = predefined("INT64_T", np.int64)
+UINT8_T = predefined("UINT8_T", np.uint8)
+UINT16_T = predefined("UINT16_T", np.uint16)
+UINT32_T = predefined("UINT32_T", np.uint32)
+UINT64_T = predefined("UINT64_T", np.uint64)
+C_FLOAT_COMPLEX = predefined("C_FLOAT_COMPLEX", np.csingle)
+C_DOUBLE_COMPLEX = predefined("C_DOUBLE_COMPLEX", np.cdouble)
+C_LONG_DOUBLE_COMPLEX = predefined("C_LONG_DOUBLE_COMPLEX", np.clongdouble)
+BYTE = predefined("BYTE", np.ubyte)
+PACKED = predefined("PACKED", np.ubyte)
+AINT = predefined("AINT", np.intp)
+OFFSET = predefined("OFFSET", np.int64)
+COUNT = predefined("COUNT", np.int64)
+FLOAT_INT = predefined("FLOAT_INT", _pair(np.single))
+DOUBLE_INT = predefined("DOUBLE_INT", _pair(np.double))
+LONG_INT = predefined("LONG_INT", _pair("l"))
+SHORT_INT = predefined("SHORT_INT", _pair(np.short))
+LONG_DOUBLE_INT = predefined("LONG_DOUBLE_INT", _pair(np.longdouble))
+TWOINT = predefined("TWOINT", _pair(np.intc))
+INT_INT = TWOINT
+globals()["2INT"] = TWOINT
+UNSIGNED_INT, SIGNED_SHORT, SIGNED_INT, SIGNED_LONG = UNSIGNED, SHORT, INT, LONG
+BOOL, CXX_BOOL = C_BOOL, C_BOOL
+C_COMPLEX = C_FLOAT_COMPLEX
+REAL, DOUBLE_PRECISION, INTEGER, LOGICAL, COMPLEX = FLOAT, DOUBLE, INT, C_BOOL, C_FLOAT_COMPLEX
 # MPI types that C has and numpy does not model here: DATATYPE_NULL, as an MPI without them reports
 for _name in ("LB", "UB", "LOGICAL1", "LOGICAL2", "LOGICAL4", "LOGICAL8", "LOGICAL16", "INTEGER16", "REAL2",
               "COMPLEX4", "BFLOAT16_T", "CHARACTER", "CXX_FLOAT_COMPLEX", "CXX_DOUBLE_COMPLEX",
@@ -108,10 +134,10 @@ for _name in ("LB", "UB", "LOGICAL1", "LOGICAL2", "LOGICAL4", "LOGICAL8", "LOGIC
     globals().setdefault(_name, DATATYPE_NULL)
 
 # the buffer's element type when a message names none (mpi4py's getdatatype of the buffer format)
-_BY_CHAR = {"?": C_BOOL, "c": CHAR, "b": SIGNED_CHAR, "h": SHORT, "i": INT, "l": LONG, "q": LONG_LONG,  # noqa: F821
-            "B": UNSIGNED_CHAR, "H": UNSIGNED_SHORT, "I": UNSIGNED, "L": UNSIGNED_LONG,  # noqa: F821
-            "Q": UNSIGNED_LONG_LONG, "f": FLOAT, "d": DOUBLE, "g": LONG_DOUBLE, "F": C_FLOAT_COMPLEX,  # noqa: F821
-            "D": C_DOUBLE_COMPLEX, "G": C_LONG_DOUBLE_COMPLEX, "e": None, "S": CHAR, "U": WCHAR}  # noqa: F821
+_BY_CHAR = {"?": C_BOOL, "c": CHAR, "b": SIGNED_CHAR, "h": SHORT, "i": INT, "l": LONG, "q": LONG_LONG,
+            "B": UNSIGNED_CHAR, "H": UNSIGNED_SHORT, "I": UNSIGNED, "L": UNSIGNED_LONG,
+            "Q": UNSIGNED_LONG_LONG, "f": FLOAT, "d": DOUBLE, "g": LONG_DOUBLE, "F": C_FLOAT_COMPLEX,
+            "D": C_DOUBLE_COMPLEX, "G": C_LONG_DOUBLE_COMPLEX, "e": None, "S": CHAR, "U": WCHAR}
 
 
 def dtype_datatype(dtype: np.dtype) -> Datatype:
@@ -199,24 +225,21 @@ class Op:
         recv.unpack(self.combine(send.pack(), recv.pack()))
 
 
-_OPS = {
-    "MAX": (lambda x, y: y if y > x else x, np.maximum, "max"),
-    "MIN": (lambda x, y: y if y < x else x, np.minimum, "min"),
-    "SUM": (lambda x, y: x + y, np.add, "sum"),
-    "PROD": (lambda x, y: x * y, np.multiply, "prod"),
-    "LAND": (lambda x, y: x and y, np.logical_and, None),
-    "BAND": (lambda x, y: x & y, np.bitwise_and, None),
-    "LOR": (lambda x, y: x or y, np.logical_or, None),
-    "BOR": (lambda x, y: x | y, np.bitwise_or, None),
-    "LXOR": (lambda x, y: bool(x) != bool(y), np.logical_xor, None),
-    "BXOR": (lambda x, y: x ^ y, np.bitwise_xor, None),
-    "MAXLOC": (_maxloc, _loc_array(np.greater), None),
-    "MINLOC": (_minloc, _loc_array(np.less), None),
-    "REPLACE": (lambda x, y: y, lambda a, b: b, None),
-    "NO_OP": (lambda x, y: x, lambda a, b: a, None),
-}
-for _name, (_python, _array, _native) in _OPS.items():
-    globals()[_name] = Op(_name, _python, _array, _native)
+# the predefined ops: (name, Python form, numpy form, the emulator op that reduces it on the fabric)
+MAX = Op("MAX", lambda x, y: y if y > x else x, np.maximum, "max")
+MIN = Op("MIN", lambda x, y: y if y < x else x, np.minimum, "min")
+SUM = Op("SUM", lambda x, y: x + y, np.add, "sum")
+PROD = Op("PROD", lambda x, y: x * y, np.multiply, "prod")
+LAND = Op("LAND", lambda x, y: x and y, np.logical_and, None)
+BAND = Op("BAND", lambda x, y: x & y, np.bitwise_and, None)
+LOR = Op("LOR", lambda x, y: x or y, np.logical_or, None)
+BOR = Op("BOR", lambda x, y: x | y, np.bitwise_or, None)
+LXOR = Op("LXOR", lambda x, y: bool(x) != bool(y), np.logical_xor, None)
+BXOR = Op("BXOR", lambda x, y: x ^ y, np.bitwise_xor, None)
+MAXLOC = Op("MAXLOC", _maxloc, _loc_array(np.greater), None)
+MINLOC = Op("MINLOC", _minloc, _loc_array(np.less), None)
+REPLACE = Op("REPLACE", lambda x, y: y, lambda a, b: b, None)
+NO_OP = Op("NO_OP", lambda x, y: x, lambda a, b: a, None)
 OP_NULL = Op()
 
 
@@ -328,7 +351,7 @@ class Status:
         self.error = error
 
     def Get_count(self, datatype=None) -> int:
-        size = (BYTE if datatype is None else datatype).Get_size()  # noqa: F821
+        size = (BYTE if datatype is None else datatype).Get_size()
         return self._count // size if size and self._count % size == 0 else (0 if not size else UNDEFINED)
 
     def Get_elements(self, datatype) -> int:
@@ -599,17 +622,34 @@ class _Done:
         return True
 
 
+# The hooks point to point needs and the GPU's public API lacks (MPI's ANY_SOURCE, ANY_TAG and Iprobe
+# must see which messages have arrived without naming one): the only places this layer reaches past
+# ranks/gpu.py's public methods. Wanted there: Gpu.has_message(key, peer), Gpu.poll(), and a public
+# Gpu.wait(done, what, whom) with the deadline.
+def _has_message(key: tuple, peer: int) -> bool:
+    """Whether GPU `peer`'s message in slot `key` has arrived (read-only)."""
+    return (key, peer) in _gpu()._mailbox
+
+
+def _poll() -> None:
+    """Serve the fabric once, without waiting (what Iprobe and Test do)."""
+    _gpu()._progress()
+
+
+def _wait(done, what: str, whom: str) -> None:
+    """Serve the fabric until done(), FabricTimeout at the run's deadline (gpu._wait)."""
+    _gpu()._wait(done, what, whom)
+
+
 def _progress_until(found, what: str):
     """found()'s first non-None value, serving the fabric (pulling arrived messages) until there is one."""
-    gpu = _gpu()
     while True:
         for engine in _ctx.engines:
             engine.pull()
         value = found()
         if value is not None and value is not False:
             return value
-        gpu._wait(lambda: any(engine.arrived() for engine in _ctx.engines), f"MPI {what}",
-                  "a matching message")
+        _wait(lambda: any(engine.arrived() for engine in _ctx.engines), f"MPI {what}", "a matching message")
 
 
 # -- communicators --------------------------------------------------------------------------------------
@@ -684,26 +724,22 @@ class _Engine:
         return (*self.key, self.received[source]), self.emu.members[source]
 
     def arrived(self) -> bool:
-        """Whether some member's next message is here (read-only look at the GPU's mailbox: the hook the
-        emulator lacks, Gpu.has_message(key, peer))."""
-        mailbox = _gpu()._mailbox
-        return any((key, peer) in mailbox for key, peer in
-                   (self._slot(s) for s in range(self.emu.size) if s != self.emu.rank))
+        """Whether some member's next message is here."""
+        return any(_has_message(*self._slot(s)) for s in range(self.emu.size) if s != self.emu.rank)
 
     def pull(self) -> None:
         """Take every arrived message, in order per source, and match it."""
         if self.emu.size == 1:
             return
-        gpu, mailbox = _gpu(), _gpu()._mailbox
         for source in range(self.emu.size):
             if source == self.emu.rank:
                 continue
             while True:
                 key, peer = self._slot(source)
-                if (key, peer) not in mailbox:
+                if not _has_message(key, peer):
                     break
                 self.received[source] += 1
-                data = gpu.take_message(key, peer, f"MPI recv from {source}", f"GPU {peer}")
+                data = _gpu().take_message(key, peer, f"MPI recv from {source}", f"GPU {peer}")
                 tag = int(data[:ENVELOPE_BYTES].view(np.int64)[0])
                 self.deliver(source, tag, np.array(data[ENVELOPE_BYTES:], copy=True))
 
@@ -817,7 +853,7 @@ class _Recv(_Op):
             for engine in _ctx.engines:
                 engine.pull()
             if not self.done:
-                _gpu()._progress()
+                _poll()
                 for engine in _ctx.engines:
                     engine.pull()
         if self.done or self.cancelled:
@@ -959,7 +995,7 @@ class Comm:
 
     def Free(self) -> None:
         emu = self._live("Free")
-        if self is COMM_WORLD or self is COMM_SELF:  # noqa: F821
+        if self is COMM_WORLD or self is COMM_SELF:
             raise Exception(ERR_COMM, "MPI.Comm.Free of a predefined communicator")
         emu.release_group()
         if self._engine in _ctx.engines:
@@ -1088,7 +1124,7 @@ class Comm:
             if status is not None:
                 status._set(PROC_NULL, ANY_TAG, 0)
             return True
-        _gpu()._progress()
+        _poll()
         for engine in _ctx.engines:
             engine.pull()
         entry = self._engine.probe(source, tag)
@@ -1345,7 +1381,7 @@ class Comm:
             raise Exception(ERR_OP, f"MPI.Comm.{call}: {op!r} is not an Op")
 
     def Iallreduce(self, sendbuf, recvbuf, op=None) -> Request:
-        op = SUM if op is None else op  # noqa: F821
+        op = SUM if op is None else op
         emu = self._live("Allreduce")
         self._check_op(op, "Allreduce")
         values, recv = self._reduction_args("Allreduce", sendbuf, recvbuf)
@@ -1372,7 +1408,7 @@ class Comm:
         self.Iallreduce(sendbuf, recvbuf, op).Wait()
 
     def Ireduce(self, sendbuf, recvbuf, op=None, root: int = 0) -> Request:
-        op = SUM if op is None else op  # noqa: F821
+        op = SUM if op is None else op
         emu, root = self._live("Reduce"), self._root(root, "Reduce")
         self._check_op(op, "Reduce")
         is_root = emu.rank == root
@@ -1443,7 +1479,7 @@ class Comm:
         return _request(_Collective([part], finish))
 
     def Ireduce_scatter_block(self, sendbuf, recvbuf, op=None) -> Request:
-        op = SUM if op is None else op  # noqa: F821
+        op = SUM if op is None else op
         emu = self._live("Reduce_scatter_block")
         if is_in_place(sendbuf):
             recv = message_simple(recvbuf, False, blocks=emu.size)
@@ -1460,7 +1496,7 @@ class Comm:
         self.Ireduce_scatter_block(sendbuf, recvbuf, op).Wait()
 
     def Ireduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=None) -> Request:
-        op = SUM if op is None else op  # noqa: F821
+        op = SUM if op is None else op
         emu = self._live("Reduce_scatter")
         recv = message_simple(recvbuf, False)
         if recvcounts is None:  # every member's receive count, as mpi4py gathers them (out of band here)
@@ -1477,7 +1513,7 @@ class Comm:
 
     def _iscan(self, call, sendbuf, recvbuf, op, exclusive: bool) -> Request:
         """Prefix reductions: every member's contribution gathered (allgather), combined in rank order."""
-        op = SUM if op is None else op  # noqa: F821
+        op = SUM if op is None else op
         emu = self._live(call)
         self._check_op(op, call)
         values, recv = self._reduction_args(call, sendbuf, recvbuf)
@@ -1577,20 +1613,20 @@ class Comm:
         return [_unpickle(g) for g in self._varying("alltoall", [_pickled(i) for i in items], lambda j: True)]
 
     def reduce(self, sendobj, op=None, root: int = 0):
-        op = SUM if op is None else op  # noqa: F821
+        op = SUM if op is None else op
         values = self.gather(sendobj, root)
         return None if values is None else _fold(op, values)
 
     def allreduce(self, sendobj, op=None):
-        op = SUM if op is None else op  # noqa: F821
+        op = SUM if op is None else op
         return _fold(op, self.allgather(sendobj))
 
     def scan(self, sendobj, op=None):
-        op = SUM if op is None else op  # noqa: F821
+        op = SUM if op is None else op
         return _fold(op, self.allgather(sendobj)[:self.Get_rank() + 1])
 
     def exscan(self, sendobj, op=None):
-        op = SUM if op is None else op  # noqa: F821
+        op = SUM if op is None else op
         values = self.allgather(sendobj)[:self.Get_rank()]
         return _fold(op, values) if values else None
 

@@ -15,7 +15,6 @@ passed on every GPU; W: GPU 0's wall time for the file), then the id and first t
 
 import fnmatch
 import importlib
-import io
 import sys
 import time
 import unittest
