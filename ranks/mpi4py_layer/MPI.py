@@ -75,6 +75,35 @@ def _unsupported(call: str, why: str = "not in the mpi4py layer's scope") -> Uns
     return UnsupportedOperation(f"MPI.{call}: {why} (nvlink-emu --mpi4py; see README, Unmodified mpi4py programs)")
 
 
+class MissingCall(UnsupportedOperation, AttributeError):
+    """A name mpi4py's MPI has and this layer does not: UnsupportedOperation naming it, and an
+    AttributeError too, so that hasattr() and getattr(..., default) still answer as for a missing name."""
+
+
+def _missing(owner: str, name: str):
+    """MissingCall for MPI.`owner`.`name` if the real mpi4py has it (the module the emulator's transport
+    loaded, saved while the layer is installed), else a plain AttributeError."""
+    real = _ctx.real
+    if real is not None and not name.startswith("__") and hasattr(getattr(real, owner, real) if owner else real,
+                                                                   name):
+        return MissingCall(f"MPI.{owner + '.' if owner else ''}{name}: mpi4py has it, the layer does not "
+                           f"(nvlink-emu --mpi4py; see README, Unmodified mpi4py programs)")
+    return AttributeError(f"{'MPI.' + owner if owner else 'module mpi4py.MPI'} has no attribute {name!r}")
+
+
+def __getattr__(name: str):
+    raise _missing("", name)
+
+
+class _Mpi4pyNames:
+    """Unknown attributes of a layer object: MissingCall when mpi4py's class `_mpi4py` has them."""
+
+    _mpi4py = ""
+
+    def __getattr__(self, name: str):
+        raise _missing(self._mpi4py, name)
+
+
 # -- datatypes ------------------------------------------------------------------------------------------
 def _pair(value) -> np.dtype:
     return np.dtype([("v", value), ("i", np.intc)], align=True)
@@ -174,9 +203,11 @@ def _loc_array(better):
     return combine
 
 
-class Op:
+class Op(_Mpi4pyNames):
     """A reduction: `name`, its Python form (for the pickle-based calls) and numpy form (buffers).
     `native`: the emulator's op name, when the switch or a GPU algorithm can reduce it."""
+
+    _mpi4py = "Op"
 
     def __init__(self, name=None, python=None, array=None, native=None, commute=True):
         self.name, self._python, self._array, self.native, self.commute = name, python, array, native, commute
@@ -270,6 +301,7 @@ def reduce_rows(op: Op, rows: np.ndarray) -> np.ndarray:
 # -- the process's context ----------------------------------------------------------------------------
 class _Context:
     gpu = None
+    real = None  # the real mpi4py.MPI (only its names are read: which calls the layer lacks)
     algorithm = "auto"
     engines: list = []
     attached = None
@@ -321,8 +353,10 @@ def _free(*arrays) -> None:
 
 
 # -- status and requests ------------------------------------------------------------------------------
-class Status:
+class Status(_Mpi4pyNames):
     """A receive's envelope: source, tag, error and byte count."""
+
+    _mpi4py = "Status"
 
     def __init__(self, status=None):
         self.source, self.tag, self.error, self._count, self._cancelled = ANY_SOURCE, ANY_TAG, SUCCESS, 0, False
@@ -371,8 +405,10 @@ class Status:
     cancelled = property(Is_cancelled)
 
 
-class Request:
+class Request(_Mpi4pyNames):
     """A non-blocking operation. Falsy (REQUEST_NULL) once completed and waited/tested, as in mpi4py."""
+
+    _mpi4py = "Request"
 
     def __init__(self, request=None):
         self._op = request._op if isinstance(request, Request) else None
@@ -895,8 +931,10 @@ def _unpickle(data: np.ndarray):
     return _pickle.loads(data.tobytes()) if data.size else None
 
 
-class Comm:
+class Comm(_Mpi4pyNames):
     """MPI.Comm over an emulator communicator (`_emu`: ranks.comm.Communicator, or _Solo for one member)."""
+
+    _mpi4py = "Comm"
 
     def __init__(self, comm=None):
         if isinstance(comm, Comm):
@@ -1659,6 +1697,8 @@ class _Pair(_Op):
 class Intracomm(Comm):
     """MPI.Intracomm: every communicator of the layer (there are no intercommunicators)."""
 
+    _mpi4py = "Intracomm"
+
 
 COMM_NULL = Intracomm()
 COMM_WORLD = Intracomm()
@@ -1779,10 +1819,11 @@ class _Pickle:
 pickle = _Pickle()
 
 
-def bind(gpu) -> None:
+def bind(gpu, real=None) -> None:
     """Make this module the MPI of `gpu`'s program: COMM_WORLD over gpu.world, COMM_SELF over itself,
-    the algorithm from NVLINK_EMU_MPI4PY_ALGORITHM."""
-    _ctx.gpu = gpu
+    the algorithm from NVLINK_EMU_MPI4PY_ALGORITHM; `real`: the real mpi4py.MPI, if loaded (its names
+    tell an unsupported call from a misspelt one)."""
+    _ctx.gpu, _ctx.real = gpu, real
     _ctx.algorithm = check_algorithm(os.environ.get(ALGORITHM_ENV, "auto").strip() or "auto")
     _ctx.engines = []
     _ctx.start = time.time()
@@ -1793,7 +1834,7 @@ def bind(gpu) -> None:
 
 
 def unbind() -> None:
-    _ctx.gpu = None
+    _ctx.gpu = _ctx.real = None
     _ctx.engines = []
     for target in (COMM_WORLD, COMM_SELF):
         target._emu = target._engine = None

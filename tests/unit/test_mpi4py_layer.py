@@ -119,3 +119,34 @@ def test_the_shim_is_mpi4py_only_while_the_program_runs():
 
         assert seen is layer and seen.COMM_WORLD.Get_size() == 1 and sys.modules["mpi4py"] is not mpi4py
     assert sys.modules["mpi4py"] is mpi4py and not layer.COMM_WORLD
+
+
+def test_a_call_mpi4py_has_and_the_layer_lacks_is_unsupported_by_name():
+    import types
+
+    real = types.SimpleNamespace(Intracomm=type("Intracomm", (), {"Split_type": None}), Open_port=None)
+    comm = MPI.Intracomm()
+    MPI._ctx.real = real
+    try:
+        with pytest.raises(UnsupportedOperation, match=r"MPI\.Intracomm\.Split_type: mpi4py has it"):
+            comm.Split_type(0)
+        with pytest.raises(UnsupportedOperation, match=r"MPI\.Open_port: mpi4py has it"):
+            MPI.Open_port()
+        assert not hasattr(MPI, "Open_port") and getattr(comm, "Split_type", None) is None
+        with pytest.raises(AttributeError) as info:
+            comm.Spilt
+        assert not isinstance(info.value, UnsupportedOperation)  # a misspelt name is only an AttributeError
+    finally:
+        MPI._ctx.real = None
+
+
+def test_mpi4py_modules_other_than_mpi_are_refused_while_the_layer_is_installed():
+    import types
+
+    from nvlink_emu.ranks.mpi4py_layer import installed
+    from nvlink_emu.ranks.mpi4py_layer.MPI import _Solo
+
+    with installed(types.SimpleNamespace(rank=0, world=_Solo("world"))):
+        with pytest.raises(UnsupportedOperation, match="import mpi4py.util: the mpi4py layer provides mpi4py.MPI only"):
+            import mpi4py.util  # noqa: F401
+    import mpi4py.util  # noqa: F401,F811 - the real one again afterwards
