@@ -51,8 +51,9 @@ class FabricConfig:
     bandwidth_gbytes_per_s: float | None = None
     link_latency_ns: float | None = None
     switch_latency_ns: float | None = None
-    # a node's links to the spines, per direction, split evenly over them (several nodes only)
-    uplink_gbytes_per_s_per_node: float | None = None
+    # a node's links to the spines, per direction and per GPU of the node (the node's uplink is
+    # gpus_per_node times this, split evenly over the spines; several nodes only), and their latency
+    uplink_gbytes_per_s_per_gpu: float | None = None
     uplink_latency_ns: float | None = None
     reduction_gbytes_per_s: float | None = None
     reduction_latency_ns: float | None = None
@@ -108,7 +109,8 @@ class FabricConfig:
                 timing = self.timing
                 cached = Topology.multi_node(self.nodes, self.gpus_per_node, self.spines,
                                              (timing.bandwidth_gbytes_per_s, timing.link_latency_ns),
-                                             self.uplink_gbytes_per_s_per_node, self.uplink_latency_ns,
+                                             self.uplink_gbytes_per_s_per_gpu * self.gpus_per_node,
+                                             self.uplink_latency_ns,
                                              timing.switch_latency_ns, name=self.name)
             object.__setattr__(self, "_topology", cached)
         return cached
@@ -159,7 +161,7 @@ class FabricConfig:
         if self.chunk_bytes > self.switch_buffer_bytes:
             raise ConfigError(f"chunk_bytes: {self.chunk_bytes} exceeds switch_buffer_bytes "
                               f"{self.switch_buffer_bytes}")
-        for key in TIMING_FIELDS + ("uplink_gbytes_per_s_per_node", "uplink_latency_ns"):
+        for key in TIMING_FIELDS + ("uplink_gbytes_per_s_per_gpu", "uplink_latency_ns"):
             value = getattr(self, key)
             rate = key.endswith("per_s")
             # nan passes every comparison and inf would make every modeled time inf or 0
@@ -172,7 +174,7 @@ class FabricConfig:
         if self.nodes == 1:
             if self.spines:
                 raise ConfigError(f"spines: one node sends nothing between nodes; spines must be 0, got {self.spines!r}")
-            extra = [k for k in ("uplink_gbytes_per_s_per_node", "uplink_latency_ns") if getattr(self, k) is not None]
+            extra = [k for k in ("uplink_gbytes_per_s_per_gpu", "uplink_latency_ns") if getattr(self, k) is not None]
             if extra:
                 raise ConfigError(f"{extra[0]}: only a fabric of several nodes has uplinks (nodes = 1)")
         else:
@@ -180,7 +182,7 @@ class FabricConfig:
                     or not 1 <= self.spines <= self.gpus_per_node:
                 raise ConfigError(f"spines: {self.nodes} nodes of {self.gpus_per_node} GPUs need 1.."
                                   f"{self.gpus_per_node} spines, got {self.spines!r}")
-            missing = [k for k in ("uplink_gbytes_per_s_per_node", "uplink_latency_ns") if getattr(self, k) is None]
+            missing = [k for k in ("uplink_gbytes_per_s_per_gpu", "uplink_latency_ns") if getattr(self, k) is None]
             if missing:
                 raise ConfigError(f"{missing[0]}: a fabric of {self.nodes} nodes needs it (its links to the spines)")
         if self.partitions:
@@ -245,12 +247,14 @@ PRESETS: dict[str, dict] = {
 
 def _system(name: str, nodes: int = 2) -> dict:
     """A multi-node preset from profiles.SYSTEMS[name], `nodes` nodes by default (--nodes changes it).
-    The uplink latency is the spine link profile's (no published figure: an assumption, see
-    SystemProfile.notes); every switch, spines too, takes the node link profile's switch latency. A
+    The node's uplink is kept per GPU (a node of fewer GPUs, --gpus-per-node, has that share of it:
+    225 GB/s per H100 on the NVLink Switch System, one NIC per GPU on InfiniBand). The uplink latency
+    is the spine link profile's (no published figure: an assumption, see SystemProfile.notes); every switch, spines too, takes the node link profile's switch latency. A
     node's switch reduces in the switch where its NVSwitch does (network mode), whatever the spine."""
     system = system_profile(name)
     return dict(mode=system.mode, sharp=system.mode == "network", link=system.gpu_link, gpu=system.gpu, nodes=nodes,
-                gpus=nodes * system.gpus_per_node, uplink_gbytes_per_s_per_node=system.uplink_gbytes_per_s_per_node,
+                gpus=nodes * system.gpus_per_node,
+                uplink_gbytes_per_s_per_gpu=system.uplink_gbytes_per_s_per_node / system.gpus_per_node,
                 uplink_latency_ns=link_profile(system.spine_link).link_latency_ns)
 
 

@@ -148,3 +148,62 @@ def format_table(snapshot: dict[str, dict], gpus: int, extra: dict[int, dict[str
 
 def _counts(values: list[int]) -> str:
     return "".join(f"{v:>14}" if i % 3 != 2 else f"{v:>10}" for i, v in enumerate(values))
+
+
+REPORT_STATS = ("peak_held_bytes", "groups_created", "groups_released", "reduced_bytes", "unanswered_requests")
+
+
+def merge_reports(config, parts: list[dict]) -> dict:
+    """The run's report from every switch's share (ranks/switch.py's _report_part): the links of every
+    level, each link between switches as its sender counted it (and checked against its receiver's
+    count: a mismatch is reported under the link's name in "conservation"), every port's statistics
+    summed over the leaves that saw that GPU, and the GPUs' own records."""
+    from .addressing import assign_network_addresses
+    by_switch = {part["switch"]: part for part in parts}
+    links: dict[str, dict] = {}
+    conservation: dict = {}
+    ports: dict[int, dict] = {}
+    report_keys = ("now_ns", "unconsumed", "collectives", "collectives_unrecorded")
+    merged = {key: {} for key in report_keys}
+    stats = dict.fromkeys(REPORT_STATS, 0)
+    for part in parts:
+        here = f"sw{part['switch']}"
+        for link, row in part["links"].items():
+            src, _, dst = link.partition("->")
+            if not (src.startswith("sw") and dst.startswith("sw")):
+                links[link] = row
+            elif src == here:  # a link between switches: the sender's count, checked at the receiver
+                links[link] = row
+                receiver = by_switch.get(int(dst[2:]))
+                if receiver is not None:
+                    try:
+                        check_link(link, part["links"], receiver["links"], f"switch {src[2:]}", f"switch {dst[2:]}")
+                    except FabricError as exc:
+                        conservation[link] = str(exc)
+        conservation.update(part["conservation"])
+        for gpu, row in part.get("ports", {}).items():
+            total = ports.setdefault(int(gpu), {})
+            for key, value in row.items():
+                total[key] = total.get(key, 0) + value
+        for key in report_keys:
+            merged[key].update({int(g): v for g, v in part[key].items()})
+        for key, value in part.get("stats", {}).items():
+            stats[key] = max(stats[key], value) if key == "peak_held_bytes" else stats[key] + value
+    gpus = config.gpus
+    return {
+        "fabric": config.name,
+        "mode": config.mode,
+        "gpus": gpus,
+        "nodes": config.nodes,
+        "spines": config.spines,
+        "elapsed_ns": max(merged["now_ns"].values(), default=0.0),
+        "links": dict(sorted(links.items())),
+        "ports": {g: ports[g] for g in sorted(ports)},
+        "network_addresses": list(assign_network_addresses(gpus)) if config.mode == "network" else [],
+        "switch": stats,
+        "unconsumed": dict(sorted(merged["unconsumed"].items())),
+        "conservation": conservation,
+        # each GPU's own record of its collective calls, in call order (its word, like its clock)
+        "collectives": dict(sorted(merged["collectives"].items())),
+        "collectives_unrecorded": dict(sorted(merged["collectives_unrecorded"].items())),
+    }

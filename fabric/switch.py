@@ -523,6 +523,8 @@ class SpineLogic:
         self.clocks = {link.name: LinkClock(link.bandwidth_gbytes_per_s) for link in topology.links
                        if link.src == f"sw{switch}"}
         self.latency_ns = topology.switch_latency_ns
+        self.tracing = False  # a spine makes no decisions worth a trace record beyond the packets
+        self.events: list[dict] = []
 
     def on_packet(self, leaf: int, packet: Packet, payload: np.ndarray | None = None) -> Send:
         """The Send (towards GPU `port`, by its leaf) of `packet` that leaf switch `leaf` sent up."""
