@@ -45,10 +45,6 @@ from .errors import ConfigError, FabricError, ProtocolError
 from .timemodel import LinkClock
 from .topology import Topology
 
-# gap G (ns) -> (rounds with null messages only, rounds with LBTS on every stalled round), measured by
-# tests/unit/test_arbitration.py::test_rounds_to_resolve_against_the_gap (it asserts these figures).
-CREEP_ROUNDS = {}
-
 
 class Booking(NamedTuple):
     """A transfer released by `bookable`: its token, the port it leaves by, and its start/end on that
@@ -107,7 +103,6 @@ class SwitchScheduler:
         self._clocks = {n: LinkClock(self._links[n].bandwidth_gbytes_per_s) for n in self._to_switch}
         self._held: dict[int, list] = {n: [] for n in self._links}  # heaps of (r, g, q, ready_end + s, raw, token)
         self._keys: set = set()                               # (g, q) held, to refuse a duplicate
-        self._sent = {n: 0.0 for n in self._links}             # last promises() value: kept monotone
 
     # -- inputs -----------------------------------------------------------------------------------
     def arrive(self, ingress_port, source_gpu, seq, ready_start_ns, ready_end_ns, raw_bytes, egress_port,
@@ -174,11 +169,9 @@ class SwitchScheduler:
         """Null-message value per egress port (ns): a lower bound of the ready_start, at the link's far
         end, of anything this switch may still send by it: max(link free, min(held least ready, feeders'
         promises + s)) + link latency (for a GPU port: when its first byte can reach the GPU). Monotone."""
-        for port, link in self._links.items():
-            feeders = min((self._promised[c] + self.s for c, _, _ in self._feeders[port]), default=math.inf)
-            value = self._floor(port, feeders)
-            self._sent[port] = max(self._sent[port], value)
-        return dict(self._sent)
+        # monotone without clamping: an arrival on c is ready >= P_c, so it never undercuts the bound
+        return {port: self._floor(port, min((self._promised[c] + self.s for c, _, _ in feeders), default=math.inf))
+                for port, feeders in self._feeders.items()}
 
     def held_floor_ns(self) -> float:
         """This switch's entry in an LBTS snapshot: least ready_start, at the far end, of what it holds
