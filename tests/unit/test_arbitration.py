@@ -56,6 +56,8 @@ class Gpu:
             op = self.script[self.pc]
             if op[0] == "compute":
                 self.now += op[1]
+                # its clock moved: say so (a null message ahead of the sends it will make at this clock)
+                self.tell(gpu_promise_ns(self.now, None, False, self.leaf, uplink_latency_ns=A))
             elif op[0] == "send":
                 start, end = self.up.transmit(self.now, self.now, op[2])
                 self.seq += 1
@@ -72,10 +74,12 @@ class Gpu:
                 self.got.append((token, start, end))
                 self.now = max(self.now, end + A)
             self.pc += 1
-        p = self.promise()
-        if p > self.told:
-            self.told = p
-            self.net.post(self.channel, ("null",), p)
+        self.tell(self.promise())
+
+    def tell(self, promise):
+        if promise > self.told:
+            self.told = promise
+            self.net.post(self.channel, ("null",), promise)
 
     def take(self, message, promise):
         if message[0] == "pkt":
