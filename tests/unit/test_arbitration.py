@@ -28,6 +28,11 @@ def two_by_four():
     return Topology.multi_node(2, 4, 2, (100.0, A), 100.0, U, S, name="2x4")
 
 
+def three_by_two():
+    """GPUs 0, 1 on sw0; 2, 3 on sw1; 4, 5 on sw2; spine sw3: its link to a leaf is shared by two leaves."""
+    return Topology.multi_node(3, 2, 1, (100.0, A), 50.0, U, S, name="3x2")
+
+
 class Gpu:
     """A scripted GPU: ("compute", ns), ("send", dst, raw bytes), ("recv", src) (blocks until a transfer
     from src is here). Books its uplink in send order and its downlink in receive order, as ranks/gpu.py."""
@@ -318,9 +323,21 @@ def test_two_spines_share_each_leafs_gpus_by_destination():
     assert net.booked() == oracle(net.topo, sends)
 
 
+def test_a_spine_orders_two_leaves_by_key():
+    # sw1 books GPU 2 at 400 and GPU 3 at 420 (tie at 400, GPU 2 first), sw0 GPU 0 at 400 and GPU 1 at 420
+    # (ready 405, the link busy until 420); at the spine they are ready at 600, 620, 600, 620: by key
+    sends = {0: [("send", 4, 1000)], 1: [("compute", 5.0), ("send", 4, 1000)], 2: [("send", 5, 1000)],
+             3: [("send", 5, 1000)]}
+    net = Net(three_by_two(), receive_all(sends, 6)).run_random(random.Random(5))
+    spine = {key[1:]: times for key, times in net.booked().items() if key[0] == 3}
+    assert spine == {(0, 1): (2, 900.0, 920.0), (2, 1): (2, 920.0, 940.0), (1, 1): (2, 940.0, 960.0),
+                     (3, 1): (2, 960.0, 980.0)}
+    assert net.booked() == oracle(net.topo, sends)
+
+
 # -- (b) host delivery order does not decide modeled time -----------------------------------------------------
 
-@pytest.mark.parametrize("make", [two_by_two, two_by_four])
+@pytest.mark.parametrize("make", [two_by_two, two_by_four, three_by_two])
 def test_fifty_delivery_orders_give_identical_times(make):
     topo = make()
     scripts = phased(random.Random(2026), topo.gpus)
