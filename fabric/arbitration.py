@@ -12,36 +12,45 @@ are FIFO (a promise sent after a packet arrives after it), as MPI's non-overtaki
 
 **Rule.** Each switch-facing egress link e books its transfers on its LinkClock in key order. The
 least held transfer x = (r, g, q) is safe when, for every feeder channel c of e (topology.feeders),
-b_c = P_c + s > r, or b_c == r and every GPU that c can bring to e (`sources` of both links) is
-above g. Why ties are safe then: whatever c sends later has a key >= (b_c, g', .) > x's. A GPU's own
-uplink at a tie is no obstacle either: the GPU's later sends carry a higher seq. So a GPU may promise
-exactly its clock without stalling what it sent at that clock. A switch feeder that can carry GPUs
-below g waits for a promise past r (conservative: its later traffic may tie with x's ready time).
-Booked in key order, a link serves its transfers first come first served (each is ready no earlier
-than the ones before it), so a held transfer cannot start before max(its ready, link free): that bound
-plus the link latency is the switch's promise toward that link's far end.
+b_c = P_c + s > r, or b_c == r and no GPU that c can bring to e (`sources` of both links) is below
+g. Why a tie is safe then: what c sends later has a key >= (r, g', .) with g' >= g, and g' == g only
+on x's own channel (a GPU reaches e by one route), where it is later still: a GPU's later sends carry
+a higher seq, so a GPU may promise exactly its clock without stalling what it sent at that clock; a
+switch's later transfers are ready strictly later (its link serves them in key order, each >= 1 byte
+long). A tie with a feeder that can bring a GPU below g waits for a promise past r: that GPU may yet
+send a transfer ready at r, whose key comes first, whatever the host delivers first. Booked in key
+order, a link serves first come first served (each transfer is ready no earlier than those before
+it), so a held transfer cannot start before max(its ready, link free): that bound plus the link
+latency is the switch's promise toward the link's far end (so what a leaf promises a spine after
+sending a transfer is already past it: a spine never waits on the channel a transfer came by).
 
 **Lookahead creep and LBTS.** When every GPU is blocked, promises rise only by each cycle's lookahead
-per exchange (GPU -> leaf -> GPU: 2a + s). `lbts_ns` breaks this: from a consistent snapshot it gives
-T <= the ready_start of anything any switch will ever receive again, and `advance_to(T)` raises every
-channel's promise to T. The snapshot must hold (a) every switch's `held_floor_ns()`, (b) every GPU's
-`gpu_promise_ns(..., leaf_promise_ns=math.inf)` (what it may send without receiving anything more),
-(c) every transfer in flight between ranks (sent, not yet taken in by `arrive` or by the GPU): its
-ready_start at its receiver. Proof: every later arrival is a held or in-flight transfer moving on
-(>= its entry), a GPU's own send (>= (b)), or a GPU's send caused by an arrival (>= that arrival,
-by induction). In MPI: one allreduce(MIN) when every switch rank stalls, with sent/received counts
-summed in the same reduction and repeated until they agree (Mattern's counting), so (c) is complete.
-After it the globally least held transfer is bookable unless a GPU below it may still send at its time.
-Measured (tests/unit/test_arbitration.py::test_rounds_to_resolve_against_the_gap, 2x2 nodes, 1 spine,
-a = 150, s = 250, u = 200 ns; a GPU blocked at 0 on data another sends after a gap G; rounds of
-synchronous null-message exchange until it is delivered): see `CREEP_ROUNDS`.
+per exchange (GPU -> leaf -> GPU: 2a + s per two rounds). `lbts_ns` breaks this: from a consistent
+snapshot it gives T <= the ready_start of anything any switch will ever receive again, and
+`advance_to(T)` raises every channel's promise to T. The snapshot must hold (a) every switch's
+`held_floor_ns()`, (b) every GPU's `gpu_promise_ns(..., leaf_promise_ns=math.inf)` (what it may send
+without receiving anything more), (c) every transfer in flight between ranks (sent, not yet taken in
+by `arrive` or by its GPU): its ready_start at its receiver. Why: every later arrival is a held or
+in-flight transfer moving on (>= its entry), a GPU's own send (>= (b)), or a GPU's send caused by an
+arrival (>= that arrival, by induction). In MPI: one allreduce(MIN) when every switch rank stalls, with
+each rank's sent and received packet counts summed in the same reduction and the reduction repeated
+until they agree (Mattern's counting), so that (c) is complete. After it, the least held transfer of
+the whole fabric is bookable, unless a GPU below it may still send at its very time (then that GPU is
+running, not stalled).
+
+**Measured** (tests/unit/test_arbitration.py, test_rounds_to_resolve_against_the_gap: 2 nodes x 2 GPUs,
+1 spine, a = 100, s = 300, u = 200 ns; GPU 0 and GPU 3 blocked from t = 0, GPU 2 sends GPU 0 1000 B
+after G ns of compute, then GPU 0 sends GPU 3; rounds of synchronous exchange until GPU 3 has it):
+G = 1 us: 12 rounds with null messages only, 9 with LBTS (1 reduction); 10 us: 48 / 9; 100 us: 408 / 9;
+1 ms: 4008 / 9, i.e. 40,111 null messages against 96. Null messages alone take 2 G / (2a + s) + 8
+rounds: about 3,600 per modeled ms of gap on nvlink4 (a = 150, s = 250 ns).
 """
 
 import heapq
 import math
 from typing import NamedTuple
 
-from .errors import ConfigError, FabricError, ProtocolError
+from .errors import ConfigError, ProtocolError
 from .timemodel import LinkClock
 from .topology import Topology
 
@@ -57,7 +66,7 @@ class Booking(NamedTuple):
 
 
 def _time(value, what: str, infinite: bool = False) -> float:
-    """`value` as a float time >= 0 (ns); inf only if `infinite`; FabricError naming `what`."""
+    """`value` as a float time >= 0 (ns); inf only if `infinite`; ProtocolError naming `what`."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value < 0 \
             or (math.isinf(value) and not infinite):
         raise ProtocolError(f"{what}: must be a {'' if infinite else 'finite '}time >= 0 ns, got {value!r}")
@@ -86,7 +95,6 @@ class SwitchScheduler:
         self.what = f"switch {sw.name}"
         self.s = sw.latency_ns
         self._links = {p.number: topology.link(p.egress) for p in sw.ports}
-        self._peer = {p.number: p.peer for p in sw.ports}
         self._to_switch = {n for n, link in self._links.items() if link.level == "leaf-spine"}
         port_of = {p.ingress: p.number for p in sw.ports}
         # per egress: (feeder ingress port, least GPU it can bring there, every GPU it can bring there)
@@ -118,7 +126,7 @@ class SwitchScheduler:
         raw = _count(raw_bytes, f"{where}: GPU {source_gpu!r} seq {seq!r}: raw_bytes", 1)
         seq = _count(seq, f"{where}: GPU {source_gpu!r}: seq", 0)
         feeder = next((f for f in self._feeders[egress_port] if f[0] == ingress_port), None)
-        if feeder is None or source_gpu not in feeder[2]:
+        if feeder is None or isinstance(source_gpu, bool) or source_gpu not in feeder[2]:
             raise ProtocolError(f"{where}: GPU {source_gpu!r} seq {seq}: no route enters here and leaves by "
                                 f"port {egress_port} ({self._links[egress_port].name})")
         if end < start:
