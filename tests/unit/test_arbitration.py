@@ -5,6 +5,7 @@ synchronous rounds; hand-computed bookings, determinism over host orders, safety
 import math
 import random
 from collections import deque
+from typing import NamedTuple
 
 import pytest
 from hypothesis import given, settings
@@ -33,15 +34,33 @@ def three_by_two():
     return Topology.multi_node(3, 2, 1, (100.0, A), 50.0, U, S, name="3x2")
 
 
-class Gpu:
-    """A scripted GPU: ("compute", ns), ("send", dst, raw bytes), ("recv", src) (blocks until a transfer
-    from src is here). Books its uplink in send order and its downlink in receive order, as ranks/gpu.py."""
+class Pkt(NamedTuple):
+    """A transfer on the wire: its source and send number (the key's), a label stable over host orders
+    ((src, n) for the n-th scripted send; ("reply", label) for a reply), ready times at its receiver
+    (a switch's input; for a GPU, the downlink's sending end); reply > 0: a get asking that many bytes."""
 
-    def __init__(self, net, gpu, script):
-        self.net, self.gpu, self.script = net, gpu, list(script)
+    src: int
+    seq: int
+    label: tuple
+    dst: int
+    raw: int
+    t_start: float
+    t_end: float
+    reply: int = 0
+
+
+class Gpu:
+    """A scripted GPU: ("compute", ns), ("send", dst, raw bytes), ("get", dst, raw bytes) (a 100-byte
+    request; the reply comes back as a transfer from dst), ("recv", src) (blocks until a transfer from src
+    is here). Books its uplink in send order and its downlink in receive order, as ranks/gpu.py. A GPU
+    whose script has a get served to it (`serves`) answers each request at its arrival until it is done."""
+
+    def __init__(self, net, gpu, script, serves=False):
+        self.net, self.gpu, self.script, self.serves = net, gpu, list(script), serves
+        self.answers = serves  # what its promise admits to; a test makes a server deny it
         bw = net.topo.gpu_gbytes_per_s
         self.up, self.down = LinkClock(bw), LinkClock(bw)
-        self.now, self.seq, self.pc, self.leaf = 0.0, 0, 0, 0.0
+        self.now, self.seq, self.sends, self.pc, self.leaf = 0.0, 0, 0, 0, 0.0
         self.inbox, self.got, self.told = {}, [], -1.0
         self.channel = (("sw", net.topo.leaf_of(gpu).index), net.topo.locate(gpu)[1])
 
@@ -49,12 +68,19 @@ class Gpu:
     def done(self):
         return self.pc == len(self.script)
 
-    def promise(self, leaf=None):
+    def promise(self, leaf=None, blocked=None):
         if self.done:
             return math.inf
-        blocked = self.script[self.pc][0] == "recv"
-        return gpu_promise_ns(self.now, None, False, self.leaf if leaf is None else leaf, blocked=blocked,
+        blocked = self.script[self.pc][0] == "recv" if blocked is None else blocked
+        return gpu_promise_ns(self.now, None, self.answers, self.leaf if leaf is None else leaf, blocked=blocked,
                               uplink_latency_ns=A)
+
+    def send(self, at, dst, raw, label, reply=0):
+        start, end = self.up.transmit(at, at, raw)
+        self.seq += 1
+        # piggybacks its promise (its clock: its later sends have a higher seq)
+        self.net.post(self.channel, Pkt(self.gpu, self.seq, label, dst, raw, start + A, end + A, reply),
+                      self.promise(blocked=False))
 
     def run(self):
         while not self.done:
@@ -62,21 +88,18 @@ class Gpu:
             if op[0] == "compute":
                 self.now += op[1]
                 # its clock moved: say so (a null message ahead of the sends it will make at this clock)
-                self.tell(gpu_promise_ns(self.now, None, False, self.leaf, uplink_latency_ns=A))
-            elif op[0] == "send":
-                start, end = self.up.transmit(self.now, self.now, op[2])
-                self.seq += 1
-                packet = ("pkt", (self.gpu, self.seq), op[1], op[2], start + A, end + A)
-                # piggybacks its promise: its clock (its later sends have a higher seq)
-                self.net.post(self.channel, packet, gpu_promise_ns(self.now, None, False, self.leaf,
-                                                                   uplink_latency_ns=A))
+                self.tell(self.promise(blocked=False))
+            elif op[0] in ("send", "get"):
+                self.sends += 1
+                self.send(self.now, op[1], 100 if op[0] == "get" else op[2], (self.gpu, self.sends),
+                          op[2] if op[0] == "get" else 0)
             else:
                 queue = self.inbox.get(op[1])
                 if not queue:
                     break
-                token, t_start, t_end, raw = queue.popleft()
-                start, end = self.down.transmit(t_start, t_end, raw)
-                self.got.append((token, start, end))
+                pkt = queue.popleft()
+                start, end = self.down.transmit(pkt.t_start, pkt.t_end, pkt.raw)
+                self.got.append((pkt.label, start, end))
                 self.now = max(self.now, end + A)
             self.pc += 1
         self.tell(self.promise())
@@ -87,26 +110,29 @@ class Gpu:
             self.net.post(self.channel, ("null",), promise)
 
     def take(self, message, promise):
-        if message[0] == "pkt":
-            _, token, _, raw, t_start, t_end = message
-            self.inbox.setdefault(token[0], deque()).append((token, t_start, t_end, raw))
+        if isinstance(message, Pkt):
+            if message.reply:  # answered at its last byte's arrival, stamped before sends made earlier
+                assert self.serves and not self.done, f"GPU {self.gpu} got a request it does not serve"
+                self.send(message.t_end + A, message.src, message.reply, ("reply", message.label))
+            else:
+                self.inbox.setdefault(message.src, deque()).append(message)
         self.leaf = max(self.leaf, promise)
         self.run()
 
 
 class Net:
     """GPUs, their leaves and the spines; channels[(receiver, port)] is a FIFO of (message, promise);
-    receiver is ("sw", index) or ("gpu", index)."""
+    receiver is ("sw", index) or ("gpu", index); a message is a Pkt or ("null",)."""
 
-    def __init__(self, topo, scripts):
+    def __init__(self, topo, scripts, serves=()):
         self.topo = topo
         self.sw = [SwitchScheduler(topo, k) for k in range(len(topo.switches))]
         self.told = [dict.fromkeys(s.promises(), -1.0) for s in self.sw]
         self.channels = {}
         self.log = []       # ("arrive" | "book", switch, egress, key, times) in the order they happened
-        self.bookings = {}  # (switch, token) -> (egress, start, end)
+        self.bookings = {}  # (switch, label) -> (egress, start, end)
         self.packets = 0
-        self.gpus = [Gpu(self, g, scripts.get(g, ())) for g in range(topo.gpus)]
+        self.gpus = [Gpu(self, g, scripts.get(g, ()), g in serves) for g in range(topo.gpus)]
 
     def post(self, channel, message, promise):
         """Queue (message, piggybacked promise or -1) on channel (receiver, port)."""
@@ -128,14 +154,14 @@ class Net:
         """Forward switch k's bookable transfers, then its null messages that moved."""
         sched, sw = self.sw[k], self.topo.switches[k]
         for booking in sched.bookable():
-            _, token, dst, raw, t_start, _ = booking.token
-            self.bookings[(k, token)] = (booking.egress_port, booking.start_ns, booking.end_ns)
-            self.log.append(("book", k, booking.egress_port, (t_start + S, *token), booking.start_ns))
+            pkt = booking.token
+            self.bookings[(k, pkt.label)] = (booking.egress_port, booking.start_ns, booking.end_ns)
+            self.log.append(("book", k, booking.egress_port, (pkt.t_start + S, pkt.src, pkt.seq), booking.start_ns))
             port = sw.ports[booking.egress_port]
             # the next switch sees the booked times + the link latency; a GPU books its downlink itself
             lat = self.topo.link(port.egress).latency_ns if port.peer.startswith("sw") else 0.0
-            moved = ("pkt", token, dst, raw, booking.start_ns + lat, booking.end_ns + lat)
-            self.post(self.peer_channel(port), moved, -1.0)
+            self.post(self.peer_channel(port), pkt._replace(t_start=booking.start_ns + lat,
+                                                            t_end=booking.end_ns + lat), -1.0)
         for port, value in sched.promises().items():
             if value > self.told[k][port]:
                 self.told[k][port] = value
@@ -148,12 +174,11 @@ class Net:
             self.gpus[index].take(message, promise)
             return
         sched = self.sw[index]
-        if message[0] == "pkt":
+        if isinstance(message, Pkt):
             self.packets += 1
-            _, token, dst, raw, t_start, t_end = message
-            egress = self.topo.next_port(index, dst)
-            self.log.append(("arrive", index, egress, (t_start + S, *token), port))
-            sched.arrive(port, token[0], token[1], t_start, t_end, raw, egress, message)
+            egress = self.topo.next_port(index, message.dst)
+            self.log.append(("arrive", index, egress, (message.t_start + S, message.src, message.seq), port))
+            sched.arrive(port, message.src, message.seq, message.t_start, message.t_end, message.raw, egress, message)
         if promise >= 0:
             sched.promise(port, promise)
         self.emit(index)
@@ -186,7 +211,7 @@ class Net:
                 for _ in range(n):
                     self.deliver(key)
             if use_lbts and self.packets + sum(len(g.got) for g in self.gpus) == before:
-                in_flight = [m[0][4] for q in self.channels.values() for m in q if m[0][0] == "pkt"]
+                in_flight = [m.t_start for q in self.channels.values() for m, _ in q if isinstance(m, Pkt)]
                 t = lbts_ns([s.held_floor_ns() for s in self.sw], [g.promise(leaf=math.inf) for g in self.gpus],
                             in_flight)
                 if t < math.inf:
@@ -199,8 +224,9 @@ class Net:
         return resolved, rounds, reductions
 
     def booked(self):
-        """{(switch, source GPU, seq): (egress port, start, end)} for every switch-facing booking."""
-        return {(k, *token): times for (k, token), times in self.bookings.items()
+        """{(switch, *label): (egress port, start, end)} for every switch-facing booking; a scripted send's
+        label is (source GPU, n), n its seq when the GPU serves no gets."""
+        return {(k, *label): times for (k, label), times in self.bookings.items()
                 if self.topo.link(self.topo.switches[k].ports[times[0]].egress).level == "leaf-spine"}
 
     def received(self):
@@ -333,6 +359,36 @@ def test_a_spine_orders_two_leaves_by_key():
     assert spine == {(0, 1): (2, 900.0, 920.0), (2, 1): (2, 920.0, 940.0), (1, 1): (2, 940.0, 960.0),
                      (3, 1): (2, 960.0, 980.0)}
     assert net.booked() == oracle(net.topo, sends)
+
+
+GETS = {0: [("get", 2, 4000), ("recv", 2), ("send", 2, 100)],        # GPU 0 reads 4000 B of GPU 2, then says bye
+        2: [("compute", 5000.0), ("send", 1, 1000), ("recv", 0)],      # GPU 2 serves until the bye
+        1: [("recv", 3), ("recv", 2)],
+        3: [("send", 0, 1000), ("compute", 1000.0), ("send", 1, 2000)]}
+
+
+def test_a_reply_stamped_before_its_servers_earlier_send_is_ordered_by_its_time():
+    # the request: 100 B, 1 ns on a GPU link, 2 ns on an uplink: sw0 (400, 402), the spine (900, 902), GPU 2 has
+    # it at 1402 + 100; the reply (4000 B, 40 ns; 80 ns upstairs) leaves GPU 2 at 1502, before GPU 2's send at
+    # 5000 (seq 1): ready at sw1 1602, key 1902 -> (1902, 1982), the spine 2402 -> (2402, 2482)
+    want = {(1, 3, 1): (2, 400.0, 420.0), (1, 3, 2): (2, 1400.0, 1440.0), (1, "reply", (0, 1)): (2, 1902.0, 1982.0),
+            (1, 2, 1): (2, 5400.0, 5420.0), (0, 0, 1): (2, 400.0, 402.0), (0, 0, 2): (2, 3482.0, 3484.0),
+            (2, 0, 1): (1, 900.0, 902.0), (2, 0, 2): (1, 3982.0, 3984.0), (2, 3, 1): (0, 900.0, 920.0),
+            (2, 3, 2): (0, 1900.0, 1940.0), (2, "reply", (0, 1)): (0, 2402.0, 2482.0), (2, 2, 1): (0, 5900.0, 5920.0)}
+    for seed in range(50):
+        net = Net(two_by_two(), GETS, serves={2}).run_random(random.Random(seed))
+        assert net.booked() == want, f"seed {seed}"
+        assert net.received()[0][0] == (("reply", (0, 1)), 2902.0, 2982.0)
+        check_safe(net)
+
+
+def test_a_server_that_does_not_promise_its_answers_breaks_its_promise():
+    # GPU 2 computes to 5000 first and would promise 5100; its reply is ready at 1602: sw1 refuses it
+    net = Net(two_by_two(), GETS, serves={2})
+    net.gpus[2].answers = False
+    with pytest.raises(ProtocolError, match=r"sw1: port 0: GPU 2 seq 2: ready at 1602.0 ns, before the port's "
+                                            r"promise of 5100.0 ns"):
+        net.run_random(random.Random(0))
 
 
 # -- (b) host delivery order does not decide modeled time -----------------------------------------------------
