@@ -29,7 +29,8 @@ per exchange (GPU -> leaf -> GPU: 2a + s per two rounds). `lbts_ns` breaks this:
 snapshot it gives T <= the ready_start of anything any switch will ever receive again, and
 `advance_to(T)` raises every channel's promise to T. The snapshot must hold (a) every switch's
 `held_floor_ns()`, (b) every GPU's `gpu_promise_ns(..., leaf_promise_ns=math.inf)` (what it may send
-without receiving anything more), (c) every transfer in flight between ranks (sent, not yet taken in
+without receiving anything more; a GPU waiting in a barrier counts as blocked here, since it sends
+again only after every member's entry, which their entries bound), (c) every transfer in flight between ranks (sent, not yet taken in
 by `arrive` or by its GPU): its ready_start at its receiver. Why: every later arrival is a held or
 in-flight transfer moving on (>= its entry), a GPU's own send (>= (b)), or a GPU's send caused by an
 arrival (>= that arrival, by induction). In MPI: one allreduce(MIN) when every switch rank stalls, with
@@ -231,7 +232,8 @@ def gpu_promise_ns(now_ns, pending_start_ns, answers_requests: bool, leaf_promis
     A send is stamped uplink.transmit(at) + a >= at + a, so bound `at` and add a = uplink_latency_ns.
     A later send is one of: (1) a send its program issues at its clock: at >= now_ns, but if it is
     `blocked` in a wait that only a fabric arrival ends, its clock will be >= that arrival, which the
-    leaf's promise bounds: at >= max(now_ns, leaf_promise_ns); (2) a send it may issue without
+    leaf's promise bounds: at >= max(now_ns, leaf_promise_ns) (a barrier or other control-plane wait is
+    not blocked on the wire: it may end at a clock that no transfer to this GPU bounds); (2) a send it may issue without
     receiving anything more at an earlier time (a non-blocking request's next send, a reserved
     uplink stamp, a reply to a request it already holds): at >= pending_start_ns (None: there is
     none); (3) a send stamped at the consume time of a future arrival (a reply to a get, the next step

@@ -68,10 +68,13 @@ class Gpu:
     def done(self):
         return self.pc == len(self.script)
 
-    def promise(self, leaf=None, blocked=None):
+    def promise(self, leaf=None, blocked=None, lbts=False):
+        """Its promise on the wire; with lbts, its LBTS entry, where a wait in a barrier counts as blocked
+        too (the barrier ends at the latest member's clock, after every member's entry)."""
         if self.done:
             return math.inf
-        blocked = self.script[self.pc][0] == "recv" if blocked is None else blocked
+        if blocked is None:
+            blocked = self.script[self.pc][0] in (("recv", "barrier") if lbts else ("recv",))
         return gpu_promise_ns(self.now, None, self.answers, self.leaf if leaf is None else leaf, blocked=blocked,
                               uplink_latency_ns=A)
 
@@ -93,6 +96,9 @@ class Gpu:
                 self.sends += 1
                 self.send(self.now, op[1], 100 if op[0] == "get" else op[2], (self.gpu, self.sends),
                           op[2] if op[0] == "get" else 0)
+            elif op[0] == "barrier":
+                if not self.net.enter_barrier(self):
+                    break
             else:
                 queue = self.inbox.get(op[1])
                 if not queue:
@@ -133,6 +139,22 @@ class Net:
         self.bookings = {}  # (switch, label) -> (egress, start, end)
         self.packets = 0
         self.gpus = [Gpu(self, g, scripts.get(g, ()), g in serves) for g in range(topo.gpus)]
+        self.in_barrier = {}  # GPU -> its clock when it entered the barrier not all have reached yet
+
+    def enter_barrier(self, gpu):
+        """Out of band, as the control plane's barrier: False while some GPU is still to come; the last
+        one in gives every member the latest clock and lets the others go on."""
+        self.in_barrier[gpu.gpu] = gpu.now
+        if len(self.in_barrier) < len(self.gpus):
+            return False
+        latest, waiting = max(self.in_barrier.values()), [g for g in self.in_barrier if g != gpu.gpu]
+        self.in_barrier = {}
+        for g in self.gpus:
+            g.now = latest
+        for g in waiting:
+            self.gpus[g].pc += 1
+            self.gpus[g].run()
+        return True
 
     def post(self, channel, message, promise):
         """Queue (message, piggybacked promise or -1) on channel (receiver, port)."""
@@ -212,7 +234,7 @@ class Net:
                     self.deliver(key)
             if use_lbts and self.packets + sum(len(g.got) for g in self.gpus) == before:
                 in_flight = [m.t_start for q in self.channels.values() for m, _ in q if isinstance(m, Pkt)]
-                t = lbts_ns([s.held_floor_ns() for s in self.sw], [g.promise(leaf=math.inf) for g in self.gpus],
+                t = lbts_ns([s.held_floor_ns() for s in self.sw], [g.promise(math.inf, lbts=True) for g in self.gpus],
                             in_flight)
                 if t < math.inf:
                     reductions += 1
@@ -488,6 +510,25 @@ def test_rounds_to_resolve_against_the_gap():
         table[gap] = (Net(two_by_two(), creep(gap)).run_rounds()[0],
                       Net(two_by_two(), creep(gap)).run_rounds(use_lbts=True)[::2])
     assert table == {1e3: (12, (9, 1)), 1e4: (48, (9, 1)), 1e5: (408, (9, 1)), 1e6: (4008, (9, 1))}
+
+
+def test_a_gpu_in_a_barrier_counts_as_blocked_in_the_lbts():
+    # GPU 0 waits in the barrier at 0, so on the wire it can promise only its clock (the barrier may end
+    # at 0); GPU 1's transfer at G, key G + 400, is held behind it at sw0, and GPU 3 waits for that
+    # transfer before it joins the barrier: null messages stop with it still held (a deadlock)
+    scripts = {0: [("barrier",)], 1: [("compute", 5000.0), ("send", 3, 1000), ("barrier",)],
+               2: [("barrier",)], 3: [("recv", 1), ("barrier",)]}
+    stuck = Net(two_by_two(), scripts)
+    resolved, _, _ = stuck.run_rounds()
+    assert resolved == 0 and not stuck.busy() and stuck.sw[0].held == 1
+    assert stuck.sw[0].promises()[2] == 100.0 + S + U   # GPU 0's promise 100 (its clock + a)
+    # the LBTS entry of a GPU in the barrier is inf (its next send comes after GPU 3's entry): round 1
+    # moves GPU 1's packet, round 2 nothing, so T = sw0's held floor 5400 + u: booked, then the spine
+    # (round 3), sw1 (4), GPU 3 takes it (5) and joins the barrier, the last one in
+    net = Net(two_by_two(), scripts)
+    assert net.run_rounds(use_lbts=True)[::2] == (5, 1)
+    assert net.booked() == {(0, 1, 1): (2, 5400.0, 5420.0), (2, 1, 1): (1, 5900.0, 5920.0)}
+    assert [g.now for g in net.gpus] == [6520.0] * 4   # GPU 3's: 6400 + 20 on its downlink + a
 
 
 def test_lbts_takes_the_least_and_is_infinite_when_nothing_is_left():
