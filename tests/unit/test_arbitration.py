@@ -140,6 +140,7 @@ class Net:
         self.packets = 0
         self.gpus = [Gpu(self, g, scripts.get(g, ()), g in serves) for g in range(topo.gpus)]
         self.in_barrier = {}  # GPU -> its clock when it entered the barrier not all have reached yet
+        self.heard = [dict.fromkeys(s.promises(), 0.0) for s in self.sw]  # the promises each switch was given
 
     def enter_barrier(self, gpu):
         """Out of band, as the control plane's barrier: False while some GPU is still to come; the last
@@ -177,6 +178,7 @@ class Net:
         sched, sw = self.sw[k], self.topo.switches[k]
         for booking in sched.bookable():
             pkt = booking.token
+            self.check_allowed(k, booking.egress_port, (pkt.t_start + S, pkt.src, pkt.seq))
             self.bookings[(k, pkt.label)] = (booking.egress_port, booking.start_ns, booking.end_ns)
             self.log.append(("book", k, booking.egress_port, (pkt.t_start + S, pkt.src, pkt.seq), booking.start_ns))
             port = sw.ports[booking.egress_port]
@@ -188,6 +190,20 @@ class Net:
             if value > self.told[k][port]:
                 self.told[k][port] = value
                 self.post(self.peer_channel(sw.ports[port]), ("null",), value)
+
+    def check_allowed(self, k, egress, key):
+        """A switch-facing booking of key (r, g, q) at switch k needs, from every feeder c of the link, a
+        promise P_c given to k with P_c + s > r, or == r with no GPU below g behind c."""
+        sw = self.topo.switches[k]
+        link = sw.ports[egress].egress
+        if self.topo.link(link).level != "leaf-spine":
+            return
+        port_of = {p.ingress: p.number for p in sw.ports}
+        for feeder in self.topo.feeders(link):
+            bound = self.heard[k][port_of[feeder.name]] + S
+            behind = set(self.topo.sources(feeder.name)) & set(self.topo.sources(link))
+            assert bound > key[0] or (bound == key[0] and min(behind) >= key[1]), \
+                f"sw{k} booked {key} on {link} with {feeder.name} promising only {bound - S}"
 
     def deliver(self, key):
         (kind, index), port = key
@@ -203,6 +219,7 @@ class Net:
             sched.arrive(port, message.src, message.seq, message.t_start, message.t_end, message.raw, egress, message)
         if promise >= 0:
             sched.promise(port, promise)
+            self.heard[index][port] = max(self.heard[index][port], promise)
         self.emit(index)
 
     def busy(self):
@@ -240,6 +257,7 @@ class Net:
                     reductions += 1
                     for k, sched in enumerate(self.sw):
                         sched.advance_to(t)
+                        self.heard[k] = {port: max(p, t) for port, p in self.heard[k].items()}
                         self.emit(k)
             if not resolved and all(g.done for g in self.gpus):
                 resolved = rounds
