@@ -29,9 +29,10 @@ per exchange (GPU -> leaf -> GPU: 2a + s per two rounds). `lbts_ns` breaks this:
 snapshot it gives T <= the ready_start of anything any switch will ever receive again, and
 `advance_to(T)` raises every channel's promise to T. The snapshot must hold (a) every switch's
 `held_floor_ns()`, (b) every GPU's `gpu_promise_ns(..., leaf_promise_ns=math.inf)` (what it may send
-without receiving anything more; a GPU waiting in a barrier counts as blocked here, since it sends
-again only after every member's entry, which their entries bound), (c) every transfer in flight between ranks (sent, not yet taken in
-by `arrive` or by its GPU): its ready_start at its receiver. Why: every later arrival is a held or
+without receiving anything more; a GPU waiting in a barrier counts as blocked here: it sends again
+at the last member's clock or later, which that member's own entry, or the arrival it waits for,
+bounds), (c) every transfer in flight between ranks (sent, not yet taken in by `arrive` or by its
+GPU): its ready_start at its receiver. Why: every later arrival is a held or
 in-flight transfer moving on (>= its entry), a GPU's own send (>= (b)), or a GPU's send caused by an
 arrival (>= that arrival, by induction). In MPI: one allreduce(MIN) when every switch rank stalls, with
 each rank's sent and received packet counts summed in the same reduction and the reduction repeated
@@ -41,7 +42,8 @@ running, not stalled).
 
 **Measured** (tests/unit/test_arbitration.py, test_rounds_to_resolve_against_the_gap: 2 nodes x 2 GPUs,
 1 spine, a = 100, s = 300, u = 200 ns; GPU 0 and GPU 3 blocked from t = 0, GPU 2 sends GPU 0 1000 B
-after G ns of compute, then GPU 0 sends GPU 3; rounds of synchronous exchange until GPU 3 has it):
+after G ns of compute, then GPU 0 sends GPU 3; rounds until GPU 3 has it, each round delivering every
+message queued before it; null messages counted until all is quiet):
 G = 1 us: 12 rounds with null messages only, 9 with LBTS (1 reduction); 10 us: 48 / 9; 100 us: 408 / 9;
 1 ms: 4008 / 9, i.e. 40,111 null messages against 96. Null messages alone take 2 G / (2a + s) + 8
 rounds: about 3,600 per modeled ms of gap on nvlink4 (a = 150, s = 250 ns).
