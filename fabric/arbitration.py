@@ -108,8 +108,8 @@ class SwitchScheduler:
                 raise ConfigError(f"{self.what}: link {link.name}: lookahead {lookahead} ns (feeder link latency + "
                                   f"switch latency {self.s} ns) must be positive, or null messages deadlock")
             out = set(topology.sources(link.name))
-            self._feeders[number] = [(port_of[f.name], min(both), frozenset(both))
-                                     for f in topology.feeders(link.name) if (both := out & set(topology.sources(f.name)))]
+            both = [(f, out & set(topology.sources(f.name))) for f in topology.feeders(link.name)]
+            self._feeders[number] = [(port_of[f.name], min(gpus), frozenset(gpus)) for f, gpus in both if gpus]
         self._promised = {p.number: 0.0 for p in sw.ports}   # P_c per ingress port
         self._clocks = {n: LinkClock(self._links[n].bandwidth_gbytes_per_s) for n in self._to_switch}
         self._held: dict[int, list] = {n: [] for n in self._links}  # heaps of (r, g, q, ready_end + s, raw, token)
