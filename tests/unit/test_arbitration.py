@@ -271,8 +271,8 @@ class Net:
                 if self.topo.link(self.topo.switches[k].ports[times[0]].egress).level == "leaf-spine"}
 
     def received(self):
+        """{GPU: [(label, downlink start, end)] in the order it received them}."""
         return {g.gpu: list(g.got) for g in self.gpus}
-
 
 
 def oracle(topo, scripts):
