@@ -51,6 +51,7 @@ rounds: about 3,600 per modeled ms of gap on nvlink4 (a = 150, s = 250 ns).
 
 import heapq
 import math
+from numbers import Integral
 from typing import NamedTuple
 
 from .errors import ConfigError, ProtocolError
@@ -77,9 +78,9 @@ def _time(value, what: str, infinite: bool = False) -> float:
 
 
 def _count(value, what: str, least: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < least:  # numpy ints are Integral
         raise ProtocolError(f"{what}: must be an integer >= {least}, got {value!r}")
-    return value
+    return int(value)
 
 
 class SwitchScheduler:
@@ -211,7 +212,7 @@ class SwitchScheduler:
         return True
 
     def _port(self, port, role: str) -> None:
-        if isinstance(port, bool) or not isinstance(port, int) or port not in self._links:
+        if isinstance(port, bool) or not isinstance(port, Integral) or port not in self._links:
             raise ProtocolError(f"{self.what}: no {role} port {port!r}; its ports are 0..{len(self._links) - 1}")
 
 
