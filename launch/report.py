@@ -17,10 +17,17 @@ PORT_KEYS = ("tlb_hits", "tlb_misses", "tlb_faults", "violations", "refused", "m
 def run_summary(report: dict) -> str:
     """The end-of-run table: per-link payload/raw bytes and packets, TLB and violation counts per port."""
     ports = {int(g): row for g, row in report["ports"].items()}
-    lines = [f"# fabric {report['fabric']} ({report['mode']} mode, {report['gpus']} GPUs + 1 switch)",
-             format_table(report["links"], report["gpus"], extra=ports, elapsed_ns=report["elapsed_ns"])]
-    for gpu, problem in sorted(report.get("conservation", {}).items()):
-        lines.append(f"warning: GPU {gpu}'s own count disagrees with the switch's: {problem}")
+    nodes, gpus = report.get("nodes", 1), report["gpus"]
+    shape = (f"{gpus} GPUs + 1 switch" if nodes == 1 else
+             f"{nodes} nodes x {gpus // nodes} GPUs, {nodes} leaf switches + {report['spines']} spines")
+    lines = [f"# fabric {report['fabric']} ({report['mode']} mode, {shape})",
+             format_table(report["links"], gpus, extra=ports, elapsed_ns=report["elapsed_ns"],
+                          gpus_per_node=gpus // nodes)]
+    for who, problem in sorted(report.get("conservation", {}).items(), key=lambda item: str(item[0])):
+        if isinstance(who, str):  # a link between two switches
+            lines.append(f"warning: the two ends of {who} disagree: {problem}")
+        else:
+            lines.append(f"warning: GPU {who}'s own count disagrees with the switch's: {problem}")
     for gpu, keys in sorted(report.get("unconsumed", {}).items()):
         lines.append(f"warning: GPU {gpu} ended with {len(keys)} message(s) never received: {keys[:4]}")
     return "\n".join(lines)
