@@ -112,6 +112,11 @@ class SwitchLogic:
         """What a packet's dst/src holds for GPU `gpu`: its network address, or its index in classic mode."""
         return self.network_addresses[gpu] if self.network else gpu
 
+    def gpu_of_key(self, key: int) -> int | None:
+        """The GPU whose routing key `key` is, or None (the switch's own -1, or no GPU's)."""
+        gpu = self._port_of_address.get(key) if self.network else key
+        return gpu if type(gpu) is int and 0 <= gpu < self.config.gpus else None
+
     def port_of(self, key: int) -> int:
         """The port (GPU index) a routing key leads to; AccessViolation if none."""
         if self.network:
@@ -525,6 +530,10 @@ class SpineLogic:
         self.latency_ns = topology.switch_latency_ns
         self.tracing = False  # a spine makes no decisions worth a trace record beyond the packets
         self.events: list[dict] = []
+
+    def gpu_of_key(self, key: int) -> int | None:
+        """The GPU whose routing key `key` is, or None."""
+        return self._gpu_of.get(key)
 
     def on_packet(self, leaf: int, packet: Packet, payload: np.ndarray | None = None) -> Send:
         """The Send (towards GPU `port`, by its leaf) of `packet` that leaf switch `leaf` sent up."""

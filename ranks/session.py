@@ -48,7 +48,9 @@ def open_trace(trace_dir: str, transport: Transport, config: FabricConfig, role:
     return TraceWriter(trace_dir, rank, {
         "role": role, "gpu": rank if role == "gpu" else None,
         "switch": rank - config.gpus if role == "switch" else None, "fabric": config.name, "mode": config.mode,
-        "link": config.link, "gpus": config.gpus, "config_hash": config.digest(), "clock_offset_s": synced,
+        "link": config.link, "gpus": config.gpus, "nodes": config.nodes, "spines": config.spines,
+        "uplink_gbytes_per_s_per_gpu": config.uplink_gbytes_per_s_per_gpu, "uplink_latency_ns": config.uplink_latency_ns,
+        "config_hash": config.digest(), "clock_offset_s": synced,
         "network_address": addresses[rank] if role == "gpu" and addresses else None,
         "timing": dataclasses.asdict(config.timing), "mtu_bytes": config.mtu_bytes,
         "header_bytes": config.header_bytes})

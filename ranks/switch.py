@@ -129,7 +129,7 @@ class SwitchRank:
         transport = self.transport
         held = {s for s, queue in self._waiting.items() if len(queue) > MAX_QUEUED or queue[0].held}
         held.update(d for d in transport.backlogged(MAX_UNREAD) if d < self.config.gpus)
-        if not held and len(self.sources) == self.transport.size - 1:  # one node: every other rank is a GPU
+        if not held:  # any rank: a header from one that is no source of this switch is dropped by _take
             return transport.poll(limit=MAX_HEADER_BYTES)
         for source in self.sources:
             if source not in held:
@@ -255,9 +255,11 @@ class SwitchRank:
                 sends = [self.logic.on_packet(peer, packet, payload)]
             else:
                 sends = self.logic.on_transit(peer, packet, payload)
+            origin = self.logic.gpu_of_key(packet.src)
+            origin = -1 if origin is None else origin
             if self.trace is not None:
-                self._record("rx", f"sw{peer}->sw{self.index}", packet, -1)
-            self._send_all(sends, -1)
+                self._record("rx", f"sw{peer}->sw{self.index}", packet, origin)
+            self._send_all(sends, origin)
             return
         kind = packet.kind
         if kind is Kind.DONE:
@@ -330,13 +332,18 @@ class SwitchRank:
 
     def _record(self, ev: str, link: str, packet: Packet, origin: int) -> None:
         """A packet entering (rx) or leaving (tx) the switch on `link`; `origin` is the GPU its data
-        comes from (-1: made by the switch). m_start/m_end: when its first/last byte is ready there."""
+        comes from (-1: made by the switch). m_start/m_end: when its first/last byte is ready there (a
+        link to another switch, booked here: when they leave on it)."""
         seq = self._seq[link] = self._seq.get(link, -1) + 1
         config = self.config
+        start, end = packet.t_start, packet.t_end
+        if ev == "tx" and link in self.logic.clocks:  # stamped at the far end: on the link, a latency earlier
+            latency = self.logic.topology.link(link).latency_ns
+            start, end = start - latency, end - latency
         self.trace.write({"ev": ev, "link": link, "seq": seq, "kind": packet.kind.name, "origin": origin,
                           "src": packet.src, "dst": packet.dst, "payload": packet.payload_bytes,
                           "raw": raw_bytes(packet.payload_bytes, config.mtu_bytes, config.header_bytes),
-                          "m_start": packet.t_start, "m_end": packet.t_end, "wall": time.time()})
+                          "m_start": start, "m_end": end, "wall": time.time()})
 
     # -- end of run ---------------------------------------------------------------------------------
     def _wait(self, done, what: str, waiting_for) -> None:
