@@ -85,6 +85,11 @@ def check_run(config: FabricConfig, timeout_s: float, size: int) -> None:
     if not math.isfinite(timeout_s) or timeout_s <= 0:
         raise ConfigError(f"timeout: must be a finite number of seconds > 0, got {timeout_s}")
     if size != config.world_size:
+        if config.nodes > 1:
+            raise ConfigError(f"world size {size} does not match fabric {config.name!r}: {config.nodes} nodes x "
+                              f"{config.gpus_per_node} GPUs + {config.nodes} leaf switches + {config.spines} spines = "
+                              f"{config.world_size} ranks; run with mpiexec -n {config.world_size} (or size the fabric "
+                              f"with --nodes and --gpus-per-node)")
         raise ConfigError(f"world size {size} does not match fabric {config.name!r}: {config.gpus} GPUs + "
                           f"{config.switches} switch = {config.world_size} ranks; run with mpiexec -n "
                           f"{config.world_size}" + (f" (or pass --gpus {size - config.switches})"
