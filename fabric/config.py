@@ -88,6 +88,12 @@ class FabricConfig:
         return self.gpus // self.nodes
 
     @property
+    def windows(self) -> bool:
+        """Whether GPUs export windows that others reach by handle: NVLink Network mode, and classic
+        nodes joined by a scale-out network (registered memory, as RDMA uses between nodes)."""
+        return self.mode == "network" or self.nodes > 1
+
+    @property
     def switches(self) -> int:
         """Switch ranks: one leaf per node, then the spines."""
         return self.nodes + self.spines

@@ -81,8 +81,9 @@ class SwitchLogic:
         self._port_of_address = {na: gpu for gpu, na in enumerate(self.network_addresses)}
         # a port's page table maps each page of its GPU's memory twice at most (windows may overlap)
         pages = 2 * -(-config.memory_capacity_bytes // config.page_size_bytes)
+        # Link TLBs of the ports: NVLink Network's, or classic nodes' registered windows (config.windows)
         self.tlbs = {g: LinkTLB(g, config.page_size_bytes, config.tlb_entries, pages) for g in self.local} \
-            if self.network else {}
+            if config.windows else {}
         # links up to the spines, booked at this end (name -> clock); a GPU books its own downlink
         self.clocks = {link.name: LinkClock(link.bandwidth_gbytes_per_s) for link in topology.links
                        if link.src == f"sw{switch}" and link.level == "leaf-spine"}
@@ -206,7 +207,10 @@ class SwitchLogic:
             raise ProtocolError(f"switch {self.switch}: {packet.kind.name} from spine {spine} for {packet.dst:#x}, "
                                 f"not a GPU of node {self.switch}")
         if packet.kind in (Kind.PUT, Kind.GET):
-            requester = self._port_of_address[packet.src]  # stamped by the requester's leaf
+            requester = self.gpu_of_key(packet.src)  # stamped by the requester's leaf
+            if requester is None:
+                raise ProtocolError(f"switch {self.switch}: {packet.kind.name} from spine {spine} with source "
+                                    f"{packet.src!r}, which is no GPU's")
             try:
                 sends = self._request(requester, target, packet, payload)
             except FabricError as exc:
@@ -264,7 +268,8 @@ class SwitchLogic:
         src = self.route_key(ingress)
         kind = packet.kind
         if kind in (Kind.PUT, Kind.GET):
-            target = self._port_for(ingress, packet) if self.network else self._physical_target(ingress, packet)
+            by_window = self.network or (self.tlbs and packet.dst != -1)  # classic: a registered window's handle
+            target = self._port_for(ingress, packet) if by_window else self._physical_target(ingress, packet)
             if target not in self.local:  # translated at the target's leaf: pass it on with its source
                 return [Send(target, self._through(packet, src=src), payload if kind is Kind.PUT else None)]
             return self._request(ingress, target, packet, payload)
@@ -384,8 +389,8 @@ class SwitchLogic:
 
     def _resolve(self, ingress: int, target: int, packet: Packet, write: bool) -> int:
         """Physical offset in GPU `target` (a port of this switch) of a PUT/GET by GPU `ingress`: Link
-        TLB in network mode, address bits in classic."""
-        if self.network:
+        TLB in network mode and for a classic node's registered window (by handle), address bits otherwise."""
+        if self.network or packet.dst != -1:
             tlb = self.tlbs[target]
             before = (tlb.hits, tlb.misses, tlb.faults)
             try:
@@ -429,7 +434,7 @@ class SwitchLogic:
         return [Send(ingress, Packet(Kind.REPLY, src=-1, dst=self.route_key(ingress), req=packet.req, info=info))]
 
     def _export(self, ingress: int, info) -> dict:
-        if not self.network:
+        if not self.tlbs:
             raise UnsupportedOperation(f"export by GPU {ingress}: classic NVLink connections are fixed at "
                                        f"boot; use gpu.physical_address(array)")
         capacity = self.config.memory_capacity_bytes
@@ -454,7 +459,7 @@ class SwitchLogic:
                 "allowed": sorted(set(allowed))}
 
     def _revoke(self, ingress: int, info) -> dict:
-        if not self.network:
+        if not self.tlbs:
             raise UnsupportedOperation(f"revoke by GPU {ingress}: classic NVLink connections are fixed at boot")
         if info.network_address != self.route_key(ingress):
             raise AccessViolation(f"revoke by GPU {ingress}: the window {info.network_address:#x}:"

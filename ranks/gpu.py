@@ -196,9 +196,11 @@ class Gpu:
     def export(self, array: np.ndarray, to=None, writable: bool = True, readable: bool = True) -> Handle:
         """Export `array` as a window that GPUs `to` (default: this GPU's partition) may read/write.
 
-        The fabric manager maps it in the Link TLB at run time and returns its network address.
+        The fabric manager maps it in the Link TLB at run time and returns its network address. On
+        classic nodes joined by InfiniBand (several nodes) it registers the memory, as RDMA does: the
+        handle names the owner's GPU index, and it is how GPUs of other nodes reach it.
         """
-        if not self._network:
+        if not self.config.windows:
             raise UnsupportedOperation(f"GPU {self.rank}: export on classic NVLink ({self.config.name}): "
                                        f"connections are fixed at boot; use gpu.physical_address(array)")
         offset = self._mem.offset_of(array)
@@ -231,7 +233,7 @@ class Gpu:
 
     def revoke(self, handle: Handle) -> None:
         """Tear down an exported window: later accesses to it are refused."""
-        if not self._network:
+        if not self.config.windows:
             raise UnsupportedOperation(f"GPU {self.rank}: revoke on classic NVLink ({self.config.name}): "
                                        f"connections are fixed at boot")
         if not isinstance(handle, Handle):
@@ -656,6 +658,10 @@ class Gpu:
                                            f"export(), got {target!r}")
             dst, base = target.network_address, target.address
             if not (is_integer(dst) and is_integer(base) and 0 <= dst <= WIRE_INT_MAX):
+                raise FabricError(f"GPU {self.rank}: {op} to {target!r}: not a handle export() returned")
+        elif isinstance(target, Handle) and self.config.windows:  # a registered window of classic nodes
+            dst, base = target.network_address, target.address
+            if not (is_integer(dst) and is_integer(base) and 0 <= dst < self.size):
                 raise FabricError(f"GPU {self.rank}: {op} to {target!r}: not a handle export() returned")
         else:
             if isinstance(target, Handle) or not is_integer(target):

@@ -265,7 +265,9 @@ class SwitchRank:
         if kind is Kind.DONE:
             self._done.add(source)
             return
-        if source in self._done and not self._asked_counters:
+        # a GPU whose main has returned still answers puts and gets of GPUs still at work (its memory
+        # outlives its program); anything else it sends says it was not done
+        if source in self._done and not self._asked_counters and kind not in (Kind.PUT_ACK, Kind.GET_DATA):
             self._done.discard(source)  # it said DONE too early: it is still at work
             self._busy_after_done = True
         if kind is Kind.TRACE:

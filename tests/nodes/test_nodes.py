@@ -216,3 +216,35 @@ def test_a_classic_physical_address_names_a_gpu_of_the_same_node_only():
     result = run(main, "superpod-a100-ib")
     if result.role == "gpu":
         assert result.value == (9 if result.rank == neighbour else 0)
+
+
+def test_classic_nodes_reach_each_other_through_registered_windows():
+    """superpod-a100-ib: DGX A100 nodes (classic NVLink inside) on InfiniBand: a GPU of another node
+    reaches memory through a registered window (export, then the handle), as RDMA does, within its
+    bounds and allowed set; inside the node the physical address still works."""
+    nodes, per_node, _ = shape()
+    owner, reader, stranger = 0, per_node, nodes * per_node - 1  # node 0; node 1; the last GPU (another node)
+
+    def main(gpu):
+        window = gpu.alloc(1024, "float64")
+        window[:] = np.arange(1024) + 100 * gpu.rank
+        handle = gpu.world.allgather_object(gpu.export(window, to=[reader]) if gpu.rank == owner else None)[owner]
+        assert handle.network_address == owner  # classic: the owner's GPU index
+        if gpu.rank == reader:
+            got = gpu.alloc(1024, "float64")
+            gpu.get(handle, got)
+            assert np.array_equal(got, np.arange(1024))
+            data = gpu.alloc(8, "float64")
+            data[:] = -1
+            gpu.put(handle, data, offset=8 * 1016)
+            gpu.fence()
+            with pytest.raises(AccessViolation):
+                gpu.get(handle, gpu.alloc(16, "float64"), offset=8 * 1016)  # past the window's end
+        if gpu.rank == stranger and stranger != reader:
+            with pytest.raises(AccessViolation, match="not in the allowed set"):
+                gpu.get(handle, gpu.alloc(8, "float64"))
+        gpu.world.barrier()
+        if gpu.rank == owner:
+            assert np.array_equal(window[-8:], np.full(8, -1.0)) and np.array_equal(window[:-8], np.arange(1016))
+
+    run(main, "superpod-a100-ib")
