@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .addressing import MAX_GPUS, NETWORK_ADDRESSES
 from .errors import ConfigError
-from .profiles import gpu_profile, link_profile
+from .profiles import gpu_profile, link_profile, system_profile
 
 MODES = ("network", "classic")
 MiB = 1 << 20
@@ -18,7 +18,8 @@ MiB = 1 << 20
 
 @dataclass(frozen=True)
 class FabricConfig:
-    """One fabric: GPUs behind one switch rank.
+    """One fabric: `gpus` GPUs in `nodes` nodes, each node's GPUs behind its leaf switch rank, and
+    `spines` spine switch ranks above the leaves (fabric.topology; one node: one switch, no spines).
 
     mode: "network" (Hopper NVLink Network: per-GPU address spaces, Link TLB, partitions, run-time
     connections) or "classic" (A100 NVLink: one shared physical address space, no isolation,
@@ -27,8 +28,11 @@ class FabricConfig:
 
     name: str = "custom"
     mode: str = "network"
-    gpus: int = 8
-    switches: int = 1
+    gpus: int = 8  # in the whole fabric: nodes x gpus_per_node
+    nodes: int = 1
+    # spine switches above the leaves: None takes gpus_per_node on several nodes (one spine per local
+    # index, as rail-optimised fabrics have one per NIC rail) and 0 on one node
+    spines: int | None = None
     sharp: bool = True
     link: str = "nvlink4"
     memory_capacity_bytes: int = 256 * MiB
@@ -47,6 +51,10 @@ class FabricConfig:
     bandwidth_gbytes_per_s: float | None = None
     link_latency_ns: float | None = None
     switch_latency_ns: float | None = None
+    # a node's links to the spines, per direction and per GPU of the node (the node's uplink is
+    # gpus_per_node times this, split evenly over the spines; several nodes only), and their latency
+    uplink_gbytes_per_s_per_gpu: float | None = None
+    uplink_latency_ns: float | None = None
     reduction_gbytes_per_s: float | None = None
     reduction_latency_ns: float | None = None
     # compute model (fabric/compute.py): the GPU profile, and the fractions of its datasheet peaks that
@@ -56,6 +64,8 @@ class FabricConfig:
     memory_efficiency: float = 0.9
 
     def __post_init__(self):
+        if self.spines is None and isinstance(self.nodes, int) and isinstance(self.gpus, int) and self.nodes >= 1:
+            object.__setattr__(self, "spines", 0 if self.nodes == 1 else max(1, self.gpus // self.nodes))
         self._validate()
         if not self.partitions:
             object.__setattr__(self, "partitions", (tuple(range(self.gpus)),))
@@ -74,9 +84,42 @@ class FabricConfig:
                            self.memory_efficiency)
 
     @property
+    def gpus_per_node(self) -> int:
+        return self.gpus // self.nodes
+
+    @property
+    def windows(self) -> bool:
+        """Whether GPUs export windows that others reach by handle: NVLink Network mode, and classic
+        nodes joined by a scale-out network (registered memory, as RDMA uses between nodes)."""
+        return self.mode == "network" or self.nodes > 1
+
+    @property
+    def switches(self) -> int:
+        """Switch ranks: one leaf per node, then the spines."""
+        return self.nodes + self.spines
+
+    @property
     def world_size(self) -> int:
         """MPI processes the fabric needs: one per GPU plus one per switch."""
         return self.gpus + self.switches
+
+    @property
+    def topology(self):
+        """The fabric.topology.Topology of this config (links with this config's bandwidths and latencies)."""
+        from .topology import Topology
+        cached = self.__dict__.get("_topology")
+        if cached is None:
+            if self.nodes == 1:
+                cached = Topology.single(self)
+            else:
+                timing = self.timing
+                cached = Topology.multi_node(self.nodes, self.gpus_per_node, self.spines,
+                                             (timing.bandwidth_gbytes_per_s, timing.link_latency_ns),
+                                             self.uplink_gbytes_per_s_per_gpu * self.gpus_per_node,
+                                             self.uplink_latency_ns,
+                                             timing.switch_latency_ns, name=self.name)
+            object.__setattr__(self, "_topology", cached)
+        return cached
 
     def partition_of(self, gpu: int) -> int:
         """Index of the partition that holds `gpu`."""
@@ -111,8 +154,6 @@ class FabricConfig:
         if self.gpus > MAX_GPUS:
             raise ConfigError(f"gpus: at most {MAX_GPUS} (one network address each, "
                               f"{NETWORK_ADDRESSES.start:#x}..{NETWORK_ADDRESSES.stop - 1:#x}), got {self.gpus}")
-        if self.switches != 1:
-            raise ConfigError(f"switches: only one switch rank is supported so far, got {self.switches!r}")
         if not isinstance(self.sharp, bool):
             raise ConfigError(f"sharp: must be true or false, got {self.sharp!r}")
         for key in ("page_size_bytes", "alignment_bytes"):
@@ -126,7 +167,7 @@ class FabricConfig:
         if self.chunk_bytes > self.switch_buffer_bytes:
             raise ConfigError(f"chunk_bytes: {self.chunk_bytes} exceeds switch_buffer_bytes "
                               f"{self.switch_buffer_bytes}")
-        for key in TIMING_FIELDS:
+        for key in TIMING_FIELDS + ("uplink_gbytes_per_s_per_gpu", "uplink_latency_ns"):
             value = getattr(self, key)
             rate = key.endswith("per_s")
             # nan passes every comparison and inf would make every modeled time inf or 0
@@ -134,6 +175,22 @@ class FabricConfig:
                                       or not math.isfinite(value) or value < 0 or (rate and value == 0)):
                 raise ConfigError(f"{key}: must be a finite {'positive' if rate else 'non-negative'} number, "
                                   f"got {value!r}")
+        if self.gpus % self.nodes:
+            raise ConfigError(f"gpus: {self.gpus} GPUs do not split evenly over {self.nodes} nodes")
+        if self.nodes == 1:
+            if self.spines:
+                raise ConfigError(f"spines: one node sends nothing between nodes; spines must be 0, got {self.spines!r}")
+            extra = [k for k in ("uplink_gbytes_per_s_per_gpu", "uplink_latency_ns") if getattr(self, k) is not None]
+            if extra:
+                raise ConfigError(f"{extra[0]}: only a fabric of several nodes has uplinks (nodes = 1)")
+        else:
+            if not isinstance(self.spines, int) or isinstance(self.spines, bool) \
+                    or not 1 <= self.spines <= self.gpus_per_node:
+                raise ConfigError(f"spines: {self.nodes} nodes of {self.gpus_per_node} GPUs need 1.."
+                                  f"{self.gpus_per_node} spines, got {self.spines!r}")
+            missing = [k for k in ("uplink_gbytes_per_s_per_gpu", "uplink_latency_ns") if getattr(self, k) is None]
+            if missing:
+                raise ConfigError(f"{missing[0]}: a fabric of {self.nodes} nodes needs it (its links to the spines)")
         if self.partitions:
             seen: list[int] = []
             for members in self.partitions:
@@ -151,8 +208,8 @@ class FabricConfig:
                                   f"{[list(p) for p in self.partitions]}")
 
 
-# The integer keys and their least value (switches must also be 1, checked on its own).
-INTEGER_MINIMUMS = {"gpus": 1, "switches": 1, "memory_capacity_bytes": 1, "page_size_bytes": 1, "mtu_bytes": 1,
+# The integer keys and their least value (spines, which may be None, is checked on its own).
+INTEGER_MINIMUMS = {"gpus": 1, "nodes": 1, "memory_capacity_bytes": 1, "page_size_bytes": 1, "mtu_bytes": 1,
                     "header_bytes": 0, "tlb_entries": 1, "switch_buffer_bytes": 1, "chunk_bytes": 1,
                     "nvls_chunk_bytes": 1, "alignment_bytes": 1}
 TIMING_FIELDS = ("bandwidth_gbytes_per_s", "link_latency_ns", "switch_latency_ns", "reduction_gbytes_per_s",
@@ -192,6 +249,24 @@ PRESETS: dict[str, dict] = {
     # DGX B200: 8 B200 GPUs on NVLink5 through NVSwitch gen 4 (SHARP); NVLink Network addressing.
     "dgx-b200": dict(mode="network", gpus=8, sharp=True, link="nvlink5", gpu="b200"),
 }
+
+
+def _system(name: str, nodes: int = 2) -> dict:
+    """A multi-node preset from profiles.SYSTEMS[name], `nodes` nodes by default (--nodes changes it).
+    The node's uplink is kept per GPU (a node of fewer GPUs, --gpus-per-node, has that share of it:
+    225 GB/s per H100 on the NVLink Switch System, one NIC per GPU on InfiniBand). The uplink latency
+    is the spine link profile's (no published figure: an assumption, see SystemProfile.notes); every switch, spines too, takes the node link profile's switch latency. A
+    node's switch reduces in the switch where its NVSwitch does (network mode), whatever the spine."""
+    system = system_profile(name)
+    return dict(mode=system.mode, sharp=system.mode == "network", link=system.gpu_link, gpu=system.gpu, nodes=nodes,
+                gpus=nodes * system.gpus_per_node,
+                uplink_gbytes_per_s_per_gpu=system.uplink_gbytes_per_s_per_node / system.gpus_per_node,
+                uplink_latency_ns=link_profile(system.spine_link).link_latency_ns)
+
+
+# Multi-node systems (fabric.topology): DGX H100 nodes on the NVLink Switch System, DGX H100 nodes on NDR
+# InfiniBand, DGX A100 nodes on HDR InfiniBand; their figures and sources are profiles.SYSTEMS'.
+PRESETS.update({name: _system(name) for name in ("superpod-h100-nvlink", "superpod-h100-ib", "superpod-a100-ib")})
 DEFAULT_PRESET = "dgx-h100"
 _KEYS = {f.name for f in dataclasses.fields(FabricConfig)}
 
@@ -247,14 +322,27 @@ def load_toml(path: str | Path, **overrides) -> FabricConfig:
     return build_config(settings, str(path))
 
 
-def resolve(preset_name: str | None = None, config_path: str | None = None,
-            gpus: int | None = None) -> FabricConfig:
-    """The fabric a command line asks for: --preset or --config (not both), with --gpus applied."""
+def resolve(preset_name: str | None = None, config_path: str | None = None, gpus: int | None = None,
+            nodes: int | None = None, gpus_per_node: int | None = None) -> FabricConfig:
+    """The fabric a command line asks for: --preset or --config (not both), sized by --gpus (in the
+    whole fabric), --nodes and --gpus-per-node (the config's own for what is not given)."""
     if preset_name and config_path:
         raise ConfigError("give --preset or --config, not both")
-    overrides = {} if gpus is None else {"gpus": gpus}
-    if gpus is not None and (not isinstance(gpus, int) or gpus < 1):
-        raise ConfigError(f"--gpus: must be a positive integer, got {gpus!r}")
-    if config_path:
-        return load_toml(config_path, **overrides)
-    return preset(preset_name or DEFAULT_PRESET, **overrides)
+    for flag, value in (("--gpus", gpus), ("--nodes", nodes), ("--gpus-per-node", gpus_per_node)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ConfigError(f"{flag}: must be a positive integer, got {value!r}")
+    if gpus is not None and gpus_per_node is not None:
+        raise ConfigError("give --gpus (the whole fabric) or --gpus-per-node, not both")
+
+    def build(**overrides) -> FabricConfig:
+        if config_path:
+            return load_toml(config_path, **overrides)
+        return preset(preset_name or DEFAULT_PRESET, **overrides)
+
+    if nodes is None and gpus_per_node is None:
+        return build(**({} if gpus is None else {"gpus": gpus}))
+    base = build()
+    nodes = base.nodes if nodes is None else nodes
+    if gpus is not None:
+        return build(nodes=nodes, gpus=gpus)
+    return build(nodes=nodes, gpus=nodes * (base.gpus_per_node if gpus_per_node is None else gpus_per_node))

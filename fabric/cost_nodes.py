@@ -260,3 +260,16 @@ def bottleneck(collective: str, algorithm: str, topo: Topology, S: int, config, 
             load[name] += w
     name = max(load, key=lambda x: load[x] / topo.link(x).bandwidth_gbytes_per_s)
     return name, load[name] / topo.link(name).bandwidth_gbytes_per_s
+
+
+def fastest(collective: str, candidates, S: int, config, itemsize: int = 4) -> str | None:
+    """The candidate modeled_ns says is fastest for S bytes on every GPU of config's topology; ties go
+    to the earlier candidate. None if the model covers none of them."""
+    best, best_ns = None, math.inf
+    for algorithm in candidates:
+        if collective not in FLAT.get(algorithm, ()):
+            continue
+        ns = modeled_ns(collective, algorithm, config.topology, S, config, itemsize)
+        if ns < best_ns:
+            best, best_ns = algorithm, ns
+    return best

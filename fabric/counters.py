@@ -54,10 +54,11 @@ class LinkCounters:
         return {link: stats.as_dict() for link, stats in sorted(self.links.items())}
 
 
-def gpu_view(snapshot: dict[str, dict[str, int]], gpu: int) -> dict[str, int]:
-    """A GPU's own link counters as tx_*/rx_* keys (tx on its uplink, rx on its downlink)."""
-    up = snapshot.get(uplink(gpu), {})
-    down = snapshot.get(downlink(gpu), {})
+def gpu_view(snapshot: dict[str, dict[str, int]], gpu: int, switch: int = 0) -> dict[str, int]:
+    """A GPU's own link counters as tx_*/rx_* keys (tx on its uplink, rx on its downlink; `switch`:
+    the leaf it is attached to)."""
+    up = snapshot.get(uplink(gpu, switch), {})
+    down = snapshot.get(downlink(gpu, switch), {})
     view = {}
     for field_name, key in (("payload_bytes", "bytes"), ("raw_bytes", "raw_bytes"), ("packets", "packets"),
                             ("busy_ns", "busy_ns")):
@@ -73,20 +74,42 @@ def check_conservation(switch_side: dict[str, dict[str, int]],
         check_gpu_links(switch_side, gpu, gpu_side)
 
 
-def check_gpu_links(switch_side: dict[str, dict[str, int]], gpu: int, gpu_side: dict[str, dict[str, int]]) -> None:
-    """GPU `gpu`'s two links were counted the same at both ends; FabricError naming the link otherwise.
-    Each GPU checks its own links (a GPU's word is not trusted about any other's)."""
-    for link in (uplink(gpu), downlink(gpu)):
-        a = {k: switch_side.get(link, {}).get(k, 0) for k in FIELDS}
-        b = {k: gpu_side.get(link, {}).get(k, 0) for k in FIELDS}
-        if a != b:
-            raise FabricError(f"byte conservation broken on {link}: switch counted {a}, GPU {gpu} counted {b}")
+def check_gpu_links(switch_side: dict[str, dict[str, int]], gpu: int, gpu_side: dict[str, dict[str, int]],
+                    switch: int = 0) -> None:
+    """GPU `gpu`'s two links (to and from leaf `switch`) were counted the same at both ends;
+    FabricError naming the link otherwise. Each GPU checks its own links (a GPU's word is not
+    trusted about any other's)."""
+    for link in (uplink(gpu, switch), downlink(gpu, switch)):
+        check_link(link, switch_side, gpu_side, "switch", f"GPU {gpu}")
+
+
+def check_link(link: str, sender: dict, receiver: dict, sender_name: str, receiver_name: str) -> None:
+    """Both ends of `link` counted the same (sender and receiver snapshots); FabricError naming it otherwise."""
+    a = {k: sender.get(link, {}).get(k, 0) for k in FIELDS}
+    b = {k: receiver.get(link, {}).get(k, 0) for k in FIELDS}
+    if a != b:
+        raise FabricError(f"byte conservation broken on {link}: {sender_name} counted {a}, {receiver_name} "
+                          f"counted {b}")
+
+
+def switch_pairs(snapshot: dict) -> list[tuple[str, str]]:
+    """The (lower, upper) switch names of every cable between two switches in `snapshot`, leaves'
+    side first: ("sw0", "sw2") for links "sw0->sw2" / "sw2->sw0"."""
+    pairs = set()
+    for link in snapshot:
+        a, _, b = link.partition("->")
+        if a.startswith("sw") and b.startswith("sw"):
+            pairs.add(tuple(sorted((a, b), key=lambda name: int(name[2:]))))
+    return sorted(pairs, key=lambda pair: (int(pair[0][2:]), int(pair[1][2:])))
 
 
 def format_table(snapshot: dict[str, dict], gpus: int, extra: dict[int, dict[str, int]] | None = None,
-                 elapsed_ns: float = 0.0) -> str:
+                 elapsed_ns: float = 0.0, gpus_per_node: int | None = None) -> str:
     """The per-link table printed at the end of a run: one row per GPU, both directions, with modeled
-    busy time and utilization (busy / elapsed modeled time) per direction."""
+    busy time and utilization (busy / elapsed modeled time) per direction; on several nodes
+    (gpus_per_node), GPU g's leaf is switch g // gpus_per_node, and a second level of rows follows,
+    one per leaf-spine cable (tx = up, leaf -> spine)."""
+    per_node = gpus_per_node or gpus
     extra = extra or {}
     extra_keys = sorted({k for row in extra.values() for k in row})
     head = (f"{'link':<14}{'tx payload B':>14}{'tx raw B':>14}{'tx pkts':>10}"
@@ -95,19 +118,92 @@ def format_table(snapshot: dict[str, dict], gpus: int, extra: dict[int, dict[str
     lines = [f"# per-link counters (tx = GPU -> switch, rx = switch -> GPU; modeled elapsed "
              f"{elapsed_ns / 1e3:.3f} us)", head]
     totals = [0] * 6
-    for gpu in range(gpus):
-        up, down = snapshot.get(uplink(gpu), {}), snapshot.get(downlink(gpu), {})
+
+    def row(label: str, up: dict, down: dict) -> tuple[str, list[int]]:
         values = [up.get(f, 0) for f in FIELDS] + [down.get(f, 0) for f in FIELDS]
-        totals = [t + v for t, v in zip(totals, values)]
-        row = f"{'gpu' + str(gpu) + '<->sw0':<14}" + _counts(values)
+        text = f"{label:<14}" + _counts(values)
         for link in (up, down):
             busy = link.get("busy_ns", 0.0)
-            row += f"{busy / 1e3:>12.3f}{busy / elapsed_ns if elapsed_ns else 0.0:>8.3f}"
-        row += "".join(f"{extra.get(gpu, {}).get(k, 0):>12}" for k in extra_keys)
-        lines.append(row)
+            text += f"{busy / 1e3:>12.3f}{busy / elapsed_ns if elapsed_ns else 0.0:>8.3f}"
+        return text, values
+
+    for gpu in range(gpus):
+        leaf = gpu // per_node
+        text, values = row(f"gpu{gpu}<->sw{leaf}", snapshot.get(uplink(gpu, leaf), {}),
+                           snapshot.get(downlink(gpu, leaf), {}))
+        totals = [t + v for t, v in zip(totals, values)]
+        lines.append(text + "".join(f"{extra.get(gpu, {}).get(k, 0):>12}" for k in extra_keys))
     lines.append(f"{'total':<14}" + _counts(totals))
+    pairs = switch_pairs(snapshot)
+    if pairs:
+        lines.append("# leaf-spine links (tx = leaf -> spine, rx = spine -> leaf)")
+        totals = [0] * 6
+        for low, high in pairs:
+            text, values = row(f"{low}<->{high}", snapshot.get(f"{low}->{high}", {}), snapshot.get(f"{high}->{low}", {}))
+            totals = [t + v for t, v in zip(totals, values)]
+            lines.append(text)
+        lines.append(f"{'total':<14}" + _counts(totals))
     return "\n".join(lines)
 
 
 def _counts(values: list[int]) -> str:
     return "".join(f"{v:>14}" if i % 3 != 2 else f"{v:>10}" for i, v in enumerate(values))
+
+
+REPORT_STATS = ("peak_held_bytes", "groups_created", "groups_released", "reduced_bytes", "unanswered_requests")
+
+
+def merge_reports(config, parts: list[dict]) -> dict:
+    """The run's report from every switch's share (ranks/switch.py's _report_part): the links of every
+    level, each link between switches as its sender counted it (and checked against its receiver's
+    count: a mismatch is reported under the link's name in "conservation"), every port's statistics
+    summed over the leaves that saw that GPU, and the GPUs' own records."""
+    from .addressing import assign_network_addresses
+    by_switch = {part["switch"]: part for part in parts}
+    links: dict[str, dict] = {}
+    conservation: dict = {}
+    ports: dict[int, dict] = {}
+    report_keys = ("now_ns", "unconsumed", "collectives", "collectives_unrecorded")
+    merged = {key: {} for key in report_keys}
+    stats = dict.fromkeys(REPORT_STATS, 0)
+    for part in parts:
+        here = f"sw{part['switch']}"
+        for link, row in part["links"].items():
+            src, _, dst = link.partition("->")
+            if not (src.startswith("sw") and dst.startswith("sw")):
+                links[link] = row
+            elif src == here:  # a link between switches: the sender's count, checked at the receiver
+                links[link] = row
+                receiver = by_switch.get(int(dst[2:]))
+                if receiver is not None:
+                    try:
+                        check_link(link, part["links"], receiver["links"], f"switch {src[2:]}", f"switch {dst[2:]}")
+                    except FabricError as exc:
+                        conservation[link] = str(exc)
+        conservation.update(part["conservation"])
+        for gpu, row in part.get("ports", {}).items():
+            total = ports.setdefault(int(gpu), {})
+            for key, value in row.items():
+                total[key] = total.get(key, 0) + value
+        for key in report_keys:
+            merged[key].update({int(g): v for g, v in part[key].items()})
+        for key, value in part.get("stats", {}).items():
+            stats[key] = max(stats[key], value) if key == "peak_held_bytes" else stats[key] + value
+    gpus = config.gpus
+    return {
+        "fabric": config.name,
+        "mode": config.mode,
+        "gpus": gpus,
+        "nodes": config.nodes,
+        "spines": config.spines,
+        "elapsed_ns": max(merged["now_ns"].values(), default=0.0),
+        "links": dict(sorted(links.items())),
+        "ports": {g: ports[g] for g in sorted(ports)},
+        "network_addresses": list(assign_network_addresses(gpus)) if config.mode == "network" else [],
+        "switch": stats,
+        "unconsumed": dict(sorted(merged["unconsumed"].items())),
+        "conservation": conservation,
+        # each GPU's own record of its collective calls, in call order (its word, like its clock)
+        "collectives": dict(sorted(merged["collectives"].items())),
+        "collectives_unrecorded": dict(sorted(merged["collectives_unrecorded"].items())),
+    }

@@ -7,6 +7,16 @@ it saw the packet arrive on, never by a field the sender wrote; it validates eve
 config before it allocates or looks anything up (`check_header`), forwards a reply only if it
 answers a request it forwarded, and takes in-switch operations only from a group's bound members for
 keys of that group. A refused packet is counted on the sender's port and answered with a NACK.
+
+On several nodes (fabric.topology) each node's leaf runs a SwitchLogic for its own GPUs' ports, and
+the spines run a SpineLogic. Ports are named by GPU index: a Send to a GPU of another node leaves by
+the leaf's link to the spine the topology routes it over (the switch rank sends it to that spine).
+Decisions stay where the state is: a request (PUT/GET) is translated and authorised by the Link TLB
+at the leaf of the destination GPU's port, wherever the requester is (the requester's leaf only
+checks the header and stamps the source, which the switches between trust); a reply is matched with
+its request at the leaf of the GPU that answers, which forwarded the request; a message's partition
+is checked at the sender's leaf; in-switch groups live at the leaf of their members (one node).
+Links between switches are booked, at their sending end, in the order the switch handles transfers.
 """
 
 import math
@@ -17,6 +27,7 @@ import numpy as np
 from .addressing import Handle, assign_network_addresses, decode_physical
 from .config import FabricConfig
 from .counters import LinkCounters, downlink, uplink
+from .timemodel import LinkClock
 from .errors import AccessViolation, FabricError, ProtocolError, ResourceExhausted, UnsupportedOperation
 from .groups import GroupTable
 from .packets import (WIRE_INT_MAX, GroupInfo, Kind, LoadInfo, McastInfo, NackInfo, Packet, ReduceInfo,
@@ -42,12 +53,13 @@ def buffer_share_bytes(config: FabricConfig) -> int:
 def port_share_bytes(config: FabricConfig) -> int:
     """Forwarded bytes the switch keeps in flight to one port at most, in bytes (an equal share of
     switch_buffer_bytes; a port with nothing in flight always takes one more transfer)."""
-    return config.switch_buffer_bytes // config.gpus
+    return config.switch_buffer_bytes // (config.gpus_per_node + config.spines)
 
 
 @dataclass(frozen=True)
 class Send:
-    """Send `packet` out of port `port` (a GPU index) with `payload` (uint8 bytes) if it carries one."""
+    """Send `packet` towards GPU `port` (a GPU index: out of its port if it is attached here, else up
+    the link to the next switch) with `payload` (uint8 bytes) if it carries one."""
 
     port: int
     packet: Packet
@@ -58,15 +70,23 @@ class Send:
 class SwitchLogic:
     """State and decisions of one switch: port map, Link TLBs (network mode), counters, refusals."""
 
-    def __init__(self, config: FabricConfig):
+    def __init__(self, config: FabricConfig, switch: int = 0):
         self.config = config
+        self.topology = topology = config.topology
+        self.switch = switch  # this leaf's switch index (its node's)
+        per_node = config.gpus_per_node
+        self.local = range(switch * per_node, (switch + 1) * per_node)  # the GPUs attached to its ports
         self.network = config.mode == "network"
         self.network_addresses = assign_network_addresses(config.gpus) if self.network else ()
         self._port_of_address = {na: gpu for gpu, na in enumerate(self.network_addresses)}
         # a port's page table maps each page of its GPU's memory twice at most (windows may overlap)
         pages = 2 * -(-config.memory_capacity_bytes // config.page_size_bytes)
-        self.tlbs = [LinkTLB(g, config.page_size_bytes, config.tlb_entries, pages) for g in range(config.gpus)] \
-            if self.network else []
+        # Link TLBs of the ports: NVLink Network's, or classic nodes' registered windows (config.windows)
+        self.tlbs = {g: LinkTLB(g, config.page_size_bytes, config.tlb_entries, pages) for g in self.local} \
+            if config.windows else {}
+        # links up to the spines, booked at this end (name -> clock); a GPU books its own downlink
+        self.clocks = {link.name: LinkClock(link.bandwidth_gbytes_per_s) for link in topology.links
+                       if link.src == f"sw{switch}" and link.level == "leaf-spine"}
         self.counters = LinkCounters(config.mtu_bytes, config.header_bytes)
         self.timing = config.timing
         self.violations = [0] * config.gpus  # AccessViolations, by the requester's port
@@ -92,6 +112,11 @@ class SwitchLogic:
     def route_key(self, gpu: int) -> int:
         """What a packet's dst/src holds for GPU `gpu`: its network address, or its index in classic mode."""
         return self.network_addresses[gpu] if self.network else gpu
+
+    def gpu_of_key(self, key: int) -> int | None:
+        """The GPU whose routing key `key` is, or None (the switch's own -1, or no GPU's)."""
+        gpu = self._port_of_address.get(key) if self.network else key
+        return gpu if type(gpu) is int and 0 <= gpu < self.config.gpus else None
 
     def port_of(self, key: int) -> int:
         """The port (GPU index) a routing key leads to; AccessViolation if none."""
@@ -164,14 +189,60 @@ class SwitchLogic:
                 return self._control(ingress, packet)
         except ProtocolError as exc:
             return self.refuse(ingress, exc, packet.kind.name, packet.req, packet.t_end)
-        self.counters.record(uplink(ingress), packet.payload_bytes)
+        self.counters.record(uplink(ingress, self.switch), packet.payload_bytes)
         try:
             sends = self._data(ingress, packet, payload)
         except FabricError as exc:
             return self.refuse(ingress, exc, packet.kind.name, packet.req, packet.t_end)
-        for send in sends:
-            self.counters.record(downlink(send.port), send.packet.payload_bytes)
-        return sends
+        return [self._out(send) for send in sends]
+
+    def on_transit(self, spine: int, packet: Packet, payload: np.ndarray | None = None) -> list[Send]:
+        """What to send for `packet` (with `payload`), which spine switch `spine` passed on from another
+        node to a GPU of this one: a request is translated and authorised here, at its target's port;
+        anything else was decided at the sender's leaf and goes down to its GPU."""
+        link = f"sw{spine}->sw{self.switch}"
+        self.counters.record(link, packet.payload_bytes)
+        target = self._port_of_address.get(packet.dst) if self.network else packet.dst
+        if target not in self.local:
+            raise ProtocolError(f"switch {self.switch}: {packet.kind.name} from spine {spine} for {packet.dst:#x}, "
+                                f"not a GPU of node {self.switch}")
+        if packet.kind in (Kind.PUT, Kind.GET):
+            requester = self.gpu_of_key(packet.src)  # stamped by the requester's leaf
+            if requester is None:
+                raise ProtocolError(f"switch {self.switch}: {packet.kind.name} from spine {spine} with source "
+                                    f"{packet.src!r}, which is no GPU's")
+            try:
+                sends = self._request(requester, target, packet, payload)
+            except FabricError as exc:
+                return self.refuse(requester, exc, packet.kind.name, packet.req, packet.t_end)
+        else:
+            sends = [Send(target, self._through(packet), payload)]
+        return [self._out(send) for send in sends]
+
+    def egress_link(self, port: int) -> str:
+        """Name of the link a Send to GPU `port` leaves this leaf by."""
+        if port in self.local:
+            return downlink(port, self.switch)
+        leaf = self.topology.switches[self.switch]
+        return leaf.ports[self.topology.next_port(self.switch, port)].egress
+
+    def next_switch(self, port: int) -> int | None:
+        """The switch index a Send to GPU `port` goes to next (None: the GPU is attached here)."""
+        if port in self.local:
+            return None
+        return self.topology.nodes + self.topology.spine_for(port)
+
+    def _out(self, send: Send) -> Send:
+        """Count `send` on the link it leaves by; up to a spine, book that link (cut-through) and stamp
+        the packet with when its first/last byte reach the spine."""
+        link = self.egress_link(send.port)
+        raw = self.counters.record(link, send.packet.payload_bytes)
+        clock = self.clocks.get(link)
+        if clock is None:
+            return send
+        start, end = clock.transmit(send.packet.t_start, send.packet.t_end, raw)
+        latency = self.topology.link(link).latency_ns
+        return replace(send, packet=replace(send.packet, t_start=start + latency, t_end=end + latency))
 
     def refuse(self, ingress: int, error: FabricError, kind: str = "?", req: int = 0, t_end: float = 0.0) -> list[Send]:
         """Refuse a packet of GPU `ingress` (malformed ones too, whose header may not even decode):
@@ -186,8 +257,7 @@ class SwitchLogic:
                      "message": str(error), "m": ready})
         nack = Packet(Kind.NACK, src=-1, dst=self.route_key(ingress), req=req if 0 <= req <= WIRE_INT_MAX else 0,
                       info=NackInfo(type(error).__name__, str(error)[:4000], kind), t_start=ready, t_end=ready)
-        self.counters.record(downlink(ingress), 0)
-        return [Send(ingress, nack, origin=-1)]
+        return [self._out(Send(ingress, nack, origin=-1))]
 
     def _through(self, packet: Packet, **changes) -> Packet:
         """`packet` leaving the switch: cut-through, each byte one switch traversal later."""
@@ -198,17 +268,11 @@ class SwitchLogic:
         src = self.route_key(ingress)
         kind = packet.kind
         if kind in (Kind.PUT, Kind.GET):
-            write = kind is Kind.PUT
-            target, phys = self._resolve(ingress, packet, write)
-            # the target's answer is forwarded only if it matches this request
-            if self._awaiting[ingress] >= MAX_AWAITED:
-                raise ResourceExhausted(f"{kind.name} from GPU {ingress}: {MAX_AWAITED} of its requests are still "
-                                        f"unanswered")
-            self._awaiting[ingress] += 1
-            self._awaited.setdefault((target, ingress, packet.req, REPLY_OF[kind]), []).append(
-                0 if write else packet.nbytes)
-            return [Send(target, self._through(packet, src=src, dst=self.route_key(target), address=phys),
-                         payload if write else None)]
+            by_window = self.network or (self.tlbs and packet.dst != -1)  # classic: a registered window's handle
+            target = self._port_for(ingress, packet) if by_window else self._physical_target(ingress, packet)
+            if target not in self.local:  # translated at the target's leaf: pass it on with its source
+                return [Send(target, self._through(packet, src=src), payload if kind is Kind.PUT else None)]
+            return self._request(ingress, target, packet, payload)
         if kind in (Kind.PUT_ACK, Kind.GET_DATA):
             target = self._port_for(ingress, packet)
             self._answered(ingress, target, packet)
@@ -220,6 +284,21 @@ class SwitchLogic:
                                       f"{target} (partition {self._partition[target]}): partitions are isolated")
             return [Send(target, self._through(packet, src=src), payload)]
         return self._in_switch(ingress, packet, payload)
+
+    def _request(self, ingress: int, target: int, packet: Packet, payload: np.ndarray | None) -> list[Send]:
+        """A PUT/GET of GPU `ingress` for GPU `target`, a port of this switch: translated, authorised,
+        and remembered, so that only its own answer is forwarded back."""
+        kind = packet.kind
+        write = kind is Kind.PUT
+        phys = self._resolve(ingress, target, packet, write)
+        if self._awaiting[ingress] >= MAX_AWAITED:
+            raise ResourceExhausted(f"{kind.name} from GPU {ingress}: {MAX_AWAITED} of its requests are still "
+                                    f"unanswered")
+        self._awaiting[ingress] += 1
+        self._awaited.setdefault((target, ingress, packet.req, REPLY_OF[kind]), []).append(
+            0 if write else packet.nbytes)
+        return [Send(target, self._through(packet, src=self.route_key(ingress), dst=self.route_key(target),
+                                           address=phys), payload if write else None)]
 
     def _answered(self, replier: int, requester: int, packet: Packet) -> None:
         """Retire the forwarded request that `packet` (a PUT_ACK or GET_DATA of GPU `replier`) answers;
@@ -308,28 +387,39 @@ class SwitchLogic:
         except AccessViolation as exc:
             raise AccessViolation(f"{packet.kind.name} of {packet.nbytes} bytes from GPU {ingress}: {exc}") from None
 
-    def _resolve(self, ingress: int, packet: Packet, write: bool) -> tuple[int, int]:
-        """(target GPU, physical offset) of a PUT/GET: Link TLB in network mode, address bits in classic."""
-        if self.network:
-            target = self._port_for(ingress, packet)
+    def _resolve(self, ingress: int, target: int, packet: Packet, write: bool) -> int:
+        """Physical offset in GPU `target` (a port of this switch) of a PUT/GET by GPU `ingress`: Link
+        TLB in network mode and for a classic node's registered window (by handle), address bits otherwise."""
+        if self.network or packet.dst != -1:
             tlb = self.tlbs[target]
             before = (tlb.hits, tlb.misses, tlb.faults)
             try:
-                return target, tlb.translate(packet.address, packet.nbytes, ingress, self._partition[ingress], write)
+                return tlb.translate(packet.address, packet.nbytes, ingress, self._partition[ingress], write)
             finally:
                 if self.tracing:
                     hits, misses, faults = (now - was for now, was in zip((tlb.hits, tlb.misses, tlb.faults), before))
                     self._event({"ev": "tlb", "port": target, "by": ingress, "address": packet.address,
                                  "bytes": packet.nbytes, "hits": hits, "misses": misses, "faults": faults,
                                  "m": packet.t_start})
-        if packet.dst != -1:
-            raise AccessViolation(f"{packet.kind.name} from GPU {ingress}: classic NVLink routes requests by "
-                                  f"physical address (dst -1), got dst {packet.dst}")
-        target, offset = decode_physical(packet.address, self.config.gpus)
+        offset = decode_physical(packet.address, self.config.gpus)[1]
         if offset + packet.nbytes > self.config.memory_capacity_bytes:
             raise AccessViolation(f"physical range {packet.address:#x}+{packet.nbytes} runs past the "
                                   f"{self.config.memory_capacity_bytes} bytes of GPU {target}")
-        return target, offset
+        return offset
+
+    def _physical_target(self, ingress: int, packet: Packet) -> int:
+        """The GPU a classic PUT/GET's physical address names: one of this node's (the shared physical
+        space ends at the node; another node is reached through a registered window, as RDMA does)."""
+        if packet.dst != -1:
+            raise AccessViolation(f"{packet.kind.name} from GPU {ingress}: classic NVLink routes requests by "
+                                  f"physical address (dst -1), got dst {packet.dst}")
+        target = decode_physical(packet.address, self.config.gpus)[0]
+        if target not in self.local:
+            raise UnsupportedOperation(f"{packet.kind.name} from GPU {ingress} to physical {packet.address:#x}: "
+                                       f"GPU {target} is in node {target // self.config.gpus_per_node}, and a "
+                                       f"classic physical address names a GPU of the same node only (node "
+                                       f"{self.switch})")
+        return target
 
     # -- the control plane (fabric manager) -------------------------------------------------------
     def _control(self, ingress: int, packet: Packet) -> list[Send]:
@@ -344,7 +434,7 @@ class SwitchLogic:
         return [Send(ingress, Packet(Kind.REPLY, src=-1, dst=self.route_key(ingress), req=packet.req, info=info))]
 
     def _export(self, ingress: int, info) -> dict:
-        if not self.network:
+        if not self.tlbs:
             raise UnsupportedOperation(f"export by GPU {ingress}: classic NVLink connections are fixed at "
                                        f"boot; use gpu.physical_address(array)")
         capacity = self.config.memory_capacity_bytes
@@ -369,7 +459,7 @@ class SwitchLogic:
                 "allowed": sorted(set(allowed))}
 
     def _revoke(self, ingress: int, info) -> dict:
-        if not self.network:
+        if not self.tlbs:
             raise UnsupportedOperation(f"revoke by GPU {ingress}: classic NVLink connections are fixed at boot")
         if info.network_address != self.route_key(ingress):
             raise AccessViolation(f"revoke by GPU {ingress}: the window {info.network_address:#x}:"
@@ -386,6 +476,11 @@ class SwitchLogic:
                 if not 0 <= gpu < self.config.gpus:
                     raise FabricError(f"group create by GPU {ingress}: member {gpu!r} is not a GPU "
                                       f"0..{self.config.gpus - 1}")
+            remote = [g for g in info.members if g not in self.local]
+            if remote:
+                raise UnsupportedOperation(f"group create by GPU {ingress}: GPUs {remote} are in other nodes than "
+                                           f"node {self.switch}; in-switch reduction and multicast groups span one "
+                                           f"node's switch so far (use ring or direct across nodes)")
             outside = [g for g in info.members if self._partition[g] != self._partition[ingress]]
             if outside:
                 raise AccessViolation(f"group create by GPU {ingress}: GPUs {outside} are in another partition")
@@ -411,7 +506,53 @@ class SwitchLogic:
         """Per-port TLB statistics, violations and refusals, for the report."""
         stats = {}
         for gpu in range(self.config.gpus):
-            row = self.tlbs[gpu].stats() if self.network else {}
+            if gpu not in self.local and not self.refused[gpu]:
+                continue  # a GPU of another node, which this leaf never refused: its own leaf reports it
+            row = self.tlbs[gpu].stats() if gpu in self.tlbs else {}
             row.update(violations=self.violations[gpu], refused=self.refused[gpu], malformed=self.malformed[gpu])
             stats[gpu] = row
         return stats
+
+
+class SpineLogic:
+    """A spine switch's decisions: pass each transfer a leaf sends up on to the leaf of its
+    destination GPU (fabric.topology's route), count both links, book the link down (cut-through).
+    It holds no Link TLB and no GPU's state: every decision about a transfer was made at a leaf, the
+    only ranks a spine takes packets from."""
+
+    def __init__(self, config: FabricConfig, switch: int):
+        self.config = config
+        self.topology = topology = config.topology
+        self.switch = switch
+        if not topology.nodes <= switch < len(topology.switches):
+            raise FabricError(f"spine: switch {switch} is not a spine of fabric {config.name!r} (spines are "
+                              f"{topology.nodes}..{len(topology.switches) - 1})")
+        addresses = assign_network_addresses(config.gpus) if config.mode == "network" else range(config.gpus)
+        self._gpu_of = {key: gpu for gpu, key in enumerate(addresses)}
+        self.counters = LinkCounters(config.mtu_bytes, config.header_bytes)
+        self.clocks = {link.name: LinkClock(link.bandwidth_gbytes_per_s) for link in topology.links
+                       if link.src == f"sw{switch}"}
+        self.latency_ns = topology.switch_latency_ns
+        self.tracing = False  # a spine makes no decisions worth a trace record beyond the packets
+        self.events: list[dict] = []
+
+    def gpu_of_key(self, key: int) -> int | None:
+        """The GPU whose routing key `key` is, or None."""
+        return self._gpu_of.get(key)
+
+    def on_packet(self, leaf: int, packet: Packet, payload: np.ndarray | None = None) -> Send:
+        """The Send (towards GPU `port`, by its leaf) of `packet` that leaf switch `leaf` sent up."""
+        self.counters.record(f"sw{leaf}->sw{self.switch}", packet.payload_bytes)
+        gpu = self._gpu_of.get(packet.dst)
+        if gpu is None or gpu // self.config.gpus_per_node == leaf:
+            raise ProtocolError(f"spine {self.switch}: {packet.kind.name} from leaf {leaf} for {packet.dst!r}, "
+                                f"which is no GPU of another node")
+        link = f"sw{self.switch}->sw{gpu // self.config.gpus_per_node}"
+        raw = self.counters.record(link, packet.payload_bytes)
+        start, end = self.clocks[link].transmit(packet.t_start + self.latency_ns, packet.t_end + self.latency_ns, raw)
+        latency = self.topology.link(link).latency_ns
+        return Send(gpu, replace(packet, t_start=start + latency, t_end=end + latency), payload)
+
+    def next_switch(self, port: int) -> int:
+        """The leaf a Send to GPU `port` goes to."""
+        return port // self.config.gpus_per_node

@@ -13,7 +13,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from nvlink_emu.fabric.config import resolve
+
 from nvlink_emu.fabric.errors import ConfigError, UnsupportedOperation
 from nvlink_emu.fabric.trace import read_directory
 from nvlink_emu.ranks.session import FAILURE_DIR_ENV, INTERRUPTED_STATUS
@@ -27,7 +27,7 @@ from .mpiexec import ENV as MPIEXEC_ENV
 from .mpiexec import mpiexec_command
 from .report import print_report
 from .traces import merge
-from .runner import fabric_arguments, mpi4py_argument, prepare_trace_dir, split_script_args
+from .runner import fabric_arguments, fabric_of, mpi4py_argument, prepare_trace_dir, split_script_args
 
 EXAMPLES = Path(__file__).parent / "examples"
 BENCH = str(Path(__file__).parent / "bench.py")
@@ -45,7 +45,7 @@ def launch_script(script: str, args: argparse.Namespace, script_args: list[str],
     of to ours; with `quiet`, its standard error (the link table) is shown only if the job fails."""
     cmd = [*mpiexec_command(), "-n", str(world_size), sys.executable, "-m", "nvlink_emu.launch", script,
            "--timeout", str(args.timeout)]
-    for flag in ("preset", "config", "gpus", "trace_dir", "report_json"):
+    for flag in ("preset", "config", "gpus", "nodes", "gpus_per_node", "trace_dir", "report_json"):
         value = getattr(args, flag, None)
         if value is not None:
             cmd += [f"--{flag.replace('_', '-')}", str(value)]
@@ -114,7 +114,7 @@ def cmd_run(args, script_args) -> int:
             return exc.status
     if args.plot is not None:
         raise ConfigError("--plot: draws the step times of --compare; give --compare P1,P2,... too")
-    config = resolve(args.preset, args.config, args.gpus)
+    config = fabric_of(args)
     return launch_script(args.script, args, script_args, config.world_size)
 
 
@@ -122,9 +122,9 @@ def cmd_demo(args, script_args) -> int:
     """The demo on NVLink Network (dgx-h100 unless told otherwise), then the same on classic NVLink."""
     if getattr(args, "report_json", None) is not None:
         raise ConfigError("--report-json: the demo is several runs; write a run's report with nvlink-emu run")
-    network = resolve(args.preset, args.config, args.gpus)
+    network = fabric_of(args)
     classic_args = argparse.Namespace(**{**vars(args), "preset": "dgx-a100", "config": None})
-    classic = resolve("dgx-a100", None, args.gpus)
+    classic = fabric_of(args, "dgx-a100")
     demo = str(EXAMPLES / "demo.py")
     if args.trace_dir:  # one trace directory per part
         args = argparse.Namespace(**{**vars(args), "trace_dir": str(Path(args.trace_dir) / f"part1-{network.name}")})
@@ -144,7 +144,7 @@ def cmd_demo(args, script_args) -> int:
     sweep = argparse.Namespace(**{**vars(args), "collective": "allreduce", "algorithm": "auto", "min_bytes": 64 << 10,
                                   "max_bytes": 16 << 20, "factor": 16, "iters": 1, "dtype": "float32", "op": None,
                                   "trace_dir": None})
-    rows, status = sweep_presets(sweep, {name: resolve(name, None, args.gpus) for name in presets})
+    rows, status = sweep_presets(sweep, {name: fabric_of(args, name) for name in presets})
     if status:
         return status
     print_comparison("allreduce", presets, rows, as_json=False)
@@ -191,7 +191,8 @@ def bench_launch(args, config, workdir: str, on_row, other=None, quiet=False) ->
     if sized is not config:  # the ranks build the fabric from a file: --preset cannot say what changed
         path = Path(workdir) / f"{config.name}.toml"
         path.write_text(config_toml(sized))
-        args = argparse.Namespace(**{**vars(args), "preset": None, "config": str(path), "gpus": None})
+        args = argparse.Namespace(**{**vars(args), "preset": None, "config": str(path), "gpus": None,
+                                         "nodes": None, "gpus_per_node": None})
         print(f"nvlink-emu: bench: GPU memory on {config.name} raised from {config.memory_capacity_bytes} to "
               f"{sized.memory_capacity_bytes} bytes per GPU (memory_capacity_bytes) for the sweep's largest call",
               file=sys.stderr, flush=True)
@@ -237,9 +238,9 @@ def cmd_bench(args, script_args) -> int:
             raise ConfigError("--compare takes two or more presets, P1,P2,..., instead of --preset/--config")
         if getattr(args, "report_json", None) is not None:
             raise ConfigError("--report-json: one report per run, and --compare makes a run per preset")
-        configs = {name: resolve(name, None, args.gpus) for name in presets}
+        configs = {name: fabric_of(args, name) for name in presets}
     else:
-        config = resolve(args.preset, args.config, args.gpus)
+        config = fabric_of(args)
         configs = {config.name: config}
     available = available_host_bytes()
     for config in configs.values():
@@ -303,7 +304,10 @@ def print_comparison(collective: str, presets: list[str], rows: dict, as_json: b
                 print(json.dumps({"preset": name, **row, "time_vs_first": _ratio(row["modeled_us"], ref["modeled_us"])}))
         return
     print(f"# {collective}: modeled time (us) and busbw (GB/s) per preset; x{first} = modeled time / {first}'s")
-    head = f"{'size':>12}" + "".join(f"{name + ' alg':>16}{'us':>11}{'busbw':>9}{'x' + first:>{max(10, len(first) + 2)}}"
+    # column widths: a preset's name heads its algorithm column, the first's its ratio column
+    alg = {name: max(16, len(name) + 6) for name in presets}
+    ratio_width = max(10, len(first) + 3)
+    head = f"{'size':>12}" + "".join(f"{name + ' alg':>{alg[name]}}{'us':>11}{'busbw':>9}{'x' + first:>{ratio_width}}"
                                      for name in presets) + f"{'#wrong':>8}"
     print(head)
     for i, ref in enumerate(rows[first]):
@@ -313,8 +317,8 @@ def print_comparison(collective: str, presets: list[str], rows: dict, as_json: b
             row = rows[name][i]
             wrong += row["wrong"]
             ratio = _ratio(row["modeled_us"], ref["modeled_us"])
-            line += (f"{row['algorithm']:>16}{row['modeled_us']:>11.3f}{_number(row['busbw_gbps']):>9}"
-                     f"{_number(ratio):>{max(10, len(first) + 2)}}")
+            line += (f"{row['algorithm']:>{alg[name]}}{row['modeled_us']:>11.3f}{_number(row['busbw_gbps']):>9}"
+                     f"{_number(ratio):>{ratio_width}}")
         print(line + f"{wrong:>8}")
     averages = []
     for name in presets:  # nccl-tests' closing line, per preset

@@ -9,9 +9,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from nvlink_emu.fabric.config import resolve
+
 from nvlink_emu.fabric.errors import ConfigError
 
+from .runner import fabric_of
 from .workload import STEP_KEY, parse_step_line
 
 
@@ -67,7 +68,7 @@ def run_compare(args, script_args, launch_script, progress) -> int:
         raise ConfigError("--report-json: one report per run, and --compare makes a run per preset")
     if args.no_label:
         raise ConfigError("--no-label: --compare reads GPU 0's step lines by their [gpu 0] label")
-    configs = {name: resolve(name, None, args.gpus) for name in presets}  # every name checked before any job
+    configs = {name: fabric_of(args, name) for name in presets}  # every name checked before any job
     plot = args.plot or default_plot(args.script)
     from .cli import check_plot  # cli imports this module
     check_plot(plot)

@@ -10,6 +10,8 @@ from nvlink_emu.fabric.errors import ConfigError
 from nvlink_emu.fabric.reduction import dtype_itemsize
 from nvlink_emu.fabric.trace import find_runs, read_directory
 
+from .traces import rank_label
+
 REPORT_SCHEMA_VERSION = 1  # of --report-json's file (README, "Run report JSON")
 PORT_KEYS = ("tlb_hits", "tlb_misses", "tlb_faults", "violations", "refused", "malformed")
 
@@ -17,10 +19,17 @@ PORT_KEYS = ("tlb_hits", "tlb_misses", "tlb_faults", "violations", "refused", "m
 def run_summary(report: dict) -> str:
     """The end-of-run table: per-link payload/raw bytes and packets, TLB and violation counts per port."""
     ports = {int(g): row for g, row in report["ports"].items()}
-    lines = [f"# fabric {report['fabric']} ({report['mode']} mode, {report['gpus']} GPUs + 1 switch)",
-             format_table(report["links"], report["gpus"], extra=ports, elapsed_ns=report["elapsed_ns"])]
-    for gpu, problem in sorted(report.get("conservation", {}).items()):
-        lines.append(f"warning: GPU {gpu}'s own count disagrees with the switch's: {problem}")
+    nodes, gpus = report.get("nodes", 1), report["gpus"]
+    shape = (f"{gpus} GPUs + 1 switch" if nodes == 1 else
+             f"{nodes} nodes x {gpus // nodes} GPUs, {nodes} leaf switches + {report['spines']} spines")
+    lines = [f"# fabric {report['fabric']} ({report['mode']} mode, {shape})",
+             format_table(report["links"], gpus, extra=ports, elapsed_ns=report["elapsed_ns"],
+                          gpus_per_node=gpus // nodes)]
+    for who, problem in sorted(report.get("conservation", {}).items(), key=lambda item: str(item[0])):
+        if isinstance(who, str):  # a link between two switches
+            lines.append(f"warning: the two ends of {who} disagree: {problem}")
+        else:
+            lines.append(f"warning: GPU {who}'s own count disagrees with the switch's: {problem}")
     for gpu, keys in sorted(report.get("unconsumed", {}).items()):
         lines.append(f"warning: GPU {gpu} ended with {len(keys)} message(s) never received: {keys[:4]}")
     return "\n".join(lines)
@@ -119,7 +128,8 @@ def failures(traces) -> list[str]:
         for event in trace.events:
             if event["ev"] == "error":
                 header = trace.header
-                who = (f"GPU {header['gpu']}" if header["role"] == "gpu" else "switch") + f" (rank {header['rank']})"
+                who = (f"GPU {header['gpu']} (rank {header['rank']})" if header["role"] == "gpu"
+                       else rank_label(header))
                 when = f" at modeled {event['m'] / 1e3:.3f} us" if event.get("m") is not None else ""
                 lines.append(f"{who} failed{when}: {event['error']}: {event['message']}")
     return lines
@@ -128,7 +138,7 @@ def failures(traces) -> list[str]:
 def trace_report(traces, out_dir) -> tuple[str, list]:
     """The report of a traced run: text (failed ranks, per-link table, per-collective summary) and the
     paths of the PNG figures written to out_dir (traffic matrix, bytes per algorithm)."""
-    from .traces import bytes_by_algorithm, collectives, link_totals, traffic_matrix
+    from .traces import bytes_by_algorithm, collectives, leaf_of, link_totals, traffic_matrix
 
     header = traces[0].header
     if all(t.end for t in traces):
@@ -141,7 +151,8 @@ def trace_report(traces, out_dir) -> tuple[str, list]:
     failed = failures(traces)
     if failed:
         lines += ["# failed ranks (the error each recorded)", *failed]
-    lines.append(format_table(totals, header["gpus"], elapsed_ns=elapsed))
+    lines.append(format_table(totals, header["gpus"], elapsed_ns=elapsed,
+                              gpus_per_node=header["gpus"] // header.get("nodes", 1)))
     counted = {}
     for trace in traces:  # what each GPU end counted, from its end record
         if trace.header["role"] == "gpu" and trace.end:
@@ -161,7 +172,8 @@ def trace_report(traces, out_dir) -> tuple[str, list]:
     out.mkdir(parents=True, exist_ok=True)
     fabric = f"{header['fabric']}, {header['gpus']} GPUs"
     figures = [_save(matrix_figure(*traffic_matrix(traces), fabric), out / "traffic-matrix.png"),
-               _save(algorithm_figure(bytes_by_algorithm(traces), header["gpus"], fabric),
+               _save(algorithm_figure(bytes_by_algorithm(traces), header["gpus"], fabric,
+                                      leaf=lambda g: leaf_of(header, g)),
                      out / "bytes-per-algorithm.png")]
     return "\n".join(lines), figures
 
@@ -202,17 +214,23 @@ def matrix_figure(rows: list[str], matrix: list[list[int]], fabric: str = ""):
     columns = len(matrix[0])
     scale, unit = byte_unit(max(max(row) for row in matrix))
     values = [[v / scale for v in row] for row in matrix]
-    fig = Figure(figsize=(max(5.5, 2.4 + 0.75 * columns), 2.2 + 0.55 * len(rows)), layout="tight")
+    # up to 16 GPUs every cell shows its value; beyond, the colours alone (64 GPUs: 4,160 cells) on a
+    # figure that stays a readable size, with every GPU's tick up to 32 and every 8th beyond
+    cell = 0.75 if columns <= 16 else max(0.15, 12.0 / columns)
+    fig = Figure(figsize=(max(5.5, 2.4 + cell * columns), 2.2 + cell * 0.75 * len(rows)), layout="tight")
     ax = fig.subplots()
     top = max(max(row) for row in values) or 1.0
     image = ax.imshow(values, cmap="viridis", aspect="auto", vmin=0, vmax=top)  # from 0: an empty run reads 0
-    for r, row in enumerate(values):
-        for c, value in enumerate(row):
-            # dark text on viridis' light (high) end, light text on its dark end
-            ax.text(c, r, _short(value), ha="center", va="center", fontsize=8,
-                    color="black" if value / top > 0.6 else "white")
-    ax.set_xticks(range(columns), [f"GPU {g}" for g in range(columns)], rotation=45)
-    ax.set_yticks(range(len(rows)), rows)
+    if columns <= 16:
+        for r, row in enumerate(values):
+            for c, value in enumerate(row):
+                # dark text on viridis' light (high) end, light text on its dark end
+                ax.text(c, r, _short(value), ha="center", va="center", fontsize=8,
+                        color="black" if value / top > 0.6 else "white")
+    step = 1 if columns <= 32 else 8
+    ax.set_xticks(range(0, columns, step), [f"GPU {g}" for g in range(0, columns, step)], rotation=45)
+    ax.set_yticks([r for r in range(len(rows)) if r % step == 0 or r == len(rows) - 1],
+                  [name for r, name in enumerate(rows) if r % step == 0 or r == len(rows) - 1])
     ax.set_xlabel("delivered to\n(row 'switch': in-switch results, loads and refusals)")
     ax.set_ylabel("data from")
     ax.set_title(f"payload the switch delivered ({unit})" + (f"\n{fabric}" if fabric else ""), fontsize=11)
@@ -222,9 +240,10 @@ def matrix_figure(rows: list[str], matrix: list[list[int]], fabric: str = ""):
     return fig
 
 
-def algorithm_figure(by_algorithm: dict[str, dict[str, int]], gpus: int, fabric: str = ""):
+def algorithm_figure(by_algorithm: dict[str, dict[str, int]], gpus: int, fabric: str = "", leaf=lambda gpu: 0):
     """Each link's payload during each collective/algorithm (traces.bytes_by_algorithm) as a Figure:
-    grouped bars per GPU, uplinks and downlinks side by side, in the unit that reads best."""
+    grouped bars per GPU, uplinks and downlinks side by side, in the unit that reads best; leaf(g):
+    the switch GPU g is attached to."""
     from matplotlib.figure import Figure
 
     names = sorted(by_algorithm)
@@ -233,11 +252,12 @@ def algorithm_figure(by_algorithm: dict[str, dict[str, int]], gpus: int, fabric:
     fig = Figure(figsize=(min(14.0, 4.0 + 1.1 * gpus), 4.2), layout="tight")
     axes = fig.subplots(1, 2, sharey=True)
     width = 0.8 / max(1, len(names))
-    for ax, (title, link) in zip(axes, (("GPU -> switch (tx)", "gpu{}->sw0"), ("switch -> GPU (rx)", "sw0->gpu{}"))):
+    for ax, (title, link) in zip(axes, (("GPU -> switch (tx)", "gpu{0}->sw{1}"), ("switch -> GPU (rx)", "sw{1}->gpu{0}"))):
         for i, name in enumerate(names):
             ax.bar([g - 0.4 + (i + 0.5) * width for g in range(gpus)],
-                   [by_algorithm[name].get(link.format(g), 0) / scale for g in range(gpus)], width, label=name)
-        ax.set_xticks(range(gpus), [str(g) for g in range(gpus)])
+                   [by_algorithm[name].get(link.format(g, leaf(g)), 0) / scale for g in range(gpus)], width, label=name)
+        step = 1 if gpus <= 32 else 8
+        ax.set_xticks(range(0, gpus, step), [str(g) for g in range(0, gpus, step)])
         ax.set_xlabel("GPU")
         ax.set_ylabel(f"payload per link ({unit})")
         ax.set_title(title, fontsize=10)

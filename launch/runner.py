@@ -22,7 +22,10 @@ def fabric_arguments(parser: argparse.ArgumentParser) -> None:
     """The options every entry point shares: which fabric, how many GPUs, the deadline."""
     parser.add_argument("--preset", choices=sorted(PRESETS), help=f"named fabric (default {DEFAULT_PRESET})")
     parser.add_argument("--config", metavar="FILE.toml", help="fabric description in TOML")
-    parser.add_argument("--gpus", type=int, help="override the fabric's GPU count")
+    parser.add_argument("--gpus", type=int, help="override the fabric's GPU count (all nodes together)")
+    parser.add_argument("--nodes", type=int, metavar="N", help="nodes of the fabric (a leaf switch each; the "
+                        "superpod presets have 2)")
+    parser.add_argument("--gpus-per-node", type=int, metavar="M", help="GPUs in each node (instead of --gpus)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
                         help=f"deadline of every blocking wait, seconds (default {DEFAULT_TIMEOUT_S:g})")
     parser.add_argument("--trace-dir", metavar="DIR", help="write one trace file per rank into DIR")
@@ -30,6 +33,15 @@ def fabric_arguments(parser: argparse.ArgumentParser) -> None:
                         "[gpu N] label (still whole lines, never spliced)")
     parser.add_argument("--report-json", metavar="FILE", help="write the end-of-run report (link counters, "
                         "port counts, every collective call) as JSON to FILE")
+
+
+def fabric_of(args: argparse.Namespace, preset_name: str | None = None):
+    """The fabric the options ask for: --preset/--config (or the preset `preset_name` instead), sized
+    by --gpus, --nodes and --gpus-per-node."""
+    if preset_name is not None:
+        return resolve(preset_name, None, args.gpus, getattr(args, "nodes", None), getattr(args, "gpus_per_node", None))
+    return resolve(args.preset, args.config, args.gpus, getattr(args, "nodes", None),
+                   getattr(args, "gpus_per_node", None))
 
 
 def split_script_args(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -128,7 +140,7 @@ def run(argv: list[str] | None) -> int:
     rank = world_rank()
     problem = None
     try:
-        config = resolve(args.preset, args.config, args.gpus)
+        config = fabric_of(args)
         if args.trace_dir is not None:
             prepare_trace_dir(args.trace_dir)
         if args.report_json is not None:
@@ -162,7 +174,7 @@ def run(argv: list[str] | None) -> int:
         if rank == 0:
             print(f"nvlink-emu: error: {exc}", file=sys.stderr)
         return 2
-    if result.role == "switch":
+    if result.role == "switch" and result.rank == config.gpus:  # switch 0 (the leaf of node 0) speaks for all
         print(run_summary(result.report), file=sys.stderr, flush=True)  # stdout is the workload's
         if args.report_json is not None:
             try:

@@ -11,6 +11,23 @@ from nvlink_emu.fabric.trace import RankTrace
 US = 1e-3  # Chrome traces count microseconds; modeled times are ns
 
 
+def rank_label(header: dict) -> str:
+    """A rank's name in traces and reports: "GPU 3", "switch (rank 8)" on one node, "leaf 1 (rank 11)"
+    or "spine 0 (rank 18)" on several (the fabric's rank numbering: GPUs first, then switches)."""
+    if header["role"] == "gpu":
+        return f"GPU {header['rank']}"
+    nodes = header.get("nodes", 1)
+    if nodes == 1:
+        return f"switch (rank {header['rank']})"
+    switch = header["rank"] - header["gpus"]
+    return f"leaf {switch} (rank {header['rank']})" if switch < nodes else f"spine {switch - nodes} (rank {header['rank']})"
+
+
+def leaf_of(header: dict, gpu: int) -> int:
+    """The leaf switch GPU `gpu` is attached to, from a trace header."""
+    return gpu // (header["gpus"] // header.get("nodes", 1))
+
+
 def packets(traces: list[RankTrace]) -> dict[tuple[str, int], dict]:
     """Every counted packet, by (link, seq): its 'tx' record (sender), 'rx' record (receiver), and the
     receiving GPU's 'busy' record (its downlink occupancy) where there is one."""
@@ -62,7 +79,7 @@ def merge(traces: list[RankTrace], time_base: str = "modeled") -> dict:
         busy = ends.get("busy")
         args = {"kind": tx["kind"], "payload": tx["payload"], "raw": tx["raw"], "seq": seq}
         if modeled:
-            if link.startswith("gpu"):  # uplink: the GPU transmits, the switch receives a hop later
+            if "->gpu" not in link:  # uplink or between switches: the sender books it, the receiver gets it later
                 send = (tx["m_start"], tx["m_end"])
                 recv = (rx["m_start"], rx["m_end"])
             else:  # downlink: the GPU measured the occupancy when it took the packet in
@@ -139,8 +156,7 @@ def merge(traces: list[RankTrace], time_base: str = "modeled") -> dict:
                     "ts": ts_b})
     for rank, trace in ranks.items():
         role = trace.header["role"]
-        out.append({"ph": "M", "name": "process_name", "pid": rank,
-                    "args": {"name": f"GPU {rank}" if role == "gpu" else f"switch (rank {rank})"}})
+        out.append({"ph": "M", "name": "process_name", "pid": rank, "args": {"name": rank_label(trace.header)}})
         out.append({"ph": "M", "name": "process_sort_index", "pid": rank, "args": {"sort_index": rank}})
     named = set()
     for (pid, name, _), tid in lane_tids.items():
@@ -154,14 +170,23 @@ def merge(traces: list[RankTrace], time_base: str = "modeled") -> dict:
 
 
 def link_totals(traces: list[RankTrace]) -> dict[str, dict]:
-    """Per link: payload bytes, raw bytes, packets (as its GPU end counted them) and busy ns."""
+    """Per link: payload bytes, raw bytes, packets (as its GPU end counted them; a link between two
+    switches, as its sender did) and busy ns."""
     totals: dict[str, dict] = {}
     for trace in traces:
-        if trace.header["role"] != "gpu":
-            continue
-        bandwidth = trace.header["timing"]["bandwidth_gbytes_per_s"]
+        header = trace.header
+        if header["role"] == "gpu":
+            bandwidth = header["timing"]["bandwidth_gbytes_per_s"]
+            wanted = ("tx", "rx")
+        else:  # the leaf-spine links it sends on: the node's uplink split over the spines
+            spines = header.get("spines") or 0
+            if not spines:
+                continue
+            per_node = header["gpus"] // header["nodes"]
+            bandwidth = header["uplink_gbytes_per_s_per_gpu"] * per_node / spines
+            wanted = ("tx",)
         for event in trace.events:
-            if event["ev"] in ("tx", "rx"):
+            if event["ev"] in wanted and (header["role"] == "gpu" or "->gpu" not in event["link"]):
                 row = totals.setdefault(event["link"], {**{f: 0 for f in FIELDS}, "busy_ns": 0.0})
                 row["payload_bytes"] += event["payload"]
                 row["raw_bytes"] += event["raw"]
@@ -205,7 +230,7 @@ def traffic_matrix(traces: list[RankTrace]) -> tuple[list[str], list[list[int]]]
     for trace in traces:
         if trace.header["role"] == "switch":
             for event in trace.events:
-                if event["ev"] == "tx":
+                if event["ev"] == "tx" and "->gpu" in event["link"]:  # delivered to a GPU (not passed on)
                     dest = int(event["link"].split("->gpu")[1])
                     matrix[event["origin"] if event["origin"] >= 0 else gpus][dest] += event["payload"]
     return [f"GPU {g}" for g in range(gpus)] + ["switch"], matrix

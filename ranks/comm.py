@@ -425,7 +425,9 @@ class Communicator:
                 raise FabricError(f"GPU {gpu.rank}: {name}: {exc}") from None
             if counts is None:
                 try:
-                    algorithm = collectives.choose(name, algorithm, gpu.config, count * dtype.itemsize, self.size)
+                    nodes = len({m // gpu.config.gpus_per_node for m in self.members})
+                    algorithm = collectives.choose(name, algorithm, gpu.config, count * dtype.itemsize, self.size,
+                                                   nodes)
                 except UnsupportedOperation as exc:
                     raise UnsupportedOperation(f"GPU {gpu.rank}: {exc}") from None
             partitions = sorted({gpu.config.partition_of(m) for m in self.members})

@@ -61,7 +61,8 @@ class Gpu:
         self.timeout_s = timeout_s
         self._transport = transport
         self._control = control
-        self._switch = switch_rank
+        self._switch = switch_rank  # the rank of this GPU's leaf switch
+        self._leaf = self.rank // config.gpus_per_node  # its switch index (the node's)
         self._network = config.mode == "network"
         self._keys = network_addresses if self._network else tuple(range(config.gpus))
         self.network_address = network_addresses[self.rank] if self._network else None
@@ -195,9 +196,11 @@ class Gpu:
     def export(self, array: np.ndarray, to=None, writable: bool = True, readable: bool = True) -> Handle:
         """Export `array` as a window that GPUs `to` (default: this GPU's partition) may read/write.
 
-        The fabric manager maps it in the Link TLB at run time and returns its network address.
+        The fabric manager maps it in the Link TLB at run time and returns its network address. On
+        classic nodes joined by InfiniBand (several nodes) it registers the memory, as RDMA does: the
+        handle names the owner's GPU index, and it is how GPUs of other nodes reach it.
         """
-        if not self._network:
+        if not self.config.windows:
             raise UnsupportedOperation(f"GPU {self.rank}: export on classic NVLink ({self.config.name}): "
                                        f"connections are fixed at boot; use gpu.physical_address(array)")
         offset = self._mem.offset_of(array)
@@ -230,7 +233,7 @@ class Gpu:
 
     def revoke(self, handle: Handle) -> None:
         """Tear down an exported window: later accesses to it are refused."""
-        if not self._network:
+        if not self.config.windows:
             raise UnsupportedOperation(f"GPU {self.rank}: revoke on classic NVLink ({self.config.name}): "
                                        f"connections are fixed at boot")
         if not isinstance(handle, Handle):
@@ -297,7 +300,7 @@ class Gpu:
 
     def link_counters(self) -> dict:
         """This GPU's link counters: tx_/rx_ bytes (payload), raw_bytes, packets, busy_ns (modeled)."""
-        return gpu_view(self._snapshot(), self.rank)
+        return gpu_view(self._snapshot(), self.rank, self._leaf)
 
     def record_call(self, call: CallRecord) -> None:
         """Keep a collective call's record for the run's report (the communicators call this); past
@@ -310,8 +313,8 @@ class Gpu:
             self._call_bytes += size
 
     def _snapshot(self) -> dict:
-        self._counters.links.setdefault(uplink(self.rank), LinkStats()).busy_ns = self._uplink.busy_ns
-        self._counters.links.setdefault(downlink(self.rank), LinkStats()).busy_ns = self._downlink.busy_ns
+        self._counters.links.setdefault(uplink(self.rank, self._leaf), LinkStats()).busy_ns = self._uplink.busy_ns
+        self._counters.links.setdefault(downlink(self.rank, self._leaf), LinkStats()).busy_ns = self._downlink.busy_ns
         return self._counters.snapshot()
 
     # -- non-blocking operations (ranks/requests.py) -------------------------------------------------
@@ -524,11 +527,11 @@ class Gpu:
     def _handle(self, source: int, packet: Packet) -> None:
         seq = None
         if packet.kind.counted:
-            raw = self._counters.record(downlink(self.rank), packet.payload_bytes)
+            raw = self._counters.record(downlink(self.rank, self._leaf), packet.payload_bytes)
             self._rx_seq += 1
             seq = self._rx_seq
             if self.trace is not None and self.trace.enabled:
-                self.trace.write({"ev": "rx", "link": downlink(self.rank), "seq": seq, "kind": packet.kind.name,
+                self.trace.write({"ev": "rx", "link": downlink(self.rank, self._leaf), "seq": seq, "kind": packet.kind.name,
                                   "payload": packet.payload_bytes, "raw": raw, "src": packet.src, "dst": packet.dst,
                                   "wall": time.time()})
         kind = packet.kind
@@ -610,7 +613,7 @@ class Gpu:
     def _send(self, packet: Packet, payload: np.ndarray | None = None, at_ns: float | None = None,
               stamp: tuple[float, float] | None = None) -> list:
         if packet.kind.counted:
-            raw = self._counters.record(uplink(self.rank), packet.payload_bytes)
+            raw = self._counters.record(uplink(self.rank, self._leaf), packet.payload_bytes)
             if stamp is None:
                 at = self.now_ns if at_ns is None else at_ns
                 start, end = self._uplink.transmit(at, at, raw)
@@ -618,7 +621,7 @@ class Gpu:
             packet = replace(packet, t_start=stamp[0], t_end=stamp[1])
             self._tx_seq += 1
             if self.trace is not None and self.trace.enabled:
-                self.trace.write({"ev": "tx", "link": uplink(self.rank), "seq": self._tx_seq, "kind": packet.kind.name,
+                self.trace.write({"ev": "tx", "link": uplink(self.rank, self._leaf), "seq": self._tx_seq, "kind": packet.kind.name,
                                   "payload": packet.payload_bytes, "raw": raw, "src": packet.src, "dst": packet.dst,
                                   "m_start": stamp[0] - self._latency_ns, "m_end": stamp[1] - self._latency_ns,
                                   "wall": time.time()})
@@ -629,7 +632,7 @@ class Gpu:
         raw = raw_bytes(packet.payload_bytes, self.config.mtu_bytes, self.config.header_bytes)
         start, end = self._downlink.transmit(packet.t_start, packet.t_end, raw)
         if self.trace is not None and self.trace.enabled:
-            self.trace.write({"ev": "busy", "link": downlink(self.rank), "seq": seq, "m_start": start, "m_end": end,
+            self.trace.write({"ev": "busy", "link": downlink(self.rank, self._leaf), "seq": seq, "m_start": start, "m_end": end,
                               "wall": time.time()})
         return end + self._latency_ns
 
@@ -655,6 +658,10 @@ class Gpu:
                                            f"export(), got {target!r}")
             dst, base = target.network_address, target.address
             if not (is_integer(dst) and is_integer(base) and 0 <= dst <= WIRE_INT_MAX):
+                raise FabricError(f"GPU {self.rank}: {op} to {target!r}: not a handle export() returned")
+        elif isinstance(target, Handle) and self.config.windows:  # a registered window of classic nodes
+            dst, base = target.network_address, target.address
+            if not (is_integer(dst) and is_integer(base) and 0 <= dst < self.size):
                 raise FabricError(f"GPU {self.rank}: {op} to {target!r}: not a handle export() returned")
         else:
             if isinstance(target, Handle) or not is_integer(target):

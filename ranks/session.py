@@ -1,4 +1,5 @@
-"""One emulated run on an MPI communicator: ranks 0..G-1 are GPUs running main(gpu), rank G the switch."""
+"""One emulated run on an MPI communicator: G GPUs running main(gpu), one leaf switch per node and the
+spines, laid out node by node as fabric.topology says (one node: GPU ranks 0..G-1, the switch G)."""
 
 import dataclasses
 import math
@@ -17,7 +18,7 @@ from nvlink_emu.fabric.trace import TraceWriter, TraceWriteError
 from .gpu import Gpu
 from .output import lines_on_stdout
 from .switch import SwitchRank
-from .transport import Transport, abort_job, split_gpus
+from .transport import Transport, abort_job, split_roles
 
 DEFAULT_TIMEOUT_S = 60.0
 INTERRUPTED_STATUS = 130  # the job's exit status after Ctrl-C: 128 + SIGINT, as shells report it
@@ -45,20 +46,37 @@ def open_trace(trace_dir: str, transport: Transport, config: FabricConfig, role:
             if stale.stem[5:].isdigit() and int(stale.stem[5:]) >= transport.size:
                 stale.unlink()
     return TraceWriter(trace_dir, rank, {
-        "role": role, "gpu": rank if role == "gpu" else None, "fabric": config.name, "mode": config.mode,
-        "link": config.link, "gpus": config.gpus, "config_hash": config.digest(), "clock_offset_s": synced,
+        "role": role, "gpu": rank if role == "gpu" else None,
+        "switch": rank - config.gpus if role == "switch" else None, "fabric": config.name, "mode": config.mode,
+        "link": config.link, "gpus": config.gpus, "nodes": config.nodes, "spines": config.spines,
+        "uplink_gbytes_per_s_per_gpu": config.uplink_gbytes_per_s_per_gpu, "uplink_latency_ns": config.uplink_latency_ns,
+        "config_hash": config.digest(), "clock_offset_s": synced,
         "network_address": addresses[rank] if role == "gpu" and addresses else None,
         "timing": dataclasses.asdict(config.timing), "mtu_bytes": config.mtu_bytes,
         "header_bytes": config.header_bytes})
 
 
 def role_of(rank: int, config: FabricConfig) -> str:
+    """"gpu" or "switch": the role of rank `rank` of the fabric's communicator (GPUs first)."""
     return "gpu" if rank < config.gpus else "switch"
 
 
-def rank_name(rank: int, config: FabricConfig) -> str:
-    """How reports name a rank of a run of `config`: "gpu 2", or "switch (rank 8)"."""
-    return f"gpu {rank}" if role_of(rank, config) == "gpu" else f"switch (rank {rank})"
+def rank_name(rank: int, config: FabricConfig, world_rank: int | None = None) -> str:
+    """How reports name rank `rank` of the fabric's communicator (at MPI rank `world_rank`): "gpu 2",
+    "switch (rank 8)" on one node, "leaf 1 (rank 11)" or "spine 0 (rank 18)" on several."""
+    if role_of(rank, config) == "gpu":
+        return f"gpu {rank}"
+    where = f"rank {rank if world_rank is None else world_rank}"
+    if config.nodes == 1:
+        return f"switch ({where})"
+    switch = rank - config.gpus
+    return f"leaf {switch} ({where})" if switch < config.nodes else f"spine {switch - config.nodes} ({where})"
+
+
+def fabric_key(world_rank: int, config: FabricConfig) -> int:
+    """The fabric rank (GPUs first, then switches) of MPI rank `world_rank` in fabric.topology's layout."""
+    role, index = config.topology.role_of(world_rank)
+    return index if role == "gpu" else config.gpus + index
 
 
 def check_run(config: FabricConfig, timeout_s: float, size: int) -> None:
@@ -67,6 +85,11 @@ def check_run(config: FabricConfig, timeout_s: float, size: int) -> None:
     if not math.isfinite(timeout_s) or timeout_s <= 0:
         raise ConfigError(f"timeout: must be a finite number of seconds > 0, got {timeout_s}")
     if size != config.world_size:
+        if config.nodes > 1:
+            raise ConfigError(f"world size {size} does not match fabric {config.name!r}: {config.nodes} nodes x "
+                              f"{config.gpus_per_node} GPUs + {config.nodes} leaf switches + {config.spines} spines = "
+                              f"{config.world_size} ranks; run with mpiexec -n {config.world_size} (or size the fabric "
+                              f"with --nodes and --gpus-per-node)")
         raise ConfigError(f"world size {size} does not match fabric {config.name!r}: {config.gpus} GPUs + "
                           f"{config.switches} switch = {config.world_size} ranks; run with mpiexec -n "
                           f"{config.world_size}" + (f" (or pass --gpus {size - config.switches})"
@@ -96,23 +119,29 @@ def run_fabric(config: FabricConfig, main, timeout_s: float = DEFAULT_TIMEOUT_S,
     except ConfigError:
         transport.close()
         raise
-    role = role_of(transport.rank, config)
+    world_rank = transport.rank
     trace = None
     try:
-        control = split_gpus(transport, role == "gpu")
+        if config.nodes > 1:
+            transport.reorder(fabric_key(world_rank, config))
+        role = role_of(transport.rank, config)
+        control, switches = split_roles(transport, role == "gpu")
         addresses = assign_network_addresses(config.gpus) if config.mode == "network" else ()
         if trace_dir is not None:
             trace = open_trace(trace_dir, transport, config, role, addresses, timeout_s)
         if role == "gpu":
-            gpu = Gpu(config, transport, control, config.gpus, addresses, timeout_s, trace)
+            leaf = config.gpus + transport.rank // config.gpus_per_node
+            gpu = Gpu(config, transport, control, leaf, addresses, timeout_s, trace)
             with lines_on_stdout(None if stdout_prefix is None else stdout_prefix.format(gpu=transport.rank)):
                 value = call_main(main, gpu)
             report = gpu.finish()
             control.comm.Free()
             end = {"m": gpu.now_ns, "counters": gpu._snapshot()}
         else:
-            switch = SwitchRank(config, transport, timeout_s, trace)
+            switch = SwitchRank(config, transport, timeout_s, trace, switches)
             value, report = None, switch.serve()
+            if switches is not None:
+                switches.close()
             end = {"m": report["elapsed_ns"], "counters": switch.logic.counters.snapshot()}
         if trace is not None:
             trace.close({**end, "wall": time.time()})
@@ -129,7 +158,7 @@ def run_fabric(config: FabricConfig, main, timeout_s: float = DEFAULT_TIMEOUT_S,
                 pass  # the trace may be what failed (a full disk): the report and the abort must still happen
         if not abort_on_error:
             raise
-        name = rank_name(transport.rank, config)
+        name = rank_name(transport.rank, config, world_rank)
         status = exit_status(exc)
         if isinstance(exc, SystemExit):
             report_failure(transport.rank, name, headline=f"sys.exit({exc.code!r}) in the workload; ending the job "

@@ -1,9 +1,15 @@
-"""The switch rank: executes SwitchLogic's decisions over MPI, bounds its in-flight buffer, ends the run.
+"""The switch rank: executes SwitchLogic's (a leaf's) or SpineLogic's decisions over MPI, bounds its
+in-flight buffer, ends the run with the other switches.
 
 It trusts nothing a GPU rank sends: a header is decoded and checked before its payload is taken, a
 payload is sized by what MPI says arrived (never by the header) and dropped unread when it does not
 fit, and a sender whose payload does not come delays only its own later packets. Whatever is
-refused is answered with a NACK and counted on the sender's port; the switch keeps serving.
+refused is answered with a NACK and counted on the sender's port; the switch keeps serving. A leaf
+takes packets from its own node's GPUs and from the spines, a spine from the leaves, and nothing
+else: a message from any other rank is dropped unread (the switches trust each other, never a GPU).
+
+Ranks of the fabric's communicator: GPUs 0..G-1 (GPU index = rank), then switch s at rank G + s
+(leaves 0..N-1, spines N..); ranks/session.py maps them onto the MPI world's node-major layout.
 """
 
 import dataclasses
@@ -13,12 +19,12 @@ from collections import deque
 import numpy as np
 
 from nvlink_emu.fabric.config import FabricConfig
-from nvlink_emu.fabric.counters import LinkStats, check_gpu_links, downlink, uplink
+from nvlink_emu.fabric.counters import LinkStats, check_gpu_links, downlink, merge_reports, uplink
 from nvlink_emu.fabric.errors import FabricError, FabricTimeout, ProtocolError
 from nvlink_emu.fabric.packets import CountersInfo, Kind, Packet, raw_bytes
-from nvlink_emu.fabric.switch import SwitchLogic, port_share_bytes
+from nvlink_emu.fabric.switch import SpineLogic, SwitchLogic, port_share_bytes
 
-from .transport import MAX_HEADER_BYTES, Idle, Transport
+from .transport import MAX_HEADER_BYTES, Idle, SwitchChannel, Transport
 
 MAX_UNREAD = 1024  # answers a GPU may leave unread before the switch stops reading its packets
 MAX_QUEUED = 256   # packets of one GPU waiting behind one that cannot go on yet
@@ -46,9 +52,19 @@ class SwitchRank:
     answers unread, or has too many packets waiting, is not read from until it catches up.
     """
 
-    def __init__(self, config: FabricConfig, transport: Transport, timeout_s: float, trace=None):
+    def __init__(self, config: FabricConfig, transport: Transport, timeout_s: float, trace=None,
+                 switches: SwitchChannel | None = None):
         self.config = config
-        self.logic = SwitchLogic(config)
+        self.index = transport.rank - config.gpus  # switch index: leaves 0..N-1, then spines
+        self.spine = self.index >= config.nodes
+        self.logic = SpineLogic(config, self.index) if self.spine else SwitchLogic(config, self.index)
+        self.switches = switches  # the switch ranks among themselves (end of run); None: this one alone
+        self.gpus = () if self.spine else self.logic.local  # GPUs attached here (their ranks)
+        # the switches this one takes packets from, by rank: a spine's leaves, a leaf's spines
+        peers = range(config.nodes) if self.spine else range(config.nodes, config.switches)
+        self._peer_of = {config.gpus + s: s for s in peers}
+        self.sources = (*self.gpus, *self._peer_of)
+        self.sent_to_switches = self.taken_from_switches = 0  # packets, for the end of run
         self.trace = trace  # a TraceWriter, or None
         self.logic.tracing = trace is not None
         self._seq: dict[str, int] = {}  # per link: packets seen, to pair each send with its receive
@@ -67,8 +83,9 @@ class SwitchRank:
         self._idle = Idle(yields=64, max_sleep_s=1e-3)  # every packet passes here: stay more awake
 
     def serve(self) -> dict:
-        """Run until every GPU reported DONE; returns the run's report (also sent to every GPU)."""
-        gpus = self.config.gpus
+        """Run until every GPU of the fabric reported DONE and no packet is left between switches;
+        returns the run's report (also sent to every GPU)."""
+        gpus = len(self.gpus)
         first_done = None
         while len(self._done) < gpus:
             if self._step():
@@ -80,7 +97,7 @@ class SwitchRank:
                 first_done = time.monotonic()
             # a backstop behind the GPUs' own deadlines, which name the operation more precisely
             if first_done is not None and time.monotonic() - first_done > self.end_timeout_s:
-                missing = sorted(set(range(gpus)) - self._done)
+                missing = sorted(set(self.gpus) - self._done)
                 raise FabricTimeout(f"switch: GPUs {missing} did not finish within {self.end_timeout_s:g} s of "
                                     f"GPUs {sorted(self._done)} finishing (end of run)")
             self._idle()
@@ -95,7 +112,8 @@ class SwitchRank:
         self._steps += 1
         if not self._steps % SWEEP_STEPS:  # now and then, for every GPU (honest ones never leave any)
             moved |= self.transport.drop_other_tags() > 0
-            for source in range(self.config.gpus):
+            moved |= self.transport.drop_strays_from(set(self.sources)) > 0
+            for source in self.gpus:
                 moved |= self._drop_orphans(source)
         else:
             for source in self._suspects:
@@ -111,9 +129,9 @@ class SwitchRank:
         transport = self.transport
         held = {s for s, queue in self._waiting.items() if len(queue) > MAX_QUEUED or queue[0].held}
         held.update(d for d in transport.backlogged(MAX_UNREAD) if d < self.config.gpus)
-        if not held:
+        if not held:  # any rank: a header from one that is no source of this switch is dropped by _take
             return transport.poll(limit=MAX_HEADER_BYTES)
-        for source in range(self.config.gpus):
+        for source in self.sources:
             if source not in held:
                 got = transport.poll(source, limit=MAX_HEADER_BYTES)
                 if got is not None:
@@ -121,14 +139,34 @@ class SwitchRank:
         return None
 
     def _congested(self, source: int, packet: Packet) -> bool:
-        """Whether a port `packet` goes to has its share of forwarded bytes in flight already."""
+        """Whether a rank `packet` goes to (a GPU here, or the next switch) has its share of forwarded
+        bytes in flight already. Packets of other switches are not held: the switches are trusted,
+        and each GPU's traffic was bounded at its own leaf."""
+        if source in self._peer_of:
+            return False
         pending = self.transport.pending_bytes_to
-        return any(pending.get(port, 0) and pending[port] + packet.payload_bytes > self.port_share_bytes
-                   for port in self.logic.egress_ports(source, packet))
+        for port in self.logic.egress_ports(source, packet):
+            switch = self.logic.next_switch(port) if 0 <= port < self.config.gpus else None
+            dest = port if switch is None else self.config.gpus + switch
+            if pending.get(dest, 0) and pending[dest] + packet.payload_bytes > self.port_share_bytes:
+                return True
+        return False
 
     def _take(self, source: int, data: bytes | None) -> None:
-        if not 0 <= source < self.config.gpus:
-            return  # not a GPU of this fabric: nobody to answer
+        if source in self._peer_of:
+            if data is None:
+                raise ProtocolError(f"switch {self.index}: a header of more than {MAX_HEADER_BYTES} bytes from "
+                                    f"switch {self._peer_of[source]}")
+            self.taken_from_switches += 1
+            packet = Packet.from_wire(data)  # a switch's packet: a bad one is a bug, and ends the run
+            if self._waiting.get(source) or packet.payload_bytes:
+                self._waiting.setdefault(source, deque()).append(_Waiting(packet, time.monotonic() + self.timeout_s))
+                self._advance(source)
+            else:
+                self._handle(source, packet, None)
+            return
+        if source not in self.gpus:
+            return  # not a GPU of this switch: nobody to answer
         if data is None:
             self._refuse(source, ProtocolError(f"switch: a header of more than {MAX_HEADER_BYTES} bytes from "
                                                f"GPU {source}"))
@@ -178,7 +216,8 @@ class SwitchRank:
                     continue
                 message, size = got
                 try:
-                    self.logic.check_header(source, packet)  # before allocating anything for it
+                    if source in self.gpus:
+                        self.logic.check_header(source, packet)  # before allocating anything for it
                     if size != packet.payload_bytes:
                         raise ProtocolError(f"{packet.kind.name} from GPU {source}: header says "
                                             f"{packet.payload_bytes} bytes, {size} came")
@@ -210,11 +249,25 @@ class SwitchRank:
 
     # -- serving --------------------------------------------------------------------------------------
     def _handle(self, source: int, packet: Packet, payload: np.ndarray | None) -> None:
+        peer = self._peer_of.get(source)
+        if peer is not None:  # from another switch: decided at the sender's leaf, or to be at this one
+            if self.spine:
+                sends = [self.logic.on_packet(peer, packet, payload)]
+            else:
+                sends = self.logic.on_transit(peer, packet, payload)
+            origin = self.logic.gpu_of_key(packet.src)
+            origin = -1 if origin is None else origin
+            if self.trace is not None:
+                self._record("rx", f"sw{peer}->sw{self.index}", packet, origin)
+            self._send_all(sends, origin)
+            return
         kind = packet.kind
         if kind is Kind.DONE:
             self._done.add(source)
             return
-        if source in self._done and not self._asked_counters:
+        # a GPU whose main has returned still answers puts and gets of GPUs still at work (its memory
+        # outlives its program); anything else it sends says it was not done
+        if source in self._done and not self._asked_counters and kind not in (Kind.PUT_ACK, Kind.GET_DATA):
             self._done.discard(source)  # it said DONE too early: it is still at work
             self._busy_after_done = True
         if kind is Kind.TRACE:
@@ -232,7 +285,7 @@ class SwitchRank:
             else:
                 self._counters[source] = packet.info
             return
-        link = uplink(source)
+        link = uplink(source, self.index)
         before = self.logic.counters.get(link).packets if self.trace is not None else 0
         sends = self.logic.on_packet(source, packet, payload)
         if self.trace is not None and self.logic.counters.get(link).packets != before:
@@ -251,6 +304,8 @@ class SwitchRank:
         return True
 
     def _refuse(self, source: int, error: FabricError, packet: Packet | None = None) -> None:
+        if source in self._peer_of:  # switches trust each other: a switch's broken packet is a bug
+            raise FabricError(f"switch {self.index}: from switch {self._peer_of[source]}: {error}")
         if isinstance(error, ProtocolError):
             self._suspects.add(source)  # an honest GPU never breaks the protocol
         if packet is None:
@@ -261,9 +316,16 @@ class SwitchRank:
 
     def _send_all(self, sends: list, source: int) -> None:
         for send in sends:
-            self.transport.send(send.port, send.packet, send.payload)
+            switch = self.logic.next_switch(send.port)
+            if switch is None:
+                self.transport.send(send.port, send.packet, send.payload)
+                link = downlink(send.port, self.index)
+            else:
+                self.transport.send(self.config.gpus + switch, send.packet, send.payload)
+                self.sent_to_switches += 1
+                link = f"sw{self.index}->sw{switch}"
             if self.trace is not None and send.packet.kind.counted:
-                self._record("tx", downlink(send.port), send.packet, source if send.origin is None else send.origin)
+                self._record("tx", link, send.packet, source if send.origin is None else send.origin)
         if self.logic.events:
             wall = time.time()
             for event in self.logic.events:
@@ -272,13 +334,18 @@ class SwitchRank:
 
     def _record(self, ev: str, link: str, packet: Packet, origin: int) -> None:
         """A packet entering (rx) or leaving (tx) the switch on `link`; `origin` is the GPU its data
-        comes from (-1: made by the switch). m_start/m_end: when its first/last byte is ready there."""
+        comes from (-1: made by the switch). m_start/m_end: when its first/last byte is ready there (a
+        link to another switch, booked here: when they leave on it)."""
         seq = self._seq[link] = self._seq.get(link, -1) + 1
         config = self.config
+        start, end = packet.t_start, packet.t_end
+        if ev == "tx" and link in self.logic.clocks:  # stamped at the far end: on the link, a latency earlier
+            latency = self.logic.topology.link(link).latency_ns
+            start, end = start - latency, end - latency
         self.trace.write({"ev": ev, "link": link, "seq": seq, "kind": packet.kind.name, "origin": origin,
                           "src": packet.src, "dst": packet.dst, "payload": packet.payload_bytes,
                           "raw": raw_bytes(packet.payload_bytes, config.mtu_bytes, config.header_bytes),
-                          "m_start": packet.t_start, "m_end": packet.t_end, "wall": time.time()})
+                          "m_start": start, "m_end": end, "wall": time.time()})
 
     # -- end of run ---------------------------------------------------------------------------------
     def _wait(self, done, what: str, waiting_for) -> None:
@@ -293,45 +360,78 @@ class SwitchRank:
             self._idle()
 
     def _finish(self) -> dict:
-        gpus = self.config.gpus
-        self._wait(lambda: self.transport.idle, "end of run", lambda: "forwarded packets to be received")
+        self._quiesce()
+        gpus = self.gpus
         self._asked_counters = True
-        for gpu in range(gpus):
+        for gpu in gpus:
             self.transport.send(gpu, Packet(Kind.SHUTDOWN, -1, self.logic.route_key(gpu)))
-        self._wait(lambda: len(self._counters) == gpus, "end of run",
-                   lambda: f"counters of GPUs {sorted(set(range(gpus)) - set(self._counters))}")
-        # The switch's own counts are the report's. Byte conservation is checked link by link against
-        # what each GPU says it counted: a GPU's word is not trusted, so a mismatch is reported against
-        # that GPU's links (an emulator bug, or a GPU that lies) and never fails the others' run.
-        links = self.logic.counters.snapshot()
-        conservation = {}
-        for gpu in range(gpus):
-            try:
-                check_gpu_links(links, gpu, self._counters[gpu].links)
-            except FabricError as exc:
-                conservation[gpu] = str(exc)
-            for link in (uplink(gpu), downlink(gpu)):  # modeled busy time is kept by the GPU end of each link
-                busy = self._counters[gpu].links.get(link, {}).get("busy_ns", 0.0)
-                links.setdefault(link, LinkStats().as_dict())["busy_ns"] = float(busy)
-        report = {
-            "fabric": self.config.name,
-            "mode": self.config.mode,
-            "gpus": gpus,
-            "elapsed_ns": max(self._counters[g].now_ns for g in range(gpus)),
-            "links": links,
-            "ports": {g: row for g, row in self.logic.port_stats().items()},
-            "network_addresses": list(self.logic.network_addresses),
-            "switch": {"peak_held_bytes": self.logic.peak_held_bytes, "groups_created": self.logic.groups.created,
-                       "groups_released": self.logic.groups.released,
-                       "reduced_bytes": self.logic.groups.reduced_bytes,
-                       "unanswered_requests": self.logic.awaited_replies},
-            "unconsumed": {g: self._counters[g].unconsumed for g in range(gpus) if self._counters[g].unconsumed},
-            "conservation": conservation,
-            # each GPU's own record of its collective calls, in call order (its word, like its clock)
-            "collectives": {g: [dataclasses.asdict(c) for c in self._counters[g].calls] for g in range(gpus)},
-            "collectives_unrecorded": {g: self._counters[g].calls_unrecorded for g in range(gpus)},
-        }
-        for gpu in range(gpus):
+        self._wait(lambda: len(self._counters) == len(gpus), "end of run",
+                   lambda: f"counters of GPUs {sorted(set(gpus) - set(self._counters))}")
+        part = self._report_part()
+        parts = [part] if self.switches is None else self.switches.allgather(part, self._wait_for)
+        report = merge_reports(self.config, parts)
+        for gpu in gpus:
             self.transport.send(gpu, Packet(Kind.SHUTDOWN, -1, self.logic.route_key(gpu), info=report))
         self._wait(lambda: self.transport.idle, "end of run", lambda: "the report to reach every GPU")
         return report
+
+    def _quiesce(self) -> None:
+        """Serve until no packet is left anywhere between switches: every switch idle with all its GPUs
+        done, in two successive rounds of sums over the switches with the same counts of packets
+        sent to and taken from switches, and as many taken as sent (Mattern's four-counter method:
+        a packet in flight in the first round would make the second round's counts differ)."""
+        self._wait(lambda: self.transport.idle and not self._waiting, "end of run",
+                   lambda: "forwarded packets to be received")
+        if self.switches is None:
+            return
+        deadline = time.monotonic() + self.end_timeout_s
+        previous = None
+        while True:
+            quiet = len(self._done) == len(self.gpus) and self.transport.idle and not self._waiting
+            busy, sent, taken = self.switches.sum((0 if quiet else 1, self.sent_to_switches, self.taken_from_switches),
+                                                  self._wait_for)
+            if not busy and sent == taken:
+                if previous == (sent, taken):
+                    return
+                previous = (sent, taken)
+            else:
+                previous = None
+            if time.monotonic() > deadline:
+                missing = sorted(set(self.gpus) - self._done)
+                raise FabricTimeout(f"switch {self.index}: the fabric did not go quiet within {self.end_timeout_s:g} "
+                                    f"s of this switch's GPUs finishing (end of run; GPUs here not done: {missing}, "
+                                    f"packets between switches: {sent} sent, {taken} taken)")
+
+    def _wait_for(self, request_done, what: str) -> None:
+        """Serve until request_done() holds (an MPI collective of the switches); FabricTimeout naming `what`."""
+        self._wait(request_done, "end of run", lambda: what)
+
+    def _report_part(self) -> dict:
+        """This switch's share of the run's report (merged by fabric.counters.merge_reports): its links,
+        its ports, and its GPUs' records. Byte conservation is checked link by link against what each GPU
+        says it counted: a GPU's word is not trusted, so a mismatch is reported against that GPU's links
+        (an emulator bug, or a GPU that lies) and never fails the others' run."""
+        logic, counters = self.logic, self._counters
+        links = logic.counters.snapshot()
+        for link, clock in logic.clocks.items():  # links to other switches: booked at this end
+            links.setdefault(link, LinkStats().as_dict())["busy_ns"] = float(clock.busy_ns)
+        conservation = {}
+        for gpu in self.gpus:
+            try:
+                check_gpu_links(links, gpu, counters[gpu].links, self.index)
+            except FabricError as exc:
+                conservation[gpu] = str(exc)
+            for link in (uplink(gpu, self.index), downlink(gpu, self.index)):  # busy time: kept at the GPU end
+                busy = counters[gpu].links.get(link, {}).get("busy_ns", 0.0)
+                links.setdefault(link, LinkStats().as_dict())["busy_ns"] = float(busy)
+        part = {"switch": self.index, "links": links, "conservation": conservation,
+                "now_ns": {g: float(counters[g].now_ns) for g in self.gpus},
+                "unconsumed": {g: counters[g].unconsumed for g in self.gpus if counters[g].unconsumed},
+                "collectives": {g: [dataclasses.asdict(c) for c in counters[g].calls] for g in self.gpus},
+                "collectives_unrecorded": {g: counters[g].calls_unrecorded for g in self.gpus}}
+        if not self.spine:
+            part.update(ports=logic.port_stats(), stats={
+                "peak_held_bytes": logic.peak_held_bytes, "groups_created": logic.groups.created,
+                "groups_released": logic.groups.released, "reduced_bytes": logic.groups.reduced_bytes,
+                "unanswered_requests": logic.awaited_replies})
+        return part

@@ -17,6 +17,7 @@ import sys
 import time
 from collections import deque
 
+import msgpack
 import numpy as np
 from mpi4py import MPI
 
@@ -116,6 +117,13 @@ class Transport:
         self.pending_bytes = 0                      # payload bytes posted and not yet sent, all destinations
         self.pending_bytes_to: dict[int, int] = {}  # the same per destination
         self._status = MPI.Status()
+
+    def reorder(self, key: int) -> None:
+        """Renumber this rank `key` (a collective of every rank): the fabric numbers its ranks GPUs
+        first, then switches, whatever the MPI world's layout."""
+        comm = self.comm.Split(0, key)
+        self.comm.Free()
+        self.comm, self.rank = comm, comm.Get_rank()
 
     def send(self, dest: int, packet: Packet, payload: np.ndarray | None = None) -> list:
         """Post `packet` (and its payload bytes) to `dest`; returns the requests, complete when sent."""
@@ -238,6 +246,18 @@ class Transport:
             return dropped
         return _drop_front(self.comm, self._status, lambda source, tag: source == expected)
 
+    def drop_strays_from(self, allowed: set) -> int:
+        """Drop messages waiting from ranks outside `allowed` (a switch hears its own GPUs and its
+        neighbour switches only); returns how many."""
+        dropped = 0
+        if len(allowed) < self.size - 1:
+            for source in range(self.size):
+                while source != self.rank and source not in allowed and self.comm.Iprobe(source, MPI.ANY_TAG,
+                                                                                         self._status):
+                    self._drop_from(source, self._status.Get_tag())
+                    dropped += 1
+        return dropped
+
     def recv_payload(self, source: int, out: np.ndarray, deadline_s: float, what: str) -> None:
         """Receive the payload that follows a header from `source` into `out` (uint8, contiguous)."""
         request = self.comm.Irecv([out, MPI.BYTE], source, TAG_PAYLOAD)
@@ -348,7 +368,44 @@ def native_collective(channel: ControlChannel, collective: str, send: np.ndarray
     raise ValueError(f"no native {collective}")
 
 
-def split_gpus(transport: Transport, is_gpu: bool) -> ControlChannel | None:
-    """A control channel over the GPU ranks only (collective over the transport's communicator)."""
-    comm = transport.comm.Split(0 if is_gpu else MPI.UNDEFINED, transport.rank)
-    return ControlChannel(comm) if is_gpu else None
+class SwitchChannel:
+    """The switch ranks among themselves, which trust each other: sums and exchanges at the end of a
+    run, by MPI's own non-blocking collectives (the caller serves traffic while they complete)."""
+
+    def __init__(self, comm):
+        self.comm = comm
+
+    def sum(self, values, wait) -> list[int]:
+        """Element-wise sums of every switch's `values` (ints); wait(done, what) serves until done()."""
+        send = np.array(values, np.int64)
+        total = np.zeros_like(send)
+        request = self.comm.Iallreduce(send, total, MPI.SUM)
+        wait(request.Test, "the other switches' counts (end of run)")
+        return [int(v) for v in total]
+
+    def allgather(self, obj, wait) -> list:
+        """Every switch's `obj` (msgpack-encodable), in switch order."""
+        data = np.frombuffer(msgpack.packb(obj), np.uint8)
+        sizes = np.zeros(self.comm.Get_size(), np.int64)
+        request = self.comm.Iallgather(np.array([data.size], np.int64), sizes)
+        wait(request.Test, "the other switches' report sizes (end of run)")
+        out = np.empty(int(sizes.sum()), np.uint8)
+        request = self.comm.Iallgatherv(data, [out, sizes.tolist()])
+        wait(request.Test, "the other switches' reports (end of run)")
+        offsets = np.concatenate(([0], np.cumsum(sizes)))
+        return [msgpack.unpackb(out[a:b].tobytes(), strict_map_key=False) for a, b in zip(offsets[:-1], offsets[1:])]
+
+    def close(self) -> None:
+        self.comm.Free()
+
+
+def split_roles(transport: Transport, is_gpu: bool) -> tuple[ControlChannel | None, SwitchChannel | None]:
+    """(a control channel over the GPU ranks, a channel over the switch ranks): this rank's one of
+    them, the other None (collective over the transport's communicator). One switch has no channel."""
+    comm = transport.comm.Split(0 if is_gpu else 1, transport.rank)
+    if is_gpu:
+        return ControlChannel(comm), None
+    if comm.Get_size() == 1:
+        comm.Free()
+        return None, None
+    return None, SwitchChannel(comm)

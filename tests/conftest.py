@@ -5,7 +5,8 @@ nvlink_emu_abort_on_failure asks."""
 
 
 def pytest_ignore_collect(collection_path, config):
-    # tests/mpi needs mpiexec; tests/cli/test_mpi_tier.py runs it that way, so a plain `pytest` runs it too.
-    if collection_path.name == "mpi" and collection_path.parent.name == "tests":
+    # tests/mpi and tests/nodes need mpiexec; tests/cli/test_mpi_tier.py runs them that way, so a plain
+    # `pytest` runs them too.
+    if collection_path.name in ("mpi", "nodes") and collection_path.parent.name == "tests":
         return not config.getoption("--with-mpi", default=False)
     return None

@@ -11,7 +11,7 @@ import numpy as np
 from nvlink_emu.fabric.errors import UnsupportedOperation
 from nvlink_emu.fabric.packets import Kind, LoadInfo, McastInfo, ReduceInfo
 from nvlink_emu.fabric.reduction import blocks, dtype_name
-from nvlink_emu.fabric import cost
+from nvlink_emu.fabric import cost, cost_nodes
 from nvlink_emu.fabric.cost import in_switch_chunk
 from nvlink_emu.fabric.switch import buffer_share_bytes
 
@@ -22,27 +22,35 @@ IN_SWITCH = ("sharp", "nvls")
 SMALL_BYTES = 64 * 1024  # fallback rule: below this, `direct` (fewer steps) before `ring` on a forwarding switch
 
 
-def allowed(config) -> tuple[str, ...]:
-    """Algorithms the fabric can run: the in-switch ones need NVLink Network mode with a SHARP switch."""
-    in_switch = config.mode == "network" and config.sharp
+def allowed(config, nodes: int = 1) -> tuple[str, ...]:
+    """Algorithms the fabric can run for members in `nodes` nodes: the in-switch ones need NVLink
+    Network mode with a SHARP switch, and members behind one leaf (groups span one switch so far)."""
+    in_switch = config.mode == "network" and config.sharp and nodes == 1
     return tuple(name for name in ALGORITHMS if in_switch or name not in IN_SWITCH)
 
 
-def choose(collective: str, algorithm: str, config, nbytes: int, members: int | None = None) -> str:
-    """The algorithm a call on `nbytes` bytes by `members` GPUs (default: all of the fabric's) runs.
+def choose(collective: str, algorithm: str, config, nbytes: int, members: int | None = None,
+           nodes: int | None = None) -> str:
+    """The algorithm a call on `nbytes` bytes by `members` GPUs in `nodes` nodes (default: all of the
+    fabric's) runs.
 
     `auto`: among the algorithms that implement the collective and that the fabric allows, the one
-    the cost model (fabric.cost.modeled_ns) says is fastest, ties to the earlier in ALGORITHMS order
-    (ring, direct, sharp, nvls). For a collective the cost model does not cover, a fixed rule: on a
+    the cost model says is fastest (fabric.cost.modeled_ns; for every GPU of a fabric of several
+    nodes fabric.cost_nodes.modeled_ns), ties to the earlier in ALGORITHMS order (ring, direct,
+    sharp, nvls). For a collective or a group the cost model does not cover, a fixed rule: on a
     SHARP switch the first of sharp, nvls, direct, ring that implements it; otherwise direct, then
     ring below 64 KiB (SMALL_BYTES), ring, then direct from there on."""
     n = config.gpus if members is None else members
+    nodes = config.nodes if members is None or nodes is None else nodes
     if algorithm == "auto":
-        candidates = [name for name in allowed(config) if hasattr(ALGORITHMS[name], collective)]
-        best = cost.fastest(collective, candidates, nbytes, n, config)
+        candidates = [name for name in allowed(config, nodes) if hasattr(ALGORITHMS[name], collective)]
+        if nodes == 1:
+            best = cost.fastest(collective, candidates, nbytes, n, config)
+        else:
+            best = cost_nodes.fastest(collective, candidates, nbytes, config) if n == config.gpus else None
         if best is not None:
             return best
-        if config.mode == "network" and config.sharp:
+        if "sharp" in allowed(config, nodes):
             order = ("sharp", "nvls", "direct", "ring")
         else:
             order = ("direct", "ring") if nbytes < SMALL_BYTES else ("ring", "direct")
@@ -59,6 +67,10 @@ def choose(collective: str, algorithm: str, config, nbytes: int, members: int | 
     if algorithm not in allowed(config):
         raise UnsupportedOperation(f"{collective} with {algorithm!r}: fabric {config.name!r} has no in-switch "
                                    f"reduction or multicast (needs NVLink Network mode with a SHARP switch)")
+    if algorithm not in allowed(config, nodes):
+        raise UnsupportedOperation(f"{collective} with {algorithm!r}: its {n} members are in {nodes} nodes of fabric "
+                                   f"{config.name!r}, and in-switch reduction and multicast span one node's switch "
+                                   f"so far; use ring or direct (or auto)")
     return algorithm
 
 

@@ -112,6 +112,15 @@ def test_world_size_that_does_not_match_the_fabric_is_refused_before_traffic(tmp
     assert "mpiexec -n 9" in done.stderr and done.stderr.count("nvlink-emu: error") == 1
 
 
+def test_a_world_size_that_does_not_match_several_nodes_names_the_one_they_need(tmp_path):
+    done, _ = run([command("mpiexec"), "-n", "5", sys.executable, "-m", "nvlink_emu.launch",
+                   script(tmp_path, PUT_SCRIPT), "--preset", "superpod-h100-ib", "--nodes", "3", "--gpus-per-node", "2"])
+    assert done.returncode != 0 and done.stderr.count("nvlink-emu: error") == 1
+    # 3 nodes of 2 GPUs, a leaf each, and a spine per local index: 3 x 3 + 2
+    assert ("world size 5 does not match fabric 'superpod-h100-ib': 3 nodes x 2 GPUs + 3 leaf switches + 2 spines = "
+            "11 ranks; run with mpiexec -n 11") in done.stderr
+
+
 def test_unknown_config_key_is_an_error_naming_it(tmp_path):
     config = tmp_path / "fabric.toml"
     config.write_text('base = "dgx-h100"\ngpus = 3\nbandwidth = 3\n')

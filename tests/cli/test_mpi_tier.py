@@ -1,4 +1,5 @@
-"""Runs the multi-rank tier (tests/mpi) under mpiexec at two world sizes, so plain `pytest` runs it too."""
+"""Runs the multi-rank tiers under mpiexec at several world sizes, so plain `pytest` runs them too:
+tests/mpi on one node, tests/nodes on several (tests/nodes/nodes_helpers.py's SHAPES)."""
 
 import re
 import sys
@@ -8,10 +9,13 @@ import pytest
 from cli_helpers import ROOT, command, run
 
 
-@pytest.mark.parametrize("world_size", [4, 6, 9])  # 3, 5 and 8 GPUs (a DGX), plus the switch rank
-def test_multi_rank_tier_passes_with_nothing_skipped(world_size):
+@pytest.mark.parametrize("tier, world_size", [
+    ("mpi", 4), ("mpi", 6), ("mpi", 9),  # 3, 5 and 8 GPUs (a DGX), plus the switch rank
+    ("nodes", 8), ("nodes", 10),         # 2 nodes x 2 GPUs + 2 leaves + 2 spines; 3 x 2 + 3 leaves + 1 spine
+])
+def test_multi_rank_tier_passes_with_nothing_skipped(tier, world_size):
     done, _ = run([command("mpiexec"), "-n", str(world_size), sys.executable, "-m", "pytest", "--with-mpi",
-                   "-q", "-p", "no:cacheprovider", str(ROOT / "tests" / "mpi")], timeout_s=600)
+                   "-q", "-p", "no:cacheprovider", str(ROOT / "tests" / tier)], timeout_s=600)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-6000:]
     summaries = re.findall(r"(\d+) passed in", output)

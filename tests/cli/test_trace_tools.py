@@ -160,3 +160,42 @@ def test_a_failed_rank_leaves_an_error_record_and_no_end(tmp_path):
         assert "rank-00001.msgpack: truncated" in done.stdout + done.stderr
     # and the report shows the error the failed rank recorded
     assert "GPU 1 (rank 1) failed at modeled" in done.stdout and "RuntimeError: boom" in done.stdout
+
+
+NODES_WORKLOAD = textwrap.dedent("""
+    import numpy as np
+
+    def main(gpu):
+        x = np.arange(3 * 4096, dtype=np.float32)
+        gpu.world.allreduce(x, algorithm="ring")
+        gpu.world.all2all(np.ones(4 * 1000, np.float32), np.empty(4 * 1000, np.float32))
+""")
+
+
+def test_a_traced_run_of_two_nodes_shows_the_leaves_spines_and_their_links(tmp_path):
+    done, _ = run([command("nvlink-emu"), "run", script(tmp_path, NODES_WORKLOAD), "--preset", "superpod-h100-ib",
+                   "--nodes", "2", "--gpus-per-node", "2", "--trace-dir", str(tmp_path / "trace")])
+    assert done.returncode == 0, done.stderr
+    assert "2 nodes x 2 GPUs, 2 leaf switches + 2 spines" in done.stderr
+    printed = {line.split()[0]: [int(v) for v in line.split()[1:7]] for line in done.stderr.splitlines()
+               if line.startswith(("gpu", "sw"))}
+    assert set(printed) == {"gpu0<->sw0", "gpu1<->sw0", "gpu2<->sw1", "gpu3<->sw1",
+                            "sw0<->sw2", "sw0<->sw3", "sw1<->sw2", "sw1<->sw3"}
+    # the trace's own sums (a GPU's links at the GPU end, a leaf-spine link at its sender) are the run's
+    totals = link_totals(read_directory(tmp_path / "trace")[0])
+    for row, counts in printed.items():
+        a, b = row.split("<->")
+        assert [totals[f"{a}->{b}"][f] for f in ("payload_bytes", "raw_bytes", "packets")] == counts[:3]
+        assert [totals[f"{b}->{a}"][f] for f in ("payload_bytes", "raw_bytes", "packets")] == counts[3:]
+    out = tmp_path / "trace.json"
+    done, _ = run([command("nvlink-emu"), "trace", str(tmp_path / "trace"), "-o", str(out)])
+    assert done.returncode == 0, done.stderr
+    events = json.load(open(out))["traceEvents"]
+    names = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert names == {"GPU 0", "GPU 1", "GPU 2", "GPU 3", "leaf 0 (rank 4)", "leaf 1 (rank 5)", "spine 0 (rank 6)",
+                     "spine 1 (rank 7)"}
+    tracks = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert {"sw0->sw2 send", "sw0->sw2 receive", "sw2->sw1 send", "sw2->sw1 receive"} <= tracks
+    done, _ = run([command("nvlink-emu"), "report", str(tmp_path / "trace"), "-o", str(tmp_path / "report")])
+    assert done.returncode == 0, done.stderr
+    assert "# leaf-spine links" in done.stdout and "sw1<->sw3" in done.stdout

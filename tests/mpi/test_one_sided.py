@@ -240,3 +240,25 @@ def test_network_addresses_are_unique_and_not_ranks():
     assert len(set(addresses)) == gpus() and addresses != list(range(gpus()))
     if result.role == "gpu":
         assert result.value == addresses
+
+
+def test_a_gpu_whose_main_returned_still_answers_gets_and_puts():
+    """The owner exports and returns at once; readers get and put afterwards: its memory outlives its
+    program, and the run ends normally (it used to time out, blaming the owner for not finishing)."""
+    owner = 0
+
+    def main(gpu):
+        window = gpu.alloc(4096, "uint8")
+        window[:] = 5
+        handle = gpu.world.allgather_object(gpu.export(window) if gpu.rank == owner else None)[owner]
+        if gpu.rank == owner:
+            return None
+        got = gpu.alloc(4096, "uint8")
+        gpu.get(handle, got)
+        gpu.put(handle, got[:16], offset=16 * gpu.rank)
+        gpu.fence()
+        return int(got.sum())
+
+    result = run(main, timeout_s=10.0)
+    if result.role == "gpu" and result.rank != owner:
+        assert result.value == 5 * 4096

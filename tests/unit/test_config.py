@@ -104,7 +104,12 @@ def test_config_is_immutable():
     (dict(mtu_bytes=0), "mtu_bytes"),
     (dict(header_bytes=-1), "header_bytes"),
     (dict(tlb_entries=0), "tlb_entries"),
-    (dict(switches=2), "switches"),
+    (dict(nodes=3), "gpus"),                                            # 8 GPUs over 3 nodes
+    (dict(nodes=2, spines=5, uplink_gbytes_per_s_per_gpu=1.0, uplink_latency_ns=1.0), "spines"),  # 4 per node
+    (dict(nodes=2, spines=0, uplink_gbytes_per_s_per_gpu=1.0, uplink_latency_ns=1.0), "spines"),
+    (dict(nodes=2, uplink_latency_ns=1.0), "uplink_gbytes_per_s_per_gpu"),
+    (dict(spines=1), "spines"),                                        # one node has no spines
+    (dict(uplink_latency_ns=1.0), "uplink_latency_ns"),
     (dict(chunk_bytes=2 << 20, switch_buffer_bytes=1 << 20), "chunk_bytes"),
     (dict(gpus=4, partitions=((0, 1), (2,))), "partitions"),          # GPU 3 missing
     (dict(gpus=4, partitions=((0, 1), (1, 2, 3))), "partitions"),     # GPU 1 twice
@@ -156,7 +161,7 @@ def test_numeric_keys_refuse_nan_inf_and_booleans(key, value):
 
 def test_numeric_keys_are_the_ones_expected():
     # the test above must not pass vacuously: every numeric key of the config is in it
-    assert {"gpus", "switches", "memory_capacity_bytes", "page_size_bytes", "mtu_bytes", "header_bytes",
+    assert {"gpus", "nodes", "uplink_gbytes_per_s_per_gpu", "uplink_latency_ns", "memory_capacity_bytes", "page_size_bytes", "mtu_bytes", "header_bytes",
             "tlb_entries", "switch_buffer_bytes", "chunk_bytes", "alignment_bytes", "bandwidth_gbytes_per_s",
             "link_latency_ns", "switch_latency_ns", "reduction_gbytes_per_s", "reduction_latency_ns"} <= set(NUMERIC_KEYS)
 
@@ -270,8 +275,9 @@ def test_toml_missing_file(tmp_path):
     ("reduction_gbytes_per_s = -inf\n", "reduction_gbytes_per_s"),
     ("switch_latency_ns = true\n", "switch_latency_ns"),
     ("gpus = nan\n", "gpus"),
-    ("switches = true\n", "switches"),
-    ("switches = 1.0\n", "switches"),
+    ("nodes = true\n", "nodes"),
+    ("nodes = 1.0\n", "nodes"),
+    ("nodes = 2\nspines = 1.0\nuplink_gbytes_per_s_per_gpu = 1\nuplink_latency_ns = 1\n", "spines"),
     ("gpus = 5000\n", "gpus"),
     ("gpus = 4\npartitions = [[0, 1.0], [2, 3]]\n", "partitions"),
     ("gpus = 4\npartitions = [[false, true], [2, 3]]\n", "partitions"),

@@ -276,7 +276,7 @@ def test_responses_across_partitions_refused(kind):
 
 def test_classic_put_routed_by_physical_address():
     sw = classic()
-    assert sw.network_addresses == () and sw.tlbs == []
+    assert sw.network_addresses == () and sw.tlbs == {}
     packet, payload = put(3, -1, physical_address(2, 4096 + 5), 700, req=11)
     sends = sw.on_packet(0, packet, payload)
     assert len(sends) == 1

@@ -48,8 +48,15 @@ def nonzero(per_link):
 
 # -- one node: exactly today's fabric -----------------------------------------------------------------
 
-@pytest.mark.parametrize("name", sorted(PRESETS))
-def test_every_preset_is_a_one_node_topology_with_todays_links_ports_and_ranks(name):
+ONE_NODE = sorted(name for name in PRESETS if preset(name).nodes == 1)
+
+
+def test_the_multi_node_presets_are_the_superpods():
+    assert sorted(set(PRESETS) - set(ONE_NODE)) == ["superpod-a100-ib", "superpod-h100-ib", "superpod-h100-nvlink"]
+
+
+@pytest.mark.parametrize("name", ONE_NODE)
+def test_every_one_node_preset_is_a_one_node_topology_with_todays_links_ports_and_ranks(name):
     config = preset(name)
     g, timing = config.gpus, config.timing
     topo = Topology.single(config)
