@@ -1491,10 +1491,11 @@ class Comm(_Mpi4pyNames):
                              f"{values.size // max(elements, 1)}")
         native = native_reduction(op, values.dtype)
         mine = sizes[emu.rank]
-        even = [(end - start) for start, end in blocks(values.size, n)] == sizes
+        # the fabric's blocks are of the array it reduces: complex as twice as many floats
+        factor = values.dtype.itemsize // native[1].itemsize if native is not None else 1
+        even = [(end - start) for start, end in blocks(values.size * factor, n)] == [z * factor for z in sizes]
         if native is not None and even:
             as_type = native[1]
-            factor = values.dtype.itemsize // as_type.itemsize
             staged = _stage(values.view(as_type) if values.size else values.astype(as_type))
             out = _staging(mine * factor, as_type)
             part = emu.ireduce_scatter(staged, out, native[0], _algorithm("reduce_scatter"))

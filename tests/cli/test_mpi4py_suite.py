@@ -122,3 +122,40 @@ def test_a_bad_algorithm_variable_stops_before_any_traffic(tmp_path):
                   env=dict(os.environ, NVLINK_EMU_MPI4PY_ALGORITHM="torus"))
     assert done.returncode == 2
     assert "NVLINK_EMU_MPI4PY_ALGORITHM='torus'" in done.stderr and "known algorithms are auto" in done.stderr
+
+
+EDGES = """
+import numpy as np
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+r, n = comm.Get_rank(), comm.Get_size()
+rows = [np.arange(3, dtype=np.complex64) * (k + 1) + 1j for k in range(n)]
+out = np.zeros(2 if r == 0 else 1, np.complex64)  # 3 complex in blocks 2, 1: not the fabric's blocks of 6 floats
+comm.Reduce_scatter(rows[r], out, [2, 1], op=MPI.SUM)
+assert np.array_equal(out, sum(rows)[:2] if r == 0 else sum(rows)[2:]), out
+flags = np.array([1, 0, 3], np.intc) * (r + 1) * (np.arange(3) != r)
+both = np.empty_like(flags)
+comm.Allreduce(flags, both, op=MPI.LAND)  # not a fabric op: allgather, then numpy in rank order
+assert both.tolist() == [0, 0, 1] if n == 2 else both.tolist() == [0, 0, 0], both
+pairs = np.zeros(2, MPI.DOUBLE_INT.base)
+pairs["v"], pairs["i"] = [r % 2, -r], r
+best = np.zeros_like(pairs)
+comm.Allreduce([pairs, MPI.DOUBLE_INT], [best, MPI.DOUBLE_INT], op=MPI.MAXLOC)
+assert best["v"].tolist() == [1, 0] and best["i"].tolist() == [1, 0], best
+prefix = np.zeros(1, np.float64)
+comm.Scan(np.array([r + 1.0]), prefix)
+assert prefix[0] == (r + 1) * (r + 2) / 2, prefix
+status = MPI.Status()
+got = comm.sendrecv(r, dest=(r + 1) % n, source=MPI.ANY_SOURCE, status=status)
+assert got == (r - 1) % n == status.Get_source(), (got, status.Get_source())
+print("edges ok")
+"""
+
+
+def test_reductions_the_fabric_cannot_do_alone_are_right(tmp_path):
+    """Uneven complex blocks, LAND, MAXLOC on pairs, Scan, ANY_SOURCE: numpy's answer, on 2 GPUs."""
+    program = tmp_path / "edges.py"
+    program.write_text(EDGES)
+    done, _ = run([command("nvlink-emu"), "run", "--mpi4py", str(program), "--gpus", "2"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("edges ok") == 2

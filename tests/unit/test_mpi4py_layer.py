@@ -150,3 +150,4 @@ def test_mpi4py_modules_other_than_mpi_are_refused_while_the_layer_is_installed(
         with pytest.raises(UnsupportedOperation, match="import mpi4py.util: the mpi4py layer provides mpi4py.MPI only"):
             import mpi4py.util  # noqa: F401
     import mpi4py.util  # noqa: F401,F811 - the real one again afterwards
+
