@@ -104,6 +104,24 @@ class _Mpi4pyNames:
         raise _missing(self._mpi4py, name)
 
 
+class _Handle(_Mpi4pyNames):
+    """An MPI handle: true unless null, equal to another of its family (`_family`) that refers to the
+    same thing (the object in attribute `_held`)."""
+
+    _family: type = object
+    _held = ""
+
+    def __bool__(self):
+        return getattr(self, self._held) is not None
+
+    def __eq__(self, other):
+        if not isinstance(other, self._family):
+            return NotImplemented
+        return getattr(self, self._held) is getattr(other, self._held)
+
+    __hash__ = object.__hash__
+
+
 # -- datatypes ------------------------------------------------------------------------------------------
 def _pair(value) -> np.dtype:
     return np.dtype([("v", value), ("i", np.intc)], align=True)
@@ -405,23 +423,13 @@ class Status(_Mpi4pyNames):
     cancelled = property(Is_cancelled)
 
 
-class Request(_Mpi4pyNames):
+class Request(_Handle):
     """A non-blocking operation. Falsy (REQUEST_NULL) once completed and waited/tested, as in mpi4py."""
 
-    _mpi4py = "Request"
+    _mpi4py, _held = "Request", "_op"
 
     def __init__(self, request=None):
         self._op = request._op if isinstance(request, Request) else None
-
-    def __bool__(self):
-        return self._op is not None
-
-    def __eq__(self, other):
-        if not isinstance(other, Request):
-            return NotImplemented
-        return self._op is other._op
-
-    __hash__ = object.__hash__
 
     def _finish(self, status):
         op, self._op = self._op, None
@@ -515,14 +523,16 @@ class Request(_Mpi4pyNames):
 
     @classmethod
     def waitany(cls, requests, status=None):
-        active = [i for i, r in enumerate(requests) if r._op is not None]
-        if not active:
-            if status is not None:
-                status._set(ANY_SOURCE, ANY_TAG, 0)
-            return UNDEFINED, None
-        index = _progress_until(lambda: next((i for i in active if requests[i]._op.test()), None),
-                                f"waitany of {len(active)} requests")
-        return index, requests[index]._finish(status)
+        cls._wait_for_one(requests, "waitany")
+        index, _, obj = cls.testany(requests, status)
+        return index, obj
+
+    @staticmethod
+    def _wait_for_one(requests, what: str) -> None:
+        """Serve the fabric until one of the active requests has completed (none active: return)."""
+        active = [r for r in requests if r._op is not None]
+        if active:
+            _progress_until(lambda: any(r._op.test() for r in active) or None, f"{what} of {len(active)} requests")
 
     @classmethod
     def Testany(cls, requests, status=None):
@@ -547,11 +557,8 @@ class Request(_Mpi4pyNames):
 
     @classmethod
     def waitsome(cls, requests, statuses=None):
-        active = [i for i, r in enumerate(requests) if r._op is not None]
-        if not active:
-            return None, None
-        _progress_until(lambda: any(requests[i]._op.test() for i in active) or None, "waitsome")
-        return cls._some(requests, active, statuses)
+        cls._wait_for_one(requests, "waitsome")
+        return cls.testsome(requests, statuses)
 
     @classmethod
     def Testsome(cls, requests, statuses=None):
@@ -562,10 +569,6 @@ class Request(_Mpi4pyNames):
         active = [i for i, r in enumerate(requests) if r._op is not None]
         if not active:
             return None, None
-        return cls._some(requests, active, statuses)
-
-    @classmethod
-    def _some(cls, requests, active, statuses):
         done = [i for i in active if requests[i]._op.test()]
         statuses = cls._statuses(statuses, len(done))
         return done, [requests[i]._finish(s) for i, s in zip(done, statuses)]
@@ -579,6 +582,7 @@ class Request(_Mpi4pyNames):
         raise _unsupported("Request.Start", "only persistent requests (Prequest) start")
 
 
+Request._family = Request
 REQUEST_NULL = Request()
 
 
@@ -588,7 +592,6 @@ class Prequest(Request):
     def __init__(self, request=None, make=None):
         super().__init__(request)
         self._make = make
-        self._active = None
         if isinstance(request, Prequest):
             self._make = request._make
 
@@ -931,10 +934,10 @@ def _unpickle(data: np.ndarray):
     return _pickle.loads(data.tobytes()) if data.size else None
 
 
-class Comm(_Mpi4pyNames):
+class Comm(_Handle):
     """MPI.Comm over an emulator communicator (`_emu`: ranks.comm.Communicator, or _Solo for one member)."""
 
-    _mpi4py = "Comm"
+    _mpi4py, _held = "Comm", "_emu"
 
     def __init__(self, comm=None):
         if isinstance(comm, Comm):
@@ -949,16 +952,6 @@ class Comm(_Mpi4pyNames):
         comm._engine = _Engine(comm)
         _ctx.engines.append(comm._engine)
         return comm
-
-    def __bool__(self):
-        return self._emu is not None
-
-    def __eq__(self, other):
-        if not isinstance(other, Comm):
-            return NotImplemented
-        return self._emu is other._emu
-
-    __hash__ = object.__hash__
 
     def __repr__(self):
         return f"<Intracomm {self._name or 'COMM_NULL'}>"
@@ -1701,6 +1694,7 @@ class Intracomm(Comm):
     _mpi4py = "Intracomm"
 
 
+Comm._family = Comm
 COMM_NULL = Intracomm()
 COMM_WORLD = Intracomm()
 COMM_SELF = Intracomm()
