@@ -1137,31 +1137,30 @@ class Comm(_Handle):
         return Prequest(make=lambda: self._irecv(source, tag, message_simple(buf, False, null=source == PROC_NULL),
                                                  False, "Recv_init"))
 
-    def Probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status=None) -> bool:
-        """Block until a message matching (source, tag) is here; it stays to be received."""
-        source, tag = self._peer(source, "Probe", True), self._tag(tag, "Probe", True)
+    def _probe(self, source, tag, status, call: str, wait: bool) -> bool:
+        source, tag = self._peer(source, call, True), self._tag(tag, call, True)
         if source == PROC_NULL:
             if status is not None:
                 status._set(PROC_NULL, ANY_TAG, 0)
             return True
-        entry = _progress_until(lambda: self._engine.probe(source, tag), f"probe of {source} tag {tag}")
-        if status is not None:
-            status._set(entry[0], entry[1], entry[2].size)
-        return True
-
-    def Iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status=None) -> bool:
-        source, tag = self._peer(source, "Iprobe", True), self._tag(tag, "Iprobe", True)
-        if source == PROC_NULL:
-            if status is not None:
-                status._set(PROC_NULL, ANY_TAG, 0)
-            return True
-        _poll()
-        for engine in _ctx.engines:
-            engine.pull()
-        entry = self._engine.probe(source, tag)
+        if wait:
+            entry = _progress_until(lambda: self._engine.probe(source, tag), f"probe of {source} tag {tag}")
+        else:
+            _poll()
+            for engine in _ctx.engines:
+                engine.pull()
+            entry = self._engine.probe(source, tag)
         if entry is not None and status is not None:
             status._set(entry[0], entry[1], entry[2].size)
         return entry is not None
+
+    def Probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status=None) -> bool:
+        """Block until a message matching (source, tag) is here; it stays to be received."""
+        return self._probe(source, tag, status, "Probe", True)
+
+    def Iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status=None) -> bool:
+        """Whether a message matching (source, tag) is here, after serving the fabric once."""
+        return self._probe(source, tag, status, "Iprobe", False)
 
     probe = Probe
     iprobe = Iprobe
