@@ -1,0 +1,74 @@
+"""Multi-rank, several nodes: the trust boundary holds across nodes against a GPU rank that sends
+whatever it likes (the one-node attacks are tests/mpi/test_trust.py).
+
+A workload script is arbitrary Python inside its GPU rank, so these tests reach for the rank's
+internals (its transport, its packets' stamps) exactly as a hostile script could. The attacker is
+GPU 0, alone in partition 0 unless a test says otherwise; the victims are in partition 1.
+"""
+
+import time
+
+import numpy as np
+import pytest
+
+from nvlink_emu.fabric.errors import AccessViolation
+from nvlink_emu.fabric.packets import Kind, Packet, raw_bytes
+
+from nodes_helpers import config, run, shape
+
+pytestmark = pytest.mark.mpi(min_size=7)
+
+
+def gpus() -> int:
+    nodes, per_node, _ = shape()
+    return nodes * per_node
+
+
+def lone_attacker() -> dict:
+    """GPU 0 alone in partition 0; every other GPU in partition 1."""
+    return {"partitions": ((0,), tuple(range(1, gpus())))}
+
+
+def until(gpu, done, what: str, timeout_s: float = 10.0) -> None:
+    """Serve this GPU's traffic until done() holds (a test's own wait on internals)."""
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, f"GPU {gpu.rank}: {what} did not happen within {timeout_s} s"
+        gpu._progress()
+
+
+def refusals(gpu, count: int) -> list:
+    """Wait for `count` refusals of this GPU's packets (NACKs) and take them."""
+    until(gpu, lambda: len(gpu._traffic_errors) >= count, f"{count} refusals")
+    taken, gpu._traffic_errors = gpu._traffic_errors, []
+    return taken
+
+
+def test_a_forged_stamp_cannot_book_a_shared_leaf_spine_link_for_other_tenants():
+    """A GPU's packet carries its own (t_start, t_end), and the links between switches are booked with
+    them: a header-only GET stamped (0, 1e15 ns) to a GPU of another node (refused there, at its Link
+    TLB) booked the leaf-spine links it crossed until 1e15 ns, so another tenant's transfer over the
+    same links was modeled as ending after 1e15 ns. A stamp says when a transfer left its GPU, not for
+    how long: it occupies the links for its bytes' time only, and the other tenant's transfer takes its
+    route's unloaded time exactly."""
+    _, per_node, _ = shape()
+    src, dst, nbytes = 1, per_node + 1, 1 << 20  # partition 1: node 0 -> node 1, over the attacker's spine
+
+    def main(gpu):
+        data = gpu.alloc(nbytes, "uint8")
+        if gpu.rank == 0:
+            gpu._send(Packet(Kind.GET, gpu._keys[0], gpu._keys[dst], 0, 0, 1), stamp=(0.0, 1e15))
+            error, = refusals(gpu, 1)
+            assert isinstance(error, AccessViolation)  # refused at the target's leaf, after crossing the spine
+        gpu.world.allgather_object(None)  # the attacker's links were booked before the victims start
+        if gpu.rank == src:
+            gpu.world.send(data, dst)
+        elif gpu.rank == dst:
+            gpu.world.recv(data, src)
+        return gpu.now_ns
+
+    result = run(main, "superpod-h100-ib", **lone_attacker())
+    if result.role == "gpu" and result.rank == dst:
+        cfg = config("superpod-h100-ib")
+        raw = raw_bytes(nbytes, cfg.mtu_bytes, cfg.header_bytes)
+        assert result.value == pytest.approx(cfg.topology.unloaded_ns(src, dst, raw), rel=1e-12)
