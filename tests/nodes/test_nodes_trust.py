@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 from nvlink_emu.fabric.errors import AccessViolation
-from nvlink_emu.fabric.packets import Kind, Packet, raw_bytes
+from nvlink_emu.fabric.packets import Kind, MsgInfo, Packet, raw_bytes
+
+from nvlink_emu.ranks.session import run_fabric
 
 from nodes_helpers import config, run, shape
 
@@ -72,3 +74,53 @@ def test_a_forged_stamp_cannot_book_a_shared_leaf_spine_link_for_other_tenants()
         cfg = config("superpod-h100-ib")
         raw = raw_bytes(nbytes, cfg.mtu_bytes, cfg.header_bytes)
         assert result.value == pytest.approx(cfg.topology.unloaded_ns(src, dst, raw), rel=1e-12)
+
+
+class _CountedRefusals(list):
+    """A GPU's list of refusals that counts them and keeps none, so that its own wait never raises one."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def append(self, error) -> None:
+        self.count += 1
+
+
+def test_packets_a_gpu_sends_while_the_switches_end_the_run_are_refused_not_forwarded():
+    """The switches agree that nothing is in flight between them (end of run), but a GPU that said DONE
+    could still send: a MSG sent during the agreement's last round, or after it (once its leaf asked
+    for its counters), went up to a spine that had already counted its links, and the report said byte
+    conservation was broken on the leaf-spine link (the fabric's fault, not the GPU's). While the
+    switches end the run, a done GPU's packets other than answers to requests are refused (on its own
+    port), and a leaf is quiet only once every request it forwarded was answered."""
+    _, per_node, _ = shape()
+    partner = per_node  # the attacker's partition: GPU 0 and the first GPU of node 1
+
+    def main(gpu):
+        if gpu.rank != 0:
+            return 0
+        gpu._traffic_errors = sink = _CountedRefusals()
+        data = gpu.alloc(4096, "uint8")
+
+        def late():
+            gpu._send(Packet(Kind.MSG, gpu._keys[0], gpu._keys[partner], 0, 4096, info=MsgInfo(("late",))), data)
+            gpu._progress()
+
+        gpu._transport.send(gpu._switch, Packet(Kind.DONE, gpu._keys[0], -1))
+        deadline = time.monotonic() + 20
+        while gpu._shutdown is None:  # till the switches agreed: a packet and DONE again, over and over
+            late()
+            gpu._transport.send(gpu._switch, Packet(Kind.DONE, gpu._keys[0], -1))
+            assert time.monotonic() < deadline, "the switches never agreed that the run is over"
+        after = 16
+        for _ in range(after):  # and after they agreed
+            late()
+        until(gpu, lambda: sink.count >= after, f"{after} refusals after the end of run")
+        return sink.count
+
+    partitions = ((0, partner), tuple(g for g in range(gpus()) if g not in (0, partner)))
+    result = run_fabric(config(partitions=partitions), main, timeout_s=30, abort_on_error=False)
+    assert set(result.report["conservation"]) <= {0}  # the attacker's own count of its refused packets
+    assert result.report["ports"][0]["malformed"] >= 16
+    assert all(result.report["ports"][g]["refused"] == 0 for g in range(1, gpus()))
