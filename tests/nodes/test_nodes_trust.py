@@ -124,3 +124,57 @@ def test_packets_a_gpu_sends_while_the_switches_end_the_run_are_refused_not_forw
     assert set(result.report["conservation"]) <= {0}  # the attacker's own count of its refused packets
     assert result.report["ports"][0]["malformed"] >= 16
     assert all(result.report["ports"][g]["refused"] == 0 for g in range(1, gpus()))
+
+
+@pytest.mark.xfail(strict=True, reason="transfers a spine passes down are never held at the leaf, so nothing "
+                   "bounds what a leaf keeps in flight to a GPU that does not receive: it needs credits per "
+                   "destination port from the destination's leaf back to the senders' leaves")
+def test_a_gpu_that_stops_receiving_cannot_make_its_leaf_hold_more_than_its_port_s_share(monkeypatch):
+    """On one node the switch holds a transfer bound for a port that has its share of
+    switch_buffer_bytes in flight, so a GPU that does not receive costs the switch that share at most.
+    Across nodes the answers come down from a spine, and the leaf takes and forwards whatever a spine
+    sends (holding it would stall every tenant's traffic from that spine): GPU 0 asks its partner on
+    node 1 for 48 x 1 MiB (raw GETs, all at once) and sleeps; its leaf then holds all 48 MiB for it,
+    three times its port's share (and 65,536 requests of up to a whole GPU's memory each would be
+    allowed)."""
+    from mpi4py import MPI  # the leaf's figure reaches every rank (after the run), so the test fails alike
+
+    from nvlink_emu.fabric.switch import port_share_bytes
+    from nvlink_emu.ranks.transport import Transport
+
+    _, per_node, _ = shape()
+    partner, chunk, count = per_node, 1 << 20, 48
+    peak = [0]
+    keep = Transport._keep
+
+    def counted(self, dest, requests, buffers):
+        out = keep(self, dest, requests, buffers)
+        if dest == 0:  # what this rank keeps in flight to GPU 0 (its leaf is the rank that matters)
+            peak[0] = max(peak[0], self.pending_bytes_to[dest])
+        return out
+
+    monkeypatch.setattr(Transport, "_keep", counted)
+
+    def main(gpu):
+        window = gpu.alloc(chunk, "uint8")
+        window[:] = 5
+        handle = gpu.export(window, to=[0]) if gpu.rank == partner else None
+        handle = gpu.world.allgather_object(handle)[partner]
+        if gpu.rank == 0:
+            outs = [gpu.alloc(chunk, "uint8") for _ in range(count)]
+            reqs = []
+            for out in outs:
+                req = next(gpu._req)
+                gpu._gets[req] = out
+                gpu._send(Packet(Kind.GET, gpu._keys[0], handle.network_address, handle.address, chunk, req))
+                reqs.append(req)
+            until(gpu, lambda: gpu._transport.idle, "the GETs to leave")
+            time.sleep(3.0)  # receives nothing meanwhile
+            until(gpu, lambda: all(r not in gpu._gets for r in reqs), "the answers")
+            assert all((out == 5).all() for out in outs)
+        gpu.world.barrier()
+
+    cfg = config(partitions=((0, partner), tuple(g for g in range(gpus()) if g not in (0, partner))))
+    run(main, partitions=cfg.partitions)
+    most = MPI.COMM_WORLD.allreduce(peak[0], MPI.MAX)
+    assert most <= max(port_share_bytes(cfg), chunk), f"GPU 0's leaf held {most} bytes in flight to it"
