@@ -13,6 +13,7 @@ Ranks of the fabric's communicator: GPUs 0..G-1 (GPU index = rank), then switch 
 """
 
 import dataclasses
+import math
 import time
 from collections import deque
 
@@ -347,14 +348,16 @@ class SwitchRank:
                           "m_start": packet.t_start, "m_end": packet.t_end, "wall": time.time()})
 
     # -- end of run ---------------------------------------------------------------------------------
-    def _wait(self, done, what: str, waiting_for) -> None:
-        """Keep serving (and refusing) until done() holds; FabricTimeout at the deadline."""
-        deadline = time.monotonic() + self.timeout_s
+    def _wait(self, done, what: str, waiting_for, deadline: float | None = None) -> None:
+        """Keep serving (and refusing) until done() holds; FabricTimeout at the deadline (time.monotonic()
+        seconds; default timeout_s from now; math.inf: none, the peers' deadlines end the job)."""
+        start = time.monotonic()
+        deadline = start + self.timeout_s if deadline is None else deadline
         while not done():
             if self._step():
                 continue
             if time.monotonic() > deadline:
-                raise FabricTimeout(f"switch: {what} timed out after {self.timeout_s:g} s waiting for "
+                raise FabricTimeout(f"switch: {what} timed out after {deadline - start:g} s waiting for "
                                     f"{waiting_for()}")
             self._idle()
 
@@ -382,18 +385,26 @@ class SwitchRank:
         a packet in flight in the first round would make the second round's counts differ). A leaf
         is idle once every request it forwarded to its GPUs was answered: a done GPU sends nothing
         else now (_handle refuses it), and an answer crosses switches only while its request is
-        awaited."""
+        awaited.
+
+        The first round waits for every switch to join, as long as a one-node switch waits for its GPUs:
+        a leaf end_timeout_s after its own GPUs finished (the backstop of serve()), a spine, which has no
+        GPUs, until the leaves join (their deadlines end the job if one does not); each later round has
+        end_timeout_s from the first's end."""
         self._wait(lambda: self.transport.idle and not self._waiting, "end of run",
                    lambda: "forwarded packets to be received")
         if self.switches is None:
             return
-        deadline = time.monotonic() + self.end_timeout_s
+        deadline = math.inf if self.spine else time.monotonic() + self.end_timeout_s
         previous = None
         while True:
             quiet = (len(self._done) == len(self.gpus) and self.transport.idle and not self._waiting
                      and (self.spine or not self.logic.awaited_replies))
-            busy, sent, taken = self.switches.sum((0 if quiet else 1, self.sent_to_switches, self.taken_from_switches),
-                                                  self._wait_for)
+            busy, sent, taken = self.switches.sum(
+                (0 if quiet else 1, self.sent_to_switches, self.taken_from_switches),
+                lambda done, what: self._wait(done, "end of run", lambda: what, deadline))
+            if deadline == math.inf:  # every switch joined: the rest of the agreement is quick
+                deadline = time.monotonic() + self.end_timeout_s
             if not busy and sent == taken:
                 if previous == (sent, taken):
                     return

@@ -178,3 +178,22 @@ def test_a_gpu_that_stops_receiving_cannot_make_its_leaf_hold_more_than_its_port
     run(main, partitions=cfg.partitions)
     most = MPI.COMM_WORLD.allreduce(peak[0], MPI.MAX)
     assert most <= max(port_share_bytes(cfg), chunk), f"GPU 0's leaf held {most} bytes in flight to it"
+
+
+def test_a_run_longer_than_the_deadline_of_a_wait_ends_cleanly():
+    """Found in review (not an attack): a spine has no GPUs, so it started the switches' end-of-run
+    agreement at once, and its first round waited the deadline of one wait (timeout_s) for the leaves
+    to join: any run whose GPUs worked longer than that (a bench sweep of minutes) ended with a
+    FabricTimeout at the spines; and a leaf whose GPUs finished first timed out the same way on a
+    node still at work. The first round waits as the one-node switch does: a spine as long as the
+    leaves serve their GPUs, a leaf end_timeout_s after its GPUs finished."""
+    timeout_s = 4.0
+    _, per_node, _ = shape()
+
+    def main(gpu):
+        if gpu.rank >= per_node:  # node 0 finishes at once; the other nodes compute, waiting for nothing
+            time.sleep(timeout_s + 2)
+        return gpu.rank
+
+    result = run(main, timeout_s=timeout_s)
+    assert result.report["gpus"] == gpus()
