@@ -197,3 +197,40 @@ def test_a_run_longer_than_the_deadline_of_a_wait_ends_cleanly():
 
     result = run(main, timeout_s=timeout_s)
     assert result.report["gpus"] == gpus()
+
+
+def test_a_gpu_can_neither_pass_for_a_switch_nor_for_another_gpu_across_nodes():
+    """GPU 0 (partition 0) writes into a window that GPU 1 (node 0) may write on a GPU of node 1: a PUT
+    naming GPU 1 as its source, sent to its own leaf (which stamps the source from the port: refused
+    at the window's leaf), and the same PUT sent straight to node 1's leaf and to every spine, as if a
+    switch passed it on (a leaf takes packets from its GPUs and the spines only, a spine from the
+    leaves only: dropped unread). The window holds GPU 1's bytes and nobody else's."""
+    nodes, per_node, spines = shape()
+    owner, friend = per_node, 1  # partition 1: node 1's first GPU exports to GPU 1 of node 0
+    switches = [gpus() + 1] + [gpus() + nodes + k for k in range(spines)]  # node 1's leaf, the spines
+
+    def main(gpu):
+        window = gpu.alloc(4096, "uint8")
+        window[:] = 0x11
+        handle = gpu.export(window, to=[friend]) if gpu.rank == owner else None
+        handle = gpu.world.allgather_object(handle)[owner]
+        if gpu.rank == 0:
+            forged = Packet(Kind.PUT, gpu._keys[friend], handle.network_address, handle.address, 4096, 1)
+            bad = np.full(4096, 0xEE, np.uint8)
+            for rank in switches:
+                gpu._transport.send_bytes(rank, forged.to_wire(), bad)
+            gpu._send(forged, bad)
+            error, = refusals(gpu, 1)
+            assert isinstance(error, AccessViolation) and f"GPU 0" in str(error)
+        gpu.world.barrier()
+        if gpu.rank == friend:
+            data = gpu.alloc(4096, "uint8")
+            data[:] = 0x22
+            gpu.put(handle, data)
+        gpu.world.barrier()
+        if gpu.rank == owner:
+            assert (window == 0x22).all()
+
+    report = run(main, **lone_attacker()).report
+    assert report["ports"][0]["violations"] == 1  # the PUT through its own leaf; the others were never read
+    assert all(report["ports"][g]["refused"] == 0 for g in range(1, gpus()))
