@@ -6,7 +6,9 @@ internals (its transport, its packets' stamps) exactly as a hostile script could
 GPU 0, alone in partition 0 unless a test says otherwise; the victims are in partition 1.
 """
 
+import runpy
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +21,7 @@ from nvlink_emu.ranks.session import run_fabric
 from nodes_helpers import config, run, shape
 
 pytestmark = pytest.mark.mpi(min_size=7)
+EXAMPLES = Path(__file__).resolve().parents[2] / "launch" / "examples"
 
 
 def gpus() -> int:
@@ -234,3 +237,26 @@ def test_a_gpu_can_neither_pass_for_a_switch_nor_for_another_gpu_across_nodes():
     report = run(main, **lone_attacker()).report
     assert report["ports"][0]["violations"] == 1  # the PUT through its own leaf; the others were never read
     assert all(report["ports"][g]["refused"] == 0 for g in range(1, gpus()))
+
+
+def test_a_hostile_gpu_harms_nobody_in_the_other_partition_across_nodes():
+    """The fuzz tier (launch/examples/hostile_gpu.py, as tests/mpi/test_trust.py runs it) on several
+    nodes: GPU 0 sends 10,000 bad packets to its leaf and straight to the victims' ranks while the
+    other partition, which spans every node, runs flat collectives (sharp and nvls are refused across
+    nodes), puts, gets and messages; their results are right, nothing of theirs was refused."""
+    packets = 10_000
+    script = runpy.run_path(str(EXAMPLES / "hostile_gpu.py"))
+    script["run"].__globals__["ALGORITHMS"] = ("ring", "direct", "auto")
+    Path(script["_Exploit"].path).unlink(missing_ok=True)
+    result = run_fabric(config(**lone_attacker()), lambda gpu: script["run"](gpu, packets, seed=7 + gpus()),
+                        timeout_s=60, abort_on_error=False)
+    figures, report = result.value, result.report
+    assert set(report["conservation"]) <= {0}  # only the attacker's own counts can be off
+    ports = report["ports"]
+    assert all(ports[g]["refused"] == ports[g]["violations"] == 0 for g in range(1, gpus()))
+    if result.role == "gpu":
+        assert figures["attacker"]["sent"] == packets
+        assert [v["wrong"] for v in figures["victims"]] == [0] * (gpus() - 1)
+        assert min(v["rounds"] for v in figures["victims"]) >= 3
+        assert ports[0]["refused"] > figures["attacker"]["to_switch"] // 2
+    assert not Path(script["_Exploit"].path).exists()
