@@ -260,3 +260,36 @@ def test_a_hostile_gpu_harms_nobody_in_the_other_partition_across_nodes():
         assert min(v["rounds"] for v in figures["victims"]) >= 3
         assert ports[0]["refused"] > figures["attacker"]["to_switch"] // 2
     assert not Path(script["_Exploit"].path).exists()
+
+
+@pytest.mark.xfail(strict=True, reason="a PUT is authorised at its target's leaf only, so a refused PUT's bytes "
+                   "cross (and book) the leaf-spine links first; the requester's leaf could refuse requests for a "
+                   "GPU of another partition (whose windows the Link TLB refuses it anyway) before they leave")
+def test_refused_puts_of_a_tenant_alone_on_its_node_do_not_delay_another_tenant_across_nodes():
+    """GPU 0, alone in its partition, has no window on another node it may write; on one node its
+    refused PUTs cost only its own uplink. Across nodes 16 refused PUTs of 4 MiB to a GPU of node 1,
+    stamped honestly, take the leaf-spine links before node 1's leaf refuses them, and the other
+    tenant's transfer over the same links ends later than its route's unloaded time."""
+    _, per_node, _ = shape()
+    src, dst, nbytes, chunk = 1, per_node + 1, 1 << 20, 4 << 20
+
+    def main(gpu):
+        data = gpu.alloc(nbytes, "uint8")
+        if gpu.rank == 0:
+            junk = gpu.alloc(chunk, "uint8")
+            for req in range(1, 17):
+                gpu._send(Packet(Kind.PUT, gpu._keys[0], gpu._keys[dst], 0, chunk, req), junk, at_ns=0.0)
+            errors = refusals(gpu, 16)
+            assert all(isinstance(e, AccessViolation) for e in errors)
+        gpu.world.allgather_object(None)
+        if gpu.rank == src:
+            gpu.world.send(data, dst)
+        elif gpu.rank == dst:
+            gpu.world.recv(data, src)
+        return gpu.now_ns
+
+    result = run(main, "superpod-h100-ib", **lone_attacker())
+    cfg = config("superpod-h100-ib")
+    expected = cfg.topology.unloaded_ns(src, dst, raw_bytes(nbytes, cfg.mtu_bytes, cfg.header_bytes))
+    # the receiver's clock is the latest (its transfer ends last), and reaches every rank as elapsed_ns
+    assert result.report["elapsed_ns"] == pytest.approx(expected, rel=1e-12)
