@@ -153,6 +153,18 @@ class SwitchLogic:
             raise ProtocolError(f"{what}: modeled times {packet.t_start}..{packet.t_end} ns are not "
                                 f"0 <= start <= end")
 
+    def bounded_stamp(self, packet: Packet) -> Packet:
+        """`packet` (from a GPU, checked) with its last byte at most its bytes' time on a GPU link after
+        its first (ns): a GPU's stamp is its word on when its transfer left it, not on how long the
+        transfer occupies the links after it. An honest GPU's stamp is exactly that long; a longer one
+        would book the links between switches, which every tenant's transfers share, for as long as
+        the GPU liked."""
+        raw = raw_bytes(packet.payload_bytes, self.config.mtu_bytes, self.config.header_bytes)
+        longest = packet.t_start + raw / self.timing.bandwidth_gbytes_per_s
+        if packet.t_end <= longest * (1 + 1e-9):  # rounding of an honest stamp's start + duration
+            return packet
+        return replace(packet, t_end=longest)
+
     def egress_ports(self, ingress: int, packet: Packet) -> tuple[int, ...]:
         """The ports `packet` from `ingress` would leave by (best effort, before it is validated: a
         packet that names nowhere is answered on its own port); the switch rank holds a packet back
@@ -189,6 +201,7 @@ class SwitchLogic:
                 return self._control(ingress, packet)
         except ProtocolError as exc:
             return self.refuse(ingress, exc, packet.kind.name, packet.req, packet.t_end)
+        packet = self.bounded_stamp(packet)
         self.counters.record(uplink(ingress, self.switch), packet.payload_bytes)
         try:
             sends = self._data(ingress, packet, payload)
