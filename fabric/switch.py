@@ -283,6 +283,11 @@ class SwitchLogic:
         if kind in (Kind.PUT, Kind.GET):
             by_window = self.network or (self.tlbs and packet.dst != -1)  # classic: a registered window's handle
             target = self._port_for(ingress, packet) if by_window else self._physical_target(ingress, packet)
+            if target not in self.local and self._partition[target] != self._partition[ingress]:
+                # the target's Link TLB would refuse it (a window is its partition's): refused here, its bytes
+                # never take the links between switches that other tenants share
+                raise AccessViolation(f"{kind.name} from GPU {ingress} (partition {self._partition[ingress]}) to GPU "
+                                      f"{target} (partition {self._partition[target]}): partitions are isolated")
             if target not in self.local:  # translated at the target's leaf: pass it on with its source
                 return [Send(target, self._through(packet, src=src), payload if kind is Kind.PUT else None)]
             return self._request(ingress, target, packet, payload)

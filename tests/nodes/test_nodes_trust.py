@@ -262,9 +262,6 @@ def test_a_hostile_gpu_harms_nobody_in_the_other_partition_across_nodes():
     assert not Path(script["_Exploit"].path).exists()
 
 
-@pytest.mark.xfail(strict=True, reason="a PUT is authorised at its target's leaf only, so a refused PUT's bytes "
-                   "cross (and book) the leaf-spine links first; the requester's leaf could refuse requests for a "
-                   "GPU of another partition (whose windows the Link TLB refuses it anyway) before they leave")
 def test_refused_puts_of_a_tenant_alone_on_its_node_do_not_delay_another_tenant_across_nodes():
     """GPU 0, alone in its partition, has no window on another node it may write; on one node its
     refused PUTs cost only its own uplink. Across nodes 16 refused PUTs of 4 MiB to a GPU of node 1,
