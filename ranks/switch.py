@@ -254,6 +254,9 @@ class SwitchRank:
     # -- serving --------------------------------------------------------------------------------------
     def _handle(self, source: int, packet: Packet, payload: np.ndarray | None) -> None:
         peer = self._peer_of.get(source)
+        if peer is not None and packet.kind is Kind.TRACE:  # GPU 0's word, relayed by its leaf and the spines
+            self._set_tracing(packet, exclude=peer)
+            return
         if peer is not None:  # from another switch: decided at the sender's leaf, or to be at this one
             if self.spine:
                 sends = [self.logic.on_packet(peer, packet, payload)]
@@ -283,9 +286,8 @@ class SwitchRank:
             if source != 0:  # GPU 0 speaks for the bench; nobody else may turn everyone's records off
                 self._refuse(source, ProtocolError(f"TRACE from GPU {source}: only GPU 0 turns tracing on or off"),
                              packet)
-            elif self.trace is not None:
-                self.trace.enabled = packet.info.on
-                self.logic.tracing = self.trace.enabled
+            else:
+                self._set_tracing(packet)
             return
         if kind is Kind.COUNTERS:
             if not self._asked_counters or source in self._counters:
@@ -300,6 +302,17 @@ class SwitchRank:
         if self.trace is not None and self.logic.counters.get(link).packets != before:
             self._record("rx", link, packet, source)
         self._send_all(sends, source)
+
+    def _set_tracing(self, packet: Packet, exclude: int | None = None) -> None:
+        """Turn this switch's trace records on or off as GPU 0's TRACE says, and pass it on to the
+        neighbour switches (but the one it came from): a leaf to the spines, a spine to the other leaves."""
+        if self.trace is not None:
+            self.trace.enabled = packet.info.on
+            self.logic.tracing = self.trace.enabled
+        for rank, switch in self._peer_of.items():
+            if switch != exclude and (self.spine or exclude is None):  # a leaf relays only its own GPU 0
+                self.transport.send(rank, packet)
+                self.sent_to_switches += 1
 
     def _drop_orphans(self, source: int) -> bool:
         """Drop a payload of GPU `source` that no header of it waits for (it sent one after a header
