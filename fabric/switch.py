@@ -27,7 +27,7 @@ import numpy as np
 from .addressing import Handle, assign_network_addresses, decode_physical
 from .config import FabricConfig
 from .counters import LinkCounters, downlink, uplink
-from .timemodel import LinkClock
+from .timemodel import LinkEnd
 from .errors import AccessViolation, FabricError, ProtocolError, ResourceExhausted, UnsupportedOperation
 from .groups import GroupTable
 from .packets import (WIRE_INT_MAX, GroupInfo, Kind, LoadInfo, McastInfo, NackInfo, Packet, ReduceInfo,
@@ -84,8 +84,8 @@ class SwitchLogic:
         # Link TLBs of the ports: NVLink Network's, or classic nodes' registered windows (config.windows)
         self.tlbs = {g: LinkTLB(g, config.page_size_bytes, config.tlb_entries, pages) for g in self.local} \
             if config.windows else {}
-        # links up to the spines, booked at this end (name -> clock); a GPU books its own downlink
-        self.clocks = {link.name: LinkClock(link.bandwidth_gbytes_per_s) for link in topology.links
+        # links up to the spines, booked at this end (name -> LinkEnd); a GPU books its own downlink
+        self.link_ends = {link.name: LinkEnd(link.bandwidth_gbytes_per_s, link.latency_ns) for link in topology.links
                        if link.src == f"sw{switch}" and link.level == "leaf-spine"}
         self.counters = LinkCounters(config.mtu_bytes, config.header_bytes)
         self.timing = config.timing
@@ -250,12 +250,11 @@ class SwitchLogic:
         the packet with when its first/last byte reach the spine."""
         link = self.egress_link(send.port)
         raw = self.counters.record(link, send.packet.payload_bytes)
-        clock = self.clocks.get(link)
-        if clock is None:
+        end = self.link_ends.get(link)
+        if end is None:
             return send
-        start, end = clock.transmit(send.packet.t_start, send.packet.t_end, raw)
-        latency = self.topology.link(link).latency_ns
-        return replace(send, packet=replace(send.packet, t_start=start + latency, t_end=end + latency))
+        t_start, t_end = end.send(send.packet.t_start, send.packet.t_end, raw)
+        return replace(send, packet=replace(send.packet, t_start=t_start, t_end=t_end))
 
     def refuse(self, ingress: int, error: FabricError, kind: str = "?", req: int = 0, t_end: float = 0.0) -> list[Send]:
         """Refuse a packet of GPU `ingress` (malformed ones too, whose header may not even decode):
@@ -548,7 +547,7 @@ class SpineLogic:
         addresses = assign_network_addresses(config.gpus) if config.mode == "network" else range(config.gpus)
         self._gpu_of = {key: gpu for gpu, key in enumerate(addresses)}
         self.counters = LinkCounters(config.mtu_bytes, config.header_bytes)
-        self.clocks = {link.name: LinkClock(link.bandwidth_gbytes_per_s) for link in topology.links
+        self.link_ends = {link.name: LinkEnd(link.bandwidth_gbytes_per_s, link.latency_ns) for link in topology.links
                        if link.src == f"sw{switch}"}
         self.latency_ns = topology.switch_latency_ns
         self.tracing = False  # a spine makes no decisions worth a trace record beyond the packets
@@ -567,9 +566,8 @@ class SpineLogic:
                                 f"which is no GPU of another node")
         link = f"sw{self.switch}->sw{gpu // self.config.gpus_per_node}"
         raw = self.counters.record(link, packet.payload_bytes)
-        start, end = self.clocks[link].transmit(packet.t_start + self.latency_ns, packet.t_end + self.latency_ns, raw)
-        latency = self.topology.link(link).latency_ns
-        return Send(gpu, replace(packet, t_start=start + latency, t_end=end + latency), payload)
+        t_start, t_end = self.link_ends[link].send(packet.t_start + self.latency_ns, packet.t_end + self.latency_ns, raw)
+        return Send(gpu, replace(packet, t_start=t_start, t_end=t_end), payload)
 
     def next_switch(self, port: int) -> int:
         """The leaf a Send to GPU `port` goes to."""

@@ -361,8 +361,8 @@ class SwitchRank:
         seq = self._seq[link] = self._seq.get(link, -1) + 1
         config = self.config
         start, end = packet.t_start, packet.t_end
-        if ev == "tx" and link in self.logic.clocks:  # stamped at the far end: on the link, a latency earlier
-            latency = self.logic.topology.link(link).latency_ns
+        if ev == "tx" and link in self.logic.link_ends:  # stamped at the far end: on the link, a latency earlier
+            latency = self.logic.link_ends[link].latency_ns
             start, end = start - latency, end - latency
         self.trace.write({"ev": ev, "link": link, "seq": seq, "kind": packet.kind.name, "origin": origin,
                           "src": packet.src, "dst": packet.dst, "payload": packet.payload_bytes,
@@ -452,8 +452,8 @@ class SwitchRank:
         (an emulator bug, or a GPU that lies) and never fails the others' run."""
         logic, counters = self.logic, self._counters
         links = logic.counters.snapshot()
-        for link, clock in logic.clocks.items():  # links to other switches: booked at this end
-            links.setdefault(link, LinkStats().as_dict())["busy_ns"] = float(clock.busy_ns)
+        for link, end in logic.link_ends.items():  # links to other switches: booked at this end
+            links.setdefault(link, LinkStats().as_dict())["busy_ns"] = float(end.busy_ns)
         conservation = {}
         for gpu in self.gpus:
             try:
