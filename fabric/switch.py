@@ -27,7 +27,7 @@ import numpy as np
 from .addressing import Handle, assign_network_addresses, decode_physical
 from .config import FabricConfig
 from .counters import LinkCounters, downlink, uplink
-from .timemodel import LinkClock
+from .timemodel import LinkEnd
 from .errors import AccessViolation, FabricError, ProtocolError, ResourceExhausted, UnsupportedOperation
 from .groups import GroupTable
 from .packets import (WIRE_INT_MAX, GroupInfo, Kind, LoadInfo, McastInfo, NackInfo, Packet, ReduceInfo,
@@ -84,8 +84,8 @@ class SwitchLogic:
         # Link TLBs of the ports: NVLink Network's, or classic nodes' registered windows (config.windows)
         self.tlbs = {g: LinkTLB(g, config.page_size_bytes, config.tlb_entries, pages) for g in self.local} \
             if config.windows else {}
-        # links up to the spines, booked at this end (name -> clock); a GPU books its own downlink
-        self.clocks = {link.name: LinkClock(link.bandwidth_gbytes_per_s) for link in topology.links
+        # links up to the spines, booked at this end (name -> LinkEnd); a GPU books its own downlink
+        self.link_ends = {link.name: LinkEnd(link.bandwidth_gbytes_per_s, link.latency_ns) for link in topology.links
                        if link.src == f"sw{switch}" and link.level == "leaf-spine"}
         self.counters = LinkCounters(config.mtu_bytes, config.header_bytes)
         self.timing = config.timing
@@ -153,6 +153,18 @@ class SwitchLogic:
             raise ProtocolError(f"{what}: modeled times {packet.t_start}..{packet.t_end} ns are not "
                                 f"0 <= start <= end")
 
+    def bounded_stamp(self, packet: Packet) -> Packet:
+        """`packet` (from a GPU, checked) with its last byte at most its bytes' time on a GPU link after
+        its first (ns): a GPU's stamp is its word on when its transfer left it, not on how long the
+        transfer occupies the links after it. An honest GPU's stamp is exactly that long; a longer one
+        would book the links between switches, which every tenant's transfers share, for as long as
+        the GPU liked."""
+        raw = raw_bytes(packet.payload_bytes, self.config.mtu_bytes, self.config.header_bytes)
+        longest = packet.t_start + raw / self.timing.bandwidth_gbytes_per_s
+        if packet.t_end <= longest * (1 + 1e-9):  # rounding of an honest stamp's start + duration
+            return packet
+        return replace(packet, t_end=longest)
+
     def egress_ports(self, ingress: int, packet: Packet) -> tuple[int, ...]:
         """The ports `packet` from `ingress` would leave by (best effort, before it is validated: a
         packet that names nowhere is answered on its own port); the switch rank holds a packet back
@@ -189,6 +201,7 @@ class SwitchLogic:
                 return self._control(ingress, packet)
         except ProtocolError as exc:
             return self.refuse(ingress, exc, packet.kind.name, packet.req, packet.t_end)
+        packet = self.bounded_stamp(packet)
         self.counters.record(uplink(ingress, self.switch), packet.payload_bytes)
         try:
             sends = self._data(ingress, packet, payload)
@@ -237,12 +250,11 @@ class SwitchLogic:
         the packet with when its first/last byte reach the spine."""
         link = self.egress_link(send.port)
         raw = self.counters.record(link, send.packet.payload_bytes)
-        clock = self.clocks.get(link)
-        if clock is None:
+        end = self.link_ends.get(link)
+        if end is None:
             return send
-        start, end = clock.transmit(send.packet.t_start, send.packet.t_end, raw)
-        latency = self.topology.link(link).latency_ns
-        return replace(send, packet=replace(send.packet, t_start=start + latency, t_end=end + latency))
+        t_start, t_end = end.send(send.packet.t_start, send.packet.t_end, raw)
+        return replace(send, packet=replace(send.packet, t_start=t_start, t_end=t_end))
 
     def refuse(self, ingress: int, error: FabricError, kind: str = "?", req: int = 0, t_end: float = 0.0) -> list[Send]:
         """Refuse a packet of GPU `ingress` (malformed ones too, whose header may not even decode):
@@ -270,6 +282,11 @@ class SwitchLogic:
         if kind in (Kind.PUT, Kind.GET):
             by_window = self.network or (self.tlbs and packet.dst != -1)  # classic: a registered window's handle
             target = self._port_for(ingress, packet) if by_window else self._physical_target(ingress, packet)
+            if target not in self.local and self._partition[target] != self._partition[ingress]:
+                # the target's Link TLB would refuse it (a window is its partition's): refused here, its bytes
+                # never take the links between switches that other tenants share
+                raise AccessViolation(f"{kind.name} from GPU {ingress} (partition {self._partition[ingress]}) to GPU "
+                                      f"{target} (partition {self._partition[target]}): partitions are isolated")
             if target not in self.local:  # translated at the target's leaf: pass it on with its source
                 return [Send(target, self._through(packet, src=src), payload if kind is Kind.PUT else None)]
             return self._request(ingress, target, packet, payload)
@@ -530,7 +547,7 @@ class SpineLogic:
         addresses = assign_network_addresses(config.gpus) if config.mode == "network" else range(config.gpus)
         self._gpu_of = {key: gpu for gpu, key in enumerate(addresses)}
         self.counters = LinkCounters(config.mtu_bytes, config.header_bytes)
-        self.clocks = {link.name: LinkClock(link.bandwidth_gbytes_per_s) for link in topology.links
+        self.link_ends = {link.name: LinkEnd(link.bandwidth_gbytes_per_s, link.latency_ns) for link in topology.links
                        if link.src == f"sw{switch}"}
         self.latency_ns = topology.switch_latency_ns
         self.tracing = False  # a spine makes no decisions worth a trace record beyond the packets
@@ -549,9 +566,8 @@ class SpineLogic:
                                 f"which is no GPU of another node")
         link = f"sw{self.switch}->sw{gpu // self.config.gpus_per_node}"
         raw = self.counters.record(link, packet.payload_bytes)
-        start, end = self.clocks[link].transmit(packet.t_start + self.latency_ns, packet.t_end + self.latency_ns, raw)
-        latency = self.topology.link(link).latency_ns
-        return Send(gpu, replace(packet, t_start=start + latency, t_end=end + latency), payload)
+        t_start, t_end = self.link_ends[link].send(packet.t_start + self.latency_ns, packet.t_end + self.latency_ns, raw)
+        return Send(gpu, replace(packet, t_start=t_start, t_end=t_end), payload)
 
     def next_switch(self, port: int) -> int:
         """The leaf a Send to GPU `port` goes to."""

@@ -64,6 +64,40 @@ class LinkClock:
 
 
 @dataclass
+class LinkEnd:
+    """The end of one link where it is booked: its clock and its latency (ns). A GPU books its uplink
+    here as it sends and its downlink as it consumes; a switch books each link to another switch as
+    it sends on it. Bandwidth in bytes per ns."""
+
+    bandwidth: float
+    latency_ns: float
+    clock: LinkClock = field(init=False)
+
+    def __post_init__(self):
+        self.clock = LinkClock(self.bandwidth)
+
+    @property
+    def free_ns(self) -> float:
+        """When the link is free for good (its last byte booked has left)."""
+        return self.clock.free_ns
+
+    @property
+    def busy_ns(self) -> float:
+        """Modeled ns the link has spent transmitting."""
+        return self.clock.busy_ns
+
+    def book(self, ready_start: float, ready_end: float, raw_bytes: int) -> tuple[float, float]:
+        """(start, end) on the link of a transfer whose first/last byte are ready at its near end."""
+        return self.clock.transmit(ready_start, ready_end, raw_bytes)
+
+    def send(self, ready_start: float, ready_end: float, raw_bytes: int) -> tuple[float, float]:
+        """When the transfer's first and last byte reach the far end: booked (cut-through), plus the
+        latency."""
+        start, end = self.clock.transmit(ready_start, ready_end, raw_bytes)
+        return start + self.latency_ns, end + self.latency_ns
+
+
+@dataclass
 class ReductionClock:
     """A multicast group's reduction engine: results stream out at `bandwidth` bytes per ns."""
 

@@ -23,7 +23,7 @@ from nvlink_emu.fabric.errors import AccessViolation, FabricError, FabricTimeout
 from nvlink_emu.fabric.memory import DeviceMemory
 from nvlink_emu.fabric.packets import (MAX_LIST, WIRE_INT_MAX, CallRecord, CountersInfo, ExportInfo, Info, Kind, MsgInfo,
                             Packet, RevokeInfo, TraceInfo, raw_bytes)
-from nvlink_emu.fabric.timemodel import LinkClock
+from nvlink_emu.fabric.timemodel import LinkEnd
 
 from .comm import Communicator, is_integer
 from .requests import Request, wait_all, wait_any
@@ -89,9 +89,9 @@ class Gpu:
         self._polls = 0                                 # progress calls, to sweep for strays now and then
         self._arrivals: dict[tuple, Packet] = {}        # message key -> its header until consumed (timing)
         timing = config.timing
-        self._latency_ns = timing.link_latency_ns
-        self._uplink = LinkClock(timing.bandwidth_gbytes_per_s)
-        self._downlink = LinkClock(timing.bandwidth_gbytes_per_s)
+        # this GPU's two links, each booked here: the uplink as it sends, the downlink as it consumes
+        self._uplink = LinkEnd(timing.bandwidth_gbytes_per_s, timing.link_latency_ns)
+        self._downlink = LinkEnd(timing.bandwidth_gbytes_per_s, timing.link_latency_ns)
         self.now_ns = 0.0                               # this GPU's modeled clock
         self._acked_ns = 0.0                            # latest acknowledgement of a put (modeled)
         self._got_ns: dict[int, float] = {}             # GET req -> modeled arrival of its data
@@ -389,8 +389,7 @@ class Gpu:
         """Book this GPU's uplink now for a transfer sent later (the emulator may hold a send back to
         bound host memory; modeled time treats it as issued at `at_ns`); returns its stamp."""
         raw = raw_bytes(payload_bytes, self.config.mtu_bytes, self.config.header_bytes)
-        start, end = self._uplink.transmit(at_ns, at_ns, raw)
-        return start + self._latency_ns, end + self._latency_ns
+        return self._uplink.send(at_ns, at_ns, raw)
 
     def post_receive(self, key: tuple, out: np.ndarray, peer: int | None = None, group: int | None = None) -> None:
         """Receive the message in slot `key` from GPU `peer`, or (peer None) the switch's delivery through
@@ -616,25 +615,25 @@ class Gpu:
             raw = self._counters.record(uplink(self.rank, self._leaf), packet.payload_bytes)
             if stamp is None:
                 at = self.now_ns if at_ns is None else at_ns
-                start, end = self._uplink.transmit(at, at, raw)
-                stamp = (start + self._latency_ns, end + self._latency_ns)
+                stamp = self._uplink.send(at, at, raw)
             packet = replace(packet, t_start=stamp[0], t_end=stamp[1])
             self._tx_seq += 1
             if self.trace is not None and self.trace.enabled:
                 self.trace.write({"ev": "tx", "link": uplink(self.rank, self._leaf), "seq": self._tx_seq, "kind": packet.kind.name,
                                   "payload": packet.payload_bytes, "raw": raw, "src": packet.src, "dst": packet.dst,
-                                  "m_start": stamp[0] - self._latency_ns, "m_end": stamp[1] - self._latency_ns,
+                                  "m_start": stamp[0] - self._uplink.latency_ns,
+                                  "m_end": stamp[1] - self._uplink.latency_ns,
                                   "wall": time.time()})
         return self._transport.send(self._switch, packet, payload)
 
     def _consume(self, packet: Packet, seq: int) -> float:
         """Put transfer `seq` that reached this GPU on its downlink; returns when its last byte arrived (ns)."""
         raw = raw_bytes(packet.payload_bytes, self.config.mtu_bytes, self.config.header_bytes)
-        start, end = self._downlink.transmit(packet.t_start, packet.t_end, raw)
+        start, end = self._downlink.book(packet.t_start, packet.t_end, raw)
         if self.trace is not None and self.trace.enabled:
             self.trace.write({"ev": "busy", "link": downlink(self.rank, self._leaf), "seq": seq, "m_start": start, "m_end": end,
                               "wall": time.time()})
-        return end + self._latency_ns
+        return end + self._downlink.latency_ns
 
     def _control_call(self, kind: Kind, info: Info, what: str) -> dict:
         req = next(self._req)

@@ -18,7 +18,7 @@ from nvlink_emu.fabric.trace import TraceWriter, TraceWriteError
 from .gpu import Gpu
 from .output import lines_on_stdout
 from .switch import SwitchRank
-from .transport import Transport, abort_job, split_roles
+from .transport import DELAY_ENV, Transport, abort_job, split_roles
 
 DEFAULT_TIMEOUT_S = 60.0
 INTERRUPTED_STATUS = 130  # the job's exit status after Ctrl-C: 128 + SIGINT, as shells report it
@@ -73,6 +73,21 @@ def rank_name(rank: int, config: FabricConfig, world_rank: int | None = None) ->
     return f"leaf {switch} ({where})" if switch < config.nodes else f"spine {switch - config.nodes} ({where})"
 
 
+def send_delay(text: str | None) -> tuple[int, float] | None:
+    """(seed, most seconds) of $NVLINK_EMU_TEST_SEND_DELAY="SEED:MAX_MS", the test hook that delays
+    every send at random on the host (Transport.delay_sends); None if unset. ConfigError if malformed."""
+    if not text:
+        return None
+    try:
+        seed, most_ms = text.split(":")
+        seed, most = int(seed), float(most_ms) / 1e3
+        if not (math.isfinite(most) and most >= 0):
+            raise ValueError
+    except ValueError:
+        raise ConfigError(f"{DELAY_ENV}={text!r}: must be SEED:MAX_MS (an integer, and a number of ms >= 0)") from None
+    return seed, most
+
+
 def fabric_key(world_rank: int, config: FabricConfig) -> int:
     """The fabric rank (GPUs first, then switches) of MPI rank `world_rank` in fabric.topology's layout."""
     role, index = config.topology.role_of(world_rank)
@@ -116,9 +131,12 @@ def run_fabric(config: FabricConfig, main, timeout_s: float = DEFAULT_TIMEOUT_S,
     transport = Transport(comm)
     try:
         check_run(config, timeout_s, transport.size)
+        delay = send_delay(os.environ.get(DELAY_ENV))
     except ConfigError:
         transport.close()
         raise
+    if delay is not None:
+        transport.delay_sends(*delay)
     world_rank = transport.rank
     trace = None
     try:

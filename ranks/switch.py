@@ -13,6 +13,7 @@ Ranks of the fabric's communicator: GPUs 0..G-1 (GPU index = rank), then switch 
 """
 
 import dataclasses
+import math
 import time
 from collections import deque
 
@@ -29,6 +30,8 @@ from .transport import MAX_HEADER_BYTES, Idle, SwitchChannel, Transport
 MAX_UNREAD = 1024  # answers a GPU may leave unread before the switch stops reading its packets
 MAX_QUEUED = 256   # packets of one GPU waiting behind one that cannot go on yet
 SWEEP_STEPS = 1024  # every this many intake steps, drop stray messages of every GPU
+# what a GPU that said DONE still sends while the switches end the run: answers to requests forwarded to it
+ANSWERS = frozenset({Kind.PUT_ACK, Kind.GET_DATA})
 
 
 class _Waiting:
@@ -80,6 +83,7 @@ class SwitchRank:
         self._suspects: set[int] = set()   # GPUs that sent a malformed packet: their stray payloads are dropped
         self._steps = 0                    # intake steps, for the sweeps of stray messages
         self._busy_after_done = False      # a GPU that said DONE sent another packet
+        self._ending = False               # every GPU here said DONE: the switches are ending the run
         self._idle = Idle(yields=64, max_sleep_s=1e-3)  # every packet passes here: stay more awake
 
     def serve(self) -> dict:
@@ -250,6 +254,9 @@ class SwitchRank:
     # -- serving --------------------------------------------------------------------------------------
     def _handle(self, source: int, packet: Packet, payload: np.ndarray | None) -> None:
         peer = self._peer_of.get(source)
+        if peer is not None and packet.kind is Kind.TRACE:  # GPU 0's word, relayed by its leaf and the spines
+            self._set_tracing(packet, exclude=peer)
+            return
         if peer is not None:  # from another switch: decided at the sender's leaf, or to be at this one
             if self.spine:
                 sends = [self.logic.on_packet(peer, packet, payload)]
@@ -265,18 +272,22 @@ class SwitchRank:
         if kind is Kind.DONE:
             self._done.add(source)
             return
+        if source in self._done and self._ending and kind not in ANSWERS and kind is not Kind.COUNTERS:
+            # forwarded now, it could still be between switches once they agreed that nothing is
+            self._refuse(source, ProtocolError(f"{kind.name} from GPU {source} after it said DONE, while the "
+                                               f"switches end the run"), packet)
+            return
         # a GPU whose main has returned still answers puts and gets of GPUs still at work (its memory
         # outlives its program); anything else it sends says it was not done
-        if source in self._done and not self._asked_counters and kind not in (Kind.PUT_ACK, Kind.GET_DATA):
+        if source in self._done and not self._ending and kind not in ANSWERS:
             self._done.discard(source)  # it said DONE too early: it is still at work
             self._busy_after_done = True
         if kind is Kind.TRACE:
             if source != 0:  # GPU 0 speaks for the bench; nobody else may turn everyone's records off
                 self._refuse(source, ProtocolError(f"TRACE from GPU {source}: only GPU 0 turns tracing on or off"),
                              packet)
-            elif self.trace is not None:
-                self.trace.enabled = packet.info.on
-                self.logic.tracing = self.trace.enabled
+            else:
+                self._set_tracing(packet)
             return
         if kind is Kind.COUNTERS:
             if not self._asked_counters or source in self._counters:
@@ -291,6 +302,17 @@ class SwitchRank:
         if self.trace is not None and self.logic.counters.get(link).packets != before:
             self._record("rx", link, packet, source)
         self._send_all(sends, source)
+
+    def _set_tracing(self, packet: Packet, exclude: int | None = None) -> None:
+        """Turn this switch's trace records on or off as GPU 0's TRACE says, and pass it on to the
+        neighbour switches (but the one it came from): a leaf to the spines, a spine to the other leaves."""
+        if self.trace is not None:
+            self.trace.enabled = packet.info.on
+            self.logic.tracing = self.trace.enabled
+        for rank, switch in self._peer_of.items():
+            if switch != exclude and (self.spine or exclude is None):  # a leaf relays only its own GPU 0
+                self.transport.send(rank, packet)
+                self.sent_to_switches += 1
 
     def _drop_orphans(self, source: int) -> bool:
         """Drop a payload of GPU `source` that no header of it waits for (it sent one after a header
@@ -339,8 +361,8 @@ class SwitchRank:
         seq = self._seq[link] = self._seq.get(link, -1) + 1
         config = self.config
         start, end = packet.t_start, packet.t_end
-        if ev == "tx" and link in self.logic.clocks:  # stamped at the far end: on the link, a latency earlier
-            latency = self.logic.topology.link(link).latency_ns
+        if ev == "tx" and link in self.logic.link_ends:  # stamped at the far end: on the link, a latency earlier
+            latency = self.logic.link_ends[link].latency_ns
             start, end = start - latency, end - latency
         self.trace.write({"ev": ev, "link": link, "seq": seq, "kind": packet.kind.name, "origin": origin,
                           "src": packet.src, "dst": packet.dst, "payload": packet.payload_bytes,
@@ -348,18 +370,21 @@ class SwitchRank:
                           "m_start": start, "m_end": end, "wall": time.time()})
 
     # -- end of run ---------------------------------------------------------------------------------
-    def _wait(self, done, what: str, waiting_for) -> None:
-        """Keep serving (and refusing) until done() holds; FabricTimeout at the deadline."""
-        deadline = time.monotonic() + self.timeout_s
+    def _wait(self, done, what: str, waiting_for, deadline: float | None = None) -> None:
+        """Keep serving (and refusing) until done() holds; FabricTimeout at the deadline (time.monotonic()
+        seconds; default timeout_s from now; math.inf: none, the peers' deadlines end the job)."""
+        start = time.monotonic()
+        deadline = start + self.timeout_s if deadline is None else deadline
         while not done():
             if self._step():
                 continue
             if time.monotonic() > deadline:
-                raise FabricTimeout(f"switch: {what} timed out after {self.timeout_s:g} s waiting for "
+                raise FabricTimeout(f"switch: {what} timed out after {deadline - start:g} s waiting for "
                                     f"{waiting_for()}")
             self._idle()
 
     def _finish(self) -> dict:
+        self._ending = True
         self._quiesce()
         gpus = self.gpus
         self._asked_counters = True
@@ -379,17 +404,29 @@ class SwitchRank:
         """Serve until no packet is left anywhere between switches: every switch idle with all its GPUs
         done, in two successive rounds of sums over the switches with the same counts of packets
         sent to and taken from switches, and as many taken as sent (Mattern's four-counter method:
-        a packet in flight in the first round would make the second round's counts differ)."""
+        a packet in flight in the first round would make the second round's counts differ). A leaf
+        is idle once every request it forwarded to its GPUs was answered: a done GPU sends nothing
+        else now (_handle refuses it), and an answer crosses switches only while its request is
+        awaited.
+
+        The first round waits for every switch to join, as long as a one-node switch waits for its GPUs:
+        a leaf end_timeout_s after its own GPUs finished (the backstop of serve()), a spine, which has no
+        GPUs, until the leaves join (their deadlines end the job if one does not); each later round has
+        end_timeout_s from the first's end."""
         self._wait(lambda: self.transport.idle and not self._waiting, "end of run",
                    lambda: "forwarded packets to be received")
         if self.switches is None:
             return
-        deadline = time.monotonic() + self.end_timeout_s
+        deadline = math.inf if self.spine else time.monotonic() + self.end_timeout_s
         previous = None
         while True:
-            quiet = len(self._done) == len(self.gpus) and self.transport.idle and not self._waiting
-            busy, sent, taken = self.switches.sum((0 if quiet else 1, self.sent_to_switches, self.taken_from_switches),
-                                                  self._wait_for)
+            quiet = (len(self._done) == len(self.gpus) and self.transport.idle and not self._waiting
+                     and (self.spine or not self.logic.awaited_replies))
+            busy, sent, taken = self.switches.sum(
+                (0 if quiet else 1, self.sent_to_switches, self.taken_from_switches),
+                lambda done, what: self._wait(done, "end of run", lambda: what, deadline))
+            if deadline == math.inf:  # every switch joined: the rest of the agreement is quick
+                deadline = time.monotonic() + self.end_timeout_s
             if not busy and sent == taken:
                 if previous == (sent, taken):
                     return
@@ -400,6 +437,8 @@ class SwitchRank:
                 missing = sorted(set(self.gpus) - self._done)
                 raise FabricTimeout(f"switch {self.index}: the fabric did not go quiet within {self.end_timeout_s:g} "
                                     f"s of this switch's GPUs finishing (end of run; GPUs here not done: {missing}, "
+                                    f"requests forwarded here and not answered: "
+                                    f"{0 if self.spine else self.logic.awaited_replies}, "
                                     f"packets between switches: {sent} sent, {taken} taken)")
 
     def _wait_for(self, request_done, what: str) -> None:
@@ -413,8 +452,8 @@ class SwitchRank:
         (an emulator bug, or a GPU that lies) and never fails the others' run."""
         logic, counters = self.logic, self._counters
         links = logic.counters.snapshot()
-        for link, clock in logic.clocks.items():  # links to other switches: booked at this end
-            links.setdefault(link, LinkStats().as_dict())["busy_ns"] = float(clock.busy_ns)
+        for link, end in logic.link_ends.items():  # links to other switches: booked at this end
+            links.setdefault(link, LinkStats().as_dict())["busy_ns"] = float(end.busy_ns)
         conservation = {}
         for gpu in self.gpus:
             try:

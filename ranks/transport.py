@@ -13,6 +13,7 @@ without allocating for it (`drop`); control objects use fabric.control's encodin
 """
 
 import os
+import random
 import sys
 import time
 from collections import deque
@@ -104,12 +105,16 @@ class Idle:
             time.sleep(min(self.max_sleep_s, 1e-5 * (self.spins - self.yields + 1)))
 
 
+DELAY_ENV = "NVLINK_EMU_TEST_SEND_DELAY"  # "SEED:MAX_MS": a test hook, see Transport.delay_sends
+
+
 class Transport:
-    """Packets between the ranks of one fabric (GPUs 0..G-1 and the switch G) on a private communicator."""
+    """Packets between the ranks of one fabric (GPUs 0..G-1, then the switches) on a private communicator."""
 
     def __init__(self, comm=None):
         self.comm = (comm or MPI.COMM_WORLD).Dup()
         self.rank = self.comm.Get_rank()
+        self._delay = None  # (random.Random, most seconds): delay_sends
         self.size = self.comm.Get_size()
         # per destination, oldest first: (requests, buffers kept alive until sent, payload bytes); retired
         # in order, so a destination that does not receive costs the progress loop one test, not one per send
@@ -133,9 +138,18 @@ class Transport:
                              f"{packet.payload_bytes}")
         return self.send_bytes(dest, packet.to_wire(), payload if packet.payload_bytes else None)
 
+    def delay_sends(self, seed: int, most_s: float) -> None:
+        """A test hook: from now on, sleep a random time in [0, most_s) (seeded by `seed` and this rank)
+        before each send, so that the host delivers messages in another order, while modeled time must
+        not change. $NVLINK_EMU_TEST_SEND_DELAY="SEED:MAX_MS" turns it on for every rank of a run."""
+        self._delay = (random.Random(seed * 100003 + self.rank), most_s)
+
     def send_bytes(self, dest: int, header: bytes, payload: np.ndarray | None = None) -> list:
         """Post a header message of any bytes, and a payload message if given, to `dest` (send() does
         it for packets; tests use it as a hostile GPU would); returns the requests."""
+        if self._delay is not None:
+            rng, most = self._delay
+            time.sleep(rng.random() * most)
         requests = [self.comm.Isend([header, MPI.BYTE], dest, TAG_HEADER)]
         if payload is not None:
             requests.append(self.comm.Isend([payload, MPI.BYTE], dest, TAG_PAYLOAD))

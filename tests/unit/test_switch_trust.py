@@ -538,3 +538,18 @@ def test_a_gpu_with_too_many_unanswered_requests_is_refused_more(monkeypatch):
     assert nack.info.error == "ResourceExhausted" and "3 of its requests are still unanswered" in nack.info.message
     sw.on_packet(1, Packet(Kind.GET_DATA, 0, sw.network_addresses[0], 0, 64, 0), np.zeros(64, np.uint8))
     assert [s.port for s in sw.on_packet(0, Packet(Kind.GET, 0, window.network_address, window.address, 64, 10))] == [1]
+
+
+def test_a_stamp_lasts_its_bytes_time_on_a_gpu_link_at_most():
+    """A GPU's (t_start, t_end) is its word on when a transfer left it: a MSG stamped (0, 1e15) leaves
+    the switch lasting its bytes' time on a GPU link (else it would book the links between switches,
+    which every tenant shares, until 1e15 ns); an honest stamp, exactly that long, is untouched."""
+    from dataclasses import replace
+
+    from nvlink_emu.fabric.packets import raw_bytes
+    sw = network()
+    packet, payload = msg(0, sw.route_key(1), 1000)
+    duration = raw_bytes(1000, sw.config.mtu_bytes, sw.config.header_bytes) / sw.timing.bandwidth_gbytes_per_s
+    for stamp, end in (((0.0, 1e15), duration), ((500.0, 500.0 + duration), 500.0 + duration)):
+        out, = sw.on_packet(0, replace(packet, t_start=stamp[0], t_end=stamp[1]), payload)
+        assert (out.packet.t_start, out.packet.t_end) == (stamp[0] + LATENCY, end + LATENCY)
