@@ -424,6 +424,20 @@ class Gpu:
         self.now_ns = max(self.now_ns, self._consume(*self._arrivals.pop(slot)))
         return self._mailbox.pop(slot)
 
+    def has_message(self, key: tuple, peer: int) -> bool:
+        """Whether the message in slot `key` from GPU `peer` has arrived, not posted for and not yet taken
+        (an MPI-style probe; read-only)."""
+        return (tuple(key), peer) in self._mailbox
+
+    def poll(self) -> bool:
+        """Serve this GPU's traffic once, without waiting (what arrived is filed); True if anything moved."""
+        return self._progress()
+
+    def wait(self, done, what: str, whom: str) -> None:
+        """Serve this GPU's traffic until done() holds; FabricTimeout naming `what` and `whom` at the
+        run's deadline (every blocking wait of the emulator is this one)."""
+        self._wait(done, what, whom)
+
     def receive_message(self, key: tuple, out: np.ndarray, peer: int) -> None:
         """Wait for the message in slot `key` from GPU `peer` and place its bytes in `out`."""
         self._check_peer(peer, f"receive_message from {peer!r}")

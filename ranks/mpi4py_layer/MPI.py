@@ -661,23 +661,21 @@ class _Done:
         return True
 
 
-# The hooks point to point needs and the GPU's public API lacks (MPI's ANY_SOURCE, ANY_TAG and Iprobe
-# must see which messages have arrived without naming one): the only places this layer reaches past
-# ranks/gpu.py's public methods. Wanted there: Gpu.has_message(key, peer), Gpu.poll(), and a public
-# Gpu.wait(done, what, whom) with the deadline.
+# What point to point needs beyond sending and taking messages (MPI's ANY_SOURCE, ANY_TAG and Iprobe must
+# see which messages have arrived without naming one): the GPU's probe, poll and wait.
 def _has_message(key: tuple, peer: int) -> bool:
     """Whether GPU `peer`'s message in slot `key` has arrived (read-only)."""
-    return (key, peer) in _gpu()._mailbox
+    return _gpu().has_message(key, peer)
 
 
 def _poll() -> None:
     """Serve the fabric once, without waiting (what Iprobe and Test do)."""
-    _gpu()._progress()
+    _gpu().poll()
 
 
 def _wait(done, what: str, whom: str) -> None:
-    """Serve the fabric until done(), FabricTimeout at the run's deadline (gpu._wait)."""
-    _gpu()._wait(done, what, whom)
+    """Serve the fabric until done(), FabricTimeout at the run's deadline."""
+    _gpu().wait(done, what, whom)
 
 
 def _progress_until(found, what: str):
