@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass
 
+from .addressing import assign_network_addresses
 from .errors import FabricError
 from .packets import raw_bytes, segments
 
@@ -158,7 +159,6 @@ def merge_reports(config, parts: list[dict]) -> dict:
     level, each link between switches as its sender counted it (and checked against its receiver's
     count: a mismatch is reported under the link's name in "conservation"), every port's statistics
     summed over the leaves that saw that GPU, and the GPUs' own records."""
-    from .addressing import assign_network_addresses
     by_switch = {part["switch"]: part for part in parts}
     links: dict[str, dict] = {}
     conservation: dict = {}

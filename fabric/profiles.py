@@ -131,12 +131,17 @@ PUBLISHED: tuple[Published, ...] = (
 )
 
 
+def _named(table: dict, name: str, key: str, what: str):
+    """table[name]; ConfigError naming `key`, the unknown `what` and the known names otherwise."""
+    try:
+        return table[name]
+    except KeyError:
+        raise ConfigError(f"{key}: unknown {what} {name!r}; known: {', '.join(table)}") from None
+
+
 def link_profile(name: str) -> LinkProfile:
     """The profile called `name`; ConfigError naming the known profiles otherwise."""
-    try:
-        return PROFILES[name]
-    except KeyError:
-        raise ConfigError(f"link: unknown link profile {name!r}; known: {', '.join(PROFILES)}") from None
+    return _named(PROFILES, name, "link", "link profile")
 
 
 # -- GPU compute profiles ------------------------------------------------------------------------------
@@ -206,10 +211,7 @@ GPU_PROFILES: dict[str, GpuProfile] = {
 
 def gpu_profile(name: str) -> GpuProfile:
     """The GPU profile called `name`; ConfigError naming the known profiles otherwise."""
-    try:
-        return GPU_PROFILES[name]
-    except KeyError:
-        raise ConfigError(f"gpu: unknown GPU profile {name!r}; known: {', '.join(GPU_PROFILES)}") from None
+    return _named(GPU_PROFILES, name, "gpu", "GPU profile")
 
 
 # -- multi-node systems (issue 10): the figures the SuperPOD presets are built from --------------------
@@ -346,7 +348,4 @@ SYSTEMS: dict[str, SystemProfile] = {
 
 def system_profile(name: str) -> SystemProfile:
     """The system called `name`; ConfigError naming the known systems otherwise."""
-    try:
-        return SYSTEMS[name]
-    except KeyError:
-        raise ConfigError(f"system: unknown system profile {name!r}; known: {', '.join(SYSTEMS)}") from None
+    return _named(SYSTEMS, name, "system", "system profile")

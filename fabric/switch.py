@@ -215,7 +215,7 @@ class SwitchLogic:
         anything else was decided at the sender's leaf and goes down to its GPU."""
         link = f"sw{spine}->sw{self.switch}"
         self.counters.record(link, packet.payload_bytes)
-        target = self._port_of_address.get(packet.dst) if self.network else packet.dst
+        target = self.gpu_of_key(packet.dst)
         if target not in self.local:
             raise ProtocolError(f"switch {self.switch}: {packet.kind.name} from spine {spine} for {packet.dst:#x}, "
                                 f"not a GPU of node {self.switch}")

@@ -163,25 +163,19 @@ class SwitchRank:
                                     f"switch {self._peer_of[source]}")
             self.taken_from_switches += 1
             packet = Packet.from_wire(data)  # a switch's packet: a bad one is a bug, and ends the run
-            if self._waiting.get(source) or packet.payload_bytes:
-                self._waiting.setdefault(source, deque()).append(_Waiting(packet, time.monotonic() + self.timeout_s))
-                self._advance(source)
-            else:
-                self._handle(source, packet, None)
-            return
-        if source not in self.gpus:
-            return  # not a GPU of this switch: nobody to answer
-        if data is None:
-            self._refuse(source, ProtocolError(f"switch: a header of more than {MAX_HEADER_BYTES} bytes from "
-                                               f"GPU {source}"))
-            return
-        try:
-            packet = Packet.from_wire(data)
-        except ProtocolError as exc:
-            self._refuse(source, ProtocolError(f"switch: from GPU {source}: {exc}"))
-            return
-        queue = self._waiting.get(source)
-        if queue or packet.payload_bytes:  # a GPU's packets are served in the order it sent them
+        elif source in self.gpus:
+            if data is None:
+                self._refuse(source, ProtocolError(f"switch: a header of more than {MAX_HEADER_BYTES} bytes from "
+                                                   f"GPU {source}"))
+                return
+            try:
+                packet = Packet.from_wire(data)
+            except ProtocolError as exc:
+                self._refuse(source, ProtocolError(f"switch: from GPU {source}: {exc}"))
+                return
+        else:
+            return  # neither a GPU of this switch nor a neighbour switch: nobody to answer
+        if self._waiting.get(source) or packet.payload_bytes:  # a sender's packets are served in the order it sent them
             self._waiting.setdefault(source, deque()).append(_Waiting(packet, time.monotonic() + self.timeout_s))
             self._advance(source)
         else:
@@ -424,7 +418,7 @@ class SwitchRank:
                      and (self.spine or not self.logic.awaited_replies))
             busy, sent, taken = self.switches.sum(
                 (0 if quiet else 1, self.sent_to_switches, self.taken_from_switches),
-                lambda done, what: self._wait(done, "end of run", lambda: what, deadline))
+                lambda done, what: self._wait_for(done, what, deadline))
             if deadline == math.inf:  # every switch joined: the rest of the agreement is quick
                 deadline = time.monotonic() + self.end_timeout_s
             if not busy and sent == taken:
@@ -441,9 +435,10 @@ class SwitchRank:
                                     f"{0 if self.spine else self.logic.awaited_replies}, "
                                     f"packets between switches: {sent} sent, {taken} taken)")
 
-    def _wait_for(self, request_done, what: str) -> None:
-        """Serve until request_done() holds (an MPI collective of the switches); FabricTimeout naming `what`."""
-        self._wait(request_done, "end of run", lambda: what)
+    def _wait_for(self, request_done, what: str, deadline: float | None = None) -> None:
+        """Serve until request_done() holds (an MPI collective of the switches); FabricTimeout naming `what`
+        at `deadline` (see _wait)."""
+        self._wait(request_done, "end of run", lambda: what, deadline)
 
     def _report_part(self) -> dict:
         """This switch's share of the run's report (merged by fabric.counters.merge_reports): its links,

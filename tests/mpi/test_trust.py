@@ -6,7 +6,6 @@ internals (its transport, its control channel) exactly as a hostile script could
 
 import pickle
 import runpy
-import time
 from pathlib import Path
 
 import msgpack
@@ -18,29 +17,10 @@ from nvlink_emu.fabric.errors import AccessViolation, CollectiveMismatch, Fabric
 from nvlink_emu.fabric.packets import Kind, McastInfo, MsgInfo, Packet, TraceInfo
 
 from mpi_helpers import gpus, run
+from trust_helpers import lone_attacker, refusals, until
 
 pytestmark = pytest.mark.mpi(min_size=4)
 EXAMPLES = Path(__file__).resolve().parents[2] / "launch" / "examples"
-
-
-def lone_attacker() -> dict:
-    """GPU 0 alone in partition 0; every other GPU in partition 1."""
-    return {"partitions": ((0,), tuple(range(1, gpus())))}
-
-
-def until(gpu, done, what: str, timeout_s: float = 10.0) -> None:
-    """Serve this GPU's traffic until done() holds (a test's own wait on internals)."""
-    deadline = time.monotonic() + timeout_s
-    while not done():
-        assert time.monotonic() < deadline, f"GPU {gpu.rank}: {what} did not happen within {timeout_s} s"
-        gpu._progress()
-
-
-def refusals(gpu, count: int) -> list[FabricError]:
-    """Wait for `count` refusals of this GPU's packets (NACKs) and take them."""
-    until(gpu, lambda: len(gpu._traffic_errors) >= count, f"{count} refusals")
-    taken, gpu._traffic_errors = gpu._traffic_errors, []
-    return taken
 
 
 def test_packets_sent_straight_to_a_gpu_are_dropped_unread():
@@ -79,7 +59,7 @@ def test_packets_sent_straight_to_a_gpu_are_dropped_unread():
         if gpu.rank == victim:
             assert (private == 0x11).all() and (window == 0x22).all()
 
-    report = run(main, **lone_attacker()).report
+    report = run(main, **lone_attacker(gpus())).report
     assert all(report["ports"][g]["refused"] == 0 for g in range(gpus()))  # nothing reached the switch
 
 
@@ -181,7 +161,7 @@ def test_malformed_packets_are_refused_and_the_switch_serves_the_other_tenant():
             gpu.partition.allreduce(x, "sum", "sharp")
             assert (x == sum(range(1, gpu.size))).all()
 
-    report = run(main, **lone_attacker()).report
+    report = run(main, **lone_attacker(gpus())).report
     assert report["ports"][0]["malformed"] == 2 and report["ports"][0]["refused"] == 2
     assert all(report["ports"][g]["refused"] == 0 for g in range(1, gpus()))
 
@@ -265,7 +245,7 @@ def test_a_hostile_gpu_harms_nobody_in_the_other_partition():
     packets = 10_000
     script = runpy.run_path(str(EXAMPLES / "hostile_gpu.py"))
     Path(script["_Exploit"].path).unlink(missing_ok=True)
-    result = run(lambda gpu: script["run"](gpu, packets, seed=gpus()), timeout_s=60, trusted=False, **lone_attacker())
+    result = run(lambda gpu: script["run"](gpu, packets, seed=gpus()), timeout_s=60, trusted=False, **lone_attacker(gpus()))
     figures, report = result.value, result.report
     if result.role == "switch":
         return
@@ -298,7 +278,7 @@ def test_control_messages_too_long_undecodable_or_from_non_members_are_dropped()
         if gpu.rank:
             gpu.partition.barrier()
 
-    run(main, **lone_attacker())
+    run(main, **lone_attacker(gpus()))
 
 
 def test_only_gpu_0_turns_the_switch_s_tracing_on_or_off():

@@ -19,6 +19,7 @@ from nvlink_emu.fabric.packets import Kind, MsgInfo, Packet, raw_bytes
 from nvlink_emu.ranks.session import run_fabric
 
 from nodes_helpers import config, run, shape
+from trust_helpers import lone_attacker, refusals, until
 
 pytestmark = pytest.mark.mpi(min_size=7)
 EXAMPLES = Path(__file__).resolve().parents[2] / "launch" / "examples"
@@ -29,24 +30,15 @@ def gpus() -> int:
     return nodes * per_node
 
 
-def lone_attacker() -> dict:
-    """GPU 0 alone in partition 0; every other GPU in partition 1."""
-    return {"partitions": ((0,), tuple(range(1, gpus())))}
-
-
-def until(gpu, done, what: str, timeout_s: float = 10.0) -> None:
-    """Serve this GPU's traffic until done() holds (a test's own wait on internals)."""
-    deadline = time.monotonic() + timeout_s
-    while not done():
-        assert time.monotonic() < deadline, f"GPU {gpu.rank}: {what} did not happen within {timeout_s} s"
-        gpu._progress()
-
-
-def refusals(gpu, count: int) -> list:
-    """Wait for `count` refusals of this GPU's packets (NACKs) and take them."""
-    until(gpu, lambda: len(gpu._traffic_errors) >= count, f"{count} refusals")
-    taken, gpu._traffic_errors = gpu._traffic_errors, []
-    return taken
+def victims_transfer(gpu, data, src: int, dst: int) -> float:
+    """Once the attacker is done (its traffic booked the links first), the victims' transfer of `data`
+    from GPU `src` to GPU `dst`; returns this GPU's modeled clock."""
+    gpu.world.allgather_object(None)
+    if gpu.rank == src:
+        gpu.world.send(data, dst)
+    elif gpu.rank == dst:
+        gpu.world.recv(data, src)
+    return gpu.now_ns
 
 
 def test_a_forged_stamp_cannot_book_a_shared_leaf_spine_link_for_other_tenants():
@@ -65,14 +57,9 @@ def test_a_forged_stamp_cannot_book_a_shared_leaf_spine_link_for_other_tenants()
             gpu._send(Packet(Kind.GET, gpu._keys[0], gpu._keys[dst], 0, 0, 1), stamp=(0.0, 1e15))
             error, = refusals(gpu, 1)
             assert isinstance(error, AccessViolation)  # refused at the target's leaf, after crossing the spine
-        gpu.world.allgather_object(None)  # the attacker's links were booked before the victims start
-        if gpu.rank == src:
-            gpu.world.send(data, dst)
-        elif gpu.rank == dst:
-            gpu.world.recv(data, src)
-        return gpu.now_ns
+        return victims_transfer(gpu, data, src, dst)
 
-    result = run(main, "superpod-h100-ib", **lone_attacker())
+    result = run(main, "superpod-h100-ib", **lone_attacker(gpus()))
     if result.role == "gpu" and result.rank == dst:
         cfg = config("superpod-h100-ib")
         raw = raw_bytes(nbytes, cfg.mtu_bytes, cfg.header_bytes)
@@ -234,7 +221,7 @@ def test_a_gpu_can_neither_pass_for_a_switch_nor_for_another_gpu_across_nodes():
         if gpu.rank == owner:
             assert (window == 0x22).all()
 
-    report = run(main, **lone_attacker()).report
+    report = run(main, **lone_attacker(gpus())).report
     assert report["ports"][0]["violations"] == 1  # the PUT through its own leaf; the others were never read
     assert all(report["ports"][g]["refused"] == 0 for g in range(1, gpus()))
 
@@ -248,7 +235,7 @@ def test_a_hostile_gpu_harms_nobody_in_the_other_partition_across_nodes():
     script = runpy.run_path(str(EXAMPLES / "hostile_gpu.py"))
     script["run"].__globals__["ALGORITHMS"] = ("ring", "direct", "auto")
     Path(script["_Exploit"].path).unlink(missing_ok=True)
-    result = run_fabric(config(**lone_attacker()), lambda gpu: script["run"](gpu, packets, seed=7 + gpus()),
+    result = run_fabric(config(**lone_attacker(gpus())), lambda gpu: script["run"](gpu, packets, seed=7 + gpus()),
                         timeout_s=60, abort_on_error=False)
     figures, report = result.value, result.report
     assert set(report["conservation"]) <= {0}  # only the attacker's own counts can be off
@@ -278,14 +265,9 @@ def test_refused_puts_of_a_tenant_alone_on_its_node_do_not_delay_another_tenant_
                 gpu._send(Packet(Kind.PUT, gpu._keys[0], gpu._keys[dst], 0, chunk, req), junk, at_ns=0.0)
             errors = refusals(gpu, 16)
             assert all(isinstance(e, AccessViolation) for e in errors)
-        gpu.world.allgather_object(None)
-        if gpu.rank == src:
-            gpu.world.send(data, dst)
-        elif gpu.rank == dst:
-            gpu.world.recv(data, src)
-        return gpu.now_ns
+        return victims_transfer(gpu, data, src, dst)
 
-    result = run(main, "superpod-h100-ib", **lone_attacker())
+    result = run(main, "superpod-h100-ib", **lone_attacker(gpus()))
     cfg = config("superpod-h100-ib")
     expected = cfg.topology.unloaded_ns(src, dst, raw_bytes(nbytes, cfg.mtu_bytes, cfg.header_bytes))
     # the receiver's clock is the latest (its transfer ends last), and reaches every rank as elapsed_ns
