@@ -25,8 +25,10 @@ Topology routes (D-mod-k over the spines). On one node it is fabric.cost.payload
 
 **Time.** Raw bytes of a flow i -> j in a round: R(T[i, j]) = payload + one header per MTU packet of
 each message of at most chunk_bytes (fabric.cost.raw_of, messages as fabric.cost's); cut-through
-switches forward it whole, so a flow has the same raw bytes on every link of its route. For a link
-L of a round, W_L = raw bytes crossing it, bw_L its bandwidth, and over the flows f crossing it
+switches forward it whole, so a flow has the same raw bytes on every link of its route. Time is taken
+on the *timed stages* of each route (Topology.timed_route): its GPU links, and in place of the cables
+between switches the sender's outbound and the receiver's inbound share of their nodes' uplinks (U / G
+each, fabric.topology's Shares); below, "link" L is such a stage. For a link L of a round, W_L = raw bytes crossing it, bw_L its bandwidth, and over the flows f crossing it
 pre_f (ns from f leaving its GPU to its first byte entering L: the links before L and the switches
 passed) and post_f (ns from its last byte entering L to the destination: L's latency, the switch at
 L's end, the links and switches after). Then
@@ -52,8 +54,8 @@ starts round k+1 once it has received round k, whatever the others do): the larg
   received round k's.
 Each of the three is at most the sum of round_ns, so lower_bound_ns <= modeled_ns always.
 The gap between modeled_ns and lower_bound_ns says how much overlap and latency can matter; for
-large messages whose bottleneck is one link in every round (a node-major ring's crossing into local
-index 0 over spine 0 at U / spines, an all2all's leaf-spine links) the bandwidth terms are equal and
+large messages whose bottleneck is one stage in every round (a node-major ring's crossing into the
+next node on one GPU's shares, an all2all's shares) the bandwidth terms are equal and
 the two differ by latencies only: (rounds - 1) path latencies for a ring.
 """
 
@@ -158,40 +160,45 @@ def _flows(t: np.ndarray, config, itemsize: int) -> dict[tuple[int, int], int]:
     return flows
 
 
-def _hops(topo: Topology, src: int, dst: int) -> tuple[tuple[tuple[str, float, float], ...], float, float]:
-    """The route src -> dst as ((link name, pre ns, post ns), ...), its latency (ns) and its least
-    bandwidth (GB/s). pre: from the flow leaving src to its first byte entering the link (earlier links
-    and switches); post: from its last byte entering the link to dst (the link's latency, the switch
-    at its end and the links after). Cached in the topology (its routes are fixed)."""
+def _hops(topo: Topology, src: int, dst: int) -> tuple[tuple[tuple[str, float, float, float], ...], float, float]:
+    """The timed route src -> dst (Topology.timed_route: links, and the GPUs' shares in place of the
+    cables between switches) as ((name, pre ns, post ns, GB/s), ...), its latency (ns) and its least
+    bandwidth (GB/s). pre: from the flow leaving src to its first byte entering the stage (earlier
+    stages and switches); post: from its last byte entering it to dst (its latency, the switch at its
+    end and the stages after). Cached in the topology (its routes are fixed)."""
     cache = topo._cache.setdefault("cost_nodes.hops", {})
     hops = cache.get((src, dst))
     if hops is None:
-        switch_ns = topo._cache.get("cost_nodes.switch_ns")
-        if switch_ns is None:
-            switch_ns = topo._cache["cost_nodes.switch_ns"] = {sw.name: sw.latency_ns for sw in topo.switches}
-        route = topo.route(src, dst)
+        route = topo.timed_route(src, dst)
         before = [0.0]
-        for link in route[:-1]:
-            before.append(before[-1] + link.latency_ns + switch_ns[link.dst])
+        for hop in route[:-1]:
+            before.append(before[-1] + hop.latency_ns + topo.switch_latency_ns)
         total = before[-1] + route[-1].latency_ns
-        hops = cache[(src, dst)] = (tuple((link.name, before[k], total - before[k]) for k, link in enumerate(route)),
-                                    total, min(link.bandwidth_gbytes_per_s for link in route))
+        hops = cache[(src, dst)] = (tuple((hop.name, before[k], total - before[k], hop.bandwidth_gbytes_per_s)
+                                          for k, hop in enumerate(route)),
+                                    total, min(hop.bandwidth_gbytes_per_s for hop in route))
     return hops
 
 
-def _link_bound(topo: Topology, flows: dict) -> float:
-    """max over links L of min pre + W_L / bw_L + min post (latency_L included) over the flows crossing L."""
-    load: dict[str, int] = {}
-    pre: dict[str, float] = {}
-    post: dict[str, float] = {}
+def _loads(topo: Topology, flows: dict) -> dict[str, list]:
+    """Per timed stage (link or share) the flows cross: [raw bytes W, min pre, min post, GB/s]."""
+    load: dict[str, list] = {}
     for (i, j), w in flows.items():
-        for name, before, after in _hops(topo, i, j)[0]:
-            load[name] = load.get(name, 0) + w
-            if before < pre.get(name, math.inf):
-                pre[name] = before
-            if after < post.get(name, math.inf):
-                post[name] = after
-    return max((pre[name] + w / topo.link(name).bandwidth_gbytes_per_s + post[name] for name, w in load.items()),
+        for name, before, after, bandwidth in _hops(topo, i, j)[0]:
+            row = load.get(name)
+            if row is None:
+                load[name] = [w, before, after, bandwidth]
+            else:
+                row[0] += w
+                row[1] = min(row[1], before)
+                row[2] = min(row[2], after)
+    return load
+
+
+def _link_bound(topo: Topology, flows: dict) -> float:
+    """max over timed stages L of min pre + W_L / bw_L + min post (latency_L included) over the flows
+    crossing L."""
+    return max((pre + w / bandwidth + post for w, pre, post, bandwidth in _loads(topo, flows).values()),
                default=0.0)
 
 
@@ -251,15 +258,13 @@ def _merged(steps: list[dict]) -> dict[tuple[int, int], int]:
 
 def bottleneck(collective: str, algorithm: str, topo: Topology, S: int, config, itemsize: int = 4, root: int = 0,
                counts=None) -> tuple[str, float]:
-    """(name, ns) of the link with the most raw bytes over bandwidth in the whole call: where the
-    time goes (W_L / bw_L, ns, without latencies)."""
+    """(name, ns) of the timed stage (a link, or a GPU's share "gpu3:out" / "gpu3:in") with the most raw
+    bytes over bandwidth in the whole call: where the time goes (W_L / bw_L, ns, without latencies);
+    ("", 0.0) for a call that sends nothing."""
     flows = _merged([_flows(t, config, itemsize) for t in rounds(collective, algorithm, topo, S, itemsize, root, counts)])
-    load = {link.name: 0 for link in topo.links}
-    for (i, j), w in flows.items():
-        for name, _, _ in _hops(topo, i, j)[0]:
-            load[name] += w
-    name = max(load, key=lambda x: load[x] / topo.link(x).bandwidth_gbytes_per_s)
-    return name, load[name] / topo.link(name).bandwidth_gbytes_per_s
+    times = {name: w / bandwidth for name, (w, _, _, bandwidth) in _loads(topo, flows).items()}
+    name = max(times, key=times.get, default="")
+    return name, times.get(name, 0.0)
 
 
 def fastest(collective: str, candidates, S: int, config, itemsize: int = 4) -> str | None:

@@ -92,6 +92,10 @@ class Gpu:
         # this GPU's two links, each booked here: the uplink as it sends, the downlink as it consumes
         self._uplink = LinkEnd(timing.bandwidth_gbytes_per_s, timing.link_latency_ns)
         self._downlink = LinkEnd(timing.bandwidth_gbytes_per_s, timing.link_latency_ns)
+        # its inbound share of its node's uplink (fabric.topology, Shares), booked as it consumes a transfer
+        # from another node; the cable's latency is in the packet's stamp already
+        share = config.topology.share_gbytes_per_s
+        self._inbound = LinkEnd(share, 0.0) if share else None
         self.now_ns = 0.0                               # this GPU's modeled clock
         self._acked_ns = 0.0                            # latest acknowledgement of a put (modeled)
         self._got_ns: dict[int, float] = {}             # GET req -> modeled arrival of its data
@@ -643,7 +647,12 @@ class Gpu:
     def _consume(self, packet: Packet, seq: int) -> float:
         """Put transfer `seq` that reached this GPU on its downlink; returns when its last byte arrived (ns)."""
         raw = raw_bytes(packet.payload_bytes, self.config.mtu_bytes, self.config.header_bytes)
-        start, end = self._downlink.book(packet.t_start, packet.t_end, raw)
+        start, end = packet.t_start, packet.t_end
+        if self._inbound is not None:
+            sender = self._gpu_of.get(packet.src)  # a GPU's transfer (a switch's own packets take no share)
+            if sender is not None and sender // self.config.gpus_per_node != self._leaf:
+                start, end = self._inbound.book(start, end, raw)
+        start, end = self._downlink.book(start, end, raw)
         if self.trace is not None and self.trace.enabled:
             self.trace.write({"ev": "busy", "link": downlink(self.rank, self._leaf), "seq": seq, "m_start": start, "m_end": end,
                               "wall": time.time()})

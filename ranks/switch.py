@@ -355,9 +355,8 @@ class SwitchRank:
         seq = self._seq[link] = self._seq.get(link, -1) + 1
         config = self.config
         start, end = packet.t_start, packet.t_end
-        if ev == "tx" and link in self.logic.link_ends:  # stamped at the far end: on the link, a latency earlier
-            latency = self.logic.link_ends[link].latency_ns
-            start, end = start - latency, end - latency
+        if ev == "tx" and "->gpu" not in link:  # to a switch, stamped at its far end: on the link, a latency earlier
+            start, end = start - config.uplink_latency_ns, end - config.uplink_latency_ns
         self.trace.write({"ev": ev, "link": link, "seq": seq, "kind": packet.kind.name, "origin": origin,
                           "src": packet.src, "dst": packet.dst, "payload": packet.payload_bytes,
                           "raw": raw_bytes(packet.payload_bytes, config.mtu_bytes, config.header_bytes),
@@ -447,8 +446,10 @@ class SwitchRank:
         (an emulator bug, or a GPU that lies) and never fails the others' run."""
         logic, counters = self.logic, self._counters
         links = logic.counters.snapshot()
-        for link, end in logic.link_ends.items():  # links to other switches: booked at this end
-            links.setdefault(link, LinkStats().as_dict())["busy_ns"] = float(end.busy_ns)
+        for name, row in links.items():  # a cable between switches, sent on here: its raw bytes at its bandwidth
+            link = logic.topology.link(name)
+            if link.level == "leaf-spine" and link.src == f"sw{self.index}":
+                row["busy_ns"] = row["raw_bytes"] / link.bandwidth_gbytes_per_s
         conservation = {}
         for gpu in self.gpus:
             try:
