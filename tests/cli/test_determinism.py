@@ -40,6 +40,7 @@ def main(gpu):
     gpu.world.all2all(np.ones(gpu.size * 4096, np.float32), np.empty(gpu.size * 4096, np.float32))
     gpu.compute(5000)
     gpu.world.allgather(x[:1024], np.empty(1024 * gpu.size, np.float32), algorithm="ring")
+    gpu.world.barrier()  # one-sided traffic is served as the host delivers it: not while a collective runs
     gpu.put(handles[(gpu.rank + gpu.size // 2) % gpu.size], np.ones(1 << 15, np.uint8))  # to the other node
     gpu.fence()
     gpu.world.barrier()

@@ -116,17 +116,15 @@ def test_packets_a_gpu_sends_while_the_switches_end_the_run_are_refused_not_forw
     assert all(result.report["ports"][g]["refused"] == 0 for g in range(1, gpus()))
 
 
-@pytest.mark.xfail(strict=True, reason="transfers a spine passes down are never held at the leaf, so nothing "
-                   "bounds what a leaf keeps in flight to a GPU that does not receive: it needs credits per "
-                   "destination port from the destination's leaf back to the senders' leaves")
 def test_a_gpu_that_stops_receiving_cannot_make_its_leaf_hold_more_than_its_port_s_share(monkeypatch):
     """On one node the switch holds a transfer bound for a port that has its share of
     switch_buffer_bytes in flight, so a GPU that does not receive costs the switch that share at most.
     Across nodes the answers come down from a spine, and the leaf takes and forwards whatever a spine
     sends (holding it would stall every tenant's traffic from that spine): GPU 0 asks its partner on
-    node 1 for 48 x 1 MiB (raw GETs, all at once) and sleeps; its leaf then holds all 48 MiB for it,
-    three times its port's share (and 65,536 requests of up to a whole GPU's memory each would be
-    allowed)."""
+    node 1 for 48 x 1 MiB (raw GETs, all at once) and sleeps. Found in review: its leaf then held all
+    48 MiB for it, three times its port's share. Now the partner's leaf stops at its credit for GPU 0's
+    port (the share over the other nodes) until GPU 0's leaf credits the bytes back, and the answers
+    all arrive once GPU 0 receives again."""
     from mpi4py import MPI  # the leaf's figure reaches every rank (after the run), so the test fails alike
 
     from nvlink_emu.fabric.switch import port_share_bytes
