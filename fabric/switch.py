@@ -22,7 +22,7 @@ count bytes (fabric.topology, Shares).
 """
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -166,7 +166,7 @@ class SwitchLogic:
         longest = packet.t_start + raw / self.timing.bandwidth_gbytes_per_s
         if packet.t_end <= longest * (1 + 1e-9):  # rounding of an honest stamp's start + duration
             return packet
-        return replace(packet, t_end=longest)
+        return packet.but(t_end=longest)
 
     def egress_ports(self, ingress: int, packet: Packet) -> tuple[int, ...]:
         """The ports `packet` from `ingress` would leave by (best effort, before it is validated: a
@@ -263,7 +263,7 @@ class SwitchLogic:
         else:
             latency = self.config.uplink_latency_ns
             t_start, t_end = packet.t_start + latency, packet.t_end + latency
-        return replace(send, packet=replace(packet, t_start=t_start, t_end=t_end))
+        return Send(send.port, packet.but(t_start=t_start, t_end=t_end), send.payload, send.origin)
 
     def refuse(self, ingress: int, error: FabricError, kind: str = "?", req: int = 0, t_end: float = 0.0) -> list[Send]:
         """Refuse a packet of GPU `ingress` (malformed ones too, whose header may not even decode):
@@ -283,7 +283,7 @@ class SwitchLogic:
     def _through(self, packet: Packet, **changes) -> Packet:
         """`packet` leaving the switch: cut-through, each byte one switch traversal later."""
         delay = self.timing.switch_latency_ns
-        return replace(packet, t_start=packet.t_start + delay, t_end=packet.t_end + delay, **changes)
+        return packet.but(t_start=packet.t_start + delay, t_end=packet.t_end + delay, **changes)
 
     def _data(self, ingress: int, packet: Packet, payload: np.ndarray | None) -> list[Send]:
         src = self.route_key(ingress)
@@ -381,7 +381,7 @@ class SwitchLogic:
             # NVLS: read the range from every member's bound buffer; the answers are REDUCE packets
             ready = packet.t_end + self.timing.switch_latency_ns
             load = Packet(Kind.LOAD, -1, 0, packet.address, packet.nbytes, packet.req, info, ready, ready)
-            return [Send(port, replace(load, dst=self.route_key(port)), origin=-1) for port in group.members]
+            return [Send(port, load.but(dst=self.route_key(port)), origin=-1) for port in group.members]
         done = self.groups.contribute(info.group, info.slot, ingress, info.op, info.dtype, payload,
                                       (info.dest, info.key), (packet.t_start, packet.t_end), self.buffer_share_bytes,
                                       self.held_parts_share)
@@ -574,7 +574,7 @@ class SpineLogic:
             raise ProtocolError(f"spine {self.switch}: {packet.kind.name} from leaf {leaf} for {packet.dst!r}, "
                                 f"which is no GPU of another node")
         self.counters.record(f"sw{self.switch}->sw{gpu // self.config.gpus_per_node}", packet.payload_bytes)
-        return Send(gpu, replace(packet, t_start=packet.t_start + self.latency_ns, t_end=packet.t_end + self.latency_ns),
+        return Send(gpu, packet.but(t_start=packet.t_start + self.latency_ns, t_end=packet.t_end + self.latency_ns),
                     payload)
 
     def next_switch(self, port: int) -> int:

@@ -9,7 +9,6 @@ import collections
 import itertools
 import math
 import time
-from dataclasses import replace
 
 import msgpack
 import numpy as np
@@ -634,7 +633,7 @@ class Gpu:
             if stamp is None:
                 at = self.now_ns if at_ns is None else at_ns
                 stamp = self._uplink.send(at, at, raw)
-            packet = replace(packet, t_start=stamp[0], t_end=stamp[1])
+            packet = packet.but(t_start=stamp[0], t_end=stamp[1])
             self._tx_seq += 1
             if self.trace is not None and self.trace.enabled:
                 self.trace.write({"ev": "tx", "link": uplink(self.rank, self._leaf), "seq": self._tx_seq, "kind": packet.kind.name,
