@@ -141,7 +141,7 @@ def test_ring_allgather_time_is_set_by_the_crossing_on_one_gpu_s_shares(spines):
     share = 90.0 / 4
     one_round = path + 1088 / share  # the share serialises R(1 KiB) = 1088 raw bytes
     assert math.isclose(cn.round_ns(topo, cn.rounds("allgather", "ring", topo, S)[0], LINE), one_round)
-    assert math.isclose(cn.modeled_ns("allgather", "ring", topo, S, LINE), 7 * one_round)
+    assert math.isclose(cn.rounds_ns("allgather", "ring", topo, S, LINE), 7 * one_round)
     # however rounds overlap: GPU 3's outbound share carries all 7 blocks one after another, and each round
     # waits for the previous one's receipt, at best a hop in a node (550 ns) and R(1 KiB) at 450 GB/s
     link = path + 7 * 1088 / share
@@ -159,7 +159,7 @@ def test_all2all_time_on_two_nodes_by_hand():
     # byte enters it 400 ns after leaving the GPU (a + s), the last leaves it after 200 ns of link and has
     # s + u + s + a = 850 ns to go (as 16 blocks on one 90 GB/s cable would take)
     want = 400 + 4 * 1088 / 22.5 + 200 + 850
-    assert math.isclose(cn.modeled_ns("all2all", "direct", topo, S, LINE), want)
+    assert math.isclose(cn.rounds_ns("all2all", "direct", topo, S, LINE), want)
     assert math.isclose(cn.lower_bound_ns("all2all", "direct", topo, S, LINE), want)  # one round: the same
 
 
@@ -172,8 +172,10 @@ def test_the_lower_bound_never_exceeds_the_estimate(spines, uplink):
             for collective in collectives:
                 args = dict(counts=counts) if algorithm == "all2allv" else dict(root=6)
                 low = cn.lower_bound_ns(collective, algorithm, topo, size, LINE, **args)
-                est = cn.modeled_ns(collective, algorithm, topo, size, LINE, **args)
+                est = cn.rounds_ns(collective, algorithm, topo, size, LINE, **args)
+                exact = cn.modeled_ns(collective, algorithm, topo, size, LINE, **args)
                 assert 0 < low <= est * (1 + 1e-12), (collective, algorithm, size, low, est)
+                assert low <= exact * (1 + 1e-12), (collective, algorithm, size, low, exact)
 
 
 def test_a_faster_uplink_moves_the_bottleneck_to_the_gpu_links():
