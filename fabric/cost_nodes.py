@@ -294,10 +294,11 @@ def bottleneck(collective: str, algorithm: str, topo: Topology, S: int, config, 
 def fastest(collective: str, candidates, S: int, config, itemsize: int = 4) -> str | None:
     """The candidate modeled_ns says is fastest for S bytes on every GPU of config's topology; ties go
     to the earlier candidate. None if the model covers none of them."""
+    covered = [algorithm for algorithm in candidates if collective in FLAT.get(algorithm, ())]
+    if len(covered) == 1:  # nothing to compare: no replay
+        return covered[0]
     best, best_ns = None, math.inf
-    for algorithm in candidates:
-        if collective not in FLAT.get(algorithm, ()):
-            continue
+    for algorithm in covered:
         ns = modeled_ns(collective, algorithm, config.topology, S, config, itemsize)
         if ns < best_ns:
             best, best_ns = algorithm, ns
