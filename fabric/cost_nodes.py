@@ -70,6 +70,7 @@ FLAT = {
     "ring": ("allreduce", "reduce_scatter", "allgather"),
     "direct": ("allreduce", "reduce_scatter", "allgather", "broadcast", "all2all"),
     "all2allv": ("all2allv",),
+    "hier": ("allreduce", "reduce_scatter", "allgather", "broadcast"),
 }
 
 
@@ -95,6 +96,8 @@ def rounds(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsize
         known = "; ".join(f"{a}: {', '.join(c)}" for a, c in FLAT.items())
         raise FabricError(f"cost_nodes: no flat multi-node model for {collective} with {algorithm!r} ({known})")
     n = topo.gpus
+    if algorithm == "hier":
+        return _hier_rounds(collective, topo, S, itemsize, root)
     if collective == "all2allv":
         if counts is None:
             raise FabricError("cost_nodes: all2allv needs counts, a gpus x gpus matrix of bytes")
@@ -127,6 +130,65 @@ def rounds(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsize
         return [rs] if n > 1 else []  # equal blocks: GPU i sends its block j (b_j bytes) to GPU j
     phases = {"allreduce": (rs, ag), "reduce_scatter": (rs,), "allgather": (ag,)}[collective]
     return [t for t in phases if n > 1]
+
+
+def _hier_rounds(collective: str, topo: Topology, S: int, itemsize: int, root: int) -> list[np.ndarray]:
+    """hier's rounds (ranks/collectives/hier.py) on every GPU of `topo`: GPU (a, j) = a x G + j, its
+    node ring (a, 0..G-1) and its rail ring (0..N-1, j); the module docstring's schedule."""
+    N, G, n = topo.nodes, topo.gpus_per_node, topo.gpus
+    if collective == "broadcast":
+        if not isinstance(root, (int, np.integer)) or isinstance(root, bool) or not 0 <= root < n:
+            raise FabricError(f"cost_nodes: broadcast root must be one of GPUs 0..{n - 1}, got {root!r}")
+    _block_bytes(S, 1, itemsize)  # checks S and itemsize
+    count = int(S) // itemsize
+    if collective == "reduce_scatter" or collective == "allgather":
+        own = [(hi - lo) * itemsize for lo, hi in blocks(count, n)]
+        size = [[own[a * G + j] for j in range(G)] for a in range(N)]
+    else:  # allreduce's two-level split; broadcast's parts are its columns
+        size = [[0] * G for _ in range(N)]
+        for j, (lo, hi) in enumerate(blocks(count, G)):
+            for a, (x, y) in enumerate(blocks(hi - lo, N)):
+                size[a][j] = (y - x) * itemsize
+    column = [sum(size[a][j] for a in range(N)) for j in range(G)]
+
+    def ring(phase: str, level: str) -> list[np.ndarray]:
+        m = G if level == "node" else N
+        out = []
+        for s in range(m - 1):
+            t = np.zeros((n, n), np.int64)
+            for a in range(N):
+                for j in range(G):
+                    p = j if level == "node" else a
+                    seg = (p - 1 - s) % m if phase == "rs" else (p - s) % m
+                    if level == "node":
+                        t[a * G + j, a * G + (j + 1) % G] = column[seg]
+                    else:
+                        t[a * G + j, ((a + 1) % N) * G + j] = size[seg][j]
+            out.append(t)
+        return out
+
+    if collective == "allreduce":
+        return ring("rs", "node") + ring("rs", "rail") + ring("ag", "rail") + ring("ag", "node")
+    if collective == "reduce_scatter":
+        return ring("rs", "node") + ring("rs", "rail")
+    if collective == "allgather":
+        return ring("ag", "rail") + ring("ag", "node")
+    a_root, j_root = topo.locate(root)
+    out = []
+    if G > 1:  # the root scatters part j to position j of its node
+        t = np.zeros((n, n), np.int64)
+        for j in range(G):
+            if j != j_root:
+                t[root, a_root * G + j] = column[j]
+        out.append(t)
+    if N > 1:  # rail j's pipelined chain from node a_root: one round, every hop streaming at once
+        t = np.zeros((n, n), np.int64)
+        for q in range(N - 1):
+            a = (a_root + q) % N
+            for j in range(G):
+                t[a * G + j, ((a + 1) % N) * G + j] = column[j]
+        out.append(t)
+    return out + ring("ag", "node")
 
 
 def traffic(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsize: int = 4, root: int = 0,
