@@ -1,4 +1,5 @@
-"""Cost model of the flat algorithms on a multi-node Topology: exact bytes per link, and time bounds.
+"""Cost model of the flat and hierarchical algorithms on a multi-node Topology: exact bytes per link,
+and time bounds.
 
 Pure (numpy, no MPI). Units: bytes, ns, GB/s (= bytes per ns). The members of a call are every GPU
 of the Topology in GPU order, which is node-major (fabric.topology), so the ring is the node-major
@@ -16,6 +17,29 @@ ranks/collectives (blocks are fabric.reduction.blocks of the element count, time
 - all2all / all2allv (all2all.py), one round: GPU i sends its block j to GPU j (own block copied
   locally, never on a link); all2all's blocks are S / N bytes each (S = each member's send buffer,
   a multiple of N x itemsize, as comm.all2all requires); all2allv takes the matrix of counts.
+- hier (hier.py; N nodes x G GPUs, GPU (a, j) = a G + j, its node ring (a, 0..G-1), its rail ring
+  (0..N-1, j)). Ranges: allreduce and broadcast cut part j = blocks(count, G)[j], allreduce then
+  range (a, j) = block a of blocks(|part j|, N) inside it; reduce_scatter and allgather take
+  range (a, j) = blocks(count, N G)[a G + j]; c_j = bytes of column j (the ranges (0..N-1, j)).
+  Node-ring reduce-scatter round s (G-1 rounds): (a, j) sends c_{(j-1-s) mod G} to (a, j+1);
+  rail-ring reduce-scatter round s (N-1): (a, j) sends range ((a-1-s) mod N, j) to (a+1, j); the
+  all-gathers the same with (j-s) and (a-s). allreduce: node RS, rail RS, rail AG, node AG
+  (2(G-1) + 2(N-1) rounds); reduce_scatter: node RS, rail RS; allgather: rail AG, node AG;
+  broadcast from root (aR, jR): one round in which the root sends part j to (aR, j) (none if
+  G = 1), one round for the pipelined chain down each rail (node aR+q sends part j to aR+q+1,
+  q = 0..N-2: every hop streams at once, so it is one round; its fill is not modeled), then the
+  node-ring all-gather of the parts (G-1 rounds).
+  Bytes per level for S bytes a multiple of N G itemsize (k_i = rails j with j mod spines = i, the
+  rails that spine i carries, as the Topology routes to the destination's local index), N > 1:
+  allreduce: every GPU link 2(NG-1)/(NG) S each way, of which 2(G-1)/G S stays in the node; every
+  leaf -> spine i and spine i -> leaf link k_i 2(N-1)/(NG) S, a node's whole uplink 2(N-1)/N S
+  each way (the flat node-major ring's is 2(NG-1)/(NG) S on one spine);
+  reduce_scatter (S = input), allgather (S = output): GPU links (NG-1)/(NG) S each way, leaf <->
+  spine i k_i (N-1)/(NG) S each way;
+  broadcast: GPU (a, j) tx (G-1)/G S + S/G [a != aR-1] + (G-1)/G S [the root], rx (G-1)/G S +
+  S/G [a != aR] + S/G [a = aR, j != jR]; leaf a -> spine i k_i S/G unless a = aR-1, spine i ->
+  leaf a k_i S/G unless a = aR. One node (N = 1): allreduce, reduce_scatter and allgather are
+  the ring's rounds exactly.
 Within a round the order of a GPU's sends (r+1, r+2, ... in direct and all2all) does not change any
 link's bytes, so it is not represented.
 
@@ -88,13 +112,13 @@ def rounds(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsize
     """The dependent rounds of one call on every GPU of `topo`, each a gpus x gpus int64 matrix of
     payload bytes (row: sender, column: receiver), as the module docstring derives them.
     collective/algorithm: a pair of FLAT (all2all is `direct`; all2allv is ("all2allv", "all2allv")
-    with `counts`, counts[i][j] = bytes GPU i sends GPU j, the diagonal a local copy). FabricError for
-    anything else."""
+    with `counts`, counts[i][j] = bytes GPU i sends GPU j, the diagonal a local copy; hier's GPU
+    (a, j) is GPU a x G + j). FabricError for anything else."""
     if not isinstance(topo, Topology):
         raise FabricError(f"cost_nodes: takes a Topology, got {type(topo).__name__}")
     if algorithm not in FLAT or collective not in FLAT[algorithm]:
         known = "; ".join(f"{a}: {', '.join(c)}" for a, c in FLAT.items())
-        raise FabricError(f"cost_nodes: no flat multi-node model for {collective} with {algorithm!r} ({known})")
+        raise FabricError(f"cost_nodes: no multi-node model for {collective} with {algorithm!r} ({known})")
     n = topo.gpus
     if algorithm == "hier":
         return _hier_rounds(collective, topo, S, itemsize, root)
