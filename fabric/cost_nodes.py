@@ -40,6 +40,10 @@ ranks/collectives (blocks are fabric.reduction.blocks of the element count, time
   S/G [a != aR] + S/G [a = aR, j != jR]; leaf a -> spine i k_i S/G unless a = aR-1, spine i ->
   leaf a k_i S/G unless a = aR. One node (N = 1): allreduce, reduce_scatter and allgather are
   the ring's rounds exactly.
+- pxn (pxn.py), all2all only: round 1, GPU (a, j) sends its block for (c, k) straight there if
+  c = a or k = j, else to its proxy (a, k); round 2, each proxy (a, k) forwards those blocks to
+  (c, k). Bytes (blocks s = S / (N G)): every GPU link (NG-1) s + (N-1)(G-1) s each way; every
+  leaf -> spine i and spine i -> leaf link k_i (N-1) S / N, as `direct`'s all2all.
 Within a round the order of a GPU's sends (r+1, r+2, ... in direct and all2all) does not change any
 link's bytes, so it is not represented.
 
@@ -95,6 +99,7 @@ FLAT = {
     "direct": ("allreduce", "reduce_scatter", "allgather", "broadcast", "all2all"),
     "all2allv": ("all2allv",),
     "hier": ("allreduce", "reduce_scatter", "allgather", "broadcast"),
+    "pxn": ("all2all",),
 }
 
 
@@ -122,6 +127,8 @@ def rounds(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsize
     n = topo.gpus
     if algorithm == "hier":
         return _hier_rounds(collective, topo, S, itemsize, root)
+    if algorithm == "pxn":
+        return _pxn_rounds(topo, _block_bytes(S, n, itemsize))
     if collective == "all2allv":
         if counts is None:
             raise FabricError("cost_nodes: all2allv needs counts, a gpus x gpus matrix of bytes")
@@ -213,6 +220,24 @@ def _hier_rounds(collective: str, topo: Topology, S: int, itemsize: int, root: i
                 t[a * G + j, ((a + 1) % N) * G + j] = column[j]
         out.append(t)
     return out + ring("ag", "node")
+
+
+def _pxn_rounds(topo: Topology, b: list[int]) -> list[np.ndarray]:
+    """pxn's two rounds (ranks/collectives/pxn.py): GPU (a, j)'s block for (c, k) goes straight there
+    if c = a or k = j, else to (a, k) in round 1 and on from (a, k) in round 2; b: the blocks' bytes."""
+    G, n = topo.gpus_per_node, topo.gpus
+    first, second = np.zeros((n, n), np.int64), np.zeros((n, n), np.int64)
+    for i in range(n):
+        for d in range(n):
+            if d == i:
+                continue
+            if i // G == d // G or i % G == d % G:
+                first[i, d] += b[d]
+            else:
+                proxy = i // G * G + d % G
+                first[i, proxy] += b[d]
+                second[proxy, d] += b[d]
+    return [first, second] if second.any() else ([first] if n > 1 else [])
 
 
 def traffic(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsize: int = 4, root: int = 0,

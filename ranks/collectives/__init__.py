@@ -15,10 +15,13 @@ from nvlink_emu.fabric import cost, cost_nodes
 from nvlink_emu.fabric.cost import in_switch_chunk
 from nvlink_emu.fabric.switch import buffer_share_bytes
 
-from . import direct, hier, nvls, ring, sharp
+from . import all2all, direct, hier, nvls, pxn, ring, sharp
 
 ALGORITHMS = {"ring": ring, "direct": direct, "sharp": sharp, "nvls": nvls, "hier": hier}  # also `auto`'s tie order
 IN_SWITCH = ("sharp", "nvls")
+# all2all's algorithms (comm.all2all's `algorithm`; auto is direct), each taking all2allv's arguments;
+# all2allv runs direct
+ALL2ALL = {"direct": all2all.all2allv, "pxn": pxn.all2all}
 SMALL_BYTES = 64 * 1024  # fallback rule: below this, `direct` (fewer steps) before `ring` on a forwarding switch
 
 

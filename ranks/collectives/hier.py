@@ -50,7 +50,7 @@ class Grid:
     """The communicator as N nodes x G positions: rank[a][j] = communicator rank of the member at
     (node a, position j); (a, j) = this member's coordinates."""
 
-    def __init__(self, call, collective: str):
+    def __init__(self, call, collective: str, algorithm: str = "hier"):
         topology = call.gpu.config.topology
         by_node: dict[int, list[tuple[int, int]]] = {}
         for rank, gpu in enumerate(call.comm.members):
@@ -61,7 +61,7 @@ class Grid:
         if any(locals_[node] != locals_[nodes[0]] for node in nodes):
             listing = "; ".join(f"node {node}: {list(locals_[node])}" for node in nodes)
             raise UnsupportedOperation(
-                f"GPU {call.gpu.rank}: {collective} with 'hier' on communicator {call.comm.name!r}: every node "
+                f"GPU {call.gpu.rank}: {collective} with {algorithm!r} on communicator {call.comm.name!r}: every node "
                 f"must hold the same number of members with the same local indices in the same rank order (one "
                 f"ring per rail); its members' local indices are {listing}; use ring or direct")
         self.rank = [[rank for rank, _ in by_node[node]] for node in nodes]
