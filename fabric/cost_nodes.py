@@ -1,4 +1,5 @@
-"""Cost model of the flat algorithms on a multi-node Topology: exact bytes per link, and time bounds.
+"""Cost model of the flat and hierarchical algorithms on a multi-node Topology: exact bytes per link,
+and time bounds.
 
 Pure (numpy, no MPI). Units: bytes, ns, GB/s (= bytes per ns). The members of a call are every GPU
 of the Topology in GPU order, which is node-major (fabric.topology), so the ring is the node-major
@@ -16,6 +17,33 @@ ranks/collectives (blocks are fabric.reduction.blocks of the element count, time
 - all2all / all2allv (all2all.py), one round: GPU i sends its block j to GPU j (own block copied
   locally, never on a link); all2all's blocks are S / N bytes each (S = each member's send buffer,
   a multiple of N x itemsize, as comm.all2all requires); all2allv takes the matrix of counts.
+- hier (hier.py; N nodes x G GPUs, GPU (a, j) = a G + j, its node ring (a, 0..G-1), its rail ring
+  (0..N-1, j)). Ranges: allreduce and broadcast cut part j = blocks(count, G)[j], allreduce then
+  range (a, j) = block a of blocks(|part j|, N) inside it; reduce_scatter and allgather take
+  range (a, j) = blocks(count, N G)[a G + j]; c_j = bytes of column j (the ranges (0..N-1, j)).
+  Node-ring reduce-scatter round s (G-1 rounds): (a, j) sends c_{(j-1-s) mod G} to (a, j+1);
+  rail-ring reduce-scatter round s (N-1): (a, j) sends range ((a-1-s) mod N, j) to (a+1, j); the
+  all-gathers the same with (j-s) and (a-s). allreduce: node RS, rail RS, rail AG, node AG
+  (2(G-1) + 2(N-1) rounds); reduce_scatter: node RS, rail RS; allgather: rail AG, node AG;
+  broadcast from root (aR, jR): one round in which the root sends part j to (aR, j) (none if
+  G = 1), one round for the pipelined chain down each rail (node aR+q sends part j to aR+q+1,
+  q = 0..N-2: every hop streams at once, so it is one round; its fill is not modeled), then the
+  node-ring all-gather of the parts (G-1 rounds).
+  Bytes per level for S bytes a multiple of N G itemsize (k_i = rails j with j mod spines = i, the
+  rails that spine i carries, as the Topology routes to the destination's local index), N > 1:
+  allreduce: every GPU link 2(NG-1)/(NG) S each way, of which 2(G-1)/G S stays in the node; every
+  leaf -> spine i and spine i -> leaf link k_i 2(N-1)/(NG) S, a node's whole uplink 2(N-1)/N S
+  each way (the flat node-major ring's is 2(NG-1)/(NG) S on one spine);
+  reduce_scatter (S = input), allgather (S = output): GPU links (NG-1)/(NG) S each way, leaf <->
+  spine i k_i (N-1)/(NG) S each way;
+  broadcast: GPU (a, j) tx (G-1)/G S + S/G [a != aR-1] + (G-1)/G S [the root], rx (G-1)/G S +
+  S/G [a != aR] + S/G [a = aR, j != jR]; leaf a -> spine i k_i S/G unless a = aR-1, spine i ->
+  leaf a k_i S/G unless a = aR. One node (N = 1): allreduce, reduce_scatter and allgather are
+  the ring's rounds exactly.
+- pxn (pxn.py), all2all only: round 1, GPU (a, j) sends its block for (c, k) straight there if
+  c = a or k = j, else to its proxy (a, k); round 2, each proxy (a, k) forwards those blocks to
+  (c, k). Bytes (blocks s = S / (N G)): every GPU link (NG-1) s + (N-1)(G-1) s each way; every
+  leaf -> spine i and spine i -> leaf link k_i (N-1) S / N, as `direct`'s all2all.
 Within a round the order of a GPU's sends (r+1, r+2, ... in direct and all2all) does not change any
 link's bytes, so it is not represented.
 
@@ -77,6 +105,8 @@ FLAT = {
     "ring": ("allreduce", "reduce_scatter", "allgather"),
     "direct": ("allreduce", "reduce_scatter", "allgather", "broadcast", "all2all"),
     "all2allv": ("all2allv",),
+    "hier": ("allreduce", "reduce_scatter", "allgather", "broadcast"),
+    "pxn": ("all2all",),
 }
 
 
@@ -94,14 +124,18 @@ def rounds(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsize
     """The dependent rounds of one call on every GPU of `topo`, each a gpus x gpus int64 matrix of
     payload bytes (row: sender, column: receiver), as the module docstring derives them.
     collective/algorithm: a pair of FLAT (all2all is `direct`; all2allv is ("all2allv", "all2allv")
-    with `counts`, counts[i][j] = bytes GPU i sends GPU j, the diagonal a local copy). FabricError for
-    anything else."""
+    with `counts`, counts[i][j] = bytes GPU i sends GPU j, the diagonal a local copy; hier's GPU
+    (a, j) is GPU a x G + j). FabricError for anything else."""
     if not isinstance(topo, Topology):
         raise FabricError(f"cost_nodes: takes a Topology, got {type(topo).__name__}")
     if algorithm not in FLAT or collective not in FLAT[algorithm]:
         known = "; ".join(f"{a}: {', '.join(c)}" for a, c in FLAT.items())
-        raise FabricError(f"cost_nodes: no flat multi-node model for {collective} with {algorithm!r} ({known})")
+        raise FabricError(f"cost_nodes: no multi-node model for {collective} with {algorithm!r} ({known})")
     n = topo.gpus
+    if algorithm == "hier":
+        return _hier_rounds(collective, topo, S, itemsize, root)
+    if algorithm == "pxn":
+        return _pxn_rounds(topo, _block_bytes(S, n, itemsize))
     if collective == "all2allv":
         if counts is None:
             raise FabricError("cost_nodes: all2allv needs counts, a gpus x gpus matrix of bytes")
@@ -134,6 +168,83 @@ def rounds(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsize
         return [rs] if n > 1 else []  # equal blocks: GPU i sends its block j (b_j bytes) to GPU j
     phases = {"allreduce": (rs, ag), "reduce_scatter": (rs,), "allgather": (ag,)}[collective]
     return [t for t in phases if n > 1]
+
+
+def _hier_rounds(collective: str, topo: Topology, S: int, itemsize: int, root: int) -> list[np.ndarray]:
+    """hier's rounds (ranks/collectives/hier.py) on every GPU of `topo`: GPU (a, j) = a x G + j, its
+    node ring (a, 0..G-1) and its rail ring (0..N-1, j); the module docstring's schedule."""
+    N, G, n = topo.nodes, topo.gpus_per_node, topo.gpus
+    if collective == "broadcast":
+        if not isinstance(root, (int, np.integer)) or isinstance(root, bool) or not 0 <= root < n:
+            raise FabricError(f"cost_nodes: broadcast root must be one of GPUs 0..{n - 1}, got {root!r}")
+    _block_bytes(S, 1, itemsize)  # checks S and itemsize
+    count = int(S) // itemsize
+    if collective == "reduce_scatter" or collective == "allgather":
+        own = [(hi - lo) * itemsize for lo, hi in blocks(count, n)]
+        size = [[own[a * G + j] for j in range(G)] for a in range(N)]
+    else:  # allreduce's two-level split; broadcast's parts are its columns
+        size = [[0] * G for _ in range(N)]
+        for j, (lo, hi) in enumerate(blocks(count, G)):
+            for a, (x, y) in enumerate(blocks(hi - lo, N)):
+                size[a][j] = (y - x) * itemsize
+    column = [sum(size[a][j] for a in range(N)) for j in range(G)]
+
+    def ring(phase: str, level: str) -> list[np.ndarray]:
+        m = G if level == "node" else N
+        out = []
+        for s in range(m - 1):
+            t = np.zeros((n, n), np.int64)
+            for a in range(N):
+                for j in range(G):
+                    p = j if level == "node" else a
+                    seg = (p - 1 - s) % m if phase == "rs" else (p - s) % m
+                    if level == "node":
+                        t[a * G + j, a * G + (j + 1) % G] = column[seg]
+                    else:
+                        t[a * G + j, ((a + 1) % N) * G + j] = size[seg][j]
+            out.append(t)
+        return out
+
+    if collective == "allreduce":
+        return ring("rs", "node") + ring("rs", "rail") + ring("ag", "rail") + ring("ag", "node")
+    if collective == "reduce_scatter":
+        return ring("rs", "node") + ring("rs", "rail")
+    if collective == "allgather":
+        return ring("ag", "rail") + ring("ag", "node")
+    a_root, j_root = topo.locate(root)
+    out = []
+    if G > 1:  # the root scatters part j to position j of its node
+        t = np.zeros((n, n), np.int64)
+        for j in range(G):
+            if j != j_root:
+                t[root, a_root * G + j] = column[j]
+        out.append(t)
+    if N > 1:  # rail j's pipelined chain from node a_root: one round, every hop streaming at once
+        t = np.zeros((n, n), np.int64)
+        for q in range(N - 1):
+            a = (a_root + q) % N
+            for j in range(G):
+                t[a * G + j, ((a + 1) % N) * G + j] = column[j]
+        out.append(t)
+    return out + ring("ag", "node")
+
+
+def _pxn_rounds(topo: Topology, b: list[int]) -> list[np.ndarray]:
+    """pxn's two rounds (ranks/collectives/pxn.py): GPU (a, j)'s block for (c, k) goes straight there
+    if c = a or k = j, else to (a, k) in round 1 and on from (a, k) in round 2; b: the blocks' bytes."""
+    G, n = topo.gpus_per_node, topo.gpus
+    first, second = np.zeros((n, n), np.int64), np.zeros((n, n), np.int64)
+    for i in range(n):
+        for d in range(n):
+            if d == i:
+                continue
+            if i // G == d // G or i % G == d % G:
+                first[i, d] += b[d]
+            else:
+                proxy = i // G * G + d % G
+                first[i, proxy] += b[d]
+                second[proxy, d] += b[d]
+    return [first, second] if second.any() else ([first] if n > 1 else [])
 
 
 def traffic(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsize: int = 4, root: int = 0,

@@ -12,7 +12,7 @@ same arithmetic, as the ranks do (ranks/gpu.py, fabric/switch.py):
 - recv(peer, key): wait for it; on another node's transfer the receiver books its inbound share, then
   its downlink, in its program order; the clock moves to the last byte's arrival (+ a).
 - flush(): the clock moves to when the uplink is free (a collective's sends have left).
-The schedules (`PROGRAMS`) are those of ranks/collectives ring, direct and all2all: the same messages,
+The schedules (`PROGRAMS`) are those of ranks/collectives ring, direct, all2all, hier and pxn: the same messages,
 chunks (chunk_bytes of whole elements) and order (a schedule changed there must change here: the test
 below fails otherwise); `tests/nodes/test_replay.py` checks that replayed
 and emulated times agree on every algorithm and multi-node preset. `replay_ns` runs the programs
@@ -23,7 +23,7 @@ about half a million).
 
 from .errors import FabricError
 from .packets import raw_bytes
-from .reduction import blocks, chunks
+from .reduction import blocks, chunks, merged_columns, two_level_blocks
 from .timemodel import LinkEnd
 from .topology import Topology
 
@@ -157,8 +157,110 @@ def _direct_root_broadcast(n, r, count, chunk, item, root):
     yield ("flush",)
 
 
-def _program(collective: str, algorithm: str, n: int, r: int, count: int, chunk: int, item: int, root: int, counts):
+def _segments_ring(ring, pos, segments, phase, chunk, item, reduce: bool):
+    """hier.py's ring over members `ring` (this one at `pos`), passing `segments` (lists of ranges):
+    reduce-scatter (a flush after each step) or all-gather (one flush at the end)."""
+    m = len(ring)
+    nxt, prv = ring[(pos + 1) % m], ring[(pos - 1) % m]
+    for step in range(m - 1):
+        sent, taken = ((pos - 1 - step) % m, (pos - 2 - step) % m) if reduce else ((pos - step) % m, (pos - 1 - step) % m)
+        for k, (a, b) in enumerate(segments[sent]):
+            for c, (lo, hi) in enumerate(chunks(a, b, chunk)):
+                yield ("send", nxt, (phase, step, k, c), (hi - lo) * item)
+        for k, (a, b) in enumerate(segments[taken]):
+            for c, _ in enumerate(chunks(a, b, chunk)):
+                yield ("recv", prv, (phase, step, k, c))
+        if reduce:
+            yield ("flush",)
+    if not reduce:
+        yield ("flush",)
+
+
+def _hier(collective, topo, r, count, chunk, item, root):
+    """hier.py's schedule on every GPU of `topo` (GPU (a, j) = a G + j): node rings, then rail rings."""
+    N, G = topo.nodes, topo.gpus_per_node
+    a, j = divmod(r, G)
+    node_ring, rail_ring = [a * G + k for k in range(G)], [b * G + j for b in range(N)]
+    if collective == "broadcast":
+        parts = blocks(count, G)
+        a_root, j_root = divmod(root, G)
+        if a == a_root:
+            if r == root:
+                for k in range(G):
+                    if k != j_root:
+                        for c, (lo, hi) in enumerate(chunks(*parts[k], chunk)):
+                            yield ("send", a_root * G + k, ("scatter", 0, c), (hi - lo) * item)
+            else:
+                for c, _ in enumerate(chunks(*parts[j], chunk)):
+                    yield ("recv", root, ("scatter", 0, c))
+            yield ("flush",)
+        position = (a - a_root) % N
+        for c, (lo, hi) in enumerate(chunks(*parts[j], chunk)):
+            if position:
+                yield ("recv", rail_ring[(a - 1) % N], ("chain", c))
+            if position < N - 1:
+                yield ("send", rail_ring[(a + 1) % N], ("chain", c), (hi - lo) * item)
+        yield ("flush",)
+        yield from _segments_ring(node_ring, j, [[p] for p in parts], "node ag", chunk, item, False)
+        return
+    if collective == "allreduce":
+        ranges = two_level_blocks(count, N, G)
+    else:
+        own = blocks(count, N * G)
+        ranges = [[own[b * G + k] for k in range(G)] for b in range(N)]
+    columns, rail = merged_columns(ranges), [[row[j]] for row in ranges]
+    if collective in ("allreduce", "reduce_scatter"):
+        yield from _segments_ring(node_ring, j, columns, "node rs", chunk, item, True)
+        yield from _segments_ring(rail_ring, a, rail, "rail rs", chunk, item, True)
+    if collective in ("allreduce", "allgather"):
+        yield from _segments_ring(rail_ring, a, rail, "rail ag", chunk, item, False)
+        yield from _segments_ring(node_ring, j, columns, "node ag", chunk, item, False)
+
+
+def _pxn(topo, r, count, chunk, item):
+    """pxn.py's All2All on every GPU of `topo`: a block for (b, k), b another node and k another rail,
+    goes to the sender node's GPU on rail k first, which passes it on."""
+    N, G, n = topo.nodes, topo.gpus_per_node, topo.gpus
+    a, j = divmod(r, G)
+    each = count // n
+    spans = list(enumerate(chunks(0, each, chunk)))
+    for shift in range(1, n):
+        p = (r + shift) % n
+        b, k = divmod(p, G)
+        for c, (lo, hi) in spans:
+            if b == a or k == j:
+                yield ("send", p, ("direct", r, c), (hi - lo) * item)
+            else:
+                yield ("send", a * G + k, ("hop", r, p, c), (hi - lo) * item)
+    for k in range(G):  # as the proxy of my node's other positions, for the other nodes' GPUs on my rail
+        if k == j:
+            continue
+        for b in range(N):
+            if b == a:
+                continue
+            source, dest = a * G + k, b * G + j
+            for c, (lo, hi) in spans:
+                yield ("recv", source, ("hop", source, dest, c))
+                yield ("send", dest, ("forward", source, c), (hi - lo) * item)
+    for shift in range(1, n):
+        p = (r - shift) % n
+        b, k = divmod(p, G)
+        direct = b == a or k == j
+        for c, _ in spans:
+            yield ("recv", p if direct else b * G + j, ("direct" if direct else "forward", p, c))
+    yield ("flush",)
+
+
+def _program(collective: str, algorithm: str, topo: Topology, r: int, count: int, chunk: int, item: int,
+             root: int, counts):
     """Member r's operations for one call of `count` elements (all2allv: `counts`, elements)."""
+    n = topo.gpus
+    if algorithm == "hier" and collective in PROGRAMS["hier"]:
+        yield from _hier(collective, topo, r, count, chunk, item, root)
+        return
+    if (collective, algorithm) == ("all2all", "pxn"):
+        yield from _pxn(topo, r, count, chunk, item)
+        return
     parts = blocks(count, n)
     if (collective, algorithm) == ("all2allv", "all2allv") or (collective, algorithm) == ("all2all", "direct"):
         if counts is None:  # all2all: count elements per member's send buffer, equal blocks
@@ -190,6 +292,8 @@ PROGRAMS = {
     "ring": ("allreduce", "reduce_scatter", "allgather", "broadcast"),
     "direct": ("allreduce", "reduce_scatter", "allgather", "broadcast", "all2all"),
     "all2allv": ("all2allv",),
+    "hier": ("allreduce", "reduce_scatter", "allgather", "broadcast"),
+    "pxn": ("all2all",),
 }
 
 
@@ -205,7 +309,7 @@ def replay_ns(collective: str, algorithm: str, topo: Topology, S: int, config, i
     count = int(S) // itemsize
     elements = None if counts is None else [[int(x) // itemsize for x in row] for row in counts]
     fabric = Fabric(topo, config.mtu_bytes, config.header_bytes)
-    programs = {r: _program(collective, algorithm, n, r, count, chunk, itemsize, root, elements) for r in range(n)}
+    programs = {r: _program(collective, algorithm, topo, r, count, chunk, itemsize, root, elements) for r in range(n)}
     waiting: dict[int, tuple] = {}  # member -> the recv it waits on
     while programs:
         progressed = False

@@ -1,5 +1,6 @@
-"""Multi-rank, several nodes: the emulated modeled time of every flat algorithm equals fabric.replay's
-(cost_nodes.modeled_ns), on the three multi-node presets, for one chunk and for several."""
+"""Multi-rank, several nodes: the emulated modeled time of every point-to-point algorithm (ring, direct,
+all2all, hier, pxn) equals fabric.replay's (cost_nodes.modeled_ns), on the three multi-node presets,
+for one chunk and for several."""
 
 import numpy as np
 import pytest
@@ -22,7 +23,7 @@ def call(gpu, collective: str, algorithm: str, nbytes: int) -> None:
     elif collective == "allgather":
         gpu.world.allgather(x[:x.size // n], np.empty(x.size // n * n, np.float32), algorithm=algorithm)
     elif collective == "all2all":
-        gpu.world.all2all(x, np.empty_like(x))
+        gpu.world.all2all(x, np.empty_like(x), algorithm=algorithm)
     else:
         gpu.world.broadcast(x, 1, algorithm=algorithm)
 

@@ -12,7 +12,7 @@ from nvlink_emu.fabric.errors import FabricError
 from nvlink_emu.fabric.packets import raw_bytes
 from nvlink_emu.fabric.topology import Topology
 
-CASES = [(c, a) for a, cs in replay.PROGRAMS.items() if a != "all2allv" for c in cs]
+CASES = [(c, a) for a in ("ring", "direct") for c in replay.PROGRAMS[a]]  # fabric.cost's one-node forms
 
 
 @pytest.mark.parametrize("name", ["dgx-h100", "dgx-a100", "dgx-h100-line"])
@@ -25,6 +25,18 @@ def test_one_node_equals_the_closed_forms(name, gpus):
             got = replay.replay_ns(collective, algorithm, topo, size, config)
             want = cost.modeled_ns(collective, algorithm, size, gpus, config)
             assert math.isclose(got, want, rel_tol=1e-12), (collective, algorithm, size, got, want)
+
+
+@pytest.mark.parametrize("gpus", [3, 8])
+def test_on_one_node_hier_is_the_ring_and_pxn_is_direct(gpus):
+    config = preset("dgx-h100", gpus=gpus)
+    topo = Topology.single(config)
+    for size in (gpus * 1024, gpus * 3 << 20):
+        for collective in ("allreduce", "reduce_scatter", "allgather"):
+            assert replay.replay_ns(collective, "hier", topo, size, config) == pytest.approx(
+                replay.replay_ns(collective, "ring", topo, size, config), rel=1e-12)
+        assert replay.replay_ns("all2all", "pxn", topo, size, config) == pytest.approx(
+            replay.replay_ns("all2all", "direct", topo, size, config), rel=1e-12)
 
 
 def test_a_node_major_ring_of_small_blocks_crosses_nodes_as_often_as_its_window_allows():
