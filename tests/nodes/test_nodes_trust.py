@@ -270,3 +270,41 @@ def test_refused_puts_of_a_tenant_alone_on_its_node_do_not_delay_another_tenant_
     expected = cfg.topology.unloaded_ns(src, dst, raw_bytes(nbytes, cfg.mtu_bytes, cfg.header_bytes))
     # the receiver's clock is the latest (its transfer ends last), and reaches every rank as elapsed_ns
     assert result.report["elapsed_ns"] == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("base", ["superpod-h100-nvlink", "superpod-a100-ib"])
+def test_puts_refused_at_the_target_s_leaf_give_the_sender_s_leaf_its_credit_back(base):
+    """Found in review: a PUT to a GPU of another node is checked at the target's leaf (its Link TLB,
+    or a classic node's registered windows), after the sender's leaf counted its payload against its
+    credit for the target's port; a refused PUT's payload never went down to the target, so its bytes
+    were never credited back. An honest script that puts into a window its owner revoked (and takes
+    the AccessViolation) used up its leaf's credit for that port: every later transfer of its node to
+    that GPU was held for ever, here GPU 1's message (the run ended in a FabricTimeout). The target's
+    leaf credits a refused payload back as soon as it refused it."""
+    _, per_node, _ = shape()
+    owner, nbytes = per_node, 16 << 20  # node 1's first GPU; the puts are the whole credit of its port
+
+    def main(gpu):
+        window = gpu.alloc(nbytes, "uint8")
+        handle = gpu.export(window, to=[0]) if gpu.rank == owner else None
+        handle = gpu.world.allgather_object(handle)[owner]
+        if gpu.rank == owner:
+            gpu.revoke(handle)
+        gpu.world.barrier()
+        if gpu.rank == 0:
+            gpu.put(handle, window)
+            with pytest.raises(AccessViolation):
+                gpu.fence()
+        gpu.world.barrier()
+        message = gpu.alloc(1 << 20, "uint8")
+        if gpu.rank == 1:
+            message[:] = 7
+            gpu.world.send(message, owner)
+        elif gpu.rank == owner:
+            gpu.world.recv(message, 1)
+            assert (message == 7).all()
+        gpu.world.barrier()
+
+    report = run(main, base, timeout_s=10).report
+    assert report["ports"][0]["violations"] >= 1
+    assert all(report["ports"][g]["refused"] == 0 for g in range(1, gpus()))
