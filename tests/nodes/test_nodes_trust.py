@@ -308,3 +308,40 @@ def test_puts_refused_at_the_target_s_leaf_give_the_sender_s_leaf_its_credit_bac
     report = run(main, base, timeout_s=10).report
     assert report["ports"][0]["violations"] >= 1
     assert all(report["ports"][g]["refused"] == 0 for g in range(1, gpus()))
+
+
+def test_a_gpu_cannot_forge_credits_between_leaves():
+    """CREDIT is the leaves' own packet (through a spine): GPU 0 sends CREDITs returning 1 GiB of a
+    victim's port, asking for credit, and naming no GPU at all, to its own leaf (refused as a GPU's
+    packet that only switches send), and straight to node 1's leaf and every spine, as if a switch sent
+    them (dropped unread: a leaf or spine that took one would miscount its credit, or end the run on the
+    one naming no GPU). The other tenant's transfers between the nodes, of the credit's size, arrive."""
+    nodes, per_node, spines = shape()
+    src, dst = 1, per_node + 1  # partition 1: node 0 -> node 1
+    switches = [gpus() + 1] + [gpus() + nodes + k for k in range(spines)]  # node 1's leaf, the spines
+
+    def main(gpu):
+        data = gpu.alloc(16 << 20, "uint8")
+        if gpu.rank == 0:
+            keys = gpu._keys
+            forged = [Packet(Kind.CREDIT, keys[dst], keys[src], nbytes=1 << 30),
+                      Packet(Kind.CREDIT, keys[src], keys[dst], nbytes=1 << 30),
+                      Packet(Kind.CREDIT, keys[0], keys[dst]),
+                      Packet(Kind.CREDIT, 12345, 54321, nbytes=1)]
+            for packet in forged:
+                for rank in switches:
+                    gpu._transport.send(rank, packet)
+                gpu._transport.send(gpu._switch, packet)
+            errors = refusals(gpu, len(forged))
+            assert all("only the switch sends CREDIT" in str(e) for e in errors)
+        gpu.world.barrier()
+        for _ in range(3):
+            data[:] = 3
+            victims_transfer(gpu, data, src, dst)
+            if gpu.rank == dst:
+                assert (data == 3).all()
+                data[:] = 0
+
+    report = run(main, **lone_attacker(gpus())).report
+    assert report["ports"][0]["malformed"] == 4
+    assert all(report["ports"][g]["refused"] == 0 for g in range(1, gpus()))
