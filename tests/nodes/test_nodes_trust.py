@@ -16,6 +16,7 @@ import pytest
 from nvlink_emu.fabric.errors import AccessViolation
 from nvlink_emu.fabric.packets import Kind, MsgInfo, Packet, raw_bytes
 
+from nvlink_emu.launch.report import run_summary
 from nvlink_emu.ranks.session import run_fabric
 
 from nodes_helpers import config, run, shape
@@ -345,3 +346,30 @@ def test_a_gpu_cannot_forge_credits_between_leaves():
     report = run(main, **lone_attacker(gpus())).report
     assert report["ports"][0]["malformed"] == 4
     assert all(report["ports"][g]["refused"] == 0 for g in range(1, gpus()))
+
+
+def test_a_gpu_flooded_with_messages_it_never_receives_still_ends_the_run_with_its_report():
+    """Found in review (a flood of zero-byte messages across nodes, which credits do not bound): a GPU
+    reports the message slots it received and never consumed in its COUNTERS, and the switch takes
+    lists of at most 4,096 entries in a header; GPU 0, sent 5,000 zero-byte messages by its partner on
+    node 1 that it never receives, had its COUNTERS refused as malformed, and the run ended in a
+    ProtocolError instead of its report. The GPU lists the first keys that fit, and a last entry
+    ["...", n] counts the n it left out."""
+    _, per_node, _ = shape()
+    partner, count = per_node, 5000
+
+    def main(gpu):
+        gpu.world.barrier()
+        if gpu.rank == partner:
+            empty = np.empty(0, np.uint8)
+            gpu.wait_sent([gpu.send_message(0, ("flood", i), empty) for i in range(count)], "the flood")
+        gpu.world.barrier()
+
+    report = run(main).report
+    leftovers = report["unconsumed"][0]
+    assert len(leftovers) <= 4096 and leftovers[-1][0] == "..."
+    listed = leftovers[:-1]
+    assert len(listed) + leftovers[-1][1] == count
+    assert all(key[0] == "flood" and key[-1] == partner for key in listed)
+    assert set(report["unconsumed"]) == {0}
+    assert f"GPU 0 ended with {count} message(s) never received" in run_summary(report)
