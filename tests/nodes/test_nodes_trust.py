@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from nvlink_emu.fabric.counters import LinkCounters
 from nvlink_emu.fabric.errors import AccessViolation
 from nvlink_emu.fabric.packets import Kind, MsgInfo, Packet, raw_bytes
 
@@ -309,6 +310,16 @@ def test_puts_refused_at_the_target_s_leaf_give_the_sender_s_leaf_its_credit_bac
     report = run(main, base, timeout_s=10).report
     assert report["ports"][0]["violations"] >= 1
     assert all(report["ports"][g]["refused"] == 0 for g in range(1, gpus()))
+    # node 0's cables up carry the refused puts and the message exactly (CREDITs are not NVLink data)
+    cfg = config(base)
+    expected = LinkCounters(cfg.mtu_bytes, cfg.header_bytes)
+    for start in range(0, nbytes, cfg.chunk_bytes):
+        expected.record("up", min(cfg.chunk_bytes, nbytes - start))
+    expected.record("up", 1 << 20)
+    up = [link.name for link in cfg.topology.links if link.level == "leaf-spine" and link.src == "sw0"]
+    got = {field: sum(report["links"].get(name, {}).get(field, 0) for name in up)
+           for field in ("payload_bytes", "raw_bytes", "packets")}
+    assert got == {field: expected.snapshot()["up"][field] for field in got}
 
 
 def test_a_gpu_cannot_forge_credits_between_leaves():
