@@ -737,16 +737,24 @@ class Gpu:
         return self._shutdown.info
 
     def _counters_packet(self, links: dict, leftovers: list) -> Packet:
-        """The COUNTERS answer; its call records cut (the cut ones counted) until the header fits in
-        the MAX_HEADER_BYTES the switch takes, so many leftover messages cannot make it refused."""
-        calls = self._calls
+        """The COUNTERS answer; its call records cut (the cut ones counted), then its leftover message
+        keys (a last entry ["...", n] counts the n cut), until its lists have at most MAX_LIST entries
+        and the header fits in the MAX_HEADER_BYTES the switch takes, so many leftover messages or
+        calls cannot make it refused."""
+        calls, keys = self._calls, leftovers[:MAX_LIST - 1] if len(leftovers) > MAX_LIST else leftovers
         while True:
-            info = CountersInfo(links, leftovers, float(self.now_ns), tuple(calls),
+            shown = keys if len(keys) == len(leftovers) else [*keys, ["...", len(leftovers) - len(keys)]]
+            info = CountersInfo(links, shown, float(self.now_ns), tuple(calls),
                                 self._calls_unrecorded + len(self._calls) - len(calls))
             packet = Packet(Kind.COUNTERS, self._keys[self.rank], -1, info=info)
-            if not calls or len(packet.to_wire()) <= MAX_HEADER_BYTES:
+            if len(packet.to_wire()) <= MAX_HEADER_BYTES:
                 return packet
-            calls = calls[:len(calls) * 3 // 4]
+            if calls:
+                calls = calls[:len(calls) * 3 // 4]
+            elif keys:
+                keys = keys[:len(keys) * 3 // 4]
+            else:
+                return packet
 
 
 def _describe(target) -> str:

@@ -293,6 +293,13 @@ class SwitchRank:
             if self.trace is not None:
                 self._record("rx", f"sw{peer}->sw{self.index}", packet, origin)
             self._send_all(sends, origin, transit=not self.spine)
+            if not self.spine and origin >= 0 and packet.payload_bytes and not any(
+                    send.port in self.gpus and send.packet.payload_bytes for send in sends):
+                # refused here (a PUT the target's Link TLB refused): its bytes will never leave for the
+                # target, and the origin leaf counted them against its credit for the target's port
+                key = (self.config.gpus + origin // self.config.gpus_per_node, self.logic.gpu_of_key(packet.dst))
+                self._drained[key] = self._drained.get(key, 0) + packet.payload_bytes
+                self._send_credits()
             return
         kind = packet.kind
         if kind is Kind.DONE:
