@@ -57,11 +57,13 @@ class SwitchRank:
     Across nodes a leaf takes whatever a spine passes down (holding it would stall every tenant's
     traffic from that spine), so the senders' leaves bound it: a leaf keeps at most credit_bytes
     (the port's share over the other nodes) forwarded towards one GPU of another node and not yet
-    credited, and holds its GPU's transfer past that, as for a local port. The destination's leaf
-    credits the bytes back (a CREDIT packet through a spine) once its sends of them to the GPU
-    completed: by itself when half the credit has left, at once when the sender's leaf asks (it asks
-    when it holds a transfer for want of credit). So a GPU that does not receive costs its leaf its
-    port's share from the other nodes at most, and only the traffic bound for it waits.
+    credited, each packet taking its payload bytes or credit_per_packet, whichever is more (so at most
+    MAX_UNREAD packets), and holds its GPU's transfer past that, as for a local port. The destination's
+    leaf credits them back (a CREDIT packet through a spine) once its sends of them to the GPU
+    completed (or at once if it refused them): by itself when half the credit has left, at once when
+    the sender's leaf asks (it asks when it holds a transfer for want of credit). So a GPU that does not
+    receive costs its leaf its port's share from the other nodes at most, in bytes and in packets, and
+    only the traffic bound for it waits.
     """
 
     def __init__(self, config: FabricConfig, transport: Transport, timeout_s: float, trace=None,
@@ -96,12 +98,15 @@ class SwitchRank:
         self._idle = Idle(yields=64, max_sleep_s=1e-3)  # every packet passes here: stay more awake
         # Credits between leaves (class docstring): what this leaf forwarded towards each GPU of another
         # node and was not yet credited back, the GPUs it asked credit for; and, as a destination leaf,
-        # per local GPU the transit payloads posted to it (end position in its posted bytes, origin
-        # leaf, bytes), what of them left (per (origin leaf, GPU)), and the credits asked for
+        # per local GPU the transit packets posted to it (position in its sends, origin leaf, credit),
+        # what of them left (per (origin leaf, GPU)), and the credits asked for
         self.credit_bytes = max(1, port_share_bytes(config) // max(1, config.nodes - 1))
+        # every packet takes at least this much credit, so that at most MAX_UNREAD of them (zero-byte
+        # messages, requests, answers) are in flight towards one GPU from one leaf
+        self.credit_per_packet = max(1, self.credit_bytes // MAX_UNREAD)
         self._credit_used: dict[int, int] = {}
         self._credit_asked: set[int] = set()
-        self._posted_to: dict[int, int] = {}
+        self._posted_to: dict[int, int] = {}  # per local GPU: sends posted to it (a position in its queue)
         self._transit: dict[int, deque] = {}
         self._drained: dict[tuple[int, int], int] = {}
         self._credit_wanted: set[tuple[int, int]] = set()
@@ -166,18 +171,20 @@ class SwitchRank:
 
     def _congested(self, source: int, packet: Packet) -> bool:
         """Whether a rank `packet` goes to (a GPU here, or the next switch) has its share of forwarded
-        bytes in flight already. Packets of other switches are not held: the switches are trusted,
-        and each GPU's traffic was bounded at its own leaf."""
+        bytes in flight already, or a GPU of another node it goes to has this leaf's credit for it in use
+        (a packet without payload: only the credit). Packets of other switches are not held: the
+        switches are trusted, and each GPU's traffic was bounded at its own leaf."""
         if source in self._peer_of:
             return False
         pending = self.transport.pending_bytes_to
         for port in self.logic.egress_ports(source, packet):
             switch = self.logic.next_switch(port) if 0 <= port < self.config.gpus else None
             dest = port if switch is None else self.config.gpus + switch
-            if pending.get(dest, 0) and pending[dest] + packet.payload_bytes > self.port_share_bytes:
+            if packet.payload_bytes and pending.get(dest, 0) and \
+                    pending[dest] + packet.payload_bytes > self.port_share_bytes:
                 return True
             used = self._credit_used.get(port, 0) if switch is not None else 0
-            if used and used + packet.payload_bytes > self.credit_bytes:
+            if used and used + self._charge(packet.payload_bytes) > self.credit_bytes:
                 if port not in self._credit_asked:  # ask the destination's leaf for what has left it
                     self._credit_asked.add(port)
                     self._to_switch(switch, Packet(Kind.CREDIT, self.logic.route_key(self.gpus[0]),
@@ -204,7 +211,9 @@ class SwitchRank:
                 return
         else:
             return  # neither a GPU of this switch nor a neighbour switch: nobody to answer
-        if self._waiting.get(source) or packet.payload_bytes:  # a sender's packets are served in the order it sent them
+        # a sender's packets are served in the order it sent them; one without payload may wait for credit
+        if self._waiting.get(source) or packet.payload_bytes or (
+                packet.kind.counted and self._credit_used and self._congested(source, packet)):
             self._waiting.setdefault(source, deque()).append(_Waiting(packet, time.monotonic() + self.timeout_s))
             self._advance(source)
         else:
@@ -226,11 +235,12 @@ class SwitchRank:
         while queue:
             entry = queue[0]
             packet = entry.packet
-            if packet.payload_bytes and entry.request is None:
+            if entry.request is None and (packet.payload_bytes or packet.kind.counted):
                 entry.held = self._congested(source, packet)
                 if entry.held:  # its wait for the payload starts once it may be taken
                     entry.deadline = time.monotonic() + self.timeout_s
                     break
+            if packet.payload_bytes and entry.request is None:
                 got = self.transport.probe_payload(source)
                 if got is None:
                     if time.monotonic() <= entry.deadline:
@@ -292,13 +302,13 @@ class SwitchRank:
             origin = -1 if origin is None else origin
             if self.trace is not None:
                 self._record("rx", f"sw{peer}->sw{self.index}", packet, origin)
-            self._send_all(sends, origin, transit=not self.spine)
-            if not self.spine and origin >= 0 and packet.payload_bytes and not any(
-                    send.port in self.gpus and send.packet.payload_bytes for send in sends):
-                # refused here (a PUT the target's Link TLB refused): its bytes will never leave for the
-                # target, and the origin leaf counted them against its credit for the target's port
+            charge = self._charge(packet.payload_bytes) if origin >= 0 and not self.spine else None
+            self._send_all(sends, origin, transit=charge)
+            if charge is not None and not any(send.port in self.gpus for send in sends):
+                # refused here (a request the target's Link TLB refused): nothing goes down to the target,
+                # and the origin leaf counted it against its credit for the target's port
                 key = (self.config.gpus + origin // self.config.gpus_per_node, self.logic.gpu_of_key(packet.dst))
-                self._drained[key] = self._drained.get(key, 0) + packet.payload_bytes
+                self._drained[key] = self._drained.get(key, 0) + charge
                 self._send_credits()
             return
         kind = packet.kind
@@ -369,12 +379,15 @@ class SwitchRank:
             self._credit_wanted.add((self.config.gpus + there // gpus_per_node, here))
             self._send_credits()
 
+    def _charge(self, payload_bytes: int) -> int:
+        """Credit a packet of `payload_bytes` takes (bytes, at least credit_per_packet)."""
+        return max(payload_bytes, self.credit_per_packet)
+
     def _credit_drained(self) -> bool:
-        """Move the transit payloads whose sends to their GPU completed to the credit of their origin leaf."""
-        pending = self.transport.pending_bytes_to
+        """Move the transit packets whose sends to their GPU completed to the credit of their origin leaf."""
         moved = False
         for port in list(self._transit):
-            queue, sent = self._transit[port], self._posted_to[port] - pending.get(port, 0)
+            queue, sent = self._transit[port], self._posted_to[port] - self.transport.sends_pending_to(port)
             while queue and queue[0][0] <= sent:  # a destination's sends retire in order
                 _, leaf, nbytes = queue.popleft()
                 self._drained[(leaf, port)] = self._drained.get((leaf, port), 0) + nbytes
@@ -418,26 +431,25 @@ class SwitchRank:
             sends = self.logic.refuse(source, error, packet.kind.name, packet.req, packet.t_end)
         self._send_all(sends, source)
 
-    def _send_all(self, sends: list, source: int, transit: bool = False) -> None:
+    def _send_all(self, sends: list, source: int, transit: int | None = None) -> None:
         """Send `sends`; `source`: the GPU their data comes from (-1: the switch's own); `transit`: they
-        came down from a spine."""
+        came down from a spine, a packet of GPU `source` that took that much credit at its leaf."""
         for send in sends:
             switch = self.logic.next_switch(send.port)
             nbytes = send.packet.payload_bytes
             if switch is None:
                 self.transport.send(send.port, send.packet, send.payload)
                 link = downlink(send.port, self.index)
-                if nbytes:
-                    end = self._posted_to[send.port] = self._posted_to.get(send.port, 0) + nbytes
-                    if transit and source >= 0:  # a GPU's data from another leaf: credited back to it once sent
-                        leaf = self.config.gpus + source // self.config.gpus_per_node
-                        self._transit.setdefault(send.port, deque()).append((end, leaf, nbytes))
+                end = self._posted_to[send.port] = self._posted_to.get(send.port, 0) + 1
+                if transit is not None:  # a GPU's packet from another leaf: credited back to it once sent
+                    leaf = self.config.gpus + source // self.config.gpus_per_node
+                    self._transit.setdefault(send.port, deque()).append((end, leaf, transit))
             else:
                 self.transport.send(self.config.gpus + switch, send.packet, send.payload)
                 self.sent_to_switches += 1
                 link = f"sw{self.index}->sw{switch}"
-                if nbytes and source in self.gpus:
-                    self._credit_used[send.port] = self._credit_used.get(send.port, 0) + nbytes
+                if source in self.gpus:
+                    self._credit_used[send.port] = self._credit_used.get(send.port, 0) + self._charge(nbytes)
             if self.trace is not None and send.packet.kind.counted:
                 self._record("tx", link, send.packet, source if send.origin is None else send.origin)
         if self.logic.events:

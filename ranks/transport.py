@@ -258,6 +258,11 @@ class Transport:
                 del self._pending[dest]
         return done
 
+    def sends_pending_to(self, dest: int) -> int:
+        """Sends to `dest` posted and not yet retired (they retire in the order they were posted)."""
+        queue = self._pending.get(dest)
+        return len(queue) if queue else 0
+
     @property
     def in_flight(self) -> int:
         """Sends posted and not yet retired, all destinations."""

@@ -386,14 +386,13 @@ def test_a_gpu_flooded_with_messages_it_never_receives_still_ends_the_run_with_i
     assert f"GPU 0 ended with {count} message(s) never received" in run_summary(report)
 
 
-@pytest.mark.xfail(strict=True, reason="credits count bytes: a leaf's sends in flight to a GPU that does not "
-                                       "receive are not bounded in number (found in review, left)")
 def test_a_flood_of_zero_byte_messages_keeps_a_bounded_number_of_sends_in_flight_at_the_leaf(monkeypatch):
-    """Credits bound the bytes a leaf keeps in flight towards a GPU of another node, not the packets: a
-    zero-byte message takes no credit, and the leaf takes whatever a spine passes down. GPU 0's partner
-    on node 1 sends it 4,000 zero-byte messages while GPU 0 sleeps: measured in review, GPU 0's leaf
-    kept 3,936 sends in flight to it at once (each a header, an MPI request and its bookkeeping in the
-    leaf's memory), against the 1,024 unread answers past which a switch stops reading a GPU."""
+    """Found in review: credits bound the bytes a leaf keeps in flight towards a GPU of another node, and
+    a zero-byte message took none, while the leaf takes whatever a spine passes down. GPU 0's partner on
+    node 1 sent it 4,000 zero-byte messages while GPU 0 slept: GPU 0's leaf kept up to 3,936 sends in
+    flight to it at once (each a header, an MPI request and its bookkeeping in the leaf's memory),
+    against the 1,024 unread answers past which a switch stops reading a GPU. Now every packet takes at
+    least 1/1,024 of the credit, so the partner's leaf stops after 1,024 of them."""
     from mpi4py import MPI
 
     from nvlink_emu.ranks.switch import MAX_UNREAD
