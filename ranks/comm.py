@@ -124,8 +124,12 @@ class Communicator:
                     # the members for ever; close_communicators then keeps this run's MPI communicators
                     gpu._abandoned_exchanges += 1
                     raise
-                except FabricError as exc:  # a refusal raised in the wait: this member's MPI calls must
-                    refusal = refusal or exc  # stay in step with the others', so the exchange completes first
+                except FabricError as exc:
+                    if exchange.failed is not None:
+                        raise
+                    # a refusal raised in the wait: this member's MPI calls must stay in step with
+                    # the others', so the exchange completes first
+                    refusal = refusal or exc
         finally:
             gpu._exchange_at = None
         if refusal is not None:

@@ -443,28 +443,32 @@ class Exchange:
             slot[8:8 + len(data)] = np.frombuffer(data, np.uint8)
         self._slot = slot
         self._slots = np.empty((self._size, INLINE_BYTES), np.uint8)
-        self._request = self._start(lambda: comm.Iallgather([slot, MPI.BYTE], [self._slots, MPI.BYTE]))
         self._long = None  # (counts of the second step, its buffer, its send buffer)
         self.parts: list | None = None  # when done: each member's bytes, or its unusable length (int)
+        self.failed: ProtocolError | None = None  # what MPI reported, if it did
+        self._request = self._start(lambda: comm.Iallgather([slot, MPI.BYTE], [self._slots, MPI.BYTE]))
 
-    @staticmethod
-    def _start(post):
+    def _start(self, post):
         try:
             return post()
         except MPI.Exception as exc:
-            raise ProtocolError(f"control exchange: MPI: {exc.Get_error_string()}") from None
+            self.failed = ProtocolError(f"control exchange: MPI: {exc.Get_error_string()}")
+            raise self.failed from None
 
     def test(self) -> bool:
         """Whether the exchange completed (then `parts` holds every member's bytes); ProtocolError if MPI
         reports an error (a member sent other bytes than the lengths it announced)."""
         if self.parts is not None:
             return True
+        if self.failed is not None:
+            raise self.failed
         try:
             if not self._request.Test():
                 return False
         except MPI.Exception as exc:
-            raise ProtocolError(f"control exchange: MPI: {exc.Get_error_string()} (a member sent other bytes "
-                                f"than it announced)") from None
+            self.failed = ProtocolError(f"control exchange: MPI: {exc.Get_error_string()} (a member sent other "
+                                        f"bytes than it announced)")
+            raise self.failed from None
         if self._long is None:
             lengths = [int(n) for n in self._slots[:, :8].copy().view(np.int64)[:, 0]]
             usable = [0 <= n <= control.MAX_CONTROL_BYTES for n in lengths]
