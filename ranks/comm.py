@@ -112,8 +112,12 @@ class Communicator:
         except FabricError as exc:  # still take part, so that the others fail at once, naming this member
             problem, data = exc, encode((seq, f"{op} (not a control object)", None))
         exchange = Exchange(mpi.groups if seq < 0 else mpi.comm, data)
+        exchange.on_step = gpu._idle.reset
         what = f"{op} #{seq} on communicator {self.name!r}"
         gpu._exchange_at = (self.name, seq, op)
+        # the wait backs off while nothing moves, and the fabric's progress does not see MPI's: start
+        # afresh, or a collective whose every round needs each member's next poll would crawl
+        gpu._idle.reset()
         try:
             while True:
                 try:
@@ -650,8 +654,12 @@ def close_communicators(gpu) -> None:
 
 
 def _waiter(gpu):
-    """wait(done, what) for ranks.transport: served through gpu._wait, with the run's deadline."""
-    return lambda done, what: gpu._wait(done, what, "the other members")
+    """wait(done, what) for ranks.transport: served through gpu._wait, with the run's deadline (its
+    back-off started afresh, as in _exchange)."""
+    def wait(done, what):
+        gpu._idle.reset()
+        gpu._wait(done, what, "the other members")
+    return wait
 
 
 def _entry(part, seq: int) -> tuple:

@@ -446,6 +446,7 @@ class Exchange:
         self._long = None  # (counts of the second step, its buffer, its send buffer)
         self.parts: list | None = None  # when done: each member's bytes, or its unusable length (int)
         self.failed: ProtocolError | None = None  # what MPI reported, if it did
+        self.on_step = lambda: None  # called when the second collective is posted (the waiter's back-off)
         self._request = self._start(lambda: comm.Iallgather([slot, MPI.BYTE], [self._slots, MPI.BYTE]))
 
     def _start(self, post):
@@ -481,6 +482,7 @@ class Exchange:
             send = np.frombuffer(self._data, np.uint8) if counts[self._rank] else np.empty(0, np.uint8)
             self._long = (counts, out, send)
             self._request = self._start(lambda: self._comm.Iallgatherv([send, MPI.BYTE], [out, counts, MPI.BYTE]))
+            self.on_step()
             return self.test()
         self._finish(self._long[1], self._long[0])
         return True
