@@ -559,7 +559,7 @@ class Gpu:
         elif name not in self._communicators:
             answer = f"not in a control exchange, and has no communicator {name!r} yet"
         else:
-            answer = ("in a control exchange of a communicator GPU " f"{source} is not in" if at is not None
+            answer = (f"in a control exchange of a communicator GPU {source} is not in" if at is not None
                       else "not in a control exchange (running its own code or another wait)")
         self._control.send(source, ("!", token, answer, None))
 
