@@ -1,4 +1,5 @@
-"""Cost model of the flat algorithms on a multi-node Topology: exact bytes per link, and time bounds.
+"""Cost model of the flat and hierarchical algorithms on a multi-node Topology: exact bytes per link,
+and time bounds.
 
 Pure (numpy, no MPI). Units: bytes, ns, GB/s (= bytes per ns). The members of a call are every GPU
 of the Topology in GPU order, which is node-major (fabric.topology), so the ring is the node-major
@@ -16,6 +17,33 @@ ranks/collectives (blocks are fabric.reduction.blocks of the element count, time
 - all2all / all2allv (all2all.py), one round: GPU i sends its block j to GPU j (own block copied
   locally, never on a link); all2all's blocks are S / N bytes each (S = each member's send buffer,
   a multiple of N x itemsize, as comm.all2all requires); all2allv takes the matrix of counts.
+- hier (hier.py; N nodes x G GPUs, GPU (a, j) = a G + j, its node ring (a, 0..G-1), its rail ring
+  (0..N-1, j)). Ranges: allreduce and broadcast cut part j = blocks(count, G)[j], allreduce then
+  range (a, j) = block a of blocks(|part j|, N) inside it; reduce_scatter and allgather take
+  range (a, j) = blocks(count, N G)[a G + j]; c_j = bytes of column j (the ranges (0..N-1, j)).
+  Node-ring reduce-scatter round s (G-1 rounds): (a, j) sends c_{(j-1-s) mod G} to (a, j+1);
+  rail-ring reduce-scatter round s (N-1): (a, j) sends range ((a-1-s) mod N, j) to (a+1, j); the
+  all-gathers the same with (j-s) and (a-s). allreduce: node RS, rail RS, rail AG, node AG
+  (2(G-1) + 2(N-1) rounds); reduce_scatter: node RS, rail RS; allgather: rail AG, node AG;
+  broadcast from root (aR, jR): one round in which the root sends part j to (aR, j) (none if
+  G = 1), one round for the pipelined chain down each rail (node aR+q sends part j to aR+q+1,
+  q = 0..N-2: every hop streams at once, so it is one round; its fill is not modeled), then the
+  node-ring all-gather of the parts (G-1 rounds).
+  Bytes per level for S bytes a multiple of N G itemsize (k_i = rails j with j mod spines = i, the
+  rails that spine i carries, as the Topology routes to the destination's local index), N > 1:
+  allreduce: every GPU link 2(NG-1)/(NG) S each way, of which 2(G-1)/G S stays in the node; every
+  leaf -> spine i and spine i -> leaf link k_i 2(N-1)/(NG) S, a node's whole uplink 2(N-1)/N S
+  each way (the flat node-major ring's is 2(NG-1)/(NG) S on one spine);
+  reduce_scatter (S = input), allgather (S = output): GPU links (NG-1)/(NG) S each way, leaf <->
+  spine i k_i (N-1)/(NG) S each way;
+  broadcast: GPU (a, j) tx (G-1)/G S + S/G [a != aR-1] + (G-1)/G S [the root], rx (G-1)/G S +
+  S/G [a != aR] + S/G [a = aR, j != jR]; leaf a -> spine i k_i S/G unless a = aR-1, spine i ->
+  leaf a k_i S/G unless a = aR. One node (N = 1): allreduce, reduce_scatter and allgather are
+  the ring's rounds exactly.
+- pxn (pxn.py), all2all only: round 1, GPU (a, j) sends its block for (c, k) straight there if
+  c = a or k = j, else to its proxy (a, k); round 2, each proxy (a, k) forwards those blocks to
+  (c, k). Bytes (blocks s = S / (N G)): every GPU link (NG-1) s + (N-1)(G-1) s each way; every
+  leaf -> spine i and spine i -> leaf link k_i (N-1) S / N, as `direct`'s all2all.
 Within a round the order of a GPU's sends (r+1, r+2, ... in direct and all2all) does not change any
 link's bytes, so it is not represented.
 
@@ -25,8 +53,10 @@ Topology routes (D-mod-k over the spines). On one node it is fabric.cost.payload
 
 **Time.** Raw bytes of a flow i -> j in a round: R(T[i, j]) = payload + one header per MTU packet of
 each message of at most chunk_bytes (fabric.cost.raw_of, messages as fabric.cost's); cut-through
-switches forward it whole, so a flow has the same raw bytes on every link of its route. For a link
-L of a round, W_L = raw bytes crossing it, bw_L its bandwidth, and over the flows f crossing it
+switches forward it whole, so a flow has the same raw bytes on every link of its route. Time is taken
+on the *timed stages* of each route (Topology.timed_route): its GPU links, and in place of the cables
+between switches the sender's outbound and the receiver's inbound share of their nodes' uplinks (U / G
+each, fabric.topology's Shares); below, "link" L is such a stage. For a link L of a round, W_L = raw bytes crossing it, bw_L its bandwidth, and over the flows f crossing it
 pre_f (ns from f leaving its GPU to its first byte entering L: the links before L and the switches
 passed) and post_f (ns from its last byte entering L to the destination: L's latency, the switch at
 L's end, the links and switches after). Then
@@ -35,32 +65,37 @@ L's end, the links and switches after). Then
 It is a **lower bound** on the round under cut-through links of those bandwidths: no byte reaches L
 before min pre, L serialises W_L at bw_L, and its last byte has at least min post to go; and no
 flow ends before its own bytes crossed its slowest link.
-`modeled_ns` = the sum of round_ns over the rounds: the time of a bulk-synchronous execution in
+`rounds_ns` = the sum of round_ns over the rounds: the time of a bulk-synchronous execution in
 which each round starts once the previous one has ended everywhere, and in which each link is busy
-back to back from the moment the first byte could reach it (no link waits for a slower one upstream:
-that is where a run on several nodes can take longer, and why modeled_ns is an estimate there, not a
-bound of either kind). On one node (a flow is one GPU uplink and one downlink, all links equal)
-round_ns = R(b)/B + 2a + s for blocks of b bytes, and modeled_ns is exactly fabric.cost.modeled_ns
-for ring allreduce, reduce_scatter, allgather and direct allreduce, reduce_scatter, allgather,
-broadcast, all2all (tests check it; with uneven blocks this module takes each round's actual
-blocks, fabric.cost S // N).
+back to back from the moment the first byte could reach it; an estimate, not a bound of either kind
+(the ranks do not run in lockstep). On one node (a flow is one GPU uplink and one downlink, all
+links equal) round_ns = R(b)/B + 2a + s for blocks of b bytes, and rounds_ns is exactly
+fabric.cost.modeled_ns for ring allreduce, reduce_scatter, allgather and direct allreduce,
+reduce_scatter, allgather, broadcast, all2all (tests check it; with uneven blocks this module takes
+each round's actual blocks, fabric.cost S // N).
+`modeled_ns` is exact: fabric.replay runs each member's schedule against the same link clocks the
+ranks book, which modeled time allows because every booking is in one GPU's program order. Measured
+against emulated runs (2 nodes x 4 GPUs, 1 spine, the three multi-node presets, every flat
+algorithm, 4 KiB to 4 MiB): equal to 1e-10 ns; where the bulk-synchronous estimate was 0.46 to 1.68
+times the emulated time (a ring overlaps its rounds; an All2All whose senders of a node all start
+with the same remote GPU queue on its inbound share).
 `lower_bound_ns` holds whatever the rounds' overlap (the ranks do not run in lockstep: a ring GPU
 starts round k+1 once it has received round k, whatever the others do): the larger of
 - the round_ns formula over the flows of every round together (each pair's rounds as one flow);
 - the dependency chain: the sum over rounds of each round's fastest flow (path latency + R / its
   route's least bandwidth), since in every schedule here a GPU sends round k+1's data only after it
   received round k's.
-Each of the three is at most the sum of round_ns, so lower_bound_ns <= modeled_ns always.
-The gap between modeled_ns and lower_bound_ns says how much overlap and latency can matter; for
-large messages whose bottleneck is one link in every round (a node-major ring's crossing into local
-index 0 over spine 0 at U / spines, an all2all's leaf-spine links) the bandwidth terms are equal and
-the two differ by latencies only: (rounds - 1) path latencies for a ring.
+Each of the three is at most the sum of round_ns, so lower_bound_ns <= rounds_ns always, and
+lower_bound_ns <= modeled_ns (tested). For large messages whose bottleneck is one stage in every
+round (a node-major ring's crossing into the next node on one GPU's shares, an all2all's shares) the
+bound is tight: the 1 MiB ring allreduce above took exactly lower_bound_ns.
 """
 
 import math
 
 import numpy as np
 
+from . import replay
 from .cost import raw_of
 from .errors import FabricError
 from .reduction import blocks
@@ -70,6 +105,8 @@ FLAT = {
     "ring": ("allreduce", "reduce_scatter", "allgather"),
     "direct": ("allreduce", "reduce_scatter", "allgather", "broadcast", "all2all"),
     "all2allv": ("all2allv",),
+    "hier": ("allreduce", "reduce_scatter", "allgather", "broadcast"),
+    "pxn": ("all2all",),
 }
 
 
@@ -87,14 +124,18 @@ def rounds(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsize
     """The dependent rounds of one call on every GPU of `topo`, each a gpus x gpus int64 matrix of
     payload bytes (row: sender, column: receiver), as the module docstring derives them.
     collective/algorithm: a pair of FLAT (all2all is `direct`; all2allv is ("all2allv", "all2allv")
-    with `counts`, counts[i][j] = bytes GPU i sends GPU j, the diagonal a local copy). FabricError for
-    anything else."""
+    with `counts`, counts[i][j] = bytes GPU i sends GPU j, the diagonal a local copy; hier's GPU
+    (a, j) is GPU a x G + j). FabricError for anything else."""
     if not isinstance(topo, Topology):
         raise FabricError(f"cost_nodes: takes a Topology, got {type(topo).__name__}")
     if algorithm not in FLAT or collective not in FLAT[algorithm]:
         known = "; ".join(f"{a}: {', '.join(c)}" for a, c in FLAT.items())
-        raise FabricError(f"cost_nodes: no flat multi-node model for {collective} with {algorithm!r} ({known})")
+        raise FabricError(f"cost_nodes: no multi-node model for {collective} with {algorithm!r} ({known})")
     n = topo.gpus
+    if algorithm == "hier":
+        return _hier_rounds(collective, topo, S, itemsize, root)
+    if algorithm == "pxn":
+        return _pxn_rounds(topo, _block_bytes(S, n, itemsize))
     if collective == "all2allv":
         if counts is None:
             raise FabricError("cost_nodes: all2allv needs counts, a gpus x gpus matrix of bytes")
@@ -129,6 +170,83 @@ def rounds(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsize
     return [t for t in phases if n > 1]
 
 
+def _hier_rounds(collective: str, topo: Topology, S: int, itemsize: int, root: int) -> list[np.ndarray]:
+    """hier's rounds (ranks/collectives/hier.py) on every GPU of `topo`: GPU (a, j) = a x G + j, its
+    node ring (a, 0..G-1) and its rail ring (0..N-1, j); the module docstring's schedule."""
+    N, G, n = topo.nodes, topo.gpus_per_node, topo.gpus
+    if collective == "broadcast":
+        if not isinstance(root, (int, np.integer)) or isinstance(root, bool) or not 0 <= root < n:
+            raise FabricError(f"cost_nodes: broadcast root must be one of GPUs 0..{n - 1}, got {root!r}")
+    _block_bytes(S, 1, itemsize)  # checks S and itemsize
+    count = int(S) // itemsize
+    if collective == "reduce_scatter" or collective == "allgather":
+        own = [(hi - lo) * itemsize for lo, hi in blocks(count, n)]
+        size = [[own[a * G + j] for j in range(G)] for a in range(N)]
+    else:  # allreduce's two-level split; broadcast's parts are its columns
+        size = [[0] * G for _ in range(N)]
+        for j, (lo, hi) in enumerate(blocks(count, G)):
+            for a, (x, y) in enumerate(blocks(hi - lo, N)):
+                size[a][j] = (y - x) * itemsize
+    column = [sum(size[a][j] for a in range(N)) for j in range(G)]
+
+    def ring(phase: str, level: str) -> list[np.ndarray]:
+        m = G if level == "node" else N
+        out = []
+        for s in range(m - 1):
+            t = np.zeros((n, n), np.int64)
+            for a in range(N):
+                for j in range(G):
+                    p = j if level == "node" else a
+                    seg = (p - 1 - s) % m if phase == "rs" else (p - s) % m
+                    if level == "node":
+                        t[a * G + j, a * G + (j + 1) % G] = column[seg]
+                    else:
+                        t[a * G + j, ((a + 1) % N) * G + j] = size[seg][j]
+            out.append(t)
+        return out
+
+    if collective == "allreduce":
+        return ring("rs", "node") + ring("rs", "rail") + ring("ag", "rail") + ring("ag", "node")
+    if collective == "reduce_scatter":
+        return ring("rs", "node") + ring("rs", "rail")
+    if collective == "allgather":
+        return ring("ag", "rail") + ring("ag", "node")
+    a_root, j_root = topo.locate(root)
+    out = []
+    if G > 1:  # the root scatters part j to position j of its node
+        t = np.zeros((n, n), np.int64)
+        for j in range(G):
+            if j != j_root:
+                t[root, a_root * G + j] = column[j]
+        out.append(t)
+    if N > 1:  # rail j's pipelined chain from node a_root: one round, every hop streaming at once
+        t = np.zeros((n, n), np.int64)
+        for q in range(N - 1):
+            a = (a_root + q) % N
+            for j in range(G):
+                t[a * G + j, ((a + 1) % N) * G + j] = column[j]
+        out.append(t)
+    return out + ring("ag", "node")
+
+
+def _pxn_rounds(topo: Topology, b: list[int]) -> list[np.ndarray]:
+    """pxn's two rounds (ranks/collectives/pxn.py): GPU (a, j)'s block for (c, k) goes straight there
+    if c = a or k = j, else to (a, k) in round 1 and on from (a, k) in round 2; b: the blocks' bytes."""
+    G, n = topo.gpus_per_node, topo.gpus
+    first, second = np.zeros((n, n), np.int64), np.zeros((n, n), np.int64)
+    for i in range(n):
+        for d in range(n):
+            if d == i:
+                continue
+            if i // G == d // G or i % G == d % G:
+                first[i, d] += b[d]
+            else:
+                proxy = i // G * G + d % G
+                first[i, proxy] += b[d]
+                second[proxy, d] += b[d]
+    return [first, second] if second.any() else ([first] if n > 1 else [])
+
+
 def traffic(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsize: int = 4, root: int = 0,
             counts=None) -> np.ndarray:
     """The call's whole traffic matrix (the sum of its rounds), payload bytes."""
@@ -158,40 +276,45 @@ def _flows(t: np.ndarray, config, itemsize: int) -> dict[tuple[int, int], int]:
     return flows
 
 
-def _hops(topo: Topology, src: int, dst: int) -> tuple[tuple[tuple[str, float, float], ...], float, float]:
-    """The route src -> dst as ((link name, pre ns, post ns), ...), its latency (ns) and its least
-    bandwidth (GB/s). pre: from the flow leaving src to its first byte entering the link (earlier links
-    and switches); post: from its last byte entering the link to dst (the link's latency, the switch
-    at its end and the links after). Cached in the topology (its routes are fixed)."""
+def _hops(topo: Topology, src: int, dst: int) -> tuple[tuple[tuple[str, float, float, float], ...], float, float]:
+    """The timed route src -> dst (Topology.timed_route: links, and the GPUs' shares in place of the
+    cables between switches) as ((name, pre ns, post ns, GB/s), ...), its latency (ns) and its least
+    bandwidth (GB/s). pre: from the flow leaving src to its first byte entering the stage (earlier
+    stages and switches); post: from its last byte entering it to dst (its latency, the switch at its
+    end and the stages after). Cached in the topology (its routes are fixed)."""
     cache = topo._cache.setdefault("cost_nodes.hops", {})
     hops = cache.get((src, dst))
     if hops is None:
-        switch_ns = topo._cache.get("cost_nodes.switch_ns")
-        if switch_ns is None:
-            switch_ns = topo._cache["cost_nodes.switch_ns"] = {sw.name: sw.latency_ns for sw in topo.switches}
-        route = topo.route(src, dst)
+        route = topo.timed_route(src, dst)
         before = [0.0]
-        for link in route[:-1]:
-            before.append(before[-1] + link.latency_ns + switch_ns[link.dst])
+        for hop in route[:-1]:
+            before.append(before[-1] + hop.latency_ns + topo.switch_latency_ns)
         total = before[-1] + route[-1].latency_ns
-        hops = cache[(src, dst)] = (tuple((link.name, before[k], total - before[k]) for k, link in enumerate(route)),
-                                    total, min(link.bandwidth_gbytes_per_s for link in route))
+        hops = cache[(src, dst)] = (tuple((hop.name, before[k], total - before[k], hop.bandwidth_gbytes_per_s)
+                                          for k, hop in enumerate(route)),
+                                    total, min(hop.bandwidth_gbytes_per_s for hop in route))
     return hops
 
 
-def _link_bound(topo: Topology, flows: dict) -> float:
-    """max over links L of min pre + W_L / bw_L + min post (latency_L included) over the flows crossing L."""
-    load: dict[str, int] = {}
-    pre: dict[str, float] = {}
-    post: dict[str, float] = {}
+def _loads(topo: Topology, flows: dict) -> dict[str, list]:
+    """Per timed stage (link or share) the flows cross: [raw bytes W, min pre, min post, GB/s]."""
+    load: dict[str, list] = {}
     for (i, j), w in flows.items():
-        for name, before, after in _hops(topo, i, j)[0]:
-            load[name] = load.get(name, 0) + w
-            if before < pre.get(name, math.inf):
-                pre[name] = before
-            if after < post.get(name, math.inf):
-                post[name] = after
-    return max((pre[name] + w / topo.link(name).bandwidth_gbytes_per_s + post[name] for name, w in load.items()),
+        for name, before, after, bandwidth in _hops(topo, i, j)[0]:
+            row = load.get(name)
+            if row is None:
+                load[name] = [w, before, after, bandwidth]
+            else:
+                row[0] += w
+                row[1] = min(row[1], before)
+                row[2] = min(row[2], after)
+    return load
+
+
+def _link_bound(topo: Topology, flows: dict) -> float:
+    """max over timed stages L of min pre + W_L / bw_L + min post (latency_L included) over the flows
+    crossing L."""
+    return max((pre + w / bandwidth + post for w, pre, post, bandwidth in _loads(topo, flows).values()),
                default=0.0)
 
 
@@ -221,12 +344,31 @@ def round_ns(topo: Topology, t: np.ndarray, config, itemsize: int = 4) -> float:
     return max(_link_bound(topo, flows), _slowest_flow_ns(topo, flows))
 
 
-def modeled_ns(collective: str, algorithm: str, topo: Topology, S: int, config, itemsize: int = 4, root: int = 0,
-               counts=None) -> float:
+def rounds_ns(collective: str, algorithm: str, topo: Topology, S: int, config, itemsize: int = 4, root: int = 0,
+              counts=None) -> float:
     """Bulk-synchronous estimate (ns) of one call: the sum of its rounds' round_ns. Equals
     fabric.cost.modeled_ns on one node; see the module docstring for what it assumes elsewhere."""
     return sum(round_ns(topo, t, config, itemsize) for t in rounds(collective, algorithm, topo, S, itemsize, root,
                                                                    counts))
+
+
+def modeled_ns(collective: str, algorithm: str, topo: Topology, S: int, config, itemsize: int = 4, root: int = 0,
+               counts=None) -> float:
+    """Modeled ns of one call on every GPU of `topo`, all starting at 0: exact, the algorithm's schedule
+    replayed on the same link clocks as the ranks book (fabric.replay; tests check it against emulated
+    runs on every multi-node preset). Equals fabric.cost.modeled_ns on one node. Memoised: `auto`
+    asks for it at every call."""
+    key = (collective, algorithm, topo, int(S), config.mtu_bytes, config.header_bytes, config.chunk_bytes, itemsize,
+           root, None if counts is None else tuple(tuple(int(x) for x in row) for row in counts))
+    ns = _MODELED.get(key)
+    if ns is None:
+        if len(_MODELED) >= 4096:
+            _MODELED.clear()
+        ns = _MODELED[key] = replay.replay_ns(collective, algorithm, topo, S, config, itemsize, root, counts)
+    return ns
+
+
+_MODELED: dict[tuple, float] = {}
 
 
 def lower_bound_ns(collective: str, algorithm: str, topo: Topology, S: int, config, itemsize: int = 4,
@@ -251,24 +393,23 @@ def _merged(steps: list[dict]) -> dict[tuple[int, int], int]:
 
 def bottleneck(collective: str, algorithm: str, topo: Topology, S: int, config, itemsize: int = 4, root: int = 0,
                counts=None) -> tuple[str, float]:
-    """(name, ns) of the link with the most raw bytes over bandwidth in the whole call: where the
-    time goes (W_L / bw_L, ns, without latencies)."""
+    """(name, ns) of the timed stage (a link, or a GPU's share "gpu3:out" / "gpu3:in") with the most raw
+    bytes over bandwidth in the whole call: where the time goes (W_L / bw_L, ns, without latencies);
+    ("", 0.0) for a call that sends nothing."""
     flows = _merged([_flows(t, config, itemsize) for t in rounds(collective, algorithm, topo, S, itemsize, root, counts)])
-    load = {link.name: 0 for link in topo.links}
-    for (i, j), w in flows.items():
-        for name, _, _ in _hops(topo, i, j)[0]:
-            load[name] += w
-    name = max(load, key=lambda x: load[x] / topo.link(x).bandwidth_gbytes_per_s)
-    return name, load[name] / topo.link(name).bandwidth_gbytes_per_s
+    times = {name: w / bandwidth for name, (w, _, _, bandwidth) in _loads(topo, flows).items()}
+    name = max(times, key=times.get, default="")
+    return name, times.get(name, 0.0)
 
 
 def fastest(collective: str, candidates, S: int, config, itemsize: int = 4) -> str | None:
     """The candidate modeled_ns says is fastest for S bytes on every GPU of config's topology; ties go
     to the earlier candidate. None if the model covers none of them."""
+    covered = [algorithm for algorithm in candidates if collective in FLAT.get(algorithm, ())]
+    if len(covered) == 1:  # nothing to compare: no replay
+        return covered[0]
     best, best_ns = None, math.inf
-    for algorithm in candidates:
-        if collective not in FLAT.get(algorithm, ()):
-            continue
+    for algorithm in covered:
         ns = modeled_ns(collective, algorithm, config.topology, S, config, itemsize)
         if ns < best_ns:
             best, best_ns = algorithm, ns

@@ -43,6 +43,8 @@ class Kind(enum.IntEnum):
     REPLY = 22       # answer to EXPORT / REVOKE / group calls: a map with the result or the error
     GROUP = 23       # multicast/SHARP group lifecycle: create, bind, release (GroupInfo)
     TRACE = 24       # turn the switch's trace records on or off (TraceInfo)
+    CREDIT = 25      # between leaves only: nbytes > 0 returns that many bytes of GPU src's port to the leaf of
+                     # GPU dst; nbytes 0 asks the leaf of GPU dst for the credit of its port (ranks/switch.py)
     DONE = 30        # this GPU's script returned and its requests completed
     SHUTDOWN = 31    # every GPU is done: report counters and leave (a map: the run's report)
     COUNTERS = 32    # a GPU's counters, in answer to SHUTDOWN (CountersInfo)
@@ -58,6 +60,7 @@ class Kind(enum.IntEnum):
 
 
 _WITH_PAYLOAD = frozenset({Kind.PUT, Kind.GET_DATA, Kind.MSG, Kind.REDUCE, Kind.MCAST})
+_KIND_OF = {int(kind): kind for kind in Kind}  # Kind(n) without the enum's lookup machinery (per packet)
 
 
 # -- field checkers: each returns the field's value in its canonical type or raises ProtocolError ----
@@ -163,15 +166,26 @@ class Info:
     """Base of the per-kind records: wire form = the fields' values in declaration order."""
 
     def to_wire(self) -> list:
-        return [_wire(getattr(self, f.name)) for f in fields(self)]
+        return [_wire(getattr(self, f.name)) for f in _fields_of(type(self))]
 
     @classmethod
     def from_wire(cls, kind: "Kind", values) -> "Info":
-        spec = fields(cls)
+        spec = _fields_of(cls)
         if type(values) is not list or len(values) != len(spec):
             raise ProtocolError(f"malformed {kind.name} header: its record needs {len(spec)} fields "
                                 f"({', '.join(f.name for f in spec)}), got {values!r:.80}")
         return cls(*(_check(kind, f.name, f.metadata["check"], v) for f, v in zip(spec, values)))
+
+
+_FIELDS: dict[type, tuple] = {}
+
+
+def _fields_of(cls) -> tuple:
+    """dataclasses.fields(cls), looked up once per record class (every packet decodes one)."""
+    spec = _FIELDS.get(cls)
+    if spec is None:
+        spec = _FIELDS[cls] = fields(cls)
+    return spec
 
 
 def _wire(value):
@@ -322,7 +336,9 @@ class Packet:
         try:
             kind, src, dst, address, nbytes, req, info, t_start, t_end = msgpack.unpackb(
                 data, raw=False, strict_map_key=False)
-            kind = Kind(kind)
+            number, kind = kind, _KIND_OF.get(kind) if type(kind) is int else None
+            if kind is None:
+                raise ValueError(f"{number!r} is not a valid Kind")
         except (ValueError, TypeError, msgpack.UnpackException) as exc:
             raise ProtocolError(f"undecodable packet header ({len(data)} bytes): {exc}") from None
         numbers = (src, dst, address, nbytes, req)
@@ -344,6 +360,15 @@ class Packet:
     def payload_bytes(self) -> int:
         """Bytes of payload that travel with this header."""
         return self.nbytes if self.kind.has_payload else 0
+
+    def but(self, **changes) -> "Packet":
+        """This packet with some of src, dst, address, t_start, t_end changed (dataclasses.replace, without
+        its cost: every forwarded packet is copied two or three times on the switches' hot path)."""
+        new = object.__new__(Packet)
+        fields = new.__dict__
+        fields.update(self.__dict__)
+        fields.update(changes)
+        return new
 
 
 def segments(payload_bytes: int, mtu_bytes: int) -> int:

@@ -158,6 +158,33 @@ def blocks(count: int, parts: int) -> list[tuple[int, int]]:
     return ranges
 
 
+def two_level_blocks(count: int, nodes: int, per_node: int) -> list[list[tuple[int, int]]]:
+    """ranges[a][j] (element ranges): block a of blocks(|part j|, nodes) inside part j =
+    blocks(count, per_node)[j], so each position j's data is one contiguous part (hier's allreduce)."""
+    out = [[(0, 0)] * per_node for _ in range(nodes)]
+    for j, (lo, hi) in enumerate(blocks(count, per_node)):
+        for a, (x, y) in enumerate(blocks(hi - lo, nodes)):
+            out[a][j] = (lo + x, lo + y)
+    return out
+
+
+def merged_columns(ranges) -> list[list[tuple[int, int]]]:
+    """Per position j, the ranges ranges[0..][j] with empty ones dropped and adjacent ones merged
+    (the segment a node ring passes for position j)."""
+    out = []
+    for j in range(len(ranges[0])):
+        merged: list[tuple[int, int]] = []
+        for lo, hi in (row[j] for row in ranges):
+            if hi == lo:
+                continue
+            if merged and merged[-1][1] == lo:
+                merged[-1] = (merged[-1][0], hi)
+            else:
+                merged.append((lo, hi))
+        out.append(merged)
+    return out
+
+
 def chunks(start: int, stop: int, step: int) -> list[tuple[int, int]]:
     """(start, stop) sub-ranges of at most `step` elements covering [start, stop); none if empty."""
     return [(s, min(s + step, stop)) for s in range(start, stop, step)]

@@ -16,11 +16,13 @@ at the leaf of the destination GPU's port, wherever the requester is (the reques
 checks the header and stamps the source, which the switches between trust); a reply is matched with
 its request at the leaf of the GPU that answers, which forwarded the request; a message's partition
 is checked at the sender's leaf; in-switch groups live at the leaf of their members (one node).
-Links between switches are booked, at their sending end, in the order the switch handles transfers.
+A transfer between nodes is timed on its sender's outbound share of the node's uplink (booked at the
+sender's leaf) and its receiver's inbound share (booked by the receiver); the cables between switches
+count bytes (fabric.topology, Shares).
 """
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -84,9 +86,10 @@ class SwitchLogic:
         # Link TLBs of the ports: NVLink Network's, or classic nodes' registered windows (config.windows)
         self.tlbs = {g: LinkTLB(g, config.page_size_bytes, config.tlb_entries, pages) for g in self.local} \
             if config.windows else {}
-        # links up to the spines, booked at this end (name -> LinkEnd); a GPU books its own downlink
-        self.link_ends = {link.name: LinkEnd(link.bandwidth_gbytes_per_s, link.latency_ns) for link in topology.links
-                       if link.src == f"sw{switch}" and link.level == "leaf-spine"}
+        # each local GPU's outbound share of the node's uplink (fabric.topology, Shares), booked here in
+        # the order that GPU's packets come; its inbound share and its downlink it books itself
+        self.shares = {g: LinkEnd(topology.share_gbytes_per_s, config.uplink_latency_ns) for g in self.local} \
+            if topology.spines else {}
         self.counters = LinkCounters(config.mtu_bytes, config.header_bytes)
         self.timing = config.timing
         self.violations = [0] * config.gpus  # AccessViolations, by the requester's port
@@ -163,7 +166,7 @@ class SwitchLogic:
         longest = packet.t_start + raw / self.timing.bandwidth_gbytes_per_s
         if packet.t_end <= longest * (1 + 1e-9):  # rounding of an honest stamp's start + duration
             return packet
-        return replace(packet, t_end=longest)
+        return packet.but(t_end=longest)
 
     def egress_ports(self, ingress: int, packet: Packet) -> tuple[int, ...]:
         """The ports `packet` from `ingress` would leave by (best effort, before it is validated: a
@@ -207,7 +210,7 @@ class SwitchLogic:
             sends = self._data(ingress, packet, payload)
         except FabricError as exc:
             return self.refuse(ingress, exc, packet.kind.name, packet.req, packet.t_end)
-        return [self._out(send) for send in sends]
+        return [self._out(send, ingress if send.origin is None else None) for send in sends]
 
     def on_transit(self, spine: int, packet: Packet, payload: np.ndarray | None = None) -> list[Send]:
         """What to send for `packet` (with `payload`), which spine switch `spine` passed on from another
@@ -245,16 +248,22 @@ class SwitchLogic:
             return None
         return self.topology.nodes + self.topology.spine_for(port)
 
-    def _out(self, send: Send) -> Send:
-        """Count `send` on the link it leaves by; up to a spine, book that link (cut-through) and stamp
-        the packet with when its first/last byte reach the spine."""
+    def _out(self, send: Send, sender: int | None = None) -> Send:
+        """Count `send` on the link it leaves by; up to a spine, stamp the packet with when its first/last
+        byte reach the spine: booked on GPU `sender`'s outbound share (cut-through), or, a switch's own
+        packet (sender None), at the link's latency."""
         link = self.egress_link(send.port)
         raw = self.counters.record(link, send.packet.payload_bytes)
-        end = self.link_ends.get(link)
-        if end is None:
+        if send.port in self.local:
             return send
-        t_start, t_end = end.send(send.packet.t_start, send.packet.t_end, raw)
-        return replace(send, packet=replace(send.packet, t_start=t_start, t_end=t_end))
+        share = self.shares.get(sender)
+        packet = send.packet
+        if share is not None:
+            t_start, t_end = share.send(packet.t_start, packet.t_end, raw)
+        else:
+            latency = self.config.uplink_latency_ns
+            t_start, t_end = packet.t_start + latency, packet.t_end + latency
+        return Send(send.port, packet.but(t_start=t_start, t_end=t_end), send.payload, send.origin)
 
     def refuse(self, ingress: int, error: FabricError, kind: str = "?", req: int = 0, t_end: float = 0.0) -> list[Send]:
         """Refuse a packet of GPU `ingress` (malformed ones too, whose header may not even decode):
@@ -274,7 +283,7 @@ class SwitchLogic:
     def _through(self, packet: Packet, **changes) -> Packet:
         """`packet` leaving the switch: cut-through, each byte one switch traversal later."""
         delay = self.timing.switch_latency_ns
-        return replace(packet, t_start=packet.t_start + delay, t_end=packet.t_end + delay, **changes)
+        return packet.but(t_start=packet.t_start + delay, t_end=packet.t_end + delay, **changes)
 
     def _data(self, ingress: int, packet: Packet, payload: np.ndarray | None) -> list[Send]:
         src = self.route_key(ingress)
@@ -372,7 +381,7 @@ class SwitchLogic:
             # NVLS: read the range from every member's bound buffer; the answers are REDUCE packets
             ready = packet.t_end + self.timing.switch_latency_ns
             load = Packet(Kind.LOAD, -1, 0, packet.address, packet.nbytes, packet.req, info, ready, ready)
-            return [Send(port, replace(load, dst=self.route_key(port)), origin=-1) for port in group.members]
+            return [Send(port, load.but(dst=self.route_key(port)), origin=-1) for port in group.members]
         done = self.groups.contribute(info.group, info.slot, ingress, info.op, info.dtype, payload,
                                       (info.dest, info.key), (packet.t_start, packet.t_end), self.buffer_share_bytes,
                                       self.held_parts_share)
@@ -533,7 +542,7 @@ class SwitchLogic:
 
 class SpineLogic:
     """A spine switch's decisions: pass each transfer a leaf sends up on to the leaf of its
-    destination GPU (fabric.topology's route), count both links, book the link down (cut-through).
+    destination GPU (fabric.topology's route), count both links (cut-through; it books nothing).
     It holds no Link TLB and no GPU's state: every decision about a transfer was made at a leaf, the
     only ranks a spine takes packets from."""
 
@@ -547,9 +556,9 @@ class SpineLogic:
         addresses = assign_network_addresses(config.gpus) if config.mode == "network" else range(config.gpus)
         self._gpu_of = {key: gpu for gpu, key in enumerate(addresses)}
         self.counters = LinkCounters(config.mtu_bytes, config.header_bytes)
-        self.link_ends = {link.name: LinkEnd(link.bandwidth_gbytes_per_s, link.latency_ns) for link in topology.links
-                       if link.src == f"sw{switch}"}
-        self.latency_ns = topology.switch_latency_ns
+        # through the spine and down to the leaf: one traversal and the link's latency; the transfer is
+        # timed on its receiver's inbound share, which the receiver books (fabric.topology, Shares)
+        self.latency_ns = topology.switch_latency_ns + config.uplink_latency_ns
         self.tracing = False  # a spine makes no decisions worth a trace record beyond the packets
         self.events: list[dict] = []
 
@@ -564,10 +573,9 @@ class SpineLogic:
         if gpu is None or gpu // self.config.gpus_per_node == leaf:
             raise ProtocolError(f"spine {self.switch}: {packet.kind.name} from leaf {leaf} for {packet.dst!r}, "
                                 f"which is no GPU of another node")
-        link = f"sw{self.switch}->sw{gpu // self.config.gpus_per_node}"
-        raw = self.counters.record(link, packet.payload_bytes)
-        t_start, t_end = self.link_ends[link].send(packet.t_start + self.latency_ns, packet.t_end + self.latency_ns, raw)
-        return Send(gpu, replace(packet, t_start=t_start, t_end=t_end), payload)
+        self.counters.record(f"sw{self.switch}->sw{gpu // self.config.gpus_per_node}", packet.payload_bytes)
+        return Send(gpu, packet.but(t_start=packet.t_start + self.latency_ns, t_end=packet.t_end + self.latency_ns),
+                    payload)
 
     def next_switch(self, port: int) -> int:
         """The leaf a Send to GPU `port` goes to."""

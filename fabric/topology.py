@@ -12,7 +12,8 @@ direction of one cable, with its own bandwidth and latency, named "gpu3->sw0", "
 "sw0->sw2", "sw2->sw0" (the one-node names are exactly today's, fabric.counters.uplink/downlink).
 A GPU's link to its leaf carries `gpu_link` (GB/s, ns) each way. A node's uplink bandwidth U is
 split evenly over the spines: leaf n has one link to each spine and one back, each carrying U / S
-per direction, with `uplink_latency_ns`. Every switch is cut-through and adds `switch_latency_ns`.
+per direction, with `uplink_latency_ns` (the cables count bytes; transfers on them are timed on the
+GPUs' shares of U, below). Every switch is cut-through and adds `switch_latency_ns`.
 
 **Routing** (deterministic, static, destination-based as fat trees route; `next_port`): a leaf
 sends a transfer for a GPU of its own node straight down, port local(dst); any other to spine
@@ -23,7 +24,7 @@ destination's leaf, port node(dst). Routes: same node GPU -> leaf -> GPU (also f
 the switch forwards a transfer addressed to its own port back out of it); other node GPU -> leaf
 -> spine -> leaf -> GPU. With S = G this is a rail-optimised network's pattern (traffic for local
 index k of any node goes over spine k, as PXN sends it). A ring in node-major order crosses nodes
-only into local index 0, so its inter-node hops all take spine 0: it sees U / S of the uplink.
+only into local index 0, so its inter-node hops all take spine 0 (its time: one GPU's share each).
 
 **Rank layout** (`rank_of`, `role_of`): node n's GPUs and its leaf are one block of G + 1
 consecutive ranks, rank(GPU g) = node(g) * (G + 1) + local(g), rank(leaf n) = n * (G + 1) + G;
@@ -32,31 +33,30 @@ of G + 1 ranks per host (`mpiexec -ppn G+1`, `srun` by node) keeps each node's t
 and the spines land on the host after the last node. One node (`Topology.single`) is today's layout:
 GPU ranks 0..G-1, switch rank G.
 
-**Arbitration of shared links (recommended for the step that wires this in; not implemented
-here).** A leaf->spine link carries flows from the G GPUs of its node, a spine->leaf link flows
-from every other node; no program order ranks them, and the host's arrival order must not. The
-rule: conservative PDES, Chandy-Misra-Bryant with null messages. The switch at a shared link's
-sending end books transfers on it in the order of the key (ready time at the link, source GPU,
-source's sequence number), a total order whatever the host delivers first (ROSS breaks timestamp
-ties by a key carried in the event for the same reason: ROSS PRs #181, #185). It books the least
-held transfer, ready at r, only once every feeder c (`feeders`) has promised that nothing it sends
-later enters it before P_c with P_c + lookahead_c > r, lookahead_c = c's latency + the switch's
-latency (`lookahead_ns`: a + s from a GPU, 400 ns on nvlink4; u + s from a leaf into a spine). A
-GPU promises min(now_ns, the start of its earliest pending request), piggybacked on every packet
-and sent as a null message when it blocks in a wait; a switch passes on min(its held transfers'
-ready times, its feeders' promises + lookahead) to the switches downstream. Why this rule:
-optimistic PDES (Time Warp, ROSS's optimistic mode) needs rollback, and a GPU rank runs an
-arbitrary Python script that cannot be rolled back; SST's global synchronisation once per period of
-the least latency of a link between ranks (sst-core RankSync, period = getMinPartTC) would be
-1 ms / 150 ns = 6,667 global rounds per modeled ms on nvlink4, where null messages cost only where
-links are shared (a null-message mode for MPI-only SST jobs is proposed in sst-core issue #996).
-Its costs, to handle: lookahead creep when a blocked GPU's clock lags far behind held traffic (each
-null round advances a cycle by its lookahead), broken by an LBTS reduction over the switch ranks
-when all of them stall (as ns-3's distributed simulator and ROSS's GVT compute with MPI
-collectives); the lookahead must be positive (a feeder of zero link plus switch latency admits
-deadlock); and a GPU polling `test()` must count as blocked or advance its clock, or its promise
-never moves. Downlinks to a GPU keep today's rule (the GPU books them in the order it consumes
-transfers).
+**Shares: how flows of several GPUs meet between switches, deterministically.** A leaf->spine link
+carries flows of the G GPUs of its node, a spine->leaf link flows from every other node; no program
+order ranks them, and the host's arrival order must not decide their modeled times. The rule: each
+GPU owns a **share** of its node's uplink, U / G per direction (`share_gbytes_per_s`, i.e.
+`uplink_gbytes_per_s_per_gpu`), and a transfer between nodes is timed on its sender's outbound share
+("gpu3:out", in place of the leaf->spine link, latency u) and its receiver's inbound share ("gpu7:in",
+in place of the spine->leaf link, latency u), not on the cables, which count bytes only (a cable's busy
+time is its raw bytes / its bandwidth U / S). The sender's leaf books the outbound share in the order
+that GPU's packets reach it, which is its send order (MPI keeps one source's messages in order); the
+receiver books its inbound share as it books its downlink, in the order its program consumes transfers.
+So every booking is ordered by one GPU's program and modeled time never depends on the host (tested
+by delaying every rank's sends at random: `tests/cli/test_determinism.py`). Spines book nothing. A
+switch's own packets (a NACK of a refused request) take no share: they cross at the links' latency.
+Why this rule: on the InfiniBand presets it is the hardware - one NIC per GPU on a rail-optimised,
+non-blocking fat tree, so a GPU's NIC is its share and the spines do not congest. On the NVLink Switch
+System a node's 72 external ports are shared by its 8 GPUs: an equal share is what fair arbitration
+gives when every GPU of the node sends between nodes at once (AllReduce, All2All, any collective over
+every GPU), and it is pessimistic for one GPU talking alone (it cannot burst into idle shares). The
+alternative, conservative parallel discrete-event simulation (Chandy-Misra-Bryant null messages with
+an LBTS reduction, as SST and ROSS run over MPI), models the shared link exactly but holds every
+transfer between switches until no input can still bring an earlier one: built and measured in one
+process in an earlier step, it needed about 3,600 null-message rounds per modeled ms of a blocked
+GPU's gap on nvlink4 without the reduction, and a reduction over every rank each time every switch
+stalled with it, on a path that is already the emulator's bottleneck across nodes.
 """
 
 import math
@@ -107,6 +107,22 @@ class Link:
     dst_port: int
     bandwidth_gbytes_per_s: float
     latency_ns: float
+
+
+@dataclass(frozen=True)
+class Hop:
+    """One timed stage of a route (`Topology.timed_route`): a link, or a GPU's share of its node's
+    uplink in place of a cable between switches. bandwidth_gbytes_per_s: bytes per ns; latency_ns:
+    from a byte leaving to it reaching the next switch or GPU."""
+
+    name: str
+    bandwidth_gbytes_per_s: float
+    latency_ns: float
+
+
+def share_name(gpu: int, direction: str) -> str:
+    """Name of GPU `gpu`'s share of its node's uplink, direction "out" or "in": "gpu3:out"."""
+    return f"{gpu_name(gpu)}:{direction}"
 
 
 @dataclass(frozen=True)
@@ -386,6 +402,24 @@ class Topology:
             route = routes[(src, dst)] = tuple(hops)
         return route
 
+    @property
+    def share_gbytes_per_s(self) -> float | None:
+        """Each GPU's share of its node's uplink, GB/s per direction (U / G); None on one node."""
+        return self.uplink_gbytes_per_s_per_node / self.gpus_per_node if self.spines else None
+
+    def timed_route(self, src: int, dst: int) -> tuple[Hop, ...]:
+        """The stages that time a transfer src -> dst, in order, each followed by one switch traversal
+        but the last: the route's links, except that a cable between switches is timed on the
+        sender's outbound share and the receiver's inbound share (module docstring, Shares)."""
+        hops = self._cache.setdefault("timed_routes", {})
+        timed = hops.get((src, dst))
+        if timed is None:
+            ends = {"up": share_name(src, "out"), "down": share_name(dst, "in")}
+            timed = hops[(src, dst)] = tuple(
+                Hop(ends[link.direction], self.share_gbytes_per_s, link.latency_ns) if link.level == "leaf-spine"
+                else Hop(link.name, link.bandwidth_gbytes_per_s, link.latency_ns) for link in self.route(src, dst))
+        return timed
+
     def path_latency_ns(self, src: int, dst: int) -> float:
         """Latency of the route src -> dst, ns: its links' latencies plus one traversal per switch
         (2a + s within a node, today's `hop`)."""
@@ -394,12 +428,12 @@ class Topology:
                                                             for link in route[:-1])
 
     def bottleneck_gbytes_per_s(self, src: int, dst: int) -> float:
-        """Least bandwidth on the route src -> dst, GB/s."""
-        return min(link.bandwidth_gbytes_per_s for link in self.route(src, dst))
+        """Least bandwidth a transfer src -> dst is timed at (`timed_route`), GB/s."""
+        return min(hop.bandwidth_gbytes_per_s for hop in self.timed_route(src, dst))
 
     def unloaded_ns(self, src: int, dst: int, raw_bytes: int) -> float:
         """ns from the first byte of a transfer of `raw_bytes` leaving `src` to its last byte reaching
-        `dst` over idle links: cut-through, so raw / bottleneck + path latency."""
+        `dst` over idle links and shares: cut-through, so raw / bottleneck + path latency."""
         return raw_bytes / self.bottleneck_gbytes_per_s(src, dst) + self.path_latency_ns(src, dst)
 
     # -- what flows where -------------------------------------------------------------------------
@@ -447,44 +481,6 @@ class Topology:
             for link in self.route(src, dst):
                 counters.record(link.name, int(nbytes))
         return counters
-
-    def sources(self, name: str) -> tuple[int, ...]:
-        """GPUs whose transfers the routing can send over link `name` (the flows that share it)."""
-        link = self.link(name)
-        g = self.gpus_per_node
-        if link.direction == "up" and link.level == "gpu-leaf":
-            return (self._gpu_named[link.src],)
-        if link.direction == "down" and link.level == "gpu-leaf":
-            return tuple(range(self.gpus))  # every GPU reaches every GPU
-        if link.direction == "up":  # leaf n -> spine: node n's GPUs (a spine index < G serves some GPU of every node)
-            node = self._switch_named[link.src].node
-            return tuple(range(node * g, (node + 1) * g))
-        node = self._switch_named[link.dst].node  # spine -> leaf m: every GPU outside node m
-        return tuple(x for x in range(self.gpus) if x // g != node)
-
-    def feeders(self, name: str) -> tuple[Link, ...]:
-        """Links into the sending end of link `name` whose transfers the routing passes on to it, in
-        link order; none for a GPU's uplink (its GPU alone orders what it sends)."""
-        link = self.link(name)
-        sw = self._switch_named.get(link.src)
-        if sw is None:
-            return ()
-        if sw.level == "spine":  # down to leaf m: from every other leaf
-            fed = {p.ingress for p in sw.ports if p.number != self._switch_named[link.dst].node}
-        else:  # a leaf passes on what its own GPUs send, and to a GPU what comes down from its spine
-            fed = {p.ingress for p in sw.ports[:self.gpus_per_node]}
-            if link.level == "gpu-leaf" and self.spines:
-                fed.add(sw.ports[self.gpus_per_node + self.spine_for(self._gpu_named[link.dst])].ingress)
-        return tuple(x for x in self.links if x.name in fed)
-
-    def lookahead_ns(self, name: str) -> float | None:
-        """Least modeled ns between a transfer entering a feeder of link `name` and being ready at
-        `name`: min over feeders of (feeder latency + switch latency); None for a GPU's uplink."""
-        feeders = self.feeders(name)
-        if not feeders:
-            return None
-        switch = self._switch_named[self.link(name).src]
-        return min(link.latency_ns for link in feeders) + switch.latency_ns
 
     # -- helpers ----------------------------------------------------------------------------------
     @property

@@ -31,7 +31,8 @@ def run_summary(report: dict) -> str:
         else:
             lines.append(f"warning: GPU {who}'s own count disagrees with the switch's: {problem}")
     for gpu, keys in sorted(report.get("unconsumed", {}).items()):
-        lines.append(f"warning: GPU {gpu} ended with {len(keys)} message(s) never received: {keys[:4]}")
+        more = keys[-1][1] - 1 if keys and keys[-1][0] == "..." else 0  # ["...", n]: n more not listed
+        lines.append(f"warning: GPU {gpu} ended with {len(keys) + more} message(s) never received: {keys[:4]}")
     return "\n".join(lines)
 
 

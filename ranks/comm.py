@@ -406,19 +406,23 @@ class Communicator:
         root = int(root)
         return self._collective("broadcast", algorithm, "sum", flat.dtype, flat.size, root, (flat, root))
 
-    def all2all(self, send: np.ndarray, recv: np.ndarray) -> None:
-        """recv block i <- member i's send block `rank`; send and recv hold `size` equal blocks."""
-        self.iall2all(send, recv).wait()
+    def all2all(self, send: np.ndarray, recv: np.ndarray, algorithm: str = "auto") -> None:
+        """recv block i <- member i's send block `rank`; send and recv hold `size` equal blocks.
+        algorithm: auto (= direct) or pxn (collectives/pxn.py)."""
+        self.iall2all(send, recv, algorithm).wait()
 
-    def iall2all(self, send: np.ndarray, recv: np.ndarray) -> Request:
+    def iall2all(self, send: np.ndarray, recv: np.ndarray, algorithm: str = "auto") -> Request:
         """Non-blocking all2all; returns its Request."""
         with self._arguments("all2all"):
             send, recv = self._flat(send, "all2all send"), self._flat(recv, "all2all recv", written=True)
             if send.size != recv.size or send.size % self.size:
                 raise FabricError(f"GPU {self.gpu.rank}: all2all needs send and recv of equal size, a multiple of "
                                   f"{self.size} members (got {send.size}, {recv.size}); use all2allv for uneven blocks")
+            if algorithm != "auto" and algorithm not in collectives.ALL2ALL:
+                raise UnsupportedOperation(f"GPU {self.gpu.rank}: all2all: unknown algorithm {algorithm!r}; known: "
+                                           f"auto (= direct), {', '.join(collectives.ALL2ALL)}")
         counts = [send.size // self.size] * self.size
-        return self._all2allv("all2all", send, counts, recv, counts)
+        return self._all2allv("all2all", send, counts, recv, counts, "direct" if algorithm == "auto" else algorithm)
 
     def all2allv(self, send: np.ndarray, send_counts, recv: np.ndarray, recv_counts) -> None:
         """recv block i (recv_counts[i] elements, packed in order) <- member i's send block `rank`
@@ -436,14 +440,14 @@ class Communicator:
                 counts.append([int(c) for c in given])
         return self._all2allv("all2allv", send, counts[0], recv, counts[1])
 
-    def _all2allv(self, name, send, send_counts, recv, recv_counts) -> Request:
+    def _all2allv(self, name, send, send_counts, recv, recv_counts, algorithm: str = "direct") -> Request:
         problem = self._same_dtype(send, recv, name)
         for what, counts, array in (("send", send_counts, send), ("recv", recv_counts, recv)):
             if len(counts) != self.size or min(counts, default=0) < 0 or sum(counts) > array.size:
                 problem = (f"{name} {what}_counts {counts} must be {self.size} non-negative counts summing to at "
                            f"most {array.size}")
                 send_counts = recv_counts = [0] * self.size  # still take part in the call check
-        return self._collective(name, "direct", "sum", send.dtype, sum(send_counts), None,
+        return self._collective(name, algorithm, "sum", send.dtype, sum(send_counts), None,
                                 (send, pairwise.offsets(send_counts), send_counts, recv, pairwise.offsets(recv_counts),
                                  recv_counts), counts=(send_counts, recv_counts), problem=problem)
 
@@ -573,8 +577,8 @@ class Communicator:
             if algorithm in collectives.IN_SWITCH:
                 self.group_id()  # collective: every member, even one with an empty block, takes part
             work = collectives.Call(self, seq, op, dtype)
-            if counts is not None:
-                pairwise.all2allv(work, *args)
+            if counts is not None:  # all2all, all2allv
+                collectives.ALL2ALL[algorithm](work, *args)
             else:
                 collectives.run(algorithm, name, work, *args)
         gpu.event({"ev": "coll_end", **fingerprint})

@@ -9,7 +9,6 @@ import collections
 import itertools
 import math
 import time
-from dataclasses import replace
 
 import msgpack
 import numpy as np
@@ -97,6 +96,10 @@ class Gpu:
         # this GPU's two links, each booked here: the uplink as it sends, the downlink as it consumes
         self._uplink = LinkEnd(timing.bandwidth_gbytes_per_s, timing.link_latency_ns)
         self._downlink = LinkEnd(timing.bandwidth_gbytes_per_s, timing.link_latency_ns)
+        # its inbound share of its node's uplink (fabric.topology, Shares), booked as it consumes a transfer
+        # from another node; the cable's latency is in the packet's stamp already
+        share = config.topology.share_gbytes_per_s
+        self._inbound = LinkEnd(share, 0.0) if share else None
         self.now_ns = 0.0                               # this GPU's modeled clock
         self._acked_ns = 0.0                            # latest acknowledgement of a put (modeled)
         self._got_ns: dict[int, float] = {}             # GET req -> modeled arrival of its data
@@ -683,7 +686,7 @@ class Gpu:
             if stamp is None:
                 at = self.now_ns if at_ns is None else at_ns
                 stamp = self._uplink.send(at, at, raw)
-            packet = replace(packet, t_start=stamp[0], t_end=stamp[1])
+            packet = packet.but(t_start=stamp[0], t_end=stamp[1])
             self._tx_seq += 1
             if self.trace is not None and self.trace.enabled:
                 self.trace.write({"ev": "tx", "link": uplink(self.rank, self._leaf), "seq": self._tx_seq, "kind": packet.kind.name,
@@ -696,7 +699,12 @@ class Gpu:
     def _consume(self, packet: Packet, seq: int) -> float:
         """Put transfer `seq` that reached this GPU on its downlink; returns when its last byte arrived (ns)."""
         raw = raw_bytes(packet.payload_bytes, self.config.mtu_bytes, self.config.header_bytes)
-        start, end = self._downlink.book(packet.t_start, packet.t_end, raw)
+        start, end = packet.t_start, packet.t_end
+        if self._inbound is not None:
+            sender = self._gpu_of.get(packet.src)  # a GPU's transfer (a switch's own packets take no share)
+            if sender is not None and sender // self.config.gpus_per_node != self._leaf:
+                start, end = self._inbound.book(start, end, raw)
+        start, end = self._downlink.book(start, end, raw)
         if self.trace is not None and self.trace.enabled:
             self.trace.write({"ev": "busy", "link": downlink(self.rank, self._leaf), "seq": seq, "m_start": start, "m_end": end,
                               "wall": time.time()})
@@ -782,16 +790,24 @@ class Gpu:
         return self._shutdown.info
 
     def _counters_packet(self, links: dict, leftovers: list) -> Packet:
-        """The COUNTERS answer; its call records cut (the cut ones counted) until the header fits in
-        the MAX_HEADER_BYTES the switch takes, so many leftover messages cannot make it refused."""
-        calls = self._calls
+        """The COUNTERS answer; its call records cut (the cut ones counted), then its leftover message
+        keys (a last entry ["...", n] counts the n cut), until its lists have at most MAX_LIST entries
+        and the header fits in the MAX_HEADER_BYTES the switch takes, so many leftover messages or
+        calls cannot make it refused."""
+        calls, keys = self._calls, leftovers[:MAX_LIST - 1] if len(leftovers) > MAX_LIST else leftovers
         while True:
-            info = CountersInfo(links, leftovers, float(self.now_ns), tuple(calls),
+            shown = keys if len(keys) == len(leftovers) else [*keys, ["...", len(leftovers) - len(keys)]]
+            info = CountersInfo(links, shown, float(self.now_ns), tuple(calls),
                                 self._calls_unrecorded + len(self._calls) - len(calls))
             packet = Packet(Kind.COUNTERS, self._keys[self.rank], -1, info=info)
-            if not calls or len(packet.to_wire()) <= MAX_HEADER_BYTES:
+            if len(packet.to_wire()) <= MAX_HEADER_BYTES:
                 return packet
-            calls = calls[:len(calls) * 3 // 4]
+            if calls:
+                calls = calls[:len(calls) * 3 // 4]
+            elif keys:
+                keys = keys[:len(keys) * 3 // 4]
+            else:
+                return packet
 
 
 def _describe(target) -> str:

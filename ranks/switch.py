@@ -53,6 +53,15 @@ class SwitchRank:
     sender's later packets behind it) until that port drains, so the switch's memory is not N x S
     and a GPU that does not receive slows only the traffic bound for it. A GPU that leaves too many
     answers unread, or has too many packets waiting, is not read from until it catches up.
+
+    Across nodes a leaf takes whatever a spine passes down (holding it would stall every tenant's
+    traffic from that spine), so the senders' leaves bound it: a leaf keeps at most credit_bytes
+    (the port's share over the other nodes) forwarded towards one GPU of another node and not yet
+    credited, and holds its GPU's transfer past that, as for a local port. The destination's leaf
+    credits the bytes back (a CREDIT packet through a spine) once its sends of them to the GPU
+    completed: by itself when half the credit has left, at once when the sender's leaf asks (it asks
+    when it holds a transfer for want of credit). So a GPU that does not receive costs its leaf its
+    port's share from the other nodes at most, and only the traffic bound for it waits.
     """
 
     def __init__(self, config: FabricConfig, transport: Transport, timeout_s: float, trace=None,
@@ -85,6 +94,17 @@ class SwitchRank:
         self._busy_after_done = False      # a GPU that said DONE sent another packet
         self._ending = False               # every GPU here said DONE: the switches are ending the run
         self._idle = Idle(yields=64, max_sleep_s=1e-3)  # every packet passes here: stay more awake
+        # Credits between leaves (class docstring): what this leaf forwarded towards each GPU of another
+        # node and was not yet credited back, the GPUs it asked credit for; and, as a destination leaf,
+        # per local GPU the transit payloads posted to it (end position in its posted bytes, origin
+        # leaf, bytes), what of them left (per (origin leaf, GPU)), and the credits asked for
+        self.credit_bytes = max(1, port_share_bytes(config) // max(1, config.nodes - 1))
+        self._credit_used: dict[int, int] = {}
+        self._credit_asked: set[int] = set()
+        self._posted_to: dict[int, int] = {}
+        self._transit: dict[int, deque] = {}
+        self._drained: dict[tuple[int, int], int] = {}
+        self._credit_wanted: set[tuple[int, int]] = set()
 
     def serve(self) -> dict:
         """Run until every GPU of the fabric reported DONE and no packet is left between switches;
@@ -111,6 +131,8 @@ class SwitchRank:
     def _step(self) -> bool:
         """Move what can move: sends, payloads being received, one new header; True if anything did."""
         moved = self.transport.progress()
+        if self._transit:
+            moved |= self._credit_drained()
         if self._waiting or self._abandoned:
             moved |= self._advance_all()
         self._steps += 1
@@ -153,6 +175,13 @@ class SwitchRank:
             switch = self.logic.next_switch(port) if 0 <= port < self.config.gpus else None
             dest = port if switch is None else self.config.gpus + switch
             if pending.get(dest, 0) and pending[dest] + packet.payload_bytes > self.port_share_bytes:
+                return True
+            used = self._credit_used.get(port, 0) if switch is not None else 0
+            if used and used + packet.payload_bytes > self.credit_bytes:
+                if port not in self._credit_asked:  # ask the destination's leaf for what has left it
+                    self._credit_asked.add(port)
+                    self._to_switch(switch, Packet(Kind.CREDIT, self.logic.route_key(self.gpus[0]),
+                                                   self.logic.route_key(port)))
                 return True
         return False
 
@@ -251,6 +280,9 @@ class SwitchRank:
         if peer is not None and packet.kind is Kind.TRACE:  # GPU 0's word, relayed by its leaf and the spines
             self._set_tracing(packet, exclude=peer)
             return
+        if peer is not None and packet.kind is Kind.CREDIT:
+            self._on_credit(packet)
+            return
         if peer is not None:  # from another switch: decided at the sender's leaf, or to be at this one
             if self.spine:
                 sends = [self.logic.on_packet(peer, packet, payload)]
@@ -260,7 +292,14 @@ class SwitchRank:
             origin = -1 if origin is None else origin
             if self.trace is not None:
                 self._record("rx", f"sw{peer}->sw{self.index}", packet, origin)
-            self._send_all(sends, origin)
+            self._send_all(sends, origin, transit=not self.spine)
+            if not self.spine and origin >= 0 and packet.payload_bytes and not any(
+                    send.port in self.gpus and send.packet.payload_bytes for send in sends):
+                # refused here (a PUT the target's Link TLB refused): its bytes will never leave for the
+                # target, and the origin leaf counted them against its credit for the target's port
+                key = (self.config.gpus + origin // self.config.gpus_per_node, self.logic.gpu_of_key(packet.dst))
+                self._drained[key] = self._drained.get(key, 0) + packet.payload_bytes
+                self._send_credits()
             return
         kind = packet.kind
         if kind is Kind.DONE:
@@ -308,6 +347,55 @@ class SwitchRank:
                 self.transport.send(rank, packet)
                 self.sent_to_switches += 1
 
+    # -- credits between leaves (class docstring) ---------------------------------------------------
+    def _to_switch(self, switch: int, packet: Packet) -> None:
+        self.transport.send(self.config.gpus + switch, packet)
+        self.sent_to_switches += 1
+
+    def _on_credit(self, packet: Packet) -> None:
+        """A CREDIT from another leaf (passed on by a spine), or at a spine, on to the leaf of its dst."""
+        gpus_per_node = self.config.gpus_per_node
+        if self.spine:
+            self._to_switch(self.logic.gpu_of_key(packet.dst) // gpus_per_node, packet)
+            return
+        here, there = self.logic.gpu_of_key(packet.dst), self.logic.gpu_of_key(packet.src)
+        if here not in self.gpus or there is None:
+            raise ProtocolError(f"switch {self.index}: CREDIT {packet.src!r} -> {packet.dst!r} names no GPU of node "
+                                f"{self.index}")
+        if packet.nbytes:  # bytes forwarded towards GPU `there` that have left its leaf
+            self._credit_used[there] -= packet.nbytes
+            self._credit_asked.discard(there)
+        else:  # the leaf of GPU `there` asks for the credit of this leaf's port `here`
+            self._credit_wanted.add((self.config.gpus + there // gpus_per_node, here))
+            self._send_credits()
+
+    def _credit_drained(self) -> bool:
+        """Move the transit payloads whose sends to their GPU completed to the credit of their origin leaf."""
+        pending = self.transport.pending_bytes_to
+        moved = False
+        for port in list(self._transit):
+            queue, sent = self._transit[port], self._posted_to[port] - pending.get(port, 0)
+            while queue and queue[0][0] <= sent:  # a destination's sends retire in order
+                _, leaf, nbytes = queue.popleft()
+                self._drained[(leaf, port)] = self._drained.get((leaf, port), 0) + nbytes
+                moved = True
+            if not queue:
+                del self._transit[port]
+        if moved:
+            self._send_credits()
+        return moved
+
+    def _send_credits(self) -> None:
+        """Return to each origin leaf the bytes of a port that left, if half its credit did or it asked."""
+        for (leaf, port), nbytes in list(self._drained.items()):
+            if nbytes * 2 >= self.credit_bytes or (leaf, port) in self._credit_wanted:
+                del self._drained[(leaf, port)]
+                self._credit_wanted.discard((leaf, port))
+                origin = self.config.gpus_per_node * (leaf - self.config.gpus)  # any GPU of that node routes there
+                spine = self.logic.next_switch(origin)
+                self._to_switch(spine, Packet(Kind.CREDIT, self.logic.route_key(port), self.logic.route_key(origin),
+                                              nbytes=nbytes))
+
     def _drop_orphans(self, source: int) -> bool:
         """Drop a payload of GPU `source` that no header of it waits for (it sent one after a header
         that did not decode, say): left in MPI's queue, such messages would slow every later match."""
@@ -330,16 +418,26 @@ class SwitchRank:
             sends = self.logic.refuse(source, error, packet.kind.name, packet.req, packet.t_end)
         self._send_all(sends, source)
 
-    def _send_all(self, sends: list, source: int) -> None:
+    def _send_all(self, sends: list, source: int, transit: bool = False) -> None:
+        """Send `sends`; `source`: the GPU their data comes from (-1: the switch's own); `transit`: they
+        came down from a spine."""
         for send in sends:
             switch = self.logic.next_switch(send.port)
+            nbytes = send.packet.payload_bytes
             if switch is None:
                 self.transport.send(send.port, send.packet, send.payload)
                 link = downlink(send.port, self.index)
+                if nbytes:
+                    end = self._posted_to[send.port] = self._posted_to.get(send.port, 0) + nbytes
+                    if transit and source >= 0:  # a GPU's data from another leaf: credited back to it once sent
+                        leaf = self.config.gpus + source // self.config.gpus_per_node
+                        self._transit.setdefault(send.port, deque()).append((end, leaf, nbytes))
             else:
                 self.transport.send(self.config.gpus + switch, send.packet, send.payload)
                 self.sent_to_switches += 1
                 link = f"sw{self.index}->sw{switch}"
+                if nbytes and source in self.gpus:
+                    self._credit_used[send.port] = self._credit_used.get(send.port, 0) + nbytes
             if self.trace is not None and send.packet.kind.counted:
                 self._record("tx", link, send.packet, source if send.origin is None else send.origin)
         if self.logic.events:
@@ -355,9 +453,8 @@ class SwitchRank:
         seq = self._seq[link] = self._seq.get(link, -1) + 1
         config = self.config
         start, end = packet.t_start, packet.t_end
-        if ev == "tx" and link in self.logic.link_ends:  # stamped at the far end: on the link, a latency earlier
-            latency = self.logic.link_ends[link].latency_ns
-            start, end = start - latency, end - latency
+        if ev == "tx" and "->gpu" not in link:  # to a switch, stamped at its far end: on the link, a latency earlier
+            start, end = start - config.uplink_latency_ns, end - config.uplink_latency_ns
         self.trace.write({"ev": ev, "link": link, "seq": seq, "kind": packet.kind.name, "origin": origin,
                           "src": packet.src, "dst": packet.dst, "payload": packet.payload_bytes,
                           "raw": raw_bytes(packet.payload_bytes, config.mtu_bytes, config.header_bytes),
@@ -447,8 +544,10 @@ class SwitchRank:
         (an emulator bug, or a GPU that lies) and never fails the others' run."""
         logic, counters = self.logic, self._counters
         links = logic.counters.snapshot()
-        for link, end in logic.link_ends.items():  # links to other switches: booked at this end
-            links.setdefault(link, LinkStats().as_dict())["busy_ns"] = float(end.busy_ns)
+        for name, row in links.items():  # a cable between switches, sent on here: its raw bytes at its bandwidth
+            link = logic.topology.link(name)
+            if link.level == "leaf-spine" and link.src == f"sw{self.index}":
+                row["busy_ns"] = row["raw_bytes"] / link.bandwidth_gbytes_per_s
         conservation = {}
         for gpu in self.gpus:
             try:

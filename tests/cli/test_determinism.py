@@ -26,17 +26,26 @@ def main(gpu):
     gpu.get(handles[(gpu.rank + 2) % gpu.size], got)
 """
 
-# Across nodes only what is reproducible today: one source at a time on each leaf-spine link (a ring in
-# node-major order crosses nodes into local index 0 only, over spine 0; a single transfer). Flows of
-# several GPUs competing for one are booked in handling order (README, Modeled time: Several nodes).
+# Across nodes: flows of every GPU meeting on the cables between switches (all2all, direct), rings, a single
+# transfer, and one-sided puts and gets to another node's GPU
 NODES = """
 import numpy as np
 
 def main(gpu):
+    window = gpu.alloc(1 << 16, "uint8")
+    handles = gpu.world.allgather_object(gpu.export(window))
     x = np.arange(3 * 4096, dtype=np.float32)
-    gpu.world.allreduce(x, algorithm="ring")
+    for algorithm in ("ring", "direct"):
+        gpu.world.allreduce(x, algorithm=algorithm)
+    gpu.world.all2all(np.ones(gpu.size * 4096, np.float32), np.empty(gpu.size * 4096, np.float32))
     gpu.compute(5000)
     gpu.world.allgather(x[:1024], np.empty(1024 * gpu.size, np.float32), algorithm="ring")
+    gpu.world.barrier()  # one-sided traffic is served as the host delivers it: not while a collective runs
+    gpu.put(handles[(gpu.rank + gpu.size // 2) % gpu.size], np.ones(1 << 15, np.uint8))  # to the other node
+    gpu.fence()
+    gpu.world.barrier()
+    got = gpu.alloc(1 << 15, "uint8")
+    gpu.get(handles[(gpu.rank + gpu.size // 2 + 1) % gpu.size], got)
     if gpu.rank == 0:
         gpu.world.send(np.ones(1 << 16, np.uint8), gpu.size - 1)
     if gpu.rank == gpu.size - 1:

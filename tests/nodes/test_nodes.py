@@ -93,12 +93,11 @@ def test_a_transfer_to_another_node_takes_its_route_s_unloaded_time():
     if result.role == "gpu" and result.rank == dst:
         cfg = config("superpod-h100-ib")
         raw = raw_bytes(nbytes, cfg.mtu_bytes, cfg.header_bytes)
-        # cut-through: every link's latency, every switch's, and the bytes at the slowest link: a leaf-spine
-        # link, the node's NICs (50 GB/s each, one per GPU) split over the spines
+        # cut-through: every link's latency, every switch's, and the bytes at the slowest stage: the two GPUs'
+        # shares of their nodes' uplinks, a NIC each (50 GB/s), whatever the spines
         route = cfg.topology.route(src, dst)
         assert [link.level for link in route] == ["gpu-leaf", "leaf-spine", "leaf-spine", "gpu-leaf"]
-        uplink = 50.0 * per_node / spines
-        expected = 2 * 150.0 + 2 * 600.0 + 3 * 250.0 + raw / min(450.0, uplink)  # nvlink4 a, ib-ndr u, nvlink4 s
+        expected = 2 * 150.0 + 2 * 600.0 + 3 * 250.0 + raw / 50.0  # nvlink4 a, ib-ndr u, nvlink4 s
         assert result.value == pytest.approx(expected, rel=1e-12)
         assert result.value == pytest.approx(cfg.topology.unloaded_ns(src, dst, raw), rel=1e-12)
 

@@ -133,31 +133,33 @@ def test_one_node_ring_allreduce_by_hand():
 # -- time on two nodes, by hand ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("spines", [1, 2])
-def test_ring_allgather_time_is_set_by_the_spine_0_crossing(spines):
-    # a node's 90 GB/s uplink over `spines` spines; every crossing of the ring takes spine 0 at 90 / spines
+def test_ring_allgather_time_is_set_by_the_crossing_on_one_gpu_s_shares(spines):
+    # a node's 90 GB/s uplink, 22.5 GB/s per GPU's share whatever the spines; each crossing of the ring
+    # (GPU 3 -> 4, GPU 7 -> 0) is timed on the sender's outbound and the receiver's inbound share
     topo = two_by_four(spines, uplink=90.0)
     path = 150 + 250 + 200 + 250 + 200 + 250 + 150  # GPU 3 -> sw0 -> sw2 -> sw1 -> GPU 4: 1450 ns
-    share = 90.0 / spines
-    one_round = path + 1088 / share  # the leaf -> spine link serialises R(1 KiB) = 1088 raw bytes
+    share = 90.0 / 4
+    one_round = path + 1088 / share  # the share serialises R(1 KiB) = 1088 raw bytes
     assert math.isclose(cn.round_ns(topo, cn.rounds("allgather", "ring", topo, S)[0], LINE), one_round)
-    assert math.isclose(cn.modeled_ns("allgather", "ring", topo, S, LINE), 7 * one_round)
-    # however rounds overlap: the spine-0 link carries all 7 blocks one after another, and each round
+    assert math.isclose(cn.rounds_ns("allgather", "ring", topo, S, LINE), 7 * one_round)
+    # however rounds overlap: GPU 3's outbound share carries all 7 blocks one after another, and each round
     # waits for the previous one's receipt, at best a hop in a node (550 ns) and R(1 KiB) at 450 GB/s
     link = path + 7 * 1088 / share
     chain = 7 * (550 + 1088 / 450)
     assert math.isclose(cn.lower_bound_ns("allgather", "ring", topo, S, LINE), max(link, chain))
-    slow = two_by_four(spines, uplink=2.0)  # 2 GB/s: the spine link's bound is the larger one
-    assert math.isclose(cn.lower_bound_ns("allgather", "ring", slow, S, LINE), path + 7 * 1088 / (2.0 / spines))
+    slow = two_by_four(spines, uplink=2.0)  # 2 GB/s: the share's bound is the larger one
+    assert math.isclose(cn.lower_bound_ns("allgather", "ring", slow, S, LINE), path + 7 * 1088 / (2.0 / 4))
     name, ns = cn.bottleneck("allgather", "ring", topo, S, LINE)
-    assert name in ("sw0->sw2", "sw2->sw1", "sw1->sw2", "sw2->sw0") and math.isclose(ns, 7 * 1088 / share)
+    assert name in ("gpu3:out", "gpu7:out", "gpu4:in", "gpu0:in") and math.isclose(ns, 7 * 1088 / share)
 
 
 def test_all2all_time_on_two_nodes_by_hand():
     topo = two_by_four(1, uplink=90.0)
-    # one round: 16 blocks cross leaf 0 -> spine at 90 GB/s; the first byte enters it 400 ns after leaving a GPU
-    # (a + s), the last leaves it after 200 ns of link and has s + u + s + a = 850 ns to go
-    want = 400 + 16 * 1088 / 90 + 200 + 850
-    assert math.isclose(cn.modeled_ns("all2all", "direct", topo, S, LINE), want)
+    # one round: each GPU's outbound share (90 / 4 GB/s) carries its 4 blocks for the other node; the first
+    # byte enters it 400 ns after leaving the GPU (a + s), the last leaves it after 200 ns of link and has
+    # s + u + s + a = 850 ns to go (as 16 blocks on one 90 GB/s cable would take)
+    want = 400 + 4 * 1088 / 22.5 + 200 + 850
+    assert math.isclose(cn.rounds_ns("all2all", "direct", topo, S, LINE), want)
     assert math.isclose(cn.lower_bound_ns("all2all", "direct", topo, S, LINE), want)  # one round: the same
 
 
@@ -170,14 +172,17 @@ def test_the_lower_bound_never_exceeds_the_estimate(spines, uplink):
             for collective in collectives:
                 args = dict(counts=counts) if algorithm == "all2allv" else dict(root=6)
                 low = cn.lower_bound_ns(collective, algorithm, topo, size, LINE, **args)
-                est = cn.modeled_ns(collective, algorithm, topo, size, LINE, **args)
+                est = cn.rounds_ns(collective, algorithm, topo, size, LINE, **args)
+                exact = cn.modeled_ns(collective, algorithm, topo, size, LINE, **args)
                 assert 0 < low <= est * (1 + 1e-12), (collective, algorithm, size, low, est)
+                assert low <= exact * (1 + 1e-12), (collective, algorithm, size, low, exact)
 
 
 def test_a_faster_uplink_moves_the_bottleneck_to_the_gpu_links():
-    topo = two_by_four(2, uplink=1800.0)  # 900 GB/s per leaf <-> spine link, against 450 per GPU link
+    topo = two_by_four(2, uplink=1800.0)  # 450 GB/s per GPU's share, as its GPU link; 7 blocks on it against 4
     name, _ = cn.bottleneck("all2all", "direct", topo, S, LINE)
-    assert "gpu" in name
+    assert "->" in name and name.startswith("gpu")  # a GPU's uplink, not a share
+    assert cn.bottleneck("all2all", "direct", two_by_four(2, uplink=90.0), S, LINE)[0].endswith((":out", ":in"))
 
 
 # -- errors -----------------------------------------------------------------------------------------

@@ -11,8 +11,8 @@ from nvlink_emu.fabric.switch import SpineLogic, SwitchLogic
 from nvlink_emu.fabric.timemodel import LinkEnd
 
 # superpod-h100-ib, 2 nodes x 2 GPUs, 1 spine: a = 150 ns (nvlink4), s = 250 ns, GPU links 450 GB/s; each
-# leaf-spine link carries the node's 2 NICs, 2 x 50 = 100 GB/s, with u = 600 ns (the ib-ndr profile's)
-A, S, U, GPU_BW, UP_BW = 150.0, 250.0, 600.0, 450.0, 100.0
+# GPU's share of its node's uplink is its NIC, 50 GB/s, with u = 600 ns (the ib-ndr profile's)
+A, S, U, GPU_BW, UP_BW = 150.0, 250.0, 600.0, 450.0, 50.0
 NBYTES = 4096
 
 
@@ -46,16 +46,19 @@ def test_a_transfer_to_another_node_takes_each_hop_s_time(fabric):
     packet, payload = sent_at(config, 0, 2, 0.0)
     (up,) = leaf0.on_packet(0, packet, payload)
     assert up.port == 2 and leaf0.next_switch(2) == 2 and leaf0.egress_link(2) == "sw0->sw2"
-    # through leaf 0 (+s), on sw0->sw2 from 400 ns at 100 GB/s (the GPU link fed it faster), +u
+    # through leaf 0 (+s), on GPU 0's outbound share from 400 ns at 50 GB/s (the GPU link fed it faster), +u
     assert (up.packet.t_start, up.packet.t_end) == pytest.approx((A + S + U, A + S + raw / UP_BW + U))
     down = spine.on_packet(0, up.packet, up.payload)
     assert down.port == 2 and spine.next_switch(2) == 1
+    # through the spine (+s) and down the cable (+u): the spine books nothing
     assert (down.packet.t_start, down.packet.t_end) == pytest.approx((A + 2 * S + 2 * U, A + 2 * S + raw / UP_BW + 2 * U))
     (last,) = leaf1.on_transit(2, down.packet, down.payload)
     assert last.port == 2 and leaf1.next_switch(2) is None
     assert (last.packet.t_start, last.packet.t_end) == pytest.approx((A + 3 * S + 2 * U, A + 3 * S + raw / UP_BW + 2 * U))
-    # the GPU's downlink takes it at once; its last byte arrives a after: the route's unloaded time
-    arrival = LinkEnd(GPU_BW, A).send(last.packet.t_start, last.packet.t_end, raw)[1]
+    # GPU 2 books its inbound share, then its downlink, at once (idle); its last byte arrives a after: the
+    # route's unloaded time
+    share = LinkEnd(UP_BW, 0.0).book(last.packet.t_start, last.packet.t_end, raw)
+    arrival = LinkEnd(GPU_BW, A).send(*share, raw)[1]
     assert arrival == pytest.approx(config.topology.unloaded_ns(0, 2, raw)) == pytest.approx(2 * A + 2 * U + 3 * S + raw / UP_BW)
     # counted on every link of the route, once, at both switches that see a link between switches
     assert {name: stats.payload_bytes for name, stats in leaf0.counters.links.items()} == {
@@ -66,18 +69,23 @@ def test_a_transfer_to_another_node_takes_each_hop_s_time(fabric):
         "sw2->sw1": NBYTES, "sw1->gpu2": NBYTES}
 
 
-def test_two_gpus_of_a_node_share_its_uplink_in_the_order_the_leaf_handles_them(fabric):
-    config, leaf0, spine, _ = fabric
+def test_two_gpus_of_a_node_cross_on_their_own_shares_whatever_the_order(fabric):
+    config = fabric[0]
     raw = raw_bytes(NBYTES, config.mtu_bytes, config.header_bytes)
-    first = leaf0.on_packet(0, *sent_at(config, 0, 2, 0.0))[0]
-    second = leaf0.on_packet(1, *sent_at(config, 1, 3, 0.0))[0]
     busy = raw / UP_BW
-    assert second.packet.t_start == pytest.approx(A + S + busy + U)  # waits for the first on sw0->sw2
-    assert second.packet.t_end == pytest.approx(A + S + 2 * busy + U)
-    assert leaf0.link_ends["sw0->sw2"].busy_ns == pytest.approx(2 * busy)
-    # the spine passes each down its own leaf's link: sw2->sw1 carries both, back to back
-    a, b = spine.on_packet(0, first.packet, first.payload), spine.on_packet(0, second.packet, second.payload)
-    assert b.packet.t_start == pytest.approx(a.packet.t_end)
+    for order in ((0, 1), (1, 0)):  # the leaf handles GPU 0's and GPU 1's transfers in either order
+        leaf0 = SwitchLogic(config, 0)
+        ups = {g: leaf0.on_packet(g, *sent_at(config, g, g + 2, 0.0))[0] for g in order}
+        for g in (0, 1):  # the same times: neither waits for the other on the cable sw0->sw2
+            assert (ups[g].packet.t_start, ups[g].packet.t_end) == pytest.approx((A + S + U, A + S + busy + U))
+        assert leaf0.counters.get("sw0->sw2").payload_bytes == 2 * NBYTES  # both counted on the cable
+    # one GPU's transfers queue on its own share, in the order it sent them
+    leaf0 = SwitchLogic(config, 0)
+    first = leaf0.on_packet(0, *sent_at(config, 0, 2, 0.0, seq=0))[0]
+    second = leaf0.on_packet(0, *sent_at(config, 0, 3, 0.0, seq=1))[0]
+    assert first.packet.t_end == pytest.approx(A + S + busy + U)
+    assert (second.packet.t_start, second.packet.t_end) == pytest.approx((A + S + busy + U, A + S + 2 * busy + U))
+    assert leaf0.shares[0].busy_ns == pytest.approx(2 * busy) and leaf0.shares[1].busy_ns == 0
 
 
 def test_a_put_to_another_node_is_translated_at_its_target_s_leaf_and_answered_back(fabric):

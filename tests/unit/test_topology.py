@@ -189,20 +189,32 @@ def test_one_node_has_no_spine_to_choose():
     assert one.world_size == 5 and names(one.route(0, 3)) == ["gpu0->sw0", "sw0->gpu3"]
 
 
-@pytest.mark.parametrize("uplink_gbytes,bottleneck", [(1800.0, 450.0), (400.0, 200.0)])
+@pytest.mark.parametrize("uplink_gbytes,bottleneck", [(1800.0, 450.0), (400.0, 100.0)])
 @pytest.mark.parametrize("raw", [16, 4112, 1 << 22])
 def test_unloaded_time_is_what_cut_through_link_clocks_give(uplink_gbytes, bottleneck, raw):
-    # an InfiniBand-like uplink (400 GB/s per node, 200 per spine link) is the bottleneck of its route
+    # an InfiniBand-like uplink (400 GB/s per node: 100 per GPU's share) is the bottleneck of its route
     topo = two_by_four(spines=2, uplink_gbytes=uplink_gbytes)
     assert topo.bottleneck_gbytes_per_s(2, 7) == bottleneck
     start = end = 1000.0
-    for k, link in enumerate(topo.route(2, 7)):  # idle links, one LinkClock each, cut-through switches
-        s, e = LinkClock(link.bandwidth_gbytes_per_s).transmit(start, end, raw)
-        start, end = s + link.latency_ns, e + link.latency_ns
+    for k, hop in enumerate(topo.timed_route(2, 7)):  # idle stages, one LinkClock each, cut-through switches
+        s, e = LinkClock(hop.bandwidth_gbytes_per_s).transmit(start, end, raw)
+        start, end = s + hop.latency_ns, e + hop.latency_ns
         if k < 3:
             start, end = start + 250.0, end + 250.0
     assert math.isclose(end - 1000.0, topo.unloaded_ns(2, 7, raw), rel_tol=1e-12)
     assert math.isclose(end - 1000.0, raw / bottleneck + 2 * 150 + 2 * 200 + 3 * 250, rel_tol=1e-12)
+
+
+def test_a_transfer_between_nodes_is_timed_on_the_two_gpus_shares():
+    topo = two_by_four(spines=2, uplink_gbytes=400.0)
+    assert topo.share_gbytes_per_s == 100.0 and Topology.single(preset("dgx-h100")).share_gbytes_per_s is None
+    timed = topo.timed_route(1, 6)
+    assert [h.name for h in timed] == ["gpu1->sw0", "gpu1:out", "gpu6:in", "sw1->gpu6"]
+    assert [h.bandwidth_gbytes_per_s for h in timed] == [450.0, 100.0, 100.0, 450.0]
+    assert [h.latency_ns for h in timed] == [link.latency_ns for link in topo.route(1, 6)]  # the cables' latencies
+    assert [h.name for h in topo.timed_route(1, 2)] == names(topo.route(1, 2))  # within a node: the links
+    # the share does not depend on the spines: 1 or 4 cables of U / S, each GPU U / G
+    assert two_by_four(spines=1, uplink_gbytes=400.0).share_gbytes_per_s == 100.0
 
 
 # -- bytes per link under the routing -----------------------------------------------------------------
@@ -326,45 +338,6 @@ def test_expected_counters_count_every_link_of_the_route():
         **{n: one_way for n in ("gpu1->sw0", "sw0->sw2", "sw2->sw1", "sw1->gpu6")},
         # back to GPU 1, local index 1: through spine 1 (sw3)
         **{n: back for n in ("gpu6->sw1", "sw1->sw3", "sw3->sw0", "sw0->gpu1")}}
-
-
-# -- the flows that share a link, and the lookahead of its arbiter --------------------------------------
-
-def test_sources_feeders_and_lookahead():
-    topo = two_by_four(spines=2)
-    assert topo.sources("sw0->sw2") == (0, 1, 2, 3)          # node 0's GPUs
-    assert topo.sources("sw2->sw1") == (0, 1, 2, 3)          # every GPU of the other node
-    assert topo.sources("sw0->gpu1") == tuple(range(8))      # anyone can reach GPU 1
-    assert topo.sources("gpu5->sw1") == (5,)
-    assert names(topo.feeders("sw0->sw2")) == ["gpu0->sw0", "gpu1->sw0", "gpu2->sw0", "gpu3->sw0"]
-    assert names(topo.feeders("sw2->sw1")) == ["sw0->sw2"]
-    # GPU 1 is local index 1: from the other node it comes through spine 1 (sw3) only
-    assert names(topo.feeders("sw0->gpu1")) == ["gpu0->sw0", "gpu1->sw0", "gpu2->sw0", "gpu3->sw0", "sw3->sw0"]
-    assert topo.feeders("gpu5->sw1") == ()
-    assert topo.lookahead_ns("sw0->sw2") == 150 + 250         # GPU link latency + leaf traversal
-    assert topo.lookahead_ns("sw2->sw1") == 200 + 250         # uplink latency + spine traversal
-    assert topo.lookahead_ns("sw0->gpu1") == 150 + 250
-    assert topo.lookahead_ns("gpu5->sw1") is None
-    single = Topology.single(preset("dgx-h100"))
-    assert single.lookahead_ns(downlink(3)) == 150 + 250 and single.sources(downlink(3)) == tuple(range(8))
-    assert names(single.feeders(downlink(3))) == [uplink(g) for g in range(8)]
-
-
-@pytest.mark.parametrize("nodes,gpn,spines", [(1, 3, 0), (2, 4, 1), (2, 4, 3), (3, 2, 2), (4, 3, 3)])
-def test_sources_and_feeders_are_what_every_route_does(nodes, gpn, spines):
-    topo = Topology.multi_node(nodes, gpn, spines, (300.0, 150.0), 600.0, 300.0, 250.0)
-    sources, feeders = {}, {}
-    for src in range(topo.gpus):  # the oracle: walk every route
-        for dst in range(topo.gpus):
-            route = topo.route(src, dst)
-            for k, link in enumerate(route):
-                sources.setdefault(link.name, set()).add(src)
-                if k:
-                    feeders.setdefault(link.name, set()).add(route[k - 1].name)
-    assert set(sources) == {link.name for link in topo.links}  # every link carries something
-    for link in topo.links:
-        assert topo.sources(link.name) == tuple(sorted(sources[link.name]))
-        assert set(names(topo.feeders(link.name))) == feeders.get(link.name, set())
 
 
 # -- errors -------------------------------------------------------------------------------------------

@@ -1,0 +1,339 @@
+"""Exact modeled time of the point-to-point algorithms on any topology, by replaying their schedules.
+
+Pure (no MPI). Units: ns, bytes, GB/s (= bytes per ns). Modeled time does not depend on the host
+(fabric.topology, Shares): every link and share is booked in one GPU's program order. So a call's
+modeled time is a function of the members' programs alone, and one process can compute it by
+running each member's schedule as a sequence of operations against the same link clocks, with the
+same arithmetic, as the ranks do (ranks/gpu.py, fabric/switch.py):
+
+- send(peer, key, nbytes) at the GPU's clock: its uplink books raw bytes (raw_bytes of the MTU and
+  header) from the clock, + a; its leaf adds s; to another node, the sender's outbound share books it
+  (+ u), the spine adds s + u and the destination's leaf s; within the node the leaf sends it down.
+- recv(peer, key): wait for it; on another node's transfer the receiver books its inbound share, then
+  its downlink, in its program order; the clock moves to the last byte's arrival (+ a).
+- flush(): the clock moves to when the uplink is free (a collective's sends have left).
+The schedules (`PROGRAMS`) are those of ranks/collectives ring, direct, all2all, hier and pxn: the same messages,
+chunks (chunk_bytes of whole elements) and order (a schedule changed there must change here: the test
+below fails otherwise); `tests/nodes/test_replay.py` checks that replayed
+and emulated times agree on every algorithm and multi-node preset. `replay_ns` runs the programs
+round-robin, each until it waits for a message not yet sent: sends never wait, so every
+deadlock-free schedule completes, in O(messages) link bookings (a 256-GPU ring allreduce of 1 GiB:
+about half a million).
+"""
+
+from .errors import FabricError
+from .packets import raw_bytes
+from .reduction import blocks, chunks, merged_columns, two_level_blocks
+from .timemodel import LinkEnd
+from .topology import Topology
+
+
+class _Gpu:
+    """One member's clock and links, as ranks/gpu.py keeps them."""
+
+    __slots__ = ("index", "node", "now", "uplink", "downlink", "inbound")
+
+    def __init__(self, index: int, topo: Topology):
+        self.index, self.node = index, topo.locate(index)[0]
+        self.now = 0.0
+        self.uplink = LinkEnd(topo.gpu_gbytes_per_s, topo.gpu_latency_ns)
+        self.downlink = LinkEnd(topo.gpu_gbytes_per_s, topo.gpu_latency_ns)
+        self.inbound = LinkEnd(topo.share_gbytes_per_s, 0.0) if topo.spines else None
+
+
+class Fabric:
+    """The link clocks of every GPU and leaf of `topo`, and the messages in flight between them.
+    mtu_bytes/header_bytes: the config's, for raw bytes."""
+
+    def __init__(self, topo: Topology, mtu_bytes: int, header_bytes: int):
+        self.topo, self.mtu, self.header = topo, mtu_bytes, header_bytes
+        self.gpus = [_Gpu(g, topo) for g in range(topo.gpus)]
+        s, u = topo.switch_latency_ns, topo.uplink_latency_ns
+        self.s, self.spine_ns = s, (s + u if topo.spines else None)
+        self.shares = [LinkEnd(topo.share_gbytes_per_s, u) for _ in range(topo.gpus)] if topo.spines else None
+        self.sent: dict[tuple, tuple[float, float, int]] = {}  # (src, dst, key) -> stamps at dst's leaf, raw
+
+    def send(self, gpu: _Gpu, peer: int, key, nbytes: int) -> None:
+        raw = raw_bytes(nbytes, self.mtu, self.header)
+        start, end = gpu.uplink.send(gpu.now, gpu.now, raw)
+        start, end = start + self.s, end + self.s                       # the sender's leaf (cut-through)
+        if self.gpus[peer].node != gpu.node:
+            start, end = self.shares[gpu.index].send(start, end, raw)  # its outbound share, + u
+            start, end = start + self.spine_ns, end + self.spine_ns    # the spine, the cable down
+            start, end = start + self.s, end + self.s                   # the destination's leaf
+        self.sent[(gpu.index, peer, key)] = (start, end, raw)
+
+    def receive(self, gpu: _Gpu, peer: int, key) -> bool:
+        """Consume the message if it was sent (True); False: not yet."""
+        got = self.sent.pop((peer, gpu.index, key), None)
+        if got is None:
+            return False
+        start, end, raw = got
+        if self.gpus[peer].node != gpu.node:
+            start, end = gpu.inbound.book(start, end, raw)
+        start, end = gpu.downlink.book(start, end, raw)
+        gpu.now = max(gpu.now, end + gpu.downlink.latency_ns)
+        return True
+
+
+# -- the programs: generators of ("send", peer, key, nbytes), ("recv", peer, key), ("flush",) ---------
+
+def _ring_reduce_scatter(n, r, parts, chunk, item):
+    for step in range(n - 1):
+        a, b = parts[(r - 1 - step) % n]
+        for c, (lo, hi) in enumerate(chunks(a, b, chunk)):
+            yield ("send", (r + 1) % n, ("rs", step, c), (hi - lo) * item)
+        a, b = parts[(r - 2 - step) % n]
+        for c, _ in enumerate(chunks(a, b, chunk)):
+            yield ("recv", (r - 1) % n, ("rs", step, c))
+        yield ("flush",)
+
+
+def _ring_allgather(n, r, parts, chunk, item):
+    for step in range(n - 1):
+        a, b = parts[(r - step) % n]
+        for c, (lo, hi) in enumerate(chunks(a, b, chunk)):
+            yield ("send", (r + 1) % n, ("ag", step, c), (hi - lo) * item)
+        a, b = parts[(r - 1 - step) % n]
+        for c, _ in enumerate(chunks(a, b, chunk)):
+            yield ("recv", (r - 1) % n, ("ag", step, c))
+    yield ("flush",)
+
+
+def _direct_reduce(n, r, parts, chunk, item):
+    for k in range(1, n):
+        for c, (lo, hi) in enumerate(chunks(*parts[(r + k) % n], chunk)):
+            yield ("send", (r + k) % n, ("red", r, c), (hi - lo) * item)
+    spans = chunks(*parts[r], chunk)
+    for k in range(1, n):
+        for c, _ in enumerate(spans):
+            yield ("recv", (r - k) % n, ("red", (r - k) % n, c))
+    yield ("flush",)
+
+
+def _direct_broadcast_blocks(n, r, parts, chunk, item):
+    for k in range(1, n):
+        for c, (lo, hi) in enumerate(chunks(*parts[r], chunk)):
+            yield ("send", (r + k) % n, ("bc", r, c), (hi - lo) * item)
+    for k in range(1, n):
+        p = (r - k) % n
+        for c, _ in enumerate(chunks(*parts[p], chunk)):
+            yield ("recv", p, ("bc", p, c))
+    yield ("flush",)
+
+
+def _all2allv(n, r, counts, chunk, item):
+    # the receives are posted first and consumed in order r-1, r-2, ...; posting takes no modeled time
+    for shift in range(1, n):
+        p = (r + shift) % n
+        for c, (lo, hi) in enumerate(chunks(0, counts[r][p], chunk)):
+            yield ("send", p, ("a2a", r, c), (hi - lo) * item)
+    for shift in range(1, n):
+        p = (r - shift) % n
+        for c, _ in enumerate(chunks(0, counts[p][r], chunk)):
+            yield ("recv", p, ("a2a", p, c))
+    yield ("flush",)
+
+
+def _ring_broadcast(n, r, count, chunk, item, root):
+    position = (r - root) % n  # chunk c moves down the chain root, root+1, ..., each GPU forwarding it
+    for c, (lo, hi) in enumerate(chunks(0, count, chunk)):
+        if position:
+            yield ("recv", (r - 1) % n, ("chain", c))
+        if position < n - 1:
+            yield ("send", (r + 1) % n, ("chain", c), (hi - lo) * item)
+    yield ("flush",)
+
+
+def _direct_root_broadcast(n, r, count, chunk, item, root):
+    spans = chunks(0, count, chunk)
+    if r == root:
+        for k in range(1, n):
+            for c, (lo, hi) in enumerate(spans):
+                yield ("send", (root + k) % n, ("root", c), (hi - lo) * item)
+    else:
+        for c, _ in enumerate(spans):
+            yield ("recv", root, ("root", c))
+    yield ("flush",)
+
+
+def _segments_ring(ring, pos, segments, phase, chunk, item, reduce: bool):
+    """hier.py's ring over members `ring` (this one at `pos`), passing `segments` (lists of ranges):
+    reduce-scatter (a flush after each step) or all-gather (one flush at the end)."""
+    m = len(ring)
+    nxt, prv = ring[(pos + 1) % m], ring[(pos - 1) % m]
+    for step in range(m - 1):
+        sent, taken = ((pos - 1 - step) % m, (pos - 2 - step) % m) if reduce else ((pos - step) % m, (pos - 1 - step) % m)
+        for k, (a, b) in enumerate(segments[sent]):
+            for c, (lo, hi) in enumerate(chunks(a, b, chunk)):
+                yield ("send", nxt, (phase, step, k, c), (hi - lo) * item)
+        for k, (a, b) in enumerate(segments[taken]):
+            for c, _ in enumerate(chunks(a, b, chunk)):
+                yield ("recv", prv, (phase, step, k, c))
+        if reduce:
+            yield ("flush",)
+    if not reduce:
+        yield ("flush",)
+
+
+def _hier(collective, topo, r, count, chunk, item, root):
+    """hier.py's schedule on every GPU of `topo` (GPU (a, j) = a G + j): node rings, then rail rings."""
+    N, G = topo.nodes, topo.gpus_per_node
+    a, j = divmod(r, G)
+    node_ring, rail_ring = [a * G + k for k in range(G)], [b * G + j for b in range(N)]
+    if collective == "broadcast":
+        parts = blocks(count, G)
+        a_root, j_root = divmod(root, G)
+        if a == a_root:
+            if r == root:
+                for k in range(G):
+                    if k != j_root:
+                        for c, (lo, hi) in enumerate(chunks(*parts[k], chunk)):
+                            yield ("send", a_root * G + k, ("scatter", 0, c), (hi - lo) * item)
+            else:
+                for c, _ in enumerate(chunks(*parts[j], chunk)):
+                    yield ("recv", root, ("scatter", 0, c))
+            yield ("flush",)
+        position = (a - a_root) % N
+        for c, (lo, hi) in enumerate(chunks(*parts[j], chunk)):
+            if position:
+                yield ("recv", rail_ring[(a - 1) % N], ("chain", c))
+            if position < N - 1:
+                yield ("send", rail_ring[(a + 1) % N], ("chain", c), (hi - lo) * item)
+        yield ("flush",)
+        yield from _segments_ring(node_ring, j, [[p] for p in parts], "node ag", chunk, item, False)
+        return
+    if collective == "allreduce":
+        ranges = two_level_blocks(count, N, G)
+    else:
+        own = blocks(count, N * G)
+        ranges = [[own[b * G + k] for k in range(G)] for b in range(N)]
+    columns, rail = merged_columns(ranges), [[row[j]] for row in ranges]
+    if collective in ("allreduce", "reduce_scatter"):
+        yield from _segments_ring(node_ring, j, columns, "node rs", chunk, item, True)
+        yield from _segments_ring(rail_ring, a, rail, "rail rs", chunk, item, True)
+    if collective in ("allreduce", "allgather"):
+        yield from _segments_ring(rail_ring, a, rail, "rail ag", chunk, item, False)
+        yield from _segments_ring(node_ring, j, columns, "node ag", chunk, item, False)
+
+
+def _pxn(topo, r, count, chunk, item):
+    """pxn.py's All2All on every GPU of `topo`: a block for (b, k), b another node and k another rail,
+    goes to the sender node's GPU on rail k first, which passes it on."""
+    N, G, n = topo.nodes, topo.gpus_per_node, topo.gpus
+    a, j = divmod(r, G)
+    each = count // n
+    spans = list(enumerate(chunks(0, each, chunk)))
+    for shift in range(1, n):
+        p = (r + shift) % n
+        b, k = divmod(p, G)
+        for c, (lo, hi) in spans:
+            if b == a or k == j:
+                yield ("send", p, ("direct", r, c), (hi - lo) * item)
+            else:
+                yield ("send", a * G + k, ("hop", r, p, c), (hi - lo) * item)
+    for k in range(G):  # as the proxy of my node's other positions, for the other nodes' GPUs on my rail
+        if k == j:
+            continue
+        for b in range(N):
+            if b == a:
+                continue
+            source, dest = a * G + k, b * G + j
+            for c, (lo, hi) in spans:
+                yield ("recv", source, ("hop", source, dest, c))
+                yield ("send", dest, ("forward", source, c), (hi - lo) * item)
+    for shift in range(1, n):
+        p = (r - shift) % n
+        b, k = divmod(p, G)
+        direct = b == a or k == j
+        for c, _ in spans:
+            yield ("recv", p if direct else b * G + j, ("direct" if direct else "forward", p, c))
+    yield ("flush",)
+
+
+def _program(collective: str, algorithm: str, topo: Topology, r: int, count: int, chunk: int, item: int,
+             root: int, counts):
+    """Member r's operations for one call of `count` elements (all2allv: `counts`, elements)."""
+    n = topo.gpus
+    if algorithm == "hier" and collective in PROGRAMS["hier"]:
+        yield from _hier(collective, topo, r, count, chunk, item, root)
+        return
+    if (collective, algorithm) == ("all2all", "pxn"):
+        yield from _pxn(topo, r, count, chunk, item)
+        return
+    parts = blocks(count, n)
+    if (collective, algorithm) == ("all2allv", "all2allv") or (collective, algorithm) == ("all2all", "direct"):
+        if counts is None:  # all2all: count elements per member's send buffer, equal blocks
+            per = [hi - lo for lo, hi in parts]
+            counts = [[per[j] for j in range(n)] for _ in range(n)]
+        yield from _all2allv(n, r, counts, chunk, item)
+    elif algorithm == "ring" and collective in ("allreduce", "reduce_scatter"):
+        yield from _ring_reduce_scatter(n, r, parts, chunk, item)
+        if collective == "allreduce":
+            yield from _ring_allgather(n, r, parts, chunk, item)
+    elif (collective, algorithm) == ("allgather", "ring"):
+        yield from _ring_allgather(n, r, parts, chunk, item)
+    elif algorithm == "direct" and collective in ("allreduce", "reduce_scatter"):
+        yield from _direct_reduce(n, r, parts, chunk, item)
+        if collective == "allreduce":
+            yield from _direct_broadcast_blocks(n, r, parts, chunk, item)
+    elif (collective, algorithm) == ("allgather", "direct"):
+        yield from _direct_broadcast_blocks(n, r, parts, chunk, item)
+    elif (collective, algorithm) == ("broadcast", "direct"):
+        yield from _direct_root_broadcast(n, r, count, chunk, item, root)
+    elif (collective, algorithm) == ("broadcast", "ring"):
+        yield from _ring_broadcast(n, r, count, chunk, item, root)
+    else:
+        raise FabricError(f"replay: no schedule for {collective} with {algorithm!r}; known: "
+                          f"{', '.join(f'{c} {a}' for a, cs in PROGRAMS.items() for c in cs)}")
+
+
+PROGRAMS = {
+    "ring": ("allreduce", "reduce_scatter", "allgather", "broadcast"),
+    "direct": ("allreduce", "reduce_scatter", "allgather", "broadcast", "all2all"),
+    "all2allv": ("all2allv",),
+    "hier": ("allreduce", "reduce_scatter", "allgather", "broadcast"),
+    "pxn": ("all2all",),
+}
+
+
+def replay_ns(collective: str, algorithm: str, topo: Topology, S: int, config, itemsize: int = 4, root: int = 0,
+              counts=None) -> float:
+    """Modeled ns of one call on every GPU of `topo`, all starting at 0: the latest member's clock at
+    the end. S: bytes, as fabric.cost_nodes takes them (all2all: each member's send buffer;
+    reduce_scatter: the input; allgather: the output); all2allv: counts[i][j] bytes GPU i sends GPU j."""
+    if not isinstance(topo, Topology):
+        raise FabricError(f"replay: takes a Topology, got {type(topo).__name__}")
+    n = topo.gpus
+    chunk = max(1, config.chunk_bytes // itemsize)
+    count = int(S) // itemsize
+    elements = None if counts is None else [[int(x) // itemsize for x in row] for row in counts]
+    fabric = Fabric(topo, config.mtu_bytes, config.header_bytes)
+    programs = {r: _program(collective, algorithm, topo, r, count, chunk, itemsize, root, elements) for r in range(n)}
+    waiting: dict[int, tuple] = {}  # member -> the recv it waits on
+    while programs:
+        progressed = False
+        for r in list(programs):
+            gpu = fabric.gpus[r]
+            op = waiting.pop(r, None)
+            while True:
+                if op is None:
+                    op = next(programs[r], None)
+                    if op is None:
+                        del programs[r]
+                        progressed = True
+                        break
+                if op[0] == "send":
+                    fabric.send(gpu, op[1], op[2], op[3])
+                elif op[0] == "recv":
+                    if not fabric.receive(gpu, op[1], op[2]):
+                        waiting[r] = op
+                        break
+                else:
+                    gpu.now = max(gpu.now, gpu.uplink.free_ns)
+                progressed = True
+                op = None
+        if not progressed:
+            raise FabricError(f"replay: {collective} {algorithm} on {n} GPUs waits for ever: members "
+                              f"{sorted(waiting)} wait for messages nobody sends")
+    return max(gpu.now for gpu in fabric.gpus)

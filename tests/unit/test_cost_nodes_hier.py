@@ -1,0 +1,157 @@
+"""fabric.cost_nodes for `hier` (ranks/collectives/hier.py): its rounds on 2 nodes x 4 GPUs by hand,
+the closed forms of bytes per level on several shapes, rail alignment, one node is the ring."""
+
+import numpy as np
+import pytest
+
+from nvlink_emu.fabric import cost_nodes as cn
+from nvlink_emu.fabric.config import preset
+from nvlink_emu.fabric.errors import FabricError
+from nvlink_emu.fabric.topology import Topology
+
+B = 1024
+S = 8 * B  # 2 x 4 GPUs: blocks of 1 KiB, parts (columns) of 2 KiB
+
+
+def topo(nodes=2, per_node=4, spines=1):
+    return Topology.multi_node(nodes=nodes, gpus_per_node=per_node, spines=spines, gpu_link=(450.0, 150.0),
+                               uplink_gbytes_per_s_per_node=1800.0, uplink_latency_ns=200.0, switch_latency_ns=250.0)
+
+
+def test_allreduce_rounds_on_two_by_four_by_hand():
+    t = topo()
+    got = cn.rounds("allreduce", "hier", t, S)
+    assert len(got) == 3 + 1 + 1 + 3  # node RS, rail RS, rail AG, node AG
+    for k in (0, 1, 2, 6, 7):  # node rings: (a, j) -> (a, j+1), one part (2 KiB) each
+        expect = np.zeros((8, 8), np.int64)
+        for g in range(8):
+            expect[g, g // 4 * 4 + (g + 1) % 4] = 2 * B
+        assert np.array_equal(got[k], expect), k
+    for k in (3, 4):  # rail rings of 2 nodes: (a, j) -> (1 - a, j), one block (1 KiB)
+        expect = np.zeros((8, 8), np.int64)
+        for g in range(8):
+            expect[g, (g + 4) % 8] = B
+        assert np.array_equal(got[k], expect), k
+
+
+@pytest.mark.parametrize("spines", [1, 2])
+def test_bytes_on_two_by_four_by_hand(spines):
+    t = topo(spines=spines)
+    per_spine = {1: [4], 2: [2, 2]}[spines]  # rails 0..3 over the spines by local index mod spines
+    for collective, gpu, spine_each in (("allreduce", 6 * 2 * B + 2 * B, 2 * B), ("reduce_scatter", 3 * 2 * B + B, B),
+                                        ("allgather", 3 * 2 * B + B, B)):
+        got = cn.link_bytes(collective, "hier", t, S)
+        for g in range(8):
+            leaf = f"sw{g // 4}"
+            assert got[f"gpu{g}->{leaf}"] == got[f"{leaf}->gpu{g}"] == gpu, (collective, g)
+        for i, rails in enumerate(per_spine):
+            spine = f"sw{2 + i}"
+            for leaf in ("sw0", "sw1"):
+                assert got[f"{leaf}->{spine}"] == got[f"{spine}->{leaf}"] == rails * spine_each, (collective, spine)
+
+
+def test_broadcast_from_the_second_node_by_hand():
+    t = topo(spines=2)
+    root = 5  # node 1, local 1
+    got = cn.link_bytes("broadcast", "hier", t, S, root=root)
+    for g in range(8):
+        leaf = f"sw{g // 4}"
+        tx = 3 * 2 * B + (2 * B if g >= 4 else 0) + (3 * 2 * B if g == root else 0)  # node AG, chain, scatter
+        rx = 3 * 2 * B + (2 * B if g < 4 else 0) + (2 * B if g >= 4 and g != root else 0)
+        assert (got[f"gpu{g}->{leaf}"], got[f"{leaf}->gpu{g}"]) == (tx, rx), g
+    # the chain goes node 1 -> node 0 only: rails 0, 2 over sw2, rails 1, 3 over sw3
+    assert got["sw1->sw2"] == got["sw2->sw0"] == got["sw1->sw3"] == got["sw3->sw0"] == 4 * B
+    assert got["sw0->sw2"] == got["sw2->sw1"] == got["sw0->sw3"] == got["sw3->sw1"] == 0
+    rounds = cn.rounds("broadcast", "hier", t, S, root=root)
+    assert len(rounds) == 1 + 1 + 3 and rounds[0][root].tolist() == [0, 0, 0, 0, 2 * B, 0, 2 * B, 2 * B]
+
+
+@pytest.mark.parametrize("nodes, per_node, spines", [(2, 2, 1), (3, 2, 2), (4, 8, 2), (3, 4, 3), (5, 1, 1)])
+def test_bytes_per_level_are_the_closed_forms(nodes, per_node, spines):
+    t = topo(nodes, per_node, spines)
+    n, G, N = nodes * per_node, per_node, nodes
+    size = 24 * n * 4  # a multiple of N G itemsize
+    rails = [sum(1 for j in range(G) if j % spines == i) for i in range(spines)]
+    for collective, factor in (("allreduce", 2), ("reduce_scatter", 1), ("allgather", 1)):
+        got = cn.link_bytes(collective, "hier", t, size)
+        for link in t.links:
+            if link.level == "gpu-leaf":
+                assert got[link.name] == factor * (n - 1) * size // n, (collective, link.name)
+            else:
+                i = int((link.dst if link.direction == "up" else link.src)[2:]) - nodes
+                assert got[link.name] == rails[i] * factor * (N - 1) * size // n, (collective, link.name)
+    for root in (0, n - 1):
+        a_root, j_root = divmod(root, G)
+        got = cn.link_bytes("broadcast", "hier", t, size, root=root)
+        for g in range(n):
+            a, j = divmod(g, G)
+            leaf = f"sw{a}"
+            tx = (G - 1) * size // G + (size // G if N > 1 and a != (a_root - 1) % N else 0) + \
+                ((G - 1) * size // G if g == root else 0)
+            rx = (G - 1) * size // G + (size // G if a != a_root else 0) + \
+                (size // G if a == a_root and j != j_root else 0)
+            assert (got[f"gpu{g}->{leaf}"], got[f"{leaf}->gpu{g}"]) == (tx, rx), (root, g)
+        for i in range(spines):
+            spine = f"sw{nodes + i}"
+            for a in range(nodes):
+                assert got[f"sw{a}->{spine}"] == (0 if a == (a_root - 1) % N else rails[i] * size // G)
+                assert got[f"{spine}->sw{a}"] == (0 if a == a_root else rails[i] * size // G)
+
+
+@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather"])
+def test_traffic_leaves_a_node_only_on_its_own_rail(collective):
+    t = topo(3, 4, 2)
+    for size in (3 * 4096 + 8, 4 * 12 * 7):  # uneven and even blocks
+        total = cn.traffic(collective, "hier", t, size)
+        for g in range(12):
+            for d in range(12):
+                if g // 4 != d // 4 and g % 4 != d % 4:
+                    assert total[g, d] == 0, (g, d)
+        levels = t.totals_by_level(cn.link_bytes(collective, "hier", t, size))
+        assert levels["gpu-leaf"]["up"] == levels["gpu-leaf"]["down"]
+        assert levels["leaf-spine"]["up"] == levels["leaf-spine"]["down"] > 0
+
+
+@pytest.mark.parametrize("gpus", [2, 3, 8])
+def test_one_node_is_the_ring_round_for_round(gpus):
+    config = preset("dgx-h100-line", gpus=gpus)
+    t = Topology.single(config)
+    for size in (gpus * 3 * 4096, 4 * 1001):
+        for collective in ("allreduce", "reduce_scatter", "allgather"):
+            ours, ring = cn.rounds(collective, "hier", t, size), cn.rounds(collective, "ring", t, size)
+            assert len(ours) == len(ring) and all(np.array_equal(a, b) for a, b in zip(ours, ring)), collective
+            assert cn.modeled_ns(collective, "hier", t, size, config) == cn.modeled_ns(collective, "ring", t, size,
+                                                                                        config)
+
+
+def test_uneven_sizes_move_every_byte_once_per_phase():
+    t = topo(3, 2, 1)
+    for count in (0, 1, 5, 6, 7, 1001):
+        size = 2 * count  # float16
+        for collective, phases in (("allreduce", 2), ("reduce_scatter", 1), ("allgather", 1)):
+            total = cn.traffic(collective, "hier", t, size, itemsize=2)
+            # a node ring moves every column G-1 times, in each of the N nodes; rail j's ring moves
+            # column j N-1 times: N (G-1) S + (N-1) S = 3 S + 2 S per phase, whatever the blocks
+            assert int(total.sum()) == phases * (3 * size + 2 * size), (collective, count)
+
+
+def test_errors_name_what_is_wrong():
+    t = topo()
+    with pytest.raises(FabricError, match="broadcast root must be one of GPUs 0..7"):
+        cn.rounds("broadcast", "hier", t, S, root=8)
+    with pytest.raises(FabricError, match="multiple of itemsize 4"):
+        cn.rounds("allreduce", "hier", t, S + 2)
+    with pytest.raises(FabricError, match="no multi-node model for all2all with 'hier'"):
+        cn.rounds("all2all", "hier", t, S)
+
+
+def test_the_time_bounds_hold_and_auto_may_pick_hier():
+    config = preset("superpod-h100-ib", nodes=2, gpus=8, spines=1)
+    t = config.topology
+    for collective in ("allreduce", "reduce_scatter", "allgather", "broadcast"):
+        for size in (8 * 4096, 8 << 20):
+            assert cn.lower_bound_ns(collective, "hier", t, size, config) <= cn.modeled_ns(collective, "hier", t,
+                                                                                           size, config)
+    candidates = ("ring", "direct", "hier")
+    times = {a: cn.modeled_ns("allreduce", a, t, 1 << 20, config) for a in candidates}
+    assert cn.fastest("allreduce", candidates, 1 << 20, config) == min(times, key=times.get)

@@ -1,0 +1,80 @@
+"""fabric.replay: the schedules of ring, direct and all2all replayed on one process's link clocks, against
+the one-node closed forms (fabric.cost) and hand-computed multi-node times; errors. The MPI tier checks
+them against emulated runs (tests/nodes/test_replay.py)."""
+
+import math
+
+import pytest
+
+from nvlink_emu.fabric import cost, replay
+from nvlink_emu.fabric.config import preset
+from nvlink_emu.fabric.errors import FabricError
+from nvlink_emu.fabric.packets import raw_bytes
+from nvlink_emu.fabric.topology import Topology
+
+CASES = [(c, a) for a in ("ring", "direct") for c in replay.PROGRAMS[a]]  # fabric.cost's one-node forms
+
+
+@pytest.mark.parametrize("name", ["dgx-h100", "dgx-a100", "dgx-h100-line"])
+@pytest.mark.parametrize("gpus", [3, 8])
+def test_one_node_equals_the_closed_forms(name, gpus):
+    config = preset(name, gpus=gpus)
+    topo = Topology.single(config)
+    for collective, algorithm in CASES:
+        for size in (gpus * 1024, gpus << 20, gpus * 3 << 20):  # one chunk, several, uneven last ones
+            got = replay.replay_ns(collective, algorithm, topo, size, config)
+            want = cost.modeled_ns(collective, algorithm, size, gpus, config)
+            assert math.isclose(got, want, rel_tol=1e-12), (collective, algorithm, size, got, want)
+
+
+@pytest.mark.parametrize("gpus", [3, 8])
+def test_on_one_node_hier_is_the_ring_and_pxn_is_direct(gpus):
+    config = preset("dgx-h100", gpus=gpus)
+    topo = Topology.single(config)
+    for size in (gpus * 1024, gpus * 3 << 20):
+        for collective in ("allreduce", "reduce_scatter", "allgather"):
+            assert replay.replay_ns(collective, "hier", topo, size, config) == pytest.approx(
+                replay.replay_ns(collective, "ring", topo, size, config), rel=1e-12)
+        assert replay.replay_ns("all2all", "pxn", topo, size, config) == pytest.approx(
+            replay.replay_ns("all2all", "direct", topo, size, config), rel=1e-12)
+
+
+def test_a_node_major_ring_of_small_blocks_crosses_nodes_as_often_as_its_window_allows():
+    # superpod-h100-ib, 2 nodes x 4: a block of 512 B within a node takes d_in = 2a + s + R/450, across nodes
+    # d_out = 2a + 3s + 2u + R/50 (a NIC each way); each of the 14 steps waits for the previous one's block,
+    # so the slowest chain of 14 hops around the 8-GPU ring, 4 of them crossings, sets the time
+    config = preset("superpod-h100-ib", nodes=2, gpus=8, spines=1)
+    raw = raw_bytes(512, config.mtu_bytes, config.header_bytes)
+    d_in = 2 * 150 + 250 + raw / 450
+    d_out = 2 * 150 + 3 * 250 + 2 * 600 + raw / 50
+    got = replay.replay_ns("allreduce", "ring", config.topology, 4096, config)
+    assert got == pytest.approx(4 * d_out + 10 * d_in + raw / 450, rel=1e-3)  # + the last downlink's turn
+
+
+def test_every_gpu_s_senders_queue_on_its_inbound_share():
+    # All2All of 1 MiB on 2 x 4: all four senders of node 1 start their remote blocks with GPU 0, so GPU 0's
+    # inbound share takes them one after another; GPU 3 gets its four last, 3 blocks' time later still
+    config = preset("superpod-h100-ib", nodes=2, gpus=8, spines=1)
+    block = raw_bytes(1 << 17, config.mtu_bytes, config.header_bytes) / 50  # 128 KiB at a NIC's 50 GB/s
+    got = replay.replay_ns("all2all", "direct", config.topology, 1 << 20, config)
+    assert 7 * block < got < 8 * block + 3000  # 7 blocks' queue on the shares, plus latencies
+    assert replay.replay_ns("all2all", "direct", config.topology, 1 << 20, config) == got  # deterministic
+
+
+def test_all2allv_takes_its_counts():
+    config = preset("superpod-h100-nvlink", nodes=2, gpus=4, spines=1)
+    zero = [[0] * 4 for _ in range(4)]
+    assert replay.replay_ns("all2allv", "all2allv", config.topology, 0, config, counts=zero) == 0.0
+    one = [row[:] for row in zero]
+    one[0][3] = 4096  # GPU 0 -> GPU 3, another node: the route's unloaded time
+    raw = raw_bytes(4096, config.mtu_bytes, config.header_bytes)
+    assert replay.replay_ns("all2allv", "all2allv", config.topology, 0, config, counts=one) == pytest.approx(
+        config.topology.unloaded_ns(0, 3, raw), rel=1e-12)
+
+
+def test_unknown_schedules_are_refused():
+    config = preset("superpod-h100-nvlink", nodes=2, gpus=4, spines=1)
+    with pytest.raises(FabricError, match="no schedule for allreduce with 'sharp'"):
+        replay.replay_ns("allreduce", "sharp", config.topology, 4096, config)
+    with pytest.raises(FabricError, match="takes a Topology"):
+        replay.replay_ns("allreduce", "ring", config, 4096, config)
