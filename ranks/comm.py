@@ -112,12 +112,20 @@ class Communicator:
         except FabricError as exc:  # still take part, so that the others fail at once, naming this member
             problem, data = exc, encode((seq, f"{op} (not a control object)", None))
         exchange = Exchange(mpi.groups if seq < 0 else mpi.comm, data)
-        exchange.on_step = gpu._idle.reset
+        others = [m for m in self.members if m != gpu.rank]
+
+        def posted():
+            # the wait backs off while nothing moves, and neither the fabric's progress nor the members'
+            # naps (transport.Waker) see MPI's own messages: start afresh and wake them, or a collective
+            # whose every round needs each member's next poll would crawl
+            gpu._idle.reset()
+            for member in others:  # a GPU's fabric rank is its index
+                gpu._transport.waker.poke(member)
+
+        exchange.on_step = posted
+        posted()
         what = f"{op} #{seq} on communicator {self.name!r}"
         gpu._exchange_at = (self.name, seq, op)
-        # the wait backs off while nothing moves, and the fabric's progress does not see MPI's: start
-        # afresh, or a collective whose every round needs each member's next poll would crawl
-        gpu._idle.reset()
         try:
             while True:
                 try:
