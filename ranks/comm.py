@@ -7,20 +7,26 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from nvlink_emu.fabric.errors import (AccessViolation, CollectiveMismatch, FabricError, ProtocolError,
-                                      UnsupportedOperation)
+from nvlink_emu.fabric.control import MAX_CONTROL_BYTES, encode, decode
+from nvlink_emu.fabric.errors import (AccessViolation, CollectiveMismatch, FabricError, FabricTimeout, ProtocolError,
+                                      ResourceExhausted, UnsupportedOperation)
 from nvlink_emu.fabric.packets import CallRecord, GroupInfo, Kind
 from nvlink_emu.fabric.reduction import blocks, check_dtype, check_movable, check_op, dtype_name
 
 from . import collectives
 from .collectives import all2all as pairwise
 from .requests import Request
+from .transport import Exchange, MemberComms, any_rank
 
 
 REDUCING = frozenset({"allreduce", "reduce_scatter", "reduce"})  # the collectives that combine elements
 # control numbers of sharp reduce's credits: far below the calls' (0, 1, ...) and group creation's
 # (-1, -2, ...), so that a credit is never taken for either
 CREDIT_SEQ = -(2 ** 62)
+# communicators one GPU may be a member of at once: each holds two MPI communicators, and MPICH has
+# 2048 context ids per process ("Too many communicators"), a few of which the run itself uses
+MAX_COMMUNICATORS = 900
+WHERE_WAIT_S = 1.0  # s: how long a timed-out exchange asks its members where they are, past its deadline
 P2P_TAG_LIMIT = 2 ** 31  # tags of point-to-point messages are 0..2**31 - 1 (MPI guarantees at least 0..32767)
 
 
@@ -35,20 +41,26 @@ class Communicator:
 
     Control operations (barrier, allgather_object, split, the call check before every collective)
     travel out of band, like the sockets real programs use to swap handles: not NVLink traffic, not
-    counted on links. Collectives move their data through the switch and are counted.
+    counted on links. Each is one exchange by MPI's own collectives on an MPI communicator of the
+    members alone (ranks.transport.Exchange), so no other GPU can take part in it. Collectives move
+    their data through the switch and are counted.
     """
 
-    def __init__(self, gpu, members: tuple[int, ...], name: str):
+    def __init__(self, gpu, members: tuple[int, ...], name: str, mpi: MemberComms):
         self.gpu = gpu
         self.members = tuple(members)
         self.size = len(self.members)
         self.rank = self.members.index(gpu.rank)
         self.name = name
+        self._mpi: MemberComms | None = mpi
+        if (mpi.size, mpi.rank) != (self.size, self.rank):  # the MPI communicator is ours member for member
+            raise ProtocolError(f"GPU {gpu.rank}: communicator {name!r}: MPI made rank {mpi.rank} of {mpi.size}, "
+                                f"the members say {self.rank} of {self.size}")
         # one sequence for every operation, control or collective: each call takes exactly one number
         # on every member, so members stay in step even after a call that failed its check
         self._seq = itertools.count()
         # group creation runs inside a collective, whenever this GPU runs its pending requests: its
-        # exchanges take numbers of their own (negative ones), so that the program's calls keep theirs
+        # exchanges take numbers of their own (negative ones), on an MPI communicator of their own
         self._group_seq = itertools.count(-1, -1)
         self._group: int | None = None
         # point to point: messages sent to / received from (member, tag), numbering each pair's stream
@@ -57,7 +69,26 @@ class Communicator:
         # credits of rooted in-switch reductions (sharp reduce), numbered per sending GPU
         self._credits_sent = 0
         self._credits_taken: collections.Counter = collections.Counter()
-        gpu._communicators[name] = self.members  # control messages of non-members are dropped
+        gpu._communicators[name] = self  # credits from non-members are dropped; freed at the end of the run
+
+    @classmethod
+    def world(cls, gpu, gpu_comm) -> "Communicator":
+        """Every GPU (collective over all of them, at the start of the run); gpu_comm: the GPU ranks' MPI
+        communicator, rank = GPU index."""
+        return cls(gpu, tuple(range(gpu.size)), "world", MemberComms.dup(gpu_comm, _waiter(gpu)))
+
+    @classmethod
+    def partition_of(cls, gpu, gpu_comm) -> "Communicator":
+        """This GPU's partition, its members taken from the config: collective over them alone (MPI's
+        Comm_create_group), so no GPU outside the partition takes part in making it."""
+        index = gpu.config.partition_of(gpu.rank)
+        members = gpu.config.partitions[index]
+        return cls(gpu, members, f"partition{index}", MemberComms.of_ranks(gpu_comm, members, _waiter(gpu)))
+
+    def _live(self, op: str) -> MemberComms:
+        if self._mpi is None:
+            raise FabricError(f"GPU {self.gpu.rank}: {op} on communicator {self.name!r}, which was freed")
+        return self._mpi
 
     # -- control plane ------------------------------------------------------------------------------
     def allgather_object(self, obj, op: str = "allgather_object") -> list:
@@ -65,51 +96,141 @@ class Communicator:
         control operation (`op`): a barrier met by an allgather is a CollectiveMismatch. Objects are
         plain values, tuples, sets, Handles, numpy arrays and scalars (fabric.control's encoding).
         This GPU's pending requests run first (every call progresses them, as in MPI)."""
+        self._live(op)
         self.gpu._drain()
         return self._exchange(obj, op, next(self._seq))
 
     def _exchange(self, obj, op: str, seq: int) -> list:
-        """allgather_object as operation number `seq` of this communicator."""
-        gpu = self.gpu
-        for peer in self.members:
-            if peer != gpu.rank:
-                gpu._control.send(peer, (self.name, seq, (op, obj)))
-        box = gpu._control_box
+        """allgather_object as operation number `seq` of this communicator (negative: of its group
+        creation, on its own MPI communicator). Every member sends (seq, op, obj); an entry that is not
+        one (too long, undecodable, not of that shape) is "(not a control exchange)", and members in
+        different operations are a CollectiveMismatch on every member, naming each one's operation."""
+        gpu, mpi = self.gpu, self._live(op)
+        problem = refusal = None
+        try:
+            data = encode((seq, op, obj))
+        except FabricError as exc:  # still take part, so that the others fail at once, naming this member
+            problem, data = exc, encode((seq, f"{op} (not a control object)", None))
+        exchange = Exchange(mpi.groups if seq < 0 else mpi.comm, data)
+        others = [m for m in self.members if m != gpu.rank]
 
-        def missing():
-            return [p for p in self.members if p != gpu.rank and (self.name, seq, p) not in box]
+        def posted():
+            # the wait backs off while nothing moves, and neither the fabric's progress nor the members'
+            # naps (transport.Waker) see MPI's own messages: start afresh and wake them, or a collective
+            # whose every round needs each member's next poll would crawl
+            gpu._idle.reset()
+            for member in others:  # a GPU's fabric rank is its index
+                gpu._transport.waker.poke(member)
 
-        gpu._wait(lambda: not missing(), f"{op} #{seq} on communicator {self.name!r}",
-                  _LazyText(lambda: f"GPUs {missing()}"))
-        got = [(op, obj) if p == gpu.rank else gpu.take_control(self.name, seq, p) for p in self.members]
-        got = [g if type(g) is tuple and len(g) == 2 else ("(not a control exchange)", None) for g in got]
+        exchange.on_step = posted
+        posted()
+        what = f"{op} #{seq} on communicator {self.name!r}"
+        gpu._exchange_at = (self.name, seq, op)
+        try:
+            while True:
+                try:
+                    gpu._wait(exchange.test, what, _LazyText(lambda: self._missing(seq)))
+                    break
+                except FabricTimeout:
+                    # MPI cannot cancel a collective: it stays posted, and its messages may wait at
+                    # the members for ever; close_communicators then keeps this run's MPI communicators
+                    gpu._abandoned_exchanges += 1
+                    raise
+                except FabricError as exc:
+                    if exchange.failed is not None:
+                        raise
+                    # a refusal raised in the wait: this member's MPI calls must stay in step with
+                    # the others', so the exchange completes first
+                    refusal = refusal or exc
+        finally:
+            gpu._exchange_at = None
+        if refusal is not None:
+            raise refusal
+        if problem is not None:
+            raise FabricError(f"GPU {gpu.rank}: {op} #{seq} on communicator {self.name!r}: {problem}")
+        got = [(op, obj) if member == gpu.rank and isinstance(part, bytes) else _entry(part, seq)
+               for member, part in zip(self.members, exchange.parts)]
         if any(other != op for other, _ in got):
             listing = "; ".join(f"GPU {p}: {other}" for p, (other, _) in zip(self.members, got))
             raise CollectiveMismatch(f"GPU {gpu.rank}: control exchange #{seq} on communicator {self.name!r}: "
                                      f"members are in different operations: {listing}")
         return [value for _, value in got]
 
+    def _missing(self, seq: int) -> str:
+        """Whom exchange `seq` waits for, asked at its deadline: the members that do not say they are in
+        it (a collective cannot tell who has not come), each with where it says it is."""
+        gpu = self.gpu
+        others = [m for m in self.members if m != gpu.rank]
+        answers = gpu._ask_where(others, self.name, seq, WHERE_WAIT_S)
+        missing, notes = [], []
+        for member in others:
+            at = answers.get(member)
+            if isinstance(at, tuple) and at[:2] == (self.name, seq):
+                continue
+            missing.append(member)
+            notes.append(f"GPU {member}: {_where(at, WHERE_WAIT_S)}")
+        if not missing:
+            return f"GPUs {others}, which all say they are in it"
+        return f"GPUs {missing} ({'; '.join(notes)})"
+
     def barrier(self) -> None:
         """Wait until every member reached the barrier; this GPU's puts are fenced first. Every member
         leaves at the latest member's modeled time (the barrier itself is modeled as free)."""
+        self._live("barrier")
         self.gpu.fence()
         self.gpu.now_ns = max(self.allgather_object(self.gpu.now_ns, "barrier"))
 
     def split(self, color, key=None) -> "Communicator | None":
         """A new communicator of the members that pass the same `color`, ordered by (key, rank);
-        color None leaves this GPU out (returns None). Collective over this communicator."""
-        self.gpu._drain()
+        color None leaves this GPU out (returns None). Collective over this communicator.
+        ResourceExhausted on every member if a member of the new one already has MAX_COMMUNICATORS."""
+        mpi = self._live("split")
+        gpu = self.gpu
+        gpu._drain()
         seq = next(self._seq)
-        choices = self._exchange((color, self.rank if key is None else key), "split", seq)
+        choices = self._exchange((color, self.rank if key is None else key, len(gpu._communicators)), "split", seq)
+        colors: list = []  # the distinct colors, in member order: MPI's color is the index
+        for c, _, _ in choices:
+            if c is not None and not any(c == d for d in colors):
+                colors.append(c)
+        full = [(self.members[r], n) for r, (c, _, n) in enumerate(choices) if c is not None and n >= MAX_COMMUNICATORS]
+        if full:
+            raise ResourceExhausted(f"GPU {gpu.rank}: split #{seq} on communicator {self.name!r}: GPU {full[0][0]} "
+                                    f"already has {full[0][1]} communicators, the most one GPU may have at once "
+                                    f"({MAX_COMMUNICATORS}: each takes two MPI communicators, and MPICH has 2048); "
+                                    f"free some first (comm.free())")
         if color is None:
+            mpi.split(None, 0, _waiter(gpu))
             return None
-        chosen = sorted((k, rank) for rank, (c, k) in enumerate(choices) if c == color)
+        chosen = sorted((k, rank) for rank, (c, k, _) in enumerate(choices) if c == color)
         members = tuple(self.members[rank] for _, rank in chosen)
-        return Communicator(self.gpu, members, f"{self.name}.{seq}:{color}")
+        index = next(i for i, c in enumerate(colors) if c == color)
+        new = mpi.split(index, members.index(gpu.rank), _waiter(gpu))
+        return Communicator(gpu, members, f"{self.name}.{seq}:{color}", new)
+
+    def free(self) -> None:
+        """Release this communicator (collective): its multicast/SHARP group in the switch, and its MPI
+        communicators; any later call on it is a FabricError. world and partition live for the run."""
+        gpu = self.gpu
+        self._live("free")
+        if self is gpu.world or self is gpu.partition:
+            raise FabricError(f"GPU {gpu.rank}: free of communicator {self.name!r}: world and partition live for "
+                              f"the whole run")
+        self.release_group()
+        self._close()
+
+    def _close(self) -> None:
+        """Free the MPI communicators (no exchange: every member does it at the same point)."""
+        if self._mpi is not None:
+            self._mpi.free()
+            self._mpi = None
+            if self.gpu._communicators.get(self.name) is self:
+                del self.gpu._communicators[self.name]
 
     def group_id(self) -> int:
         """This communicator's multicast/SHARP group in the switch, created and bound on first use
         (collective: every member calls it at the same collective)."""
+        self._live("group_id")
         if self._group is None:
             created = None
             if self.rank == 0:
@@ -129,6 +250,7 @@ class Communicator:
 
     def release_group(self) -> None:
         """Release this communicator's multicast/SHARP group in the switch (collective)."""
+        self._live("release_group")
         self.gpu._drain()  # this GPU's pending collectives may still use the group
         if self._group is not None:
             self.allgather_object(None, "group release")
@@ -192,6 +314,7 @@ class Communicator:
     def _p2p_args(self, op: str, array, peer, tag, written: bool = False) -> np.ndarray:
         """`array`'s bytes, after checking the peer member and the tag."""
         gpu = self.gpu
+        self._live(op)
         if not is_integer(peer) or not 0 <= peer < self.size:
             raise FabricError(f"GPU {gpu.rank}: {op}: peer {peer!r} is not a member rank 0..{self.size - 1} of "
                               f"communicator {self.name!r}")
@@ -421,6 +544,7 @@ class Communicator:
         GPU drains its requests: ranks/requests.py). `problem`: what is wrong with this member's own
         buffers, carried in the call check so that every member raises, not just this one."""
         gpu = self.gpu
+        self._live(name)
         with self._arguments(name):
             try:
                 dtype = check_dtype(dtype) if name in REDUCING else check_movable(dtype)  # reductions: DTYPES
@@ -528,13 +652,63 @@ class Communicator:
         return f"{what} send is {a.dtype}, recv is {b.dtype}" if a.dtype != b.dtype else None
 
 
+def close_communicators(gpu) -> None:
+    """Free the MPI communicators of every communicator `gpu` still has, and the GPU ranks' own (the end
+    of its run; collective over every GPU). If some GPU left an exchange that timed out, every GPU keeps
+    them instead: that exchange's messages may still wait at the members, and a later communicator
+    given the same MPI context would take them for its own."""
+    if any_rank(gpu._control.comm, gpu._abandoned_exchanges > 0, _waiter(gpu), "the end-of-run check of exchanges"):
+        gpu._communicators.clear()
+        return
+    for comm in list(gpu._communicators.values()):
+        comm._close()
+    gpu._control.comm.Free()
+
+
+def _waiter(gpu):
+    """wait(done, what) for ranks.transport: served through gpu._wait, with the run's deadline (its
+    back-off started afresh, as in _exchange)."""
+    def wait(done, what):
+        gpu._idle.reset()
+        gpu._wait(done, what, "the other members")
+    return wait
+
+
+def _entry(part, seq: int) -> tuple:
+    """(operation, object) of a member's part of exchange `seq`: its bytes, or the length it announced
+    and did not send (outside 0..MAX_CONTROL_BYTES)."""
+    if not isinstance(part, bytes):
+        return f"(not a control exchange: {part} bytes, past the {MAX_CONTROL_BYTES} a control object may have)", None
+    try:
+        message = decode(part)
+    except ProtocolError:
+        return "(not a control exchange)", None
+    if not (type(message) is tuple and len(message) == 3 and is_integer(message[0]) and type(message[1]) is str):
+        return "(not a control exchange)", None
+    if message[0] != seq:  # never among members of this emulator: MPI matches exchanges in call order
+        return f"{message[1]} #{message[0]}", None
+    return message[1], message[2]
+
+
+def _where(at, wait_s: float) -> str:
+    """What a member answered to "where are you?" (gpu._ask_where), in words."""
+    if at is None:
+        return f"no answer within {wait_s:g} s (busy outside the emulator's calls, or gone)"
+    if isinstance(at, tuple):
+        return f"in {at[2]} #{at[1]} on communicator {at[0]!r}"
+    return at
+
+
 class _LazyText:
-    """A string computed only when printed (the missing set is known only at the deadline)."""
+    """A string computed only when printed, once (whom an exchange waits for is asked at its deadline)."""
 
     def __init__(self, make):
         self._make = make
+        self._text = None
 
     def __str__(self):
-        return self._make()
+        if self._text is None:
+            self._text = self._make()
+        return self._text
 
     __format__ = lambda self, spec: format(str(self), spec)

@@ -24,7 +24,7 @@ from nvlink_emu.fabric.packets import (MAX_LIST, WIRE_INT_MAX, CallRecord, Count
                             Packet, RevokeInfo, TraceInfo, raw_bytes)
 from nvlink_emu.fabric.timemodel import LinkEnd
 
-from .comm import Communicator, is_integer
+from .comm import CREDIT_SEQ, Communicator, is_integer
 from .requests import Request, wait_all, wait_any
 from .transport import MAX_HEADER_BYTES, ControlChannel, Idle, Transport, native_collective
 
@@ -77,9 +77,14 @@ class Gpu:
         self._traffic_errors: list[FabricError] = []    # refusals of collective traffic: raised in any wait
         self._mailbox: dict[tuple, np.ndarray] = {}     # message key -> received bytes
         self._posted: dict[tuple, np.ndarray] = {}      # message key -> where to receive it
-        self._control_box: dict[tuple, object] = {}     # (comm id, seq, source) -> control object
+        self._control_box: dict[tuple, object] = {}     # (comm name, credit number, source) -> credit (sharp reduce)
         self._control_waiting = collections.Counter()   # source -> its messages in the box
-        self._communicators: dict[str, tuple] = {}      # name -> members, of this GPU's communicators
+        self._communicators: dict[str, Communicator] = {}  # name -> this GPU's live communicators
+        self._exchange_at: tuple | None = None          # (comm name, seq, op) of the exchange this GPU waits in
+        self._abandoned_exchanges = 0                   # exchanges that timed out (ranks.comm.close_communicators)
+        self._where_token = itertools.count(1)          # numbers this GPU's "where are you?" questions
+        self._where_answers: dict[int, object] = {}     # GPU -> its answer to the latest question
+        self._where_asked: tuple = (0, ())              # (that question's number, whom it asked)
         self._exports: list[tuple[int, int, Handle]] = []  # live windows: (physical offset, bytes, handle)
         self._bound: dict[tuple, np.ndarray] = {}       # buffer key -> bytes the switch may LOAD (NVLS)
         self._loads: dict[tuple, Packet] = {}           # (group, buffer key, slot) -> LOAD until served
@@ -109,10 +114,9 @@ class Gpu:
         self._draining = False                          # running pending requests (no nested drain)
         self._stream_ns = 0.0                           # modeled end of this GPU's latest collective
         self._failed: list[Request] = []                # failed requests the program has not waited for
-        self.world = Communicator(self, tuple(range(config.gpus)), "world")
-        partition = config.partition_of(self.rank)
+        self.world = Communicator.world(self, control.comm)
         # members known from the config, so no GPU outside the partition takes part in making it
-        self.partition = Communicator(self, config.partitions[partition], f"partition{partition}")
+        self.partition = Communicator.partition_of(self, control.comm)
 
     # -- modeled time -------------------------------------------------------------------------------
     def compute(self, ns: float | None = None, *, flops: float | None = None, bytes: float | None = None,
@@ -519,16 +523,21 @@ class Gpu:
         return moved or bool(dropped)
 
     def _file_control(self, source: int, message) -> None:
-        """Keep a control exchange's message for the communicator it names, if `source` may speak
-        there: not a member of a communicator this GPU knows, or too many messages waiting for
-        communicators it does not know yet (a split a peer finished first), and it is dropped."""
+        """Take a point-to-point control message: a credit of a communicator this GPU and `source` are
+        members of (kept for _next_credit), a "where are you?" question from a timed-out exchange
+        (answered), or an answer to this GPU's own question. Anything else is dropped as a stray:
+        exchanges are MPI collectives on the members' own communicator, so nothing sent here can
+        take part in one."""
+        if type(message) is tuple and len(message) == 4 and message[0] in ("?", "!"):
+            (self._answer_where if message[0] == "?" else self._take_answer)(source, *message[1:])
+            return
         if not (type(message) is tuple and len(message) == 3 and type(message[0]) is str
-                and type(message[1]) is int):
-            self.strays += 1  # not a control exchange of this emulator's
+                and is_integer(message[1]) and message[1] <= CREDIT_SEQ):
+            self.strays += 1  # not a credit of this emulator's
             return
         name, seq, obj = message
-        members = self._communicators.get(name)
-        if (members is not None and source not in members) or self._control_waiting[source] >= MAX_CONTROL_WAITING \
+        comm = self._communicators.get(name)
+        if comm is None or source not in comm.members or self._control_waiting[source] >= MAX_CONTROL_WAITING \
                 or (name, seq, source) in self._control_box:
             self.strays += 1
             return
@@ -536,9 +545,53 @@ class Gpu:
         self._control_waiting[source] += 1
 
     def take_control(self, name: str, seq: int, source: int):
-        """The control message of exchange `seq` on communicator `name` from GPU `source` (it must be here)."""
+        """The credit number `seq` on communicator `name` from GPU `source` (it must be here)."""
         self._control_waiting[source] -= 1
         return self._control_box.pop((name, seq, source))
+
+    def _answer_where(self, source: int, token, name, seq) -> None:
+        """Answer GPU `source`'s "where are you?" (its exchange `seq` on communicator `name` timed out):
+        the exchange this GPU waits in, if `source` is a member of its communicator; at most a few
+        answers to one GPU in flight (a GPU that asks and never reads costs no more)."""
+        if not (is_integer(token) and type(name) is str and is_integer(seq)) or self._control.backlog(source) >= 4:
+            self.strays += 1
+            return
+        at = self._exchange_at
+        if at is not None and source in getattr(self._communicators.get(at[0]), "members", ()):
+            answer = at
+        elif name not in self._communicators:
+            answer = f"not in a control exchange, and has no communicator {name!r} yet"
+        else:
+            answer = (f"in a control exchange of a communicator GPU {source} is not in" if at is not None
+                      else "not in a control exchange (running its own code or another wait)")
+        self._control.send(source, ("!", token, answer, None))
+
+    def _take_answer(self, source: int, token, answer, _) -> None:
+        number, asked = self._where_asked
+        if token != number or source not in asked or source in self._where_answers:
+            self.strays += 1  # late, or not asked for
+            return
+        if type(answer) is tuple and len(answer) == 3 and type(answer[0]) is str and is_integer(answer[1]) \
+                and type(answer[2]) is str:
+            self._where_answers[source] = answer
+        elif type(answer) is str:
+            self._where_answers[source] = answer[:200]  # its own word, in its own words
+        else:
+            self._where_answers[source] = f"answered {str(answer)[:120]!r}"
+
+    def _ask_where(self, members: list[int], name: str, seq: int, wait_s: float) -> dict:
+        """Ask `members` where they are (this GPU's exchange `seq` on communicator `name` timed out) and
+        wait up to `wait_s` for their answers: {GPU: (comm name, seq, op) of the exchange it is in, or
+        a sentence}; a GPU that did not answer is absent."""
+        token = next(self._where_token)
+        self._where_asked, self._where_answers = (token, frozenset(members)), {}
+        for member in members:
+            self._control.send(member, ("?", token, name, seq))
+        deadline = time.monotonic() + wait_s
+        while len(self._where_answers) < len(members) and time.monotonic() < deadline:
+            if not self._progress():
+                self._idle()
+        return dict(self._where_answers)
 
     def _handle(self, source: int, packet: Packet) -> None:
         seq = None

@@ -15,6 +15,7 @@ from nvlink_emu.fabric.config import FabricConfig
 from nvlink_emu.fabric.errors import ConfigError
 from nvlink_emu.fabric.trace import TraceWriter, TraceWriteError
 
+from .comm import close_communicators
 from .gpu import Gpu
 from .output import lines_on_stdout
 from .switch import SwitchRank
@@ -153,7 +154,7 @@ def run_fabric(config: FabricConfig, main, timeout_s: float = DEFAULT_TIMEOUT_S,
             with lines_on_stdout(None if stdout_prefix is None else stdout_prefix.format(gpu=transport.rank)):
                 value = call_main(main, gpu)
             report = gpu.finish()
-            control.comm.Free()
+            close_communicators(gpu)  # the GPU ranks' MPI communicators too
             end = {"m": gpu.now_ns, "counters": gpu._snapshot()}
         else:
             switch = SwitchRank(config, transport, timeout_s, trace, switches)

@@ -27,7 +27,7 @@ import numpy as np
 from mpi4py import MPI
 
 from nvlink_emu.fabric import control
-from nvlink_emu.fabric.errors import FabricTimeout, ProtocolError
+from nvlink_emu.fabric.errors import FabricTimeout, ProtocolError, ResourceExhausted
 from nvlink_emu.fabric.packets import Packet
 
 TAG_HEADER = 11
@@ -384,12 +384,14 @@ class Transport:
 
 
 class ControlChannel:
-    """Out-of-band control messages between GPU ranks (fabric.control's encoding: no code runs on
-    decode, nothing larger than the message is built); never counted on links."""
+    """Point-to-point control messages between GPU ranks (fabric.control's encoding: no code runs on
+    decode, nothing larger than the message is built); never counted on links. Only what is truly
+    point to point travels here (sharp reduce's credits, the questions of a timed-out exchange): the
+    exchanges of a communicator are MPI collectives on its members' own communicator (Exchange)."""
 
     def __init__(self, comm):
         self.comm = comm
-        self._pending: list = []
+        self._pending: list = []  # (request, bytes kept alive until sent, destination)
         self._status = MPI.Status()
 
     def send(self, dest: int, obj) -> None:
@@ -397,12 +399,16 @@ class ControlChannel:
 
     def send_bytes(self, dest: int, data: bytes) -> None:
         """Post a control message of any bytes to GPU rank `dest` (send() encodes an object)."""
-        self._pending.append((self.comm.Isend([data, MPI.BYTE], dest, TAG_CONTROL), data))
+        self._pending.append((self.comm.Isend([data, MPI.BYTE], dest, TAG_CONTROL), data, dest))
 
     def progress(self) -> bool:
         before = len(self._pending)
-        self._pending = [(r, d) for r, d in self._pending if not r.Test()]
+        self._pending = [p for p in self._pending if not p[0].Test()]
         return len(self._pending) != before
+
+    def backlog(self, dest: int) -> int:
+        """Messages to `dest` posted and not yet sent."""
+        return sum(1 for p in self._pending if p[2] == dest)
 
     @property
     def idle(self) -> bool:
@@ -429,6 +435,157 @@ class ControlChannel:
     def drop_strays(self) -> int:
         """Drop messages on this communicator under tags it never uses; returns how many."""
         return _drop_front(self.comm, self._status, lambda source, tag: tag == TAG_CONTROL)
+
+
+INLINE_BYTES = 512  # per member, an exchange's first collective: an 8-byte length and up to 504 bytes of data
+
+
+class MemberComms:
+    """The MPI communicators of one emulated communicator's members (GPU ranks only, in member order):
+    `comm` carries its control exchanges (barrier, allgather_object, split, the call check of every
+    collective), `groups` the exchanges of its group creation, which run inside collectives at
+    another point of each member's program (a communicator of their own keeps MPI's call order on
+    each the same on every member). wait(done, what) serves the fabric until done() holds, with
+    the run's deadline (gpu._wait)."""
+
+    def __init__(self, comm, wait):
+        self.comm = comm
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        try:
+            self.groups = _idup(comm, wait, "duplicating a new communicator's MPI communicator")
+        except BaseException:
+            comm.Free()
+            raise
+
+    @classmethod
+    def dup(cls, parent, wait) -> "MemberComms":
+        """Every rank of MPI communicator `parent` (collective over it; non-blocking, served by wait)."""
+        return cls(_idup(parent, wait, "duplicating the GPU ranks' MPI communicator"), wait)
+
+    @classmethod
+    def of_ranks(cls, parent, ranks, wait) -> "MemberComms":
+        """Ranks `ranks` of `parent`, in that order (MPI_Comm_create_group: collective over those ranks
+        only, so no other rank takes part in making it)."""
+        group = parent.Get_group()
+        members = group.Incl(list(ranks))
+        try:
+            comm = parent.Create_group(members)
+        finally:
+            members.Free()
+            group.Free()
+        return cls(comm, wait)
+
+    def split(self, color: int | None, key: int, wait) -> "MemberComms | None":
+        """MPI_Comm_split of `comm` (color None: no new communicator). Blocking, so called only once
+        every member is known to be in the split (its agreement exchange completed): it waits for
+        no one who is not already on the way. ResourceExhausted if MPI has no communicator left."""
+        try:
+            comm = self.comm.Split(MPI.UNDEFINED if color is None else color, key)
+        except MPI.Exception as exc:
+            raise ResourceExhausted(f"MPI_Comm_split: {exc.Get_error_string()}") from None
+        if comm == MPI.COMM_NULL:
+            return None
+        return MemberComms(comm, wait)
+
+    def free(self) -> None:
+        """Free both MPI communicators (a collective still pending on one completes, or not, first)."""
+        for comm in (self.comm, self.groups):
+            if comm != MPI.COMM_NULL:
+                comm.Free()
+        self.comm = self.groups = MPI.COMM_NULL
+
+
+def any_rank(comm, flag: bool, wait, what: str) -> bool:
+    """Whether `flag` holds on any rank of `comm` (collective; non-blocking, served by wait(done, what))."""
+    send, out = np.array([int(flag)], np.int64), np.zeros(1, np.int64)
+    wait(comm.Iallreduce(send, out, MPI.MAX).Test, what)
+    return bool(out[0])
+
+
+def _idup(parent, wait, what: str):
+    try:
+        comm, request = parent.Idup()
+    except MPI.Exception as exc:
+        raise ResourceExhausted(f"MPI_Comm_idup: {exc.Get_error_string()}") from None
+    wait(request.Test, what)
+    return comm
+
+
+class Exchange:
+    """One control exchange: every member's bytes to every member by MPI's own non-blocking
+    collectives on the members' communicator, completed by polling test() (the caller serves the
+    fabric meanwhile). The same sequence of MPI calls whatever the bytes say, so members in different
+    operations still meet, and see that they differ: an Iallgather of one INLINE_BYTES slot per member
+    (its length, and its bytes if they fit), then, if some member's bytes did not fit, an Iallgatherv
+    of those. Every member sizes the second step by the same lengths; a length outside 0..
+    fabric.control.MAX_CONTROL_BYTES is never allocated for: that member's part is its length (an int)."""
+
+    def __init__(self, comm, data: bytes):
+        self._comm = comm
+        self._size, self._rank = comm.Get_size(), comm.Get_rank()
+        self._data = data
+        slot = np.zeros(INLINE_BYTES, np.uint8)
+        slot[:8] = np.array([len(data)], np.int64).view(np.uint8)
+        if len(data) <= INLINE_BYTES - 8:
+            slot[8:8 + len(data)] = np.frombuffer(data, np.uint8)
+        self._slot = slot
+        self._slots = np.empty((self._size, INLINE_BYTES), np.uint8)
+        self._long = None  # (counts of the second step, its buffer, its send buffer)
+        self.parts: list | None = None  # when done: each member's bytes, or its unusable length (int)
+        self.failed: ProtocolError | None = None  # what MPI reported, if it did
+        self.on_step = lambda: None  # called when the second collective is posted (the waiter's back-off)
+        self._request = self._start(lambda: comm.Iallgather([slot, MPI.BYTE], [self._slots, MPI.BYTE]))
+
+    def _start(self, post):
+        try:
+            return post()
+        except MPI.Exception as exc:
+            self.failed = ProtocolError(f"control exchange: MPI: {exc.Get_error_string()}")
+            raise self.failed from None
+
+    def test(self) -> bool:
+        """Whether the exchange completed (then `parts` holds every member's bytes); ProtocolError if MPI
+        reports an error (a member sent other bytes than the lengths it announced)."""
+        if self.parts is not None:
+            return True
+        if self.failed is not None:
+            raise self.failed
+        try:
+            if not self._request.Test():
+                return False
+        except MPI.Exception as exc:
+            self.failed = ProtocolError(f"control exchange: MPI: {exc.Get_error_string()} (a member sent other "
+                                        f"bytes than it announced)")
+            raise self.failed from None
+        if self._long is None:
+            lengths = [int(n) for n in self._slots[:, :8].copy().view(np.int64)[:, 0]]
+            usable = [0 <= n <= control.MAX_CONTROL_BYTES for n in lengths]
+            counts = [n if ok and n > INLINE_BYTES - 8 else 0 for n, ok in zip(lengths, usable)]
+            self._lengths, self._usable = lengths, usable
+            if not any(counts):
+                self._finish(None, counts)
+                return True
+            out = np.empty(sum(counts), np.uint8)
+            send = np.frombuffer(self._data, np.uint8) if counts[self._rank] else np.empty(0, np.uint8)
+            self._long = (counts, out, send)
+            self._request = self._start(lambda: self._comm.Iallgatherv([send, MPI.BYTE], [out, counts, MPI.BYTE]))
+            self.on_step()
+            return self.test()
+        self._finish(self._long[1], self._long[0])
+        return True
+
+    def _finish(self, out, counts) -> None:
+        parts, offset = [], 0
+        for member, (n, ok, count) in enumerate(zip(self._lengths, self._usable, counts)):
+            if not ok:
+                parts.append(n)
+            elif count:
+                parts.append(out[offset:offset + count].tobytes())
+            else:
+                parts.append(self._slots[member, 8:8 + n].tobytes())
+            offset += count
+        self.parts = parts
+        self._slots = self._long = None
 
 
 def _drop_from(comm, source: int, tag: int) -> None:

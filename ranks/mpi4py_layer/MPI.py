@@ -741,6 +741,9 @@ class _Solo:
     def release_group(self):
         pass
 
+    def free(self):
+        pass
+
 
 class _Engine:
     """Point-to-point matching of one communicator: messages to each member numbered per pair, pulled
@@ -1019,6 +1022,7 @@ class Comm(_Handle):
         if new is None:
             return Intracomm()
         if new.size == 1 and not isinstance(new, _Solo):
+            new.free()  # a one-member communicator is local copies: its MPI communicators are not needed
             new = _Solo(new.name)
         return Comm._over(new, f"{self._name}.split")
 
@@ -1026,7 +1030,7 @@ class Comm(_Handle):
         emu = self._live("Free")
         if self is COMM_WORLD or self is COMM_SELF:
             raise Exception(ERR_COMM, "MPI.Comm.Free of a predefined communicator")
-        emu.release_group()
+        emu.free()
         if self._engine in _ctx.engines:
             _ctx.engines.remove(self._engine)
         self._emu = self._engine = None
