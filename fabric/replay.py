@@ -78,28 +78,6 @@ class Fabric:
 
 # -- the programs: generators of ("send", peer, key, nbytes), ("recv", peer, key), ("flush",) ---------
 
-def _ring_reduce_scatter(n, r, parts, chunk, item):
-    for step in range(n - 1):
-        a, b = parts[(r - 1 - step) % n]
-        for c, (lo, hi) in enumerate(chunks(a, b, chunk)):
-            yield ("send", (r + 1) % n, ("rs", step, c), (hi - lo) * item)
-        a, b = parts[(r - 2 - step) % n]
-        for c, _ in enumerate(chunks(a, b, chunk)):
-            yield ("recv", (r - 1) % n, ("rs", step, c))
-        yield ("flush",)
-
-
-def _ring_allgather(n, r, parts, chunk, item):
-    for step in range(n - 1):
-        a, b = parts[(r - step) % n]
-        for c, (lo, hi) in enumerate(chunks(a, b, chunk)):
-            yield ("send", (r + 1) % n, ("ag", step, c), (hi - lo) * item)
-        a, b = parts[(r - 1 - step) % n]
-        for c, _ in enumerate(chunks(a, b, chunk)):
-            yield ("recv", (r - 1) % n, ("ag", step, c))
-    yield ("flush",)
-
-
 def _direct_reduce(n, r, parts, chunk, item):
     for k in range(1, n):
         for c, (lo, hi) in enumerate(chunks(*parts[(r + k) % n], chunk)):
@@ -158,8 +136,8 @@ def _direct_root_broadcast(n, r, count, chunk, item, root):
 
 
 def _segments_ring(ring, pos, segments, phase, chunk, item, reduce: bool):
-    """hier.py's ring over members `ring` (this one at `pos`), passing `segments` (lists of ranges):
-    reduce-scatter (a flush after each step) or all-gather (one flush at the end)."""
+    """ring.py's (and hier.py's) ring over members `ring` (this one at `pos`), passing `segments`
+    (lists of ranges): reduce-scatter (a flush after each step) or all-gather (one flush at the end)."""
     m = len(ring)
     nxt, prv = ring[(pos + 1) % m], ring[(pos - 1) % m]
     for step in range(m - 1):
@@ -267,12 +245,12 @@ def _program(collective: str, algorithm: str, topo: Topology, r: int, count: int
             per = [hi - lo for lo, hi in parts]
             counts = [[per[j] for j in range(n)] for _ in range(n)]
         yield from _all2allv(n, r, counts, chunk, item)
-    elif algorithm == "ring" and collective in ("allreduce", "reduce_scatter"):
-        yield from _ring_reduce_scatter(n, r, parts, chunk, item)
-        if collective == "allreduce":
-            yield from _ring_allgather(n, r, parts, chunk, item)
-    elif (collective, algorithm) == ("allgather", "ring"):
-        yield from _ring_allgather(n, r, parts, chunk, item)
+    elif algorithm == "ring" and collective in ("allreduce", "reduce_scatter", "allgather"):
+        ring, segments = list(range(n)), [[part] for part in parts]  # ring.py: one block per member
+        if collective != "allgather":
+            yield from _segments_ring(ring, r, segments, "rs", chunk, item, True)
+        if collective != "reduce_scatter":
+            yield from _segments_ring(ring, r, segments, "ag", chunk, item, False)
     elif algorithm == "direct" and collective in ("allreduce", "reduce_scatter"):
         yield from _direct_reduce(n, r, parts, chunk, item)
         if collective == "allreduce":
