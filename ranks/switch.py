@@ -100,6 +100,7 @@ class SwitchRank:
         # node and was not yet credited back, the GPUs it asked credit for; and, as a destination leaf,
         # per local GPU the transit packets posted to it (position in its sends, origin leaf, credit),
         # what of them left (per (origin leaf, GPU)), and the credits asked for
+        self._credited = config.nodes > 1 and not self.spine  # a leaf with other nodes to credit
         self.credit_bytes = max(1, port_share_bytes(config) // max(1, config.nodes - 1))
         # every packet takes at least this much credit, so that at most MAX_UNREAD of them (zero-byte
         # messages, requests, answers) are in flight towards one GPU from one leaf
@@ -307,7 +308,7 @@ class SwitchRank:
             if charge is not None and not any(send.port in self.gpus for send in sends):
                 # refused here (a request the target's Link TLB refused): nothing goes down to the target,
                 # and the origin leaf counted it against its credit for the target's port
-                key = (self.config.gpus + origin // self.config.gpus_per_node, self.logic.gpu_of_key(packet.dst))
+                key = (self._leaf_rank(origin), self.logic.gpu_of_key(packet.dst))
                 self._drained[key] = self._drained.get(key, 0) + charge
                 self._send_credits()
             return
@@ -364,9 +365,8 @@ class SwitchRank:
 
     def _on_credit(self, packet: Packet) -> None:
         """A CREDIT from another leaf (passed on by a spine), or at a spine, on to the leaf of its dst."""
-        gpus_per_node = self.config.gpus_per_node
-        if self.spine:
-            self._to_switch(self.logic.gpu_of_key(packet.dst) // gpus_per_node, packet)
+        if self.spine:  # on to the leaf of its dst
+            self._to_switch(self.logic.gpu_of_key(packet.dst) // self.config.gpus_per_node, packet)
             return
         here, there = self.logic.gpu_of_key(packet.dst), self.logic.gpu_of_key(packet.src)
         if here not in self.gpus or there is None:
@@ -376,8 +376,12 @@ class SwitchRank:
             self._credit_used[there] -= packet.nbytes
             self._credit_asked.discard(there)
         else:  # the leaf of GPU `there` asks for the credit of this leaf's port `here`
-            self._credit_wanted.add((self.config.gpus + there // gpus_per_node, here))
+            self._credit_wanted.add((self._leaf_rank(there), here))
             self._send_credits()
+
+    def _leaf_rank(self, gpu: int) -> int:
+        """The rank of GPU `gpu`'s leaf."""
+        return self.config.gpus + gpu // self.config.gpus_per_node
 
     def _charge(self, payload_bytes: int) -> int:
         """Credit a packet of `payload_bytes` takes (bytes, at least credit_per_packet)."""
@@ -440,10 +444,10 @@ class SwitchRank:
             if switch is None:
                 self.transport.send(send.port, send.packet, send.payload)
                 link = downlink(send.port, self.index)
-                end = self._posted_to[send.port] = self._posted_to.get(send.port, 0) + 1
-                if transit is not None:  # a GPU's packet from another leaf: credited back to it once sent
-                    leaf = self.config.gpus + source // self.config.gpus_per_node
-                    self._transit.setdefault(send.port, deque()).append((end, leaf, transit))
+                if self._credited:  # position of this send among the port's, for _credit_drained
+                    end = self._posted_to[send.port] = self._posted_to.get(send.port, 0) + 1
+                    if transit is not None:  # a GPU's packet from another leaf: credited back to it once sent
+                        self._transit.setdefault(send.port, deque()).append((end, self._leaf_rank(source), transit))
             else:
                 self.transport.send(self.config.gpus + switch, send.packet, send.payload)
                 self.sent_to_switches += 1
