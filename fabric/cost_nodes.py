@@ -2,15 +2,31 @@
 and time bounds.
 
 Pure (numpy, no MPI). Units: bytes, ns, GB/s (= bytes per ns). The members of a call are every GPU
-of the Topology in GPU order, which is node-major (fabric.topology), so the ring is the node-major
-ring; all start at modeled time 0, as fabric.cost assumes.
+of the Topology in GPU order, which is node-major (fabric.topology): on one node the ring is GPU
+order, across nodes ring's channels (below); all start at modeled time 0, as fabric.cost assumes.
 
 **Traffic** (`rounds`): each algorithm is written as its dependent *rounds*, each a gpus x gpus matrix
 T with T[i, j] = payload bytes GPU i sends GPU j in that round, derived from the schedules of
 ranks/collectives (blocks are fabric.reduction.blocks of the element count, times itemsize):
-- ring (ranks/collectives/ring.py), 2(N-1) rounds for allreduce, N-1 for reduce_scatter (S = input
+- ring on one node (ranks/collectives/ring.py), 2(N-1) rounds for allreduce, N-1 for reduce_scatter (S = input
   bytes) and allgather (S = output bytes). Reduce-scatter round s: GPU r sends block (r-1-s) mod N
   to r+1; all-gather round s: GPU r sends block (r-s) mod N to r+1.
+- ring across nodes (N > 1; ring.py's channels, one ring per rail): ring c (c = 0..G-1) visits
+  positions c, c+1, ..., c+G-1 (mod G) of node 0, then node 1, ...; member m's range of channel c
+  is block c of blocks(|block m|, G) inside block m. Round s is step s of every channel at once: on
+  ring c the member at position q sends the range of ring_c[q-1-s] (reduce-scatter) or ring_c[q-s]
+  (all-gather) to ring_c[q+1]; 2(NG-1) rounds for allreduce, NG-1 for reduce_scatter and
+  allgather. Bytes for S a multiple of N G G itemsize, n = NG: every GPU link 2(n-1)/n S each way
+  (allreduce; reduce_scatter, allgather half), as the one ring's; ring c crosses from (a, c-1) to
+  (a+1, c), so leaf a -> spine i and spine i -> leaf a carry k_i 2(n-1)/(nG) S (half for
+  reduce_scatter and allgather), k_i = channels c with c mod spines = i: a node's whole uplink
+  2(n-1)/n S each way, spread over all its GPUs' shares (the node-major ring put it on one).
+  broadcast (replayed, not in FLAT): part c = blocks(count, G)[c] down ring c from the root.
+- tree (tree.py), allreduce only, two rounds: up, every member but a part's root sends part t
+  (blocks(count, 2)[t]) to its parent in tree t (fabric.reduction.tree_parts); down, every parent
+  sends it to each child. Bytes (P = S/2): GPU (a, j) each way sum over t of P x (edges at it in
+  tree t: [not the root] + children); leaf a <-> spine (h_t mod spines) deg_t(a) P each way,
+  h_t = t (G // 2) the head's position, deg_t(a) = tree-t edges at node a.
 - direct (direct.py): reduce_scatter, one round: GPU r sends block j to every j != r; allgather, one
   round: GPU r sends its block r to every j != r; allreduce: the two, in that order (a GPU broadcasts
   only its reduced block); broadcast, one round: the root sends S to every other GPU.
@@ -33,7 +49,7 @@ ranks/collectives (blocks are fabric.reduction.blocks of the element count, time
   rails that spine i carries, as the Topology routes to the destination's local index), N > 1:
   allreduce: every GPU link 2(NG-1)/(NG) S each way, of which 2(G-1)/G S stays in the node; every
   leaf -> spine i and spine i -> leaf link k_i 2(N-1)/(NG) S, a node's whole uplink 2(N-1)/N S
-  each way (the flat node-major ring's is 2(NG-1)/(NG) S on one spine);
+  each way (a node-major single ring's would be 2(NG-1)/(NG) S on one spine);
   reduce_scatter (S = input), allgather (S = output): GPU links (NG-1)/(NG) S each way, leaf <->
   spine i k_i (N-1)/(NG) S each way;
   broadcast: GPU (a, j) tx (G-1)/G S + S/G [a != aR-1] + (G-1)/G S [the root], rx (G-1)/G S +
@@ -87,8 +103,10 @@ starts round k+1 once it has received round k, whatever the others do): the larg
   received round k's.
 Each of the three is at most the sum of round_ns, so lower_bound_ns <= rounds_ns always, and
 lower_bound_ns <= modeled_ns (tested). For large messages whose bottleneck is one stage in every
-round (a node-major ring's crossing into the next node on one GPU's shares, an all2all's shares) the
-bound is tight: the 1 MiB ring allreduce above took exactly lower_bound_ns.
+round (a node-major single ring's crossing into the next node on one GPU's shares, an all2all's
+shares) the bound is tight: a 1 MiB node-major ring allreduce (the ring before its channels) took
+exactly lower_bound_ns. The tree's two rounds are its up and down halves: tree's lower bound is
+loose (its chain is the depth, not two hops) and its estimate low.
 """
 
 import math
@@ -98,7 +116,7 @@ import numpy as np
 from . import replay
 from .cost import raw_of
 from .errors import FabricError
-from .reduction import blocks
+from .reduction import blocks, channel_rings, rail_ranges, tree_parts
 from .topology import Topology
 
 FLAT = {
@@ -107,6 +125,7 @@ FLAT = {
     "all2allv": ("all2allv",),
     "hier": ("allreduce", "reduce_scatter", "allgather", "broadcast"),
     "pxn": ("all2all",),
+    "tree": ("allreduce",),
 }
 
 
@@ -153,6 +172,10 @@ def rounds(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsize
         return [t] if n > 1 else []
     b = _block_bytes(S, n, itemsize)
     out: list[np.ndarray] = []
+    if algorithm == "ring" and topo.nodes > 1:
+        return _channel_rounds(collective, topo, S, itemsize)
+    if algorithm == "tree":
+        return _tree_rounds(topo, S, itemsize)
     if algorithm == "ring":
         phases = {"allreduce": ("rs", "ag"), "reduce_scatter": ("rs",), "allgather": ("ag",)}[collective]
         for phase in phases:
@@ -227,6 +250,41 @@ def _hier_rounds(collective: str, topo: Topology, S: int, itemsize: int, root: i
                 t[a * G + j, ((a + 1) % N) * G + j] = column[j]
         out.append(t)
     return out + ring("ag", "node")
+
+
+def _channel_rounds(collective: str, topo: Topology, S: int, itemsize: int) -> list[np.ndarray]:
+    """ring's rounds across nodes (ranks/collectives/ring.py's channels): round s is step s of every
+    channel at once; on ring c, position q sends the range (channel c) of member ring_c[q-1-s]
+    (reduce-scatter) or ring_c[q-s] (all-gather) to ring_c[q+1]."""
+    N, G, n = topo.nodes, topo.gpus_per_node, topo.gpus
+    rings = channel_rings([[a * G + j for j in range(G)] for a in range(N)])
+    ranges = rail_ranges(int(S) // itemsize, n, G)
+    size = [[(hi - lo) * itemsize for lo, hi in row] for row in ranges]
+    phases = {"allreduce": (1, 0), "reduce_scatter": (1,), "allgather": (0,)}[collective]
+    out = []
+    for back in phases:  # the segment sent is that of position q - back - s
+        for s in range(n - 1):
+            t = np.zeros((n, n), np.int64)
+            for c, ring in enumerate(rings):
+                for q in range(n):
+                    t[ring[q], ring[(q + 1) % n]] += size[ring[(q - back - s) % n]][c]
+            out.append(t)
+    return out
+
+
+def _tree_rounds(topo: Topology, S: int, itemsize: int) -> list[np.ndarray]:
+    """tree's two rounds (ranks/collectives/tree.py): up, every member of part k but its root sends the
+    part (blocks(count, 2)[k]) to its parent; down, every parent sends it to each child."""
+    N, G, n = topo.nodes, topo.gpus_per_node, topo.gpus
+    trees = tree_parts(N, G)
+    size = [(hi - lo) * itemsize for lo, hi in blocks(int(S) // itemsize, len(trees))]
+    up, down = np.zeros((n, n), np.int64), np.zeros((n, n), np.int64)
+    for k, part in enumerate(trees):
+        for (a, j), (parent, _) in part.items():
+            if parent is not None:
+                up[a * G + j, parent[0] * G + parent[1]] += size[k]
+                down[parent[0] * G + parent[1], a * G + j] += size[k]
+    return [t for t in (up, down) if t.any()]
 
 
 def _pxn_rounds(topo: Topology, b: list[int]) -> list[np.ndarray]:

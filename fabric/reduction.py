@@ -168,6 +168,87 @@ def two_level_blocks(count: int, nodes: int, per_node: int) -> list[list[tuple[i
     return out
 
 
+def rail_ranges(count: int, members: int, channels: int) -> list[list[tuple[int, int]]]:
+    """ranges[m][c] (element ranges): block c of blocks(|block m|, channels) inside block m =
+    blocks(count, members)[m]: member m's range of channel c (ring's channels across nodes)."""
+    out = []
+    for lo, hi in blocks(count, members):
+        out.append([(lo + x, lo + y) for x, y in blocks(hi - lo, channels)])
+    return out
+
+
+def channel_rings(grid) -> list[list[int]]:
+    """The rails' rings of `grid` (grid[a][j]: the member at node a, position j; N nodes x G): ring c
+    visits positions c, c+1, ..., c+G-1 (mod G) of node 0, then of node 1, ..., so it enters every
+    node at position c and leaves it from position c-1 (ring's channels across nodes, NCCL's rings)."""
+    G = len(grid[0])
+    return [[row[(c + i) % G] for row in grid for i in range(G)] for c in range(G)]
+
+
+def btree(nranks: int, rank: int) -> tuple[int, int, int]:
+    """(parent, child 0, child 1) of `rank` in NCCL's binary tree over ranks 0..nranks-1, rooted at 0
+    (-1: none), as ncclGetBtree computes them (NVIDIA/nccl src/graph/trees.cc)."""
+    bit = 1
+    while bit < nranks and not bit & rank:
+        bit <<= 1
+    if rank == 0:
+        return -1, -1, (bit >> 1 if nranks > 1 else -1)
+    up = (rank ^ bit) | (bit << 1)
+    if up >= nranks:
+        up = rank ^ bit
+    lowbit = bit >> 1
+    down0 = -1 if lowbit == 0 else rank - lowbit
+    down1 = -1 if lowbit == 0 else rank + lowbit
+    while down1 >= nranks:  # trees.cc's loop, as written there
+        down1 = -1 if lowbit == 0 else rank + lowbit
+        lowbit >>= 1
+    return up, down0, down1
+
+
+def dtree(nranks: int, rank: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """`rank`'s (parent, child 0, child 1) in each of NCCL's two trees (ncclGetDtree, trees.cc): tree 0
+    is btree; tree 1 is its mirror (rank -> nranks-1-rank) for an even count, shifted by one rank for
+    an odd count, so that a rank that is a leaf in one tree is inside the other."""
+    first = btree(nranks, rank)
+    if nranks % 2:
+        moved = btree(nranks, (rank - 1) % nranks)
+        second = tuple(-1 if x == -1 else (x + 1) % nranks for x in moved)
+    else:
+        moved = btree(nranks, nranks - 1 - rank)
+        second = tuple(-1 if x == -1 else nranks - 1 - x for x in moved)
+    return first, second
+
+
+def tree_parts(nodes: int, per_node: int) -> list[dict[tuple[int, int], tuple[tuple[int, int] | None, list]]]:
+    """The two trees of `tree` (ranks/collectives/tree.py) on N nodes x G positions: part t maps every
+    position (a, j) to (parent, children), coordinates (node, position), children in fold order.
+    Between nodes, tree t of dtree over the node indices; inside each node a chain over NVLink from
+    the head h_t = t x (G // 2) (two rails, one a tree, when G > 1): positions h_t, h_t+1, ...,
+    h_t+G-1 (mod G). A chain member's parent is the one before it, its child the one after; the
+    head's parent is the parent node's head, its children the chain's next member, then the child
+    nodes' heads (child 0, child 1): NCCL's tree.up / tree.down (src/graph/connect.cc: down[0] is
+    the next GPU of the chain, then the nodes' children)."""
+    N, G = nodes, per_node
+    links = [dtree(N, a) for a in range(N)]
+    out = []
+    for t in (0, 1):
+        h = t * (G // 2)
+        part: dict = {}
+        for a in range(N):
+            chain = [(a, (h + i) % G) for i in range(G)]
+            up, d0, d1 = links[a][t]
+            for i, at in enumerate(chain):
+                below = [chain[i + 1]] if i + 1 < G else []
+                if i == 0:
+                    parent = None if up == -1 else (up, h)
+                    below += [(d, h) for d in (d0, d1) if d != -1]
+                else:
+                    parent = chain[i - 1]
+                part[at] = (parent, below)
+        out.append(part)
+    return out
+
+
 def merged_columns(ranges) -> list[list[tuple[int, int]]]:
     """Per position j, the ranges ranges[0..][j] with empty ones dropped and adjacent ones merged
     (the segment a node ring passes for position j)."""

@@ -12,7 +12,8 @@ same arithmetic, as the ranks do (ranks/gpu.py, fabric/switch.py):
 - recv(peer, key): wait for it; on another node's transfer the receiver books its inbound share, then
   its downlink, in its program order; the clock moves to the last byte's arrival (+ a).
 - flush(): the clock moves to when the uplink is free (a collective's sends have left).
-The schedules (`PROGRAMS`) are those of ranks/collectives ring, direct, all2all, hier and pxn: the same messages,
+The schedules (`PROGRAMS`) are those of ranks/collectives ring (on several nodes its channels, one
+ring per rail), direct, all2all, hier, pxn and tree: the same messages,
 chunks (chunk_bytes of whole elements) and order (a schedule changed there must change here: the test
 below fails otherwise); `tests/nodes/test_replay.py` checks that replayed
 and emulated times agree on every algorithm and multi-node preset. `replay_ns` runs the programs
@@ -23,7 +24,7 @@ about half a million).
 
 from .errors import FabricError
 from .packets import raw_bytes
-from .reduction import blocks, chunks, merged_columns, two_level_blocks
+from .reduction import blocks, channel_rings, chunks, merged_columns, rail_ranges, tree_parts, two_level_blocks
 from .timemodel import LinkEnd
 from .topology import Topology
 
@@ -195,6 +196,85 @@ def _hier(collective, topo, r, count, chunk, item, root):
         yield from _segments_ring(node_ring, j, columns, "node ag", chunk, item, False)
 
 
+def _channel_ring(rings, r, segments, phase, chunk, item, reduce: bool):
+    """ring.py's channels across nodes (its _channel_ring): every channel's sends of a step, then every
+    channel's receives; reduce-scatter (a flush after each step) or all-gather (one flush at the end)."""
+    n = len(rings[0])
+    mine = [ring.index(r) for ring in rings]
+    for step in range(n - 1):
+        sent, taken = (1 + step, 2 + step) if reduce else (step, 1 + step)
+        for c, ring in enumerate(rings):
+            for k, (a, b) in enumerate(segments[c][(mine[c] - sent) % n]):
+                for i, (lo, hi) in enumerate(chunks(a, b, chunk)):
+                    yield ("send", ring[(mine[c] + 1) % n], (phase, step, c, k, i), (hi - lo) * item)
+        for c, ring in enumerate(rings):
+            for k, (a, b) in enumerate(segments[c][(mine[c] - taken) % n]):
+                for i, _ in enumerate(chunks(a, b, chunk)):
+                    yield ("recv", ring[(mine[c] - 1) % n], (phase, step, c, k, i))
+        if reduce:
+            yield ("flush",)
+    if not reduce:
+        yield ("flush",)
+
+
+def _ring_channels(collective, topo, r, count, chunk, item, root):
+    """ring.py's schedule across nodes on every GPU of `topo`: G rings, one per rail."""
+    N, G, n = topo.nodes, topo.gpus_per_node, topo.gpus
+    rings = channel_rings([[a * G + j for j in range(G)] for a in range(N)])
+    if collective == "broadcast":
+        chains = [(part, (ring.index(r) - ring.index(root)) % n, ring) for part, ring in zip(blocks(count, G), rings)]
+        spans = [chunks(*part, chunk) for part, _, _ in chains]
+        for i in range(max(map(len, spans), default=0)):
+            for c, (_, position, ring) in enumerate(chains):
+                if i >= len(spans[c]):
+                    continue
+                lo, hi = spans[c][i]
+                q = ring.index(r)
+                if position:
+                    yield ("recv", ring[(q - 1) % n], ("chain", c, i))
+                if position < n - 1:
+                    yield ("send", ring[(q + 1) % n], ("chain", c, i), (hi - lo) * item)
+        yield ("flush",)
+        return
+    ranges = rail_ranges(count, n, G)
+    segments = [[[ranges[m][c]] for m in ring] for c, ring in enumerate(rings)]
+    if collective != "allgather":
+        yield from _channel_ring(rings, r, segments, "rs", chunk, item, True)
+    if collective != "reduce_scatter":
+        yield from _channel_ring(rings, r, segments, "ag", chunk, item, False)
+
+
+def _tree(topo, r, count, chunk, item):
+    """tree.py's allreduce on every GPU of `topo`: two trees, up then down, chunk i of both parts first."""
+    N, G = topo.nodes, topo.gpus_per_node
+    me = divmod(r, G)
+    trees = [part[me] for part in tree_parts(N, G)]
+    spans = [chunks(lo, hi, chunk) for lo, hi in blocks(count, len(trees))]
+    rounds = max(map(len, spans), default=0)
+    for i in range(rounds):
+        for k, (parent, children) in enumerate(trees):
+            if i >= len(spans[k]):
+                continue
+            lo, hi = spans[k][i]
+            for a, j in children:
+                yield ("recv", a * G + j, ("up", k, i))
+            if parent is not None:
+                yield ("send", parent[0] * G + parent[1], ("up", k, i), (hi - lo) * item)
+            else:
+                for a, j in children:
+                    yield ("send", a * G + j, ("down", k, i), (hi - lo) * item)
+    yield ("flush",)
+    for i in range(rounds):
+        for k, (parent, children) in enumerate(trees):
+            if i >= len(spans[k]) or parent is None:
+                continue
+            lo, hi = spans[k][i]
+            yield ("recv", parent[0] * G + parent[1], ("down", k, i))
+            for a, j in children:
+                yield ("send", a * G + j, ("down", k, i), (hi - lo) * item)
+    yield ("flush",)
+
+
 def _pxn(topo, r, count, chunk, item):
     """pxn.py's All2All on every GPU of `topo`: a block for (b, k), b another node and k another rail,
     goes to the sender node's GPU on rail k first, which passes it on."""
@@ -239,6 +319,12 @@ def _program(collective: str, algorithm: str, topo: Topology, r: int, count: int
     if (collective, algorithm) == ("all2all", "pxn"):
         yield from _pxn(topo, r, count, chunk, item)
         return
+    if algorithm == "ring" and topo.nodes > 1 and collective in PROGRAMS["ring"]:
+        yield from _ring_channels(collective, topo, r, count, chunk, item, root)
+        return
+    if (collective, algorithm) == ("allreduce", "tree"):
+        yield from _tree(topo, r, count, chunk, item)
+        return
     parts = blocks(count, n)
     if (collective, algorithm) == ("all2allv", "all2allv") or (collective, algorithm) == ("all2all", "direct"):
         if counts is None:  # all2all: count elements per member's send buffer, equal blocks
@@ -272,6 +358,7 @@ PROGRAMS = {
     "all2allv": ("all2allv",),
     "hier": ("allreduce", "reduce_scatter", "allgather", "broadcast"),
     "pxn": ("all2all",),
+    "tree": ("allreduce",),
 }
 
 

@@ -42,8 +42,11 @@ class LinkClock:
         i = bisect.bisect_right(ends, start)  # the first interval that ends after `start`
         while True:
             end = max(start + duration, ready_end)
-            if i == len(starts) or end <= starts[i]:
-                break  # fits in the gap before interval i
+            if i == len(starts) or end <= starts[i] * (1 + 1e-12):
+                # fits in the gap before interval i; a fit to within float rounding is a fit, so that
+                # a schedule started at another clock (after earlier calls) gets the same times
+                end = min(end, starts[i]) if i < len(starts) else end
+                break
             start = max(start, ends[i])
             i += 1
         self._occupy(i, start, end)

@@ -15,9 +15,10 @@ from nvlink_emu.fabric import cost, cost_nodes
 from nvlink_emu.fabric.cost import in_switch_chunk
 from nvlink_emu.fabric.switch import buffer_share_bytes
 
-from . import all2all, direct, hier, nvls, pxn, ring, sharp
+from . import all2all, direct, hier, nvls, pxn, ring, sharp, tree
 
-ALGORITHMS = {"ring": ring, "direct": direct, "sharp": sharp, "nvls": nvls, "hier": hier}  # also `auto`'s tie order
+ALGORITHMS = {"ring": ring, "direct": direct, "sharp": sharp, "nvls": nvls, "hier": hier,
+              "tree": tree}  # also `auto`'s tie order
 IN_SWITCH = ("sharp", "nvls")
 # all2all's algorithms (comm.all2all's `algorithm`; auto is direct), each taking all2allv's arguments;
 # all2allv runs direct
@@ -40,7 +41,8 @@ def choose(collective: str, algorithm: str, config, nbytes: int, members: int | 
     `auto`: among the algorithms that implement the collective and that the fabric allows, the one
     the cost model says is fastest (fabric.cost.modeled_ns; for every GPU of a fabric of several
     nodes fabric.cost_nodes.modeled_ns), ties to the earlier in ALGORITHMS order (ring, direct,
-    sharp, nvls, hier; fabric.cost has no form for hier, so on one node auto never picks it). For a collective or a group the cost model does not cover, a fixed rule: on a
+    sharp, nvls, hier, tree; fabric.cost has no form for hier or tree, so on one node auto never
+    picks them). For a collective or a group the cost model does not cover, a fixed rule: on a
     SHARP switch the first of sharp, nvls, direct, ring that implements it; otherwise direct, then
     ring below 64 KiB (SMALL_BYTES), ring, then direct from there on."""
     n = config.gpus if members is None else members

@@ -11,13 +11,35 @@ Per-GPU link payload for S bytes on N GPUs (S a multiple of N x itemsize), tx = 
 Combine order: block b is folded b+1, b+2, ..., b+N-1, b (members mod N) in the array's dtype, one
 rounding per hop (16-bit floats included), as NCCL's ring does; reduce folds the whole buffer
 root+1, root+2, ..., root+N-1, root the same way.
+
+**Across nodes: one ring per rail** (NCCL's rings on DGX clusters, NVIDIA/nccl src/graph/rings.cc
+and search.cc: every channel is a ring through every GPU, entering each node on one NIC and leaving
+it on another, and the data is split over the channels so that every NIC carries traffic at once).
+When the members span several nodes and are laid out as hier's Grid (N nodes x G positions, the
+same local indices in every node), `ring` runs G channels c = 0..G-1 instead of the one ring above:
+ring c visits, in node order a = 0..N-1, the positions c, c+1, ..., c+G-1 (mod G) of each node, so it
+enters node a+1 at position c from node a's position c-1 (mod G): every GPU's NIC carries exactly one
+channel out and one in. Member m's range of channel c is block c of blocks(|block m|, G) inside
+block m = blocks(count, n)[m] (so reduce_scatter and allgather keep the API's blocks, and allreduce
+uses the same ranges); broadcast and reduce split the buffer as blocks(count, G), part c on ring c.
+The channels run in lockstep inside each step (step s: every channel's sends, then every channel's
+receives), so all G rings are in flight at once. Per-GPU payload is the one ring's figures above;
+across nodes each GPU sends its channel's crossing: allreduce 2(n-1)/n x S/G on its own outbound and
+inbound share (fabric.cost_nodes documents every link). Combine order across nodes: member m's
+range of channel c is folded in ring c's order after m (q+1, q+2, ..., q for m at ring position q),
+reduce's part c in ring c's order after the root. A communicator on one node, or whose nodes do not
+line up, runs the one ring above, unchanged.
 """
 
 import numpy as np
 
-from nvlink_emu.fabric.reduction import blocks, chunks, combine, finish
+from nvlink_emu.fabric.errors import UnsupportedOperation
+from nvlink_emu.fabric.reduction import blocks, channel_rings, chunks, combine, finish, rail_ranges
+
+from .hier import Grid
 
 RS, AG, BC, RD = 0, 1, 2, 3  # message phases
+CH_RS, CH_AG, CH_BC, CH_RD = 4, 5, 6, 7  # the channels' phases, across nodes
 
 
 def _reduce_scatter_inplace(call, work: np.ndarray) -> list[tuple[int, int]]:
@@ -53,7 +75,67 @@ def _allgather_inplace(call, work: np.ndarray, parts: list[tuple[int, int]]) -> 
     call.flush()
 
 
+def _channels(call) -> list[list[int]] | None:
+    """The G rings (communicator ranks in ring order) of a communicator that spans several nodes as
+    hier's Grid; None (the one ring) on one node or when its nodes do not line up."""
+    try:
+        grid = Grid(call, "ring")
+    except UnsupportedOperation:
+        return None
+    return channel_rings(grid.rank) if grid.N > 1 else None
+
+
+def _channel_ring(call, work: np.ndarray, rings, segments, reduce: bool) -> None:
+    """Every channel's ring at once: segments[c][q] = the ranges of ring position q on channel c.
+    reduce: reduce-scatter (position q keeps segment q reduced, not finished); else all-gather."""
+    n, phase = call.n, CH_RS if reduce else CH_AG
+    mine = [ring.index(call.r) for ring in rings]
+    longest = max((b - a for channel in segments for seg in channel for a, b in seg), default=0)
+    scratch = np.empty(min(call.chunk, longest), work.dtype) if reduce else None
+    for step in range(n - 1):
+        sent, taken = (1 + step, 2 + step) if reduce else (step, 1 + step)
+        for c, ring in enumerate(rings):
+            q = mine[c]
+            for k, (a, b) in enumerate(segments[c][(q - sent) % n]):
+                for i, (lo, hi) in enumerate(chunks(a, b, call.chunk)):
+                    call.send(ring[(q + 1) % n], (phase, step, c, k, i), work[lo:hi])
+        for c, ring in enumerate(rings):
+            q = mine[c]
+            for k, (a, b) in enumerate(segments[c][(q - taken) % n]):
+                for i, (lo, hi) in enumerate(chunks(a, b, call.chunk)):
+                    if reduce:
+                        tmp = scratch[:hi - lo]
+                        call.recv(ring[(q - 1) % n], (phase, step, c, k, i), tmp)
+                        combine(call.op, work[lo:hi], tmp)
+                    else:
+                        call.recv(ring[(q - 1) % n], (phase, step, c, k, i), work[lo:hi])
+        if reduce:
+            call.flush()
+    if not reduce:
+        call.flush()
+
+
+def _channel_segments(rings, count: int, n: int) -> list[list[list[tuple[int, int]]]]:
+    """segments[c][q]: [range of ring c's position q on channel c] (fabric.reduction.rail_ranges)."""
+    ranges = rail_ranges(count, n, len(rings))
+    return [[[ranges[m][c]] for m in ring] for c, ring in enumerate(rings)]
+
+
+def _channel_reduce_scatter(call, work: np.ndarray, rings) -> tuple[int, int]:
+    """Reduce-scatter over every channel; this member's block (its channels' ranges are contiguous)."""
+    _channel_ring(call, work, rings, _channel_segments(rings, work.size, call.n), True)
+    return blocks(work.size, call.n)[call.r]
+
+
 def allreduce(call, array: np.ndarray) -> None:
+    rings = _channels(call)
+    if rings is not None:
+        segments = _channel_segments(rings, array.size, call.n)
+        _channel_ring(call, array, rings, segments, True)
+        a, b = blocks(array.size, call.n)[call.r]
+        finish(call.op, array[a:b], call.n, array[a:b])
+        _channel_ring(call, array, rings, segments, False)
+        return
     parts = _reduce_scatter_inplace(call, array)
     a, b = parts[call.r]
     finish(call.op, array[a:b], call.n, array[a:b])
@@ -62,16 +144,50 @@ def allreduce(call, array: np.ndarray) -> None:
 
 def reduce_scatter(call, send: np.ndarray, recv: np.ndarray) -> None:
     work = send.copy()  # the send buffer stays as the caller left it
+    rings = _channels(call)
+    if rings is not None:
+        a, b = _channel_reduce_scatter(call, work, rings)
+        finish(call.op, work[a:b], call.n, recv)
+        return
     parts = _reduce_scatter_inplace(call, work)
     a, b = parts[call.r]
     finish(call.op, work[a:b], call.n, recv)
 
 
 def allgather(call, send: np.ndarray, recv: np.ndarray) -> None:
+    rings = _channels(call)
+    if rings is not None:
+        call.own_block_in_place(send, recv)
+        _channel_ring(call, recv, rings, _channel_segments(rings, recv.size, call.n), False)
+        return
     _allgather_inplace(call, recv, call.own_block_in_place(send, recv))
 
 
+def _channel_chains(call, rings, root: int, count: int):
+    """Per channel c: (part c of blocks(count, G), this member's ring-c position counted from the root,
+    ring c). The chunk loop runs every channel's chunk i before any channel's chunk i+1."""
+    n = call.n
+    return [(part, (ring.index(call.r) - ring.index(root)) % n, ring)
+            for part, ring in zip(blocks(count, len(rings)), rings)]
+
+
 def broadcast(call, array: np.ndarray, root: int) -> None:
+    rings = _channels(call)
+    if rings is not None:
+        n, chains = call.n, _channel_chains(call, rings, root, array.size)
+        spans = [chunks(*part, call.chunk) for part, _, _ in chains]
+        for i in range(max(map(len, spans), default=0)):
+            for c, (_, position, ring) in enumerate(chains):
+                if i >= len(spans[c]):
+                    continue
+                lo, hi = spans[c][i]
+                q = ring.index(call.r)
+                if position:
+                    call.recv(ring[(q - 1) % n], (CH_BC, c, i), array[lo:hi])
+                if position < n - 1:
+                    call.send(ring[(q + 1) % n], (CH_BC, c, i), array[lo:hi])
+        call.flush()
+        return
     n, position = call.n, (call.r - root) % call.n
     for c, (lo, hi) in enumerate(chunks(0, array.size, call.chunk)):
         # chunk c moves down the chain root, root+1, ..., root+N-1; each GPU forwards as soon as it has it
@@ -84,6 +200,30 @@ def broadcast(call, array: np.ndarray, root: int) -> None:
 
 def reduce(call, send: np.ndarray, recv: np.ndarray | None, root: int) -> None:
     n, r = call.n, call.r
+    rings = _channels(call)
+    if rings is not None:
+        # part c: a chain along ring c from the root's successor to the root, every channel at once
+        chains = [(part, (position - 1) % n, ring) for part, position, ring in _channel_chains(call, rings, root,
+                                                                                              send.size)]
+        work = np.empty(send.size, send.dtype)
+        spans = [chunks(*part, call.chunk) for part, _, _ in chains]
+        for i in range(max(map(len, spans), default=0)):
+            for c, (_, position, ring) in enumerate(chains):
+                if i >= len(spans[c]):
+                    continue
+                lo, hi = spans[c][i]
+                q = ring.index(r)
+                if position:
+                    call.recv(ring[(q - 1) % n], (CH_RD, c, i), work[lo:hi])
+                    combine(call.op, work[lo:hi], send[lo:hi])
+                else:
+                    work[lo:hi] = send[lo:hi]
+                if position < n - 1:
+                    call.send(ring[(q + 1) % n], (CH_RD, c, i), work[lo:hi])
+                else:
+                    finish(call.op, work[lo:hi], n, recv[lo:hi])
+        call.flush()
+        return
     position = (r - root - 1) % n  # 0: root+1, the chain's start; n-1: the root, its end
     work = send if position == 0 else np.empty(send.size, send.dtype)
     for c, (lo, hi) in enumerate(chunks(0, send.size, call.chunk)):
