@@ -222,20 +222,21 @@ def dtree(nranks: int, rank: int) -> tuple[tuple[int, int, int], tuple[int, int,
 def tree_parts(nodes: int, per_node: int) -> list[dict[tuple[int, int], tuple[tuple[int, int] | None, list]]]:
     """The two trees of `tree` (ranks/collectives/tree.py) on N nodes x G positions: part t maps every
     position (a, j) to (parent, children), coordinates (node, position), children in fold order.
-    Between nodes, tree t of dtree over the node indices; inside each node a chain over NVLink from
-    the head h_t = t x (G // 2) (two rails, one a tree, when G > 1): positions h_t, h_t+1, ...,
-    h_t+G-1 (mod G). A chain member's parent is the one before it, its child the one after; the
-    head's parent is the parent node's head, its children the chain's next member, then the child
-    nodes' heads (child 0, child 1): NCCL's tree.up / tree.down (src/graph/connect.cc: down[0] is
-    the next GPU of the chain, then the nodes' children)."""
+    Between nodes, tree t of dtree over the node indices; inside each node a chain over NVLink,
+    positions 0, 1, ..., G-1 for tree 0 and G-1, ..., 1, 0 for tree 1 (the mirror, as tree 1 is
+    between nodes for an even count), so the trees cross nodes on two rails, 0 and G-1, and their
+    chains use each NVLink direction alike. A chain member's parent is the one before it, its child
+    the one after; the head's parent is the parent node's head, its children the chain's next
+    member, then the child nodes' heads (child 0, child 1): NCCL's tree.up / tree.down
+    (src/graph/connect.cc: down[0] is the next GPU of the chain, then the nodes' children)."""
     N, G = nodes, per_node
     links = [dtree(N, a) for a in range(N)]
     out = []
     for t in (0, 1):
-        h = t * (G // 2)
+        h = t * (G - 1)
         part: dict = {}
         for a in range(N):
-            chain = [(a, (h + i) % G) for i in range(G)]
+            chain = [(a, j) for j in (range(G) if t == 0 else range(G - 1, -1, -1))]
             up, d0, d1 = links[a][t]
             for i, at in enumerate(chain):
                 below = [chain[i + 1]] if i + 1 < G else []
@@ -247,6 +248,21 @@ def tree_parts(nodes: int, per_node: int) -> list[dict[tuple[int, int], tuple[tu
                 part[at] = (parent, below)
         out.append(part)
     return out
+
+
+def tree_orders(parts, at: tuple[int, int]) -> tuple[list[int], list[int]]:
+    """The order in which member `at` takes the parts of tree_parts in each chunk: up, by its height in
+    each part's tree (a part it is a leaf of first: its send waits on nothing), down by its depth (the
+    part whose root is nearest first); ties by part index. Every wait is for a member strictly lower
+    (up) or higher (down) in that part, so the order never deadlocks."""
+    def height(part, x):
+        return max((1 + height(part, c) for c in part[x][1]), default=0)
+
+    def depth(part, x):
+        return 0 if part[x][0] is None else 1 + depth(part, part[x][0])
+
+    ks = range(len(parts))
+    return (sorted(ks, key=lambda k: (height(parts[k], at), k)), sorted(ks, key=lambda k: (depth(parts[k], at), k)))
 
 
 def merged_columns(ranges) -> list[list[tuple[int, int]]]:

@@ -24,7 +24,8 @@ about half a million).
 
 from .errors import FabricError
 from .packets import raw_bytes
-from .reduction import blocks, channel_rings, chunks, merged_columns, rail_ranges, tree_parts, two_level_blocks
+from .reduction import (blocks, channel_rings, chunks, merged_columns, rail_ranges, tree_orders, tree_parts,
+                        two_level_blocks)
 from .timemodel import LinkEnd
 from .topology import Topology
 
@@ -248,11 +249,14 @@ def _tree(topo, r, count, chunk, item):
     """tree.py's allreduce on every GPU of `topo`: two trees, up then down, chunk i of both parts first."""
     N, G = topo.nodes, topo.gpus_per_node
     me = divmod(r, G)
-    trees = [part[me] for part in tree_parts(N, G)]
+    layout = tree_parts(N, G)
+    trees = [part[me] for part in layout]
+    up_order, down_order = tree_orders(layout, me)
     spans = [chunks(lo, hi, chunk) for lo, hi in blocks(count, len(trees))]
     rounds = max(map(len, spans), default=0)
     for i in range(rounds):
-        for k, (parent, children) in enumerate(trees):
+        for k in up_order:
+            parent, children = trees[k]
             if i >= len(spans[k]):
                 continue
             lo, hi = spans[k][i]
@@ -265,7 +269,8 @@ def _tree(topo, r, count, chunk, item):
                     yield ("send", a * G + j, ("down", k, i), (hi - lo) * item)
     yield ("flush",)
     for i in range(rounds):
-        for k, (parent, children) in enumerate(trees):
+        for k in down_order:
+            parent, children = trees[k]
             if i >= len(spans[k]) or parent is None:
                 continue
             lo, hi = spans[k][i]

@@ -6,8 +6,8 @@ blocks(count, 2)[t], each reduced and broadcast on its own tree (fabric.reductio
 between nodes, tree t of NCCL's double binary tree over the node indices (ncclGetDtree,
 NVIDIA/nccl src/graph/trees.cc: tree 1 is tree 0 mirrored for an even node count, shifted by one
 for an odd one, so a node that is a leaf in one tree is inside the other); inside each node a chain
-over NVLink from the head h_t = t x (G // 2), positions h_t, h_t+1, ..., h_t+G-1 (mod G); the head
-both receives from and sends to the other nodes' heads over its own NIC (NCCL's pattern
+over NVLink, positions 0, 1, ..., G-1 for tree 0 and G-1, ..., 0 for tree 1 (its head h_t = t (G-1));
+the head both receives from and sends to the other nodes' heads over its own NIC (NCCL's pattern
 NCCL_TOPO_PATTERN_TREE), so the two trees cross nodes on two rails. NCCL runs each tree on several
 channels, one thread block each, which never wait for each other; a GPU's program here is one
 sequence, in which every further tree would add its chain's latency to the others', so there are
@@ -15,9 +15,9 @@ two (measured with one tree per rail on superpod-h100-ib 2 x 4 at 4 KiB: 22.7 us
 One node: the two chains alone.
 
 Schedule, pipelined in messages of chunk_bytes: reduce up, chunk i of both parts before chunk
-i+1: a member receives each child's partial, folds it into its own, sends the result to its
+i+1 (the part in which this member is lower first; fabric.reduction.tree_orders): a member receives each child's partial, folds it into its own, sends the result to its
 parent; the root of a part finishes it (avg) and at once sends it down to its children; then (after
-the up sends left) broadcast down, chunk by chunk: receive from the parent, pass on to the
+the up sends left) broadcast down, chunk by chunk (the part whose root is nearer first): receive from the parent, pass on to the
 children. NCCL runs the two directions on split thread groups at once; here a member starts passing
 results down once its own up sends are done (the emulated and replayed times, which agree exactly,
 include that).
@@ -37,7 +37,7 @@ reduce: ring, direct or hier).
 
 import numpy as np
 
-from nvlink_emu.fabric.reduction import blocks, chunks, combine, finish, tree_parts
+from nvlink_emu.fabric.reduction import blocks, chunks, combine, finish, tree_orders, tree_parts
 
 from .hier import Grid
 
@@ -48,14 +48,17 @@ def allreduce(call, array: np.ndarray) -> None:
     grid = Grid(call, "allreduce", "tree")
     rank = grid.rank
     me = (grid.a, grid.j)
-    trees = [part[me] for part in tree_parts(grid.N, grid.G)]
+    layout = tree_parts(grid.N, grid.G)
+    trees = [part[me] for part in layout]
+    up_order, down_order = tree_orders(layout, me)
     parts = blocks(array.size, len(trees))
     spans = [chunks(lo, hi, call.chunk) for lo, hi in parts]
     longest = max((hi - lo for lo, hi in parts), default=0)
     scratch = np.empty(min(call.chunk, longest), array.dtype)
     rounds = max(map(len, spans), default=0)
     for i in range(rounds):  # up: fold the children's partials into mine, pass it to the parent
-        for k, (parent, children) in enumerate(trees):
+        for k in up_order:
+            parent, children = trees[k]
             if i >= len(spans[k]):
                 continue
             lo, hi = spans[k][i]
@@ -71,7 +74,8 @@ def allreduce(call, array: np.ndarray) -> None:
                     call.send(rank[a][j], (DOWN, k, i), array[lo:hi])
     call.flush()  # my partials have left: the results may land on them
     for i in range(rounds):  # down: the parent's result, passed on to the children
-        for k, (parent, children) in enumerate(trees):
+        for k in down_order:
+            parent, children = trees[k]
             if i >= len(spans[k]) or parent is None:
                 continue
             lo, hi = spans[k][i]
