@@ -185,6 +185,17 @@ def channel_rings(grid) -> list[list[int]]:
     return [[row[(c + i) % G] for row in grid for i in range(G)] for c in range(G)]
 
 
+# tree's messages: NCCL's Simple-protocol step for a tree, its buffer (DEFAULT_BUFFSIZE 4 MiB,
+# NVIDIA/nccl src/init.cc) over NCCL_STEPS = 8 (src/include/device.h), one step a chunk (chunkSteps is
+# 1 for every algorithm but ring, src/enqueue.cc); at most the config's chunk_bytes
+TREE_CHUNK_BYTES = (4 << 20) // 8
+
+
+def tree_chunk(chunk_bytes: int, itemsize: int) -> int:
+    """Elements per message of `tree`: min(chunk_bytes, TREE_CHUNK_BYTES) in whole elements, at least 1."""
+    return max(1, min(chunk_bytes, TREE_CHUNK_BYTES) // itemsize)
+
+
 def btree(nranks: int, rank: int) -> tuple[int, int, int]:
     """(parent, child 0, child 1) of `rank` in NCCL's binary tree over ranks 0..nranks-1, rooted at 0
     (-1: none), as ncclGetBtree computes them (NVIDIA/nccl src/graph/trees.cc)."""
@@ -250,19 +261,29 @@ def tree_parts(nodes: int, per_node: int) -> list[dict[tuple[int, int], tuple[tu
     return out
 
 
+def _height(part, at) -> int:
+    return max((1 + _height(part, child) for child in part[at][1]), default=0)
+
+
+def _depth(part, at) -> int:
+    return 0 if part[at][0] is None else 1 + _depth(part, part[at][0])
+
+
 def tree_orders(parts, at: tuple[int, int]) -> tuple[list[int], list[int]]:
     """The order in which member `at` takes the parts of tree_parts in each chunk: up, by its height in
     each part's tree (a part it is a leaf of first: its send waits on nothing), down by its depth (the
     part whose root is nearest first); ties by part index. Every wait is for a member strictly lower
     (up) or higher (down) in that part, so the order never deadlocks."""
-    def height(part, x):
-        return max((1 + height(part, c) for c in part[x][1]), default=0)
-
-    def depth(part, x):
-        return 0 if part[x][0] is None else 1 + depth(part, part[x][0])
-
     ks = range(len(parts))
-    return (sorted(ks, key=lambda k: (height(parts[k], at), k)), sorted(ks, key=lambda k: (depth(parts[k], at), k)))
+    return (sorted(ks, key=lambda k: (_height(parts[k], at), k)), sorted(ks, key=lambda k: (_depth(parts[k], at), k)))
+
+
+def tree_lag(parts) -> int:
+    """Chunks a member of `tree` reduces ahead of the one it passes down: 2 x the tallest tree's height,
+    a chunk's hops up to the root and back, so the broadcast of chunk i overlaps the reduce of the
+    chunks after it (NCCL runs the two directions at once). The same on every member: a member that
+    lagged less than its parent would wait for a result its parent sends only after waiting for it."""
+    return 2 * max(_height(part, next(at for at, (parent, _) in part.items() if parent is None)) for part in parts)
 
 
 def merged_columns(ranges) -> list[list[tuple[int, int]]]:

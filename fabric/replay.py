@@ -24,8 +24,8 @@ about half a million).
 
 from .errors import FabricError
 from .packets import raw_bytes
-from .reduction import (blocks, channel_rings, chunks, merged_columns, rail_ranges, tree_orders, tree_parts,
-                        two_level_blocks)
+from .reduction import (blocks, channel_rings, chunks, merged_columns, rail_ranges, tree_chunk, tree_lag,
+                        tree_orders, tree_parts, two_level_blocks)
 from .timemodel import LinkEnd
 from .topology import Topology
 
@@ -246,30 +246,30 @@ def _ring_channels(collective, topo, r, count, chunk, item, root):
 
 
 def _tree(topo, r, count, chunk, item):
-    """tree.py's allreduce on every GPU of `topo`: two trees, up then down, chunk i of both parts first."""
+    """tree.py's allreduce on every GPU of `topo`: step i, chunk i up, chunk i - tree_lag down."""
     N, G = topo.nodes, topo.gpus_per_node
     me = divmod(r, G)
     layout = tree_parts(N, G)
     trees = [part[me] for part in layout]
     up_order, down_order = tree_orders(layout, me)
+    lag = tree_lag(layout)
     spans = [chunks(lo, hi, chunk) for lo, hi in blocks(count, len(trees))]
     rounds = max(map(len, spans), default=0)
-    for i in range(rounds):
-        for k in up_order:
+    for step in range(rounds + lag):
+        for k in up_order if step < rounds else ():
             parent, children = trees[k]
-            if i >= len(spans[k]):
+            if step >= len(spans[k]):
                 continue
-            lo, hi = spans[k][i]
+            lo, hi = spans[k][step]
             for a, j in children:
-                yield ("recv", a * G + j, ("up", k, i))
+                yield ("recv", a * G + j, ("up", k, step))
             if parent is not None:
-                yield ("send", parent[0] * G + parent[1], ("up", k, i), (hi - lo) * item)
+                yield ("send", parent[0] * G + parent[1], ("up", k, step), (hi - lo) * item)
             else:
                 for a, j in children:
-                    yield ("send", a * G + j, ("down", k, i), (hi - lo) * item)
-    yield ("flush",)
-    for i in range(rounds):
-        for k in down_order:
+                    yield ("send", a * G + j, ("down", k, step), (hi - lo) * item)
+        i = step - lag
+        for k in down_order if i >= 0 else ():
             parent, children = trees[k]
             if i >= len(spans[k]) or parent is None:
                 continue
@@ -328,7 +328,7 @@ def _program(collective: str, algorithm: str, topo: Topology, r: int, count: int
         yield from _ring_channels(collective, topo, r, count, chunk, item, root)
         return
     if (collective, algorithm) == ("allreduce", "tree"):
-        yield from _tree(topo, r, count, chunk, item)
+        yield from _tree(topo, r, count, min(chunk, tree_chunk(chunk * item, item)), item)
         return
     parts = blocks(count, n)
     if (collective, algorithm) == ("all2allv", "all2allv") or (collective, algorithm) == ("all2all", "direct"):

@@ -14,13 +14,14 @@ sequence, in which every further tree would add its chain's latency to the other
 two (measured with one tree per rail on superpod-h100-ib 2 x 4 at 4 KiB: 22.7 us against 11.3).
 One node: the two chains alone.
 
-Schedule, pipelined in messages of chunk_bytes: reduce up, chunk i of both parts before chunk
-i+1 (the part in which this member is lower first; fabric.reduction.tree_orders): a member receives each child's partial, folds it into its own, sends the result to its
-parent; the root of a part finishes it (avg) and at once sends it down to its children; then (after
-the up sends left) broadcast down, chunk by chunk (the part whose root is nearer first): receive from the parent, pass on to the
-children. NCCL runs the two directions on split thread groups at once; here a member starts passing
-results down once its own up sends are done (the emulated and replayed times, which agree exactly,
-include that).
+Schedule, pipelined in messages of min(chunk_bytes, 512 KiB) (fabric.reduction.TREE_CHUNK_BYTES:
+NCCL's tree chunk, one step of its 4 MiB buffer), step by step: at step i a member reduces chunk i
+of both parts up (the part in which it is lower first; fabric.reduction.tree_orders): it receives
+each child's partial, folds it into its own, sends the result to its parent, and the root of a part
+finishes it (avg) and at once sends it down to its children; then it passes chunk i - L down
+(the part whose root is nearer first): receive from the parent, pass on to the children.
+L = tree_lag, 2 x the taller tree's height, so a chunk's results go down while the later chunks go
+up, as NCCL runs the two directions at once on split thread groups.
 
 Per-GPU link payload for S bytes (P = S/2 a part, S a multiple of 2 x itemsize), tx = rx: on part
 t a member sends P up unless it is the root and P down to each child: a chain member that is not
@@ -37,7 +38,8 @@ reduce: ring, direct or hier).
 
 import numpy as np
 
-from nvlink_emu.fabric.reduction import blocks, chunks, combine, finish, tree_orders, tree_parts
+from nvlink_emu.fabric.reduction import (blocks, chunks, combine, finish, tree_chunk, tree_lag, tree_orders,
+                                         tree_parts)
 
 from .hier import Grid
 
@@ -51,13 +53,17 @@ def allreduce(call, array: np.ndarray) -> None:
     layout = tree_parts(grid.N, grid.G)
     trees = [part[me] for part in layout]
     up_order, down_order = tree_orders(layout, me)
+    lag = tree_lag(layout)
+    call.chunk = tree_chunk(call.gpu.config.chunk_bytes, array.dtype.itemsize)
     parts = blocks(array.size, len(trees))
     spans = [chunks(lo, hi, call.chunk) for lo, hi in parts]
     longest = max((hi - lo for lo, hi in parts), default=0)
     scratch = np.empty(min(call.chunk, longest), array.dtype)
+    result = np.empty(array.size, array.dtype)  # results land here: my partials may still be leaving `array`
     rounds = max(map(len, spans), default=0)
-    for i in range(rounds):  # up: fold the children's partials into mine, pass it to the parent
-        for k in up_order:
+    for step in range(rounds + lag):
+        i = step  # up: fold the children's partials of chunk i into mine, pass it to the parent
+        for k in up_order if i < rounds else ():
             parent, children = trees[k]
             if i >= len(spans[k]):
                 continue
@@ -72,14 +78,16 @@ def allreduce(call, array: np.ndarray) -> None:
                 finish(call.op, array[lo:hi], call.n, array[lo:hi])
                 for a, j in children:
                     call.send(rank[a][j], (DOWN, k, i), array[lo:hi])
-    call.flush()  # my partials have left: the results may land on them
-    for i in range(rounds):  # down: the parent's result, passed on to the children
-        for k in down_order:
+        i = step - lag  # down: the parent's result of chunk i, passed on to the children
+        for k in down_order if i >= 0 else ():
             parent, children = trees[k]
             if i >= len(spans[k]) or parent is None:
                 continue
             lo, hi = spans[k][i]
-            call.recv(rank[parent[0]][parent[1]], (DOWN, k, i), array[lo:hi])
+            call.recv(rank[parent[0]][parent[1]], (DOWN, k, i), result[lo:hi])
             for a, j in children:
-                call.send(rank[a][j], (DOWN, k, i), array[lo:hi])
+                call.send(rank[a][j], (DOWN, k, i), result[lo:hi])
     call.flush()
+    for k, (parent, _) in enumerate(trees):
+        if parent is not None:
+            array[slice(*parts[k])] = result[slice(*parts[k])]
