@@ -269,21 +269,19 @@ def _depth(part, at) -> int:
     return 0 if part[at][0] is None else 1 + _depth(part, part[at][0])
 
 
-def tree_orders(parts, at: tuple[int, int]) -> tuple[list[int], list[int]]:
-    """The order in which member `at` takes the parts of tree_parts in each chunk: up, by its height in
-    each part's tree (a part it is a leaf of first: its send waits on nothing), down by its depth (the
-    part whose root is nearest first); ties by part index. Every wait is for a member strictly lower
-    (up) or higher (down) in that part, so the order never deadlocks."""
-    ks = range(len(parts))
-    return (sorted(ks, key=lambda k: (_height(parts[k], at), k)), sorted(ks, key=lambda k: (_depth(parts[k], at), k)))
-
-
-def tree_lag(parts) -> int:
-    """Chunks a member of `tree` reduces ahead of the one it passes down: 2 x the tallest tree's height,
-    a chunk's hops up to the root and back, so the broadcast of chunk i overlaps the reduce of the
-    chunks after it (NCCL runs the two directions at once). The same on every member: a member that
-    lagged less than its parent would wait for a result its parent sends only after waiting for it."""
-    return 2 * max(_height(part, next(at for at, (parent, _) in part.items() if parent is None)) for part in parts)
+def tree_steps(parts, at: tuple[int, int]) -> list[tuple[int, int]]:
+    """When member `at` of `tree` handles each part's chunks: per part of tree_parts, (up, down): at
+    step s it reduces chunk s - up of the part (up = its height in the part's tree: a leaf at once,
+    its parent one step after its tallest child) and passes chunk s - down on (down = the tree's
+    height + its depth: the root sends a result down in the step it finishes it, each level one step
+    later). Every message a member waits for was sent at an earlier step, so the steps never wait in
+    a circle, and a step waits only for data in flight: the chunks stream up and down at once, as
+    NCCL runs the two directions on split thread groups."""
+    out = []
+    for part in parts:
+        root = next(x for x, (parent, _) in part.items() if parent is None)
+        out.append((_height(part, at), _height(part, root) + _depth(part, at)))
+    return out
 
 
 def merged_columns(ranges) -> list[list[tuple[int, int]]]:

@@ -24,8 +24,8 @@ about half a million).
 
 from .errors import FabricError
 from .packets import raw_bytes
-from .reduction import (blocks, channel_rings, chunks, merged_columns, rail_ranges, tree_chunk, tree_lag,
-                        tree_orders, tree_parts, two_level_blocks)
+from .reduction import (blocks, channel_rings, chunks, merged_columns, rail_ranges, tree_chunk, tree_parts,
+                        tree_steps, two_level_blocks)
 from .timemodel import LinkEnd
 from .topology import Topology
 
@@ -246,32 +246,31 @@ def _ring_channels(collective, topo, r, count, chunk, item, root):
 
 
 def _tree(topo, r, count, chunk, item):
-    """tree.py's allreduce on every GPU of `topo`: step i, chunk i up, chunk i - tree_lag down."""
+    """tree.py's allreduce on every GPU of `topo`: at step s, chunk s - up of each part up, chunk
+    s - down down (fabric.reduction.tree_steps)."""
     N, G = topo.nodes, topo.gpus_per_node
     me = divmod(r, G)
     layout = tree_parts(N, G)
     trees = [part[me] for part in layout]
-    up_order, down_order = tree_orders(layout, me)
-    lag = tree_lag(layout)
+    offsets = tree_steps(layout, me)
     spans = [chunks(lo, hi, chunk) for lo, hi in blocks(count, len(trees))]
-    rounds = max(map(len, spans), default=0)
-    for step in range(rounds + lag):
-        for k in up_order if step < rounds else ():
-            parent, children = trees[k]
-            if step >= len(spans[k]):
+    steps = max((len(span) + down for span, (_, down) in zip(spans, offsets)), default=0)
+    for step in range(steps):
+        for k, (parent, children) in enumerate(trees):
+            i = step - offsets[k][0]
+            if not 0 <= i < len(spans[k]):
                 continue
-            lo, hi = spans[k][step]
+            lo, hi = spans[k][i]
             for a, j in children:
-                yield ("recv", a * G + j, ("up", k, step))
+                yield ("recv", a * G + j, ("up", k, i))
             if parent is not None:
-                yield ("send", parent[0] * G + parent[1], ("up", k, step), (hi - lo) * item)
+                yield ("send", parent[0] * G + parent[1], ("up", k, i), (hi - lo) * item)
             else:
                 for a, j in children:
-                    yield ("send", a * G + j, ("down", k, step), (hi - lo) * item)
-        i = step - lag
-        for k in down_order if i >= 0 else ():
-            parent, children = trees[k]
-            if i >= len(spans[k]) or parent is None:
+                    yield ("send", a * G + j, ("down", k, i), (hi - lo) * item)
+        for k, (parent, children) in enumerate(trees):
+            i = step - offsets[k][1]
+            if parent is None or not 0 <= i < len(spans[k]):
                 continue
             lo, hi = spans[k][i]
             yield ("recv", parent[0] * G + parent[1], ("down", k, i))

@@ -15,13 +15,13 @@ two (measured with one tree per rail on superpod-h100-ib 2 x 4 at 4 KiB: 22.7 us
 One node: the two chains alone.
 
 Schedule, pipelined in messages of min(chunk_bytes, 512 KiB) (fabric.reduction.TREE_CHUNK_BYTES:
-NCCL's tree chunk, one step of its 4 MiB buffer), step by step: at step i a member reduces chunk i
-of both parts up (the part in which it is lower first; fabric.reduction.tree_orders): it receives
-each child's partial, folds it into its own, sends the result to its parent, and the root of a part
-finishes it (avg) and at once sends it down to its children; then it passes chunk i - L down
-(the part whose root is nearer first): receive from the parent, pass on to the children.
-L = tree_lag, 2 x the taller tree's height, so a chunk's results go down while the later chunks go
-up, as NCCL runs the two directions at once on split thread groups.
+NCCL's tree chunk, one step of its 4 MiB buffer), in steps (fabric.reduction.tree_steps): at step
+s a member reduces chunk s - h of each part, h its height in that part's tree (receives each
+child's partial, folds it into its own, sends the result to its parent; the root finishes it (avg)
+and at once sends it down to its children), then passes chunk s - H - d down (H the tree's height,
+d its depth: receive from the parent, pass on to the children). Every message a step waits for was
+sent at an earlier step, so chunks stream up and down at once, as NCCL runs the two directions on
+split thread groups.
 
 Per-GPU link payload for S bytes (P = S/2 a part, S a multiple of 2 x itemsize), tx = rx: on part
 t a member sends P up unless it is the root and P down to each child: a chain member that is not
@@ -38,8 +38,7 @@ reduce: ring, direct or hier).
 
 import numpy as np
 
-from nvlink_emu.fabric.reduction import (blocks, chunks, combine, finish, tree_chunk, tree_lag, tree_orders,
-                                         tree_parts)
+from nvlink_emu.fabric.reduction import blocks, chunks, combine, finish, tree_chunk, tree_parts, tree_steps
 
 from .hier import Grid
 
@@ -52,20 +51,18 @@ def allreduce(call, array: np.ndarray) -> None:
     me = (grid.a, grid.j)
     layout = tree_parts(grid.N, grid.G)
     trees = [part[me] for part in layout]
-    up_order, down_order = tree_orders(layout, me)
-    lag = tree_lag(layout)
+    offsets = tree_steps(layout, me)
     call.chunk = tree_chunk(call.gpu.config.chunk_bytes, array.dtype.itemsize)
     parts = blocks(array.size, len(trees))
     spans = [chunks(lo, hi, call.chunk) for lo, hi in parts]
     longest = max((hi - lo for lo, hi in parts), default=0)
     scratch = np.empty(min(call.chunk, longest), array.dtype)
     result = np.empty(array.size, array.dtype)  # results land here: my partials may still be leaving `array`
-    rounds = max(map(len, spans), default=0)
-    for step in range(rounds + lag):
-        i = step  # up: fold the children's partials of chunk i into mine, pass it to the parent
-        for k in up_order if i < rounds else ():
-            parent, children = trees[k]
-            if i >= len(spans[k]):
+    steps = max((len(span) + down for span, (_, down) in zip(spans, offsets)), default=0)
+    for step in range(steps):
+        for k, (parent, children) in enumerate(trees):  # up: chunk i's partials folded into mine, passed on
+            i = step - offsets[k][0]
+            if not 0 <= i < len(spans[k]):
                 continue
             lo, hi = spans[k][i]
             for a, j in children:
@@ -78,10 +75,9 @@ def allreduce(call, array: np.ndarray) -> None:
                 finish(call.op, array[lo:hi], call.n, array[lo:hi])
                 for a, j in children:
                     call.send(rank[a][j], (DOWN, k, i), array[lo:hi])
-        i = step - lag  # down: the parent's result of chunk i, passed on to the children
-        for k in down_order if i >= 0 else ():
-            parent, children = trees[k]
-            if i >= len(spans[k]) or parent is None:
+        for k, (parent, children) in enumerate(trees):  # down: the parent's result of chunk i, passed on
+            i = step - offsets[k][1]
+            if parent is None or not 0 <= i < len(spans[k]):
                 continue
             lo, hi = spans[k][i]
             call.recv(rank[parent[0]][parent[1]], (DOWN, k, i), result[lo:hi])

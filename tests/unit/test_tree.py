@@ -80,9 +80,21 @@ def test_tree_bytes_on_two_nodes_by_hand(spines):
 
 def test_tree_time_on_two_nodes_of_one_gpu_by_hand():
     # 2 nodes x 1 GPU, 4 KiB: halves of 2 KiB, tree 0 rooted at GPU 0, tree 1 at GPU 1. Each GPU sends the
-    # half it is a leaf of up at once (tree_orders: leaves first), folds the other's into its own half when
+    # half it is a leaf of up at step 0 (tree_steps: a leaf at once), folds the other's into its own half when
     # it lands and sends the result back: two crossings one after the other
     config = preset("superpod-h100-ib", nodes=2, gpus=2, spines=1)
     one = config.topology.unloaded_ns(0, 1, raw_bytes(2048, config.mtu_bytes, config.header_bytes))
     got = replay.replay_ns("allreduce", "tree", config.topology, 4096, config)
     assert math.isclose(got, 2 * one, rel_tol=1e-12), (got, one)
+
+
+def test_auto_weighs_tree_and_the_rails_rings_by_their_replayed_times():
+    from nvlink_emu.ranks import collectives
+    cfg = preset("superpod-h100-ib", nodes=8, gpus=8, spines=1)  # 8 nodes x 1 GPU
+    assert {"ring", "tree"} <= set(collectives.allowed(cfg, cfg.nodes))
+    for S in (4096, 1 << 20):
+        times = {a: cn.modeled_ns("allreduce", a, cfg.topology, S, cfg) for a in ("ring", "direct", "hier", "tree")}
+        assert collectives.choose("allreduce", "auto", cfg, S) == min(times, key=times.get)
+    # latency-bound, without the one-hop direct: the tree's depth of 3 nodes beats 14 ring steps
+    assert cn.fastest("allreduce", ["ring", "hier", "tree"], 4096, cfg) == "tree"
+    assert cn.fastest("allreduce", ["ring", "tree"], 16 << 20, cfg) == "ring"
