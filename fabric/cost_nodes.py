@@ -11,17 +11,18 @@ ranks/collectives (blocks are fabric.reduction.blocks of the element count, time
 - ring on one node (ranks/collectives/ring.py), 2(N-1) rounds for allreduce, N-1 for reduce_scatter (S = input
   bytes) and allgather (S = output bytes). Reduce-scatter round s: GPU r sends block (r-1-s) mod N
   to r+1; all-gather round s: GPU r sends block (r-s) mod N to r+1.
-- ring across nodes (N > 1; ring.py's channels, one ring per rail): ring c (c = 0..G-1) visits
-  positions c, c+1, ..., c+G-1 (mod G) of node 0, then node 1, ...; member m's range of channel c
-  is block c of blocks(|block m|, G) inside block m. Round s is step s of every channel at once: on
+- ring across nodes (N > 1; ring.py's channels, one ring per rail): C = min(G, S // 32 KiB), at
+  least 1, channels (fabric.reduction.ring_channel_count, NCCL's rule; C = 1 is the node-major
+  ring); ring c visits positions c, c+1, ..., c+G-1 (mod G) of node 0, then node 1, ...; member m's
+  range of channel c is block c of blocks(|block m|, C) inside block m. Round s is step s of every channel at once: on
   ring c the member at position q sends the range of ring_c[q-1-s] (reduce-scatter) or ring_c[q-s]
   (all-gather) to ring_c[q+1]; 2(NG-1) rounds for allreduce, NG-1 for reduce_scatter and
-  allgather. Bytes for S a multiple of N G G itemsize, n = NG: every GPU link 2(n-1)/n S each way
+  allgather. Bytes with C = G, S a multiple of N G G itemsize, n = NG: every GPU link 2(n-1)/n S each way
   (allreduce; reduce_scatter, allgather half), as the one ring's; ring c crosses from (a, c-1) to
   (a+1, c), so leaf a -> spine i and spine i -> leaf a carry k_i 2(n-1)/(nG) S (half for
   reduce_scatter and allgather), k_i = channels c with c mod spines = i: a node's whole uplink
   2(n-1)/n S each way, spread over all its GPUs' shares (the node-major ring put it on one).
-  broadcast (replayed, not in FLAT): part c = blocks(count, G)[c] down ring c from the root.
+  broadcast (replayed, not in FLAT): part c = blocks(count, C)[c] down ring c from the root.
 - tree (tree.py), allreduce only, two rounds: up, every member but a part's root sends part t
   (blocks(count, 2)[t]) to its parent in tree t (fabric.reduction.tree_parts); down, every parent
   sends it to each child. Bytes (P = S/2): GPU (a, j) each way sum over t of P x (edges at it in
@@ -116,7 +117,7 @@ import numpy as np
 from . import replay
 from .cost import raw_of
 from .errors import FabricError
-from .reduction import blocks, channel_rings, rail_ranges, tree_parts
+from .reduction import blocks, channel_rings, rail_ranges, ring_channel_count, tree_parts
 from .topology import Topology
 
 FLAT = {
@@ -257,8 +258,8 @@ def _channel_rounds(collective: str, topo: Topology, S: int, itemsize: int) -> l
     channel at once; on ring c, position q sends the range (channel c) of member ring_c[q-1-s]
     (reduce-scatter) or ring_c[q-s] (all-gather) to ring_c[q+1]."""
     N, G, n = topo.nodes, topo.gpus_per_node, topo.gpus
-    rings = channel_rings([[a * G + j for j in range(G)] for a in range(N)])
-    ranges = rail_ranges(int(S) // itemsize, n, G)
+    rings = channel_rings([[a * G + j for j in range(G)] for a in range(N)])[:ring_channel_count(int(S), G)]
+    ranges = rail_ranges(int(S) // itemsize, n, len(rings))
     size = [[(hi - lo) * itemsize for lo, hi in row] for row in ranges]
     phases = {"allreduce": (1, 0), "reduce_scatter": (1,), "allgather": (0,)}[collective]
     out = []

@@ -177,6 +177,18 @@ def rail_ranges(count: int, members: int, channels: int) -> list[list[tuple[int,
     return out
 
 
+# A ring channel per this many bytes of the call, at most one per rail: NCCL drops channels while
+# nBytes < nc x nt x threadThreshold (src/enqueue.cc), nt = 512 threads (NCCL_SIMPLE_MAX_NTHREADS,
+# src/include/device.h) and threadThreshold = NCCL_SIMPLE_THREAD_THRESHOLD = 64 (src/include/comm.h)
+RING_CHANNEL_BYTES = 512 * 64
+
+
+def ring_channel_count(nbytes: int, rails: int) -> int:
+    """Channels `ring` runs across nodes for a call of `nbytes` on `rails` positions per node:
+    nbytes // RING_CHANNEL_BYTES, at least 1 (below 64 KiB the one node-major ring) and at most rails."""
+    return max(1, min(rails, nbytes // RING_CHANNEL_BYTES))
+
+
 def channel_rings(grid) -> list[list[int]]:
     """The rails' rings of `grid` (grid[a][j]: the member at node a, position j; N nodes x G): ring c
     visits positions c, c+1, ..., c+G-1 (mod G) of node 0, then of node 1, ..., so it enters every

@@ -24,8 +24,8 @@ about half a million).
 
 from .errors import FabricError
 from .packets import raw_bytes
-from .reduction import (blocks, channel_rings, chunks, merged_columns, rail_ranges, tree_chunk, tree_parts,
-                        tree_steps, two_level_blocks)
+from .reduction import (blocks, channel_rings, chunks, merged_columns, rail_ranges, ring_channel_count, tree_chunk,
+                        tree_parts, tree_steps, two_level_blocks)
 from .timemodel import LinkEnd
 from .topology import Topology
 
@@ -219,11 +219,12 @@ def _channel_ring(rings, r, segments, phase, chunk, item, reduce: bool):
 
 
 def _ring_channels(collective, topo, r, count, chunk, item, root):
-    """ring.py's schedule across nodes on every GPU of `topo`: G rings, one per rail."""
+    """ring.py's schedule across nodes on every GPU of `topo`: ring_channel_count rings, one per rail."""
     N, G, n = topo.nodes, topo.gpus_per_node, topo.gpus
-    rings = channel_rings([[a * G + j for j in range(G)] for a in range(N)])
+    rings = channel_rings([[a * G + j for j in range(G)] for a in range(N)])[:ring_channel_count(count * item, G)]
+    C = len(rings)
     if collective == "broadcast":
-        chains = [(part, (ring.index(r) - ring.index(root)) % n, ring) for part, ring in zip(blocks(count, G), rings)]
+        chains = [(part, (ring.index(r) - ring.index(root)) % n, ring) for part, ring in zip(blocks(count, C), rings)]
         spans = [chunks(*part, chunk) for part, _, _ in chains]
         for i in range(max(map(len, spans), default=0)):
             for c, (_, position, ring) in enumerate(chains):
@@ -237,7 +238,7 @@ def _ring_channels(collective, topo, r, count, chunk, item, root):
                     yield ("send", ring[(q + 1) % n], ("chain", c, i), (hi - lo) * item)
         yield ("flush",)
         return
-    ranges = rail_ranges(count, n, G)
+    ranges = rail_ranges(count, n, C)
     segments = [[[ranges[m][c]] for m in ring] for c, ring in enumerate(rings)]
     if collective != "allgather":
         yield from _channel_ring(rings, r, segments, "rs", chunk, item, True)

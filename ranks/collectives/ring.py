@@ -16,16 +16,21 @@ root+1, root+2, ..., root+N-1, root the same way.
 and search.cc: every channel is a ring through every GPU, entering each node on one NIC and leaving
 it on another, and the data is split over the channels so that every NIC carries traffic at once).
 When the members span several nodes and are laid out as hier's Grid (N nodes x G positions, the
-same local indices in every node), `ring` runs G channels c = 0..G-1 instead of the one ring above:
+same local indices in every node), `ring` runs C channels c = 0..C-1 instead of the one ring above,
+C = min(G, S // 32 KiB) and at least 1 (fabric.reduction.ring_channel_count: NCCL's rule, fewer
+channels while S < channels x 512 threads x 64 bytes; with one channel it is the node-major ring):
 ring c visits, in node order a = 0..N-1, the positions c, c+1, ..., c+G-1 (mod G) of each node, so it
-enters node a+1 at position c from node a's position c-1 (mod G): every GPU's NIC carries exactly one
-channel out and one in. Member m's range of channel c is block c of blocks(|block m|, G) inside
-block m = blocks(count, n)[m] (so reduce_scatter and allgather keep the API's blocks, and allreduce
-uses the same ranges); broadcast and reduce split the buffer as blocks(count, G), part c on ring c.
-The channels run in lockstep inside each step (step s: every channel's sends, then every channel's
-receives), so all G rings are in flight at once. Per-GPU payload is the one ring's figures above;
-across nodes each GPU sends its channel's crossing: allreduce 2(n-1)/n x S/G on its own outbound and
-inbound share (fabric.cost_nodes documents every link). Combine order across nodes: member m's
+enters node a+1 at position c from node a's position c-1 (mod G): with C = G every GPU's NIC carries
+exactly one channel out and one in. Member m's range of channel c is block c of blocks(|block m|, C)
+inside block m = blocks(count, n)[m] (so reduce_scatter and allgather keep the API's blocks, and
+allreduce uses the same ranges); broadcast and reduce split the buffer as blocks(count, C), part c
+on ring c. The channels run in lockstep inside each step (step s: every channel's sends, then every
+channel's receives), so all C rings are in flight at once; NCCL's channels are thread blocks that
+never wait for each other, while one program per GPU here waits at every step for the slowest
+channel's block, a crossing (the rule's one ring below 64 KiB keeps small calls off that cost).
+Per-GPU payload is the one ring's figures above; across nodes, with C = G, each GPU sends its
+channel's crossing: allreduce 2(n-1)/n x S/G on its own outbound and inbound share
+(fabric.cost_nodes documents every link). Combine order across nodes: member m's
 range of channel c is folded in ring c's order after m (q+1, q+2, ..., q for m at ring position q),
 reduce's part c in ring c's order after the root. A communicator on one node, or whose nodes do not
 line up, runs the one ring above, unchanged.
@@ -34,7 +39,7 @@ line up, runs the one ring above, unchanged.
 import numpy as np
 
 from nvlink_emu.fabric.errors import UnsupportedOperation
-from nvlink_emu.fabric.reduction import blocks, channel_rings, chunks, combine, finish, rail_ranges
+from nvlink_emu.fabric.reduction import blocks, channel_rings, chunks, combine, finish, rail_ranges, ring_channel_count
 
 from .hier import Grid
 
@@ -75,14 +80,17 @@ def _allgather_inplace(call, work: np.ndarray, parts: list[tuple[int, int]]) -> 
     call.flush()
 
 
-def _channels(call) -> list[list[int]] | None:
-    """The G rings (communicator ranks in ring order) of a communicator that spans several nodes as
-    hier's Grid; None (the one ring) on one node or when its nodes do not line up."""
+def _channels(call, count: int) -> list[list[int]] | None:
+    """The rings (communicator ranks in ring order) of a call of `count` elements on a communicator that
+    spans several nodes as hier's Grid: the first ring_channel_count of the G rails' rings; None (the
+    one ring) on one node or when its nodes do not line up."""
     try:
         grid = Grid(call, "ring")
     except UnsupportedOperation:
         return None
-    return channel_rings(grid.rank) if grid.N > 1 else None
+    if grid.N == 1:
+        return None
+    return channel_rings(grid.rank)[:ring_channel_count(count * call.dtype.itemsize, grid.G)]
 
 
 def _channel_ring(call, work: np.ndarray, rings, segments, reduce: bool) -> None:
@@ -128,7 +136,7 @@ def _channel_reduce_scatter(call, work: np.ndarray, rings) -> tuple[int, int]:
 
 
 def allreduce(call, array: np.ndarray) -> None:
-    rings = _channels(call)
+    rings = _channels(call, array.size)
     if rings is not None:
         segments = _channel_segments(rings, array.size, call.n)
         _channel_ring(call, array, rings, segments, True)
@@ -144,7 +152,7 @@ def allreduce(call, array: np.ndarray) -> None:
 
 def reduce_scatter(call, send: np.ndarray, recv: np.ndarray) -> None:
     work = send.copy()  # the send buffer stays as the caller left it
-    rings = _channels(call)
+    rings = _channels(call, send.size)
     if rings is not None:
         a, b = _channel_reduce_scatter(call, work, rings)
         finish(call.op, work[a:b], call.n, recv)
@@ -155,7 +163,7 @@ def reduce_scatter(call, send: np.ndarray, recv: np.ndarray) -> None:
 
 
 def allgather(call, send: np.ndarray, recv: np.ndarray) -> None:
-    rings = _channels(call)
+    rings = _channels(call, recv.size)
     if rings is not None:
         call.own_block_in_place(send, recv)
         _channel_ring(call, recv, rings, _channel_segments(rings, recv.size, call.n), False)
@@ -172,7 +180,7 @@ def _channel_chains(call, rings, root: int, count: int):
 
 
 def broadcast(call, array: np.ndarray, root: int) -> None:
-    rings = _channels(call)
+    rings = _channels(call, array.size)
     if rings is not None:
         n, chains = call.n, _channel_chains(call, rings, root, array.size)
         spans = [chunks(*part, call.chunk) for part, _, _ in chains]
@@ -200,7 +208,7 @@ def broadcast(call, array: np.ndarray, root: int) -> None:
 
 def reduce(call, send: np.ndarray, recv: np.ndarray | None, root: int) -> None:
     n, r = call.n, call.r
-    rings = _channels(call)
+    rings = _channels(call, send.size)
     if rings is not None:
         # part c: a chain along ring c from the root's successor to the root, every channel at once
         chains = [(part, (position - 1) % n, ring) for part, position, ring in _channel_chains(call, rings, root,

@@ -9,8 +9,8 @@ import pytest
 
 from nvlink_emu.fabric import cost_nodes
 from nvlink_emu.fabric.errors import UnsupportedOperation
-from nvlink_emu.fabric.reduction import (DTYPES, OPS, blocks, channel_rings, combine, finish, rail_ranges,
-                                         tree_parts)
+from nvlink_emu.fabric.reduction import (DTYPES, OPS, RING_CHANNEL_BYTES, blocks, channel_rings, combine, finish,
+                                         rail_ranges, ring_channel_count, tree_parts)
 
 from nodes_helpers import config, run, shape
 from test_hier import contribution, same_bits
@@ -18,6 +18,7 @@ from test_hier import contribution, same_bits
 pytestmark = pytest.mark.mpi(min_size=7)
 
 CHUNK = 4096  # small messages: every size below streams in several chunks
+LONG = 2 * RING_CHANNEL_BYTES  # bytes from which ring runs two channels (one per rail of the 2-GPU nodes)
 
 
 def grid():
@@ -32,11 +33,16 @@ def fold(op, inputs, order, lo, hi):
     return acc
 
 
+def rings_of(count, itemsize):
+    """ring's channels for a call of `count` elements: ring_channel_count of the rails' rings."""
+    return channel_rings(grid())[:ring_channel_count(count * itemsize, shape()[1])]
+
+
 def ring_reference(collective, op, inputs, root=0):
     """ring's documented fold across nodes: member m's range of channel c in ring c's order after m
-    (reduce: part c of blocks(count, G) in ring c's order after the root); avg divides by n."""
+    (reduce: part c of blocks(count, C) in ring c's order after the root); avg divides by n."""
     n, count = len(inputs), inputs[0].size
-    rings = channel_rings(grid())
+    rings = rings_of(count, inputs[0].dtype.itemsize)
     out = np.empty(count, inputs[0].dtype)
     if collective == "reduce":
         for (lo, hi), ring in zip(blocks(count, len(rings)), rings):
@@ -67,16 +73,18 @@ def tree_reference(op, inputs):
 
 
 def test_reductions_equal_the_documented_folds_bitwise_for_every_op_and_dtype():
-    # every op on three dtypes at two sizes; sum and avg on every other dtype at the size of several chunks
-    cases = [(op, name, size) for op in OPS for name in ("float32", "int32", "float16") for size in ("odd", "long")] + \
-            [(op, name, "long") for op in ("sum", "avg") for name in DTYPES if name not in ("float32", "int32",
-                                                                                             "float16")]
+    # every op on three dtypes with two channels and on float32 with one ring; sum and avg on every other
+    # dtype with one ring (messages of 16 KiB: two a part of the broadcast, reduce and tree at two channels)
+    cases = [(op, name, "long") for op in OPS for name in ("float32", "int32", "float16")] + \
+            [(op, "float32", "odd") for op in OPS] + \
+            [(op, name, "odd") for op in ("sum", "avg") for name in DTYPES if name not in ("float32", "int32",
+                                                                                            "float16")]
 
     def main(gpu):
         n, r, wrong = gpu.size, gpu.rank, []
         for op, name, size in cases:
             dtype = DTYPES[name]
-            for count in ((2 * n + 1,) if size == "odd" else (3 * CHUNK // dtype.itemsize + 5,)):
+            for count in ((2 * n + 1,) if size == "odd" else (LONG // dtype.itemsize + 5,)):
                 inputs = [contribution(m, count, dtype, op) for m in range(n)]
                 for algorithm, want in (("ring", ring_reference("allreduce", op, inputs)),
                                         ("tree", tree_reference(op, inputs))):
@@ -96,7 +104,7 @@ def test_reductions_equal_the_documented_folds_bitwise_for_every_op_and_dtype():
                     wrong.append(("reduce", op, name, count, root))
         assert not wrong, wrong
 
-    run(main, chunk_bytes=CHUNK, timeout_s=120)
+    run(main, chunk_bytes=4 * CHUNK, timeout_s=120)
 
 
 def test_ring_allgather_and_broadcast_move_every_kind_of_element():
@@ -106,7 +114,7 @@ def test_ring_allgather_and_broadcast_move_every_kind_of_element():
     def main(gpu):
         n, r = gpu.size, gpu.rank
         for i, dtype in enumerate(movable):
-            for count in (0, 1, 2 * n + 1, 3 * CHUNK // dtype.itemsize + 1):
+            for count in (0, 1, 2 * n + 1, 3 * CHUNK // dtype.itemsize + 1) + ((LONG // dtype.itemsize + 1,) * (i % 2 == 0)):
                 rng = np.random.default_rng(i * 100 + count)
                 raw = rng.integers(0, 256, (n, count * dtype.itemsize), dtype=np.uint8)
                 whole = [raw[m].view(dtype) for m in range(n)]
@@ -124,7 +132,7 @@ def test_ring_allgather_and_broadcast_move_every_kind_of_element():
     run(main, chunk_bytes=CHUNK)
 
 
-S = 3 * 4096 + 8  # bytes: uneven ranges, several MTU packets each
+S = LONG + 24  # bytes: two ring channels, uneven ranges, several MTU packets each
 
 
 def calls(gpu):
@@ -170,7 +178,7 @@ def test_ring_and_tree_put_the_documented_bytes_on_every_link_of_both_levels():
     for collective, algorithm, nbytes, root in result.value:
         if collective == "broadcast":  # not in cost_nodes' FLAT: its replayed program's sends, summed here
             t = np.zeros((topo.gpus, topo.gpus), np.int64)
-            rings = channel_rings(grid())
+            rings = rings_of(nbytes // 4, 4)
             for (lo, hi), ring in zip(blocks(nbytes // 4, len(rings)), rings):
                 q = ring.index(root)
                 for i in range(topo.gpus - 1):  # the chain root, its successor, ...: every hop but the last's

@@ -42,22 +42,65 @@ def spine_links(per_link, expected):
 # -- bytes, by hand ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("spines", [1, 2])
-def test_the_rings_of_the_rails_cross_nodes_on_every_gpu_s_share(spines):
+def test_node_major_ring_crosses_nodes_only_into_local_index_0_over_spine_0(spines):
+    # 8 KiB: one ring channel (fabric.reduction.ring_channel_count, one per 32 KiB), the node-major ring
     topo = two_by_four(spines)
-    # 4 channels, each range B/4; 7 rounds, each GPU sends one range of each channel to its successor: ring c
-    # leaves node a from local c-1 into node a+1's local c, so spine (c mod spines) carries channel c
+    # 7 rounds, each GPU sends one block to the next; crossings 3 -> 4 and 7 -> 0, both to local 0: spine 0
     for collective, rounds in (("allgather", 7), ("reduce_scatter", 7), ("allreduce", 14)):
         got = cn.link_bytes(collective, "ring", topo, S)
         gpu_links(got, rounds * B, rounds * B)
-        per_spine = rounds * B // spines
+        spine_links(got, {"sw0->sw2": rounds * B, "sw2->sw1": rounds * B, "sw1->sw2": rounds * B,
+                          "sw2->sw0": rounds * B})
+        assert len(cn.rounds(collective, "ring", topo, S)) == rounds
+
+
+B4 = 16 * 1024  # 128 KiB on 8 GPUs: 4 ring channels (one per 32 KiB), each range 4 KiB, R(4 KiB) = 4352
+
+
+@pytest.mark.parametrize("spines", [1, 2])
+def test_the_rings_of_the_rails_cross_nodes_on_every_gpu_s_share(spines):
+    topo = two_by_four(spines)
+    # 7 rounds, each GPU sends one range of each channel to its successor: ring c leaves node a from local
+    # c-1 into node a+1's local c, so spine (c mod spines) carries channel c
+    for collective, rounds in (("allgather", 7), ("reduce_scatter", 7), ("allreduce", 14)):
+        got = cn.link_bytes(collective, "ring", topo, 8 * B4)
+        gpu_links(got, rounds * B4, rounds * B4)
+        per_spine = rounds * B4 // spines
         spine_links(got, {f"{x}->{y}": per_spine for k in range(spines) for x, y in
                           (("sw0", f"sw{2 + k}"), (f"sw{2 + k}", "sw1"), ("sw1", f"sw{2 + k}"), (f"sw{2 + k}", "sw0"))})
-        steps = cn.rounds(collective, "ring", topo, S)
+        steps = cn.rounds(collective, "ring", topo, 8 * B4)
         assert len(steps) == rounds
         for t in steps:  # every GPU sends one range across, to the next node's next local index
             for g in range(8):
                 across = [d for d in range(8) if d // 4 != g // 4 and t[g, d]]
-                assert across == [(g // 4 + 1) % 2 * 4 + (g % 4 + 1) % 4] and t[g, across[0]] == B // 4, (g, t)
+                assert across == [(g // 4 + 1) % 2 * 4 + (g % 4 + 1) % 4] and t[g, across[0]] == B4 // 4, (g, t)
+    # 64 KiB: two channels, rings 0 and 1, crossing into local 0 and 1
+    two = cn.rounds("allgather", "ring", topo, 4 * B4)[0]
+    assert sorted((g, d) for g in range(8) for d in range(8) if d // 4 != g // 4 and two[g, d]) == \
+        [(0, 5), (3, 4), (4, 1), (7, 0)]
+
+
+@pytest.mark.parametrize("spines", [1, 2])
+def test_ring_allgather_time_is_set_by_the_crossings_on_every_gpu_s_shares(spines):
+    # a node's 90 GB/s uplink, 22.5 GB/s per GPU's share whatever the spines; in every round each GPU sends
+    # its exit channel's range (4 KiB, R = 4352) across, on its outbound share, and the other three (12 KiB,
+    # R = 13056) in one flow to the next GPU of its node
+    topo = two_by_four(spines, uplink=90.0)
+    S4 = 8 * B4
+    path = 150 + 250 + 200 + 250 + 200 + 250 + 150  # GPU 3 -> sw0 -> sw2 -> sw1 -> GPU 4: 1450 ns
+    share = 90.0 / 4
+    one_round = path + 4352 / share
+    assert math.isclose(cn.round_ns(topo, cn.rounds("allgather", "ring", topo, S4)[0], LINE), one_round)
+    assert math.isclose(cn.rounds_ns("allgather", "ring", topo, S4, LINE), 7 * one_round)
+    # however rounds overlap: each share carries 7 ranges one after another, and each round waits for the
+    # previous one's receipt, at best the hop in the node (550 ns) and R(12 KiB) at 450 GB/s
+    link = path + 7 * 4352 / share
+    chain = 7 * (550 + 13056 / 450)
+    assert math.isclose(cn.lower_bound_ns("allgather", "ring", topo, S4, LINE), max(link, chain))
+    slow = two_by_four(spines, uplink=2.0)  # 2 GB/s: the share's bound is the larger one
+    assert math.isclose(cn.lower_bound_ns("allgather", "ring", slow, S4, LINE), path + 7 * 4352 / (2.0 / 4))
+    name, ns = cn.bottleneck("allgather", "ring", topo, S4, LINE)
+    assert name.endswith((":out", ":in")) and math.isclose(ns, 7 * 4352 / share)
 
 
 def test_direct_and_all2all_spread_over_the_spines_by_destination():
@@ -140,25 +183,24 @@ def test_one_node_ring_allreduce_by_hand():
 # -- time on two nodes, by hand ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("spines", [1, 2])
-def test_ring_allgather_time_is_set_by_the_crossings_on_every_gpu_s_shares(spines):
-    # a node's 90 GB/s uplink, 22.5 GB/s per GPU's share whatever the spines; in every round each GPU sends
-    # its exit channel's range (256 B, R = 272) across, on its outbound share, and the other three (768 B,
-    # R = 816) in one flow to the next GPU of its node
+def test_ring_allgather_time_is_set_by_the_crossing_on_one_gpu_s_shares(spines):
+    # a node's 90 GB/s uplink, 22.5 GB/s per GPU's share whatever the spines; each crossing of the ring
+    # (GPU 3 -> 4, GPU 7 -> 0) is timed on the sender's outbound and the receiver's inbound share
     topo = two_by_four(spines, uplink=90.0)
     path = 150 + 250 + 200 + 250 + 200 + 250 + 150  # GPU 3 -> sw0 -> sw2 -> sw1 -> GPU 4: 1450 ns
     share = 90.0 / 4
-    one_round = path + 272 / share
+    one_round = path + 1088 / share  # the share serialises R(1 KiB) = 1088 raw bytes
     assert math.isclose(cn.round_ns(topo, cn.rounds("allgather", "ring", topo, S)[0], LINE), one_round)
     assert math.isclose(cn.rounds_ns("allgather", "ring", topo, S, LINE), 7 * one_round)
-    # however rounds overlap: each share carries 7 ranges one after another, and each round waits for the
-    # previous one's receipt, at best the hop in the node (550 ns) and R(768 B) at 450 GB/s
-    link = path + 7 * 272 / share
-    chain = 7 * (550 + 816 / 450)
+    # however rounds overlap: GPU 3's outbound share carries all 7 blocks one after another, and each round
+    # waits for the previous one's receipt, at best a hop in a node (550 ns) and R(1 KiB) at 450 GB/s
+    link = path + 7 * 1088 / share
+    chain = 7 * (550 + 1088 / 450)
     assert math.isclose(cn.lower_bound_ns("allgather", "ring", topo, S, LINE), max(link, chain))
     slow = two_by_four(spines, uplink=2.0)  # 2 GB/s: the share's bound is the larger one
-    assert math.isclose(cn.lower_bound_ns("allgather", "ring", slow, S, LINE), path + 7 * 272 / (2.0 / 4))
+    assert math.isclose(cn.lower_bound_ns("allgather", "ring", slow, S, LINE), path + 7 * 1088 / (2.0 / 4))
     name, ns = cn.bottleneck("allgather", "ring", topo, S, LINE)
-    assert name.endswith((":out", ":in")) and math.isclose(ns, 7 * 272 / share)
+    assert name in ("gpu3:out", "gpu7:out", "gpu4:in", "gpu0:in") and math.isclose(ns, 7 * 1088 / share)
 
 
 def test_all2all_time_on_two_nodes_by_hand():
@@ -217,10 +259,7 @@ def test_uneven_blocks_follow_fabric_reduction_blocks():
     topo = two_by_four(1)
     # 10 float32 on 8 GPUs: blocks 0 and 1 hold 2 elements (8 bytes), the others 1 (4 bytes)
     got = cn.link_bytes("allgather", "ring", topo, 40)
-    # channel c's range of block m: block c of blocks(|block m|, 4), so channel 0 holds one element of every
-    # block (32 bytes), channel 1 one of blocks 0 and 1 (8 bytes); on each channel GPU 0 passes on every range
-    # but its successor's: GPU 1's on channel 0 (4 bytes), on channel 1 (its exit) GPU 5's, which is empty
-    assert got["gpu0->sw0"] == (32 - 4) + (8 - 0)
+    assert got["gpu0->sw0"] == 40 - 8  # GPU r passes on every block but block r+1 (its successor's own)
     assert sum(v for k, v in got.items() if k.startswith("gpu")) == 7 * 40
 
 

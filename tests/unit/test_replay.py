@@ -39,18 +39,29 @@ def test_on_one_node_hier_is_the_ring_and_pxn_is_direct(gpus):
             replay.replay_ns("all2all", "direct", topo, size, config), rel=1e-12)
 
 
-def test_the_rings_of_small_blocks_wait_for_a_crossing_at_every_step():
-    # superpod-h100-ib, 2 nodes x 4: 4 channels, ranges of 128 B; every GPU enters one channel's ring, and a
-    # step's sends go out once all of its channels' receives of the step before came in, so each of the 14
-    # steps waits for a crossing, d_out = 2a + 3s + 2u + R/50 (a NIC each way): one program per GPU runs
-    # its channels in step, where NCCL's run on thread blocks of their own
+def test_a_node_major_ring_of_small_blocks_crosses_nodes_as_often_as_its_window_allows():
+    # 4 KiB: one ring channel (fabric.reduction.ring_channel_count), the node-major ring.
+    # superpod-h100-ib, 2 nodes x 4: a block of 512 B within a node takes d_in = 2a + s + R/450, across nodes
+    # d_out = 2a + 3s + 2u + R/50 (a NIC each way); each of the 14 steps waits for the previous one's block,
+    # so the slowest chain of 14 hops around the 8-GPU ring, 4 of them crossings, sets the time
     config = preset("superpod-h100-ib", nodes=2, gpus=8, spines=1)
-    raw = raw_bytes(128, config.mtu_bytes, config.header_bytes)
+    raw = raw_bytes(512, config.mtu_bytes, config.header_bytes)
+    d_in = 2 * 150 + 250 + raw / 450
     d_out = 2 * 150 + 3 * 250 + 2 * 600 + raw / 50
     got = replay.replay_ns("allreduce", "ring", config.topology, 4096, config)
-    assert got == pytest.approx(14 * d_out, rel=1e-3)
-    # hier's node rings wait for no crossing; only its rail ring's 2(N-1) = 2 steps do
-    assert replay.replay_ns("allreduce", "hier", config.topology, 4096, config) < got / 2
+    assert got == pytest.approx(4 * d_out + 10 * d_in + raw / 450, rel=1e-3)  # + the last downlink's turn
+
+
+def test_the_rings_of_the_rails_wait_for_a_crossing_at_every_step():
+    # 128 KiB: 4 channels, ranges of 4 KiB; every GPU enters one channel's ring, and a step's sends go out
+    # once all of its channels' receives of the step before came in, so each of the 14 steps waits for a
+    # crossing, d_out = 2a + 3s + 2u + R/50 (a NIC each way), behind at most the step's other three sends on
+    # the GPU's uplink: one program per GPU runs its channels in step, where NCCL's run on thread blocks
+    config = preset("superpod-h100-ib", nodes=2, gpus=8, spines=1)
+    raw = raw_bytes(4096, config.mtu_bytes, config.header_bytes)
+    d_out = 2 * 150 + 3 * 250 + 2 * 600 + raw / 50
+    got = replay.replay_ns("allreduce", "ring", config.topology, 128 << 10, config)
+    assert 14 * d_out <= got <= 14 * (d_out + 4 * raw / 450) + raw / 450
 
 
 def test_every_gpu_s_senders_queue_on_its_inbound_share():
