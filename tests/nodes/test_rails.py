@@ -114,7 +114,8 @@ def test_ring_allgather_and_broadcast_move_every_kind_of_element():
     def main(gpu):
         n, r = gpu.size, gpu.rank
         for i, dtype in enumerate(movable):
-            for count in (0, 1, 2 * n + 1, 3 * CHUNK // dtype.itemsize + 1) + ((LONG // dtype.itemsize + 1,) * (i % 2 == 0)):
+            long = (LONG // dtype.itemsize + 1,) if i % 2 == 0 else ()  # two channels, for every other dtype
+            for count in (0, 1, 2 * n + 1, 3 * CHUNK // dtype.itemsize + 1, *long):
                 rng = np.random.default_rng(i * 100 + count)
                 raw = rng.integers(0, 256, (n, count * dtype.itemsize), dtype=np.uint8)
                 whole = [raw[m].view(dtype) for m in range(n)]
