@@ -172,7 +172,7 @@ def allgather(call, send: np.ndarray, recv: np.ndarray) -> None:
 
 
 def _channel_chains(call, rings, root: int, count: int):
-    """Per channel c: (part c of blocks(count, G), this member's ring-c position counted from the root,
+    """Per channel c: (part c of blocks(count, C), this member's ring-c position counted from the root,
     ring c). The chunk loop runs every channel's chunk i before any channel's chunk i+1."""
     n = call.n
     return [(part, (ring.index(call.r) - ring.index(root)) % n, ring)
