@@ -19,17 +19,25 @@ from . import all2all, direct, hier, nvls, pxn, ring, sharp
 
 ALGORITHMS = {"ring": ring, "direct": direct, "sharp": sharp, "nvls": nvls, "hier": hier}  # also `auto`'s tie order
 IN_SWITCH = ("sharp", "nvls")
+# what the in-switch algorithms run for members in several nodes (groups spanning leaves and spines)
+ACROSS_NODES = {"sharp": ("allreduce",)}
 # all2all's algorithms (comm.all2all's `algorithm`; auto is direct), each taking all2allv's arguments;
 # all2allv runs direct
 ALL2ALL = {"direct": all2all.all2allv, "pxn": pxn.all2all}
 SMALL_BYTES = 64 * 1024  # fallback rule: below this, `direct` (fewer steps) before `ring` on a forwarding switch
 
 
-def allowed(config, nodes: int = 1) -> tuple[str, ...]:
-    """Algorithms the fabric can run for members in `nodes` nodes: the in-switch ones need NVLink
-    Network mode with a SHARP switch, and members behind one leaf (groups span one switch so far)."""
-    in_switch = config.mode == "network" and config.sharp and nodes == 1
-    return tuple(name for name in ALGORITHMS if in_switch or name not in IN_SWITCH)
+def allowed(config, nodes: int = 1, collective: str | None = None) -> tuple[str, ...]:
+    """Algorithms the fabric can run (for `collective`, if given) for members in `nodes` nodes: the
+    in-switch ones need NVLink Network mode with SHARP switches; across nodes, sharp's allreduce
+    (two-level: leaves reduce their node, spines the leaves, results multicast down; ACROSS_NODES),
+    which without `collective` counts as allowed; nvls spans one node's switch."""
+    in_switch = config.mode == "network" and config.sharp
+    def fits(name):
+        if name not in IN_SWITCH or nodes == 1:
+            return True
+        return name in ACROSS_NODES and (collective is None or collective in ACROSS_NODES[name])
+    return tuple(name for name in ALGORITHMS if name not in IN_SWITCH or (in_switch and fits(name)))
 
 
 def choose(collective: str, algorithm: str, config, nbytes: int, members: int | None = None,
@@ -46,14 +54,14 @@ def choose(collective: str, algorithm: str, config, nbytes: int, members: int | 
     n = config.gpus if members is None else members
     nodes = config.nodes if members is None or nodes is None else nodes
     if algorithm == "auto":
-        candidates = [name for name in allowed(config, nodes) if hasattr(ALGORITHMS[name], collective)]
+        candidates = [name for name in allowed(config, nodes, collective) if hasattr(ALGORITHMS[name], collective)]
         if nodes == 1:
             best = cost.fastest(collective, candidates, nbytes, n, config)
         else:
             best = cost_nodes.fastest(collective, candidates, nbytes, config) if n == config.gpus else None
         if best is not None:
             return best
-        if "sharp" in allowed(config, nodes):
+        if "sharp" in allowed(config, nodes, collective):
             order = ("sharp", "nvls", "direct", "ring")
         else:
             order = ("direct", "ring") if nbytes < SMALL_BYTES else ("ring", "direct")
@@ -70,10 +78,10 @@ def choose(collective: str, algorithm: str, config, nbytes: int, members: int | 
     if algorithm not in allowed(config):
         raise UnsupportedOperation(f"{collective} with {algorithm!r}: fabric {config.name!r} has no in-switch "
                                    f"reduction or multicast (needs NVLink Network mode with a SHARP switch)")
-    if algorithm not in allowed(config, nodes):
+    if algorithm not in allowed(config, nodes, collective):
         raise UnsupportedOperation(f"{collective} with {algorithm!r}: its {n} members are in {nodes} nodes of fabric "
-                                   f"{config.name!r}, and in-switch reduction and multicast span one node's switch "
-                                   f"so far; use ring or direct (or auto)")
+                                   f"{config.name!r}, and across nodes the switches run sharp allreduce only so far; "
+                                   f"use ring, direct or hier (or auto)")
     return algorithm
 
 
