@@ -694,6 +694,10 @@ class SwitchLogic:
                                         f"groups, its share (the limit is {self.groups.limit} per switch, shared "
                                         f"by {len(self.config.partitions)} partitions); release one first")
             if nodes != [self.switch]:
+                if not self.config.spine_sharp:
+                    raise UnsupportedOperation(f"group create by GPU {ingress}: GPUs {list(info.members)} are in nodes "
+                                               f"{nodes}, and the spines of fabric {self.config.name!r} do not reduce "
+                                               f"or multicast (spine_sharp false); use ring, direct or hier")
                 if ingress not in info.members or len(set(info.members)) != len(info.members):
                     raise FabricError(f"GPU {ingress}: group members {list(info.members)} must be distinct and "
                                       f"include it")

@@ -29,14 +29,15 @@ SMALL_BYTES = 64 * 1024  # fallback rule: below this, `direct` (fewer steps) bef
 
 def allowed(config, nodes: int = 1, collective: str | None = None) -> tuple[str, ...]:
     """Algorithms the fabric can run (for `collective`, if given) for members in `nodes` nodes: the
-    in-switch ones need NVLink Network mode with SHARP switches; across nodes, sharp's allreduce
-    (two-level: leaves reduce their node, spines the leaves, results multicast down; ACROSS_NODES),
-    which without `collective` counts as allowed; nvls spans one node's switch."""
+    in-switch ones need NVLink Network mode with SHARP switches; across nodes, sharp's allreduce on
+    spines that reduce too (config.spine_sharp: superpod-h100-nvlink; two-level: leaves reduce their
+    node, spines the leaves, results multicast down; ACROSS_NODES), which without `collective` counts
+    as allowed; nvls spans one node's switch."""
     in_switch = config.mode == "network" and config.sharp
     def fits(name):
         if name not in IN_SWITCH or nodes == 1:
             return True
-        return name in ACROSS_NODES and (collective is None or collective in ACROSS_NODES[name])
+        return config.spine_sharp and name in ACROSS_NODES and (collective is None or collective in ACROSS_NODES[name])
     return tuple(name for name in ALGORITHMS if name not in IN_SWITCH or (in_switch and fits(name)))
 
 
@@ -79,9 +80,10 @@ def choose(collective: str, algorithm: str, config, nbytes: int, members: int | 
         raise UnsupportedOperation(f"{collective} with {algorithm!r}: fabric {config.name!r} has no in-switch "
                                    f"reduction or multicast (needs NVLink Network mode with a SHARP switch)")
     if algorithm not in allowed(config, nodes, collective):
+        why = ("across nodes the switches run sharp allreduce only so far" if config.spine_sharp else
+               "its spines do not reduce (spine_sharp false: an InfiniBand spine here)")
         raise UnsupportedOperation(f"{collective} with {algorithm!r}: its {n} members are in {nodes} nodes of fabric "
-                                   f"{config.name!r}, and across nodes the switches run sharp allreduce only so far; "
-                                   f"use ring, direct or hier (or auto)")
+                                   f"{config.name!r}, and {why}; use ring, direct or hier (or auto)")
     return algorithm
 
 
