@@ -229,8 +229,9 @@ def test_a_gpu_can_neither_pass_for_a_switch_nor_for_another_gpu_across_nodes():
 def test_a_hostile_gpu_harms_nobody_in_the_other_partition_across_nodes():
     """The fuzz tier (launch/examples/hostile_gpu.py, as tests/mpi/test_trust.py runs it) on several
     nodes: GPU 0 sends 10,000 bad packets to its leaf and straight to the victims' ranks while the
-    other partition, which spans every node, runs flat collectives (sharp and nvls are refused across
-    nodes), puts, gets and messages; their results are right, nothing of theirs was refused."""
+    other partition, which spans every node, runs ring, direct and auto collectives (auto's allreduce:
+    sharp in two levels of switches; nvls is refused across nodes), puts, gets and messages; their
+    results are right, nothing of theirs was refused."""
     packets = 10_000
     script = runpy.run_path(str(EXAMPLES / "hostile_gpu.py"))
     script["run"].__globals__["ALGORITHMS"] = ("ring", "direct", "auto")
