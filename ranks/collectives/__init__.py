@@ -46,11 +46,14 @@ def choose(collective: str, algorithm: str, config, nbytes: int, members: int | 
     """The algorithm a call on `nbytes` bytes by `members` GPUs in `nodes` nodes (default: all of the
     fabric's) runs.
 
-    `auto`: among the algorithms that implement the collective and that the fabric allows, the one
-    the cost model says is fastest (fabric.cost.modeled_ns; for every GPU of a fabric of several
-    nodes fabric.cost_nodes.modeled_ns), ties to the earlier in ALGORITHMS order (ring, direct,
-    sharp, nvls, hier; fabric.cost has no form for hier, so on one node auto never picks it). For a collective or a group the cost model does not cover, a fixed rule: on a
-    SHARP switch the first of sharp, nvls, direct, ring that implements it; otherwise direct, then
+    `auto`: among the algorithms that implement the collective and that the fabric allows for it
+    (allowed(config, nodes, collective): across nodes sharp's allreduce on spines that reduce), the
+    one the cost model says is fastest (fabric.cost.modeled_ns; for every GPU of a fabric of several
+    nodes fabric.cost_nodes.modeled_ns, which replays ring, direct, hier and sharp's two-level
+    allreduce), ties to the earlier in ALGORITHMS order (ring, direct, sharp, nvls, hier; fabric.cost
+    has no form for hier, so on one node auto never picks it). For a collective or a group the cost
+    model does not cover (a communicator of some of several nodes' GPUs), a fixed rule: where sharp is
+    allowed for it, the first of sharp, nvls, direct, ring that implements it; otherwise direct, then
     ring below 64 KiB (SMALL_BYTES), ring, then direct from there on."""
     n = config.gpus if members is None else members
     nodes = config.nodes if members is None or nodes is None else nodes
