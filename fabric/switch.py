@@ -140,7 +140,7 @@ class SwitchLogic:
         # up and not answered, (group, result key) -> (local destinations, bytes); those bytes per partition;
         # the up clocks (group, spine) of the group's shares of the node's uplink
         self._spanning: dict[int, list] = {}
-        self._partials: dict[tuple, tuple[tuple[int, ...], int]] = {}
+        self._partials: dict[tuple, tuple[tuple[int, ...], int, int]] = {}  # + the group's partition
         self._partial_bytes: dict[int, int] = {}
         self._up: dict[tuple[int, int], LinkEnd] = {}
         self.partial_share_bytes = self.buffer_share_bytes // max(1, topology.nodes)
@@ -473,7 +473,7 @@ class SwitchLogic:
                 topology.share_gbytes_per_s * local / topology.spines, self.config.uplink_latency_ns)
         t_start, t_end = clock.send(start, end, raw)
         self.counters.record(f"sw{self.switch}->sw{spine}", partial.nbytes)
-        self._partials[(info.group, key)] = (tuple(p for p in dest if p in self.local), partial.nbytes)
+        self._partials[(info.group, key)] = (tuple(p for p in dest if p in self.local), partial.nbytes, group.partition)
         self._partial_bytes[group.partition] = self._partial_bytes.get(group.partition, 0) + partial.nbytes
         packet = Packet(Kind.REDUCE, -1, -1, 0, partial.nbytes, info=ReduceInfo(
             info.group, info.slot, info.op, info.dtype, dest, key), t_start=t_start, t_end=t_end)
@@ -491,10 +491,8 @@ class SwitchLogic:
             if got is None:
                 raise ProtocolError(f"{here}: a result of group {info.group} key {list(info.key)} from spine {spine}, "
                                     f"for no partial this leaf sent")
-            ports, nbytes = got
-            group = self.groups.groups.get(info.group)
-            partition = group.partition if group is not None else self._partition[ports[0]] if ports else 0
-            self._partial_bytes[partition] = self._partial_bytes.get(partition, 0) - nbytes
+            ports, nbytes, partition = got
+            self._partial_bytes[partition] -= nbytes
             out = self._through(packet)
             return [self._out(self._deliver(port, info.group, info.key, payload, out.t_start, out.t_end, -1))
                     for port in ports]
