@@ -65,11 +65,24 @@ def modeled(tmp_path, body, fabric, delay):
     report = json.loads(out.read_text())
     return {key: report[key] for key in ("elapsed_ns", "links", "collectives")}
 
+# Across nodes in the switches: sharp's two-level allreduce (partials on the group's shares up to two
+# spines, results down), on the world and on a communicator of one GPU per node
+SHARP_NODES = """
+import numpy as np
+
+def main(gpu):
+    x = np.arange((4 << 20) // 4 + 1024, dtype=np.float32)  # two chunks of chunk_bytes: one to each spine
+    gpu.world.allreduce(x, algorithm="sharp")
+    rail = gpu.world.split(gpu.rank % 2)
+    rail.allreduce(x[:3000].astype(np.float16), algorithm="sharp")
+"""
+
 
 @pytest.mark.parametrize("body, fabric", [
     (ONE_NODE, ["--preset", "dgx-h100", "--gpus", "4"]),
     (NODES, ["--preset", "superpod-h100-ib", "--nodes", "2", "--gpus-per-node", "2"]),
-], ids=["one-node", "two-nodes"])
+    (SHARP_NODES, ["--preset", "superpod-h100-nvlink", "--nodes", "2", "--gpus-per-node", "2"]),
+], ids=["one-node", "two-nodes", "sharp-two-nodes"])
 def test_random_host_delays_change_no_modeled_time_and_no_counter(tmp_path, body, fabric):
     reference = modeled(tmp_path, body, fabric, None)
     assert reference["elapsed_ns"] > 0 and reference["collectives"]
