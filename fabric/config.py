@@ -34,6 +34,8 @@ class FabricConfig:
     # index, as rail-optimised fabrics have one per NIC rail) and 0 on one node
     spines: int | None = None
     sharp: bool = True
+    # the spines reduce and multicast too (the NVLink Switch System's NVSwitches), so `sharp` spans nodes
+    spine_sharp: bool = False
     link: str = "nvlink4"
     memory_capacity_bytes: int = 256 * MiB
     page_size_bytes: int = 64 * 1024
@@ -160,6 +162,10 @@ class FabricConfig:
             value = getattr(self, key)
             if value & (value - 1):
                 raise ConfigError(f"{key}: must be a power of two, got {value}")
+        if not isinstance(self.spine_sharp, bool):
+            raise ConfigError(f"spine_sharp: must be true or false, got {self.spine_sharp!r}")
+        if self.spine_sharp and not self.sharp:
+            raise ConfigError("spine_sharp: spines that reduce need leaves that do; set sharp = true")
         if self.sharp and self.mode == "classic":
             raise ConfigError("sharp: a classic NVLink switch (NVSwitch gen 2) only forwards; set sharp = false")
         if self.mode == "classic" and len(self.partitions) > 1:
@@ -258,7 +264,8 @@ def _system(name: str, nodes: int = 2) -> dict:
     is the spine link profile's (no published figure: an assumption, see SystemProfile.notes); every switch, spines too, takes the node link profile's switch latency. A
     node's switch reduces in the switch where its NVSwitch does (network mode), whatever the spine."""
     system = system_profile(name)
-    return dict(mode=system.mode, sharp=system.mode == "network", link=system.gpu_link, gpu=system.gpu, nodes=nodes,
+    return dict(mode=system.mode, sharp=system.mode == "network",
+                spine_sharp=system.mode == "network" and system.in_network_reduction, link=system.gpu_link, gpu=system.gpu, nodes=nodes,
                 gpus=nodes * system.gpus_per_node,
                 uplink_gbytes_per_s_per_gpu=system.uplink_gbytes_per_s_per_node / system.gpus_per_node,
                 uplink_latency_ns=link_profile(system.spine_link).link_latency_ns)

@@ -115,9 +115,9 @@ import math
 import numpy as np
 
 from . import replay
-from .cost import raw_of
+from .cost import in_switch_chunk, raw_of
 from .errors import FabricError
-from .reduction import blocks, channel_rings, rail_ranges, ring_channel_count, tree_parts
+from .reduction import blocks, channel_rings, chunks, rail_ranges, ring_channel_count, tree_parts
 from .topology import Topology
 
 FLAT = {
@@ -128,6 +128,9 @@ FLAT = {
     "pxn": ("all2all",),
     "tree": ("allreduce",),
 }
+# in the switches (two-level sharp on spines that reduce): no GPU-to-GPU rounds; link_bytes and
+# modeled_ns cover them (fabric.replay.sharp_allreduce_ns)
+IN_SWITCH = {"sharp": ("allreduce",)}
 
 
 def _block_bytes(S: int, n: int, itemsize: int) -> list[int]:
@@ -316,9 +319,41 @@ def traffic(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsiz
 
 
 def link_bytes(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsize: int = 4, root: int = 0,
-               counts=None) -> dict[str, int]:
-    """Exact payload bytes every link of `topo` carries in one call: {link name: bytes}, link order."""
+               counts=None, config=None, partial_itemsize: int | None = None) -> dict[str, int]:
+    """Exact payload bytes every link of `topo` carries in one call: {link name: bytes}, link order.
+    sharp allreduce needs `config` (its chunks) and takes partial_itemsize (sharp_link_bytes)."""
+    if algorithm == "sharp":
+        if config is None or collective != "allreduce":
+            raise FabricError("cost_nodes: sharp's link bytes are for allreduce, and need the config (its chunks)")
+        return sharp_link_bytes(topo, S, config, itemsize, partial_itemsize)
     return topo.link_payload_bytes(traffic(collective, algorithm, topo, S, itemsize, root, counts))
+
+
+def sharp_link_bytes(topo: Topology, S: int, config, itemsize: int = 4, partial_itemsize: int | None = None) -> dict[str, int]:
+    """Exact payload bytes of ranks/collectives/sharp.py's allreduce of S bytes by every GPU of `topo` (N
+    nodes, P spines), every link: each GPU tx = rx = S (its chunks up, the results down); leaf a ->
+    spine i the partials of the chunks c with c mod P = i, at partial_itemsize bytes an element (the
+    accumulator's: 4 for float16/bfloat16; default itemsize); spine i -> leaf a the results of the same
+    chunks (S_i = their bytes; S / P when P divides the chunks into equal sets). Chunks as
+    fabric.replay.sharp_allreduce_ns sizes them."""
+    count = _block_bytes(S, 1, itemsize)[0] // itemsize
+    wide = partial_itemsize or itemsize
+    n, N, P = topo.gpus, topo.nodes, topo.spines
+    streams = wide // itemsize * -(-config.nodes // max(1, n - 1))  # ranks/collectives/sharp.py's _streams
+    chunk = in_switch_chunk(config, n, streams, 1, None, itemsize) // itemsize
+    per_spine = [0] * P
+    for c, (lo, hi) in enumerate(chunks(0, count, chunk)):
+        per_spine[c % P] += hi - lo
+    out = dict.fromkeys((link.name for link in topo.links), 0)
+    for link in topo.links:
+        if link.level == "gpu-leaf":
+            out[link.name] = count * itemsize
+        else:
+            src, dst = int(link.src[2:]), int(link.dst[2:])
+            up = src < N  # leaf -> spine
+            elements = per_spine[(dst if up else src) - N]
+            out[link.name] = elements * (wide if up else itemsize)
+    return out
 
 
 def _flows(t: np.ndarray, config, itemsize: int) -> dict[tuple[int, int], int]:
@@ -412,18 +447,20 @@ def rounds_ns(collective: str, algorithm: str, topo: Topology, S: int, config, i
 
 
 def modeled_ns(collective: str, algorithm: str, topo: Topology, S: int, config, itemsize: int = 4, root: int = 0,
-               counts=None) -> float:
+               counts=None, partial_itemsize: int | None = None) -> float:
     """Modeled ns of one call on every GPU of `topo`, all starting at 0: exact, the algorithm's schedule
     replayed on the same link clocks as the ranks book (fabric.replay; tests check it against emulated
     runs on every multi-node preset). Equals fabric.cost.modeled_ns on one node. Memoised: `auto`
     asks for it at every call."""
     key = (collective, algorithm, topo, int(S), config.mtu_bytes, config.header_bytes, config.chunk_bytes, itemsize,
-           root, None if counts is None else tuple(tuple(int(x) for x in row) for row in counts))
+           root, None if counts is None else tuple(tuple(int(x) for x in row) for row in counts), partial_itemsize,
+           config.timing, config.uplink_latency_ns, config.switch_buffer_bytes, len(config.partitions), config.nodes)
     ns = _MODELED.get(key)
     if ns is None:
         if len(_MODELED) >= 4096:
             _MODELED.clear()
-        ns = _MODELED[key] = replay.replay_ns(collective, algorithm, topo, S, config, itemsize, root, counts)
+        ns = _MODELED[key] = replay.replay_ns(collective, algorithm, topo, S, config, itemsize, root, counts,
+                                              partial_itemsize)
     return ns
 
 
@@ -464,7 +501,8 @@ def bottleneck(collective: str, algorithm: str, topo: Topology, S: int, config, 
 def fastest(collective: str, candidates, S: int, config, itemsize: int = 4) -> str | None:
     """The candidate modeled_ns says is fastest for S bytes on every GPU of config's topology; ties go
     to the earlier candidate. None if the model covers none of them."""
-    covered = [algorithm for algorithm in candidates if collective in FLAT.get(algorithm, ())]
+    covered = [algorithm for algorithm in candidates
+               if collective in FLAT.get(algorithm, ()) or collective in IN_SWITCH.get(algorithm, ())]
     if len(covered) == 1:  # nothing to compare: no replay
         return covered[0]
     best, best_ns = None, math.inf

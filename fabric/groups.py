@@ -1,5 +1,11 @@
 """Multicast/SHARP groups in the switch: lifecycle (create, bind, release), the 128-group limit of
-NVSwitch gen 3, and in-switch reductions combined in member order (never arrival order)."""
+NVSwitch gen 3, and in-switch reductions combined in member order (never arrival order).
+
+A group that spans several nodes has a copy in every switch it spans (fabric.switch): at each leaf
+its inputs are the node's members, in communicator rank order, and the leaf's result is a *partial*,
+the accumulator (float32 for float16/bfloat16) unfinished; at each spine its inputs are the leaves of
+the group's nodes, in node order, their partials arrive in the accumulator dtype, and the spine
+finishes (avg divides by every member of the group, once; 16-bit floats round once)."""
 
 from dataclasses import dataclass, field
 
@@ -20,10 +26,20 @@ class Group:
     partition: int = 0                 # the partition its members are in
     bound: set[int] = field(default_factory=set)
     engine: ReductionClock | None = None  # modeled time of the group's reductions
+    # who contributes here, in combine order: the members (one node), the node's members (a leaf of a
+    # group spanning nodes) or leaf switch indices (a spine); None: the members
+    inputs: tuple[int, ...] | None = None
+    stage: str = "whole"               # whole: one switch; leaf: partials up; spine: partials in, finished
+
+    def __post_init__(self):
+        if self.inputs is None:
+            self.inputs = self.members
+        if self.stage == "spine":
+            self.bound = set(self.inputs)  # leaves are trusted switches: nothing to bind
 
     @property
     def ready(self) -> bool:
-        return len(self.bound) == len(self.members)
+        return self.bound >= set(self.inputs)
 
 
 @dataclass
@@ -42,8 +58,9 @@ class Reduction:
 class GroupTable:
     """The switch's groups and the reductions in flight in them."""
 
-    def __init__(self, limit: int = MAX_GROUPS):
+    def __init__(self, limit: int = MAX_GROUPS, step: int = 1, offset: int = 0):
         self.limit = limit
+        self._step, self._offset = step, offset  # ids: k x step + offset (a leaf of `step` nodes: its index)
         self.groups: dict[int, Group] = {}
         self.reductions: dict[tuple, Reduction] = {}
         # held contributions per partition, kept as they change (a scan per packet would let many
@@ -53,18 +70,32 @@ class GroupTable:
         self.created = self.released = 0
         self.reduced_bytes = 0  # bytes of contributions combined in the switch
 
-    def create(self, members: tuple[int, ...], requester: int, name: str = "", partition: int = 0) -> int:
+    def create(self, members: tuple[int, ...], requester: int, name: str = "", partition: int = 0,
+               group_id: int | None = None, inputs: tuple[int, ...] | None = None, stage: str = "whole",
+               who: str | None = None) -> int:
+        """A new group (id: the next one, or `group_id`, a spanning group's id chosen at its first
+        member's leaf); `who` names the requester in errors (default: GPU `requester`)."""
+        who = who or f"GPU {requester}"
         if len(self.groups) >= self.limit:
-            raise ResourceExhausted(f"GPU {requester}: cannot create a multicast/SHARP group for GPUs "
+            raise ResourceExhausted(f"{who}: cannot create a multicast/SHARP group for GPUs "
                                     f"{list(members)}: the switch holds {len(self.groups)} groups, its limit is "
                                     f"{self.limit}; release one first")
-        if requester not in members or len(set(members)) != len(members):
-            raise FabricError(f"GPU {requester}: group members {list(members)} must be distinct and include it")
-        group = Group(self._next_id, tuple(members), name, partition)
-        self.groups[group.group_id] = group
-        self._next_id += 1
+        if (stage != "spine" and requester not in members) or len(set(members)) != len(members):
+            raise FabricError(f"{who}: group members {list(members)} must be distinct and include it")
+        gid = self.next_id() if group_id is None else group_id
+        if gid in self.groups:
+            raise FabricError(f"{who}: group {gid} exists already")
+        group = Group(gid, tuple(members), name, partition, inputs=inputs, stage=stage)
+        self.groups[gid] = group
         self.created += 1
-        return group.group_id
+        return gid
+
+    def next_id(self) -> int:
+        """A new group id (also for create(group_id=...)): k x step + offset, k = 1, 2, ... (a leaf of N
+        nodes: step N, offset its index, so that ids never collide between leaves)."""
+        gid = self._next_id * self._step + self._offset
+        self._next_id += 1
+        return gid
 
     def group(self, group_id: int, gpu: int, what: str, bound: bool = False) -> Group:
         """Group `group_id`, which GPU `gpu` must be a member of (`bound`: a bound member);
@@ -72,8 +103,11 @@ class GroupTable:
         group = self.groups.get(group_id)
         if group is None:
             raise AccessViolation(f"{what} by GPU {gpu}: no live group {group_id}")
-        if gpu not in group.members:
-            raise AccessViolation(f"{what} by GPU {gpu}: not a member of group {group_id} "
+        if gpu not in (group.inputs if group.stage == "spine" else group.members):
+            raise AccessViolation(f"{what} by {_who(group, gpu)}: not a member of group {group_id} "
+                                  f"(members {list(group.members)}, leaves {list(group.inputs)})"
+                                  if group.stage == "spine" else
+                                  f"{what} by GPU {gpu}: not a member of group {group_id} "
                                   f"(members {list(group.members)})")
         if bound and gpu not in group.bound:
             raise AccessViolation(f"{what} by GPU {gpu}: it has not bound group {group_id}")
@@ -108,21 +142,25 @@ class GroupTable:
             raise AccessViolation(f"in-switch reduction by GPU {gpu}: group {group_id} is not bound by all "
                                   f"members yet ({sorted(group.bound)} of {list(group.members)})")
         dtype = check_dtype(dtype)
-        if data.nbytes % dtype.itemsize:
-            raise FabricError(f"in-switch reduction slot {slot} of group {group_id}: GPU {gpu} sent {data.nbytes} "
-                              f"bytes, not a whole number of {dtype} elements")
+        given = switch_accumulator(dtype) if group.stage == "spine" else dtype  # a partial: the accumulator
+        if data.nbytes % given.itemsize:
+            raise FabricError(f"in-switch reduction slot {slot} of group {group_id}: {_who(group, gpu)} sent "
+                              f"{data.nbytes} bytes, not a whole number of {given} elements")
         key = (group_id, *slot)
         state = self.reductions.setdefault(key, Reduction(op, dtype, data.nbytes, delivery))
         if (state.op, state.nbytes, state.dtype, state.delivery) != (op, data.nbytes, dtype, delivery):
             raise CollectiveMismatch(f"in-switch reduction slot {slot} of group {group_id}: GPU {gpu} sent "
                                      f"{op}/{dtype}/{data.nbytes} B to {delivery}, others {state.op}/{state.dtype}/"
                                      f"{state.nbytes} B to {state.delivery}")
-        index = group.members.index(gpu)
+        if gpu not in group.inputs:
+            raise AccessViolation(f"in-switch reduction slot {slot} of group {group_id}: GPU {gpu} contributes to it "
+                                  f"at another switch (its inputs here: {list(group.inputs)})")
+        index = group.inputs.index(gpu)
         if index in state.parts:
             raise CollectiveMismatch(f"in-switch reduction slot {slot} of group {group_id}: GPU {gpu} "
                                      f"contributed twice")
         held, parts = self._held.get(group.partition, (0, 0))
-        if len(state.parts) + 1 < len(group.members) and (
+        if len(state.parts) + 1 < len(group.inputs) and (
                 (hold_limit_bytes is not None and held + data.nbytes > hold_limit_bytes)
                 or (hold_limit_parts is not None and parts + 1 > hold_limit_parts)):
             if not state.parts:
@@ -134,21 +172,27 @@ class GroupTable:
         state.parts[index] = data
         state.first_ns = max(state.first_ns, times[0])
         state.last_ns = max(state.last_ns, times[1])
-        if len(state.parts) < len(group.members):
+        if len(state.parts) < len(group.inputs):
             self._hold(group.partition, data, +1)
             return None
         del self.reductions[key]
         self._hold(group.partition, state, -1, but=index)
-        return self._reduce(state, len(group.members)), state.delivery, (state.first_ns, state.last_ns)
+        return self._reduce(state, group), state.delivery, (state.first_ns, state.last_ns)
 
-    def _reduce(self, state: Reduction, members: int) -> np.ndarray:
-        # member order 0..n-1, in the switch's accumulator dtype (float32 for 16-bit floats)
-        acc = state.parts[0].view(state.dtype).astype(switch_accumulator(state.dtype), copy=True)
-        for index in range(1, members):
-            combine(state.op, acc, state.parts[index].view(state.dtype).astype(acc.dtype, copy=False))
+    def _reduce(self, state: Reduction, group: Group) -> np.ndarray:
+        # input order 0..n-1, in the switch's accumulator dtype (float32 for 16-bit floats); a spine's
+        # inputs are partials in that dtype already, a leaf's result stays one (finished at the spine)
+        wide = switch_accumulator(state.dtype)
+        inputs = len(group.inputs)
+        given = wide if group.stage == "spine" else state.dtype
+        acc = state.parts[0].view(given).astype(wide, copy=True)
+        for index in range(1, inputs):
+            combine(state.op, acc, state.parts[index].view(given).astype(wide, copy=False))
+        self.reduced_bytes += state.nbytes * inputs
+        if group.stage == "leaf":
+            return acc.view(np.uint8)
         out = np.empty(acc.shape, state.dtype)
-        finish(state.op, acc, members, out)
-        self.reduced_bytes += state.nbytes * members
+        finish(state.op, acc, len(group.members), out)
         return out.view(np.uint8)
 
     def _hold(self, partition: int, what, sign: int, but: int | None = None) -> None:
@@ -171,3 +215,8 @@ class GroupTable:
     def count_in(self, partition: int) -> int:
         """Live groups of `partition`."""
         return sum(1 for g in self.groups.values() if g.partition == partition)
+
+
+def _who(group: Group, source: int) -> str:
+    """An input of `group` as errors name it: a leaf switch at a spine, a GPU elsewhere."""
+    return f"leaf {source}" if group.stage == "spine" else f"GPU {source}"

@@ -12,8 +12,12 @@ same arithmetic, as the ranks do (ranks/gpu.py, fabric/switch.py):
 - recv(peer, key): wait for it; on another node's transfer the receiver books its inbound share, then
   its downlink, in its program order; the clock moves to the last byte's arrival (+ a).
 - flush(): the clock moves to when the uplink is free (a collective's sends have left).
-The schedules (`PROGRAMS`) are those of ranks/collectives ring (on several nodes its channels, one
-ring per rail), direct, all2all, hier, pxn and tree: the same messages,
+`sharp` allreduce across nodes (`sharp_allreduce_ns`) is not point to point: its partials and
+results are booked by the switches (fabric.switch, Spanning groups), chunk by chunk in the order the
+switches complete them, which the members' programs fix; it is replayed chunk by chunk on the same
+clocks (GPU links, each leaf's and spine's reduction engine, the group's shares of each node's uplink
+per spine). The schedules (`PROGRAMS`) are those of ranks/collectives ring (on several nodes its channels,
+one ring per rail), direct, all2all, hier, pxn and tree: the same messages,
 chunks (chunk_bytes of whole elements) and order (a schedule changed there must change here: the test
 below fails otherwise); `tests/nodes/test_replay.py` checks that replayed
 and emulated times agree on every algorithm and multi-node preset. `replay_ns` runs the programs
@@ -22,11 +26,12 @@ deadlock-free schedule completes, in O(messages) link bookings (a 256-GPU ring a
 about half a million).
 """
 
+from .cost import in_switch_chunk
 from .errors import FabricError
 from .packets import raw_bytes
 from .reduction import (blocks, channel_rings, chunks, merged_columns, rail_ranges, ring_channel_count, tree_chunk,
                         tree_parts, tree_steps, two_level_blocks)
-from .timemodel import LinkEnd
+from .timemodel import LinkEnd, ReductionClock
 from .topology import Topology
 
 
@@ -357,6 +362,50 @@ def _program(collective: str, algorithm: str, topo: Topology, r: int, count: int
                           f"{', '.join(f'{c} {a}' for a, cs in PROGRAMS.items() for c in cs)}")
 
 
+def sharp_allreduce_ns(topo: Topology, count: int, config, itemsize: int = 4, partial_itemsize: int | None = None) -> float:
+    """Modeled ns of ranks/collectives/sharp.py's allreduce of `count` elements by every GPU of `topo` (of
+    several nodes), all starting at 0, as fabric.switch books it: every GPU books chunk c on its uplink
+    (all issued at the start), its leaf's engine reduces the node once the latest chunk is in (+ s +
+    the engine's latency, at the engine's bandwidth), the partial (partial_itemsize bytes an element:
+    the accumulator's; default itemsize) takes the group's shares of the node's uplink to spine c mod P
+    (G x U / (G P) per node, + u), the spine (+ s) reduces once every leaf's is in, each result takes the
+    group's shares of the node's uplink from that spine (+ u), the leaf (+ s) copies it down, and each
+    GPU books its downlink in chunk order (+ a). Chunks as Call.in_switch_window sizes them."""
+    N, G, P, n = topo.nodes, topo.gpus_per_node, topo.spines, topo.gpus
+    if N < 2 or not P:
+        raise FabricError(f"replay: sharp across nodes needs a topology of several nodes and spines, got {N} nodes")
+    wide = partial_itemsize or itemsize
+    streams = wide // itemsize * -(-config.nodes // max(1, n - 1))  # sharp._streams
+    chunk = in_switch_chunk(config, n, streams, 1, None, itemsize) // itemsize
+    t = config.timing
+    s, u = t.switch_latency_ns, config.uplink_latency_ns
+    raw = lambda nbytes: raw_bytes(nbytes, config.mtu_bytes, config.header_bytes)
+    gpus = [_Gpu(g, topo) for g in range(n)]
+    engines = [ReductionClock(t.reduction_gbytes_per_s, t.reduction_latency_ns) for _ in range(N + P)]
+    group_share = topo.share_gbytes_per_s * G / P  # the node's members' shares of its uplink to one spine
+    up = {(k, i): LinkEnd(group_share, u) for k in range(N) for i in range(P)}
+    down = {(i, k): LinkEnd(group_share, u) for k in range(N) for i in range(P)}
+    for c, (lo, hi) in enumerate(chunks(0, count, chunk)):
+        r, w, i = raw((hi - lo) * itemsize), raw((hi - lo) * wide), c % P
+        stamps = [gpu.uplink.send(0.0, 0.0, r) for gpu in gpus]
+        partials = []
+        for k in range(N):
+            node = stamps[k * G:(k + 1) * G]
+            first, last = max(a for a, _ in node), max(b for _, b in node)
+            start, end = engines[k].reduce(first + s, last + s, w)
+            partials.append(up[(k, i)].send(start, end, w))
+        first, last = max(a for a, _ in partials), max(b for _, b in partials)
+        start, end = engines[N + i].reduce(first + s, last + s, r)
+        for k in range(N):
+            d0, d1 = down[(i, k)].send(start, end, r)
+            for gpu in gpus[k * G:(k + 1) * G]:
+                _, b = gpu.downlink.book(d0 + s, d1 + s, r)
+                gpu.now = max(gpu.now, b + gpu.downlink.latency_ns)
+    for gpu in gpus:
+        gpu.now = max(gpu.now, gpu.uplink.free_ns)
+    return max(gpu.now for gpu in gpus)
+
+
 PROGRAMS = {
     "ring": ("allreduce", "reduce_scatter", "allgather", "broadcast"),
     "direct": ("allreduce", "reduce_scatter", "allgather", "broadcast", "all2all"),
@@ -368,12 +417,16 @@ PROGRAMS = {
 
 
 def replay_ns(collective: str, algorithm: str, topo: Topology, S: int, config, itemsize: int = 4, root: int = 0,
-              counts=None) -> float:
+              counts=None, partial_itemsize: int | None = None) -> float:
     """Modeled ns of one call on every GPU of `topo`, all starting at 0: the latest member's clock at
     the end. S: bytes, as fabric.cost_nodes takes them (all2all: each member's send buffer;
-    reduce_scatter: the input; allgather: the output); all2allv: counts[i][j] bytes GPU i sends GPU j."""
+    reduce_scatter: the input; allgather: the output); all2allv: counts[i][j] bytes GPU i sends GPU j;
+    sharp allreduce (several nodes): partial_itemsize, the bytes of an element of a leaf's partial (the
+    switch's accumulator: 4 for float16/bfloat16; default itemsize)."""
     if not isinstance(topo, Topology):
         raise FabricError(f"replay: takes a Topology, got {type(topo).__name__}")
+    if (collective, algorithm) == ("allreduce", "sharp"):
+        return sharp_allreduce_ns(topo, int(S) // itemsize, config, itemsize, partial_itemsize)
     n = topo.gpus
     chunk = max(1, config.chunk_bytes // itemsize)
     count = int(S) // itemsize

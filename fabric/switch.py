@@ -9,7 +9,7 @@ answers a request it forwarded, and takes in-switch operations only from a group
 keys of that group. A refused packet is counted on the sender's port and answered with a NACK.
 
 On several nodes (fabric.topology) each node's leaf runs a SwitchLogic for its own GPUs' ports, and
-the spines run a SpineLogic. Ports are named by GPU index: a Send to a GPU of another node leaves by
+the spines run a SpineLogic (in-switch groups that span nodes: `Spanning groups` below). Ports are named by GPU index: a Send to a GPU of another node leaves by
 the leaf's link to the spine the topology routes it over (the switch rank sends it to that spine).
 Decisions stay where the state is: a request (PUT/GET) is translated and authorised by the Link TLB
 at the leaf of the destination GPU's port, wherever the requester is (the requester's leaf only
@@ -19,6 +19,29 @@ is checked at the sender's leaf; in-switch groups live at the leaf of their memb
 A transfer between nodes is timed on its sender's outbound share of the node's uplink (booked at the
 sender's leaf) and its receiver's inbound share (booked by the receiver); the cables between switches
 count bytes (fabric.topology, Shares).
+
+**Spanning groups** (NVLink SHARP across nodes). A group whose members are in several nodes has a
+copy in every switch it spans: the leaf of each of its nodes (its inputs: the node's members, in
+communicator rank order) and every spine (its inputs: the leaves of its nodes, in node order).
+Created by its first member at that GPU's leaf (the *creator* leaf; id = k x nodes + the leaf's
+index, so ids never collide between leaves), which sends the group to every spine and, through the
+first spine, to the group's other leaves; each checks its own 128-group limit (its partition's share)
+and answers, and the create is answered only once every switch took the group (else it is undone
+everywhere and refused with the switches' errors). Bound by each member at its own leaf; released by
+the creator leaf for all. A leaf takes contributions only from its own members; once every local
+member's chunk is in, it reduces them (accumulator: float32 for float16/bfloat16, unfinished) and
+sends the *partial* to spine slot[-1] mod P (allreduce: chunk c to spine c mod P). A spine takes
+partials only from the leaves of the group's nodes, reduces them in node order, finishes (avg divides
+by every member once, 16-bit floats round once) and multicasts the result down to each leaf, which
+copies it to its destination members. A GPU can neither send a partial (only leaves reach a spine)
+nor a result (a leaf delivers only what a spine sent for a partial it sent up). Time: a partial
+leaves the leaf's reduction engine and takes the group's members' shares of the node's uplink to
+that spine taken together (m x U / (G P): m members in the node, P spines), booked by the leaf in its
+completion order; the spine's engine reduces once every partial is in, and each result takes the
+group's shares of the destination node's uplink to that spine, booked by the spine; so every clock
+is booked in one order fixed by the members' programs (fabric.replay replays it). In flight: a leaf
+keeps at most its partition's buffer share / nodes of partials without their result, so what a spine
+holds stays within the share.
 """
 
 import math
@@ -30,11 +53,12 @@ from .addressing import Handle, assign_network_addresses, decode_physical
 from .config import FabricConfig
 from .counters import LinkCounters, downlink, uplink
 from .timemodel import LinkEnd
-from .errors import AccessViolation, FabricError, ProtocolError, ResourceExhausted, UnsupportedOperation
+from .errors import (AccessViolation, CollectiveMismatch, FabricError, ProtocolError, ResourceExhausted,
+                     UnsupportedOperation)
 from .groups import GroupTable
 from .packets import (WIRE_INT_MAX, GroupInfo, Kind, LoadInfo, McastInfo, NackInfo, Packet, ReduceInfo,
                       raw_bytes)
-from .reduction import check_dtype, check_op
+from .reduction import check_dtype, check_op, switch_accumulator
 from .tlb import LinkTLB
 
 # what a GPU may send to its switch; NACK, LOAD, REPLY and SHUTDOWN are the switch's own
@@ -67,6 +91,7 @@ class Send:
     packet: Packet
     payload: np.ndarray | None = None
     origin: int | None = None  # who the data comes from: the ingress GPU (None) or the switch itself (-1)
+    switch: int | None = None  # to that switch itself (in-switch traffic between switches; counted already)
 
 
 class SwitchLogic:
@@ -95,7 +120,7 @@ class SwitchLogic:
         self.violations = [0] * config.gpus  # AccessViolations, by the requester's port
         self.refused = [0] * config.gpus     # every refused packet, by the sender's port
         self.malformed = [0] * config.gpus   # of those, the ones that broke the protocol (ProtocolError)
-        self.groups = GroupTable()
+        self.groups = GroupTable(step=topology.nodes, offset=switch)  # ids unique over the leaves
         self.peak_held_bytes = 0  # most contribution bytes held at once by in-switch reductions
         self.tracing = False      # when set, decisions worth a trace record are appended to `events`
         self.events: list[dict] = []
@@ -110,6 +135,15 @@ class SwitchLogic:
         # byte counts the replies must carry, oldest first
         self._awaited: dict[tuple[int, int, int, Kind], list[int]] = {}
         self._awaiting = [0] * config.gpus  # per requester port: its forwarded requests not yet answered
+        # spanning groups (module docstring): creates waiting for the other switches' answers, gid ->
+        # [creator GPU, request, switches yet to answer, errors, switches that took it]; per partial sent
+        # up and not answered, (group, result key) -> (local destinations, bytes); those bytes per partition;
+        # the up clocks (group, spine) of the group's shares of the node's uplink
+        self._spanning: dict[int, list] = {}
+        self._partials: dict[tuple, tuple[tuple[int, ...], int, int]] = {}  # + the group's partition
+        self._partial_bytes: dict[int, int] = {}
+        self._up: dict[tuple[int, int], LinkEnd] = {}
+        self.partial_share_bytes = self.buffer_share_bytes // max(1, topology.nodes)
 
     # -- addressing -------------------------------------------------------------------------------
     def route_key(self, gpu: int) -> int:
@@ -252,6 +286,8 @@ class SwitchLogic:
         """Count `send` on the link it leaves by; up to a spine, stamp the packet with when its first/last
         byte reach the spine: booked on GPU `sender`'s outbound share (cut-through), or, a switch's own
         packet (sender None), at the link's latency."""
+        if send.switch is not None:  # to another switch: counted and booked by whoever made it
+            return send
         link = self.egress_link(send.port)
         raw = self.counters.record(link, send.packet.payload_bytes)
         if send.port in self.local:
@@ -360,6 +396,11 @@ class SwitchLogic:
             if not key or key[0] != group.name:
                 raise AccessViolation(f"{kind.name} from GPU {ingress}: key {list(key)} is not one of group "
                                       f"{info.group}'s (its keys start with {group.name!r})")
+        if group.stage == "leaf" and kind is not Kind.REDUCE:
+            raise UnsupportedOperation(f"{kind.name} from GPU {ingress}: group {info.group} spans nodes "
+                                       f"{sorted({g // self.config.gpus_per_node for g in group.members})}, and "
+                                       f"across nodes the switches reduce (sharp allreduce) but do not multicast "
+                                       f"a GPU's store or load-reduce (nvls) yet")
         if kind is Kind.MCAST:
             # one packet in, a copy out of every member port, the sender's included
             out = self._through(packet)
@@ -382,6 +423,8 @@ class SwitchLogic:
             ready = packet.t_end + self.timing.switch_latency_ns
             load = Packet(Kind.LOAD, -1, 0, packet.address, packet.nbytes, packet.req, info, ready, ready)
             return [Send(port, load.but(dst=self.route_key(port)), origin=-1) for port in group.members]
+        if group.stage == "leaf":
+            self._check_partial(ingress, group, info, payload)
         done = self.groups.contribute(info.group, info.slot, ingress, info.op, info.dtype, payload,
                                       (info.dest, info.key), (packet.t_start, packet.t_end), self.buffer_share_bytes,
                                       self.held_parts_share)
@@ -394,8 +437,135 @@ class SwitchLogic:
         raw = raw_bytes(result.nbytes, self.config.mtu_bytes, self.config.header_bytes)
         start, end = self.groups.engine(info.group, self.timing).reduce(first + delay, last + delay, raw)
         self._event({"ev": "reduce", "group": info.group, "slot": list(info.slot), "op": info.op,
-                     "bytes": result.nbytes, "members": len(group.members), "m_start": start, "m_end": end})
+                     "bytes": result.nbytes, "members": len(group.inputs), "m_start": start, "m_end": end})
+        if group.stage == "leaf":
+            return [self._partial_up(group, info, dest, key, result, start, end, raw)]
         return [self._deliver(port, info.group, key, result, start, end, -1) for port in dest]
+
+    # -- spanning groups (module docstring) -------------------------------------------------------
+    def _check_partial(self, ingress: int, group, info: ReduceInfo, payload: np.ndarray) -> None:
+        """Before the contribution that completes a leaf's partial is taken: its result key must not be
+        awaited already, and the partition's partials in flight must stay within their share."""
+        state = self.groups.reductions.get((info.group, *info.slot))
+        if len(group.inputs) - (len(state.parts) if state else 0) != 1:
+            return
+        if (info.group, info.key) in self._partials:
+            raise CollectiveMismatch(f"REDUCE from GPU {ingress}: group {info.group} slot {list(info.slot)}: result "
+                                     f"key {list(info.key)} is awaited from the spines already")
+        nbytes = payload.nbytes // check_dtype(info.dtype).itemsize * switch_accumulator(check_dtype(info.dtype)).itemsize
+        held = self._partial_bytes.get(group.partition, 0)
+        if held and held + nbytes > self.partial_share_bytes:
+            raise ResourceExhausted(f"REDUCE from GPU {ingress}: group {info.group} slot {list(info.slot)}: switch "
+                                    f"{self.switch} has {held} bytes of partition {group.partition}'s partials at the "
+                                    f"spines without their result, and {nbytes} more would pass its share "
+                                    f"{self.partial_share_bytes} (buffer share / nodes)")
+
+    def _partial_up(self, group, info: ReduceInfo, dest: tuple, key: tuple, partial: np.ndarray,
+                    start: float, end: float, raw: int) -> Send:
+        """The leaf's partial of `info`'s slot, to spine slot[-1] mod P on the group's shares of the node's
+        uplink to it; its result will come back for the local members of `dest`."""
+        topology = self.topology
+        spine = topology.nodes + info.slot[-1] % topology.spines
+        clock = self._up.get((info.group, spine))
+        if clock is None:
+            local = sum(1 for g in group.members if g in self.local)
+            clock = self._up[(info.group, spine)] = LinkEnd(
+                topology.share_gbytes_per_s * local / topology.spines, self.config.uplink_latency_ns)
+        t_start, t_end = clock.send(start, end, raw)
+        self.counters.record(f"sw{self.switch}->sw{spine}", partial.nbytes)
+        self._partials[(info.group, key)] = (tuple(p for p in dest if p in self.local), partial.nbytes, group.partition)
+        self._partial_bytes[group.partition] = self._partial_bytes.get(group.partition, 0) + partial.nbytes
+        packet = Packet(Kind.REDUCE, -1, -1, 0, partial.nbytes, info=ReduceInfo(
+            info.group, info.slot, info.op, info.dtype, dest, key), t_start=t_start, t_end=t_end)
+        return Send(-1, packet, partial, -1, spine)
+
+    def on_switch(self, spine: int, packet: Packet, payload: np.ndarray | None = None) -> list[Send]:
+        """What to send for in-switch traffic of a spanning group that spine `spine` sent: a result to copy
+        to this node's members, or a group's creation, its answers, its release. The switches trust each
+        other: anything that does not fit is a bug (ProtocolError, which ends the run)."""
+        kind, info = packet.kind, packet.info
+        here = f"switch {self.switch}"
+        if kind is Kind.MCAST:
+            self.counters.record(f"sw{spine}->sw{self.switch}", packet.payload_bytes)
+            got = self._partials.pop((info.group, info.key), None)
+            if got is None:
+                raise ProtocolError(f"{here}: a result of group {info.group} key {list(info.key)} from spine {spine}, "
+                                    f"for no partial this leaf sent")
+            ports, nbytes, partition = got
+            self._partial_bytes[partition] -= nbytes
+            out = self._through(packet)
+            return [self._out(self._deliver(port, info.group, info.key, payload, out.t_start, out.t_end, -1))
+                    for port in ports]
+        if kind is not Kind.GROUP:
+            raise ProtocolError(f"{here}: {kind.name} from spine {spine} is no spanning group's traffic")
+        if info.action == "span":  # a group another leaf created: this node's copy
+            try:
+                self._take_span(info)
+                answer = GroupInfo("spanned", info.group, (), "")
+            except FabricError as exc:
+                answer = GroupInfo("refused", info.group, (), f"{type(exc).__name__}: {exc}")
+            return [Send(-1, Packet(Kind.GROUP, -1, -1, req=self.switch, info=answer), switch=spine)]
+        if info.action == "unspan":
+            self._drop_span(info.group)
+            return []
+        if info.action in ("spanned", "refused"):
+            return self._span_answered(packet.req, info)
+        raise ProtocolError(f"{here}: GROUP {info.action!r} from spine {spine}")
+
+    def _take_span(self, info: GroupInfo) -> None:
+        partition = self._partition[info.members[0]]
+        if self.groups.count_in(partition) >= self.group_share:
+            raise ResourceExhausted(f"switch {self.switch}: cannot hold group {info.group} for GPUs "
+                                    f"{list(info.members)}: partition {partition} holds {self.group_share} groups "
+                                    f"here, its share (the limit is {self.groups.limit} per switch)")
+        local = tuple(g for g in info.members if g in self.local)
+        self.groups.create(info.members, local[0], info.name, partition, group_id=info.group, inputs=local,
+                           stage="leaf", who=f"switch {self.switch}")
+
+    def _drop_span(self, gid: int) -> None:
+        group = self.groups.groups.get(gid)
+        if group is not None:
+            self.groups.release(gid, group.inputs[0])
+        for key in [k for k in self._up if k[0] == gid]:
+            del self._up[key]
+
+    def _span(self, ingress: int, packet: Packet, info: GroupInfo, nodes: list[int]) -> list[Send]:
+        """Create spanning group `info` for GPU `ingress`: this leaf's copy, then the other switches'
+        (answered once they all took it)."""
+        topology = self.topology
+        partition = self._partition[ingress]
+        gid = self.groups.next_id()
+        local = tuple(g for g in info.members if g in self.local)
+        self.groups.create(info.members, ingress, info.name, partition, group_id=gid, inputs=local, stage="leaf")
+        spines = range(topology.nodes, topology.nodes + topology.spines)
+        self._spanning[gid] = [ingress, packet.req, {*spines, *(n for n in nodes if n != self.switch)}, [], []]
+        span = Packet(Kind.GROUP, -1, -1, req=self.switch, info=GroupInfo("span", gid, info.members, info.name))
+        return [Send(-1, span, switch=spine) for spine in spines]
+
+    def _span_answered(self, switch: int, info: GroupInfo) -> list[Send]:
+        """Switch `switch`'s answer to this leaf's create of group info.group; the create's REPLY once all came."""
+        pending = self._spanning.get(info.group)
+        if pending is None or switch not in pending[2]:
+            raise ProtocolError(f"switch {self.switch}: switch {switch} answered {info.action} for group {info.group}, "
+                                f"which it was not asked to hold")
+        ingress, req, waiting, errors, took = pending
+        waiting.discard(switch)
+        (errors.append(info.name) if info.action == "refused" else took.append(switch))
+        if waiting:
+            return []
+        del self._spanning[info.group]
+        sends = []
+        if errors:
+            self._drop_span(info.group)
+            sends = [Send(-1, Packet(Kind.GROUP, -1, -1, req=self.switch, info=GroupInfo("unspan", info.group, (), "")),
+                          switch=spine) for spine in range(self.topology.nodes, self.topology.nodes + self.topology.spines)]
+            self.refused[ingress] += 1
+            kind, _, message = errors[0].partition(": ")
+            reply = {"error": kind, "message": f"GPU {ingress}: group create across nodes refused: {message}"
+                                               + (f" (and {len(errors) - 1} more switches)" if len(errors) > 1 else "")}
+        else:
+            reply = {"group": info.group}
+        return sends + [Send(ingress, Packet(Kind.REPLY, src=-1, dst=self.route_key(ingress), req=req, info=reply))]
 
     def _deliver(self, port: int, group: int, key: tuple, payload: np.ndarray, t_start: float, t_end: float,
                  origin: int | None) -> Send:
@@ -454,10 +624,17 @@ class SwitchLogic:
             raise ProtocolError(f"switch: {packet.kind.name} from GPU {ingress} is not a fabric-manager call")
         try:
             info = handler(ingress, packet.info)
+            if isinstance(info, tuple):  # a spanning group: the other switches' part comes first
+                return [self._out(send) for send in self._span(ingress, packet, *info)]
         except FabricError as exc:  # a refused call is answered, not a data-plane violation
             self.refused[ingress] += 1
             info = {"error": type(exc).__name__, "message": str(exc)}
-        return [Send(ingress, Packet(Kind.REPLY, src=-1, dst=self.route_key(ingress), req=packet.req, info=info))]
+        sends = []
+        if isinstance(info, dict) and "unspan" in info:
+            sends = [Send(-1, Packet(Kind.GROUP, -1, -1, req=self.switch, info=GroupInfo("unspan", info["group"], (), "")),
+                          switch=spine) for spine in range(self.topology.nodes, self.topology.nodes + self.topology.spines)]
+            info = {"group": info["group"]}
+        return sends + [Send(ingress, Packet(Kind.REPLY, src=-1, dst=self.route_key(ingress), req=packet.req, info=info))]
 
     def _export(self, ingress: int, info) -> dict:
         if not self.tlbs:
@@ -502,11 +679,7 @@ class SwitchLogic:
                 if not 0 <= gpu < self.config.gpus:
                     raise FabricError(f"group create by GPU {ingress}: member {gpu!r} is not a GPU "
                                       f"0..{self.config.gpus - 1}")
-            remote = [g for g in info.members if g not in self.local]
-            if remote:
-                raise UnsupportedOperation(f"group create by GPU {ingress}: GPUs {remote} are in other nodes than "
-                                           f"node {self.switch}; in-switch reduction and multicast groups span one "
-                                           f"node's switch so far (use ring or direct across nodes)")
+            nodes = sorted({g // self.config.gpus_per_node for g in info.members})
             outside = [g for g in info.members if self._partition[g] != self._partition[ingress]]
             if outside:
                 raise AccessViolation(f"group create by GPU {ingress}: GPUs {outside} are in another partition")
@@ -518,12 +691,30 @@ class SwitchLogic:
                                         f"{list(info.members)}: partition {partition} holds {self.group_share} "
                                         f"groups, its share (the limit is {self.groups.limit} per switch, shared "
                                         f"by {len(self.config.partitions)} partitions); release one first")
+            if nodes != [self.switch]:
+                if not self.config.spine_sharp:
+                    raise UnsupportedOperation(f"group create by GPU {ingress}: GPUs {list(info.members)} are in nodes "
+                                               f"{nodes}, and the spines of fabric {self.config.name!r} do not reduce "
+                                               f"or multicast (spine_sharp false); use ring, direct or hier")
+                if ingress not in info.members or len(set(info.members)) != len(info.members):
+                    raise FabricError(f"GPU {ingress}: group members {list(info.members)} must be distinct and "
+                                      f"include it")
+                return (info, nodes)  # a spanning group (_span)
             return {"group": self.groups.create(info.members, ingress, info.name, partition)}
         if info.action == "bind":
+            if info.group in self._spanning:
+                raise AccessViolation(f"group bind by GPU {ingress}: group {info.group} is not created yet")
             self.groups.bind(info.group, ingress)
             return {"group": info.group}
         if info.action == "release":
-            self.groups.group(info.group, ingress, "release", bound=True)
+            group = self.groups.group(info.group, ingress, "release", bound=True)
+            if group.stage == "leaf":
+                if info.group % self.topology.nodes != self.switch:
+                    raise AccessViolation(f"group release by GPU {ingress}: group {info.group} spans nodes and was "
+                                          f"created at node {info.group % self.topology.nodes}'s switch, which alone "
+                                          f"releases it (its first member does)")
+                self._drop_span(info.group)
+                return {"group": info.group, "unspan": True}
             self.groups.release(info.group, ingress)
             return {"group": info.group}
         raise ProtocolError(f"group call by GPU {ingress}: unknown action {info.action!r}")
@@ -561,6 +752,13 @@ class SpineLogic:
         self.latency_ns = topology.switch_latency_ns + config.uplink_latency_ns
         self.tracing = False  # a spine makes no decisions worth a trace record beyond the packets
         self.events: list[dict] = []
+        # spanning groups (module docstring, Spanning groups): their copies here, whose inputs are leaves,
+        # and the down clocks (group, leaf) of the group's shares of each node's uplink from this spine
+        self.timing = config.timing
+        self.groups = GroupTable()
+        self.group_share = max(1, self.groups.limit // len(config.partitions))
+        self._down: dict[tuple[int, int], LinkEnd] = {}
+        self.peak_held_bytes = 0
 
     def gpu_of_key(self, key: int) -> int | None:
         """The GPU whose routing key `key` is, or None."""
@@ -580,3 +778,74 @@ class SpineLogic:
     def next_switch(self, port: int) -> int:
         """The leaf a Send to GPU `port` goes to."""
         return port // self.config.gpus_per_node
+
+    def on_switch(self, leaf: int, packet: Packet, payload: np.ndarray | None = None) -> list[Send]:
+        """What to send for in-switch traffic of a spanning group from leaf switch `leaf` (fabric.switch's
+        Spanning groups): a partial, a group's creation or release, a leaf's answer to one. Only the
+        leaves of a group's nodes contribute to it; anything else is refused (AccessViolation naming the
+        spine, the leaf, the group and the operation), a bug of a leaf, which ends the run."""
+        kind, info = packet.kind, packet.info
+        nodes, here = self.topology.nodes, f"spine {self.switch}"
+        first = self.switch == nodes  # the spine that relays a group's creation and answers between leaves
+        if kind is Kind.REDUCE:
+            self.counters.record(f"sw{leaf}->sw{self.switch}", packet.payload_bytes)
+            group = self.groups.groups.get(info.group)
+            if group is None or leaf not in group.inputs:
+                raise AccessViolation(f"{here}: partial REDUCE of group {info.group} slot {list(info.slot)} from leaf "
+                                      f"{leaf}: " + (f"no live group {info.group}" if group is None else
+                                                     f"leaf {leaf} is no leaf of the group's nodes {list(group.inputs)}"))
+            done = self.groups.contribute(info.group, info.slot, leaf, info.op, info.dtype, payload, (info.dest, info.key),
+                                          (packet.t_start, packet.t_end))
+            if done is None:
+                self.peak_held_bytes = max(self.peak_held_bytes, self.groups.held_bytes)
+                return []
+            result, (_, key), (first_ns, last_ns) = done
+            delay = self.timing.switch_latency_ns
+            raw = raw_bytes(result.nbytes, self.config.mtu_bytes, self.config.header_bytes)
+            start, end = self.groups.engine(info.group, self.timing).reduce(first_ns + delay, last_ns + delay, raw)
+            sends = []
+            for node in group.inputs:
+                clock = self._down.get((info.group, node))
+                if clock is None:
+                    local = sum(1 for g in group.members if g // self.config.gpus_per_node == node)
+                    clock = self._down[(info.group, node)] = LinkEnd(
+                        self.topology.share_gbytes_per_s * local / self.topology.spines, self.config.uplink_latency_ns)
+                t_start, t_end = clock.send(start, end, raw)
+                self.counters.record(f"sw{self.switch}->sw{node}", result.nbytes)
+                down = Packet(Kind.MCAST, -1, -1, 0, result.nbytes, info=McastInfo(info.group, key),
+                              t_start=t_start, t_end=t_end)
+                sends.append(Send(-1, down, result, -1, node))
+            return sends
+        if kind is not Kind.GROUP:
+            raise ProtocolError(f"{here}: {kind.name} from leaf {leaf} is no spanning group's traffic")
+        creator = info.group % nodes
+        if info.action == "span":
+            others = sorted({g // self.config.gpus_per_node for g in info.members} - {leaf})
+            try:
+                partition = self.config.partition_of(info.members[0])
+                if self.groups.count_in(partition) >= self.group_share:
+                    raise ResourceExhausted(f"{here}: cannot hold group {info.group} for GPUs {list(info.members)}: "
+                                            f"partition {partition} holds {self.group_share} groups here, its share "
+                                            f"(the limit is {self.groups.limit} per switch)")
+                inputs = tuple(sorted({g // self.config.gpus_per_node for g in info.members}))
+                self.groups.create(info.members, -1, info.name, partition, group_id=info.group, inputs=inputs,
+                                   stage="spine", who=here)
+                answer = GroupInfo("spanned", info.group, (), "")
+            except FabricError as exc:
+                answer = GroupInfo("refused", info.group, (), f"{type(exc).__name__}: {exc}")
+            sends = [Send(-1, Packet(Kind.GROUP, -1, -1, req=self.switch, info=answer), switch=leaf)]
+            if first:
+                sends += [Send(-1, packet, switch=node) for node in others]
+            return sends
+        if info.action == "unspan":
+            if info.group in self.groups.groups:
+                self.groups.release(info.group, self.groups.groups[info.group].inputs[0])
+            for key in [k for k in self._down if k[0] == info.group]:
+                del self._down[key]
+            if first:
+                group_nodes = range(nodes)  # the leaves that hold it: whoever took the span
+                return [Send(-1, packet, switch=node) for node in group_nodes if node != leaf]
+            return []
+        if info.action in ("spanned", "refused") and first:  # a leaf's answer, on to the creator leaf
+            return [Send(-1, packet, switch=creator)]
+        raise ProtocolError(f"{here}: GROUP {info.action!r} from leaf {leaf}")

@@ -27,17 +27,16 @@ MEASURED = ("import resource, subprocess, sys; code = subprocess.call(sys.argv[1
             "sys.exit(code)")
 
 
-def bench_row(collective: str, preset: str, gpus: int, gpus_per_node: int | None, size: int, iters: int,
-              timeout_s: float, algorithm: str = "auto") -> dict:
-    """One `nvlink-emu bench` row (its --json keys) plus the job's wall s and the largest rank's peak RSS
-    (MiB); FabricError-free: a failed job raises RuntimeError with its output's tail."""
+def bench_rows(collective: str, preset: str, gpus: int, gpus_per_node: int | None, sweep: list[str], iters: int,
+               timeout_s: float, algorithm: str = "auto", extra: tuple | list = ()) -> list[dict]:
+    """The rows of one `nvlink-emu bench` job (its --json keys; `sweep`: its size flags, `extra`: more of
+    its options), each with the job's wall s and the largest rank's peak RSS (MiB); a failed job raises
+    RuntimeError with its output's tail."""
     sizing = ["--gpus", str(gpus)] if gpus_per_node is None else ["--nodes", str(gpus // gpus_per_node),
                                                                    "--gpus-per-node", str(gpus_per_node)]
     cmd = [sys.executable, "-c", MEASURED, sys.executable, "-c", "from nvlink_emu.launch.cli import main; main()",
-           "bench", collective,
-           "--preset", preset, *sizing, "-b", str(size), "-e", str(size), "-n", str(iters), "--algorithm", algorithm,
-           "--json",
-           "--timeout", str(timeout_s)]
+           "bench", collective, "--preset", preset, *sizing, *sweep, "-n", str(iters), "--algorithm", algorithm,
+           "--json", "--timeout", str(timeout_s), *extra]
     start = time.monotonic()
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=30 * timeout_s)
     wall = time.monotonic() - start
@@ -45,7 +44,14 @@ def bench_row(collective: str, preset: str, gpus: int, gpus_per_node: int | None
     if done.returncode or not rows:
         raise RuntimeError(f"{' '.join(cmd)}: exit {done.returncode}\n{(done.stdout + done.stderr)[-3000:]}")
     peak = [int(line.split("=")[1]) for line in done.stderr.splitlines() if line.startswith("peak_rss_kib=")]
-    return {**rows[-1], "job_wall_s": wall, "peak_rss_mib": peak[-1] / 1024 if peak else float("nan")}
+    return [{**row, "job_wall_s": wall, "peak_rss_mib": peak[-1] / 1024 if peak else float("nan")} for row in rows]
+
+
+def bench_row(collective: str, preset: str, gpus: int, gpus_per_node: int | None, size: int, iters: int,
+              timeout_s: float, algorithm: str = "auto") -> dict:
+    """bench_rows of one size."""
+    return bench_rows(collective, preset, gpus, gpus_per_node, ["-b", str(size), "-e", str(size)], iters, timeout_s,
+                      algorithm)[-1]
 
 
 def main(argv=None) -> int:

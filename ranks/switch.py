@@ -32,6 +32,8 @@ MAX_QUEUED = 256   # packets of one GPU waiting behind one that cannot go on yet
 SWEEP_STEPS = 1024  # every this many intake steps, drop stray messages of every GPU
 # what a GPU that said DONE still sends while the switches end the run: answers to requests forwarded to it
 ANSWERS = frozenset({Kind.PUT_ACK, Kind.GET_DATA})
+# what switches send each other for a group that spans nodes (partials, results, its lifecycle)
+SPANNING = frozenset({Kind.REDUCE, Kind.MCAST, Kind.GROUP})
 
 
 class _Waiting:
@@ -294,6 +296,12 @@ class SwitchRank:
         if peer is not None and packet.kind is Kind.CREDIT:
             self._on_credit(packet)
             return
+        if peer is not None and packet.kind in SPANNING:  # a spanning group's traffic (fabric.switch)
+            sends = self.logic.on_switch(peer, packet, payload)
+            if self.trace is not None and packet.kind.counted:
+                self._record("rx", f"sw{peer}->sw{self.index}", packet, -1)
+            self._send_all(sends, -1)
+            return
         if peer is not None:  # from another switch: decided at the sender's leaf, or to be at this one
             if self.spine:
                 sends = [self.logic.on_packet(peer, packet, payload)]
@@ -439,7 +447,7 @@ class SwitchRank:
         """Send `sends`; `source`: the GPU their data comes from (-1: the switch's own); `transit`: they
         came down from a spine, a packet of GPU `source` that took that much credit at its leaf."""
         for send in sends:
-            switch = self.logic.next_switch(send.port)
+            switch = self.logic.next_switch(send.port) if send.switch is None else send.switch
             nbytes = send.packet.payload_bytes
             if switch is None:
                 self.transport.send(send.port, send.packet, send.payload)
@@ -452,7 +460,7 @@ class SwitchRank:
                 self.transport.send(self.config.gpus + switch, send.packet, send.payload)
                 self.sent_to_switches += 1
                 link = f"sw{self.index}->sw{switch}"
-                if source in self.gpus:
+                if source in self.gpus and send.switch is None:
                     self._credit_used[send.port] = self._credit_used.get(send.port, 0) + self._charge(nbytes)
             if self.trace is not None and send.packet.kind.counted:
                 self._record("tx", link, send.packet, source if send.origin is None else send.origin)

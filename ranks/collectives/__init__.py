@@ -20,17 +20,26 @@ from . import all2all, direct, hier, nvls, pxn, ring, sharp, tree
 ALGORITHMS = {"ring": ring, "direct": direct, "sharp": sharp, "nvls": nvls, "hier": hier,
               "tree": tree}  # also `auto`'s tie order
 IN_SWITCH = ("sharp", "nvls")
+# what the in-switch algorithms run for members in several nodes (groups spanning leaves and spines)
+ACROSS_NODES = {"sharp": ("allreduce",)}
 # all2all's algorithms (comm.all2all's `algorithm`; auto is direct), each taking all2allv's arguments;
 # all2allv runs direct
 ALL2ALL = {"direct": all2all.all2allv, "pxn": pxn.all2all}
 SMALL_BYTES = 64 * 1024  # fallback rule: below this, `direct` (fewer steps) before `ring` on a forwarding switch
 
 
-def allowed(config, nodes: int = 1) -> tuple[str, ...]:
-    """Algorithms the fabric can run for members in `nodes` nodes: the in-switch ones need NVLink
-    Network mode with a SHARP switch, and members behind one leaf (groups span one switch so far)."""
-    in_switch = config.mode == "network" and config.sharp and nodes == 1
-    return tuple(name for name in ALGORITHMS if in_switch or name not in IN_SWITCH)
+def allowed(config, nodes: int = 1, collective: str | None = None) -> tuple[str, ...]:
+    """Algorithms the fabric can run (for `collective`, if given) for members in `nodes` nodes: the
+    in-switch ones need NVLink Network mode with SHARP switches; across nodes, sharp's allreduce on
+    spines that reduce too (config.spine_sharp: superpod-h100-nvlink; two-level: leaves reduce their
+    node, spines the leaves, results multicast down; ACROSS_NODES), which without `collective` counts
+    as allowed; nvls spans one node's switch."""
+    in_switch = config.mode == "network" and config.sharp
+    def fits(name):
+        if name not in IN_SWITCH or nodes == 1:
+            return True
+        return config.spine_sharp and name in ACROSS_NODES and (collective is None or collective in ACROSS_NODES[name])
+    return tuple(name for name in ALGORITHMS if name not in IN_SWITCH or (in_switch and fits(name)))
 
 
 def choose(collective: str, algorithm: str, config, nbytes: int, members: int | None = None,
@@ -38,24 +47,26 @@ def choose(collective: str, algorithm: str, config, nbytes: int, members: int | 
     """The algorithm a call on `nbytes` bytes by `members` GPUs in `nodes` nodes (default: all of the
     fabric's) runs.
 
-    `auto`: among the algorithms that implement the collective and that the fabric allows, the one
-    the cost model says is fastest (fabric.cost.modeled_ns; for every GPU of a fabric of several
-    nodes fabric.cost_nodes.modeled_ns), ties to the earlier in ALGORITHMS order (ring, direct,
-    sharp, nvls, hier, tree; fabric.cost has no form for hier or tree, so on one node auto never
-    picks them). For a collective or a group the cost model does not cover, a fixed rule: on a
-    SHARP switch the first of sharp, nvls, direct, ring that implements it; otherwise direct, then
+    `auto`: among the algorithms that implement the collective and that the fabric allows for it
+    (allowed(config, nodes, collective): across nodes sharp's allreduce on spines that reduce), the
+    one the cost model says is fastest (fabric.cost.modeled_ns; for every GPU of a fabric of several
+    nodes fabric.cost_nodes.modeled_ns, which replays ring, direct, hier, tree and sharp's two-level
+    allreduce), ties to the earlier in ALGORITHMS order (ring, direct, sharp, nvls, hier, tree;
+    fabric.cost has no form for hier or tree, so on one node auto never picks them). For a
+    collective or a group the cost model does not cover (a communicator of some of several nodes' GPUs), a fixed rule: where sharp is
+    allowed for it, the first of sharp, nvls, direct, ring that implements it; otherwise direct, then
     ring below 64 KiB (SMALL_BYTES), ring, then direct from there on."""
     n = config.gpus if members is None else members
     nodes = config.nodes if members is None or nodes is None else nodes
     if algorithm == "auto":
-        candidates = [name for name in allowed(config, nodes) if hasattr(ALGORITHMS[name], collective)]
+        candidates = [name for name in allowed(config, nodes, collective) if hasattr(ALGORITHMS[name], collective)]
         if nodes == 1:
             best = cost.fastest(collective, candidates, nbytes, n, config)
         else:
             best = cost_nodes.fastest(collective, candidates, nbytes, config) if n == config.gpus else None
         if best is not None:
             return best
-        if "sharp" in allowed(config, nodes):
+        if "sharp" in allowed(config, nodes, collective):
             order = ("sharp", "nvls", "direct", "ring")
         else:
             order = ("direct", "ring") if nbytes < SMALL_BYTES else ("ring", "direct")
@@ -72,10 +83,11 @@ def choose(collective: str, algorithm: str, config, nbytes: int, members: int | 
     if algorithm not in allowed(config):
         raise UnsupportedOperation(f"{collective} with {algorithm!r}: fabric {config.name!r} has no in-switch "
                                    f"reduction or multicast (needs NVLink Network mode with a SHARP switch)")
-    if algorithm not in allowed(config, nodes):
+    if algorithm not in allowed(config, nodes, collective):
+        why = ("across nodes the switches run sharp allreduce only so far" if config.spine_sharp else
+               "its spines do not reduce (spine_sharp false: an InfiniBand spine here)")
         raise UnsupportedOperation(f"{collective} with {algorithm!r}: its {n} members are in {nodes} nodes of fabric "
-                                   f"{config.name!r}, and in-switch reduction and multicast span one node's switch "
-                                   f"so far; use ring or direct (or auto)")
+                                   f"{config.name!r}, and {why}; use ring, direct or hier (or auto)")
     return algorithm
 
 

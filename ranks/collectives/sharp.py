@@ -12,17 +12,29 @@ Per-GPU link payload for S bytes on N GPUs:
   check, not counted, not modeled) how many came, which bounds their contributions in the switch.
 Combine order: members 0, 1, ..., N-1, in the switch's accumulator (float32 for float16 and
 bfloat16, rounded once at the end; the dtype itself otherwise). avg divides in the switch.
+
+Across nodes (allreduce only; fabric.switch, Spanning groups): each GPU pushes chunk c to its leaf,
+the leaf reduces its node's members (communicator rank order) into a partial in the accumulator and
+sends it to spine c mod P, the spine reduces the partials of the group's nodes in node order,
+finishes (rounds once, avg divides once) and multicasts the result to the leaves, each leaf to its
+members. Per GPU tx = rx = S as on one node; each leaf -> spine i link carries the partials of the
+chunks c = i mod P (S / P for P | chunks; a float16/bfloat16 partial is float32, twice the bytes),
+each spine i -> leaf link the results of the same chunks (S / P). fabric.cost_nodes.link_bytes has
+every link exactly. The window counts a 16-bit float's partial twice and keeps each leaf's partials in
+flight within its share of the buffer / nodes (the spines hold no more than that).
 """
+
+import math
 
 import numpy as np
 
-from nvlink_emu.fabric.reduction import blocks, chunks
+from nvlink_emu.fabric.reduction import blocks, chunks, switch_accumulator
 
 AR, RS, AG, BC, RD = 0, 1, 2, 3, 4  # message phases
 
 
 def allreduce(call, array: np.ndarray) -> None:
-    window = call.in_switch_window(1)
+    window = call.in_switch_window(_streams(call, array.dtype))
     spans = chunks(0, array.size, call.chunk)
     everyone = list(range(call.n))
     start = call.gpu.now_ns  # modeled: every contribution is issued at once
@@ -37,6 +49,17 @@ def allreduce(call, array: np.ndarray) -> None:
             lo2, hi2 = spans[c + window]
             call.reduce((c + window,), array[lo2:hi2], everyone, (AR, c + window), start)
     call.flush()
+
+
+def _streams(call, dtype) -> int:
+    """Credit streams of an allreduce (Call.in_switch_window): 1 on one node; across nodes enough that a
+    leaf's partials in flight (window x chunk x the accumulator's width) fit its buffer share / nodes."""
+    per_node = call.gpu.config.gpus_per_node
+    nodes = len({call.peer(m) // per_node for m in range(call.n)})
+    if nodes == 1:
+        return 1
+    wide = switch_accumulator(np.dtype(dtype)).itemsize // np.dtype(dtype).itemsize
+    return wide * math.ceil(call.gpu.config.nodes / max(1, call.n - 1))
 
 
 def reduce_scatter(call, send: np.ndarray, recv: np.ndarray) -> None:

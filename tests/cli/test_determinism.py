@@ -27,11 +27,16 @@ def main(gpu):
 """
 
 # Across nodes: flows of every GPU meeting on the cables between switches (all2all, direct), rings, a single
-# transfer, and one-sided puts and gets to another node's GPU
+# transfer, one-sided puts and gets to another node's GPU, and sharp's two-level allreduce (partials on the
+# group's shares up to both spines, results down) on the world and on a communicator of one GPU per node
 NODES = """
 import numpy as np
 
 def main(gpu):
+    x = np.arange((64 << 10) // 4 + 1024, dtype=np.float32)  # two chunks of chunk_bytes: one to each spine
+    gpu.world.allreduce(x, algorithm="sharp")
+    rail = gpu.world.split(gpu.rank % 2)
+    rail.allreduce(x[:3000].astype(np.float16), algorithm="sharp")
     window = gpu.alloc(1 << 16, "uint8")
     handles = gpu.world.allgather_object(gpu.export(window))
     x = np.arange(3 * 4096, dtype=np.float32)
@@ -65,12 +70,17 @@ def modeled(tmp_path, body, fabric, delay):
     report = json.loads(out.read_text())
     return {key: report[key] for key in ("elapsed_ns", "links", "collectives")}
 
+NODES_TOML = 'base = "superpod-h100-nvlink"\nnodes = 2\ngpus = 4\nchunk_bytes = 65536\n'  # 2 spines
+
 
 @pytest.mark.parametrize("body, fabric", [
     (ONE_NODE, ["--preset", "dgx-h100", "--gpus", "4"]),
-    (NODES, ["--preset", "superpod-h100-ib", "--nodes", "2", "--gpus-per-node", "2"]),
+    (NODES, ["--config", NODES_TOML]),
 ], ids=["one-node", "two-nodes"])
 def test_random_host_delays_change_no_modeled_time_and_no_counter(tmp_path, body, fabric):
+    if fabric[0] == "--config":
+        (tmp_path / "fabric.toml").write_text(fabric[1])
+        fabric = ["--config", str(tmp_path / "fabric.toml")]
     reference = modeled(tmp_path, body, fabric, None)
     assert reference["elapsed_ns"] > 0 and reference["collectives"]
     for delay in ("1:2", "2:2"):  # seeds 1 and 2, up to 2 ms before every send of every rank

@@ -6,6 +6,7 @@ download fails the test (it is not skipped). The deselected tests are listed, ea
 in tests/mpi4py_suite/deselected.txt.
 """
 
+import compileall
 import json
 import os
 import re
@@ -37,6 +38,7 @@ def mpi4py_tests() -> Path:
     cache = Path(os.environ.get("NVLINK_EMU_CACHE", Path.home() / ".cache" / "nvlink-emu"))
     testdir = cache / f"mpi4py-{version}" / "test"
     if (testdir / "mpiunittest.py").is_file():
+        compileall.compile_dir(testdir, quiet=1)  # every rank imports them (see tests/conftest.py)
         return testdir
     cache.mkdir(parents=True, exist_ok=True)
     done, _ = run([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps", "-q",
@@ -46,6 +48,7 @@ def mpi4py_tests() -> Path:
         members = [m for m in archive.getmembers() if m.name.startswith(f"mpi4py-{version}/test/")]
         archive.extractall(cache, members=members, filter="data")
     assert (testdir / "mpiunittest.py").is_file(), f"{testdir}: no mpiunittest.py in the source distribution"
+    compileall.compile_dir(testdir, quiet=1)
     return testdir
 
 

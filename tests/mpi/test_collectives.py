@@ -302,14 +302,15 @@ def test_the_switch_holds_a_bounded_amount_however_large_the_buffer():
     n = gpus()
     chunk, window = 4096, 2
     bound = n * window * chunk  # switch_buffer_bytes: each member keeps `window` chunks in flight
+    count = 1 << 16  # 256 KiB of float32, 64 chunks per member, 32 times the window
 
     def main(gpu):
-        x = np.ones(1 << 18, np.float32)  # 1 MiB, 256 chunks per member
+        x = np.ones(count, np.float32)
         gpu.world.allreduce(x, "sum", "sharp")
-        y = np.empty((1 << 18) // n, np.float32)
-        gpu.world.reduce_scatter(np.ones((1 << 18) // n * n, np.float32), y, "sum", "nvls")
+        y = np.empty(count // n, np.float32)
+        gpu.world.reduce_scatter(np.ones(count // n * n, np.float32), y, "sum", "nvls")
         assert (x == n).all() and (y == n).all()
 
     report = run(main, chunk_bytes=chunk, switch_buffer_bytes=bound).report
     assert 0 < report["switch"]["peak_held_bytes"] <= bound
-    assert report["switch"]["reduced_bytes"] == n * (1 << 20) + n * ((1 << 18) // n * n * 4)
+    assert report["switch"]["reduced_bytes"] == n * count * 4 + n * (count // n * n * 4)

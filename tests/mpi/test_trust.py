@@ -12,6 +12,7 @@ import msgpack
 import numpy as np
 import pytest
 
+from nvlink_emu.fabric import control
 from nvlink_emu.fabric.control import MAX_CONTROL_BYTES
 from nvlink_emu.fabric.errors import AccessViolation, CollectiveMismatch, FabricError, ProtocolError
 from nvlink_emu.fabric.packets import Kind, McastInfo, MsgInfo, Packet, TraceInfo
@@ -263,18 +264,22 @@ def test_a_hostile_gpu_harms_nobody_in_the_other_partition():
 
 def test_control_messages_too_long_undecodable_or_from_non_members_are_dropped():
     """Found in review: the control channel took any size from anyone and kept non-members' messages
-    for ever, and its unpickler could be made to build huge objects from a few bytes."""
-    bomb = pickle.dumps(np.ndarray((10 ** 8,), np.dtype("O")))  # 10**8 Nones from a few dozen bytes, once
+    for ever, and its unpickler could be made to build huge objects from a few bytes. Control objects
+    are msgpack now (fabric.control): the bombs are a message claiming an array of 10**8 float64s in
+    no bytes, and a pickle (never run)."""
+    bombs = [msgpack.packb(msgpack.ExtType(control._ARRAY, msgpack.packb(["<f8", [10 ** 8], b""]))),
+             pickle.dumps(np.zeros(3))]
 
     def main(gpu):
         if gpu.rank == 0:
             gpu._control.send_bytes(1, b"\x00" * (MAX_CONTROL_BYTES + 1))  # too long: dropped unread
-            gpu._control.send_bytes(1, bomb)
+            for bomb in bombs:
+                gpu._control.send_bytes(1, bomb)
             for seq in range(50):  # well-formed, but GPU 0 is no member of partition 1's communicator
                 gpu._control.send(1, ("partition1", seq, ("barrier", 0.0)))
         if gpu.rank == 1:
-            until(gpu, lambda: gpu.strays >= 52, "dropping 52 control messages")
-            assert gpu.strays == 52 and not [key for key in gpu._control_box if key[2] == 0]
+            until(gpu, lambda: gpu.strays >= 53, "dropping 53 control messages")
+            assert gpu.strays == 53 and not [key for key in gpu._control_box if key[2] == 0]
         if gpu.rank:
             gpu.partition.barrier()
 

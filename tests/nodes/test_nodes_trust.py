@@ -15,7 +15,7 @@ import pytest
 
 from nvlink_emu.fabric.counters import LinkCounters
 from nvlink_emu.fabric.errors import AccessViolation
-from nvlink_emu.fabric.packets import Kind, MsgInfo, Packet, raw_bytes
+from nvlink_emu.fabric.packets import GroupInfo, Kind, McastInfo, MsgInfo, Packet, ReduceInfo, raw_bytes
 
 from nvlink_emu.launch.report import run_summary
 from nvlink_emu.ranks.session import run_fabric
@@ -229,8 +229,9 @@ def test_a_gpu_can_neither_pass_for_a_switch_nor_for_another_gpu_across_nodes():
 def test_a_hostile_gpu_harms_nobody_in_the_other_partition_across_nodes():
     """The fuzz tier (launch/examples/hostile_gpu.py, as tests/mpi/test_trust.py runs it) on several
     nodes: GPU 0 sends 10,000 bad packets to its leaf and straight to the victims' ranks while the
-    other partition, which spans every node, runs flat collectives (sharp and nvls are refused across
-    nodes), puts, gets and messages; their results are right, nothing of theirs was refused."""
+    other partition, which spans every node, runs ring, direct and auto collectives (auto's allreduce:
+    sharp in two levels of switches; nvls is refused across nodes), puts, gets and messages; their
+    results are right, nothing of theirs was refused."""
     packets = 10_000
     script = runpy.run_path(str(EXAMPLES / "hostile_gpu.py"))
     script["run"].__globals__["ALGORITHMS"] = ("ring", "direct", "auto")
@@ -423,3 +424,50 @@ def test_a_flood_of_zero_byte_messages_keeps_a_bounded_number_of_sends_in_flight
     run(main)
     most = MPI.COMM_WORLD.allreduce(peak[0], MPI.MAX)
     assert most <= 2 * MAX_UNREAD, f"GPU 0's leaf kept {most} sends in flight to it"
+
+
+def test_a_gpu_forges_no_partial_and_no_result_of_a_group_that_spans_nodes():
+    """The victims' sharp allreduce runs in two levels of switches (its group in every leaf and spine).
+    GPU 0, in another partition, knows the group's id and sends its leaf a contribution, a multicast
+    store and a release of it (each refused there, AccessViolation naming GPU 0 and the group), and
+    sends a spine's rank a forged partial, a forged result and a forged release straight, as a leaf
+    would (the spine takes packets from leaves only: dropped unread). The victims' results stay right
+    and none of their packets was refused."""
+    n = gpus()
+    spine_rank = n + shape()[0]  # the first spine, which relays a group's lifecycle between leaves
+
+    def main(gpu):
+        x = np.arange(4096, dtype=np.float32)
+        victims = gpu.partition if gpu.rank else None
+        gid = None
+        if victims is not None:
+            victims.allreduce(x, algorithm="sharp")
+            gid = victims.group_id()
+        gid = gpu.world.allgather_object(gid)[1]
+        if gpu.rank == 0:
+            info = ReduceInfo(gid, (0, 0), "sum", "float32", tuple(range(1, n)), ("forged", 0))
+            forged = np.ones(16, np.float32).view(np.uint8)
+            gpu._send(Packet(Kind.REDUCE, gpu._keys[0], -1, 0, forged.nbytes, info=info), forged)
+            gpu._send(Packet(Kind.MCAST, gpu._keys[0], -1, 0, forged.nbytes, info=McastInfo(gid, ("forged", 1))),
+                      forged)
+            gpu._transport.send(gpu._switch, Packet(Kind.GROUP, gpu._keys[0], -1, req=99,
+                                                    info=GroupInfo("release", gid, (), "")))
+            transport = gpu._transport
+            transport.send(spine_rank, Packet(Kind.REDUCE, -1, -1, 0, forged.nbytes, info=info), forged)
+            transport.send(spine_rank, Packet(Kind.MCAST, -1, -1, 0, forged.nbytes, info=McastInfo(gid, ("forged", 2))),
+                           forged)
+            transport.send(spine_rank, Packet(Kind.GROUP, -1, -1, info=GroupInfo("unspan", gid, (), "")))
+            errors = refusals(gpu, 2)
+            assert all(type(e) is AccessViolation and "GPU 0" in str(e) and f"group {gid}" in str(e) for e in errors)
+            until(gpu, lambda: 99 in gpu._replies, "the release's answer")
+            assert gpu._replies[99].info["error"] == "AccessViolation"
+        gpu.world.barrier()
+        if victims is not None:
+            for _ in range(2):
+                y = x * gpu.rank
+                victims.allreduce(y, algorithm="sharp")
+                assert np.array_equal(y, x * sum(range(1, n)))
+
+    report = run(main, **lone_attacker(n)).report
+    assert report["ports"][0]["refused"] == 3
+    assert all(report["ports"][g]["refused"] == 0 for g in range(1, n))

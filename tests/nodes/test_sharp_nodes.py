@@ -1,0 +1,131 @@
+"""Multi-rank, several nodes: `sharp` allreduce in two levels of switches (fabric.switch, Spanning
+groups) on superpod-h100-nvlink - against a numpy oracle of the same two-level combine order for every
+op and dtype, bitwise the same run to run, exact bytes on every link of both levels, and modeled time
+equal to fabric.replay's (cost_nodes.modeled_ns). World size 8 has two spines, 10 one."""
+
+import numpy as np
+import pytest
+
+from nvlink_emu.fabric import cost_nodes
+from nvlink_emu.fabric.errors import UnsupportedOperation
+from nvlink_emu.fabric.reduction import BFLOAT16
+from nvlink_emu.ranks.collectives import choose
+
+from nodes_helpers import config, run, shape
+
+pytestmark = pytest.mark.mpi(min_size=7)
+
+DTYPES = ("float32", "float16", "bfloat16", "float64", "int32", "uint8")
+OPS = ("sum", "avg", "max", "min", "prod")
+UFUNC = {"sum": np.add, "avg": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
+COUNT = 3000 + 7  # elements: several 4 KiB chunks, the last one short
+
+
+def dtype_of(name: str) -> np.dtype:
+    return BFLOAT16 if name == "bfloat16" else np.dtype(name)
+
+
+def contribution(gpu_index: int, name: str, op: str, count: int = COUNT) -> np.ndarray:
+    """GPU `gpu_index`'s input: random floats whose sums round differently in other orders; small integers
+    (prod near 1, so that products stay finite)."""
+    rng = np.random.default_rng(1000 + gpu_index)
+    if name in ("int32", "uint8"):
+        values = rng.integers(0, 3 if op == "prod" else 100, count)
+    elif op == "prod":
+        values = rng.uniform(0.5, 1.5, count)
+    else:
+        values = rng.standard_normal(count) * 100
+    return values.astype(dtype_of(name))
+
+
+def two_level(members: list[int], per_node: int, name: str, op: str, count: int = COUNT) -> np.ndarray:
+    """The oracle: each node's members folded in rank order, then the node partials in node order, in
+    float32 for 16-bit floats (the dtype otherwise), rounded once; avg divides once by the member count."""
+    dtype = dtype_of(name)
+    wide = np.dtype(np.float32) if name in ("float16", "bfloat16") else dtype
+    partials = []
+    for node in sorted({g // per_node for g in members}):
+        acc = None
+        for g in [m for m in members if m // per_node == node]:
+            x = contribution(g, name, op, count).astype(wide)
+            acc = x if acc is None else UFUNC[op](acc, x, dtype=wide)
+        partials.append(acc)
+    total = partials[0]
+    for partial in partials[1:]:
+        total = UFUNC[op](total, partial, dtype=wide)
+    if op == "avg":
+        total = total // len(members) if wide.kind in "iu" else total / np.asarray(len(members), wide)
+    return total.astype(dtype)
+
+
+def test_sharp_allreduce_across_nodes_is_the_two_level_order_for_every_op_and_dtype():
+    """Every op and dtype on the world and on a communicator of one GPU per node (world size 10: one of
+    two per node), twice each, bitwise equal to the oracle both times; nvls and sharp's other
+    collectives stay refused across nodes."""
+    _, per_node, _ = shape()
+
+    def main(gpu):
+        rail = gpu.world.split(gpu.rank % per_node)  # one member per node: partials of a single GPU
+        for comm in (gpu.world, rail):
+            members = [comm.members[r] for r in range(comm.size)]
+            for name in DTYPES:
+                for op in OPS:
+                    want = two_level(members, per_node, name, op)
+                    for _ in range(2):
+                        x = contribution(gpu.rank, name, op)
+                        comm.allreduce(x, op=op, algorithm="sharp")
+                        assert x.tobytes() == want.tobytes(), (comm.size, name, op)
+        x = np.ones(64, np.float32)
+        with pytest.raises(UnsupportedOperation, match="nvls.*nodes"):
+            gpu.world.allreduce(x, algorithm="nvls")
+        with pytest.raises(UnsupportedOperation, match="sharp allreduce only"):
+            gpu.world.reduce_scatter(np.ones(8 * gpu.size, np.float32), np.empty(8, np.float32), algorithm="sharp")
+        return True
+
+    result = run(main, chunk_bytes=4096, timeout_s=120)
+    if result.role == "gpu":
+        assert result.value is True
+
+
+def test_sharp_allreduce_across_nodes_puts_exact_bytes_on_both_levels_and_takes_the_replayed_time():
+    """One chunk and several (chunk c to spine c mod P), float32 and float16 (whose partials go up in
+    float32): every link's payload is cost_nodes.link_bytes', and each call's modeled time, every GPU
+    starting together, is cost_nodes.modeled_ns' (the replay) exactly. auto picks sharp by that model
+    for a large allreduce on this fabric."""
+    cfg = config(chunk_bytes=1 << 14)
+    calls = [("float32", 4096), ("float32", 5 * (1 << 14) + 40), ("float16", 3 * (1 << 14) + 2)]
+
+    def main(gpu):
+        times = []
+        for name, nbytes in calls:
+            x = np.ones(nbytes // dtype_of(name).itemsize, dtype_of(name))
+            gpu.world.barrier()  # every member starts at the latest clock, its links idle by then
+            start = gpu.now_ns
+            gpu.world.allreduce(x, algorithm="sharp")
+            assert np.all(x == gpu.size)
+            gpu.world.barrier()
+            times.append(gpu.now_ns - start)
+        return times
+
+    result = run(main, timeout_s=120, chunk_bytes=cfg.chunk_bytes)
+    if result.role != "gpu":
+        return
+    topo = cfg.topology
+    expected = dict.fromkeys((link.name for link in topo.links), 0)
+    for (name, nbytes), got in zip(calls, result.value):
+        item = dtype_of(name).itemsize
+        wide = 4 if name == "float16" else item
+        for link, value in cost_nodes.link_bytes("allreduce", "sharp", topo, nbytes, item, config=cfg,
+                                                 partial_itemsize=wide).items():
+            expected[link] += value
+        want = cost_nodes.modeled_ns("allreduce", "sharp", topo, nbytes, cfg, item, partial_itemsize=wide)
+        assert got == pytest.approx(want, rel=1e-12, abs=1e-9), (name, nbytes)
+    got = {link: result.report["links"].get(link, {}).get("payload_bytes", 0) for link in expected}
+    assert got == expected
+    # by hand: per GPU S each way over the three calls; chunk c of each call to spine c mod P
+    total = sum(nbytes for _, nbytes in calls)
+    assert all(got[link.name] == total for link in topo.links if link.level == "gpu-leaf")
+    levels = topo.totals_by_level(got)
+    up, down = levels["leaf-spine"]["up"], levels["leaf-spine"]["down"]
+    assert down == topo.nodes * total and up == topo.nodes * (total + calls[2][1])  # float16: float32 up
+    assert choose("allreduce", "auto", cfg, 1 << 24) == "sharp"

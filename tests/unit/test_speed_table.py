@@ -1,0 +1,21 @@
+"""launch/speed.py's choices (the table itself is a benchmark: nothing about its figures is asserted)."""
+
+import pytest
+
+from nvlink_emu.launch.speed import algorithms, shape_of
+from nvlink_emu.ranks.collectives import ALL2ALL
+
+
+def test_shapes_name_a_preset_and_a_size():
+    assert shape_of("8") == ("dgx-h100", 1, 8)
+    assert shape_of("2x4") == ("superpod-h100-nvlink", 2, 4)
+    for bad in ("x", "2x", "1", "0x4", "four"):
+        with pytest.raises(SystemExit):
+            shape_of(bad)
+
+
+def test_every_algorithm_the_fabric_runs_gets_a_row():
+    assert algorithms("allreduce", "dgx-h100", 1, 4)[:4] == ["ring", "direct", "sharp", "nvls"]
+    assert "sharp" not in algorithms("reduce_scatter", "dgx-a100", 1, 4)  # a forwarding switch
+    assert algorithms("all2all", "dgx-h100", 1, 8) == ["direct"]
+    assert algorithms("all2all", "superpod-h100-nvlink", 2, 4) == list(ALL2ALL)
