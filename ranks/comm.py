@@ -7,6 +7,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from nvlink_emu.fabric import cost_nodes
 from nvlink_emu.fabric.control import MAX_CONTROL_BYTES, encode, decode
 from nvlink_emu.fabric.errors import (AccessViolation, CollectiveMismatch, FabricError, FabricTimeout, ProtocolError,
                                       ResourceExhausted, UnsupportedOperation)
@@ -416,7 +417,8 @@ class Communicator:
 
     def all2all(self, send: np.ndarray, recv: np.ndarray, algorithm: str = "auto") -> None:
         """recv block i <- member i's send block `rank`; send and recv hold `size` equal blocks.
-        algorithm: auto (= direct) or pxn (collectives/pxn.py)."""
+        algorithm: direct, pxn (collectives/pxn.py) or auto (all2all_algorithm: the faster by the cost
+        model for every GPU of several nodes, else direct)."""
         self.iall2all(send, recv, algorithm).wait()
 
     def iall2all(self, send: np.ndarray, recv: np.ndarray, algorithm: str = "auto") -> Request:
@@ -426,11 +428,14 @@ class Communicator:
             if send.size != recv.size or send.size % self.size:
                 raise FabricError(f"GPU {self.gpu.rank}: all2all needs send and recv of equal size, a multiple of "
                                   f"{self.size} members (got {send.size}, {recv.size}); use all2allv for uneven blocks")
-            if algorithm != "auto" and algorithm not in collectives.ALL2ALL:
-                raise UnsupportedOperation(f"GPU {self.gpu.rank}: all2all: unknown algorithm {algorithm!r}; known: "
-                                           f"auto (= direct), {', '.join(collectives.ALL2ALL)}")
+            try:
+                nodes = len({m // self.gpu.config.gpus_per_node for m in self.members})
+                algorithm = all2all_algorithm(algorithm, self.gpu.config, send.size * send.dtype.itemsize, self.size,
+                                              nodes, send.dtype.itemsize)
+            except UnsupportedOperation as exc:
+                raise UnsupportedOperation(f"GPU {self.gpu.rank}: {exc}") from None
         counts = [send.size // self.size] * self.size
-        return self._all2allv("all2all", send, counts, recv, counts, "direct" if algorithm == "auto" else algorithm)
+        return self._all2allv("all2all", send, counts, recv, counts, algorithm)
 
     def all2allv(self, send: np.ndarray, send_counts, recv: np.ndarray, recv_counts) -> None:
         """recv block i (recv_counts[i] elements, packed in order) <- member i's send block `rank`
@@ -650,6 +655,27 @@ class Communicator:
     def _same_dtype(self, a: np.ndarray, b: np.ndarray, what: str) -> str | None:
         """What is wrong with the buffers' dtypes, if anything (reported to every member)."""
         return f"{what} send is {a.dtype}, recv is {b.dtype}" if a.dtype != b.dtype else None
+
+
+def all2all_algorithm(algorithm: str, config, nbytes: int, members: int | None = None, nodes: int | None = None,
+                      itemsize: int = 4) -> str:
+    """The algorithm (a name of collectives.ALL2ALL) an all2all of `nbytes` bytes per member's send buffer
+    by `members` GPUs in `nodes` nodes (default: all of the fabric's) runs. `auto`: for every GPU of a
+    fabric of several nodes, the one fabric.cost_nodes.modeled_ns says is fastest, ties to the earlier in
+    ALL2ALL order (direct, pxn); otherwise direct (on one node pxn's schedule is direct's; for some of
+    the GPUs the cost model has no form). UnsupportedOperation for a name that is not an all2all's."""
+    if algorithm == "auto":
+        n = config.gpus if members is None else members
+        nodes = config.nodes if members is None or nodes is None else nodes
+        if nodes > 1 and n == config.gpus and nbytes > 0:
+            best = cost_nodes.fastest("all2all", list(collectives.ALL2ALL), nbytes, config, itemsize)
+            if best is not None:
+                return best
+        return "direct"
+    if algorithm not in collectives.ALL2ALL:
+        raise UnsupportedOperation(f"all2all: unknown algorithm {algorithm!r}; known: auto, "
+                                   f"{', '.join(collectives.ALL2ALL)}")
+    return algorithm
 
 
 def close_communicators(gpu) -> None:
