@@ -37,7 +37,7 @@ def sweep_arguments(parser: argparse.ArgumentParser, what: str = "sweep") -> Non
     parser.add_argument("--algorithm", default="auto", choices=("auto", *names), metavar="A",
                         help=f"auto (default: the fastest the cost model names for the size and the fabric: "
                              f"fabric.cost on one node, fabric.cost_nodes on several), {', '.join(names)}; sharp "
-                             f"and nvls need NVLink Network with a SHARP switch (and one node); all2all's are "
+                             f"and nvls need NVLink Network with a SHARP switch; all2all's are "
                              f"{', '.join(ALL2ALL)} (auto: the faster by fabric.cost_nodes on several nodes, "
                              f"direct on one)")
     parser.add_argument("-b", "--min-bytes", type=_size, default=1024, metavar="B", help="smallest size (default 1K)")
