@@ -13,7 +13,8 @@ import numpy as np
 from nvlink_emu.fabric.cost import bus_factor
 from nvlink_emu.fabric.errors import ConfigError
 from nvlink_emu.fabric.reduction import DTYPES, OPS, blocks, check_dtype, reduce_in_order, switch_accumulator
-from nvlink_emu.ranks.collectives import ALGORITHMS, choose
+from nvlink_emu.ranks.collectives import ALGORITHMS, ALL2ALL, choose
+from nvlink_emu.ranks.comm import all2all_algorithm
 
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "all2all")
 REDUCING = ("allreduce", "reduce_scatter")  # the others' redop is "none", as nccl-tests prints it
@@ -27,21 +28,30 @@ NATIVE_DTYPES = ("float32", "float64", "int32", "int64")  # MPI has no reduction
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
 
-def bench_arguments(parser: argparse.ArgumentParser) -> None:
-    """The sweep's options, shared by `nvlink-emu bench` and the bench workload on the ranks; the short
-    flags are nccl-tests' (-b, -e, -f, -n)."""
+def sweep_arguments(parser: argparse.ArgumentParser, what: str = "sweep") -> None:
+    """The collective, its algorithm, the sizes (nccl-tests' -b, -e, -f) and the element type: the
+    options `nvlink-emu bench` and `nvlink-emu model` share."""
     parser.add_argument("collective", choices=COLLECTIVES, metavar="COLLECTIVE",
-                        help=f"the collective to sweep: {', '.join(COLLECTIVES)}")
-    parser.add_argument("--algorithm", default="auto", choices=("auto", *ALGORITHMS), metavar="A",
-                        help=f"auto (default: the fastest the cost model, fabric.cost, names for the size and GPU "
-                             f"count), {', '.join(ALGORITHMS)}; sharp and nvls need NVLink Network "
-                             f"with a SHARP switch; all2all has one algorithm, direct")
+                        help=f"the collective to {what}: {', '.join(COLLECTIVES)}")
+    names = tuple(dict.fromkeys((*ALGORITHMS, *ALL2ALL)))
+    parser.add_argument("--algorithm", default="auto", choices=("auto", *names), metavar="A",
+                        help=f"auto (default: the fastest the cost model names for the size and the fabric: "
+                             f"fabric.cost on one node, fabric.cost_nodes on several), {', '.join(names)}; sharp "
+                             f"and nvls need NVLink Network with a SHARP switch; all2all's are "
+                             f"{', '.join(ALL2ALL)} (auto: the faster by fabric.cost_nodes on several nodes, "
+                             f"direct on one)")
     parser.add_argument("-b", "--min-bytes", type=_size, default=1024, metavar="B", help="smallest size (default 1K)")
     parser.add_argument("-e", "--max-bytes", type=_size, default=16 << 20, metavar="B",
-                        help="largest size (default 16M; GPU memory is sized for it)")
+                        help="largest size (default 16M" + ("; GPU memory is sized for it)" if what == "sweep" else ")"))
     parser.add_argument("-f", "--factor", type=int, default=4, metavar="F", help="size multiplier per row (default 4)")
     parser.add_argument("--dtype", default="float32", choices=tuple(DTYPES), metavar="D",
                         help=f"element type: {', '.join(DTYPES)} (default float32)")
+
+
+def bench_arguments(parser: argparse.ArgumentParser) -> None:
+    """The sweep's options, shared by `nvlink-emu bench` and the bench workload on the ranks; the short
+    flags are nccl-tests' (-b, -e, -f, -n)."""
+    sweep_arguments(parser)
     parser.add_argument("--op", choices=OPS, metavar="OP",
                         help=f"reduction of allreduce and reduce_scatter: {', '.join(OPS)} (default sum); the "
                              f"other collectives reduce nothing")
@@ -66,9 +76,9 @@ def check(args, config) -> None:
     """Refuse, before any rank starts, a sweep that cannot run on `config` or an option it would ignore."""
     sizes(args)
     if args.collective == "all2all":
-        if args.algorithm not in ("auto", "direct"):
-            raise ConfigError(f"bench all2all: --algorithm {args.algorithm} does not apply: all2all has one "
-                              f"algorithm, direct (every GPU sends each peer its block through the switch)")
+        if args.algorithm != "auto" and args.algorithm not in ALL2ALL:
+            raise ConfigError(f"bench all2all: --algorithm {args.algorithm} does not apply: all2all's algorithms "
+                              f"are auto, {', '.join(ALL2ALL)}")
     else:
         choose(args.collective, args.algorithm, config, args.min_bytes)
     if args.op is not None and args.collective not in REDUCING:
@@ -78,7 +88,11 @@ def check(args, config) -> None:
 
 def sizes(args) -> list[int]:
     """The sweep's sizes in bytes; ConfigError for an empty or endless sweep."""
-    if args.min_bytes <= 0 or args.max_bytes < args.min_bytes or args.factor < 2 or args.iters < 0:
+    if not hasattr(args, "iters"):  # `nvlink-emu model` times nothing
+        if args.min_bytes <= 0 or args.max_bytes < args.min_bytes or args.factor < 2:
+            raise ConfigError(f"model: need 0 < --min-bytes <= --max-bytes and --factor >= 2; got "
+                              f"{args.min_bytes}, {args.max_bytes}, {args.factor}")
+    elif args.min_bytes <= 0 or args.max_bytes < args.min_bytes or args.factor < 2 or args.iters < 0:
         raise ConfigError(f"bench: need 0 < --min-bytes <= --max-bytes, --factor >= 2 and --iters >= 0; got "
                           f"{args.min_bytes}, {args.max_bytes}, {args.factor}, {args.iters}")
     out, size = [], args.min_bytes
@@ -248,7 +262,8 @@ def run_size(gpu, comm, args, dtype: np.dtype, size: int) -> dict:
     n, r, name = gpu.size, gpu.rank, args.collective
     op = args.op or ("sum" if name in REDUCING else "none")
     count = element_count(name, size, dtype.itemsize, n)
-    algorithm = "direct" if name == "all2all" else choose(name, args.algorithm, gpu.config, count * dtype.itemsize)
+    algorithm = (all2all_algorithm(args.algorithm, gpu.config, count * dtype.itemsize, itemsize=dtype.itemsize)
+                 if name == "all2all" else choose(name, args.algorithm, gpu.config, count * dtype.itemsize))
     a, b = blocks(count, n)[r]
     send_count, recv_count = buffer_counts(name, count, n)
     send, recv = gpu.alloc(send_count, dtype), gpu.alloc(recv_count, dtype)
@@ -267,7 +282,7 @@ def run_size(gpu, comm, args, dtype: np.dtype, size: int) -> dict:
             recv[:] = send
             t = _timed(lambda: comm.broadcast(recv, ROOT, algorithm))
         else:
-            t = _timed(lambda: comm.all2all(send, recv))
+            t = _timed(lambda: comm.all2all(send, recv, algorithm))
         return t
 
     comm.barrier()  # every member starts at the same modeled time

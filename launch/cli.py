@@ -23,6 +23,7 @@ from .bench import (available_host_bytes, bench_arguments, check_host_memory, cl
 from .bench import check as check_bench
 from .compare import CompareError, compare_presets, run_compare
 from .bench import sizes as bench_sizes
+from .model import cmd_model, model_arguments
 from .mpiexec import ENV as MPIEXEC_ENV
 from .mpiexec import mpiexec_command
 from .report import print_report
@@ -390,6 +391,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--plot", metavar="FILE.png", help="draw busbw against size, a line per algorithm (per "
                        "preset with --compare), into FILE (PNG; .svg and .pdf also work)")
     bench.set_defaults(handler=cmd_bench)
+    model = sub.add_parser("model", help="the cost model's prediction of a bench sweep, on any shape (up to 32 "
+                           "nodes x 8 GPUs): no rank is started; says which shapes emulation validated",
+                           description="Modeled time, algbw and busbw of one collective per size on every GPU of "
+                           "a fabric, as bench reports them, from the cost model the emulated runs are checked "
+                           "against (fabric.cost on one node, fabric.cost_nodes on several), computed here.")
+    model_arguments(model)
+    model.set_defaults(handler=cmd_model)
     trace = sub.add_parser("trace", help="merge per-rank trace files into Chrome/Perfetto trace JSON")
     trace.add_argument("trace_dir", metavar="DIR", help="the --trace-dir of a run")
     trace.add_argument("-o", "--output", default="trace.json", help="the JSON file to write (default trace.json)")

@@ -7,6 +7,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from nvlink_emu.fabric import cost_nodes
 from nvlink_emu.fabric.control import MAX_CONTROL_BYTES, encode, decode
 from nvlink_emu.fabric.errors import (AccessViolation, CollectiveMismatch, FabricError, FabricTimeout, ProtocolError,
                                       ResourceExhausted, UnsupportedOperation)
@@ -27,6 +28,10 @@ CREDIT_SEQ = -(2 ** 62)
 # 2048 context ids per process ("Too many communicators"), a few of which the run itself uses
 MAX_COMMUNICATORS = 900
 WHERE_WAIT_S = 1.0  # s: how long a timed-out exchange asks its members where they are, past its deadline
+# relative difference of two modeled times that all2all's auto takes for a tie: the replay's sums of the
+# same bookings in another order differ in the last bits (4 MiB on 2 x 2 GPUs of superpod-h100-nvlink:
+# direct 16204.826666666631 ns, pxn 16204.82666666669)
+TIE = 1e-9
 P2P_TAG_LIMIT = 2 ** 31  # tags of point-to-point messages are 0..2**31 - 1 (MPI guarantees at least 0..32767)
 
 
@@ -416,7 +421,8 @@ class Communicator:
 
     def all2all(self, send: np.ndarray, recv: np.ndarray, algorithm: str = "auto") -> None:
         """recv block i <- member i's send block `rank`; send and recv hold `size` equal blocks.
-        algorithm: auto (= direct) or pxn (collectives/pxn.py)."""
+        algorithm: direct, pxn (collectives/pxn.py) or auto (all2all_algorithm: the faster by the cost
+        model for every GPU of several nodes, else direct)."""
         self.iall2all(send, recv, algorithm).wait()
 
     def iall2all(self, send: np.ndarray, recv: np.ndarray, algorithm: str = "auto") -> Request:
@@ -426,11 +432,14 @@ class Communicator:
             if send.size != recv.size or send.size % self.size:
                 raise FabricError(f"GPU {self.gpu.rank}: all2all needs send and recv of equal size, a multiple of "
                                   f"{self.size} members (got {send.size}, {recv.size}); use all2allv for uneven blocks")
-            if algorithm != "auto" and algorithm not in collectives.ALL2ALL:
-                raise UnsupportedOperation(f"GPU {self.gpu.rank}: all2all: unknown algorithm {algorithm!r}; known: "
-                                           f"auto (= direct), {', '.join(collectives.ALL2ALL)}")
+            try:
+                nodes = len({m // self.gpu.config.gpus_per_node for m in self.members})
+                algorithm = all2all_algorithm(algorithm, self.gpu.config, send.size * send.dtype.itemsize, self.size,
+                                              nodes, send.dtype.itemsize)
+            except UnsupportedOperation as exc:
+                raise UnsupportedOperation(f"GPU {self.gpu.rank}: {exc}") from None
         counts = [send.size // self.size] * self.size
-        return self._all2allv("all2all", send, counts, recv, counts, "direct" if algorithm == "auto" else algorithm)
+        return self._all2allv("all2all", send, counts, recv, counts, algorithm)
 
     def all2allv(self, send: np.ndarray, send_counts, recv: np.ndarray, recv_counts) -> None:
         """recv block i (recv_counts[i] elements, packed in order) <- member i's send block `rank`
@@ -650,6 +659,30 @@ class Communicator:
     def _same_dtype(self, a: np.ndarray, b: np.ndarray, what: str) -> str | None:
         """What is wrong with the buffers' dtypes, if anything (reported to every member)."""
         return f"{what} send is {a.dtype}, recv is {b.dtype}" if a.dtype != b.dtype else None
+
+
+def all2all_algorithm(algorithm: str, config, nbytes: int, members: int | None = None, nodes: int | None = None,
+                      itemsize: int = 4) -> str:
+    """The algorithm (a name of collectives.ALL2ALL) an all2all of `nbytes` bytes per member's send buffer
+    by `members` GPUs in `nodes` nodes (default: all of the fabric's) runs. `auto`: for every GPU of a
+    fabric of several nodes, the one fabric.cost_nodes.modeled_ns says is fastest, ties (within TIE, the
+    rounding of the same sum taken in another order) to the earlier in ALL2ALL order (direct, pxn);
+    otherwise direct (on one node pxn's schedule is direct's; for some of the GPUs the cost model has
+    no form). UnsupportedOperation for a name that is not an all2all's."""
+    if algorithm == "auto":
+        n = config.gpus if members is None else members
+        nodes = config.nodes if members is None or nodes is None else nodes
+        covered = [name for name in collectives.ALL2ALL if "all2all" in cost_nodes.FLAT.get(name, ())]
+        if nodes > 1 and n == config.gpus and nbytes > 0 and covered:
+            ns = {name: cost_nodes.modeled_ns("all2all", name, config.topology, nbytes, config, itemsize)
+                  for name in covered}
+            least = min(ns.values())
+            return next(name for name in covered if ns[name] <= least * (1 + TIE))
+        return "direct"
+    if algorithm not in collectives.ALL2ALL:
+        raise UnsupportedOperation(f"all2all: unknown algorithm {algorithm!r}; known: auto, "
+                                   f"{', '.join(collectives.ALL2ALL)}")
+    return algorithm
 
 
 def close_communicators(gpu) -> None:

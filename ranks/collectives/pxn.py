@@ -20,7 +20,8 @@ because `direct`'s senders of a node all start their remote blocks with the same
 inbound share, while the proxies spread them (8 MiB: 106 us against 158 on superpod-h100-ib, 36.0
 against 36.0 on superpod-h100-nvlink). The gain NCCL gets on real clusters from rail-optimized
 networks (traffic of rail k stays under rail k's leaf switch) and from fewer network connections per
-GPU has no counterpart in this topology. comm.all2all's `auto` is `direct`.
+GPU has no counterpart in this topology. comm.all2all's `auto` picks pxn or direct by that modeled
+time (comm.all2all_algorithm).
 All2Allv is not offered: a proxy would need every sender's counts to size what it forwards.
 """
 

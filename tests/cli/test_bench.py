@@ -83,7 +83,7 @@ def test_nccl_tests_short_flags():
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["all2all", "--algorithm", "sharp"], "bench all2all: --algorithm sharp does not apply: all2all has one algorithm"),
+    (["all2all", "--algorithm", "sharp"], "bench all2all: --algorithm sharp does not apply: all2all's algorithms are auto, direct, pxn"),
     (["allgather", "--op", "max"], "bench allgather: --op max does not apply"),
     (["allreduce", "--", "-b", "1K"], "bench takes no arguments after --, got '-b 1K'"),
     (["allreduce", "--no-label"], "--no-label: bench's lines are never labelled"),

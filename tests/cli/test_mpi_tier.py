@@ -7,12 +7,12 @@ import sys
 import pytest
 
 from cli_helpers import ROOT, command, run
+from nvlink_emu.launch.model import TIER_WORLD_SIZES
 
 
-@pytest.mark.parametrize("tier, world_size", [
-    ("mpi", 4), ("mpi", 9),              # 3 GPUs (uneven blocks) and 8 (a DGX), plus the switch rank
-    ("nodes", 8), ("nodes", 10),         # 2 nodes x 2 GPUs + 2 leaves + 2 spines; 3 x 2 + 3 leaves + 1 spine
-])
+# mpi: 4 and 9, 3 GPUs (uneven blocks) and 8 (a DGX), plus the switch rank; nodes: 8 and 10, 2 nodes x 2 GPUs
+# + 2 leaves + 2 spines, 3 x 2 + 3 leaves + 1 spine. One table, the one `nvlink-emu model` names as validated.
+@pytest.mark.parametrize("tier, world_size", [(tier, size) for tier, sizes in TIER_WORLD_SIZES.items() for size in sizes])
 def test_multi_rank_tier_passes_with_nothing_skipped(tier, world_size):
     done, _ = run([command("mpiexec"), "-n", str(world_size), sys.executable, "-m", "pytest", "--with-mpi",
                    "-q", "-p", "no:cacheprovider", str(ROOT / "tests" / tier)], timeout_s=600)

@@ -2,12 +2,12 @@
 its shape taken from the world size (SHAPES)."""
 
 from nvlink_emu.fabric.config import preset
+from nvlink_emu.launch.model import NODE_PRESETS as PRESETS
+from nvlink_emu.launch.model import NODE_SHAPES as SHAPES  # `nvlink-emu model` names these shapes as validated
 from nvlink_emu.ranks.session import run_fabric
 from nvlink_emu.ranks.transport import world_size
 
-# world size -> (nodes, GPUs per node, spines): world = nodes x (GPUs per node + 1) + spines
-SHAPES = {7: (2, 2, 1), 8: (2, 2, 2), 10: (3, 2, 1), 11: (3, 2, 2)}
-PRESETS = ("superpod-h100-nvlink", "superpod-h100-ib", "superpod-a100-ib")
+# SHAPES: world size -> (nodes, GPUs per node, spines): world = nodes x (GPUs per node + 1) + spines
 
 
 def shape() -> tuple[int, int, int]:

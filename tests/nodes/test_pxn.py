@@ -78,7 +78,8 @@ def test_layouts_it_refuses_and_an_unknown_algorithm():
                 skew.all2all(x, y, algorithm="pxn")
             skew.all2all(x, y)  # still in step: direct
         x, y = gpu.alloc(4 * gpu.size, "float32"), gpu.alloc(4 * gpu.size, "float32")
-        with pytest.raises(UnsupportedOperation, match="unknown algorithm 'ring'; known: auto \\(= direct\\), direct, pxn"):
+        with pytest.raises(UnsupportedOperation,
+                           match=rf"GPU {r}: all2all: unknown algorithm 'ring'; known: auto, direct, pxn"):
             gpu.world.all2all(x, y, algorithm="ring")
         node = gpu.world.split(r // per_node)  # one node: pxn sends every block straight, as direct
         x[:] = r

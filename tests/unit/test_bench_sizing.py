@@ -65,7 +65,7 @@ def test_the_config_file_for_the_ranks_reads_back_equal(tmp_path):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (dict(collective="all2all", algorithm="sharp"), "all2all has one algorithm, direct"),
+    (dict(collective="all2all", algorithm="sharp"), "all2all.s algorithms are auto, direct, pxn"),
     (dict(collective="allgather", op="max"), "allgather reduces nothing"),
     (dict(collective="broadcast", op="sum"), "broadcast reduces nothing"),
 ])

@@ -1,0 +1,179 @@
+"""`nvlink-emu model`: the cost model's prediction of a collective's sweep on a fabric of any shape, computed
+in this process (no MPI rank is started), with the shapes emulated runs validated it on."""
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+from nvlink_emu.fabric import cost, cost_nodes, replay
+from nvlink_emu.fabric.config import DEFAULT_PRESET, PRESETS, resolve
+from nvlink_emu.fabric.cost import bus_factor
+from nvlink_emu.fabric.errors import FabricError, UnsupportedOperation
+from nvlink_emu.fabric.reduction import DTYPES
+from nvlink_emu.ranks.collectives import choose
+from nvlink_emu.ranks.comm import all2all_algorithm
+
+from .bench import BUS_FACTOR_TEXT, REDUCING, ROOT, element_count, sizes, sweep_arguments
+
+# The one place that says on which shapes emulated runs check the cost model: tests/cli/test_mpi_tier.py
+# runs each tier at these world sizes, tests/nodes/nodes_helpers.py takes its shapes and presets from here.
+TIER_WORLD_SIZES = {"mpi": (4, 9), "nodes": (8, 10)}  # tests/mpi: one node of world size - 1 GPUs + its switch
+# tests/nodes: world size -> (nodes, GPUs per node, spines); world = nodes x (GPUs per node + 1) + spines
+NODE_SHAPES = {7: (2, 2, 1), 8: (2, 2, 2), 10: (3, 2, 1), 11: (3, 2, 2)}
+NODE_PRESETS = ("superpod-h100-nvlink", "superpod-h100-ib", "superpod-a100-ib")
+HEADER = (f"{'size':>12}{'count':>12}{'type':>10}{'redop':>7}{'root':>6}{'algorithm':>10}{'modeled_us':>12}"
+          f"{'algbw':>9}{'busbw':>9}{'tx_B/gpu':>14}{'rx_B/gpu':>14}")
+
+
+def model_arguments(parser: argparse.ArgumentParser) -> None:
+    """`nvlink-emu model`'s options: bench's collective, algorithm, sizes and type, and the fabric."""
+    sweep_arguments(parser, "model")
+    parser.add_argument("--preset", metavar="P", help=f"named fabric (default {DEFAULT_PRESET}): "
+                        f"{', '.join(sorted(PRESETS))}")
+    parser.add_argument("--config", metavar="FILE.toml", help="fabric description in TOML")
+    parser.add_argument("--gpus", type=int, help="override the fabric's GPU count (all nodes together)")
+    parser.add_argument("--nodes", type=int, metavar="N", help="nodes of the fabric (a leaf switch each)")
+    parser.add_argument("--gpus-per-node", type=int, metavar="M", help="GPUs in each node (instead of --gpus)")
+    parser.add_argument("--json", action="store_true", help="one JSON object per row (the statement of what was "
+                        "validated goes to standard error)")
+
+
+def validated_shapes() -> list[tuple[int, int, int]]:
+    """(nodes, GPUs per node, spines) of every shape the emulated tiers run: one node of each tests/mpi
+    world size's GPUs, and tests/nodes' shapes at its world sizes."""
+    return ([(1, world - 1, 0) for world in TIER_WORLD_SIZES["mpi"]]
+            + [NODE_SHAPES[world] for world in TIER_WORLD_SIZES["nodes"]])
+
+
+def shape_of(config) -> tuple[int, int, int]:
+    return config.nodes, config.gpus_per_node, config.spines
+
+
+def _shape_text(shape: tuple[int, int, int]) -> str:
+    nodes, per_node, spines = shape
+    if nodes == 1:
+        return f"{per_node} GPUs"
+    return f"{nodes} nodes x {per_node} GPUs ({spines} spine{'s' if spines > 1 else ''})"
+
+
+def is_validated(collective: str, algorithm: str, config) -> bool:
+    """Whether an emulated test runs this shape and algorithm: tests/nodes/test_replay.py every pair of
+    fabric.replay.PROGRAMS on NODE_PRESETS, tests/mpi/test_modeled_time.py every pair of fabric.cost."""
+    if shape_of(config) not in validated_shapes():
+        return False
+    if config.nodes == 1:
+        return collective in cost.IMPLEMENTS.get(algorithm, ())
+    return collective in replay.PROGRAMS.get(algorithm, ())
+
+
+def validation_note(config) -> str:
+    """Which shapes emulated runs validated the model on, and whether `config`'s is one of them."""
+    one = [s for s in validated_shapes() if s[0] == 1]
+    several = [s for s in validated_shapes() if s[0] > 1]
+    pairs = sorted({a for a, cs in replay.PROGRAMS.items() if a != "all2allv"})
+    mine = _shape_text(shape_of(config))
+    verdict = (f"this shape, {mine}, is one of them" if shape_of(config) in validated_shapes()
+               else f"this shape, {mine}, was not emulated: a prediction")
+    return (f"# validated by emulation: several nodes, emulated time = this replay (fabric.cost_nodes.modeled_ns) to "
+            f"1e-9 for {', '.join(pairs)} on {', '.join(map(_shape_text, several))} of {', '.join(NODE_PRESETS)} "
+            f"(tests/nodes); one node, fabric.cost within 1% on {' and '.join(map(_shape_text, one))} "
+            f"(tests/mpi); {verdict}")
+
+
+def modeled_ns(collective: str, algorithm: str, config, S: int, itemsize: int) -> float:
+    """Modeled ns of one call on S bytes by every GPU of `config`, all starting together: fabric.cost's
+    closed form on one node (the replay where it has none, e.g. hier: equal to it on one node), the
+    replay fabric.cost_nodes.modeled_ns on several (the code tests/nodes checks emulated runs against).
+    UnsupportedOperation for an algorithm neither covers."""
+    if config.nodes == 1:
+        try:
+            return cost.modeled_ns(collective, algorithm, S, config.gpus, config, itemsize)
+        except ValueError:
+            pass
+    try:
+        return cost_nodes.modeled_ns(collective, algorithm, config.topology, S, config, itemsize, root=ROOT)
+    except FabricError as exc:
+        raise UnsupportedOperation(f"model {collective} with {algorithm!r} on {config.name!r} "
+                                   f"({_shape_text(shape_of(config))}): no cost model: {exc}") from None
+
+
+def gpu0_bytes(collective: str, algorithm: str, config, S: int, itemsize: int) -> tuple[int | None, int | None]:
+    """(tx, rx) link payload bytes of GPU 0 in one call, as bench's tx/rx columns: exact per link from
+    fabric.cost_nodes (fabric.cost on one node where it has no form); (None, None) if neither has one."""
+    try:
+        links = cost_nodes.link_bytes(collective, algorithm, config.topology, S, itemsize, root=ROOT)
+    except FabricError:
+        if config.nodes > 1:
+            return None, None
+        try:
+            return cost.payload_bytes(collective, algorithm, S, config.gpus, 0, ROOT)
+        except ValueError:
+            return None, None
+    return (sum(b for name, b in links.items() if name.startswith("gpu0->")),
+            sum(b for name, b in links.items() if name.endswith("->gpu0")))
+
+
+def predict(collective: str, algorithm: str, config, size: int, dtype: str) -> dict:
+    """One row: bench's keys for a call of `size` bytes (rounded as bench rounds it) of `dtype` on every
+    GPU of `config`, the algorithm as bench would run it (auto resolved), modeled, not emulated."""
+    item = np.dtype(DTYPES[dtype]).itemsize
+    n = config.gpus
+    count = element_count(collective, size, item, n)
+    S = count * item
+    chosen = (all2all_algorithm(algorithm, config, S, itemsize=item) if collective == "all2all"
+              else choose(collective, algorithm, config, S))
+    ns = modeled_ns(collective, chosen, config, S, item)
+    tx, rx = gpu0_bytes(collective, chosen, config, S, item)
+    algbw = S / ns if ns else None  # bytes per ns = GB/s; one GPU moves nothing
+    return {"size_bytes": S, "count": count, "dtype": dtype, "op": "sum" if collective in REDUCING else "none",
+            "root": ROOT if collective == "broadcast" else None, "algorithm": chosen,
+            "modeled_us": round(ns / 1e3, 4), "algbw_gbps": None if algbw is None else round(algbw, 3),
+            "busbw_gbps": None if algbw is None else round(algbw * bus_factor(collective, n), 3),
+            "tx_bytes_per_gpu": tx, "rx_bytes_per_gpu": rx,
+            "validated_by_emulation": is_validated(collective, chosen, config)}
+
+
+def header(collective: str, config) -> str:
+    shape = _shape_text(shape_of(config)) + (f" = {config.gpus} GPUs" if config.nodes > 1 else "")
+    return (f"# nvlink-emu model {collective} on {config.name} ({shape}, {config.link}): modeled by {'fabric.cost' if config.nodes == 1 else 'fabric.cost_nodes (replay)'}, "
+            f"not emulated; algbw = size / time, busbw = algbw x {BUS_FACTOR_TEXT[collective]} (GB/s); tx/rx: GPU 0's "
+            f"link payload per call\n{HEADER}")
+
+
+def _cell(value, width: int, spec: str = "") -> str:
+    return f"{'n/a' if value is None else format(value, spec):>{width}}"
+
+
+def format_row(row: dict) -> str:
+    root = -1 if row["root"] is None else row["root"]
+    return (f"{row['size_bytes']:>12}{row['count']:>12}{row['dtype']:>10}{row['op']:>7}{root:>6}{row['algorithm']:>10}"
+            f"{row['modeled_us']:>12.3f}{_cell(row['algbw_gbps'], 9, '.2f')}{_cell(row['busbw_gbps'], 9, '.2f')}"
+            f"{_cell(row['tx_bytes_per_gpu'], 14)}{_cell(row['rx_bytes_per_gpu'], 14)}")
+
+
+def cmd_model(args, script_args=None) -> int:
+    """Print the model's rows (as they come: a replay at 256 GPUs takes seconds), then what was validated."""
+    config = resolve(args.preset, args.config, args.gpus, args.nodes, args.gpus_per_node)
+    todo = sizes(args)
+    start = time.process_time()
+    if args.algorithm != "auto":  # one the fabric does not allow: refused before any row
+        if args.collective == "all2all":
+            all2all_algorithm(args.algorithm, config, todo[0])
+        else:
+            choose(args.collective, args.algorithm, config, todo[0])
+    if not args.json:
+        print(header(args.collective, config), flush=True)
+    rows = []
+    for size in todo:
+        rows.append(predict(args.collective, args.algorithm, config, size, args.dtype))
+        print(json.dumps(rows[-1]) if args.json else format_row(rows[-1]), flush=True)
+    measured = [row["busbw_gbps"] for row in rows if row["busbw_gbps"] is not None]
+    closing = (f"# Avg bus bandwidth    : {sum(measured) / len(measured):g}" if measured else
+               "# Avg bus bandwidth    : n/a")
+    note = validation_note(config)
+    cpu = f"# {len(rows)} rows in {time.process_time() - start:.2f} s of CPU here"
+    print("\n".join((closing, note, cpu)), file=sys.stderr if args.json else sys.stdout, flush=True)
+    return 0
