@@ -66,7 +66,9 @@ def is_validated(collective: str, algorithm: str, config) -> bool:
         return False
     if config.nodes == 1:
         return collective in cost.IMPLEMENTS.get(algorithm, ())
-    return collective in replay.PROGRAMS.get(algorithm, ())
+    # sharp across nodes: tests/nodes/test_sharp_nodes.py, on the preset whose spines reduce
+    in_switch = collective in cost_nodes.IN_SWITCH.get(algorithm, ()) and config.spine_sharp
+    return in_switch or collective in replay.PROGRAMS.get(algorithm, ())
 
 
 def validation_note(config) -> str:
@@ -78,8 +80,8 @@ def validation_note(config) -> str:
     verdict = (f"this shape, {mine}, is one of them" if shape_of(config) in validated_shapes()
                else f"this shape, {mine}, was not emulated: a prediction")
     return (f"# validated by emulation: several nodes, emulated time = this replay (fabric.cost_nodes.modeled_ns) to "
-            f"1e-9 for {', '.join(pairs)} on {', '.join(map(_shape_text, several))} of {', '.join(NODE_PRESETS)} "
-            f"(tests/nodes); one node, fabric.cost within 1% on {' and '.join(map(_shape_text, one))} "
+            f"1e-9 for {', '.join(pairs)} on {', '.join(map(_shape_text, several))} of {', '.join(NODE_PRESETS)}, "
+            f"and for sharp allreduce on those of the presets whose spines reduce (tests/nodes); one node, fabric.cost within 1% on {' and '.join(map(_shape_text, one))} "
             f"(tests/mpi); {verdict}")
 
 
@@ -104,7 +106,8 @@ def gpu0_bytes(collective: str, algorithm: str, config, S: int, itemsize: int) -
     """(tx, rx) link payload bytes of GPU 0 in one call, as bench's tx/rx columns: exact per link from
     fabric.cost_nodes (fabric.cost on one node where it has no form); (None, None) if neither has one."""
     try:
-        links = cost_nodes.link_bytes(collective, algorithm, config.topology, S, itemsize, root=ROOT)
+        links = cost_nodes.link_bytes(collective, algorithm, config.topology, S, itemsize, root=ROOT,
+                                      config=config if config.nodes > 1 else None)  # sharp: across nodes only
     except FabricError:
         if config.nodes > 1:
             return None, None
