@@ -144,6 +144,7 @@ class SwitchLogic:
         self._partial_bytes: dict[int, int] = {}
         self._up: dict[tuple[int, int], LinkEnd] = {}
         self._seen: dict[int, int] = {}  # creator leaf -> the highest k of its group ids held here (_released)
+        self._failed: set[int] = set()   # groups whose members heard a spine's refusal (once, until released)
         self.partial_share_bytes = self.buffer_share_bytes // max(1, topology.nodes)
 
     # -- addressing -------------------------------------------------------------------------------
@@ -514,10 +515,15 @@ class SwitchLogic:
         if info.action == "unspan":
             self._drop_span(info.group)
             return []
-        if info.action == "failed":  # a spine refused a slot of the group: this node's members hear why
+        if info.action == "failed":  # a spine refused a slot of the group: this node's members hear why,
+            # once until the group's release (each chunk in flight of the call is refused: one NACK per chunk
+            # would raise again in their later, unrelated waits)
             group = self.groups.groups.get(info.group)
+            if group is None or info.group in self._failed:
+                return []
+            self._failed.add(info.group)
             error, _, message = info.name.partition(": ")
-            return [] if group is None else [self._notice(port, error, message) for port in group.inputs]
+            return [self._notice(port, error, message) for port in group.inputs]
         if info.action in ("spanned", "refused"):
             return self._span_answered(packet.req, info)
         raise ProtocolError(f"{here}: GROUP {info.action!r} from spine {spine}")
@@ -548,6 +554,7 @@ class SwitchLogic:
             # its partials' results will not come (the spines drop it too): their bytes leave the share
             for key in [k for k in self._partials if k[0] == gid]:
                 self._partial_bytes[group.partition] -= self._partials.pop(key)[1]
+        self._failed.discard(gid)
         for key in [k for k in self._up if k[0] == gid]:
             del self._up[key]
 

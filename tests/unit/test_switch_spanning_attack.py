@@ -29,7 +29,7 @@ def test_partials_that_disagree_are_refused_to_every_member_and_the_spine_keeps_
     check passes (its own members agree); the spine's meets two partials that disagree. It raised
     CollectiveMismatch out of SpineLogic.on_switch, which ends the spine's rank and everyone's run;
     now each member of the group gets a NACK (CollectiveMismatch naming the spine, the group and the
-    slot) and the spine goes on reducing the group's other slots."""
+    slot; once until the group's release) and the spine goes on reducing the group's other slots."""
     fabric = Fabric(nvlink(spines=1))
     gid = fabric.group((0, 1, 2, 3))
     x = np.ones(8, np.float32)
@@ -52,6 +52,11 @@ def test_partials_that_disagree_are_refused_to_every_member_and_the_spine_keeps_
         assert f"spine 2: group {gid} slot [0, 0]" in send.packet.info.message
         assert f"leaf {leaf} sent" in send.packet.info.message
     assert all(s.refused == [0] * 4 for s in fabric.switches[:2])  # no GPU's packet was refused: the two nodes' calls disagree
+    # another refused slot of the group: the members know already (one NACK until the group's release)
+    for g in (0, 1):
+        fabric.reduce(g, gid, (2, 0), x, range(4), ("c", 20))
+    assert fabric.reduce(2, gid, (2, 0), x, range(4), ("c", 20), op="max") == []
+    assert fabric.reduce(3, gid, (2, 0), x, range(4), ("c", 20), op="max") == []
     # the spine serves the group's next slot as before
     got = []
     for g in range(4):
