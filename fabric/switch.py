@@ -142,10 +142,12 @@ class SwitchLogic:
         self._spanning: dict[int, list] = {}
         self._partials: dict[tuple, tuple[tuple[int, ...], int, int]] = {}  # + the group's partition
         self._partial_bytes: dict[int, int] = {}
+        self._partial_parts: dict[int, int] = {}  # and how many (zero-byte partials hold memory too)
         self._up: dict[tuple[int, int], LinkEnd] = {}
         self._seen: dict[int, int] = {}  # creator leaf -> the highest k of its group ids held here (_released)
         self._failed: set[int] = set()   # groups whose members heard a spine's refusal (once, until released)
         self.partial_share_bytes = self.buffer_share_bytes // max(1, topology.nodes)
+        self.partial_share_parts = max(1, self.held_parts_share // max(1, topology.nodes))
 
     # -- addressing -------------------------------------------------------------------------------
     def route_key(self, gpu: int) -> int:
@@ -458,6 +460,12 @@ class SwitchLogic:
             raise CollectiveMismatch(f"REDUCE from GPU {ingress}: group {info.group} slot {list(info.slot)}: result "
                                      f"key {list(info.key)} is awaited from the spines already")
         nbytes = payload.nbytes // check_dtype(info.dtype).itemsize * switch_accumulator(check_dtype(info.dtype)).itemsize
+        parts = self._partial_parts.get(group.partition, 0)
+        if parts >= self.partial_share_parts:
+            raise ResourceExhausted(f"REDUCE from GPU {ingress}: group {info.group} slot {list(info.slot)}: switch "
+                                    f"{self.switch} has {parts} of partition {group.partition}'s partials at the "
+                                    f"spines without their result, its share {self.partial_share_parts} (held "
+                                    f"contributions' share / nodes)")
         held = self._partial_bytes.get(group.partition, 0)
         if held and held + nbytes > self.partial_share_bytes:
             raise ResourceExhausted(f"REDUCE from GPU {ingress}: group {info.group} slot {list(info.slot)}: switch "
@@ -480,6 +488,7 @@ class SwitchLogic:
         self.counters.record(f"sw{self.switch}->sw{spine}", partial.nbytes)
         self._partials[(info.group, key)] = (tuple(p for p in dest if p in self.local), partial.nbytes, group.partition)
         self._partial_bytes[group.partition] = self._partial_bytes.get(group.partition, 0) + partial.nbytes
+        self._partial_parts[group.partition] = self._partial_parts.get(group.partition, 0) + 1
         packet = Packet(Kind.REDUCE, -1, -1, 0, partial.nbytes, info=ReduceInfo(
             info.group, info.slot, info.op, info.dtype, dest, key), t_start=t_start, t_end=t_end)
         return Send(-1, packet, partial, -1, spine)
@@ -500,6 +509,7 @@ class SwitchLogic:
                                     f"for no partial this leaf sent")
             ports, nbytes, partition = got
             self._partial_bytes[partition] -= nbytes
+            self._partial_parts[partition] -= 1
             out = self._through(packet)
             return [self._out(self._deliver(port, info.group, info.key, payload, out.t_start, out.t_end, -1))
                     for port in ports]
@@ -554,6 +564,7 @@ class SwitchLogic:
             # its partials' results will not come (the spines drop it too): their bytes leave the share
             for key in [k for k in self._partials if k[0] == gid]:
                 self._partial_bytes[group.partition] -= self._partials.pop(key)[1]
+                self._partial_parts[group.partition] -= 1
         self._failed.discard(gid)
         for key in [k for k in self._up if k[0] == gid]:
             del self._up[key]

@@ -119,3 +119,27 @@ def test_a_refusal_from_the_spine_for_a_released_group_reaches_nobody():
     assert fabric.call(0, "release", gid) == {"group": gid}
     failed = Packet(Kind.GROUP, -1, -1, req=2, info=GroupInfo("failed", gid, (), "CollectiveMismatch: late"))
     assert fabric.switches[1].on_switch(2, failed) == []
+
+
+def test_zero_byte_partials_in_flight_are_bounded_in_number():
+    """GPU 0, alone in its node's part of the group, sends zero-byte contributions to ever new slots
+    that GPU 2 never sends: each completes node 0's partial at once and goes up to wait at the spine.
+    The leaf bounded its partials in flight in bytes only (`held and held + 0 > share` never holds):
+    20,000 of them were held by the leaf (its table of partials awaiting a result) and by the spine
+    (20,000 reductions) without a refusal. Now their number is bounded too, by the partition's share
+    of held contributions / nodes, as one switch bounds held contributions (held_parts_share)."""
+    fabric = Fabric(nvlink(spines=1))
+    gid = fabric.group((0, 2))
+    leaf0, spine = fabric.switches[0], fabric.switches[2]
+    assert leaf0.partial_share_parts == leaf0.held_parts_share // 2  # 2 nodes
+    most = leaf0.partial_share_parts = 64  # the same rule at a smaller share: a fast test
+    empty = np.zeros(0, np.float32)
+    for c in range(most):
+        assert fabric.reduce(0, gid, (0, c), empty, (0, 2), ("c", c)) == []
+    (nack,) = fabric.reduce(0, gid, (0, most), empty, (0, 2), ("c", most))
+    assert nack.packet.info.error == "ResourceExhausted"
+    assert f"switch 0 has {most} of partition 0's partials" in nack.packet.info.message
+    assert len(leaf0._partials) == len(spine.groups.reductions) == most
+    # a result coming back gives one back: GPU 2's slot 0 completes at the spine
+    assert sorted(s.port for s in fabric.reduce(2, gid, (0, 0), empty, (0, 2), ("c", 0))) == [0, 2]
+    assert fabric.reduce(0, gid, (1, 0), empty, (0, 2), ("c", "next")) == []
