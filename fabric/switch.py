@@ -40,8 +40,11 @@ that spine taken together (m x U / (G P): m members in the node, P spines), book
 completion order; the spine's engine reduces once every partial is in, and each result takes the
 group's shares of the destination node's uplink to that spine, booked by the spine; so every clock
 is booked in one order fixed by the members' programs (fabric.replay replays it). In flight: a leaf
-keeps at most its partition's buffer share / nodes of partials without their result, so what a spine
-holds stays within the share.
+keeps at most its partition's buffer share / nodes of partials without their result (in bytes; in
+number, held_parts_share / nodes), so what a spine holds stays within the share. Partials of a slot
+that disagree between nodes (each leaf checks only its members) are refused at the spine to every
+member, a NACK once per group until its release; a partial or result of a group released while on
+its way is dropped (one number per creator leaf tells it from a switch's bug: _released).
 """
 
 import math
