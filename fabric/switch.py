@@ -523,7 +523,7 @@ class SwitchLogic:
                 self._take_span(info)
                 answer = GroupInfo("spanned", info.group, (), "")
             except FabricError as exc:
-                answer = GroupInfo("refused", info.group, (), f"{type(exc).__name__}: {exc}")
+                answer = GroupInfo("refused", info.group, (), _why(exc))
             return [Send(-1, Packet(Kind.GROUP, -1, -1, req=self.switch, info=answer), switch=spine)]
         if info.action == "unspan":
             self._drop_span(info.group)
@@ -850,9 +850,8 @@ class SpineLogic:
                 # the nodes disagree on this slot (their members' calls, or a member that lies; each leaf
                 # checked its own): every member hears it, as on one switch the sender does, and the spine
                 # serves on; the slot's held partials stay until the group's release
-                why = f"{type(exc).__name__}: {here}: group {info.group} slot {list(info.slot)}: {exc}"
-                failed = Packet(Kind.GROUP, -1, -1, req=self.switch, info=GroupInfo("failed", info.group, (),
-                                                                                    why[:MAX_TEXT]))
+                why = _why(exc, f"{here}: group {info.group} slot {list(info.slot)}: ")
+                failed = Packet(Kind.GROUP, -1, -1, req=self.switch, info=GroupInfo("failed", info.group, (), why))
                 return [Send(-1, failed, switch=node) for node in group.inputs]
             if done is None:
                 self.peak_held_bytes = max(self.peak_held_bytes, self.groups.held_bytes)
@@ -891,7 +890,7 @@ class SpineLogic:
                 _seen(self._seen, nodes, info.group)
                 answer = GroupInfo("spanned", info.group, (), "")
             except FabricError as exc:
-                answer = GroupInfo("refused", info.group, (), f"{type(exc).__name__}: {exc}")
+                answer = GroupInfo("refused", info.group, (), _why(exc))
             sends = [Send(-1, Packet(Kind.GROUP, -1, -1, req=self.switch, info=answer), switch=leaf)]
             if first:
                 sends += [Send(-1, packet, switch=node) for node in others]
@@ -920,3 +919,10 @@ def _released(groups: GroupTable, seen: dict[int, int], nodes: int, gid: int) ->
     grow (k = 1, 2, ...), so one number per creator leaf tells a late packet of a released group
     (dropped) from one of a group never held (a switch's bug)."""
     return gid not in groups.groups and 0 < gid // nodes <= seen.get(gid % nodes, 0)
+
+
+def _why(exc: Exception, context: str = "") -> str:
+    """`exc` as a switch tells another switch of it, "Class: message", cut to a header's string field
+    (MAX_TEXT characters: a message listing a large group's members is longer, and a switch's packet
+    that does not decode ends the run)."""
+    return f"{type(exc).__name__}: {context}{exc}"[:MAX_TEXT]

@@ -143,3 +143,24 @@ def test_zero_byte_partials_in_flight_are_bounded_in_number():
     # a result coming back gives one back: GPU 2's slot 0 completes at the spine
     assert sorted(s.port for s in fabric.reduce(2, gid, (0, 0), empty, (0, 2), ("c", 0))) == [0, 2]
     assert fabric.reduce(0, gid, (1, 0), empty, (0, 2), ("c", "next")) == []
+
+
+def test_a_refused_create_of_a_large_group_is_answered_in_a_header_that_decodes():
+    """2 nodes x 800 GPUs, partition 0's share of groups full at leaf 1 (its own groups: any member can
+    fill it). GPU 0 creates a group of all 1,600: leaf 1 refuses it, and its answer carried the whole
+    message, which lists the members (8,624 characters): past a string field's 4,096, so the spine
+    (and the creator's leaf) could not decode a switch's packet, which ends the run. Now the answer is
+    cut to MAX_TEXT, every switch-to-switch header of the create decodes, and GPU 0 gets
+    ResourceExhausted naming leaf 1."""
+    fabric = Fabric(nvlink(nodes=2, per_node=800, spines=1))
+    leaf1 = fabric.switches[1]
+    members = tuple(range(1600))
+    for k in range(leaf1.group_share):
+        leaf1.groups.create(members, 800, f"x{k}", 0)
+    reply = fabric.call(0, "create", members=members, name="c")
+    assert reply["error"] == "ResourceExhausted" and "switch 1: cannot hold group" in reply["message"]
+    answers = [p for _, _, p in fabric.hops if p.kind is Kind.GROUP and p.info.action == "refused"]
+    assert len(answers) == 2  # leaf 1 -> the spine -> leaf 0
+    for packet in (p for _, _, p in fabric.hops):
+        assert Packet.from_wire(packet.to_wire()) == packet
+    assert all(len(s.groups.groups) == n for s, n in zip(fabric.switches, (0, leaf1.group_share, 0)))
