@@ -44,7 +44,7 @@ keeps at most its partition's buffer share / nodes of partials without their res
 number, held_parts_share / nodes), so what a spine holds stays within the share. Partials of a slot
 that disagree between nodes (each leaf checks only its members) are refused at the spine to every
 member, a NACK once per group until its release; a partial or result of a group released while on
-its way is dropped (one number per creator leaf tells it from a switch's bug: _released).
+its way is dropped (one number per creator leaf tells it from most switch bugs: _released).
 """
 
 import math
@@ -536,7 +536,7 @@ class SwitchLogic:
                 return []
             self._failed.add(info.group)
             error, _, message = info.name.partition(": ")
-            return [self._notice(port, error, message) for port in group.inputs]
+            return [self._notice(port, error, message, packet.t_end) for port in group.inputs]
         if info.action in ("spanned", "refused"):
             return self._span_answered(packet.req, info)
         raise ProtocolError(f"{here}: GROUP {info.action!r} from spine {spine}")
@@ -552,10 +552,10 @@ class SwitchLogic:
                            stage="leaf", who=f"switch {self.switch}")
         _seen(self._seen, self.topology.nodes, info.group)
 
-    def _notice(self, port: int, error: str, message: str) -> Send:
-        """A NACK to member `port` for what a spine refused (`error`: a fabric.errors class name): no
-        packet of this GPU's was refused, so none is counted on its port."""
-        ready = self.timing.switch_latency_ns
+    def _notice(self, port: int, error: str, message: str, t_ns: float) -> Send:
+        """A NACK to member `port` for what a spine refused (`error`: a fabric.errors class name; the
+        refusal here at `t_ns`, modeled): no packet of this GPU's was refused, none is counted on its port."""
+        ready = t_ns + self.timing.switch_latency_ns
         nack = Packet(Kind.NACK, src=-1, dst=self.route_key(port), req=0, info=NackInfo(error, message[:4000], "REDUCE"),
                       t_start=ready, t_end=ready)
         return self._out(Send(port, nack, origin=-1))
@@ -851,7 +851,9 @@ class SpineLogic:
                 # checked its own): every member hears it, as on one switch the sender does, and the spine
                 # serves on; the slot's held partials stay until the group's release
                 why = _why(exc, f"{here}: group {info.group} slot {list(info.slot)}: ")
-                failed = Packet(Kind.GROUP, -1, -1, req=self.switch, info=GroupInfo("failed", info.group, (), why))
+                ready = packet.t_end + self.latency_ns  # when the refused partial's last byte is in, at a leaf
+                failed = Packet(Kind.GROUP, -1, -1, req=self.switch, info=GroupInfo("failed", info.group, (), why),
+                                t_start=ready, t_end=ready)
                 return [Send(-1, failed, switch=node) for node in group.inputs]
             if done is None:
                 self.peak_held_bytes = max(self.peak_held_bytes, self.groups.held_bytes)
@@ -915,9 +917,10 @@ def _seen(seen: dict[int, int], nodes: int, gid: int) -> None:
 
 
 def _released(groups: GroupTable, seen: dict[int, int], nodes: int, gid: int) -> bool:
-    """Whether spanning group `gid`, not in `groups`, was held here once and released: each leaf's ids
-    grow (k = 1, 2, ...), so one number per creator leaf tells a late packet of a released group
-    (dropped) from one of a group never held (a switch's bug)."""
+    """Whether spanning group `gid`, not in `groups`, may have been held here and released: each leaf's
+    ids grow (k = 1, 2, ...), so one number per creator leaf tells a late packet of a released group
+    (dropped) from one of a group not created yet (a switch's bug; one of a group of that leaf's that
+    never spanned this switch is dropped too, which only a switch's bug sends)."""
     return gid not in groups.groups and 0 < gid // nodes <= seen.get(gid % nodes, 0)
 
 
