@@ -66,6 +66,34 @@ def test_a_member_that_lies_about_its_op_ends_nobody_s_run():
     assert all(result.report["ports"][g]["refused"] == 0 for g in range(len(result.report["ports"])))
 
 
+def test_a_contribution_without_a_chunk_number_is_refused_and_ends_nobody_s_run():
+    """GPU 0 sends its leaf a contribution to its spanning group with an empty slot (whose last entry
+    picks the spine). Before: IndexError in the leaf's rank, which ended the run. Now a ProtocolError
+    NACK to GPU 0 alone; the pair's next allreduce and partition 1's are right."""
+    pair, _ = tenants()
+
+    def main(gpu):
+        if gpu.rank not in pair:
+            victims_run(gpu)
+            return "victim"
+        comm = gpu.partition
+        gid = comm.group_id()
+        if gpu.rank == 0:
+            data = np.ones(16, np.float32)
+            gpu.switch_request(Kind.REDUCE, ReduceInfo(gid, (), "sum", "float32", pair, (comm.name, "x")), data)
+            (error,) = refusals(gpu, 1)
+            assert type(error).__name__ == "ProtocolError" and "slot [] names no chunk" in str(error)
+        comm.barrier()
+        y = np.ones(3000, np.float32)
+        comm.allreduce(y, algorithm="sharp")
+        assert np.all(y == 2)
+        return "pair"
+
+    report = run(main, partitions=tenants(), chunk_bytes=4096).report
+    assert report["ports"][0]["refused"] == report["ports"][0]["malformed"] == 1
+    assert all(report["ports"][g]["refused"] == 0 for g in range(1, len(report["ports"])))
+
+
 def test_a_group_released_with_partials_at_the_spines_gives_back_its_share():
     """GPU 2 (its partner) pushes its leaf partials for slots GPU 0 never sends, until its leaf refuses
     one (the partition's partials in flight fill buffer share / nodes); then the pair releases the
