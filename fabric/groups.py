@@ -149,7 +149,7 @@ class GroupTable:
         key = (group_id, *slot)
         state = self.reductions.setdefault(key, Reduction(op, dtype, data.nbytes, delivery))
         if (state.op, state.nbytes, state.dtype, state.delivery) != (op, data.nbytes, dtype, delivery):
-            raise CollectiveMismatch(f"in-switch reduction slot {slot} of group {group_id}: GPU {gpu} sent "
+            raise CollectiveMismatch(f"in-switch reduction slot {slot} of group {group_id}: {_who(group, gpu)} sent "
                                      f"{op}/{dtype}/{data.nbytes} B to {delivery}, others {state.op}/{state.dtype}/"
                                      f"{state.nbytes} B to {state.delivery}")
         if gpu not in group.inputs:
@@ -157,7 +157,7 @@ class GroupTable:
                                   f"at another switch (its inputs here: {list(group.inputs)})")
         index = group.inputs.index(gpu)
         if index in state.parts:
-            raise CollectiveMismatch(f"in-switch reduction slot {slot} of group {group_id}: GPU {gpu} "
+            raise CollectiveMismatch(f"in-switch reduction slot {slot} of group {group_id}: {_who(group, gpu)} "
                                      f"contributed twice")
         held, parts = self._held.get(group.partition, (0, 0))
         if len(state.parts) + 1 < len(group.inputs) and (

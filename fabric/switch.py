@@ -40,8 +40,11 @@ that spine taken together (m x U / (G P): m members in the node, P spines), book
 completion order; the spine's engine reduces once every partial is in, and each result takes the
 group's shares of the destination node's uplink to that spine, booked by the spine; so every clock
 is booked in one order fixed by the members' programs (fabric.replay replays it). In flight: a leaf
-keeps at most its partition's buffer share / nodes of partials without their result, so what a spine
-holds stays within the share.
+keeps at most its partition's buffer share / nodes of partials without their result (in bytes; in
+number, held_parts_share / nodes), so what a spine holds stays within the share. Partials of a slot
+that disagree between nodes (each leaf checks only its members) are refused at the spine to every
+member, a NACK once per group until its release; a partial or result of a group released while on
+its way is dropped (one number per creator leaf tells it from most switch bugs: _released).
 """
 
 import math
@@ -56,7 +59,7 @@ from .timemodel import LinkEnd
 from .errors import (AccessViolation, CollectiveMismatch, FabricError, ProtocolError, ResourceExhausted,
                      UnsupportedOperation)
 from .groups import GroupTable
-from .packets import (WIRE_INT_MAX, GroupInfo, Kind, LoadInfo, McastInfo, NackInfo, Packet, ReduceInfo,
+from .packets import (MAX_TEXT, WIRE_INT_MAX, GroupInfo, Kind, LoadInfo, McastInfo, NackInfo, Packet, ReduceInfo,
                       raw_bytes)
 from .reduction import check_dtype, check_op, switch_accumulator
 from .tlb import LinkTLB
@@ -142,8 +145,12 @@ class SwitchLogic:
         self._spanning: dict[int, list] = {}
         self._partials: dict[tuple, tuple[tuple[int, ...], int, int]] = {}  # + the group's partition
         self._partial_bytes: dict[int, int] = {}
+        self._partial_parts: dict[int, int] = {}  # and how many (zero-byte partials hold memory too)
         self._up: dict[tuple[int, int], LinkEnd] = {}
+        self._seen: dict[int, int] = {}  # creator leaf -> the highest k of its group ids held here (_released)
+        self._failed: set[int] = set()   # groups whose members heard a spine's refusal (once, until released)
         self.partial_share_bytes = self.buffer_share_bytes // max(1, topology.nodes)
+        self.partial_share_parts = max(1, self.held_parts_share // max(1, topology.nodes))
 
     # -- addressing -------------------------------------------------------------------------------
     def route_key(self, gpu: int) -> int:
@@ -446,6 +453,9 @@ class SwitchLogic:
     def _check_partial(self, ingress: int, group, info: ReduceInfo, payload: np.ndarray) -> None:
         """Before the contribution that completes a leaf's partial is taken: its result key must not be
         awaited already, and the partition's partials in flight must stay within their share."""
+        if not info.slot:  # slot[-1] is the chunk, which picks the spine
+            raise ProtocolError(f"REDUCE from GPU {ingress}: group {info.group} spans nodes, and its slot [] names "
+                                f"no chunk (the last entry picks the spine)")
         state = self.groups.reductions.get((info.group, *info.slot))
         if len(group.inputs) - (len(state.parts) if state else 0) != 1:
             return
@@ -453,6 +463,12 @@ class SwitchLogic:
             raise CollectiveMismatch(f"REDUCE from GPU {ingress}: group {info.group} slot {list(info.slot)}: result "
                                      f"key {list(info.key)} is awaited from the spines already")
         nbytes = payload.nbytes // check_dtype(info.dtype).itemsize * switch_accumulator(check_dtype(info.dtype)).itemsize
+        parts = self._partial_parts.get(group.partition, 0)
+        if parts >= self.partial_share_parts:
+            raise ResourceExhausted(f"REDUCE from GPU {ingress}: group {info.group} slot {list(info.slot)}: switch "
+                                    f"{self.switch} has {parts} of partition {group.partition}'s partials at the "
+                                    f"spines without their result, its share {self.partial_share_parts} (held "
+                                    f"contributions' share / nodes)")
         held = self._partial_bytes.get(group.partition, 0)
         if held and held + nbytes > self.partial_share_bytes:
             raise ResourceExhausted(f"REDUCE from GPU {ingress}: group {info.group} slot {list(info.slot)}: switch "
@@ -475,6 +491,7 @@ class SwitchLogic:
         self.counters.record(f"sw{self.switch}->sw{spine}", partial.nbytes)
         self._partials[(info.group, key)] = (tuple(p for p in dest if p in self.local), partial.nbytes, group.partition)
         self._partial_bytes[group.partition] = self._partial_bytes.get(group.partition, 0) + partial.nbytes
+        self._partial_parts[group.partition] = self._partial_parts.get(group.partition, 0) + 1
         packet = Packet(Kind.REDUCE, -1, -1, 0, partial.nbytes, info=ReduceInfo(
             info.group, info.slot, info.op, info.dtype, dest, key), t_start=t_start, t_end=t_end)
         return Send(-1, packet, partial, -1, spine)
@@ -489,10 +506,13 @@ class SwitchLogic:
             self.counters.record(f"sw{spine}->sw{self.switch}", packet.payload_bytes)
             got = self._partials.pop((info.group, info.key), None)
             if got is None:
+                if _released(self.groups, self._seen, self.topology.nodes, info.group):
+                    return []  # it crossed its group's release (which freed its partial) on the way down
                 raise ProtocolError(f"{here}: a result of group {info.group} key {list(info.key)} from spine {spine}, "
                                     f"for no partial this leaf sent")
             ports, nbytes, partition = got
             self._partial_bytes[partition] -= nbytes
+            self._partial_parts[partition] -= 1
             out = self._through(packet)
             return [self._out(self._deliver(port, info.group, info.key, payload, out.t_start, out.t_end, -1))
                     for port in ports]
@@ -503,11 +523,20 @@ class SwitchLogic:
                 self._take_span(info)
                 answer = GroupInfo("spanned", info.group, (), "")
             except FabricError as exc:
-                answer = GroupInfo("refused", info.group, (), f"{type(exc).__name__}: {exc}")
+                answer = GroupInfo("refused", info.group, (), _why(exc))
             return [Send(-1, Packet(Kind.GROUP, -1, -1, req=self.switch, info=answer), switch=spine)]
         if info.action == "unspan":
             self._drop_span(info.group)
             return []
+        if info.action == "failed":  # a spine refused a slot of the group: this node's members hear why,
+            # once until the group's release (each chunk in flight of the call is refused: one NACK per chunk
+            # would raise again in their later, unrelated waits)
+            group = self.groups.groups.get(info.group)
+            if group is None or info.group in self._failed:
+                return []
+            self._failed.add(info.group)
+            error, _, message = info.name.partition(": ")
+            return [self._notice(port, error, message, packet.t_end) for port in group.inputs]
         if info.action in ("spanned", "refused"):
             return self._span_answered(packet.req, info)
         raise ProtocolError(f"{here}: GROUP {info.action!r} from spine {spine}")
@@ -521,11 +550,25 @@ class SwitchLogic:
         local = tuple(g for g in info.members if g in self.local)
         self.groups.create(info.members, local[0], info.name, partition, group_id=info.group, inputs=local,
                            stage="leaf", who=f"switch {self.switch}")
+        _seen(self._seen, self.topology.nodes, info.group)
+
+    def _notice(self, port: int, error: str, message: str, t_ns: float) -> Send:
+        """A NACK to member `port` for what a spine refused (`error`: a fabric.errors class name; the
+        refusal here at `t_ns`, modeled): no packet of this GPU's was refused, none is counted on its port."""
+        ready = t_ns + self.timing.switch_latency_ns
+        nack = Packet(Kind.NACK, src=-1, dst=self.route_key(port), req=0, info=NackInfo(error, message[:4000], "REDUCE"),
+                      t_start=ready, t_end=ready)
+        return self._out(Send(port, nack, origin=-1))
 
     def _drop_span(self, gid: int) -> None:
         group = self.groups.groups.get(gid)
         if group is not None:
             self.groups.release(gid, group.inputs[0])
+            # its partials' results will not come (the spines drop it too): their bytes leave the share
+            for key in [k for k in self._partials if k[0] == gid]:
+                self._partial_bytes[group.partition] -= self._partials.pop(key)[1]
+                self._partial_parts[group.partition] -= 1
+        self._failed.discard(gid)
         for key in [k for k in self._up if k[0] == gid]:
             del self._up[key]
 
@@ -537,6 +580,7 @@ class SwitchLogic:
         gid = self.groups.next_id()
         local = tuple(g for g in info.members if g in self.local)
         self.groups.create(info.members, ingress, info.name, partition, group_id=gid, inputs=local, stage="leaf")
+        _seen(self._seen, topology.nodes, gid)
         spines = range(topology.nodes, topology.nodes + topology.spines)
         self._spanning[gid] = [ingress, packet.req, {*spines, *(n for n in nodes if n != self.switch)}, [], []]
         span = Packet(Kind.GROUP, -1, -1, req=self.switch, info=GroupInfo("span", gid, info.members, info.name))
@@ -758,7 +802,9 @@ class SpineLogic:
         self.groups = GroupTable()
         self.group_share = max(1, self.groups.limit // len(config.partitions))
         self._down: dict[tuple[int, int], LinkEnd] = {}
+        self._seen: dict[int, int] = {}  # creator leaf -> the highest k of its group ids held here (_released)
         self.peak_held_bytes = 0
+        self.late_partials = 0  # partials of a group released while they were on their way (dropped)
 
     def gpu_of_key(self, key: int) -> int | None:
         """The GPU whose routing key `key` is, or None."""
@@ -790,12 +836,25 @@ class SpineLogic:
         if kind is Kind.REDUCE:
             self.counters.record(f"sw{leaf}->sw{self.switch}", packet.payload_bytes)
             group = self.groups.groups.get(info.group)
+            if group is None and _released(self.groups, self._seen, nodes, info.group):
+                self.late_partials += 1  # it crossed its group's release, which its leaf freed it with
+                return []
             if group is None or leaf not in group.inputs:
                 raise AccessViolation(f"{here}: partial REDUCE of group {info.group} slot {list(info.slot)} from leaf "
                                       f"{leaf}: " + (f"no live group {info.group}" if group is None else
                                                      f"leaf {leaf} is no leaf of the group's nodes {list(group.inputs)}"))
-            done = self.groups.contribute(info.group, info.slot, leaf, info.op, info.dtype, payload, (info.dest, info.key),
-                                          (packet.t_start, packet.t_end))
+            try:
+                done = self.groups.contribute(info.group, info.slot, leaf, info.op, info.dtype, payload,
+                                              (info.dest, info.key), (packet.t_start, packet.t_end))
+            except FabricError as exc:
+                # the nodes disagree on this slot (their members' calls, or a member that lies; each leaf
+                # checked its own): every member hears it, as on one switch the sender does, and the spine
+                # serves on; the slot's held partials stay until the group's release
+                why = _why(exc, f"{here}: group {info.group} slot {list(info.slot)}: ")
+                ready = packet.t_end + self.latency_ns  # when the refused partial's last byte is in, at a leaf
+                failed = Packet(Kind.GROUP, -1, -1, req=self.switch, info=GroupInfo("failed", info.group, (), why),
+                                t_start=ready, t_end=ready)
+                return [Send(-1, failed, switch=node) for node in group.inputs]
             if done is None:
                 self.peak_held_bytes = max(self.peak_held_bytes, self.groups.held_bytes)
                 return []
@@ -830,9 +889,10 @@ class SpineLogic:
                 inputs = tuple(sorted({g // self.config.gpus_per_node for g in info.members}))
                 self.groups.create(info.members, -1, info.name, partition, group_id=info.group, inputs=inputs,
                                    stage="spine", who=here)
+                _seen(self._seen, nodes, info.group)
                 answer = GroupInfo("spanned", info.group, (), "")
             except FabricError as exc:
-                answer = GroupInfo("refused", info.group, (), f"{type(exc).__name__}: {exc}")
+                answer = GroupInfo("refused", info.group, (), _why(exc))
             sends = [Send(-1, Packet(Kind.GROUP, -1, -1, req=self.switch, info=answer), switch=leaf)]
             if first:
                 sends += [Send(-1, packet, switch=node) for node in others]
@@ -849,3 +909,23 @@ class SpineLogic:
         if info.action in ("spanned", "refused") and first:  # a leaf's answer, on to the creator leaf
             return [Send(-1, packet, switch=creator)]
         raise ProtocolError(f"{here}: GROUP {info.action!r} from leaf {leaf}")
+
+
+def _seen(seen: dict[int, int], nodes: int, gid: int) -> None:
+    """Note spanning group `gid` (id k x nodes + its creator leaf) as held here (see _released)."""
+    seen[gid % nodes] = max(seen.get(gid % nodes, 0), gid // nodes)
+
+
+def _released(groups: GroupTable, seen: dict[int, int], nodes: int, gid: int) -> bool:
+    """Whether spanning group `gid`, not in `groups`, may have been held here and released: each leaf's
+    ids grow (k = 1, 2, ...), so one number per creator leaf tells a late packet of a released group
+    (dropped) from one of a group not created yet (a switch's bug; one of a group of that leaf's that
+    never spanned this switch is dropped too, which only a switch's bug sends)."""
+    return gid not in groups.groups and 0 < gid // nodes <= seen.get(gid % nodes, 0)
+
+
+def _why(exc: Exception, context: str = "") -> str:
+    """`exc` as a switch tells another switch of it, "Class: message", cut to a header's string field
+    (MAX_TEXT characters: a message listing a large group's members is longer, and a switch's packet
+    that does not decode ends the run)."""
+    return f"{type(exc).__name__}: {context}{exc}"[:MAX_TEXT]
