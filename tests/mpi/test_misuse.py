@@ -114,8 +114,8 @@ def test_one_members_invalid_arguments_fail_every_member_at_once():
         frozen.flags.writeable = not odd
         cases = [
             (lambda: gpu.world.allreduce(x, "mean" if odd else "sum"), FabricError, "op 'mean'"),
-            (lambda: gpu.world.allreduce(x, "sum", "tree" if odd else "ring"), UnsupportedOperation,
-             "unknown algorithm 'tree'"),
+            (lambda: gpu.world.allreduce(x, "sum", "butterfly" if odd else "ring"), UnsupportedOperation,
+             "unknown algorithm 'butterfly'"),
             (lambda: gpu.world.allreduce(np.ones(4, np.bool_) if odd else x), FabricError, "dtype bool"),
             (lambda: gpu.world.allreduce(np.ones(8, np.float32)[::2] if odd else x), FabricError, "contiguous"),
             (lambda: gpu.world.allgather(x, frozen), FabricError, "allgather recv is a read-only array"),
