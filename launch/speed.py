@@ -40,8 +40,8 @@ def algorithms(collective: str, name: str, nodes: int, gpus: int) -> list[str]:
     """The algorithms `nvlink-emu bench COLLECTIVE --algorithm A` runs on that fabric."""
     if collective == "all2all":
         return list(ALL2ALL) if nodes > 1 else ["direct"]
-    config = preset(name, gpus=gpus) if nodes == 1 else preset(name, nodes=nodes, gpus_per_node=gpus)
-    return [a for a in allowed(config, nodes) if hasattr(ALGORITHMS[a], collective)]
+    config = preset(name, gpus=nodes * gpus) if nodes == 1 else preset(name, nodes=nodes, gpus=nodes * gpus)
+    return [a for a in allowed(config, nodes, collective) if hasattr(ALGORITHMS[a], collective)]
 
 
 def main(argv=None) -> int:

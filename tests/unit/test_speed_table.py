@@ -19,3 +19,9 @@ def test_every_algorithm_the_fabric_runs_gets_a_row():
     assert "sharp" not in algorithms("reduce_scatter", "dgx-a100", 1, 4)  # a forwarding switch
     assert algorithms("all2all", "dgx-h100", 1, 8) == ["direct"]
     assert algorithms("all2all", "superpod-h100-nvlink", 2, 4) == list(ALL2ALL)
+
+
+def test_several_nodes_offer_what_cost_nodes_covers():
+    assert algorithms("allreduce", "superpod-h100-nvlink", 2, 4)[:3] == ["ring", "direct", "sharp"]
+    assert "sharp" not in algorithms("allreduce", "superpod-h100-ib", 2, 4)  # its spines do not reduce
+    assert "sharp" not in algorithms("reduce_scatter", "superpod-h100-nvlink", 2, 4)  # allreduce only, so far
