@@ -336,9 +336,11 @@ def sharp_link_bytes(topo: Topology, S: int, config, itemsize: int = 4, partial_
     accumulator's: 4 for float16/bfloat16; default itemsize); spine i -> leaf a the results of the same
     chunks (S_i = their bytes; S / P when P divides the chunks into equal sets). Chunks as
     fabric.replay.sharp_allreduce_ns sizes them."""
+    n, N, P = topo.gpus, topo.nodes, topo.spines
+    if P < 1:  # one node: fabric.cost's sharp
+        raise FabricError(f"cost_nodes: sharp across nodes needs spines; this topology has {N} node and none")
     count = _block_bytes(S, 1, itemsize)[0] // itemsize
     wide = partial_itemsize or itemsize
-    n, N, P = topo.gpus, topo.nodes, topo.spines
     streams = wide // itemsize * -(-config.nodes // max(1, n - 1))  # ranks/collectives/sharp.py's _streams
     chunk = in_switch_chunk(config, n, streams, 1, None, itemsize) // itemsize
     per_spine = [0] * P

@@ -307,3 +307,11 @@ def test_the_nvlink_switch_system_numbers_agree_with_each_other():
 def test_unknown_system_names_the_known_ones():
     with pytest.raises(ConfigError, match="superpod-h100-nvlink"):
         system_profile("superpod-x")
+
+
+def test_sharp_link_bytes_of_one_node_is_a_clear_error_not_a_division_by_zero():
+    from nvlink_emu.fabric.config import preset
+    from nvlink_emu.fabric.errors import FabricError
+    config = preset("dgx-h100", gpus=4)
+    with pytest.raises(FabricError, match="sharp across nodes needs spines"):
+        cn.link_bytes("allreduce", "sharp", config.topology, 1 << 20, config=config)
