@@ -179,21 +179,28 @@ def _channel_chains(call, rings, root: int, count: int):
             for part, ring in zip(blocks(count, len(rings)), rings)]
 
 
+def _channel_steps(call, chains):
+    """(c, i, lo, hi, position, previous, next) for chunk i of channel c of `chains` (_channel_chains'
+    form), every channel's chunk i before any channel's chunk i+1; previous/next: the members before
+    and after this one on ring c."""
+    n = call.n
+    spans = [chunks(*part, call.chunk) for part, _, _ in chains]
+    for i in range(max(map(len, spans), default=0)):
+        for c, (_, position, ring) in enumerate(chains):
+            if i < len(spans[c]):
+                q = ring.index(call.r)
+                yield (c, i, *spans[c][i], position, ring[(q - 1) % n], ring[(q + 1) % n])
+
+
 def broadcast(call, array: np.ndarray, root: int) -> None:
     rings = _channels(call, array.size)
     if rings is not None:
-        n, chains = call.n, _channel_chains(call, rings, root, array.size)
-        spans = [chunks(*part, call.chunk) for part, _, _ in chains]
-        for i in range(max(map(len, spans), default=0)):
-            for c, (_, position, ring) in enumerate(chains):
-                if i >= len(spans[c]):
-                    continue
-                lo, hi = spans[c][i]
-                q = ring.index(call.r)
-                if position:
-                    call.recv(ring[(q - 1) % n], (CH_BC, c, i), array[lo:hi])
-                if position < n - 1:
-                    call.send(ring[(q + 1) % n], (CH_BC, c, i), array[lo:hi])
+        for c, i, lo, hi, position, previous, following in _channel_steps(call, _channel_chains(call, rings, root,
+                                                                                                  array.size)):
+            if position:
+                call.recv(previous, (CH_BC, c, i), array[lo:hi])
+            if position < call.n - 1:
+                call.send(following, (CH_BC, c, i), array[lo:hi])
         call.flush()
         return
     n, position = call.n, (call.r - root) % call.n
@@ -214,22 +221,16 @@ def reduce(call, send: np.ndarray, recv: np.ndarray | None, root: int) -> None:
         chains = [(part, (position - 1) % n, ring) for part, position, ring in _channel_chains(call, rings, root,
                                                                                               send.size)]
         work = np.empty(send.size, send.dtype)
-        spans = [chunks(*part, call.chunk) for part, _, _ in chains]
-        for i in range(max(map(len, spans), default=0)):
-            for c, (_, position, ring) in enumerate(chains):
-                if i >= len(spans[c]):
-                    continue
-                lo, hi = spans[c][i]
-                q = ring.index(r)
-                if position:
-                    call.recv(ring[(q - 1) % n], (CH_RD, c, i), work[lo:hi])
-                    combine(call.op, work[lo:hi], send[lo:hi])
-                else:
-                    work[lo:hi] = send[lo:hi]
-                if position < n - 1:
-                    call.send(ring[(q + 1) % n], (CH_RD, c, i), work[lo:hi])
-                else:
-                    finish(call.op, work[lo:hi], n, recv[lo:hi])
+        for c, i, lo, hi, position, previous, following in _channel_steps(call, chains):
+            if position:
+                call.recv(previous, (CH_RD, c, i), work[lo:hi])
+                combine(call.op, work[lo:hi], send[lo:hi])
+            else:
+                work[lo:hi] = send[lo:hi]
+            if position < n - 1:
+                call.send(following, (CH_RD, c, i), work[lo:hi])
+            else:
+                finish(call.op, work[lo:hi], n, recv[lo:hi])
         call.flush()
         return
     position = (r - root - 1) % n  # 0: root+1, the chain's start; n-1: the root, its end
