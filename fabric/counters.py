@@ -40,11 +40,14 @@ class LinkCounters:
 
     def record(self, link: str, payload_bytes: int) -> int:
         """Count one transfer of `payload_bytes` (segmented at the MTU) on `link`; returns its raw bytes."""
-        stats = self.links.setdefault(link, LinkStats())
-        raw = raw_bytes(payload_bytes, self.mtu_bytes, self.header_bytes)
+        stats = self.links.get(link)
+        if stats is None:
+            stats = self.links[link] = LinkStats()
+        packets = segments(payload_bytes, self.mtu_bytes)
+        raw = payload_bytes + packets * self.header_bytes  # raw_bytes(), its segments counted once
         stats.payload_bytes += payload_bytes
         stats.raw_bytes += raw
-        stats.packets += segments(payload_bytes, self.mtu_bytes)
+        stats.packets += packets
         return raw
 
 

@@ -324,6 +324,9 @@ class Packet:
         record = INFO_OF.get(self.kind)
         if record is not None and not isinstance(self.info, record):
             raise TypeError(f"a {self.kind.name} packet carries a {record.__name__}, not {self.info!r:.80}")
+        # bytes of payload that travel with this header; an attribute, not a property: the switch asks
+        # for it about 15 times per packet (`but` copies it, and changes neither kind nor nbytes)
+        object.__setattr__(self, "payload_bytes", self.nbytes if self.kind in _WITH_PAYLOAD else 0)
 
     def to_wire(self) -> bytes:
         info = self.info.to_wire() if isinstance(self.info, Info) else self.info
@@ -356,11 +359,6 @@ class Packet:
             raise ProtocolError(f"malformed {kind.name} header: this kind carries no record, got {info!r:.80}")
         return cls(kind, src, dst, address, nbytes, req, info, float(t_start), float(t_end))
 
-    @property
-    def payload_bytes(self) -> int:
-        """Bytes of payload that travel with this header."""
-        return self.nbytes if self.kind.has_payload else 0
-
     def but(self, **changes) -> "Packet":
         """This packet with some of src, dst, address, t_start, t_end changed (dataclasses.replace, without
         its cost: every forwarded packet is copied two or three times on the switches' hot path)."""
@@ -378,4 +376,4 @@ def segments(payload_bytes: int, mtu_bytes: int) -> int:
 
 def raw_bytes(payload_bytes: int, mtu_bytes: int, header_bytes: int) -> int:
     """Bytes on the wire for a transfer: payload plus one header per packet."""
-    return payload_bytes + segments(payload_bytes, mtu_bytes) * header_bytes
+    return payload_bytes + max(1, -(-payload_bytes // mtu_bytes)) * header_bytes

@@ -123,7 +123,7 @@ class Communicator:
             # the wait backs off while nothing moves, and neither the fabric's progress nor the members'
             # naps (transport.Waker) see MPI's own messages: start afresh and wake them, or a collective
             # whose every round needs each member's next poll would crawl
-            gpu._idle.reset()
+            gpu._mpi_idle.reset()
             for member in others:  # a GPU's fabric rank is its index
                 gpu._transport.waker.poke(member)
 
@@ -134,7 +134,7 @@ class Communicator:
         try:
             while True:
                 try:
-                    gpu._wait(exchange.test, what, _LazyText(lambda: self._missing(seq)))
+                    gpu._wait(exchange.test, what, _LazyText(lambda: self._missing(seq)), idle=gpu._mpi_idle)
                     break
                 except FabricTimeout:
                     # MPI cannot cancel a collective: it stays posted, and its messages may wait at
@@ -702,8 +702,8 @@ def _waiter(gpu):
     """wait(done, what) for ranks.transport: served through gpu._wait, with the run's deadline (its
     back-off started afresh, as in _exchange)."""
     def wait(done, what):
-        gpu._idle.reset()
-        gpu._wait(done, what, "the other members")
+        gpu._mpi_idle.reset()
+        gpu._wait(done, what, "the other members", idle=gpu._mpi_idle)
     return wait
 
 

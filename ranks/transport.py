@@ -143,14 +143,16 @@ _waker: Waker | None = None  # this rank's, while a Transport is open: Idle slee
 
 
 class Idle:
-    """Back-off for polling loops: yield the core first, then sleep, longer the longer nothing comes,
-    up to max_sleep_s (ranks may share few cores: a spinning rank would starve the one it waits for).
-    A sleep ends early when a rank of this host posts this rank a message (Waker)."""
+    """Back-off for polling loops: yield the core `yields` times first, then sleep first_nap_s, 2 x
+    first_nap_s, ..., up to max_sleep_s (ranks may share few cores: a spinning rank would starve the one
+    it waits for). A sleep ends early when a rank of this host posts this rank a message (Waker)."""
 
-    def __init__(self, yields: int = 8, max_sleep_s: float = 5e-3, sending_nap_s: float = 3e-4):
+    def __init__(self, yields: int = 8, max_sleep_s: float = 5e-3, sending_nap_s: float = 3e-4,
+                 first_nap_s: float = 1e-5):
         self.spins = 0
         self.yields = yields
         self.max_sleep_s = max_sleep_s
+        self.first_nap_s = first_nap_s
         self.sending_nap_s = sending_nap_s
 
     def reset(self) -> None:
@@ -168,7 +170,7 @@ class Idle:
         if self.spins < self.yields:
             os.sched_yield()
         else:
-            nap(min(self.max_sleep_s, 1e-5 * (self.spins - self.yields + 1)))
+            nap(min(self.max_sleep_s, self.first_nap_s * (self.spins - self.yields + 1)))
 
 
 DELAY_ENV = "NVLINK_EMU_TEST_SEND_DELAY"  # "SEED:MAX_MS": a test hook, see Transport.delay_sends
@@ -400,6 +402,8 @@ class ControlChannel:
     def send_bytes(self, dest: int, data: bytes) -> None:
         """Post a control message of any bytes to GPU rank `dest` (send() encodes an object)."""
         self._pending.append((self.comm.Isend([data, MPI.BYTE], dest, TAG_CONTROL), data, dest))
+        if _waker is not None:  # a GPU's control rank is its fabric rank (split_roles keeps the order)
+            _waker.poke(dest)
 
     def progress(self) -> bool:
         before = len(self._pending)
