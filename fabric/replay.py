@@ -406,6 +406,55 @@ def sharp_allreduce_ns(topo: Topology, count: int, config, itemsize: int = 4, pa
     return max(gpu.now for gpu in gpus)
 
 
+def sharp_scatter_slots(topo: Topology, count: int, config, itemsize: int = 4, partial_itemsize: int | None = None):
+    """The in-switch reductions of ranks/collectives/sharp.py's reduce_scatter of `count` input elements by
+    every GPU of `topo` (of several nodes), in every member's program order: [(block j, chunk c, elements)],
+    round c of every block j at a time; chunks as Call.in_switch_window sizes them (sharp._scatter_streams)."""
+    n = topo.gpus
+    wide = (partial_itemsize or itemsize) // itemsize
+    streams = -(-2 * n * config.nodes * wide // max(1, n - 1))  # sharp._scatter_streams
+    chunk = in_switch_chunk(config, n, streams, 2, None, itemsize) // itemsize
+    spans = [chunks(a, b, chunk) for a, b in blocks(count, n)]
+    return [(j, c, spans[j][c][1] - spans[j][c][0]) for c in range(max(len(x) for x in spans))
+            for j in range(n) if c < len(spans[j])]
+
+
+def sharp_reduce_scatter_ns(topo: Topology, count: int, config, itemsize: int = 4,
+                            partial_itemsize: int | None = None) -> float:
+    """Modeled ns of ranks/collectives/sharp.py's reduce_scatter of `count` input elements by every GPU of
+    `topo` (of several nodes), all starting at 0, as fabric.switch books it: as sharp_allreduce_ns, slot
+    by slot in the members' program order (sharp_scatter_slots), chunk c of every block to spine c mod P,
+    but the result of block j only down to member j's leaf (the group's shares of that node's uplink
+    from the spine, + u), which copies it to member j alone (+ s; its downlink in chunk order, + a)."""
+    N, G, P, n = topo.nodes, topo.gpus_per_node, topo.spines, topo.gpus
+    if N < 2 or not P:
+        raise FabricError(f"replay: sharp across nodes needs a topology of several nodes and spines, got {N} nodes")
+    wide = partial_itemsize or itemsize
+    t = config.timing
+    s, u = t.switch_latency_ns, config.uplink_latency_ns
+    raw = lambda nbytes: raw_bytes(nbytes, config.mtu_bytes, config.header_bytes)
+    gpus = [_Gpu(g, topo) for g in range(n)]
+    engines = [ReductionClock(t.reduction_gbytes_per_s, t.reduction_latency_ns) for _ in range(N + P)]
+    group_share = topo.share_gbytes_per_s * G / P  # the node's members' shares of its uplink to one spine
+    up = {(k, i): LinkEnd(group_share, u) for k in range(N) for i in range(P)}
+    down = {(i, k): LinkEnd(group_share, u) for k in range(N) for i in range(P)}
+    for j, c, elements in sharp_scatter_slots(topo, count, config, itemsize, partial_itemsize):
+        r, w, i = raw(elements * itemsize), raw(elements * wide), c % P
+        stamps = [gpu.uplink.send(0.0, 0.0, r) for gpu in gpus]
+        partials = []
+        for k in range(N):
+            node = stamps[k * G:(k + 1) * G]
+            start, end = engines[k].reduce(max(a for a, _ in node) + s, max(b for _, b in node) + s, w)
+            partials.append(up[(k, i)].send(start, end, w))
+        start, end = engines[N + i].reduce(max(a for a, _ in partials) + s, max(b for _, b in partials) + s, r)
+        d0, d1 = down[(i, gpus[j].node)].send(start, end, r)
+        _, b = gpus[j].downlink.book(d0 + s, d1 + s, r)
+        gpus[j].now = max(gpus[j].now, b + gpus[j].downlink.latency_ns)
+    for gpu in gpus:
+        gpu.now = max(gpu.now, gpu.uplink.free_ns)
+    return max(gpu.now for gpu in gpus)
+
+
 def sharp_stores(collective: str, topo: Topology, count: int, chunk: int, itemsize: int, root: int = 0):
     """The multicast stores of ranks/collectives/sharp.py's allgather (count: the output's elements) or
     broadcast (the array's, from member `root`) by every GPU of `topo`: {sender: [(key, payload bytes,
@@ -486,6 +535,8 @@ def replay_ns(collective: str, algorithm: str, topo: Topology, S: int, config, i
         raise FabricError(f"replay: takes a Topology, got {type(topo).__name__}")
     if (collective, algorithm) == ("allreduce", "sharp"):
         return sharp_allreduce_ns(topo, int(S) // itemsize, config, itemsize, partial_itemsize)
+    if (collective, algorithm) == ("reduce_scatter", "sharp"):
+        return sharp_reduce_scatter_ns(topo, int(S) // itemsize, config, itemsize, partial_itemsize)
     if algorithm == "sharp" and collective in ("allgather", "broadcast"):
         return sharp_mcast_ns(collective, topo, int(S) // itemsize, config, itemsize, root)
     n = topo.gpus

@@ -32,8 +32,10 @@ the creator leaf for all. A leaf takes contributions only from its own members; 
 member's chunk is in, it reduces them (accumulator: float32 for float16/bfloat16, unfinished) and
 sends the *partial* to spine slot[-1] mod P (allreduce: chunk c to spine c mod P). A spine takes
 partials only from the leaves of the group's nodes, reduces them in node order, finishes (avg divides
-by every member once, 16-bit floats round once) and multicasts the result down to each leaf, which
-copies it to its destination members. A GPU can neither send a partial (only leaves reach a spine)
+by every member once, 16-bit floats round once) and multicasts the result down to each leaf of a
+destination member (all of them for allreduce; for reduce_scatter's block j, member j's only), which
+copies it to its destination members; every other leaf of the group gets a notice ("reduced", a control
+packet: no bytes on the cable) that frees its partial's share. A GPU can neither send a partial (only leaves reach a spine)
 nor a result (a leaf delivers only what a spine sent for a partial it sent up). Time: a partial
 leaves the leaf's reduction engine and takes the group's members' shares of the node's uplink to
 that spine taken together (m x U / (G P): m members in the node, P spines), booked by the leaf in its
@@ -162,6 +164,9 @@ class SwitchLogic:
         self._spanning: dict[int, list] = {}
         self._partials: dict[tuple, tuple[tuple[int, ...], int, int]] = {}  # + the group's partition
         self._partial_bytes: dict[int, int] = {}
+        # partials whose result goes to no member here (reduce_scatter's other blocks): (group, slot) ->
+        # (bytes, partition), until the spine's notice that it reduced the slot ("reduced")
+        self._unanswered: dict[tuple, tuple[int, int]] = {}
         self._partial_parts: dict[int, int] = {}  # and how many (zero-byte partials hold memory too)
         self._up: dict[tuple[int, int], LinkEnd] = {}
         self._seen: dict[int, int] = {}  # creator leaf -> the highest k of its group ids held here (_released)
@@ -483,7 +488,7 @@ class SwitchLogic:
         state = self.groups.reductions.get((info.group, *info.slot))
         if len(group.inputs) - (len(state.parts) if state else 0) != 1:
             return
-        if (info.group, info.key) in self._partials:
+        if (info.group, info.key) in self._partials or (info.group, tuple(info.slot)) in self._unanswered:
             raise CollectiveMismatch(f"REDUCE from GPU {ingress}: group {info.group} slot {list(info.slot)}: result "
                                      f"key {list(info.key)} is awaited from the spines already")
         nbytes = payload.nbytes // check_dtype(info.dtype).itemsize * switch_accumulator(check_dtype(info.dtype)).itemsize
@@ -503,7 +508,8 @@ class SwitchLogic:
     def _partial_up(self, group, info: ReduceInfo, dest: tuple, key: tuple, partial: np.ndarray,
                     start: float, end: float, raw: int) -> Send:
         """The leaf's partial of `info`'s slot, to spine slot[-1] mod P on the group's shares of the node's
-        uplink to it; its result will come back for the local members of `dest`."""
+        uplink to it; its result will come back for the local members of `dest` (none: the spine's notice
+        "reduced" frees its share)."""
         topology = self.topology
         spine = topology.nodes + info.slot[-1] % topology.spines
         clock = self._up.get((info.group, spine))
@@ -513,7 +519,11 @@ class SwitchLogic:
                 topology.share_gbytes_per_s * local / topology.spines, self.config.uplink_latency_ns)
         t_start, t_end = clock.send(start, end, raw)
         self.counters.record(f"sw{self.switch}->sw{spine}", partial.nbytes)
-        self._partials[(info.group, key)] = (tuple(p for p in dest if p in self.local), partial.nbytes, group.partition)
+        local = tuple(p for p in dest if p in self.local)
+        if local:
+            self._partials[(info.group, key)] = (local, partial.nbytes, group.partition)
+        else:  # its result goes to other nodes only: the spine tells this leaf once it reduced the slot
+            self._unanswered[(info.group, tuple(info.slot))] = (partial.nbytes, group.partition)
         self._partial_bytes[group.partition] = self._partial_bytes.get(group.partition, 0) + partial.nbytes
         self._partial_parts[group.partition] = self._partial_parts.get(group.partition, 0) + 1
         packet = Packet(Kind.REDUCE, -1, -1, 0, partial.nbytes, info=ReduceInfo(
@@ -553,6 +563,16 @@ class SwitchLogic:
             return [Send(-1, Packet(Kind.GROUP, -1, -1, req=self.switch, info=answer), switch=spine)]
         if info.action == "unspan":
             self._drop_span(info.group)
+            return []
+        if info.action == "reduced":  # a slot whose result went to other nodes only: its partial's share back
+            got = self._unanswered.pop((info.group, tuple(info.members)), None)
+            if got is None:
+                if _released(self.groups, self._seen, self.topology.nodes, info.group):
+                    return []
+                raise ProtocolError(f"{here}: spine {spine} reduced slot {list(info.members)} of group {info.group}, "
+                                    f"for no partial this leaf sent")
+            self._partial_bytes[got[1]] -= got[0]
+            self._partial_parts[got[1]] -= 1
             return []
         if info.action == "failed":  # a spine refused a slot of the group: this node's members hear why,
             # once until the group's release (each chunk in flight of the call is refused: one NACK per chunk
@@ -654,6 +674,9 @@ class SwitchLogic:
             # its partials' results will not come (the spines drop it too): their bytes leave the share
             for key in [k for k in self._partials if k[0] == gid]:
                 self._partial_bytes[group.partition] -= self._partials.pop(key)[1]
+                self._partial_parts[group.partition] -= 1
+            for key in [k for k in self._unanswered if k[0] == gid]:
+                self._partial_bytes[group.partition] -= self._unanswered.pop(key)[0]
                 self._partial_parts[group.partition] -= 1
         self._failed.discard(gid)
         for key in [k for k in self._up if k[0] == gid]:
@@ -953,12 +976,17 @@ class SpineLogic:
             if done is None:
                 self.peak_held_bytes = max(self.peak_held_bytes, self.groups.held_bytes)
                 return []
-            result, (_, key), (first_ns, last_ns) = done
+            result, (dest, key), (first_ns, last_ns) = done
             delay = self.timing.switch_latency_ns
             raw = raw_bytes(result.nbytes, self.config.mtu_bytes, self.config.header_bytes)
             start, end = self.groups.engine(info.group, self.timing).reduce(first_ns + delay, last_ns + delay, raw)
             sends = []
+            wanted = {g // self.config.gpus_per_node for g in dest}
             for node in group.inputs:
+                if node not in wanted:  # no destination there (reduce_scatter): a notice, no bytes
+                    notice = GroupInfo("reduced", info.group, tuple(info.slot), "")
+                    sends.append(Send(-1, Packet(Kind.GROUP, -1, -1, req=self.switch, info=notice), switch=node))
+                    continue
                 clock = self._down.get((info.group, node))
                 if clock is None:
                     local = sum(1 for g in group.members if g // self.config.gpus_per_node == node)
