@@ -362,13 +362,26 @@ def _program(collective: str, algorithm: str, topo: Topology, r: int, count: int
                           f"{', '.join(f'{c} {a}' for a, cs in PROGRAMS.items() for c in cs)}")
 
 
+def _leaf_partial(k: int, G: int, i: int, stamps: list, engine: ReductionClock, mine: dict, w: int, s: float,
+                  p: float, u: float) -> tuple[float, float]:
+    """When node k's partial (w raw bytes) for spine i reaches it, as fabric.switch books it: the leaf's
+    engine reduces once the node's latest chunk is in (+ s), and each member's part (w / G raw bytes) of
+    it takes that member's share of the uplink to spine i (`mine`, U / (G P), + u) once its own chunk
+    has been through the engine (+ s + p); the partial is there once the engine's result (+ u) and
+    every part are."""
+    node = stamps[k * G:(k + 1) * G]
+    start, end = engine.reduce(max(a for a, _ in node) + s, max(b for _, b in node) + s, w)
+    parts = [mine[(k * G + x, i)].send(a + s + p, b + s + p, w / G) for x, (a, b) in enumerate(node)]
+    return max(start + u, max(a for a, _ in parts)), max(end + u, max(b for _, b in parts))
+
+
 def sharp_allreduce_ns(topo: Topology, count: int, config, itemsize: int = 4, partial_itemsize: int | None = None) -> float:
     """Modeled ns of ranks/collectives/sharp.py's allreduce of `count` elements by every GPU of `topo` (of
     several nodes), all starting at 0, as fabric.switch books it: every GPU books chunk c on its uplink
     (all issued at the start), its leaf's engine reduces the node once the latest chunk is in (+ s +
     the engine's latency, at the engine's bandwidth), the partial (partial_itemsize bytes an element:
-    the accumulator's; default itemsize) takes the group's shares of the node's uplink to spine c mod P
-    (G x U / (G P) per node, + u), the spine (+ s) reduces once every leaf's is in, each result takes the
+    the accumulator's; default itemsize) goes to spine c mod P, each member's part of it on that member's
+    share of the node's uplink to the spine (_leaf_partial), the spine (+ s) reduces once every leaf's is in, each result takes the
     group's shares of the node's uplink from that spine (+ u), the leaf (+ s) copies it down, and each
     GPU books its downlink in chunk order (+ a). Chunks as Call.in_switch_window sizes them."""
     N, G, P, n = topo.nodes, topo.gpus_per_node, topo.spines, topo.gpus
@@ -383,17 +396,12 @@ def sharp_allreduce_ns(topo: Topology, count: int, config, itemsize: int = 4, pa
     gpus = [_Gpu(g, topo) for g in range(n)]
     engines = [ReductionClock(t.reduction_gbytes_per_s, t.reduction_latency_ns) for _ in range(N + P)]
     group_share = topo.share_gbytes_per_s * G / P  # the node's members' shares of its uplink to one spine
-    up = {(k, i): LinkEnd(group_share, u) for k in range(N) for i in range(P)}
+    mine = {(g, i): LinkEnd(topo.share_gbytes_per_s / P, u) for g in range(n) for i in range(P)}
     down = {(i, k): LinkEnd(group_share, u) for k in range(N) for i in range(P)}
     for c, (lo, hi) in enumerate(chunks(0, count, chunk)):
         r, w, i = raw((hi - lo) * itemsize), raw((hi - lo) * wide), c % P
         stamps = [gpu.uplink.send(0.0, 0.0, r) for gpu in gpus]
-        partials = []
-        for k in range(N):
-            node = stamps[k * G:(k + 1) * G]
-            first, last = max(a for a, _ in node), max(b for _, b in node)
-            start, end = engines[k].reduce(first + s, last + s, w)
-            partials.append(up[(k, i)].send(start, end, w))
+        partials = [_leaf_partial(k, G, i, stamps, engines[k], mine, w, s, t.reduction_latency_ns, u) for k in range(N)]
         first, last = max(a for a, _ in partials), max(b for _, b in partials)
         start, end = engines[N + i].reduce(first + s, last + s, r)
         for k in range(N):
@@ -436,16 +444,12 @@ def sharp_reduce_scatter_ns(topo: Topology, count: int, config, itemsize: int = 
     gpus = [_Gpu(g, topo) for g in range(n)]
     engines = [ReductionClock(t.reduction_gbytes_per_s, t.reduction_latency_ns) for _ in range(N + P)]
     group_share = topo.share_gbytes_per_s * G / P  # the node's members' shares of its uplink to one spine
-    up = {(k, i): LinkEnd(group_share, u) for k in range(N) for i in range(P)}
+    mine = {(g, i): LinkEnd(topo.share_gbytes_per_s / P, u) for g in range(n) for i in range(P)}
     down = {(i, k): LinkEnd(group_share, u) for k in range(N) for i in range(P)}
     for j, c, elements in sharp_scatter_slots(topo, count, config, itemsize, partial_itemsize):
         r, w, i = raw(elements * itemsize), raw(elements * wide), c % P
         stamps = [gpu.uplink.send(0.0, 0.0, r) for gpu in gpus]
-        partials = []
-        for k in range(N):
-            node = stamps[k * G:(k + 1) * G]
-            start, end = engines[k].reduce(max(a for a, _ in node) + s, max(b for _, b in node) + s, w)
-            partials.append(up[(k, i)].send(start, end, w))
+        partials = [_leaf_partial(k, G, i, stamps, engines[k], mine, w, s, t.reduction_latency_ns, u) for k in range(N)]
         start, end = engines[N + i].reduce(max(a for a, _ in partials) + s, max(b for _, b in partials) + s, r)
         d0, d1 = down[(i, gpus[j].node)].send(start, end, r)
         _, b = gpus[j].downlink.book(d0 + s, d1 + s, r)

@@ -38,10 +38,14 @@ copies it to its destination members; every other leaf of the group gets a notic
 packet: no bytes on the cable) that frees its partial's share. A GPU can neither send a partial (only leaves reach a spine)
 nor a result (a leaf delivers only what a spine sent for a partial it sent up). Time: a partial
 leaves the leaf's reduction engine and takes the group's members' shares of the node's uplink to
-that spine taken together (m x U / (G P): m members in the node, P spines), booked by the leaf in its
-completion order; the spine's engine reduces once every partial is in, and each result takes the
-group's shares of the destination node's uplink to that spine, booked by the spine; so every clock
-is booked in one order fixed by the members' programs (fabric.replay replays it). In flight: a leaf
+that spine taken together (m x U / (G P): m members in the node, P spines): each member's part of it
+(1/m of its bytes) takes that member's own share (U / (G P), shared by every group of the GPU and its
+multicast stores), booked by the leaf as the member's contribution comes, ready once it has been
+through the engine (_member_part), so in that member's packet order whatever its groups; the partial
+is at the spine once the engine's result and every part are. The spine's engine reduces once every
+partial is in, and each result takes the group's shares of the destination node's uplink from that
+spine (per group), booked by the spine in its completion order; so every clock is booked in one
+order fixed by the members' programs (fabric.replay replays it). In flight: a leaf
 keeps at most its partition's buffer share / nodes of partials without their result (in bytes; in
 number, held_parts_share / nodes), so what a spine holds stays within the share. Partials of a slot
 that disagree between nodes (each leaf checks only its members) are refused at the spine to every
@@ -160,7 +164,7 @@ class SwitchLogic:
         # spanning groups (module docstring): creates waiting for the other switches' answers, gid ->
         # [creator GPU, request, switches yet to answer, errors, switches that took it]; per partial sent
         # up and not answered, (group, result key) -> (local destinations, bytes); those bytes per partition;
-        # the up clocks (group, spine) of the group's shares of the node's uplink
+        # each member's part of the partials in flight on its share of the uplink (_member_part)
         self._spanning: dict[int, list] = {}
         self._partials: dict[tuple, tuple[tuple[int, ...], int, int]] = {}  # + the group's partition
         self._partial_bytes: dict[int, int] = {}
@@ -168,13 +172,14 @@ class SwitchLogic:
         # (bytes, partition), until the spine's notice that it reduced the slot ("reduced")
         self._unanswered: dict[tuple, tuple[int, int]] = {}
         self._partial_parts: dict[int, int] = {}  # and how many (zero-byte partials hold memory too)
-        self._up: dict[tuple[int, int], LinkEnd] = {}
+        self._parts: dict[tuple, tuple[float, float]] = {}  # (group, slot) -> its members' parts' latest stamps
         self._seen: dict[int, int] = {}  # creator leaf -> the highest k of its group ids held here (_released)
         self._failed: set[int] = set()   # groups whose members heard a spine's refusal (once, until released)
-        # multicast stores across nodes: each local GPU's share of the node's uplink to each spine, booked
-        # here in that GPU's packet order; the local members of released spanning groups (the most recent
-        # GONE_KEPT), so that a store crossing its group's release still returns the credit it took
-        self._store_up: dict[tuple[int, int], LinkEnd] = {}
+        # each local GPU's share of the node's uplink to each spine (U / (G P)), which its multicast stores
+        # and its parts of its groups' partials take, booked here in that GPU's packet order (so every group
+        # of a GPU shares it); the local members of released spanning groups (the most recent GONE_KEPT),
+        # so that a store crossing its group's release still returns the credit it took
+        self._member_up: dict[tuple[int, int], LinkEnd] = {}
         self._gone: dict[int, tuple[int, ...]] = {}
         self.partial_share_bytes = self.buffer_share_bytes // max(1, topology.nodes)
         self.partial_share_parts = max(1, self.held_parts_share // max(1, topology.nodes))
@@ -464,6 +469,8 @@ class SwitchLogic:
         done = self.groups.contribute(info.group, info.slot, ingress, info.op, info.dtype, payload,
                                       (info.dest, info.key), (packet.t_start, packet.t_end), self.buffer_share_bytes,
                                       self.held_parts_share)
+        if group.stage == "leaf":
+            self._member_part(ingress, group, info, packet, payload)
         if done is None:
             self.peak_held_bytes = max(self.peak_held_bytes, self.groups.held_bytes)
             return []
@@ -505,19 +512,40 @@ class SwitchLogic:
                                     f"spines without their result, and {nbytes} more would pass its share "
                                     f"{self.partial_share_bytes} (buffer share / nodes)")
 
+    def _member_clock(self, gpu: int, spine: int) -> LinkEnd:
+        """GPU `gpu`'s share of the node's uplink to spine `spine` (U / (G P)), shared by all its groups."""
+        clock = self._member_up.get((gpu, spine))
+        if clock is None:
+            clock = self._member_up[(gpu, spine)] = LinkEnd(self.topology.share_gbytes_per_s / self.topology.spines,
+                                                            self.config.uplink_latency_ns)
+        return clock
+
+    def _member_part(self, ingress: int, group, info: ReduceInfo, packet: Packet, payload: np.ndarray) -> None:
+        """Book member `ingress`'s part of its node's partial of `info`'s slot (1/m of its raw bytes, m the
+        node's members of the group) on its share of the uplink to spine slot[-1] mod P, ready once its
+        contribution has been through the engine (+ s + the engine's latency), in its packet order: every
+        group of a GPU books that one share, in an order fixed by that GPU's program."""
+        spine = self.topology.nodes + info.slot[-1] % self.topology.spines
+        dtype = check_dtype(info.dtype)
+        wide = payload.nbytes // dtype.itemsize * switch_accumulator(dtype).itemsize
+        raw = raw_bytes(wide, self.config.mtu_bytes, self.config.header_bytes)
+        ready = self.timing.switch_latency_ns + self.timing.reduction_latency_ns
+        a, b = self._member_clock(ingress, spine).send(packet.t_start + ready, packet.t_end + ready,
+                                                       raw / len(group.inputs))
+        key = (info.group, tuple(info.slot))
+        was = self._parts.get(key, (a, b))
+        self._parts[key] = (max(was[0], a), max(was[1], b))
+
     def _partial_up(self, group, info: ReduceInfo, dest: tuple, key: tuple, partial: np.ndarray,
                     start: float, end: float, raw: int) -> Send:
-        """The leaf's partial of `info`'s slot, to spine slot[-1] mod P on the group's shares of the node's
-        uplink to it; its result will come back for the local members of `dest` (none: the spine's notice
-        "reduced" frees its share)."""
+        """The leaf's partial of `info`'s slot, to spine slot[-1] mod P: its bytes reach the spine once the
+        engine's result (+ u) and every member's part on its share (_member_part) did; its result will
+        come back for the local members of `dest` (none: the spine's notice "reduced" frees its share)."""
         topology = self.topology
         spine = topology.nodes + info.slot[-1] % topology.spines
-        clock = self._up.get((info.group, spine))
-        if clock is None:
-            local = sum(1 for g in group.members if g in self.local)
-            clock = self._up[(info.group, spine)] = LinkEnd(
-                topology.share_gbytes_per_s * local / topology.spines, self.config.uplink_latency_ns)
-        t_start, t_end = clock.send(start, end, raw)
+        first, last = self._parts.pop((info.group, tuple(info.slot)))
+        u = self.config.uplink_latency_ns
+        t_start, t_end = max(start + u, first), max(end + u, last)
         self.counters.record(f"sw{self.switch}->sw{spine}", partial.nbytes)
         local = tuple(p for p in dest if p in self.local)
         if local:
@@ -617,11 +645,7 @@ class SwitchLogic:
         spine = self.store_spine(group, ingress, info.key)
         out = self._through(packet)
         raw = raw_bytes(packet.nbytes, self.config.mtu_bytes, self.config.header_bytes)
-        clock = self._store_up.get((ingress, spine))
-        if clock is None:
-            clock = self._store_up[(ingress, spine)] = LinkEnd(self.topology.share_gbytes_per_s / self.topology.spines,
-                                                               self.config.uplink_latency_ns)
-        t_start, t_end = clock.send(out.t_start, out.t_end, raw)
+        t_start, t_end = self._member_clock(ingress, spine).send(out.t_start, out.t_end, raw)
         self.counters.record(f"sw{self.switch}->sw{spine}", packet.nbytes)
         self._event({"ev": "mcast", "group": info.group, "from": ingress, "bytes": packet.nbytes,
                      "copies": len(group.inputs), "spine": spine, "m": out.t_start})
@@ -679,8 +703,8 @@ class SwitchLogic:
                 self._partial_bytes[group.partition] -= self._unanswered.pop(key)[0]
                 self._partial_parts[group.partition] -= 1
         self._failed.discard(gid)
-        for key in [k for k in self._up if k[0] == gid]:
-            del self._up[key]
+        for key in [k for k in self._parts if k[0] == gid]:
+            del self._parts[key]
         if group is not None:
             self._gone[gid] = group.inputs
             if len(self._gone) > GONE_KEPT:

@@ -166,15 +166,13 @@ def test_a_refused_create_of_a_large_group_is_answered_in_a_header_that_decodes(
     assert all(len(s.groups.groups) == n for s, n in zip(fabric.switches, (0, leaf1.group_share, 0)))
 
 
-@pytest.mark.xfail(strict=True, reason="not fixed: a leaf's up clock is per (group, spine), so two spanning "
-                   "groups of the same members each take the members' whole share of the uplink at once (the "
-                   "share should be booked once per member, shared by its groups and its other traffic "
-                   "across nodes; fabric.replay replays the same per-group clocks). Only the members' own "
-                   "partition gains: other partitions' shares are apart")
 def test_two_groups_of_the_same_members_share_their_uplink_share():
     """GPU 0 and 2 in two groups; each pushes one 64 KiB chunk of each group at t = 0. Node 0's two
     partials cross the same share of its uplink to the spine: the second must end a chunk's time
-    after the first, not with it."""
+    after the first, not with it. Found in review: a leaf's up clock was per (group, spine), so two
+    spanning groups of the same members each took the members' whole share at once; now each member's
+    part of a partial takes that member's share (U / (G P), shared by all its groups and its multicast
+    stores), booked in its packet order (fabric.replay replays the same clocks)."""
     fabric = Fabric(nvlink(spines=1))
     g1, g2 = fabric.group((0, 2), "a"), fabric.group((0, 2), "b")
     data = np.ones(16384, np.float32)
