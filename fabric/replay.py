@@ -12,11 +12,13 @@ same arithmetic, as the ranks do (ranks/gpu.py, fabric/switch.py):
 - recv(peer, key): wait for it; on another node's transfer the receiver books its inbound share, then
   its downlink, in its program order; the clock moves to the last byte's arrival (+ a).
 - flush(): the clock moves to when the uplink is free (a collective's sends have left).
-`sharp` allreduce across nodes (`sharp_allreduce_ns`) is not point to point: its partials and
-results are booked by the switches (fabric.switch, Spanning groups), chunk by chunk in the order the
-switches complete them, which the members' programs fix; it is replayed chunk by chunk on the same
-clocks (GPU links, each leaf's and spine's reduction engine, the group's shares of each node's uplink
-per spine). The schedules (`PROGRAMS`) are those of ranks/collectives ring (on several nodes its channels,
+`sharp` across nodes (`sharp_allreduce_ns`, `sharp_reduce_scatter_ns`, `sharp_mcast_ns` for
+allgather and broadcast) is not point to point: its partials, results and multicast stores are
+booked by the switches (fabric.switch, Spanning groups), slot by slot in the order the members'
+programs fix (a member's part of a partial and its stores on its own share of the uplink to each
+spine, a result on the group's shares of the destination node's, a store down on its sender's part
+of those); each is replayed slot by slot on the same clocks (GPU links, each leaf's and spine's
+reduction engine, those shares). The schedules (`PROGRAMS`) are those of ranks/collectives ring (on several nodes its channels,
 one ring per rail), direct, all2all, hier, pxn and tree: the same messages,
 chunks (chunk_bytes of whole elements) and order (a schedule changed there must change here: the test
 below fails otherwise); `tests/nodes/test_replay.py` checks that replayed
@@ -463,7 +465,8 @@ def sharp_stores(collective: str, topo: Topology, count: int, chunk: int, itemsi
     """The multicast stores of ranks/collectives/sharp.py's allgather (count: the output's elements) or
     broadcast (the array's, from member `root`) by every GPU of `topo`: {sender: [(key, payload bytes,
     spine index), ...] in its program order}, spine (p + c) mod P for chunk c of member p's stores
-    (fabric.switch.SwitchLogic.store_spine), and the keys in the order every member waits for them."""
+    (fabric.switch.SwitchLogic.store_spine), and [(sender, key)] in rank order (a member waits for its own
+    node's senders' first: sharp_mcast_ns)."""
     n, P = topo.gpus, topo.spines
     if collective == "allgather":
         parts = enumerate(blocks(count, n))
@@ -475,7 +478,7 @@ def sharp_stores(collective: str, topo: Topology, count: int, chunk: int, itemsi
         raise FabricError(f"replay: sharp multicast stores are allgather's and broadcast's, not {collective}")
     stores = {p: [((p, c), (hi - lo) * itemsize, (p + c) % P) for c, (lo, hi) in enumerate(chunks(a, b, chunk))]
               for p, (a, b) in parts}
-    return stores, [key for p in sorted(stores) for key, _, _ in stores[p]]
+    return stores, [(p, key) for p in sorted(stores) for key, _, _ in stores[p]]
 
 
 def sharp_mcast_ns(collective: str, topo: Topology, count: int, config, itemsize: int = 4, root: int = 0) -> float:
@@ -485,8 +488,8 @@ def sharp_mcast_ns(collective: str, topo: Topology, count: int, config, itemsize
     each to the node's members and sends one up to spine (p + c) mod P on the sender's share of the
     node's uplink to it (U / (G P), + u); the spine (+ s) sends one copy to each other leaf k on the
     sender's down clock there (m_k U / (G P (n - m_k)), + u); that leaf (+ s) copies it down; each GPU
-    books its downlink in the order it waits (block p, chunk c; + a), and the call ends once its
-    uplink is free (flush)."""
+    books its downlink in the order it waits (its node's blocks, then the others', each in chunk
+    order; + a), and the call ends once its uplink is free (flush)."""
     N, G, P, n = topo.nodes, topo.gpus_per_node, topo.spines, topo.gpus
     if N < 2 or not P:
         raise FabricError(f"replay: sharp across nodes needs a topology of several nodes and spines, got {N} nodes")
@@ -510,7 +513,8 @@ def sharp_mcast_ns(collective: str, topo: Topology, count: int, config, itemsize
                     d0, d1 = down[(i, k)].send(a + s, b + s, r)
                     arrive[(key, k)] = (d0 + s, d1 + s, r)
     for gpu in gpus:
-        for key in order:
+        # its own node's senders' stores first, then the others' in rank order (sharp.allgather's waits)
+        for _, key in sorted(order, key=lambda sent: gpus[sent[0]].node != gpu.node):
             a, b, r = arrive[(key, gpu.node)]
             _, end = gpu.downlink.book(a, b, r)
             gpu.now = max(gpu.now, end + gpu.downlink.latency_ns)

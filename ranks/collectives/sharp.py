@@ -128,7 +128,12 @@ def allgather(call, send: np.ndarray, recv: np.ndarray) -> None:
     a, _ = parts[call.r]
     for c, (lo, hi) in enumerate(chunks(0, send.size, call.chunk)):
         call.multicast((AG, call.r, c), send[lo:hi])
-    for p, (a, b) in enumerate(parts):
+    # this node's blocks first (their copies come straight from the leaf), then the others' in rank order:
+    # a GPU takes its deliveries on its downlink in the order it waits, and the other nodes' come later
+    per_node = call.gpu.config.gpus_per_node
+    here = call.gpu.rank // per_node
+    for p in sorted(range(call.n), key=lambda p: call.peer(p) // per_node != here):
+        a, b = parts[p]
         for c, (lo, hi) in enumerate(chunks(a, b, call.chunk)):
             call.wait((AG, p, c), f"GPU {call.peer(p)}'s multicast", recv[lo:hi])
     call.flush()
