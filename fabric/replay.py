@@ -12,11 +12,13 @@ same arithmetic, as the ranks do (ranks/gpu.py, fabric/switch.py):
 - recv(peer, key): wait for it; on another node's transfer the receiver books its inbound share, then
   its downlink, in its program order; the clock moves to the last byte's arrival (+ a).
 - flush(): the clock moves to when the uplink is free (a collective's sends have left).
-`sharp` allreduce across nodes (`sharp_allreduce_ns`) is not point to point: its partials and
-results are booked by the switches (fabric.switch, Spanning groups), chunk by chunk in the order the
-switches complete them, which the members' programs fix; it is replayed chunk by chunk on the same
-clocks (GPU links, each leaf's and spine's reduction engine, the group's shares of each node's uplink
-per spine). The schedules (`PROGRAMS`) are those of ranks/collectives ring (on several nodes its channels,
+`sharp` across nodes (`sharp_allreduce_ns`, `sharp_reduce_scatter_ns`, `sharp_mcast_ns` for
+allgather and broadcast) is not point to point: its partials, results and multicast stores are
+booked by the switches (fabric.switch, Spanning groups), slot by slot in the order the members'
+programs fix (a member's part of a partial and its stores on its own share of the uplink to each
+spine, a result on the group's shares of the destination node's, a store down on its sender's part
+of those); each is replayed slot by slot on the same clocks (GPU links, each leaf's and spine's
+reduction engine, those shares). The schedules (`PROGRAMS`) are those of ranks/collectives ring (on several nodes its channels,
 one ring per rail), direct, all2all, hier, pxn and tree: the same messages,
 chunks (chunk_bytes of whole elements) and order (a schedule changed there must change here: the test
 below fails otherwise); `tests/nodes/test_replay.py` checks that replayed
@@ -362,15 +364,29 @@ def _program(collective: str, algorithm: str, topo: Topology, r: int, count: int
                           f"{', '.join(f'{c} {a}' for a, cs in PROGRAMS.items() for c in cs)}")
 
 
+def _leaf_partial(k: int, G: int, i: int, stamps: list, engine: ReductionClock, mine: dict, w: int, s: float,
+                  p: float, u: float) -> tuple[float, float]:
+    """When node k's partial (w raw bytes) for spine i reaches it, as fabric.switch books it: the leaf's
+    engine reduces once the node's latest chunk is in (+ s), and each member's part (w / G raw bytes) of
+    it takes that member's share of the uplink to spine i (`mine`, U / (G P), + u) once its own chunk
+    has been through the engine (+ s + p); the partial is there once the engine's result (+ u) and
+    every part are."""
+    node = stamps[k * G:(k + 1) * G]
+    start, end = engine.reduce(max(a for a, _ in node) + s, max(b for _, b in node) + s, w)
+    parts = [mine[(k * G + x, i)].send(a + s + p, b + s + p, w / G) for x, (a, b) in enumerate(node)]
+    return max(start + u, max(a for a, _ in parts)), max(end + u, max(b for _, b in parts))
+
+
 def sharp_allreduce_ns(topo: Topology, count: int, config, itemsize: int = 4, partial_itemsize: int | None = None) -> float:
-    """Modeled ns of ranks/collectives/sharp.py's allreduce of `count` elements by every GPU of `topo` (of
-    several nodes), all starting at 0, as fabric.switch books it: every GPU books chunk c on its uplink
-    (all issued at the start), its leaf's engine reduces the node once the latest chunk is in (+ s +
-    the engine's latency, at the engine's bandwidth), the partial (partial_itemsize bytes an element:
-    the accumulator's; default itemsize) takes the group's shares of the node's uplink to spine c mod P
-    (G x U / (G P) per node, + u), the spine (+ s) reduces once every leaf's is in, each result takes the
-    group's shares of the node's uplink from that spine (+ u), the leaf (+ s) copies it down, and each
-    GPU books its downlink in chunk order (+ a). Chunks as Call.in_switch_window sizes them."""
+    """Modeled ns of ranks/collectives/sharp.py's allreduce of `count` elements by every GPU of `topo`
+    (of several nodes), all starting at 0, as fabric.switch books it: every GPU books chunk c on its
+    uplink (all issued at the start), its leaf's engine reduces the node once the latest chunk is in (+
+    s + the engine's latency, at the engine's bandwidth), the partial (partial_itemsize bytes an
+    element: the accumulator's; default itemsize) goes to spine c mod P, each member's part of it on
+    that member's share of the node's uplink to the spine (_leaf_partial), the spine (+ s) reduces once
+    every leaf's is in, each result takes the group's shares of the node's uplink from that spine (+ u),
+    the leaf (+ s) copies it down, and each GPU books its downlink in chunk order (+ a). Chunks as
+    Call.in_switch_window sizes them."""
     N, G, P, n = topo.nodes, topo.gpus_per_node, topo.spines, topo.gpus
     if N < 2 or not P:
         raise FabricError(f"replay: sharp across nodes needs a topology of several nodes and spines, got {N} nodes")
@@ -383,17 +399,12 @@ def sharp_allreduce_ns(topo: Topology, count: int, config, itemsize: int = 4, pa
     gpus = [_Gpu(g, topo) for g in range(n)]
     engines = [ReductionClock(t.reduction_gbytes_per_s, t.reduction_latency_ns) for _ in range(N + P)]
     group_share = topo.share_gbytes_per_s * G / P  # the node's members' shares of its uplink to one spine
-    up = {(k, i): LinkEnd(group_share, u) for k in range(N) for i in range(P)}
+    mine = {(g, i): LinkEnd(topo.share_gbytes_per_s / P, u) for g in range(n) for i in range(P)}
     down = {(i, k): LinkEnd(group_share, u) for k in range(N) for i in range(P)}
     for c, (lo, hi) in enumerate(chunks(0, count, chunk)):
         r, w, i = raw((hi - lo) * itemsize), raw((hi - lo) * wide), c % P
         stamps = [gpu.uplink.send(0.0, 0.0, r) for gpu in gpus]
-        partials = []
-        for k in range(N):
-            node = stamps[k * G:(k + 1) * G]
-            first, last = max(a for a, _ in node), max(b for _, b in node)
-            start, end = engines[k].reduce(first + s, last + s, w)
-            partials.append(up[(k, i)].send(start, end, w))
+        partials = [_leaf_partial(k, G, i, stamps, engines[k], mine, w, s, t.reduction_latency_ns, u) for k in range(N)]
         first, last = max(a for a, _ in partials), max(b for _, b in partials)
         start, end = engines[N + i].reduce(first + s, last + s, r)
         for k in range(N):
@@ -402,6 +413,112 @@ def sharp_allreduce_ns(topo: Topology, count: int, config, itemsize: int = 4, pa
                 _, b = gpu.downlink.book(d0 + s, d1 + s, r)
                 gpu.now = max(gpu.now, b + gpu.downlink.latency_ns)
     for gpu in gpus:
+        gpu.now = max(gpu.now, gpu.uplink.free_ns)
+    return max(gpu.now for gpu in gpus)
+
+
+def sharp_scatter_slots(topo: Topology, count: int, config, itemsize: int = 4, partial_itemsize: int | None = None):
+    """The in-switch reductions of ranks/collectives/sharp.py's reduce_scatter of `count` input elements by
+    every GPU of `topo` (of several nodes), in every member's program order: [(block j, chunk c, elements)],
+    round c of every block j at a time; chunks as Call.in_switch_window sizes them (sharp._scatter_streams)."""
+    n = topo.gpus
+    wide = (partial_itemsize or itemsize) // itemsize
+    streams = -(-2 * n * config.nodes * wide // max(1, n - 1))  # sharp._scatter_streams
+    chunk = in_switch_chunk(config, n, streams, 2, None, itemsize) // itemsize
+    spans = [chunks(a, b, chunk) for a, b in blocks(count, n)]
+    return [(j, c, spans[j][c][1] - spans[j][c][0]) for c in range(max(len(x) for x in spans))
+            for j in range(n) if c < len(spans[j])]
+
+
+def sharp_reduce_scatter_ns(topo: Topology, count: int, config, itemsize: int = 4,
+                            partial_itemsize: int | None = None) -> float:
+    """Modeled ns of ranks/collectives/sharp.py's reduce_scatter of `count` input elements by every GPU of
+    `topo` (of several nodes), all starting at 0, as fabric.switch books it: as sharp_allreduce_ns, slot
+    by slot in the members' program order (sharp_scatter_slots), chunk c of block j to spine (j + c) mod P,
+    but the result of block j only down to member j's leaf (the group's shares of that node's uplink
+    from the spine, + u), which copies it to member j alone (+ s; its downlink in chunk order, + a)."""
+    N, G, P, n = topo.nodes, topo.gpus_per_node, topo.spines, topo.gpus
+    if N < 2 or not P:
+        raise FabricError(f"replay: sharp across nodes needs a topology of several nodes and spines, got {N} nodes")
+    wide = partial_itemsize or itemsize
+    t = config.timing
+    s, u = t.switch_latency_ns, config.uplink_latency_ns
+    raw = lambda nbytes: raw_bytes(nbytes, config.mtu_bytes, config.header_bytes)
+    gpus = [_Gpu(g, topo) for g in range(n)]
+    engines = [ReductionClock(t.reduction_gbytes_per_s, t.reduction_latency_ns) for _ in range(N + P)]
+    group_share = topo.share_gbytes_per_s * G / P  # the node's members' shares of its uplink to one spine
+    mine = {(g, i): LinkEnd(topo.share_gbytes_per_s / P, u) for g in range(n) for i in range(P)}
+    down = {(i, k): LinkEnd(group_share, u) for k in range(N) for i in range(P)}
+    for j, c, elements in sharp_scatter_slots(topo, count, config, itemsize, partial_itemsize):
+        r, w, i = raw(elements * itemsize), raw(elements * wide), (j + c) % P  # the slot (j, c, j + c)
+        stamps = [gpu.uplink.send(0.0, 0.0, r) for gpu in gpus]
+        partials = [_leaf_partial(k, G, i, stamps, engines[k], mine, w, s, t.reduction_latency_ns, u) for k in range(N)]
+        start, end = engines[N + i].reduce(max(a for a, _ in partials) + s, max(b for _, b in partials) + s, r)
+        d0, d1 = down[(i, gpus[j].node)].send(start, end, r)
+        _, b = gpus[j].downlink.book(d0 + s, d1 + s, r)
+        gpus[j].now = max(gpus[j].now, b + gpus[j].downlink.latency_ns)
+    for gpu in gpus:
+        gpu.now = max(gpu.now, gpu.uplink.free_ns)
+    return max(gpu.now for gpu in gpus)
+
+
+def sharp_stores(collective: str, topo: Topology, count: int, chunk: int, itemsize: int, root: int = 0):
+    """The multicast stores of ranks/collectives/sharp.py's allgather (count: the output's elements) or
+    broadcast (the array's, from member `root`) by every GPU of `topo`: {sender: [(key, payload bytes,
+    spine index), ...] in its program order}, spine (p + c) mod P for chunk c of member p's stores
+    (fabric.switch.SwitchLogic.store_spine), and [(sender, key)] in rank order (a member waits for its own
+    node's senders' first: sharp_mcast_ns)."""
+    n, P = topo.gpus, topo.spines
+    if collective == "allgather":
+        parts = enumerate(blocks(count, n))
+    elif collective == "broadcast":
+        if not isinstance(root, int) or isinstance(root, bool) or not 0 <= root < n:
+            raise FabricError(f"replay: broadcast root must be one of GPUs 0..{n - 1}, got {root!r}")
+        parts = [(root, (0, count))]
+    else:
+        raise FabricError(f"replay: sharp multicast stores are allgather's and broadcast's, not {collective}")
+    stores = {p: [((p, c), (hi - lo) * itemsize, (p + c) % P) for c, (lo, hi) in enumerate(chunks(a, b, chunk))]
+              for p, (a, b) in parts}
+    return stores, [(p, key) for p in sorted(stores) for key, _, _ in stores[p]]
+
+
+def sharp_mcast_ns(collective: str, topo: Topology, count: int, config, itemsize: int = 4, root: int = 0) -> float:
+    """Modeled ns of ranks/collectives/sharp.py's allgather or broadcast of `count` elements by every GPU of
+    `topo` (of several nodes), all starting at 0, as fabric.switch books the stores (Spanning groups):
+    each sender books its stores on its uplink (all issued at once, in order); its leaf (+ s) copies
+    each to the node's members and sends one up to spine (p + c) mod P on the sender's share of the
+    node's uplink to it (U / (G P), + u); the spine (+ s) sends one copy to each other leaf k on the
+    sender's down clock there (m_k U / (G P (n - m_k)), + u); that leaf (+ s) copies it down; each GPU
+    books its downlink in the order it waits (its node's blocks, then the others', each in chunk
+    order; + a), and the call ends once its uplink is free (flush)."""
+    N, G, P, n = topo.nodes, topo.gpus_per_node, topo.spines, topo.gpus
+    if N < 2 or not P:
+        raise FabricError(f"replay: sharp across nodes needs a topology of several nodes and spines, got {N} nodes")
+    stores, order = sharp_stores(collective, topo, count, max(1, config.chunk_bytes // itemsize), itemsize, root)
+    s, u = config.timing.switch_latency_ns, config.uplink_latency_ns
+    share = topo.share_gbytes_per_s
+    gpus = [_Gpu(g, topo) for g in range(n)]
+    arrive: dict[tuple, tuple[float, float, int]] = {}  # (key, node) -> the copy's stamps at the node's leaf
+    for p in sorted(stores):
+        node = gpus[p].node
+        up = [LinkEnd(share / P, u) for _ in range(P)]
+        down = {(i, k): LinkEnd(share * G / (P * (n - G)), u) for i in range(P) for k in range(N) if k != node}
+        for key, nbytes, i in stores[p]:
+            r = raw_bytes(nbytes, config.mtu_bytes, config.header_bytes)
+            a, b = gpus[p].uplink.send(0.0, 0.0, r)
+            a, b = a + s, b + s
+            arrive[(key, node)] = (a, b, r)
+            a, b = up[i].send(a, b, r)
+            for k in range(N):
+                if k != node:
+                    d0, d1 = down[(i, k)].send(a + s, b + s, r)
+                    arrive[(key, k)] = (d0 + s, d1 + s, r)
+    for gpu in gpus:
+        # its own node's senders' stores first, then the others' in rank order (sharp.allgather's waits)
+        for _, key in sorted(order, key=lambda sent: gpus[sent[0]].node != gpu.node):
+            a, b, r = arrive[(key, gpu.node)]
+            _, end = gpu.downlink.book(a, b, r)
+            gpu.now = max(gpu.now, end + gpu.downlink.latency_ns)
         gpu.now = max(gpu.now, gpu.uplink.free_ns)
     return max(gpu.now for gpu in gpus)
 
@@ -427,6 +544,10 @@ def replay_ns(collective: str, algorithm: str, topo: Topology, S: int, config, i
         raise FabricError(f"replay: takes a Topology, got {type(topo).__name__}")
     if (collective, algorithm) == ("allreduce", "sharp"):
         return sharp_allreduce_ns(topo, int(S) // itemsize, config, itemsize, partial_itemsize)
+    if (collective, algorithm) == ("reduce_scatter", "sharp"):
+        return sharp_reduce_scatter_ns(topo, int(S) // itemsize, config, itemsize, partial_itemsize)
+    if algorithm == "sharp" and collective in ("allgather", "broadcast"):
+        return sharp_mcast_ns(collective, topo, int(S) // itemsize, config, itemsize, root)
     n = topo.gpus
     chunk = max(1, config.chunk_bytes // itemsize)
     count = int(S) // itemsize

@@ -20,31 +20,53 @@ A transfer between nodes is timed on its sender's outbound share of the node's u
 sender's leaf) and its receiver's inbound share (booked by the receiver); the cables between switches
 count bytes (fabric.topology, Shares).
 
-**Spanning groups** (NVLink SHARP across nodes). A group whose members are in several nodes has a
-copy in every switch it spans: the leaf of each of its nodes (its inputs: the node's members, in
-communicator rank order) and every spine (its inputs: the leaves of its nodes, in node order).
-Created by its first member at that GPU's leaf (the *creator* leaf; id = k x nodes + the leaf's
-index, so ids never collide between leaves), which sends the group to every spine and, through the
-first spine, to the group's other leaves; each checks its own 128-group limit (its partition's share)
-and answers, and the create is answered only once every switch took the group (else it is undone
-everywhere and refused with the switches' errors). Bound by each member at its own leaf; released by
-the creator leaf for all. A leaf takes contributions only from its own members; once every local
-member's chunk is in, it reduces them (accumulator: float32 for float16/bfloat16, unfinished) and
-sends the *partial* to spine slot[-1] mod P (allreduce: chunk c to spine c mod P). A spine takes
-partials only from the leaves of the group's nodes, reduces them in node order, finishes (avg divides
-by every member once, 16-bit floats round once) and multicasts the result down to each leaf, which
-copies it to its destination members. A GPU can neither send a partial (only leaves reach a spine)
-nor a result (a leaf delivers only what a spine sent for a partial it sent up). Time: a partial
-leaves the leaf's reduction engine and takes the group's members' shares of the node's uplink to
-that spine taken together (m x U / (G P): m members in the node, P spines), booked by the leaf in its
-completion order; the spine's engine reduces once every partial is in, and each result takes the
-group's shares of the destination node's uplink to that spine, booked by the spine; so every clock
-is booked in one order fixed by the members' programs (fabric.replay replays it). In flight: a leaf
-keeps at most its partition's buffer share / nodes of partials without their result (in bytes; in
-number, held_parts_share / nodes), so what a spine holds stays within the share. Partials of a slot
-that disagree between nodes (each leaf checks only its members) are refused at the spine to every
-member, a NACK once per group until its release; a partial or result of a group released while on
-its way is dropped (one number per creator leaf tells it from most switch bugs: _released).
+**Spanning groups** (NVLink SHARP across nodes). A group whose members are in several nodes has a copy
+in every switch it spans: the leaf of each of its nodes (its inputs: the node's members, in communicator
+rank order) and every spine (its inputs: the leaves of its nodes, in node order). Created by its first
+member at that GPU's leaf (the *creator* leaf; id = k x nodes + the leaf's index, so ids never collide
+between leaves), which sends the group to every spine and, through the first spine, to the group's other
+leaves; each checks its own 128-group limit (its partition's share) and answers, and the create is
+answered only once every switch took the group (else it is undone everywhere and refused with the
+switches' errors). Bound by each member at its own leaf; released by the creator leaf for all. A leaf
+takes contributions only from its own members; once every local member's chunk is in, it reduces them
+(accumulator: float32 for float16/bfloat16, unfinished) and sends the *partial* to spine slot[-1] mod P
+(allreduce: chunk c to spine c mod P; reduce_scatter: slot (j, c, j + c), chunk c of block j to spine (j
++ c) mod P). A spine takes partials only from the leaves of the group's nodes, reduces them in node
+order, finishes (avg divides by every member once, 16-bit floats round once) and multicasts the result
+down to each leaf of a destination member (all of them for allreduce; for reduce_scatter's block j,
+member j's only), which copies it to its destination members; every other leaf of the group gets a
+notice ("reduced", a control packet: no bytes on the cable) that frees its partial's share. A GPU can
+neither send a partial (only leaves reach a spine) nor a result (a leaf delivers only what a spine sent
+for a partial it sent up). Time: a partial leaves the leaf's reduction engine and takes the group's
+members' shares of the node's uplink to that spine taken together (m x U / (G P): m members in the node,
+P spines): each member's part of it (1/m of its bytes) takes that member's own share (U / (G P), shared
+by every group of the GPU and its multicast stores), booked by the leaf as the member's contribution
+comes, ready once it has been through the engine (_member_part), so in that member's packet order
+whatever its groups; the partial is at the spine once the engine's result and every part are. The
+spine's engine reduces once every partial is in, and each result takes the group's shares of the
+destination node's uplink from that spine (per group), booked by the spine in its completion order; so
+every clock is booked in one order fixed by the members' programs (fabric.replay replays it). In flight:
+a leaf keeps at most its partition's buffer share / nodes of partials without their result (in bytes; in
+number, held_parts_share / nodes), so what a spine holds stays within the share. Partials of a slot that
+disagree between nodes (each leaf checks only its members) are refused at the spine to every member, a
+NACK once per group until its release; a partial or result of a group released while on its way is
+dropped (one number per creator leaf tells it from most switch bugs: _released).
+*Multicast stores* (sharp allgather, broadcast): a member's MCAST goes to its leaf, which copies it to
+the node's members and sends one copy up (src: the sender) to spine (p + c) mod P, p the sender's rank
+in the group and c the key's last entry, its chunk (store_spine; a key without one is refused), so the
+spines share a call's stores; the spine sends one copy down to each other leaf of the group, which
+copies it to its members. Trust: a spine takes a store only from a leaf of the group's nodes, for a
+member in that leaf's node; a leaf takes one from a spine only for a group that spans it, from a
+member of another node; copies go only to the group's members, so a GPU can make no switch deliver to
+a non-member. Time: up, on the sender's share of the node's uplink to that spine (U / (G P)), booked
+by the leaf in the sender's packet order; down, on the sender's part of the group's shares of the
+destination node's uplink from that spine (m_k U / (G P) over the n - m_k members outside node k,
+equal parts: what fair arbitration gives when every member stores at once, as in allgather; a lone
+sender, a broadcast's root, gets no more than its part), booked by the spine in the sender's order.
+Members' stores reach a leaf or a spine in the host's order, so no clock is shared between senders:
+that keeps modeled time a function of the programs (fabric.replay.sharp_mcast_ns replays it). A
+store crossing its group's release is dropped; the leaves' credits bound the copies in flight to a
+member of another node (ranks/switch.py).
 """
 
 import math
@@ -71,6 +93,7 @@ FROM_GPU = frozenset({Kind.PUT, Kind.PUT_ACK, Kind.GET, Kind.GET_DATA, Kind.MSG,
 # the reply each request kind is answered with, by the GPU it was forwarded to
 REPLY_OF = {Kind.PUT: Kind.PUT_ACK, Kind.GET: Kind.GET_DATA}
 _NO_BYTES = np.empty(0, np.uint8)  # the payload of a transfer of 0 bytes
+GONE_KEPT = 4096  # released spanning groups whose local members a leaf remembers (late stores' credit)
 MAX_AWAITED = 1 << 16  # requests of one GPU forwarded and not yet answered; past it, new ones are refused
 
 
@@ -141,14 +164,23 @@ class SwitchLogic:
         # spanning groups (module docstring): creates waiting for the other switches' answers, gid ->
         # [creator GPU, request, switches yet to answer, errors, switches that took it]; per partial sent
         # up and not answered, (group, result key) -> (local destinations, bytes); those bytes per partition;
-        # the up clocks (group, spine) of the group's shares of the node's uplink
+        # each member's part of the partials in flight on its share of the uplink (_member_part)
         self._spanning: dict[int, list] = {}
         self._partials: dict[tuple, tuple[tuple[int, ...], int, int]] = {}  # + the group's partition
         self._partial_bytes: dict[int, int] = {}
+        # partials whose result goes to no member here (reduce_scatter's other blocks): (group, slot) ->
+        # (bytes, partition), until the spine's notice that it reduced the slot ("reduced")
+        self._unanswered: dict[tuple, tuple[int, int]] = {}
         self._partial_parts: dict[int, int] = {}  # and how many (zero-byte partials hold memory too)
-        self._up: dict[tuple[int, int], LinkEnd] = {}
+        self._parts: dict[tuple, tuple[float, float]] = {}  # (group, slot) -> its members' parts' latest stamps
         self._seen: dict[int, int] = {}  # creator leaf -> the highest k of its group ids held here (_released)
         self._failed: set[int] = set()   # groups whose members heard a spine's refusal (once, until released)
+        # each local GPU's share of the node's uplink to each spine (U / (G P)), which its multicast stores
+        # and its parts of its groups' partials take, booked here in that GPU's packet order (so every group
+        # of a GPU shares it); the local members of released spanning groups (the most recent GONE_KEPT),
+        # so that a store crossing its group's release still returns the credit it took
+        self._member_up: dict[tuple[int, int], LinkEnd] = {}
+        self._gone: dict[int, tuple[int, ...]] = {}
         self.partial_share_bytes = self.buffer_share_bytes // max(1, topology.nodes)
         self.partial_share_parts = max(1, self.held_parts_share // max(1, topology.nodes))
 
@@ -403,11 +435,13 @@ class SwitchLogic:
             if not key or key[0] != group.name:
                 raise AccessViolation(f"{kind.name} from GPU {ingress}: key {list(key)} is not one of group "
                                       f"{info.group}'s (its keys start with {group.name!r})")
-        if group.stage == "leaf" and kind is not Kind.REDUCE:
+        if group.stage == "leaf" and kind is Kind.LOAD_REDUCE:
             raise UnsupportedOperation(f"{kind.name} from GPU {ingress}: group {info.group} spans nodes "
                                        f"{sorted({g // self.config.gpus_per_node for g in group.members})}, and "
-                                       f"across nodes the switches reduce (sharp allreduce) but do not multicast "
-                                       f"a GPU's store or load-reduce (nvls) yet")
+                                       f"across nodes the switches reduce and multicast a GPU's store (sharp) "
+                                       f"but do not load-reduce (nvls) yet")
+        if kind is Kind.MCAST and group.stage == "leaf":
+            return self._store_span(ingress, group, packet, payload)
         if kind is Kind.MCAST:
             # one packet in, a copy out of every member port, the sender's included
             out = self._through(packet)
@@ -435,6 +469,8 @@ class SwitchLogic:
         done = self.groups.contribute(info.group, info.slot, ingress, info.op, info.dtype, payload,
                                       (info.dest, info.key), (packet.t_start, packet.t_end), self.buffer_share_bytes,
                                       self.held_parts_share)
+        if group.stage == "leaf":
+            self._member_part(ingress, group, info, packet, payload)
         if done is None:
             self.peak_held_bytes = max(self.peak_held_bytes, self.groups.held_bytes)
             return []
@@ -459,7 +495,7 @@ class SwitchLogic:
         state = self.groups.reductions.get((info.group, *info.slot))
         if len(group.inputs) - (len(state.parts) if state else 0) != 1:
             return
-        if (info.group, info.key) in self._partials:
+        if (info.group, info.key) in self._partials or (info.group, tuple(info.slot)) in self._unanswered:
             raise CollectiveMismatch(f"REDUCE from GPU {ingress}: group {info.group} slot {list(info.slot)}: result "
                                      f"key {list(info.key)} is awaited from the spines already")
         nbytes = payload.nbytes // check_dtype(info.dtype).itemsize * switch_accumulator(check_dtype(info.dtype)).itemsize
@@ -476,20 +512,46 @@ class SwitchLogic:
                                     f"spines without their result, and {nbytes} more would pass its share "
                                     f"{self.partial_share_bytes} (buffer share / nodes)")
 
+    def _member_clock(self, gpu: int, spine: int) -> LinkEnd:
+        """GPU `gpu`'s share of the node's uplink to spine `spine` (U / (G P)), shared by all its groups."""
+        clock = self._member_up.get((gpu, spine))
+        if clock is None:
+            clock = self._member_up[(gpu, spine)] = LinkEnd(self.topology.share_gbytes_per_s / self.topology.spines,
+                                                            self.config.uplink_latency_ns)
+        return clock
+
+    def _member_part(self, ingress: int, group, info: ReduceInfo, packet: Packet, payload: np.ndarray) -> None:
+        """Book member `ingress`'s part of its node's partial of `info`'s slot (1/m of its raw bytes, m the
+        node's members of the group) on its share of the uplink to spine slot[-1] mod P, ready once its
+        contribution has been through the engine (+ s + the engine's latency), in its packet order: every
+        group of a GPU books that one share, in an order fixed by that GPU's program."""
+        spine = self.topology.nodes + info.slot[-1] % self.topology.spines
+        dtype = check_dtype(info.dtype)
+        wide = payload.nbytes // dtype.itemsize * switch_accumulator(dtype).itemsize
+        raw = raw_bytes(wide, self.config.mtu_bytes, self.config.header_bytes)
+        ready = self.timing.switch_latency_ns + self.timing.reduction_latency_ns
+        a, b = self._member_clock(ingress, spine).send(packet.t_start + ready, packet.t_end + ready,
+                                                       raw / len(group.inputs))
+        key = (info.group, tuple(info.slot))
+        was = self._parts.get(key, (a, b))
+        self._parts[key] = (max(was[0], a), max(was[1], b))
+
     def _partial_up(self, group, info: ReduceInfo, dest: tuple, key: tuple, partial: np.ndarray,
                     start: float, end: float, raw: int) -> Send:
-        """The leaf's partial of `info`'s slot, to spine slot[-1] mod P on the group's shares of the node's
-        uplink to it; its result will come back for the local members of `dest`."""
+        """The leaf's partial of `info`'s slot, to spine slot[-1] mod P: its bytes reach the spine once the
+        engine's result (+ u) and every member's part on its share (_member_part) did; its result will
+        come back for the local members of `dest` (none: the spine's notice "reduced" frees its share)."""
         topology = self.topology
         spine = topology.nodes + info.slot[-1] % topology.spines
-        clock = self._up.get((info.group, spine))
-        if clock is None:
-            local = sum(1 for g in group.members if g in self.local)
-            clock = self._up[(info.group, spine)] = LinkEnd(
-                topology.share_gbytes_per_s * local / topology.spines, self.config.uplink_latency_ns)
-        t_start, t_end = clock.send(start, end, raw)
+        first, last = self._parts.pop((info.group, tuple(info.slot)))
+        u = self.config.uplink_latency_ns
+        t_start, t_end = max(start + u, first), max(end + u, last)
         self.counters.record(f"sw{self.switch}->sw{spine}", partial.nbytes)
-        self._partials[(info.group, key)] = (tuple(p for p in dest if p in self.local), partial.nbytes, group.partition)
+        local = tuple(p for p in dest if p in self.local)
+        if local:
+            self._partials[(info.group, key)] = (local, partial.nbytes, group.partition)
+        else:  # its result goes to other nodes only: the spine tells this leaf once it reduced the slot
+            self._unanswered[(info.group, tuple(info.slot))] = (partial.nbytes, group.partition)
         self._partial_bytes[group.partition] = self._partial_bytes.get(group.partition, 0) + partial.nbytes
         self._partial_parts[group.partition] = self._partial_parts.get(group.partition, 0) + 1
         packet = Packet(Kind.REDUCE, -1, -1, 0, partial.nbytes, info=ReduceInfo(
@@ -502,6 +564,8 @@ class SwitchLogic:
         other: anything that does not fit is a bug (ProtocolError, which ends the run)."""
         kind, info = packet.kind, packet.info
         here = f"switch {self.switch}"
+        if kind is Kind.MCAST and packet.src != -1:  # a GPU's store from another node (_store_span)
+            return self._store_in(spine, packet, payload)
         if kind is Kind.MCAST:
             self.counters.record(f"sw{spine}->sw{self.switch}", packet.payload_bytes)
             got = self._partials.pop((info.group, info.key), None)
@@ -528,6 +592,16 @@ class SwitchLogic:
         if info.action == "unspan":
             self._drop_span(info.group)
             return []
+        if info.action == "reduced":  # a slot whose result went to other nodes only: its partial's share back
+            got = self._unanswered.pop((info.group, tuple(info.members)), None)
+            if got is None:
+                if _released(self.groups, self._seen, self.topology.nodes, info.group):
+                    return []
+                raise ProtocolError(f"{here}: spine {spine} reduced slot {list(info.members)} of group {info.group}, "
+                                    f"for no partial this leaf sent")
+            self._partial_bytes[got[1]] -= got[0]
+            self._partial_parts[got[1]] -= 1
+            return []
         if info.action == "failed":  # a spine refused a slot of the group: this node's members hear why,
             # once until the group's release (each chunk in flight of the call is refused: one NACK per chunk
             # would raise again in their later, unrelated waits)
@@ -540,6 +614,63 @@ class SwitchLogic:
         if info.action in ("spanned", "refused"):
             return self._span_answered(packet.req, info)
         raise ProtocolError(f"{here}: GROUP {info.action!r} from spine {spine}")
+
+    # -- multicast stores across nodes (module docstring, Spanning groups) ------------------------
+    def store_spine(self, group, ingress: int, key: tuple) -> int:
+        """The spine (switch index) member `ingress`'s store under `key` goes up to: (p + c) mod P, p the
+        member's rank in the group, c = key[-1] (the chunk); ProtocolError if key[-1] is no chunk number."""
+        chunk = key[-1]
+        if type(chunk) is not int or chunk < 0:
+            raise ProtocolError(f"MCAST from GPU {ingress}: group {group.group_id} spans nodes, and its key "
+                                f"{list(key)} ends in {chunk!r}, not a chunk number (the last entry picks the spine)")
+        return self.topology.nodes + (group.members.index(ingress) + chunk) % self.topology.spines
+
+    def remote_members(self, gid: int) -> tuple[int, ...]:
+        """Members of group `gid` in other nodes (a store of a local member reaches each of them), or ()."""
+        group = self.groups.groups.get(gid)
+        return () if group is None else tuple(g for g in group.members if g not in self.local)
+
+    def store_targets(self, gid: int) -> tuple[int, ...]:
+        """This node's members of spanning group `gid`, live or recently released: the ports a store from
+        another node is for (and whose credit it took at the sender's leaf)."""
+        group = self.groups.groups.get(gid)
+        return group.inputs if group is not None else self._gone.get(gid, ())
+
+    def _store_span(self, ingress: int, group, packet: Packet, payload: np.ndarray) -> list[Send]:
+        """A member's multicast store through a group spanning nodes: a copy to each member of this node
+        (the sender's own included), one copy up to spine store_spine(...) on the sender's share of the
+        node's uplink to it (U / (G P), booked here in the sender's packet order), src stamped with the
+        sender, for the spine to send on to the group's other leaves."""
+        info = packet.info
+        spine = self.store_spine(group, ingress, info.key)
+        out = self._through(packet)
+        raw = raw_bytes(packet.nbytes, self.config.mtu_bytes, self.config.header_bytes)
+        t_start, t_end = self._member_clock(ingress, spine).send(out.t_start, out.t_end, raw)
+        self.counters.record(f"sw{self.switch}->sw{spine}", packet.nbytes)
+        self._event({"ev": "mcast", "group": info.group, "from": ingress, "bytes": packet.nbytes,
+                     "copies": len(group.inputs), "spine": spine, "m": out.t_start})
+        up = Packet(Kind.MCAST, self.route_key(ingress), -1, 0, packet.nbytes, info=McastInfo(info.group, info.key),
+                    t_start=t_start, t_end=t_end)
+        return [self._deliver(port, info.group, info.key, payload, out.t_start, out.t_end, None)
+                for port in group.inputs] + [Send(-1, up, payload, None, spine)]
+
+    def _store_in(self, spine: int, packet: Packet, payload: np.ndarray) -> list[Send]:
+        """A store of a GPU of another node that spine `spine` sent down: a copy to each member of this
+        node. Taken only for a group that spans this leaf and from a member of another node (the spines
+        are trusted: anything else is a bug, ProtocolError)."""
+        info, here = packet.info, f"switch {self.switch}"
+        self.counters.record(f"sw{spine}->sw{self.switch}", packet.payload_bytes)
+        group = self.groups.groups.get(info.group)
+        if group is None and _released(self.groups, self._seen, self.topology.nodes, info.group):
+            return []  # it crossed its group's release on the way (ranks/switch returns its credit)
+        sender = self.gpu_of_key(packet.src)
+        if group is None or group.stage != "leaf" or sender not in group.members or sender in self.local:
+            raise ProtocolError(f"{here}: a store of group {info.group} from spine {spine} for GPU {packet.src!r}: "
+                                + ("no group spanning this leaf" if group is None or group.stage != "leaf" else
+                                   f"not a member of another node (members {list(group.members)})"))
+        out = self._through(packet)
+        return [self._out(self._deliver(port, info.group, info.key, payload, out.t_start, out.t_end, sender))
+                for port in group.inputs]
 
     def _take_span(self, info: GroupInfo) -> None:
         partition = self._partition[info.members[0]]
@@ -568,9 +699,16 @@ class SwitchLogic:
             for key in [k for k in self._partials if k[0] == gid]:
                 self._partial_bytes[group.partition] -= self._partials.pop(key)[1]
                 self._partial_parts[group.partition] -= 1
+            for key in [k for k in self._unanswered if k[0] == gid]:
+                self._partial_bytes[group.partition] -= self._unanswered.pop(key)[0]
+                self._partial_parts[group.partition] -= 1
         self._failed.discard(gid)
-        for key in [k for k in self._up if k[0] == gid]:
-            del self._up[key]
+        for key in [k for k in self._parts if k[0] == gid]:
+            del self._parts[key]
+        if group is not None:
+            self._gone[gid] = group.inputs
+            if len(self._gone) > GONE_KEPT:
+                del self._gone[next(iter(self._gone))]
 
     def _span(self, ingress: int, packet: Packet, info: GroupInfo, nodes: list[int]) -> list[Send]:
         """Create spanning group `info` for GPU `ingress`: this leaf's copy, then the other switches'
@@ -805,6 +943,10 @@ class SpineLogic:
         self._seen: dict[int, int] = {}  # creator leaf -> the highest k of its group ids held here (_released)
         self.peak_held_bytes = 0
         self.late_partials = 0  # partials of a group released while they were on their way (dropped)
+        # multicast stores: the down clocks (group, sender, leaf), the sender's part of the group's shares
+        # of that node's uplink from this spine; stores of a released group dropped on their way
+        self._store_down: dict[tuple[int, int, int], LinkEnd] = {}
+        self.late_stores = 0
 
     def gpu_of_key(self, key: int) -> int | None:
         """The GPU whose routing key `key` is, or None."""
@@ -858,12 +1000,17 @@ class SpineLogic:
             if done is None:
                 self.peak_held_bytes = max(self.peak_held_bytes, self.groups.held_bytes)
                 return []
-            result, (_, key), (first_ns, last_ns) = done
+            result, (dest, key), (first_ns, last_ns) = done
             delay = self.timing.switch_latency_ns
             raw = raw_bytes(result.nbytes, self.config.mtu_bytes, self.config.header_bytes)
             start, end = self.groups.engine(info.group, self.timing).reduce(first_ns + delay, last_ns + delay, raw)
             sends = []
+            wanted = {g // self.config.gpus_per_node for g in dest}
             for node in group.inputs:
+                if node not in wanted:  # no destination there (reduce_scatter): a notice, no bytes
+                    notice = GroupInfo("reduced", info.group, tuple(info.slot), "")
+                    sends.append(Send(-1, Packet(Kind.GROUP, -1, -1, req=self.switch, info=notice), switch=node))
+                    continue
                 clock = self._down.get((info.group, node))
                 if clock is None:
                     local = sum(1 for g in group.members if g // self.config.gpus_per_node == node)
@@ -875,6 +1022,8 @@ class SpineLogic:
                               t_start=t_start, t_end=t_end)
                 sends.append(Send(-1, down, result, -1, node))
             return sends
+        if kind is Kind.MCAST:
+            return self._store(leaf, packet, payload)
         if kind is not Kind.GROUP:
             raise ProtocolError(f"{here}: {kind.name} from leaf {leaf} is no spanning group's traffic")
         creator = info.group % nodes
@@ -902,6 +1051,8 @@ class SpineLogic:
                 self.groups.release(info.group, self.groups.groups[info.group].inputs[0])
             for key in [k for k in self._down if k[0] == info.group]:
                 del self._down[key]
+            for key in [k for k in self._store_down if k[0] == info.group]:
+                del self._store_down[key]
             if first:
                 group_nodes = range(nodes)  # the leaves that hold it: whoever took the span
                 return [Send(-1, packet, switch=node) for node in group_nodes if node != leaf]
@@ -909,6 +1060,45 @@ class SpineLogic:
         if info.action in ("spanned", "refused") and first:  # a leaf's answer, on to the creator leaf
             return [Send(-1, packet, switch=creator)]
         raise ProtocolError(f"{here}: GROUP {info.action!r} from leaf {leaf}")
+
+
+    def _store(self, leaf: int, packet: Packet, payload: np.ndarray) -> list[Send]:
+        """A member's multicast store that leaf `leaf` sent up (SwitchLogic._store_span): one copy down to
+        each other leaf the group spans, each on the down clock (group, sender, leaf): the group's shares
+        of that node's uplink from this spine (m_k x U / (G P), m_k its members), an equal part for each of
+        the n - m_k members outside it, booked here in the sender's order. Taken only from a leaf of the
+        group's nodes, for a member in that leaf's node (AccessViolation otherwise: a leaf's bug)."""
+        info, here = packet.info, f"spine {self.switch}"
+        self.counters.record(f"sw{leaf}->sw{self.switch}", packet.payload_bytes)
+        group = self.groups.groups.get(info.group)
+        if group is None and _released(self.groups, self._seen, self.topology.nodes, info.group):
+            self.late_stores += 1  # it crossed its group's release
+            return []
+        per_node = self.config.gpus_per_node
+        sender = self._gpu_of.get(packet.src)
+        if group is None or leaf not in group.inputs or sender not in group.members or sender // per_node != leaf:
+            raise AccessViolation(f"{here}: multicast store of group {info.group} key {list(info.key)} from leaf "
+                                  f"{leaf} for GPU {packet.src!r}: " + (
+                                      f"no live group {info.group}" if group is None else
+                                      f"leaf {leaf} is no leaf of the group's nodes {list(group.inputs)}"
+                                      if leaf not in group.inputs else
+                                      f"not a member of the group in node {leaf} (members {list(group.members)})"))
+        delay = self.timing.switch_latency_ns
+        raw = raw_bytes(packet.payload_bytes, self.config.mtu_bytes, self.config.header_bytes)
+        sends = []
+        for node in group.inputs:
+            if node == leaf:
+                continue
+            clock = self._store_down.get((info.group, sender, node))
+            if clock is None:
+                local = sum(1 for g in group.members if g // per_node == node)
+                clock = self._store_down[(info.group, sender, node)] = LinkEnd(
+                    self.topology.share_gbytes_per_s * local / (self.topology.spines * (len(group.members) - local)),
+                    self.config.uplink_latency_ns)
+            t_start, t_end = clock.send(packet.t_start + delay, packet.t_end + delay, raw)
+            self.counters.record(f"sw{self.switch}->sw{node}", packet.payload_bytes)
+            sends.append(Send(-1, packet.but(t_start=t_start, t_end=t_end), payload, sender, node))
+        return sends
 
 
 def _seen(seen: dict[int, int], nodes: int, gid: int) -> None:
