@@ -114,7 +114,7 @@ import math
 
 import numpy as np
 
-from . import replay
+from . import hier_plan, replay
 from .cost import in_switch_chunk, raw_of
 from .errors import FabricError
 from .reduction import blocks, channel_rings, chunks, rail_ranges, ring_channel_count, tree_parts
@@ -414,13 +414,13 @@ def _link_bound(topo: Topology, flows: dict) -> float:
                default=0.0)
 
 
-def _least_flow_ns(topo: Topology, flows: dict) -> float:
-    """min over the flows of a round of path latency + raw bytes / the route's least bandwidth: no
-    receiver of the round has its data sooner."""
+def _least_flow_ns(topo: Topology, flows: dict, latency_only: bool = False) -> float:
+    """min over the flows of a round of path latency + raw bytes / the route's least bandwidth (latency
+    only: the path latency): no receiver of the round has its data sooner."""
     least = math.inf
     for (i, j), w in flows.items():
         _, latency, bandwidth = _hops(topo, i, j)
-        least = min(least, latency + w / bandwidth)
+        least = min(least, latency + (0.0 if latency_only else w / bandwidth))
     return 0.0 if least == math.inf else least
 
 
@@ -477,7 +477,19 @@ def lower_bound_ns(collective: str, algorithm: str, topo: Topology, S: int, conf
     received round k's, in every schedule here)."""
     steps = [_flows(t, config, itemsize) for t in rounds(collective, algorithm, topo, S, itemsize, root, counts)]
     merged = _merged(steps)
-    return max(_link_bound(topo, merged), _slowest_flow_ns(topo, merged), sum(_least_flow_ns(topo, f) for f in steps))
+    chain = sum(_least_flow_ns(topo, f, _hier_pipelined(collective, algorithm, topo, S, config, itemsize))
+                for f in steps)
+    return max(_link_bound(topo, merged), _slowest_flow_ns(topo, merged), chain)
+
+
+def _hier_pipelined(collective: str, algorithm: str, topo: Topology, S: int, config, itemsize: int) -> bool:
+    """Whether the call is hier in several slices (fabric.hier_plan): its rounds then overlap, and only
+    their latencies chain (each slice still passes the rounds in order)."""
+    if algorithm != "hier":
+        return False
+    count, N, G = int(S) // itemsize, topo.nodes, topo.gpus_per_node
+    P = hier_plan.slice_elements(max(1, config.chunk_bytes // itemsize), itemsize)
+    return hier_plan.slices(hier_plan.ranges(collective, N, G, count), N, G, P) > 1
 
 
 def _merged(steps: list[dict]) -> dict[tuple[int, int], int]:
