@@ -75,6 +75,26 @@ def _piece(span: tuple[int, int], i: int, P: int, K: int) -> tuple[int, int]:
     return min(lo + i * P, hi), min(lo + (i + 1) * P, hi)
 
 
+def _slotted(rail: list, node_steps: list):
+    """One tick's steps: the rail stages' steps x together (their sends, then node steps floor(x M / X)
+    .. floor((x + 1) M / X) - 1 of M, whole, then their receives), X = the most rail steps."""
+    X, M = max(map(len, rail), default=0), len(node_steps)
+    if X == 0:
+        for step in node_steps:
+            yield from step.whole()
+    for x in range(X):
+        live = [steps[x] for steps in rail if x < len(steps)]
+        for step in live:
+            yield from step.sends
+        for step in node_steps[x * M // X:(x + 1) * M // X]:
+            yield from step.whole()
+        for step in live:
+            yield from step.recvs
+            yield from step.posts
+        if any(step.flush for step in live):
+            yield ("flush",)
+
+
 class _Step:
     """One step of a stage: sends, then receives, then sends of what was received (the chain), then a
     flush if `flush`."""
@@ -158,31 +178,88 @@ def program(collective: str, N: int, G: int, a: int, j: int, count: int, chunk: 
         return steps
 
     names = STAGES[collective]
+    if K < deferred_depth(collective, N):
+        yield from _zipped(names, stage, K, spans[a][j], P)
+    else:
+        yield from _deferred(names, stage, K, spans[a][j], P, N)
+    yield ("flush",)
+
+
+def deferred_depth(collective: str, N: int) -> int:
+    """Rail ticks a slice spends in the deferred schedule: allreduce 2N - 1, reduce_scatter and allgather
+    N (broadcast: none, its chain is one stage either way); the deferred schedule runs when K is at
+    least this (the pipeline then holds a slice at every rail tick), the zipped one otherwise."""
+    return {"allreduce": 2 * N - 1, "reduce_scatter": N, "allgather": N}.get(collective, 1)
+
+
+def _zipped(names, stage, K: int, own: tuple[int, int], P: int):
+    """Tick t: stage s of slice t - s; the rail stages' steps x together with a share of the node steps
+    (_slotted); the slice whose rail RS ran finishes its piece at the tick's end."""
     for t in range(K + len(names) - 1):
         node, rail, finish = [], [], []
         for s, name in enumerate(names):
             i = t - s
             if not 0 <= i < K:
                 continue
-            (rail if name.startswith(("rail", "chain")) else node).append(stage(name, i))
+            (rail if name in ("rail rs", "rail ag", "chain") else node).append(stage(name, i))
             if name == "rail rs":
-                finish.append(_piece(spans[a][j], i, P, K))
-        node_steps = [step for steps in node for step in steps]
-        X, M = max(map(len, rail), default=0), len(node_steps)
-        if X == 0:
-            for step in node_steps:
-                yield from step.whole()
-        for x in range(X):
-            live = [steps[x] for steps in rail if x < len(steps)]
-            for step in live:
-                yield from step.sends
-            for step in node_steps[x * M // X:(x + 1) * M // X]:
-                yield from step.whole()
-            for step in live:
-                yield from step.recvs
-                yield from step.posts
-            if any(step.flush for step in live):
-                yield ("flush",)
+                finish.append(_piece(own, i, P, K))
+        yield from _slotted(rail, [step for steps in node for step in steps])
         for lo, hi in finish:
             yield ("finish", lo, hi)
-    yield ("flush",)
+
+
+def _deferred(names, stage, K: int, own: tuple[int, int], P: int, N: int):
+    """Every rail ring step a stage of its own: its sends in one tick, its receives in the next, right
+    before the next step's sends (the data received passes on at once; the rail RS's last receive, the
+    finish and the rail AG's first send are one stage). A tick: the sends that need no receive, the node
+    steps (and the chain, _slotted), then each stage's receives and sends, then a flush: every wait is
+    for a message sent a tick earlier, so the NIC has this tick's transfers queued while it waits."""
+    plan: list[tuple] = []  # ("node", name) or ("rail", [(ring, step received or None, step sent or None)])
+    for name in names:
+        if name not in ("rail rs", "rail ag"):
+            plan.append(("node", name))
+            continue
+        m = N - 1
+        units = [(name, s - 1 if s else None, s if s < m else None) for s in range(m + 1)] if m else [(name, None, None)]
+        if plan and plan[-1][0] == "rail" and plan[-1][1][-1][2] is None and units[0][1] is None:
+            plan[-1] = ("rail", plan[-1][1] + [units[0]])  # the rail RS's last receive, the rail AG's first send
+            units = units[1:]
+        plan += [("rail", [u]) for u in units]
+    cache: dict[tuple, list[_Step]] = {}
+
+    def steps(name, i):
+        if (name, i) not in cache:
+            cache[(name, i)] = stage(name, i)
+        return cache[(name, i)]
+
+    def run(units, i):
+        for name, received, sent in units:
+            if received is not None:
+                yield from steps(name, i)[received].recvs
+            if name == "rail rs" and sent is None:
+                yield ("finish", *_piece(own, i, P, K))
+            if sent is not None:
+                yield from steps(name, i)[sent].sends
+
+    for t in range(K + len(plan) - 1):
+        fresh, waits, node, chain = [], [], [], []
+        for idx, (kind, what) in enumerate(plan):
+            i = t - idx
+            if not 0 <= i < K:
+                continue
+            if kind == "rail":
+                (fresh if what[0][1] is None and len(what) == 1 else waits).append((what, i))
+            elif what == "chain":
+                chain.append(stage(what, i))
+            else:
+                node += stage(what, i)
+        for what, i in fresh:
+            yield from run(what, i)
+        yield from _slotted(chain, node)
+        for what, i in waits:
+            yield from run(what, i)
+        if waits:
+            yield ("flush",)
+        for key in [key for key in cache if key[1] <= t - len(plan)]:
+            del cache[key]
