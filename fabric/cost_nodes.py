@@ -56,7 +56,8 @@ ranks/collectives (blocks are fabric.reduction.blocks of the element count, time
   broadcast: GPU (a, j) tx (G-1)/G S + S/G [a != aR-1] + (G-1)/G S [the root], rx (G-1)/G S +
   S/G [a != aR] + S/G [a = aR, j != jR]; leaf a -> spine i k_i S/G unless a = aR-1, spine i ->
   leaf a k_i S/G unless a = aR. One node (N = 1): allreduce, reduce_scatter and allgather are
-  the ring's rounds exactly.
+  the ring's rounds exactly. hier runs these rounds pipelined, slice by slice (fabric.hier_plan): the
+  rounds give every link's bytes exactly; its time is the replay's (modeled_ns).
 - pxn (pxn.py), all2all only: round 1, GPU (a, j) sends its block for (c, k) straight there if
   c = a or k = j, else to its proxy (a, k); round 2, each proxy (a, k) forwards those blocks to
   (c, k). Bytes (blocks s = S / (N G)): every GPU link (NG-1) s + (N-1)(G-1) s each way; every
@@ -101,7 +102,8 @@ starts round k+1 once it has received round k, whatever the others do): the larg
 - the round_ns formula over the flows of every round together (each pair's rounds as one flow);
 - the dependency chain: the sum over rounds of each round's fastest flow (path latency + R / its
   route's least bandwidth), since in every schedule here a GPU sends round k+1's data only after it
-  received round k's.
+  received round k's; hier in several slices (fabric.hier_plan) overlaps its rounds, so its chain
+  is the rounds' path latencies only (each slice still passes the rounds in order).
 Each of the three is at most the sum of round_ns, so lower_bound_ns <= rounds_ns always, and
 lower_bound_ns <= modeled_ns (tested). For large messages whose bottleneck is one stage in every
 round (a node-major single ring's crossing into the next node on one GPU's shares, an all2all's

@@ -9,7 +9,8 @@ pieces of P elements from its start, P = slice_elements(chunk, itemsize) = min(c
 of whole elements (SLICE_BYTES: NCCL's COLLNET_CHAIN chunk ceiling, NVIDIA/nccl src/enqueue.cc,
 chunkSize = min(256 KiB, stepSize x chunkSteps); at most one message of chunk_bytes each); slice i is
 piece i of every range, K = the most pieces of any range. K = 1 on one node, with one member a node,
-or when every range fits in one piece: then the schedule is the phases one after the other, exactly.
+or when every range fits in one piece: then the ticks below run the phases' steps one after the
+other, the same messages as unpipelined (one node: exactly ring.py's schedule and times).
 Each element keeps its range, so every element is folded in hier's documented order whatever K is,
 and every link carries the same payload bytes (message boundaries move: raw bytes can differ by the
 headers of a few more, shorter messages).
@@ -18,17 +19,28 @@ headers of a few more, shorter messages).
 segment p-1-s (reduce-scatter) or p-s (all-gather) to p+1) over that slice's pieces only:
 allreduce: node RS, rail RS, rail AG, node AG; reduce_scatter: node RS, rail RS; allgather: rail AG,
 node AG; broadcast: scatter (the root's node: the root sends piece i of part k to position k), rail
-chain (piece i of part j down rail j from the root's node, a pipelined chain), node AG. Tick t runs
-stage s of slice t - s for every stage s (K + stages - 1 ticks), so slice i's rail (inter-node) steps
-run while slice i+1's node (NVLink) steps do, as NCCL's pipelined hierarchical algorithms overlap
-their intra- and inter-node steps on different links (all_reduce.h, runTreeSplit, NVLS_TREE,
-COLLNET_CHAIN: each chunk flows through the intra- and inter-node steps while the next one follows).
-Inside a tick the rail stages run together step by step (step x: their sends, then the tick's node
-steps floor(x M / X) .. floor((x + 1) M / X) - 1 of M, each whole, then step x's receives, X = rail
-steps): a NIC transfer is in flight while NVLink carries the node rings. A slice's own piece is
-finished (avg) at the end of the tick of its rail RS. Every member of a node has the same node steps
-and every member the same rail steps (empty messages skipped on both sides), so each wait is for a
-message its sender sends earlier in the same order: deadlock-free.
+chain (piece i of part j down rail j from the root's node, a pipelined chain), node AG.
+
+**Ticks** (software pipelining, as NCCL's chunked algorithms overlap a channel's intra- and inter-node
+steps on different links: NVIDIA/nccl src/device/all_reduce.h, runTreeSplit and NVLS_TREE, whose
+scatter, reduce, tree and broadcast warps work on successive chunks at once, COLLNET_CHAIN): every
+ring step of every stage takes one tick of a slice's life, slice i starting at tick i. In tick t a
+member runs, for each slice in the pipeline (the youngest first), the receives of the step it sent in
+tick t - 1, then the sends of its next step (received data passes on at once; one ring's last
+receive and the next ring's first send share a tick; the rail RS's last receive finishes the piece,
+avg), then a flush. So slice i's rail (NIC) steps run while slice i+1's node (NVLink) steps do, and
+every wait is for a message sent a tick earlier: the next transfers are queued while it waits, and a
+ring's step latency is paid once a tick, not once a slice. A slice lives 2(G-1) + 2(N-1) + 1 ticks
+(allreduce; reduce_scatter and allgather (G-1) + (N-1) + 1), the call K - 1 more. Broadcast: slice
+i's scatter is sent at tick i and received at i + 1, its chain piece reaches the node `position` hops
+down the chain at T = i + 1 + position and goes on in the same tick, its node AG step s is sent at
+T + s and received at T + s + 1. Every receive matches a send of an earlier tick, so no wait is for a
+message sent later: deadlock-free. Measured (fabric.replay, 16 MiB AllReduce, float32, one slice ->
+this pipeline): superpod-h100-ib 2 x 4 GPUs 156.3 -> 113.7 us, 2 x 8 126.1 -> 108.7 (64 MiB 467.7 ->
+313.7), superpod-h100-nvlink 2 x 8 89.6 -> 77.0, superpod-a100-ib 2 x 8 205.3 -> 145.0 (a different
+pipeline order, rail steps grouped in one tick, was ahead on a few IB shapes and behind on the NVLink
+one, where node and rail steps cost alike: this one was never slower than the phases one after the
+other on the shapes measured, 2 x 2 to 8 x 8 GPUs on the three presets).
 
 Operations: ("send", (b, k), key, lo, hi): elements [lo, hi) to member (b, k); ("recv", (b, k), key,
 lo, hi, reduce): from (b, k) into [lo, hi), folded into it after what is there (reduce) or written;
@@ -73,26 +85,6 @@ def _piece(span: tuple[int, int], i: int, P: int, K: int) -> tuple[int, int]:
         return span
     lo, hi = span
     return min(lo + i * P, hi), min(lo + (i + 1) * P, hi)
-
-
-def _slotted(rail: list, node_steps: list):
-    """One tick's steps: the rail stages' steps x together (their sends, then node steps floor(x M / X)
-    .. floor((x + 1) M / X) - 1 of M, whole, then their receives), X = the most rail steps."""
-    X, M = max(map(len, rail), default=0), len(node_steps)
-    if X == 0:
-        for step in node_steps:
-            yield from step.whole()
-    for x in range(X):
-        live = [steps[x] for steps in rail if x < len(steps)]
-        for step in live:
-            yield from step.sends
-        for step in node_steps[x * M // X:(x + 1) * M // X]:
-            yield from step.whole()
-        for step in live:
-            yield from step.recvs
-            yield from step.posts
-        if any(step.flush for step in live):
-            yield ("flush",)
 
 
 class _Step:
@@ -178,54 +170,28 @@ def program(collective: str, N: int, G: int, a: int, j: int, count: int, chunk: 
         return steps
 
     names = STAGES[collective]
-    if K < deferred_depth(collective, N):
-        yield from _zipped(names, stage, K, spans[a][j], P)
-    else:
-        yield from _deferred(names, stage, K, spans[a][j], P, N)
+    if collective != "broadcast":
+        yield from _stepwise(names, stage, K, spans[a][j], P, N, G)
+    elif N > 1 and G > 1:
+        yield from _stepwise_broadcast(stage, K, (a - root[0]) % N)
+    else:  # one slice: the scatter, the chain chunk by chunk, the node ring, one after the other
+        yield from _zipped(names, stage, K)
     yield ("flush",)
 
 
-def deferred_depth(collective: str, N: int) -> int:
-    """Rail ticks a slice spends in the deferred schedule: allreduce 2N - 1, reduce_scatter and allgather
-    N (broadcast: none, its chain is one stage either way); the deferred schedule runs when K is at
-    least this (the pipeline then holds a slice at every rail tick), the zipped one otherwise."""
-    return {"allreduce": 2 * N - 1, "reduce_scatter": N, "allgather": N}.get(collective, 1)
-
-
-def _zipped(names, stage, K: int, own: tuple[int, int], P: int):
-    """Tick t: stage s of slice t - s; the rail stages' steps x together with a share of the node steps
-    (_slotted); the slice whose rail RS ran finishes its piece at the tick's end."""
-    for t in range(K + len(names) - 1):
-        node, rail, finish = [], [], []
-        for s, name in enumerate(names):
-            i = t - s
-            if not 0 <= i < K:
-                continue
-            (rail if name in ("rail rs", "rail ag", "chain") else node).append(stage(name, i))
-            if name == "rail rs":
-                finish.append(_piece(own, i, P, K))
-        yield from _slotted(rail, [step for steps in node for step in steps])
-        for lo, hi in finish:
-            yield ("finish", lo, hi)
-
-
-def _deferred(names, stage, K: int, own: tuple[int, int], P: int, N: int):
-    """Every rail ring step a stage of its own: its sends in one tick, its receives in the next, right
-    before the next step's sends (the data received passes on at once; the rail RS's last receive, the
-    finish and the rail AG's first send are one stage). A tick: the sends that need no receive, the node
-    steps (and the chain, _slotted), then each stage's receives and sends, then a flush: every wait is
-    for a message sent a tick earlier, so the NIC has this tick's transfers queued while it waits."""
-    plan: list[tuple] = []  # ("node", name) or ("rail", [(ring, step received or None, step sent or None)])
+def _stepwise(names, stage, K: int, own: tuple[int, int], P: int, N: int, G: int):
+    """Every ring step of every stage a tick of its own: tick t runs, for each slice i in the pipeline,
+    its receives of the step it sent in tick t - 1, then its sends of the next step (the last receive
+    of one ring and the first send of the next are one tick; the rail RS's last receive finishes the
+    piece), then a flush."""
+    plan: list[list[tuple]] = []  # a slice's ticks: [(stage, step received or None, step sent or None)]
     for name in names:
-        if name not in ("rail rs", "rail ag"):
-            plan.append(("node", name))
-            continue
-        m = N - 1
+        m = (G if name.startswith("node") else N) - 1
         units = [(name, s - 1 if s else None, s if s < m else None) for s in range(m + 1)] if m else [(name, None, None)]
-        if plan and plan[-1][0] == "rail" and plan[-1][1][-1][2] is None and units[0][1] is None:
-            plan[-1] = ("rail", plan[-1][1] + [units[0]])  # the rail RS's last receive, the rail AG's first send
+        if plan and plan[-1][-1][2] is None and units[0][1] is None:
+            plan[-1] = plan[-1] + [units[0]]  # one ring's last receive, the next one's first send
             units = units[1:]
-        plan += [("rail", [u]) for u in units]
+        plan += [[u] for u in units]
     cache: dict[tuple, list[_Step]] = {}
 
     def steps(name, i):
@@ -233,33 +199,53 @@ def _deferred(names, stage, K: int, own: tuple[int, int], P: int, N: int):
             cache[(name, i)] = stage(name, i)
         return cache[(name, i)]
 
-    def run(units, i):
-        for name, received, sent in units:
-            if received is not None:
-                yield from steps(name, i)[received].recvs
-            if name == "rail rs" and sent is None:
-                yield ("finish", *_piece(own, i, P, K))
-            if sent is not None:
-                yield from steps(name, i)[sent].sends
-
     for t in range(K + len(plan) - 1):
-        fresh, waits, node, chain = [], [], [], []
-        for idx, (kind, what) in enumerate(plan):
+        for idx, units in enumerate(plan):
             i = t - idx
             if not 0 <= i < K:
                 continue
-            if kind == "rail":
-                (fresh if what[0][1] is None and len(what) == 1 else waits).append((what, i))
-            elif what == "chain":
-                chain.append(stage(what, i))
-            else:
-                node += stage(what, i)
-        for what, i in fresh:
-            yield from run(what, i)
-        yield from _slotted(chain, node)
-        for what, i in waits:
-            yield from run(what, i)
-        if waits:
-            yield ("flush",)
-        for key in [key for key in cache if key[1] <= t - len(plan)]:
+            for name, received, sent in units:
+                if received is not None:
+                    yield from steps(name, i)[received].recvs
+                if name == "rail rs" and sent is None:
+                    yield ("finish", *_piece(own, i, P, K))
+                if sent is not None:
+                    yield from steps(name, i)[sent].sends
+        yield ("flush",)
+        for key in [key for key in cache if key[1] <= t - len(plan) + 1]:
             del cache[key]
+
+
+def _stepwise_broadcast(stage, K: int, position: int):
+    """Broadcast's ticks on the node `position` hops down the chain from the root's: slice i's scatter
+    sends at tick i and is received at i + 1; its chain piece arrives at tick T = i + 1 + position (the
+    root's node sends it at i + 1) and goes on in the same tick; node AG step s sends at T + s and is
+    received at T + s + 1. Every receive waits for a message of an earlier tick; a flush ends each tick."""
+    ticks: dict[int, list] = {}
+
+    def at(t, ops):
+        ticks.setdefault(t, []).extend(ops)
+
+    for i in range(K):
+        for step in stage("scatter", i):
+            at(i, step.sends)
+            at(i + 1, step.recvs)
+        T = i + 1 + position
+        for step in stage("chain", i):  # one piece, one message
+            at(T, [*step.recvs, *step.posts, *step.sends])
+        for s, step in enumerate(stage("node ag", i)):
+            at(T + s, step.sends)
+            at(T + s + 1, step.recvs)
+    for t in sorted(ticks):
+        yield from ticks[t]
+        yield ("flush",)
+
+
+def _zipped(names, stage, K: int):
+    """One slice (K = 1) of a broadcast on one node or with one member a node: its stages one after
+    the other, the chain chunk by chunk (each member forwards a chunk as soon as it has it)."""
+    for t in range(K + len(names) - 1):
+        for s, name in enumerate(names):
+            if 0 <= t - s < K:
+                for step in stage(name, t - s):
+                    yield from step.whole()

@@ -23,10 +23,11 @@ s, position p sends segment p-1-s (reduce-scatter) or p-s (all-gather) to p+1):
   parts in every node (the root's node included).
 Pipelined (fabric.hier_plan, which this module executes and fabric.replay replays): every range
 (broadcast: every part) is cut into slices of min(chunk_bytes, 256 KiB) (NCCL's COLLNET_CHAIN chunk
-ceiling), each slice runs the phases above on its pieces, and slice i's rail (NIC) steps run while
-slice i+1's node (NVLink) steps do; each element keeps its range, so the combine order and every
-link's payload bytes are the unpipelined schedule's; only modeled time changes. A call whose ranges
-fit in one slice runs the phases one after the other, as do one node and one member a node.
+ceiling), each slice runs the phases above on its pieces, one ring step a tick, slice i starting at
+tick i: slice i's rail (NIC) steps run while slice i+1's node (NVLink) steps do; each element keeps
+its range, so the combine order and every link's payload bytes are the unpipelined schedule's; only
+modeled time changes (and raw bytes by a few headers). A call whose ranges fit in one slice runs the
+phases' steps one after the other, as do one node and one member a node.
 One node (N = 1): allreduce, reduce_scatter and allgather are exactly ring.py's (same ranges, same
 messages' bytes, same combine order); broadcast is the root's scatter plus the node-ring all-gather.
 One member per node (G = 1): the rail ring alone.
