@@ -178,7 +178,7 @@ def test_the_pipelined_plan_moves_the_rounds_bytes_and_finishes_every_range_once
     t = topo(nodes, per_node)
     N, G = nodes, per_node
     for count, chunk in ((0, 7), (1, 7), (1001, 7), (1001, 64), (20003, 64), (20003, 1 << 20)):
-        # slices of 7, 64 and 65536 elements: 1 to 90 of them, zipped and deferred schedules
+        # slices of 7, 64 and 65536 elements: 1 to 90 of them in the pipeline
             for collective in ("allreduce", "reduce_scatter", "allgather", "broadcast"):
                 for root in ((0, N * G - 1) if collective == "broadcast" else (0,)):
                     got, finished = plan_traffic(collective, N, G, count, chunk, root=root)
