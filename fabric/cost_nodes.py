@@ -56,7 +56,8 @@ ranks/collectives (blocks are fabric.reduction.blocks of the element count, time
   broadcast: GPU (a, j) tx (G-1)/G S + S/G [a != aR-1] + (G-1)/G S [the root], rx (G-1)/G S +
   S/G [a != aR] + S/G [a = aR, j != jR]; leaf a -> spine i k_i S/G unless a = aR-1, spine i ->
   leaf a k_i S/G unless a = aR. One node (N = 1): allreduce, reduce_scatter and allgather are
-  the ring's rounds exactly.
+  the ring's rounds exactly. hier runs these rounds pipelined, slice by slice (fabric.hier_plan): the
+  rounds give every link's bytes exactly; its time is the replay's (modeled_ns).
 - pxn (pxn.py), all2all only: round 1, GPU (a, j) sends its block for (c, k) straight there if
   c = a or k = j, else to its proxy (a, k); round 2, each proxy (a, k) forwards those blocks to
   (c, k). Bytes (blocks s = S / (N G)): every GPU link (NG-1) s + (N-1)(G-1) s each way; every
@@ -101,7 +102,8 @@ starts round k+1 once it has received round k, whatever the others do): the larg
 - the round_ns formula over the flows of every round together (each pair's rounds as one flow);
 - the dependency chain: the sum over rounds of each round's fastest flow (path latency + R / its
   route's least bandwidth), since in every schedule here a GPU sends round k+1's data only after it
-  received round k's.
+  received round k's; hier in several slices (fabric.hier_plan) overlaps its rounds, so its chain
+  is the rounds' path latencies only (each slice still passes the rounds in order).
 Each of the three is at most the sum of round_ns, so lower_bound_ns <= rounds_ns always, and
 lower_bound_ns <= modeled_ns (tested). For large messages whose bottleneck is one stage in every
 round (a node-major single ring's crossing into the next node on one GPU's shares, an all2all's
@@ -114,7 +116,7 @@ import math
 
 import numpy as np
 
-from . import replay
+from . import hier_plan, replay
 from .cost import in_switch_chunk, raw_of
 from .counters import downlink, uplink
 from .errors import FabricError
@@ -477,13 +479,13 @@ def _link_bound(topo: Topology, flows: dict) -> float:
                default=0.0)
 
 
-def _least_flow_ns(topo: Topology, flows: dict) -> float:
-    """min over the flows of a round of path latency + raw bytes / the route's least bandwidth: no
-    receiver of the round has its data sooner."""
+def _least_flow_ns(topo: Topology, flows: dict, latency_only: bool = False) -> float:
+    """min over the flows of a round of path latency + raw bytes / the route's least bandwidth (latency
+    only: the path latency): no receiver of the round has its data sooner."""
     least = math.inf
     for (i, j), w in flows.items():
         _, latency, bandwidth = _hops(topo, i, j)
-        least = min(least, latency + w / bandwidth)
+        least = min(least, latency + (0.0 if latency_only else w / bandwidth))
     return 0.0 if least == math.inf else least
 
 
@@ -540,7 +542,19 @@ def lower_bound_ns(collective: str, algorithm: str, topo: Topology, S: int, conf
     received round k's, in every schedule here)."""
     steps = [_flows(t, config, itemsize) for t in rounds(collective, algorithm, topo, S, itemsize, root, counts)]
     merged = _merged(steps)
-    return max(_link_bound(topo, merged), _slowest_flow_ns(topo, merged), sum(_least_flow_ns(topo, f) for f in steps))
+    chain = sum(_least_flow_ns(topo, f, _hier_pipelined(collective, algorithm, topo, S, config, itemsize))
+                for f in steps)
+    return max(_link_bound(topo, merged), _slowest_flow_ns(topo, merged), chain)
+
+
+def _hier_pipelined(collective: str, algorithm: str, topo: Topology, S: int, config, itemsize: int) -> bool:
+    """Whether the call is hier in several slices (fabric.hier_plan): its rounds then overlap, and only
+    their latencies chain (each slice still passes the rounds in order)."""
+    if algorithm != "hier":
+        return False
+    count, N, G = int(S) // itemsize, topo.nodes, topo.gpus_per_node
+    P = hier_plan.slice_elements(max(1, config.chunk_bytes // itemsize), itemsize)
+    return hier_plan.slices(hier_plan.ranges(collective, N, G, count), N, G, P) > 1
 
 
 def _merged(steps: list[dict]) -> dict[tuple[int, int], int]:

@@ -28,6 +28,7 @@ deadlock-free schedule completes, in O(messages) link bookings (a 256-GPU ring a
 about half a million).
 """
 
+from . import hier_plan
 from .cost import in_switch_chunk
 from .errors import FabricError
 from .packets import raw_bytes
@@ -164,44 +165,18 @@ def _segments_ring(ring, pos, segments, phase, chunk, item, reduce: bool):
 
 
 def _hier(collective, topo, r, count, chunk, item, root):
-    """hier.py's schedule on every GPU of `topo` (GPU (a, j) = a G + j): node rings, then rail rings."""
-    N, G = topo.nodes, topo.gpus_per_node
+    """hier.py's schedule on every GPU of `topo` (GPU (a, j) = a G + j): fabric.hier_plan's program, the
+    one the ranks execute (node rings and rail rings pipelined slice by slice)."""
+    G = topo.gpus_per_node
     a, j = divmod(r, G)
-    node_ring, rail_ring = [a * G + k for k in range(G)], [b * G + j for b in range(N)]
-    if collective == "broadcast":
-        parts = blocks(count, G)
-        a_root, j_root = divmod(root, G)
-        if a == a_root:
-            if r == root:
-                for k in range(G):
-                    if k != j_root:
-                        for c, (lo, hi) in enumerate(chunks(*parts[k], chunk)):
-                            yield ("send", a_root * G + k, ("scatter", 0, c), (hi - lo) * item)
-            else:
-                for c, _ in enumerate(chunks(*parts[j], chunk)):
-                    yield ("recv", root, ("scatter", 0, c))
+    for op in hier_plan.program(collective, topo.nodes, G, a, j, count, chunk, item, divmod(root, G)):
+        if op[0] == "send":
+            (b, k), key, lo, hi = op[1:]
+            yield ("send", b * G + k, key, (hi - lo) * item)
+        elif op[0] == "recv":
+            yield ("recv", op[1][0] * G + op[1][1], op[2])
+        elif op[0] == "flush":
             yield ("flush",)
-        position = (a - a_root) % N
-        for c, (lo, hi) in enumerate(chunks(*parts[j], chunk)):
-            if position:
-                yield ("recv", rail_ring[(a - 1) % N], ("chain", c))
-            if position < N - 1:
-                yield ("send", rail_ring[(a + 1) % N], ("chain", c), (hi - lo) * item)
-        yield ("flush",)
-        yield from _segments_ring(node_ring, j, [[p] for p in parts], "node ag", chunk, item, False)
-        return
-    if collective == "allreduce":
-        ranges = two_level_blocks(count, N, G)
-    else:
-        own = blocks(count, N * G)
-        ranges = [[own[b * G + k] for k in range(G)] for b in range(N)]
-    columns, rail = merged_columns(ranges), [[row[j]] for row in ranges]
-    if collective in ("allreduce", "reduce_scatter"):
-        yield from _segments_ring(node_ring, j, columns, "node rs", chunk, item, True)
-        yield from _segments_ring(rail_ring, a, rail, "rail rs", chunk, item, True)
-    if collective in ("allreduce", "allgather"):
-        yield from _segments_ring(rail_ring, a, rail, "rail ag", chunk, item, False)
-        yield from _segments_ring(node_ring, j, columns, "node ag", chunk, item, False)
 
 
 def _channel_ring(rings, r, segments, phase, chunk, item, reduce: bool):

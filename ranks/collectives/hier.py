@@ -21,6 +21,13 @@ s, position p sends segment p-1-s (reduce-scatter) or p-s (all-gather) to p+1):
   j to position j of its node (scatter), part j goes down rail j from node aR in a pipelined chain
   aR, aR+1, ..., aR+N-1 (chunk by chunk, as ring.py's broadcast), then a node-ring all-gather of the
   parts in every node (the root's node included).
+Pipelined (fabric.hier_plan, which this module executes and fabric.replay replays): every range
+(broadcast: every part) is cut into slices of min(chunk_bytes, 256 KiB) (NCCL's COLLNET_CHAIN chunk
+ceiling), each slice runs the phases above on its pieces, one ring step a tick, slice i starting at
+tick i: slice i's rail (NIC) steps run while slice i+1's node (NVLink) steps do; each element keeps
+its range, so the combine order and every link's payload bytes are the unpipelined schedule's; only
+modeled time changes (and raw bytes by a few headers). A call whose ranges fit in one slice runs the
+phases' steps one after the other, as do one node and one member a node.
 One node (N = 1): allreduce, reduce_scatter and allgather are exactly ring.py's (same ranges, same
 messages' bytes, same combine order); broadcast is the root's scatter plus the node-ring all-gather.
 One member per node (G = 1): the rail ring alone.
@@ -40,10 +47,9 @@ in the array's dtype, one rounding per step; avg divides the result by the membe
 
 import numpy as np
 
+from nvlink_emu.fabric import hier_plan
 from nvlink_emu.fabric.errors import UnsupportedOperation
-from nvlink_emu.fabric.reduction import blocks, chunks, combine, finish, merged_columns, two_level_blocks
-
-NODE_RS, RAIL_RS, RAIL_AG, NODE_AG, SCATTER, CHAIN = 20, 21, 22, 23, 24, 25  # message phases
+from nvlink_emu.fabric.reduction import blocks, combine, finish, two_level_blocks
 
 
 class Grid:
@@ -84,96 +90,51 @@ class Grid:
         return [[parts[r] for r in row] for row in self.rank]
 
 
-def _send_segment(call, to: int, parts: tuple, work: np.ndarray, segment) -> None:
-    for k, (a, b) in enumerate(segment):
-        for c, (lo, hi) in enumerate(chunks(a, b, call.chunk)):
-            call.send(to, (*parts, k, c), work[lo:hi])
-
-
-def _ring_reduce_scatter(call, work: np.ndarray, ring: list[int], pos: int, segments, phase: int) -> None:
-    """Ring reduce-scatter over members `ring` (this member at `pos`): afterwards segment `pos` of
-    `work` holds the fold (not finished) of every ring member's, over positions pos+1, ..., pos."""
-    m = len(ring)
-    nxt, prv = ring[(pos + 1) % m], ring[(pos - 1) % m]
-    longest = max((b - a for segment in segments for a, b in segment), default=0)
-    scratch = np.empty(min(call.chunk, longest), work.dtype)
-    for step in range(m - 1):
-        _send_segment(call, nxt, (phase, step), work, segments[(pos - 1 - step) % m])
-        for k, (a, b) in enumerate(segments[(pos - 2 - step) % m]):
-            for c, (lo, hi) in enumerate(chunks(a, b, call.chunk)):
+def _execute(call, collective: str, work: np.ndarray, count: int, root: int | None = None,
+             finished: np.ndarray | None = None) -> Grid:
+    """Run fabric.hier_plan's program for this member on `work` (`count` elements); finished: where a
+    finished piece goes (reduce_scatter's recv, at offsets from this member's range), else in place."""
+    grid = Grid(call, collective)
+    at = None if root is None else next((a, j) for a, row in enumerate(grid.rank) for j, r in enumerate(row)
+                                        if r == root)
+    own = hier_plan.ranges(collective, grid.N, grid.G, count, grid.rank)[grid.a][grid.j][0]
+    scratch = np.empty(min(call.chunk, count), work.dtype)
+    for op in hier_plan.program(collective, grid.N, grid.G, grid.a, grid.j, count, call.chunk, work.dtype.itemsize,
+                                at, grid.rank):
+        kind = op[0]
+        if kind == "send":
+            (b, k), key, lo, hi = op[1:]
+            call.send(grid.rank[b][k], key, work[lo:hi])
+        elif kind == "recv":
+            (b, k), key, lo, hi, reduce = op[1:]
+            if reduce:
                 tmp = scratch[:hi - lo]
-                call.recv(prv, (phase, step, k, c), tmp)
+                call.recv(grid.rank[b][k], key, tmp)
                 combine(call.op, work[lo:hi], tmp)
-        call.flush()
-
-
-def _ring_allgather(call, work: np.ndarray, ring: list[int], pos: int, segments, phase: int) -> None:
-    """Ring all-gather over members `ring`: segment `pos` is final here; afterwards every segment is."""
-    m = len(ring)
-    nxt, prv = ring[(pos + 1) % m], ring[(pos - 1) % m]
-    for step in range(m - 1):
-        _send_segment(call, nxt, (phase, step), work, segments[(pos - step) % m])
-        for k, (a, b) in enumerate(segments[(pos - 1 - step) % m]):
-            for c, (lo, hi) in enumerate(chunks(a, b, call.chunk)):
-                call.recv(prv, (phase, step, k, c), work[lo:hi])
-    call.flush()
-
-
-def _reduce_scatter_inplace(call, work: np.ndarray, grid: Grid, ranges) -> tuple[int, int]:
-    """Node-ring then rail-ring reduce-scatter; returns this member's range, reduced (not finished)."""
-    _ring_reduce_scatter(call, work, grid.node_ring(), grid.j, merged_columns(ranges), NODE_RS)
-    _ring_reduce_scatter(call, work, grid.rail_ring(), grid.a, [[row[grid.j]] for row in ranges], RAIL_RS)
-    return ranges[grid.a][grid.j]
-
-
-def _allgather_inplace(call, work: np.ndarray, grid: Grid, ranges) -> None:
-    """This member's range of `work` is final; afterwards every range is (rail ring, then node ring)."""
-    _ring_allgather(call, work, grid.rail_ring(), grid.a, [[row[grid.j]] for row in ranges], RAIL_AG)
-    _ring_allgather(call, work, grid.node_ring(), grid.j, merged_columns(ranges), NODE_AG)
+            else:
+                call.recv(grid.rank[b][k], key, work[lo:hi])
+        elif kind == "finish":
+            lo, hi = op[1:]
+            out = work[lo:hi] if finished is None else finished[lo - own:hi - own]
+            finish(call.op, work[lo:hi], call.n, out)
+        else:
+            call.flush()
+    return grid
 
 
 def allreduce(call, array: np.ndarray) -> None:
-    grid = Grid(call, "allreduce")
-    ranges = grid.two_level(array.size)
-    lo, hi = _reduce_scatter_inplace(call, array, grid, ranges)
-    finish(call.op, array[lo:hi], call.n, array[lo:hi])
-    _allgather_inplace(call, array, grid, ranges)
+    _execute(call, "allreduce", array, array.size)
 
 
 def reduce_scatter(call, send: np.ndarray, recv: np.ndarray) -> None:
-    grid = Grid(call, "reduce_scatter")
     work = send.copy()  # the send buffer stays as the caller left it
-    lo, hi = _reduce_scatter_inplace(call, work, grid, grid.by_rank(send.size, call.n))
-    finish(call.op, work[lo:hi], call.n, recv)
+    _execute(call, "reduce_scatter", work, send.size, finished=recv)
 
 
 def allgather(call, send: np.ndarray, recv: np.ndarray) -> None:
-    grid = Grid(call, "allgather")
-    ranges = grid.by_rank(recv.size, call.n)
-    lo, hi = ranges[grid.a][grid.j]
-    recv[lo:hi] = send
-    _allgather_inplace(call, recv, grid, ranges)
+    call.own_block_in_place(send, recv)
+    _execute(call, "allgather", recv, recv.size)
 
 
 def broadcast(call, array: np.ndarray, root: int) -> None:
-    grid = Grid(call, "broadcast")
-    parts = blocks(array.size, grid.G)
-    a_root, j_root = next((a, j) for a, row in enumerate(grid.rank) for j, r in enumerate(row) if r == root)
-    if grid.a == a_root:  # scatter: the root's node gets part j at position j
-        if call.r == root:
-            for j in range(grid.G):
-                if j != j_root:
-                    _send_segment(call, grid.rank[a_root][j], (SCATTER,), array, [parts[j]])
-        else:
-            for c, (lo, hi) in enumerate(chunks(*parts[grid.j], call.chunk)):
-                call.recv(root, (SCATTER, 0, c), array[lo:hi])
-        call.flush()
-    rail, position = grid.rail_ring(), (grid.a - a_root) % grid.N  # 0: the chain's start, node a_root
-    for c, (lo, hi) in enumerate(chunks(*parts[grid.j], call.chunk)):
-        # chunk c moves down rail j; each member forwards it as soon as it has it
-        if position:
-            call.recv(rail[(grid.a - 1) % grid.N], (CHAIN, c), array[lo:hi])
-        if position < grid.N - 1:
-            call.send(rail[(grid.a + 1) % grid.N], (CHAIN, c), array[lo:hi])
-    call.flush()
-    _ring_allgather(call, array, grid.node_ring(), grid.j, [[p] for p in parts], NODE_AG)
+    _execute(call, "broadcast", array, array.size, root)

@@ -15,8 +15,11 @@ from nodes_helpers import PRESETS, config, run, shape
 
 pytestmark = pytest.mark.mpi(min_size=7)
 
-CHUNK = 4096  # small messages: every size below streams in several chunks
+CHUNK = 4096  # small messages: every size below streams in several chunks; the largest, of n x 2 or 3
+# chunks, runs in 2 or 3 pipeline slices of CHUNK bytes a range (fabric.hier_plan)
 S = 3 * 4096 + 8  # bytes of the byte-count calls: uneven blocks, several MTU packets each
+BYTES_CHUNK = 1024  # S's ranges then run in two slices; a call of S_ONE bytes in one
+S_ONE = 8 * 4 * 9 + 4
 
 
 def same_bits(a, b):
@@ -78,7 +81,7 @@ def test_reductions_equal_the_documented_fold_bitwise_for_every_op_and_dtype():
         n, r, wrong = gpu.size, gpu.rank, []
         for op, name in cases:
             dtype = DTYPES[name]
-            for count in (1, 2 * n + 1, 3 * CHUNK // dtype.itemsize + 5):
+            for count in (1, 2 * n + 1, 3 * CHUNK // dtype.itemsize + 5, 3 * n * CHUNK // dtype.itemsize + 5):
                 inputs = [contribution(m, count, dtype, op) for m in range(n)]
                 array = inputs[r].copy()
                 gpu.world.allreduce(array, op, "hier")
@@ -101,7 +104,7 @@ def test_allgather_and_broadcast_move_every_kind_of_element():
     def main(gpu):
         n, r = gpu.size, gpu.rank
         for i, dtype in enumerate(movable):
-            for count in (0, 1, 2 * n + 1, 3 * CHUNK // dtype.itemsize + 1):
+            for count in (0, 1, 2 * n + 1, 3 * CHUNK // dtype.itemsize + 1, 2 * n * CHUNK // dtype.itemsize + 3):
                 rng = np.random.default_rng(i * 100 + count)
                 raw = rng.integers(0, 2 if dtype == np.bool_ else 256, (n, count * dtype.itemsize), dtype=np.uint8)
                 whole = [raw[m].view(dtype) for m in range(n)]
@@ -119,9 +122,9 @@ def test_allgather_and_broadcast_move_every_kind_of_element():
     run(main, chunk_bytes=CHUNK)
 
 
-def hier_calls(gpu):
-    """One call of each collective with 'hier', each checked against numpy; returns (collective,
-    bytes, root) of each, for fabric.cost_nodes."""
+def hier_calls(gpu, S=S):
+    """One call of each collective with 'hier' on S bytes, each checked against numpy; returns
+    (collective, bytes, root) of each, for fabric.cost_nodes."""
     n, rank, count = gpu.size, gpu.rank, S // 4
     base = np.arange(count, dtype=np.float32)
     calls = []
@@ -153,7 +156,7 @@ def hier_calls(gpu):
 
 @pytest.mark.parametrize("base", PRESETS)
 def test_hier_is_exact_and_puts_the_documented_bytes_on_every_link_of_both_levels(base):
-    result = run(hier_calls, base)
+    result = run(lambda gpu: hier_calls(gpu) + hier_calls(gpu, S_ONE), base, chunk_bytes=BYTES_CHUNK)
     if result.role != "gpu":
         return
     topo = config(base).topology

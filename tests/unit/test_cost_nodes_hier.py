@@ -1,10 +1,11 @@
 """fabric.cost_nodes for `hier` (ranks/collectives/hier.py): its rounds on 2 nodes x 4 GPUs by hand,
-the closed forms of bytes per level on several shapes, rail alignment, one node is the ring."""
+the closed forms of bytes per level on several shapes, rail alignment, one node is the ring; its
+pipelined plan (fabric.hier_plan) moves the rounds' bytes and overlaps the phases."""
 
 import numpy as np
 import pytest
 
-from nvlink_emu.fabric import cost_nodes as cn
+from nvlink_emu.fabric import cost_nodes as cn, hier_plan, replay
 from nvlink_emu.fabric.config import preset
 from nvlink_emu.fabric.errors import FabricError
 from nvlink_emu.fabric.topology import Topology
@@ -155,3 +156,47 @@ def test_the_time_bounds_hold_and_auto_may_pick_hier():
     candidates = ("ring", "direct", "hier")
     times = {a: cn.modeled_ns("allreduce", a, t, 1 << 20, config) for a in candidates}
     assert cn.fastest("allreduce", candidates, 1 << 20, config) == min(times, key=times.get)
+
+
+def plan_traffic(collective, N, G, count, chunk, itemsize=4, root=0):
+    """Payload bytes per (sender, receiver) of fabric.hier_plan's programs, and each member's finished
+    elements."""
+    n = N * G
+    t, finished = np.zeros((n, n), np.int64), [0] * n
+    for r in range(n):
+        a, j = divmod(r, G)
+        for op in hier_plan.program(collective, N, G, a, j, count, chunk, itemsize, divmod(root, G)):
+            if op[0] == "send":
+                t[r, op[1][0] * G + op[1][1]] += (op[4] - op[3]) * itemsize
+            elif op[0] == "finish":
+                finished[r] += op[2] - op[1]
+    return t, finished
+
+
+@pytest.mark.parametrize("nodes, per_node", [(2, 4), (3, 2), (4, 1), (5, 3)])
+def test_the_pipelined_plan_moves_the_rounds_bytes_and_finishes_every_range_once(nodes, per_node):
+    t = topo(nodes, per_node)
+    N, G = nodes, per_node
+    for count, chunk in ((0, 7), (1, 7), (1001, 7), (1001, 64), (20003, 64), (20003, 1 << 20)):
+        # slices of 7, 64 and 65536 elements: 1 to 90 of them in the pipeline
+            for collective in ("allreduce", "reduce_scatter", "allgather", "broadcast"):
+                for root in ((0, N * G - 1) if collective == "broadcast" else (0,)):
+                    got, finished = plan_traffic(collective, N, G, count, chunk, root=root)
+                    assert np.array_equal(got, cn.traffic(collective, "hier", t, 4 * count, 4, root)), \
+                        (collective, count, chunk, root)
+                    if collective in ("allreduce", "reduce_scatter"):
+                        own = hier_plan.ranges(collective, N, G, count)
+                        assert finished == [hi - lo for row in own for lo, hi in row], (collective, count, chunk)
+
+
+def test_pipelining_overlaps_the_node_and_rail_phases(monkeypatch):
+    config = preset("superpod-h100-ib", nodes=2, gpus=8, spines=1)
+    t, S = config.topology, 16 << 20  # ranges of 2 MiB: 8 slices of 256 KiB
+    piped = {c: replay.replay_ns(c, "hier", t, S, config, root=1) for c in cn.FLAT["hier"]}
+    monkeypatch.setattr(hier_plan, "SLICE_BYTES", 1 << 40)  # one slice: the phases one after the other
+    serial = {c: replay.replay_ns(c, "hier", t, S, config, root=1) for c in cn.FLAT["hier"]}
+    for collective in ("allreduce", "reduce_scatter", "allgather"):
+        assert piped[collective] < 0.9 * serial[collective], (collective, piped, serial)
+    assert piped["broadcast"] < serial["broadcast"]
+    # no faster than the busiest stage allows (its bytes at its bandwidth)
+    assert piped["allreduce"] > cn.bottleneck("allreduce", "hier", t, S, config)[1]

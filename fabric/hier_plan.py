@@ -1,0 +1,251 @@
+"""`hier`'s pipelined schedule as pure data: one member's operations in program order.
+
+ranks/collectives/hier.py executes it and fabric.replay replays it, so emulated and replayed modeled
+times are the same schedule by construction. Members are hier's grid: N nodes x G positions, a member
+named by its coordinates (a, j); ranges[a][j] its element range (hier.py's docstring).
+
+**Slices** (the pipeline's unit, NCCL's chunk): each range (a, j) (broadcast: each part j) is cut into
+pieces of P elements from its start, P = slice_elements(chunk, itemsize) = min(chunk_bytes, 256 KiB)
+of whole elements (SLICE_BYTES: NCCL's COLLNET_CHAIN chunk ceiling, NVIDIA/nccl src/enqueue.cc,
+chunkSize = min(256 KiB, stepSize x chunkSteps); at most one message of chunk_bytes each); slice i is
+piece i of every range, K = the most pieces of any range. K = 1 on one node, with one member a node,
+or when every range fits in one piece: then the ticks below run the phases' steps one after the
+other, the same messages as unpipelined (one node: exactly ring.py's schedule and times).
+Each element keeps its range, so every element is folded in hier's documented order whatever K is,
+and every link carries the same payload bytes (message boundaries move: raw bytes can differ by the
+headers of a few more, shorter messages).
+
+**Stages** of a slice, each a ring of ranks/collectives/ring.py's steps (step s, position p sends
+segment p-1-s (reduce-scatter) or p-s (all-gather) to p+1) over that slice's pieces only:
+allreduce: node RS, rail RS, rail AG, node AG; reduce_scatter: node RS, rail RS; allgather: rail AG,
+node AG; broadcast: scatter (the root's node: the root sends piece i of part k to position k), rail
+chain (piece i of part j down rail j from the root's node, a pipelined chain), node AG.
+
+**Ticks** (software pipelining, as NCCL's chunked algorithms overlap a channel's intra- and inter-node
+steps on different links: NVIDIA/nccl src/device/all_reduce.h, runTreeSplit and NVLS_TREE, whose
+scatter, reduce, tree and broadcast warps work on successive chunks at once, COLLNET_CHAIN): every
+ring step of every stage takes one tick of a slice's life, slice i starting at tick i. In tick t a
+member runs, for each slice in the pipeline (the youngest first), the receives of the step it sent in
+tick t - 1, then the sends of its next step (received data passes on at once; one ring's last
+receive and the next ring's first send share a tick; the rail RS's last receive finishes the piece,
+avg), then a flush. So slice i's rail (NIC) steps run while slice i+1's node (NVLink) steps do, and
+every wait is for a message sent a tick earlier: the next transfers are queued while it waits, and a
+ring's step latency is paid once a tick, not once a slice. A slice lives 2(G-1) + 2(N-1) + 1 ticks
+(allreduce; reduce_scatter and allgather (G-1) + (N-1) + 1), the call K - 1 more. Broadcast: slice
+i's scatter is sent at tick i and received at i + 1, its chain piece reaches the node `position` hops
+down the chain at T = i + 1 + position and goes on in the same tick, its node AG step s is sent at
+T + s and received at T + s + 1. Every receive matches a send of an earlier tick, so no wait is for a
+message sent later: deadlock-free. Measured (fabric.replay, 16 MiB AllReduce, float32, one slice ->
+this pipeline): superpod-h100-ib 2 x 4 GPUs 156.3 -> 113.7 us, 2 x 8 126.1 -> 108.7 (64 MiB 467.7 ->
+313.7), superpod-h100-nvlink 2 x 8 89.6 -> 77.0, superpod-a100-ib 2 x 8 205.3 -> 145.0 (a different
+pipeline order, rail steps grouped in one tick, was ahead on a few IB shapes and behind on the NVLink
+one, where node and rail steps cost alike: this one was never slower than the phases one after the
+other on the shapes measured, 2 x 2 to 8 x 8 GPUs on the three presets).
+
+Operations: ("send", (b, k), key, lo, hi): elements [lo, hi) to member (b, k); ("recv", (b, k), key,
+lo, hi, reduce): from (b, k) into [lo, hi), folded into it after what is there (reduce) or written;
+("finish", lo, hi): [lo, hi) is fully reduced; ("flush",): wait until the sends so far have left.
+Keys: (phase, slice, step, segment, chunk) for the rings, (phase, slice, 0, chunk) for the scatter,
+(phase, slice, chunk) for the chain.
+"""
+
+from .reduction import blocks, chunks, merged_columns, two_level_blocks
+
+SLICE_BYTES = 256 * 1024  # NCCL's COLLNET_CHAIN chunk ceiling (src/enqueue.cc)
+NODE_RS, RAIL_RS, RAIL_AG, NODE_AG, SCATTER, CHAIN = 20, 21, 22, 23, 24, 25  # message phases
+STAGES = {"allreduce": ("node rs", "rail rs", "rail ag", "node ag"), "reduce_scatter": ("node rs", "rail rs"),
+          "allgather": ("rail ag", "node ag"), "broadcast": ("scatter", "chain", "node ag")}
+
+
+def slice_elements(chunk: int, itemsize: int) -> int:
+    """P: elements of a slice's piece of one range, for messages of `chunk` elements of `itemsize` bytes."""
+    return max(1, min(chunk, SLICE_BYTES // itemsize))
+
+
+def ranges(collective: str, N: int, G: int, count: int, rank=None) -> list[list[tuple[int, int]]]:
+    """ranges[a][j]: allreduce's two-level split; reduce_scatter's and allgather's blocks(count, NG)[rank of
+    (a, j)] (rank[a][j]; default a G + j, node-major); broadcast: part j = blocks(count, G)[j] on every node."""
+    if collective == "allreduce":
+        return two_level_blocks(count, N, G)
+    if collective == "broadcast":
+        return [blocks(count, G)] * N
+    own = blocks(count, N * G)
+    return [[own[rank[a][j] if rank is not None else a * G + j] for j in range(G)] for a in range(N)]
+
+
+def slices(spans, N: int, G: int, P: int) -> int:
+    """K: slices of a call whose ranges are `spans` (K = 1 on one node or with one member a node)."""
+    if N == 1 or G == 1:
+        return 1
+    return max(1, max(-(-(hi - lo) // P) for row in spans for lo, hi in row))
+
+
+def _piece(span: tuple[int, int], i: int, P: int, K: int) -> tuple[int, int]:
+    if K == 1:
+        return span
+    lo, hi = span
+    return min(lo + i * P, hi), min(lo + (i + 1) * P, hi)
+
+
+class _Step:
+    """One step of a stage: sends, then receives, then sends of what was received (the chain), then a
+    flush if `flush`."""
+
+    __slots__ = ("sends", "recvs", "posts", "flush")
+
+    def __init__(self, sends=(), recvs=(), posts=(), flush=False):
+        self.sends, self.recvs, self.posts, self.flush = sends, recvs, posts, flush
+
+    def whole(self):
+        yield from self.sends
+        yield from self.recvs
+        yield from self.posts
+        if self.flush:
+            yield ("flush",)
+
+
+def _ring(ring, pos, segments, phase, i, chunk, reduce: bool) -> list[_Step]:
+    """ring.py's ring over `ring` (this member at `pos`) passing `segments` (lists of ranges) of slice
+    i: reduce-scatter (a flush after each step) or all-gather (a flush after the last)."""
+    m = len(ring)
+    nxt, prv = ring[(pos + 1) % m], ring[(pos - 1) % m]
+    steps = []
+    for step in range(m - 1):
+        sent, taken = ((pos - 1 - step) % m, (pos - 2 - step) % m) if reduce else ((pos - step) % m,
+                                                                                    (pos - 1 - step) % m)
+        sends = [("send", nxt, (phase, i, step, k, c), lo, hi)
+                 for k, (a, b) in enumerate(segments[sent]) for c, (lo, hi) in enumerate(chunks(a, b, chunk))]
+        recvs = [("recv", prv, (phase, i, step, k, c), lo, hi, reduce)
+                 for k, (a, b) in enumerate(segments[taken]) for c, (lo, hi) in enumerate(chunks(a, b, chunk))]
+        steps.append(_Step(sends, recvs, (), reduce or step == m - 2))
+    return steps
+
+
+def program(collective: str, N: int, G: int, a: int, j: int, count: int, chunk: int, itemsize: int,
+            root: tuple[int, int] | None = None, rank=None):
+    """Member (a, j)'s operations (the module docstring) for one call of `count` elements, messages of at
+    most `chunk` elements of `itemsize` bytes; root: the broadcast root's coordinates; rank: as ranges'."""
+    spans = ranges(collective, N, G, count, rank)
+    P = slice_elements(chunk, itemsize)
+    K = slices(spans, N, G, P)
+    node_ring, rail_ring = [(a, k) for k in range(G)], [(b, j) for b in range(N)]
+
+    def pieces(i):
+        return [[_piece(span, i, P, K) for span in row] for row in spans]
+
+    def stage(name: str, i: int) -> list[_Step]:
+        if name in ("node rs", "node ag"):  # broadcast's segment k: part k's piece (its rows are one)
+            segments = [[p] for p in pieces(i)[0]] if collective == "broadcast" else merged_columns(pieces(i))
+            return _ring(node_ring, j, segments, NODE_RS if name == "node rs" else NODE_AG, i, chunk,
+                         name == "node rs")
+        if name in ("rail rs", "rail ag"):
+            return _ring(rail_ring, a, [[row[j]] for row in pieces(i)], RAIL_RS if name == "rail rs" else RAIL_AG,
+                         i, chunk, name == "rail rs")
+        parts = pieces(i)[0]
+        a_root, j_root = root
+        if name == "scatter":  # the root's node only; every member of it flushes
+            if a != a_root:
+                return []
+            if j == j_root:
+                sends = [("send", (a, k), (SCATTER, i, 0, c), lo, hi)
+                         for k in range(G) if k != j_root for c, (lo, hi) in enumerate(chunks(*parts[k], chunk))]
+                return [_Step(sends, flush=True)]
+            return [_Step((), [("recv", root, (SCATTER, i, 0, c), lo, hi, False)
+                               for c, (lo, hi) in enumerate(chunks(*parts[j], chunk))], flush=True)]
+        # chain: one step a chunk, as many steps on every rail (the longest part's chunks)
+        position = (a - a_root) % N  # 0: the chain's start, node a_root
+        prv, nxt = rail_ring[(a - 1) % N], rail_ring[(a + 1) % N]
+        mine = chunks(*parts[j], chunk)
+        longest = max(len(chunks(*part, chunk)) for part in parts)
+        steps = []
+        for c in range(longest):
+            recv, send = [], []
+            if c < len(mine):
+                lo, hi = mine[c]
+                if position:
+                    recv = [("recv", prv, (CHAIN, i, c), lo, hi, False)]
+                if position < N - 1:
+                    send = [("send", nxt, (CHAIN, i, c), lo, hi)]
+            steps.append(_Step((), recv, send, c == longest - 1) if position else _Step(send, (), (), c == longest - 1))
+        return steps
+
+    names = STAGES[collective]
+    if collective != "broadcast":
+        yield from _stepwise(names, stage, K, spans[a][j], P, N, G)
+    elif N > 1 and G > 1:
+        yield from _stepwise_broadcast(stage, K, (a - root[0]) % N)
+    else:  # one slice: the scatter, the chain chunk by chunk, the node ring, one after the other
+        yield from _zipped(names, stage, K)
+    yield ("flush",)
+
+
+def _stepwise(names, stage, K: int, own: tuple[int, int], P: int, N: int, G: int):
+    """Every ring step of every stage a tick of its own: tick t runs, for each slice i in the pipeline,
+    its receives of the step it sent in tick t - 1, then its sends of the next step (the last receive
+    of one ring and the first send of the next are one tick; the rail RS's last receive finishes the
+    piece), then a flush."""
+    plan: list[list[tuple]] = []  # a slice's ticks: [(stage, step received or None, step sent or None)]
+    for name in names:
+        m = (G if name.startswith("node") else N) - 1
+        units = [(name, s - 1 if s else None, s if s < m else None) for s in range(m + 1)] if m else [(name, None, None)]
+        if plan and plan[-1][-1][2] is None and units[0][1] is None:
+            plan[-1] = plan[-1] + [units[0]]  # one ring's last receive, the next one's first send
+            units = units[1:]
+        plan += [[u] for u in units]
+    cache: dict[tuple, list[_Step]] = {}
+
+    def steps(name, i):
+        if (name, i) not in cache:
+            cache[(name, i)] = stage(name, i)
+        return cache[(name, i)]
+
+    for t in range(K + len(plan) - 1):
+        for idx, units in enumerate(plan):
+            i = t - idx
+            if not 0 <= i < K:
+                continue
+            for name, received, sent in units:
+                if received is not None:
+                    yield from steps(name, i)[received].recvs
+                if name == "rail rs" and sent is None:
+                    yield ("finish", *_piece(own, i, P, K))
+                if sent is not None:
+                    yield from steps(name, i)[sent].sends
+        yield ("flush",)
+        for key in [key for key in cache if key[1] <= t - len(plan) + 1]:
+            del cache[key]
+
+
+def _stepwise_broadcast(stage, K: int, position: int):
+    """Broadcast's ticks on the node `position` hops down the chain from the root's: slice i's scatter
+    sends at tick i and is received at i + 1; its chain piece arrives at tick T = i + 1 + position (the
+    root's node sends it at i + 1) and goes on in the same tick; node AG step s sends at T + s and is
+    received at T + s + 1. Every receive waits for a message of an earlier tick; a flush ends each tick."""
+    ticks: dict[int, list] = {}
+
+    def at(t, ops):
+        ticks.setdefault(t, []).extend(ops)
+
+    for i in range(K):
+        for step in stage("scatter", i):
+            at(i, step.sends)
+            at(i + 1, step.recvs)
+        T = i + 1 + position
+        for step in stage("chain", i):  # one piece, one message
+            at(T, [*step.recvs, *step.posts, *step.sends])
+        for s, step in enumerate(stage("node ag", i)):
+            at(T + s, step.sends)
+            at(T + s + 1, step.recvs)
+    for t in sorted(ticks):
+        yield from ticks[t]
+        yield ("flush",)
+
+
+def _zipped(names, stage, K: int):
+    """One slice (K = 1) of a broadcast on one node or with one member a node: its stages one after
+    the other, the chain chunk by chunk (each member forwards a chunk as soon as it has it)."""
+    for t in range(K + len(names) - 1):
+        for s, name in enumerate(names):
+            if 0 <= t - s < K:
+                for step in stage(name, t - s):
+                    yield from step.whole()
