@@ -130,7 +130,7 @@ FLAT = {
 }
 # in the switches (two-level sharp on spines that reduce): no GPU-to-GPU rounds; link_bytes and
 # modeled_ns cover them (fabric.replay.sharp_allreduce_ns)
-IN_SWITCH = {"sharp": ("allreduce",)}
+IN_SWITCH = {"sharp": ("allreduce",), "nvls": ("reduce_scatter",)}
 
 
 def _block_bytes(S: int, n: int, itemsize: int) -> list[int]:
@@ -326,6 +326,11 @@ def link_bytes(collective: str, algorithm: str, topo: Topology, S: int = 0, item
         if config is None or collective != "allreduce":
             raise FabricError("cost_nodes: sharp's link bytes are for allreduce, and need the config (its chunks)")
         return sharp_link_bytes(topo, S, config, itemsize, partial_itemsize)
+    if algorithm == "nvls":
+        if config is None or collective != "reduce_scatter":
+            raise FabricError("cost_nodes: nvls's link bytes across nodes are for reduce_scatter, and need the "
+                              "config (its chunks)")
+        return nvls_link_bytes(topo, S, config, itemsize, partial_itemsize)
     return topo.link_payload_bytes(traffic(collective, algorithm, topo, S, itemsize, root, counts))
 
 
@@ -355,6 +360,40 @@ def sharp_link_bytes(topo: Topology, S: int, config, itemsize: int = 4, partial_
             up = src < N  # leaf -> spine
             elements = per_spine[(dst if up else src) - N]
             out[link.name] = elements * (wide if up else itemsize)
+    return out
+
+
+def nvls_link_bytes(topo: Topology, S: int, config, itemsize: int = 4, partial_itemsize: int | None = None) -> dict[str, int]:
+    """Exact payload bytes of ranks/collectives/nvls.py's reduce_scatter of S input bytes by every GPU of
+    `topo` (N nodes of G GPUs, P spines), every link; S_j = GPU j's block. GPU g's uplink: S (its answers
+    to the LOADs of every block); its downlink: S_g (its block's results). Leaf a -> spine i: the partials
+    of chunk c of every block for c mod P = i, at partial_itemsize bytes an element (4 for
+    float16/bfloat16; default itemsize): S x wide / itemsize over the spines (S / P each for equal
+    sets). Spine i -> leaf a: the results of those chunks of node a's G blocks (G S / (N P) for equal
+    sets). The header-only packets (payload 0, header_bytes raw each): per chunk of GPU j's block, its
+    request on its uplink, a LOAD down every member's downlink, the request on leaf -> spine and on
+    spine -> each other leaf, and a release spine -> each leaf but the requester's. Chunks as
+    fabric.replay.nvls_chunks sizes them."""
+    n, N, G, P = topo.gpus, topo.nodes, topo.gpus_per_node, topo.spines
+    if P < 1:
+        raise FabricError(f"cost_nodes: nvls across nodes needs spines; this topology has {N} node and none")
+    count = _block_bytes(S, 1, itemsize)[0] // itemsize
+    wide = partial_itemsize or itemsize
+    spans = replay.nvls_chunks(topo, count, config, itemsize, partial_itemsize)
+    per_spine = [0] * P                             # elements of every block's chunks at spine i
+    per_node = [[0] * N for _ in range(P)]          # of node a's blocks' chunks at spine i
+    for j, span in enumerate(spans):
+        for c, (lo, hi) in enumerate(span):
+            per_spine[c % P] += hi - lo
+            per_node[c % P][j // G] += hi - lo
+    out = dict.fromkeys((link.name for link in topo.links), 0)
+    for link in topo.links:
+        if link.level == "gpu-leaf":
+            gpu = int(link.src[3:]) if link.src.startswith("gpu") else int(link.dst[3:])
+            out[link.name] = count * itemsize if link.src.startswith("gpu") else sum(hi - lo for lo, hi in spans[gpu]) * itemsize
+        else:
+            src, dst = int(link.src[2:]), int(link.dst[2:])
+            out[link.name] = per_spine[dst - N] * wide if src < N else per_node[src - N][dst] * itemsize
     return out
 
 

@@ -26,11 +26,13 @@ deadlock-free schedule completes, in O(messages) link bookings (a 256-GPU ring a
 about half a million).
 """
 
+import numpy as np
+
 from .cost import in_switch_chunk
 from .errors import FabricError
 from .packets import raw_bytes
 from .reduction import (blocks, channel_rings, chunks, merged_columns, rail_ranges, ring_channel_count, tree_chunk,
-                        tree_parts, tree_steps, two_level_blocks)
+                        tree_parts, tree_steps, two_level_blocks, switch_accumulator)
 from .timemodel import LinkEnd, ReductionClock
 from .topology import Topology
 
@@ -406,6 +408,98 @@ def sharp_allreduce_ns(topo: Topology, count: int, config, itemsize: int = 4, pa
     return max(gpu.now for gpu in gpus)
 
 
+def nvls_streams(n: int, nodes: int, fabric_nodes: int, dtype) -> int:
+    """Credit streams of ranks/collectives/nvls.py's load-reduce by `n` members in `nodes` nodes of a fabric
+    of `fabric_nodes` (Call.in_switch_window): n on one node; across nodes 2 n x (the accumulator's width
+    / the dtype's) x ceil(fabric_nodes / (n - 1)), so that each leaf's partials awaiting their result or
+    release (n requesters' windows, twice: a release may trail the next request) fit its buffer share /
+    fabric_nodes (fabric.switch, Spanning groups)."""
+    if nodes == 1:
+        return n
+    wide = switch_accumulator(np.dtype(dtype)).itemsize // np.dtype(dtype).itemsize
+    return 2 * n * wide * -(-fabric_nodes // max(1, n - 1))
+
+
+def nvls_chunks(topo: Topology, count: int, config, itemsize: int, partial_itemsize: int | None = None):
+    """Each member's block (fabric.reduction.blocks of `count` elements over every GPU of `topo`) in the
+    pipeline chunks nvls.py sends (elements, ranges): nvls_chunk_bytes shrunk as Call.in_switch_window does."""
+    n = topo.gpus
+    wide = (partial_itemsize or itemsize) // itemsize
+    streams = n if topo.nodes == 1 else 2 * n * wide * -(-config.nodes // max(1, n - 1))  # nvls_streams
+    chunk = in_switch_chunk(config, n, streams, 2, config.nvls_chunk_bytes, itemsize) // itemsize
+    return [chunks(a, b, chunk) for a, b in blocks(count, n)]
+
+
+def nvls_reduce_scatter_ns(topo: Topology, count: int, config, itemsize: int = 4,
+                           partial_itemsize: int | None = None) -> float:
+    """Modeled ns of ranks/collectives/nvls.py's reduce_scatter of `count` input elements by every GPU of
+    `topo` (several nodes), all starting at 0, as the ranks and fabric.switch book it: every GPU books a
+    header-only request per chunk of its block on its uplink at the start (+ a); its leaf (+ s) sends
+    header-only LOADs to its members and the request to spine c mod P (+ u), which passes it (+ s + u) to
+    the other leaves (+ s), which load theirs. Each GPU serves LOADs in program order - round c: chunk c
+    of every block, then my result of chunk c - 1 - each LOAD booked on its downlink (+ a), its answer
+    on its uplink from then (+ a); a leaf's engine reduces a slot once its members' answers are in (+ s),
+    the partial (partial_itemsize bytes an element) takes the group's shares of the node's uplink to
+    the spine (+ u), the spine's engine (+ s) reduces once every leaf's partial is in, the result takes
+    the group's share of the requester's node's uplink from that spine (+ u), its leaf (+ s) sends it
+    down (+ a). Engines and shares book slots in the order (chunk, block) the members' programs fix."""
+    N, G, P, n = topo.nodes, topo.gpus_per_node, topo.spines, topo.gpus
+    if N < 2 or not P:
+        raise FabricError(f"replay: nvls across nodes needs a topology of several nodes and spines, got {N} nodes")
+    wide = partial_itemsize or itemsize
+    spans = nvls_chunks(topo, count, config, itemsize, partial_itemsize)
+    t = config.timing
+    s, u = t.switch_latency_ns, config.uplink_latency_ns
+    raw = lambda nbytes: raw_bytes(nbytes, config.mtu_bytes, config.header_bytes)
+    header = raw(0)
+    gpus = [_Gpu(g, topo) for g in range(n)]
+    engines = [ReductionClock(t.reduction_gbytes_per_s, t.reduction_latency_ns) for _ in range(N + P)]
+    group_share = topo.share_gbytes_per_s * G / P
+    up = {(k, i): LinkEnd(group_share, u) for k in range(N) for i in range(P)}
+    down = {(i, k): LinkEnd(group_share, u) for k in range(N) for i in range(P)}
+    requests = [[gpu.uplink.send(0.0, 0.0, header) for _ in spans[gpu.index]] for gpu in gpus]
+    results: dict[tuple[int, int], tuple[float, float, int]] = {}  # (requester, chunk) -> stamps at its leaf, raw
+
+    def take_back(gpu, c):
+        if c < len(spans[gpu.index]):
+            d0, d1, r = results.pop((gpu.index, c))
+            _, end = gpu.downlink.book(d0, d1, r)
+            gpu.now = max(gpu.now, end + gpu.downlink.latency_ns)
+
+    rounds = max(len(span) for span in spans)
+    for c in range(rounds):
+        answers = {}
+        for gpu in gpus:
+            for j in range(n):
+                if c < len(spans[j]):
+                    lo, hi = spans[j][c]
+                    ready = requests[j][c][1] + s + (0.0 if gpus[j].node == gpu.node else 2 * s + 2 * u)
+                    _, end = gpu.downlink.book(ready, ready, header)
+                    at = end + gpu.downlink.latency_ns
+                    answers[(gpu.index, j)] = gpu.uplink.send(at, at, raw((hi - lo) * itemsize))
+            if c:
+                take_back(gpu, c - 1)
+        for j in range(n):
+            if c >= len(spans[j]):
+                continue
+            lo, hi = spans[j][c]
+            r, w, i = raw((hi - lo) * itemsize), raw((hi - lo) * wide), c % P
+            partials = []
+            for k in range(N):
+                node = [answers[(g, j)] for g in range(k * G, (k + 1) * G)]
+                first, last = max(a for a, _ in node), max(b for _, b in node)
+                start, end = engines[k].reduce(first + s, last + s, w)
+                partials.append(up[(k, i)].send(start, end, w))
+            first, last = max(a for a, _ in partials), max(b for _, b in partials)
+            start, end = engines[N + i].reduce(first + s, last + s, r)
+            d0, d1 = down[(i, gpus[j].node)].send(start, end, r)
+            results[(j, c)] = (d0 + s, d1 + s, r)
+    for gpu in gpus:
+        take_back(gpu, rounds - 1)
+        gpu.now = max(gpu.now, gpu.uplink.free_ns)
+    return max(gpu.now for gpu in gpus)
+
+
 PROGRAMS = {
     "ring": ("allreduce", "reduce_scatter", "allgather", "broadcast"),
     "direct": ("allreduce", "reduce_scatter", "allgather", "broadcast", "all2all"),
@@ -427,6 +521,8 @@ def replay_ns(collective: str, algorithm: str, topo: Topology, S: int, config, i
         raise FabricError(f"replay: takes a Topology, got {type(topo).__name__}")
     if (collective, algorithm) == ("allreduce", "sharp"):
         return sharp_allreduce_ns(topo, int(S) // itemsize, config, itemsize, partial_itemsize)
+    if (collective, algorithm) == ("reduce_scatter", "nvls"):
+        return nvls_reduce_scatter_ns(topo, int(S) // itemsize, config, itemsize, partial_itemsize)
     n = topo.gpus
     chunk = max(1, config.chunk_bytes // itemsize)
     count = int(S) // itemsize

@@ -403,6 +403,8 @@ class SwitchLogic:
             if not key or key[0] != group.name:
                 raise AccessViolation(f"{kind.name} from GPU {ingress}: key {list(key)} is not one of group "
                                       f"{info.group}'s (its keys start with {group.name!r})")
+        if group.stage == "leaf" and kind is Kind.LOAD_REDUCE:
+            return self._load_reduce_across(ingress, packet, group, info)
         if group.stage == "leaf" and kind is not Kind.REDUCE:
             raise UnsupportedOperation(f"{kind.name} from GPU {ingress}: group {info.group} spans nodes "
                                        f"{sorted({g // self.config.gpus_per_node for g in group.members})}, and "
@@ -496,6 +498,49 @@ class SwitchLogic:
             info.group, info.slot, info.op, info.dtype, dest, key), t_start=t_start, t_end=t_end)
         return Send(-1, packet, partial, -1, spine)
 
+    # -- nvls across nodes: load-reduce through both levels (module docstring, Spanning groups) ----
+    def _load_reduce_across(self, ingress: int, packet: Packet, group, info: LoadInfo) -> list[Send]:
+        """GPU `ingress`'s LOAD_REDUCE of a spanning group: header-only LOADs to this node's members (rank
+        order) and the request, header-only, up to spine slot[-1] mod P, which passes it to the group's
+        other leaves (SpineLogic._load_reduce_on). The members' REDUCE answers make each leaf's partial
+        (_partial_up); the result comes back to this leaf alone, for the requester."""
+        try:
+            check_op(info.op)
+            check_dtype(info.dtype)
+        except FabricError as exc:
+            raise FabricError(f"LOAD_REDUCE from GPU {ingress}: {exc}") from None
+        if tuple(info.dest) != (ingress,):
+            raise AccessViolation(f"LOAD_REDUCE from GPU {ingress}: group {info.group} spans nodes, and a "
+                                  f"load-reduce's result goes to its requester only, not to {list(info.dest)}")
+        if not info.slot:
+            raise ProtocolError(f"LOAD_REDUCE from GPU {ingress}: group {info.group} spans nodes, and its slot [] "
+                                f"names no chunk (the last entry picks the spine)")
+        ready = packet.t_end + self.timing.switch_latency_ns
+        spine = self.topology.nodes + info.slot[-1] % self.topology.spines
+        self.counters.record(f"sw{self.switch}->sw{spine}", 0)
+        up = ready + self.config.uplink_latency_ns  # header-only: the cable's latency, booked on no share
+        request = packet.but(src=self.route_key(ingress), t_start=up, t_end=up)
+        return [*self._loads(group, packet, info, ready), Send(-1, request, None, -1, spine)]
+
+    def _loads(self, group, packet: Packet, info: LoadInfo, ready: float) -> list[Send]:
+        """Header-only LOADs of `packet`'s range to this leaf's members of `group`, ready at `ready` ns."""
+        load = Packet(Kind.LOAD, -1, 0, packet.address, packet.nbytes, packet.req, info, ready, ready)
+        return [Send(port, load.but(dst=self.route_key(port)), origin=-1) for port in group.inputs]
+
+    def _loads_asked(self, spine: int, packet: Packet) -> list[Send]:
+        """Another node's load-reduce, passed on by spine `spine`: LOADs to this node's members. A request
+        of a group released on its way is dropped; anything else that does not fit is a switch's bug."""
+        self.counters.record(f"sw{spine}->sw{self.switch}", 0)
+        info = packet.info
+        group = self.groups.groups.get(info.group)
+        if group is None and _released(self.groups, self._seen, self.topology.nodes, info.group):
+            return []
+        if group is None or group.stage != "leaf":
+            raise ProtocolError(f"switch {self.switch}: LOAD_REDUCE of group {info.group} from spine {spine}, which "
+                                f"spans no nodes of this leaf")
+        ready = packet.t_end + self.timing.switch_latency_ns
+        return [self._out(send) for send in self._loads(group, packet, info, ready)]
+
     def on_switch(self, spine: int, packet: Packet, payload: np.ndarray | None = None) -> list[Send]:
         """What to send for in-switch traffic of a spanning group that spine `spine` sent: a result to copy
         to this node's members, or a group's creation, its answers, its release. The switches trust each
@@ -516,6 +561,8 @@ class SwitchLogic:
             out = self._through(packet)
             return [self._out(self._deliver(port, info.group, info.key, payload, out.t_start, out.t_end, -1))
                     for port in ports]
+        if kind is Kind.LOAD_REDUCE:
+            return self._loads_asked(spine, packet)
         if kind is not Kind.GROUP:
             raise ProtocolError(f"{here}: {kind.name} from spine {spine} is no spanning group's traffic")
         if info.action == "span":  # a group another leaf created: this node's copy
@@ -858,12 +905,15 @@ class SpineLogic:
             if done is None:
                 self.peak_held_bytes = max(self.peak_held_bytes, self.groups.held_bytes)
                 return []
-            result, (_, key), (first_ns, last_ns) = done
+            result, (dest, key), (first_ns, last_ns) = done
             delay = self.timing.switch_latency_ns
             raw = raw_bytes(result.nbytes, self.config.mtu_bytes, self.config.header_bytes)
             start, end = self.groups.engine(info.group, self.timing).reduce(first_ns + delay, last_ns + delay, raw)
             sends = []
             for node in group.inputs:
+                if not any(g // self.config.gpus_per_node == node for g in dest):  # nvls: a requester's leaf only
+                    sends.append(self._release(info.group, key, node, end))
+                    continue
                 clock = self._down.get((info.group, node))
                 if clock is None:
                     local = sum(1 for g in group.members if g // self.config.gpus_per_node == node)
@@ -875,6 +925,8 @@ class SpineLogic:
                               t_start=t_start, t_end=t_end)
                 sends.append(Send(-1, down, result, -1, node))
             return sends
+        if kind is Kind.LOAD_REDUCE:
+            return self._load_reduce_on(leaf, packet)
         if kind is not Kind.GROUP:
             raise ProtocolError(f"{here}: {kind.name} from leaf {leaf} is no spanning group's traffic")
         creator = info.group % nodes
@@ -909,6 +961,38 @@ class SpineLogic:
         if info.action in ("spanned", "refused") and first:  # a leaf's answer, on to the creator leaf
             return [Send(-1, packet, switch=creator)]
         raise ProtocolError(f"{here}: GROUP {info.action!r} from leaf {leaf}")
+
+
+    def _load_reduce_on(self, leaf: int, packet: Packet) -> list[Send]:
+        """A requester's leaf's LOAD_REDUCE (header-only), on to the group's other leaves, each of which
+        loads its members' range and sends its partial here. Only a leaf of the group's nodes, for a
+        requester of its own node, asks; anything else is a leaf's bug (AccessViolation, ends the run).
+        A request of a group released on its way is dropped."""
+        self.counters.record(f"sw{leaf}->sw{self.switch}", 0)
+        info = packet.info
+        group = self.groups.groups.get(info.group)
+        if group is None and _released(self.groups, self._seen, self.topology.nodes, info.group):
+            return []
+        per_node = self.config.gpus_per_node
+        if group is None or leaf not in group.inputs or any(g // per_node != leaf for g in info.dest):
+            raise AccessViolation(f"spine {self.switch}: LOAD_REDUCE of group {info.group} slot {list(info.slot)} from "
+                                  f"leaf {leaf} for GPUs {list(info.dest)}: " + (
+                                      f"no live group {info.group}" if group is None else
+                                      f"not a requester of the group's node {leaf} among nodes {list(group.inputs)}"))
+        on = packet.but(t_start=packet.t_start + self.latency_ns, t_end=packet.t_end + self.latency_ns)
+        sends = []
+        for node in group.inputs:
+            if node != leaf:
+                self.counters.record(f"sw{self.switch}->sw{node}", 0)
+                sends.append(Send(-1, on, None, -1, node))
+        return sends
+
+    def _release(self, gid: int, key: tuple, node: int, end: float) -> Send:
+        """A header-only MCAST to leaf `node`, none of whose members a result is for (nvls's load-reduce):
+        it frees that leaf's partial, booked on no share (it carries nothing a GPU waits for)."""
+        self.counters.record(f"sw{self.switch}->sw{node}", 0)
+        at = end + self.config.uplink_latency_ns
+        return Send(-1, Packet(Kind.MCAST, -1, -1, 0, 0, info=McastInfo(gid, key), t_start=at, t_end=at), None, -1, node)
 
 
 def _seen(seen: dict[int, int], nodes: int, gid: int) -> None:

@@ -24,6 +24,7 @@ emulator sends them as credits allow, which bounds the switch's memory.
 import numpy as np
 
 from nvlink_emu.fabric.reduction import blocks, chunks
+from nvlink_emu.fabric.replay import nvls_streams
 
 from .sharp import allgather, broadcast  # noqa: F401  (multicast stores, the same as sharp's)
 
@@ -36,7 +37,7 @@ def _run(call, source: np.ndarray, reduced: np.ndarray, out: np.ndarray | None) 
     gather every member's reduced block into `out` (allreduce)."""
     gpu, n, r = call.gpu, call.n, call.r
     # pipeline chunks of nvls_chunk_bytes (NCCL's NVLS chunk); every member's requests are in the switch at once
-    window = call.in_switch_window(n, least=2, chunk_bytes=gpu.config.nvls_chunk_bytes)
+    window = call.in_switch_window(streams(call, source.dtype), least=2, chunk_bytes=gpu.config.nvls_chunk_bytes)
     parts = blocks(source.size, n)
     spans = [chunks(a, b, call.chunk) for a, b in parts]
     own, base = spans[r], parts[r][0]
@@ -53,14 +54,14 @@ def _run(call, source: np.ndarray, reduced: np.ndarray, out: np.ndarray | None) 
 
     def request(c):
         lo, hi = own[c]
-        call.load_reduce((r, c), SOURCE, lo * item, (hi - lo) * item, (LR, c), stamps[c])
-        call.post((LR, c), reduced[lo - base:hi - base])
+        call.load_reduce((r, c), SOURCE, lo * item, (hi - lo) * item, (LR, r, c), stamps[c])
+        call.post((LR, r, c), reduced[lo - base:hi - base])
 
     def take_back(c):
         # my reduced chunk c is back: multicast it, let one more request go
         if c < len(own):
             lo, hi = own[c]
-            call.wait((LR, c), "the switch's load-reduce", reduced[lo - base:hi - base])
+            call.wait((LR, r, c), "the switch's load-reduce", reduced[lo - base:hi - base])
             if out is not None:
                 call.multicast((MC, r, c), reduced[lo - base:hi - base])
             if c + window < len(own):
@@ -91,6 +92,16 @@ def _run(call, source: np.ndarray, reduced: np.ndarray, out: np.ndarray | None) 
     gather(rounds - 1)
     call.flush()
     gpu.unbind_buffer(call.key(*SOURCE))
+
+
+def streams(call, dtype) -> int:
+    """Credit streams of a load-reduce (Call.in_switch_window): n (every member's block in flight at once);
+    across nodes also enough that every leaf's partials without their result - each requester's window,
+    and once more as a release may trail the next request - fit its buffer share / nodes, a 16-bit
+    float's partial counting twice (fabric.replay.nvls_streams is the same rule)."""
+    per_node = call.gpu.config.gpus_per_node
+    nodes = len({call.peer(m) // per_node for m in range(call.n)})
+    return nvls_streams(call.n, nodes, call.gpu.config.nodes, np.dtype(dtype))
 
 
 def allreduce(call, array: np.ndarray) -> None:

@@ -1,0 +1,111 @@
+"""Multi-rank, several nodes: `nvls` reduce_scatter by load-reduce through both levels of switches
+(fabric.switch, Spanning groups; ranks/collectives/nvls.py) on superpod-h100-nvlink - against the numpy
+oracle of the two-level combine order for every op and dtype, bitwise the same run to run, exact bytes
+on every link of both levels, modeled time equal to fabric.replay's (cost_nodes.modeled_ns), and a
+member's attacks on it. World size 8 has two spines, 10 one."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from nvlink_emu.fabric import cost_nodes
+from nvlink_emu.fabric.errors import AccessViolation, FabricError, UnsupportedOperation
+from nvlink_emu.fabric.packets import Kind, segments
+from nvlink_emu.fabric.reduction import blocks
+from nvlink_emu.ranks.collectives import choose
+
+from nodes_helpers import config, run, shape
+from test_sharp_nodes import DTYPES, OPS, contribution, dtype_of, two_level
+
+pytestmark = pytest.mark.mpi(min_size=7)
+
+COUNT = 4000 + 7  # elements: blocks of several 1 KiB chunks (the last one short) for 4 and 6 GPUs
+
+
+def test_nvls_reduce_scatter_across_nodes_is_the_two_level_order_for_every_op_and_dtype():
+    """Every op and dtype on the world and on a communicator of one GPU per node, twice each, bitwise
+    equal to the oracle's block both times (chunk c of every block to spine c mod P); nvls allreduce
+    stays refused across nodes (it needs the multicast store across nodes)."""
+    _, per_node, _ = shape()
+
+    def main(gpu):
+        rail = gpu.world.split(gpu.rank % per_node)
+        for comm in (gpu.world, rail):
+            members = [comm.members[r] for r in range(comm.size)]
+            lo, hi = blocks(COUNT, comm.size)[comm.rank]
+            for name in DTYPES:
+                for op in OPS:
+                    want = two_level(members, per_node, name, op, COUNT)[lo:hi]
+                    for _ in range(2):
+                        out = np.empty(hi - lo, dtype_of(name))
+                        comm.reduce_scatter(contribution(gpu.rank, name, op, COUNT), out, op=op, algorithm="nvls")
+                        assert out.tobytes() == want.tobytes(), (comm.size, name, op)
+        with pytest.raises(UnsupportedOperation, match="nvls reduce_scatter only"):
+            gpu.world.allreduce(np.ones(64, np.float32), algorithm="nvls")
+        return True
+
+    result = run(main, chunk_bytes=1024, timeout_s=120)
+    if result.role == "gpu":
+        assert result.value is True
+    assert all(port["refused"] == 0 for port in result.report["ports"].values())
+
+
+def test_nvls_reduce_scatter_across_nodes_puts_exact_bytes_on_both_levels_and_takes_the_replayed_time():
+    """One chunk a block and several, float32 and float16 (partials up in float32): every link's payload
+    is cost_nodes.link_bytes', each call's modeled time is cost_nodes.modeled_ns' (the replay) exactly,
+    and the header-only packets are one a request on each level, as the docstring counts them."""
+    cfg = config(chunk_bytes=1 << 12)
+    calls = [("float32", 4096), ("float32", 5 * (1 << 14) + 40), ("float16", 3 * (1 << 14) + 2 * 6)]
+
+    def main(gpu):
+        times = []
+        for name, nbytes in calls:
+            item = dtype_of(name).itemsize
+            x = np.ones(nbytes // item, dtype_of(name))
+            lo, hi = blocks(x.size, gpu.size)[gpu.rank]
+            out = np.empty(hi - lo, x.dtype)
+            gpu.world.barrier()
+            start = gpu.now_ns
+            gpu.world.reduce_scatter(x, out, algorithm="nvls")
+            assert np.all(out == gpu.size)
+            gpu.world.barrier()
+            times.append(gpu.now_ns - start)
+        return times
+
+    result = run(main, timeout_s=120, chunk_bytes=cfg.chunk_bytes)
+    if result.role != "gpu":
+        return
+    topo = cfg.topology
+    expected = dict.fromkeys((link.name for link in topo.links), 0)
+    for (name, nbytes), got in zip(calls, result.value):
+        item = dtype_of(name).itemsize
+        wide = 4 if name == "float16" else item
+        for link, value in cost_nodes.link_bytes("reduce_scatter", "nvls", topo, nbytes, item, config=cfg,
+                                                 partial_itemsize=wide).items():
+            expected[link] += value
+        want = cost_nodes.modeled_ns("reduce_scatter", "nvls", topo, nbytes, cfg, item, partial_itemsize=wide)
+        assert got == pytest.approx(want, rel=1e-12, abs=1e-9), (name, nbytes)
+    links = result.report["links"]
+    got = {link: links.get(link, {}).get("payload_bytes", 0) for link in expected}
+    assert got == expected
+    # by hand: every GPU's uplink S (its answers), downlink its block; leaf -> spine the partials of
+    # every block (float16's in float32), spine -> leaf the results of the node's blocks
+    N, G, P = topo.nodes, topo.gpus_per_node, topo.spines
+    total = sum(nbytes for _, nbytes in calls)
+    assert all(got[f"gpu{g}->sw{g // G}"] == total for g in range(topo.gpus))
+    levels = topo.totals_by_level(got)
+    assert levels["leaf-spine"]["up"] == N * (total + calls[2][1])
+    assert levels["leaf-spine"]["down"] == total
+    # packets on the cables: per chunk of GPU j's block, header-only, the request up from j's leaf, on to
+    # the N - 1 other leaves, the spine's release to those N - 1; with data, each leaf's partial up, the
+    # result down (segments of the MTU each)
+    want_packets = 0
+    for name, nbytes in calls:
+        item = dtype_of(name).itemsize
+        wide = 4 if name == "float16" else item
+        for span in cost_nodes.replay.nvls_chunks(topo, nbytes // item, cfg, item, wide):
+            for lo, hi in span:
+                want_packets += 1 + 2 * (N - 1) + N * segments((hi - lo) * wide, cfg.mtu_bytes) \
+                    + segments((hi - lo) * item, cfg.mtu_bytes)
+    assert sum(links[link.name]["packets"] for link in topo.links if link.level == "leaf-spine") == want_packets
