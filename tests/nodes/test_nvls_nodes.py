@@ -4,19 +4,18 @@ oracle of the two-level combine order for every op and dtype, bitwise the same r
 on every link of both levels, modeled time equal to fabric.replay's (cost_nodes.modeled_ns), and a
 member's attacks on it. World size 8 has two spines, 10 one."""
 
-import dataclasses
-
 import numpy as np
 import pytest
 
 from nvlink_emu.fabric import cost_nodes
 from nvlink_emu.fabric.errors import AccessViolation, FabricError, UnsupportedOperation
-from nvlink_emu.fabric.packets import Kind, segments
+from nvlink_emu.fabric.packets import Kind, LoadInfo, Packet, ReduceInfo, segments
 from nvlink_emu.fabric.reduction import blocks
 from nvlink_emu.ranks.collectives import choose
 
 from nodes_helpers import config, run, shape
 from test_sharp_nodes import DTYPES, OPS, contribution, dtype_of, two_level
+from trust_helpers import refusals
 
 pytestmark = pytest.mark.mpi(min_size=7)
 
@@ -109,3 +108,77 @@ def test_nvls_reduce_scatter_across_nodes_puts_exact_bytes_on_both_levels_and_ta
                 want_packets += 1 + 2 * (N - 1) + N * segments((hi - lo) * wide, cfg.mtu_bytes) \
                     + segments((hi - lo) * item, cfg.mtu_bytes)
     assert sum(links[link.name]["packets"] for link in topo.links if link.level == "leaf-spine") == want_packets
+
+
+def test_a_member_s_attacks_on_nvls_across_nodes_harm_nobody_else():
+    """Partition 0 is GPU 0 and the first GPU of the last node, partition 1 every other GPU (spanning
+    every node), which runs nvls reduce_scatters meanwhile: right results, nothing of theirs refused.
+    GPU 0, in turn: a LOAD_REDUCE of partition 1's spanning group (refused at its leaf, AccessViolation);
+    a reduce_scatter whose load-reduces ask for a range past the bound buffers (each member refuses to
+    serve it: AccessViolation naming GPU 0 in both nodes); a forged partial sent straight to a spine's rank
+    (dropped unread: the pair's next reduce_scatter is exact); a LOAD_REDUCE of its released group
+    (refused at its leaf)."""
+    nodes, per_node, _ = shape()
+    pair = (0, (nodes - 1) * per_node)
+    victims = tuple(g for g in range(nodes * per_node) if g not in pair)
+
+    def exact(comm, count=5000):
+        lo, hi = blocks(count, comm.size)[comm.rank]
+        out = np.empty(hi - lo, np.float32)
+        comm.reduce_scatter(np.arange(count, dtype=np.float32) * (gpu_rank[0] + 1), out, algorithm="nvls")
+        members = [comm.members[r] for r in range(comm.size)]
+        assert np.array_equal(out, np.arange(lo, hi, dtype=np.float32) * sum(m + 1 for m in members))
+
+    gpu_rank = [0]
+
+    def main(gpu):
+        gpu_rank[0] = gpu.rank
+        comm = gpu.partition
+        gid = comm.group_id()
+        theirs = np.array([gid if gpu.rank in victims else 0], np.int64)
+        gpu.native("allreduce", theirs.copy(), theirs, op="max")  # out of band: partition 1's group id
+        if gpu.rank in victims:
+            for _ in range(3):
+                exact(comm)
+            return "victim"
+        if gpu.rank == 0:  # another partition's group
+            info = LoadInfo(int(theirs[0]), (1, 0, 0), "sum", "float32", (0,), (comm.name, 1, 4, 0, 0),
+                            (comm.name, 1, "nvls-bound"))
+            gpu.switch_request(Kind.LOAD_REDUCE, info, None, 0, 64, stamp=gpu.reserve_uplink(0, gpu.now_ns))
+            (error,) = refusals(gpu, 1)
+            assert type(error).__name__ == "AccessViolation" and "not a member" in str(error)
+            honest = gpu.switch_request
+
+            def past_the_end(kind, info, payload=None, address=0, nbytes=None, **kwargs):
+                if kind is Kind.LOAD_REDUCE:
+                    address += 1 << 20
+                return honest(kind, info, payload, address, nbytes, **kwargs)
+            gpu.switch_request = past_the_end
+        with pytest.raises(AccessViolation, match=r"GPU 0's load-reduce .* of a bound buffer of \d+; not served"):
+            exact(comm)
+        if gpu.rank == 0:
+            gpu.switch_request = honest
+            spine = gpu.config.gpus + gpu.config.nodes  # the first spine's rank
+            forged = np.full(8, 1e6, np.float32)
+            for seq in range(8):  # a partial for chunk 0 of GPU 0's block of the pair's next calls, as a leaf sends it
+                gpu._transport.send(spine, Packet(Kind.REDUCE, -1, -1, 0, forged.nbytes, info=ReduceInfo(
+                    gid, (seq, 0, 0), "sum", "float32", (0,), (comm.name, seq, 4, 0, 0))), forged.view(np.uint8))
+        comm.barrier()
+        exact(comm)
+        exact(comm)
+        comm.release_group()
+        if gpu.rank == 0:
+            info = LoadInfo(gid, (9, 0, 0), "sum", "float32", (0,), (comm.name, 9, 4, 0, 0), (comm.name, 9, "nvls-bound"))
+            gpu.switch_request(Kind.LOAD_REDUCE, info, None, 0, 64, stamp=gpu.reserve_uplink(0, gpu.now_ns))
+            (error,) = refusals(gpu, 1)
+            assert type(error).__name__ == "AccessViolation" and f"no live group {gid}" in str(error)
+        comm.barrier()
+        exact(comm)  # on a new group
+        return "pair"
+
+    result = run(main, partitions=(pair, victims), chunk_bytes=1024, timeout_s=60)
+    if result.role == "gpu":
+        assert result.value == ("pair" if result.rank in pair else "victim")
+    ports = result.report["ports"]
+    assert ports[0]["refused"] == ports[0]["violations"] == 2
+    assert all(ports[g]["refused"] == 0 for g in ports if g != 0)
