@@ -116,6 +116,7 @@ import numpy as np
 
 from . import replay
 from .cost import in_switch_chunk, raw_of
+from .counters import downlink, uplink
 from .errors import FabricError
 from .reduction import blocks, channel_rings, chunks, rail_ranges, ring_channel_count, tree_parts
 from .topology import Topology
@@ -128,9 +129,10 @@ FLAT = {
     "pxn": ("all2all",),
     "tree": ("allreduce",),
 }
-# in the switches (two-level sharp on spines that reduce): no GPU-to-GPU rounds; link_bytes and
-# modeled_ns cover them (fabric.replay.sharp_allreduce_ns)
-IN_SWITCH = {"sharp": ("allreduce",), "nvls": ("reduce_scatter",)}
+# in the switches (two-level sharp and nvls on spines that reduce and multicast): no GPU-to-GPU rounds;
+# link_bytes and modeled_ns cover them (fabric.replay.sharp_allreduce_ns, sharp_mcast_ns,
+# nvls_reduce_scatter_ns)
+IN_SWITCH = {"sharp": ("allreduce", "allgather", "broadcast"), "nvls": ("reduce_scatter",)}
 
 
 def _block_bytes(S: int, n: int, itemsize: int) -> list[int]:
@@ -323,8 +325,11 @@ def link_bytes(collective: str, algorithm: str, topo: Topology, S: int = 0, item
     """Exact payload bytes every link of `topo` carries in one call: {link name: bytes}, link order.
     sharp allreduce needs `config` (its chunks) and takes partial_itemsize (sharp_link_bytes)."""
     if algorithm == "sharp":
-        if config is None or collective != "allreduce":
-            raise FabricError("cost_nodes: sharp's link bytes are for allreduce, and need the config (its chunks)")
+        if config is None or collective not in IN_SWITCH["sharp"]:
+            raise FabricError(f"cost_nodes: sharp's link bytes are for {', '.join(IN_SWITCH['sharp'])}, and need the "
+                              f"config (its chunks)")
+        if collective != "allreduce":
+            return sharp_mcast_link_bytes(collective, topo, S, config, itemsize, root)
         return sharp_link_bytes(topo, S, config, itemsize, partial_itemsize)
     if algorithm == "nvls":
         if config is None or collective != "reduce_scatter":
@@ -394,6 +399,37 @@ def nvls_link_bytes(topo: Topology, S: int, config, itemsize: int = 4, partial_i
         else:
             src, dst = int(link.src[2:]), int(link.dst[2:])
             out[link.name] = per_spine[dst - N] * wide if src < N else per_node[src - N][dst] * itemsize
+    return out
+
+
+def sharp_mcast_link_bytes(collective: str, topo: Topology, S: int, config, itemsize: int = 4,
+                           root: int = 0) -> dict[str, int]:
+    """Exact payload bytes of ranks/collectives/sharp.py's allgather (S: the output's bytes) or broadcast
+    (S: the array's, from GPU `root`) by every GPU of `topo` (N nodes, P spines), every link, from its
+    multicast stores (fabric.replay.sharp_stores): GPU p's uplink its own stores (allgather: its block
+    b_p; broadcast: S at the root, 0 elsewhere), every downlink S (every store comes back to every member,
+    the sender's own included, as on one node); leaf a -> spine i the stores of node a's members whose
+    chunk goes to spine i ((p + c) mod P), once whatever the node's members; spine i -> leaf k the
+    stores of the other nodes' members sent to spine i. With P | chunks of every block: leaf a -> each
+    spine the node's blocks / P, spine -> leaf k the other nodes' blocks / P (allgather: G S / (n P) up
+    and (n - G) S / (n P) down per cable; broadcast: S / P up from the root's leaf, S / P down to each
+    other leaf)."""
+    N, P = topo.nodes, topo.spines
+    if P < 1:
+        raise FabricError(f"cost_nodes: sharp across nodes needs spines; this topology has {N} node and none")
+    count = _block_bytes(S, 1, itemsize)[0] // itemsize
+    stores, _ = replay.sharp_stores(collective, topo, count, max(1, config.chunk_bytes // itemsize), itemsize, root)
+    out = dict.fromkeys((link.name for link in topo.links), 0)
+    for p, sent in stores.items():
+        node = topo.locate(p)[0]
+        for _, nbytes, i in sent:
+            out[uplink(p, node)] += nbytes
+            out[f"sw{node}->sw{N + i}"] += nbytes
+            for k in range(N):
+                if k != node:
+                    out[f"sw{N + i}->sw{k}"] += nbytes
+    for g in range(topo.gpus):
+        out[downlink(g, topo.locate(g)[0])] = count * itemsize
     return out
 
 

@@ -500,6 +500,65 @@ def nvls_reduce_scatter_ns(topo: Topology, count: int, config, itemsize: int = 4
     return max(gpu.now for gpu in gpus)
 
 
+def sharp_stores(collective: str, topo: Topology, count: int, chunk: int, itemsize: int, root: int = 0):
+    """The multicast stores of ranks/collectives/sharp.py's allgather (count: the output's elements) or
+    broadcast (the array's, from member `root`) by every GPU of `topo`: {sender: [(key, payload bytes,
+    spine index), ...] in its program order}, spine (p + c) mod P for chunk c of member p's stores
+    (fabric.switch.SwitchLogic.store_spine), and the keys in the order every member waits for them."""
+    n, P = topo.gpus, topo.spines
+    if collective == "allgather":
+        parts = enumerate(blocks(count, n))
+    elif collective == "broadcast":
+        if not isinstance(root, int) or isinstance(root, bool) or not 0 <= root < n:
+            raise FabricError(f"replay: broadcast root must be one of GPUs 0..{n - 1}, got {root!r}")
+        parts = [(root, (0, count))]
+    else:
+        raise FabricError(f"replay: sharp multicast stores are allgather's and broadcast's, not {collective}")
+    stores = {p: [((p, c), (hi - lo) * itemsize, (p + c) % P) for c, (lo, hi) in enumerate(chunks(a, b, chunk))]
+              for p, (a, b) in parts}
+    return stores, [key for p in sorted(stores) for key, _, _ in stores[p]]
+
+
+def sharp_mcast_ns(collective: str, topo: Topology, count: int, config, itemsize: int = 4, root: int = 0) -> float:
+    """Modeled ns of ranks/collectives/sharp.py's allgather or broadcast of `count` elements by every GPU of
+    `topo` (of several nodes), all starting at 0, as fabric.switch books the stores (Spanning groups):
+    each sender books its stores on its uplink (all issued at once, in order); its leaf (+ s) copies
+    each to the node's members and sends one up to spine (p + c) mod P on the sender's share of the
+    node's uplink to it (U / (G P), + u); the spine (+ s) sends one copy to each other leaf k on the
+    sender's down clock there (m_k U / (G P (n - m_k)), + u); that leaf (+ s) copies it down; each GPU
+    books its downlink in the order it waits (block p, chunk c; + a), and the call ends once its
+    uplink is free (flush)."""
+    N, G, P, n = topo.nodes, topo.gpus_per_node, topo.spines, topo.gpus
+    if N < 2 or not P:
+        raise FabricError(f"replay: sharp across nodes needs a topology of several nodes and spines, got {N} nodes")
+    stores, order = sharp_stores(collective, topo, count, max(1, config.chunk_bytes // itemsize), itemsize, root)
+    s, u = config.timing.switch_latency_ns, config.uplink_latency_ns
+    share = topo.share_gbytes_per_s
+    gpus = [_Gpu(g, topo) for g in range(n)]
+    arrive: dict[tuple, tuple[float, float, int]] = {}  # (key, node) -> the copy's stamps at the node's leaf
+    for p in sorted(stores):
+        node = gpus[p].node
+        up = [LinkEnd(share / P, u) for _ in range(P)]
+        down = {(i, k): LinkEnd(share * G / (P * (n - G)), u) for i in range(P) for k in range(N) if k != node}
+        for key, nbytes, i in stores[p]:
+            r = raw_bytes(nbytes, config.mtu_bytes, config.header_bytes)
+            a, b = gpus[p].uplink.send(0.0, 0.0, r)
+            a, b = a + s, b + s
+            arrive[(key, node)] = (a, b, r)
+            a, b = up[i].send(a, b, r)
+            for k in range(N):
+                if k != node:
+                    d0, d1 = down[(i, k)].send(a + s, b + s, r)
+                    arrive[(key, k)] = (d0 + s, d1 + s, r)
+    for gpu in gpus:
+        for key in order:
+            a, b, r = arrive[(key, gpu.node)]
+            _, end = gpu.downlink.book(a, b, r)
+            gpu.now = max(gpu.now, end + gpu.downlink.latency_ns)
+        gpu.now = max(gpu.now, gpu.uplink.free_ns)
+    return max(gpu.now for gpu in gpus)
+
+
 PROGRAMS = {
     "ring": ("allreduce", "reduce_scatter", "allgather", "broadcast"),
     "direct": ("allreduce", "reduce_scatter", "allgather", "broadcast", "all2all"),
@@ -523,6 +582,8 @@ def replay_ns(collective: str, algorithm: str, topo: Topology, S: int, config, i
         return sharp_allreduce_ns(topo, int(S) // itemsize, config, itemsize, partial_itemsize)
     if (collective, algorithm) == ("reduce_scatter", "nvls"):
         return nvls_reduce_scatter_ns(topo, int(S) // itemsize, config, itemsize, partial_itemsize)
+    if algorithm == "sharp" and collective in ("allgather", "broadcast"):
+        return sharp_mcast_ns(collective, topo, int(S) // itemsize, config, itemsize, root)
     n = topo.gpus
     chunk = max(1, config.chunk_bytes // itemsize)
     count = int(S) // itemsize

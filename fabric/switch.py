@@ -45,6 +45,22 @@ number, held_parts_share / nodes), so what a spine holds stays within the share.
 that disagree between nodes (each leaf checks only its members) are refused at the spine to every
 member, a NACK once per group until its release; a partial or result of a group released while on
 its way is dropped (one number per creator leaf tells it from most switch bugs: _released).
+*Multicast stores* (sharp allgather, broadcast): a member's MCAST goes to its leaf, which copies it to
+the node's members and sends one copy up (src: the sender) to spine (p + c) mod P, p the sender's rank
+in the group and c the key's last entry, its chunk (store_spine; a key without one is refused), so the
+spines share a call's stores; the spine sends one copy down to each other leaf of the group, which
+copies it to its members. Trust: a spine takes a store only from a leaf of the group's nodes, for a
+member in that leaf's node; a leaf takes one from a spine only for a group that spans it, from a
+member of another node; copies go only to the group's members, so a GPU can make no switch deliver to
+a non-member. Time: up, on the sender's share of the node's uplink to that spine (U / (G P)), booked
+by the leaf in the sender's packet order; down, on the sender's part of the group's shares of the
+destination node's uplink from that spine (m_k U / (G P) over the n - m_k members outside node k,
+equal parts: what fair arbitration gives when every member stores at once, as in allgather; a lone
+sender, a broadcast's root, gets no more than its part), booked by the spine in the sender's order.
+Members' stores reach a leaf or a spine in the host's order, so no clock is shared between senders:
+that keeps modeled time a function of the programs (fabric.replay.sharp_mcast_ns replays it). A
+store crossing its group's release is dropped; the leaves' credits bound the copies in flight to a
+member of another node (ranks/switch.py).
 """
 
 import math
@@ -71,6 +87,7 @@ FROM_GPU = frozenset({Kind.PUT, Kind.PUT_ACK, Kind.GET, Kind.GET_DATA, Kind.MSG,
 # the reply each request kind is answered with, by the GPU it was forwarded to
 REPLY_OF = {Kind.PUT: Kind.PUT_ACK, Kind.GET: Kind.GET_DATA}
 _NO_BYTES = np.empty(0, np.uint8)  # the payload of a transfer of 0 bytes
+GONE_KEPT = 4096  # released spanning groups whose local members a leaf remembers (late stores' credit)
 MAX_AWAITED = 1 << 16  # requests of one GPU forwarded and not yet answered; past it, new ones are refused
 
 
@@ -149,6 +166,11 @@ class SwitchLogic:
         self._up: dict[tuple[int, int], LinkEnd] = {}
         self._seen: dict[int, int] = {}  # creator leaf -> the highest k of its group ids held here (_released)
         self._failed: set[int] = set()   # groups whose members heard a spine's refusal (once, until released)
+        # multicast stores across nodes: each local GPU's share of the node's uplink to each spine, booked
+        # here in that GPU's packet order; the local members of released spanning groups (the most recent
+        # GONE_KEPT), so that a store crossing its group's release still returns the credit it took
+        self._store_up: dict[tuple[int, int], LinkEnd] = {}
+        self._gone: dict[int, tuple[int, ...]] = {}
         self.partial_share_bytes = self.buffer_share_bytes // max(1, topology.nodes)
         self.partial_share_parts = max(1, self.held_parts_share // max(1, topology.nodes))
 
@@ -405,11 +427,8 @@ class SwitchLogic:
                                       f"{info.group}'s (its keys start with {group.name!r})")
         if group.stage == "leaf" and kind is Kind.LOAD_REDUCE:
             return self._load_reduce_across(ingress, packet, group, info)
-        if group.stage == "leaf" and kind is not Kind.REDUCE:
-            raise UnsupportedOperation(f"{kind.name} from GPU {ingress}: group {info.group} spans nodes "
-                                       f"{sorted({g // self.config.gpus_per_node for g in group.members})}, and "
-                                       f"across nodes the switches reduce (sharp allreduce) but do not multicast "
-                                       f"a GPU's store or load-reduce (nvls) yet")
+        if kind is Kind.MCAST and group.stage == "leaf":
+            return self._store_span(ingress, group, packet, payload)
         if kind is Kind.MCAST:
             # one packet in, a copy out of every member port, the sender's included
             out = self._through(packet)
@@ -547,6 +566,8 @@ class SwitchLogic:
         other: anything that does not fit is a bug (ProtocolError, which ends the run)."""
         kind, info = packet.kind, packet.info
         here = f"switch {self.switch}"
+        if kind is Kind.MCAST and packet.src != -1:  # a GPU's store from another node (_store_span)
+            return self._store_in(spine, packet, payload)
         if kind is Kind.MCAST:
             self.counters.record(f"sw{spine}->sw{self.switch}", packet.payload_bytes)
             got = self._partials.pop((info.group, info.key), None)
@@ -588,6 +609,67 @@ class SwitchLogic:
             return self._span_answered(packet.req, info)
         raise ProtocolError(f"{here}: GROUP {info.action!r} from spine {spine}")
 
+    # -- multicast stores across nodes (module docstring, Spanning groups) ------------------------
+    def store_spine(self, group, ingress: int, key: tuple) -> int:
+        """The spine (switch index) member `ingress`'s store under `key` goes up to: (p + c) mod P, p the
+        member's rank in the group, c = key[-1] (the chunk); ProtocolError if key[-1] is no chunk number."""
+        chunk = key[-1]
+        if type(chunk) is not int or chunk < 0:
+            raise ProtocolError(f"MCAST from GPU {ingress}: group {group.group_id} spans nodes, and its key "
+                                f"{list(key)} ends in {chunk!r}, not a chunk number (the last entry picks the spine)")
+        return self.topology.nodes + (group.members.index(ingress) + chunk) % self.topology.spines
+
+    def remote_members(self, gid: int) -> tuple[int, ...]:
+        """Members of group `gid` in other nodes (a store of a local member reaches each of them), or ()."""
+        group = self.groups.groups.get(gid)
+        return () if group is None else tuple(g for g in group.members if g not in self.local)
+
+    def store_targets(self, gid: int) -> tuple[int, ...]:
+        """This node's members of spanning group `gid`, live or recently released: the ports a store from
+        another node is for (and whose credit it took at the sender's leaf)."""
+        group = self.groups.groups.get(gid)
+        return group.inputs if group is not None else self._gone.get(gid, ())
+
+    def _store_span(self, ingress: int, group, packet: Packet, payload: np.ndarray) -> list[Send]:
+        """A member's multicast store through a group spanning nodes: a copy to each member of this node
+        (the sender's own included), one copy up to spine store_spine(...) on the sender's share of the
+        node's uplink to it (U / (G P), booked here in the sender's packet order), src stamped with the
+        sender, for the spine to send on to the group's other leaves."""
+        info = packet.info
+        spine = self.store_spine(group, ingress, info.key)
+        out = self._through(packet)
+        raw = raw_bytes(packet.nbytes, self.config.mtu_bytes, self.config.header_bytes)
+        clock = self._store_up.get((ingress, spine))
+        if clock is None:
+            clock = self._store_up[(ingress, spine)] = LinkEnd(self.topology.share_gbytes_per_s / self.topology.spines,
+                                                               self.config.uplink_latency_ns)
+        t_start, t_end = clock.send(out.t_start, out.t_end, raw)
+        self.counters.record(f"sw{self.switch}->sw{spine}", packet.nbytes)
+        self._event({"ev": "mcast", "group": info.group, "from": ingress, "bytes": packet.nbytes,
+                     "copies": len(group.inputs), "spine": spine, "m": out.t_start})
+        up = Packet(Kind.MCAST, self.route_key(ingress), -1, 0, packet.nbytes, info=McastInfo(info.group, info.key),
+                    t_start=t_start, t_end=t_end)
+        return [self._deliver(port, info.group, info.key, payload, out.t_start, out.t_end, None)
+                for port in group.inputs] + [Send(-1, up, payload, None, spine)]
+
+    def _store_in(self, spine: int, packet: Packet, payload: np.ndarray) -> list[Send]:
+        """A store of a GPU of another node that spine `spine` sent down: a copy to each member of this
+        node. Taken only for a group that spans this leaf and from a member of another node (the spines
+        are trusted: anything else is a bug, ProtocolError)."""
+        info, here = packet.info, f"switch {self.switch}"
+        self.counters.record(f"sw{spine}->sw{self.switch}", packet.payload_bytes)
+        group = self.groups.groups.get(info.group)
+        if group is None and _released(self.groups, self._seen, self.topology.nodes, info.group):
+            return []  # it crossed its group's release on the way (ranks/switch returns its credit)
+        sender = self.gpu_of_key(packet.src)
+        if group is None or group.stage != "leaf" or sender not in group.members or sender in self.local:
+            raise ProtocolError(f"{here}: a store of group {info.group} from spine {spine} for GPU {packet.src!r}: "
+                                + ("no group spanning this leaf" if group is None or group.stage != "leaf" else
+                                   f"not a member of another node (members {list(group.members)})"))
+        out = self._through(packet)
+        return [self._out(self._deliver(port, info.group, info.key, payload, out.t_start, out.t_end, sender))
+                for port in group.inputs]
+
     def _take_span(self, info: GroupInfo) -> None:
         partition = self._partition[info.members[0]]
         if self.groups.count_in(partition) >= self.group_share:
@@ -618,6 +700,10 @@ class SwitchLogic:
         self._failed.discard(gid)
         for key in [k for k in self._up if k[0] == gid]:
             del self._up[key]
+        if group is not None:
+            self._gone[gid] = group.inputs
+            if len(self._gone) > GONE_KEPT:
+                del self._gone[next(iter(self._gone))]
 
     def _span(self, ingress: int, packet: Packet, info: GroupInfo, nodes: list[int]) -> list[Send]:
         """Create spanning group `info` for GPU `ingress`: this leaf's copy, then the other switches'
@@ -852,6 +938,10 @@ class SpineLogic:
         self._seen: dict[int, int] = {}  # creator leaf -> the highest k of its group ids held here (_released)
         self.peak_held_bytes = 0
         self.late_partials = 0  # partials of a group released while they were on their way (dropped)
+        # multicast stores: the down clocks (group, sender, leaf), the sender's part of the group's shares
+        # of that node's uplink from this spine; stores of a released group dropped on their way
+        self._store_down: dict[tuple[int, int, int], LinkEnd] = {}
+        self.late_stores = 0
 
     def gpu_of_key(self, key: int) -> int | None:
         """The GPU whose routing key `key` is, or None."""
@@ -927,6 +1017,8 @@ class SpineLogic:
             return sends
         if kind is Kind.LOAD_REDUCE:
             return self._load_reduce_on(leaf, packet)
+        if kind is Kind.MCAST:
+            return self._store(leaf, packet, payload)
         if kind is not Kind.GROUP:
             raise ProtocolError(f"{here}: {kind.name} from leaf {leaf} is no spanning group's traffic")
         creator = info.group % nodes
@@ -954,6 +1046,8 @@ class SpineLogic:
                 self.groups.release(info.group, self.groups.groups[info.group].inputs[0])
             for key in [k for k in self._down if k[0] == info.group]:
                 del self._down[key]
+            for key in [k for k in self._store_down if k[0] == info.group]:
+                del self._store_down[key]
             if first:
                 group_nodes = range(nodes)  # the leaves that hold it: whoever took the span
                 return [Send(-1, packet, switch=node) for node in group_nodes if node != leaf]
@@ -993,6 +1087,44 @@ class SpineLogic:
         self.counters.record(f"sw{self.switch}->sw{node}", 0)
         at = end + self.config.uplink_latency_ns
         return Send(-1, Packet(Kind.MCAST, -1, -1, 0, 0, info=McastInfo(gid, key), t_start=at, t_end=at), None, -1, node)
+
+    def _store(self, leaf: int, packet: Packet, payload: np.ndarray) -> list[Send]:
+        """A member's multicast store that leaf `leaf` sent up (SwitchLogic._store_span): one copy down to
+        each other leaf the group spans, each on the down clock (group, sender, leaf): the group's shares
+        of that node's uplink from this spine (m_k x U / (G P), m_k its members), an equal part for each of
+        the n - m_k members outside it, booked here in the sender's order. Taken only from a leaf of the
+        group's nodes, for a member in that leaf's node (AccessViolation otherwise: a leaf's bug)."""
+        info, here = packet.info, f"spine {self.switch}"
+        self.counters.record(f"sw{leaf}->sw{self.switch}", packet.payload_bytes)
+        group = self.groups.groups.get(info.group)
+        if group is None and _released(self.groups, self._seen, self.topology.nodes, info.group):
+            self.late_stores += 1  # it crossed its group's release
+            return []
+        per_node = self.config.gpus_per_node
+        sender = self._gpu_of.get(packet.src)
+        if group is None or leaf not in group.inputs or sender not in group.members or sender // per_node != leaf:
+            raise AccessViolation(f"{here}: multicast store of group {info.group} key {list(info.key)} from leaf {leaf} "
+                                  f"for GPU {packet.src!r}: " + (
+                                      f"no live group {info.group}" if group is None else
+                                      f"leaf {leaf} is no leaf of the group's nodes {list(group.inputs)}"
+                                      if leaf not in group.inputs else
+                                      f"not a member of the group in node {leaf} (members {list(group.members)})"))
+        delay = self.timing.switch_latency_ns
+        raw = raw_bytes(packet.payload_bytes, self.config.mtu_bytes, self.config.header_bytes)
+        sends = []
+        for node in group.inputs:
+            if node == leaf:
+                continue
+            clock = self._store_down.get((info.group, sender, node))
+            if clock is None:
+                local = sum(1 for g in group.members if g // per_node == node)
+                clock = self._store_down[(info.group, sender, node)] = LinkEnd(
+                    self.topology.share_gbytes_per_s * local / (self.topology.spines * (len(group.members) - local)),
+                    self.config.uplink_latency_ns)
+            t_start, t_end = clock.send(packet.t_start + delay, packet.t_end + delay, raw)
+            self.counters.record(f"sw{self.switch}->sw{node}", packet.payload_bytes)
+            sends.append(Send(-1, packet.but(t_start=t_start, t_end=t_end), payload, sender, node))
+        return sends
 
 
 def _seen(seen: dict[int, int], nodes: int, gid: int) -> None:

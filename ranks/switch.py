@@ -65,7 +65,10 @@ class SwitchRank:
     completed (or at once if it refused them): by itself when half the credit has left, at once when
     the sender's leaf asks (it asks when it holds a transfer for want of credit). So a GPU that does not
     receive costs its leaf its port's share from the other nodes at most, in bytes and in packets, and
-    only the traffic bound for it waits.
+    only the traffic bound for it waits. A multicast store of a group spanning nodes (fabric.switch)
+    goes up once but reaches every member of the other nodes, so it takes that credit for each of them
+    at the sender's leaf, and each destination leaf credits its members' copies back the same way: a
+    member that does not receive cannot make another node's leaf hold the group's stores for it.
     """
 
     def __init__(self, config: FabricConfig, transport: Transport, timeout_s: float, trace=None,
@@ -297,10 +300,25 @@ class SwitchRank:
             self._on_credit(packet)
             return
         if peer is not None and packet.kind in SPANNING:  # a spanning group's traffic (fabric.switch)
+            store = packet.kind is Kind.MCAST and packet.src != -1  # a GPU's multicast store, not a result
+            origin = self.logic.gpu_of_key(packet.src) if store else -1
             sends = self.logic.on_switch(peer, packet, payload)
             if self.trace is not None and packet.kind.counted:
-                self._record("rx", f"sw{peer}->sw{self.index}", packet, -1)
-            self._send_all(sends, -1)
+                self._record("rx", f"sw{peer}->sw{self.index}", packet, origin)
+            if store and not self.spine:
+                # its leaf took credit for each member here (_send_all): returned once the copy left, and
+                # at once for one that does not go down (its group was released on the way)
+                charge = self._charge(packet.payload_bytes)
+                self._send_all(sends, origin, transit=charge)
+                delivered = {send.port for send in sends}
+                lost = [port for port in self.logic.store_targets(packet.info.group) if port not in delivered]
+                for port in lost:
+                    key = (self._leaf_rank(origin), port)
+                    self._drained[key] = self._drained.get(key, 0) + charge
+                if lost:
+                    self._send_credits()
+                return
+            self._send_all(sends, origin)
             return
         if peer is not None:  # from another switch: decided at the sender's leaf, or to be at this one
             if self.spine:
@@ -462,6 +480,10 @@ class SwitchRank:
                 link = f"sw{self.index}->sw{switch}"
                 if source in self.gpus and send.switch is None:
                     self._credit_used[send.port] = self._credit_used.get(send.port, 0) + self._charge(nbytes)
+                elif source in self.gpus and send.packet.kind is Kind.MCAST:  # a store up to a spine: one copy
+                    # reaches every member of the other nodes, so it takes credit for each (class docstring)
+                    for port in self.logic.remote_members(send.packet.info.group):
+                        self._credit_used[port] = self._credit_used.get(port, 0) + self._charge(nbytes)
             if self.trace is not None and send.packet.kind.counted:
                 self._record("tx", link, send.packet, source if send.origin is None else send.origin)
         if self.logic.events:

@@ -21,7 +21,7 @@ ALGORITHMS = {"ring": ring, "direct": direct, "sharp": sharp, "nvls": nvls, "hie
               "tree": tree}  # also `auto`'s tie order
 IN_SWITCH = ("sharp", "nvls")
 # what the in-switch algorithms run for members in several nodes (groups spanning leaves and spines)
-ACROSS_NODES = {"sharp": ("allreduce",), "nvls": ("reduce_scatter",)}
+ACROSS_NODES = {"sharp": ("allreduce", "allgather", "broadcast"), "nvls": ("reduce_scatter",)}
 # all2all's algorithms (comm.all2all's `algorithm`; auto is direct), each taking all2allv's arguments;
 # all2allv runs direct
 ALL2ALL = {"direct": all2all.all2allv, "pxn": pxn.all2all}
@@ -30,10 +30,12 @@ SMALL_BYTES = 64 * 1024  # fallback rule: below this, `direct` (fewer steps) bef
 
 def allowed(config, nodes: int = 1, collective: str | None = None) -> tuple[str, ...]:
     """Algorithms the fabric can run (for `collective`, if given) for members in `nodes` nodes: the
-    in-switch ones need NVLink Network mode with SHARP switches; across nodes, on spines that reduce
-    too (config.spine_sharp: superpod-h100-nvlink), what ACROSS_NODES lists: sharp's allreduce (leaves
-    reduce their node, spines the leaves, results multicast down) and nvls's reduce_scatter (a
-    load-reduce through both levels); without `collective` an algorithm listed there counts as allowed."""
+    in-switch ones need NVLink Network mode with SHARP switches; across nodes, on spines that reduce and
+    multicast too (config.spine_sharp: superpod-h100-nvlink), what ACROSS_NODES lists: sharp's allreduce
+    (two-level: leaves reduce their node, spines the leaves, results multicast down), allgather and
+    broadcast (a store copied at its leaf, once up to a spine, once down to every other leaf), and
+    nvls's reduce_scatter (a load-reduce through both levels); without `collective` an algorithm listed
+    there counts as allowed."""
     in_switch = config.mode == "network" and config.sharp
     def fits(name):
         if name not in IN_SWITCH or nodes == 1:
@@ -84,7 +86,7 @@ def choose(collective: str, algorithm: str, config, nbytes: int, members: int | 
         raise UnsupportedOperation(f"{collective} with {algorithm!r}: fabric {config.name!r} has no in-switch "
                                    f"reduction or multicast (needs NVLink Network mode with a SHARP switch)")
     if algorithm not in allowed(config, nodes, collective):
-        runs = ", ".join(f"{name} {' and '.join(ops)}" for name, ops in ACROSS_NODES.items())
+        runs = "; ".join(f"{name}'s {', '.join(ops)}" for name, ops in ACROSS_NODES.items())
         why = (f"across nodes the switches run {runs} only so far" if config.spine_sharp else
                "its spines do not reduce (spine_sharp false: an InfiniBand spine here)")
         raise UnsupportedOperation(f"{collective} with {algorithm!r}: its {n} members are in {nodes} nodes of fabric "

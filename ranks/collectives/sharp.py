@@ -13,7 +13,7 @@ Per-GPU link payload for S bytes on N GPUs:
 Combine order: members 0, 1, ..., N-1, in the switch's accumulator (float32 for float16 and
 bfloat16, rounded once at the end; the dtype itself otherwise). avg divides in the switch.
 
-Across nodes (allreduce only; fabric.switch, Spanning groups): each GPU pushes chunk c to its leaf,
+Across nodes (allreduce, allgather, broadcast; fabric.switch, Spanning groups). Allreduce: each GPU pushes chunk c to its leaf,
 the leaf reduces its node's members (communicator rank order) into a partial in the accumulator and
 sends it to spine c mod P, the spine reduces the partials of the group's nodes in node order,
 finishes (rounds once, avg divides once) and multicasts the result to the leaves, each leaf to its
@@ -22,6 +22,15 @@ chunks c = i mod P (S / P for P | chunks; a float16/bfloat16 partial is float32,
 each spine i -> leaf link the results of the same chunks (S / P). fabric.cost_nodes.link_bytes has
 every link exactly. The window counts a 16-bit float's partial twice and keeps each leaf's partials in
 flight within its share of the buffer / nodes (the spines hold no more than that).
+Allgather and broadcast: a member's multicast store of chunk c (of its block p; broadcast: p = the
+root) goes to its leaf, which copies it to the node's members and sends one copy up to spine
+(p + c) mod P (so a block's chunks, and the members' blocks, share the spines out); the spine sends one
+copy down to each other leaf of the group, which copies it to its members. Per GPU tx and rx as on one
+node; each leaf -> spine cable carries its node's members' stores once (allgather G S / n in all, a
+broadcast S from the root's leaf), each spine -> leaf k cable the other nodes' stores (allgather
+(n - G) S / n in all, a broadcast S to each other leaf), split over the spines by that rule
+(fabric.cost_nodes.sharp_mcast_link_bytes). No window: the switches hold no store, and the leaves'
+credits (ranks/switch.py) bound the copies in flight to each member of another node.
 """
 
 import math

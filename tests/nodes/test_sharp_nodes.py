@@ -8,7 +8,7 @@ import pytest
 
 from nvlink_emu.fabric import cost_nodes
 from nvlink_emu.fabric.errors import UnsupportedOperation
-from nvlink_emu.fabric.reduction import BFLOAT16
+from nvlink_emu.fabric.reduction import BFLOAT16, blocks
 from nvlink_emu.ranks.collectives import choose
 
 from nodes_helpers import config, run, shape
@@ -60,8 +60,8 @@ def two_level(members: list[int], per_node: int, name: str, op: str, count: int 
 
 def test_sharp_allreduce_across_nodes_is_the_two_level_order_for_every_op_and_dtype():
     """Every op and dtype on the world and on a communicator of one GPU per node (world size 10: one of
-    two per node), twice each, bitwise equal to the oracle both times; nvls and sharp's other
-    collectives stay refused across nodes."""
+    two per node), twice each, bitwise equal to the oracle both times; nvls stays refused across
+    nodes."""
     _, per_node, _ = shape()
 
     def main(gpu):
@@ -78,8 +78,6 @@ def test_sharp_allreduce_across_nodes_is_the_two_level_order_for_every_op_and_dt
         x = np.ones(64, np.float32)
         with pytest.raises(UnsupportedOperation, match="nvls.*nodes"):
             gpu.world.allreduce(x, algorithm="nvls")
-        with pytest.raises(UnsupportedOperation, match="sharp allreduce"):
-            gpu.world.reduce_scatter(np.ones(8 * gpu.size, np.float32), np.empty(8, np.float32), algorithm="sharp")
         return True
 
     result = run(main, chunk_bytes=4096, timeout_s=120)
@@ -129,3 +127,84 @@ def test_sharp_allreduce_across_nodes_puts_exact_bytes_on_both_levels_and_takes_
     up, down = levels["leaf-spine"]["up"], levels["leaf-spine"]["down"]
     assert down == topo.nodes * total and up == topo.nodes * (total + calls[2][1])  # float16: float32 up
     assert choose("allreduce", "auto", cfg, 1 << 24) == "sharp"
+
+
+def test_sharp_allgather_and_broadcast_across_nodes_deliver_every_block_for_every_dtype():
+    """Multicast stores across nodes (a copy to the node's members at the sender's leaf, one up to spine
+    (p + c) mod P, one down to every other leaf): allgather of uneven blocks (fabric.reduction.blocks)
+    and broadcast from a root in the first and in the last node, on the world and on one GPU per node,
+    every dtype, bitwise against numpy."""
+    _, per_node, _ = shape()
+
+    def main(gpu):
+        rail = gpu.world.split(gpu.rank % per_node)
+        for comm in (gpu.world, rail):
+            members = [comm.members[r] for r in range(comm.size)]
+            for name in DTYPES:
+                # the output: every member's block of its own data, blocks as the collective cuts COUNT
+                want = np.concatenate([contribution(g, name, "sum")[lo:hi]
+                                       for g, (lo, hi) in zip(members, blocks(COUNT, comm.size))])
+                lo, hi = blocks(COUNT, comm.size)[comm.rank]
+                recv = np.empty(COUNT, dtype_of(name))
+                comm.allgather(contribution(gpu.rank, name, "sum")[lo:hi], recv, algorithm="sharp")
+                assert recv.tobytes() == want.tobytes(), (comm.size, name)
+                for root in (0, comm.size - 1):
+                    sent = contribution(members[root], name, "sum")
+                    x = sent.copy() if comm.rank == root else np.zeros(COUNT, dtype_of(name))
+                    comm.broadcast(x, root=root, algorithm="sharp")
+                    assert x.tobytes() == sent.tobytes(), (comm.size, name, root)
+        return True
+
+    result = run(main, chunk_bytes=1024, timeout_s=120)
+    if result.role == "gpu":
+        assert result.value is True
+
+
+def test_sharp_allgather_and_broadcast_across_nodes_put_exact_bytes_on_both_levels_and_take_the_replayed_time():
+    """One chunk and several per store (chunk c of member p's to spine (p + c) mod P), a broadcast from
+    the first and from the last GPU: every link's payload is cost_nodes.link_bytes' and each call's
+    modeled time, every GPU starting together, cost_nodes.modeled_ns' (the replay) exactly."""
+    cfg = config(chunk_bytes=1 << 12)
+    n = cfg.gpus
+    calls = [("allgather", 4 * n * 256, 0), ("allgather", 4 * n * 3000 + 4 * 3, 0),
+             ("broadcast", 4 * 1000, 0), ("broadcast", 5 * (1 << 12) + 8, n - 1)]
+
+    def main(gpu):
+        times = []
+        for collective, nbytes, root in calls:
+            count = nbytes // 4
+            gpu.world.barrier()  # every member starts at the latest clock, its links idle by then
+            start = gpu.now_ns
+            if collective == "allgather":
+                lo, hi = blocks(count, gpu.size)[gpu.rank]
+                recv = np.empty(count, np.float32)
+                gpu.world.allgather(np.arange(lo, hi, dtype=np.float32), recv, algorithm="sharp")
+                assert np.array_equal(recv, np.arange(count, dtype=np.float32))
+            else:
+                x = np.arange(count, dtype=np.float32) if gpu.rank == root else np.zeros(count, np.float32)
+                gpu.world.broadcast(x, root=root, algorithm="sharp")
+                assert np.array_equal(x, np.arange(count, dtype=np.float32))
+            gpu.world.barrier()
+            times.append(gpu.now_ns - start)
+        return times
+
+    result = run(main, timeout_s=120, chunk_bytes=cfg.chunk_bytes)
+    if result.role != "gpu":
+        return
+    topo = cfg.topology
+    expected = dict.fromkeys((link.name for link in topo.links), 0)
+    for (collective, nbytes, root), got in zip(calls, result.value):
+        for link, value in cost_nodes.link_bytes(collective, "sharp", topo, nbytes, 4, root, config=cfg).items():
+            expected[link] += value
+        want = cost_nodes.modeled_ns(collective, "sharp", topo, nbytes, cfg, 4, root)
+        assert got == pytest.approx(want, rel=1e-12, abs=1e-9), (collective, nbytes, root)
+    got = {link: result.report["links"].get(link, {}).get("payload_bytes", 0) for link in expected}
+    assert got == expected
+    # by hand: every downlink gets every call's S; up each cable, a node's stores once; down, the others'
+    total = sum(nbytes for _, nbytes, _ in calls)
+    assert all(got[link.name] == total for link in topo.links if link.level == "gpu-leaf" and link.direction == "down")
+    levels = topo.totals_by_level(got)
+    ag = sum(nbytes for c, nbytes, _ in calls if c == "allgather")
+    bc = total - ag
+    assert levels["leaf-spine"]["up"] == ag + bc
+    assert levels["leaf-spine"]["down"] == (topo.nodes - 1) * (ag + bc)

@@ -9,7 +9,7 @@ import pytest
 
 from nvlink_emu.fabric.config import preset
 from nvlink_emu.fabric.errors import AccessViolation, ProtocolError
-from nvlink_emu.fabric.packets import GroupInfo, Kind, McastInfo, Packet, ReduceInfo
+from nvlink_emu.fabric.packets import GroupInfo, Kind, LoadInfo, McastInfo, Packet, ReduceInfo
 from nvlink_emu.fabric.switch import SpineLogic, SwitchLogic
 
 
@@ -144,9 +144,13 @@ def test_a_leaf_takes_contributions_only_from_its_own_members_and_a_gpu_forges_n
     assert nack.packet.kind is Kind.NACK and nack.port == 1
     assert nack.packet.info.error == "AccessViolation" and f"GPU 1: not a member of group {gid}" in nack.packet.info.message
     assert not fabric.hops
-    # a member's multicast store or load-reduce through a spanning group: refused, it would reach no spine
+    # a member's multicast store reaches the members only, through the spine; a load-reduce is refused
     store = Packet(Kind.MCAST, 0, -1, 0, 16, info=McastInfo(gid, ("c", 9)))
-    (nack,) = fabric.gpu(0, store, np.zeros(16, np.uint8))
+    assert sorted(s.port for s in fabric.gpu(0, store, np.zeros(16, np.uint8))) == [0, 2]
+    fabric.hops.clear()
+    load = Packet(Kind.LOAD_REDUCE, 0, -1, 0, 16, info=LoadInfo(gid, (0, 1), "sum", "float32", (0,), ("c", 10),
+                                                                 ("c", 11)))
+    (nack,) = fabric.gpu(0, load)
     assert nack.packet.info.error == "UnsupportedOperation" and "spans nodes" in nack.packet.info.message
     # a result a spine did not send for a partial this leaf sent up: a bug of a switch, never delivered
     result = Packet(Kind.MCAST, -1, -1, 0, 16, info=McastInfo(gid, ("c", 0)))
