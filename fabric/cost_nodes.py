@@ -130,9 +130,9 @@ FLAT = {
     "tree": ("allreduce",),
 }
 # in the switches (two-level sharp and nvls on spines that reduce and multicast): no GPU-to-GPU rounds;
-# link_bytes and modeled_ns cover them (fabric.replay.sharp_allreduce_ns, sharp_mcast_ns,
-# nvls_reduce_scatter_ns)
-IN_SWITCH = {"sharp": ("allreduce", "allgather", "broadcast"), "nvls": ("reduce_scatter",)}
+# link_bytes and modeled_ns cover them (fabric.replay.sharp_allreduce_ns, sharp_mcast_ns, nvls_ns)
+IN_SWITCH = {"sharp": ("allreduce", "allgather", "broadcast"),
+             "nvls": ("allreduce", "reduce_scatter", "allgather", "broadcast")}
 
 
 def _block_bytes(S: int, n: int, itemsize: int) -> list[int]:
@@ -332,10 +332,12 @@ def link_bytes(collective: str, algorithm: str, topo: Topology, S: int = 0, item
             return sharp_mcast_link_bytes(collective, topo, S, config, itemsize, root)
         return sharp_link_bytes(topo, S, config, itemsize, partial_itemsize)
     if algorithm == "nvls":
-        if config is None or collective != "reduce_scatter":
-            raise FabricError("cost_nodes: nvls's link bytes across nodes are for reduce_scatter, and need the "
-                              "config (its chunks)")
-        return nvls_link_bytes(topo, S, config, itemsize, partial_itemsize)
+        if config is None or collective not in IN_SWITCH["nvls"]:
+            raise FabricError(f"cost_nodes: nvls's link bytes are for {', '.join(IN_SWITCH['nvls'])}, and need the "
+                              f"config (its chunks)")
+        if collective in ("allgather", "broadcast"):  # sharp's multicast stores (nvls.py imports them)
+            return sharp_mcast_link_bytes(collective, topo, S, config, itemsize, root)
+        return nvls_link_bytes(collective, topo, S, config, itemsize, partial_itemsize)
     return topo.link_payload_bytes(traffic(collective, algorithm, topo, S, itemsize, root, counts))
 
 
@@ -368,37 +370,47 @@ def sharp_link_bytes(topo: Topology, S: int, config, itemsize: int = 4, partial_
     return out
 
 
-def nvls_link_bytes(topo: Topology, S: int, config, itemsize: int = 4, partial_itemsize: int | None = None) -> dict[str, int]:
-    """Exact payload bytes of ranks/collectives/nvls.py's reduce_scatter of S input bytes by every GPU of
-    `topo` (N nodes of G GPUs, P spines), every link; S_j = GPU j's block. GPU g's uplink: S (its answers
-    to the LOADs of every block); its downlink: S_g (its block's results). Leaf a -> spine i: the partials
-    of chunk c of every block for c mod P = i, at partial_itemsize bytes an element (4 for
-    float16/bfloat16; default itemsize): S x wide / itemsize over the spines (S / P each for equal
-    sets). Spine i -> leaf a: the results of those chunks of node a's G blocks (G S / (N P) for equal
-    sets). The header-only packets (payload 0, header_bytes raw each): per chunk of GPU j's block, its
-    request on its uplink, a LOAD down every member's downlink, the request on leaf -> spine and on
-    spine -> each other leaf, and a release spine -> each leaf but the requester's. Chunks as
-    fabric.replay.nvls_chunks sizes them."""
+def nvls_link_bytes(collective: str, topo: Topology, S: int, config, itemsize: int = 4,
+                    partial_itemsize: int | None = None) -> dict[str, int]:
+    """Exact payload bytes of ranks/collectives/nvls.py's reduce_scatter (S: the input's bytes) or
+    allreduce by every GPU of `topo` (N nodes of G GPUs, P spines), every link; S_g = GPU g's block.
+    Load-reduce: GPU g's uplink S (its answers to the LOADs of every block), its downlink S_g (its
+    block's results); leaf a -> spine i the partials of chunk c of every block for c mod P = i, at
+    partial_itemsize bytes an element (4 for float16/bfloat16; default itemsize): S x wide / itemsize
+    over the spines (S / P each for equal sets); spine i -> leaf a the results of those chunks of node
+    a's G blocks (G S / (N P) for equal sets). Allreduce adds the multicast stores of the reduced
+    blocks: GPU g's uplink S_g, every downlink S; leaf a -> spine (g + c) mod P chunk c of node a's
+    members' blocks, that spine -> every other leaf the same (G S / (n P) and (n - G) S / (n P) per
+    cable for equal sets). The header-only packets (payload 0, header_bytes raw each): per chunk of GPU
+    j's block, its request on its uplink, a LOAD down every member's downlink, the request on leaf ->
+    spine and on spine -> each other leaf, and a release spine -> each leaf but the requester's.
+    Chunks as fabric.replay.nvls_chunks sizes them."""
     n, N, G, P = topo.gpus, topo.nodes, topo.gpus_per_node, topo.spines
     if P < 1:
         raise FabricError(f"cost_nodes: nvls across nodes needs spines; this topology has {N} node and none")
     count = _block_bytes(S, 1, itemsize)[0] // itemsize
     wide = partial_itemsize or itemsize
     spans = replay.nvls_chunks(topo, count, config, itemsize, partial_itemsize)
-    per_spine = [0] * P                             # elements of every block's chunks at spine i
-    per_node = [[0] * N for _ in range(P)]          # of node a's blocks' chunks at spine i
-    for j, span in enumerate(spans):
-        for c, (lo, hi) in enumerate(span):
-            per_spine[c % P] += hi - lo
-            per_node[c % P][j // G] += hi - lo
     out = dict.fromkeys((link.name for link in topo.links), 0)
-    for link in topo.links:
-        if link.level == "gpu-leaf":
-            gpu = int(link.src[3:]) if link.src.startswith("gpu") else int(link.dst[3:])
-            out[link.name] = count * itemsize if link.src.startswith("gpu") else sum(hi - lo for lo, hi in spans[gpu]) * itemsize
-        else:
-            src, dst = int(link.src[2:]), int(link.dst[2:])
-            out[link.name] = per_spine[dst - N] * wide if src < N else per_node[src - N][dst] * itemsize
+    for j, span in enumerate(spans):
+        a = j // G
+        for c, (lo, hi) in enumerate(span):
+            b, i = (hi - lo) * itemsize, N + c % P
+            for k in range(N):  # every leaf's partial up; the result down to the requester's leaf
+                out[f"sw{k}->sw{i}"] += (hi - lo) * wide
+            out[f"sw{i}->sw{a}"] += b
+            out[downlink(j, a)] += b
+            if collective == "allreduce":  # my store of the reduced chunk, up once, down to every other leaf
+                out[uplink(j, a)] += b
+                i = N + (j + c) % P
+                out[f"sw{a}->sw{i}"] += b
+                for k in range(N):
+                    if k != a:
+                        out[f"sw{i}->sw{k}"] += b
+    for g in range(n):
+        out[uplink(g, g // G)] += count * itemsize
+        if collective == "allreduce":
+            out[downlink(g, g // G)] += count * itemsize
     return out
 
 

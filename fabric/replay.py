@@ -430,22 +430,27 @@ def nvls_chunks(topo: Topology, count: int, config, itemsize: int, partial_items
     return [chunks(a, b, chunk) for a, b in blocks(count, n)]
 
 
-def nvls_reduce_scatter_ns(topo: Topology, count: int, config, itemsize: int = 4,
-                           partial_itemsize: int | None = None) -> float:
-    """Modeled ns of ranks/collectives/nvls.py's reduce_scatter of `count` input elements by every GPU of
-    `topo` (several nodes), all starting at 0, as the ranks and fabric.switch book it: every GPU books a
-    header-only request per chunk of its block on its uplink at the start (+ a); its leaf (+ s) sends
-    header-only LOADs to its members and the request to spine c mod P (+ u), which passes it (+ s + u) to
-    the other leaves (+ s), which load theirs. Each GPU serves LOADs in program order - round c: chunk c
-    of every block, then my result of chunk c - 1 - each LOAD booked on its downlink (+ a), its answer
-    on its uplink from then (+ a); a leaf's engine reduces a slot once its members' answers are in (+ s),
-    the partial (partial_itemsize bytes an element) takes the group's shares of the node's uplink to
-    the spine (+ u), the spine's engine (+ s) reduces once every leaf's partial is in, the result takes
-    the group's share of the requester's node's uplink from that spine (+ u), its leaf (+ s) sends it
-    down (+ a). Engines and shares book slots in the order (chunk, block) the members' programs fix."""
+def nvls_ns(collective: str, topo: Topology, count: int, config, itemsize: int = 4,
+            partial_itemsize: int | None = None) -> float:
+    """Modeled ns of ranks/collectives/nvls.py's reduce_scatter (count: the input's elements) or allreduce
+    by every GPU of `topo` (several nodes), all starting at 0, as the ranks and fabric.switch book it:
+    every GPU books a header-only request per chunk of its block on its uplink at the start (+ a); its
+    leaf (+ s) sends header-only LOADs to its members and the request to spine c mod P (+ u), which
+    passes it (+ s + u) to the other leaves (+ s), which load theirs. Each GPU works in rounds c, in
+    program order: it serves chunk c of every block - each LOAD booked on its downlink (+ a), its answer
+    on its uplink from then (+ a) -, takes back its result of chunk c - 1 (downlink, + a) and
+    (allreduce) multicast-stores it at once, then takes in every member's store of chunk c - 2. A
+    leaf's engine reduces a slot once its members' answers are in (+ s); the partial (partial_itemsize
+    bytes an element) takes the group's shares of the node's uplink to the spine (+ u); the spine's
+    engine (+ s) reduces once every leaf's partial is in; the result takes the group's share of the
+    requester's node's uplink from that spine (+ u), its leaf (+ s) sends it down. Engines and shares
+    book slots in the order (chunk, block) the members' programs fix. A store goes as sharp_mcast_ns
+    books it (spine (p + c) mod P)."""
     N, G, P, n = topo.nodes, topo.gpus_per_node, topo.spines, topo.gpus
     if N < 2 or not P:
         raise FabricError(f"replay: nvls across nodes needs a topology of several nodes and spines, got {N} nodes")
+    if collective not in ("reduce_scatter", "allreduce"):
+        raise FabricError(f"replay: nvls's load-reduce is reduce_scatter's and allreduce's, not {collective}")
     wide = partial_itemsize or itemsize
     spans = nvls_chunks(topo, count, config, itemsize, partial_itemsize)
     t = config.timing
@@ -454,17 +459,40 @@ def nvls_reduce_scatter_ns(topo: Topology, count: int, config, itemsize: int = 4
     header = raw(0)
     gpus = [_Gpu(g, topo) for g in range(n)]
     engines = [ReductionClock(t.reduction_gbytes_per_s, t.reduction_latency_ns) for _ in range(N + P)]
-    group_share = topo.share_gbytes_per_s * G / P
+    group_share, share = topo.share_gbytes_per_s * G / P, topo.share_gbytes_per_s
     up = {(k, i): LinkEnd(group_share, u) for k in range(N) for i in range(P)}
     down = {(i, k): LinkEnd(group_share, u) for k in range(N) for i in range(P)}
+    store_up = {(p, i): LinkEnd(share / P, u) for p in range(n) for i in range(P)}  # the sender's share to spine i
+    store_down = {(p, i, k): LinkEnd(share * G / (P * (n - G)), u) for p in range(n) for i in range(P) for k in range(N)}
     requests = [[gpu.uplink.send(0.0, 0.0, header) for _ in spans[gpu.index]] for gpu in gpus]
     results: dict[tuple[int, int], tuple[float, float, int]] = {}  # (requester, chunk) -> stamps at its leaf, raw
+    stores: dict[tuple[int, int, int], tuple[float, float, int]] = {}  # (sender, chunk, node) -> at that node's leaf
 
     def take_back(gpu, c):
-        if c < len(spans[gpu.index]):
-            d0, d1, r = results.pop((gpu.index, c))
-            _, end = gpu.downlink.book(d0, d1, r)
-            gpu.now = max(gpu.now, end + gpu.downlink.latency_ns)
+        if c >= len(spans[gpu.index]):
+            return
+        d0, d1, r = results.pop((gpu.index, c))
+        _, end = gpu.downlink.book(d0, d1, r)
+        gpu.now = max(gpu.now, end + gpu.downlink.latency_ns)
+        if collective == "allreduce":  # the multicast store of my reduced chunk c
+            p, i = gpu.index, (gpu.index + c) % P
+            a, b = gpu.uplink.send(gpu.now, gpu.now, r)
+            a, b = a + s, b + s
+            stores[(p, c, gpu.node)] = (a, b, r)
+            a, b = store_up[(p, i)].send(a, b, r)
+            for k in range(N):
+                if k != gpu.node:
+                    d0, d1 = store_down[(p, i, k)].send(a + s, b + s, r)
+                    stores[(p, c, k)] = (d0 + s, d1 + s, r)
+
+    def gather(gpu, c):
+        if collective != "allreduce" or c < 0:
+            return
+        for p in range(n):
+            if c < len(spans[p]):
+                a, b, r = stores[(p, c, gpu.node)]
+                _, end = gpu.downlink.book(a, b, r)
+                gpu.now = max(gpu.now, end + gpu.downlink.latency_ns)
 
     rounds = max(len(span) for span in spans)
     for c in range(rounds):
@@ -479,6 +507,7 @@ def nvls_reduce_scatter_ns(topo: Topology, count: int, config, itemsize: int = 4
                     answers[(gpu.index, j)] = gpu.uplink.send(at, at, raw((hi - lo) * itemsize))
             if c:
                 take_back(gpu, c - 1)
+                gather(gpu, c - 2)
         for j in range(n):
             if c >= len(spans[j]):
                 continue
@@ -496,6 +525,9 @@ def nvls_reduce_scatter_ns(topo: Topology, count: int, config, itemsize: int = 4
             results[(j, c)] = (d0 + s, d1 + s, r)
     for gpu in gpus:
         take_back(gpu, rounds - 1)
+    for gpu in gpus:
+        gather(gpu, rounds - 2)
+        gather(gpu, rounds - 1)
         gpu.now = max(gpu.now, gpu.uplink.free_ns)
     return max(gpu.now for gpu in gpus)
 
@@ -580,8 +612,10 @@ def replay_ns(collective: str, algorithm: str, topo: Topology, S: int, config, i
         raise FabricError(f"replay: takes a Topology, got {type(topo).__name__}")
     if (collective, algorithm) == ("allreduce", "sharp"):
         return sharp_allreduce_ns(topo, int(S) // itemsize, config, itemsize, partial_itemsize)
-    if (collective, algorithm) == ("reduce_scatter", "nvls"):
-        return nvls_reduce_scatter_ns(topo, int(S) // itemsize, config, itemsize, partial_itemsize)
+    if algorithm == "nvls" and collective in ("reduce_scatter", "allreduce") and topo.nodes > 1:
+        return nvls_ns(collective, topo, int(S) // itemsize, config, itemsize, partial_itemsize)
+    if algorithm == "nvls" and collective in ("allgather", "broadcast") and topo.nodes > 1:  # sharp's (nvls.py)
+        return sharp_mcast_ns(collective, topo, int(S) // itemsize, config, itemsize, root)
     if algorithm == "sharp" and collective in ("allgather", "broadcast"):
         return sharp_mcast_ns(collective, topo, int(S) // itemsize, config, itemsize, root)
     n = topo.gpus

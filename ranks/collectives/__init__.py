@@ -21,7 +21,7 @@ ALGORITHMS = {"ring": ring, "direct": direct, "sharp": sharp, "nvls": nvls, "hie
               "tree": tree}  # also `auto`'s tie order
 IN_SWITCH = ("sharp", "nvls")
 # what the in-switch algorithms run for members in several nodes (groups spanning leaves and spines)
-ACROSS_NODES = {"sharp": ("allreduce", "allgather", "broadcast"), "nvls": ("reduce_scatter",)}
+ACROSS_NODES = {"sharp": ("allreduce", "allgather", "broadcast"), "nvls": ("allreduce", "reduce_scatter", "allgather", "broadcast")}
 # all2all's algorithms (comm.all2all's `algorithm`; auto is direct), each taking all2allv's arguments;
 # all2allv runs direct
 ALL2ALL = {"direct": all2all.all2allv, "pxn": pxn.all2all}

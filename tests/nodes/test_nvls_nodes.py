@@ -22,10 +22,10 @@ pytestmark = pytest.mark.mpi(min_size=7)
 COUNT = 4000 + 7  # elements: blocks of several 1 KiB chunks (the last one short) for 4 and 6 GPUs
 
 
-def test_nvls_reduce_scatter_across_nodes_is_the_two_level_order_for_every_op_and_dtype():
-    """Every op and dtype on the world and on a communicator of one GPU per node, twice each, bitwise
-    equal to the oracle's block both times (chunk c of every block to spine c mod P); nvls allreduce
-    stays refused across nodes (it needs the multicast store across nodes)."""
+def test_nvls_across_nodes_is_the_two_level_order_for_every_op_and_dtype():
+    """reduce_scatter and allreduce, every op and dtype, on the world and on a communicator of one GPU per
+    node, twice each, bitwise equal to the oracle (its block for reduce_scatter) every time: chunk c of
+    every block load-reduced through spine c mod P, allreduce's reduced chunks multicast back."""
     _, per_node, _ = shape()
 
     def main(gpu):
@@ -35,13 +35,14 @@ def test_nvls_reduce_scatter_across_nodes_is_the_two_level_order_for_every_op_an
             lo, hi = blocks(COUNT, comm.size)[comm.rank]
             for name in DTYPES:
                 for op in OPS:
-                    want = two_level(members, per_node, name, op, COUNT)[lo:hi]
+                    want = two_level(members, per_node, name, op, COUNT)
                     for _ in range(2):
                         out = np.empty(hi - lo, dtype_of(name))
                         comm.reduce_scatter(contribution(gpu.rank, name, op, COUNT), out, op=op, algorithm="nvls")
-                        assert out.tobytes() == want.tobytes(), (comm.size, name, op)
-        with pytest.raises(UnsupportedOperation, match="nvls reduce_scatter only"):
-            gpu.world.allreduce(np.ones(64, np.float32), algorithm="nvls")
+                        assert out.tobytes() == want[lo:hi].tobytes(), (comm.size, name, op)
+                        x = contribution(gpu.rank, name, op, COUNT)
+                        comm.allreduce(x, op=op, algorithm="nvls")
+                        assert x.tobytes() == want.tobytes(), (comm.size, name, op)
         return True
 
     result = run(main, chunk_bytes=1024, timeout_s=120)
@@ -50,24 +51,37 @@ def test_nvls_reduce_scatter_across_nodes_is_the_two_level_order_for_every_op_an
     assert all(port["refused"] == 0 for port in result.report["ports"].values())
 
 
-def test_nvls_reduce_scatter_across_nodes_puts_exact_bytes_on_both_levels_and_takes_the_replayed_time():
-    """One chunk a block and several, float32 and float16 (partials up in float32): every link's payload
-    is cost_nodes.link_bytes', each call's modeled time is cost_nodes.modeled_ns' (the replay) exactly,
-    and the header-only packets are one a request on each level, as the docstring counts them."""
+def test_nvls_across_nodes_puts_exact_bytes_on_both_levels_and_takes_the_replayed_time():
+    """reduce_scatter and allreduce of one chunk a block and several, float32 and float16 (partials up in
+    float32), and nvls's allgather and broadcast (sharp's stores): every link's payload is
+    cost_nodes.link_bytes', each call's modeled time is cost_nodes.modeled_ns' (the replay) exactly, and
+    the packets on the cables are those the docstring counts (header-only requests and releases too)."""
     cfg = config(chunk_bytes=1 << 12)
-    calls = [("float32", 4096), ("float32", 5 * (1 << 14) + 40), ("float16", 3 * (1 << 14) + 2 * 6)]
+    calls = [("reduce_scatter", "float32", 4096), ("reduce_scatter", "float32", 5 * (1 << 14) + 40),
+             ("reduce_scatter", "float16", 3 * (1 << 14) + 2 * 6), ("allreduce", "float32", 5 * (1 << 14) + 40),
+             ("allreduce", "float16", 3 * (1 << 14) + 2 * 6), ("allgather", "float32", 3 * (1 << 14)),
+             ("broadcast", "float32", 3 * (1 << 14) + 8)]
 
     def main(gpu):
         times = []
-        for name, nbytes in calls:
-            item = dtype_of(name).itemsize
-            x = np.ones(nbytes // item, dtype_of(name))
+        for collective, name, nbytes in calls:
+            x = np.ones(nbytes // dtype_of(name).itemsize, dtype_of(name))
             lo, hi = blocks(x.size, gpu.size)[gpu.rank]
-            out = np.empty(hi - lo, x.dtype)
             gpu.world.barrier()
             start = gpu.now_ns
-            gpu.world.reduce_scatter(x, out, algorithm="nvls")
-            assert np.all(out == gpu.size)
+            if collective == "reduce_scatter":
+                out = np.empty(hi - lo, x.dtype)
+                gpu.world.reduce_scatter(x, out, algorithm="nvls")
+            elif collective == "allreduce":
+                out = x
+                gpu.world.allreduce(x, algorithm="nvls")
+            elif collective == "allgather":
+                out = np.zeros_like(x)
+                gpu.world.allgather(x[lo:hi], out, algorithm="nvls")
+            else:
+                out = x if gpu.rank == 1 else np.zeros_like(x)
+                gpu.world.broadcast(out, root=1, algorithm="nvls")
+            assert np.all(out == (gpu.size if collective in ("reduce_scatter", "allreduce") else 1)), collective
             gpu.world.barrier()
             times.append(gpu.now_ns - start)
         return times
@@ -76,37 +90,41 @@ def test_nvls_reduce_scatter_across_nodes_puts_exact_bytes_on_both_levels_and_ta
     if result.role != "gpu":
         return
     topo = cfg.topology
+    N = topo.nodes
     expected = dict.fromkeys((link.name for link in topo.links), 0)
-    for (name, nbytes), got in zip(calls, result.value):
+    want_packets = 0
+    for (collective, name, nbytes), got in zip(calls, result.value):
         item = dtype_of(name).itemsize
         wide = 4 if name == "float16" else item
-        for link, value in cost_nodes.link_bytes("reduce_scatter", "nvls", topo, nbytes, item, config=cfg,
+        for link, value in cost_nodes.link_bytes(collective, "nvls", topo, nbytes, item, root=1, config=cfg,
                                                  partial_itemsize=wide).items():
             expected[link] += value
-        want = cost_nodes.modeled_ns("reduce_scatter", "nvls", topo, nbytes, cfg, item, partial_itemsize=wide)
-        assert got == pytest.approx(want, rel=1e-12, abs=1e-9), (name, nbytes)
+        want = cost_nodes.modeled_ns(collective, "nvls", topo, nbytes, cfg, item, root=1, partial_itemsize=wide)
+        assert got == pytest.approx(want, rel=1e-12, abs=1e-9), (collective, name, nbytes)
+        if collective not in ("reduce_scatter", "allreduce"):
+            continue
+        # packets on the cables per chunk of GPU j's block: header-only, the request up from j's leaf, on
+        # to the N - 1 other leaves, the spine's release to those N - 1; with data, each leaf's partial up,
+        # the result down (MTU segments each); allreduce: the store up once, down to the N - 1 others
+        for span in cost_nodes.replay.nvls_chunks(topo, nbytes // item, cfg, item, wide):
+            for lo, hi in span:
+                data = segments((hi - lo) * item, cfg.mtu_bytes)
+                want_packets += 1 + 2 * (N - 1) + N * segments((hi - lo) * wide, cfg.mtu_bytes) + data
+                want_packets += N * data if collective == "allreduce" else 0
     links = result.report["links"]
     got = {link: links.get(link, {}).get("payload_bytes", 0) for link in expected}
     assert got == expected
-    # by hand: every GPU's uplink S (its answers), downlink its block; leaf -> spine the partials of
-    # every block (float16's in float32), spine -> leaf the results of the node's blocks
-    N, G, P = topo.nodes, topo.gpus_per_node, topo.spines
-    total = sum(nbytes for _, nbytes in calls)
-    assert all(got[f"gpu{g}->sw{g // G}"] == total for g in range(topo.gpus))
-    levels = topo.totals_by_level(got)
-    assert levels["leaf-spine"]["up"] == N * (total + calls[2][1])
-    assert levels["leaf-spine"]["down"] == total
-    # packets on the cables: per chunk of GPU j's block, header-only, the request up from j's leaf, on to
-    # the N - 1 other leaves, the spine's release to those N - 1; with data, each leaf's partial up, the
-    # result down (segments of the MTU each)
-    want_packets = 0
-    for name, nbytes in calls:
-        item = dtype_of(name).itemsize
-        wide = 4 if name == "float16" else item
-        for span in cost_nodes.replay.nvls_chunks(topo, nbytes // item, cfg, item, wide):
-            for lo, hi in span:
-                want_packets += 1 + 2 * (N - 1) + N * segments((hi - lo) * wide, cfg.mtu_bytes) \
-                    + segments((hi - lo) * item, cfg.mtu_bytes)
+    # by hand for the first call (4 KiB of float32, one chunk a block at spine 0): every uplink S, every
+    # downlink its block; each leaf -> spine 0 S, spine 0 -> each leaf its G blocks
+    first = cost_nodes.link_bytes("reduce_scatter", "nvls", topo, 4096, 4, config=cfg)
+    assert all(first[f"gpu{g}->sw{g // topo.gpus_per_node}"] == 4096 for g in range(topo.gpus))
+    assert [first[f"sw{k}->sw{N}"] for k in range(N)] == [4096] * N
+    G, parts = topo.gpus_per_node, blocks(1024, topo.gpus)
+    assert [first[f"sw{N}->sw{k}"] for k in range(N)] == [sum(4 * (b - a) for a, b in parts[k * G:(k + 1) * G])
+                                                          for k in range(N)]
+    for collective, name, nbytes in calls[5:]:  # sharp's stores: each chunk up once, down to the N - 1 others
+        stores, _ = cost_nodes.replay.sharp_stores(collective, topo, nbytes // 4, cfg.chunk_bytes // 4, 4, 1)
+        want_packets += sum(N * segments(b, cfg.mtu_bytes) for sent in stores.values() for _, b, _ in sent)
     assert sum(links[link.name]["packets"] for link in topo.links if link.level == "leaf-spine") == want_packets
 
 
