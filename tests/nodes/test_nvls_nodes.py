@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 
 from nvlink_emu.fabric import cost_nodes
-from nvlink_emu.fabric.errors import AccessViolation, FabricError, UnsupportedOperation
+from nvlink_emu.fabric.errors import AccessViolation
 from nvlink_emu.fabric.packets import Kind, LoadInfo, Packet, ReduceInfo, segments
 from nvlink_emu.fabric.reduction import blocks
-from nvlink_emu.ranks.collectives import choose
 
 from nodes_helpers import config, run, shape
 from test_sharp_nodes import DTYPES, OPS, contribution, dtype_of, two_level
