@@ -323,7 +323,8 @@ def traffic(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsiz
 def link_bytes(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsize: int = 4, root: int = 0,
                counts=None, config=None, partial_itemsize: int | None = None) -> dict[str, int]:
     """Exact payload bytes every link of `topo` carries in one call: {link name: bytes}, link order.
-    sharp allreduce needs `config` (its chunks) and takes partial_itemsize (sharp_link_bytes)."""
+    sharp and nvls need `config` (their chunks); their reductions take partial_itemsize (sharp_link_bytes,
+    nvls_link_bytes)."""
     if algorithm == "sharp":
         if config is None or collective not in IN_SWITCH["sharp"]:
             raise FabricError(f"cost_nodes: sharp's link bytes are for {', '.join(IN_SWITCH['sharp'])}, and need the "

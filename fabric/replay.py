@@ -16,8 +16,10 @@ same arithmetic, as the ranks do (ranks/gpu.py, fabric/switch.py):
 results are booked by the switches (fabric.switch, Spanning groups), chunk by chunk in the order the
 switches complete them, which the members' programs fix; it is replayed chunk by chunk on the same
 clocks (GPU links, each leaf's and spine's reduction engine, the group's shares of each node's uplink
-per spine). The schedules (`PROGRAMS`) are those of ranks/collectives ring (on several nodes its channels,
-one ring per rail), direct, all2all, hier, pxn and tree: the same messages,
+per spine). nvls's reduce_scatter and allreduce across nodes (`nvls_ns`) are the same kind:
+load-reduces booked by the switches slot by slot, in the order the members serve their LOADs, then
+(allreduce) multicast stores as sharp's (`sharp_mcast_ns`). The schedules (`PROGRAMS`) are those of
+ranks/collectives ring (on several nodes its channels, one ring per rail), direct, all2all, hier, pxn and tree: the same messages,
 chunks (chunk_bytes of whole elements) and order (a schedule changed there must change here: the test
 below fails otherwise); `tests/nodes/test_replay.py` checks that replayed
 and emulated times agree on every algorithm and multi-node preset. `replay_ns` runs the programs
@@ -463,7 +465,8 @@ def nvls_ns(collective: str, topo: Topology, count: int, config, itemsize: int =
     up = {(k, i): LinkEnd(group_share, u) for k in range(N) for i in range(P)}
     down = {(i, k): LinkEnd(group_share, u) for k in range(N) for i in range(P)}
     store_up = {(p, i): LinkEnd(share / P, u) for p in range(n) for i in range(P)}  # the sender's share to spine i
-    store_down = {(p, i, k): LinkEnd(share * G / (P * (n - G)), u) for p in range(n) for i in range(P) for k in range(N)}
+    store_down = {(p, i, k): LinkEnd(share * G / (P * (n - G)), u)  # its part of node k's shares from spine i
+                  for p in range(n) for i in range(P) for k in range(N)}
     requests = [[gpu.uplink.send(0.0, 0.0, header) for _ in spans[gpu.index]] for gpu in gpus]
     results: dict[tuple[int, int], tuple[float, float, int]] = {}  # (requester, chunk) -> stamps at its leaf, raw
     stores: dict[tuple[int, int, int], tuple[float, float, int]] = {}  # (sender, chunk, node) -> at that node's leaf
@@ -606,8 +609,8 @@ def replay_ns(collective: str, algorithm: str, topo: Topology, S: int, config, i
     """Modeled ns of one call on every GPU of `topo`, all starting at 0: the latest member's clock at
     the end. S: bytes, as fabric.cost_nodes takes them (all2all: each member's send buffer;
     reduce_scatter: the input; allgather: the output); all2allv: counts[i][j] bytes GPU i sends GPU j;
-    sharp allreduce (several nodes): partial_itemsize, the bytes of an element of a leaf's partial (the
-    switch's accumulator: 4 for float16/bfloat16; default itemsize)."""
+    sharp allreduce and nvls reduce_scatter and allreduce (several nodes): partial_itemsize, the bytes
+    of an element of a leaf's partial (the switch's accumulator: 4 for float16/bfloat16; default itemsize)."""
     if not isinstance(topo, Topology):
         raise FabricError(f"replay: takes a Topology, got {type(topo).__name__}")
     if (collective, algorithm) == ("allreduce", "sharp"):

@@ -61,6 +61,19 @@ Members' stores reach a leaf or a spine in the host's order, so no clock is shar
 that keeps modeled time a function of the programs (fabric.replay.sharp_mcast_ns replays it). A
 store crossing its group's release is dropped; the leaves' credits bound the copies in flight to a
 member of another node (ranks/switch.py).
+*Load-reduce* (nvls): a member's LOAD_REDUCE of slot (seq, r, c), its result for itself alone (dest
+(ingress,), else refused), goes to its leaf, which sends header-only LOADs to its members and the
+request, header-only (src: the requester), to spine c mod P (_load_reduce_across); the spine passes it
+on to the group's other leaves (_load_reduce_on: only from a leaf of the group's nodes, for a requester
+of that node), each of which LOADs its members (_loads_asked). The members' REDUCE answers make each
+leaf's partial as above (slot[-1] = c: spine c mod P); the spine's result goes down to the requester's
+leaf alone, and a header-only MCAST release (no payload) to each other leaf, which frees its partial
+there (so every leaf's partials in flight stay bounded, as above). Time: the requests cross the
+cables at their latency (header-only, booked on no share: they reach a leaf in the host's order), a
+LOAD is ready a switch traversal after the request reaches its leaf, and the releases are booked on no
+clock (nothing waits for them); partials and results are booked as above, in the order (chunk, block)
+the members' programs serve the LOADs (fabric.replay.nvls_ns replays it). A request crossing its
+group's release is dropped at the spine or the leaf.
 """
 
 import math
