@@ -99,7 +99,7 @@ def test_nvls_across_nodes_puts_exact_bytes_on_both_levels_and_takes_the_replaye
                                                  partial_itemsize=wide).items():
             expected[link] += value
         want = cost_nodes.modeled_ns(collective, "nvls", topo, nbytes, cfg, item, root=1, partial_itemsize=wide)
-        assert got == pytest.approx(want, rel=1e-12, abs=1e-9), (collective, name, nbytes)
+        assert got == pytest.approx(want, rel=1e-9, abs=1e-6), (collective, name, nbytes)
         if collective not in ("reduce_scatter", "allreduce"):
             continue
         # packets on the cables per chunk of GPU j's block: header-only, the request up from j's leaf, on
@@ -134,7 +134,7 @@ def test_a_member_s_attacks_on_nvls_across_nodes_harm_nobody_else():
     a reduce_scatter whose load-reduces ask for a range past the bound buffers (each member refuses to
     serve it: AccessViolation naming GPU 0 in both nodes); a forged partial sent straight to a spine's rank
     (dropped unread: the pair's next reduce_scatter is exact); a LOAD_REDUCE of its released group
-    (refused at its leaf)."""
+    (refused at its leaf). Nothing of partition 1's is refused, though the switch buffer is small."""
     nodes, per_node, _ = shape()
     pair = (0, (nodes - 1) * per_node)
     victims = tuple(g for g in range(nodes * per_node) if g not in pair)
@@ -193,7 +193,8 @@ def test_a_member_s_attacks_on_nvls_across_nodes_harm_nobody_else():
         exact(comm)  # on a new group
         return "pair"
 
-    result = run(main, partitions=(pair, victims), chunk_bytes=1024, timeout_s=60)
+    # a small switch buffer (32 KiB a partition): the windows keep honest calls within every share
+    result = run(main, partitions=(pair, victims), chunk_bytes=1024, switch_buffer_bytes=1 << 16, timeout_s=60)
     if result.role == "gpu":
         assert result.value == ("pair" if result.rank in pair else "victim")
     ports = result.report["ports"]
