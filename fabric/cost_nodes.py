@@ -379,7 +379,7 @@ def nvls_link_bytes(collective: str, topo: Topology, S: int, config, itemsize: i
     block's results); leaf a -> spine i the partials of chunk c of every block for c mod P = i, at
     partial_itemsize bytes an element (4 for float16/bfloat16; default itemsize): S x wide / itemsize
     over the spines (S / P each for equal sets); spine i -> leaf a the results of those chunks of node
-    a's G blocks (G S / (N P) for equal sets). Allreduce adds the multicast stores of the reduced
+    a's G blocks (S / (N P) for equal sets). Allreduce adds the multicast stores of the reduced
     blocks: GPU g's uplink S_g, every downlink S; leaf a -> spine (g + c) mod P chunk c of node a's
     members' blocks, that spine -> every other leaf the same (G S / (n P) and (n - G) S / (n P) per
     cable for equal sets). The header-only packets (payload 0, header_bytes raw each): per chunk of GPU

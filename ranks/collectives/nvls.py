@@ -25,7 +25,7 @@ its partial). Allreduce then multicast-stores each reduced chunk through both le
 allgather does (spine (r + c) mod P). Per GPU link payload as on one node. Leaf -> spine i carries the
 partials of chunk c of every block for c mod P = i (S / P for equal sets; a 16-bit float's partial is
 float32, twice the bytes), spine i -> leaf a the results of node a's blocks (G S / (N P)); allreduce
-adds its stores (G S / n up from each leaf, (n - G) S / n down to each, over the spines). Header-only
+adds its stores (G S / N up from each leaf, (N - G) S / N down to each, over the spines; G GPUs a node). Header-only
 packets, header_bytes raw each, per chunk of GPU j's block: j's request on its uplink, a LOAD down every
 member's downlink, the request leaf -> spine and spine -> each other leaf, a release spine -> each
 other leaf. fabric.cost_nodes.nvls_link_bytes has every link exactly; modeled time fabric.replay.nvls_ns.

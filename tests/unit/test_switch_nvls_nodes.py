@@ -79,3 +79,40 @@ def test_what_the_switches_refuse_or_drop_of_a_load_reduce_across_nodes():
     assert fabric.switches[1].on_switch(2, request) == []
     (nack,) = load_reduce(fabric, 0, gid, (0, 0, 0), (0,), 16)
     assert nack.packet.info.error == "AccessViolation" and f"no live group {gid}" in nack.packet.info.message
+
+
+def test_nvls_link_bytes_across_nodes_are_the_closed_forms_for_equal_sets_of_chunks():
+    """2 nodes x 2 GPUs, 2 spines, every block two equal chunks (one to each spine): reduce_scatter puts
+    S / P on each leaf -> spine cable (float16's partials: float32, twice its bytes) and S / (N P) on each
+    spine -> leaf cable; allreduce adds its stores, G S / (n P) up and (n - G) S / (n P) down per cable;
+    a GPU's uplink S (+ its block), its downlink its block (+ S)."""
+    from nvlink_emu.fabric import cost_nodes, replay
+    from nvlink_emu.fabric.errors import FabricError
+
+    cfg = nvlink(nodes=2, spines=2, chunk_bytes=4096)
+    topo, n, N, G, P = cfg.topology, 4, 2, 2, 2
+    chunk = len(replay.nvls_chunks(topo, 4 * 2048, cfg, 4)[0])
+    assert chunk == 2  # 2048 elements a block, in two chunks
+    S = 4 * 2048 * 4
+    rs = cost_nodes.link_bytes("reduce_scatter", "nvls", topo, S, 4, config=cfg)
+    half = cost_nodes.link_bytes("reduce_scatter", "nvls", topo, S // 2, 2, config=cfg, partial_itemsize=4)
+    ar = cost_nodes.link_bytes("allreduce", "nvls", topo, S, 4, config=cfg)
+    for k in range(N):
+        for i in (2, 3):
+            assert rs[f"sw{k}->sw{i}"] == S // P
+            assert rs[f"sw{i}->sw{k}"] == S // (N * P)
+            assert ar[f"sw{k}->sw{i}"] == S // P + G * S // (n * P)
+            assert ar[f"sw{i}->sw{k}"] == S // (N * P) + (n - G) * S // (n * P)
+        assert half[f"sw{k}->sw2"] + half[f"sw{k}->sw3"] == S  # float16's S / 2 bytes, up as float32
+    for g in range(n):
+        assert (rs[f"gpu{g}->sw{g // G}"], rs[f"sw{g // G}->gpu{g}"]) == (S, S // n)
+        assert (ar[f"gpu{g}->sw{g // G}"], ar[f"sw{g // G}->gpu{g}"]) == (S + S // n, S + S // n)
+    with pytest.raises(FabricError, match="nvls's link bytes are for allreduce, reduce_scatter"):
+        cost_nodes.link_bytes("reduce", "nvls", topo, S, 4, config=cfg)
+    with pytest.raises(FabricError, match="nvls across nodes needs a topology of several nodes"):
+        replay.nvls_ns("allreduce", preset_one_node().topology, 1024, preset_one_node(), 4)
+
+
+def preset_one_node():
+    from nvlink_emu.fabric.config import preset
+    return preset("dgx-h100", gpus=4)
