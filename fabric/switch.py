@@ -73,7 +73,9 @@ cables at their latency (header-only, booked on no share: they reach a leaf in t
 LOAD is ready a switch traversal after the request reaches its leaf, and the releases are booked on no
 clock (nothing waits for them); partials and results are booked as above, in the order (chunk, block)
 the members' programs serve the LOADs (fabric.replay.nvls_ns replays it). A request crossing its
-group's release is dropped at the spine or the leaf.
+group's release is dropped at the spine or the leaf. In flight: the requester's leaf keeps at most
+partial_share_parts of a partition's load-reduces awaiting their result (each costs a LOAD to every
+member), one per result key.
 """
 
 import math
@@ -186,6 +188,10 @@ class SwitchLogic:
         self._gone: dict[int, tuple[int, ...]] = {}
         self.partial_share_bytes = self.buffer_share_bytes // max(1, topology.nodes)
         self.partial_share_parts = max(1, self.held_parts_share // max(1, topology.nodes))
+        # nvls: load-reduces of this leaf's GPUs awaiting their result, (group, result key) -> partition, and
+        # their number per partition (at most partial_share_parts: every LOAD they send costs every member)
+        self._asked: dict[tuple, int] = {}
+        self._asked_count: dict[int, int] = {}
 
     # -- addressing -------------------------------------------------------------------------------
     def route_key(self, gpu: int) -> int:
@@ -547,12 +553,29 @@ class SwitchLogic:
         if not info.slot:
             raise ProtocolError(f"LOAD_REDUCE from GPU {ingress}: group {info.group} spans nodes, and its slot [] "
                                 f"names no chunk (the last entry picks the spine)")
+        if (info.group, info.key) in self._asked:
+            raise CollectiveMismatch(f"LOAD_REDUCE from GPU {ingress}: group {info.group} slot {list(info.slot)}: "
+                                     f"result key {list(info.key)} is awaited already")
+        asked = self._asked_count.get(group.partition, 0)
+        if asked >= self.partial_share_parts:
+            raise ResourceExhausted(f"LOAD_REDUCE from GPU {ingress}: group {info.group} slot {list(info.slot)}: "
+                                    f"switch {self.switch} has {asked} of partition {group.partition}'s load-reduces "
+                                    f"awaiting their result, its share {self.partial_share_parts} (held "
+                                    f"contributions' share / nodes)")
+        self._asked[(info.group, info.key)] = group.partition
+        self._asked_count[group.partition] = asked + 1
         ready = packet.t_end + self.timing.switch_latency_ns
         spine = self.topology.nodes + info.slot[-1] % self.topology.spines
         self.counters.record(f"sw{self.switch}->sw{spine}", 0)
         up = ready + self.config.uplink_latency_ns  # header-only: the cable's latency, booked on no share
         request = packet.but(src=self.route_key(ingress), t_start=up, t_end=up)
         return [*self._loads(group, packet, info, ready), Send(-1, request, None, -1, spine)]
+
+    def _load_answered(self, gid: int, key: tuple) -> None:
+        """The load-reduce awaiting result `key` of group `gid` (if one of this leaf's GPUs asked) is done."""
+        partition = self._asked.pop((gid, key), None)
+        if partition is not None:
+            self._asked_count[partition] -= 1
 
     def _loads(self, group, packet: Packet, info: LoadInfo, ready: float) -> list[Send]:
         """Header-only LOADs of `packet`'s range to this leaf's members of `group`, ready at `ready` ns."""
@@ -590,6 +613,7 @@ class SwitchLogic:
                 raise ProtocolError(f"{here}: a result of group {info.group} key {list(info.key)} from spine {spine}, "
                                     f"for no partial this leaf sent")
             ports, nbytes, partition = got
+            self._load_answered(info.group, info.key)
             self._partial_bytes[partition] -= nbytes
             self._partial_parts[partition] -= 1
             out = self._through(packet)
@@ -703,6 +727,8 @@ class SwitchLogic:
         return self._out(Send(port, nack, origin=-1))
 
     def _drop_span(self, gid: int) -> None:
+        for key in [k for k in self._asked if k[0] == gid]:
+            self._load_answered(*key)
         group = self.groups.groups.get(gid)
         if group is not None:
             self.groups.release(gid, group.inputs[0])

@@ -116,3 +116,27 @@ def test_nvls_link_bytes_across_nodes_are_the_closed_forms_for_equal_sets_of_chu
 def preset_one_node():
     from nvlink_emu.fabric.config import preset
     return preset("dgx-h100", gpus=4)
+
+
+def test_a_leaf_keeps_a_partition_s_load_reduces_awaiting_their_result_within_its_share():
+    """Each load-reduce costs a LOAD to every member: a leaf takes at most partial_share_parts of a
+    partition's awaiting their result (ResourceExhausted past it), one per result key
+    (CollectiveMismatch for a second); a result, or the group's release, gives the slot back."""
+    fabric = Fabric(nvlink(nodes=2, spines=1, chunk_bytes=1 << 12, switch_buffer_bytes=1 << 12))
+    leaf = fabric.switches[0]
+    limit = leaf.partial_share_parts
+    gid = fabric.group((0, 2))
+    for c in range(limit):
+        assert sorted(s.port for s in load_reduce(fabric, 0, gid, (0, 0, c), (0,), 8)) == [0, 2]
+    (nack,) = load_reduce(fabric, 0, gid, (0, 0, limit), (0,), 8)
+    assert nack.packet.info.error == "ResourceExhausted" and f"its share {limit}" in nack.packet.info.message
+    (nack,) = load_reduce(fabric, 0, gid, (0, 0, 0), (0,), 8)
+    assert nack.packet.info.error == "CollectiveMismatch" and "awaited already" in nack.packet.info.message
+    assert fabric.call(0, "release", gid) == {"group": gid}
+    assert leaf._asked == {} and leaf._asked_count == {0: 0}
+    gid = fabric.group((0, 2))
+    buffers = {g: np.arange(4, dtype=np.float16) for g in (0, 2)}
+    loads = load_reduce(fabric, 0, gid, (1, 0, 0), (0,), 8)
+    assert leaf._asked_count == {0: 1}
+    (result,) = [send for load in loads for send in answer(fabric, load, buffers)]
+    assert result.port == 0 and leaf._asked_count == {0: 0}
