@@ -422,10 +422,10 @@ def sharp_scatter_link_bytes(topo: Topology, S: int, config, itemsize: int = 4,
                              partial_itemsize: int | None = None) -> dict[str, int]:
     """Exact payload bytes of ranks/collectives/sharp.py's reduce_scatter of S input bytes by every GPU of
     `topo` (N nodes, P spines), every link: each GPU tx S (every block's chunks), rx its block b_j; leaf
-    a -> spine i the partials of every block's chunks c with c mod P = i (partial_itemsize bytes an
-    element: the accumulator's; S / P for P equal sets of chunks, 2 S / P for a 16-bit float), spine
+    a -> spine i the partials of the chunks c of blocks j with (j + c) mod P = i (partial_itemsize bytes
+    an element: the accumulator's; S / P when they split evenly, 2 S / P for a 16-bit float), spine
     i -> leaf k the results of those chunks of the blocks of node k's members only (G S / (n P) for
-    equal blocks); the other leaves get the spine's notice, a control packet of no bytes. Slots as
+    even shares); the other leaves get the spine's notice, a control packet of no bytes. Slots as
     fabric.replay.sharp_scatter_slots orders them."""
     N, P = topo.nodes, topo.spines
     if P < 1:
@@ -436,7 +436,7 @@ def sharp_scatter_link_bytes(topo: Topology, S: int, config, itemsize: int = 4,
     for g in range(topo.gpus):
         out[uplink(g, topo.locate(g)[0])] = count * itemsize
     for j, c, elements in replay.sharp_scatter_slots(topo, count, config, itemsize, partial_itemsize):
-        spine, node = N + c % P, topo.locate(j)[0]
+        spine, node = N + (j + c) % P, topo.locate(j)[0]  # the slot (j, c, j + c): its last entry picks it
         out[downlink(j, node)] += elements * itemsize
         for k in range(N):
             out[f"sw{k}->sw{spine}"] += elements * wide

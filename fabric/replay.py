@@ -382,14 +382,15 @@ def _leaf_partial(k: int, G: int, i: int, stamps: list, engine: ReductionClock, 
 
 
 def sharp_allreduce_ns(topo: Topology, count: int, config, itemsize: int = 4, partial_itemsize: int | None = None) -> float:
-    """Modeled ns of ranks/collectives/sharp.py's allreduce of `count` elements by every GPU of `topo` (of
-    several nodes), all starting at 0, as fabric.switch books it: every GPU books chunk c on its uplink
-    (all issued at the start), its leaf's engine reduces the node once the latest chunk is in (+ s +
-    the engine's latency, at the engine's bandwidth), the partial (partial_itemsize bytes an element:
-    the accumulator's; default itemsize) goes to spine c mod P, each member's part of it on that member's
-    share of the node's uplink to the spine (_leaf_partial), the spine (+ s) reduces once every leaf's is in, each result takes the
-    group's shares of the node's uplink from that spine (+ u), the leaf (+ s) copies it down, and each
-    GPU books its downlink in chunk order (+ a). Chunks as Call.in_switch_window sizes them."""
+    """Modeled ns of ranks/collectives/sharp.py's allreduce of `count` elements by every GPU of `topo`
+    (of several nodes), all starting at 0, as fabric.switch books it: every GPU books chunk c on its
+    uplink (all issued at the start), its leaf's engine reduces the node once the latest chunk is in (+
+    s + the engine's latency, at the engine's bandwidth), the partial (partial_itemsize bytes an
+    element: the accumulator's; default itemsize) goes to spine c mod P, each member's part of it on
+    that member's share of the node's uplink to the spine (_leaf_partial), the spine (+ s) reduces once
+    every leaf's is in, each result takes the group's shares of the node's uplink from that spine (+ u),
+    the leaf (+ s) copies it down, and each GPU books its downlink in chunk order (+ a). Chunks as
+    Call.in_switch_window sizes them."""
     N, G, P, n = topo.nodes, topo.gpus_per_node, topo.spines, topo.gpus
     if N < 2 or not P:
         raise FabricError(f"replay: sharp across nodes needs a topology of several nodes and spines, got {N} nodes")
@@ -567,7 +568,7 @@ def sharp_reduce_scatter_ns(topo: Topology, count: int, config, itemsize: int = 
                             partial_itemsize: int | None = None) -> float:
     """Modeled ns of ranks/collectives/sharp.py's reduce_scatter of `count` input elements by every GPU of
     `topo` (of several nodes), all starting at 0, as fabric.switch books it: as sharp_allreduce_ns, slot
-    by slot in the members' program order (sharp_scatter_slots), chunk c of every block to spine c mod P,
+    by slot in the members' program order (sharp_scatter_slots), chunk c of block j to spine (j + c) mod P,
     but the result of block j only down to member j's leaf (the group's shares of that node's uplink
     from the spine, + u), which copies it to member j alone (+ s; its downlink in chunk order, + a)."""
     N, G, P, n = topo.nodes, topo.gpus_per_node, topo.spines, topo.gpus
@@ -583,7 +584,7 @@ def sharp_reduce_scatter_ns(topo: Topology, count: int, config, itemsize: int = 
     mine = {(g, i): LinkEnd(topo.share_gbytes_per_s / P, u) for g in range(n) for i in range(P)}
     down = {(i, k): LinkEnd(group_share, u) for k in range(N) for i in range(P)}
     for j, c, elements in sharp_scatter_slots(topo, count, config, itemsize, partial_itemsize):
-        r, w, i = raw(elements * itemsize), raw(elements * wide), c % P
+        r, w, i = raw(elements * itemsize), raw(elements * wide), (j + c) % P  # the slot (j, c, j + c)
         stamps = [gpu.uplink.send(0.0, 0.0, r) for gpu in gpus]
         partials = [_leaf_partial(k, G, i, stamps, engines[k], mine, w, s, t.reduction_latency_ns, u) for k in range(N)]
         start, end = engines[N + i].reduce(max(a for a, _ in partials) + s, max(b for _, b in partials) + s, r)

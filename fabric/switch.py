@@ -20,37 +20,37 @@ A transfer between nodes is timed on its sender's outbound share of the node's u
 sender's leaf) and its receiver's inbound share (booked by the receiver); the cables between switches
 count bytes (fabric.topology, Shares).
 
-**Spanning groups** (NVLink SHARP across nodes). A group whose members are in several nodes has a
-copy in every switch it spans: the leaf of each of its nodes (its inputs: the node's members, in
-communicator rank order) and every spine (its inputs: the leaves of its nodes, in node order).
-Created by its first member at that GPU's leaf (the *creator* leaf; id = k x nodes + the leaf's
-index, so ids never collide between leaves), which sends the group to every spine and, through the
-first spine, to the group's other leaves; each checks its own 128-group limit (its partition's share)
-and answers, and the create is answered only once every switch took the group (else it is undone
-everywhere and refused with the switches' errors). Bound by each member at its own leaf; released by
-the creator leaf for all. A leaf takes contributions only from its own members; once every local
-member's chunk is in, it reduces them (accumulator: float32 for float16/bfloat16, unfinished) and
-sends the *partial* to spine slot[-1] mod P (allreduce: chunk c to spine c mod P). A spine takes
-partials only from the leaves of the group's nodes, reduces them in node order, finishes (avg divides
-by every member once, 16-bit floats round once) and multicasts the result down to each leaf of a
-destination member (all of them for allreduce; for reduce_scatter's block j, member j's only), which
-copies it to its destination members; every other leaf of the group gets a notice ("reduced", a control
-packet: no bytes on the cable) that frees its partial's share. A GPU can neither send a partial (only leaves reach a spine)
-nor a result (a leaf delivers only what a spine sent for a partial it sent up). Time: a partial
-leaves the leaf's reduction engine and takes the group's members' shares of the node's uplink to
-that spine taken together (m x U / (G P): m members in the node, P spines): each member's part of it
-(1/m of its bytes) takes that member's own share (U / (G P), shared by every group of the GPU and its
-multicast stores), booked by the leaf as the member's contribution comes, ready once it has been
-through the engine (_member_part), so in that member's packet order whatever its groups; the partial
-is at the spine once the engine's result and every part are. The spine's engine reduces once every
-partial is in, and each result takes the group's shares of the destination node's uplink from that
-spine (per group), booked by the spine in its completion order; so every clock is booked in one
-order fixed by the members' programs (fabric.replay replays it). In flight: a leaf
-keeps at most its partition's buffer share / nodes of partials without their result (in bytes; in
-number, held_parts_share / nodes), so what a spine holds stays within the share. Partials of a slot
-that disagree between nodes (each leaf checks only its members) are refused at the spine to every
-member, a NACK once per group until its release; a partial or result of a group released while on
-its way is dropped (one number per creator leaf tells it from most switch bugs: _released).
+**Spanning groups** (NVLink SHARP across nodes). A group whose members are in several nodes has a copy
+in every switch it spans: the leaf of each of its nodes (its inputs: the node's members, in communicator
+rank order) and every spine (its inputs: the leaves of its nodes, in node order). Created by its first
+member at that GPU's leaf (the *creator* leaf; id = k x nodes + the leaf's index, so ids never collide
+between leaves), which sends the group to every spine and, through the first spine, to the group's other
+leaves; each checks its own 128-group limit (its partition's share) and answers, and the create is
+answered only once every switch took the group (else it is undone everywhere and refused with the
+switches' errors). Bound by each member at its own leaf; released by the creator leaf for all. A leaf
+takes contributions only from its own members; once every local member's chunk is in, it reduces them
+(accumulator: float32 for float16/bfloat16, unfinished) and sends the *partial* to spine slot[-1] mod P
+(allreduce: chunk c to spine c mod P; reduce_scatter: slot (j, c, j + c), chunk c of block j to spine (j
++ c) mod P). A spine takes partials only from the leaves of the group's nodes, reduces them in node
+order, finishes (avg divides by every member once, 16-bit floats round once) and multicasts the result
+down to each leaf of a destination member (all of them for allreduce; for reduce_scatter's block j,
+member j's only), which copies it to its destination members; every other leaf of the group gets a
+notice ("reduced", a control packet: no bytes on the cable) that frees its partial's share. A GPU can
+neither send a partial (only leaves reach a spine) nor a result (a leaf delivers only what a spine sent
+for a partial it sent up). Time: a partial leaves the leaf's reduction engine and takes the group's
+members' shares of the node's uplink to that spine taken together (m x U / (G P): m members in the node,
+P spines): each member's part of it (1/m of its bytes) takes that member's own share (U / (G P), shared
+by every group of the GPU and its multicast stores), booked by the leaf as the member's contribution
+comes, ready once it has been through the engine (_member_part), so in that member's packet order
+whatever its groups; the partial is at the spine once the engine's result and every part are. The
+spine's engine reduces once every partial is in, and each result takes the group's shares of the
+destination node's uplink from that spine (per group), booked by the spine in its completion order; so
+every clock is booked in one order fixed by the members' programs (fabric.replay replays it). In flight:
+a leaf keeps at most its partition's buffer share / nodes of partials without their result (in bytes; in
+number, held_parts_share / nodes), so what a spine holds stays within the share. Partials of a slot that
+disagree between nodes (each leaf checks only its members) are refused at the spine to every member, a
+NACK once per group until its release; a partial or result of a group released while on its way is
+dropped (one number per creator leaf tells it from most switch bugs: _released).
 *Multicast stores* (sharp allgather, broadcast): a member's MCAST goes to its leaf, which copies it to
 the node's members and sends one copy up (src: the sender) to spine (p + c) mod P, p the sender's rank
 in the group and c the key's last entry, its chunk (store_spine; a key without one is refused), so the
@@ -1184,8 +1184,8 @@ class SpineLogic:
         per_node = self.config.gpus_per_node
         sender = self._gpu_of.get(packet.src)
         if group is None or leaf not in group.inputs or sender not in group.members or sender // per_node != leaf:
-            raise AccessViolation(f"{here}: multicast store of group {info.group} key {list(info.key)} from leaf {leaf} "
-                                  f"for GPU {packet.src!r}: " + (
+            raise AccessViolation(f"{here}: multicast store of group {info.group} key {list(info.key)} from leaf "
+                                  f"{leaf} for GPU {packet.src!r}: " + (
                                       f"no live group {info.group}" if group is None else
                                       f"leaf {leaf} is no leaf of the group's nodes {list(group.inputs)}"
                                       if leaf not in group.inputs else

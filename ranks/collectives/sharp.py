@@ -13,22 +13,24 @@ Per-GPU link payload for S bytes on N GPUs:
 Combine order: members 0, 1, ..., N-1, in the switch's accumulator (float32 for float16 and
 bfloat16, rounded once at the end; the dtype itself otherwise). avg divides in the switch.
 
-Across nodes (allreduce, reduce_scatter, allgather, broadcast; fabric.switch, Spanning groups). Allreduce: each GPU pushes chunk c to its leaf,
-the leaf reduces its node's members (communicator rank order) into a partial in the accumulator and
-sends it to spine c mod P, the spine reduces the partials of the group's nodes in node order,
-finishes (rounds once, avg divides once) and multicasts the result to the leaves, each leaf to its
-members. Per GPU tx = rx = S as on one node; each leaf -> spine i link carries the partials of the
-chunks c = i mod P (S / P for P | chunks; a float16/bfloat16 partial is float32, twice the bytes),
-each spine i -> leaf link the results of the same chunks (S / P). fabric.cost_nodes.link_bytes has
-every link exactly. The window counts a 16-bit float's partial twice and keeps each leaf's partials in
-flight within its share of the buffer / nodes (the spines hold no more than that).
-Reduce_scatter: the allreduce's two levels for chunk c of every block j (to spine c mod P), but the
+Across nodes (allreduce, reduce_scatter, allgather, broadcast; fabric.switch, Spanning groups).
+Allreduce: each GPU pushes chunk c to its leaf, the leaf reduces its node's members (communicator rank
+order) into a partial in the accumulator and sends it to spine c mod P, the spine reduces the partials
+of the group's nodes in node order, finishes (rounds once, avg divides once) and multicasts the result
+to the leaves, each leaf to its members. Per GPU tx = rx = S as on one node; each leaf -> spine i link
+carries the partials of the chunks c = i mod P (S / P for P | chunks; a float16/bfloat16 partial is
+float32, twice the bytes), each spine i -> leaf link the results of the same chunks (S / P).
+fabric.cost_nodes.link_bytes has every link exactly. The window counts a 16-bit float's partial twice
+and keeps each leaf's partials in flight within its share of the buffer / nodes (the spines hold no more
+than that).
+Reduce_scatter: the allreduce's two levels for chunk c of every block j (to spine (j + c) mod P), but the
 spine sends block j's result to member j's leaf only, and that leaf to member j only (the other leaves
 get a notice with no bytes that frees their partial's share). Per GPU tx S, rx S/N as on one node;
-each leaf -> spine i link the partials of every block's chunks c = i mod P (S / P; twice for a 16-bit
-float), each spine i -> leaf k link the results of those chunks of node k's members' blocks (G S / (n
-P) for equal blocks; fabric.cost_nodes.sharp_scatter_link_bytes). Its window (_scatter_streams) keeps
-twice a window of rounds of partials within a leaf's share of the buffer / nodes.
+each leaf -> spine i link the partials of the chunks c of blocks j with (j + c) mod P = i (S / P when
+those split evenly; twice for a 16-bit float), each spine i -> leaf k link the results of those chunks
+of node k's members' blocks (G S / (n P) for equal shares; fabric.cost_nodes.sharp_scatter_link_bytes).
+Its window (_scatter_streams) keeps twice a window of rounds of partials within a leaf's share of the
+buffer / nodes.
 Allgather and broadcast: a member's multicast store of chunk c (of its block p; broadcast: p = the
 root) goes to its leaf, which copies it to the node's members and sends one copy up to spine
 (p + c) mod P (so a block's chunks, and the members' blocks, share the spines out); the spine sends one
@@ -113,7 +115,9 @@ def reduce_scatter(call, send: np.ndarray, recv: np.ndarray) -> None:
         for j in range(n):
             if c < len(spans[j]):
                 lo, hi = spans[j][c]
-                call.reduce((j, c), send[lo:hi], [j], (RS, j, c), start)
+                # slot (j, c, j + c): its last entry picks the spine, (j + c) mod P, so that blocks of one
+                # chunk each still share the spines out
+                call.reduce((j, c, j + c), send[lo:hi], [j], (RS, j, c), start)
     for c in range(waited, len(spans[r])):
         lo, hi = spans[r][c]
         call.wait((RS, r, c), "the switch's reduction", recv[lo - own_start:hi - own_start])
