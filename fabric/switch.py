@@ -69,10 +69,10 @@ store crossing its group's release is dropped; the leaves' credits bound the cop
 member of another node (ranks/switch.py).
 *Load-reduce* (nvls): a member's LOAD_REDUCE of slot (seq, r, c), its result for itself alone (dest
 (ingress,), else refused), goes to its leaf, which sends header-only LOADs to its members and the
-request, header-only (src: the requester), to spine c mod P (_load_reduce_across); the spine passes it
+request, header-only (src: the requester), to spine slot[-1] mod P (_load_reduce_across; nvls.py: (r + c)); the spine passes it
 on to the group's other leaves (_load_reduce_on: only from a leaf of the group's nodes, for a requester
 of that node), each of which LOADs its members (_loads_asked). The members' REDUCE answers make each
-leaf's partial as above (slot[-1] = c: spine c mod P); the spine's result goes down to the requester's
+leaf's partial as above (to the same spine); the spine's result goes down to the requester's
 leaf alone, and the notice "reduced" (a control packet) to each other leaf, which frees its partial's
 share there, as for sharp's reduce_scatter (so every leaf's partials in flight stay bounded). Time: the requests cross the
 cables at their latency (header-only, booked on no share: they reach a leaf in the host's order), a
