@@ -427,10 +427,13 @@ def nvls_streams(n: int, nodes: int, fabric_nodes: int, dtype) -> int:
     / the dtype's) x ceil(fabric_nodes / (n - 1)), so that each leaf's partials awaiting their result or
     notice (n requesters' windows, twice: a notice may trail the next request) fit its buffer share /
     fabric_nodes (fabric.switch, Spanning groups)."""
-    if nodes == 1:
-        return n
     wide = switch_accumulator(np.dtype(dtype)).itemsize // np.dtype(dtype).itemsize
-    return 2 * n * wide * -(-fabric_nodes // max(1, n - 1))
+    return _nvls_streams(n, nodes, fabric_nodes, wide)
+
+
+def _nvls_streams(n: int, nodes: int, fabric_nodes: int, wide: int) -> int:
+    """nvls_streams for a partial `wide` times as wide as an element."""
+    return n if nodes == 1 else 2 * n * wide * -(-fabric_nodes // max(1, n - 1))
 
 
 def nvls_chunks(topo: Topology, count: int, config, itemsize: int, partial_itemsize: int | None = None):
@@ -438,7 +441,7 @@ def nvls_chunks(topo: Topology, count: int, config, itemsize: int, partial_items
     pipeline chunks nvls.py sends (elements, ranges): nvls_chunk_bytes shrunk as Call.in_switch_window does."""
     n = topo.gpus
     wide = (partial_itemsize or itemsize) // itemsize
-    streams = n if topo.nodes == 1 else 2 * n * wide * -(-config.nodes // max(1, n - 1))  # nvls_streams
+    streams = _nvls_streams(n, topo.nodes, config.nodes, wide)
     chunk = in_switch_chunk(config, n, streams, 2, config.nvls_chunk_bytes, itemsize) // itemsize
     return [chunks(a, b, chunk) for a, b in blocks(count, n)]
 
