@@ -131,9 +131,11 @@ FLAT = {
     "pxn": ("all2all",),
     "tree": ("allreduce",),
 }
-# in the switches (two-level sharp on spines that reduce and multicast): no GPU-to-GPU rounds; link_bytes
-# and modeled_ns cover them (fabric.replay.sharp_allreduce_ns, sharp_reduce_scatter_ns, sharp_mcast_ns)
-IN_SWITCH = {"sharp": ("allreduce", "reduce_scatter", "allgather", "broadcast")}
+# in the switches (two-level sharp and nvls on spines that reduce and multicast): no GPU-to-GPU rounds;
+# link_bytes and modeled_ns cover them (fabric.replay.sharp_allreduce_ns, sharp_reduce_scatter_ns,
+# sharp_mcast_ns, nvls_ns)
+IN_SWITCH = {"sharp": ("allreduce", "reduce_scatter", "allgather", "broadcast"),
+             "nvls": ("allreduce", "reduce_scatter", "allgather", "broadcast")}
 
 
 def _block_bytes(S: int, n: int, itemsize: int) -> list[int]:
@@ -324,7 +326,8 @@ def traffic(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsiz
 def link_bytes(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsize: int = 4, root: int = 0,
                counts=None, config=None, partial_itemsize: int | None = None) -> dict[str, int]:
     """Exact payload bytes every link of `topo` carries in one call: {link name: bytes}, link order.
-    sharp allreduce needs `config` (its chunks) and takes partial_itemsize (sharp_link_bytes)."""
+    sharp and nvls need `config` (their chunks); their reductions take partial_itemsize (sharp_link_bytes,
+    nvls_link_bytes)."""
     if algorithm == "sharp":
         if config is None or collective not in IN_SWITCH["sharp"]:
             raise FabricError(f"cost_nodes: sharp's link bytes are for {', '.join(IN_SWITCH['sharp'])}, and need the "
@@ -334,6 +337,13 @@ def link_bytes(collective: str, algorithm: str, topo: Topology, S: int = 0, item
         if collective != "allreduce":
             return sharp_mcast_link_bytes(collective, topo, S, config, itemsize, root)
         return sharp_link_bytes(topo, S, config, itemsize, partial_itemsize)
+    if algorithm == "nvls":
+        if config is None or collective not in IN_SWITCH["nvls"]:
+            raise FabricError(f"cost_nodes: nvls's link bytes are for {', '.join(IN_SWITCH['nvls'])}, and need the "
+                              f"config (its chunks)")
+        if collective in ("allgather", "broadcast"):  # sharp's multicast stores (nvls.py imports them)
+            return sharp_mcast_link_bytes(collective, topo, S, config, itemsize, root)
+        return nvls_link_bytes(collective, topo, S, config, itemsize, partial_itemsize)
     return topo.link_payload_bytes(traffic(collective, algorithm, topo, S, itemsize, root, counts))
 
 
@@ -363,6 +373,50 @@ def sharp_link_bytes(topo: Topology, S: int, config, itemsize: int = 4, partial_
             up = src < N  # leaf -> spine
             elements = per_spine[(dst if up else src) - N]
             out[link.name] = elements * (wide if up else itemsize)
+    return out
+
+
+def nvls_link_bytes(collective: str, topo: Topology, S: int, config, itemsize: int = 4,
+                    partial_itemsize: int | None = None) -> dict[str, int]:
+    """Exact payload bytes of ranks/collectives/nvls.py's reduce_scatter (S: the input's bytes) or
+    allreduce by every GPU of `topo` (N nodes of G GPUs, P spines), every link; S_g = GPU g's block.
+    Load-reduce: GPU g's uplink S (its answers to the LOADs of every block), its downlink S_g (its
+    block's results); leaf a -> spine i the partials of chunk c of every block j for (j + c) mod P = i, at
+    partial_itemsize bytes an element (4 for float16/bfloat16; default itemsize): S x wide / itemsize
+    over the spines (S / P each for equal sets); spine i -> leaf a the results of those chunks of node
+    a's G blocks (S / (N P) for equal sets). Allreduce adds the multicast stores of the reduced
+    blocks: GPU g's uplink S_g, every downlink S; leaf a -> spine (g + c) mod P chunk c of node a's
+    members' blocks, that spine -> every other leaf the same (G S / (n P) and (n - G) S / (n P) per
+    cable for equal sets). The header-only packets (payload 0, header_bytes raw each): per chunk of GPU
+    j's block, its request on its uplink, a LOAD down every member's downlink, the request on leaf ->
+    spine and on spine -> each other leaf (the spine's notices to the other leaves are control packets).
+    Chunks as fabric.replay.nvls_chunks sizes them."""
+    n, N, G, P = topo.gpus, topo.nodes, topo.gpus_per_node, topo.spines
+    if P < 1:
+        raise FabricError(f"cost_nodes: nvls across nodes needs spines; this topology has {N} node and none")
+    count = _block_bytes(S, 1, itemsize)[0] // itemsize
+    wide = partial_itemsize or itemsize
+    spans = replay.nvls_chunks(topo, count, config, itemsize, partial_itemsize)
+    out = dict.fromkeys((link.name for link in topo.links), 0)
+    for j, span in enumerate(spans):
+        a = j // G
+        for c, (lo, hi) in enumerate(span):
+            b, i = (hi - lo) * itemsize, N + (j + c) % P  # the slot (j, c, j + c)
+            for k in range(N):  # every leaf's partial up; the result down to the requester's leaf
+                out[f"sw{k}->sw{i}"] += (hi - lo) * wide
+            out[f"sw{i}->sw{a}"] += b
+            out[downlink(j, a)] += b
+            if collective == "allreduce":  # my store of the reduced chunk, up once, down to every other leaf
+                out[uplink(j, a)] += b
+                i = N + (j + c) % P
+                out[f"sw{a}->sw{i}"] += b
+                for k in range(N):
+                    if k != a:
+                        out[f"sw{i}->sw{k}"] += b
+    for g in range(n):
+        out[uplink(g, g // G)] += count * itemsize
+        if collective == "allreduce":
+            out[downlink(g, g // G)] += count * itemsize
     return out
 
 

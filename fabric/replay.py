@@ -18,7 +18,9 @@ booked by the switches (fabric.switch, Spanning groups), slot by slot in the ord
 programs fix (a member's part of a partial and its stores on its own share of the uplink to each
 spine, a result on the group's shares of the destination node's, a store down on its sender's part
 of those); each is replayed slot by slot on the same clocks (GPU links, each leaf's and spine's
-reduction engine, those shares). The schedules (`PROGRAMS`) are those of ranks/collectives ring (on several nodes its channels,
+reduction engine, those shares). nvls's reduce_scatter and allreduce across nodes (`nvls_ns`) are
+the same kind: load-reduces booked slot by slot in the order the members serve their LOADs, then
+(allreduce) multicast stores as sharp's. The schedules (`PROGRAMS`) are those of ranks/collectives ring (on several nodes its channels,
 one ring per rail), direct, all2all, hier, pxn and tree: the same messages,
 chunks (chunk_bytes of whole elements) and order (a schedule changed there must change here: the test
 below fails otherwise); `tests/nodes/test_replay.py` checks that replayed
@@ -28,12 +30,14 @@ deadlock-free schedule completes, in O(messages) link bookings (a 256-GPU ring a
 about half a million).
 """
 
+import numpy as np
+
 from . import hier_plan
 from .cost import in_switch_chunk
 from .errors import FabricError
 from .packets import raw_bytes
 from .reduction import (blocks, channel_rings, chunks, merged_columns, rail_ranges, ring_channel_count, tree_chunk,
-                        tree_parts, tree_steps, two_level_blocks)
+                        tree_parts, tree_steps, two_level_blocks, switch_accumulator)
 from .timemodel import LinkEnd, ReductionClock
 from .topology import Topology
 
@@ -392,6 +396,139 @@ def sharp_allreduce_ns(topo: Topology, count: int, config, itemsize: int = 4, pa
     return max(gpu.now for gpu in gpus)
 
 
+def nvls_streams(n: int, nodes: int, fabric_nodes: int, dtype) -> int:
+    """Credit streams of ranks/collectives/nvls.py's load-reduce by `n` members in `nodes` nodes of a fabric
+    of `fabric_nodes` (Call.in_switch_window): n on one node; across nodes 2 n x (the accumulator's width
+    / the dtype's) x ceil(fabric_nodes / (n - 1)), so that each leaf's partials awaiting their result or
+    notice (n requesters' windows, twice: a notice may trail the next request) fit its buffer share /
+    fabric_nodes (fabric.switch, Spanning groups)."""
+    wide = switch_accumulator(np.dtype(dtype)).itemsize // np.dtype(dtype).itemsize
+    return _nvls_streams(n, nodes, fabric_nodes, wide)
+
+
+def _nvls_streams(n: int, nodes: int, fabric_nodes: int, wide: int) -> int:
+    """nvls_streams for a partial `wide` times as wide as an element."""
+    return n if nodes == 1 else 2 * n * wide * -(-fabric_nodes // max(1, n - 1))
+
+
+def nvls_chunks(topo: Topology, count: int, config, itemsize: int, partial_itemsize: int | None = None):
+    """Each member's block (fabric.reduction.blocks of `count` elements over every GPU of `topo`) in the
+    pipeline chunks nvls.py sends (elements, ranges): nvls_chunk_bytes shrunk as Call.in_switch_window does."""
+    n = topo.gpus
+    wide = (partial_itemsize or itemsize) // itemsize
+    streams = _nvls_streams(n, topo.nodes, config.nodes, wide)
+    chunk = in_switch_chunk(config, n, streams, 2, config.nvls_chunk_bytes, itemsize) // itemsize
+    return [chunks(a, b, chunk) for a, b in blocks(count, n)]
+
+
+def nvls_ns(collective: str, topo: Topology, count: int, config, itemsize: int = 4,
+            partial_itemsize: int | None = None) -> float:
+    """Modeled ns of ranks/collectives/nvls.py's reduce_scatter (count: the input's elements) or allreduce
+    by every GPU of `topo` (several nodes), all starting at 0, as the ranks and fabric.switch book it:
+    every GPU books a header-only request per chunk of its block on its uplink at the start (+ a); its
+    leaf (+ s) sends header-only LOADs to its members and the request to spine (j + c) mod P (+ u), which
+    passes it (+ s + u) to the other leaves (+ s), which load theirs. Each GPU works in rounds c, in
+    program order: it serves chunk c of every block - each LOAD booked on its downlink (+ a), its answer
+    on its uplink from then (+ a), its part of its node's partial (1/G of it) on its share of the
+    node's uplink to spine (j + c) mod P (block j) once through the engine (+ s + its latency) -, takes back its result
+    of chunk c - 1 (downlink, + a) and (allreduce) multicast-stores it at once (on that same share, to
+    spine (r + c) mod P), then takes in every member's store of chunk c - 2. A leaf's engine reduces a
+    slot once its members' answers are in (+ s); the partial (partial_itemsize bytes an element) is at
+    the spine once the engine's result (+ u) and every member's part are (as _leaf_partial); the spine's
+    engine (+ s) reduces once every leaf's partial is in; the result takes the group's share of the
+    requester's node's uplink from that spine (+ u), its leaf (+ s) sends it down. Engines and shares
+    book slots in the order (chunk, block) the members' programs fix. A store goes as sharp_mcast_ns
+    books it (spine (p + c) mod P)."""
+    N, G, P, n = topo.nodes, topo.gpus_per_node, topo.spines, topo.gpus
+    if N < 2 or not P:
+        raise FabricError(f"replay: nvls across nodes needs a topology of several nodes and spines, got {N} nodes")
+    if collective not in ("reduce_scatter", "allreduce"):
+        raise FabricError(f"replay: nvls's load-reduce is reduce_scatter's and allreduce's, not {collective}")
+    wide = partial_itemsize or itemsize
+    spans = nvls_chunks(topo, count, config, itemsize, partial_itemsize)
+    t = config.timing
+    s, u, rl = t.switch_latency_ns, config.uplink_latency_ns, t.reduction_latency_ns
+    raw = lambda nbytes: raw_bytes(nbytes, config.mtu_bytes, config.header_bytes)
+    header = raw(0)
+    gpus = [_Gpu(g, topo) for g in range(n)]
+    engines = [ReductionClock(t.reduction_gbytes_per_s, t.reduction_latency_ns) for _ in range(N + P)]
+    group_share, share = topo.share_gbytes_per_s * G / P, topo.share_gbytes_per_s
+    down = {(i, k): LinkEnd(group_share, u) for k in range(N) for i in range(P)}
+    # each GPU's share of its node's uplink to spine i: its parts of partials and its stores, in its order
+    mine = {(g, i): LinkEnd(share / P, u) for g in range(n) for i in range(P)}
+    store_down = {(p, i, k): LinkEnd(share * G / (P * (n - G)), u)  # its part of node k's shares from spine i
+                  for p in range(n) for i in range(P) for k in range(N)}
+    requests = [[gpu.uplink.send(0.0, 0.0, header) for _ in spans[gpu.index]] for gpu in gpus]
+    results: dict[tuple[int, int], tuple[float, float, int]] = {}  # (requester, chunk) -> stamps at its leaf, raw
+    stores: dict[tuple[int, int, int], tuple[float, float, int]] = {}  # (sender, chunk, node) -> at that node's leaf
+
+    def take_back(gpu, c):
+        if c >= len(spans[gpu.index]):
+            return
+        d0, d1, r = results.pop((gpu.index, c))
+        _, end = gpu.downlink.book(d0, d1, r)
+        gpu.now = max(gpu.now, end + gpu.downlink.latency_ns)
+        if collective == "allreduce":  # the multicast store of my reduced chunk c
+            p, i = gpu.index, (gpu.index + c) % P
+            a, b = gpu.uplink.send(gpu.now, gpu.now, r)
+            a, b = a + s, b + s
+            stores[(p, c, gpu.node)] = (a, b, r)
+            a, b = mine[(p, i)].send(a, b, r)
+            for k in range(N):
+                if k != gpu.node:
+                    d0, d1 = store_down[(p, i, k)].send(a + s, b + s, r)
+                    stores[(p, c, k)] = (d0 + s, d1 + s, r)
+
+    def gather(gpu, c):
+        if collective != "allreduce" or c < 0:
+            return
+        for p in range(n):
+            if c < len(spans[p]):
+                a, b, r = stores[(p, c, gpu.node)]
+                _, end = gpu.downlink.book(a, b, r)
+                gpu.now = max(gpu.now, end + gpu.downlink.latency_ns)
+
+    rounds = max(len(span) for span in spans)
+    for c in range(rounds):
+        answers, parts = {}, {}
+        for gpu in gpus:
+            for j in range(n):
+                if c < len(spans[j]):
+                    lo, hi = spans[j][c]
+                    ready = requests[j][c][1] + s + (0.0 if gpus[j].node == gpu.node else 2 * s + 2 * u)
+                    _, end = gpu.downlink.book(ready, ready, header)
+                    at = end + gpu.downlink.latency_ns
+                    a, b = answers[(gpu.index, j)] = gpu.uplink.send(at, at, raw((hi - lo) * itemsize))
+                    # my part of my node's partial, on my share to spine (j + c) mod P, once through the engine
+                    parts[(gpu.index, j)] = mine[(gpu.index, (j + c) % P)].send(a + s + rl, b + s + rl,
+                                                                          raw((hi - lo) * wide) / G)
+            if c:
+                take_back(gpu, c - 1)
+                gather(gpu, c - 2)
+        for j in range(n):
+            if c >= len(spans[j]):
+                continue
+            lo, hi = spans[j][c]
+            r, w, i = raw((hi - lo) * itemsize), raw((hi - lo) * wide), (j + c) % P
+            partials = []
+            for k in range(N):  # at the spine once the engine's result (+ u) and every member's part are
+                node = [answers[(g, j)] for g in range(k * G, (k + 1) * G)]
+                mine_k = [parts[(g, j)] for g in range(k * G, (k + 1) * G)]
+                start, end = engines[k].reduce(max(a for a, _ in node) + s, max(b for _, b in node) + s, w)
+                partials.append((max(start + u, max(a for a, _ in mine_k)), max(end + u, max(b for _, b in mine_k))))
+            first, last = max(a for a, _ in partials), max(b for _, b in partials)
+            start, end = engines[N + i].reduce(first + s, last + s, r)
+            d0, d1 = down[(i, gpus[j].node)].send(start, end, r)
+            results[(j, c)] = (d0 + s, d1 + s, r)
+    for gpu in gpus:
+        take_back(gpu, rounds - 1)
+    for gpu in gpus:
+        gather(gpu, rounds - 2)
+        gather(gpu, rounds - 1)
+        gpu.now = max(gpu.now, gpu.uplink.free_ns)
+    return max(gpu.now for gpu in gpus)
+
+
 def sharp_scatter_slots(topo: Topology, count: int, config, itemsize: int = 4, partial_itemsize: int | None = None):
     """The in-switch reductions of ranks/collectives/sharp.py's reduce_scatter of `count` input elements by
     every GPU of `topo` (of several nodes), in every member's program order: [(block j, chunk c, elements)],
@@ -513,14 +650,18 @@ def replay_ns(collective: str, algorithm: str, topo: Topology, S: int, config, i
     """Modeled ns of one call on every GPU of `topo`, all starting at 0: the latest member's clock at
     the end. S: bytes, as fabric.cost_nodes takes them (all2all: each member's send buffer;
     reduce_scatter: the input; allgather: the output); all2allv: counts[i][j] bytes GPU i sends GPU j;
-    sharp allreduce (several nodes): partial_itemsize, the bytes of an element of a leaf's partial (the
-    switch's accumulator: 4 for float16/bfloat16; default itemsize)."""
+    sharp allreduce and nvls reduce_scatter and allreduce (several nodes): partial_itemsize, the bytes
+    of an element of a leaf's partial (the switch's accumulator: 4 for float16/bfloat16; default itemsize)."""
     if not isinstance(topo, Topology):
         raise FabricError(f"replay: takes a Topology, got {type(topo).__name__}")
     if (collective, algorithm) == ("allreduce", "sharp"):
         return sharp_allreduce_ns(topo, int(S) // itemsize, config, itemsize, partial_itemsize)
     if (collective, algorithm) == ("reduce_scatter", "sharp"):
         return sharp_reduce_scatter_ns(topo, int(S) // itemsize, config, itemsize, partial_itemsize)
+    if algorithm == "nvls" and collective in ("reduce_scatter", "allreduce") and topo.nodes > 1:
+        return nvls_ns(collective, topo, int(S) // itemsize, config, itemsize, partial_itemsize)
+    if algorithm == "nvls" and collective in ("allgather", "broadcast") and topo.nodes > 1:  # sharp's (nvls.py)
+        return sharp_mcast_ns(collective, topo, int(S) // itemsize, config, itemsize, root)
     if algorithm == "sharp" and collective in ("allgather", "broadcast"):
         return sharp_mcast_ns(collective, topo, int(S) // itemsize, config, itemsize, root)
     n = topo.gpus

@@ -67,6 +67,22 @@ Members' stores reach a leaf or a spine in the host's order, so no clock is shar
 that keeps modeled time a function of the programs (fabric.replay.sharp_mcast_ns replays it). A
 store crossing its group's release is dropped; the leaves' credits bound the copies in flight to a
 member of another node (ranks/switch.py).
+*Load-reduce* (nvls): a member's LOAD_REDUCE of slot (seq, r, c, r + c), its result for itself alone
+(dest (ingress,), else refused), goes to its leaf, which sends header-only LOADs to its members and
+the request, header-only (src: the requester), to spine slot[-1] mod P (_load_reduce_across;
+nvls.py: (r + c)); the spine passes it on to the group's other leaves (_load_reduce_on: only from a
+leaf of the group's nodes, for a requester of that node), each of which LOADs its members
+(_loads_asked). The members' REDUCE answers make each leaf's partial as above (to the same spine);
+the spine's result goes down to the requester's leaf alone, and the notice "reduced" (a control
+packet) to each other leaf, which frees its partial's share there, as for sharp's reduce_scatter (so
+every leaf's partials in flight stay bounded). Time: the requests cross the cables at their latency
+(header-only, booked on no share: they reach a leaf in the host's order), a LOAD is ready a switch
+traversal after the request reaches its leaf; partials (each member's part on its share, as its
+answer comes) and results are booked as above, in the order (chunk, block) the members' programs
+serve the LOADs (fabric.replay.nvls_ns replays it). A request crossing its group's release is
+dropped at the spine or the leaf. In flight: the requester's leaf keeps at most partial_share_parts
+of a partition's load-reduces awaiting their result (each costs a LOAD to every member), one per
+result key.
 """
 
 import math
@@ -183,6 +199,10 @@ class SwitchLogic:
         self._gone: dict[int, tuple[int, ...]] = {}
         self.partial_share_bytes = self.buffer_share_bytes // max(1, topology.nodes)
         self.partial_share_parts = max(1, self.held_parts_share // max(1, topology.nodes))
+        # nvls: load-reduces of this leaf's GPUs awaiting their result, (group, result key) -> partition, and
+        # their number per partition (at most partial_share_parts: every LOAD they send costs every member)
+        self._asked: dict[tuple, int] = {}
+        self._asked_count: dict[int, int] = {}
 
     # -- addressing -------------------------------------------------------------------------------
     def route_key(self, gpu: int) -> int:
@@ -436,10 +456,7 @@ class SwitchLogic:
                 raise AccessViolation(f"{kind.name} from GPU {ingress}: key {list(key)} is not one of group "
                                       f"{info.group}'s (its keys start with {group.name!r})")
         if group.stage == "leaf" and kind is Kind.LOAD_REDUCE:
-            raise UnsupportedOperation(f"{kind.name} from GPU {ingress}: group {info.group} spans nodes "
-                                       f"{sorted({g // self.config.gpus_per_node for g in group.members})}, and "
-                                       f"across nodes the switches reduce and multicast a GPU's store (sharp) "
-                                       f"but do not load-reduce (nvls) yet")
+            return self._load_reduce_across(ingress, packet, group, info)
         if kind is Kind.MCAST and group.stage == "leaf":
             return self._store_span(ingress, group, packet, payload)
         if kind is Kind.MCAST:
@@ -558,6 +575,66 @@ class SwitchLogic:
             info.group, info.slot, info.op, info.dtype, dest, key), t_start=t_start, t_end=t_end)
         return Send(-1, packet, partial, -1, spine)
 
+    # -- nvls across nodes: load-reduce through both levels (module docstring, Spanning groups) ----
+    def _load_reduce_across(self, ingress: int, packet: Packet, group, info: LoadInfo) -> list[Send]:
+        """GPU `ingress`'s LOAD_REDUCE of a spanning group: header-only LOADs to this node's members (rank
+        order) and the request, header-only, up to spine slot[-1] mod P, which passes it to the group's
+        other leaves (SpineLogic._load_reduce_on). The members' REDUCE answers make each leaf's partial
+        (_partial_up); the result comes back to this leaf alone, for the requester."""
+        try:
+            check_op(info.op)
+            check_dtype(info.dtype)
+        except FabricError as exc:
+            raise FabricError(f"LOAD_REDUCE from GPU {ingress}: {exc}") from None
+        if tuple(info.dest) != (ingress,):
+            raise AccessViolation(f"LOAD_REDUCE from GPU {ingress}: group {info.group} spans nodes, and a "
+                                  f"load-reduce's result goes to its requester only, not to {list(info.dest)}")
+        if not info.slot:
+            raise ProtocolError(f"LOAD_REDUCE from GPU {ingress}: group {info.group} spans nodes, and its slot [] "
+                                f"names no chunk (the last entry picks the spine)")
+        if (info.group, info.key) in self._asked:
+            raise CollectiveMismatch(f"LOAD_REDUCE from GPU {ingress}: group {info.group} slot {list(info.slot)}: "
+                                     f"result key {list(info.key)} is awaited already")
+        asked = self._asked_count.get(group.partition, 0)
+        if asked >= self.partial_share_parts:
+            raise ResourceExhausted(f"LOAD_REDUCE from GPU {ingress}: group {info.group} slot {list(info.slot)}: "
+                                    f"switch {self.switch} has {asked} of partition {group.partition}'s load-reduces "
+                                    f"awaiting their result, its share {self.partial_share_parts} (held "
+                                    f"contributions' share / nodes)")
+        self._asked[(info.group, info.key)] = group.partition
+        self._asked_count[group.partition] = asked + 1
+        ready = packet.t_end + self.timing.switch_latency_ns
+        spine = self.topology.nodes + info.slot[-1] % self.topology.spines
+        self.counters.record(f"sw{self.switch}->sw{spine}", 0)
+        up = ready + self.config.uplink_latency_ns  # header-only: the cable's latency, booked on no share
+        request = packet.but(src=self.route_key(ingress), t_start=up, t_end=up)
+        return [*self._loads(group, packet, info, ready), Send(-1, request, None, -1, spine)]
+
+    def _load_answered(self, gid: int, key: tuple) -> None:
+        """The load-reduce awaiting result `key` of group `gid` (if one of this leaf's GPUs asked) is done."""
+        partition = self._asked.pop((gid, key), None)
+        if partition is not None:
+            self._asked_count[partition] -= 1
+
+    def _loads(self, group, packet: Packet, info: LoadInfo, ready: float) -> list[Send]:
+        """Header-only LOADs of `packet`'s range to this leaf's members of `group`, ready at `ready` ns."""
+        load = Packet(Kind.LOAD, -1, 0, packet.address, packet.nbytes, packet.req, info, ready, ready)
+        return [Send(port, load.but(dst=self.route_key(port)), origin=-1) for port in group.inputs]
+
+    def _loads_asked(self, spine: int, packet: Packet) -> list[Send]:
+        """Another node's load-reduce, passed on by spine `spine`: LOADs to this node's members. A request
+        of a group released on its way is dropped; anything else that does not fit is a switch's bug."""
+        self.counters.record(f"sw{spine}->sw{self.switch}", 0)
+        info = packet.info
+        group = self.groups.groups.get(info.group)
+        if group is None and _released(self.groups, self._seen, self.topology.nodes, info.group):
+            return []
+        if group is None or group.stage != "leaf":
+            raise ProtocolError(f"switch {self.switch}: LOAD_REDUCE of group {info.group} from spine {spine}, which "
+                                f"spans no nodes of this leaf")
+        ready = packet.t_end + self.timing.switch_latency_ns
+        return [self._out(send) for send in self._loads(group, packet, info, ready)]
+
     def on_switch(self, spine: int, packet: Packet, payload: np.ndarray | None = None) -> list[Send]:
         """What to send for in-switch traffic of a spanning group that spine `spine` sent: a result to copy
         to this node's members, or a group's creation, its answers, its release. The switches trust each
@@ -575,11 +652,14 @@ class SwitchLogic:
                 raise ProtocolError(f"{here}: a result of group {info.group} key {list(info.key)} from spine {spine}, "
                                     f"for no partial this leaf sent")
             ports, nbytes, partition = got
+            self._load_answered(info.group, info.key)
             self._partial_bytes[partition] -= nbytes
             self._partial_parts[partition] -= 1
             out = self._through(packet)
             return [self._out(self._deliver(port, info.group, info.key, payload, out.t_start, out.t_end, -1))
                     for port in ports]
+        if kind is Kind.LOAD_REDUCE:
+            return self._loads_asked(spine, packet)
         if kind is not Kind.GROUP:
             raise ProtocolError(f"{here}: {kind.name} from spine {spine} is no spanning group's traffic")
         if info.action == "span":  # a group another leaf created: this node's copy
@@ -692,6 +772,8 @@ class SwitchLogic:
         return self._out(Send(port, nack, origin=-1))
 
     def _drop_span(self, gid: int) -> None:
+        for key in [k for k in self._asked if k[0] == gid]:
+            self._load_answered(*key)
         group = self.groups.groups.get(gid)
         if group is not None:
             self.groups.release(gid, group.inputs[0])
@@ -1022,6 +1104,8 @@ class SpineLogic:
                               t_start=t_start, t_end=t_end)
                 sends.append(Send(-1, down, result, -1, node))
             return sends
+        if kind is Kind.LOAD_REDUCE:
+            return self._load_reduce_on(leaf, packet)
         if kind is Kind.MCAST:
             return self._store(leaf, packet, payload)
         if kind is not Kind.GROUP:
@@ -1061,6 +1145,29 @@ class SpineLogic:
             return [Send(-1, packet, switch=creator)]
         raise ProtocolError(f"{here}: GROUP {info.action!r} from leaf {leaf}")
 
+    def _load_reduce_on(self, leaf: int, packet: Packet) -> list[Send]:
+        """A requester's leaf's LOAD_REDUCE (header-only), on to the group's other leaves, each of which
+        loads its members' range and sends its partial here. Only a leaf of the group's nodes, for a
+        requester of its own node, asks; anything else is a leaf's bug (AccessViolation, ends the run).
+        A request of a group released on its way is dropped."""
+        self.counters.record(f"sw{leaf}->sw{self.switch}", 0)
+        info = packet.info
+        group = self.groups.groups.get(info.group)
+        if group is None and _released(self.groups, self._seen, self.topology.nodes, info.group):
+            return []
+        per_node = self.config.gpus_per_node
+        if group is None or leaf not in group.inputs or any(g // per_node != leaf for g in info.dest):
+            raise AccessViolation(f"spine {self.switch}: LOAD_REDUCE of group {info.group} slot {list(info.slot)} from "
+                                  f"leaf {leaf} for GPUs {list(info.dest)}: " + (
+                                      f"no live group {info.group}" if group is None else
+                                      f"not a requester of the group's node {leaf} among nodes {list(group.inputs)}"))
+        on = packet.but(t_start=packet.t_start + self.latency_ns, t_end=packet.t_end + self.latency_ns)
+        sends = []
+        for node in group.inputs:
+            if node != leaf:
+                self.counters.record(f"sw{self.switch}->sw{node}", 0)
+                sends.append(Send(-1, on, None, -1, node))
+        return sends
 
     def _store(self, leaf: int, packet: Packet, payload: np.ndarray) -> list[Send]:
         """A member's multicast store that leaf `leaf` sent up (SwitchLogic._store_span): one copy down to

@@ -66,7 +66,7 @@ def is_validated(collective: str, algorithm: str, config) -> bool:
         return False
     if config.nodes == 1:
         return collective in cost.IMPLEMENTS.get(algorithm, ())
-    # sharp across nodes: tests/nodes/test_sharp_nodes.py, on the preset whose spines reduce
+    # sharp and nvls across nodes: tests/nodes/test_sharp_nodes.py, test_nvls_nodes.py, on the preset whose spines reduce
     in_switch = collective in cost_nodes.IN_SWITCH.get(algorithm, ()) and config.spine_sharp
     return in_switch or collective in replay.PROGRAMS.get(algorithm, ())
 
@@ -81,7 +81,7 @@ def validation_note(config) -> str:
                else f"this shape, {mine}, was not emulated: a prediction")
     return (f"# validated by emulation: several nodes, emulated time = this replay (fabric.cost_nodes.modeled_ns) to "
             f"1e-9 for {', '.join(pairs)} on {', '.join(map(_shape_text, several))} of {', '.join(NODE_PRESETS)}, "
-            f"and for sharp's {', '.join(cost_nodes.IN_SWITCH['sharp'])} on those of the presets whose spines reduce (tests/nodes); one node, fabric.cost within 1% on {' and '.join(map(_shape_text, one))} "
+            f"and for sharp's {', '.join(cost_nodes.IN_SWITCH['sharp'])} and nvls's {', '.join(cost_nodes.IN_SWITCH['nvls'])} on those of the presets whose spines reduce (tests/nodes); one node, fabric.cost within 1% on {' and '.join(map(_shape_text, one))} "
             f"(tests/mpi); {verdict}")
 
 

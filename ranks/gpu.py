@@ -480,8 +480,9 @@ class Gpu:
         packet, seq = self._loads.pop(lookup)
         bound = self._bound[lookup[1]]
         if packet.address + packet.nbytes > bound.nbytes:
-            raise ProtocolError(f"GPU {self.rank}: LOAD of {packet.address}+{packet.nbytes} bytes of a bound "
-                                f"buffer of {bound.nbytes}")
+            # a requester's range, which the switch cannot check (it does not know the buffer): refused here
+            raise AccessViolation(f"GPU {self.rank}: {requester}'s load-reduce (slot {list(slot)}) reads bytes "
+                                  f"{packet.address}+{packet.nbytes} of a bound buffer of {bound.nbytes}; not served")
         data = bound[packet.address:packet.address + packet.nbytes]
         self._send(Packet(Kind.REDUCE, self._keys[self.rank], -1, 0, packet.nbytes, packet.req,
                           packet.info.contribution()), data, self._consume(packet, seq))

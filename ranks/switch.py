@@ -33,7 +33,7 @@ SWEEP_STEPS = 1024  # every this many intake steps, drop stray messages of every
 # what a GPU that said DONE still sends while the switches end the run: answers to requests forwarded to it
 ANSWERS = frozenset({Kind.PUT_ACK, Kind.GET_DATA})
 # what switches send each other for a group that spans nodes (partials, results, its lifecycle)
-SPANNING = frozenset({Kind.REDUCE, Kind.MCAST, Kind.GROUP})
+SPANNING = frozenset({Kind.REDUCE, Kind.MCAST, Kind.GROUP, Kind.LOAD_REDUCE})  # + nvls load-reduce requests
 
 
 class _Waiting:

@@ -26,7 +26,7 @@ def candidates(collective: str, cfg) -> list[str]:
     """The algorithms auto chooses among for a call by every GPU of `cfg`."""
     if collective == "all2all":
         return list(ALL2ALL)
-    return [name for name in allowed(cfg, cfg.nodes) if hasattr(ALGORITHMS[name], collective)]
+    return [name for name in allowed(cfg, cfg.nodes, collective) if hasattr(ALGORITHMS[name], collective)]
 
 
 @pytest.mark.parametrize("base", PRESETS)

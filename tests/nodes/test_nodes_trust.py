@@ -230,7 +230,7 @@ def test_a_hostile_gpu_harms_nobody_in_the_other_partition_across_nodes():
     """The fuzz tier (launch/examples/hostile_gpu.py, as tests/mpi/test_trust.py runs it) on several
     nodes: GPU 0 sends 10,000 bad packets to its leaf and straight to the victims' ranks while the
     other partition, which spans every node, runs ring, direct and auto collectives (auto's allreduce:
-    sharp in two levels of switches; nvls is refused across nodes), puts, gets and messages; their
+    in-switch, in two levels of switches), puts, gets and messages; their
     results are right, nothing of theirs was refused."""
     packets = 10_000
     script = runpy.run_path(str(EXAMPLES / "hostile_gpu.py"))

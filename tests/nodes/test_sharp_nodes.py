@@ -60,8 +60,8 @@ def two_level(members: list[int], per_node: int, name: str, op: str, count: int 
 
 def test_sharp_allreduce_across_nodes_is_the_two_level_order_for_every_op_and_dtype():
     """Every op and dtype on the world and on a communicator of one GPU per node (world size 10: one of
-    two per node), twice each, bitwise equal to the oracle both times; nvls stays refused across
-    nodes."""
+    two per node), twice each, bitwise equal to the oracle both times; sharp's (rooted) reduce stays refused
+    across nodes."""
     _, per_node, _ = shape()
 
     def main(gpu):
@@ -76,8 +76,8 @@ def test_sharp_allreduce_across_nodes_is_the_two_level_order_for_every_op_and_dt
                         comm.allreduce(x, op=op, algorithm="sharp")
                         assert x.tobytes() == want.tobytes(), (comm.size, name, op)
         x = np.ones(64, np.float32)
-        with pytest.raises(UnsupportedOperation, match="nvls.*nodes"):
-            gpu.world.allreduce(x, algorithm="nvls")
+        with pytest.raises(UnsupportedOperation, match="reduce with 'sharp'.*nodes"):
+            gpu.world.reduce(np.ones(8, np.float32), np.empty(8, np.float32), root=0, algorithm="sharp")
         return True
 
     result = run(main, chunk_bytes=4096, timeout_s=120)

@@ -87,7 +87,7 @@ def test_all2allv_takes_its_counts():
 
 def test_unknown_schedules_are_refused():
     config = preset("superpod-h100-nvlink", nodes=2, gpus=4, spines=1)
-    with pytest.raises(FabricError, match="no schedule for allreduce with 'nvls'"):
-        replay.replay_ns("allreduce", "nvls", config.topology, 4096, config)
+    with pytest.raises(FabricError, match="no schedule for allgather with 'tree'"):
+        replay.replay_ns("allgather", "tree", config.topology, 4096, config)
     with pytest.raises(FabricError, match="takes a Topology"):
         replay.replay_ns("allreduce", "ring", config, 4096, config)

@@ -144,14 +144,16 @@ def test_a_leaf_takes_contributions_only_from_its_own_members_and_a_gpu_forges_n
     assert nack.packet.kind is Kind.NACK and nack.port == 1
     assert nack.packet.info.error == "AccessViolation" and f"GPU 1: not a member of group {gid}" in nack.packet.info.message
     assert not fabric.hops
-    # a member's multicast store reaches the members only, through the spine; a load-reduce is refused
+    # a member's multicast store reaches the members only, through the spine; so does a load-reduce's LOAD
     store = Packet(Kind.MCAST, 0, -1, 0, 16, info=McastInfo(gid, ("c", 9)))
     assert sorted(s.port for s in fabric.gpu(0, store, np.zeros(16, np.uint8))) == [0, 2]
     fabric.hops.clear()
     load = Packet(Kind.LOAD_REDUCE, 0, -1, 0, 16, info=LoadInfo(gid, (0, 1), "sum", "float32", (0,), ("c", 10),
                                                                  ("c", 11)))
-    (nack,) = fabric.gpu(0, load)
-    assert nack.packet.info.error == "UnsupportedOperation" and "spans nodes" in nack.packet.info.message
+    loads = fabric.gpu(0, load)  # nvls across nodes: LOADs to every member, node 1's through the spine
+    assert sorted(s.port for s in loads) == [0, 2] and all(s.packet.kind is Kind.LOAD for s in loads)
+    assert [(frm, to, p.kind) for frm, to, p in fabric.hops] == [(0, 2, Kind.LOAD_REDUCE), (2, 1, Kind.LOAD_REDUCE)]
+    fabric.hops.clear()
     # a result a spine did not send for a partial this leaf sent up: a bug of a switch, never delivered
     result = Packet(Kind.MCAST, -1, -1, 0, 16, info=McastInfo(gid, ("c", 0)))
     with pytest.raises(ProtocolError, match=f"switch 0: a result of group {gid}.*for no partial this leaf sent"):

@@ -1,0 +1,205 @@
+"""Multi-rank, several nodes: `nvls` reduce_scatter by load-reduce through both levels of switches
+(fabric.switch, Spanning groups; ranks/collectives/nvls.py) on superpod-h100-nvlink - against the numpy
+oracle of the two-level combine order for every op and dtype, bitwise the same run to run, exact bytes
+on every link of both levels, modeled time equal to fabric.replay's (cost_nodes.modeled_ns), and a
+member's attacks on it. World size 8 has two spines, 10 one."""
+
+import numpy as np
+import pytest
+
+from nvlink_emu.fabric import cost_nodes
+from nvlink_emu.fabric.errors import AccessViolation
+from nvlink_emu.fabric.packets import Kind, LoadInfo, Packet, ReduceInfo, segments
+from nvlink_emu.fabric.reduction import blocks
+
+from nodes_helpers import config, run, shape
+from test_sharp_nodes import DTYPES, OPS, contribution, dtype_of, two_level
+from trust_helpers import refusals
+
+pytestmark = pytest.mark.mpi(min_size=7)
+
+COUNT = 4000 + 7  # elements: blocks of several 1 KiB chunks (the last one short) for 4 and 6 GPUs
+
+
+def test_nvls_across_nodes_is_the_two_level_order_for_every_op_and_dtype():
+    """reduce_scatter and allreduce, every op and dtype, on the world and on a communicator of one GPU per
+    node, twice each, bitwise equal to the oracle (its block for reduce_scatter) every time: chunk c of
+    of block j load-reduced through spine (j + c) mod P, allreduce's reduced chunks multicast back."""
+    _, per_node, _ = shape()
+
+    def main(gpu):
+        rail = gpu.world.split(gpu.rank % per_node)
+        for comm in (gpu.world, rail):
+            members = [comm.members[r] for r in range(comm.size)]
+            lo, hi = blocks(COUNT, comm.size)[comm.rank]
+            for name in DTYPES:
+                for op in OPS:
+                    want = two_level(members, per_node, name, op, COUNT)
+                    for _ in range(2):
+                        out = np.empty(hi - lo, dtype_of(name))
+                        comm.reduce_scatter(contribution(gpu.rank, name, op, COUNT), out, op=op, algorithm="nvls")
+                        assert out.tobytes() == want[lo:hi].tobytes(), (comm.size, name, op)
+                        x = contribution(gpu.rank, name, op, COUNT)
+                        comm.allreduce(x, op=op, algorithm="nvls")
+                        assert x.tobytes() == want.tobytes(), (comm.size, name, op)
+        return True
+
+    result = run(main, chunk_bytes=1024, timeout_s=120)
+    if result.role == "gpu":
+        assert result.value is True
+    assert all(port["refused"] == 0 for port in result.report["ports"].values())
+
+
+def test_nvls_across_nodes_puts_exact_bytes_on_both_levels_and_takes_the_replayed_time():
+    """reduce_scatter and allreduce of one chunk a block and several, float32 and float16 (partials up in
+    float32), and nvls's allgather and broadcast (sharp's stores): every link's payload is
+    cost_nodes.link_bytes', each call's modeled time is cost_nodes.modeled_ns' (the replay) exactly, and
+    the packets on the cables are those the docstring counts (the header-only requests too)."""
+    cfg = config(chunk_bytes=1 << 12)
+    calls = [("reduce_scatter", "float32", 4096), ("reduce_scatter", "float32", 5 * (1 << 14) + 40),
+             ("reduce_scatter", "float16", 3 * (1 << 14) + 2 * 6), ("allreduce", "float32", 5 * (1 << 14) + 40),
+             ("allreduce", "float16", 3 * (1 << 14) + 2 * 6), ("allgather", "float32", 3 * (1 << 14)),
+             ("broadcast", "float32", 3 * (1 << 14) + 8)]
+
+    def main(gpu):
+        times = []
+        for collective, name, nbytes in calls:
+            x = np.ones(nbytes // dtype_of(name).itemsize, dtype_of(name))
+            lo, hi = blocks(x.size, gpu.size)[gpu.rank]
+            gpu.world.barrier()
+            start = gpu.now_ns
+            if collective == "reduce_scatter":
+                out = np.empty(hi - lo, x.dtype)
+                gpu.world.reduce_scatter(x, out, algorithm="nvls")
+            elif collective == "allreduce":
+                out = x
+                gpu.world.allreduce(x, algorithm="nvls")
+            elif collective == "allgather":
+                out = np.zeros_like(x)
+                gpu.world.allgather(x[lo:hi], out, algorithm="nvls")
+            else:
+                out = x if gpu.rank == 1 else np.zeros_like(x)
+                gpu.world.broadcast(out, root=1, algorithm="nvls")
+            assert np.all(out == (gpu.size if collective in ("reduce_scatter", "allreduce") else 1)), collective
+            gpu.world.barrier()
+            times.append(gpu.now_ns - start)
+        return times
+
+    result = run(main, timeout_s=120, chunk_bytes=cfg.chunk_bytes)
+    if result.role != "gpu":
+        return
+    topo = cfg.topology
+    N = topo.nodes
+    expected = dict.fromkeys((link.name for link in topo.links), 0)
+    want_packets = 0
+    for (collective, name, nbytes), got in zip(calls, result.value):
+        item = dtype_of(name).itemsize
+        wide = 4 if name == "float16" else item
+        for link, value in cost_nodes.link_bytes(collective, "nvls", topo, nbytes, item, root=1, config=cfg,
+                                                 partial_itemsize=wide).items():
+            expected[link] += value
+        want = cost_nodes.modeled_ns(collective, "nvls", topo, nbytes, cfg, item, root=1, partial_itemsize=wide)
+        assert got == pytest.approx(want, rel=1e-9, abs=1e-6), (collective, name, nbytes)
+        if collective not in ("reduce_scatter", "allreduce"):
+            continue
+        # packets on the cables per chunk of GPU j's block: header-only, the request up from j's leaf, on
+        # to the N - 1 other leaves; with data, each leaf's partial up,
+        # the result down (MTU segments each); allreduce: the store up once, down to the N - 1 others
+        for span in cost_nodes.replay.nvls_chunks(topo, nbytes // item, cfg, item, wide):
+            for lo, hi in span:
+                data = segments((hi - lo) * item, cfg.mtu_bytes)
+                want_packets += 1 + (N - 1) + N * segments((hi - lo) * wide, cfg.mtu_bytes) + data
+                want_packets += N * data if collective == "allreduce" else 0
+    links = result.report["links"]
+    got = {link: links.get(link, {}).get("payload_bytes", 0) for link in expected}
+    assert got == expected
+    # by hand for the first call (4 KiB of float32, one chunk a block, block j's at spine j mod P): every
+    # uplink S, every downlink its block; each leaf -> spine i the blocks j = i mod P, spine i -> leaf k
+    # those of them that are node k's
+    first = cost_nodes.link_bytes("reduce_scatter", "nvls", topo, 4096, 4, config=cfg)
+    G, P, parts = topo.gpus_per_node, topo.spines, [4 * (b - a) for a, b in blocks(1024, topo.gpus)]
+    assert all(first[f"gpu{g}->sw{g // G}"] == 4096 and first[f"sw{g // G}->gpu{g}"] == parts[g] for g in range(topo.gpus))
+    for i in range(P):
+        mine = [j for j in range(topo.gpus) if j % P == i]
+        assert [first[f"sw{k}->sw{N + i}"] for k in range(N)] == [sum(parts[j] for j in mine)] * N
+        assert [first[f"sw{N + i}->sw{k}"] for k in range(N)] == [sum(parts[j] for j in mine if j // G == k)
+                                                                  for k in range(N)]
+    for collective, name, nbytes in calls[5:]:  # sharp's stores: each chunk up once, down to the N - 1 others
+        stores, _ = cost_nodes.replay.sharp_stores(collective, topo, nbytes // 4, cfg.chunk_bytes // 4, 4, 1)
+        want_packets += sum(N * segments(b, cfg.mtu_bytes) for sent in stores.values() for _, b, _ in sent)
+    assert sum(links[link.name]["packets"] for link in topo.links if link.level == "leaf-spine") == want_packets
+
+
+def test_a_member_s_attacks_on_nvls_across_nodes_harm_nobody_else():
+    """Partition 0 is GPU 0 and the first GPU of the last node, partition 1 every other GPU (spanning
+    every node), which runs nvls reduce_scatters meanwhile: right results, nothing of theirs refused.
+    GPU 0, in turn: a LOAD_REDUCE of partition 1's spanning group (refused at its leaf, AccessViolation);
+    a reduce_scatter whose load-reduces ask for a range past the bound buffers (each member refuses to
+    serve it: AccessViolation naming GPU 0 in both nodes); a forged partial sent straight to a spine's rank
+    (dropped unread: the pair's next reduce_scatter is exact); a LOAD_REDUCE of its released group
+    (refused at its leaf). Nothing of partition 1's is refused, though the switch buffer is small."""
+    nodes, per_node, _ = shape()
+    pair = (0, (nodes - 1) * per_node)
+    victims = tuple(g for g in range(nodes * per_node) if g not in pair)
+
+    def exact(comm, count=5000):
+        lo, hi = blocks(count, comm.size)[comm.rank]
+        out = np.empty(hi - lo, np.float32)
+        comm.reduce_scatter(np.arange(count, dtype=np.float32) * (gpu_rank[0] + 1), out, algorithm="nvls")
+        members = [comm.members[r] for r in range(comm.size)]
+        assert np.array_equal(out, np.arange(lo, hi, dtype=np.float32) * sum(m + 1 for m in members))
+
+    gpu_rank = [0]
+
+    def main(gpu):
+        gpu_rank[0] = gpu.rank
+        comm = gpu.partition
+        gid = comm.group_id()
+        theirs = np.array([gid if gpu.rank in victims else 0], np.int64)
+        gpu.native("allreduce", theirs.copy(), theirs, op="max")  # out of band: partition 1's group id
+        if gpu.rank in victims:
+            for _ in range(3):
+                exact(comm)
+            return "victim"
+        if gpu.rank == 0:  # another partition's group
+            info = LoadInfo(int(theirs[0]), (1, 0, 0), "sum", "float32", (0,), (comm.name, 1, 4, 0, 0),
+                            (comm.name, 1, "nvls-bound"))
+            gpu.switch_request(Kind.LOAD_REDUCE, info, None, 0, 64, stamp=gpu.reserve_uplink(0, gpu.now_ns))
+            (error,) = refusals(gpu, 1)
+            assert type(error).__name__ == "AccessViolation" and "not a member" in str(error)
+            honest = gpu.switch_request
+
+            def past_the_end(kind, info, payload=None, address=0, nbytes=None, **kwargs):
+                if kind is Kind.LOAD_REDUCE:
+                    address += 1 << 20
+                return honest(kind, info, payload, address, nbytes, **kwargs)
+            gpu.switch_request = past_the_end
+        with pytest.raises(AccessViolation, match=r"GPU 0's load-reduce .* of a bound buffer of \d+; not served"):
+            exact(comm)
+        if gpu.rank == 0:
+            gpu.switch_request = honest
+            spine = gpu.config.gpus + gpu.config.nodes  # the first spine's rank
+            forged = np.full(8, 1e6, np.float32)
+            for seq in range(8):  # a partial for chunk 0 of GPU 0's block of the pair's next calls, as a leaf sends it
+                gpu._transport.send(spine, Packet(Kind.REDUCE, -1, -1, 0, forged.nbytes, info=ReduceInfo(
+                    gid, (seq, 0, 0), "sum", "float32", (0,), (comm.name, seq, 4, 0, 0))), forged.view(np.uint8))
+        comm.barrier()
+        exact(comm)
+        exact(comm)
+        comm.release_group()
+        if gpu.rank == 0:
+            info = LoadInfo(gid, (9, 0, 0), "sum", "float32", (0,), (comm.name, 9, 4, 0, 0), (comm.name, 9, "nvls-bound"))
+            gpu.switch_request(Kind.LOAD_REDUCE, info, None, 0, 64, stamp=gpu.reserve_uplink(0, gpu.now_ns))
+            (error,) = refusals(gpu, 1)
+            assert type(error).__name__ == "AccessViolation" and f"no live group {gid}" in str(error)
+        comm.barrier()
+        exact(comm)  # on a new group
+        return "pair"
+
+    # a small switch buffer (32 KiB a partition): the windows keep honest calls within every share
+    result = run(main, partitions=(pair, victims), chunk_bytes=1024, switch_buffer_bytes=1 << 16, timeout_s=60)
+    if result.role == "gpu":
+        assert result.value == ("pair" if result.rank in pair else "victim")
+    ports = result.report["ports"]
+    assert ports[0]["refused"] == ports[0]["violations"] == 2
+    assert all(ports[g]["refused"] == 0 for g in ports if g != 0)
