@@ -130,8 +130,9 @@ FLAT = {
     "tree": ("allreduce",),
 }
 # in the switches (two-level sharp and nvls on spines that reduce and multicast): no GPU-to-GPU rounds;
-# link_bytes and modeled_ns cover them (fabric.replay.sharp_allreduce_ns, sharp_mcast_ns, nvls_ns)
-IN_SWITCH = {"sharp": ("allreduce", "allgather", "broadcast"),
+# link_bytes and modeled_ns cover them (fabric.replay.sharp_allreduce_ns, sharp_reduce_scatter_ns,
+# sharp_mcast_ns, nvls_ns)
+IN_SWITCH = {"sharp": ("allreduce", "reduce_scatter", "allgather", "broadcast"),
              "nvls": ("allreduce", "reduce_scatter", "allgather", "broadcast")}
 
 
@@ -329,6 +330,8 @@ def link_bytes(collective: str, algorithm: str, topo: Topology, S: int = 0, item
         if config is None or collective not in IN_SWITCH["sharp"]:
             raise FabricError(f"cost_nodes: sharp's link bytes are for {', '.join(IN_SWITCH['sharp'])}, and need the "
                               f"config (its chunks)")
+        if collective == "reduce_scatter":
+            return sharp_scatter_link_bytes(topo, S, config, itemsize, partial_itemsize)
         if collective != "allreduce":
             return sharp_mcast_link_bytes(collective, topo, S, config, itemsize, root)
         return sharp_link_bytes(topo, S, config, itemsize, partial_itemsize)
@@ -384,7 +387,7 @@ def nvls_link_bytes(collective: str, topo: Topology, S: int, config, itemsize: i
     members' blocks, that spine -> every other leaf the same (G S / (n P) and (n - G) S / (n P) per
     cable for equal sets). The header-only packets (payload 0, header_bytes raw each): per chunk of GPU
     j's block, its request on its uplink, a LOAD down every member's downlink, the request on leaf ->
-    spine and on spine -> each other leaf, and a release spine -> each leaf but the requester's.
+    spine and on spine -> each other leaf (the spine's notices to the other leaves are control packets).
     Chunks as fabric.replay.nvls_chunks sizes them."""
     n, N, G, P = topo.gpus, topo.nodes, topo.gpus_per_node, topo.spines
     if P < 1:
@@ -412,6 +415,32 @@ def nvls_link_bytes(collective: str, topo: Topology, S: int, config, itemsize: i
         out[uplink(g, g // G)] += count * itemsize
         if collective == "allreduce":
             out[downlink(g, g // G)] += count * itemsize
+    return out
+
+
+def sharp_scatter_link_bytes(topo: Topology, S: int, config, itemsize: int = 4,
+                             partial_itemsize: int | None = None) -> dict[str, int]:
+    """Exact payload bytes of ranks/collectives/sharp.py's reduce_scatter of S input bytes by every GPU of
+    `topo` (N nodes, P spines), every link: each GPU tx S (every block's chunks), rx its block b_j; leaf
+    a -> spine i the partials of the chunks c of blocks j with (j + c) mod P = i (partial_itemsize bytes
+    an element: the accumulator's; S / P when they split evenly, 2 S / P for a 16-bit float), spine
+    i -> leaf k the results of those chunks of the blocks of node k's members only (G S / (n P) for
+    even shares); the other leaves get the spine's notice, a control packet of no bytes. Slots as
+    fabric.replay.sharp_scatter_slots orders them."""
+    N, P = topo.nodes, topo.spines
+    if P < 1:
+        raise FabricError(f"cost_nodes: sharp across nodes needs spines; this topology has {N} node and none")
+    count = _block_bytes(S, 1, itemsize)[0] // itemsize
+    wide = partial_itemsize or itemsize
+    out = dict.fromkeys((link.name for link in topo.links), 0)
+    for g in range(topo.gpus):
+        out[uplink(g, topo.locate(g)[0])] = count * itemsize
+    for j, c, elements in replay.sharp_scatter_slots(topo, count, config, itemsize, partial_itemsize):
+        spine, node = N + (j + c) % P, topo.locate(j)[0]  # the slot (j, c, j + c): its last entry picks it
+        out[downlink(j, node)] += elements * itemsize
+        for k in range(N):
+            out[f"sw{k}->sw{spine}"] += elements * wide
+        out[f"sw{spine}->sw{node}"] += elements * itemsize
     return out
 
 

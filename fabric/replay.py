@@ -12,14 +12,16 @@ same arithmetic, as the ranks do (ranks/gpu.py, fabric/switch.py):
 - recv(peer, key): wait for it; on another node's transfer the receiver books its inbound share, then
   its downlink, in its program order; the clock moves to the last byte's arrival (+ a).
 - flush(): the clock moves to when the uplink is free (a collective's sends have left).
-`sharp` allreduce across nodes (`sharp_allreduce_ns`) is not point to point: its partials and
-results are booked by the switches (fabric.switch, Spanning groups), chunk by chunk in the order the
-switches complete them, which the members' programs fix; it is replayed chunk by chunk on the same
-clocks (GPU links, each leaf's and spine's reduction engine, the group's shares of each node's uplink
-per spine). nvls's reduce_scatter and allreduce across nodes (`nvls_ns`) are the same kind:
-load-reduces booked by the switches slot by slot, in the order the members serve their LOADs, then
-(allreduce) multicast stores as sharp's (`sharp_mcast_ns`). The schedules (`PROGRAMS`) are those of
-ranks/collectives ring (on several nodes its channels, one ring per rail), direct, all2all, hier, pxn and tree: the same messages,
+`sharp` across nodes (`sharp_allreduce_ns`, `sharp_reduce_scatter_ns`, `sharp_mcast_ns` for
+allgather and broadcast) is not point to point: its partials, results and multicast stores are
+booked by the switches (fabric.switch, Spanning groups), slot by slot in the order the members'
+programs fix (a member's part of a partial and its stores on its own share of the uplink to each
+spine, a result on the group's shares of the destination node's, a store down on its sender's part
+of those); each is replayed slot by slot on the same clocks (GPU links, each leaf's and spine's
+reduction engine, those shares). nvls's reduce_scatter and allreduce across nodes (`nvls_ns`) are
+the same kind: load-reduces booked slot by slot in the order the members serve their LOADs, then
+(allreduce) multicast stores as sharp's. The schedules (`PROGRAMS`) are those of ranks/collectives ring (on several nodes its channels,
+one ring per rail), direct, all2all, hier, pxn and tree: the same messages,
 chunks (chunk_bytes of whole elements) and order (a schedule changed there must change here: the test
 below fails otherwise); `tests/nodes/test_replay.py` checks that replayed
 and emulated times agree on every algorithm and multi-node preset. `replay_ns` runs the programs
@@ -366,15 +368,29 @@ def _program(collective: str, algorithm: str, topo: Topology, r: int, count: int
                           f"{', '.join(f'{c} {a}' for a, cs in PROGRAMS.items() for c in cs)}")
 
 
+def _leaf_partial(k: int, G: int, i: int, stamps: list, engine: ReductionClock, mine: dict, w: int, s: float,
+                  p: float, u: float) -> tuple[float, float]:
+    """When node k's partial (w raw bytes) for spine i reaches it, as fabric.switch books it: the leaf's
+    engine reduces once the node's latest chunk is in (+ s), and each member's part (w / G raw bytes) of
+    it takes that member's share of the uplink to spine i (`mine`, U / (G P), + u) once its own chunk
+    has been through the engine (+ s + p); the partial is there once the engine's result (+ u) and
+    every part are."""
+    node = stamps[k * G:(k + 1) * G]
+    start, end = engine.reduce(max(a for a, _ in node) + s, max(b for _, b in node) + s, w)
+    parts = [mine[(k * G + x, i)].send(a + s + p, b + s + p, w / G) for x, (a, b) in enumerate(node)]
+    return max(start + u, max(a for a, _ in parts)), max(end + u, max(b for _, b in parts))
+
+
 def sharp_allreduce_ns(topo: Topology, count: int, config, itemsize: int = 4, partial_itemsize: int | None = None) -> float:
-    """Modeled ns of ranks/collectives/sharp.py's allreduce of `count` elements by every GPU of `topo` (of
-    several nodes), all starting at 0, as fabric.switch books it: every GPU books chunk c on its uplink
-    (all issued at the start), its leaf's engine reduces the node once the latest chunk is in (+ s +
-    the engine's latency, at the engine's bandwidth), the partial (partial_itemsize bytes an element:
-    the accumulator's; default itemsize) takes the group's shares of the node's uplink to spine c mod P
-    (G x U / (G P) per node, + u), the spine (+ s) reduces once every leaf's is in, each result takes the
-    group's shares of the node's uplink from that spine (+ u), the leaf (+ s) copies it down, and each
-    GPU books its downlink in chunk order (+ a). Chunks as Call.in_switch_window sizes them."""
+    """Modeled ns of ranks/collectives/sharp.py's allreduce of `count` elements by every GPU of `topo`
+    (of several nodes), all starting at 0, as fabric.switch books it: every GPU books chunk c on its
+    uplink (all issued at the start), its leaf's engine reduces the node once the latest chunk is in (+
+    s + the engine's latency, at the engine's bandwidth), the partial (partial_itemsize bytes an
+    element: the accumulator's; default itemsize) goes to spine c mod P, each member's part of it on
+    that member's share of the node's uplink to the spine (_leaf_partial), the spine (+ s) reduces once
+    every leaf's is in, each result takes the group's shares of the node's uplink from that spine (+ u),
+    the leaf (+ s) copies it down, and each GPU books its downlink in chunk order (+ a). Chunks as
+    Call.in_switch_window sizes them."""
     N, G, P, n = topo.nodes, topo.gpus_per_node, topo.spines, topo.gpus
     if N < 2 or not P:
         raise FabricError(f"replay: sharp across nodes needs a topology of several nodes and spines, got {N} nodes")
@@ -387,17 +403,12 @@ def sharp_allreduce_ns(topo: Topology, count: int, config, itemsize: int = 4, pa
     gpus = [_Gpu(g, topo) for g in range(n)]
     engines = [ReductionClock(t.reduction_gbytes_per_s, t.reduction_latency_ns) for _ in range(N + P)]
     group_share = topo.share_gbytes_per_s * G / P  # the node's members' shares of its uplink to one spine
-    up = {(k, i): LinkEnd(group_share, u) for k in range(N) for i in range(P)}
+    mine = {(g, i): LinkEnd(topo.share_gbytes_per_s / P, u) for g in range(n) for i in range(P)}
     down = {(i, k): LinkEnd(group_share, u) for k in range(N) for i in range(P)}
     for c, (lo, hi) in enumerate(chunks(0, count, chunk)):
         r, w, i = raw((hi - lo) * itemsize), raw((hi - lo) * wide), c % P
         stamps = [gpu.uplink.send(0.0, 0.0, r) for gpu in gpus]
-        partials = []
-        for k in range(N):
-            node = stamps[k * G:(k + 1) * G]
-            first, last = max(a for a, _ in node), max(b for _, b in node)
-            start, end = engines[k].reduce(first + s, last + s, w)
-            partials.append(up[(k, i)].send(start, end, w))
+        partials = [_leaf_partial(k, G, i, stamps, engines[k], mine, w, s, t.reduction_latency_ns, u) for k in range(N)]
         first, last = max(a for a, _ in partials), max(b for _, b in partials)
         start, end = engines[N + i].reduce(first + s, last + s, r)
         for k in range(N):
@@ -414,7 +425,7 @@ def nvls_streams(n: int, nodes: int, fabric_nodes: int, dtype) -> int:
     """Credit streams of ranks/collectives/nvls.py's load-reduce by `n` members in `nodes` nodes of a fabric
     of `fabric_nodes` (Call.in_switch_window): n on one node; across nodes 2 n x (the accumulator's width
     / the dtype's) x ceil(fabric_nodes / (n - 1)), so that each leaf's partials awaiting their result or
-    release (n requesters' windows, twice: a release may trail the next request) fit its buffer share /
+    notice (n requesters' windows, twice: a notice may trail the next request) fit its buffer share /
     fabric_nodes (fabric.switch, Spanning groups)."""
     if nodes == 1:
         return n
@@ -440,10 +451,12 @@ def nvls_ns(collective: str, topo: Topology, count: int, config, itemsize: int =
     leaf (+ s) sends header-only LOADs to its members and the request to spine c mod P (+ u), which
     passes it (+ s + u) to the other leaves (+ s), which load theirs. Each GPU works in rounds c, in
     program order: it serves chunk c of every block - each LOAD booked on its downlink (+ a), its answer
-    on its uplink from then (+ a) -, takes back its result of chunk c - 1 (downlink, + a) and
-    (allreduce) multicast-stores it at once, then takes in every member's store of chunk c - 2. A
-    leaf's engine reduces a slot once its members' answers are in (+ s); the partial (partial_itemsize
-    bytes an element) takes the group's shares of the node's uplink to the spine (+ u); the spine's
+    on its uplink from then (+ a), its part of its node's partial (1/G of it) on its share of the
+    node's uplink to spine c mod P once through the engine (+ s + its latency) -, takes back its result
+    of chunk c - 1 (downlink, + a) and (allreduce) multicast-stores it at once (on that same share, to
+    spine (r + c) mod P), then takes in every member's store of chunk c - 2. A leaf's engine reduces a
+    slot once its members' answers are in (+ s); the partial (partial_itemsize bytes an element) is at
+    the spine once the engine's result (+ u) and every member's part are (as _leaf_partial); the spine's
     engine (+ s) reduces once every leaf's partial is in; the result takes the group's share of the
     requester's node's uplink from that spine (+ u), its leaf (+ s) sends it down. Engines and shares
     book slots in the order (chunk, block) the members' programs fix. A store goes as sharp_mcast_ns
@@ -456,15 +469,15 @@ def nvls_ns(collective: str, topo: Topology, count: int, config, itemsize: int =
     wide = partial_itemsize or itemsize
     spans = nvls_chunks(topo, count, config, itemsize, partial_itemsize)
     t = config.timing
-    s, u = t.switch_latency_ns, config.uplink_latency_ns
+    s, u, rl = t.switch_latency_ns, config.uplink_latency_ns, t.reduction_latency_ns
     raw = lambda nbytes: raw_bytes(nbytes, config.mtu_bytes, config.header_bytes)
     header = raw(0)
     gpus = [_Gpu(g, topo) for g in range(n)]
     engines = [ReductionClock(t.reduction_gbytes_per_s, t.reduction_latency_ns) for _ in range(N + P)]
     group_share, share = topo.share_gbytes_per_s * G / P, topo.share_gbytes_per_s
-    up = {(k, i): LinkEnd(group_share, u) for k in range(N) for i in range(P)}
     down = {(i, k): LinkEnd(group_share, u) for k in range(N) for i in range(P)}
-    store_up = {(p, i): LinkEnd(share / P, u) for p in range(n) for i in range(P)}  # the sender's share to spine i
+    # each GPU's share of its node's uplink to spine i: its parts of partials and its stores, in its order
+    mine = {(g, i): LinkEnd(share / P, u) for g in range(n) for i in range(P)}
     store_down = {(p, i, k): LinkEnd(share * G / (P * (n - G)), u)  # its part of node k's shares from spine i
                   for p in range(n) for i in range(P) for k in range(N)}
     requests = [[gpu.uplink.send(0.0, 0.0, header) for _ in spans[gpu.index]] for gpu in gpus]
@@ -482,7 +495,7 @@ def nvls_ns(collective: str, topo: Topology, count: int, config, itemsize: int =
             a, b = gpu.uplink.send(gpu.now, gpu.now, r)
             a, b = a + s, b + s
             stores[(p, c, gpu.node)] = (a, b, r)
-            a, b = store_up[(p, i)].send(a, b, r)
+            a, b = mine[(p, i)].send(a, b, r)
             for k in range(N):
                 if k != gpu.node:
                     d0, d1 = store_down[(p, i, k)].send(a + s, b + s, r)
@@ -499,7 +512,7 @@ def nvls_ns(collective: str, topo: Topology, count: int, config, itemsize: int =
 
     rounds = max(len(span) for span in spans)
     for c in range(rounds):
-        answers = {}
+        answers, parts = {}, {}
         for gpu in gpus:
             for j in range(n):
                 if c < len(spans[j]):
@@ -507,7 +520,10 @@ def nvls_ns(collective: str, topo: Topology, count: int, config, itemsize: int =
                     ready = requests[j][c][1] + s + (0.0 if gpus[j].node == gpu.node else 2 * s + 2 * u)
                     _, end = gpu.downlink.book(ready, ready, header)
                     at = end + gpu.downlink.latency_ns
-                    answers[(gpu.index, j)] = gpu.uplink.send(at, at, raw((hi - lo) * itemsize))
+                    a, b = answers[(gpu.index, j)] = gpu.uplink.send(at, at, raw((hi - lo) * itemsize))
+                    # my part of my node's partial, on my share to spine c mod P, once through the engine
+                    parts[(gpu.index, j)] = mine[(gpu.index, c % P)].send(a + s + rl, b + s + rl,
+                                                                          raw((hi - lo) * wide) / G)
             if c:
                 take_back(gpu, c - 1)
                 gather(gpu, c - 2)
@@ -517,11 +533,11 @@ def nvls_ns(collective: str, topo: Topology, count: int, config, itemsize: int =
             lo, hi = spans[j][c]
             r, w, i = raw((hi - lo) * itemsize), raw((hi - lo) * wide), c % P
             partials = []
-            for k in range(N):
+            for k in range(N):  # at the spine once the engine's result (+ u) and every member's part are
                 node = [answers[(g, j)] for g in range(k * G, (k + 1) * G)]
-                first, last = max(a for a, _ in node), max(b for _, b in node)
-                start, end = engines[k].reduce(first + s, last + s, w)
-                partials.append(up[(k, i)].send(start, end, w))
+                mine_k = [parts[(g, j)] for g in range(k * G, (k + 1) * G)]
+                start, end = engines[k].reduce(max(a for a, _ in node) + s, max(b for _, b in node) + s, w)
+                partials.append((max(start + u, max(a for a, _ in mine_k)), max(end + u, max(b for _, b in mine_k))))
             first, last = max(a for a, _ in partials), max(b for _, b in partials)
             start, end = engines[N + i].reduce(first + s, last + s, r)
             d0, d1 = down[(i, gpus[j].node)].send(start, end, r)
@@ -535,11 +551,57 @@ def nvls_ns(collective: str, topo: Topology, count: int, config, itemsize: int =
     return max(gpu.now for gpu in gpus)
 
 
+def sharp_scatter_slots(topo: Topology, count: int, config, itemsize: int = 4, partial_itemsize: int | None = None):
+    """The in-switch reductions of ranks/collectives/sharp.py's reduce_scatter of `count` input elements by
+    every GPU of `topo` (of several nodes), in every member's program order: [(block j, chunk c, elements)],
+    round c of every block j at a time; chunks as Call.in_switch_window sizes them (sharp._scatter_streams)."""
+    n = topo.gpus
+    wide = (partial_itemsize or itemsize) // itemsize
+    streams = -(-2 * n * config.nodes * wide // max(1, n - 1))  # sharp._scatter_streams
+    chunk = in_switch_chunk(config, n, streams, 2, None, itemsize) // itemsize
+    spans = [chunks(a, b, chunk) for a, b in blocks(count, n)]
+    return [(j, c, spans[j][c][1] - spans[j][c][0]) for c in range(max(len(x) for x in spans))
+            for j in range(n) if c < len(spans[j])]
+
+
+def sharp_reduce_scatter_ns(topo: Topology, count: int, config, itemsize: int = 4,
+                            partial_itemsize: int | None = None) -> float:
+    """Modeled ns of ranks/collectives/sharp.py's reduce_scatter of `count` input elements by every GPU of
+    `topo` (of several nodes), all starting at 0, as fabric.switch books it: as sharp_allreduce_ns, slot
+    by slot in the members' program order (sharp_scatter_slots), chunk c of block j to spine (j + c) mod P,
+    but the result of block j only down to member j's leaf (the group's shares of that node's uplink
+    from the spine, + u), which copies it to member j alone (+ s; its downlink in chunk order, + a)."""
+    N, G, P, n = topo.nodes, topo.gpus_per_node, topo.spines, topo.gpus
+    if N < 2 or not P:
+        raise FabricError(f"replay: sharp across nodes needs a topology of several nodes and spines, got {N} nodes")
+    wide = partial_itemsize or itemsize
+    t = config.timing
+    s, u = t.switch_latency_ns, config.uplink_latency_ns
+    raw = lambda nbytes: raw_bytes(nbytes, config.mtu_bytes, config.header_bytes)
+    gpus = [_Gpu(g, topo) for g in range(n)]
+    engines = [ReductionClock(t.reduction_gbytes_per_s, t.reduction_latency_ns) for _ in range(N + P)]
+    group_share = topo.share_gbytes_per_s * G / P  # the node's members' shares of its uplink to one spine
+    mine = {(g, i): LinkEnd(topo.share_gbytes_per_s / P, u) for g in range(n) for i in range(P)}
+    down = {(i, k): LinkEnd(group_share, u) for k in range(N) for i in range(P)}
+    for j, c, elements in sharp_scatter_slots(topo, count, config, itemsize, partial_itemsize):
+        r, w, i = raw(elements * itemsize), raw(elements * wide), (j + c) % P  # the slot (j, c, j + c)
+        stamps = [gpu.uplink.send(0.0, 0.0, r) for gpu in gpus]
+        partials = [_leaf_partial(k, G, i, stamps, engines[k], mine, w, s, t.reduction_latency_ns, u) for k in range(N)]
+        start, end = engines[N + i].reduce(max(a for a, _ in partials) + s, max(b for _, b in partials) + s, r)
+        d0, d1 = down[(i, gpus[j].node)].send(start, end, r)
+        _, b = gpus[j].downlink.book(d0 + s, d1 + s, r)
+        gpus[j].now = max(gpus[j].now, b + gpus[j].downlink.latency_ns)
+    for gpu in gpus:
+        gpu.now = max(gpu.now, gpu.uplink.free_ns)
+    return max(gpu.now for gpu in gpus)
+
+
 def sharp_stores(collective: str, topo: Topology, count: int, chunk: int, itemsize: int, root: int = 0):
     """The multicast stores of ranks/collectives/sharp.py's allgather (count: the output's elements) or
     broadcast (the array's, from member `root`) by every GPU of `topo`: {sender: [(key, payload bytes,
     spine index), ...] in its program order}, spine (p + c) mod P for chunk c of member p's stores
-    (fabric.switch.SwitchLogic.store_spine), and the keys in the order every member waits for them."""
+    (fabric.switch.SwitchLogic.store_spine), and [(sender, key)] in rank order (a member waits for its own
+    node's senders' first: sharp_mcast_ns)."""
     n, P = topo.gpus, topo.spines
     if collective == "allgather":
         parts = enumerate(blocks(count, n))
@@ -551,7 +613,7 @@ def sharp_stores(collective: str, topo: Topology, count: int, chunk: int, itemsi
         raise FabricError(f"replay: sharp multicast stores are allgather's and broadcast's, not {collective}")
     stores = {p: [((p, c), (hi - lo) * itemsize, (p + c) % P) for c, (lo, hi) in enumerate(chunks(a, b, chunk))]
               for p, (a, b) in parts}
-    return stores, [key for p in sorted(stores) for key, _, _ in stores[p]]
+    return stores, [(p, key) for p in sorted(stores) for key, _, _ in stores[p]]
 
 
 def sharp_mcast_ns(collective: str, topo: Topology, count: int, config, itemsize: int = 4, root: int = 0) -> float:
@@ -561,8 +623,8 @@ def sharp_mcast_ns(collective: str, topo: Topology, count: int, config, itemsize
     each to the node's members and sends one up to spine (p + c) mod P on the sender's share of the
     node's uplink to it (U / (G P), + u); the spine (+ s) sends one copy to each other leaf k on the
     sender's down clock there (m_k U / (G P (n - m_k)), + u); that leaf (+ s) copies it down; each GPU
-    books its downlink in the order it waits (block p, chunk c; + a), and the call ends once its
-    uplink is free (flush)."""
+    books its downlink in the order it waits (its node's blocks, then the others', each in chunk
+    order; + a), and the call ends once its uplink is free (flush)."""
     N, G, P, n = topo.nodes, topo.gpus_per_node, topo.spines, topo.gpus
     if N < 2 or not P:
         raise FabricError(f"replay: sharp across nodes needs a topology of several nodes and spines, got {N} nodes")
@@ -586,7 +648,8 @@ def sharp_mcast_ns(collective: str, topo: Topology, count: int, config, itemsize
                     d0, d1 = down[(i, k)].send(a + s, b + s, r)
                     arrive[(key, k)] = (d0 + s, d1 + s, r)
     for gpu in gpus:
-        for key in order:
+        # its own node's senders' stores first, then the others' in rank order (sharp.allgather's waits)
+        for _, key in sorted(order, key=lambda sent: gpus[sent[0]].node != gpu.node):
             a, b, r = arrive[(key, gpu.node)]
             _, end = gpu.downlink.book(a, b, r)
             gpu.now = max(gpu.now, end + gpu.downlink.latency_ns)
@@ -615,6 +678,8 @@ def replay_ns(collective: str, algorithm: str, topo: Topology, S: int, config, i
         raise FabricError(f"replay: takes a Topology, got {type(topo).__name__}")
     if (collective, algorithm) == ("allreduce", "sharp"):
         return sharp_allreduce_ns(topo, int(S) // itemsize, config, itemsize, partial_itemsize)
+    if (collective, algorithm) == ("reduce_scatter", "sharp"):
+        return sharp_reduce_scatter_ns(topo, int(S) // itemsize, config, itemsize, partial_itemsize)
     if algorithm == "nvls" and collective in ("reduce_scatter", "allreduce") and topo.nodes > 1:
         return nvls_ns(collective, topo, int(S) // itemsize, config, itemsize, partial_itemsize)
     if algorithm == "nvls" and collective in ("allgather", "broadcast") and topo.nodes > 1:  # sharp's (nvls.py)

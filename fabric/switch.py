@@ -20,31 +20,37 @@ A transfer between nodes is timed on its sender's outbound share of the node's u
 sender's leaf) and its receiver's inbound share (booked by the receiver); the cables between switches
 count bytes (fabric.topology, Shares).
 
-**Spanning groups** (NVLink SHARP across nodes). A group whose members are in several nodes has a
-copy in every switch it spans: the leaf of each of its nodes (its inputs: the node's members, in
-communicator rank order) and every spine (its inputs: the leaves of its nodes, in node order).
-Created by its first member at that GPU's leaf (the *creator* leaf; id = k x nodes + the leaf's
-index, so ids never collide between leaves), which sends the group to every spine and, through the
-first spine, to the group's other leaves; each checks its own 128-group limit (its partition's share)
-and answers, and the create is answered only once every switch took the group (else it is undone
-everywhere and refused with the switches' errors). Bound by each member at its own leaf; released by
-the creator leaf for all. A leaf takes contributions only from its own members; once every local
-member's chunk is in, it reduces them (accumulator: float32 for float16/bfloat16, unfinished) and
-sends the *partial* to spine slot[-1] mod P (allreduce: chunk c to spine c mod P). A spine takes
-partials only from the leaves of the group's nodes, reduces them in node order, finishes (avg divides
-by every member once, 16-bit floats round once) and multicasts the result down to each leaf, which
-copies it to its destination members. A GPU can neither send a partial (only leaves reach a spine)
-nor a result (a leaf delivers only what a spine sent for a partial it sent up). Time: a partial
-leaves the leaf's reduction engine and takes the group's members' shares of the node's uplink to
-that spine taken together (m x U / (G P): m members in the node, P spines), booked by the leaf in its
-completion order; the spine's engine reduces once every partial is in, and each result takes the
-group's shares of the destination node's uplink to that spine, booked by the spine; so every clock
-is booked in one order fixed by the members' programs (fabric.replay replays it). In flight: a leaf
-keeps at most its partition's buffer share / nodes of partials without their result (in bytes; in
-number, held_parts_share / nodes), so what a spine holds stays within the share. Partials of a slot
-that disagree between nodes (each leaf checks only its members) are refused at the spine to every
-member, a NACK once per group until its release; a partial or result of a group released while on
-its way is dropped (one number per creator leaf tells it from most switch bugs: _released).
+**Spanning groups** (NVLink SHARP across nodes). A group whose members are in several nodes has a copy
+in every switch it spans: the leaf of each of its nodes (its inputs: the node's members, in communicator
+rank order) and every spine (its inputs: the leaves of its nodes, in node order). Created by its first
+member at that GPU's leaf (the *creator* leaf; id = k x nodes + the leaf's index, so ids never collide
+between leaves), which sends the group to every spine and, through the first spine, to the group's other
+leaves; each checks its own 128-group limit (its partition's share) and answers, and the create is
+answered only once every switch took the group (else it is undone everywhere and refused with the
+switches' errors). Bound by each member at its own leaf; released by the creator leaf for all. A leaf
+takes contributions only from its own members; once every local member's chunk is in, it reduces them
+(accumulator: float32 for float16/bfloat16, unfinished) and sends the *partial* to spine slot[-1] mod P
+(allreduce: chunk c to spine c mod P; reduce_scatter: slot (j, c, j + c), chunk c of block j to spine (j
++ c) mod P). A spine takes partials only from the leaves of the group's nodes, reduces them in node
+order, finishes (avg divides by every member once, 16-bit floats round once) and multicasts the result
+down to each leaf of a destination member (all of them for allreduce; for reduce_scatter's block j,
+member j's only), which copies it to its destination members; every other leaf of the group gets a
+notice ("reduced", a control packet: no bytes on the cable) that frees its partial's share. A GPU can
+neither send a partial (only leaves reach a spine) nor a result (a leaf delivers only what a spine sent
+for a partial it sent up). Time: a partial leaves the leaf's reduction engine and takes the group's
+members' shares of the node's uplink to that spine taken together (m x U / (G P): m members in the node,
+P spines): each member's part of it (1/m of its bytes) takes that member's own share (U / (G P), shared
+by every group of the GPU and its multicast stores), booked by the leaf as the member's contribution
+comes, ready once it has been through the engine (_member_part), so in that member's packet order
+whatever its groups; the partial is at the spine once the engine's result and every part are. The
+spine's engine reduces once every partial is in, and each result takes the group's shares of the
+destination node's uplink from that spine (per group), booked by the spine in its completion order; so
+every clock is booked in one order fixed by the members' programs (fabric.replay replays it). In flight:
+a leaf keeps at most its partition's buffer share / nodes of partials without their result (in bytes; in
+number, held_parts_share / nodes), so what a spine holds stays within the share. Partials of a slot that
+disagree between nodes (each leaf checks only its members) are refused at the spine to every member, a
+NACK once per group until its release; a partial or result of a group released while on its way is
+dropped (one number per creator leaf tells it from most switch bugs: _released).
 *Multicast stores* (sharp allgather, broadcast): a member's MCAST goes to its leaf, which copies it to
 the node's members and sends one copy up (src: the sender) to spine (p + c) mod P, p the sender's rank
 in the group and c the key's last entry, its chunk (store_spine; a key without one is refused), so the
@@ -67,11 +73,11 @@ request, header-only (src: the requester), to spine c mod P (_load_reduce_across
 on to the group's other leaves (_load_reduce_on: only from a leaf of the group's nodes, for a requester
 of that node), each of which LOADs its members (_loads_asked). The members' REDUCE answers make each
 leaf's partial as above (slot[-1] = c: spine c mod P); the spine's result goes down to the requester's
-leaf alone, and a header-only MCAST release (no payload) to each other leaf, which frees its partial
-there (so every leaf's partials in flight stay bounded, as above). Time: the requests cross the
+leaf alone, and the notice "reduced" (a control packet) to each other leaf, which frees its partial's
+share there, as for sharp's reduce_scatter (so every leaf's partials in flight stay bounded). Time: the requests cross the
 cables at their latency (header-only, booked on no share: they reach a leaf in the host's order), a
-LOAD is ready a switch traversal after the request reaches its leaf, and the releases are booked on no
-clock (nothing waits for them); partials and results are booked as above, in the order (chunk, block)
+LOAD is ready a switch traversal after the request reaches its leaf; partials (each member's part on
+its share, as its answer comes) and results are booked as above, in the order (chunk, block)
 the members' programs serve the LOADs (fabric.replay.nvls_ns replays it). A request crossing its
 group's release is dropped at the spine or the leaf. In flight: the requester's leaf keeps at most
 partial_share_parts of a partition's load-reduces awaiting their result (each costs a LOAD to every
@@ -173,18 +179,22 @@ class SwitchLogic:
         # spanning groups (module docstring): creates waiting for the other switches' answers, gid ->
         # [creator GPU, request, switches yet to answer, errors, switches that took it]; per partial sent
         # up and not answered, (group, result key) -> (local destinations, bytes); those bytes per partition;
-        # the up clocks (group, spine) of the group's shares of the node's uplink
+        # each member's part of the partials in flight on its share of the uplink (_member_part)
         self._spanning: dict[int, list] = {}
         self._partials: dict[tuple, tuple[tuple[int, ...], int, int]] = {}  # + the group's partition
         self._partial_bytes: dict[int, int] = {}
+        # partials whose result goes to no member here (reduce_scatter's other blocks): (group, slot) ->
+        # (bytes, partition), until the spine's notice that it reduced the slot ("reduced")
+        self._unanswered: dict[tuple, tuple[int, int]] = {}
         self._partial_parts: dict[int, int] = {}  # and how many (zero-byte partials hold memory too)
-        self._up: dict[tuple[int, int], LinkEnd] = {}
+        self._parts: dict[tuple, tuple[float, float]] = {}  # (group, slot) -> its members' parts' latest stamps
         self._seen: dict[int, int] = {}  # creator leaf -> the highest k of its group ids held here (_released)
         self._failed: set[int] = set()   # groups whose members heard a spine's refusal (once, until released)
-        # multicast stores across nodes: each local GPU's share of the node's uplink to each spine, booked
-        # here in that GPU's packet order; the local members of released spanning groups (the most recent
-        # GONE_KEPT), so that a store crossing its group's release still returns the credit it took
-        self._store_up: dict[tuple[int, int], LinkEnd] = {}
+        # each local GPU's share of the node's uplink to each spine (U / (G P)), which its multicast stores
+        # and its parts of its groups' partials take, booked here in that GPU's packet order (so every group
+        # of a GPU shares it); the local members of released spanning groups (the most recent GONE_KEPT),
+        # so that a store crossing its group's release still returns the credit it took
+        self._member_up: dict[tuple[int, int], LinkEnd] = {}
         self._gone: dict[int, tuple[int, ...]] = {}
         self.partial_share_bytes = self.buffer_share_bytes // max(1, topology.nodes)
         self.partial_share_parts = max(1, self.held_parts_share // max(1, topology.nodes))
@@ -475,6 +485,8 @@ class SwitchLogic:
         done = self.groups.contribute(info.group, info.slot, ingress, info.op, info.dtype, payload,
                                       (info.dest, info.key), (packet.t_start, packet.t_end), self.buffer_share_bytes,
                                       self.held_parts_share)
+        if group.stage == "leaf":
+            self._member_part(ingress, group, info, packet, payload)
         if done is None:
             self.peak_held_bytes = max(self.peak_held_bytes, self.groups.held_bytes)
             return []
@@ -499,7 +511,7 @@ class SwitchLogic:
         state = self.groups.reductions.get((info.group, *info.slot))
         if len(group.inputs) - (len(state.parts) if state else 0) != 1:
             return
-        if (info.group, info.key) in self._partials:
+        if (info.group, info.key) in self._partials or (info.group, tuple(info.slot)) in self._unanswered:
             raise CollectiveMismatch(f"REDUCE from GPU {ingress}: group {info.group} slot {list(info.slot)}: result "
                                      f"key {list(info.key)} is awaited from the spines already")
         nbytes = payload.nbytes // check_dtype(info.dtype).itemsize * switch_accumulator(check_dtype(info.dtype)).itemsize
@@ -516,20 +528,46 @@ class SwitchLogic:
                                     f"spines without their result, and {nbytes} more would pass its share "
                                     f"{self.partial_share_bytes} (buffer share / nodes)")
 
+    def _member_clock(self, gpu: int, spine: int) -> LinkEnd:
+        """GPU `gpu`'s share of the node's uplink to spine `spine` (U / (G P)), shared by all its groups."""
+        clock = self._member_up.get((gpu, spine))
+        if clock is None:
+            clock = self._member_up[(gpu, spine)] = LinkEnd(self.topology.share_gbytes_per_s / self.topology.spines,
+                                                            self.config.uplink_latency_ns)
+        return clock
+
+    def _member_part(self, ingress: int, group, info: ReduceInfo, packet: Packet, payload: np.ndarray) -> None:
+        """Book member `ingress`'s part of its node's partial of `info`'s slot (1/m of its raw bytes, m the
+        node's members of the group) on its share of the uplink to spine slot[-1] mod P, ready once its
+        contribution has been through the engine (+ s + the engine's latency), in its packet order: every
+        group of a GPU books that one share, in an order fixed by that GPU's program."""
+        spine = self.topology.nodes + info.slot[-1] % self.topology.spines
+        dtype = check_dtype(info.dtype)
+        wide = payload.nbytes // dtype.itemsize * switch_accumulator(dtype).itemsize
+        raw = raw_bytes(wide, self.config.mtu_bytes, self.config.header_bytes)
+        ready = self.timing.switch_latency_ns + self.timing.reduction_latency_ns
+        a, b = self._member_clock(ingress, spine).send(packet.t_start + ready, packet.t_end + ready,
+                                                       raw / len(group.inputs))
+        key = (info.group, tuple(info.slot))
+        was = self._parts.get(key, (a, b))
+        self._parts[key] = (max(was[0], a), max(was[1], b))
+
     def _partial_up(self, group, info: ReduceInfo, dest: tuple, key: tuple, partial: np.ndarray,
                     start: float, end: float, raw: int) -> Send:
-        """The leaf's partial of `info`'s slot, to spine slot[-1] mod P on the group's shares of the node's
-        uplink to it; its result will come back for the local members of `dest`."""
+        """The leaf's partial of `info`'s slot, to spine slot[-1] mod P: its bytes reach the spine once the
+        engine's result (+ u) and every member's part on its share (_member_part) did; its result will
+        come back for the local members of `dest` (none: the spine's notice "reduced" frees its share)."""
         topology = self.topology
         spine = topology.nodes + info.slot[-1] % topology.spines
-        clock = self._up.get((info.group, spine))
-        if clock is None:
-            local = sum(1 for g in group.members if g in self.local)
-            clock = self._up[(info.group, spine)] = LinkEnd(
-                topology.share_gbytes_per_s * local / topology.spines, self.config.uplink_latency_ns)
-        t_start, t_end = clock.send(start, end, raw)
+        first, last = self._parts.pop((info.group, tuple(info.slot)))
+        u = self.config.uplink_latency_ns
+        t_start, t_end = max(start + u, first), max(end + u, last)
         self.counters.record(f"sw{self.switch}->sw{spine}", partial.nbytes)
-        self._partials[(info.group, key)] = (tuple(p for p in dest if p in self.local), partial.nbytes, group.partition)
+        local = tuple(p for p in dest if p in self.local)
+        if local:
+            self._partials[(info.group, key)] = (local, partial.nbytes, group.partition)
+        else:  # its result goes to other nodes only: the spine tells this leaf once it reduced the slot
+            self._unanswered[(info.group, tuple(info.slot))] = (partial.nbytes, group.partition)
         self._partial_bytes[group.partition] = self._partial_bytes.get(group.partition, 0) + partial.nbytes
         self._partial_parts[group.partition] = self._partial_parts.get(group.partition, 0) + 1
         packet = Packet(Kind.REDUCE, -1, -1, 0, partial.nbytes, info=ReduceInfo(
@@ -633,6 +671,16 @@ class SwitchLogic:
         if info.action == "unspan":
             self._drop_span(info.group)
             return []
+        if info.action == "reduced":  # a slot whose result went to other nodes only: its partial's share back
+            got = self._unanswered.pop((info.group, tuple(info.members)), None)
+            if got is None:
+                if _released(self.groups, self._seen, self.topology.nodes, info.group):
+                    return []
+                raise ProtocolError(f"{here}: spine {spine} reduced slot {list(info.members)} of group {info.group}, "
+                                    f"for no partial this leaf sent")
+            self._partial_bytes[got[1]] -= got[0]
+            self._partial_parts[got[1]] -= 1
+            return []
         if info.action == "failed":  # a spine refused a slot of the group: this node's members hear why,
             # once until the group's release (each chunk in flight of the call is refused: one NACK per chunk
             # would raise again in their later, unrelated waits)
@@ -676,11 +724,7 @@ class SwitchLogic:
         spine = self.store_spine(group, ingress, info.key)
         out = self._through(packet)
         raw = raw_bytes(packet.nbytes, self.config.mtu_bytes, self.config.header_bytes)
-        clock = self._store_up.get((ingress, spine))
-        if clock is None:
-            clock = self._store_up[(ingress, spine)] = LinkEnd(self.topology.share_gbytes_per_s / self.topology.spines,
-                                                               self.config.uplink_latency_ns)
-        t_start, t_end = clock.send(out.t_start, out.t_end, raw)
+        t_start, t_end = self._member_clock(ingress, spine).send(out.t_start, out.t_end, raw)
         self.counters.record(f"sw{self.switch}->sw{spine}", packet.nbytes)
         self._event({"ev": "mcast", "group": info.group, "from": ingress, "bytes": packet.nbytes,
                      "copies": len(group.inputs), "spine": spine, "m": out.t_start})
@@ -736,9 +780,12 @@ class SwitchLogic:
             for key in [k for k in self._partials if k[0] == gid]:
                 self._partial_bytes[group.partition] -= self._partials.pop(key)[1]
                 self._partial_parts[group.partition] -= 1
+            for key in [k for k in self._unanswered if k[0] == gid]:
+                self._partial_bytes[group.partition] -= self._unanswered.pop(key)[0]
+                self._partial_parts[group.partition] -= 1
         self._failed.discard(gid)
-        for key in [k for k in self._up if k[0] == gid]:
-            del self._up[key]
+        for key in [k for k in self._parts if k[0] == gid]:
+            del self._parts[key]
         if group is not None:
             self._gone[gid] = group.inputs
             if len(self._gone) > GONE_KEPT:
@@ -1039,9 +1086,11 @@ class SpineLogic:
             raw = raw_bytes(result.nbytes, self.config.mtu_bytes, self.config.header_bytes)
             start, end = self.groups.engine(info.group, self.timing).reduce(first_ns + delay, last_ns + delay, raw)
             sends = []
+            wanted = {g // self.config.gpus_per_node for g in dest}
             for node in group.inputs:
-                if not any(g // self.config.gpus_per_node == node for g in dest):  # nvls: a requester's leaf only
-                    sends.append(self._release(info.group, key, node, end))
+                if node not in wanted:  # no destination there (reduce_scatter): a notice, no bytes
+                    notice = GroupInfo("reduced", info.group, tuple(info.slot), "")
+                    sends.append(Send(-1, Packet(Kind.GROUP, -1, -1, req=self.switch, info=notice), switch=node))
                     continue
                 clock = self._down.get((info.group, node))
                 if clock is None:
@@ -1120,13 +1169,6 @@ class SpineLogic:
                 sends.append(Send(-1, on, None, -1, node))
         return sends
 
-    def _release(self, gid: int, key: tuple, node: int, end: float) -> Send:
-        """A header-only MCAST to leaf `node`, none of whose members a result is for (nvls's load-reduce):
-        it frees that leaf's partial, booked on no share (it carries nothing a GPU waits for)."""
-        self.counters.record(f"sw{self.switch}->sw{node}", 0)
-        at = end + self.config.uplink_latency_ns
-        return Send(-1, Packet(Kind.MCAST, -1, -1, 0, 0, info=McastInfo(gid, key), t_start=at, t_end=at), None, -1, node)
-
     def _store(self, leaf: int, packet: Packet, payload: np.ndarray) -> list[Send]:
         """A member's multicast store that leaf `leaf` sent up (SwitchLogic._store_span): one copy down to
         each other leaf the group spans, each on the down clock (group, sender, leaf): the group's shares
@@ -1142,8 +1184,8 @@ class SpineLogic:
         per_node = self.config.gpus_per_node
         sender = self._gpu_of.get(packet.src)
         if group is None or leaf not in group.inputs or sender not in group.members or sender // per_node != leaf:
-            raise AccessViolation(f"{here}: multicast store of group {info.group} key {list(info.key)} from leaf {leaf} "
-                                  f"for GPU {packet.src!r}: " + (
+            raise AccessViolation(f"{here}: multicast store of group {info.group} key {list(info.key)} from leaf "
+                                  f"{leaf} for GPU {packet.src!r}: " + (
                                       f"no live group {info.group}" if group is None else
                                       f"leaf {leaf} is no leaf of the group's nodes {list(group.inputs)}"
                                       if leaf not in group.inputs else

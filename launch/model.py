@@ -81,7 +81,7 @@ def validation_note(config) -> str:
                else f"this shape, {mine}, was not emulated: a prediction")
     return (f"# validated by emulation: several nodes, emulated time = this replay (fabric.cost_nodes.modeled_ns) to "
             f"1e-9 for {', '.join(pairs)} on {', '.join(map(_shape_text, several))} of {', '.join(NODE_PRESETS)}, "
-            f"and for sharp and nvls (IN_SWITCH) on those of the presets whose spines reduce (tests/nodes); one node, fabric.cost within 1% on {' and '.join(map(_shape_text, one))} "
+            f"and for sharp's {', '.join(cost_nodes.IN_SWITCH['sharp'])} and nvls's {', '.join(cost_nodes.IN_SWITCH['nvls'])} on those of the presets whose spines reduce (tests/nodes); one node, fabric.cost within 1% on {' and '.join(map(_shape_text, one))} "
             f"(tests/mpi); {verdict}")
 
 

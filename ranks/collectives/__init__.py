@@ -21,7 +21,8 @@ ALGORITHMS = {"ring": ring, "direct": direct, "sharp": sharp, "nvls": nvls, "hie
               "tree": tree}  # also `auto`'s tie order
 IN_SWITCH = ("sharp", "nvls")
 # what the in-switch algorithms run for members in several nodes (groups spanning leaves and spines)
-ACROSS_NODES = {"sharp": ("allreduce", "allgather", "broadcast"), "nvls": ("allreduce", "reduce_scatter", "allgather", "broadcast")}
+ACROSS_NODES = {"sharp": ("allreduce", "reduce_scatter", "allgather", "broadcast"),
+                "nvls": ("allreduce", "reduce_scatter", "allgather", "broadcast")}
 # all2all's algorithms (comm.all2all's `algorithm`; auto is direct), each taking all2allv's arguments;
 # all2allv runs direct
 ALL2ALL = {"direct": all2all.all2allv, "pxn": pxn.all2all}
@@ -30,12 +31,13 @@ SMALL_BYTES = 64 * 1024  # fallback rule: below this, `direct` (fewer steps) bef
 
 def allowed(config, nodes: int = 1, collective: str | None = None) -> tuple[str, ...]:
     """Algorithms the fabric can run (for `collective`, if given) for members in `nodes` nodes: the
-    in-switch ones need NVLink Network mode with SHARP switches; across nodes, on spines that reduce and
-    multicast too (config.spine_sharp: superpod-h100-nvlink), what ACROSS_NODES lists: sharp's allreduce
-    (two-level: leaves reduce their node, spines the leaves, results multicast down), allgather and
-    broadcast (a store copied at its leaf, once up to a spine, once down to every other leaf), and
-    nvls's reduce_scatter (a load-reduce through both levels); without `collective` an algorithm listed
-    there counts as allowed."""
+    in-switch ones need NVLink Network mode with SHARP switches; across nodes, what ACROSS_NODES lists,
+    on spines that reduce and multicast too (config.spine_sharp: superpod-h100-nvlink): sharp's
+    allreduce and reduce_scatter two-level (leaves reduce their node, spines the leaves, results down;
+    reduce_scatter's block j to member j's leaf and member j only), allgather and broadcast (a store
+    copied at its leaf, once up to a spine, once down to every other leaf); nvls's allreduce and
+    reduce_scatter (a load-reduce through both levels, then allreduce's stores as sharp's), its
+    allgather and broadcast sharp's. Without `collective` an algorithm listed there counts as allowed."""
     in_switch = config.mode == "network" and config.sharp
     def fits(name):
         if name not in IN_SWITCH or nodes == 1:
@@ -52,8 +54,8 @@ def choose(collective: str, algorithm: str, config, nbytes: int, members: int | 
     `auto`: among the algorithms that implement the collective and that the fabric allows for it
     (allowed(config, nodes, collective): across nodes ACROSS_NODES on spines that reduce), the
     one the cost model says is fastest (fabric.cost.modeled_ns; for every GPU of a fabric of several
-    nodes fabric.cost_nodes.modeled_ns, which replays ring, direct, hier, tree, sharp's two-level
-    allreduce and nvls's two-level reduce_scatter), ties to the earlier in ALGORITHMS order (ring, direct, sharp, nvls, hier, tree;
+    nodes fabric.cost_nodes.modeled_ns, which replays ring, direct, hier, tree and sharp's and nvls's
+    collectives across nodes), ties to the earlier in ALGORITHMS order (ring, direct, sharp, nvls, hier, tree;
     fabric.cost has no form for hier or tree, so on one node auto never picks them). For a
     collective or a group the cost model does not cover (a communicator of some of several nodes' GPUs), a fixed rule: where sharp is
     allowed for it, the first of sharp, nvls, direct, ring that implements it; otherwise direct, then

@@ -20,16 +20,15 @@ header-only LOADs to its members (rank order) and the request, header-only, to s
 spine passes it to the group's other leaves, which LOAD theirs. Each leaf folds its members' answers
 (rank order, in the accumulator: float32 for float16/bfloat16) into a partial for spine c mod P; the
 spine folds the partials in node order, finishes (rounds once; avg divides once, by N) and sends the
-result to my leaf, which returns it to me, and a header-only release to every other leaf (which frees
-its partial). Allreduce then multicast-stores each reduced chunk through both levels as sharp's
+result to my leaf, which returns it to me, and the notice "reduced" (a control packet) to every other
+leaf (which frees its partial). Allreduce then multicast-stores each reduced chunk through both levels as sharp's
 allgather does (spine (r + c) mod P). Per GPU link payload as on one node. Leaf -> spine i carries the
 partials of chunk c of every block for c mod P = i (S / P for equal sets; a 16-bit float's partial is
 float32, twice the bytes), spine i -> leaf a the results of node a's blocks (G S / (N P)); allreduce
 adds its stores (G S / N up from each leaf, (N - G) S / N down to each, over the spines; G GPUs a node). Header-only
 packets, header_bytes raw each, per chunk of GPU j's block: j's request on its uplink, a LOAD down every
-member's downlink, the request leaf -> spine and spine -> each other leaf, a release spine -> each
-other leaf. fabric.cost_nodes.nvls_link_bytes has every link exactly; modeled time fabric.replay.nvls_ns.
-The window (streams) keeps each leaf's partials without their result or release within its buffer
+member's downlink, the request leaf -> spine and spine -> each other leaf. fabric.cost_nodes.nvls_link_bytes has every link exactly; modeled time fabric.replay.nvls_ns.
+The window (streams) keeps each leaf's partials without their result or notice within its buffer
 share / nodes, a 16-bit float's partial counting twice.
 
 Schedule, in rounds c = 0, 1, ...: answer the switch's loads of chunk c of every member's block
@@ -115,7 +114,7 @@ def _run(call, source: np.ndarray, reduced: np.ndarray, out: np.ndarray | None) 
 def streams(call, dtype) -> int:
     """Credit streams of a load-reduce (Call.in_switch_window): n (every member's block in flight at once);
     across nodes also enough that every leaf's partials without their result - each requester's window,
-    and once more as a release may trail the next request - fit its buffer share / nodes, a 16-bit
+    and once more as a notice may trail the next request - fit its buffer share / nodes, a 16-bit
     float's partial counting twice (fabric.replay.nvls_streams is the same rule)."""
     per_node = call.gpu.config.gpus_per_node
     nodes = len({call.peer(m) // per_node for m in range(call.n)})

@@ -13,15 +13,24 @@ Per-GPU link payload for S bytes on N GPUs:
 Combine order: members 0, 1, ..., N-1, in the switch's accumulator (float32 for float16 and
 bfloat16, rounded once at the end; the dtype itself otherwise). avg divides in the switch.
 
-Across nodes (allreduce, allgather, broadcast; fabric.switch, Spanning groups). Allreduce: each GPU pushes chunk c to its leaf,
-the leaf reduces its node's members (communicator rank order) into a partial in the accumulator and
-sends it to spine c mod P, the spine reduces the partials of the group's nodes in node order,
-finishes (rounds once, avg divides once) and multicasts the result to the leaves, each leaf to its
-members. Per GPU tx = rx = S as on one node; each leaf -> spine i link carries the partials of the
-chunks c = i mod P (S / P for P | chunks; a float16/bfloat16 partial is float32, twice the bytes),
-each spine i -> leaf link the results of the same chunks (S / P). fabric.cost_nodes.link_bytes has
-every link exactly. The window counts a 16-bit float's partial twice and keeps each leaf's partials in
-flight within its share of the buffer / nodes (the spines hold no more than that).
+Across nodes (allreduce, reduce_scatter, allgather, broadcast; fabric.switch, Spanning groups).
+Allreduce: each GPU pushes chunk c to its leaf, the leaf reduces its node's members (communicator rank
+order) into a partial in the accumulator and sends it to spine c mod P, the spine reduces the partials
+of the group's nodes in node order, finishes (rounds once, avg divides once) and multicasts the result
+to the leaves, each leaf to its members. Per GPU tx = rx = S as on one node; each leaf -> spine i link
+carries the partials of the chunks c = i mod P (S / P for P | chunks; a float16/bfloat16 partial is
+float32, twice the bytes), each spine i -> leaf link the results of the same chunks (S / P).
+fabric.cost_nodes.link_bytes has every link exactly. The window counts a 16-bit float's partial twice
+and keeps each leaf's partials in flight within its share of the buffer / nodes (the spines hold no more
+than that).
+Reduce_scatter: the allreduce's two levels for chunk c of every block j (to spine (j + c) mod P), but the
+spine sends block j's result to member j's leaf only, and that leaf to member j only (the other leaves
+get a notice with no bytes that frees their partial's share). Per GPU tx S, rx S/N as on one node;
+each leaf -> spine i link the partials of the chunks c of blocks j with (j + c) mod P = i (S / P when
+those split evenly; twice for a 16-bit float), each spine i -> leaf k link the results of those chunks
+of node k's members' blocks (G S / (n P) for equal shares; fabric.cost_nodes.sharp_scatter_link_bytes).
+Its window (_scatter_streams) keeps twice a window of rounds of partials within a leaf's share of the
+buffer / nodes.
 Allgather and broadcast: a member's multicast store of chunk c (of its block p; broadcast: p = the
 root) goes to its leaf, which copies it to the node's members and sends one copy up to spine
 (p + c) mod P (so a block's chunks, and the members' blocks, share the spines out); the spine sends one
@@ -71,9 +80,23 @@ def _streams(call, dtype) -> int:
     return wide * math.ceil(call.gpu.config.nodes / max(1, call.n - 1))
 
 
+def _scatter_streams(call, dtype) -> int:
+    """Credit streams of a reduce_scatter: n on one node (n blocks in flight a round); across nodes enough
+    that twice a window of rounds of every block's partials (2 x window x n x chunk x the accumulator's
+    width) fit a leaf's buffer share / nodes: a leaf frees a partial whose result goes to another node
+    when that slot's notice comes from its spine, which may lag the member's own results from another
+    spine, hence the factor 2."""
+    per_node = call.gpu.config.gpus_per_node
+    nodes = len({call.peer(m) // per_node for m in range(call.n)})
+    if nodes == 1:
+        return call.n
+    wide = switch_accumulator(np.dtype(dtype)).itemsize // np.dtype(dtype).itemsize
+    return math.ceil(2 * call.n * call.gpu.config.nodes * wide / max(1, call.n - 1))
+
+
 def reduce_scatter(call, send: np.ndarray, recv: np.ndarray) -> None:
     n, r = call.n, call.r
-    window = call.in_switch_window(n, least=2)
+    window = call.in_switch_window(_scatter_streams(call, send.dtype), least=2)
     parts = blocks(send.size, n)
     spans = [chunks(a, b, call.chunk) for a, b in parts]
     own_start = parts[r][0]
@@ -92,7 +115,9 @@ def reduce_scatter(call, send: np.ndarray, recv: np.ndarray) -> None:
         for j in range(n):
             if c < len(spans[j]):
                 lo, hi = spans[j][c]
-                call.reduce((j, c), send[lo:hi], [j], (RS, j, c), start)
+                # slot (j, c, j + c): its last entry picks the spine, (j + c) mod P, so that blocks of one
+                # chunk each still share the spines out
+                call.reduce((j, c, j + c), send[lo:hi], [j], (RS, j, c), start)
     for c in range(waited, len(spans[r])):
         lo, hi = spans[r][c]
         call.wait((RS, r, c), "the switch's reduction", recv[lo - own_start:hi - own_start])
@@ -107,7 +132,12 @@ def allgather(call, send: np.ndarray, recv: np.ndarray) -> None:
     a, _ = parts[call.r]
     for c, (lo, hi) in enumerate(chunks(0, send.size, call.chunk)):
         call.multicast((AG, call.r, c), send[lo:hi])
-    for p, (a, b) in enumerate(parts):
+    # this node's blocks first (their copies come straight from the leaf), then the others' in rank order:
+    # a GPU takes its deliveries on its downlink in the order it waits, and the other nodes' come later
+    per_node = call.gpu.config.gpus_per_node
+    here = call.gpu.rank // per_node
+    for p in sorted(range(call.n), key=lambda p: call.peer(p) // per_node != here):
+        a, b = parts[p]
         for c, (lo, hi) in enumerate(chunks(a, b, call.chunk)):
             call.wait((AG, p, c), f"GPU {call.peer(p)}'s multicast", recv[lo:hi])
     call.flush()

@@ -29,6 +29,7 @@ def main(gpu):
 # Across nodes: flows of every GPU meeting on the cables between switches (all2all, direct), rings, a single
 # transfer, one-sided puts and gets to another node's GPU, and sharp's two-level allreduce (partials on the
 # group's shares up to both spines, results down) on the world and on a communicator of one GPU per node,
+# sharp's multicast stores across nodes (allgather, broadcast: every member's store at once),
 # and nvls's load-reduces (requests through a spine, partials up, results to the requester's leaf)
 NODES = """
 import numpy as np
@@ -38,6 +39,8 @@ def main(gpu):
     gpu.world.allreduce(x, algorithm="sharp")
     rail = gpu.world.split(gpu.rank % 2)
     rail.allreduce(x[:3000].astype(np.float16), algorithm="sharp")
+    gpu.world.allgather(x, np.empty(x.size * gpu.size, np.float32), algorithm="sharp")  # stores of 2 chunks
+    gpu.world.broadcast(x.copy(), root=3, algorithm="sharp")
     y = np.arange(4 * 20000, dtype=np.float32)  # nvls: two chunks a block, one to each spine
     gpu.world.reduce_scatter(y, np.empty(20000, np.float32), algorithm="nvls")
     gpu.world.allreduce(x, algorithm="nvls")  # load-reduces through both levels, then the stores

@@ -149,8 +149,9 @@ def test_the_256_gpu_shape(capsys):
     (["allreduce", "--preset", "dgx-h200"], "preset: unknown preset 'dgx-h200'; known: dgx-h100,"),
     (["allreduce", "--preset", "h100-ib", "--algorithm", "sharp"],
      "UnsupportedOperation: allreduce with 'sharp': fabric 'h100-ib' has no in-switch reduction"),
-    (["reduce_scatter", "--preset", "superpod-h100-nvlink", "--algorithm", "sharp"],
-     "UnsupportedOperation: reduce_scatter with 'sharp': its 16 members are in 2 nodes"),
+    (["allreduce", "--preset", "superpod-h100-ib", "--algorithm", "nvls"],
+     "UnsupportedOperation: allreduce with 'nvls': its 16 members are in 2 nodes of fabric 'superpod-h100-ib', and "
+     "its spines do not reduce"),
     (["all2all", "--algorithm", "ring"], "UnsupportedOperation: all2all: unknown algorithm 'ring'; known: auto, direct, pxn"),
     (["allreduce", "--algorithm", "pxn"], "UnsupportedOperation: allreduce: unknown algorithm 'pxn'"),
 ])

@@ -54,7 +54,7 @@ def test_nvls_across_nodes_puts_exact_bytes_on_both_levels_and_takes_the_replaye
     """reduce_scatter and allreduce of one chunk a block and several, float32 and float16 (partials up in
     float32), and nvls's allgather and broadcast (sharp's stores): every link's payload is
     cost_nodes.link_bytes', each call's modeled time is cost_nodes.modeled_ns' (the replay) exactly, and
-    the packets on the cables are those the docstring counts (header-only requests and releases too)."""
+    the packets on the cables are those the docstring counts (the header-only requests too)."""
     cfg = config(chunk_bytes=1 << 12)
     calls = [("reduce_scatter", "float32", 4096), ("reduce_scatter", "float32", 5 * (1 << 14) + 40),
              ("reduce_scatter", "float16", 3 * (1 << 14) + 2 * 6), ("allreduce", "float32", 5 * (1 << 14) + 40),
@@ -103,12 +103,12 @@ def test_nvls_across_nodes_puts_exact_bytes_on_both_levels_and_takes_the_replaye
         if collective not in ("reduce_scatter", "allreduce"):
             continue
         # packets on the cables per chunk of GPU j's block: header-only, the request up from j's leaf, on
-        # to the N - 1 other leaves, the spine's release to those N - 1; with data, each leaf's partial up,
+        # to the N - 1 other leaves; with data, each leaf's partial up,
         # the result down (MTU segments each); allreduce: the store up once, down to the N - 1 others
         for span in cost_nodes.replay.nvls_chunks(topo, nbytes // item, cfg, item, wide):
             for lo, hi in span:
                 data = segments((hi - lo) * item, cfg.mtu_bytes)
-                want_packets += 1 + 2 * (N - 1) + N * segments((hi - lo) * wide, cfg.mtu_bytes) + data
+                want_packets += 1 + (N - 1) + N * segments((hi - lo) * wide, cfg.mtu_bytes) + data
                 want_packets += N * data if collective == "allreduce" else 0
     links = result.report["links"]
     got = {link: links.get(link, {}).get("payload_bytes", 0) for link in expected}

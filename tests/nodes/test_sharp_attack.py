@@ -5,15 +5,17 @@ sharp allreduces meanwhile and must see right results and no refusal. World size
 10 one (and three nodes)."""
 
 import dataclasses
+import time
 
 import numpy as np
 import pytest
 
 from nvlink_emu.fabric.errors import CollectiveMismatch, FabricTimeout
-from nvlink_emu.fabric.packets import Kind, ReduceInfo
-from nvlink_emu.fabric.switch import buffer_share_bytes
+from nvlink_emu.fabric.packets import Kind, McastInfo, Packet, ReduceInfo
+from nvlink_emu.fabric.switch import buffer_share_bytes, port_share_bytes
+from nvlink_emu.ranks.transport import Transport
 
-from nodes_helpers import run, shape
+from nodes_helpers import config, run, shape
 from test_sharp_nodes import contribution, dtype_of, two_level
 from trust_helpers import refusals
 
@@ -184,3 +186,79 @@ def test_a_member_failing_mid_allreduce_ends_its_partner_s_wait_with_a_typed_err
     result = run(main, partitions=tenants(), chunk_bytes=4096, timeout_s=4.0)
     if result.role == "gpu":
         assert result.value == {0: "timed out", pair[1]: "failed"}.get(result.rank, "victim")
+
+
+def test_a_member_s_stores_reach_members_only_and_a_member_that_stops_receiving_costs_the_other_leaf_its_credit(
+        monkeypatch):
+    """Multicast stores across nodes (sharp allgather's and broadcast's). GPU 0 stores through the pair's
+    group: with a non-member's dst (the copies still go to the members only), then 64 x 64 KiB while
+    its partner sleeps - its leaf holds GPU 0's stores once they took the partner's credit (the port's
+    share over the other nodes), so the partner's leaf never keeps more than its port's share in flight
+    to it, and every store arrives once it receives again. It sends a store with the partner's src
+    straight to every spine and to the partner's leaf, as a leaf would (dropped unread), and, after the
+    pair released its group, a store of that group (refused: no live group). Partition 1's sharp
+    allgathers are right, and none of its packets was refused."""
+    from mpi4py import MPI  # the leaf's figure reaches every rank (after the run), so the test fails alike
+
+    nodes, per_node, spines = shape()
+    pair, victims = tenants()
+    partner, stores, size = pair[1], 64, 1 << 16
+    peak = [0]
+    keep = Transport._keep
+
+    def counted(self, dest, requests, buffers):
+        out = keep(self, dest, requests, buffers)
+        if dest == partner:  # what this rank keeps in flight to the partner (its leaf is the rank that matters)
+            peak[0] = max(peak[0], self.pending_bytes_to[dest])
+        return out
+
+    monkeypatch.setattr(Transport, "_keep", counted)
+
+    def main(gpu):
+        n = gpu.config.gpus
+        if gpu.rank not in pair:
+            comm = gpu.partition
+            recv = np.empty(3000 * comm.size, np.float32)
+            for _ in range(2):
+                comm.allgather(np.full(3000, gpu.rank, np.float32), recv, algorithm="sharp")
+                assert np.array_equal(recv, np.repeat(np.array(victims, np.float32), 3000))
+            assert not [slot for slot in gpu._mailbox if "forged" in slot[0]]
+            return "victim"
+        comm = gpu.partition
+        gid = comm.group_id()
+        keys = [(comm.name, "forged", c) for c in range(stores + 1)]
+        outs = [np.empty(size, np.uint8) for _ in keys]
+        for key, out in zip(keys, outs):
+            gpu.post_receive(key, out, None, gid)
+        comm.barrier()
+        if gpu.rank == 0:
+            data = np.full(size, 7, np.uint8)
+            forged = Packet(Kind.MCAST, gpu._keys[0], gpu._keys[victims[0]], 0, size, info=McastInfo(gid, keys[0]))
+            gpu._send(forged, data)
+            for key in keys[1:]:
+                gpu.switch_request(Kind.MCAST, McastInfo(gid, key), data)
+            spine_bound = Packet(Kind.MCAST, gpu._keys[partner], -1, 0, size, info=McastInfo(gid, (comm.name, "x", 0)))
+            for rank in [n + k for k in range(nodes, nodes + spines)] + [n + partner // per_node]:
+                gpu._transport.send(rank, spine_bound, data)
+        else:
+            time.sleep(2.0)  # receives nothing meanwhile
+        for key in keys:
+            gpu.wait_receive(key, None, "the pair's stores", gid)
+        assert all((out == 7).all() for out in outs)
+        assert not [slot for slot in gpu._mailbox if slot[0][1] == "x"]
+        comm.barrier()
+        comm.release_group()
+        if gpu.rank == 0:
+            gpu.switch_request(Kind.MCAST, McastInfo(gid, (comm.name, "late", 0)), np.ones(16, np.uint8))
+            (error,) = refusals(gpu, 1)
+            assert type(error).__name__ == "AccessViolation" and f"no live group {gid}" in str(error)
+        return "pair"
+
+    result = run(main, partitions=tenants(), chunk_bytes=4096, switch_buffer_bytes=1 << 22, timeout_s=60)
+    if result.role == "gpu":
+        assert result.value == ("pair" if result.rank in pair else "victim")
+    most = MPI.COMM_WORLD.allreduce(peak[0], MPI.MAX)
+    assert most <= max(port_share_bytes(config(switch_buffer_bytes=1 << 22)), size), \
+        f"the partner's leaf held {most} bytes in flight to it"
+    assert result.report["ports"][0]["refused"] == 1
+    assert all(result.report["ports"][g]["refused"] == 0 for g in range(1, len(result.report["ports"])))

@@ -60,7 +60,7 @@ def two_level(members: list[int], per_node: int, name: str, op: str, count: int 
 
 def test_sharp_allreduce_across_nodes_is_the_two_level_order_for_every_op_and_dtype():
     """Every op and dtype on the world and on a communicator of one GPU per node (world size 10: one of
-    two per node), twice each, bitwise equal to the oracle both times; sharp's reduce_scatter stays refused
+    two per node), twice each, bitwise equal to the oracle both times; sharp's (rooted) reduce stays refused
     across nodes."""
     _, per_node, _ = shape()
 
@@ -76,8 +76,31 @@ def test_sharp_allreduce_across_nodes_is_the_two_level_order_for_every_op_and_dt
                         comm.allreduce(x, op=op, algorithm="sharp")
                         assert x.tobytes() == want.tobytes(), (comm.size, name, op)
         x = np.ones(64, np.float32)
-        with pytest.raises(UnsupportedOperation, match="'sharp'.*nodes"):
-            gpu.world.reduce_scatter(np.ones(8 * gpu.size, np.float32), np.empty(8, np.float32), algorithm="sharp")
+        with pytest.raises(UnsupportedOperation, match="reduce with 'sharp'.*nodes"):
+            gpu.world.reduce(np.ones(8, np.float32), np.empty(8, np.float32), root=0, algorithm="sharp")
+        return True
+
+    result = run(main, chunk_bytes=4096, timeout_s=120)
+    if result.role == "gpu":
+        assert result.value is True
+
+
+def test_sharp_reduce_scatter_across_nodes_is_the_two_level_order_for_every_op_and_dtype():
+    """Block j reduced as the allreduce's (each leaf its node's members in rank order, the spine the
+    leaves' partials in node order) and sent by the spine to member j's leaf only, by that leaf to
+    member j only: every op and dtype on the world and on one GPU per node, bitwise the oracle's."""
+    _, per_node, _ = shape()
+
+    def main(gpu):
+        rail = gpu.world.split(gpu.rank % per_node)
+        for comm in (gpu.world, rail):
+            members = [comm.members[r] for r in range(comm.size)]
+            lo, hi = blocks(COUNT, comm.size)[comm.rank]
+            for name in DTYPES:
+                for op in OPS:
+                    recv = np.empty(hi - lo, dtype_of(name))
+                    comm.reduce_scatter(contribution(gpu.rank, name, op), recv, op=op, algorithm="sharp")
+                    assert recv.tobytes() == two_level(members, per_node, name, op)[lo:hi].tobytes(), (comm.size, name, op)
         return True
 
     result = run(main, chunk_bytes=4096, timeout_s=120)
@@ -160,30 +183,39 @@ def test_sharp_allgather_and_broadcast_across_nodes_deliver_every_block_for_ever
         assert result.value is True
 
 
-def test_sharp_allgather_and_broadcast_across_nodes_put_exact_bytes_on_both_levels_and_take_the_replayed_time():
-    """One chunk and several per store (chunk c of member p's to spine (p + c) mod P), a broadcast from
-    the first and from the last GPU: every link's payload is cost_nodes.link_bytes' and each call's
-    modeled time, every GPU starting together, cost_nodes.modeled_ns' (the replay) exactly."""
+def test_sharp_reduce_scatter_allgather_and_broadcast_across_nodes_put_exact_bytes_and_take_the_replayed_time():
+    """One chunk and several per block (reduce_scatter: chunk c of every block to spine c mod P, block j's
+    result to member j's leaf only; a float16 partial goes up in float32; allgather, broadcast: chunk c
+    of member p's stores to spine (p + c) mod P), a broadcast from the first and from the last GPU:
+    every link's payload is cost_nodes.link_bytes' and each call's modeled time, every GPU starting
+    together, cost_nodes.modeled_ns' (the replay) exactly."""
     cfg = config(chunk_bytes=1 << 12)
     n = cfg.gpus
-    calls = [("allgather", 4 * n * 256, 0), ("allgather", 4 * n * 3000 + 4 * 3, 0),
-             ("broadcast", 4 * 1000, 0), ("broadcast", 5 * (1 << 12) + 8, n - 1)]
+    calls = [("reduce_scatter", "float32", 4 * n * 256, 0), ("reduce_scatter", "float32", 4 * n * 3000 + 4 * 3, 0),
+             ("reduce_scatter", "float16", 2 * n * 5000, 0),
+             ("allgather", "float32", 4 * n * 256, 0), ("allgather", "float32", 4 * n * 3000 + 4 * 3, 0),
+             ("broadcast", "float32", 4 * 1000, 0), ("broadcast", "float32", 5 * (1 << 12) + 8, n - 1)]
 
     def main(gpu):
         times = []
-        for collective, nbytes, root in calls:
-            count = nbytes // 4
+        for collective, name, nbytes, root in calls:
+            dtype = dtype_of(name)
+            count = nbytes // dtype.itemsize
+            lo, hi = blocks(count, gpu.size)[gpu.rank]
             gpu.world.barrier()  # every member starts at the latest clock, its links idle by then
             start = gpu.now_ns
-            if collective == "allgather":
-                lo, hi = blocks(count, gpu.size)[gpu.rank]
-                recv = np.empty(count, np.float32)
-                gpu.world.allgather(np.arange(lo, hi, dtype=np.float32), recv, algorithm="sharp")
-                assert np.array_equal(recv, np.arange(count, dtype=np.float32))
+            if collective == "reduce_scatter":
+                recv = np.empty(hi - lo, dtype)
+                gpu.world.reduce_scatter(np.ones(count, dtype), recv, algorithm="sharp")
+                assert np.all(recv == gpu.size)
+            elif collective == "allgather":
+                recv = np.empty(count, dtype)
+                gpu.world.allgather(np.arange(lo, hi, dtype=dtype), recv, algorithm="sharp")
+                assert np.array_equal(recv, np.arange(count, dtype=dtype))
             else:
-                x = np.arange(count, dtype=np.float32) if gpu.rank == root else np.zeros(count, np.float32)
+                x = np.arange(count, dtype=dtype) if gpu.rank == root else np.zeros(count, dtype)
                 gpu.world.broadcast(x, root=root, algorithm="sharp")
-                assert np.array_equal(x, np.arange(count, dtype=np.float32))
+                assert np.array_equal(x, np.arange(count, dtype=dtype))
             gpu.world.barrier()
             times.append(gpu.now_ns - start)
         return times
@@ -193,18 +225,22 @@ def test_sharp_allgather_and_broadcast_across_nodes_put_exact_bytes_on_both_leve
         return
     topo = cfg.topology
     expected = dict.fromkeys((link.name for link in topo.links), 0)
-    for (collective, nbytes, root), got in zip(calls, result.value):
-        for link, value in cost_nodes.link_bytes(collective, "sharp", topo, nbytes, 4, root, config=cfg).items():
+    for (collective, name, nbytes, root), got in zip(calls, result.value):
+        item = dtype_of(name).itemsize
+        wide = 4 if name == "float16" else item
+        for link, value in cost_nodes.link_bytes(collective, "sharp", topo, nbytes, item, root, config=cfg,
+                                                 partial_itemsize=wide).items():
             expected[link] += value
-        want = cost_nodes.modeled_ns(collective, "sharp", topo, nbytes, cfg, 4, root)
-        assert got == pytest.approx(want, rel=1e-12, abs=1e-9), (collective, nbytes, root)
+        want = cost_nodes.modeled_ns(collective, "sharp", topo, nbytes, cfg, item, root, partial_itemsize=wide)
+        assert got == pytest.approx(want, rel=1e-12, abs=1e-9), (collective, name, nbytes, root)
     got = {link: result.report["links"].get(link, {}).get("payload_bytes", 0) for link in expected}
     assert got == expected
-    # by hand: every downlink gets every call's S; up each cable, a node's stores once; down, the others'
-    total = sum(nbytes for _, nbytes, _ in calls)
-    assert all(got[link.name] == total for link in topo.links if link.level == "gpu-leaf" and link.direction == "down")
+    # by hand. reduce_scatter: every GPU tx S, rx S / n; up each cable the partials once (float16's in
+    # float32: twice the bytes), down each node only its members' blocks. allgather, broadcast: every
+    # downlink S; up each cable a node's stores once, down the other nodes' stores
+    rs = [(nbytes, 2 if name == "float16" else 1) for c, name, nbytes, _ in calls if c == "reduce_scatter"]
+    mc = [nbytes for c, _, nbytes, _ in calls if c != "reduce_scatter"]
     levels = topo.totals_by_level(got)
-    ag = sum(nbytes for c, nbytes, _ in calls if c == "allgather")
-    bc = total - ag
-    assert levels["leaf-spine"]["up"] == ag + bc
-    assert levels["leaf-spine"]["down"] == (topo.nodes - 1) * (ag + bc)
+    assert levels["gpu-leaf"]["down"] == sum(b for b, _ in rs) + n * sum(mc)
+    assert levels["leaf-spine"]["up"] == topo.nodes * sum(b * w for b, w in rs) + sum(mc)
+    assert levels["leaf-spine"]["down"] == sum(b for b, _ in rs) + (topo.nodes - 1) * sum(mc)

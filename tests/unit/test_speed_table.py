@@ -24,4 +24,5 @@ def test_every_algorithm_the_fabric_runs_gets_a_row():
 def test_several_nodes_offer_what_cost_nodes_covers():
     assert algorithms("allreduce", "superpod-h100-nvlink", 2, 4)[:3] == ["ring", "direct", "sharp"]
     assert "sharp" not in algorithms("allreduce", "superpod-h100-ib", 2, 4)  # its spines do not reduce
-    assert "sharp" not in algorithms("reduce_scatter", "superpod-h100-nvlink", 2, 4)  # allreduce only, so far
+    assert "sharp" in algorithms("reduce_scatter", "superpod-h100-nvlink", 2, 4)  # two-level, and its stores
+    assert "sharp" in algorithms("broadcast", "superpod-h100-nvlink", 2, 4)

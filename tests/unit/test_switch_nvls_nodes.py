@@ -1,7 +1,7 @@
 """nvls's load-reduce through both levels of switches, in one process (fabric.switch, Spanning groups;
 the Fabric of test_switch_spanning): the request's path (the requester's leaf, spine c mod P, the other
-leaves), the partials' combine order, the result to the requester's leaf alone and a header-only
-release to the others, and what the switches refuse or drop."""
+leaves), the partials' combine order, the result to the requester's leaf alone and the notice
+"reduced" to the others, and what the switches refuse or drop."""
 
 import numpy as np
 import pytest
@@ -46,14 +46,14 @@ def test_a_load_reduce_across_nodes_folds_each_node_then_the_nodes_and_returns_t
     wide = {g: buffers[g][8:16].astype(np.float32) for g in range(4)}
     want = ((wide[0] + wide[1]) + (wide[2] + wide[3])).astype(np.float16)  # node 0 in rank order, then node 1
     assert result.payload.view(np.float16).tobytes() == want.tobytes()
-    # each leaf's partial (float32) up to spine 3; the result down to the requester's leaf, a header-only
-    # release to the other, which frees its partial
+    # each leaf's partial (float32) up to spine 3; the result down to the requester's leaf, the notice
+    # "reduced" (a control packet, not on the cable's counters) to the other, which frees its partial
     assert sorted((frm, to, p.kind, p.payload_bytes) for frm, to, p in fabric.hops) == [
-        (0, 3, Kind.REDUCE, 32), (1, 3, Kind.REDUCE, 32), (3, 0, Kind.MCAST, 0), (3, 1, Kind.MCAST, 16)]
+        (0, 3, Kind.REDUCE, 32), (1, 3, Kind.REDUCE, 32), (3, 0, Kind.GROUP, 0), (3, 1, Kind.MCAST, 16)]
     assert all(not leaf._partials and not any(leaf._partial_bytes.values()) for leaf in fabric.switches[:2])
     spine = fabric.switches[3].counters.snapshot()
     header = fabric.config.header_bytes
-    assert spine["sw3->sw0"] == {"payload_bytes": 0, "raw_bytes": 2 * header, "packets": 2, "busy_ns": 0.0}
+    assert spine["sw3->sw0"] == {"payload_bytes": 0, "raw_bytes": header, "packets": 1, "busy_ns": 0.0}  # the request
     assert spine["sw1->sw3"]["raw_bytes"] == header + 32 + header  # the request, then the partial
     assert fabric.switches[2].counters.snapshot() == {}  # spine 2 saw nothing of chunk 1
 

@@ -166,15 +166,13 @@ def test_a_refused_create_of_a_large_group_is_answered_in_a_header_that_decodes(
     assert all(len(s.groups.groups) == n for s, n in zip(fabric.switches, (0, leaf1.group_share, 0)))
 
 
-@pytest.mark.xfail(strict=True, reason="not fixed: a leaf's up clock is per (group, spine), so two spanning "
-                   "groups of the same members each take the members' whole share of the uplink at once (the "
-                   "share should be booked once per member, shared by its groups and its other traffic "
-                   "across nodes; fabric.replay replays the same per-group clocks). Only the members' own "
-                   "partition gains: other partitions' shares are apart")
 def test_two_groups_of_the_same_members_share_their_uplink_share():
     """GPU 0 and 2 in two groups; each pushes one 64 KiB chunk of each group at t = 0. Node 0's two
     partials cross the same share of its uplink to the spine: the second must end a chunk's time
-    after the first, not with it."""
+    after the first, not with it. Found in review: a leaf's up clock was per (group, spine), so two
+    spanning groups of the same members each took the members' whole share at once; now each member's
+    part of a partial takes that member's share (U / (G P), shared by all its groups and its multicast
+    stores), booked in its packet order (fabric.replay replays the same clocks)."""
     fabric = Fabric(nvlink(spines=1))
     g1, g2 = fabric.group((0, 2), "a"), fabric.group((0, 2), "b")
     data = np.ones(16384, np.float32)
@@ -184,3 +182,59 @@ def test_two_groups_of_the_same_members_share_their_uplink_share():
         ends.append(up.packet.t_end)
     share = fabric.switches[0].topology.share_gbytes_per_s  # GB/s = bytes/ns, the group's m x U / (G P), m = 1
     assert ends[1] - ends[0] >= data.nbytes / share * 0.99, ends
+
+
+def _store(g, gid, key, nbytes=16):
+    return Packet(Kind.MCAST, 0, -1, 0, nbytes, info=McastInfo(gid, tuple(key)), t_start=0.0, t_end=0.0)
+
+
+def test_a_store_goes_only_to_members_and_each_switch_takes_one_only_from_where_it_may_come():
+    """Multicast stores across nodes (fabric.switch, Spanning groups). Group (0, 2) spans nodes 0 and 1 of
+    three: a member's store reaches GPUs 0 and 2 and no other, whatever dst it names, through spine
+    (p + c) mod P; a key without a chunk number is refused at the leaf. A spine takes a store only from
+    a leaf of the group's nodes and for a member in that leaf's node; a leaf only for a group that spans
+    it, from a member of another node (anything else is a switch's bug: AccessViolation at a spine,
+    ProtocolError at a leaf, which end the run)."""
+    fabric = Fabric(nvlink(nodes=3, spines=2))
+    gid = fabric.group((0, 2))
+    leaf0, leaf1, leaf2, spine3 = fabric.switches[:4]
+    data = np.arange(16, dtype=np.uint8)
+    for c in range(2):
+        forged = _store(0, gid, ("c", 0, c)).but(dst=leaf0.route_key(1))  # dst: a non-member (ignored)
+        fabric.hops.clear()
+        sends = fabric.gpu(0, forged, data)
+        assert sorted(s.port for s in sends) == [0, 2] and all(s.payload.tolist() == data.tolist() for s in sends)
+        assert [(frm, to) for frm, to, _ in fabric.hops] == [(0, 3 + c), (3 + c, 1)]  # member 0, chunk c: spine c
+    (nack,) = fabric.gpu(0, _store(0, gid, ("c", 0, "x")), data)
+    assert nack.packet.info.error == "ProtocolError" and "not a chunk number" in nack.packet.info.message
+    up = lambda g: Packet(Kind.MCAST, leaf0.route_key(g), -1, 0, 16, info=McastInfo(gid, ("c", 1, 0)))
+    with pytest.raises(AccessViolation, match="spine 3: .*leaf 2 is no leaf of the group's nodes"):
+        spine3.on_switch(2, up(4), data)
+    for g in (2, 1):  # a member of another node's, a non-member of this node's
+        with pytest.raises(AccessViolation, match="spine 3: .*not a member of the group in node 0"):
+            spine3.on_switch(0, up(g), data)
+    with pytest.raises(ProtocolError, match="switch 2: a store of group .*no group spanning this leaf"):
+        leaf2.on_switch(3, up(0), data)
+    with pytest.raises(ProtocolError, match="switch 1: a store .*not a member of another node"):
+        leaf1.on_switch(3, up(2), data)
+    assert all(s.refused == [0] * 6 for s in fabric.switches[:3] if s is not leaf0)
+
+
+def test_a_store_crossing_its_group_s_release_is_dropped_and_a_later_one_refused():
+    """A store on its way up when its group is released is dropped at the spine, one on its way down at
+    the leaf (whose members it was for stay known, so that ranks/switch returns the credit it took);
+    a member's store after the release is refused at its leaf (AccessViolation: no live group)."""
+    fabric = Fabric(nvlink(spines=1))
+    gid = fabric.group((0, 2))
+    leaf0, leaf1, spine = fabric.switches
+    data = np.ones(16, np.uint8)
+    *local, up = leaf0.on_packet(0, _store(0, gid, ("c", 0, 0)), data)
+    assert [s.port for s in local] == [0] and up.switch == 2
+    (down,) = spine.on_switch(0, up.packet, up.payload)  # a second store, held on its way down
+    *_, up2 = leaf0.on_packet(0, _store(0, gid, ("c", 0, 1)), data)
+    assert fabric.call(0, "release", gid) == {"group": gid}
+    assert spine.on_switch(0, up2.packet, up2.payload) == [] and spine.late_stores == 1
+    assert leaf1.on_switch(2, down.packet, down.payload) == []
+    assert leaf1.store_targets(gid) == (2,)
+    (nack,) = fabric.gpu(0, _store(0, gid, ("c", 0, 2)), data)
+    assert nack.packet.info.error == "AccessViolation" and f"no live group {gid}" in nack.packet.info.message
