@@ -193,3 +193,28 @@ def test_a_store_dropped_at_a_spine_gives_its_credit_back():
     fabric.pump()
     assert not leaf1._congested(3, message), f"GPU 3's 64-byte message to GPU 0 is held: " \
                                              f"{leaf1._credit_used[0]} bytes of credit never came back"
+
+
+@pytest.mark.xfail(strict=True, reason="not fixed: the requester's leaf refuses a second load-reduce of a result key "
+                   "awaited already, not one of a slot awaited already under another key; every member files a "
+                   "LOAD by (group, bound buffer, slot) (ranks/gpu.py, _loads) and keeps the later one, so the "
+                   "honest requester's result never comes (its reduce_scatter ends in FabricTimeout)")
+def test_a_member_cannot_load_reduce_another_requester_s_slot_under_its_own_key():
+    """Group (0, 1, 2, 3); GPU 3 asks for slot (0, 3, 0) - its block 3, chunk 0, as nvls.py names it -
+    under its result key. GPU 0 then asks for the same slot under a key of its own. Each request has its
+    own leaf (leaf 1, leaf 0), so no leaf's table of load-reduces sees both; both are passed on, and
+    every member gets two LOADs that its program cannot tell apart: it serves one."""
+    fabric = Fabric(nvlink(spines=2))
+    gid = fabric.group((0, 1, 2, 3))
+
+    def ask(g, key):
+        info = LoadInfo(gid, (0, 3, 0), "sum", "float32", (g,), ("c", *key), ("c", "src"))
+        return fabric.gpu(g, Packet(Kind.LOAD_REDUCE, 0, -1, 0, 64, req=3, info=info))
+
+    honest = ask(3, ("r", 3))
+    assert sorted(s.port for s in honest) == [0, 1, 2, 3]
+    hostile = ask(0, ("x", 0))
+    filed = {(s.port, s.packet.info.group, s.packet.info.source, s.packet.info.slot)
+             for s in honest + hostile if s.packet.kind is Kind.LOAD}
+    assert len(filed) == len([s for s in honest + hostile if s.packet.kind is Kind.LOAD]), \
+        "members got two LOADs of one (group, buffer, slot): one of them is lost"
