@@ -379,7 +379,7 @@ def nvls_link_bytes(collective: str, topo: Topology, S: int, config, itemsize: i
     """Exact payload bytes of ranks/collectives/nvls.py's reduce_scatter (S: the input's bytes) or
     allreduce by every GPU of `topo` (N nodes of G GPUs, P spines), every link; S_g = GPU g's block.
     Load-reduce: GPU g's uplink S (its answers to the LOADs of every block), its downlink S_g (its
-    block's results); leaf a -> spine i the partials of chunk c of every block for c mod P = i, at
+    block's results); leaf a -> spine i the partials of chunk c of every block j for (j + c) mod P = i, at
     partial_itemsize bytes an element (4 for float16/bfloat16; default itemsize): S x wide / itemsize
     over the spines (S / P each for equal sets); spine i -> leaf a the results of those chunks of node
     a's G blocks (S / (N P) for equal sets). Allreduce adds the multicast stores of the reduced
@@ -399,7 +399,7 @@ def nvls_link_bytes(collective: str, topo: Topology, S: int, config, itemsize: i
     for j, span in enumerate(spans):
         a = j // G
         for c, (lo, hi) in enumerate(span):
-            b, i = (hi - lo) * itemsize, N + c % P
+            b, i = (hi - lo) * itemsize, N + (j + c) % P  # the slot (j, c, j + c)
             for k in range(N):  # every leaf's partial up; the result down to the requester's leaf
                 out[f"sw{k}->sw{i}"] += (hi - lo) * wide
             out[f"sw{i}->sw{a}"] += b

@@ -427,10 +427,13 @@ def nvls_streams(n: int, nodes: int, fabric_nodes: int, dtype) -> int:
     / the dtype's) x ceil(fabric_nodes / (n - 1)), so that each leaf's partials awaiting their result or
     notice (n requesters' windows, twice: a notice may trail the next request) fit its buffer share /
     fabric_nodes (fabric.switch, Spanning groups)."""
-    if nodes == 1:
-        return n
     wide = switch_accumulator(np.dtype(dtype)).itemsize // np.dtype(dtype).itemsize
-    return 2 * n * wide * -(-fabric_nodes // max(1, n - 1))
+    return _nvls_streams(n, nodes, fabric_nodes, wide)
+
+
+def _nvls_streams(n: int, nodes: int, fabric_nodes: int, wide: int) -> int:
+    """nvls_streams for a partial `wide` times as wide as an element."""
+    return n if nodes == 1 else 2 * n * wide * -(-fabric_nodes // max(1, n - 1))
 
 
 def nvls_chunks(topo: Topology, count: int, config, itemsize: int, partial_itemsize: int | None = None):
@@ -438,7 +441,7 @@ def nvls_chunks(topo: Topology, count: int, config, itemsize: int, partial_items
     pipeline chunks nvls.py sends (elements, ranges): nvls_chunk_bytes shrunk as Call.in_switch_window does."""
     n = topo.gpus
     wide = (partial_itemsize or itemsize) // itemsize
-    streams = n if topo.nodes == 1 else 2 * n * wide * -(-config.nodes // max(1, n - 1))  # nvls_streams
+    streams = _nvls_streams(n, topo.nodes, config.nodes, wide)
     chunk = in_switch_chunk(config, n, streams, 2, config.nvls_chunk_bytes, itemsize) // itemsize
     return [chunks(a, b, chunk) for a, b in blocks(count, n)]
 
@@ -448,11 +451,11 @@ def nvls_ns(collective: str, topo: Topology, count: int, config, itemsize: int =
     """Modeled ns of ranks/collectives/nvls.py's reduce_scatter (count: the input's elements) or allreduce
     by every GPU of `topo` (several nodes), all starting at 0, as the ranks and fabric.switch book it:
     every GPU books a header-only request per chunk of its block on its uplink at the start (+ a); its
-    leaf (+ s) sends header-only LOADs to its members and the request to spine c mod P (+ u), which
+    leaf (+ s) sends header-only LOADs to its members and the request to spine (j + c) mod P (+ u), which
     passes it (+ s + u) to the other leaves (+ s), which load theirs. Each GPU works in rounds c, in
     program order: it serves chunk c of every block - each LOAD booked on its downlink (+ a), its answer
     on its uplink from then (+ a), its part of its node's partial (1/G of it) on its share of the
-    node's uplink to spine c mod P once through the engine (+ s + its latency) -, takes back its result
+    node's uplink to spine (j + c) mod P (block j) once through the engine (+ s + its latency) -, takes back its result
     of chunk c - 1 (downlink, + a) and (allreduce) multicast-stores it at once (on that same share, to
     spine (r + c) mod P), then takes in every member's store of chunk c - 2. A leaf's engine reduces a
     slot once its members' answers are in (+ s); the partial (partial_itemsize bytes an element) is at
@@ -521,8 +524,8 @@ def nvls_ns(collective: str, topo: Topology, count: int, config, itemsize: int =
                     _, end = gpu.downlink.book(ready, ready, header)
                     at = end + gpu.downlink.latency_ns
                     a, b = answers[(gpu.index, j)] = gpu.uplink.send(at, at, raw((hi - lo) * itemsize))
-                    # my part of my node's partial, on my share to spine c mod P, once through the engine
-                    parts[(gpu.index, j)] = mine[(gpu.index, c % P)].send(a + s + rl, b + s + rl,
+                    # my part of my node's partial, on my share to spine (j + c) mod P, once through the engine
+                    parts[(gpu.index, j)] = mine[(gpu.index, (j + c) % P)].send(a + s + rl, b + s + rl,
                                                                           raw((hi - lo) * wide) / G)
             if c:
                 take_back(gpu, c - 1)
@@ -531,7 +534,7 @@ def nvls_ns(collective: str, topo: Topology, count: int, config, itemsize: int =
             if c >= len(spans[j]):
                 continue
             lo, hi = spans[j][c]
-            r, w, i = raw((hi - lo) * itemsize), raw((hi - lo) * wide), c % P
+            r, w, i = raw((hi - lo) * itemsize), raw((hi - lo) * wide), (j + c) % P
             partials = []
             for k in range(N):  # at the spine once the engine's result (+ u) and every member's part are
                 node = [answers[(g, j)] for g in range(k * G, (k + 1) * G)]

@@ -67,21 +67,22 @@ Members' stores reach a leaf or a spine in the host's order, so no clock is shar
 that keeps modeled time a function of the programs (fabric.replay.sharp_mcast_ns replays it). A
 store crossing its group's release is dropped; the leaves' credits bound the copies in flight to a
 member of another node (ranks/switch.py).
-*Load-reduce* (nvls): a member's LOAD_REDUCE of slot (seq, r, c), its result for itself alone (dest
-(ingress,), else refused), goes to its leaf, which sends header-only LOADs to its members and the
-request, header-only (src: the requester), to spine c mod P (_load_reduce_across); the spine passes it
-on to the group's other leaves (_load_reduce_on: only from a leaf of the group's nodes, for a requester
-of that node), each of which LOADs its members (_loads_asked). The members' REDUCE answers make each
-leaf's partial as above (slot[-1] = c: spine c mod P); the spine's result goes down to the requester's
-leaf alone, and the notice "reduced" (a control packet) to each other leaf, which frees its partial's
-share there, as for sharp's reduce_scatter (so every leaf's partials in flight stay bounded). Time: the requests cross the
-cables at their latency (header-only, booked on no share: they reach a leaf in the host's order), a
-LOAD is ready a switch traversal after the request reaches its leaf; partials (each member's part on
-its share, as its answer comes) and results are booked as above, in the order (chunk, block)
-the members' programs serve the LOADs (fabric.replay.nvls_ns replays it). A request crossing its
-group's release is dropped at the spine or the leaf. In flight: the requester's leaf keeps at most
-partial_share_parts of a partition's load-reduces awaiting their result (each costs a LOAD to every
-member), one per result key.
+*Load-reduce* (nvls): a member's LOAD_REDUCE of slot (seq, r, c, r + c), its result for itself alone
+(dest (ingress,), else refused), goes to its leaf, which sends header-only LOADs to its members and
+the request, header-only (src: the requester), to spine slot[-1] mod P (_load_reduce_across;
+nvls.py: (r + c)); the spine passes it on to the group's other leaves (_load_reduce_on: only from a
+leaf of the group's nodes, for a requester of that node), each of which LOADs its members
+(_loads_asked). The members' REDUCE answers make each leaf's partial as above (to the same spine);
+the spine's result goes down to the requester's leaf alone, and the notice "reduced" (a control
+packet) to each other leaf, which frees its partial's share there, as for sharp's reduce_scatter (so
+every leaf's partials in flight stay bounded). Time: the requests cross the cables at their latency
+(header-only, booked on no share: they reach a leaf in the host's order), a LOAD is ready a switch
+traversal after the request reaches its leaf; partials (each member's part on its share, as its
+answer comes) and results are booked as above, in the order (chunk, block) the members' programs
+serve the LOADs (fabric.replay.nvls_ns replays it). A request crossing its group's release is
+dropped at the spine or the leaf. In flight: the requester's leaf keeps at most partial_share_parts
+of a partition's load-reduces awaiting their result (each costs a LOAD to every member), one per
+result key.
 """
 
 import math
@@ -1143,7 +1144,6 @@ class SpineLogic:
         if info.action in ("spanned", "refused") and first:  # a leaf's answer, on to the creator leaf
             return [Send(-1, packet, switch=creator)]
         raise ProtocolError(f"{here}: GROUP {info.action!r} from leaf {leaf}")
-
 
     def _load_reduce_on(self, leaf: int, packet: Packet) -> list[Send]:
         """A requester's leaf's LOAD_REDUCE (header-only), on to the group's other leaves, each of which

@@ -14,22 +14,24 @@ chunk of my block on my uplink, a LOAD per chunk of every block on my downlink; 
 those of fabric.cost.nvls_raw_bytes. Modeled time: fabric.cost.modeled_ns.
 Combine order: members 0, 1, ..., N-1, in the switch's accumulator, as in `sharp`.
 
-Across nodes (spines that reduce and multicast: fabric.switch, Spanning groups), as NCCL runs NVLS when
-the NVLink domain spans nodes: my LOAD_REDUCE of chunk c of my block goes to my leaf, which sends
-header-only LOADs to its members (rank order) and the request, header-only, to spine c mod P; the
-spine passes it to the group's other leaves, which LOAD theirs. Each leaf folds its members' answers
-(rank order, in the accumulator: float32 for float16/bfloat16) into a partial for spine c mod P; the
-spine folds the partials in node order, finishes (rounds once; avg divides once, by N) and sends the
-result to my leaf, which returns it to me, and the notice "reduced" (a control packet) to every other
-leaf (which frees its partial). Allreduce then multicast-stores each reduced chunk through both levels as sharp's
-allgather does (spine (r + c) mod P). Per GPU link payload as on one node. Leaf -> spine i carries the
-partials of chunk c of every block for c mod P = i (S / P for equal sets; a 16-bit float's partial is
-float32, twice the bytes), spine i -> leaf a the results of node a's blocks (G S / (N P)); allreduce
-adds its stores (G S / N up from each leaf, (N - G) S / N down to each, over the spines; G GPUs a node). Header-only
-packets, header_bytes raw each, per chunk of GPU j's block: j's request on its uplink, a LOAD down every
-member's downlink, the request leaf -> spine and spine -> each other leaf. fabric.cost_nodes.nvls_link_bytes has every link exactly; modeled time fabric.replay.nvls_ns.
-The window (streams) keeps each leaf's partials without their result or notice within its buffer
-share / nodes, a 16-bit float's partial counting twice.
+Across nodes (spines that reduce and multicast: fabric.switch, Spanning groups), as NCCL runs NVLS
+when the NVLink domain spans nodes: my LOAD_REDUCE of chunk c of my block goes to my leaf, which
+sends header-only LOADs to its members (rank order) and the request, header-only, to spine (r + c)
+mod P (slot (r, c, r + c): blocks of one chunk each share the spines out, as sharp's
+reduce_scatter); the spine passes it to the group's other leaves, which LOAD theirs. Each leaf folds
+its members' answers (rank order, in the accumulator: float32 for float16/bfloat16) into a partial
+for that spine; the spine folds the partials in node order, finishes (rounds once; avg divides once,
+by N) and sends the result to my leaf, which returns it to me, and the notice "reduced" (a control
+packet) to every other leaf (which frees its partial). Allreduce then multicast-stores each reduced
+chunk through both levels as sharp's allgather does (spine (r + c) mod P). Per GPU link payload as
+on one node. Leaf -> spine i carries the partials of chunk c of every block j for (j + c) mod P = i
+(S / P for equal sets; a 16-bit float's partial is float32, twice the bytes), spine i -> leaf a the
+results of node a's blocks (G S / (N P)); allreduce adds its stores (G S / N up from each leaf,
+(N - G) S / N down to each, over the spines; G GPUs a node). Header-only packets, header_bytes raw each,
+per chunk of GPU j's block: j's request on its uplink, a LOAD down every member's downlink, the
+request leaf -> spine and spine -> each other leaf. fabric.cost_nodes.nvls_link_bytes has every link
+exactly; modeled time fabric.replay.nvls_ns. The window (streams) keeps each leaf's partials without
+their result or notice within its buffer share / nodes, a 16-bit float's partial counting twice.
 
 Schedule, in rounds c = 0, 1, ...: answer the switch's loads of chunk c of every member's block
 (member order), then take back my reduced chunk c - 1, multicast it, and take in every member's
@@ -71,7 +73,7 @@ def _run(call, source: np.ndarray, reduced: np.ndarray, out: np.ndarray | None) 
 
     def request(c):
         lo, hi = own[c]
-        call.load_reduce((r, c), SOURCE, lo * item, (hi - lo) * item, (LR, r, c), stamps[c])
+        call.load_reduce((r, c, r + c), SOURCE, lo * item, (hi - lo) * item, (LR, r, c), stamps[c])
         call.post((LR, r, c), reduced[lo - base:hi - base])
 
     def take_back(c):
@@ -100,7 +102,7 @@ def _run(call, source: np.ndarray, reduced: np.ndarray, out: np.ndarray | None) 
     for c in range(rounds):
         for j, span in enumerate(spans):
             if c < len(span):
-                call.serve_load(SOURCE, (j, c), j)
+                call.serve_load(SOURCE, (j, c, j + c), j)  # its last entry picks the spine
         if c:
             take_back(c - 1)
             gather(c - 2)  # a round behind: waiting for them must not hold back my next multicast

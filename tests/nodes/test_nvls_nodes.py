@@ -24,7 +24,7 @@ COUNT = 4000 + 7  # elements: blocks of several 1 KiB chunks (the last one short
 def test_nvls_across_nodes_is_the_two_level_order_for_every_op_and_dtype():
     """reduce_scatter and allreduce, every op and dtype, on the world and on a communicator of one GPU per
     node, twice each, bitwise equal to the oracle (its block for reduce_scatter) every time: chunk c of
-    every block load-reduced through spine c mod P, allreduce's reduced chunks multicast back."""
+    of block j load-reduced through spine (j + c) mod P, allreduce's reduced chunks multicast back."""
     _, per_node, _ = shape()
 
     def main(gpu):
@@ -113,14 +113,17 @@ def test_nvls_across_nodes_puts_exact_bytes_on_both_levels_and_takes_the_replaye
     links = result.report["links"]
     got = {link: links.get(link, {}).get("payload_bytes", 0) for link in expected}
     assert got == expected
-    # by hand for the first call (4 KiB of float32, one chunk a block at spine 0): every uplink S, every
-    # downlink its block; each leaf -> spine 0 S, spine 0 -> each leaf its G blocks
+    # by hand for the first call (4 KiB of float32, one chunk a block, block j's at spine j mod P): every
+    # uplink S, every downlink its block; each leaf -> spine i the blocks j = i mod P, spine i -> leaf k
+    # those of them that are node k's
     first = cost_nodes.link_bytes("reduce_scatter", "nvls", topo, 4096, 4, config=cfg)
-    assert all(first[f"gpu{g}->sw{g // topo.gpus_per_node}"] == 4096 for g in range(topo.gpus))
-    assert [first[f"sw{k}->sw{N}"] for k in range(N)] == [4096] * N
-    G, parts = topo.gpus_per_node, blocks(1024, topo.gpus)
-    assert [first[f"sw{N}->sw{k}"] for k in range(N)] == [sum(4 * (b - a) for a, b in parts[k * G:(k + 1) * G])
-                                                          for k in range(N)]
+    G, P, parts = topo.gpus_per_node, topo.spines, [4 * (b - a) for a, b in blocks(1024, topo.gpus)]
+    assert all(first[f"gpu{g}->sw{g // G}"] == 4096 and first[f"sw{g // G}->gpu{g}"] == parts[g] for g in range(topo.gpus))
+    for i in range(P):
+        mine = [j for j in range(topo.gpus) if j % P == i]
+        assert [first[f"sw{k}->sw{N + i}"] for k in range(N)] == [sum(parts[j] for j in mine)] * N
+        assert [first[f"sw{N + i}->sw{k}"] for k in range(N)] == [sum(parts[j] for j in mine if j // G == k)
+                                                                  for k in range(N)]
     for collective, name, nbytes in calls[5:]:  # sharp's stores: each chunk up once, down to the N - 1 others
         stores, _ = cost_nodes.replay.sharp_stores(collective, topo, nbytes // 4, cfg.chunk_bytes // 4, 4, 1)
         want_packets += sum(N * segments(b, cfg.mtu_bytes) for sent in stores.values() for _, b, _ in sent)

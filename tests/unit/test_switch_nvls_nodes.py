@@ -1,5 +1,5 @@
 """nvls's load-reduce through both levels of switches, in one process (fabric.switch, Spanning groups;
-the Fabric of test_switch_spanning): the request's path (the requester's leaf, spine c mod P, the other
+the Fabric of test_switch_spanning): the request's path (the requester's leaf, spine slot[-1] mod P, the other
 leaves), the partials' combine order, the result to the requester's leaf alone and the notice
 "reduced" to the others, and what the switches refuse or drop."""
 
