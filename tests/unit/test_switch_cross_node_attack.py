@@ -203,7 +203,7 @@ def test_a_store_dropped_at_a_spine_gives_its_credit_back():
                    "LOAD by (group, bound buffer, slot) (ranks/gpu.py, _loads) and keeps the later one, so the "
                    "honest requester's result never comes (its reduce_scatter ends in FabricTimeout)")
 def test_a_member_cannot_load_reduce_another_requester_s_slot_under_its_own_key():
-    """Group (0, 1, 2, 3); GPU 3 asks for slot (0, 3, 0) - its block 3, chunk 0, as nvls.py names it -
+    """Group (0, 1, 2, 3); GPU 3 asks for slot (0, 3, 0, 3) - its block 3, chunk 0, as nvls.py names it (seq, r, c, r + c) -
     under its result key. GPU 0 then asks for the same slot under a key of its own. Each request has its
     own leaf (leaf 1, leaf 0), so no leaf's table of load-reduces sees both; both are passed on, and
     every member gets two LOADs that its program cannot tell apart: it serves one."""
@@ -211,7 +211,7 @@ def test_a_member_cannot_load_reduce_another_requester_s_slot_under_its_own_key(
     gid = fabric.group((0, 1, 2, 3))
 
     def ask(g, key):
-        info = LoadInfo(gid, (0, 3, 0), "sum", "float32", (g,), ("c", *key), ("c", "src"))
+        info = LoadInfo(gid, (0, 3, 0, 3), "sum", "float32", (g,), ("c", *key), ("c", "src"))
         return fabric.gpu(g, Packet(Kind.LOAD_REDUCE, 0, -1, 0, 64, req=3, info=info))
 
     honest = ask(3, ("r", 3))
