@@ -204,9 +204,9 @@ def test_a_store_dropped_at_a_spine_gives_its_credit_back():
                    "honest requester's result never comes (its reduce_scatter ends in FabricTimeout)")
 def test_a_member_cannot_load_reduce_another_requester_s_slot_under_its_own_key():
     """Group (0, 1, 2, 3); GPU 3 asks for slot (0, 3, 0, 3) - its block 3, chunk 0, as nvls.py names it
-    (seq, r, c, r + c) - under its result key. GPU 0 then asks for the same slot under a key of its own. Each request has its
-    own leaf (leaf 1, leaf 0), so no leaf's table of load-reduces sees both; both are passed on, and
-    every member gets two LOADs that its program cannot tell apart: it serves one."""
+    (seq, r, c, r + c) - under its result key. GPU 0 then asks for the same slot under a key of its own.
+    Each request has its own leaf (leaf 1, leaf 0), so no leaf's table of load-reduces sees both; both
+    are passed on, and every member gets two LOADs that its program cannot tell apart: it serves one."""
     fabric = Fabric(nvlink(spines=2))
     gid = fabric.group((0, 1, 2, 3))
 
