@@ -24,10 +24,12 @@ count bytes (fabric.topology, Shares).
 in every switch it spans: the leaf of each of its nodes (its inputs: the node's members, in communicator
 rank order) and every spine (its inputs: the leaves of its nodes, in node order). Created by its first
 member at that GPU's leaf (the *creator* leaf; id = k x nodes + the leaf's index, so ids never collide
-between leaves), which sends the group to every spine and, through the first spine, to the group's other
-leaves; each checks its own 128-group limit (its partition's share) and answers, and the create is
-answered only once every switch took the group (else it is undone everywhere and refused with the
-switches' errors). Bound by each member at its own leaf; released by the creator leaf for all. A leaf
+between leaves), which sends the group to every spine and, once every spine took it, through the first
+spine to the group's other leaves (in two phases: a member can bind the group at its own leaf, and use
+it, only once every spine holds it, whatever order the switches read each other's packets in); each
+checks its own 128-group limit (its partition's share) and answers, and the create is answered only
+once every switch took the group (else it is undone everywhere and refused with the switches' errors;
+a switch that refused it drops its late traffic as a released group's). Bound by each member at its own leaf; released by the creator leaf for all. A leaf
 takes contributions only from its own members; once every local member's chunk is in, it reduces them
 (accumulator: float32 for float16/bfloat16, unfinished) and sends the *partial* to spine slot[-1] mod P
 (allreduce: chunk c to spine c mod P; reduce_scatter: slot (j, c, j + c), chunk c of block j to spine (j
@@ -592,6 +594,12 @@ class SwitchLogic:
         if not info.slot:
             raise ProtocolError(f"LOAD_REDUCE from GPU {ingress}: group {info.group} spans nodes, and its slot [] "
                                 f"names no chunk (the last entry picks the spine)")
+        rank = group.members.index(ingress)
+        if len(info.slot) < 2 or info.slot[1] != rank:
+            # the slot names its requester (nvls.py: (seq, r, c, r + c)): every member files the LOADs of a
+            # slot under the slot alone, so another member's request of it would take over its answer
+            raise AccessViolation(f"LOAD_REDUCE from GPU {ingress}: group {info.group} slot {list(info.slot)}: a "
+                                  f"load-reduce across nodes names its requester's rank {rank} second in its slot")
         if (info.group, info.key) in self._asked:
             raise CollectiveMismatch(f"LOAD_REDUCE from GPU {ingress}: group {info.group} slot {list(info.slot)}: "
                                      f"result key {list(info.key)} is awaited already")
@@ -662,11 +670,12 @@ class SwitchLogic:
             return self._loads_asked(spine, packet)
         if kind is not Kind.GROUP:
             raise ProtocolError(f"{here}: {kind.name} from spine {spine} is no spanning group's traffic")
-        if info.action == "span":  # a group another leaf created: this node's copy
+        if info.action == "span":  # a group another leaf created, held by every spine already: this node's copy
             try:
                 self._take_span(info)
                 answer = GroupInfo("spanned", info.group, (), "")
             except FabricError as exc:
+                _seen(self._seen, self.topology.nodes, info.group)  # what comes for it is dropped, as if released
                 answer = GroupInfo("refused", info.group, (), _why(exc))
             return [Send(-1, Packet(Kind.GROUP, -1, -1, req=self.switch, info=answer), switch=spine)]
         if info.action == "unspan":
@@ -802,7 +811,8 @@ class SwitchLogic:
         self.groups.create(info.members, ingress, info.name, partition, group_id=gid, inputs=local, stage="leaf")
         _seen(self._seen, topology.nodes, gid)
         spines = range(topology.nodes, topology.nodes + topology.spines)
-        self._spanning[gid] = [ingress, packet.req, {*spines, *(n for n in nodes if n != self.switch)}, [], []]
+        # phase 1 the spines; phase 2, once they all took it, the other leaves (module docstring)
+        self._spanning[gid] = [ingress, packet.req, set(spines), [], [], [n for n in nodes if n != self.switch]]
         span = Packet(Kind.GROUP, -1, -1, req=self.switch, info=GroupInfo("span", gid, info.members, info.name))
         return [Send(-1, span, switch=spine) for spine in spines]
 
@@ -812,11 +822,17 @@ class SwitchLogic:
         if pending is None or switch not in pending[2]:
             raise ProtocolError(f"switch {self.switch}: switch {switch} answered {info.action} for group {info.group}, "
                                 f"which it was not asked to hold")
-        ingress, req, waiting, errors, took = pending
+        ingress, req, waiting, errors, took, leaves = pending
         waiting.discard(switch)
         (errors.append(info.name) if info.action == "refused" else took.append(switch))
         if waiting:
             return []
+        if leaves and not errors:  # every spine holds it: now the other leaves, through the first spine
+            waiting.update(leaves)
+            leaves.clear()
+            group = self.groups.groups[info.group]
+            spread = GroupInfo("spread", info.group, group.members, group.name)
+            return [Send(-1, Packet(Kind.GROUP, -1, -1, req=self.switch, info=spread), switch=self.topology.nodes)]
         del self._spanning[info.group]
         sends = []
         if errors:
@@ -1029,10 +1045,24 @@ class SpineLogic:
         # of that node's uplink from this spine; stores of a released group dropped on their way
         self._store_down: dict[tuple[int, int, int], LinkEnd] = {}
         self.late_stores = 0
+        # the members of released spanning groups (the most recent GONE_KEPT): a store dropped here took
+        # credit at its sender's leaf for each member of another node, which this spine returns
+        self._gone: dict[int, tuple[int, ...]] = {}
+        self._key_of = list(addresses)
 
     def gpu_of_key(self, key: int) -> int | None:
         """The GPU whose routing key `key` is, or None."""
         return self._gpu_of.get(key)
+
+    def route_key(self, gpu: int) -> int:
+        """GPU `gpu`'s routing key (its network address; classic mode: its index)."""
+        return self._key_of[gpu]
+
+    def dropped_store_ports(self, gid: int, sender: int) -> tuple[int, ...]:
+        """The members outside GPU `sender`'s node of released group `gid` (if this spine still knows it):
+        the ports whose credit a store of `sender` dropped here took at its leaf."""
+        per_node = self.config.gpus_per_node
+        return tuple(g for g in self._gone.get(gid, ()) if g // per_node != sender // per_node)
 
     def on_packet(self, leaf: int, packet: Packet, payload: np.ndarray | None = None) -> Send:
         """The Send (towards GPU `port`, by its leaf) of `packet` that leaf switch `leaf` sent up."""
@@ -1112,7 +1142,6 @@ class SpineLogic:
             raise ProtocolError(f"{here}: {kind.name} from leaf {leaf} is no spanning group's traffic")
         creator = info.group % nodes
         if info.action == "span":
-            others = sorted({g // self.config.gpus_per_node for g in info.members} - {leaf})
             try:
                 partition = self.config.partition_of(info.members[0])
                 if self.groups.count_in(partition) >= self.group_share:
@@ -1125,13 +1154,18 @@ class SpineLogic:
                 _seen(self._seen, nodes, info.group)
                 answer = GroupInfo("spanned", info.group, (), "")
             except FabricError as exc:
+                _seen(self._seen, nodes, info.group)  # what comes for it is dropped, as if released
                 answer = GroupInfo("refused", info.group, (), _why(exc))
-            sends = [Send(-1, Packet(Kind.GROUP, -1, -1, req=self.switch, info=answer), switch=leaf)]
-            if first:
-                sends += [Send(-1, packet, switch=node) for node in others]
-            return sends
+            return [Send(-1, Packet(Kind.GROUP, -1, -1, req=self.switch, info=answer), switch=leaf)]
+        if info.action == "spread" and first:  # every spine took the creator leaf's group: on to its other leaves
+            others = sorted({g // self.config.gpus_per_node for g in info.members} - {leaf})
+            span = packet.but(info=GroupInfo("span", info.group, info.members, info.name))
+            return [Send(-1, span, switch=node) for node in others]
         if info.action == "unspan":
             if info.group in self.groups.groups:
+                self._gone[info.group] = self.groups.groups[info.group].members
+                if len(self._gone) > GONE_KEPT:
+                    del self._gone[next(iter(self._gone))]
                 self.groups.release(info.group, self.groups.groups[info.group].inputs[0])
             for key in [k for k in self._down if k[0] == info.group]:
                 del self._down[key]

@@ -305,6 +305,13 @@ class SwitchRank:
             sends = self.logic.on_switch(peer, packet, payload)
             if self.trace is not None and packet.kind.counted:
                 self._record("rx", f"sw{peer}->sw{self.index}", packet, origin)
+            if store and self.spine and not sends:  # dropped here (its group was released on the way): the
+                # credit its leaf took for each member of the other nodes comes back from here
+                charge = self._charge(packet.payload_bytes)
+                for port in self.logic.dropped_store_ports(packet.info.group, origin):
+                    self._to_switch(self._leaf_rank(origin) - self.config.gpus,
+                                    Packet(Kind.CREDIT, self.logic.route_key(port), packet.src, nbytes=charge))
+                return
             if store and not self.spine:
                 # its leaf took credit for each member here (_send_all): returned once the copy left, and
                 # at once for one that does not go down (its group was released on the way)

@@ -37,17 +37,14 @@ def _exact(gpu, comm, count=5000):
     assert np.array_equal(out, np.arange(lo, hi, dtype=np.float32) * sum(m + 1 for m in members))
 
 
-@pytest.mark.xfail(strict=True, reason="not fixed: a leaf passes on a member's load-reduce of a slot another member "
-                   "asked for (under its own key); each member files LOADs by (group, buffer, slot) and keeps the "
-                   "later one, so the honest requester's result never comes and its reduce_scatter ends in "
-                   "FabricTimeout (its partner's too). Partition 1 is unaffected")
 def test_a_member_cannot_take_over_its_partner_s_load_reduce():
     """GPU 0 enters the pair's nvls reduce_scatter; before its first request it waits for the LOAD of its
     partner's first slot (block 1, chunk 0) to reach it, then sends a LOAD_REDUCE of that slot, range and
     buffer under a key of its own, then goes on honestly. Its request goes up before its honest one, on
-    the same path, so every member files the hostile LOAD before it serves that slot. Measured today (8
-    and 10 ranks): GPU 0 is sent the partner's reduced chunk (its report's unconsumed slots), both pair
-    members' reduce_scatters end in FabricTimeout after the run's 3 s deadline, partition 1 is exact."""
+    the same path. Found by the attacker's review (8 and 10 ranks): every member filed the hostile LOAD
+    before it served that slot, GPU 0 was sent the partner's reduced chunk (its report's unconsumed
+    slots), and both pair members' reduce_scatters ended in FabricTimeout after the run's 3 s deadline;
+    partition 1 was exact. Now a slot names its requester, and GPU 0's leaf refuses the request."""
     pair, victims = _tenants()
 
     def main(gpu):

@@ -1,7 +1,7 @@
 """An attacker's review of in-switch collectives across nodes (issue 11), in one process: what a
 member's packets can make a leaf or a spine do when packets of different senders reach a switch in
-an order MPI allows (it keeps each sender's order, nothing between senders). A SwitchLogic or
-SpineLogic that raises ends its switch rank and every tenant's run (ranks/switch.py: the switches
+an order MPI allows (it keeps each sender's order, nothing between senders); each case was found by
+that review and is fixed since. A SwitchLogic or SpineLogic that raises ends its switch rank and every tenant's run (ranks/switch.py: the switches
 trust each other); a credit between leaves that never comes back holds every later transfer of the
 node towards that GPU for the rest of the run."""
 
@@ -23,7 +23,7 @@ def _group_packet(action, group=0, members=(), name=""):
 def _in_switch(kind, gid):
     """GPU 2's packet of `kind` through group `gid` (members (0, 2)) that goes up to spine 3 (the second
     of two): a contribution to chunk 1, a store of chunk 0 (spine (p + c) mod P, p = 1), a load-reduce
-    of chunk 1."""
+    of its own block's chunk 0 (slot (seq, r, c, r + c), spine (r + c) mod P)."""
     if kind is Kind.REDUCE:
         payload = X.view(np.uint8)
         info = ReduceInfo(gid, (0, 1), "sum", "float32", (0, 2), ("c", 0, 1))
@@ -31,80 +31,64 @@ def _in_switch(kind, gid):
     if kind is Kind.MCAST:
         payload = X.view(np.uint8)
         return Packet(Kind.MCAST, 0, -1, 0, payload.nbytes, info=McastInfo(gid, ("c", 0))), payload
-    info = LoadInfo(gid, (0, 0, 1), "sum", "float32", (2,), ("c", "r", 1), ("c", "src"))
+    info = LoadInfo(gid, (0, 1, 0, 1), "sum", "float32", (2,), ("c", "r", 1), ("c", "src"))
     return Packet(Kind.LOAD_REDUCE, 0, -1, 0, 64, req=3, info=info), None
 
 
-@pytest.mark.xfail(strict=True, reason="not fixed: a leaf other than the creator's lets a member bind a spanning "
-                   "group as soon as it took the group's span, before every spine holds it (only the creator "
-                   "leaf refuses binds while the create is under way); the member's partial, store or "
-                   "load-reduce can then reach a spine that has not yet taken the span from the creator's "
-                   "leaf, which raises AccessViolation ('no live group') and ends every tenant's run")
 @pytest.mark.parametrize("kind", [Kind.REDUCE, Kind.MCAST, Kind.LOAD_REDUCE])
-def test_a_member_of_another_leaf_cannot_use_a_group_before_every_spine_holds_it(kind):
+def test_a_member_of_another_leaf_can_use_a_group_only_once_every_spine_holds_it(kind):
     """2 nodes x 2 GPUs, 2 spines. GPU 0 creates group (0, 2): its leaf sends the span to spine 2 and
-    spine 3; spine 2's arrives first and spine 2 relays it to leaf 1, which takes it. GPU 2 (node 1;
-    its group id is k x nodes + 0, k the creator leaf's count, so it can guess it) binds it at once
-    and sends a packet whose chunk picks spine 3, before spine 3 has read leaf 0's span (a message of
-    another sender: MPI orders nothing between them). Today spine 3 raises; every switch must keep
-    serving whatever the order of its inputs. Measured in a real run (8 ranks: 2 x 2 GPUs, 2 spines;
-    GPU 0 creates, binds and releases group (0, 2) in a loop, GPU 2 sends bind for the next id until
-    one is taken, then one contribution to chunk 1): spine 3 raised AccessViolation ('partial REDUCE
-    of group 134 ... no live group 134') at the 67th create, and GPU 0's create timed out (20 s)."""
+    spine 3; spine 2 reads it first. Found by the attacker's review: leaf 1 took the group through
+    spine 2 at once, and GPU 2 (its id is k x nodes + 0, k the creator leaf's count: it can guess it)
+    bound it and sent a packet whose chunk picks spine 3 before spine 3 had read its span (MPI orders
+    nothing between senders): spine 3 raised AccessViolation, which ends every tenant's run. Now the
+    other leaves are asked only once every spine took the group (two phases): until then GPU 2's bind
+    is refused, and what it sends afterwards finds the group at every spine."""
     fabric = Fabric(nvlink(spines=2))
     leaf0, leaf1, spine2, spine3 = fabric.switches
-    spans = leaf0.on_packet(0, _group_packet("create", members=(0, 2), name="c"))
-    assert sorted(s.switch for s in spans) == [2, 3]
-    to_spine3 = [s for s in spans if s.switch == 3]  # on its cable: read later
+    spans = sorted(leaf0.on_packet(0, _group_packet("create", members=(0, 2), name="c")), key=lambda s: s.switch)
+    assert [s.switch for s in spans] == [2, 3]
     gid = spans[0].packet.info.group
-    for send in spans:
-        if send.switch == 2:
-            for relay in spine2.on_switch(0, send.packet):
-                if relay.switch == 1:
-                    leaf1.on_switch(2, relay.packet)
-    bind = fabric.gpu(2, _group_packet("bind", gid))
+    answer = spine2.on_switch(0, spans[0].packet)  # spine 2 first: it answers the creator leaf, asks no leaf
+    assert [s.switch for s in answer] == [0]
+    assert leaf0.on_switch(2, answer[0].packet) == []  # the creator leaf waits for spine 3
+    assert gid not in leaf1.groups.groups
+    (early,) = fabric.gpu(2, _group_packet("bind", gid))
+    assert early.packet.info.get("error") == "AccessViolation", early.packet.info
+    (reply,) = fabric.flow(3, spine3.on_switch(0, spans[1].packet))  # spine 3, then leaf 1 through spine 2
+    assert reply.port == 0 and reply.packet.info == {"group": gid}
+    assert all(gid in s.groups.groups for s in fabric.switches)
+    (bound,) = fabric.gpu(2, _group_packet("bind", gid))
+    assert bound.packet.info == {"group": gid}
+    refused = leaf1.refused[2]  # the early bind
     packet, payload = _in_switch(kind, gid)
-    sends = leaf1.on_packet(2, packet, payload) if bind[0].packet.info == {"group": gid} else []
-    for send in sends:  # what GPU 2 made leaf 1 send up reaches spine 3 first
-        if send.switch == 3:
-            spine3.on_switch(1, send.packet, send.payload)
-    for send in to_spine3:
-        spine3.on_switch(0, send.packet)
+    fabric.gpu(2, packet, payload)  # through spine 3, which holds the group: nothing raises
+    assert leaf1.refused[2] == refused
 
 
-@pytest.mark.xfail(strict=True, reason="not fixed: a leaf that took a spanning group's span lets its members bind "
-                   "and use it while another switch's refusal is still on its way to the creator leaf; a "
-                   "spine that refused the create then gets the member's partial for a group it never held "
-                   "and raises AccessViolation, which ends every tenant's run")
 def test_a_member_cannot_use_a_group_whose_create_another_switch_refused():
-    """Spine 3 holds partition 0's share of groups (e.g. the group of an unspan it has not read yet), so
-    it refuses GPU 0's create of (0, 2); leaf 1 took the span through spine 2 and holds the group
-    until the creator leaf's undo comes back (a round trip through spine 2). GPU 2 binds it and sends
-    a contribution to chunk 1 meanwhile: its leaf's partial goes to spine 3."""
+    """Spine 3 holds partition 0's share of groups, so it refuses GPU 0's create of (0, 2). Found by the
+    attacker's review: leaf 1 had taken the span through spine 2, GPU 2 bound the group and sent a
+    contribution before the undo came back, and spine 3, which never held the group, raised
+    AccessViolation (every tenant's run ended). Now no other leaf is asked while a spine refused: the
+    create is refused, no switch holds the group, GPU 2's bind and contribution are refused at its own
+    leaf, and a late packet of the group at spine 3 is dropped as a released group's."""
     fabric = Fabric(nvlink(spines=2))
     leaf0, leaf1, spine2, spine3 = fabric.switches
     for k in range(spine3.group_share):
         spine3.groups.create((0, 2), -1, f"other{k}", 0, group_id=1000 + k, inputs=(0, 1), stage="spine")
-    spans = leaf0.on_packet(0, _group_packet("create", members=(0, 2), name="c"))
-    gid = spans[0].packet.info.group
-    answers = []  # to the creator leaf: held until GPU 2 has sent
-    for send in spans:
-        switch = fabric.switches[send.switch]
-        for out in switch.on_switch(0, send.packet):
-            if out.switch == 1:
-                answers += [(1, a) for a in leaf1.on_switch(send.switch, out.packet)]
-            else:
-                answers.append((send.switch, out))
-    assert spine3.groups.groups.get(gid) is None and gid in leaf1.groups.groups
-    bind = fabric.gpu(2, _group_packet("bind", gid))
-    packet, payload = _in_switch(Kind.REDUCE, gid)
-    sends = leaf1.on_packet(2, packet, payload) if bind[0].packet.info == {"group": gid} else []
-    for send in sends:
-        if send.switch == 3:
-            spine3.on_switch(1, send.packet, send.payload)
-    for frm, send in answers:  # the create is refused and undone everywhere
-        fabric.flow(frm, [send])
+    (reply,) = fabric.gpu(0, _group_packet("create", members=(0, 2), name="c"))
+    assert reply.packet.info["error"] == "ResourceExhausted", reply.packet.info
+    gid = next(p.info.group for _, _, p in fabric.hops if p.kind is Kind.GROUP)
     assert all(gid not in s.groups.groups for s in fabric.switches)
+    assert not any(to == 1 for _, to, p in fabric.hops if p.kind is Kind.GROUP and p.info.action == "span")
+    (bind,) = fabric.gpu(2, _group_packet("bind", gid))
+    assert bind.packet.info.get("error"), bind.packet.info
+    packet, payload = _in_switch(Kind.REDUCE, gid)
+    (nack,) = fabric.gpu(2, packet, payload)
+    assert nack.packet.kind is Kind.NACK
+    partial = Packet(Kind.REDUCE, -1, -1, 0, payload.nbytes, info=packet.info)
+    assert spine3.on_switch(1, partial, payload) == []  # dropped: spine 3 refused the group
 
 
 # -- credits between leaves, through SwitchRanks whose transports only record ---------------------
@@ -162,17 +146,14 @@ class _Ranks:
         self.pump()
 
 
-@pytest.mark.xfail(strict=True, reason="not fixed: a spine that drops a multicast store of a released group "
-                   "(SpineLogic._store: late_stores) returns nothing, while the sender's leaf took credit for "
-                   "each member of the other nodes (ranks/switch.py _send_all); that credit never comes back, so "
-                   "every later transfer of the sender's node towards those members is held for good")
 def test_a_store_dropped_at_a_spine_gives_its_credit_back():
     """2 nodes x 2 GPUs, 2 spines, one tenant; credit_bytes = 64 KiB / (2 + 2) / 1 = 16 KiB. GPU 2 (node 1)
     stores 16 KiB through group (0, 2) under chunk 0, which goes to spine 3; the creator member GPU 0
     releases the group meanwhile, and spine 3 reads leaf 0's unspan before leaf 1's store (two
-    senders), so it drops the store. Leaf 1 keeps 16 KiB of credit for GPU 0 in use for good: honest
-    GPU 3's next message to GPU 0, of any size, is held (the credit it asks for never comes). An honest
-    store while the group lives gives its credit back in full (the check below)."""
+    senders), so it drops the store. Found by the attacker's review: leaf 1 kept 16 KiB of credit for GPU
+    0 in use for good, and honest GPU 3's next message to GPU 0, of any size, was held (the credit it
+    asked for never came). Now spine 3 returns the credit of the store it dropped (it remembers the
+    members of released groups). An honest store while the group lives gives its credit back in full."""
     fabric = _Ranks(nvlink(spines=2, switch_buffer_bytes=1 << 16, chunk_bytes=4096))
     leaf1 = fabric.leaf(2)
     assert leaf1.credit_bytes == 16384
@@ -198,15 +179,13 @@ def test_a_store_dropped_at_a_spine_gives_its_credit_back():
                                              f"{leaf1._credit_used[0]} bytes of credit never came back"
 
 
-@pytest.mark.xfail(strict=True, reason="not fixed: the requester's leaf refuses a second load-reduce of a result key "
-                   "awaited already, not one of a slot awaited already under another key; every member files a "
-                   "LOAD by (group, bound buffer, slot) (ranks/gpu.py, _loads) and keeps the later one, so the "
-                   "honest requester's result never comes (its reduce_scatter ends in FabricTimeout)")
 def test_a_member_cannot_load_reduce_another_requester_s_slot_under_its_own_key():
     """Group (0, 1, 2, 3); GPU 3 asks for slot (0, 3, 0, 3) - its block 3, chunk 0, as nvls.py names it
     (seq, r, c, r + c) - under its result key. GPU 0 then asks for the same slot under a key of its own.
-    Each request has its own leaf (leaf 1, leaf 0), so no leaf's table of load-reduces sees both; both
-    are passed on, and every member gets two LOADs that its program cannot tell apart: it serves one."""
+    Each request has its own leaf (leaf 1, leaf 0), so no leaf's table of load-reduces sees both. Found by
+    the attacker's review: both were passed on, and every member got two LOADs its program cannot tell
+    apart (it served one, and the honest requester timed out). Now a slot names its requester's rank
+    second, and leaf 0 refuses GPU 0's request of GPU 3's slot."""
     fabric = Fabric(nvlink(spines=2))
     gid = fabric.group((0, 1, 2, 3))
 
@@ -221,3 +200,4 @@ def test_a_member_cannot_load_reduce_another_requester_s_slot_under_its_own_key(
              for s in honest + hostile if s.packet.kind is Kind.LOAD}
     assert len(filed) == len([s for s in honest + hostile if s.packet.kind is Kind.LOAD]), \
         "members got two LOADs of one (group, buffer, slot): one of them is lost"
+    assert [s.packet.kind for s in hostile] == [Kind.NACK] and hostile[0].packet.info.error == "AccessViolation"

@@ -148,7 +148,7 @@ def test_a_leaf_takes_contributions_only_from_its_own_members_and_a_gpu_forges_n
     store = Packet(Kind.MCAST, 0, -1, 0, 16, info=McastInfo(gid, ("c", 9)))
     assert sorted(s.port for s in fabric.gpu(0, store, np.zeros(16, np.uint8))) == [0, 2]
     fabric.hops.clear()
-    load = Packet(Kind.LOAD_REDUCE, 0, -1, 0, 16, info=LoadInfo(gid, (0, 1), "sum", "float32", (0,), ("c", 10),
+    load = Packet(Kind.LOAD_REDUCE, 0, -1, 0, 16, info=LoadInfo(gid, (0, 0, 1, 1), "sum", "float32", (0,), ("c", 10),
                                                                  ("c", 11)))
     loads = fabric.gpu(0, load)  # nvls across nodes: LOADs to every member, node 1's through the spine
     assert sorted(s.port for s in loads) == [0, 2] and all(s.packet.kind is Kind.LOAD for s in loads)
