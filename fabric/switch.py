@@ -640,6 +640,8 @@ class SwitchLogic:
         if group is None or group.stage != "leaf":
             raise ProtocolError(f"switch {self.switch}: LOAD_REDUCE of group {info.group} from spine {spine}, which "
                                 f"spans no nodes of this leaf")
+        if not group.ready:  # a LOAD only to members that bound the group, as on one switch: the request waits
+            return []        # for no one (honest members bind before any call: comm.py's exchange after the binds)
         ready = packet.t_end + self.timing.switch_latency_ns
         return [self._out(send) for send in self._loads(group, packet, info, ready)]
 
@@ -661,8 +663,7 @@ class SwitchLogic:
                                     f"for no partial this leaf sent")
             ports, nbytes, partition = got
             self._load_answered(info.group, info.key)
-            self._partial_bytes[partition] -= nbytes
-            self._partial_parts[partition] -= 1
+            self._free_partial(nbytes, partition)
             out = self._through(packet)
             return [self._out(self._deliver(port, info.group, info.key, payload, out.t_start, out.t_end, -1))
                     for port in ports]
@@ -688,8 +689,7 @@ class SwitchLogic:
                     return []
                 raise ProtocolError(f"{here}: spine {spine} reduced slot {list(info.members)} of group {info.group}, "
                                     f"for no partial this leaf sent")
-            self._partial_bytes[got[1]] -= got[0]
-            self._partial_parts[got[1]] -= 1
+            self._free_partial(*got)
             return []
         if info.action == "failed":  # a spine refused a slot of the group: this node's members hear why,
             # once until the group's release (each chunk in flight of the call is refused: one NACK per chunk
@@ -758,8 +758,15 @@ class SwitchLogic:
                                 + ("no group spanning this leaf" if group is None or group.stage != "leaf" else
                                    f"not a member of another node (members {list(group.members)})"))
         out = self._through(packet)
+        # a copy only to members that bound the group, as on one switch (ranks/switch returns the credit
+        # of the others' copies)
         return [self._out(self._deliver(port, info.group, info.key, payload, out.t_start, out.t_end, sender))
-                for port in group.inputs]
+                for port in group.inputs if port in group.bound]
+
+    def _free_partial(self, nbytes: int, partition: int) -> None:
+        """A partial of `partition` (nbytes) answered or given up: it leaves the partition's share here."""
+        self._partial_bytes[partition] -= nbytes
+        self._partial_parts[partition] -= 1
 
     def _take_span(self, info: GroupInfo) -> None:
         partition = self._partition[info.members[0]]
@@ -788,11 +795,9 @@ class SwitchLogic:
             self.groups.release(gid, group.inputs[0])
             # its partials' results will not come (the spines drop it too): their bytes leave the share
             for key in [k for k in self._partials if k[0] == gid]:
-                self._partial_bytes[group.partition] -= self._partials.pop(key)[1]
-                self._partial_parts[group.partition] -= 1
+                self._free_partial(self._partials.pop(key)[1], group.partition)
             for key in [k for k in self._unanswered if k[0] == gid]:
-                self._partial_bytes[group.partition] -= self._unanswered.pop(key)[0]
-                self._partial_parts[group.partition] -= 1
+                self._free_partial(self._unanswered.pop(key)[0], group.partition)
         self._failed.discard(gid)
         for key in [k for k in self._parts if k[0] == gid]:
             del self._parts[key]

@@ -109,11 +109,14 @@ class Gpu:
         self._calls: list[CallRecord] = []             # collective calls, for the run's report (record_call)
         self._call_bytes = 0                            # their encoded size
         self._calls_unrecorded = 0                      # calls past CALL_RECORD_BYTES
-        # a wait for the fabric sleeps at once, 1 to 5 ms: whoever sends this GPU anything pokes it
-        # (transport.Waker), so a nap only bounds a lost poke, and a polling GPU would take the cores from
-        # the switch, which every packet passes (measured: 1 KiB ring AllReduce on 8 GPUs, the job's CPU
-        # per call 176-182 ms polling from 10 us naps, 104-112 ms with these)
-        self._idle = Idle(yields=0, first_nap_s=1e-3)
+        # a wait for the fabric sleeps at once, 1 to 5 ms, where its leaf can wake it: whoever sends this
+        # GPU anything pokes it (transport.Waker), so a nap only bounds a lost poke, and a polling GPU would
+        # take the cores from the switch, which every packet passes (measured: 1 KiB ring AllReduce on 8
+        # GPUs, the job's CPU per call 176-182 ms polling from 10 us naps, 104-112 ms napping from 2 ms).
+        # A leaf on another host, or no socket, pokes nobody: there the waits poll from 10 us
+        waker = transport.waker
+        woken = waker.sock is not None and self._switch in waker.peers
+        self._idle = Idle(yields=0, first_nap_s=1e-3) if woken else Idle()
         # MPI's own collectives (the native reference, the members' exchanges) move only as their ranks
         # poll, and poke nobody: their waits back off from 10 us
         self._mpi_idle = Idle()

@@ -167,10 +167,10 @@ class Idle:
             nap(self.sending_nap_s)
             return
         self.spins += 1
-        if self.spins < self.yields:
+        if self.spins <= self.yields:
             os.sched_yield()
         else:
-            nap(min(self.max_sleep_s, self.first_nap_s * (self.spins - self.yields + 1)))
+            nap(min(self.max_sleep_s, self.first_nap_s * (self.spins - self.yields)))
 
 
 DELAY_ENV = "NVLINK_EMU_TEST_SEND_DELAY"  # "SEED:MAX_MS": a test hook, see Transport.delay_sends

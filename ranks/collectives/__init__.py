@@ -133,6 +133,11 @@ class Call:
     def key(self, *parts) -> tuple:
         return (self.comm.name, self.seq, *parts)
 
+    def nodes(self) -> int:
+        """How many nodes the members are in."""
+        per_node = self.gpu.config.gpus_per_node
+        return len({self.peer(m) // per_node for m in range(self.n)})
+
     def peer(self, index: int) -> int:
         """GPU index of member `index` (taken mod n)."""
         return self.comm.members[index % self.n]

@@ -118,8 +118,7 @@ def streams(call, dtype) -> int:
     across nodes also enough that every leaf's partials without their result - each requester's window,
     and once more as a notice may trail the next request - fit its buffer share / nodes, a 16-bit
     float's partial counting twice (fabric.replay.nvls_streams is the same rule)."""
-    per_node = call.gpu.config.gpus_per_node
-    nodes = len({call.peer(m) // per_node for m in range(call.n)})
+    nodes = call.nodes()
     return nvls_streams(call.n, nodes, call.gpu.config.nodes, np.dtype(dtype))
 
 

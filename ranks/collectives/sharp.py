@@ -72,8 +72,7 @@ def allreduce(call, array: np.ndarray) -> None:
 def _streams(call, dtype) -> int:
     """Credit streams of an allreduce (Call.in_switch_window): 1 on one node; across nodes enough that a
     leaf's partials in flight (window x chunk x the accumulator's width) fit its buffer share / nodes."""
-    per_node = call.gpu.config.gpus_per_node
-    nodes = len({call.peer(m) // per_node for m in range(call.n)})
+    nodes = call.nodes()
     if nodes == 1:
         return 1
     wide = switch_accumulator(np.dtype(dtype)).itemsize // np.dtype(dtype).itemsize
@@ -86,8 +85,7 @@ def _scatter_streams(call, dtype) -> int:
     width) fit a leaf's buffer share / nodes: a leaf frees a partial whose result goes to another node
     when that slot's notice comes from its spine, which may lag the member's own results from another
     spine, hence the factor 2."""
-    per_node = call.gpu.config.gpus_per_node
-    nodes = len({call.peer(m) // per_node for m in range(call.n)})
+    nodes = call.nodes()
     if nodes == 1:
         return call.n
     wide = switch_accumulator(np.dtype(dtype)).itemsize // np.dtype(dtype).itemsize
