@@ -802,9 +802,7 @@ class SwitchLogic:
         for key in [k for k in self._parts if k[0] == gid]:
             del self._parts[key]
         if group is not None:
-            self._gone[gid] = group.inputs
-            if len(self._gone) > GONE_KEPT:
-                del self._gone[next(iter(self._gone))]
+            _remember_gone(self._gone, gid, group.inputs)
 
     def _span(self, ingress: int, packet: Packet, info: GroupInfo, nodes: list[int]) -> list[Send]:
         """Create spanning group `info` for GPU `ingress`: this leaf's copy, then the other switches'
@@ -1168,9 +1166,7 @@ class SpineLogic:
             return [Send(-1, span, switch=node) for node in others]
         if info.action == "unspan":
             if info.group in self.groups.groups:
-                self._gone[info.group] = self.groups.groups[info.group].members
-                if len(self._gone) > GONE_KEPT:
-                    del self._gone[next(iter(self._gone))]
+                _remember_gone(self._gone, info.group, self.groups.groups[info.group].members)
                 self.groups.release(info.group, self.groups.groups[info.group].inputs[0])
             for key in [k for k in self._down if k[0] == info.group]:
                 del self._down[key]
@@ -1250,6 +1246,15 @@ class SpineLogic:
 def _seen(seen: dict[int, int], nodes: int, gid: int) -> None:
     """Note spanning group `gid` (id k x nodes + its creator leaf) as held here (see _released)."""
     seen[gid % nodes] = max(seen.get(gid % nodes, 0), gid // nodes)
+
+
+def _remember_gone(gone: dict[int, tuple[int, ...]], gid: int, members: tuple[int, ...]) -> None:
+    """Remember released spanning group `gid`'s `members` (a leaf's own, or all at a spine), the most
+    recent GONE_KEPT groups only: a store crossing the release took credit for them at its sender's
+    leaf, which the switch that drops it returns (ranks/switch.py)."""
+    gone[gid] = members
+    if len(gone) > GONE_KEPT:
+        del gone[next(iter(gone))]
 
 
 def _released(groups: GroupTable, seen: dict[int, int], nodes: int, gid: int) -> bool:

@@ -201,3 +201,19 @@ def test_a_member_cannot_load_reduce_another_requester_s_slot_under_its_own_key(
     assert len(filed) == len([s for s in honest + hostile if s.packet.kind is Kind.LOAD]), \
         "members got two LOADs of one (group, buffer, slot): one of them is lost"
     assert [s.packet.kind for s in hostile] == [Kind.NACK] and hostile[0].packet.info.error == "AccessViolation"
+
+
+def test_leaves_and_spines_remember_the_members_of_the_latest_released_groups_only(monkeypatch):
+    """A released spanning group's members stay known (a store crossing the release returns the credit it
+    took for them): at a leaf its own members, at a spine all of them; only the GONE_KEPT most recent."""
+    monkeypatch.setattr("nvlink_emu.fabric.switch.GONE_KEPT", 2)
+    fabric = Fabric(nvlink(spines=2))
+    gids = []
+    for members in ((0, 2), (1, 2, 3), (3, 0)):
+        gids.append(fabric.group(members))
+        assert fabric.call(members[0], "release", gids[-1]) == {"group": gids[-1]}
+    leaf0, leaf1, spine2, spine3 = fabric.switches
+    assert leaf0._gone == {gids[1]: (1,), gids[2]: (0,)}
+    assert leaf1._gone == {gids[1]: (2, 3), gids[2]: (3,)}
+    assert spine2._gone == spine3._gone == {gids[1]: (1, 2, 3), gids[2]: (3, 0)}
+    assert spine3.dropped_store_ports(gids[2], 3) == (0,) and spine3.dropped_store_ports(gids[0], 2) == ()
