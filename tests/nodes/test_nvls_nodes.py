@@ -12,8 +12,8 @@ from nvlink_emu.fabric.errors import AccessViolation
 from nvlink_emu.fabric.packets import Kind, LoadInfo, Packet, ReduceInfo, segments
 from nvlink_emu.fabric.reduction import blocks
 
-from nodes_helpers import config, run, shape
-from test_sharp_nodes import DTYPES, OPS, contribution, dtype_of, two_level
+from nodes_helpers import (check_bytes_and_times, config, contribution, dtype_of, every_op_and_dtype, run, shape,
+                           timed, two_level)
 from trust_helpers import refusals
 
 pytestmark = pytest.mark.mpi(min_size=7)
@@ -28,20 +28,16 @@ def test_nvls_across_nodes_is_the_two_level_order_for_every_op_and_dtype():
     _, per_node, _ = shape()
 
     def main(gpu):
-        rail = gpu.world.split(gpu.rank % per_node)
-        for comm in (gpu.world, rail):
-            members = [comm.members[r] for r in range(comm.size)]
+        for comm, members, name, op in every_op_and_dtype(gpu):
             lo, hi = blocks(COUNT, comm.size)[comm.rank]
-            for name in DTYPES:
-                for op in OPS:
-                    want = two_level(members, per_node, name, op, COUNT)
-                    for _ in range(2):
-                        out = np.empty(hi - lo, dtype_of(name))
-                        comm.reduce_scatter(contribution(gpu.rank, name, op, COUNT), out, op=op, algorithm="nvls")
-                        assert out.tobytes() == want[lo:hi].tobytes(), (comm.size, name, op)
-                        x = contribution(gpu.rank, name, op, COUNT)
-                        comm.allreduce(x, op=op, algorithm="nvls")
-                        assert x.tobytes() == want.tobytes(), (comm.size, name, op)
+            want = two_level(members, per_node, name, op, COUNT)
+            for _ in range(2):
+                out = np.empty(hi - lo, dtype_of(name))
+                comm.reduce_scatter(contribution(gpu.rank, name, op, COUNT), out, op=op, algorithm="nvls")
+                assert out.tobytes() == want[lo:hi].tobytes(), (comm.size, name, op)
+                x = contribution(gpu.rank, name, op, COUNT)
+                comm.allreduce(x, op=op, algorithm="nvls")
+                assert x.tobytes() == want.tobytes(), (comm.size, name, op)
         return True
 
     result = run(main, chunk_bytes=1024, timeout_s=120)
@@ -56,52 +52,40 @@ def test_nvls_across_nodes_puts_exact_bytes_on_both_levels_and_takes_the_replaye
     cost_nodes.link_bytes', each call's modeled time is cost_nodes.modeled_ns' (the replay) exactly, and
     the packets on the cables are those the docstring counts (the header-only requests too)."""
     cfg = config(chunk_bytes=1 << 12)
-    calls = [("reduce_scatter", "float32", 4096), ("reduce_scatter", "float32", 5 * (1 << 14) + 40),
-             ("reduce_scatter", "float16", 3 * (1 << 14) + 2 * 6), ("allreduce", "float32", 5 * (1 << 14) + 40),
-             ("allreduce", "float16", 3 * (1 << 14) + 2 * 6), ("allgather", "float32", 3 * (1 << 14)),
-             ("broadcast", "float32", 3 * (1 << 14) + 8)]
+    calls = [("reduce_scatter", "float32", 4096, 1), ("reduce_scatter", "float32", 5 * (1 << 14) + 40, 1),
+             ("reduce_scatter", "float16", 3 * (1 << 14) + 2 * 6, 1), ("allreduce", "float32", 5 * (1 << 14) + 40, 1),
+             ("allreduce", "float16", 3 * (1 << 14) + 2 * 6, 1), ("allgather", "float32", 3 * (1 << 14), 1),
+             ("broadcast", "float32", 3 * (1 << 14) + 8, 1)]
 
-    def main(gpu):
-        times = []
-        for collective, name, nbytes in calls:
-            x = np.ones(nbytes // dtype_of(name).itemsize, dtype_of(name))
-            lo, hi = blocks(x.size, gpu.size)[gpu.rank]
-            gpu.world.barrier()
-            start = gpu.now_ns
-            if collective == "reduce_scatter":
-                out = np.empty(hi - lo, x.dtype)
-                gpu.world.reduce_scatter(x, out, algorithm="nvls")
-            elif collective == "allreduce":
-                out = x
-                gpu.world.allreduce(x, algorithm="nvls")
-            elif collective == "allgather":
-                out = np.zeros_like(x)
-                gpu.world.allgather(x[lo:hi], out, algorithm="nvls")
-            else:
-                out = x if gpu.rank == 1 else np.zeros_like(x)
-                gpu.world.broadcast(out, root=1, algorithm="nvls")
-            assert np.all(out == (gpu.size if collective in ("reduce_scatter", "allreduce") else 1)), collective
-            gpu.world.barrier()
-            times.append(gpu.now_ns - start)
-        return times
+    def one(gpu, collective, name, nbytes, root):
+        x = np.ones(nbytes // dtype_of(name).itemsize, dtype_of(name))
+        lo, hi = blocks(x.size, gpu.size)[gpu.rank]
+        if collective == "reduce_scatter":
+            out = np.empty(hi - lo, x.dtype)
+            gpu.world.reduce_scatter(x, out, algorithm="nvls")
+        elif collective == "allreduce":
+            out = x
+            gpu.world.allreduce(x, algorithm="nvls")
+        elif collective == "allgather":
+            out = np.zeros_like(x)
+            gpu.world.allgather(x[lo:hi], out, algorithm="nvls")
+        else:
+            out = x if gpu.rank == root else np.zeros_like(x)
+            gpu.world.broadcast(out, root=root, algorithm="nvls")
+        assert np.all(out == (gpu.size if collective in ("reduce_scatter", "allreduce") else 1)), collective
 
-    result = run(main, timeout_s=120, chunk_bytes=cfg.chunk_bytes)
+    result = run(timed(calls, one), timeout_s=120, chunk_bytes=cfg.chunk_bytes)
     if result.role != "gpu":
         return
     topo = cfg.topology
     N = topo.nodes
-    expected = dict.fromkeys((link.name for link in topo.links), 0)
+    check_bytes_and_times(result, cfg, "nvls", calls, rel=1e-9, abs_ns=1e-6)
     want_packets = 0
-    for (collective, name, nbytes), got in zip(calls, result.value):
-        item = dtype_of(name).itemsize
-        wide = 4 if name == "float16" else item
-        for link, value in cost_nodes.link_bytes(collective, "nvls", topo, nbytes, item, root=1, config=cfg,
-                                                 partial_itemsize=wide).items():
-            expected[link] += value
-        want = cost_nodes.modeled_ns(collective, "nvls", topo, nbytes, cfg, item, root=1, partial_itemsize=wide)
-        assert got == pytest.approx(want, rel=1e-9, abs=1e-6), (collective, name, nbytes)
+    for collective, name, nbytes, _ in calls:
         if collective not in ("reduce_scatter", "allreduce"):
             continue
+        item = dtype_of(name).itemsize
+        wide = 4 if name == "float16" else item
         # packets on the cables per chunk of GPU j's block: header-only, the request up from j's leaf, on
         # to the N - 1 other leaves; with data, each leaf's partial up,
         # the result down (MTU segments each); allreduce: the store up once, down to the N - 1 others
@@ -111,8 +95,6 @@ def test_nvls_across_nodes_puts_exact_bytes_on_both_levels_and_takes_the_replaye
                 want_packets += 1 + (N - 1) + N * segments((hi - lo) * wide, cfg.mtu_bytes) + data
                 want_packets += N * data if collective == "allreduce" else 0
     links = result.report["links"]
-    got = {link: links.get(link, {}).get("payload_bytes", 0) for link in expected}
-    assert got == expected
     # by hand for the first call (4 KiB of float32, one chunk a block, block j's at spine j mod P): every
     # uplink S, every downlink its block; each leaf -> spine i the blocks j = i mod P, spine i -> leaf k
     # those of them that are node k's
@@ -124,7 +106,7 @@ def test_nvls_across_nodes_puts_exact_bytes_on_both_levels_and_takes_the_replaye
         assert [first[f"sw{k}->sw{N + i}"] for k in range(N)] == [sum(parts[j] for j in mine)] * N
         assert [first[f"sw{N + i}->sw{k}"] for k in range(N)] == [sum(parts[j] for j in mine if j // G == k)
                                                                   for k in range(N)]
-    for collective, name, nbytes in calls[5:]:  # sharp's stores: each chunk up once, down to the N - 1 others
+    for collective, name, nbytes, _ in calls[5:]:  # sharp's stores: each chunk up once, down to the N - 1 others
         stores, _ = cost_nodes.replay.sharp_stores(collective, topo, nbytes // 4, cfg.chunk_bytes // 4, 4, 1)
         want_packets += sum(N * segments(b, cfg.mtu_bytes) for sent in stores.values() for _, b, _ in sent)
     assert sum(links[link.name]["packets"] for link in topo.links if link.level == "leaf-spine") == want_packets

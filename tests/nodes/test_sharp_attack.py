@@ -15,8 +15,7 @@ from nvlink_emu.fabric.packets import Kind, McastInfo, Packet, ReduceInfo
 from nvlink_emu.fabric.switch import buffer_share_bytes, port_share_bytes
 from nvlink_emu.ranks.transport import Transport
 
-from nodes_helpers import config, run, shape
-from test_sharp_nodes import contribution, dtype_of, two_level
+from nodes_helpers import config, contribution, run, shape, two_level
 from trust_helpers import refusals
 
 pytestmark = pytest.mark.mpi(min_size=7)
