@@ -201,9 +201,11 @@ class SwitchLogic:
         self._gone: dict[int, tuple[int, ...]] = {}
         self.partial_share_bytes = self.buffer_share_bytes // max(1, topology.nodes)
         self.partial_share_parts = max(1, self.held_parts_share // max(1, topology.nodes))
-        # nvls: load-reduces of this leaf's GPUs awaiting their result, (group, result key) -> partition, and
+        # nvls: load-reduces of this leaf's GPUs awaiting their result, (group, result key) -> (partition,
+        # slot), the same by (group, slot) -> result key (a member's notice "unserved" names the slot), and
         # their number per partition (at most partial_share_parts: every LOAD they send costs every member)
-        self._asked: dict[tuple, int] = {}
+        self._asked: dict[tuple, tuple[int, tuple]] = {}
+        self._asked_slot: dict[tuple, tuple] = {}
         self._asked_count: dict[int, int] = {}
 
     # -- addressing -------------------------------------------------------------------------------
@@ -600,16 +602,18 @@ class SwitchLogic:
             # slot under the slot alone, so another member's request of it would take over its answer
             raise AccessViolation(f"LOAD_REDUCE from GPU {ingress}: group {info.group} slot {list(info.slot)}: a "
                                   f"load-reduce across nodes names its requester's rank {rank} second in its slot")
-        if (info.group, info.key) in self._asked:
+        if (info.group, info.key) in self._asked or (info.group, tuple(info.slot)) in self._asked_slot:
+            # members file a slot's LOADs under the slot alone: two requests of one slot would be one to them
             raise CollectiveMismatch(f"LOAD_REDUCE from GPU {ingress}: group {info.group} slot {list(info.slot)}: "
-                                     f"result key {list(info.key)} is awaited already")
+                                     f"result key {list(info.key)} or the slot is awaited already")
         asked = self._asked_count.get(group.partition, 0)
         if asked >= self.partial_share_parts:
             raise ResourceExhausted(f"LOAD_REDUCE from GPU {ingress}: group {info.group} slot {list(info.slot)}: "
                                     f"switch {self.switch} has {asked} of partition {group.partition}'s load-reduces "
                                     f"awaiting their result, its share {self.partial_share_parts} (held "
                                     f"contributions' share / nodes)")
-        self._asked[(info.group, info.key)] = group.partition
+        self._asked[(info.group, info.key)] = (group.partition, tuple(info.slot))
+        self._asked_slot[(info.group, tuple(info.slot))] = info.key
         self._asked_count[group.partition] = asked + 1
         ready = packet.t_end + self.timing.switch_latency_ns
         spine = self.topology.nodes + info.slot[-1] % self.topology.spines
@@ -620,9 +624,41 @@ class SwitchLogic:
 
     def _load_answered(self, gid: int, key: tuple) -> None:
         """The load-reduce awaiting result `key` of group `gid` (if one of this leaf's GPUs asked) is done."""
-        partition = self._asked.pop((gid, key), None)
-        if partition is not None:
+        asked = self._asked.pop((gid, key), None)
+        if asked is not None:
+            partition, slot = asked
+            del self._asked_slot[(gid, slot)]
             self._asked_count[partition] -= 1
+
+    def _load_refused(self, gid: int, slot: tuple) -> list[Send]:
+        """A member will not serve the LOAD of `slot` of group `gid` (or a leaf dropped the request): the
+        load-reduce of this leaf's GPU awaiting it, if any, gives its place in the budget back. Its
+        requester hears nothing from the switch: it serves the same range of its own buffer (of the
+        call's size, as every honest member's) and refuses it too, or its wait ends at its deadline."""
+        key = self._asked_slot.get((gid, slot))
+        if key is not None:
+            self._load_answered(gid, key)
+        return []
+
+    def _unserved(self, ingress: int, info: GroupInfo) -> list[Send]:
+        """GPU `ingress`'s notice that it will not serve the LOAD of slot info.members of group info.group
+        (ranks/gpu.serve_load): on to the requester's leaf (slot[1]: its rank, as _load_reduce_across
+        checks), through spine slot[-1] mod P if it is another node's. Nothing answers a notice; one for
+        a group not live here (it crossed the group's release) is dropped."""
+        group = self.groups.groups.get(info.group)
+        if group is None:
+            return []
+        self.groups.group(info.group, ingress, "load refusal", bound=True)  # a bound member's only
+        slot = tuple(info.members)
+        if group.stage != "leaf":
+            return []  # one switch keeps no budget of load-reduces
+        if len(slot) < 2 or not 0 <= slot[1] < len(group.members):
+            raise ProtocolError(f"load refusal by GPU {ingress}: group {info.group} spans nodes, and slot {list(slot)} "
+                                f"names no requester's rank second (0..{len(group.members) - 1})")
+        if group.members[slot[1]] in self.local:
+            return self._load_refused(info.group, slot)
+        notice = Packet(Kind.GROUP, -1, -1, req=self.switch, info=GroupInfo("unserved", info.group, slot, ""))
+        return [Send(-1, notice, switch=self.topology.nodes + slot[-1] % self.topology.spines)]
 
     def _loads(self, group, packet: Packet, info: LoadInfo, ready: float) -> list[Send]:
         """Header-only LOADs of `packet`'s range to this leaf's members of `group`, ready at `ready` ns."""
@@ -641,7 +677,10 @@ class SwitchLogic:
             raise ProtocolError(f"switch {self.switch}: LOAD_REDUCE of group {info.group} from spine {spine}, which "
                                 f"spans no nodes of this leaf")
         if not group.ready:  # a LOAD only to members that bound the group, as on one switch: the request waits
-            return []        # for no one (honest members bind before any call: comm.py's exchange after the binds)
+            # for no one (honest members bind before any call: comm.py's exchange after the binds), and its
+            # requester's leaf gives its budget back (the spine passes the notice on)
+            notice = GroupInfo("unserved", info.group, tuple(info.slot), "")
+            return [Send(-1, Packet(Kind.GROUP, -1, -1, req=self.switch, info=notice), switch=spine)]
         ready = packet.t_end + self.timing.switch_latency_ns
         return [self._out(send) for send in self._loads(group, packet, info, ready)]
 
@@ -682,6 +721,8 @@ class SwitchLogic:
         if info.action == "unspan":
             self._drop_span(info.group)
             return []
+        if info.action == "unserved":  # a member of another node will not serve a LOAD of a slot asked here
+            return self._load_refused(info.group, tuple(info.members))
         if info.action == "reduced":  # a slot whose result went to other nodes only: its partial's share back
             got = self._unanswered.pop((info.group, tuple(info.members)), None)
             if got is None:
@@ -905,6 +946,11 @@ class SwitchLogic:
         handler = {Kind.EXPORT: self._export, Kind.REVOKE: self._revoke, Kind.GROUP: self._group}.get(packet.kind)
         if handler is None:  # DONE, TRACE, COUNTERS: the switch rank's own business
             raise ProtocolError(f"switch: {packet.kind.name} from GPU {ingress} is not a fabric-manager call")
+        if packet.kind is Kind.GROUP and packet.info.action == "unserved":  # a notice, which nothing answers
+            try:
+                return [self._out(send) for send in self._unserved(ingress, packet.info)]
+            except FabricError as exc:
+                return self.refuse(ingress, exc, "GROUP", packet.req, packet.t_end)
         try:
             info = handler(ingress, packet.info)
             if isinstance(info, tuple):  # a spanning group: the other switches' part comes first
@@ -1178,6 +1224,17 @@ class SpineLogic:
             return []
         if info.action in ("spanned", "refused") and first:  # a leaf's answer, on to the creator leaf
             return [Send(-1, packet, switch=creator)]
+        if info.action == "unserved":  # a LOAD a leaf's member will not serve: on to the requester's leaf
+            group = self.groups.groups.get(info.group)
+            if group is None and _released(self.groups, self._seen, nodes, info.group):
+                return []
+            slot = tuple(info.members)
+            requester = group.members[slot[1]] if group is not None and 2 <= len(slot) and \
+                0 <= slot[1] < len(group.members) else None
+            if requester is None or leaf not in group.inputs or requester // self.config.gpus_per_node == leaf:
+                raise ProtocolError(f"{here}: load refusal of group {info.group} slot {list(slot)} from leaf {leaf}, "
+                                    f"which is no other node's refusal of a live group's request")
+            return [Send(-1, packet, switch=requester // self.config.gpus_per_node)]
         raise ProtocolError(f"{here}: GROUP {info.action!r} from leaf {leaf}")
 
     def _load_reduce_on(self, leaf: int, packet: Packet) -> list[Send]:

@@ -217,3 +217,73 @@ def test_leaves_and_spines_remember_the_members_of_the_latest_released_groups_on
     assert leaf1._gone == {gids[1]: (2, 3), gids[2]: (3,)}
     assert spine2._gone == spine3._gone == {gids[1]: (1, 2, 3), gids[2]: (3, 0)}
     assert spine3.dropped_store_ports(gids[2], 3) == (0,) and spine3.dropped_store_ports(gids[0], 2) == ()
+
+
+def _unserved(gid, slot):
+    """A member's notice that it will not serve the LOAD of `slot` (ranks/gpu.serve_load: a range past
+    its bound buffer, or a call it gave up): header-only, answered by nothing."""
+    return Packet(Kind.GROUP, 0, -1, req=9, info=GroupInfo("unserved", gid, tuple(slot), ""))
+
+
+@pytest.mark.parametrize("refuser", [2, 0])
+def test_a_refused_load_reduce_gives_its_budget_back_so_repeating_it_exhausts_nothing(refuser):
+    """2 nodes x 2 GPUs, one spine; group (0, 2); GPU 0 asks for slot (k, 0, 0, 0) again and again, and a
+    member - GPU 2 (the other node: its notice goes through the spine) or GPU 0 itself - refuses each
+    LOAD. Measured before: each refused request kept its leaf's entry until the group's release, so
+    after partial_share_parts of them (2048 here) the partition's next load-reduce was refused
+    (ResourceExhausted), though none was in flight. Now the member's notice frees the entry at the
+    requester's leaf (and nothing answers the notice): the budget stays free."""
+    fabric = Fabric(nvlink(spines=1, switch_buffer_bytes=1 << 16, chunk_bytes=4096))
+    leaf0 = fabric.switches[0]
+    gid = fabric.group((0, 2))
+    limit = leaf0.partial_share_parts
+    assert limit == 2048
+
+    def ask(k):
+        info = LoadInfo(gid, (k, 0, 0, 0), "sum", "float32", (0,), ("c", k, "r"), ("c", k, "src"))
+        return fabric.gpu(0, Packet(Kind.LOAD_REDUCE, 0, -1, 0, 64, req=3, info=info))
+
+    for k in range(limit + 1):
+        loads = ask(k)
+        assert sorted(s.port for s in loads if s.packet.kind is Kind.LOAD) == [0, 2], (k, loads[0].packet)
+        assert fabric.gpu(refuser, _unserved(gid, (k, 0, 0, 0))) == []  # no answer to a notice
+        assert leaf0._asked_count[0] == 0, k
+    assert leaf0._asked == {} and all(not s.refused[g] for s in fabric.switches[:2] for g in range(4))
+    fabric.hops.clear()
+    fabric.gpu(2, _unserved(gid, (7, 0, 0, 0)))  # a notice for no request: nothing to free, nothing raises
+    assert [(frm, to) for frm, to, _ in fabric.hops] == [(1, 2), (2, 0)]  # leaf 1 -> spine -> leaf 0
+    assert leaf0._asked_count[0] == 0
+
+
+def test_a_load_reduce_dropped_or_released_on_its_way_gives_its_budget_back_and_a_bad_notice_is_refused():
+    """Group (0, 2, 1) created by GPU 0; GPU 2 (node 1) has not bound it. GPU 1's load-reduce is dropped at
+    leaf 1 (a LOAD goes only to members that bound the group): before, its entry stayed at leaf 0 until
+    the group's release; now leaf 1 sends the notice "unserved" back through the spine. A notice from a
+    GPU that is no member, or one whose slot names no requester, is refused (counted, a NACK); the
+    group's release by its creator frees a request of another leaf's GPU (GPU 2 asks at leaf 1)."""
+    fabric = Fabric(nvlink(spines=1))
+    leaf0, leaf1, _ = fabric.switches
+    gid = fabric.call(0, "create", members=(0, 2, 1), name="c")["group"]
+    for g in (0, 1):
+        assert fabric.call(g, "bind", gid) == {"group": gid}
+
+    def ask(g, rank, k=0):
+        info = LoadInfo(gid, (k, rank, 0, rank), "sum", "float32", (g,), ("c", k, "r"), ("c", k, "src"))
+        return fabric.gpu(g, Packet(Kind.LOAD_REDUCE, 0, -1, 0, 64, req=3, info=info))
+
+    fabric.hops.clear()
+    assert sorted(s.port for s in ask(1, 2)) == [0, 1]  # leaf 0's LOADs; none at leaf 1
+    assert [(frm, to, p.kind) for frm, to, p in fabric.hops] == [
+        (0, 2, Kind.LOAD_REDUCE), (2, 1, Kind.LOAD_REDUCE), (1, 2, Kind.GROUP), (2, 0, Kind.GROUP)]
+    assert leaf0._asked == {} and leaf0._asked_count == {0: 0}
+    (nack,) = fabric.gpu(3, _unserved(gid, (0, 2, 0, 2)))
+    assert nack.packet.kind is Kind.NACK and nack.packet.info.error == "AccessViolation"
+    (nack,) = fabric.gpu(1, _unserved(gid, (0, 7, 0, 7)))
+    assert nack.packet.info.error == "ProtocolError" and "names no requester" in nack.packet.info.message
+    assert (leaf1.refused[3], leaf0.refused[1]) == (1, 1)
+    assert fabric.call(2, "bind", gid) == {"group": gid}
+    ask(2, 1, k=1)
+    assert leaf1._asked_count == {0: 1}
+    assert fabric.call(0, "release", gid) == {"group": gid}
+    assert leaf1._asked == leaf1._asked_slot == {} and leaf1._asked_count == {0: 0}
+    assert fabric.gpu(2, _unserved(gid, (1, 1, 0, 1))) == []  # crossed the release: dropped
