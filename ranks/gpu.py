@@ -20,8 +20,8 @@ from nvlink_emu.fabric.config import FabricConfig
 from nvlink_emu.fabric.counters import LinkCounters, LinkStats, downlink, gpu_view, uplink
 from nvlink_emu.fabric.errors import AccessViolation, FabricError, FabricTimeout, ProtocolError, UnsupportedOperation
 from nvlink_emu.fabric.memory import DeviceMemory
-from nvlink_emu.fabric.packets import (MAX_LIST, WIRE_INT_MAX, CallRecord, CountersInfo, ExportInfo, Info, Kind, MsgInfo,
-                            Packet, RevokeInfo, TraceInfo, raw_bytes)
+from nvlink_emu.fabric.packets import (MAX_LIST, WIRE_INT_MAX, CallRecord, CountersInfo, ExportInfo, GroupInfo, Info,
+                                      Kind, MsgInfo, Packet, RevokeInfo, TraceInfo, raw_bytes)
 from nvlink_emu.fabric.timemodel import LinkEnd
 
 from .comm import CREDIT_SEQ, Communicator, is_integer
@@ -34,6 +34,7 @@ MAX_CONTROL_WAITING = 1024  # control messages one GPU may have waiting here (fo
 # Call records travel in the COUNTERS header, which the switch takes up to MAX_HEADER_BYTES: a GPU keeps
 # its first calls' records up to this many encoded bytes (about 700 calls) and only counts the rest.
 CALL_RECORD_BYTES = MAX_HEADER_BYTES * 3 // 4
+GIVEN_UP_KEPT = 64  # bound buffers a GPU gave up (serve_load) whose late LOADs it still refuses at once
 
 
 def raise_remote(error: str, message: str, context: str):
@@ -88,6 +89,7 @@ class Gpu:
         self._exports: list[tuple[int, int, Handle]] = []  # live windows: (physical offset, bytes, handle)
         self._bound: dict[tuple, np.ndarray] = {}       # buffer key -> bytes the switch may LOAD (NVLS)
         self._loads: dict[tuple, Packet] = {}           # (group, buffer key, slot) -> LOAD until served
+        self._given_up: dict[tuple, None] = {}          # (group, buffer key) a refused LOAD gave up, latest last
         self._allocations: dict[int, tuple[np.ndarray, int]] = {}  # id(array) -> (the array alloc returned, offset)
         self.strays = 0                                 # messages from ranks other than the switch, dropped
         self._polls = 0                                 # progress calls, to sweep for strays now and then
@@ -477,18 +479,37 @@ class Gpu:
         """Answer the switch's LOAD of `slot` through `group` from the buffer bound as `key` (NVLS),
         waiting for it to arrive. Served in program order, so its place on the links is deterministic;
         the answer leaves when the LOAD arrived, not when the program got to it (memory answers, not
-        the SMs)."""
-        lookup = (group, tuple(key), tuple(slot))
+        the SMs). A LOAD past the buffer's end (a requester's range, which the switch cannot check: it
+        does not know the buffer) gives the buffer up: AccessViolation naming this GPU, the requester,
+        the slot and the bytes; the buffer is unbound, and this LOAD and every other of the buffer,
+        come or to come, is answered with the notice "unserved" (header-only, no bytes counted), so
+        that each requester's leaf gives the request's budget back (fabric.switch, Load-reduce)."""
+        buffer = (group, tuple(key))
+        lookup = (*buffer, tuple(slot))
+        if buffer in self._given_up:
+            raise AccessViolation(f"GPU {self.rank}: {requester}'s load-reduce (slot {list(slot)}): the buffer bound "
+                                  f"as {list(key)} was given up after a LOAD past its end; not served")
         self._wait(lambda: lookup in self._loads, "serve load", f"{requester}'s load-reduce (slot {slot})")
         packet, seq = self._loads.pop(lookup)
         bound = self._bound[lookup[1]]
         if packet.address + packet.nbytes > bound.nbytes:
-            # a requester's range, which the switch cannot check (it does not know the buffer): refused here
+            del self._bound[lookup[1]]
+            self._given_up[buffer] = None
+            if len(self._given_up) > GIVEN_UP_KEPT:
+                del self._given_up[next(iter(self._given_up))]
+            for filed in [k for k in self._loads if k[:2] == buffer]:
+                self._unserved(self._loads.pop(filed)[0])
+            self._unserved(packet)
             raise AccessViolation(f"GPU {self.rank}: {requester}'s load-reduce (slot {list(slot)}) reads bytes "
                                   f"{packet.address}+{packet.nbytes} of a bound buffer of {bound.nbytes}; not served")
         data = bound[packet.address:packet.address + packet.nbytes]
         self._send(Packet(Kind.REDUCE, self._keys[self.rank], -1, 0, packet.nbytes, packet.req,
                           packet.info.contribution()), data, self._consume(packet, seq))
+
+    def _unserved(self, load: Packet) -> None:
+        """Tell the switch this GPU will not serve `load` (a control notice, which nothing answers)."""
+        notice = GroupInfo("unserved", load.info.group, load.info.slot, "")
+        self._transport.send(self._switch, Packet(Kind.GROUP, self._keys[self.rank], -1, info=notice))
 
     def native(self, collective: str, send: np.ndarray, recv: np.ndarray, op: str = "sum", root: int = 0) -> None:
         """The same collective by MPI's own implementation over the GPU ranks (not through the fabric,
@@ -651,7 +672,10 @@ class Gpu:
                 self._mailbox[slot] = buffer
             self._arrivals[slot] = (packet, seq)  # its downlink turn comes when the program consumes it
         elif kind is Kind.LOAD:
-            self._loads[(packet.info.group, packet.info.source, packet.info.slot)] = (packet, seq)
+            if (packet.info.group, packet.info.source) in self._given_up:  # serve_load refused the buffer
+                self._unserved(packet)
+            else:
+                self._loads[(packet.info.group, packet.info.source, packet.info.slot)] = (packet, seq)
         elif kind is Kind.NACK:
             arrived = self._consume(packet, seq)
             if packet.req in self._puts:  # the refusal is what the put's fence waits for

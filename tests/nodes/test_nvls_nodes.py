@@ -156,8 +156,12 @@ def test_a_member_s_attacks_on_nvls_across_nodes_harm_nobody_else():
                     address += 1 << 20
                 return honest(kind, info, payload, address, nbytes, **kwargs)
             gpu.switch_request = past_the_end
-        with pytest.raises(AccessViolation, match=r"GPU 0's load-reduce .* of a bound buffer of \d+; not served"):
+        # every member refuses GPU 0's first range (its own serve_load included): the error names the GPU,
+        # the requester, the slot (seq, r, c, r + c) and the bytes
+        with pytest.raises(AccessViolation, match=rf"GPU {gpu.rank}: GPU 0's load-reduce \(slot \[\d+, 0, 0, 0\]\) "
+                                                  r"reads bytes 1048576\+\d+ of a bound buffer of \d+; not served"):
             exact(comm)
+        assert gpu._bound == {} and gpu._loads == {}  # the buffer given up, its LOADs answered "unserved"
         if gpu.rank == 0:
             gpu.switch_request = honest
             spine = gpu.config.gpus + gpu.config.nodes  # the first spine's rank
@@ -176,6 +180,7 @@ def test_a_member_s_attacks_on_nvls_across_nodes_harm_nobody_else():
             assert type(error).__name__ == "AccessViolation" and f"no live group {gid}" in str(error)
         comm.barrier()
         exact(comm)  # on a new group
+        assert gpu._bound == {} and gpu._loads == {}
         return "pair"
 
     # a small switch buffer (32 KiB a partition): the windows keep honest calls within every share
@@ -185,3 +190,43 @@ def test_a_member_s_attacks_on_nvls_across_nodes_harm_nobody_else():
     ports = result.report["ports"]
     assert ports[0]["refused"] == ports[0]["violations"] == 2
     assert all(ports[g]["refused"] == 0 for g in ports if g != 0)
+
+
+def test_a_load_reduce_refused_again_and_again_exhausts_nothing():
+    """GPU 0 asks every load-reduce of a reduce_scatter past the bound buffers, LIMIT // (2 x GPUs per
+    node) + 1 times: each time every member refuses (AccessViolation), leaving at each leaf the window
+    (at least 2) of each of its members' requests unanswered. Measured before: those entries stayed
+    until the group's release, so the partition's budget (partial_share_parts, LIMIT here) ran out
+    and the next, honest reduce_scatter was refused (ResourceExhausted). Now each member answers the
+    LOADs it gives up with the notice "unserved", which gives each request's place back: the next
+    reduce_scatter is exact, and no member holds a bound buffer or a LOAD."""
+    nodes, per_node, _ = shape()
+    cfg = config(chunk_bytes=1024, switch_buffer_bytes=1 << 16)
+    limit = max(1, max(4096, cfg.switch_buffer_bytes // 1024) // nodes)  # fabric.switch's partial_share_parts
+    tries = limit // (2 * per_node) + 1
+    count = 1000 * cfg.gpus
+
+    def main(gpu):
+        lo, hi = blocks(count, gpu.size)[gpu.rank]
+        out = np.empty(hi - lo, np.float32)
+        honest = gpu.switch_request
+
+        def past_the_end(kind, info, payload=None, address=0, nbytes=None, **kwargs):
+            return honest(kind, info, payload, address + (1 << 20) if kind is Kind.LOAD_REDUCE else address, nbytes,
+                          **kwargs)
+        for _ in range(tries):
+            gpu.switch_request = past_the_end if gpu.rank == 0 else honest
+            with pytest.raises(AccessViolation, match="GPU 0's load-reduce .* not served"):
+                gpu.world.reduce_scatter(np.ones(count, np.float32), out, algorithm="nvls")
+        gpu.switch_request = honest
+        gpu.world.barrier()
+        gpu.world.reduce_scatter(np.ones(count, np.float32), out, algorithm="nvls")
+        assert np.all(out == gpu.size)
+        gpu.world.barrier()
+        assert gpu._bound == {} and gpu._loads == {}
+        return True
+
+    result = run(main, chunk_bytes=cfg.chunk_bytes, switch_buffer_bytes=cfg.switch_buffer_bytes, timeout_s=120)
+    if result.role == "gpu":
+        assert result.value is True
+    assert all(port["refused"] == 0 for port in result.report["ports"].values())
