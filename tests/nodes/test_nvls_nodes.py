@@ -8,9 +8,12 @@ import numpy as np
 import pytest
 
 from nvlink_emu.fabric import cost_nodes
+from nvlink_emu.fabric.cost import in_switch_chunk
 from nvlink_emu.fabric.errors import AccessViolation
 from nvlink_emu.fabric.packets import Kind, LoadInfo, Packet, ReduceInfo, segments
 from nvlink_emu.fabric.reduction import blocks
+from nvlink_emu.fabric.replay import nvls_streams
+from nvlink_emu.fabric.switch import buffer_share_bytes
 
 from nodes_helpers import (check_bytes_and_times, config, contribution, dtype_of, every_op_and_dtype, run, shape,
                            timed, two_level)
@@ -193,18 +196,23 @@ def test_a_member_s_attacks_on_nvls_across_nodes_harm_nobody_else():
 
 
 def test_a_load_reduce_refused_again_and_again_exhausts_nothing():
-    """GPU 0 asks every load-reduce of a reduce_scatter past the bound buffers, LIMIT // (2 x GPUs per
-    node) + 1 times: each time every member refuses (AccessViolation), leaving at each leaf the window
-    (at least 2) of each of its members' requests unanswered. Measured before: those entries stayed
-    until the group's release, so the partition's budget (partial_share_parts, LIMIT here) ran out
-    and the next, honest reduce_scatter was refused (ResourceExhausted). Now each member answers the
-    LOADs it gives up with the notice "unserved", which gives each request's place back: the next
+    """GPU 0 asks every load-reduce of a reduce_scatter past the bound buffers, again and again: each time
+    every member refuses it (AccessViolation), leaving at each leaf each of its members' requests in
+    flight (window x chunks: `per_call`) unanswered. Measured before: those entries stayed until the
+    group's release, so after `tries` calls the partition's budget (partial_share_parts: `limit`) was
+    gone and the next, honest reduce_scatter was refused (ResourceExhausted). Now each member answers
+    the LOADs it gives up with the notice "unserved", which gives each request's place back: the next
     reduce_scatter is exact, and no member holds a bound buffer or a LOAD."""
     nodes, per_node, _ = shape()
-    cfg = config(chunk_bytes=1024, switch_buffer_bytes=1 << 16)
-    limit = max(1, max(4096, cfg.switch_buffer_bytes // 1024) // nodes)  # fabric.switch's partial_share_parts
-    tries = limit // (2 * per_node) + 1
-    count = 1000 * cfg.gpus
+    cfg = config(chunk_bytes=1024, switch_buffer_bytes=4 << 20)
+    n = cfg.gpus
+    limit = max(4096, buffer_share_bytes(cfg) // 1024) // nodes  # fabric.switch's partial_share_parts
+    streams = nvls_streams(n, nodes, nodes, np.float32)  # ranks/collectives/nvls.py's window, chunk
+    chunk = in_switch_chunk(cfg, n, streams, 2, cfg.nvls_chunk_bytes, 4)
+    window = max(2, buffer_share_bytes(cfg) // (streams * (n - 1)) // chunk)
+    count = n * 64 * chunk // 4  # 64 chunks a block
+    per_call = per_node * min(window, 64)
+    tries = limit // per_call + 1
 
     def main(gpu):
         lo, hi = blocks(count, gpu.size)[gpu.rank]
@@ -226,6 +234,7 @@ def test_a_load_reduce_refused_again_and_again_exhausts_nothing():
         assert gpu._bound == {} and gpu._loads == {}
         return True
 
+    assert (limit, per_call, tries) == ((2048, 128, 17) if nodes == 2 else (1365, 128, 11))
     result = run(main, chunk_bytes=cfg.chunk_bytes, switch_buffer_bytes=cfg.switch_buffer_bytes, timeout_s=120)
     if result.role == "gpu":
         assert result.value is True
