@@ -84,7 +84,14 @@ answer comes) and results are booked as above, in the order (chunk, block) the m
 serve the LOADs (fabric.replay.nvls_ns replays it). A request crossing its group's release is
 dropped at the spine or the leaf. In flight: the requester's leaf keeps at most partial_share_parts
 of a partition's load-reduces awaiting their result (each costs a LOAD to every member), one per
-result key.
+result key and per slot. A member that will not serve a LOAD (ranks/gpu.serve_load: a range past its
+bound buffer) sends its leaf the notice "unserved" (a control packet naming the slot, answered by
+nothing), which goes on through spine slot[-1] mod P to the requester's leaf (slot[1]: its rank), and
+a leaf that drops a request for a member that has not bound sends the same back: the request's place
+in the budget is given back, so a tenant repeating a refused load-reduce exhausts nothing (_unserved,
+_load_refused). The requester hears nothing from the switch: it serves the same range of its own
+buffer (of the call's size, as every honest member's) and refuses it too, or its wait ends at its
+deadline (FabricTimeout); the members' contributions to the slot stay held until the group's release.
 """
 
 import math
