@@ -46,7 +46,9 @@ by every group of the GPU and its multicast stores), booked by the leaf as the m
 comes, ready once it has been through the engine (_member_part), so in that member's packet order
 whatever its groups; the partial is at the spine once the engine's result and every part are. The
 spine's engine reduces once every partial is in, and each result takes the group's shares of the
-destination node's uplink from that spine (per group), booked by the spine in its completion order; so
+destination node's uplink from that spine, each member's part of it (1/m of its bytes) that member's
+own share (U / (G P), shared by every group of the GPU: _result_down), booked by the spine in its
+completion order; so
 every clock is booked in one order fixed by the members' programs (fabric.replay replays it). In flight:
 a leaf keeps at most its partition's buffer share / nodes of partials without their result (in bytes; in
 number, held_parts_share / nodes), so what a spine holds stays within the share. Partials of a slot that
@@ -1089,11 +1091,12 @@ class SpineLogic:
         self.tracing = False  # a spine makes no decisions worth a trace record beyond the packets
         self.events: list[dict] = []
         # spanning groups (module docstring, Spanning groups): their copies here, whose inputs are leaves,
-        # and the down clocks (group, leaf) of the group's shares of each node's uplink from this spine
+        # and each GPU's share of its node's uplink from this spine (U / (G P)), which its part of every
+        # result for its node takes, whatever the group (_result_down)
         self.timing = config.timing
         self.groups = GroupTable()
         self.group_share = max(1, self.groups.limit // len(config.partitions))
-        self._down: dict[tuple[int, int], LinkEnd] = {}
+        self._member_down: dict[int, LinkEnd] = {}
         self._seen: dict[int, int] = {}  # creator leaf -> the highest k of its group ids held here (_released)
         self.peak_held_bytes = 0
         self.late_partials = 0  # partials of a group released while they were on their way (dropped)
@@ -1179,12 +1182,7 @@ class SpineLogic:
                     notice = GroupInfo("reduced", info.group, tuple(info.slot), "")
                     sends.append(Send(-1, Packet(Kind.GROUP, -1, -1, req=self.switch, info=notice), switch=node))
                     continue
-                clock = self._down.get((info.group, node))
-                if clock is None:
-                    local = sum(1 for g in group.members if g // self.config.gpus_per_node == node)
-                    clock = self._down[(info.group, node)] = LinkEnd(
-                        self.topology.share_gbytes_per_s * local / self.topology.spines, self.config.uplink_latency_ns)
-                t_start, t_end = clock.send(start, end, raw)
+                t_start, t_end = self._result_down(group, node, start, end, raw)
                 self.counters.record(f"sw{self.switch}->sw{node}", result.nbytes)
                 down = Packet(Kind.MCAST, -1, -1, 0, result.nbytes, info=McastInfo(info.group, key),
                               t_start=t_start, t_end=t_end)
@@ -1221,8 +1219,6 @@ class SpineLogic:
             if info.group in self.groups.groups:
                 _remember_gone(self._gone, info.group, self.groups.groups[info.group].members)
                 self.groups.release(info.group, self.groups.groups[info.group].inputs[0])
-            for key in [k for k in self._down if k[0] == info.group]:
-                del self._down[key]
             for key in [k for k in self._store_down if k[0] == info.group]:
                 del self._store_down[key]
             if first:
@@ -1243,6 +1239,24 @@ class SpineLogic:
                                     f"which is no other node's refusal of a live group's request")
             return [Send(-1, packet, switch=requester // self.config.gpus_per_node)]
         raise ProtocolError(f"{here}: GROUP {info.action!r} from leaf {leaf}")
+
+    def _result_down(self, group, node: int, start: float, end: float, raw: int) -> tuple[float, float]:
+        """When a result of `raw` bytes leaving the engine at start..end (ns) reaches leaf `node`: it takes
+        the group's shares of that node's uplink from this spine together (m x U / (G P), m its members
+        there), each member's part of it (1/m of its bytes) that member's own share, booked here in the
+        spine's completion order and shared by every group of the member (as _member_part on the way up);
+        the result is at the leaf once every part is."""
+        per_node = self.config.gpus_per_node
+        local = [g for g in group.members if g // per_node == node]
+        first = last = -math.inf
+        for gpu in local:
+            clock = self._member_down.get(gpu)
+            if clock is None:
+                clock = self._member_down[gpu] = LinkEnd(self.topology.share_gbytes_per_s / self.topology.spines,
+                                                         self.config.uplink_latency_ns)
+            a, b = clock.send(start, end, raw / len(local))
+            first, last = max(first, a), max(last, b)
+        return first, last
 
     def _load_reduce_on(self, leaf: int, packet: Packet) -> list[Send]:
         """A requester's leaf's LOAD_REDUCE (header-only), on to the group's other leaves, each of which

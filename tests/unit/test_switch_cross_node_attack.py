@@ -287,3 +287,34 @@ def test_a_load_reduce_dropped_or_released_on_its_way_gives_its_budget_back_and_
     assert fabric.call(0, "release", gid) == {"group": gid}
     assert leaf1._asked == leaf1._asked_slot == {} and leaf1._asked_count == {0: 0}
     assert fabric.gpu(2, _unserved(gid, (1, 1, 0, 1))) == []  # crossed the release: dropped
+
+
+def test_two_groups_of_the_same_members_share_their_members_down_shares_from_a_spine():
+    """2 nodes x 2 GPUs, one spine; groups A and B of members (0, 2), 16 KiB float32 each, GPU 0 reducing A
+    then B and GPU 2 B then A: both slots complete at the spine at once (each leaf's uplink share sent
+    one group's partial first). Found by review: the spine's down clocks were one per (group, node), so
+    each result took the node's whole share of the spine's downlink (m U / (G P)) at the same time,
+    twice the share the members have. Now each member's part of a result (1/m of its bytes) takes that
+    member's own share (U / (G P)), shared by all its groups, as on the way up: the second result ends
+    one serialization after the first. One group alone takes the same times as before."""
+    def run(orders):
+        fabric = Fabric(nvlink(spines=1))
+        gids = {name: fabric.group((0, 2), name) for name in "ab"}
+        x = np.ones(4096, np.float32)
+        times = {}
+        for g, names in orders.items():
+            for name in names:
+                for send in fabric.reduce(g, gids[name], (0, 0), x, (0, 2), (name, 0)):
+                    times[(name, send.port)] = (send.packet.t_start, send.packet.t_end)
+        return times
+
+    alone = run({0: "a", 2: "a"})
+    assert alone == {("a", 0): (1250.0, pytest.approx(1327.368888888889, rel=1e-12)),
+                     ("a", 2): (1250.0, pytest.approx(1327.368888888889, rel=1e-12))}
+    start, end = alone[("a", 0)]
+    serial = end - start  # 16 KiB + headers on the node's share from the spine
+    both = run({0: "ab", 2: "ba"})
+    for port in (0, 2):
+        first, second = sorted((both[("a", port)], both[("b", port)]))
+        assert first == pytest.approx((end, end + serial), rel=1e-12)
+        assert second == pytest.approx((end + serial, end + 2 * serial), rel=1e-12), (port, first, second)
