@@ -676,7 +676,9 @@ class SwitchLogic:
 
     def _loads_asked(self, spine: int, packet: Packet) -> list[Send]:
         """Another node's load-reduce, passed on by spine `spine`: LOADs to this node's members. A request
-        of a group released on its way is dropped; anything else that does not fit is a switch's bug."""
+        of a group released on its way is dropped; one for members here that have not bound the group is
+        dropped too, and its requester's leaf told ("unserved"); anything else that does not fit is a
+        switch's bug."""
         self.counters.record(f"sw{spine}->sw{self.switch}", 0)
         info = packet.info
         group = self.groups.groups.get(info.group)
