@@ -318,3 +318,19 @@ def test_two_groups_of_the_same_members_share_their_members_down_shares_from_a_s
         first, second = sorted((both[("a", port)], both[("b", port)]))
         assert first == pytest.approx((end, end + serial), rel=1e-12)
         assert second == pytest.approx((end + serial, end + 2 * serial), rel=1e-12), (port, first, second)
+
+
+def test_a_one_switch_group_takes_a_member_s_load_refusal_and_answers_nothing():
+    """On one switch no budget of load-reduces is kept: a bound member's notice "unserved" is taken and
+    answered by nothing; a GPU that is no member is refused (counted, a NACK naming the group)."""
+    from nvlink_emu.fabric.config import preset
+    from nvlink_emu.fabric.switch import SwitchLogic
+    switch = SwitchLogic(preset("dgx-h100", gpus=4))
+    (reply,) = switch.on_packet(0, _group_packet("create", members=(0, 1), name="c"))
+    gid = reply.packet.info["group"]
+    for g in (0, 1):
+        switch.on_packet(g, _group_packet("bind", gid))
+    assert switch.on_packet(1, _unserved(gid, (0, 0, 0))) == [] and switch.refused == [0] * 4
+    (nack,) = switch.on_packet(2, _unserved(gid, (0, 0, 0)))
+    assert nack.packet.kind is Kind.NACK and f"not a member of group {gid}" in nack.packet.info.message
+    assert switch.refused == [0, 0, 1, 0]
