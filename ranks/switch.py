@@ -166,8 +166,11 @@ class SwitchRank:
     def _poll(self):
         """The next header from a GPU the switch is reading from (any GPU, unless some are held)."""
         transport = self.transport
-        held = {s for s, queue in self._waiting.items() if len(queue) > MAX_QUEUED or queue[0].held}
-        held.update(d for d in transport.backlogged(MAX_UNREAD) if d < self.config.gpus)
+        held = {s for s, queue in self._waiting.items() if len(queue) > MAX_QUEUED or queue[0].held} \
+            if self._waiting else set()
+        backlogged = transport.backlogged(MAX_UNREAD)
+        if backlogged:
+            held.update(d for d in backlogged if d < self.config.gpus)
         if not held:  # any rank: a header from one that is no source of this switch is dropped by _take
             return transport.poll(limit=MAX_HEADER_BYTES)
         for source in self.sources:
@@ -407,10 +410,13 @@ class SwitchRank:
             else:
                 self._counters[source] = packet.info
             return
+        if self.trace is None:
+            self._send_all(self.logic.on_packet(source, packet, payload, checked), source)
+            return
         link = uplink(source, self.index)
-        before = self.logic.counters.get(link).packets if self.trace is not None else 0
+        before = self.logic.counters.get(link).packets
         sends = self.logic.on_packet(source, packet, payload, checked)
-        if self.trace is not None and self.logic.counters.get(link).packets != before:
+        if self.logic.counters.get(link).packets != before:
             self._record("rx", link, packet, source)
         self._send_all(sends, source)
 
@@ -510,7 +516,7 @@ class SwitchRank:
             nbytes = send.packet.payload_bytes
             if switch is None:
                 self.transport.send(send.port, send.packet, send.payload)
-                link = downlink(send.port, self.index)
+                link = downlink(send.port, self.index) if self.trace is not None else None
                 if self._credited:  # position of this send among the port's, for _credit_drained
                     end = self._posted_to[send.port] = self._posted_to.get(send.port, 0) + 1
                     if transit is not None:  # a GPU's packet from another leaf: credited back to it once sent
@@ -518,7 +524,7 @@ class SwitchRank:
             else:
                 self.transport.send(self.config.gpus + switch, send.packet, send.payload)
                 self.sent_to_switches += 1
-                link = f"sw{self.index}->sw{switch}"
+                link = f"sw{self.index}->sw{switch}" if self.trace is not None else None
                 if source in self.gpus and send.switch is None:
                     self._credit_used[send.port] = self._credit_used.get(send.port, 0) + self._charge(nbytes)
                 elif source in self.gpus and send.packet.kind is Kind.MCAST:  # a store up to a spine: one copy

@@ -202,6 +202,7 @@ class Transport:
         self._pending: dict[int, deque] = {}
         self.pending_bytes = 0                      # payload bytes posted and not yet sent, all destinations
         self.pending_bytes_to: dict[int, int] = {}  # the same per destination
+        self._sends = 0                             # sends posted and not yet retired, all destinations
         self._status = MPI.Status()
         self._wake()
 
@@ -246,7 +247,7 @@ class Transport:
         if payload is not None and inline:
             message = frame(header, payload)
             requests = [self.comm.Isend([message, MPI.BYTE], dest, TAG_HEADER)]
-            buffers = (message, None)  # its bytes are on their way in the header's message: none pending
+            buffers = (message, payload)  # its payload's bytes are pending as a payload message's would be
         else:
             requests = [self.comm.Isend([header, MPI.BYTE], dest, TAG_HEADER)]
             if payload is not None:
@@ -264,6 +265,7 @@ class Transport:
     def _keep(self, dest: int, requests: list, buffers: tuple) -> list:
         nbytes = 0 if buffers[1] is None else buffers[1].nbytes
         self._pending.setdefault(dest, deque()).append((requests, buffers, nbytes))
+        self._sends += 1
         self.pending_bytes += nbytes
         self.pending_bytes_to[dest] = self.pending_bytes_to.get(dest, 0) + nbytes
         return requests
@@ -271,12 +273,20 @@ class Transport:
     def progress(self) -> bool:
         """Retire completed sends, oldest first per destination; True if any completed."""
         done = False
+        if not self._pending:
+            return done
         for dest in list(self._pending):
             queue = self._pending[dest]
-            while queue and MPI.Request.Testall(queue[0][0]):
+            while queue:
+                requests = queue[0][0]
+                # one request (a header, or an inline frame) is the common case: Test it without Testall's list
+                if not (requests[0].Test() if len(requests) == 1 else MPI.Request.Testall(requests)):
+                    break
                 nbytes = queue.popleft()[2]
-                self.pending_bytes -= nbytes
-                self.pending_bytes_to[dest] -= nbytes
+                self._sends -= 1
+                if nbytes:
+                    self.pending_bytes -= nbytes
+                    self.pending_bytes_to[dest] -= nbytes
                 done = True
             if not queue:
                 del self._pending[dest]
@@ -290,10 +300,12 @@ class Transport:
     @property
     def in_flight(self) -> int:
         """Sends posted and not yet retired, all destinations."""
-        return sum(len(queue) for queue in self._pending.values())
+        return self._sends
 
     def backlogged(self, limit: int) -> list[int]:
         """Destinations with more than `limit` sends posted and not yet retired."""
+        if self._sends <= limit:  # none has (the switch asks at every step)
+            return []
         return [dest for dest, queue in self._pending.items() if len(queue) > limit]
 
     @staticmethod
