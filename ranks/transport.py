@@ -2,11 +2,11 @@
 
 Fabric packets travel as a msgpack header message (TAG_HEADER) followed, when the packet carries a
 payload, by the raw bytes as a second message (TAG_PAYLOAD) sent straight from the numpy buffer.
-A payload of at most INLINE_PAYLOAD_BYTES travels inside its header's message instead (an inline frame:
-INLINE_MARK, the header's length, the header, the payload; `frame`, `unframe`), so a small packet
-costs one MPI message, not two. MPI keeps messages between two ranks in order per tag, so the n-th
-payload message from a rank belongs to the n-th header from it that carries a payload and is not
-inline. Every send is non-blocking: a rank waiting for anything keeps serving, so two ranks sending
+A payload of at most INLINE_PAYLOAD_BYTES travels inside its header's message instead (an inline
+frame: INLINE_MARK, the header's length, the header, the payload; `frame`, `unframe`), so a small
+packet costs one MPI message, not two. MPI keeps messages between two ranks in order per tag, so the
+n-th payload message from a rank belongs to the n-th header from it that carries a payload and is
+not inline. Every send is non-blocking: a rank waiting for anything keeps serving, so two ranks sending
 to each other never deadlock.
 
 Receivers trust nothing about a message but its MPI source: a GPU takes fabric packets from its
@@ -229,7 +229,8 @@ class Transport:
             raise ValueError(f"{packet.kind.name} to rank {dest}: payload of "
                              f"{None if payload is None else payload.nbytes} bytes, header says "
                              f"{nbytes}")
-        return self.send_bytes(dest, packet.to_wire(), payload if nbytes else None, inline=nbytes <= INLINE_PAYLOAD_BYTES)
+        return self.send_bytes(dest, packet.to_wire(), payload if nbytes else None,
+                               inline=nbytes <= INLINE_PAYLOAD_BYTES)
 
     def delay_sends(self, seed: int, most_s: float) -> None:
         """A test hook: from now on, sleep a random time in [0, most_s) (seeded by `seed` and this rank)

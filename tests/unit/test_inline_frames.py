@@ -37,7 +37,8 @@ def test_an_empty_inline_payload_is_a_payload_of_zero_bytes_not_none():
 
 @pytest.mark.parametrize("data, match", [
     (bytes([INLINE_MARK, 1, 0]), "an inline frame of 3 bytes, shorter than its 5-byte prefix"),
-    (bytes([INLINE_MARK]) + (1000).to_bytes(4, "little") + b"x" * 10, "an inline frame of 15 bytes says its header has 1000"),
+    (bytes([INLINE_MARK]) + (1000).to_bytes(4, "little") + b"x" * 10,
+     "an inline frame of 15 bytes says its header has 1000"),
     (bytes([INLINE_MARK]) + (200).to_bytes(4, "little") + b"x" * 200, "headers are at most 100 bytes"),
     (bytes([INLINE_MARK]) + (2).to_bytes(4, "little") + b"\x90\x90" + bytes(INLINE_PAYLOAD_BYTES + 1),
      f"inline payloads at most {INLINE_PAYLOAD_BYTES}"),
