@@ -648,8 +648,9 @@ def unframe(data, limit: int | None = None) -> tuple[memoryview | bytearray, np.
     length = _FRAME.unpack_from(data)[1]
     payload = size - _FRAME.size - length
     if payload < 0 or (limit is not None and length > limit) or payload > INLINE_PAYLOAD_BYTES:
-        raise ProtocolError(f"an inline frame of {size} bytes says its header has {length}: headers are at most "
-                            f"{limit} bytes, inline payloads at most {INLINE_PAYLOAD_BYTES}")
+        most = "" if limit is None else f"headers are at most {limit} bytes, "
+        raise ProtocolError(f"an inline frame of {size} bytes says its header has {length}: {most}inline "
+                            f"payloads at most {INLINE_PAYLOAD_BYTES}")
     view = memoryview(data)
     end = _FRAME.size + length
     return view[_FRAME.size:end], np.frombuffer(data, np.uint8, payload, end)
