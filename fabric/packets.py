@@ -61,6 +61,8 @@ class Kind(enum.IntEnum):
 
 _WITH_PAYLOAD = frozenset({Kind.PUT, Kind.GET_DATA, Kind.MSG, Kind.REDUCE, Kind.MCAST})
 _KIND_OF = {int(kind): kind for kind in Kind}  # Kind(n) without the enum's lookup machinery (per packet)
+_NUMBER = (int, float)
+_SEQUENCE = (list, tuple)
 
 
 # -- field checkers: each returns the field's value in its canonical type or raises ProtocolError ----
@@ -93,16 +95,21 @@ def _text(v):
 
 
 def _ints(v):
-    if type(v) not in (list, tuple) or len(v) > MAX_LIST or not all(type(x) is int for x in v):
+    if type(v) not in _SEQUENCE or len(v) > MAX_LIST:
         raise _Bad(f"a list of at most {MAX_LIST} integers, got {v!r:.80}")
+    for x in v:  # a loop, not all(...) over a generator: every header of the collectives has one or two
+        if type(x) is not int:
+            raise _Bad(f"a list of at most {MAX_LIST} integers, got {v!r:.80}")
     return tuple(v)
 
 
 def _key(v):
     """A message key: a flat tuple of ints and strings."""
-    if (type(v) not in (list, tuple) or len(v) > MAX_KEY_PARTS
-            or not all(type(x) is int or (type(x) is str and len(x) <= MAX_TEXT) for x in v)):
+    if type(v) not in _SEQUENCE or len(v) > MAX_KEY_PARTS:
         raise _Bad(f"a flat list of at most {MAX_KEY_PARTS} integers and strings, got {v!r:.80}")
+    for x in v:
+        if type(x) is not int and (type(x) is not str or len(x) > MAX_TEXT):
+            raise _Bad(f"a flat list of at most {MAX_KEY_PARTS} integers and strings, got {v!r:.80}")
     return tuple(v)
 
 
@@ -166,25 +173,33 @@ class Info:
     """Base of the per-kind records: wire form = the fields' values in declaration order."""
 
     def to_wire(self) -> list:
-        return [_wire(getattr(self, f.name)) for f in _fields_of(type(self))]
+        values = self.__dict__
+        return [values[name] for name, _ in _fields_of(type(self))]
 
     @classmethod
     def from_wire(cls, kind: "Kind", values) -> "Info":
         spec = _fields_of(cls)
         if type(values) is not list or len(values) != len(spec):
             raise ProtocolError(f"malformed {kind.name} header: its record needs {len(spec)} fields "
-                                f"({', '.join(f.name for f in spec)}), got {values!r:.80}")
-        return cls(*(_check(kind, f.name, f.metadata["check"], v) for f, v in zip(spec, values)))
+                                f"({', '.join(name for name, _ in spec)}), got {values!r:.80}")
+        record = object.__new__(cls)  # its fields set as __init__ would, without a frozen __init__'s cost
+        fields_ = record.__dict__
+        try:
+            for (name, check), value in zip(spec, values):
+                fields_[name] = check(value)
+        except _Bad as bad:
+            raise ProtocolError(f"malformed {kind.name} header: field {name!r} must be {bad}") from None
+        return record
 
 
 _FIELDS: dict[type, tuple] = {}
 
 
 def _fields_of(cls) -> tuple:
-    """dataclasses.fields(cls), looked up once per record class (every packet decodes one)."""
+    """(name, checker) of each of a record class's fields, looked up once per class (every packet decodes one)."""
     spec = _FIELDS.get(cls)
     if spec is None:
-        spec = _FIELDS[cls] = fields(cls)
+        spec = _FIELDS[cls] = tuple((f.name, f.metadata["check"]) for f in fields(cls))
     return spec
 
 
@@ -295,11 +310,15 @@ class CountersInfo(Info):
     calls: tuple = _field(_calls)        # CallRecords of its first collective calls (see ranks.gpu.CALL_RECORD_BYTES)
     calls_unrecorded: int = _field(_int)  # its collective calls past those
 
+    def to_wire(self) -> list:
+        return [_wire(getattr(self, name)) for name, _ in _fields_of(CountersInfo)]  # calls: records nested
+
 
 INFO_OF = {Kind.NACK: NackInfo, Kind.MSG: MsgInfo, Kind.REDUCE: ReduceInfo, Kind.MCAST: McastInfo,
            Kind.LOAD_REDUCE: LoadInfo, Kind.LOAD: LoadInfo, Kind.EXPORT: ExportInfo, Kind.REVOKE: RevokeInfo,
            Kind.GROUP: GroupInfo, Kind.TRACE: TraceInfo, Kind.COUNTERS: CountersInfo}
 FREE_MAP = frozenset({Kind.REPLY, Kind.SHUTDOWN})  # switch-only kinds with a free map (or nothing)
+_PACKER = msgpack.Packer(use_bin_type=True)  # msgpack.packb's, made once (packb makes one per call)
 
 
 @dataclass(frozen=True)
@@ -330,8 +349,8 @@ class Packet:
 
     def to_wire(self) -> bytes:
         info = self.info.to_wire() if isinstance(self.info, Info) else self.info
-        return msgpack.packb((int(self.kind), self.src, self.dst, self.address, self.nbytes, self.req,
-                              info, float(self.t_start), float(self.t_end)), use_bin_type=True)
+        return _PACKER.pack((int(self.kind), self.src, self.dst, self.address, self.nbytes, self.req,
+                             info, float(self.t_start), float(self.t_end)))
 
     @classmethod
     def from_wire(cls, data: bytes) -> "Packet":
@@ -344,11 +363,11 @@ class Packet:
                 raise ValueError(f"{number!r} is not a valid Kind")
         except (ValueError, TypeError, msgpack.UnpackException) as exc:
             raise ProtocolError(f"undecodable packet header ({len(data)} bytes): {exc}") from None
-        numbers = (src, dst, address, nbytes, req)
-        if (not all(type(v) is int for v in numbers) or nbytes < 0
-                or not all(type(t) in (int, float) for t in (t_start, t_end))):
+        if (type(src) is not int or type(dst) is not int or type(address) is not int or type(nbytes) is not int
+                or type(req) is not int or nbytes < 0 or type(t_start) not in _NUMBER or type(t_end) not in _NUMBER):
             raise ProtocolError(f"malformed {kind.name} header: src, dst, address, nbytes, req must be integers "
-                                f"(nbytes >= 0) and the times numbers, got {numbers} {t_start!r} {t_end!r}")
+                                f"(nbytes >= 0) and the times numbers, got {(src, dst, address, nbytes, req)} "
+                                f"{t_start!r} {t_end!r}")
         record = INFO_OF.get(kind)
         if record is not None:
             info = record.from_wire(kind, info)
@@ -357,7 +376,13 @@ class Packet:
                 info = _check(kind, "info", _map, info)
         elif info is not None:
             raise ProtocolError(f"malformed {kind.name} header: this kind carries no record, got {info!r:.80}")
-        return cls(kind, src, dst, address, nbytes, req, info, float(t_start), float(t_end))
+        # the fields as __init__ and __post_init__ set them (info is the kind's record: checked above),
+        # without a frozen dataclass's __init__: the switch decodes every packet
+        packet = object.__new__(cls)
+        packet.__dict__.update(kind=kind, src=src, dst=dst, address=address, nbytes=nbytes, req=req, info=info,
+                               t_start=float(t_start), t_end=float(t_end),
+                               payload_bytes=nbytes if kind in _WITH_PAYLOAD else 0)
+        return packet
 
     def but(self, **changes) -> "Packet":
         """This packet with some of src, dst, address, t_start, t_end changed (dataclasses.replace, without

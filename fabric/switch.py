@@ -294,10 +294,13 @@ class SwitchLogic:
         return (ingress,)
 
     # -- the data plane ---------------------------------------------------------------------------
-    def on_packet(self, ingress: int, packet: Packet, payload: np.ndarray | None = None) -> list[Send]:
-        """What to send in answer to `packet` (with its `payload` bytes) arriving from GPU `ingress`."""
+    def on_packet(self, ingress: int, packet: Packet, payload: np.ndarray | None = None,
+                  checked: bool = False) -> list[Send]:
+        """What to send in answer to `packet` (with its `payload` bytes) arriving from GPU `ingress`;
+        `checked`: the caller ran check_header on it already (before taking its payload)."""
         try:
-            self.check_header(ingress, packet)
+            if not checked:
+                self.check_header(ingress, packet)
             if packet.kind.has_payload:
                 if payload is None and packet.nbytes == 0:
                     payload = _NO_BYTES

@@ -26,7 +26,7 @@ from nvlink_emu.fabric.timemodel import LinkEnd
 
 from .comm import CREDIT_SEQ, Communicator, is_integer
 from .requests import Request, wait_all, wait_any
-from .transport import MAX_HEADER_BYTES, ControlChannel, Idle, Transport, native_collective
+from .transport import MAX_HEADER_BYTES, ControlChannel, Idle, Transport, native_collective, unframe
 
 
 STRAY_SWEEP = 256  # every this many progress calls, look for strays from every rank, not just in front
@@ -546,7 +546,8 @@ class Gpu:
         sweep = not self._polls % STRAY_SWEEP
         incoming = self._transport.poll(self._switch)
         if incoming is not None:
-            self._handle(incoming[0], Packet.from_wire(incoming[1]))  # the switch is trusted: a bad header is a bug
+            header, inline = unframe(incoming[1])  # the switch is trusted: a bad frame or header is a bug
+            self._handle(incoming[0], Packet.from_wire(header), inline)
             if not sweep:
                 return True
             moved = True
@@ -625,7 +626,8 @@ class Gpu:
                 self._idle()
         return dict(self._where_answers)
 
-    def _handle(self, source: int, packet: Packet) -> None:
+    def _handle(self, source: int, packet: Packet, inline: np.ndarray | None = None) -> None:
+        """Serve `packet` from the switch; `inline`: its payload, if it came in the header's message."""
         seq = None
         if packet.kind.counted:
             raw = self._counters.record(downlink(self.rank, self._leaf), packet.payload_bytes)
@@ -639,7 +641,7 @@ class Gpu:
         # one-sided traffic is served as it comes: it takes its turn on the links in serving order
         if kind is Kind.PUT:
             phys = packet.address
-            self._receive(packet, self.memory[phys:phys + packet.nbytes])
+            self._receive(packet, self.memory[phys:phys + packet.nbytes], inline)
             self._send(Packet(Kind.PUT_ACK, self._keys[self.rank], packet.src, req=packet.req),
                        at_ns=self._consume(packet, seq))
         elif kind is Kind.GET:
@@ -651,7 +653,7 @@ class Gpu:
             self._acked_ns = max(self._acked_ns, self._consume(packet, seq))
         elif kind is Kind.GET_DATA:
             dest = self._gets.pop(packet.req, None)
-            self._receive(packet, dest if dest is not None else np.empty(packet.nbytes, np.uint8))
+            self._receive(packet, dest if dest is not None else np.empty(packet.nbytes, np.uint8), inline)
             if dest is None:  # the bytes are taken first, so the next payload is not mistaken for these
                 raise ProtocolError(f"GPU {self.rank}: GET_DATA for request {packet.req}, which it never made")
             self._got_ns[packet.req] = self._consume(packet, seq)
@@ -661,7 +663,7 @@ class Gpu:
             dest = self._posted.get(slot)
             fits = dest is None or dest.nbytes == packet.nbytes
             buffer = dest if dest is not None and fits else np.empty(packet.nbytes, np.uint8)
-            self._receive(packet, buffer)
+            self._receive(packet, buffer, inline)
             if not fits:  # taken first, so the next payload is not mistaken for this one
                 raise ProtocolError(f"GPU {self.rank}: message {slot[0]} from "
                                     f"{sender if isinstance(sender, str) else f'GPU {sender}'} has {packet.nbytes} "
@@ -709,8 +711,15 @@ class Gpu:
                 raise type(first)(f"{first} (and {rest} more refused)")
             raise first
 
-    def _receive(self, packet: Packet, out: np.ndarray) -> None:
-        if packet.payload_bytes:
+    def _receive(self, packet: Packet, out: np.ndarray, inline: np.ndarray | None) -> None:
+        """Take `packet`'s payload into `out` (uint8, its size): from `inline` if it came in the header's
+        message, else the next payload message from the switch."""
+        if inline is not None:
+            if inline.nbytes != packet.payload_bytes:  # the switch is trusted: a bug
+                raise ProtocolError(f"GPU {self.rank}: {packet.kind.name} req {packet.req} from the switch says "
+                                    f"{packet.payload_bytes} bytes, {inline.nbytes} came inline")
+            out[:] = inline
+        elif packet.payload_bytes:
             self._transport.recv_payload(self._switch, out, time.monotonic() + self.timeout_s,
                                          f"{packet.kind.name} req {packet.req}")
 

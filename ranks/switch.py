@@ -25,7 +25,7 @@ from nvlink_emu.fabric.errors import FabricError, FabricTimeout, ProtocolError
 from nvlink_emu.fabric.packets import CountersInfo, Kind, Packet, raw_bytes
 from nvlink_emu.fabric.switch import SpineLogic, SwitchLogic, port_share_bytes
 
-from .transport import MAX_HEADER_BYTES, Idle, SwitchChannel, Transport
+from .transport import MAX_HEADER_BYTES, Idle, SwitchChannel, Transport, unframe
 
 MAX_UNREAD = 1024  # answers a GPU may leave unread before the switch stops reading its packets
 MAX_QUEUED = 256   # packets of one GPU waiting behind one that cannot go on yet
@@ -37,14 +37,16 @@ SPANNING = frozenset({Kind.REDUCE, Kind.MCAST, Kind.GROUP, Kind.LOAD_REDUCE})  #
 
 
 class _Waiting:
-    """A header whose payload is still to come (or still being received), with its deadline."""
+    """A header whose payload is still to come (or still being received, or came inline and waits for
+    its turn), with its deadline."""
 
-    __slots__ = ("packet", "deadline", "request", "buffer", "held")
+    __slots__ = ("packet", "deadline", "request", "buffer", "held", "inline")
 
-    def __init__(self, packet: Packet, deadline: float):
+    def __init__(self, packet: Packet, deadline: float, inline=None):
         self.packet, self.deadline = packet, deadline
         self.request = self.buffer = None
         self.held = False  # its payload is not taken yet: a port it goes to has too much in flight
+        self.inline = inline  # its payload, if it came in the header's message (not checked yet)
 
 
 class SwitchRank:
@@ -164,8 +166,11 @@ class SwitchRank:
     def _poll(self):
         """The next header from a GPU the switch is reading from (any GPU, unless some are held)."""
         transport = self.transport
-        held = {s for s, queue in self._waiting.items() if len(queue) > MAX_QUEUED or queue[0].held}
-        held.update(d for d in transport.backlogged(MAX_UNREAD) if d < self.config.gpus)
+        held = {s for s, queue in self._waiting.items() if len(queue) > MAX_QUEUED or queue[0].held} \
+            if self._waiting else set()
+        backlogged = transport.backlogged(MAX_UNREAD)
+        if backlogged:
+            held.update(d for d in backlogged if d < self.config.gpus)
         if not held:  # any rank: a header from one that is no source of this switch is dropped by _take
             return transport.poll(limit=MAX_HEADER_BYTES)
         for source in self.sources:
@@ -198,32 +203,63 @@ class SwitchRank:
                 return True
         return False
 
-    def _take(self, source: int, data: bytes | None) -> None:
+    def _take(self, source: int, data: bytearray | None) -> None:
         if source in self._peer_of:
             if data is None:
                 raise ProtocolError(f"switch {self.index}: a header of more than {MAX_HEADER_BYTES} bytes from "
                                     f"switch {self._peer_of[source]}")
             self.taken_from_switches += 1
-            packet = Packet.from_wire(data)  # a switch's packet: a bad one is a bug, and ends the run
+            header, inline = unframe(data, MAX_HEADER_BYTES)  # a switch's packet: a bad one is a bug, and
+            packet = Packet.from_wire(header)                 # ends the run
         elif source in self.gpus:
             if data is None:
                 self._refuse(source, ProtocolError(f"switch: a header of more than {MAX_HEADER_BYTES} bytes from "
                                                    f"GPU {source}"))
                 return
             try:
-                packet = Packet.from_wire(data)
+                header, inline = unframe(data, MAX_HEADER_BYTES)
+                packet = Packet.from_wire(header)
             except ProtocolError as exc:
                 self._refuse(source, ProtocolError(f"switch: from GPU {source}: {exc}"))
                 return
         else:
             return  # neither a GPU of this switch nor a neighbour switch: nobody to answer
+        if inline is not None and not packet.payload_bytes:
+            self._refuse(source, ProtocolError(f"{packet.kind.name} from GPU {source}: its header carries no payload, "
+                                               f"{inline.nbytes} bytes came with it"), packet)
+            return
         # a sender's packets are served in the order it sent them; one without payload may wait for credit
-        if self._waiting.get(source) or packet.payload_bytes or (
-                packet.kind.counted and self._credit_used and self._congested(source, packet)):
-            self._waiting.setdefault(source, deque()).append(_Waiting(packet, time.monotonic() + self.timeout_s))
-            self._advance(source)
+        if self._waiting.get(source):
+            self._queue(source, packet, inline)
+        elif inline is not None:  # the whole packet is here: unless held, served now, as _advance would
+            if self._congested(source, packet):
+                self._queue(source, packet, inline)
+            elif self._checked(source, packet, inline.nbytes):
+                self._handle(source, packet, inline, checked=True)
+        elif packet.payload_bytes or (packet.kind.counted and self._credit_used and self._congested(source, packet)):
+            self._queue(source, packet, None)
         else:
             self._handle(source, packet, None)
+
+    def _queue(self, source: int, packet: Packet, inline) -> None:
+        """Queue `packet` behind GPU `source`'s waiting ones (with its payload if it came inline) and serve them."""
+        self._waiting.setdefault(source, deque()).append(_Waiting(packet, time.monotonic() + self.timeout_s, inline))
+        self._advance(source)
+
+    def _checked(self, source: int, packet: Packet, size: int) -> bool:
+        """Whether `packet` from `source`, with `size` bytes of payload come, may be taken: the one check of
+        a GPU's header (before anything is allocated for its payload), and its size against what came.
+        A packet that may not is refused."""
+        try:
+            if source in self.gpus:
+                self.logic.check_header(source, packet)
+            if size != packet.payload_bytes:
+                raise ProtocolError(f"{packet.kind.name} from GPU {source}: header says "
+                                    f"{packet.payload_bytes} bytes, {size} came")
+        except ProtocolError as exc:
+            self._refuse(source, exc, packet)
+            return False
+        return True
 
     def _advance_all(self) -> bool:
         moved = False
@@ -246,6 +282,12 @@ class SwitchRank:
                 if entry.held:  # its wait for the payload starts once it may be taken
                     entry.deadline = time.monotonic() + self.timeout_s
                     break
+            if entry.inline is not None:
+                queue.popleft()  # checked now, as a payload that came on its own would be
+                if self._checked(source, packet, entry.inline.nbytes):
+                    self._handle(source, packet, entry.inline, checked=True)
+                moved = True
+                continue
             if packet.payload_bytes and entry.request is None:
                 got = self.transport.probe_payload(source)
                 if got is None:
@@ -258,16 +300,9 @@ class SwitchRank:
                     moved = True
                     continue
                 message, size = got
-                try:
-                    if source in self.gpus:
-                        self.logic.check_header(source, packet)  # before allocating anything for it
-                    if size != packet.payload_bytes:
-                        raise ProtocolError(f"{packet.kind.name} from GPU {source}: header says "
-                                            f"{packet.payload_bytes} bytes, {size} came")
-                except ProtocolError as exc:
+                if not self._checked(source, packet, size):  # before allocating anything for it
                     self.transport.drop(message)
                     queue.popleft()
-                    self._refuse(source, exc, packet)
                     moved = True
                     continue
                 entry.buffer = np.empty(size, np.uint8)
@@ -284,14 +319,16 @@ class SwitchRank:
                 moved = True
                 continue
             queue.popleft()
-            self._handle(source, packet, entry.buffer)
+            self._handle(source, packet, entry.buffer, checked=entry.request is not None)
             moved = True
         if not queue:
             del self._waiting[source]
         return moved
 
     # -- serving --------------------------------------------------------------------------------------
-    def _handle(self, source: int, packet: Packet, payload: np.ndarray | None) -> None:
+    def _handle(self, source: int, packet: Packet, payload: np.ndarray | None, checked: bool = False) -> None:
+        """Serve `packet` (with its payload) from `source`; `checked`: from a GPU, its header was checked
+        (_checked) already."""
         peer = self._peer_of.get(source)
         if peer is not None and packet.kind is Kind.TRACE:  # GPU 0's word, relayed by its leaf and the spines
             self._set_tracing(packet, exclude=peer)
@@ -373,10 +410,13 @@ class SwitchRank:
             else:
                 self._counters[source] = packet.info
             return
+        if self.trace is None:
+            self._send_all(self.logic.on_packet(source, packet, payload, checked), source)
+            return
         link = uplink(source, self.index)
-        before = self.logic.counters.get(link).packets if self.trace is not None else 0
-        sends = self.logic.on_packet(source, packet, payload)
-        if self.trace is not None and self.logic.counters.get(link).packets != before:
+        before = self.logic.counters.get(link).packets
+        sends = self.logic.on_packet(source, packet, payload, checked)
+        if self.logic.counters.get(link).packets != before:
             self._record("rx", link, packet, source)
         self._send_all(sends, source)
 
@@ -476,7 +516,7 @@ class SwitchRank:
             nbytes = send.packet.payload_bytes
             if switch is None:
                 self.transport.send(send.port, send.packet, send.payload)
-                link = downlink(send.port, self.index)
+                link = downlink(send.port, self.index) if self.trace is not None else None
                 if self._credited:  # position of this send among the port's, for _credit_drained
                     end = self._posted_to[send.port] = self._posted_to.get(send.port, 0) + 1
                     if transit is not None:  # a GPU's packet from another leaf: credited back to it once sent
@@ -484,7 +524,7 @@ class SwitchRank:
             else:
                 self.transport.send(self.config.gpus + switch, send.packet, send.payload)
                 self.sent_to_switches += 1
-                link = f"sw{self.index}->sw{switch}"
+                link = f"sw{self.index}->sw{switch}" if self.trace is not None else None
                 if source in self.gpus and send.switch is None:
                     self._credit_used[send.port] = self._credit_used.get(send.port, 0) + self._charge(nbytes)
                 elif source in self.gpus and send.packet.kind is Kind.MCAST:  # a store up to a spine: one copy

@@ -2,9 +2,12 @@
 
 Fabric packets travel as a msgpack header message (TAG_HEADER) followed, when the packet carries a
 payload, by the raw bytes as a second message (TAG_PAYLOAD) sent straight from the numpy buffer.
-MPI keeps messages between two ranks in order per tag, so the n-th payload from a rank belongs to
-the n-th payload-carrying header from it. Every send is non-blocking: a rank waiting for anything
-keeps serving, so two ranks sending to each other never deadlock.
+A payload of at most INLINE_PAYLOAD_BYTES travels inside its header's message instead (an inline
+frame: INLINE_MARK, the header's length, the header, the payload; `frame`, `unframe`), so a small
+packet costs one MPI message, not two. MPI keeps messages between two ranks in order per tag, so the
+n-th payload message from a rank belongs to the n-th header from it that carries a payload and is
+not inline. Every send is non-blocking: a rank waiting for anything keeps serving, so two ranks sending
+to each other never deadlock.
 
 Receivers trust nothing about a message but its MPI source: a GPU takes fabric packets from its
 switch alone (`poll(source=...)`) and drops whatever other ranks send it (`drop_strays`); the
@@ -17,6 +20,7 @@ import random
 import secrets
 import select
 import socket
+import struct
 import sys
 import tempfile
 import time
@@ -36,6 +40,15 @@ TAG_CONTROL = 13
 ABORT_GRACE_S = 0.5  # s, between a failing rank's report and MPI_Abort
 MAX_HEADER_BYTES = 1 << 16  # a header from a GPU is at most this long (the longest real one is ~1 KiB)
 _NOTHING = np.empty(0, np.uint8)  # where dropped messages go (a receive truncated to nothing)
+# Payloads up to this many bytes travel inline, in their header's message. Below it a second message
+# costs more than the copy into one: each MPI message is a probe, a match and a receive of Python and
+# MPI work at both ends (tens of us), copying 4 KiB is well under one; above it the copy grows with the
+# size while the message's cost does not. It also bounds what a switch holds of a GPU's packets that
+# wait (MAX_QUEUED of them, ranks/switch.py: 1 MiB per GPU) and what it reads before checking a header.
+INLINE_PAYLOAD_BYTES = 4096
+INLINE_MARK = 0xC1  # an inline frame's first byte: msgpack never uses it, so no plain header starts with it
+_FRAME = struct.Struct("<BI")  # the mark, then the header's length in bytes (little-endian uint32)
+INLINE_FRAME_BYTES = _FRAME.size + INLINE_PAYLOAD_BYTES  # an inline frame's bytes beyond its header, at most
 
 
 def world_rank() -> int:
@@ -189,6 +202,7 @@ class Transport:
         self._pending: dict[int, deque] = {}
         self.pending_bytes = 0                      # payload bytes posted and not yet sent, all destinations
         self.pending_bytes_to: dict[int, int] = {}  # the same per destination
+        self._sends = 0                             # sends posted and not yet retired, all destinations
         self._status = MPI.Status()
         self._wake()
 
@@ -208,12 +222,15 @@ class Transport:
         self._wake()
 
     def send(self, dest: int, packet: Packet, payload: np.ndarray | None = None) -> list:
-        """Post `packet` (and its payload bytes) to `dest`; returns the requests, complete when sent."""
-        if packet.payload_bytes and (payload is None or payload.nbytes != packet.payload_bytes):
+        """Post `packet` (and its payload bytes) to `dest`, in one message if the payload is at most
+        INLINE_PAYLOAD_BYTES; returns the requests, complete when sent."""
+        nbytes = packet.payload_bytes
+        if nbytes and (payload is None or payload.nbytes != nbytes):
             raise ValueError(f"{packet.kind.name} to rank {dest}: payload of "
                              f"{None if payload is None else payload.nbytes} bytes, header says "
-                             f"{packet.payload_bytes}")
-        return self.send_bytes(dest, packet.to_wire(), payload if packet.payload_bytes else None)
+                             f"{nbytes}")
+        return self.send_bytes(dest, packet.to_wire(), payload if nbytes else None,
+                               inline=nbytes <= INLINE_PAYLOAD_BYTES)
 
     def delay_sends(self, seed: int, most_s: float) -> None:
         """A test hook: from now on, sleep a random time in [0, most_s) (seeded by `seed` and this rank)
@@ -221,17 +238,24 @@ class Transport:
         not change. $NVLINK_EMU_TEST_SEND_DELAY="SEED:MAX_MS" turns it on for every rank of a run."""
         self._delay = (random.Random(seed * 100003 + self.rank), most_s)
 
-    def send_bytes(self, dest: int, header: bytes, payload: np.ndarray | None = None) -> list:
-        """Post a header message of any bytes, and a payload message if given, to `dest` (send() does
-        it for packets; tests use it as a hostile GPU would); returns the requests."""
+    def send_bytes(self, dest: int, header: bytes, payload: np.ndarray | None = None, inline: bool = False) -> list:
+        """Post a header message of any bytes, and a payload message if given, to `dest`; `inline`: the
+        payload (of any size) in the header's message instead (send() does it for packets; tests use it
+        as a hostile GPU would); returns the requests."""
         if self._delay is not None:
             rng, most = self._delay
             time.sleep(rng.random() * most)
-        requests = [self.comm.Isend([header, MPI.BYTE], dest, TAG_HEADER)]
-        if payload is not None:
-            requests.append(self.comm.Isend([payload, MPI.BYTE], dest, TAG_PAYLOAD))
+        if payload is not None and inline:
+            message = frame(header, payload)
+            requests = [self.comm.Isend([message, MPI.BYTE], dest, TAG_HEADER)]
+            buffers = (message, payload)  # its payload's bytes are pending as a payload message's would be
+        else:
+            requests = [self.comm.Isend([header, MPI.BYTE], dest, TAG_HEADER)]
+            if payload is not None:
+                requests.append(self.comm.Isend([payload, MPI.BYTE], dest, TAG_PAYLOAD))
+            buffers = (header, payload)
         self.waker.poke(dest)
-        return self._keep(dest, requests, (header, payload))
+        return self._keep(dest, requests, buffers)
 
     def payload_only(self, dest: int, payload: np.ndarray) -> list:
         """Post a payload message with no header (a hostile GPU's realignment; tests use it)."""
@@ -242,6 +266,7 @@ class Transport:
     def _keep(self, dest: int, requests: list, buffers: tuple) -> list:
         nbytes = 0 if buffers[1] is None else buffers[1].nbytes
         self._pending.setdefault(dest, deque()).append((requests, buffers, nbytes))
+        self._sends += 1
         self.pending_bytes += nbytes
         self.pending_bytes_to[dest] = self.pending_bytes_to.get(dest, 0) + nbytes
         return requests
@@ -249,12 +274,20 @@ class Transport:
     def progress(self) -> bool:
         """Retire completed sends, oldest first per destination; True if any completed."""
         done = False
+        if not self._pending:
+            return done
         for dest in list(self._pending):
             queue = self._pending[dest]
-            while queue and MPI.Request.Testall(queue[0][0]):
+            while queue:
+                requests = queue[0][0]
+                # one request (a header, or an inline frame) is the common case: Test it without Testall's list
+                if not (requests[0].Test() if len(requests) == 1 else MPI.Request.Testall(requests)):
+                    break
                 nbytes = queue.popleft()[2]
-                self.pending_bytes -= nbytes
-                self.pending_bytes_to[dest] -= nbytes
+                self._sends -= 1
+                if nbytes:
+                    self.pending_bytes -= nbytes
+                    self.pending_bytes_to[dest] -= nbytes
                 done = True
             if not queue:
                 del self._pending[dest]
@@ -268,10 +301,12 @@ class Transport:
     @property
     def in_flight(self) -> int:
         """Sends posted and not yet retired, all destinations."""
-        return sum(len(queue) for queue in self._pending.values())
+        return self._sends
 
     def backlogged(self, limit: int) -> list[int]:
         """Destinations with more than `limit` sends posted and not yet retired."""
+        if self._sends <= limit:  # none has (the switch asks at every step)
+            return []
         return [dest for dest, queue in self._pending.items() if len(queue) > limit]
 
     @staticmethod
@@ -283,19 +318,20 @@ class Transport:
     def idle(self) -> bool:
         return not self._pending
 
-    def poll(self, source: int = -1, limit: int | None = None) -> tuple[int, bytes | None] | None:
-        """The next header message (its bytes) from `source` (-1: any), or None if none is waiting; its payload,
-        if any, is the next TAG_PAYLOAD message from the same rank. A header longer than `limit` bytes
-        is dropped unread: (source, None)."""
+    def poll(self, source: int = -1, limit: int | None = None) -> tuple[int, bytearray | None] | None:
+        """The next header message (its bytes: a header, or an inline frame, see `unframe`) from `source`
+        (-1: any), or None if none is waiting; the payload of a plain header, if any, is the next
+        TAG_PAYLOAD message from the same rank. A message longer than `limit` + INLINE_FRAME_BYTES
+        bytes is dropped unread: (source, None); unframe(data, limit) refuses a longer header."""
         if not self.comm.Iprobe(MPI.ANY_SOURCE if source < 0 else source, TAG_HEADER, self._status):
             return None
         source, count = self._status.Get_source(), self._status.Get_count(MPI.BYTE)
-        if limit is not None and count > limit:
+        if limit is not None and count > limit + INLINE_FRAME_BYTES:
             self._drop_from(source, TAG_HEADER)
             return source, None
         buffer = bytearray(count)
         self.comm.Recv([buffer, MPI.BYTE], source, TAG_HEADER)
-        return source, bytes(buffer)
+        return source, buffer
 
     def header_waiting(self, source: int) -> bool:
         """Whether a header from `source` is waiting to be read."""
@@ -590,6 +626,34 @@ class Exchange:
             offset += count
         self.parts = parts
         self._slots = self._long = None
+
+
+def frame(header: bytes, payload: np.ndarray) -> bytes:
+    """One message of `header` and its `payload` bytes (contiguous): an inline frame (module docstring)."""
+    return b"".join((_FRAME.pack(INLINE_MARK, len(header)), header, payload))
+
+
+def unframe(data, limit: int | None = None) -> tuple[memoryview | bytearray, np.ndarray | None]:
+    """(header bytes, payload) of a header message: a plain header and None, or an inline frame's header
+    and payload (uint8, a view of `data`, sized by what arrived: the header is not trusted for it).
+    ProtocolError for a frame whose lengths do not add up, a header longer than `limit` bytes, or an
+    inline payload longer than INLINE_PAYLOAD_BYTES."""
+    size = len(data)
+    if not size or data[0] != INLINE_MARK:
+        if limit is not None and size > limit:
+            raise ProtocolError(f"a header of more than {limit} bytes")
+        return data, None
+    if size < _FRAME.size:
+        raise ProtocolError(f"an inline frame of {size} bytes, shorter than its {_FRAME.size}-byte prefix")
+    length = _FRAME.unpack_from(data)[1]
+    payload = size - _FRAME.size - length
+    if payload < 0 or (limit is not None and length > limit) or payload > INLINE_PAYLOAD_BYTES:
+        most = "" if limit is None else f"headers are at most {limit} bytes, "
+        raise ProtocolError(f"an inline frame of {size} bytes says its header has {length}: {most}inline "
+                            f"payloads at most {INLINE_PAYLOAD_BYTES}")
+    view = memoryview(data)
+    end = _FRAME.size + length
+    return view[_FRAME.size:end], np.frombuffer(data, np.uint8, payload, end)
 
 
 def _drop_from(comm, source: int, tag: int) -> None:

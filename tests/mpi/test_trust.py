@@ -14,8 +14,10 @@ import pytest
 
 from nvlink_emu.fabric import control
 from nvlink_emu.fabric.control import MAX_CONTROL_BYTES
+from nvlink_emu.fabric.counters import downlink, uplink
 from nvlink_emu.fabric.errors import AccessViolation, CollectiveMismatch, FabricError, ProtocolError
 from nvlink_emu.fabric.packets import Kind, McastInfo, MsgInfo, Packet, TraceInfo
+from nvlink_emu.ranks.transport import INLINE_MARK
 
 from mpi_helpers import gpus, run
 from trust_helpers import lone_attacker, refusals, until
@@ -165,6 +167,41 @@ def test_malformed_packets_are_refused_and_the_switch_serves_the_other_tenant():
     report = run(main, **lone_attacker(gpus())).report
     assert report["ports"][0]["malformed"] == 2 and report["ports"][0]["refused"] == 2
     assert all(report["ports"][g]["refused"] == 0 for g in range(1, gpus()))
+
+
+def test_forged_inline_frames_are_refused_before_anything_is_forwarded():
+    """A payload of at most 4 KiB travels in its header's message (ranks.transport's inline frames): the
+    switch still checks the header before it takes the payload, sizes the payload by what arrived, and
+    refuses a frame whose lengths do not add up, while the other tenant's small AllReduce (inline
+    frames too) runs."""
+    def main(gpu):
+        if gpu.rank == 0:
+            me, switch = gpu._keys[0], gpu.size
+            transport = gpu._transport
+            transport.send_bytes(switch, Packet(Kind.PUT, me, gpu._keys[1], 0, 2 ** 40, 1).to_wire(),
+                                 np.zeros(16, np.uint8), inline=True)
+            transport.send_bytes(switch, Packet(Kind.MSG, me, gpu._keys[1], 0, 64, 2, MsgInfo(("k",))).to_wire(),
+                                 np.zeros(32, np.uint8), inline=True)
+            transport.send_bytes(switch, Packet(Kind.GET, me, gpu._keys[1], 0, 64, 3).to_wire(),
+                                 np.zeros(8, np.uint8), inline=True)
+            transport.send_bytes(switch, bytes([INLINE_MARK]) + (1000).to_bytes(4, "little") + b"x" * 10)
+            errors = refusals(gpu, 4)
+            assert all(isinstance(e, ProtocolError) for e in errors)
+            texts = " | ".join(map(str, errors))
+            assert f"{2 ** 40} bytes is more than a GPU's" in texts
+            assert "header says 64 bytes, 32 came" in texts
+            assert "GET from GPU 0: its header carries no payload, 8 bytes came with it" in texts
+            assert "an inline frame of 15 bytes says its header has 1000" in texts
+        else:
+            x = np.full(256, gpu.rank, np.float32)
+            gpu.partition.allreduce(x, "sum", "ring")
+            assert (x == sum(range(1, gpu.size))).all()
+
+    report = run(main, **lone_attacker(gpus())).report
+    assert report["ports"][0]["malformed"] == 4 and report["ports"][0]["refused"] == 4
+    assert all(report["ports"][g]["refused"] == 0 for g in range(1, gpus()))
+    assert report["links"][uplink(0)]["payload_bytes"] == 0  # nothing of GPU 0's was taken on its link
+    assert report["links"][downlink(0)]["payload_bytes"] == 0  # nothing went anywhere: only its NACKs came back
 
 
 def test_put_and_get_beyond_the_64_bit_space_are_typed_errors_and_leave_nothing_pending():
