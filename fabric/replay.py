@@ -463,7 +463,7 @@ def nvls_ns(collective: str, topo: Topology, count: int, config, itemsize: int =
     stores: dict[tuple[int, int, int], tuple[float, float, int]] = {}  # (sender, chunk, node) -> at that node's leaf
 
     def take_back(gpu, c):
-        if c >= len(spans[gpu.index]):
+        if not 0 <= c < len(spans[gpu.index]):  # c = -1: a call of no element has no round
             return
         d0, d1, r = results.pop((gpu.index, c))
         _, end = gpu.downlink.book(d0, d1, r)
@@ -527,6 +527,53 @@ def nvls_ns(collective: str, topo: Topology, count: int, config, itemsize: int =
         gather(gpu, rounds - 1)
         gpu.now = max(gpu.now, gpu.uplink.free_ns)
     return max(gpu.now for gpu in gpus)
+
+
+def nvls_lower_bound_ns(collective: str, topo: Topology, count: int, config, itemsize: int = 4,
+                        partial_itemsize: int | None = None) -> float:
+    """A lower bound (ns) of nvls_ns, from each GPU's links alone, in O(chunks) (the replay is O(n x
+    chunks) bookings): a LinkClock's intervals are disjoint and each starts at or after its transfer is
+    ready, so a link whose transfers are all ready from T is busy until at least T + their raw bytes / B;
+    and nvls_ns's end is at or after every booking's end on a GPU's links (+ a on its downlink: a
+    result or store moves the clock to end + a, a LOAD's answer leaves the uplink after end + a, and
+    the call ends once the uplink is free). With B, a the GPU link's, s the switch's, u the uplink's
+    and p the engines' latency, h the raw bytes of a header-only packet, per GPU the largest of:
+    - its uplink (requests, answers, its stores) / B, all from 0;
+    - its downlink (LOADs, its results, every store) / B + a, all ready from t0 = h/B + a + s (a
+      request's end at the leaf);
+    - its results and the stores / B + a, ready from T_r = 2h/B + 3a + 4s + 2p + 2u (a request, a
+      LOAD, an answer's first byte, the leaf's engine, the spine's, the cable down and the leaf);
+    - the stores / B + a, ready from T_s = T_r + r/B + 2a + s (r: the least raw chunk: a result
+      taken back, then stored through the leaf).
+    fabric.cost_nodes.fastest skips nvls where this already exceeds an earlier candidate's time."""
+    N, P, n = topo.nodes, topo.spines, topo.gpus
+    if N < 2 or not P:
+        raise FabricError(f"replay: nvls across nodes needs a topology of several nodes and spines, got {N} nodes")
+    if collective not in ("reduce_scatter", "allreduce"):
+        raise FabricError(f"replay: nvls's load-reduce is reduce_scatter's and allreduce's, not {collective}")
+    spans = nvls_chunks(topo, count, config, itemsize, partial_itemsize)
+    t = config.timing
+    B, a = topo.gpu_gbytes_per_s, topo.gpu_latency_ns
+    s, u, p = t.switch_latency_ns, config.uplink_latency_ns, t.reduction_latency_ns
+    mtu, head = config.mtu_bytes, config.header_bytes
+    h = raw_bytes(0, mtu, head)
+    # raw bytes of each block's chunks: np arrays, one per block (a block of no chunk sends nothing)
+    raws = [np.array([raw_bytes((hi - lo) * itemsize, mtu, head) for lo, hi in span], np.int64) for span in spans]
+    own = np.array([int(r.sum()) for r in raws], np.int64)              # each GPU's own block: its results
+    loads = sum(len(span) for span in spans) * h                         # one LOAD per chunk of every block
+    answers = int(own.sum())                                             # it answers every chunk of every block
+    stores = answers if collective == "allreduce" else 0                 # every member's stores come down
+    up = np.array([len(span) for span in spans], np.int64) * h + answers + (own if stores else 0)
+    t0 = h / B + a + s
+    t_r = 2 * h / B + 3 * a + 4 * s + 2 * p + 2 * u
+    least = min((int(r.min()) for r in raws if r.size), default=0)
+    t_s = t_r + least / B + 2 * a + s
+    if not loads:  # nothing is sent: the replay's 0
+        return 0.0
+    taken = own + stores  # a GPU with neither result nor store books nothing from T_r on
+    bound = max(float(up.max()) / B, t0 + float((loads + taken).max()) / B + a,
+                t_r + float(taken.max()) / B + a if taken.max() else 0.0)
+    return max(bound, t_s + stores / B + a) if stores else bound
 
 
 def sharp_scatter_slots(topo: Topology, count: int, config, itemsize: int = 4, partial_itemsize: int | None = None):
