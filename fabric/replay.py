@@ -356,6 +356,39 @@ def _leaf_partial(k: int, G: int, i: int, stamps: list, engine: ReductionClock, 
     return max(start + u, max(a for a, _ in parts)), max(end + u, max(b for _, b in parts))
 
 
+def sharp_streams(n: int, nodes: int, fabric_nodes: int, wide: int) -> int:
+    """Credit streams of ranks/collectives/sharp.py's allreduce by `n` members in `nodes` nodes of a fabric of
+    `fabric_nodes` (Call.in_switch_window), its partials `wide` times as wide as an element: 1 on one node;
+    across nodes enough that a leaf's partials in flight (window x chunk x wide) fit its buffer share /
+    fabric_nodes."""
+    return 1 if nodes == 1 else wide * -(-fabric_nodes // max(1, n - 1))
+
+
+def sharp_scatter_streams(n: int, nodes: int, fabric_nodes: int, wide: int) -> int:
+    """Credit streams of sharp.py's reduce_scatter: n on one node (n blocks in flight a round); across nodes
+    enough that twice a window of rounds of every block's partials (2 x window x n x chunk x wide) fit a
+    leaf's buffer share / fabric_nodes (a leaf frees a partial whose result goes to another node when its
+    spine's notice comes, which may lag the member's own results from another spine, hence the 2)."""
+    return n if nodes == 1 else -(-2 * n * fabric_nodes * wide // max(1, n - 1))
+
+
+def _sharp_clocks(topo: Topology, config, algorithm: str = "sharp"):
+    """The clocks a two-level in-switch reduction books on every GPU of `topo` (several nodes, spines):
+    (GPUs, engines (leaves 0..N-1, then spines), `mine` {(GPU, spine): its share of its node's uplink to
+    that spine, U / (G P)}, `down` {(spine, node): the group's shares of that node's uplink from it,
+    U / P}); the uplink's latency u on both."""
+    N, G, P, n = topo.nodes, topo.gpus_per_node, topo.spines, topo.gpus
+    if N < 2 or not P:
+        raise FabricError(f"replay: {algorithm} across nodes needs a topology of several nodes and spines, got {N} nodes")
+    t, u = config.timing, config.uplink_latency_ns
+    gpus = [_Gpu(g, topo) for g in range(n)]
+    engines = [ReductionClock(t.reduction_gbytes_per_s, t.reduction_latency_ns) for _ in range(N + P)]
+    group_share = topo.share_gbytes_per_s * G / P  # the node's members' shares of its uplink to one spine
+    mine = {(g, i): LinkEnd(topo.share_gbytes_per_s / P, u) for g in range(n) for i in range(P)}
+    down = {(i, k): LinkEnd(group_share, u) for k in range(N) for i in range(P)}
+    return gpus, engines, mine, down
+
+
 def sharp_allreduce_ns(topo: Topology, count: int, config, itemsize: int = 4, partial_itemsize: int | None = None) -> float:
     """Modeled ns of ranks/collectives/sharp.py's allreduce of `count` elements by every GPU of `topo`
     (of several nodes), all starting at 0, as fabric.switch books it: every GPU books chunk c on its
@@ -367,19 +400,12 @@ def sharp_allreduce_ns(topo: Topology, count: int, config, itemsize: int = 4, pa
     the leaf (+ s) copies it down, and each GPU books its downlink in chunk order (+ a). Chunks as
     Call.in_switch_window sizes them."""
     N, G, P, n = topo.nodes, topo.gpus_per_node, topo.spines, topo.gpus
-    if N < 2 or not P:
-        raise FabricError(f"replay: sharp across nodes needs a topology of several nodes and spines, got {N} nodes")
+    gpus, engines, mine, down = _sharp_clocks(topo, config)
     wide = partial_itemsize or itemsize
-    streams = wide // itemsize * -(-config.nodes // max(1, n - 1))  # sharp._streams
-    chunk = in_switch_chunk(config, n, streams, 1, None, itemsize) // itemsize
+    chunk = in_switch_chunk(config, n, sharp_streams(n, N, config.nodes, wide // itemsize), 1, None, itemsize) // itemsize
     t = config.timing
     s, u = t.switch_latency_ns, config.uplink_latency_ns
     raw = lambda nbytes: raw_bytes(nbytes, config.mtu_bytes, config.header_bytes)
-    gpus = [_Gpu(g, topo) for g in range(n)]
-    engines = [ReductionClock(t.reduction_gbytes_per_s, t.reduction_latency_ns) for _ in range(N + P)]
-    group_share = topo.share_gbytes_per_s * G / P  # the node's members' shares of its uplink to one spine
-    mine = {(g, i): LinkEnd(topo.share_gbytes_per_s / P, u) for g in range(n) for i in range(P)}
-    down = {(i, k): LinkEnd(group_share, u) for k in range(N) for i in range(P)}
     for c, (lo, hi) in enumerate(chunks(0, count, chunk)):
         r, w, i = raw((hi - lo) * itemsize), raw((hi - lo) * wide), c % P
         stamps = [gpu.uplink.send(0.0, 0.0, r) for gpu in gpus]
@@ -440,8 +466,8 @@ def nvls_ns(collective: str, topo: Topology, count: int, config, itemsize: int =
     book slots in the order (chunk, block) the members' programs fix. A store goes as sharp_mcast_ns
     books it (spine (p + c) mod P)."""
     N, G, P, n = topo.nodes, topo.gpus_per_node, topo.spines, topo.gpus
-    if N < 2 or not P:
-        raise FabricError(f"replay: nvls across nodes needs a topology of several nodes and spines, got {N} nodes")
+    # mine: each GPU's share of its node's uplink to spine i, for its parts of partials and its stores, in its order
+    gpus, engines, mine, down = _sharp_clocks(topo, config, "nvls")
     if collective not in ("reduce_scatter", "allreduce"):
         raise FabricError(f"replay: nvls's load-reduce is reduce_scatter's and allreduce's, not {collective}")
     wide = partial_itemsize or itemsize
@@ -450,12 +476,7 @@ def nvls_ns(collective: str, topo: Topology, count: int, config, itemsize: int =
     s, u, rl = t.switch_latency_ns, config.uplink_latency_ns, t.reduction_latency_ns
     raw = lambda nbytes: raw_bytes(nbytes, config.mtu_bytes, config.header_bytes)
     header = raw(0)
-    gpus = [_Gpu(g, topo) for g in range(n)]
-    engines = [ReductionClock(t.reduction_gbytes_per_s, t.reduction_latency_ns) for _ in range(N + P)]
-    group_share, share = topo.share_gbytes_per_s * G / P, topo.share_gbytes_per_s
-    down = {(i, k): LinkEnd(group_share, u) for k in range(N) for i in range(P)}
-    # each GPU's share of its node's uplink to spine i: its parts of partials and its stores, in its order
-    mine = {(g, i): LinkEnd(share / P, u) for g in range(n) for i in range(P)}
+    share = topo.share_gbytes_per_s
     store_down = {(p, i, k): LinkEnd(share * G / (P * (n - G)), u)  # its part of node k's shares from spine i
                   for p in range(n) for i in range(P) for k in range(N)}
     requests = [[gpu.uplink.send(0.0, 0.0, header) for _ in spans[gpu.index]] for gpu in gpus]
@@ -582,7 +603,7 @@ def sharp_scatter_slots(topo: Topology, count: int, config, itemsize: int = 4, p
     round c of every block j at a time; chunks as Call.in_switch_window sizes them (sharp._scatter_streams)."""
     n = topo.gpus
     wide = (partial_itemsize or itemsize) // itemsize
-    streams = -(-2 * n * config.nodes * wide // max(1, n - 1))  # sharp._scatter_streams
+    streams = sharp_scatter_streams(n, topo.nodes, config.nodes, wide)
     chunk = in_switch_chunk(config, n, streams, 2, None, itemsize) // itemsize
     spans = [chunks(a, b, chunk) for a, b in blocks(count, n)]
     return [(j, c, spans[j][c][1] - spans[j][c][0]) for c in range(max(len(x) for x in spans))
@@ -597,17 +618,11 @@ def sharp_reduce_scatter_ns(topo: Topology, count: int, config, itemsize: int = 
     but the result of block j only down to member j's leaf (the group's shares of that node's uplink
     from the spine, + u), which copies it to member j alone (+ s; its downlink in chunk order, + a)."""
     N, G, P, n = topo.nodes, topo.gpus_per_node, topo.spines, topo.gpus
-    if N < 2 or not P:
-        raise FabricError(f"replay: sharp across nodes needs a topology of several nodes and spines, got {N} nodes")
+    gpus, engines, mine, down = _sharp_clocks(topo, config)
     wide = partial_itemsize or itemsize
     t = config.timing
     s, u = t.switch_latency_ns, config.uplink_latency_ns
     raw = lambda nbytes: raw_bytes(nbytes, config.mtu_bytes, config.header_bytes)
-    gpus = [_Gpu(g, topo) for g in range(n)]
-    engines = [ReductionClock(t.reduction_gbytes_per_s, t.reduction_latency_ns) for _ in range(N + P)]
-    group_share = topo.share_gbytes_per_s * G / P  # the node's members' shares of its uplink to one spine
-    mine = {(g, i): LinkEnd(topo.share_gbytes_per_s / P, u) for g in range(n) for i in range(P)}
-    down = {(i, k): LinkEnd(group_share, u) for k in range(N) for i in range(P)}
     for j, c, elements in sharp_scatter_slots(topo, count, config, itemsize, partial_itemsize):
         r, w, i = raw(elements * itemsize), raw(elements * wide), (j + c) % P  # the slot (j, c, j + c)
         stamps = [gpu.uplink.send(0.0, 0.0, r) for gpu in gpus]
