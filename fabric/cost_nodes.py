@@ -589,8 +589,12 @@ def occupancy_bound_ns(collective: str, algorithm: str, topo: Topology, S: int, 
     share's end, and a sent message's outbound share ends before it reaches the receiver. Raw bytes
     per flow of a round of p payload bytes: at least p + header x ceil(p / MTU) (no split of the flow
     into messages takes fewer packets). So per GPU the largest of its uplink / B, its downlink / B + a,
-    and across nodes its outbound share / (U / G) and inbound share / (U / G) + a; nvls across nodes:
-    fabric.replay.nvls_lower_bound_ns. Memoised as modeled_ns. `fastest` skips a candidate by it."""
+    and across nodes its outbound share / (U / G) and inbound share / (U / G) + a. ring and direct also
+    run step by step (a GPU sends round k + 1 once it has received all of round k): the chain, the sum
+    over rounds of the round's fastest flow (2a + s, across nodes + 2u + 2s, + its raw bytes / its
+    slowest stage), bounds them too (the latest receiver of round k + 1 ends after the earliest of round
+    k's, plus that). nvls across nodes: fabric.replay.nvls_lower_bound_ns. Memoised as modeled_ns.
+    `fastest` skips a candidate by it."""
     return _memo(_BOUNDS, _key(collective, algorithm, topo, S, config, itemsize, root, counts, partial_itemsize),
                  lambda: _occupancy_bound_ns(collective, algorithm, topo, S, config, itemsize, root, counts,
                                              partial_itemsize))
@@ -602,18 +606,25 @@ def _occupancy_bound_ns(collective, algorithm, topo, S, config, itemsize, root, 
     if algorithm not in FLAT or collective not in FLAT[algorithm]:
         return 0.0
     n, G = topo.gpus, topo.gpus_per_node
-    total = np.zeros((n, n), np.int64)
-    for t in rounds(collective, algorithm, topo, S, itemsize, root, counts):
-        total += t + (-(-t // config.mtu_bytes)) * config.header_bytes  # 0 for no flow
     B, a = topo.gpu_gbytes_per_s, topo.gpu_latency_ns
-    bound = max(float(total.sum(axis=1).max(initial=0)) / B, float(total.sum(axis=0).max(initial=0)) / B + a
-                if total.any() else 0.0)
-    if topo.spines and topo.nodes > 1:
-        node = np.arange(n) // G  # GPU order is node-major
-        cross = np.where(node[:, None] != node[None, :], total, 0)
+    node = np.arange(n) // G  # GPU order is node-major
+    across = (node[:, None] != node[None, :]) if topo.spines and topo.nodes > 1 else np.zeros((n, n), bool)
+    # a flow's least time: GPU link latencies and its leaf (2a + s), across nodes its shares and the spine (2u + 2s)
+    lat = np.where(across, 2 * a + 3 * topo.switch_latency_ns + 2 * topo.uplink_latency_ns,
+                   2 * a + topo.switch_latency_ns)
+    slowest = np.where(across, min(B, topo.share_gbytes_per_s), B)
+    total, chain = np.zeros((n, n), np.int64), 0.0
+    for t in rounds(collective, algorithm, topo, S, itemsize, root, counts):
+        flows = t + (-(-t // config.mtu_bytes)) * config.header_bytes  # 0 for no flow
+        total += flows
+        if algorithm in ("ring", "direct") and flows.any():  # step by step: a round's sends after the last's receives
+            chain += float((lat + flows / slowest)[flows > 0].min())
+    bound = max(chain, float(total.sum(axis=1).max(initial=0)) / B,
+                float(total.sum(axis=0).max(initial=0)) / B + a if total.any() else 0.0)
+    cross = np.where(across, total, 0)
+    if cross.any():
         share = topo.share_gbytes_per_s
-        if cross.any():
-            bound = max(bound, float(cross.sum(axis=1).max()) / share, float(cross.sum(axis=0).max()) / share + a)
+        bound = max(bound, float(cross.sum(axis=1).max()) / share, float(cross.sum(axis=0).max()) / share + a)
     return bound
 
 
