@@ -30,6 +30,8 @@ deadlock-free schedule completes, in O(messages) link bookings (a 256-GPU ring a
 about half a million).
 """
 
+import functools
+
 import numpy as np
 
 from . import hier_plan
@@ -183,53 +185,65 @@ def _hier(collective, topo, r, count, chunk, item, root):
             yield ("flush",)
 
 
-def _channel_ring(rings, r, segments, phase, chunk, item, reduce: bool):
+def _channel_ring(rings, r, pieces, phase, reduce: bool):
     """ring.py's channels across nodes (its _channel_ring): every channel's sends of a step, then every
-    channel's receives; reduce-scatter (a flush after each step) or all-gather (one flush at the end)."""
+    channel's receives; reduce-scatter (a flush after each step) or all-gather (one flush at the end).
+    pieces[c][q]: the messages [(k, i, bytes)] of the segments of ring c's position q (_channel_layout)."""
     n = len(rings[0])
     mine = [ring.index(r) for ring in rings]
     for step in range(n - 1):
         sent, taken = (1 + step, 2 + step) if reduce else (step, 1 + step)
         for c, ring in enumerate(rings):
-            for k, (a, b) in enumerate(segments[c][(mine[c] - sent) % n]):
-                for i, (lo, hi) in enumerate(chunks(a, b, chunk)):
-                    yield ("send", ring[(mine[c] + 1) % n], (phase, step, c, k, i), (hi - lo) * item)
+            nxt = ring[(mine[c] + 1) % n]
+            for k, i, nbytes in pieces[c][(mine[c] - sent) % n]:
+                yield ("send", nxt, (phase, step, c, k, i), nbytes)
         for c, ring in enumerate(rings):
-            for k, (a, b) in enumerate(segments[c][(mine[c] - taken) % n]):
-                for i, _ in enumerate(chunks(a, b, chunk)):
-                    yield ("recv", ring[(mine[c] - 1) % n], (phase, step, c, k, i))
+            prv = ring[(mine[c] - 1) % n]
+            for k, i, _ in pieces[c][(mine[c] - taken) % n]:
+                yield ("recv", prv, (phase, step, c, k, i))
         if reduce:
             yield ("flush",)
     if not reduce:
         yield ("flush",)
 
 
+@functools.lru_cache(maxsize=8)
+def _channel_layout(N: int, G: int, count: int, chunk: int, item: int):
+    """ring.py's channels across N nodes x G GPUs for `count` elements, the same for every member's program
+    (computed once a call, not once a member: O(n x channels) each): (rings, pieces), pieces[c][q] the
+    messages [(segment k, chunk i, bytes)] of ring c's position q's range (one segment, k = 0)."""
+    rings = channel_rings([[a * G + j for j in range(G)] for a in range(N)])[:ring_channel_count(count * item, G)]
+    ranges = rail_ranges(count, N * G, len(rings))
+    pieces = [[[(0, i, (hi - lo) * item) for i, (lo, hi) in enumerate(chunks(*ranges[m][c], chunk))] for m in ring]
+              for c, ring in enumerate(rings)]
+    return rings, pieces
+
+
 def _ring_channels(collective, topo, r, count, chunk, item, root):
     """ring.py's schedule across nodes on every GPU of `topo`: ring_channel_count rings, one per rail."""
     N, G, n = topo.nodes, topo.gpus_per_node, topo.gpus
+    if collective != "broadcast":
+        rings, pieces = _channel_layout(N, G, count, chunk, item)
+        if collective != "allgather":
+            yield from _channel_ring(rings, r, pieces, "rs", True)
+        if collective != "reduce_scatter":
+            yield from _channel_ring(rings, r, pieces, "ag", False)
+        return
     rings = channel_rings([[a * G + j for j in range(G)] for a in range(N)])[:ring_channel_count(count * item, G)]
     C = len(rings)
-    if collective == "broadcast":
-        chains = [(part, (ring.index(r) - ring.index(root)) % n, ring) for part, ring in zip(blocks(count, C), rings)]
-        spans = [chunks(*part, chunk) for part, _, _ in chains]
-        for i in range(max(map(len, spans), default=0)):
-            for c, (_, position, ring) in enumerate(chains):
-                if i >= len(spans[c]):
-                    continue
-                lo, hi = spans[c][i]
-                q = ring.index(r)
-                if position:
-                    yield ("recv", ring[(q - 1) % n], ("chain", c, i))
-                if position < n - 1:
-                    yield ("send", ring[(q + 1) % n], ("chain", c, i), (hi - lo) * item)
-        yield ("flush",)
-        return
-    ranges = rail_ranges(count, n, C)
-    segments = [[[ranges[m][c]] for m in ring] for c, ring in enumerate(rings)]
-    if collective != "allgather":
-        yield from _channel_ring(rings, r, segments, "rs", chunk, item, True)
-    if collective != "reduce_scatter":
-        yield from _channel_ring(rings, r, segments, "ag", chunk, item, False)
+    chains = [(part, (ring.index(r) - ring.index(root)) % n, ring) for part, ring in zip(blocks(count, C), rings)]
+    spans = [chunks(*part, chunk) for part, _, _ in chains]
+    for i in range(max(map(len, spans), default=0)):
+        for c, (_, position, ring) in enumerate(chains):
+            if i >= len(spans[c]):
+                continue
+            lo, hi = spans[c][i]
+            q = ring.index(r)
+            if position:
+                yield ("recv", ring[(q - 1) % n], ("chain", c, i))
+            if position < n - 1:
+                yield ("send", ring[(q + 1) % n], ("chain", c, i), (hi - lo) * item)
+    yield ("flush",)
 
 
 def _tree(topo, r, count, chunk, item):
