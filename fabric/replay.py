@@ -20,7 +20,8 @@ spine, a result on the group's shares of the destination node's, a store down on
 of those); each is replayed slot by slot on the same clocks (GPU links, each leaf's and spine's
 reduction engine, those shares). nvls's reduce_scatter and allreduce across nodes (`nvls_ns`) are
 the same kind: load-reduces booked slot by slot in the order the members serve their LOADs, then
-(allreduce) multicast stores as sharp's. The schedules (`PROGRAMS`) are those of ranks/collectives ring (on several nodes its channels,
+(allreduce) multicast stores as sharp's; `nvls_lower_bound_ns` bounds it from below in O(chunks), so
+that `auto` (fabric.cost_nodes.fastest) need not replay it where it cannot win. The schedules (`PROGRAMS`) are those of ranks/collectives ring (on several nodes its channels,
 one ring per rail), direct, all2all, hier, pxn and tree: the same messages,
 chunks (chunk_bytes of whole elements) and order (a schedule changed there must change here: the test
 below fails otherwise); `tests/nodes/test_replay.py` checks that replayed
