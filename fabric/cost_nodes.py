@@ -573,19 +573,80 @@ def modeled_ns(collective: str, algorithm: str, topo: Topology, S: int, config, 
     replayed on the same link clocks as the ranks book (fabric.replay; tests check it against emulated
     runs on every multi-node preset). Equals fabric.cost.modeled_ns on one node. Memoised: `auto`
     asks for it at every call."""
-    key = (collective, algorithm, topo, int(S), config.mtu_bytes, config.header_bytes, config.chunk_bytes, itemsize,
-           root, None if counts is None else tuple(tuple(int(x) for x in row) for row in counts), partial_itemsize,
-           config.timing, config.uplink_latency_ns, config.switch_buffer_bytes, len(config.partitions), config.nodes)
-    ns = _MODELED.get(key)
-    if ns is None:
-        if len(_MODELED) >= 4096:
-            _MODELED.clear()
-        ns = _MODELED[key] = replay.replay_ns(collective, algorithm, topo, S, config, itemsize, root, counts,
-                                              partial_itemsize)
-    return ns
+    return _memo(_MODELED, _key(collective, algorithm, topo, S, config, itemsize, root, counts, partial_itemsize),
+                 lambda: replay.replay_ns(collective, algorithm, topo, S, config, itemsize, root, counts,
+                                          partial_itemsize))
+
+
+def occupancy_bound_ns(collective: str, algorithm: str, topo: Topology, S: int, config, itemsize: int = 4,
+                       root: int = 0, counts=None, partial_itemsize: int | None = None) -> float:
+    """A lower bound (ns) of modeled_ns from the raw bytes each GPU's links carry, cheap next to the
+    replay (O(rounds x gpus^2) numpy for the point-to-point algorithms, O(chunks) for nvls; 0.0 where
+    it has none: sharp, and what `rounds` does not cover). A LinkClock's intervals are disjoint and
+    start at or after 0, so a link that carries W raw bytes at bandwidth bw is busy until at least
+    W / bw; the replay's end is at or after every one of them: each program ends with a flush (its
+    uplink free), a receive moves the receiver's clock to its downlink's end + a, after its inbound
+    share's end, and a sent message's outbound share ends before it reaches the receiver. Raw bytes
+    per flow of a round of p payload bytes: at least p + header x ceil(p / MTU) (no split of the flow
+    into messages takes fewer packets). So per GPU the largest of its uplink / B, its downlink / B + a,
+    and across nodes its outbound share / (U / G) and inbound share / (U / G) + a. ring and direct also
+    run step by step (a GPU sends round k + 1 once it has received all of round k): the chain, the sum
+    over rounds of the round's fastest flow (2a + s, across nodes + 2u + 2s, + its raw bytes / its
+    slowest stage), bounds them too (the latest receiver of round k + 1 ends after the earliest of round
+    k's, plus that). nvls across nodes: fabric.replay.nvls_lower_bound_ns. Memoised as modeled_ns.
+    `fastest` skips a candidate by it."""
+    return _memo(_BOUNDS, _key(collective, algorithm, topo, S, config, itemsize, root, counts, partial_itemsize),
+                 lambda: _occupancy_bound_ns(collective, algorithm, topo, S, config, itemsize, root, counts,
+                                             partial_itemsize))
+
+
+def _occupancy_bound_ns(collective, algorithm, topo, S, config, itemsize, root, counts, partial_itemsize) -> float:
+    if algorithm == "nvls" and collective in ("allreduce", "reduce_scatter") and topo.nodes > 1 and topo.spines:
+        return replay.nvls_lower_bound_ns(collective, topo, int(S) // itemsize, config, itemsize, partial_itemsize)
+    if algorithm not in FLAT or collective not in FLAT[algorithm]:
+        return 0.0
+    n, G = topo.gpus, topo.gpus_per_node
+    B, a = topo.gpu_gbytes_per_s, topo.gpu_latency_ns
+    node = np.arange(n) // G  # GPU order is node-major
+    across = (node[:, None] != node[None, :]) if topo.spines and topo.nodes > 1 else np.zeros((n, n), bool)
+    # a flow's least time: GPU link latencies and its leaf (2a + s), across nodes its shares and the spine (2u + 2s)
+    lat = np.where(across, 2 * a + 3 * topo.switch_latency_ns + 2 * topo.uplink_latency_ns,
+                   2 * a + topo.switch_latency_ns)
+    slowest = np.where(across, min(B, topo.share_gbytes_per_s), B)
+    total, chain = np.zeros((n, n), np.int64), 0.0
+    for t in rounds(collective, algorithm, topo, S, itemsize, root, counts):
+        flows = t + (-(-t // config.mtu_bytes)) * config.header_bytes  # 0 for no flow
+        total += flows
+        if algorithm in ("ring", "direct") and flows.any():  # step by step: a round's sends after the last's receives
+            chain += float((lat + flows / slowest)[flows > 0].min())
+    bound = max(chain, float(total.sum(axis=1).max(initial=0)) / B,
+                float(total.sum(axis=0).max(initial=0)) / B + a if total.any() else 0.0)
+    cross = np.where(across, total, 0)
+    if cross.any():
+        share = topo.share_gbytes_per_s
+        bound = max(bound, float(cross.sum(axis=1).max()) / share, float(cross.sum(axis=0).max()) / share + a)
+    return bound
+
+
+def _key(collective, algorithm, topo, S, config, itemsize, root, counts, partial_itemsize) -> tuple:
+    """What a replay's result depends on: the call and the config's fields the replay reads."""
+    return (collective, algorithm, topo, int(S), config.mtu_bytes, config.header_bytes, config.chunk_bytes, itemsize,
+            root, None if counts is None else tuple(tuple(int(x) for x in row) for row in counts), partial_itemsize,
+            config.timing, config.uplink_latency_ns, config.switch_buffer_bytes, len(config.partitions), config.nodes,
+            config.nvls_chunk_bytes)
+
+
+def _memo(memo: dict, key: tuple, compute):
+    value = memo.get(key)
+    if value is None:
+        if len(memo) >= 4096:
+            memo.clear()
+        value = memo[key] = compute()
+    return value
 
 
 _MODELED: dict[tuple, float] = {}
+_BOUNDS: dict[tuple, float] = {}
 
 
 def lower_bound_ns(collective: str, algorithm: str, topo: Topology, S: int, config, itemsize: int = 4,
@@ -631,16 +692,30 @@ def bottleneck(collective: str, algorithm: str, topo: Topology, S: int, config, 
     return name, times.get(name, 0.0)
 
 
+# fastest skips a candidate only when its bound exceeds the best time by more than this (relative): a
+# LinkClock may end a transfer up to 1e-12 x its start early (a fit within float rounding), so a bound
+# could exceed the replay by such amounts over many transfers, never by this much
+SKIP_MARGIN = 1e-6
+
+
 def fastest(collective: str, candidates, S: int, config, itemsize: int = 4) -> str | None:
     """The candidate modeled_ns says is fastest for S bytes on every GPU of config's topology; ties go
-    to the earlier candidate. None if the model covers none of them."""
+    to the earlier candidate. None if the model covers none of them. The candidates are replayed in
+    the order of their occupancy_bound_ns (least first), and one whose bound exceeds the least time
+    replayed so far (by more than SKIP_MARGIN) is not replayed: it could not be faster, nor tie, so the
+    pick is the one replaying every candidate gives (at 256 GPUs nvls's replay is minutes of CPU,
+    ring's and hier's at 1 GiB tens of seconds)."""
     covered = [algorithm for algorithm in candidates
                if collective in FLAT.get(algorithm, ()) or collective in IN_SWITCH.get(algorithm, ())]
     if len(covered) == 1:  # nothing to compare: no replay
         return covered[0]
+    topo = config.topology
+    bounds = [occupancy_bound_ns(collective, algorithm, topo, S, config, itemsize) for algorithm in covered]
     best, best_ns = None, math.inf
-    for algorithm in covered:
-        ns = modeled_ns(collective, algorithm, config.topology, S, config, itemsize)
-        if ns < best_ns:
-            best, best_ns = algorithm, ns
-    return best
+    for i in sorted(range(len(covered)), key=bounds.__getitem__):  # stable: ties in candidate order
+        if bounds[i] > best_ns * (1 + SKIP_MARGIN):
+            break  # and every later one's bound is as large
+        ns = modeled_ns(collective, covered[i], topo, S, config, itemsize)
+        if ns < best_ns or (ns == best_ns and i < best):
+            best, best_ns = i, ns
+    return None if best is None else covered[best]

@@ -20,7 +20,8 @@ spine, a result on the group's shares of the destination node's, a store down on
 of those); each is replayed slot by slot on the same clocks (GPU links, each leaf's and spine's
 reduction engine, those shares). nvls's reduce_scatter and allreduce across nodes (`nvls_ns`) are
 the same kind: load-reduces booked slot by slot in the order the members serve their LOADs, then
-(allreduce) multicast stores as sharp's. The schedules (`PROGRAMS`) are those of ranks/collectives ring (on several nodes its channels,
+(allreduce) multicast stores as sharp's; `nvls_lower_bound_ns` bounds it from below in O(chunks), so
+that `auto` (fabric.cost_nodes.fastest) need not replay it where it cannot win. The schedules (`PROGRAMS`) are those of ranks/collectives ring (on several nodes its channels,
 one ring per rail), direct, all2all, hier, pxn and tree: the same messages,
 chunks (chunk_bytes of whole elements) and order (a schedule changed there must change here: the test
 below fails otherwise); `tests/nodes/test_replay.py` checks that replayed
@@ -29,6 +30,8 @@ round-robin, each until it waits for a message not yet sent: sends never wait, s
 deadlock-free schedule completes, in O(messages) link bookings (a 256-GPU ring allreduce of 1 GiB:
 about half a million).
 """
+
+import functools
 
 import numpy as np
 
@@ -183,53 +186,65 @@ def _hier(collective, topo, r, count, chunk, item, root):
             yield ("flush",)
 
 
-def _channel_ring(rings, r, segments, phase, chunk, item, reduce: bool):
+def _channel_ring(rings, r, pieces, phase, reduce: bool):
     """ring.py's channels across nodes (its _channel_ring): every channel's sends of a step, then every
-    channel's receives; reduce-scatter (a flush after each step) or all-gather (one flush at the end)."""
+    channel's receives; reduce-scatter (a flush after each step) or all-gather (one flush at the end).
+    pieces[c][q]: the messages [(k, i, bytes)] of the segments of ring c's position q (_channel_layout)."""
     n = len(rings[0])
     mine = [ring.index(r) for ring in rings]
     for step in range(n - 1):
         sent, taken = (1 + step, 2 + step) if reduce else (step, 1 + step)
         for c, ring in enumerate(rings):
-            for k, (a, b) in enumerate(segments[c][(mine[c] - sent) % n]):
-                for i, (lo, hi) in enumerate(chunks(a, b, chunk)):
-                    yield ("send", ring[(mine[c] + 1) % n], (phase, step, c, k, i), (hi - lo) * item)
+            nxt = ring[(mine[c] + 1) % n]
+            for k, i, nbytes in pieces[c][(mine[c] - sent) % n]:
+                yield ("send", nxt, (phase, step, c, k, i), nbytes)
         for c, ring in enumerate(rings):
-            for k, (a, b) in enumerate(segments[c][(mine[c] - taken) % n]):
-                for i, _ in enumerate(chunks(a, b, chunk)):
-                    yield ("recv", ring[(mine[c] - 1) % n], (phase, step, c, k, i))
+            prv = ring[(mine[c] - 1) % n]
+            for k, i, _ in pieces[c][(mine[c] - taken) % n]:
+                yield ("recv", prv, (phase, step, c, k, i))
         if reduce:
             yield ("flush",)
     if not reduce:
         yield ("flush",)
 
 
+@functools.lru_cache(maxsize=8)
+def _channel_layout(N: int, G: int, count: int, chunk: int, item: int):
+    """ring.py's channels across N nodes x G GPUs for `count` elements, the same for every member's program
+    (computed once a call, not once a member: O(n x channels) each): (rings, pieces), pieces[c][q] the
+    messages [(segment k, chunk i, bytes)] of ring c's position q's range (one segment, k = 0)."""
+    rings = channel_rings([[a * G + j for j in range(G)] for a in range(N)])[:ring_channel_count(count * item, G)]
+    ranges = rail_ranges(count, N * G, len(rings))
+    pieces = [[[(0, i, (hi - lo) * item) for i, (lo, hi) in enumerate(chunks(*ranges[m][c], chunk))] for m in ring]
+              for c, ring in enumerate(rings)]
+    return rings, pieces
+
+
 def _ring_channels(collective, topo, r, count, chunk, item, root):
     """ring.py's schedule across nodes on every GPU of `topo`: ring_channel_count rings, one per rail."""
     N, G, n = topo.nodes, topo.gpus_per_node, topo.gpus
+    if collective != "broadcast":
+        rings, pieces = _channel_layout(N, G, count, chunk, item)
+        if collective != "allgather":
+            yield from _channel_ring(rings, r, pieces, "rs", True)
+        if collective != "reduce_scatter":
+            yield from _channel_ring(rings, r, pieces, "ag", False)
+        return
     rings = channel_rings([[a * G + j for j in range(G)] for a in range(N)])[:ring_channel_count(count * item, G)]
     C = len(rings)
-    if collective == "broadcast":
-        chains = [(part, (ring.index(r) - ring.index(root)) % n, ring) for part, ring in zip(blocks(count, C), rings)]
-        spans = [chunks(*part, chunk) for part, _, _ in chains]
-        for i in range(max(map(len, spans), default=0)):
-            for c, (_, position, ring) in enumerate(chains):
-                if i >= len(spans[c]):
-                    continue
-                lo, hi = spans[c][i]
-                q = ring.index(r)
-                if position:
-                    yield ("recv", ring[(q - 1) % n], ("chain", c, i))
-                if position < n - 1:
-                    yield ("send", ring[(q + 1) % n], ("chain", c, i), (hi - lo) * item)
-        yield ("flush",)
-        return
-    ranges = rail_ranges(count, n, C)
-    segments = [[[ranges[m][c]] for m in ring] for c, ring in enumerate(rings)]
-    if collective != "allgather":
-        yield from _channel_ring(rings, r, segments, "rs", chunk, item, True)
-    if collective != "reduce_scatter":
-        yield from _channel_ring(rings, r, segments, "ag", chunk, item, False)
+    chains = [(part, (ring.index(r) - ring.index(root)) % n, ring) for part, ring in zip(blocks(count, C), rings)]
+    spans = [chunks(*part, chunk) for part, _, _ in chains]
+    for i in range(max(map(len, spans), default=0)):
+        for c, (_, position, ring) in enumerate(chains):
+            if i >= len(spans[c]):
+                continue
+            lo, hi = spans[c][i]
+            q = ring.index(r)
+            if position:
+                yield ("recv", ring[(q - 1) % n], ("chain", c, i))
+            if position < n - 1:
+                yield ("send", ring[(q + 1) % n], ("chain", c, i), (hi - lo) * item)
+    yield ("flush",)
 
 
 def _tree(topo, r, count, chunk, item):
@@ -356,6 +371,39 @@ def _leaf_partial(k: int, G: int, i: int, stamps: list, engine: ReductionClock, 
     return max(start + u, max(a for a, _ in parts)), max(end + u, max(b for _, b in parts))
 
 
+def sharp_streams(n: int, nodes: int, fabric_nodes: int, wide: int) -> int:
+    """Credit streams of ranks/collectives/sharp.py's allreduce by `n` members in `nodes` nodes of a fabric of
+    `fabric_nodes` (Call.in_switch_window), its partials `wide` times as wide as an element: 1 on one node;
+    across nodes enough that a leaf's partials in flight (window x chunk x wide) fit its buffer share /
+    fabric_nodes."""
+    return 1 if nodes == 1 else wide * -(-fabric_nodes // max(1, n - 1))
+
+
+def sharp_scatter_streams(n: int, nodes: int, fabric_nodes: int, wide: int) -> int:
+    """Credit streams of sharp.py's reduce_scatter: n on one node (n blocks in flight a round); across nodes
+    enough that twice a window of rounds of every block's partials (2 x window x n x chunk x wide) fit a
+    leaf's buffer share / fabric_nodes (a leaf frees a partial whose result goes to another node when its
+    spine's notice comes, which may lag the member's own results from another spine, hence the 2)."""
+    return n if nodes == 1 else -(-2 * n * fabric_nodes * wide // max(1, n - 1))
+
+
+def _sharp_clocks(topo: Topology, config, algorithm: str = "sharp"):
+    """The clocks a two-level in-switch reduction books on every GPU of `topo` (several nodes, spines):
+    (GPUs, engines (leaves 0..N-1, then spines), `mine` {(GPU, spine): its share of its node's uplink to
+    that spine, U / (G P)}, `down` {(spine, node): the group's shares of that node's uplink from it,
+    U / P}); the uplink's latency u on both."""
+    N, G, P, n = topo.nodes, topo.gpus_per_node, topo.spines, topo.gpus
+    if N < 2 or not P:
+        raise FabricError(f"replay: {algorithm} across nodes needs a topology of several nodes and spines, got {N} nodes")
+    t, u = config.timing, config.uplink_latency_ns
+    gpus = [_Gpu(g, topo) for g in range(n)]
+    engines = [ReductionClock(t.reduction_gbytes_per_s, t.reduction_latency_ns) for _ in range(N + P)]
+    group_share = topo.share_gbytes_per_s * G / P  # the node's members' shares of its uplink to one spine
+    mine = {(g, i): LinkEnd(topo.share_gbytes_per_s / P, u) for g in range(n) for i in range(P)}
+    down = {(i, k): LinkEnd(group_share, u) for k in range(N) for i in range(P)}
+    return gpus, engines, mine, down
+
+
 def sharp_allreduce_ns(topo: Topology, count: int, config, itemsize: int = 4, partial_itemsize: int | None = None) -> float:
     """Modeled ns of ranks/collectives/sharp.py's allreduce of `count` elements by every GPU of `topo`
     (of several nodes), all starting at 0, as fabric.switch books it: every GPU books chunk c on its
@@ -367,19 +415,12 @@ def sharp_allreduce_ns(topo: Topology, count: int, config, itemsize: int = 4, pa
     the leaf (+ s) copies it down, and each GPU books its downlink in chunk order (+ a). Chunks as
     Call.in_switch_window sizes them."""
     N, G, P, n = topo.nodes, topo.gpus_per_node, topo.spines, topo.gpus
-    if N < 2 or not P:
-        raise FabricError(f"replay: sharp across nodes needs a topology of several nodes and spines, got {N} nodes")
+    gpus, engines, mine, down = _sharp_clocks(topo, config)
     wide = partial_itemsize or itemsize
-    streams = wide // itemsize * -(-config.nodes // max(1, n - 1))  # sharp._streams
-    chunk = in_switch_chunk(config, n, streams, 1, None, itemsize) // itemsize
+    chunk = in_switch_chunk(config, n, sharp_streams(n, N, config.nodes, wide // itemsize), 1, None, itemsize) // itemsize
     t = config.timing
     s, u = t.switch_latency_ns, config.uplink_latency_ns
     raw = lambda nbytes: raw_bytes(nbytes, config.mtu_bytes, config.header_bytes)
-    gpus = [_Gpu(g, topo) for g in range(n)]
-    engines = [ReductionClock(t.reduction_gbytes_per_s, t.reduction_latency_ns) for _ in range(N + P)]
-    group_share = topo.share_gbytes_per_s * G / P  # the node's members' shares of its uplink to one spine
-    mine = {(g, i): LinkEnd(topo.share_gbytes_per_s / P, u) for g in range(n) for i in range(P)}
-    down = {(i, k): LinkEnd(group_share, u) for k in range(N) for i in range(P)}
     for c, (lo, hi) in enumerate(chunks(0, count, chunk)):
         r, w, i = raw((hi - lo) * itemsize), raw((hi - lo) * wide), c % P
         stamps = [gpu.uplink.send(0.0, 0.0, r) for gpu in gpus]
@@ -440,8 +481,8 @@ def nvls_ns(collective: str, topo: Topology, count: int, config, itemsize: int =
     book slots in the order (chunk, block) the members' programs fix. A store goes as sharp_mcast_ns
     books it (spine (p + c) mod P)."""
     N, G, P, n = topo.nodes, topo.gpus_per_node, topo.spines, topo.gpus
-    if N < 2 or not P:
-        raise FabricError(f"replay: nvls across nodes needs a topology of several nodes and spines, got {N} nodes")
+    # mine: each GPU's share of its node's uplink to spine i, for its parts of partials and its stores, in its order
+    gpus, engines, mine, down = _sharp_clocks(topo, config, "nvls")
     if collective not in ("reduce_scatter", "allreduce"):
         raise FabricError(f"replay: nvls's load-reduce is reduce_scatter's and allreduce's, not {collective}")
     wide = partial_itemsize or itemsize
@@ -450,12 +491,7 @@ def nvls_ns(collective: str, topo: Topology, count: int, config, itemsize: int =
     s, u, rl = t.switch_latency_ns, config.uplink_latency_ns, t.reduction_latency_ns
     raw = lambda nbytes: raw_bytes(nbytes, config.mtu_bytes, config.header_bytes)
     header = raw(0)
-    gpus = [_Gpu(g, topo) for g in range(n)]
-    engines = [ReductionClock(t.reduction_gbytes_per_s, t.reduction_latency_ns) for _ in range(N + P)]
-    group_share, share = topo.share_gbytes_per_s * G / P, topo.share_gbytes_per_s
-    down = {(i, k): LinkEnd(group_share, u) for k in range(N) for i in range(P)}
-    # each GPU's share of its node's uplink to spine i: its parts of partials and its stores, in its order
-    mine = {(g, i): LinkEnd(share / P, u) for g in range(n) for i in range(P)}
+    share = topo.share_gbytes_per_s
     store_down = {(p, i, k): LinkEnd(share * G / (P * (n - G)), u)  # its part of node k's shares from spine i
                   for p in range(n) for i in range(P) for k in range(N)}
     requests = [[gpu.uplink.send(0.0, 0.0, header) for _ in spans[gpu.index]] for gpu in gpus]
@@ -463,7 +499,7 @@ def nvls_ns(collective: str, topo: Topology, count: int, config, itemsize: int =
     stores: dict[tuple[int, int, int], tuple[float, float, int]] = {}  # (sender, chunk, node) -> at that node's leaf
 
     def take_back(gpu, c):
-        if c >= len(spans[gpu.index]):
+        if not 0 <= c < len(spans[gpu.index]):  # c = -1: a call of no element has no round
             return
         d0, d1, r = results.pop((gpu.index, c))
         _, end = gpu.downlink.book(d0, d1, r)
@@ -529,13 +565,60 @@ def nvls_ns(collective: str, topo: Topology, count: int, config, itemsize: int =
     return max(gpu.now for gpu in gpus)
 
 
+def nvls_lower_bound_ns(collective: str, topo: Topology, count: int, config, itemsize: int = 4,
+                        partial_itemsize: int | None = None) -> float:
+    """A lower bound (ns) of nvls_ns, from each GPU's links alone, in O(chunks) (the replay is O(n x
+    chunks) bookings): a LinkClock's intervals are disjoint and each starts at or after its transfer is
+    ready, so a link whose transfers are all ready from T is busy until at least T + their raw bytes / B;
+    and nvls_ns's end is at or after every booking's end on a GPU's links (+ a on its downlink: a
+    result or store moves the clock to end + a, a LOAD's answer leaves the uplink after end + a, and
+    the call ends once the uplink is free). With B, a the GPU link's, s the switch's, u the uplink's
+    and p the engines' latency, h the raw bytes of a header-only packet, per GPU the largest of:
+    - its uplink (requests, answers, its stores) / B, all from 0;
+    - its downlink (LOADs, its results, every store) / B + a, all ready from t0 = h/B + a + s (a
+      request's end at the leaf);
+    - its results and the stores / B + a, ready from T_r = 2h/B + 3a + 4s + 2p + 2u (a request, a
+      LOAD, an answer's first byte, the leaf's engine, the spine's, the cable down and the leaf);
+    - the stores / B + a, ready from T_s = T_r + r/B + 2a + s (r: the least raw chunk: a result
+      taken back, then stored through the leaf).
+    fabric.cost_nodes.fastest skips nvls where this already exceeds an earlier candidate's time."""
+    N, P, n = topo.nodes, topo.spines, topo.gpus
+    if N < 2 or not P:
+        raise FabricError(f"replay: nvls across nodes needs a topology of several nodes and spines, got {N} nodes")
+    if collective not in ("reduce_scatter", "allreduce"):
+        raise FabricError(f"replay: nvls's load-reduce is reduce_scatter's and allreduce's, not {collective}")
+    spans = nvls_chunks(topo, count, config, itemsize, partial_itemsize)
+    t = config.timing
+    B, a = topo.gpu_gbytes_per_s, topo.gpu_latency_ns
+    s, u, p = t.switch_latency_ns, config.uplink_latency_ns, t.reduction_latency_ns
+    mtu, head = config.mtu_bytes, config.header_bytes
+    h = raw_bytes(0, mtu, head)
+    # raw bytes of each block's chunks: np arrays, one per block (a block of no chunk sends nothing)
+    raws = [np.array([raw_bytes((hi - lo) * itemsize, mtu, head) for lo, hi in span], np.int64) for span in spans]
+    own = np.array([int(r.sum()) for r in raws], np.int64)              # each GPU's own block: its results
+    loads = sum(len(span) for span in spans) * h                         # one LOAD per chunk of every block
+    answers = int(own.sum())                                             # it answers every chunk of every block
+    stores = answers if collective == "allreduce" else 0                 # every member's stores come down
+    up = np.array([len(span) for span in spans], np.int64) * h + answers + (own if stores else 0)
+    t0 = h / B + a + s
+    t_r = 2 * h / B + 3 * a + 4 * s + 2 * p + 2 * u
+    least = min((int(r.min()) for r in raws if r.size), default=0)
+    t_s = t_r + least / B + 2 * a + s
+    if not loads:  # nothing is sent: the replay's 0
+        return 0.0
+    taken = own + stores  # a GPU with neither result nor store books nothing from T_r on
+    bound = max(float(up.max()) / B, t0 + float((loads + taken).max()) / B + a,
+                t_r + float(taken.max()) / B + a if taken.max() else 0.0)
+    return max(bound, t_s + stores / B + a) if stores else bound
+
+
 def sharp_scatter_slots(topo: Topology, count: int, config, itemsize: int = 4, partial_itemsize: int | None = None):
     """The in-switch reductions of ranks/collectives/sharp.py's reduce_scatter of `count` input elements by
     every GPU of `topo` (of several nodes), in every member's program order: [(block j, chunk c, elements)],
     round c of every block j at a time; chunks as Call.in_switch_window sizes them (sharp._scatter_streams)."""
     n = topo.gpus
     wide = (partial_itemsize or itemsize) // itemsize
-    streams = -(-2 * n * config.nodes * wide // max(1, n - 1))  # sharp._scatter_streams
+    streams = sharp_scatter_streams(n, topo.nodes, config.nodes, wide)
     chunk = in_switch_chunk(config, n, streams, 2, None, itemsize) // itemsize
     spans = [chunks(a, b, chunk) for a, b in blocks(count, n)]
     return [(j, c, spans[j][c][1] - spans[j][c][0]) for c in range(max(len(x) for x in spans))
@@ -550,17 +633,11 @@ def sharp_reduce_scatter_ns(topo: Topology, count: int, config, itemsize: int = 
     but the result of block j only down to member j's leaf (the group's shares of that node's uplink
     from the spine, + u), which copies it to member j alone (+ s; its downlink in chunk order, + a)."""
     N, G, P, n = topo.nodes, topo.gpus_per_node, topo.spines, topo.gpus
-    if N < 2 or not P:
-        raise FabricError(f"replay: sharp across nodes needs a topology of several nodes and spines, got {N} nodes")
+    gpus, engines, mine, down = _sharp_clocks(topo, config)
     wide = partial_itemsize or itemsize
     t = config.timing
     s, u = t.switch_latency_ns, config.uplink_latency_ns
     raw = lambda nbytes: raw_bytes(nbytes, config.mtu_bytes, config.header_bytes)
-    gpus = [_Gpu(g, topo) for g in range(n)]
-    engines = [ReductionClock(t.reduction_gbytes_per_s, t.reduction_latency_ns) for _ in range(N + P)]
-    group_share = topo.share_gbytes_per_s * G / P  # the node's members' shares of its uplink to one spine
-    mine = {(g, i): LinkEnd(topo.share_gbytes_per_s / P, u) for g in range(n) for i in range(P)}
-    down = {(i, k): LinkEnd(group_share, u) for k in range(N) for i in range(P)}
     for j, c, elements in sharp_scatter_slots(topo, count, config, itemsize, partial_itemsize):
         r, w, i = raw(elements * itemsize), raw(elements * wide), (j + c) % P  # the slot (j, c, j + c)
         stamps = [gpu.uplink.send(0.0, 0.0, r) for gpu in gpus]

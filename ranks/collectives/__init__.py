@@ -55,7 +55,8 @@ def choose(collective: str, algorithm: str, config, nbytes: int, members: int | 
     (allowed(config, nodes, collective): across nodes ACROSS_NODES on spines that reduce), the
     one the cost model says is fastest (fabric.cost.modeled_ns; for every GPU of a fabric of several
     nodes fabric.cost_nodes.modeled_ns, which replays ring, direct, hier, tree and sharp's and nvls's
-    collectives across nodes), ties to the earlier in ALGORITHMS order (ring, direct, sharp, nvls, hier, tree;
+    collectives across nodes; it skips the replay of a candidate whose lower bound, occupancy_bound_ns,
+    already exceeds a time replayed: the same pick), ties to the earlier in ALGORITHMS order (ring, direct, sharp, nvls, hier, tree;
     fabric.cost has no form for hier or tree, so on one node auto never picks them). For a
     collective or a group the cost model does not cover (a communicator of some of several nodes' GPUs), a fixed rule: where sharp is
     allowed for it, the first of sharp, nvls, direct, ring that implements it; otherwise direct, then

@@ -42,11 +42,10 @@ broadcast S from the root's leaf), each spine -> leaf k cable the other nodes' s
 credits (ranks/switch.py) bound the copies in flight to each member of another node.
 """
 
-import math
-
 import numpy as np
 
 from nvlink_emu.fabric.reduction import blocks, chunks, switch_accumulator
+from nvlink_emu.fabric.replay import sharp_scatter_streams, sharp_streams
 
 AR, RS, AG, BC, RD = 0, 1, 2, 3, 4  # message phases
 
@@ -70,26 +69,19 @@ def allreduce(call, array: np.ndarray) -> None:
 
 
 def _streams(call, dtype) -> int:
-    """Credit streams of an allreduce (Call.in_switch_window): 1 on one node; across nodes enough that a
-    leaf's partials in flight (window x chunk x the accumulator's width) fit its buffer share / nodes."""
-    nodes = call.nodes()
-    if nodes == 1:
-        return 1
-    wide = switch_accumulator(np.dtype(dtype)).itemsize // np.dtype(dtype).itemsize
-    return wide * math.ceil(call.gpu.config.nodes / max(1, call.n - 1))
+    """Credit streams of an allreduce (Call.in_switch_window): fabric.replay.sharp_streams, the rule the
+    replay sizes its chunks by."""
+    return sharp_streams(call.n, call.nodes(), call.gpu.config.nodes, _wide(dtype))
 
 
 def _scatter_streams(call, dtype) -> int:
-    """Credit streams of a reduce_scatter: n on one node (n blocks in flight a round); across nodes enough
-    that twice a window of rounds of every block's partials (2 x window x n x chunk x the accumulator's
-    width) fit a leaf's buffer share / nodes: a leaf frees a partial whose result goes to another node
-    when that slot's notice comes from its spine, which may lag the member's own results from another
-    spine, hence the factor 2."""
-    nodes = call.nodes()
-    if nodes == 1:
-        return call.n
-    wide = switch_accumulator(np.dtype(dtype)).itemsize // np.dtype(dtype).itemsize
-    return math.ceil(2 * call.n * call.gpu.config.nodes * wide / max(1, call.n - 1))
+    """Credit streams of a reduce_scatter (Call.in_switch_window): fabric.replay.sharp_scatter_streams."""
+    return sharp_scatter_streams(call.n, call.nodes(), call.gpu.config.nodes, _wide(dtype))
+
+
+def _wide(dtype) -> int:
+    """How many times as wide as an element of `dtype` the switch's accumulator is."""
+    return switch_accumulator(np.dtype(dtype)).itemsize // np.dtype(dtype).itemsize
 
 
 def reduce_scatter(call, send: np.ndarray, recv: np.ndarray) -> None:

@@ -1,0 +1,153 @@
+"""fabric.cost_nodes.fastest's pruning: occupancy_bound_ns (and fabric.replay.nvls_lower_bound_ns) never
+exceeds the replay, and the pick is the one replaying every candidate gives (the reference below, the code
+before the pruning), on several shapes, presets and sizes; the pruning does skip replays. The ring's
+programs from its cached layout are op for op the ones built per member before."""
+
+import math
+
+import pytest
+
+from nvlink_emu.fabric import cost_nodes as cn, replay
+from nvlink_emu.fabric.config import resolve
+from nvlink_emu.fabric.reduction import channel_rings, chunks, rail_ranges, ring_channel_count
+from nvlink_emu.ranks.collectives import ALGORITHMS, allowed, choose
+
+PRESETS = ("superpod-h100-nvlink", "superpod-h100-ib", "superpod-a100-ib")
+SHAPES = [(2, 2), (3, 2), (2, 4)]  # (nodes, GPUs per node)
+
+
+def sizes(n):
+    """Bytes of float32 calls on n GPUs: under one packet a block, a few chunks, uneven blocks, 1 MiB a GPU."""
+    return (4 * n, 1024 * n, 4 * n * 3001 + 8, n << 20)
+
+
+def pairs(config):
+    """Every (collective, algorithm) the bound covers on `config`: FLAT's, and nvls's load-reduce if its
+    spines reduce."""
+    out = [(c, a) for a, cs in cn.FLAT.items() for c in cs if a != "all2allv"]
+    return out + ([("allreduce", "nvls"), ("reduce_scatter", "nvls")] if config.spine_sharp else [])
+
+
+def exhaustive(collective, candidates, S, config, itemsize=4):
+    """fastest as it was: every covered candidate replayed (unmemoised), the least time, ties to the earlier."""
+    covered = [a for a in candidates if collective in cn.FLAT.get(a, ()) or collective in cn.IN_SWITCH.get(a, ())]
+    if len(covered) == 1:
+        return covered[0]
+    best, best_ns = None, math.inf
+    for algorithm in covered:
+        ns = replay.replay_ns(collective, algorithm, config.topology, S, config, itemsize)
+        if ns < best_ns:
+            best, best_ns = algorithm, ns
+    return best
+
+
+def candidates(config, collective):
+    return [a for a in allowed(config, config.nodes, collective) if hasattr(ALGORITHMS[a], collective)]
+
+
+@pytest.mark.parametrize("name", PRESETS)
+@pytest.mark.parametrize("nodes,per_node", SHAPES)
+def test_the_occupancy_bound_never_exceeds_the_replay(name, nodes, per_node):
+    config = resolve(name, None, None, nodes, per_node)
+    topo, n = config.topology, config.gpus
+    for collective, algorithm in pairs(config):
+        for S in sizes(n):
+            if collective == "all2all" and S % (4 * n):
+                continue
+            bound = cn.occupancy_bound_ns(collective, algorithm, topo, S, config)
+            ns = replay.replay_ns(collective, algorithm, topo, S, config)
+            assert 0 < bound <= ns, (collective, algorithm, S, bound, ns)
+
+
+def test_the_nvls_bound_by_hand():
+    """2 x 2 on superpod-h100-nvlink, 4 elements of float32 a call: one 4-byte chunk (raw 20) for GPU 0's block."""
+    config = resolve("superpod-h100-nvlink", None, None, 2, 2)
+    t, topo = config.timing, config.topology
+    B, a, s, u, p = topo.gpu_gbytes_per_s, topo.gpu_latency_ns, t.switch_latency_ns, config.uplink_latency_ns, \
+        t.reduction_latency_ns
+    h, r = 16, 4 + 16  # a header-only packet; one float32 in one packet
+    t_r = 2 * h / B + 3 * a + 4 * s + 2 * p + 2 * u
+    t_s = t_r + r / B + 2 * a + s
+    want = max(t_s + 4 * r / B + a,                   # every member's one store
+               h / B + a + s + (4 * h + r + 4 * r) / B + a)  # or all of the downlink from the first request
+    assert replay.nvls_lower_bound_ns("allreduce", topo, 4, config) == want
+    assert replay.nvls_lower_bound_ns("allreduce", topo, 0, config) == 0.0 == replay.nvls_ns("allreduce", topo, 0, config)
+
+
+@pytest.mark.parametrize("name", PRESETS)
+@pytest.mark.parametrize("nodes,per_node", SHAPES)
+def test_fastest_picks_what_replaying_every_candidate_picks(name, nodes, per_node):
+    config = resolve(name, None, None, nodes, per_node)
+    n = config.gpus
+    for collective in ("allreduce", "reduce_scatter", "allgather", "broadcast"):
+        for S in sizes(n):
+            want = exhaustive(collective, candidates(config, collective), S, config)
+            assert cn.fastest(collective, candidates(config, collective), S, config) == want, (collective, S)
+            assert choose(collective, "auto", config, S) == want, (collective, S)
+
+
+def test_a_tie_goes_to_the_earlier_candidate_whatever_the_order_of_the_bounds(monkeypatch):
+    """Two candidates of equal time: the earlier one wins even when the later one's bound is less."""
+    config = resolve("superpod-h100-ib", None, None, 2, 2)
+    S = 4 * 1024
+    monkeypatch.setattr(cn, "modeled_ns", lambda *args, **kw: 1000.0)
+    monkeypatch.setattr(cn, "occupancy_bound_ns", lambda c, algorithm, *args, **kw: {"ring": 900.0}.get(algorithm, 10.0))
+    assert cn.fastest("allreduce", ["ring", "direct", "hier"], S, config) == "ring"
+
+
+def test_the_pruning_skips_replays(monkeypatch):
+    """superpod-h100-nvlink 2 x 2 allreduce of 4 KiB a GPU: sharp (no bound) is replayed first, nvls (its
+    bound 2.7 us, sharp's time 1.6) is not; the pick is sharp as without the pruning."""
+    config = resolve("superpod-h100-nvlink", None, None, 2, 2)
+    S = 4 * 4096
+    names = candidates(config, "allreduce")
+    assert exhaustive("allreduce", names, S, config) == "sharp"
+    replayed = []
+    real = replay.replay_ns
+    monkeypatch.setattr(replay, "replay_ns", lambda c, algorithm, *args: replayed.append(algorithm) or real(c, algorithm, *args))
+    cn._MODELED.clear()
+    assert cn.fastest("allreduce", names, S, config) == "sharp"
+    sharp_ns = real("allreduce", "sharp", config.topology, S, config)
+    skipped = [a for a in names if a not in replayed]
+    assert "nvls" in skipped and replayed[0] == "sharp", replayed
+    for algorithm in skipped:
+        assert cn.occupancy_bound_ns("allreduce", algorithm, config.topology, S, config) > sharp_ns
+
+
+def _reference_ring_channels(collective, topo, r, count, chunk, item):
+    """fabric.replay's ring across nodes as it was before _channel_layout (rings and ranges per member,
+    chunks per step): the reference the cached layout must reproduce op for op."""
+    N, G, n = topo.nodes, topo.gpus_per_node, topo.gpus
+    rings = channel_rings([[a * G + j for j in range(G)] for a in range(N)])[:ring_channel_count(count * item, G)]
+    ranges = rail_ranges(count, n, len(rings))
+    segments = [[[ranges[m][c]] for m in ring] for c, ring in enumerate(rings)]
+    mine = [ring.index(r) for ring in rings]
+    for phase, reduce in (("rs", True), ("ag", False)):
+        if (phase == "rs" and collective == "allgather") or (phase == "ag" and collective == "reduce_scatter"):
+            continue
+        for step in range(n - 1):
+            sent, taken = (1 + step, 2 + step) if reduce else (step, 1 + step)
+            for c, ring in enumerate(rings):
+                for k, (a, b) in enumerate(segments[c][(mine[c] - sent) % n]):
+                    for i, (lo, hi) in enumerate(chunks(a, b, chunk)):
+                        yield ("send", ring[(mine[c] + 1) % n], (phase, step, c, k, i), (hi - lo) * item)
+            for c, ring in enumerate(rings):
+                for k, (a, b) in enumerate(segments[c][(mine[c] - taken) % n]):
+                    for i, _ in enumerate(chunks(a, b, chunk)):
+                        yield ("recv", ring[(mine[c] - 1) % n], (phase, step, c, k, i))
+            if reduce:
+                yield ("flush",)
+        if not reduce:
+            yield ("flush",)
+
+
+@pytest.mark.parametrize("nodes,per_node", SHAPES + [(4, 8)])
+def test_the_ring_s_cached_layout_gives_every_member_the_same_program(nodes, per_node):
+    config = resolve("superpod-h100-ib", None, None, nodes, per_node)
+    n, chunk = config.gpus, config.chunk_bytes // 4
+    for collective in ("allreduce", "reduce_scatter", "allgather"):
+        for S in sizes(n) + (40 << 20,):  # 40 MiB: every channel, blocks of several chunks
+            for r in range(n):
+                got = list(replay._program(collective, "ring", config.topology, r, S // 4, chunk, 4, 0, None))
+                assert got == list(_reference_ring_channels(collective, config.topology, r, S // 4, chunk, 4)), \
+                    (collective, S, r)
