@@ -118,6 +118,8 @@ import numpy as np
 
 from . import hier_plan, replay
 from .cost import in_switch_chunk, raw_of
+from .packets import raw_bytes
+from .switch import buffer_share_bytes
 from .counters import downlink, uplink
 from .errors import FabricError
 from .reduction import blocks, channel_rings, chunks, rail_ranges, ring_channel_count, tree_parts
@@ -327,7 +329,8 @@ def link_bytes(collective: str, algorithm: str, topo: Topology, S: int = 0, item
                counts=None, config=None, partial_itemsize: int | None = None) -> dict[str, int]:
     """Exact payload bytes every link of `topo` carries in one call: {link name: bytes}, link order.
     sharp and nvls need `config` (their chunks); their reductions take partial_itemsize (sharp_link_bytes,
-    nvls_link_bytes)."""
+    nvls_link_bytes); hier with a `config` whose leaves reduce runs its node stages there
+    (hier_leaf_link_bytes), else (or without config) its node rings."""
     if algorithm == "sharp":
         if config is None or collective not in IN_SWITCH["sharp"]:
             raise FabricError(f"cost_nodes: sharp's link bytes are for {', '.join(IN_SWITCH['sharp'])}, and need the "
@@ -344,7 +347,63 @@ def link_bytes(collective: str, algorithm: str, topo: Topology, S: int = 0, item
         if collective in ("allgather", "broadcast"):  # sharp's multicast stores (nvls.py imports them)
             return sharp_mcast_link_bytes(collective, topo, S, config, itemsize, root)
         return nvls_link_bytes(collective, topo, S, config, itemsize, partial_itemsize)
+    if algorithm == "hier" and config is not None and hier_plan.in_leaf(config) and topo.nodes > 1 \
+            and topo.gpus_per_node > 1:
+        return hier_leaf_link_bytes(collective, topo, S, config, itemsize, root)[0]
     return topo.link_payload_bytes(traffic(collective, algorithm, topo, S, itemsize, root, counts))
+
+
+def hier_leaf_link_bytes(collective: str, topo: Topology, S: int, config, itemsize: int = 4,
+                         root: int = 0) -> tuple[dict[str, int], dict[str, int]]:
+    """Exact (payload, raw) bytes on every link of hier.py's `collective` of S bytes by every GPU of `topo`
+    with its node stages in the leaf (N > 1 nodes of G > 1 GPUs; hier_plan.in_leaf(config)), from every
+    member's program (fabric.hier_plan, as replay.hier_ns runs it): a rail message on the sender's uplink,
+    the cables the Topology routes it over and the receiver's downlink; a load-reduce request, header
+    only, on the requester's uplink; each LOAD, header only, on the serving member's downlink and its
+    answer (the range) on its uplink; a result on the requester's downlink; a multicast store once on
+    the sender's uplink and on every node member's downlink (the sender's too). Raw = payload + one
+    header a packet of mtu_bytes (fabric.packets.raw_bytes), header-only packets header_bytes each.
+    Payload closed forms (S a multiple of N G itemsize, n = N G): allreduce every GPU link tx = rx =
+    S + S/G (node RS: its answers to every column, S; its reduced column, S/G; node AG: its store, S/G,
+    every member's stores, S) + 2(N-1)/n S (the rails); reduce_scatter (S = input): tx S, rx S/G, +
+    (N-1)/n S each way; allgather (S = output): tx S/G, rx S, + (N-1)/n S each way; broadcast: the node
+    AG's store S/G tx and S rx on every GPU, + the scatter's and the chain's as with node rings. The
+    cables carry only the rail messages: as with node rings (link_bytes)."""
+    G, n = topo.gpus_per_node, topo.gpus
+    if topo.nodes < 2 or G < 2 or not hier_plan.in_leaf(config):
+        raise FabricError(f"cost_nodes: hier's node stages run in the leaf on {topo.nodes} nodes of {G} GPUs, "
+                          f"config {config.name!r}: they need several nodes of several GPUs and leaves that reduce")
+    count = _block_bytes(S, 1, itemsize)[0] // itemsize
+    chunk = max(1, config.chunk_bytes // itemsize)
+    raw = lambda nbytes: raw_bytes(nbytes, config.mtu_bytes, config.header_bytes)
+    sent, sent_raw = np.zeros((n, n), object), np.zeros((n, n), object)
+    up, up_raw, down, down_raw = [0] * n, [0] * n, [0] * n, [0] * n
+    share = buffer_share_bytes(config)
+    for r in range(n):
+        for op in replay._hier(collective, topo, r, count, chunk, itemsize, root, share):
+            kind = op[0]
+            if kind == "send":
+                sent[r, op[1]] += op[3]
+                sent_raw[r, op[1]] += raw(op[3])
+            elif kind == "lr":
+                up_raw[r] += raw(0)
+            elif kind == "serve":
+                down_raw[r] += raw(0)
+                up[r] += op[3]
+                up_raw[r] += raw(op[3])
+            elif kind == "mcast":
+                up[r] += op[2]
+                up_raw[r] += raw(op[2])
+            elif kind == "take":
+                down[r] += op[2]
+                down_raw[r] += raw(op[2])
+    payload, raws = topo.link_payload_bytes(sent), topo.link_payload_bytes(sent_raw)
+    for g in range(n):
+        leaf = g // G
+        for out, u, d in ((payload, up, down), (raws, up_raw, down_raw)):
+            out[uplink(g, leaf)] += u[g]
+            out[downlink(g, leaf)] += d[g]
+    return payload, raws
 
 
 def sharp_link_bytes(topo: Topology, S: int, config, itemsize: int = 4, partial_itemsize: int | None = None) -> dict[str, int]:
@@ -575,7 +634,8 @@ def modeled_ns(collective: str, algorithm: str, topo: Topology, S: int, config, 
     asks for it at every call."""
     key = (collective, algorithm, topo, int(S), config.mtu_bytes, config.header_bytes, config.chunk_bytes, itemsize,
            root, None if counts is None else tuple(tuple(int(x) for x in row) for row in counts), partial_itemsize,
-           config.timing, config.uplink_latency_ns, config.switch_buffer_bytes, len(config.partitions), config.nodes)
+           config.timing, config.uplink_latency_ns, config.switch_buffer_bytes, len(config.partitions), config.nodes,
+           config.mode, config.sharp)
     ns = _MODELED.get(key)
     if ns is None:
         if len(_MODELED) >= 4096:

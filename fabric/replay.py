@@ -173,7 +173,7 @@ def _hier(collective, topo, r, count, chunk, item, root, share=None):
     """hier.py's schedule on every GPU of `topo` (GPU (a, j) = a G + j): fabric.hier_plan's program, the
     one the ranks execute (node rings or node stages in the leaf (share: hier_plan.program's), and rail
     rings, pipelined slice by slice). Node stages in the leaf add ("lr", key, nbytes), ("serve", GPU of
-    the requester, key, nbytes), ("mcast", key, nbytes) and ("take", key) (hier_ns)."""
+    the requester, key, nbytes), ("mcast", key, nbytes) and ("take", key, nbytes) (hier_ns)."""
     G = topo.gpus_per_node
     a, j = divmod(r, G)
     for op in hier_plan.program(collective, topo.nodes, G, a, j, count, chunk, item, divmod(root, G), None, share):
@@ -192,7 +192,7 @@ def _hier(collective, topo, r, count, chunk, item, root, share=None):
         elif kind == "mcast":
             yield ("mcast", op[1], (op[3] - op[2]) * item)
         elif kind == "take":
-            yield ("take", op[1])
+            yield ("take", op[1], (op[3] - op[2]) * item)
 
 
 def hier_ns(collective: str, topo: Topology, count: int, config, itemsize: int = 4, root: int = 0) -> float:
