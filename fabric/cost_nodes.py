@@ -654,11 +654,26 @@ def lower_bound_ns(collective: str, algorithm: str, topo: Topology, S: int, conf
     its rounds' flows together (each round's flows separate messages) and the dependency chain, the
     sum over rounds of each round's fastest flow (a GPU sends round k + 1's data only once it has
     received round k's, in every schedule here)."""
-    steps = [_flows(t, config, itemsize) for t in rounds(collective, algorithm, topo, S, itemsize, root, counts)]
+    steps = [_flows(t, config, itemsize) for t in _timed_rounds(collective, algorithm, topo, S, config, itemsize, root,
+                                                                 counts)]
     merged = _merged(steps)
     chain = sum(_least_flow_ns(topo, f, _hier_pipelined(collective, algorithm, topo, S, config, itemsize))
                 for f in steps)
     return max(_link_bound(topo, merged), _slowest_flow_ns(topo, merged), chain)
+
+
+def _timed_rounds(collective, algorithm, topo, S, config, itemsize, root, counts) -> list[np.ndarray]:
+    """The rounds of GPU-to-GPU traffic the time bounds take: rounds(), but for hier with its node stages in
+    the leaf (hier_plan.in_leaf(config)) only its rail rounds (the node's traffic is not GPU to GPU; the
+    bounds of a part of the traffic still bound the whole)."""
+    out = rounds(collective, algorithm, topo, S, itemsize, root, counts)
+    N, G = topo.nodes, topo.gpus_per_node
+    if algorithm != "hier" or not hier_plan.in_leaf(config) or N < 2 or G < 2:
+        return out
+    if collective == "broadcast":  # the scatter, the chain, then the node ring
+        return out[1:2]
+    node = G - 1  # each node ring's rounds, before (reduce-scatter) and after (all-gather) the rails'
+    return {"allreduce": out[node:-node], "reduce_scatter": out[node:], "allgather": out[:-node]}[collective]
 
 
 def _hier_pipelined(collective: str, algorithm: str, topo: Topology, S: int, config, itemsize: int) -> bool:
@@ -667,7 +682,8 @@ def _hier_pipelined(collective: str, algorithm: str, topo: Topology, S: int, con
     if algorithm != "hier":
         return False
     count, N, G = int(S) // itemsize, topo.nodes, topo.gpus_per_node
-    P = hier_plan.slice_elements(max(1, config.chunk_bytes // itemsize), itemsize)
+    share = buffer_share_bytes(config) if hier_plan.in_leaf(config) else None
+    P = hier_plan.slice_elements(max(1, config.chunk_bytes // itemsize), itemsize, N, G, share)
     return hier_plan.slices(hier_plan.ranges(collective, N, G, count), N, G, P) > 1
 
 
@@ -685,7 +701,8 @@ def bottleneck(collective: str, algorithm: str, topo: Topology, S: int, config, 
     """(name, ns) of the timed stage (a link, or a GPU's share "gpu3:out" / "gpu3:in") with the most raw
     bytes over bandwidth in the whole call: where the time goes (W_L / bw_L, ns, without latencies);
     ("", 0.0) for a call that sends nothing."""
-    flows = _merged([_flows(t, config, itemsize) for t in rounds(collective, algorithm, topo, S, itemsize, root, counts)])
+    flows = _merged([_flows(t, config, itemsize) for t in _timed_rounds(collective, algorithm, topo, S, config, itemsize,
+                                                                          root, counts)])
     times = {name: w / bandwidth for name, (w, _, _, bandwidth) in _loads(topo, flows).items()}
     name = max(times, key=times.get, default="")
     return name, times.get(name, 0.0)
