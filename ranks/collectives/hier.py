@@ -50,6 +50,7 @@ import numpy as np
 from nvlink_emu.fabric import hier_plan
 from nvlink_emu.fabric.errors import UnsupportedOperation
 from nvlink_emu.fabric.reduction import blocks, combine, finish, two_level_blocks
+from nvlink_emu.fabric.switch import buffer_share_bytes
 
 
 class Grid:
@@ -90,6 +91,9 @@ class Grid:
         return [[parts[r] for r in row] for row in self.rank]
 
 
+SOURCE = ("hier-bound",)  # the key each node member binds its work buffer under (node RS in the leaf)
+
+
 def _execute(call, collective: str, work: np.ndarray, count: int, root: int | None = None,
              finished: np.ndarray | None = None) -> Grid:
     """Run fabric.hier_plan's program for this member on `work` (`count` elements); finished: where a
@@ -98,11 +102,37 @@ def _execute(call, collective: str, work: np.ndarray, count: int, root: int | No
     at = None if root is None else next((a, j) for a, row in enumerate(grid.rank) for j, r in enumerate(row)
                                         if r == root)
     own = hier_plan.ranges(collective, grid.N, grid.G, count, grid.rank)[grid.a][grid.j][0]
+    gpu, item = call.gpu, work.dtype.itemsize
+    leaf = hier_plan.in_leaf(gpu.config) and grid.N > 1 and grid.G > 1
+    share = buffer_share_bytes(gpu.config) if leaf else None
+    group = call.comm.node_group_id() if leaf else None  # collective: every member, whatever its share
+    bound = leaf and collective in ("allreduce", "reduce_scatter")
+    if bound:
+        gpu.bind_buffer(call.key(*SOURCE), work)
+    # the switch sums a node's partial (avg divides once, at the rail's finish, by every member)
+    leaf_op = "sum" if call.op == "avg" else call.op
+    node = grid.node_ring()
     scratch = np.empty(min(call.chunk, count), work.dtype)
-    for op in hier_plan.program(collective, grid.N, grid.G, grid.a, grid.j, count, call.chunk, work.dtype.itemsize,
-                                at, grid.rank):
+    for op in hier_plan.program(collective, grid.N, grid.G, grid.a, grid.j, count, call.chunk, item, at, grid.rank,
+                                share):
         kind = op[0]
-        if kind == "send":
+        if kind == "load_reduce":
+            key, lo, hi = op[1:]
+            call.load_reduce(key, SOURCE, lo * item, (hi - lo) * item, key, gpu.reserve_uplink(0, gpu.now_ns), group,
+                             leaf_op)
+        elif kind == "serve":
+            k, key = op[1:3]
+            call.serve_load(SOURCE, key, node[k], group)
+        elif kind == "mcast":
+            key, lo, hi = op[1:]
+            call.multicast(key, work[lo:hi], group)
+        elif kind == "take":
+            key, lo, hi, mine = op[1:]
+            out = scratch[:hi - lo] if mine else work[lo:hi]
+            what = "my own multicast copy" if mine else (
+                "the leaf's load-reduce" if key[0] == hier_plan.NODE_RS else f"GPU {call.peer(node[key[2]])}'s store")
+            call.recv_switch(key, out, what, group)
+        elif kind == "send":
             (b, k), key, lo, hi = op[1:]
             call.send(grid.rank[b][k], key, work[lo:hi])
         elif kind == "recv":
@@ -119,6 +149,8 @@ def _execute(call, collective: str, work: np.ndarray, count: int, root: int | No
             finish(call.op, work[lo:hi], call.n, out)
         else:
             call.flush()
+    if bound:
+        gpu.unbind_buffer(call.key(*SOURCE))
     return grid
 
 
