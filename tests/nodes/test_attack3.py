@@ -105,3 +105,65 @@ def test_load_reduces_do_not_pile_loads_up_at_another_node_s_leaf(monkeypatch, n
         assert refused == ["ResourceExhausted"] * expected, (len(refused), expected, refused[:1])
     most = MPI.COMM_WORLD.allreduce(peak[0], MPI.MAX)
     assert most <= 2 * MAX_UNREAD, f"the partner's leaf kept {most} LOADs in flight to it"
+
+
+def test_load_reduces_of_a_group_in_one_leaf_do_not_pile_loads_up_at_it(monkeypatch):
+    """hier's node groups (comm.node_group_id) and every communicator within one node make a group in one
+    leaf, which keeps no budget of load-reduces (fabric.switch: one switch keeps none). Partition 0 is
+    GPUs 0 and 1 (node 0, one leaf), its communicator's group in that leaf; GPU 0 sends 4,000 header-only
+    LOAD_REDUCEs of it (slot (k, 0)), reading the LOADs of its own, while GPU 1 sleeps. Already bounded:
+    the leaf stops reading GPU 0 while a port its traffic goes to has more than MAX_UNREAD sends in
+    flight, so it kept at most 1,025 LOADs in flight to GPU 1 (measured, 8 ranks), none refused; the
+    requests wait at GPU 0. (Across nodes the other leaf cannot hold a spine back: the test above.)"""
+    from nvlink_emu.ranks.switch import MAX_UNREAD
+    from nvlink_emu.ranks.transport import Transport
+
+    _, per_node, _ = shape()
+    tenant = (0, 1)
+    others = tuple(g for g in range(gpus_of_shape()) if g not in tenant)
+    count, peak, keep = 4000, [0], Transport._keep
+
+    def counted(self, dest, requests, buffers):
+        out = keep(self, dest, requests, buffers)
+        if dest == 1:  # sends this rank keeps in flight to GPU 1 (its leaf is the rank that matters)
+            peak[0] = max(peak[0], len(self._pending.get(dest, ())))
+        return out
+
+    monkeypatch.setattr(Transport, "_keep", counted)
+
+    def main(gpu):
+        gid = gpu.partition.group_id() if gpu.rank in tenant else None
+        gpu.world.barrier()
+        refused = []
+        if gpu.rank == 0:
+            name, key = gpu.partition.name, gpu._keys[0]
+            for k in range(count):
+                info = LoadInfo(gid, (k, 0), "sum", "float32", (0,), (name, "flood", k), (name, "src"))
+                gpu._send(Packet(Kind.LOAD_REDUCE, key, -1, 0, 64, req=k + 1, info=info))  # counted on its uplink
+                gpu._progress()  # its own LOADs come back: read (filed), so that its leaf reads it on
+                if k % 256 == 255:
+                    gpu._loads.clear()
+            deadline = time.monotonic() + 10
+            while gpu._transport.in_flight and time.monotonic() < deadline:
+                gpu._progress()
+            gpu._loads.clear()
+            refused = [type(e).__name__ for e in gpu._traffic_errors]
+            gpu._traffic_errors.clear()
+        if gpu.rank == 1:
+            time.sleep(6.0)  # receives nothing meanwhile
+        gpu.world.barrier()
+        if gpu.rank == 1:
+            gpu._progress()
+            gpu._loads.clear()
+        return gpu.world.allgather_object(refused)[0]
+
+    result = run(main, partitions=(tenant, others), timeout_s=30.0)
+    if result.role == "gpu":
+        assert result.value == [], result.value[:1]
+    most = MPI.COMM_WORLD.allreduce(peak[0], MPI.MAX)
+    assert most <= 2 * MAX_UNREAD, f"GPU 1's leaf kept {most} LOADs in flight to it"
+
+
+def gpus_of_shape() -> int:
+    nodes, per_node, _ = shape()
+    return nodes * per_node
