@@ -65,3 +65,52 @@ def test_a_member_s_notice_frees_no_other_group_s_or_partition_s_request():
     assert leaf1.refused[2] == 1 and leaf0._asked_count == {0: 1, 1: 1}
     assert fabric.gpu(2, _unserved(g0, (0, 0, 0, 0))) == []
     assert leaf0._asked_count == {0: 0, 1: 1} and (g1, ("b", 0, "r")) in leaf0._asked
+
+
+# -- one switch (a node's group: one node's communicators, hier's node groups in the leaf) ---------------
+
+def _one_switch_group(members=(0, 1, 2, 3)):
+    from nvlink_emu.fabric.config import preset
+    from nvlink_emu.fabric.switch import SwitchLogic
+    from switch_helpers import ready_group
+
+    sw = SwitchLogic(preset("dgx-h100", gpus=4))
+    return sw, ready_group(sw, members, name="w")
+
+
+def test_a_member_cannot_load_reduce_into_another_member_s_result_on_one_switch():
+    """Found in this review: on one switch a LOAD_REDUCE's result could go to any members (info.dest), so
+    GPU 1 could ask, under GPU 0's result key and slot, for a range of its choosing: the members file a
+    slot's LOAD under the slot alone, and one that served GPU 1's LOAD (it overwrote GPU 0's, or came
+    first) sent GPU 0, under the key GPU 0 waits for, the sum of another range of every member's buffer:
+    GPU 0's result silently wrong. Measured before the fix: the switch took it and sent a LOAD with
+    dest [0] to each of the 4 members. Every honest request names its requester alone (Call.load_reduce),
+    as across nodes already: now refused, AccessViolation naming GPU 1 and the destinations."""
+    from switch_helpers import only_nack
+
+    sw, gid = _one_switch_group()
+    info = LoadInfo(gid, (0, 0, 0, 0), "sum", "float32", (0,), ("w", 0, 4, 0), ("w", 0, "nvls-bound"))
+    nack = only_nack(sw.on_packet(1, Packet(Kind.LOAD_REDUCE, 0, -1, 4096, 512, req=5, info=info)), 1, 5)
+    assert nack.info.error == "AccessViolation" and "GPU 1" in nack.info.message and "[0]" in nack.info.message
+    assert sw.violations == [0, 1, 0, 0]
+    mine = LoadInfo(gid, (0, 1, 0, 1), "sum", "float32", (1,), ("w", 0, 4, 1), ("w", 0, "nvls-bound"))
+    sends = sw.on_packet(1, Packet(Kind.LOAD_REDUCE, 0, -1, 0, 512, req=6, info=mine))
+    assert sorted(s.port for s in sends if s.packet.kind is Kind.LOAD) == [0, 1, 2, 3]
+
+
+@pytest.mark.xfail(strict=True, reason="on one switch a LOAD_REDUCE's slot need not name its requester (hier's "
+                                       "node RS slots do not: (seq, phase, slice, position, chunk)), so a member "
+                                       "can ask another's slot first and the members serve its LOAD instead")
+def test_a_member_cannot_take_over_another_member_s_slot_on_one_switch():
+    """GPU 1 asks for slot (0, 0, 0, 0) - nvls.py's slot of GPU 0's chunk 0 (seq, r, c, r + c) - under a key
+    of its own, result to itself. Across nodes the leaf refuses it (the slot names its requester's rank
+    second, test_cross_node_attack); on one switch it is taken (measured: a LOAD with dest [1] to each
+    of the 4 members), and a member that serves it before GPU 0's LOAD of that slot arrives, or after
+    GPU 1's overwrote it (both filed under the slot alone), sends GPU 1 its part of GPU 0's result; GPU
+    0's own load-reduce then waits for answers that never come (FabricTimeout). The fix needs every
+    program's slots to name their requester where the switch can check it (hier's name the position
+    third), or members to file and serve LOADs by (slot, requester)."""
+    sw, gid = _one_switch_group()
+    info = LoadInfo(gid, (0, 0, 0, 0), "sum", "float32", (1,), ("w", "mine", 0), ("w", 0, "nvls-bound"))
+    sends = sw.on_packet(1, Packet(Kind.LOAD_REDUCE, 0, -1, 0, 512, req=5, info=info))
+    assert [s.packet.kind for s in sends] == [Kind.NACK], [s.port for s in sends]
