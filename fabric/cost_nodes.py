@@ -700,7 +700,8 @@ def bottleneck(collective: str, algorithm: str, topo: Topology, S: int, config, 
                counts=None) -> tuple[str, float]:
     """(name, ns) of the timed stage (a link, or a GPU's share "gpu3:out" / "gpu3:in") with the most raw
     bytes over bandwidth in the whole call: where the time goes (W_L / bw_L, ns, without latencies);
-    ("", 0.0) for a call that sends nothing."""
+    ("", 0.0) for a call that sends nothing. hier with its node stages in the leaf: its rail rounds only
+    (_timed_rounds)."""
     flows = _merged([_flows(t, config, itemsize) for t in _timed_rounds(collective, algorithm, topo, S, config, itemsize,
                                                                           root, counts)])
     times = {name: w / bandwidth for name, (w, _, _, bandwidth) in _loads(topo, flows).items()}
