@@ -118,6 +118,8 @@ import numpy as np
 
 from . import hier_plan, replay
 from .cost import in_switch_chunk, raw_of
+from .packets import raw_bytes
+from .switch import buffer_share_bytes
 from .counters import downlink, uplink
 from .errors import FabricError
 from .reduction import blocks, channel_rings, chunks, rail_ranges, ring_channel_count, tree_parts
@@ -327,7 +329,8 @@ def link_bytes(collective: str, algorithm: str, topo: Topology, S: int = 0, item
                counts=None, config=None, partial_itemsize: int | None = None) -> dict[str, int]:
     """Exact payload bytes every link of `topo` carries in one call: {link name: bytes}, link order.
     sharp and nvls need `config` (their chunks); their reductions take partial_itemsize (sharp_link_bytes,
-    nvls_link_bytes)."""
+    nvls_link_bytes); hier with a `config` whose leaves reduce runs its node stages there
+    (hier_leaf_link_bytes), else (or without config) its node rings."""
     if algorithm == "sharp":
         if config is None or collective not in IN_SWITCH["sharp"]:
             raise FabricError(f"cost_nodes: sharp's link bytes are for {', '.join(IN_SWITCH['sharp'])}, and need the "
@@ -344,7 +347,63 @@ def link_bytes(collective: str, algorithm: str, topo: Topology, S: int = 0, item
         if collective in ("allgather", "broadcast"):  # sharp's multicast stores (nvls.py imports them)
             return sharp_mcast_link_bytes(collective, topo, S, config, itemsize, root)
         return nvls_link_bytes(collective, topo, S, config, itemsize, partial_itemsize)
+    if algorithm == "hier" and config is not None and hier_plan.in_leaf(config) and topo.nodes > 1 \
+            and topo.gpus_per_node > 1:
+        return hier_leaf_link_bytes(collective, topo, S, config, itemsize, root)[0]
     return topo.link_payload_bytes(traffic(collective, algorithm, topo, S, itemsize, root, counts))
+
+
+def hier_leaf_link_bytes(collective: str, topo: Topology, S: int, config, itemsize: int = 4,
+                         root: int = 0) -> tuple[dict[str, int], dict[str, int]]:
+    """Exact (payload, raw) bytes on every link of hier.py's `collective` of S bytes by every GPU of `topo`
+    with its node stages in the leaf (N > 1 nodes of G > 1 GPUs; hier_plan.in_leaf(config)), from every
+    member's program (fabric.hier_plan, as replay.hier_ns runs it): a rail message on the sender's uplink,
+    the cables the Topology routes it over and the receiver's downlink; a load-reduce request, header
+    only, on the requester's uplink; each LOAD, header only, on the serving member's downlink and its
+    answer (the range) on its uplink; a result on the requester's downlink; a multicast store once on
+    the sender's uplink and on every node member's downlink (the sender's too). Raw = payload + one
+    header a packet of mtu_bytes (fabric.packets.raw_bytes), header-only packets header_bytes each.
+    Payload closed forms (S a multiple of N G itemsize, n = N G): allreduce every GPU link tx = rx =
+    S + S/G (node RS: its answers to every column, S; its reduced column, S/G; node AG: its store, S/G,
+    every member's stores, S) + 2(N-1)/n S (the rails); reduce_scatter (S = input): tx S, rx S/G, +
+    (N-1)/n S each way; allgather (S = output): tx S/G, rx S, + (N-1)/n S each way; broadcast: the node
+    AG's store S/G tx and S rx on every GPU, + the scatter's and the chain's as with node rings. The
+    cables carry only the rail messages: as with node rings (link_bytes)."""
+    G, n = topo.gpus_per_node, topo.gpus
+    if topo.nodes < 2 or G < 2 or not hier_plan.in_leaf(config):
+        raise FabricError(f"cost_nodes: hier's node stages run in the leaf on {topo.nodes} nodes of {G} GPUs, "
+                          f"config {config.name!r}: they need several nodes of several GPUs and leaves that reduce")
+    count = _block_bytes(S, 1, itemsize)[0] // itemsize
+    chunk = max(1, config.chunk_bytes // itemsize)
+    raw = lambda nbytes: raw_bytes(nbytes, config.mtu_bytes, config.header_bytes)
+    sent, sent_raw = np.zeros((n, n), object), np.zeros((n, n), object)
+    up, up_raw, down, down_raw = [0] * n, [0] * n, [0] * n, [0] * n
+    share = buffer_share_bytes(config)
+    for r in range(n):
+        for op in replay._hier(collective, topo, r, count, chunk, itemsize, root, share):
+            kind = op[0]
+            if kind == "send":
+                sent[r, op[1]] += op[3]
+                sent_raw[r, op[1]] += raw(op[3])
+            elif kind == "lr":
+                up_raw[r] += raw(0)
+            elif kind == "serve":
+                down_raw[r] += raw(0)
+                up[r] += op[3]
+                up_raw[r] += raw(op[3])
+            elif kind == "mcast":
+                up[r] += op[2]
+                up_raw[r] += raw(op[2])
+            elif kind == "take":
+                down[r] += op[2]
+                down_raw[r] += raw(op[2])
+    payload, raws = topo.link_payload_bytes(sent), topo.link_payload_bytes(sent_raw)
+    for g in range(n):
+        leaf = g // G
+        for out, u, d in ((payload, up, down), (raws, up_raw, down_raw)):
+            out[uplink(g, leaf)] += u[g]
+            out[downlink(g, leaf)] += d[g]
+    return payload, raws
 
 
 def sharp_link_bytes(topo: Topology, S: int, config, itemsize: int = 4, partial_itemsize: int | None = None) -> dict[str, int]:
@@ -614,7 +673,7 @@ def _occupancy_bound_ns(collective, algorithm, topo, S, config, itemsize, root, 
                    2 * a + topo.switch_latency_ns)
     slowest = np.where(across, min(B, topo.share_gbytes_per_s), B)
     total, chain = np.zeros((n, n), np.int64), 0.0
-    for t in rounds(collective, algorithm, topo, S, itemsize, root, counts):
+    for t in _timed_rounds(collective, algorithm, topo, S, config, itemsize, root, counts):  # GPU-to-GPU rounds
         flows = t + (-(-t // config.mtu_bytes)) * config.header_bytes  # 0 for no flow
         total += flows
         if algorithm in ("ring", "direct") and flows.any():  # step by step: a round's sends after the last's receives
@@ -633,7 +692,7 @@ def _key(collective, algorithm, topo, S, config, itemsize, root, counts, partial
     return (collective, algorithm, topo, int(S), config.mtu_bytes, config.header_bytes, config.chunk_bytes, itemsize,
             root, None if counts is None else tuple(tuple(int(x) for x in row) for row in counts), partial_itemsize,
             config.timing, config.uplink_latency_ns, config.switch_buffer_bytes, len(config.partitions), config.nodes,
-            config.nvls_chunk_bytes)
+            config.nvls_chunk_bytes, config.mode, config.sharp)
 
 
 def _memo(memo: dict, key: tuple, compute):
@@ -655,11 +714,26 @@ def lower_bound_ns(collective: str, algorithm: str, topo: Topology, S: int, conf
     its rounds' flows together (each round's flows separate messages) and the dependency chain, the
     sum over rounds of each round's fastest flow (a GPU sends round k + 1's data only once it has
     received round k's, in every schedule here)."""
-    steps = [_flows(t, config, itemsize) for t in rounds(collective, algorithm, topo, S, itemsize, root, counts)]
+    steps = [_flows(t, config, itemsize) for t in _timed_rounds(collective, algorithm, topo, S, config, itemsize, root,
+                                                                 counts)]
     merged = _merged(steps)
     chain = sum(_least_flow_ns(topo, f, _hier_pipelined(collective, algorithm, topo, S, config, itemsize))
                 for f in steps)
     return max(_link_bound(topo, merged), _slowest_flow_ns(topo, merged), chain)
+
+
+def _timed_rounds(collective, algorithm, topo, S, config, itemsize, root, counts) -> list[np.ndarray]:
+    """The rounds of GPU-to-GPU traffic the time bounds take: rounds(), but for hier with its node stages in
+    the leaf (hier_plan.in_leaf(config)) only its rail rounds (the node's traffic is not GPU to GPU; the
+    bounds of a part of the traffic still bound the whole)."""
+    out = rounds(collective, algorithm, topo, S, itemsize, root, counts)
+    N, G = topo.nodes, topo.gpus_per_node
+    if algorithm != "hier" or not hier_plan.in_leaf(config) or N < 2 or G < 2:
+        return out
+    if collective == "broadcast":  # the scatter, the chain, then the node ring
+        return out[1:2]
+    node = G - 1  # each node ring's rounds, before (reduce-scatter) and after (all-gather) the rails'
+    return {"allreduce": out[node:-node], "reduce_scatter": out[node:], "allgather": out[:-node]}[collective]
 
 
 def _hier_pipelined(collective: str, algorithm: str, topo: Topology, S: int, config, itemsize: int) -> bool:
@@ -668,7 +742,8 @@ def _hier_pipelined(collective: str, algorithm: str, topo: Topology, S: int, con
     if algorithm != "hier":
         return False
     count, N, G = int(S) // itemsize, topo.nodes, topo.gpus_per_node
-    P = hier_plan.slice_elements(max(1, config.chunk_bytes // itemsize), itemsize)
+    share = buffer_share_bytes(config) if hier_plan.in_leaf(config) else None
+    P = hier_plan.slice_elements(max(1, config.chunk_bytes // itemsize), itemsize, N, G, share)
     return hier_plan.slices(hier_plan.ranges(collective, N, G, count), N, G, P) > 1
 
 
@@ -685,8 +760,10 @@ def bottleneck(collective: str, algorithm: str, topo: Topology, S: int, config, 
                counts=None) -> tuple[str, float]:
     """(name, ns) of the timed stage (a link, or a GPU's share "gpu3:out" / "gpu3:in") with the most raw
     bytes over bandwidth in the whole call: where the time goes (W_L / bw_L, ns, without latencies);
-    ("", 0.0) for a call that sends nothing."""
-    flows = _merged([_flows(t, config, itemsize) for t in rounds(collective, algorithm, topo, S, itemsize, root, counts)])
+    ("", 0.0) for a call that sends nothing. hier with its node stages in the leaf: its rail rounds only
+    (_timed_rounds)."""
+    flows = _merged([_flows(t, config, itemsize) for t in _timed_rounds(collective, algorithm, topo, S, config, itemsize,
+                                                                          root, counts)])
     times = {name: w / bandwidth for name, (w, _, _, bandwidth) in _loads(topo, flows).items()}
     name = max(times, key=times.get, default="")
     return name, times.get(name, 0.0)

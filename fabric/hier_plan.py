@@ -42,11 +42,40 @@ pipeline order, rail steps grouped in one tick, was ahead on a few IB shapes and
 one, where node and rail steps cost alike: this one was never slower than the phases one after the
 other on the shapes measured, 2 x 2 to 8 x 8 GPUs on the three presets).
 
+**Node stages in the leaf** (`nvls`: the leaf switch reduces and multicasts, fabric config `sharp`
+true in NVLink Network mode, N > 1 and G > 1; NCCL's NVLS_TREE on H100 clusters: NVIDIA/nccl
+src/device/all_reduce.h, runTreeSplit's NVLS_TREE, the node's reduction by the NVSwitch, the rails
+over the NICs). The node's G members form a switch group at their leaf; each binds its work buffer
+(allreduce: its array; reduce_scatter: a copy of its input). Node RS of slice i is one step: member j
+asks the leaf to load-reduce each chunk of its column-j segment (one LOAD_REDUCE a chunk, as
+ranks/collectives/nvls.py), then serves the leaf's LOADs of every member's requests of the slice, in
+one order every member keeps (column k = 0..G-1, its chunks in order: the leaf's engine then books
+the slots in that order whatever the host does), and takes its reduced chunks back a tick later
+(the slice's node RS takes one tick: requests and loads in tick t, results in tick t + 1). Node AG of
+a slice is one step too: member j multicast-stores its column-j segment (broadcast: part j's piece)
+to the node group, chunk by chunk, and a tick later takes in every member's stores (its own copy
+too, in member order). The node ring's G - 1 steps become one each way; the rail stages and the
+ticks are as above, but a tick's serves go last in it, after its rail sends (which then go first on
+the uplink, where a slice's answers - every column's, the heaviest step - would hold them back; a
+serve waits only for requests of the same tick: still deadlock-free). Measured (fabric.replay,
+AllReduce float32, node rings -> in the leaf): superpod-h100-ib 2 x 4 GPUs 16 MiB 113.7 -> 108.8 us,
+64 MiB 381.0 -> 376.6; 2 x 8 16 MiB 108.7 -> 90.6; 4 x 8 16 MiB 138.4 -> 131.0; superpod-h100-nvlink
+2 x 8 1 MiB 15.4 -> 9.5, 16 MiB 77.0 -> 80.6 (its one loss measured), 64 MiB 299.7 -> 233.2; with the
+serves first, or the slices halved, some of these were slower. With nvls the slice is also at most share / (2 (G - 1) N G itemsize) elements
+(share: the partition's in-switch buffer), so that the leaf's contributions held for two slices'
+load-reduces (at most G - 1 of G answers of every slot; a member is at most one slice ahead of the
+slowest) fit its share.
+
 Operations: ("send", (b, k), key, lo, hi): elements [lo, hi) to member (b, k); ("recv", (b, k), key,
 lo, hi, reduce): from (b, k) into [lo, hi), folded into it after what is there (reduce) or written;
 ("finish", lo, hi): [lo, hi) is fully reduced; ("flush",): wait until the sends so far have left.
-Keys: (phase, slice, step, segment, chunk) for the rings, (phase, slice, 0, chunk) for the scatter,
-(phase, slice, chunk) for the chain.
+Node stages in the leaf: ("load_reduce", key, lo, hi): ask the leaf for the node's reduction of [lo,
+hi) of every member's bound buffer, for me under `key`; ("serve", k, key, lo, hi): answer the leaf's
+LOAD of [lo, hi) for position k's request `key`; ("mcast", key, lo, hi): multicast-store [lo, hi) to
+the node group; ("take", key, lo, hi, own): take the leaf's delivery `key` (a result, or a store)
+into [lo, hi) (own: my own store's copy, into scratch).
+Keys: (phase, slice, step, segment, chunk) for the rings, (phase, slice, position, chunk) for the
+node stages in the leaf, (phase, slice, 0, chunk) for the scatter, (phase, slice, chunk) for the chain.
 """
 
 from .reduction import blocks, chunks, merged_columns, two_level_blocks
@@ -57,9 +86,19 @@ STAGES = {"allreduce": ("node rs", "rail rs", "rail ag", "node ag"), "reduce_sca
           "allgather": ("rail ag", "node ag"), "broadcast": ("scatter", "chain", "node ag")}
 
 
-def slice_elements(chunk: int, itemsize: int) -> int:
-    """P: elements of a slice's piece of one range, for messages of `chunk` elements of `itemsize` bytes."""
-    return max(1, min(chunk, SLICE_BYTES // itemsize))
+def in_leaf(config) -> bool:
+    """Whether hier's node stages run in the leaf switch (NVLS): an NVLink Network fabric whose switches
+    reduce (config.sharp: superpod-h100-ib, superpod-h100-nvlink; not superpod-a100-ib)."""
+    return config.mode == "network" and config.sharp
+
+
+def slice_elements(chunk: int, itemsize: int, N: int = 1, G: int = 1, share: int | None = None) -> int:
+    """P: elements of a slice's piece of one range, for messages of `chunk` elements of `itemsize` bytes;
+    share: with node stages in the leaf, the partition's in-switch buffer (bytes), which bounds P too."""
+    P = max(1, min(chunk, SLICE_BYTES // itemsize))
+    if share is not None and N > 1 and G > 1:
+        P = max(1, min(P, share // (2 * (G - 1) * N * G * itemsize)))
+    return P
 
 
 def ranges(collective: str, N: int, G: int, count: int, rank=None) -> list[list[tuple[int, int]]]:
@@ -104,6 +143,30 @@ class _Step:
             yield ("flush",)
 
 
+def _flat_chunks(segment, chunk) -> list[tuple[int, int]]:
+    return [span for a, b in segment for span in chunks(a, b, chunk)]
+
+
+def _leaf_rs(j, G, segments, i, chunk) -> list[_Step]:
+    """Node RS in the leaf, one step: my requests of column j, then the loads of every position's (in
+    position order), then (received) my reduced chunks."""
+    mine = _flat_chunks(segments[j], chunk)
+    sends = [("load_reduce", (NODE_RS, i, j, c), lo, hi) for c, (lo, hi) in enumerate(mine)]
+    sends += [("serve", k, (NODE_RS, i, k, c), lo, hi)
+              for k in range(G) for c, (lo, hi) in enumerate(_flat_chunks(segments[k], chunk))]
+    takes = [("take", (NODE_RS, i, j, c), lo, hi, False) for c, (lo, hi) in enumerate(mine)]
+    return [_Step(sends, takes, (), True)]
+
+
+def _leaf_ag(j, G, segments, i, chunk) -> list[_Step]:
+    """Node AG in the leaf, one step: multicast-store my segment, then (received) every position's stores,
+    mine too, in position order."""
+    sends = [("mcast", (NODE_AG, i, j, c), lo, hi) for c, (lo, hi) in enumerate(_flat_chunks(segments[j], chunk))]
+    takes = [("take", (NODE_AG, i, k, c), lo, hi, k == j)
+             for k in range(G) for c, (lo, hi) in enumerate(_flat_chunks(segments[k], chunk))]
+    return [_Step(sends, takes, (), True)]
+
+
 def _ring(ring, pos, segments, phase, i, chunk, reduce: bool) -> list[_Step]:
     """ring.py's ring over `ring` (this member at `pos`) passing `segments` (lists of ranges) of slice
     i: reduce-scatter (a flush after each step) or all-gather (a flush after the last)."""
@@ -122,11 +185,14 @@ def _ring(ring, pos, segments, phase, i, chunk, reduce: bool) -> list[_Step]:
 
 
 def program(collective: str, N: int, G: int, a: int, j: int, count: int, chunk: int, itemsize: int,
-            root: tuple[int, int] | None = None, rank=None):
+            root: tuple[int, int] | None = None, rank=None, share: int | None = None):
     """Member (a, j)'s operations (the module docstring) for one call of `count` elements, messages of at
-    most `chunk` elements of `itemsize` bytes; root: the broadcast root's coordinates; rank: as ranges'."""
+    most `chunk` elements of `itemsize` bytes; root: the broadcast root's coordinates; rank: as ranges';
+    share: None for node rings, else the node stages run in the leaf (in_leaf) and share is the
+    partition's in-switch buffer (bytes, fabric.switch.buffer_share_bytes)."""
     spans = ranges(collective, N, G, count, rank)
-    P = slice_elements(chunk, itemsize)
+    leaf = share is not None and N > 1 and G > 1
+    P = slice_elements(chunk, itemsize, N, G, share if leaf else None)
     K = slices(spans, N, G, P)
     node_ring, rail_ring = [(a, k) for k in range(G)], [(b, j) for b in range(N)]
 
@@ -136,6 +202,8 @@ def program(collective: str, N: int, G: int, a: int, j: int, count: int, chunk: 
     def stage(name: str, i: int) -> list[_Step]:
         if name in ("node rs", "node ag"):  # broadcast's segment k: part k's piece (its rows are one)
             segments = [[p] for p in pieces(i)[0]] if collective == "broadcast" else merged_columns(pieces(i))
+            if leaf:
+                return (_leaf_rs if name == "node rs" else _leaf_ag)(j, G, segments, i, chunk)
             return _ring(node_ring, j, segments, NODE_RS if name == "node rs" else NODE_AG, i, chunk,
                          name == "node rs")
         if name in ("rail rs", "rail ag"):
@@ -171,7 +239,7 @@ def program(collective: str, N: int, G: int, a: int, j: int, count: int, chunk: 
 
     names = STAGES[collective]
     if collective != "broadcast":
-        yield from _stepwise(names, stage, K, spans[a][j], P, N, G)
+        yield from _stepwise(names, stage, K, spans[a][j], P, N, 1 if leaf else G - 1)
     elif N > 1 and G > 1:
         yield from _stepwise_broadcast(stage, K, (a - root[0]) % N)
     else:  # one slice: the scatter, the chain chunk by chunk, the node ring, one after the other
@@ -179,14 +247,14 @@ def program(collective: str, N: int, G: int, a: int, j: int, count: int, chunk: 
     yield ("flush",)
 
 
-def _stepwise(names, stage, K: int, own: tuple[int, int], P: int, N: int, G: int):
+def _stepwise(names, stage, K: int, own: tuple[int, int], P: int, N: int, node_steps: int):
     """Every ring step of every stage a tick of its own: tick t runs, for each slice i in the pipeline,
     its receives of the step it sent in tick t - 1, then its sends of the next step (the last receive
     of one ring and the first send of the next are one tick; the rail RS's last receive finishes the
-    piece), then a flush."""
+    piece), then a flush. node_steps: a node stage's steps (G - 1 for a ring, 1 in the leaf)."""
     plan: list[list[tuple]] = []  # a slice's ticks: [(stage, step received or None, step sent or None)]
     for name in names:
-        m = (G if name.startswith("node") else N) - 1
+        m = node_steps if name.startswith("node") else N - 1
         units = [(name, s - 1 if s else None, s if s < m else None) for s in range(m + 1)] if m else [(name, None, None)]
         if plan and plan[-1][-1][2] is None and units[0][1] is None:
             plan[-1] = plan[-1] + [units[0]]  # one ring's last receive, the next one's first send
@@ -200,6 +268,7 @@ def _stepwise(names, stage, K: int, own: tuple[int, int], P: int, N: int, G: int
         return cache[(name, i)]
 
     for t in range(K + len(plan) - 1):
+        serves = []  # the leaf's loads this tick: answered last, so they queue behind the tick's rail sends
         for idx, units in enumerate(plan):
             i = t - idx
             if not 0 <= i < K:
@@ -210,7 +279,12 @@ def _stepwise(names, stage, K: int, own: tuple[int, int], P: int, N: int, G: int
                 if name == "rail rs" and sent is None:
                     yield ("finish", *_piece(own, i, P, K))
                 if sent is not None:
-                    yield from steps(name, i)[sent].sends
+                    for op in steps(name, i)[sent].sends:
+                        if op[0] == "serve":
+                            serves.append(op)
+                        else:
+                            yield op
+        yield from serves
         yield ("flush",)
         for key in [key for key in cache if key[1] <= t - len(plan) + 1]:
             del cache[key]

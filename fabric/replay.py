@@ -37,6 +37,7 @@ import numpy as np
 
 from . import hier_plan
 from .cost import in_switch_chunk
+from .switch import buffer_share_bytes
 from .errors import FabricError
 from .packets import raw_bytes
 from .reduction import (blocks, channel_rings, chunks, merged_columns, rail_ranges, ring_channel_count, tree_chunk,
@@ -171,19 +172,115 @@ def _segments_ring(ring, pos, segments, phase, chunk, item, reduce: bool):
         yield ("flush",)
 
 
-def _hier(collective, topo, r, count, chunk, item, root):
+def _hier(collective, topo, r, count, chunk, item, root, share=None):
     """hier.py's schedule on every GPU of `topo` (GPU (a, j) = a G + j): fabric.hier_plan's program, the
-    one the ranks execute (node rings and rail rings pipelined slice by slice)."""
+    one the ranks execute (node rings or node stages in the leaf (share: hier_plan.program's), and rail
+    rings, pipelined slice by slice). Node stages in the leaf add ("lr", key, nbytes), ("serve", GPU of
+    the requester, key, nbytes), ("mcast", key, nbytes) and ("take", key, nbytes) (hier_ns)."""
     G = topo.gpus_per_node
     a, j = divmod(r, G)
-    for op in hier_plan.program(collective, topo.nodes, G, a, j, count, chunk, item, divmod(root, G)):
-        if op[0] == "send":
+    for op in hier_plan.program(collective, topo.nodes, G, a, j, count, chunk, item, divmod(root, G), None, share):
+        kind = op[0]
+        if kind == "send":
             (b, k), key, lo, hi = op[1:]
             yield ("send", b * G + k, key, (hi - lo) * item)
-        elif op[0] == "recv":
+        elif kind == "recv":
             yield ("recv", op[1][0] * G + op[1][1], op[2])
-        elif op[0] == "flush":
+        elif kind == "flush":
             yield ("flush",)
+        elif kind == "load_reduce":
+            yield ("lr", op[1], (op[3] - op[2]) * item)
+        elif kind == "serve":
+            yield ("serve", a * G + op[1], op[2], (op[4] - op[3]) * item)
+        elif kind == "mcast":
+            yield ("mcast", op[1], (op[3] - op[2]) * item)
+        elif kind == "take":
+            yield ("take", op[1], (op[3] - op[2]) * item)
+
+
+def hier_ns(collective: str, topo: Topology, count: int, config, itemsize: int = 4, root: int = 0) -> float:
+    """Modeled ns of hier.py's `collective` of `count` elements by every GPU of `topo` (N > 1 nodes of G > 1
+    GPUs), all starting at 0, its node stages in the leaf (hier_plan.in_leaf(config)), as the ranks and
+    fabric.switch book them on one switch: the rail messages as replay_ns books them (Fabric); a
+    load-reduce request is header-only on the requester's uplink at its clock (+ a); its leaf's LOADs are
+    ready a switch traversal later (+ s), each booked on the serving member's downlink as it serves it (+
+    a), its answer on its uplink from then (+ a); the node group's engine (one ReductionClock a node)
+    reduces a slot once every member's answer is in (+ s + its latency, at its bandwidth), in the order
+    the slots complete (every member serves them in one order: that order), and the result goes down to
+    the requester, booked on its downlink as it takes it (+ a); a multicast store goes up on the sender's
+    uplink at its clock (+ a), through the leaf (+ s) and down to every member of the node, the sender
+    too, each booking it on its downlink as it takes it (+ a). Programs run round-robin as replay_ns's."""
+    G, n = topo.gpus_per_node, topo.gpus
+    chunk = max(1, config.chunk_bytes // itemsize)
+    share = buffer_share_bytes(config)
+    t = config.timing
+    s = t.switch_latency_ns
+    raw = lambda nbytes: raw_bytes(nbytes, config.mtu_bytes, config.header_bytes)
+    header = raw(0)
+    fabric = Fabric(topo, config.mtu_bytes, config.header_bytes)
+    engines = [ReductionClock(t.reduction_gbytes_per_s, t.reduction_latency_ns) for _ in range(topo.nodes)]
+    asked: dict[tuple, tuple[int, float]] = {}   # (node, key) -> (requester, its request's last byte at the leaf)
+    slots: dict[tuple, list] = {}                # (node, key) -> [answers, latest first byte, latest last byte]
+    delivered: dict[tuple, tuple[float, float, int]] = {}  # (GPU, key) -> stamps at its leaf, raw bytes
+    programs = {r: _hier(collective, topo, r, count, chunk, itemsize, root, share) for r in range(n)}
+    waiting: dict[int, tuple] = {}
+    while programs:
+        progressed = False
+        for r in list(programs):
+            gpu = fabric.gpus[r]
+            op = waiting.pop(r, None)
+            while True:
+                if op is None:
+                    op = next(programs[r], None)
+                    if op is None:
+                        del programs[r]
+                        progressed = True
+                        break
+                kind = op[0]
+                if kind == "send":
+                    fabric.send(gpu, op[1], op[2], op[3])
+                elif kind == "recv":
+                    if not fabric.receive(gpu, op[1], op[2]):
+                        waiting[r] = op
+                        break
+                elif kind == "lr":
+                    _, end = gpu.uplink.send(gpu.now, gpu.now, header)
+                    asked[(gpu.node, op[1])] = (r, end)
+                elif kind == "serve":
+                    got = asked.get((gpu.node, op[2]))
+                    if got is None:
+                        waiting[r] = op
+                        break
+                    requester, end = got
+                    _, at = gpu.downlink.book(end + s, end + s, header)
+                    at += gpu.downlink.latency_ns
+                    a, b = gpu.uplink.send(at, at, raw(op[3]))
+                    slot = slots.setdefault((gpu.node, op[2]), [0, 0.0, 0.0])
+                    slot[0] += 1
+                    slot[1], slot[2] = max(slot[1], a), max(slot[2], b)
+                    if slot[0] == G:
+                        del slots[(gpu.node, op[2])], asked[(gpu.node, op[2])]
+                        start, finish = engines[gpu.node].reduce(slot[1] + s, slot[2] + s, raw(op[3]))
+                        delivered[(requester, op[2])] = (start, finish, raw(op[3]))
+                elif kind == "mcast":
+                    a, b = gpu.uplink.send(gpu.now, gpu.now, raw(op[2]))
+                    for g in range(gpu.node * G, (gpu.node + 1) * G):
+                        delivered[(g, op[1])] = (a + s, b + s, raw(op[2]))
+                elif kind == "take":
+                    got = delivered.pop((r, op[1]), None)
+                    if got is None:
+                        waiting[r] = op
+                        break
+                    _, end = gpu.downlink.book(*got)
+                    gpu.now = max(gpu.now, end + gpu.downlink.latency_ns)
+                else:
+                    gpu.now = max(gpu.now, gpu.uplink.free_ns)
+                progressed = True
+                op = None
+        if not progressed:
+            raise FabricError(f"replay: {collective} hier (node stages in the leaf) on {n} GPUs waits for ever: "
+                              f"members {sorted(waiting)} wait for what nobody sends")
+    return max(gpu.now for gpu in fabric.gpus)
 
 
 def _channel_ring(rings, r, pieces, phase, reduce: bool):
@@ -741,6 +838,9 @@ def replay_ns(collective: str, algorithm: str, topo: Topology, S: int, config, i
         return sharp_mcast_ns(collective, topo, int(S) // itemsize, config, itemsize, root)
     if algorithm == "sharp" and collective in ("allgather", "broadcast"):
         return sharp_mcast_ns(collective, topo, int(S) // itemsize, config, itemsize, root)
+    if algorithm == "hier" and collective in PROGRAMS["hier"] and hier_plan.in_leaf(config) and topo.nodes > 1 \
+            and topo.gpus_per_node > 1:
+        return hier_ns(collective, topo, int(S) // itemsize, config, itemsize, root)
     n = topo.gpus
     chunk = max(1, config.chunk_bytes // itemsize)
     count = int(S) // itemsize

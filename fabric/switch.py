@@ -493,6 +493,10 @@ class SwitchLogic:
                                   f"{' '.join(f'GPU {p}' for p in outside) or 'none'} not members of group "
                                   f"{info.group} ({list(group.members)})")
         if kind is Kind.LOAD_REDUCE:
+            if tuple(info.dest) != (ingress,):  # members file a slot's LOAD under the slot alone: a result
+                # for another member, of a range the requester picks, could take the place of its own
+                raise AccessViolation(f"LOAD_REDUCE from GPU {ingress}: group {info.group} slot {list(info.slot)}: "
+                                      f"a load-reduce's result goes to its requester only, not to {list(info.dest)}")
             # NVLS: read the range from every member's bound buffer; the answers are REDUCE packets
             ready = packet.t_end + self.timing.switch_latency_ns
             load = Packet(Kind.LOAD, -1, 0, packet.address, packet.nbytes, packet.req, info, ready, ready)

@@ -68,6 +68,7 @@ class Communicator:
         # exchanges take numbers of their own (negative ones), on an MPI communicator of their own
         self._group_seq = itertools.count(-1, -1)
         self._group: int | None = None
+        self._node_group: int | None = None  # hier's group of this member's node at its leaf (node_group_id)
         # point to point: messages sent to / received from (member, tag), numbering each pair's stream
         self._p2p_sent: collections.Counter = collections.Counter()
         self._p2p_received: collections.Counter = collections.Counter()
@@ -253,16 +254,51 @@ class Communicator:
             self._group = gid
         return self._group
 
+    def node_group_id(self) -> int:
+        """The multicast/SHARP group of this member's node: the communicator's members on this GPU's leaf
+        (in rank order), created at that leaf by the first of them and bound by each on first use
+        (collective: every member of the communicator calls it at the same collective; hier's node
+        stages in the leaf). The same group machinery as group_id's: partitions, the 128-group limit
+        and the buffer share hold unchanged."""
+        self._live("node_group_id")
+        if self._node_group is None:
+            per_node = self.gpu.config.gpus_per_node
+            here = [m for m in self.members if m // per_node == self.gpu.rank // per_node]
+            created = None
+            if here[0] == self.gpu.rank:
+                try:
+                    created = self.gpu._control_call(Kind.GROUP, GroupInfo("create", 0, tuple(here), self.name),
+                                                     f"node group create for communicator {self.name!r}")["group"]
+                except FabricError as exc:
+                    created = exc
+            made = self._exchange(created, "node group create", next(self._group_seq))
+            failed = next((x for x in made if isinstance(x, FabricError)), None)
+            if failed is not None:
+                if isinstance(created, int):  # undo this node's group: every member raises
+                    self.gpu._control_call(Kind.GROUP, GroupInfo("release", created, (), ""),
+                                           f"node group release {created}")
+                raise type(failed)(f"{failed} (raised creating a node group of communicator {self.name!r})")
+            gid = made[self.members.index(here[0])]
+            self.gpu._control_call(Kind.GROUP, GroupInfo("bind", gid, (), ""), f"node group bind {gid}")
+            self._exchange(None, "node group bind", next(self._group_seq))  # all bound before any use
+            self._node_group = gid
+        return self._node_group
+
     def release_group(self) -> None:
-        """Release this communicator's multicast/SHARP group in the switch (collective)."""
+        """Release this communicator's multicast/SHARP groups in the switches (collective)."""
         self._live("release_group")
         self.gpu._drain()  # this GPU's pending collectives may still use the group
-        if self._group is not None:
+        if self._group is not None or self._node_group is not None:
             self.allgather_object(None, "group release")
-            if self.rank == 0:
+            if self.rank == 0 and self._group is not None:
                 self.gpu._control_call(Kind.GROUP, GroupInfo("release", self._group, (), ""),
                                        f"group release {self._group}")
-            self._group = None
+            per_node = self.gpu.config.gpus_per_node
+            if self._node_group is not None and self.gpu.rank == next(
+                    m for m in self.members if m // per_node == self.gpu.rank // per_node):
+                self.gpu._control_call(Kind.GROUP, GroupInfo("release", self._node_group, (), ""),
+                                       f"node group release {self._node_group}")
+            self._group = self._node_group = None
 
     # -- point to point -----------------------------------------------------------------------------
     def send(self, array: np.ndarray, dest: int, tag: int = 0) -> None:

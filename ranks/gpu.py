@@ -473,7 +473,12 @@ class Gpu:
         self._bound[tuple(key)] = self._as_bytes(data, "bind")
 
     def unbind_buffer(self, key: tuple) -> None:
-        del self._bound[tuple(key)]
+        """Stop the switch's LOADs from the buffer bound as `key`; one serve_load gave up (a LOAD past its
+        end) is unbound already, and a program's cleanup after that refusal is no second error."""
+        key = tuple(key)
+        if key not in self._bound and any(given == key for _, given in self._given_up):
+            return
+        del self._bound[key]
 
     def serve_load(self, group: int, key: tuple, slot: tuple, requester: str) -> None:
         """Answer the switch's LOAD of `slot` through `group` from the buffer bound as `key` (NVLS),

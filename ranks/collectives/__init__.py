@@ -148,30 +148,35 @@ class Call:
         if data.size:
             self._sends.append(self.gpu.send_message(self.peer(to), self.key(*parts), data))
 
-    def post(self, parts: tuple, out: np.ndarray, frm: int | None = None) -> None:
+    def post(self, parts: tuple, out: np.ndarray, frm: int | None = None, group: int | None = None) -> None:
         """Receive `parts` into `out` when it comes, from member `frm` (None: from the switch, through
-        this communicator's group)."""
+        this communicator's group, or `group`)."""
         if out.size:
-            self.gpu.post_receive(self.key(*parts), out, *self._sender(frm))
+            self.gpu.post_receive(self.key(*parts), out, *self._sender(frm, group))
 
-    def wait(self, parts: tuple, source: str, out: np.ndarray, frm: int | None = None) -> None:
+    def wait(self, parts: tuple, source: str, out: np.ndarray, frm: int | None = None,
+             group: int | None = None) -> None:
         if out.size:
-            peer, group = self._sender(frm)
+            peer, group = self._sender(frm, group)
             self.gpu.wait_receive(self.key(*parts), peer, source, group)
 
-    def _sender(self, frm: int | None) -> tuple[int | None, int | None]:
-        """(peer GPU, multicast group) a message of member `frm` (None: of the switch) comes from."""
-        return (self.peer(frm), None) if frm is not None else (None, self.comm.group_id())
+    def _sender(self, frm: int | None, group: int | None = None) -> tuple[int | None, int | None]:
+        """(peer GPU, multicast group) a message of member `frm` (None: of the switch, through `group`,
+        default this communicator's) comes from."""
+        if frm is not None:
+            return self.peer(frm), None
+        return None, self.comm.group_id() if group is None else group
 
     def recv(self, frm: int, parts: tuple, out: np.ndarray) -> None:
         """Receive `parts` from member `frm` into `out`."""
         self.post(parts, out, frm)
         self.wait(parts, f"GPU {self.peer(frm)}", out, frm)
 
-    def recv_switch(self, parts: tuple, out: np.ndarray, source: str) -> None:
-        """Receive a delivery of the switch (an in-switch result or a multicast copy) into `out`."""
-        self.post(parts, out)
-        self.wait(parts, source, out)
+    def recv_switch(self, parts: tuple, out: np.ndarray, source: str, group: int | None = None) -> None:
+        """Receive a delivery of the switch (an in-switch result or a multicast copy; through `group`,
+        default this communicator's) into `out`."""
+        self.post(parts, out, group=group)
+        self.wait(parts, source, out, group=group)
 
     def own_block_in_place(self, send: np.ndarray, recv: np.ndarray) -> list[tuple[int, int]]:
         """Allgather's first step: this member's block of `recv` <- `send`; returns every block's range."""
@@ -195,21 +200,26 @@ class Call:
                           tuple(self.peer(d) for d in dest), self.key(*parts))
         self._sends.append(self.gpu.switch_request(Kind.REDUCE, info, data, at_ns=at_ns))
 
-    def multicast(self, parts: tuple, data: np.ndarray) -> None:
-        """Multicast-store `data` to every member (this one included) as `parts`."""
-        info = McastInfo(self.comm.group_id(), self.key(*parts))
+    def multicast(self, parts: tuple, data: np.ndarray, group: int | None = None) -> None:
+        """Multicast-store `data` to every member (this one included) of `group` (default this
+        communicator's) as `parts`."""
+        info = McastInfo(self.comm.group_id() if group is None else group, self.key(*parts))
         self._sends.append(self.gpu.switch_request(Kind.MCAST, info, data))
 
     def load_reduce(self, slot: tuple, source: tuple, offset_bytes: int, nbytes: int, parts: tuple,
-                    stamp: tuple[float, float]) -> None:
+                    stamp: tuple[float, float], group: int | None = None, op: str | None = None) -> None:
         """Ask the switch to read [offset, offset + nbytes) of every member's buffer bound as `source`,
         reduce, and return the result to this member as `parts` (NVLS load-reduce). stamp: the uplink
-        times booked for this request (gpu.reserve_uplink)."""
-        info = LoadInfo(self.comm.group_id(), (self.seq, *slot), self.op, dtype_name(self.dtype),
+        times booked for this request (gpu.reserve_uplink); group: default this communicator's; op:
+        default the call's."""
+        info = LoadInfo(self.comm.group_id() if group is None else group, (self.seq, *slot), op or self.op,
+                        dtype_name(self.dtype),
                         (self.gpu.rank,), self.key(*parts), self.key(*source))
         self._sends.append(self.gpu.switch_request(Kind.LOAD_REDUCE, info, None, offset_bytes, nbytes,
                                                    stamp=stamp))
 
-    def serve_load(self, source: tuple, slot: tuple, requester: int) -> None:
-        """Answer the switch's read of `slot` (requested by member `requester`) from our `source` buffer."""
-        self.gpu.serve_load(self.comm.group_id(), self.key(*source), (self.seq, *slot), f"GPU {self.peer(requester)}")
+    def serve_load(self, source: tuple, slot: tuple, requester: int, group: int | None = None) -> None:
+        """Answer the switch's read of `slot` (requested by member `requester`) through `group` (default
+        this communicator's) from our `source` buffer."""
+        self.gpu.serve_load(self.comm.group_id() if group is None else group, self.key(*source), (self.seq, *slot),
+                            f"GPU {self.peer(requester)}")

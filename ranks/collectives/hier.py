@@ -32,6 +32,24 @@ One node (N = 1): allreduce, reduce_scatter and allgather are exactly ring.py's 
 messages' bytes, same combine order); broadcast is the root's scatter plus the node-ring all-gather.
 One member per node (G = 1): the rail ring alone.
 
+**Node stages in the leaf** (NCCL's NVLS_TREE on H100 clusters: NVLS inside the node, the rails over
+the NICs), where the leaf switches reduce (fabric.hier_plan.in_leaf: NVLink Network mode with
+config.sharp, i.e. superpod-h100-ib and superpod-h100-nvlink, not superpod-a100-ib; `sharp = false`
+keeps the node rings), N > 1 and G > 1: the node's members are a switch group at their leaf
+(Communicator.node_group_id: made once per communicator, through the group machinery, so partitions,
+the 128-group limit and the buffer share hold unchanged); each binds its work buffer (allreduce: its
+array; reduce_scatter: a copy of its input). The node reduce-scatter of a slice is member j's
+load-reduce of its column-j piece from the leaf (one LOAD_REDUCE a chunk, as nvls.py; every member
+serves the leaf's LOADs in one order, column by column), its all-gather member j's multicast store of
+its reduced column-j piece (broadcast: of part j's) to the node group, taking in the others' (its own
+copy too); each takes one tick of the pipeline (fabric.hier_plan). The rail rings are as above.
+Per-GPU link payload then (cost_nodes.hier_leaf_link_bytes, which has every link's payload and raw
+bytes exactly): allreduce tx = rx = S + S/G (node RS: my answers to every column's loads, S, my
+reduced column back, S/G; node AG: my store, S/G, every member's stores, S) + 2(N-1)/(NG) S across;
+reduce_scatter tx S, rx S/G, allgather tx S/G, rx S, each + (N-1)/(NG) S each way across; broadcast:
+S/G tx and S rx in the node AG, plus the scatter and the chain as above. Header-only packets: a
+request per chunk of my column up, a LOAD per chunk of every column down.
+
 Per-GPU link payload for S bytes (S a multiple of N x G x itemsize), tx = rx, on N nodes x G GPUs:
 - allreduce: 2(G-1)/G x S inside the node + 2(N-1)/(NG) x S across = 2(NG-1)/(NG) x S (the flat
   ring's), of which only 2(N-1)/(NG) x S leaves the node, on the member's own rail;
@@ -43,6 +61,9 @@ Leaf-spine bytes (fabric.cost_nodes documents them per link): rail j crosses spi
 Combine order: range (a, j) is folded first inside each node m over positions j+1, j+2, ..., j+G-1,
 j (mod G), giving partial P_m, then over the rail, P_{a+1}, P_{a+2}, ..., P_{a+N-1}, P_a (mod N),
 in the array's dtype, one rounding per step; avg divides the result by the member count, as ring.py.
+With the node stages in the leaf, P_m is the leaf's: positions 0, 1, ..., G-1 in the switch's
+accumulator (float32 for float16 and bfloat16, the dtype itself otherwise; avg summed), rounded once
+to the dtype; then the rail as above.
 """
 
 import numpy as np
@@ -50,6 +71,7 @@ import numpy as np
 from nvlink_emu.fabric import hier_plan
 from nvlink_emu.fabric.errors import UnsupportedOperation
 from nvlink_emu.fabric.reduction import blocks, combine, finish, two_level_blocks
+from nvlink_emu.fabric.switch import buffer_share_bytes
 
 
 class Grid:
@@ -90,6 +112,9 @@ class Grid:
         return [[parts[r] for r in row] for row in self.rank]
 
 
+SOURCE = ("hier-bound",)  # the key each node member binds its work buffer under (node RS in the leaf)
+
+
 def _execute(call, collective: str, work: np.ndarray, count: int, root: int | None = None,
              finished: np.ndarray | None = None) -> Grid:
     """Run fabric.hier_plan's program for this member on `work` (`count` elements); finished: where a
@@ -98,11 +123,37 @@ def _execute(call, collective: str, work: np.ndarray, count: int, root: int | No
     at = None if root is None else next((a, j) for a, row in enumerate(grid.rank) for j, r in enumerate(row)
                                         if r == root)
     own = hier_plan.ranges(collective, grid.N, grid.G, count, grid.rank)[grid.a][grid.j][0]
+    gpu, item = call.gpu, work.dtype.itemsize
+    leaf = hier_plan.in_leaf(gpu.config) and grid.N > 1 and grid.G > 1
+    share = buffer_share_bytes(gpu.config) if leaf else None
+    group = call.comm.node_group_id() if leaf else None  # collective: every member, whatever its share
+    bound = leaf and collective in ("allreduce", "reduce_scatter")
+    if bound:
+        gpu.bind_buffer(call.key(*SOURCE), work)
+    # the switch sums a node's partial (avg divides once, at the rail's finish, by every member)
+    leaf_op = "sum" if call.op == "avg" else call.op
+    node = grid.node_ring()
     scratch = np.empty(min(call.chunk, count), work.dtype)
-    for op in hier_plan.program(collective, grid.N, grid.G, grid.a, grid.j, count, call.chunk, work.dtype.itemsize,
-                                at, grid.rank):
+    for op in hier_plan.program(collective, grid.N, grid.G, grid.a, grid.j, count, call.chunk, item, at, grid.rank,
+                                share):
         kind = op[0]
-        if kind == "send":
+        if kind == "load_reduce":
+            key, lo, hi = op[1:]
+            call.load_reduce(key, SOURCE, lo * item, (hi - lo) * item, key, gpu.reserve_uplink(0, gpu.now_ns), group,
+                             leaf_op)
+        elif kind == "serve":
+            k, key = op[1:3]
+            call.serve_load(SOURCE, key, node[k], group)
+        elif kind == "mcast":
+            key, lo, hi = op[1:]
+            call.multicast(key, work[lo:hi], group)
+        elif kind == "take":
+            key, lo, hi, mine = op[1:]
+            out = scratch[:hi - lo] if mine else work[lo:hi]
+            what = "my own multicast copy" if mine else (
+                "the leaf's load-reduce" if key[0] == hier_plan.NODE_RS else f"GPU {call.peer(node[key[2]])}'s store")
+            call.recv_switch(key, out, what, group)
+        elif kind == "send":
             (b, k), key, lo, hi = op[1:]
             call.send(grid.rank[b][k], key, work[lo:hi])
         elif kind == "recv":
@@ -119,6 +170,8 @@ def _execute(call, collective: str, work: np.ndarray, count: int, root: int | No
             finish(call.op, work[lo:hi], call.n, out)
         else:
             call.flush()
+    if bound:
+        gpu.unbind_buffer(call.key(*SOURCE))
     return grid
 
 

@@ -52,7 +52,7 @@ def test_rows_are_bench_s_keys_from_cost_nodes_and_no_rank_starts(capsys, monkey
         assert row["modeled_us"] == round(ns / 1e3, 4)
         assert row["algbw_gbps"] == round(S / ns, 3) and row["busbw_gbps"] == round(S / ns * 2 * 3 / 4, 3)
         assert (row["tx_bytes_per_gpu"], row["rx_bytes_per_gpu"]) == gpu0(
-            cost_nodes.link_bytes("allreduce", algorithm, config.topology, S))
+            cost_nodes.link_bytes("allreduce", algorithm, config.topology, S, config=config))
         assert row["op"] == "sum" and row["root"] is None and row["dtype"] == "float32"
         assert row["validated_by_emulation"] is ((2, 2, 2) in [NODE_SHAPES[w] for w in TIER_WORLD_SIZES["nodes"]])
     # the validated shapes come from the tiers' own table, not from a copy
@@ -136,8 +136,9 @@ def test_the_256_gpu_shape(capsys):
     ns = cost_nodes.modeled_ns("allreduce", "hier", config.topology, S, config)
     assert row[:6] == [str(S), str(S // 4), "float32", "sum", "-1", "hier"]
     assert float(row[6]) == pytest.approx(ns / 1e3, abs=5e-4)
-    # hier's per-GPU bytes, the module's closed form: 2(NG-1)/(NG) S each way
-    assert int(row[9]) == int(row[10]) == 2 * 255 * S // 256
+    # hier's per-GPU bytes with its node stages in the leaf (cost_nodes.hier_leaf_link_bytes' closed form):
+    # S + S/G + 2(N-1)/(NG) S each way
+    assert int(row[9]) == int(row[10]) == S + S // 8 + 2 * 31 * S // 256
     assert "this shape, 32 nodes x 8 GPUs (8 spines), was not emulated: a prediction" in out
     assert out.splitlines()[-1].startswith("# 1 rows in ")
 

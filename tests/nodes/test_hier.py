@@ -1,17 +1,25 @@
 """Multi-rank, several nodes: `hier` (ranks/collectives/hier.py), NCCL's hierarchical collectives:
-bitwise against numpy in its documented combine order for every op and reduction dtype, every
-movable dtype moved, exact payload bytes on every link of both levels (fabric.cost_nodes), the
-layouts it refuses, and one node's degenerate case (exactly the ring)."""
+bitwise against numpy in its documented combine order for every op and reduction dtype, with node
+rings (superpod-a100-ib, whose switches only forward) and with the node stages in the leaf (NVLS on
+superpod-h100-ib: positions 0..G-1 in the leaf's accumulator, then the rail ring), every movable
+dtype moved, exact payload bytes on every link of both levels (and raw bytes in the leaf;
+fabric.cost_nodes), emulated time the replay's, a node group's trust, the layouts it refuses, and
+one node's degenerate case (exactly the ring)."""
+
+import collections
 
 import ml_dtypes
 import numpy as np
 import pytest
 
-from nvlink_emu.fabric import cost_nodes
-from nvlink_emu.fabric.errors import UnsupportedOperation
-from nvlink_emu.fabric.reduction import DTYPES, OPS, blocks, combine, finish
+from nvlink_emu.fabric import cost_nodes, hier_plan
+from nvlink_emu.fabric.errors import AccessViolation, UnsupportedOperation
+from nvlink_emu.fabric.packets import Kind, LoadInfo
+from nvlink_emu.fabric.reduction import DTYPES, OPS, blocks, combine, finish, switch_accumulator
+from nvlink_emu.ranks.collectives import hier
 
 from nodes_helpers import PRESETS, config, run, shape
+from trust_helpers import refusals
 
 pytestmark = pytest.mark.mpi(min_size=7)
 
@@ -51,15 +59,23 @@ def ranges(collective, count):
     return [[parts[a * per_node + j] for j in range(per_node)] for a in range(nodes)]
 
 
-def reference(collective, op, inputs):
-    """hier's documented fold of range (a, j): inside node m over positions j+1, ..., j (partial P_m),
-    then P_{a+1}, ..., P_a over the nodes; one rounding per step in the dtype; avg divides by n."""
+def reference(collective, op, inputs, leaf=False):
+    """hier's documented fold of range (a, j): inside node m over positions j+1, ..., j (partial P_m;
+    leaf: the leaf's, positions 0..G-1 in the switch's accumulator, avg as a sum, rounded once), then
+    P_{a+1}, ..., P_a over the nodes; one rounding per step in the dtype; avg divides by n."""
     nodes, per_node, _ = shape()
     out = np.empty(inputs[0].size, inputs[0].dtype)
+    wide = switch_accumulator(inputs[0].dtype)
     for a, row in enumerate(ranges(collective, inputs[0].size)):
         for j, (lo, hi) in enumerate(row):
             partials = []
             for m in range(nodes):
+                if leaf:
+                    acc = inputs[m * per_node][lo:hi].astype(wide)
+                    for g in range(m * per_node + 1, (m + 1) * per_node):
+                        combine(op, acc, inputs[g][lo:hi].astype(wide))
+                    partials.append(acc.astype(inputs[0].dtype))
+                    continue
                 order = [m * per_node + (j + 1 + i) % per_node for i in range(per_node)]
                 acc = inputs[order[0]][lo:hi].copy()
                 for g in order[1:]:
@@ -72,54 +88,146 @@ def reference(collective, op, inputs):
     return out
 
 
-def test_reductions_equal_the_documented_fold_bitwise_for_every_op_and_dtype():
-    cases = [(op, name) for op in OPS for name in ("float32", "int32", "float16", "uint8")] + \
-            [(op, name) for op in ("sum", "avg") for name in DTYPES if name not in ("float32", "int32", "float16",
-                                                                                     "uint8")]
+CASES = [(op, name) for op in OPS for name in ("float32", "int32", "float16", "uint8")] + \
+        [(op, name) for op in ("sum", "avg") for name in DTYPES if name not in ("float32", "int32", "float16", "uint8")]
 
+
+def reductions(gpu, leaf, counts=lambda n, item: (1, 2 * n + 1, 3 * CHUNK // item + 5, 3 * n * CHUNK // item + 5)):
+    """allreduce and reduce_scatter of every case of CASES at `counts`, against the documented fold; returns
+    the cases that differ and (collective, bytes, itemsize) of each call."""
+    n, r, wrong, calls = gpu.size, gpu.rank, [], []
+    for op, name in CASES:
+        dtype = DTYPES[name]
+        for count in counts(n, dtype.itemsize):
+            inputs = [contribution(m, count, dtype, op) for m in range(n)]
+            array = inputs[r].copy()
+            gpu.world.allreduce(array, op, "hier")
+            if not same_bits(array, reference("allreduce", op, inputs, leaf)):
+                wrong.append(("allreduce", op, name, count))
+            lo, hi = blocks(count, n)[r]
+            block = np.empty(hi - lo, dtype)
+            gpu.world.reduce_scatter(inputs[r], block, op, "hier")
+            if not same_bits(block, reference("reduce_scatter", op, inputs, leaf)[lo:hi]):
+                wrong.append(("reduce_scatter", op, name, count))
+            calls += [("allreduce", count * dtype.itemsize, dtype.itemsize),
+                      ("reduce_scatter", count * dtype.itemsize, dtype.itemsize)]
+    return wrong, calls
+
+
+def test_reductions_equal_the_documented_fold_bitwise_for_every_op_and_dtype():
     def main(gpu):
-        n, r, wrong = gpu.size, gpu.rank, []
-        for op, name in cases:
-            dtype = DTYPES[name]
-            for count in (1, 2 * n + 1, 3 * CHUNK // dtype.itemsize + 5, 3 * n * CHUNK // dtype.itemsize + 5):
-                inputs = [contribution(m, count, dtype, op) for m in range(n)]
-                array = inputs[r].copy()
-                gpu.world.allreduce(array, op, "hier")
-                if not same_bits(array, reference("allreduce", op, inputs)):
-                    wrong.append(("allreduce", op, name, count))
-                lo, hi = blocks(count, n)[r]
-                block = np.empty(hi - lo, dtype)
-                gpu.world.reduce_scatter(inputs[r], block, op, "hier")
-                if not same_bits(block, reference("reduce_scatter", op, inputs)[lo:hi]):
-                    wrong.append(("reduce_scatter", op, name, count))
+        wrong, _ = reductions(gpu, leaf=False)
         assert not wrong, wrong
 
-    run(main, chunk_bytes=CHUNK)
+    run(main, "superpod-a100-ib", chunk_bytes=CHUNK)  # its switches only forward: node rings
 
 
-def test_allgather_and_broadcast_move_every_kind_of_element():
-    movable = [np.dtype(d) for d in ("uint8", "float16", "float64", "complex128", "bool", ">f4", "S7")] + \
-              [np.dtype(ml_dtypes.bfloat16), np.dtype([("id", "<u4"), ("w", "<f8")])]
+def test_node_stages_in_the_leaf_are_the_documented_fold_take_the_replayed_time_and_exact_bytes():
+    """superpod-h100-ib (the leaves reduce, the spines do not): allreduce and reduce_scatter of every op and
+    dtype bitwise the leaf's fold; allgather and broadcast of float16 and int64;
+    each call's modeled time, from a barrier, cost_nodes.modeled_ns' (the replay, hier_ns) exactly; and
+    the payload and raw bytes of every link over the whole run cost_nodes.hier_leaf_link_bytes' sums."""
+    cfg = config("superpod-h100-ib", chunk_bytes=CHUNK)
+    assert hier_plan.in_leaf(cfg)
 
     def main(gpu):
         n, r = gpu.size, gpu.rank
-        for i, dtype in enumerate(movable):
-            for count in (0, 1, 2 * n + 1, 3 * CHUNK // dtype.itemsize + 1, 2 * n * CHUNK // dtype.itemsize + 3):
-                rng = np.random.default_rng(i * 100 + count)
-                raw = rng.integers(0, 2 if dtype == np.bool_ else 256, (n, count * dtype.itemsize), dtype=np.uint8)
-                whole = [raw[m].view(dtype) for m in range(n)]
+        small = lambda n, item: (1, 2 * n + 1, n * CHUNK // item + 5)  # the last in two slices
+        first, calls = reductions(gpu, True, small)
+        assert not first, first
+        timed = []
+        for name in ("float16", "int64"):
+            dtype = DTYPES[name]
+            for count in (2 * n + 1, 5 * n * CHUNK // dtype.itemsize + 3):
+                x = contribution(r, count, dtype, "sum")
                 parts = blocks(count, n)
-                gathered = np.empty(count, dtype)
-                gpu.world.allgather(whole[r][slice(*parts[r])].copy(), gathered, algorithm="hier")
-                expected = np.concatenate([whole[m].view(np.uint8)[parts[m][0] * dtype.itemsize:
-                                                                   parts[m][1] * dtype.itemsize] for m in range(n)])
-                assert gathered.tobytes() == expected.tobytes(), (dtype, count)
-                for root in {0, (i + count) % n, n - 1}:
-                    array = whole[r].copy()
-                    gpu.world.broadcast(array, root=root, algorithm="hier")
-                    assert same_bits(array, whole[root]), (dtype, count, root)
+                for collective in ("allreduce", "reduce_scatter", "allgather", "broadcast"):
+                    gpu.world.barrier()
+                    start = gpu.now_ns
+                    if collective == "allreduce":
+                        y = x.copy()
+                        gpu.world.allreduce(y, "sum", "hier")
+                    elif collective == "reduce_scatter":
+                        y = np.empty(parts[r][1] - parts[r][0], dtype)
+                        gpu.world.reduce_scatter(x, y, "sum", "hier")
+                    elif collective == "allgather":
+                        y = np.empty(count, dtype)
+                        gpu.world.allgather(x[slice(*parts[r])].copy(), y, algorithm="hier")
+                        assert same_bits(y, np.concatenate([contribution(m, count, dtype, "sum")[slice(*parts[m])]
+                                                            for m in range(n)]))
+                    else:
+                        y = x.copy()
+                        gpu.world.broadcast(y, root=n - 1, algorithm="hier")
+                        assert same_bits(y, contribution(n - 1, count, dtype, "sum"))
+                    gpu.world.barrier()
+                    root = n - 1 if collective == "broadcast" else 0
+                    timed.append((collective, count * dtype.itemsize, dtype.itemsize, root, gpu.now_ns - start))
+        return calls, timed
 
-    run(main, chunk_bytes=CHUNK)
+    result = run(main, "superpod-h100-ib", chunk_bytes=CHUNK, timeout_s=120)
+    if result.role != "gpu":
+        return
+    calls, timed = result.value
+    topo = cfg.topology
+    payload, raw = dict.fromkeys((link.name for link in topo.links), 0), dict.fromkeys((link.name for link in topo.links), 0)
+    for collective, nbytes, item, root, got in timed:
+        assert got == pytest.approx(cost_nodes.modeled_ns(collective, "hier", topo, nbytes, cfg, item, root),
+                                    rel=1e-9, abs=1e-6), (collective, nbytes, item)
+    for (collective, nbytes, item, root), times in collections.Counter([(*call, 0) for call in calls] +
+                                                                       [call[:4] for call in timed]).items():
+        p, w = cost_nodes.hier_leaf_link_bytes(collective, topo, nbytes, cfg, item, root)
+        for name in payload:
+            payload[name] += times * p[name]
+            raw[name] += times * w[name]
+    links = result.report["links"]
+    assert {name: links.get(name, {}).get("payload_bytes", 0) for name in payload} == payload
+    assert {name: links.get(name, {}).get("raw_bytes", 0) for name in raw} == raw
+    assert all(port["refused"] == 0 for port in result.report["ports"].values())
+
+
+def test_a_node_group_is_its_node_s_alone_and_its_loads_stay_in_its_buffers():
+    """A GPU of node 1 asking for a load-reduce through node 0's group of the world (its id, learned out of
+    band) is refused at its own leaf, which holds no such group (AccessViolation; group ids never collide
+    between leaves); a load-reduce by GPU 0 through its node's group past the bound buffers is refused by
+    each member asked to serve it (AccessViolation naming GPU 0); the world's hier stays exact after
+    both. The group's members, partitions and limit are the group machinery's own (comm.node_group_id)."""
+    nodes, per_node, _ = shape()
+
+    def exact(comm):
+        x = np.full(4 * comm.size + 1, comm.rank, np.float32)
+        comm.allreduce(x, algorithm="hier")
+        assert np.all(x == sum(range(comm.size)))
+
+    def main(gpu):
+        comm = gpu.world
+        exact(comm)  # makes the node groups
+        gid = np.array([comm.node_group_id()], np.int64)
+        gpu.native("broadcast", gid.copy(), gid, root=0)  # node 0's group id, out of band
+        gid = int(gid[0])
+        key = (comm.name, 99, *hier.SOURCE)
+        if gpu.rank == per_node:  # node 1's first GPU
+            info = LoadInfo(gid, (99, 0, 0), "sum", "float32", (gpu.rank,), (comm.name, 99, 20, 0, 0), key)
+            gpu.switch_request(Kind.LOAD_REDUCE, info, None, 0, 64, stamp=gpu.reserve_uplink(0, gpu.now_ns))
+            (error,) = refusals(gpu, 1)
+            assert type(error).__name__ == "AccessViolation" and f"no live group {gid}" in str(error)
+        if gpu.rank < per_node:  # node 0: every member bound 64 bytes; GPU 0 asks for 64 bytes 1 MiB in
+            gpu.bind_buffer(key, np.zeros(16, np.float32))
+            if gpu.rank == 0:
+                info = LoadInfo(gid, (99, 1, 1), "sum", "float32", (0,), (comm.name, 99, 20, 1, 1), key)
+                gpu.switch_request(Kind.LOAD_REDUCE, info, None, 1 << 20, 64, stamp=gpu.reserve_uplink(0, gpu.now_ns))
+            with pytest.raises(AccessViolation, match=r"GPU 0's load-reduce .* of a bound buffer of 64; not served"):
+                gpu.serve_load(gid, key, (99, 1, 1), "GPU 0")
+            gpu.unbind_buffer(key)
+        comm.barrier()
+        exact(comm)
+        return "done"
+
+    result = run(main, "superpod-h100-ib", timeout_s=30)
+    if result.role == "gpu":
+        assert result.value == "done"
+    ports = result.report["ports"]
+    assert ports[per_node]["refused"] == ports[per_node]["violations"] == 1
+    assert all(ports[g]["refused"] == 0 for g in ports if g != per_node)
 
 
 def hier_calls(gpu, S=S):
@@ -161,11 +269,20 @@ def test_hier_is_exact_and_puts_the_documented_bytes_on_every_link_of_both_level
         return
     topo = config(base).topology
     expected = {link.name: 0 for link in topo.links}
+    leaf = hier_plan.in_leaf(config(base))  # superpod-h100-*: node stages in the leaf; superpod-a100-ib: rings
+    raw = dict(expected)
     for collective, nbytes, root in result.value:
-        for name, value in cost_nodes.link_bytes(collective, "hier", topo, nbytes, 4, root).items():
+        for name, value in cost_nodes.link_bytes(collective, "hier", topo, nbytes, 4, root,
+                                                 config=config(base, chunk_bytes=BYTES_CHUNK)).items():
             expected[name] += value
+        if leaf:
+            for name, value in cost_nodes.hier_leaf_link_bytes(collective, topo, nbytes,
+                                                               config(base, chunk_bytes=BYTES_CHUNK), 4, root)[1].items():
+                raw[name] += value
     got = {name: result.report["links"].get(name, {}).get("payload_bytes", 0) for name in expected}
     assert got == expected
+    if leaf:
+        assert {name: result.report["links"].get(name, {}).get("raw_bytes", 0) for name in raw} == raw
     assert set(result.report["links"]) == set(expected)
     levels = topo.totals_by_level(got)
     assert levels["leaf-spine"]["up"] == levels["leaf-spine"]["down"] > 0

@@ -200,3 +200,50 @@ def test_pipelining_overlaps_the_node_and_rail_phases(monkeypatch):
     assert piped["broadcast"] < serial["broadcast"]
     # no faster than the busiest stage allows (its bytes at its bandwidth)
     assert piped["allreduce"] > cn.bottleneck("allreduce", "hier", t, S, config)[1]
+
+
+@pytest.mark.parametrize("nodes, per_node, spines", [(2, 2, 1), (2, 4, 2), (3, 4, 3), (4, 8, 2)])
+def test_node_stages_in_the_leaf_move_the_closed_forms_and_the_rails_as_the_rings(nodes, per_node, spines):
+    config = preset("superpod-h100-ib", nodes=nodes, gpus=nodes * per_node, spines=spines, chunk_bytes=4096)
+    t, N, G, n = config.topology, nodes, per_node, nodes * per_node
+    assert hier_plan.in_leaf(config) and not hier_plan.in_leaf(preset("superpod-a100-ib", nodes=2, gpus=4))
+    size = 24 * n * 4 * 64  # a multiple of N G itemsize, several chunks and slices
+    header = config.header_bytes
+    for collective, tx, rx in (("allreduce", size + size // G + 2 * (N - 1) * size // n,
+                                size + size // G + 2 * (N - 1) * size // n),
+                               ("reduce_scatter", size + (N - 1) * size // n, size // G + (N - 1) * size // n),
+                               ("allgather", size // G + (N - 1) * size // n, size + (N - 1) * size // n)):
+        payload, raw = cn.hier_leaf_link_bytes(collective, t, size, config)
+        assert cn.link_bytes(collective, "hier", t, size, config=config) == payload
+        rings = cn.link_bytes(collective, "hier", t, size)  # no config: node rings
+        for link in t.links:
+            if link.level == "gpu-leaf":
+                assert payload[link.name] == (tx if link.direction == "up" else rx), (collective, link.name)
+                assert raw[link.name] > payload[link.name]
+            else:  # only the rail messages cross: as with node rings, payload and raw alike
+                assert payload[link.name] == rings[link.name] and raw[link.name] >= payload[link.name]
+        if collective == "reduce_scatter":  # raw: one header a packet; each load-reduce request and LOAD header-only
+            chunks = sum(-(-(hi - lo) // 1024) for lo, hi in hier_plan.ranges(collective, N, G, size // 4)[0][:1])
+            assert raw["sw0->gpu0"] - payload["sw0->gpu0"] >= header * chunks
+
+
+def test_the_leaf_plan_serves_in_one_order_and_finishes_every_range_once():
+    N, G, count, chunk = 3, 4, 20003, 64
+    share = 1 << 26
+    for collective in ("allreduce", "reduce_scatter"):
+        own = hier_plan.ranges(collective, N, G, count)
+        for a in range(N):
+            orders = []
+            for j in range(G):
+                ops = list(hier_plan.program(collective, N, G, a, j, count, chunk, 4, None, None, share))
+                orders.append([op[2] for op in ops if op[0] == "serve"])
+                asked = sum(op[3] - op[2] for op in ops if op[0] == "load_reduce")
+                columns = hier_plan.merged_columns(own)
+                assert asked == sum(hi - lo for lo, hi in columns[j]), (collective, a, j)
+                assert sum(op[2] - op[1] for op in ops if op[0] == "finish") == own[a][j][1] - own[a][j][0]
+                assert not [op for op in ops if op[0] == "send" and op[1][0] == a]  # nothing GPU to GPU in the node
+            assert all(order == orders[0] for order in orders)  # the leaf's engine books the slots in this order
+    # the slice bound keeps two slices' held answers within the share
+    P = hier_plan.slice_elements(1 << 20, 4, 32, 8, 1 << 26)
+    assert 2 * 7 * 32 * 8 * P * 4 <= 1 << 26 < 2 * 7 * 32 * 8 * (P + 1) * 4
+    assert hier_plan.slice_elements(1 << 20, 4) == hier_plan.SLICE_BYTES // 4

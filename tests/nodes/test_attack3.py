@@ -1,0 +1,220 @@
+"""Multi-rank, several nodes: an attacker's review of the notice "unserved" (a member that will not serve
+a LOAD gives its request's place in the budget of load-reduces back), the spine's per-member down shares
+and hier's node groups in the leaf. Partition 0 is GPU 0 and the first GPU of the last node (one GPU of
+the tenant in each of two nodes), every other GPU is partition 1. The attacks shown in one process are
+in tests/unit/test_switch_attack3.py."""
+
+import time
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from nvlink_emu.fabric.packets import GroupInfo, Kind, LoadInfo, Packet
+
+from nodes_helpers import run, shape
+
+pytestmark = pytest.mark.mpi(min_size=7)
+
+
+def _tenants():
+    nodes, per_node, _ = shape()
+    pair = (0, (nodes - 1) * per_node)
+    return pair, tuple(g for g in range(nodes * per_node) if g not in pair)
+
+
+SMALL = dict(switch_buffer_bytes=4 << 20, chunk_bytes=1 << 20)  # partial_share_parts 2,048 (2 nodes), 1,365 (3)
+
+
+@pytest.mark.parametrize("notices,overrides", [
+    pytest.param(True, SMALL, id="own-notices", marks=pytest.mark.xfail(strict=True, reason=(
+        "a requester's own notice 'unserved' frees its place in the budget of load-reduces while the LOADs "
+        "it sent to the other nodes are still in flight: nothing bounds what a leaf keeps in flight to a GPU"))),
+    pytest.param(False, {}, id="default-budget", marks=pytest.mark.xfail(strict=True, reason=(
+        "the budget of load-reduces (partial_share_parts: 16,384 a leaf on 2 x 2, 10,922 on 3 x 2 with the "
+        "preset's buffer) is larger than the 2 x 1,024 sends a leaf may keep in flight to a GPU"))),
+    pytest.param(False, SMALL, id="small-budget")])
+def test_load_reduces_do_not_pile_loads_up_at_another_node_s_leaf(monkeypatch, notices, overrides):
+    """GPU 0 sends 4,000 header-only LOAD_REDUCEs of its pair's group (slot (k, 0, 0, 0), its rank second,
+    as an honest one), each followed (own-notices) by its own notice "unserved" of that slot (it is a
+    bound member, and the leaf sends it a LOAD of every slot: a refusal it may make), while its partner
+    on the last node sleeps. Every request its leaf takes goes on through a spine to the partner's leaf,
+    which takes whatever a spine passes down and sends the partner a LOAD. The bound the project holds a
+    leaf to for a GPU that does not read (test_nodes_trust: 2 x 1,024 sends in flight) holds only while
+    the leaf's budget of the partition's load-reduces (partial_share_parts) is at most that, and the
+    notice frees a place at once (the requester's leaf is GPU 0's), so nothing is ever refused.
+    Measured: own-notices, the partner's leaf kept 3,935 LOADs in flight to it at once (8 ranks; 3,564 at
+    10; 2,936 of 3,000 requests: it grows with them), none refused; default-budget, 3,936 (none refused:
+    the budget is 16,384); small-budget, the requests past the budget are refused (ResourceExhausted) and
+    the bound holds. The smallest fix is not one line: a notice should free the requester's place only
+    once every member's LOAD of the slot is accounted for (served or refused, each leaf telling the
+    requester's), and a leaf should bound the LOADs it keeps unanswered per local GPU (answering the
+    rest with "unserved" itself), which would also bound the default budget's."""
+    from nvlink_emu.fabric.switch import SwitchLogic
+    from nvlink_emu.ranks.switch import MAX_UNREAD
+    from nvlink_emu.ranks.transport import Transport
+
+    pair, _ = _tenants()
+    partner, count = pair[1], 4000
+    peak = [0]
+    keep = Transport._keep
+
+    def counted(self, dest, requests, buffers):
+        out = keep(self, dest, requests, buffers)
+        if dest == partner:  # sends this rank keeps in flight to the partner (its leaf is the rank that matters)
+            peak[0] = max(peak[0], len(self._pending.get(dest, ())))
+        return out
+
+    monkeypatch.setattr(Transport, "_keep", counted)
+
+    def main(gpu):
+        gid = gpu.partition.group_id() if gpu.rank in pair else None
+        gpu.world.barrier()
+        refused, budget = [], SwitchLogic(gpu.config, 0).partial_share_parts
+        expected = 0 if notices else max(0, count - budget)  # requests past the budget: ResourceExhausted
+        if gpu.rank == 0:
+            name, key = gpu.partition.name, gpu._keys[0]
+            for k in range(count):
+                slot = (k, 0, 0, 0)
+                info = LoadInfo(gid, slot, "sum", "float32", (0,), (name, "flood", k), (name, "src"))
+                gpu._send(Packet(Kind.LOAD_REDUCE, key, -1, 0, 64, req=k + 1, info=info))  # counted on its uplink
+                if notices:
+                    gpu._transport.send(gpu._switch, Packet(Kind.GROUP, key, -1,
+                                                            info=GroupInfo("unserved", gid, slot, "")))
+                gpu._progress()  # its own LOADs come back: read (filed), so that its leaf reads it on
+                if k % 256 == 255:
+                    gpu._loads.clear()
+            deadline = time.monotonic() + 10
+            while (gpu._transport.in_flight or len(gpu._traffic_errors) < expected) and \
+                    time.monotonic() < deadline:
+                gpu._progress()
+            gpu._loads.clear()
+            refused = [type(e).__name__ for e in gpu._traffic_errors]
+            gpu._traffic_errors.clear()
+        if gpu.rank == partner:
+            time.sleep(6.0)  # receives nothing meanwhile
+        gpu.world.barrier()
+        if gpu.rank == partner:
+            gpu._progress()
+            gpu._loads.clear()
+        return gpu.world.allgather_object((refused, expected))[0]
+
+    result = run(main, partitions=_tenants(), timeout_s=30.0, **overrides)
+    if result.role == "gpu":
+        refused, expected = result.value
+        assert refused == ["ResourceExhausted"] * expected, (len(refused), expected, refused[:1])
+    most = MPI.COMM_WORLD.allreduce(peak[0], MPI.MAX)
+    assert most <= 2 * MAX_UNREAD, f"the partner's leaf kept {most} LOADs in flight to it"
+
+
+def test_load_reduces_of_a_group_in_one_leaf_do_not_pile_loads_up_at_it(monkeypatch):
+    """hier's node groups (comm.node_group_id) and every communicator within one node make a group in one
+    leaf, which keeps no budget of load-reduces (fabric.switch: one switch keeps none). Partition 0 is
+    GPUs 0 and 1 (node 0, one leaf), its communicator's group in that leaf; GPU 0 sends 4,000 header-only
+    LOAD_REDUCEs of it (slot (k, 0)), reading the LOADs of its own, while GPU 1 sleeps. Already bounded:
+    the leaf stops reading GPU 0 while a port its traffic goes to has more than MAX_UNREAD sends in
+    flight, so it kept at most 1,025 LOADs in flight to GPU 1 (measured, 8 ranks), none refused; the
+    requests wait at GPU 0. (Across nodes the other leaf cannot hold a spine back: the test above.)"""
+    from nvlink_emu.ranks.switch import MAX_UNREAD
+    from nvlink_emu.ranks.transport import Transport
+
+    _, per_node, _ = shape()
+    tenant = (0, 1)
+    others = tuple(g for g in range(gpus_of_shape()) if g not in tenant)
+    count, peak, keep = 4000, [0], Transport._keep
+
+    def counted(self, dest, requests, buffers):
+        out = keep(self, dest, requests, buffers)
+        if dest == 1:  # sends this rank keeps in flight to GPU 1 (its leaf is the rank that matters)
+            peak[0] = max(peak[0], len(self._pending.get(dest, ())))
+        return out
+
+    monkeypatch.setattr(Transport, "_keep", counted)
+
+    def main(gpu):
+        gid = gpu.partition.group_id() if gpu.rank in tenant else None
+        gpu.world.barrier()
+        refused = []
+        if gpu.rank == 0:
+            name, key = gpu.partition.name, gpu._keys[0]
+            for k in range(count):
+                info = LoadInfo(gid, (k, 0), "sum", "float32", (0,), (name, "flood", k), (name, "src"))
+                gpu._send(Packet(Kind.LOAD_REDUCE, key, -1, 0, 64, req=k + 1, info=info))  # counted on its uplink
+                gpu._progress()  # its own LOADs come back: read (filed), so that its leaf reads it on
+                if k % 256 == 255:
+                    gpu._loads.clear()
+            deadline = time.monotonic() + 10
+            while gpu._transport.in_flight and time.monotonic() < deadline:
+                gpu._progress()
+            gpu._loads.clear()
+            refused = [type(e).__name__ for e in gpu._traffic_errors]
+            gpu._traffic_errors.clear()
+        if gpu.rank == 1:
+            time.sleep(6.0)  # receives nothing meanwhile
+        gpu.world.barrier()
+        if gpu.rank == 1:
+            gpu._progress()
+            gpu._loads.clear()
+        return gpu.world.allgather_object(refused)[0]
+
+    result = run(main, partitions=(tenant, others), timeout_s=30.0)
+    if result.role == "gpu":
+        assert result.value == [], result.value[:1]
+    most = MPI.COMM_WORLD.allreduce(peak[0], MPI.MAX)
+    assert most <= 2 * MAX_UNREAD, f"GPU 1's leaf kept {most} LOADs in flight to it"
+
+
+def gpus_of_shape() -> int:
+    nodes, per_node, _ = shape()
+    return nodes * per_node
+
+
+@pytest.mark.xfail(strict=True, reason="a GPU's notice 'unserved' of no LOAD is relayed between the switches, "
+                                       "answered by nothing and uncredited: a flood of them piles up at the spine")
+def test_notices_unserved_of_no_load_do_not_cross_the_switches(monkeypatch):
+    """The pair's two GPUs (one on node 0, one on the last node), bound members of their group, each send
+    4,000 notices "unserved" naming a slot of the other's (slot (k, r, 0, 0), r the other's rank), though
+    no LOAD was ever sent: each is taken (a bound member's), goes from its leaf to spine 0 (slot[-1] = 0)
+    and on to the other's leaf, where it frees nothing. Nothing answers a notice, so the sender's port
+    never has answers unread (what stops the switch reading a GPU), and no credit bounds a switch's
+    packets to another switch: the relaying spine keeps whatever it cannot send yet, and every tenant's
+    traffic from that spine to that leaf waits behind it (one queue per destination). Measured: every
+    notice reached a spine (8,000 of 8,000); with 20,000 each, spine 0 kept 4,950, 8,568 and 5,290
+    sends in flight to a leaf at once (8 ranks, three runs; 3,088 at 10), against the 2 x 1,024 a leaf
+    may keep to a GPU. An honest member sends one notice per LOAD it was sent. The smallest fix: a leaf
+    takes a member's notice only for a LOAD it sent that member and has not seen answered (per port and
+    slot), so that notices are bounded by LOADs, which the budget bounds."""
+    from nvlink_emu.fabric.switch import SpineLogic
+
+    pair, others = _tenants()
+    relayed, on_switch = [0], SpineLogic.on_switch
+
+    def counting(self, leaf, packet, payload=None):
+        if packet.kind is Kind.GROUP and packet.info.action == "unserved":
+            relayed[0] += 1
+        return on_switch(self, leaf, packet, payload)
+
+    monkeypatch.setattr(SpineLogic, "on_switch", counting)
+
+    def main(gpu):
+        gid = gpu.partition.group_id() if gpu.rank in pair else None
+        gpu.world.barrier()
+        if gpu.rank in pair:
+            other, key = 1 - gpu.partition.rank, gpu._keys[gpu.rank]
+            for k in range(4000):
+                notice = GroupInfo("unserved", gid, (k, other, 0, 0), "")
+                gpu._transport.send(gpu._switch, Packet(Kind.GROUP, key, -1, info=notice))
+                if k % 64 == 0:
+                    gpu._progress()
+            deadline = time.monotonic() + 20
+            while gpu._transport.in_flight and time.monotonic() < deadline:
+                gpu._progress()
+            refused = [type(e).__name__ for e in gpu._traffic_errors]
+            gpu._traffic_errors.clear()
+            return refused
+        return []
+
+    result = run(main, partitions=(pair, others), timeout_s=60.0)
+    total = MPI.COMM_WORLD.allreduce(relayed[0], MPI.SUM)
+    refused = sum(len(v) for v in MPI.COMM_WORLD.allgather(result.value if result.role == "gpu" else []))
+    assert total == 0, f"spines relayed {total} notices of no LOAD ({refused} refused at the leaves)"
