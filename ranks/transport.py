@@ -37,6 +37,7 @@ from nvlink_emu.fabric.packets import Packet
 TAG_HEADER = 11
 TAG_PAYLOAD = 12
 TAG_CONTROL = 13
+TAG_EXCHANGE = 14  # an exchange's slots, on the members' own MPI communicator (Exchange)
 ABORT_GRACE_S = 0.5  # s, between a failing rank's report and MPI_Abort
 MAX_HEADER_BYTES = 1 << 16  # a header from a GPU is at most this long (the longest real one is ~1 KiB)
 _NOTHING = np.empty(0, np.uint8)  # where dropped messages go (a receive truncated to nothing)
@@ -552,13 +553,18 @@ def _idup(parent, wait, what: str):
 
 
 class Exchange:
-    """One control exchange: every member's bytes to every member by MPI's own non-blocking
-    collectives on the members' communicator, completed by polling test() (the caller serves the
-    fabric meanwhile). The same sequence of MPI calls whatever the bytes say, so members in different
-    operations still meet, and see that they differ: an Iallgather of one INLINE_BYTES slot per member
-    (its length, and its bytes if they fit), then, if some member's bytes did not fit, an Iallgatherv
-    of those. Every member sizes the second step by the same lengths; a length outside 0..
-    fabric.control.MAX_CONTROL_BYTES is never allocated for: that member's part is its length (an int)."""
+    """One control exchange: every member's bytes to every member by non-blocking MPI calls on the
+    members' own communicator (no other rank can send there), completed by polling test() (the caller
+    serves the fabric meanwhile). The same sequence of MPI calls whatever the bytes say, so members in
+    different operations still meet, and see that they differ: one INLINE_BYTES slot per member (its
+    length, and its bytes if they fit) sent to every other member in one round (Isend/Irecv under
+    TAG_EXCHANGE: MPI matches one source's messages in the order sent, so exchange k's slots meet
+    exchange k's receives), then, if some member's bytes did not fit, an Iallgatherv of those. One
+    round, not an Iallgather's log2(members) rounds: each round moves only when its members poll, and
+    the waker's poke at posting (comm._exchange) tells them the slot is there (measured: 1 KiB ring
+    AllReduce on 8 GPUs, README's speed section). Every member sizes the second step by the same
+    lengths; a length outside 0..fabric.control.MAX_CONTROL_BYTES is never allocated for: that
+    member's part is its length (an int)."""
 
     def __init__(self, comm, data: bytes):
         self._comm = comm
@@ -574,7 +580,8 @@ class Exchange:
         self.parts: list | None = None  # when done: each member's bytes, or its unusable length (int)
         self.failed: ProtocolError | None = None  # what MPI reported, if it did
         self.on_step = lambda: None  # called when the second collective is posted (the waiter's back-off)
-        self._request = self._start(lambda: comm.Iallgather([slot, MPI.BYTE], [self._slots, MPI.BYTE]))
+        self._slots[self._rank] = slot
+        self._request = self._start(lambda: _Round(comm, self._rank, self._size, slot, self._slots))
 
     def _start(self, post):
         try:
@@ -626,6 +633,20 @@ class Exchange:
             offset += count
         self.parts = parts
         self._slots = self._long = None
+
+
+class _Round:
+    """An exchange's first step as one request-like object: `slot` to every other rank of `comm`, and
+    each one's slot into row `source` of `slots` (INLINE_BYTES each, under TAG_EXCHANGE)."""
+
+    def __init__(self, comm, rank: int, size: int, slot: np.ndarray, slots: np.ndarray):
+        # receives first: a slot that comes finds its buffer posted, not MPI's unexpected queue
+        requests = [comm.Irecv([slots[m], MPI.BYTE], m, TAG_EXCHANGE) for m in range(size) if m != rank]
+        requests += [comm.Isend([slot, MPI.BYTE], m, TAG_EXCHANGE) for m in range(size) if m != rank]
+        self._requests = requests
+
+    def Test(self) -> bool:
+        return not self._requests or MPI.Request.Testall(self._requests)
 
 
 def frame(header: bytes, payload: np.ndarray) -> bytes:
