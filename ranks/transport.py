@@ -334,6 +334,10 @@ class Transport:
         self.comm.Recv([buffer, MPI.BYTE], source, TAG_HEADER)
         return source, buffer
 
+    def anything_waiting(self) -> bool:
+        """Whether any message, from any rank under any tag, is waiting to be read (one probe)."""
+        return self.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+
     def header_waiting(self, source: int) -> bool:
         """Whether a header from `source` is waiting to be read."""
         return self.comm.Iprobe(source, TAG_HEADER)
@@ -443,6 +447,8 @@ class ControlChannel:
             _waker.poke(dest)
 
     def progress(self) -> bool:
+        if not self._pending:  # the common case, at every wake of a wait
+            return False
         before = len(self._pending)
         self._pending = [p for p in self._pending if not p[0].Test()]
         return len(self._pending) != before
