@@ -484,7 +484,11 @@ class ControlChannel:
         return _drop_front(self.comm, self._status, lambda source, tag: tag == TAG_CONTROL)
 
 
-INLINE_BYTES = 512  # per member, an exchange's first collective: an 8-byte length and up to 504 bytes of data
+INLINE_BYTES = 512  # per member, an exchange's first step: an 8-byte length and up to 504 bytes of data
+# members up to which an exchange's first step is one round of N(N-1) messages, not an Iallgather (log2 N
+# rounds, N log2 N messages): measured at 4 and 8 GPUs (README's speed section); not measured above, where
+# the messages grow as N squared (992 at 32 GPUs, where point-to-point exchanges measured slower before)
+ROUND_MEMBERS = 8
 
 
 class MemberComms:
@@ -563,14 +567,13 @@ class Exchange:
     members' own communicator (no other rank can send there), completed by polling test() (the caller
     serves the fabric meanwhile). The same sequence of MPI calls whatever the bytes say, so members in
     different operations still meet, and see that they differ: one INLINE_BYTES slot per member (its
-    length, and its bytes if they fit) sent to every other member in one round (Isend/Irecv under
-    TAG_EXCHANGE: MPI matches one source's messages in the order sent, so exchange k's slots meet
-    exchange k's receives), then, if some member's bytes did not fit, an Iallgatherv of those. One
-    round, not an Iallgather's log2(members) rounds: each round moves only when its members poll, and
-    the waker's poke at posting (comm._exchange) tells them the slot is there (measured: 1 KiB ring
-    AllReduce on 8 GPUs, README's speed section). Every member sizes the second step by the same
-    lengths; a length outside 0..fabric.control.MAX_CONTROL_BYTES is never allocated for: that
-    member's part is its length (an int)."""
+    length, and its bytes if they fit) to every other member, then, if some member's bytes did not
+    fit, an Iallgatherv of those. Up to ROUND_MEMBERS members the slots go in one round (Isend/Irecv
+    under TAG_EXCHANGE; MPI matches one source's messages in the order sent, so exchange k's slots
+    meet exchange k's receives), not an Iallgather's log2(members) rounds: each round moves only when
+    its members poll, and the poke at posting (comm._exchange) wakes them when the slot is there.
+    Every member sizes the second step by the same lengths; a length outside 0..
+    fabric.control.MAX_CONTROL_BYTES is never allocated for: that member's part is its length (an int)."""
 
     def __init__(self, comm, data: bytes):
         self._comm = comm
@@ -587,7 +590,10 @@ class Exchange:
         self.failed: ProtocolError | None = None  # what MPI reported, if it did
         self.on_step = lambda: None  # called when the second collective is posted (the waiter's back-off)
         self._slots[self._rank] = slot
-        self._request = self._start(lambda: _Round(comm, self._rank, self._size, slot, self._slots))
+        if self._size <= ROUND_MEMBERS:
+            self._request = self._start(lambda: _Round(comm, self._rank, self._size, slot, self._slots))
+        else:
+            self._request = self._start(lambda: comm.Iallgather([slot, MPI.BYTE], [self._slots, MPI.BYTE]))
 
     def _start(self, post):
         try:
