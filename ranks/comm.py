@@ -46,7 +46,7 @@ class Communicator:
 
     Control operations (barrier, allgather_object, split, the call check before every collective)
     travel out of band, like the sockets real programs use to swap handles: not NVLink traffic, not
-    counted on links. Each is one exchange by MPI's own collectives on an MPI communicator of the
+    counted on links. Each is one exchange by non-blocking MPI calls on an MPI communicator of the
     members alone (ranks.transport.Exchange), so no other GPU can take part in it. Collectives move
     their data through the switch and are counted.
     """

@@ -549,6 +549,10 @@ class Gpu:
             moved = True
         self._polls += 1
         sweep = not self._polls % STRAY_SWEEP
+        # most wakes find nothing: one probe for any message on the fabric's communicator, instead of
+        # the two below (a header from the switch, strays in front), which find nothing if it does not
+        if not sweep and not self._transport.anything_waiting():
+            return moved
         incoming = self._transport.poll(self._switch)
         if incoming is not None:
             header, inline = unframe(incoming[1])  # the switch is trusted: a bad frame or header is a bug

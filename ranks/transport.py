@@ -37,6 +37,7 @@ from nvlink_emu.fabric.packets import Packet
 TAG_HEADER = 11
 TAG_PAYLOAD = 12
 TAG_CONTROL = 13
+TAG_EXCHANGE = 14  # an exchange's slots, on the members' own MPI communicator (Exchange)
 ABORT_GRACE_S = 0.5  # s, between a failing rank's report and MPI_Abort
 MAX_HEADER_BYTES = 1 << 16  # a header from a GPU is at most this long (the longest real one is ~1 KiB)
 _NOTHING = np.empty(0, np.uint8)  # where dropped messages go (a receive truncated to nothing)
@@ -333,6 +334,10 @@ class Transport:
         self.comm.Recv([buffer, MPI.BYTE], source, TAG_HEADER)
         return source, buffer
 
+    def anything_waiting(self) -> bool:
+        """Whether any message, from any rank under any tag, is waiting to be read (one probe)."""
+        return self.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+
     def header_waiting(self, source: int) -> bool:
         """Whether a header from `source` is waiting to be read."""
         return self.comm.Iprobe(source, TAG_HEADER)
@@ -442,6 +447,8 @@ class ControlChannel:
             _waker.poke(dest)
 
     def progress(self) -> bool:
+        if not self._pending:  # the common case, at every wake of a wait
+            return False
         before = len(self._pending)
         self._pending = [p for p in self._pending if not p[0].Test()]
         return len(self._pending) != before
@@ -477,7 +484,11 @@ class ControlChannel:
         return _drop_front(self.comm, self._status, lambda source, tag: tag == TAG_CONTROL)
 
 
-INLINE_BYTES = 512  # per member, an exchange's first collective: an 8-byte length and up to 504 bytes of data
+INLINE_BYTES = 512  # per member, an exchange's first step: an 8-byte length and up to 504 bytes of data
+# members up to which an exchange's first step is one round of N(N-1) messages, not an Iallgather (log2 N
+# rounds, N log2 N messages): measured at 4 and 8 GPUs (README, Control plane); not measured above, where
+# the messages grow as N squared (992 at 32 GPUs, where point-to-point exchanges measured slower before)
+ROUND_MEMBERS = 8
 
 
 class MemberComms:
@@ -552,12 +563,16 @@ def _idup(parent, wait, what: str):
 
 
 class Exchange:
-    """One control exchange: every member's bytes to every member by MPI's own non-blocking
-    collectives on the members' communicator, completed by polling test() (the caller serves the
-    fabric meanwhile). The same sequence of MPI calls whatever the bytes say, so members in different
-    operations still meet, and see that they differ: an Iallgather of one INLINE_BYTES slot per member
-    (its length, and its bytes if they fit), then, if some member's bytes did not fit, an Iallgatherv
-    of those. Every member sizes the second step by the same lengths; a length outside 0..
+    """One control exchange: every member's bytes to every member by non-blocking MPI calls on the
+    members' own communicator (no other rank can send there), completed by polling test() (the caller
+    serves the fabric meanwhile). The same sequence of MPI calls whatever the bytes say, so members in
+    different operations still meet, and see that they differ: one INLINE_BYTES slot per member (its
+    length, and its bytes if they fit) to every other member, then, if some member's bytes did not
+    fit, an Iallgatherv of those. Up to ROUND_MEMBERS members the slots go in one round (Isend/Irecv
+    under TAG_EXCHANGE; MPI matches one source's messages in the order sent, so exchange k's slots
+    meet exchange k's receives), not an Iallgather's log2(members) rounds: each round moves only when
+    its members poll, and the poke at posting (comm._exchange) wakes them when the slot is there.
+    Every member sizes the second step by the same lengths; a length outside 0..
     fabric.control.MAX_CONTROL_BYTES is never allocated for: that member's part is its length (an int)."""
 
     def __init__(self, comm, data: bytes):
@@ -574,7 +589,11 @@ class Exchange:
         self.parts: list | None = None  # when done: each member's bytes, or its unusable length (int)
         self.failed: ProtocolError | None = None  # what MPI reported, if it did
         self.on_step = lambda: None  # called when the second collective is posted (the waiter's back-off)
-        self._request = self._start(lambda: comm.Iallgather([slot, MPI.BYTE], [self._slots, MPI.BYTE]))
+        self._slots[self._rank] = slot
+        if self._size <= ROUND_MEMBERS:
+            self._request = self._start(lambda: _Round(comm, self._rank, self._size, slot, self._slots))
+        else:
+            self._request = self._start(lambda: comm.Iallgather([slot, MPI.BYTE], [self._slots, MPI.BYTE]))
 
     def _start(self, post):
         try:
@@ -626,6 +645,20 @@ class Exchange:
             offset += count
         self.parts = parts
         self._slots = self._long = None
+
+
+class _Round:
+    """An exchange's first step as one request-like object: `slot` to every other rank of `comm`, and
+    each one's slot into row `source` of `slots` (INLINE_BYTES each, under TAG_EXCHANGE)."""
+
+    def __init__(self, comm, rank: int, size: int, slot: np.ndarray, slots: np.ndarray):
+        # receives first: a slot that comes finds its buffer posted, not MPI's unexpected queue
+        requests = [comm.Irecv([slots[m], MPI.BYTE], m, TAG_EXCHANGE) for m in range(size) if m != rank]
+        requests += [comm.Isend([slot, MPI.BYTE], m, TAG_EXCHANGE) for m in range(size) if m != rank]
+        self._requests = requests
+
+    def Test(self) -> bool:
+        return not self._requests or MPI.Request.Testall(self._requests)
 
 
 def frame(header: bytes, payload: np.ndarray) -> bytes:

@@ -9,6 +9,7 @@ import pytest
 from nvlink_emu.fabric.control import MAX_CONTROL_BYTES
 from nvlink_emu.fabric.errors import CollectiveMismatch, FabricError, FabricTimeout, ResourceExhausted
 from nvlink_emu.ranks import comm as comm_module
+from nvlink_emu.ranks import transport
 
 from mpi_helpers import gpus, run
 from trust_helpers import until
@@ -51,6 +52,35 @@ def test_control_objects_of_every_size_round_trip_and_too_long_ones_name_their_m
                                                      rf"\d+ bytes, past the {MAX_CONTROL_BYTES}"):
             gpu.world.allgather_object(big)
         assert gpu.world.allgather_object(gpu.rank) == list(range(gpu.size))
+
+    run(main)
+
+
+@pytest.mark.parametrize("round_members", [1, 2, 64])
+def test_both_first_steps_carry_every_size_and_meet_a_member_in_another_operation(monkeypatch, round_members):
+    """An exchange's first step is one round of messages up to transport.ROUND_MEMBERS members, an
+    Iallgather above: both carry inline and long entries, and both meet a member in another operation
+    (a CollectiveMismatch on every member, naming each one's); the limit is lowered or raised here so
+    that both run at every world size, and a split's new communicators (fewer members) mix them."""
+    monkeypatch.setattr(transport, "ROUND_MEMBERS", round_members)
+
+    def main(gpu):
+        for n in (0, 600):
+            got = gpu.world.allgather_object(np.arange(n * (gpu.rank + 1), dtype=np.uint8))
+            assert [g.size for g in got] == [n * (m + 1) for m in range(gpu.size)]
+        if gpu.rank == 1:
+            with pytest.raises(CollectiveMismatch, match=r"GPU 0: allgather_object; GPU 1: barrier; GPU 2: "
+                                                         r"allgather_object"):
+                gpu.world.barrier()
+        else:
+            with pytest.raises(CollectiveMismatch, match=r"members are in different operations: GPU 0: "
+                                                         r"allgather_object; GPU 1: barrier"):
+                gpu.world.allgather_object(gpu.rank)
+        half = gpu.world.split(gpu.rank % 2)
+        assert half.allgather_object(gpu.rank) == list(range(gpu.rank % 2, gpu.size, 2))
+        x = np.full(4, gpu.rank + 1, np.float32)
+        gpu.world.allreduce(x, "sum", "ring")
+        assert (x == gpu.size * (gpu.size + 1) / 2).all()
 
     run(main)
 
