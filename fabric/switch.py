@@ -122,6 +122,10 @@ REPLY_OF = {Kind.PUT: Kind.PUT_ACK, Kind.GET: Kind.GET_DATA}
 _NO_BYTES = np.empty(0, np.uint8)  # the payload of a transfer of 0 bytes
 GONE_KEPT = 4096  # released spanning groups whose local members a leaf remembers (late stores' credit)
 MAX_AWAITED = 1 << 16  # requests of one GPU forwarded and not yet answered; past it, new ones are refused
+# LOADs of spanning groups a leaf keeps unanswered to one local GPU (a REDUCE answer or its notice "unserved"
+# answers one): ranks/switch.MAX_UNREAD, the answers a GPU may leave unread on one switch; honest nvls keeps
+# at most its window x members (each requester's window of requests, a LOAD of each to every member)
+MAX_LOADS = 1024
 
 
 def buffer_share_bytes(config: FabricConfig) -> int:
@@ -216,6 +220,12 @@ class SwitchLogic:
         self._asked: dict[tuple, tuple[int, tuple]] = {}
         self._asked_slot: dict[tuple, tuple] = {}
         self._asked_count: dict[int, int] = {}
+        # LOADs sent to local GPUs of spanning groups and not yet answered, (group, slot, port), and their
+        # number per port (at most MAX_LOADS); requests dropped here for that bound; the most held at once
+        self._loaded: set[tuple] = set()
+        self._loaded_count: dict[int, int] = {}
+        self.dropped_loads = 0
+        self.peak_loads = 0
 
     # -- addressing -------------------------------------------------------------------------------
     def route_key(self, gpu: int) -> int:
@@ -508,6 +518,7 @@ class SwitchLogic:
                                       self.held_parts_share)
         if group.stage == "leaf":
             self._member_part(ingress, group, info, packet, payload)
+            self._load_done(info.group, tuple(info.slot), ingress)  # a member's answer to a LOAD, if one
         if done is None:
             self.peak_held_bytes = max(self.peak_held_bytes, self.groups.held_bytes)
             return []
@@ -622,6 +633,8 @@ class SwitchLogic:
             # members file a slot's LOADs under the slot alone: two requests of one slot would be one to them
             raise CollectiveMismatch(f"LOAD_REDUCE from GPU {ingress}: group {info.group} slot {list(info.slot)}: "
                                      f"result key {list(info.key)} or the slot is awaited already")
+        if not self._may_load(group, info):  # as if a member here refused it: the requester hears nothing
+            return []
         asked = self._asked_count.get(group.partition, 0)
         if asked >= self.partial_share_parts:
             raise ResourceExhausted(f"LOAD_REDUCE from GPU {ingress}: group {info.group} slot {list(info.slot)}: "
@@ -637,6 +650,27 @@ class SwitchLogic:
         up = ready + self.config.uplink_latency_ns  # header-only: the cable's latency, booked on no share
         request = packet.but(src=self.route_key(ingress), t_start=up, t_end=up)
         return [*self._loads(group, packet, info, ready), Send(-1, request, None, -1, spine)]
+
+    def _may_load(self, group, info: LoadInfo) -> bool:
+        """Whether this leaf may LOAD `info`'s slot from each of its members of `group`: none has a LOAD of
+        that slot unanswered (members file LOADs under the slot alone) or MAX_LOADS of them; else the
+        request is dropped (counted in dropped_loads) and the requester's place in the budget given back."""
+        slot = tuple(info.slot)
+        if all((info.group, slot, port) not in self._loaded and self._loaded_count.get(port, 0) < MAX_LOADS
+               for port in group.inputs):
+            return True
+        self.dropped_loads += 1
+        self._event({"ev": "load-dropped", "group": info.group, "slot": list(slot)})
+        return False
+
+    def _load_done(self, gid: int, slot: tuple, port: int) -> bool:
+        """Member `port`'s answer (REDUCE or "unserved") to the LOAD of `slot` of group `gid`: whether one
+        was sent it and not yet answered (now it is)."""
+        if (gid, slot, port) not in self._loaded:
+            return False
+        self._loaded.remove((gid, slot, port))
+        self._loaded_count[port] -= 1
+        return True
 
     def _load_answered(self, gid: int, key: tuple) -> None:
         """The load-reduce awaiting result `key` of group `gid` (if one of this leaf's GPUs asked) is done."""
@@ -671,13 +705,22 @@ class SwitchLogic:
         if len(slot) < 2 or not 0 <= slot[1] < len(group.members):
             raise ProtocolError(f"load refusal by GPU {ingress}: group {info.group} spans nodes, and slot {list(slot)} "
                                 f"names no requester's rank second (0..{len(group.members) - 1})")
+        if not self._load_done(info.group, slot, ingress):  # one notice per LOAD: so notices are bounded by LOADs
+            raise AccessViolation(f"load refusal by GPU {ingress}: group {info.group} slot {list(slot)}: switch "
+                                  f"{self.switch} sent GPU {ingress} no LOAD of it that is unanswered")
         if group.members[slot[1]] in self.local:
             return self._load_refused(info.group, slot)
         notice = Packet(Kind.GROUP, -1, -1, req=self.switch, info=GroupInfo("unserved", info.group, slot, ""))
         return [Send(-1, notice, switch=self.topology.nodes + slot[-1] % self.topology.spines)]
 
     def _loads(self, group, packet: Packet, info: LoadInfo, ready: float) -> list[Send]:
-        """Header-only LOADs of `packet`'s range to this leaf's members of `group`, ready at `ready` ns."""
+        """Header-only LOADs of `packet`'s range to this leaf's members of `group`, ready at `ready` ns, each
+        awaiting its member's answer (_may_load checked it fits)."""
+        slot = tuple(info.slot)
+        for port in group.inputs:
+            self._loaded.add((info.group, slot, port))
+            self._loaded_count[port] = count = self._loaded_count.get(port, 0) + 1
+            self.peak_loads = max(self.peak_loads, count)
         load = Packet(Kind.LOAD, -1, 0, packet.address, packet.nbytes, packet.req, info, ready, ready)
         return [Send(port, load.but(dst=self.route_key(port)), origin=-1) for port in group.inputs]
 
@@ -694,9 +737,10 @@ class SwitchLogic:
         if group is None or group.stage != "leaf":
             raise ProtocolError(f"switch {self.switch}: LOAD_REDUCE of group {info.group} from spine {spine}, which "
                                 f"spans no nodes of this leaf")
-        if not group.ready:  # a LOAD only to members that bound the group, as on one switch: the request waits
-            # for no one (honest members bind before any call: comm.py's exchange after the binds), and its
-            # requester's leaf gives its budget back (the spine passes the notice on)
+        if not group.ready or not self._may_load(group, info):
+            # a LOAD only to members that bound the group, as on one switch: the request waits for no one
+            # (honest members bind before any call: comm.py's exchange after the binds), nor past a member's
+            # MAX_LOADS; its requester's leaf gives its budget back (the spine passes the notice on)
             notice = GroupInfo("unserved", info.group, tuple(info.slot), "")
             return [Send(-1, Packet(Kind.GROUP, -1, -1, req=self.switch, info=notice), switch=spine)]
         ready = packet.t_end + self.timing.switch_latency_ns
@@ -849,6 +893,8 @@ class SwitchLogic:
     def _drop_span(self, gid: int) -> None:
         for key in [k for k in self._asked if k[0] == gid]:
             self._load_answered(*key)
+        for key in [k for k in self._loaded if k[0] == gid]:  # their answers are dropped with the group
+            self._load_done(*key)
         group = self.groups.groups.get(gid)
         if group is not None:
             self.groups.release(gid, group.inputs[0])

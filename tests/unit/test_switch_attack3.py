@@ -21,8 +21,6 @@ def _ask(fabric, gid, k, gpu=0, name="c"):
     return fabric.gpu(gpu, Packet(Kind.LOAD_REDUCE, 0, -1, 0, 64, req=3, info=info))
 
 
-@pytest.mark.xfail(strict=True, reason="a requester's own notice 'unserved' frees its place in the budget while "
-                                       "the LOAD it sent to the other node's member is unanswered")
 def test_a_requester_s_own_refusals_keep_loads_to_the_other_node_within_the_budget():
     """2 nodes x 2 GPUs, one spine, group (0, 2). GPU 0 asks for slot (k, 0, 0, 0) and refuses its own
     LOAD of it at once (a bound member's notice, which the leaf takes: the requester is its own GPU),
@@ -32,7 +30,11 @@ def test_a_requester_s_own_refusals_keep_loads_to_the_other_node_within_the_budg
     down. Measured: every one of 3 x 2,048 requests was taken and leaf 1 sent GPU 2 6,144 LOADs, none
     answered, none refused (tests/nodes/test_attack3.py: 3,935 held in flight at once by the leaf of
     a GPU that sleeps). tests/unit/test_switch_cross_node_attack.py's refuser=0 case asserts this
-    behaviour (that nothing is refused) and would change with a fix."""
+    behaviour (that nothing is refused) and would change with a fix. Now leaf 1 keeps at most MAX_LOADS
+    (1,024) LOADs unanswered to GPU 2: it drops each request past that and tells leaf 0 ("unserved"), and
+    leaf 0 takes GPU 0's notices, each for a LOAD it sent GPU 0; nothing is refused (no NACK)."""
+    from nvlink_emu.fabric.switch import MAX_LOADS
+
     fabric = Fabric(nvlink(spines=1, switch_buffer_bytes=1 << 16, chunk_bytes=4096))
     leaf0 = fabric.switches[0]
     gid = fabric.group((0, 2))
@@ -44,7 +46,10 @@ def test_a_requester_s_own_refusals_keep_loads_to_the_other_node_within_the_budg
         refused += sum(s.packet.kind is Kind.NACK for s in sends)
         to_gpu2 += sum(s.port == 2 and s.packet.kind is Kind.LOAD for s in sends)
         fabric.gpu(0, _unserved(gid, (k, 0, 0, 0)))
-    assert to_gpu2 <= limit, f"leaf 1 sent GPU 2 {to_gpu2} LOADs it never answered ({refused} requests refused)"
+    assert to_gpu2 == MAX_LOADS, f"leaf 1 sent GPU 2 {to_gpu2} LOADs it never answered ({refused} requests refused)"
+    leaf1 = fabric.switches[1]
+    assert refused == 0 and leaf1._loaded_count[2] == leaf1.peak_loads == MAX_LOADS
+    assert leaf1.dropped_loads == 3 * limit - MAX_LOADS and leaf0._loaded_count[0] == 0 and leaf0._asked == {}
 
 
 def test_a_member_s_notice_frees_no_other_group_s_or_partition_s_request():
@@ -116,18 +121,20 @@ def test_a_member_cannot_take_over_another_member_s_slot_on_one_switch():
     assert [s.packet.kind for s in sends] == [Kind.NACK], [s.port for s in sends]
 
 
-@pytest.mark.xfail(strict=True, reason="a bound member's notice 'unserved' of a slot no LOAD was sent for is "
-                                       "relayed leaf -> spine -> leaf, answered by nothing and uncredited")
 def test_a_notice_of_no_load_stays_at_its_leaf():
     """Group (0, 2) on 2 nodes, one spine, no load-reduce asked: GPU 0 sends notices naming slots of GPU 2's
     (rank 1 second). Each goes to the spine and on to leaf 1 (measured: 2 hops each, 200 for 100
     notices), where it frees nothing; an honest member sends one notice per LOAD it was sent, and the
     whole-run flood (tests/nodes/test_attack3.py) piles thousands up at the relaying spine.
     tests/unit/test_switch_cross_node_attack.py asserts a notice for no request is relayed (its last
-    lines) and would change with a fix."""
+    lines) and would change with a fix. Now each is refused at leaf 0 (AccessViolation, a NACK, counted):
+    it sent GPU 0 no LOAD of that slot."""
     fabric = Fabric(nvlink(spines=1))
     gid = fabric.group((0, 2))
     fabric.hops.clear()  # the group's creation
     for k in range(100):
-        fabric.gpu(0, _unserved(gid, (k, 1, 0, 0)))
+        (nack,) = fabric.gpu(0, _unserved(gid, (k, 1, 0, 0)))
+        assert nack.packet.kind is Kind.NACK and nack.packet.info.error == "AccessViolation"
+        assert "no LOAD" in nack.packet.info.message and "GPU 0" in nack.packet.info.message
     assert fabric.hops == [], f"{len(fabric.hops)} hops between the switches for 100 notices of no LOAD"
+    assert fabric.switches[0].refused[0] == 100

@@ -228,13 +228,18 @@ def _unserved(gid, slot):
 @pytest.mark.parametrize("refuser", [2, 0])
 def test_a_refused_load_reduce_gives_its_budget_back_so_repeating_it_exhausts_nothing(refuser):
     """2 nodes x 2 GPUs, one spine; group (0, 2); GPU 0 asks for slot (k, 0, 0, 0) again and again, and a
-    member - GPU 2 (the other node: its notice goes through the spine) or GPU 0 itself - refuses each
-    LOAD. Measured before: each refused request kept its leaf's entry until the group's release, so
+    member - GPU 2 (the other node: its notice goes through the spine; GPU 0 then refuses its own too,
+    as an honest requester does) or GPU 0 itself - refuses each LOAD. Measured before: each refused request kept its leaf's entry until the group's release, so
     after partial_share_parts of them (2048 here) the partition's next load-reduce was refused
     (ResourceExhausted), though none was in flight. Now the member's notice frees the entry at the
-    requester's leaf (and nothing answers the notice): the budget stays free."""
+    requester's leaf (and nothing answers the notice): the budget stays free. With GPU 0 refusing, GPU
+    2 answers none of its LOADs: leaf 1 keeps MAX_LOADS of them and drops every later request, telling
+    leaf 0 ("unserved"), which finds it freed already; nothing is refused either way. A notice is taken
+    only for a LOAD its leaf sent that member and has not seen answered: relayed (and freeing nothing
+    at leaf 0, nothing raises) while GPU 2's LOAD of the slot is unanswered, else refused at leaf 1."""
+    from nvlink_emu.fabric.switch import MAX_LOADS
     fabric = Fabric(nvlink(spines=1, switch_buffer_bytes=1 << 16, chunk_bytes=4096))
-    leaf0 = fabric.switches[0]
+    leaf0, leaf1 = fabric.switches[:2]
     gid = fabric.group((0, 2))
     limit = leaf0.partial_share_parts
     assert limit == 2048
@@ -245,13 +250,20 @@ def test_a_refused_load_reduce_gives_its_budget_back_so_repeating_it_exhausts_no
 
     for k in range(limit + 1):
         loads = ask(k)
-        assert sorted(s.port for s in loads if s.packet.kind is Kind.LOAD) == [0, 2], (k, loads[0].packet)
-        assert fabric.gpu(refuser, _unserved(gid, (k, 0, 0, 0))) == []  # no answer to a notice
+        served = [0, 2] if refuser == 2 or k < MAX_LOADS else [0]
+        assert sorted(s.port for s in loads if s.packet.kind is Kind.LOAD) == served, (k, loads[0].packet)
+        for g in (refuser, 0) if refuser else (0,):
+            assert fabric.gpu(g, _unserved(gid, (k, 0, 0, 0))) == []  # no answer to a notice
         assert leaf0._asked_count[0] == 0, k
     assert leaf0._asked == {} and all(not s.refused[g] for s in fabric.switches[:2] for g in range(4))
+    assert leaf1.dropped_loads == (0 if refuser == 2 else limit + 1 - MAX_LOADS)
     fabric.hops.clear()
-    fabric.gpu(2, _unserved(gid, (7, 0, 0, 0)))  # a notice for no request: nothing to free, nothing raises
-    assert [(frm, to) for frm, to, _ in fabric.hops] == [(1, 2), (2, 0)]  # leaf 1 -> spine -> leaf 0
+    sends = fabric.gpu(2, _unserved(gid, (7, 0, 0, 0)))  # a notice of a slot no request awaits
+    if refuser == 0:  # GPU 2's LOAD of slot 7 is unanswered: taken, relayed, frees nothing, nothing raises
+        assert sends == [] and [(frm, to) for frm, to, _ in fabric.hops] == [(1, 2), (2, 0)]  # leaf 1 -> spine -> leaf 0
+    else:  # GPU 2 refused that LOAD already: a second notice is refused at its leaf
+        (nack,) = sends
+        assert nack.packet.info.error == "AccessViolation" and fabric.hops == [] and leaf1.refused[2] == 1
     assert leaf0._asked_count[0] == 0
 
 

@@ -118,10 +118,14 @@ def preset_one_node():
     return preset("dgx-h100", gpus=4)
 
 
-def test_a_leaf_keeps_a_partition_s_load_reduces_awaiting_their_result_within_its_share():
+def test_a_leaf_keeps_a_partition_s_load_reduces_awaiting_their_result_within_its_share(monkeypatch):
     """Each load-reduce costs a LOAD to every member: a leaf takes at most partial_share_parts of a
     partition's awaiting their result (ResourceExhausted past it), one per result key
-    (CollectiveMismatch for a second); a result, or the group's release, gives the slot back."""
+    (CollectiveMismatch for a second); a result, or the group's release, gives the slot back. The
+    members answer no LOAD here, so the bound of LOADs unanswered per GPU (MAX_LOADS, 1,024, below
+    this budget of 2,048: test_switch_attack3) is raised for the budget to be what is reached."""
+    from nvlink_emu.fabric import switch
+    monkeypatch.setattr(switch, "MAX_LOADS", 1 << 16)
     fabric = Fabric(nvlink(nodes=2, spines=1, chunk_bytes=1 << 12, switch_buffer_bytes=1 << 12))
     leaf = fabric.switches[0]
     limit = leaf.partial_share_parts
