@@ -91,7 +91,10 @@ bound buffer) sends its leaf the notice "unserved" (a control packet naming the 
 nothing), which goes on through spine slot[-1] mod P to the requester's leaf (slot[1]: its rank), and
 a leaf that drops a request for a member that has not bound sends the same back: the request's place
 in the budget is given back, so a tenant repeating a refused load-reduce exhausts nothing (_unserved,
-_load_refused). The requester hears nothing from the switch: it serves the same range of its own
+_load_refused). A leaf keeps at most MAX_LOADS LOADs unanswered (a REDUCE answer or the notice) to each
+of its GPUs, and one of a slot: a request past that (local or from a spine) is dropped there and its
+requester's leaf told as above (_may_load); it takes a member's notice only for a LOAD it sent that
+member unanswered, else refuses it (so notices are bounded by LOADs). The requester hears nothing from the switch: it serves the same range of its own
 buffer (of the call's size, as every honest member's) and refuses it too, or its wait ends at its
 deadline (FabricTimeout); the members' contributions to the slot stay held until the group's release.
 """
