@@ -147,24 +147,38 @@ def _flat_chunks(segment, chunk) -> list[tuple[int, int]]:
     return [span for a, b in segment for span in chunks(a, b, chunk)]
 
 
-def _leaf_rs(j, G, segments, i, chunk) -> list[_Step]:
+def _leaf_rs(j, G, segments, i, chunk, memo=None) -> list[_Step]:
     """Node RS in the leaf, one step: my requests of column j, then the loads of every position's (in
-    position order), then (received) my reduced chunks."""
-    mine = _flat_chunks(segments[j], chunk)
+    position order), then (received) my reduced chunks. memo: program's (the serves are every member's)."""
+    flat = _flat_segments(segments, chunk, memo, i)
+    mine = flat[j]
     sends = [("load_reduce", (NODE_RS, i, j, c), lo, hi) for c, (lo, hi) in enumerate(mine)]
-    sends += [("serve", k, (NODE_RS, i, k, c), lo, hi)
-              for k in range(G) for c, (lo, hi) in enumerate(_flat_chunks(segments[k], chunk))]
+    serves = memo.get(("serves", i)) if memo is not None else None
+    if serves is None:
+        serves = [("serve", k, (NODE_RS, i, k, c), lo, hi) for k in range(G) for c, (lo, hi) in enumerate(flat[k])]
+        if memo is not None:
+            memo[("serves", i)] = serves
     takes = [("take", (NODE_RS, i, j, c), lo, hi, False) for c, (lo, hi) in enumerate(mine)]
-    return [_Step(sends, takes, (), True)]
+    return [_Step(sends + serves, takes, (), True)]
 
 
-def _leaf_ag(j, G, segments, i, chunk) -> list[_Step]:
+def _leaf_ag(j, G, segments, i, chunk, memo=None) -> list[_Step]:
     """Node AG in the leaf, one step: multicast-store my segment, then (received) every position's stores,
     mine too, in position order."""
-    sends = [("mcast", (NODE_AG, i, j, c), lo, hi) for c, (lo, hi) in enumerate(_flat_chunks(segments[j], chunk))]
-    takes = [("take", (NODE_AG, i, k, c), lo, hi, k == j)
-             for k in range(G) for c, (lo, hi) in enumerate(_flat_chunks(segments[k], chunk))]
+    flat = _flat_segments(segments, chunk, memo, i)
+    sends = [("mcast", (NODE_AG, i, j, c), lo, hi) for c, (lo, hi) in enumerate(flat[j])]
+    takes = [("take", (NODE_AG, i, k, c), lo, hi, k == j) for k in range(G) for c, (lo, hi) in enumerate(flat[k])]
     return [_Step(sends, takes, (), True)]
+
+
+def _flat_segments(segments, chunk, memo, i) -> list[list[tuple[int, int]]]:
+    """Each node segment's chunks (_flat_chunks), once per slice i for every member (memo: program's)."""
+    flat = memo.get(("flat", i)) if memo is not None else None
+    if flat is None:
+        flat = [_flat_chunks(segment, chunk) for segment in segments]
+        if memo is not None:
+            memo[("flat", i)] = flat
+    return flat
 
 
 def _ring(ring, pos, segments, phase, i, chunk, reduce: bool) -> list[_Step]:
@@ -185,25 +199,38 @@ def _ring(ring, pos, segments, phase, i, chunk, reduce: bool) -> list[_Step]:
 
 
 def program(collective: str, N: int, G: int, a: int, j: int, count: int, chunk: int, itemsize: int,
-            root: tuple[int, int] | None = None, rank=None, share: int | None = None):
+            root: tuple[int, int] | None = None, rank=None, share: int | None = None, memo: dict | None = None):
     """Member (a, j)'s operations (the module docstring) for one call of `count` elements, messages of at
     most `chunk` elements of `itemsize` bytes; root: the broadcast root's coordinates; rank: as ranges';
     share: None for node rings, else the node stages run in the leaf (in_leaf) and share is the
-    partition's in-switch buffer (bytes, fabric.switch.buffer_share_bytes)."""
+    partition's in-switch buffer (bytes, fabric.switch.buffer_share_bytes). memo: a dict shared by the
+    programs of every member of one call (the same arguments but a, j), so that what every member's
+    program builds alike (a slice's pieces, node segments, serves) is built once (fabric.replay.hier_ns)."""
     spans = ranges(collective, N, G, count, rank)
     leaf = share is not None and N > 1 and G > 1
     P = slice_elements(chunk, itemsize, N, G, share if leaf else None)
     K = slices(spans, N, G, P)
     node_ring, rail_ring = [(a, k) for k in range(G)], [(b, j) for b in range(N)]
+    memo = {} if memo is None else memo  # (what, slice) -> the same for every member of the call
 
     def pieces(i):
-        return [[_piece(span, i, P, K) for span in row] for row in spans]
+        got = memo.get(("pieces", i))
+        if got is None:
+            got = memo[("pieces", i)] = [[_piece(span, i, P, K) for span in row] for row in spans]
+        return got
+
+    def node_segments(i):
+        got = memo.get(("segments", i))
+        if got is None:  # broadcast's segment k: part k's piece (its rows are one)
+            got = [[p] for p in pieces(i)[0]] if collective == "broadcast" else merged_columns(pieces(i))
+            memo[("segments", i)] = got
+        return got
 
     def stage(name: str, i: int) -> list[_Step]:
-        if name in ("node rs", "node ag"):  # broadcast's segment k: part k's piece (its rows are one)
-            segments = [[p] for p in pieces(i)[0]] if collective == "broadcast" else merged_columns(pieces(i))
+        if name in ("node rs", "node ag"):
+            segments = node_segments(i)
             if leaf:
-                return (_leaf_rs if name == "node rs" else _leaf_ag)(j, G, segments, i, chunk)
+                return (_leaf_rs if name == "node rs" else _leaf_ag)(j, G, segments, i, chunk, memo)
             return _ring(node_ring, j, segments, NODE_RS if name == "node rs" else NODE_AG, i, chunk,
                          name == "node rs")
         if name in ("rail rs", "rail ag"):

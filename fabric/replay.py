@@ -215,66 +215,101 @@ def hier_ns(collective: str, topo: Topology, count: int, config, itemsize: int =
     share = buffer_share_bytes(config)
     t = config.timing
     s = t.switch_latency_ns
-    raw = lambda nbytes: raw_bytes(nbytes, config.mtu_bytes, config.header_bytes)
+    mtu, head = config.mtu_bytes, config.header_bytes
+    raws: dict[int, int] = {}  # payload bytes -> raw bytes (a call has a few message sizes)
+
+    def raw(nbytes: int) -> int:
+        got = raws.get(nbytes)
+        if got is None:
+            got = raws[nbytes] = raw_bytes(nbytes, mtu, head)
+        return got
+
     header = raw(0)
-    fabric = Fabric(topo, config.mtu_bytes, config.header_bytes)
+    fabric = Fabric(topo, mtu, head)
+    gpus, sent, shares, spine_ns = fabric.gpus, fabric.sent, fabric.shares, fabric.spine_ns
     engines = [ReductionClock(t.reduction_gbytes_per_s, t.reduction_latency_ns) for _ in range(topo.nodes)]
     asked: dict[tuple, tuple[int, float]] = {}   # (node, key) -> (requester, its request's last byte at the leaf)
     slots: dict[tuple, list] = {}                # (node, key) -> [answers, latest first byte, latest last byte]
     delivered: dict[tuple, tuple[float, float, int]] = {}  # (GPU, key) -> stamps at its leaf, raw bytes
-    programs = {r: _hier(collective, topo, r, count, chunk, itemsize, root, share) for r in range(n)}
+    # hier_plan's operations as they come (_hier's translation inlined: this loop is the replay's cost),
+    # one memo for every member's program: a slice's pieces, segments and serves are built once
+    memo: dict = {}
+    programs = {r: hier_plan.program(collective, topo.nodes, G, r // G, r % G, count, chunk, itemsize, divmod(root, G),
+                                     None, share, memo) for r in range(n)}
     waiting: dict[int, tuple] = {}
     while programs:
         progressed = False
         for r in list(programs):
-            gpu = fabric.gpus[r]
+            gpu = gpus[r]
+            # LinkEnd.book is its clock's transmit, LinkEnd.send that + its latency: called directly
+            node, uplink = gpu.node, gpu.uplink
+            up, up_ns = uplink.clock.transmit, uplink.latency_ns
+            down, down_ns = gpu.downlink.clock.transmit, gpu.downlink.latency_ns
+            ops = programs[r]
             op = waiting.pop(r, None)
             while True:
                 if op is None:
-                    op = next(programs[r], None)
+                    op = next(ops, None)
                     if op is None:
                         del programs[r]
                         progressed = True
                         break
-                kind = op[0]
-                if kind == "send":
-                    fabric.send(gpu, op[1], op[2], op[3])
-                elif kind == "recv":
-                    if not fabric.receive(gpu, op[1], op[2]):
-                        waiting[r] = op
-                        break
-                elif kind == "lr":
-                    _, end = gpu.uplink.send(gpu.now, gpu.now, header)
-                    asked[(gpu.node, op[1])] = (r, end)
-                elif kind == "serve":
-                    got = asked.get((gpu.node, op[2]))
-                    if got is None:
-                        waiting[r] = op
-                        break
-                    requester, end = got
-                    _, at = gpu.downlink.book(end + s, end + s, header)
-                    at += gpu.downlink.latency_ns
-                    a, b = gpu.uplink.send(at, at, raw(op[3]))
-                    slot = slots.setdefault((gpu.node, op[2]), [0, 0.0, 0.0])
-                    slot[0] += 1
-                    slot[1], slot[2] = max(slot[1], a), max(slot[2], b)
-                    if slot[0] == G:
-                        del slots[(gpu.node, op[2])], asked[(gpu.node, op[2])]
-                        start, finish = engines[gpu.node].reduce(slot[1] + s, slot[2] + s, raw(op[3]))
-                        delivered[(requester, op[2])] = (start, finish, raw(op[3]))
-                elif kind == "mcast":
-                    a, b = gpu.uplink.send(gpu.now, gpu.now, raw(op[2]))
-                    for g in range(gpu.node * G, (gpu.node + 1) * G):
-                        delivered[(g, op[1])] = (a + s, b + s, raw(op[2]))
-                elif kind == "take":
+                kind = op[0]  # the commonest first: a slice's takes and serves are G per chunk
+                if kind == "take":
                     got = delivered.pop((r, op[1]), None)
                     if got is None:
                         waiting[r] = op
                         break
-                    _, end = gpu.downlink.book(*got)
-                    gpu.now = max(gpu.now, end + gpu.downlink.latency_ns)
-                else:
-                    gpu.now = max(gpu.now, gpu.uplink.free_ns)
+                    _, end = down(*got)
+                    gpu.now = max(gpu.now, end + down_ns)
+                elif kind == "serve":
+                    slot_key = (node, op[2])
+                    got = asked.get(slot_key)
+                    if got is None:
+                        waiting[r] = op
+                        break
+                    requester, end = got
+                    nraw = raws.get((op[4] - op[3]) * itemsize) or raw((op[4] - op[3]) * itemsize)
+                    _, at = down(end + s, end + s, header)
+                    at += down_ns
+                    a0, a1 = up(at, at, nraw)
+                    a0, a1 = a0 + up_ns, a1 + up_ns
+                    slot = slots.get(slot_key)
+                    if slot is None:
+                        slot = slots[slot_key] = [0, 0.0, 0.0]
+                    slot[0] += 1
+                    slot[1], slot[2] = max(slot[1], a0), max(slot[2], a1)
+                    if slot[0] == G:
+                        del slots[slot_key], asked[slot_key]
+                        start, finish = engines[node].reduce(slot[1] + s, slot[2] + s, nraw)
+                        delivered[(requester, op[2])] = (start, finish, nraw)
+                elif kind == "send":  # Fabric.send's bookings, inlined
+                    _, (b, k), key, lo, hi = op
+                    nraw = raws.get((hi - lo) * itemsize) or raw((hi - lo) * itemsize)
+                    a0, a1 = up(gpu.now, gpu.now, nraw)
+                    a0, a1 = a0 + up_ns + s, a1 + up_ns + s                 # the link, the sender's leaf (cut-through)
+                    if b != node:
+                        a0, a1 = shares[r].send(a0, a1, nraw)              # its outbound share, + u
+                        a0, a1 = a0 + spine_ns, a1 + spine_ns              # the spine, the cable down
+                        a0, a1 = a0 + s, a1 + s                             # the destination's leaf
+                    sent[(r, b * G + k, key)] = (a0, a1, nraw)
+                elif kind == "recv":
+                    b, k = op[1]
+                    if not fabric.receive(gpu, b * G + k, op[2]):
+                        waiting[r] = op
+                        break
+                elif kind == "load_reduce":
+                    _, end = up(gpu.now, gpu.now, header)
+                    asked[(node, op[1])] = (r, end + up_ns)
+                elif kind == "mcast":
+                    nraw = raw((op[3] - op[2]) * itemsize)
+                    a0, a1 = up(gpu.now, gpu.now, nraw)
+                    a0, a1, key = a0 + up_ns + s, a1 + up_ns + s, op[1]
+                    for g in range(node * G, (node + 1) * G):
+                        delivered[(g, key)] = (a0, a1, nraw)
+                elif kind == "flush":
+                    gpu.now = max(gpu.now, uplink.free_ns)
+                # "finish" (the rail RS's last receive completes a piece) books nothing
                 progressed = True
                 op = None
         if not progressed:
