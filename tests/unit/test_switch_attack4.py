@@ -216,3 +216,44 @@ def test_a_gpu_s_waiting_packets_cost_its_switch_about_what_their_payloads_do():
     waiting = len(rank._waiting[0])
     assert waiting == MAX_QUEUED + 1 and rank.logic.refused[0] == 0
     assert held <= 2 << 20, f"{waiting} packets of GPU 0 waiting hold {held / 2**20:.1f} MiB of the switch"
+
+
+def _median_ms(sw, gpu, packet, payload, n=41):
+    took = []
+    for _ in range(n):
+        start = time.perf_counter()
+        sends = sw.on_packet(gpu, packet, payload)
+        took.append(time.perf_counter() - start)
+    return sorted(took)[n // 2] * 1e3, sends
+
+
+@pytest.mark.xfail(strict=True, reason="a reply is matched by a scan of the list of byte counts awaited under its "
+                                       "(replier, requester, req, kind): 65,536 requests under one number make each "
+                                       "forged 0-byte reply cost the switch 1.2-2.5 ms, without bound")
+def test_a_forged_reply_costs_the_switch_what_any_refused_header_does():
+    """GPU 0 exports a 128 KiB window to itself and sends 65,536 GETs of it (MAX_AWAITED, its bound of
+    requests unanswered), all under request number 1, of 1, 2, ..., 65,536 bytes: forwarded to itself
+    (it reads them, answers none). Then it sends, again and again, a header-only GET_DATA of 0 bytes for
+    request 1: _answered looks its byte count up in the list of the 65,536 awaited (`packet.nbytes not
+    in sizes`, a scan) before refusing it (AccessViolation, a NACK). Measured: 2.55 ms of switch CPU per
+    forged reply against 0.034 ms with one request awaited, 1.23 against 0.015 in another run (medians
+    of 41, this shared machine; filling the list took 4.1 s of switch CPU once): 75-82 x, for a 0-byte packet it can repeat as often as it likes
+    while every other tenant's packets wait (the switch serves in arrival order) - more than the refused
+    GET of a whole 256 MiB window the README lists (1.4 ms). The smallest fix: keep the awaited byte
+    counts of one key in a Counter (count -> requests), so a reply is matched in O(1)."""
+    from nvlink_emu.fabric.config import preset
+    from switch_helpers import export, handle_of
+
+    def forged(awaited):
+        sw = SwitchLogic(preset("dgx-h100", gpus=4, partitions=((0, 1), (2, 3))))
+        window = handle_of(export(sw, 0, phys_offset=0, size=1 << 17))
+        for k in range(awaited):
+            (send,) = sw.on_packet(0, Packet(Kind.GET, 0, window.network_address, window.address, k + 1, req=1))
+            assert send.port == 0 and send.packet.kind is Kind.GET
+        reply = Packet(Kind.GET_DATA, 0, sw.network_addresses[0], 0, 0, req=1)
+        ms, sends = _median_ms(sw, 0, reply, np.empty(0, np.uint8))
+        assert [s.packet.kind for s in sends] == [Kind.NACK] and sends[0].packet.info.error == "AccessViolation"
+        return ms
+
+    one, many = forged(1), forged(65536)
+    assert many < 10 * one, f"a forged 0-byte reply took {many:.2f} ms with 65,536 requests awaited, {one:.3f} with one"
