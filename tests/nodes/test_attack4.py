@@ -128,3 +128,53 @@ def test_a_gpu_cannot_pile_junk_messages_up_at_its_leaf(monkeypatch):
                             f"MiB; partition 1's round trips: median {med(before):.2f} ms before ({len(before)}); "
                             f"{len(overlapping)} in the {attacker['drain_at'] - attacker['junk_at']:.1f} s with the "
                             f"junk queued, median {med([d for _, d in overlapping]):.2f} ms, the longest {longest:.2f} s; median {med(after):.2f} ms after ({len(after)})")
+
+
+@pytest.mark.xfail(strict=True, reason="MAX_LOADS (1,024 LOADs unanswered per GPU at its leaf) is below what honest "
+                                       "nvls keeps in flight (window x members) when its window is large: the leaf "
+                                       "drops the honest requests past it, and the collective times out")
+def test_an_honest_nvls_reduce_scatter_with_a_wide_window_completes(monkeypatch):
+    """No attacker: one tenant's nvls reduce_scatter on the world, float32, 300,000 elements (1.2 MB, 293
+    chunks) a block, with nvls_chunk_bytes 4 KiB (a legal config key; a larger switch_buffer_bytes does
+    the same: 1 GiB with the default 128 KiB chunks on 2 x 2 GPUs). Call.in_switch_window gives a window
+    of 682 chunks on 2 x 2 GPUs (273 on 3 x 2), so each member is sent up to members x min(window,
+    chunks) = 1,172 (1,638) LOADs before it serves them in program order. Found in this review: since a
+    leaf keeps at most MAX_LOADS (1,024) LOADs of spanning groups unanswered to each local GPU and drops
+    a request past it ("unserved"; the requester hears nothing: fabric.switch._may_load), the honest
+    call's later requests are dropped and every member's wait ends at its deadline. Measured (timeout
+    8 s): 8 ranks, 280 requests dropped, both leaves at peak_loads 1,024, every GPU's FabricTimeout
+    ("receive timed out after 8 s waiting for the switch's load-reduce (slot ('world', 0, 4, 0, 178))");
+    10 ranks the same ("serve load timed out ... waiting for GPU 5's load-reduce"); 700,000 a block:
+    2,327 dropped. With MAX_LOADS 4,096 the same call completes, bitwise right: 7.9 s at 8 ranks (peak
+    1,164 LOADs unanswered to a GPU), 14.4 s at 10 (peak 1,633). With the default chunk and buffer the
+    window is 21 (2 x 2 GPUs), 8 (3 x 2), 2 (32 x 8): within the bound. The smallest fix: nvls's window
+    at most MAX_LOADS // members (where nvls.py takes Call.in_switch_window's, and fabric.replay's nvls
+    model with it), or a leaf holds (not drops) a member's request past the bound."""
+    from nvlink_emu.fabric import switch as fabric_switch
+
+    drops, peaks, may_load = [0], [0], fabric_switch.SwitchLogic._may_load
+
+    def counted(self, group, info):
+        ok = may_load(self, group, info)
+        drops[0] += not ok
+        peaks[0] = max(peaks[0], self.peak_loads)
+        return ok
+
+    monkeypatch.setattr(fabric_switch.SwitchLogic, "_may_load", counted)
+    nodes, per_node, _ = shape()
+    n, block = nodes * per_node, 300000
+
+    def main(gpu):
+        out = np.empty(block, np.float32)
+        try:
+            gpu.world.reduce_scatter(np.ones(n * block, np.float32), out, algorithm="nvls")
+        except Exception as exc:  # every member's wait ends at its deadline: reported, not raised
+            return type(exc).__name__, str(exc)[:160]
+        return "ok", bool((out == n).all())
+
+    result = run(main, timeout_s=8.0, nvls_chunk_bytes=4096)
+    world = MPI.COMM_WORLD
+    outcomes = [v for v in world.allgather(result.value if result.role == "gpu" else None) if v is not None]
+    dropped, peak = world.allreduce(drops[0]), world.allreduce(peaks[0], MPI.MAX)
+    assert outcomes == [("ok", True)] * n, (f"leaves dropped {dropped} honest requests (peak {peak} LOADs "
+                                            f"unanswered to a GPU); GPU outcomes {outcomes[:2]}")
