@@ -257,3 +257,57 @@ def test_a_forged_reply_costs_the_switch_what_any_refused_header_does():
 
     one, many = forged(1), forged(65536)
     assert many < 10 * one, f"a forged 0-byte reply took {many:.2f} ms with 65,536 requests awaited, {one:.3f} with one"
+
+
+class _Recording(_Intake):
+    """_Intake that records what the switch rank sends."""
+
+    def __init__(self):
+        super().__init__()
+        self.sent = []
+
+    def send(self, dest, packet, payload=None):
+        self.sent.append((dest, packet, None if payload is None else bytes(payload)))
+        return []
+
+
+def test_inline_frames_that_wait_are_checked_once_in_their_turn(monkeypatch):
+    """Not a finding (the switch holds): the path of an inline frame that waits behind a held packet of
+    its sender (ranks/switch._advance), which no other test takes. GPU 0 sends three inline MSGs to GPU 1
+    while GPU 1's port has its share in flight: the first is held (its payload came with it), the second,
+    whose modeled times run backwards, and the third wait behind it. Once the port drains, they are
+    served in order, each header checked exactly once (check_header; on_packet(checked=True) skips its
+    own check): the first and third forwarded with their bytes, the second refused (ProtocolError, a
+    NACK to GPU 0, counted malformed on its port), nothing else sent."""
+    from nvlink_emu.fabric.config import preset
+    from nvlink_emu.fabric.packets import MsgInfo
+    from nvlink_emu.ranks.switch import SwitchRank
+    from nvlink_emu.ranks.transport import frame
+
+    transport = _Recording()
+    rank = SwitchRank(preset("dgx-h100", gpus=4), transport, 30.0)
+    checks, check_header = [], SwitchLogic.check_header
+
+    def counted(self, ingress, packet):
+        checks.append(packet.req)
+        return check_header(self, ingress, packet)
+
+    monkeypatch.setattr(SwitchLogic, "check_header", counted)
+    dst = rank.logic.network_addresses[1]
+    transport.pending_bytes_to[1] = rank.port_share_bytes  # GPU 1's share in flight: its traffic waits
+    payloads = [np.full(4096, k, np.uint8) for k in (1, 2, 3)]
+    times = [(0.0, 10.0), (5.0, 1.0), (20.0, 30.0)]
+    for req, (payload, (t0, t1)) in enumerate(zip(payloads, times), start=1):
+        packet = Packet(Kind.MSG, 0, dst, 0, payload.nbytes, req, MsgInfo(("m", req)), t0, t1)
+        rank._take(0, bytearray(frame(packet.to_wire(), payload)))
+    assert transport.sent == [] and len(rank._waiting[0]) == 3 and rank._waiting[0][0].held and checks == []
+    transport.pending_bytes_to[1] = 0  # the port drained
+    rank._advance(0)
+    assert checks == [1, 2, 3] and 0 not in rank._waiting
+    assert [(dest, p.kind, p.req) for dest, p, _ in transport.sent] == [(1, Kind.MSG, 1), (0, Kind.NACK, 2),
+                                                                         (1, Kind.MSG, 3)]
+    (_, first, one), (_, nack, _), (_, third, three) = transport.sent
+    assert first.info.key == ("m", 1) and one == payloads[0].tobytes()
+    assert third.info.key == ("m", 3) and three == payloads[2].tobytes()
+    assert nack.info.error == "ProtocolError" and "modeled times 5.0..1.0 ns" in nack.info.message
+    assert rank.logic.malformed[0] == rank.logic.refused[0] == 1
