@@ -39,8 +39,7 @@ def test_a_gpu_cannot_pile_junk_messages_up_at_its_leaf(monkeypatch):
     under other tags every 1,024 steps, but only from the front of its queue (transport.drop_other_tags
     stops at the first message with a fabric tag), so none behind the held payload: they stay, with
     their bytes, until GPU 0 lets the payload go. Meanwhile partition 1's GPU 1 (node 0) and the first
-    GPU of node 1 time message round trips through leaf 0, each of whose probes of its MPI queue (any
-    source's header, every step) now walks past the junk. Honest GPUs never send under another tag.
+    GPU of node 1 time message round trips through leaf 0. Honest GPUs never send under another tag.
     Measured (this shared machine): 5,000 junk messages, none swept while the transfer was held (8 and
     10 ranks; at 8 all 5,000 once it went, at 10 none all run), leaf 0's RSS 73 -> 99 MiB (8 ranks),
     74 -> 101 (10); 10,000: none swept all run, RSS 73 -> 119 MiB; 20,000: none swept all run, RSS 72 ->
@@ -127,7 +126,8 @@ def test_a_gpu_cannot_pile_junk_messages_up_at_its_leaf(monkeypatch):
                             f"({total} in all); its RSS went from {base_rss / 2**20:.0f} to {peak_rss / 2**20:.0f} "
                             f"MiB; partition 1's round trips: median {med(before):.2f} ms before ({len(before)}); "
                             f"{len(overlapping)} in the {attacker['drain_at'] - attacker['junk_at']:.1f} s with the "
-                            f"junk queued, median {med([d for _, d in overlapping]):.2f} ms, the longest {longest:.2f} s; median {med(after):.2f} ms after ({len(after)})")
+                            f"junk queued, median {med([d for _, d in overlapping]):.2f} ms, the longest "
+                            f"{longest:.2f} s; median {med(after):.2f} ms after ({len(after)})")
 
 
 @pytest.mark.xfail(strict=True, reason="MAX_LOADS (1,024 LOADs unanswered per GPU at its leaf) is below what honest "
