@@ -1,0 +1,180 @@
+"""Multi-rank, several nodes: an attacker's review (attack4) of what a GPU's own messages can make its
+leaf keep. GPU 0 is alone in partition 0, every other GPU is partition 1. The attacks shown in one
+process are in tests/unit/test_switch_attack4.py."""
+
+import time
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from nodes_helpers import run, shape
+
+pytestmark = pytest.mark.mpi(min_size=7)
+
+JUNK_TAG = 99  # a tag the fabric never uses
+
+
+def _spin(gpu, seconds: float) -> None:
+    """Keep this GPU's own sends moving for `seconds` without reading anything its leaf sends it."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        gpu._transport.progress()
+        time.sleep(1e-3)
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+@pytest.mark.xfail(strict=True, reason="the leaf sweeps messages under other tags only from the front of its MPI "
+                                       "queue: behind a GPU's own message it keeps unread (a transfer held for a "
+                                       "port with its share in flight), that GPU's junk piles up unswept")
+def test_a_gpu_cannot_pile_junk_messages_up_at_its_leaf(monkeypatch):
+    """GPU 0 sends itself 256 KiB messages it does not receive until its port's share of forwarded bytes
+    is in flight (switch_buffer_bytes 4 MiB: share 1 MiB at 8 ranks, 1.33 MiB at 10), so its leaf holds
+    its next transfer, whose payload message stays unread in the leaf's MPI queue; then it sends its
+    leaf JUNK messages of 1 KiB under tag 99, which the fabric never uses. The leaf drops messages
+    under other tags every 1,024 steps, but only from the front of its queue (transport.drop_other_tags
+    stops at the first message with a fabric tag), so none behind the held payload: they stay, with
+    their bytes, until GPU 0 lets the payload go. Meanwhile partition 1's GPU 1 (node 0) and the first
+    GPU of node 1 time message round trips through leaf 0. Honest GPUs never send under another tag.
+    Measured (this shared machine): 5,000 junk messages, none swept while the transfer was held (8 and
+    10 ranks; at 8 all 5,000 once it went, at 10 none all run), leaf 0's RSS 73 -> 99 MiB (8 ranks),
+    74 -> 101 (10); 10,000: none swept all run, RSS 73 -> 119 MiB; 20,000: none swept all run, RSS 72 ->
+    184 MiB (5.6 KiB of the leaf's memory per 1 KiB message, without bound: what a GPU keeps unread
+    bounds nothing it sends behind). Partition 1's round trips through leaf 0: within this machine's noise
+    at 5,000 (medians 5-24 ms either way), 3.1 -> 5.4 ms at 20,000 (one run). The smallest fix: the leaf
+    reads a GPU's messages of any tag in order with matched probes (MPI_Improbe(source, ANY_TAG)), keeping the handles of its payload
+    messages (at most MAX_QUEUED + 1: they wait for their headers' turn, as now unread) and dropping
+    everything else, so that nothing a GPU sends stays unread in MPI's queue behind a message it holds."""
+    from nvlink_emu.ranks.transport import Transport
+
+    nodes, per_node, _ = shape()
+    victim = (1, per_node)
+    junk = 5000
+    drops, base, peak = [], [0], [0]
+    drop_other_tags = Transport.drop_other_tags
+
+    def recorded(self):
+        base[0] = base[0] or _rss_bytes()
+        peak[0] = max(peak[0], _rss_bytes())
+        n = drop_other_tags(self)
+        drops.append((time.monotonic(), n))
+        return n
+
+    monkeypatch.setattr(Transport, "drop_other_tags", recorded)
+
+    def main(gpu):
+        gpu.world.barrier()
+        out = {}
+        if gpu.rank == 0:
+            data = np.zeros(256 << 10, np.uint8)
+            for k in range(12):  # more than its port's share: the last ones are held at the leaf
+                gpu.send_message(0, ("self", k), data)
+            _spin(gpu, 1.0)
+            out["held_at"] = time.monotonic()
+            buf = np.zeros(1024, np.uint8)
+            requests = [gpu._transport.comm.Isend([buf, MPI.BYTE], gpu._switch, JUNK_TAG) for _ in range(junk)]
+            while not MPI.Request.Testall(requests):  # eager: in the leaf's queue, unread
+                gpu._transport.progress()
+            out["junk_at"] = time.monotonic()
+            _spin(gpu, 3.0)
+            out["drain_at"] = time.monotonic()
+            for k in range(12):
+                gpu.receive_message(("self", k), np.empty(256 << 10, np.uint8), 0)
+        elif gpu.rank in victim:
+            comm = gpu.partition
+            peer = comm.members.index(victim[1 - victim.index(gpu.rank)])
+            buf = np.zeros(64, np.uint8)
+            times = []
+            end = time.monotonic() + 5.0
+            while True:  # GPU 1 says when to stop (the first byte), so that the two end together
+                start = time.monotonic()
+                if gpu.rank == victim[0]:
+                    buf[0] = start < end
+                    comm.send(buf, peer)
+                    comm.recv(buf, peer)
+                else:
+                    comm.recv(buf, peer)
+                    comm.send(buf, peer)
+                if not buf[0]:
+                    break
+                times.append((start, time.monotonic() - start))
+            out["trips"] = times
+        gpu.world.barrier()
+        return out
+
+    result = run(main, partitions=((0,), tuple(range(1, nodes * per_node))), timeout_s=60.0,
+                 switch_buffer_bytes=4 << 20, chunk_bytes=1 << 20)
+    world = MPI.COMM_WORLD
+    attacker = world.bcast(result.value if result.role == "gpu" and result.rank == 0 else None,
+                           root=0)
+    trips = world.bcast(result.value.get("trips") if result.role == "gpu" and result.rank == victim[0] else None,
+                        root=1)
+    leaf0 = result.role == "switch" and result.rank == nodes * per_node  # leaf 0's fabric rank
+    mine = (sum(n for t, n in drops if t < attacker["drain_at"]), sum(n for t, n in drops), base[0], peak[0]) \
+        if leaf0 else None
+    during, total, base_rss, peak_rss = [x for x in world.allgather(mine) if x is not None][0]
+    before = [d for t, d in trips if t + d < attacker["held_at"]]
+    overlapping = [(t, d) for t, d in trips if t + d > attacker["junk_at"] and t < attacker["drain_at"]]
+    longest = max((d for _, d in overlapping), default=0.0)
+    after = [d for t, d in trips if t > attacker["drain_at"]]
+    med = lambda xs: sorted(xs)[len(xs) // 2] * 1e3 if xs else float("nan")
+    assert during >= junk, (f"leaf 0 swept {during} of {junk} junk messages while GPU 0's transfer was held "
+                            f"({total} in all); its RSS went from {base_rss / 2**20:.0f} to {peak_rss / 2**20:.0f} "
+                            f"MiB; partition 1's round trips: median {med(before):.2f} ms before ({len(before)}); "
+                            f"{len(overlapping)} in the {attacker['drain_at'] - attacker['junk_at']:.1f} s with the "
+                            f"junk queued, median {med([d for _, d in overlapping]):.2f} ms, the longest "
+                            f"{longest:.2f} s; median {med(after):.2f} ms after ({len(after)})")
+
+
+@pytest.mark.xfail(strict=True, reason="MAX_LOADS (1,024 LOADs unanswered per GPU at its leaf) is below what honest "
+                                       "nvls keeps in flight (window x members) when its window is large: the leaf "
+                                       "drops the honest requests past it, and the collective times out")
+def test_an_honest_nvls_reduce_scatter_with_a_wide_window_completes(monkeypatch):
+    """No attacker: one tenant's nvls reduce_scatter on the world, float32, 300,000 elements (1.2 MB, 293
+    chunks) a block, with nvls_chunk_bytes 4 KiB (a legal config key; a larger switch_buffer_bytes does
+    the same: 1 GiB with the default 128 KiB chunks on 2 x 2 GPUs). Call.in_switch_window gives a window
+    of 682 chunks on 2 x 2 GPUs (273 on 3 x 2), so each member is sent up to members x min(window,
+    chunks) = 1,172 (1,638) LOADs before it serves them in program order. Found in this review: since a
+    leaf keeps at most MAX_LOADS (1,024) LOADs of spanning groups unanswered to each local GPU and drops
+    a request past it ("unserved"; the requester hears nothing: fabric.switch._may_load), the honest
+    call's later requests are dropped and every member's wait ends at its deadline. Measured (timeout
+    8 s): 8 ranks, 280 requests dropped, both leaves at peak_loads 1,024, every GPU's FabricTimeout
+    ("receive timed out after 8 s waiting for the switch's load-reduce (slot ('world', 0, 4, 0, 178))");
+    10 ranks the same ("serve load timed out ... waiting for GPU 5's load-reduce"); 700,000 a block:
+    2,327 dropped. With MAX_LOADS 4,096 the same call completes, bitwise right: 7.9 s at 8 ranks (peak
+    1,164 LOADs unanswered to a GPU), 14.4 s at 10 (peak 1,633). With the default chunk and buffer the
+    window is 21 (2 x 2 GPUs), 8 (3 x 2), 2 (32 x 8): within the bound. The smallest fix: nvls's window
+    at most MAX_LOADS // members (where nvls.py takes Call.in_switch_window's, and fabric.replay's nvls
+    model with it), or a leaf holds (not drops) a member's request past the bound."""
+    from nvlink_emu.fabric import switch as fabric_switch
+
+    drops, peaks, may_load = [0], [0], fabric_switch.SwitchLogic._may_load
+
+    def counted(self, group, info):
+        ok = may_load(self, group, info)
+        drops[0] += not ok
+        peaks[0] = max(peaks[0], self.peak_loads)
+        return ok
+
+    monkeypatch.setattr(fabric_switch.SwitchLogic, "_may_load", counted)
+    nodes, per_node, _ = shape()
+    n, block = nodes * per_node, 300000
+
+    def main(gpu):
+        out = np.empty(block, np.float32)
+        try:
+            gpu.world.reduce_scatter(np.ones(n * block, np.float32), out, algorithm="nvls")
+        except Exception as exc:  # every member's wait ends at its deadline: reported, not raised
+            return type(exc).__name__, str(exc)[:160]
+        return "ok", bool((out == n).all())
+
+    result = run(main, timeout_s=8.0, nvls_chunk_bytes=4096)
+    world = MPI.COMM_WORLD
+    outcomes = [v for v in world.allgather(result.value if result.role == "gpu" else None) if v is not None]
+    dropped, peak = world.allreduce(drops[0]), world.allreduce(peaks[0], MPI.MAX)
+    assert outcomes == [("ok", True)] * n, (f"leaves dropped {dropped} honest requests (peak {peak} LOADs "
+                                            f"unanswered to a GPU); GPU outcomes {outcomes[:2]}")
