@@ -47,9 +47,9 @@ def test_load_reduces_do_not_pile_loads_up_at_another_node_s_leaf(monkeypatch, n
     requester's), and a leaf should bound the LOADs it keeps unanswered per local GPU (answering the
     rest with "unserved" itself), which would also bound the default budget's. Now a leaf keeps at most
     max_loads LOADs unanswered to a local GPU of a spanning group - MAX_LOADS, 1,024, with these configs,
-    whose honest nvls keeps at most 64 (fabric.switch.honest_loads; 4 with SMALL) - and drops a request past it,
-    telling the requester's leaf ("unserved"), and takes a member's notice only for a LOAD it sent that
-    member unanswered: in all three cases GPU 0's own leaf (GPU 0 answers none of its LOADs) and the
+    whose honest nvls keeps at most 64 at 2 nodes, 42 at 3 (fabric.switch.honest_loads; 4 and 8 with
+    SMALL) - and drops a request past it, telling the requester's leaf ("unserved"), and takes a member's
+    notice only for a LOAD it sent that member unanswered: in all three cases GPU 0's own leaf (GPU 0 answers none of its LOADs) and the
     partner's stop at 1,024, and none is refused (the budget, 2,048 or 1,365, is never reached)."""
     from nvlink_emu.fabric.switch import SwitchLogic
     from nvlink_emu.ranks.switch import MAX_UNREAD
