@@ -75,7 +75,8 @@ LOAD of [lo, hi) for position k's request `key`; ("mcast", key, lo, hi): multica
 the node group; ("take", key, lo, hi, own): take the leaf's delivery `key` (a result, or a store)
 into [lo, hi) (own: my own store's copy, into scratch).
 Keys: (phase, slice, step, segment, chunk) for the rings, (phase, slice, position, chunk) for the
-node stages in the leaf, (phase, slice, 0, chunk) for the scatter, (phase, slice, chunk) for the chain.
+node stages in the leaf (a load-reduce's slot: leaf_slot(key)), (phase, slice, 0, chunk) for the scatter,
+(phase, slice, chunk) for the chain.
 """
 
 from .reduction import blocks, chunks, merged_columns, two_level_blocks
@@ -141,6 +142,15 @@ class _Step:
         yield from self.posts
         if self.flush:
             yield ("flush",)
+
+
+def leaf_slot(key: tuple) -> tuple:
+    """The leaf's slot of node RS key (NODE_RS, slice, position, chunk): (position, NODE_RS, slice, chunk),
+    the requester's position first, so second after the call's seq: fabric.switch refuses a load-reduce
+    whose slot does not name its requester's rank in the group there, and the node group's members are
+    the node's in communicator rank order (Communicator.node_group_id), as the positions are."""
+    phase, i, position, c = key
+    return (position, phase, i, c)
 
 
 def _flat_chunks(segment, chunk) -> list[tuple[int, int]]:

@@ -91,12 +91,18 @@ bound buffer) sends its leaf the notice "unserved" (a control packet naming the 
 nothing), which goes on through spine slot[-1] mod P to the requester's leaf (slot[1]: its rank), and
 a leaf that drops a request for a member that has not bound sends the same back: the request's place
 in the budget is given back, so a tenant repeating a refused load-reduce exhausts nothing (_unserved,
-_load_refused). A leaf keeps at most MAX_LOADS LOADs unanswered (a REDUCE answer or the notice) to each
-of its GPUs, and one of a slot: a request past that (local or from a spine) is dropped there and its
-requester's leaf told as above (_may_load); it takes a member's notice only for a LOAD it sent that
-member unanswered, else refuses it (so notices are bounded by LOADs). The requester hears nothing from the switch: it serves the same range of its own
-buffer (of the call's size, as every honest member's) and refuses it too, or its wait ends at its
-deadline (FabricTimeout); the members' contributions to the slot stay held until the group's release.
+_load_refused). A leaf keeps at most max_loads LOADs unanswered (a REDUCE answer or the notice) to each
+of its GPUs - MAX_LOADS, or twice the most an honest nvls call keeps, if more (honest_loads: about buffer
+share / (2 x nodes x nvls chunk)) - and one of a slot: a request past that (local or from a spine) is
+dropped there and its requester's leaf told as above (_may_load); it takes a member's notice only for a
+LOAD it sent that member unanswered, else refuses it (so notices are bounded by LOADs). The requester
+of a refused or dropped request hears nothing from the switch: it serves the same range of its own
+buffer (of the call's size, as every honest member's) and refuses it too, or its wait ends at its deadline
+(FabricTimeout); the members' contributions to the slot stay held until the group's release.
+Every load-reduce's slot names its requester's rank in the group second, on one switch too (nvls.py's
+(seq, r, c, r + c), hier's hier_plan.leaf_slot), else it is refused (AccessViolation, _check_requester):
+members file a slot's LOADs under the slot alone, so one member's request of another's slot would take
+over that member's answer.
 """
 
 import math
@@ -126,8 +132,8 @@ _NO_BYTES = np.empty(0, np.uint8)  # the payload of a transfer of 0 bytes
 GONE_KEPT = 4096  # released spanning groups whose local members a leaf remembers (late stores' credit)
 MAX_AWAITED = 1 << 16  # requests of one GPU forwarded and not yet answered; past it, new ones are refused
 # LOADs of spanning groups a leaf keeps unanswered to one local GPU (a REDUCE answer or its notice "unserved"
-# answers one): ranks/switch.MAX_UNREAD, the answers a GPU may leave unread on one switch; honest nvls keeps
-# at most its window x members (each requester's window of requests, a LOAD of each to every member)
+# answers one), at least: ranks/switch.MAX_UNREAD, the answers a GPU may leave unread on one switch; a config
+# whose honest nvls keeps more (honest_loads) gets twice that (SwitchLogic.max_loads)
 MAX_LOADS = 1024
 
 
@@ -140,6 +146,35 @@ def port_share_bytes(config: FabricConfig) -> int:
     """Forwarded bytes the switch keeps in flight to one port at most, in bytes (an equal share of
     switch_buffer_bytes; a port with nothing in flight always takes one more transfer)."""
     return config.switch_buffer_bytes // (config.gpus_per_node + config.spines)
+
+
+def honest_loads(config: FabricConfig) -> int:
+    """The most LOADs of spanning groups an honest nvls call keeps unanswered to one GPU at its leaf: each of
+    its n members keeps at most its window of load-reduce requests awaiting their result (nvls.py: a new
+    one goes once a result is back, which needs every member's answer), each a LOAD to every member, so n x
+    window; the window is Call.in_switch_window's with nvls.streams (fabric.replay.nvls_streams: 2 n x the
+    accumulator's width / the dtype's x ceil(nodes / (n - 1))) and nvls_chunk_bytes (fabric.cost.
+    in_switch_chunk), at least 2. The largest over n = 2 .. the largest partition's GPUs and every
+    reduction dtype: about buffer share / (2 x nodes x nvls chunk) (128 on the presets at 2 nodes), at
+    least 2 n. hier's node groups are one leaf's, whose LOADs a leaf does not count (it stops reading a
+    GPU past MAX_UNREAD unread answers instead); 0 on one node (no group spans nodes)."""
+    if config.nodes < 2:
+        return 0
+    from .cost import in_switch_chunk  # fabric.cost and fabric.replay import this module
+    from .reduction import DTYPES
+    from .replay import nvls_streams
+
+    share = buffer_share_bytes(config)
+    largest = max(len(members) for members in config.partitions) if config.partitions else config.gpus
+    kinds = {(dtype.itemsize, switch_accumulator(dtype).itemsize): dtype for dtype in DTYPES.values()}
+    most = 0
+    for n in range(2, largest + 1):
+        for dtype in kinds.values():
+            streams = nvls_streams(n, 2, config.nodes, dtype)
+            chunk = in_switch_chunk(config, n, streams, 2, config.nvls_chunk_bytes, dtype.itemsize)
+            window = max(2, share // (streams * (n - 1)) // chunk)
+            most = max(most, n * window)
+    return most
 
 
 @dataclass(frozen=True)
@@ -224,9 +259,11 @@ class SwitchLogic:
         self._asked_slot: dict[tuple, tuple] = {}
         self._asked_count: dict[int, int] = {}
         # LOADs sent to local GPUs of spanning groups and not yet answered, (group, slot, port), and their
-        # number per port (at most MAX_LOADS); requests dropped here for that bound; the most held at once
+        # number per port (at most max_loads); requests dropped here for that bound; the most held at once
         self._loaded: set[tuple] = set()
         self._loaded_count: dict[int, int] = {}
+        # the bound: MAX_LOADS, or twice what honest nvls keeps (a larger buffer share or a smaller NVLS chunk)
+        self.max_loads = max(MAX_LOADS, 2 * honest_loads(config))
         self.dropped_loads = 0
         self.peak_loads = 0
 
@@ -510,6 +547,7 @@ class SwitchLogic:
                 # for another member, of a range the requester picks, could take the place of its own
                 raise AccessViolation(f"LOAD_REDUCE from GPU {ingress}: group {info.group} slot {list(info.slot)}: "
                                       f"a load-reduce's result goes to its requester only, not to {list(info.dest)}")
+            _check_requester(ingress, group, info)
             # NVLS: read the range from every member's bound buffer; the answers are REDUCE packets
             ready = packet.t_end + self.timing.switch_latency_ns
             load = Packet(Kind.LOAD, -1, 0, packet.address, packet.nbytes, packet.req, info, ready, ready)
@@ -626,12 +664,7 @@ class SwitchLogic:
         if not info.slot:
             raise ProtocolError(f"LOAD_REDUCE from GPU {ingress}: group {info.group} spans nodes, and its slot [] "
                                 f"names no chunk (the last entry picks the spine)")
-        rank = group.members.index(ingress)
-        if len(info.slot) < 2 or info.slot[1] != rank:
-            # the slot names its requester (nvls.py: (seq, r, c, r + c)): every member files the LOADs of a
-            # slot under the slot alone, so another member's request of it would take over its answer
-            raise AccessViolation(f"LOAD_REDUCE from GPU {ingress}: group {info.group} slot {list(info.slot)}: a "
-                                  f"load-reduce across nodes names its requester's rank {rank} second in its slot")
+        _check_requester(ingress, group, info)
         if (info.group, info.key) in self._asked or (info.group, tuple(info.slot)) in self._asked_slot:
             # members file a slot's LOADs under the slot alone: two requests of one slot would be one to them
             raise CollectiveMismatch(f"LOAD_REDUCE from GPU {ingress}: group {info.group} slot {list(info.slot)}: "
@@ -656,10 +689,10 @@ class SwitchLogic:
 
     def _may_load(self, group, info: LoadInfo) -> bool:
         """Whether this leaf may LOAD `info`'s slot from each of its members of `group`: none has a LOAD of
-        that slot unanswered (members file LOADs under the slot alone) or MAX_LOADS of them; else the
+        that slot unanswered (members file LOADs under the slot alone) or max_loads of them; else the
         request is dropped (counted in dropped_loads) and the requester's place in the budget given back."""
         slot = tuple(info.slot)
-        if all((info.group, slot, port) not in self._loaded and self._loaded_count.get(port, 0) < MAX_LOADS
+        if all((info.group, slot, port) not in self._loaded and self._loaded_count.get(port, 0) < self.max_loads
                for port in group.inputs):
             return True
         self.dropped_loads += 1
@@ -743,7 +776,7 @@ class SwitchLogic:
         if not group.ready or not self._may_load(group, info):
             # a LOAD only to members that bound the group, as on one switch: the request waits for no one
             # (honest members bind before any call: comm.py's exchange after the binds), nor past a member's
-            # MAX_LOADS; its requester's leaf gives its budget back (the spine passes the notice on)
+            # max_loads; its requester's leaf gives its budget back (the spine passes the notice on)
             notice = GroupInfo("unserved", info.group, tuple(info.slot), "")
             return [Send(-1, Packet(Kind.GROUP, -1, -1, req=self.switch, info=notice), switch=spine)]
         ready = packet.t_end + self.timing.switch_latency_ns
@@ -1377,6 +1410,18 @@ class SpineLogic:
             self.counters.record(f"sw{self.switch}->sw{node}", packet.payload_bytes)
             sends.append(Send(-1, packet.but(t_start=t_start, t_end=t_end), payload, sender, node))
         return sends
+
+
+def _check_requester(ingress: int, group, info: LoadInfo) -> None:
+    """AccessViolation unless GPU `ingress`'s load-reduce names its rank in `group` second in its slot (after
+    the call's seq: nvls.py's (seq, r, c, r + c), hier's node RS (seq, position, phase, slice, chunk),
+    hier_plan.leaf_slot). Every member files the LOADs of a slot under the slot alone, so a member that
+    asked another's slot first would take over its answer (and the other's request would wait for ever),
+    on one switch as across nodes."""
+    rank = group.members.index(ingress)
+    if len(info.slot) < 2 or info.slot[1] != rank:
+        raise AccessViolation(f"LOAD_REDUCE from GPU {ingress}: group {info.group} slot {list(info.slot)}: a "
+                              f"load-reduce names its requester's rank {rank} in the group second in its slot")
 
 
 def _seen(seen: dict[int, int], nodes: int, gid: int) -> None:

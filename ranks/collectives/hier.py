@@ -139,11 +139,11 @@ def _execute(call, collective: str, work: np.ndarray, count: int, root: int | No
         kind = op[0]
         if kind == "load_reduce":
             key, lo, hi = op[1:]
-            call.load_reduce(key, SOURCE, lo * item, (hi - lo) * item, key, gpu.reserve_uplink(0, gpu.now_ns), group,
-                             leaf_op)
+            call.load_reduce(hier_plan.leaf_slot(key), SOURCE, lo * item, (hi - lo) * item, key,
+                             gpu.reserve_uplink(0, gpu.now_ns), group, leaf_op)
         elif kind == "serve":
             k, key = op[1:3]
-            call.serve_load(SOURCE, key, node[k], group)
+            call.serve_load(SOURCE, hier_plan.leaf_slot(key), node[k], group)
         elif kind == "mcast":
             key, lo, hi = op[1:]
             call.multicast(key, work[lo:hi], group)

@@ -40,6 +40,28 @@ def run(main, base: str = "superpod-h100-nvlink", timeout_s: float = 30.0, **ove
     return result
 
 
+def peak_in_flight(monkeypatch, dest: int, in_bytes: bool = False):
+    """Count what a GPU that does not receive costs the ranks that send to it: every rank's transport
+    (ranks/transport.Transport._keep, patched) records the most sends it keeps in flight to rank `dest` at
+    once, or their bytes (in_bytes); the leaf of `dest` is the rank that matters. Returns most(): the
+    largest over every rank of the world (collective: every rank calls it, after the run, so that a test
+    fails alike on every rank)."""
+    from mpi4py import MPI
+
+    from nvlink_emu.ranks.transport import Transport
+
+    peak, keep = [0], Transport._keep
+
+    def counted(self, to, requests, buffers):
+        out = keep(self, to, requests, buffers)
+        if to == dest:
+            peak[0] = max(peak[0], self.pending_bytes_to[to] if in_bytes else len(self._pending.get(to, ())))
+        return out
+
+    monkeypatch.setattr(Transport, "_keep", counted)
+    return lambda: MPI.COMM_WORLD.allreduce(peak[0], MPI.MAX)
+
+
 def dtype_of(name: str) -> np.dtype:
     return BFLOAT16 if name == "bfloat16" else np.dtype(name)
 

@@ -12,7 +12,7 @@ from mpi4py import MPI
 
 from nvlink_emu.fabric.packets import GroupInfo, Kind, LoadInfo, Packet
 
-from nodes_helpers import run, shape
+from nodes_helpers import config, peak_in_flight, run, shape
 
 pytestmark = pytest.mark.mpi(min_size=7)
 
@@ -46,34 +46,26 @@ def test_load_reduces_do_not_pile_loads_up_at_another_node_s_leaf(monkeypatch, n
     once every member's LOAD of the slot is accounted for (served or refused, each leaf telling the
     requester's), and a leaf should bound the LOADs it keeps unanswered per local GPU (answering the
     rest with "unserved" itself), which would also bound the default budget's. Now a leaf keeps at most
-    MAX_LOADS (1,024) LOADs unanswered to a local GPU of a spanning group and drops a request past it,
-    telling the requester's leaf ("unserved"), and takes a member's notice only for a LOAD it sent that
-    member unanswered: in all three cases GPU 0's own leaf (GPU 0 answers none of its LOADs) and the
+    max_loads LOADs unanswered to a local GPU of a spanning group - MAX_LOADS, 1,024, with these configs,
+    whose honest nvls keeps at most 64 at 2 nodes, 42 at 3 (fabric.switch.honest_loads; 4 and 8 with
+    SMALL) - and drops a request past it, telling the requester's leaf ("unserved"), and takes a member's
+    notice only for a LOAD it sent that member unanswered: in all three cases GPU 0's own leaf (GPU 0 answers none of its LOADs) and the
     partner's stop at 1,024, and none is refused (the budget, 2,048 or 1,365, is never reached)."""
-    from nvlink_emu.fabric.switch import MAX_LOADS, SwitchLogic
+    from nvlink_emu.fabric.switch import SwitchLogic
     from nvlink_emu.ranks.switch import MAX_UNREAD
-    from nvlink_emu.ranks.transport import Transport
 
     pair, _ = _tenants()
     partner, count = pair[1], 4000
-    peak = [0]
-    keep = Transport._keep
-
-    def counted(self, dest, requests, buffers):
-        out = keep(self, dest, requests, buffers)
-        if dest == partner:  # sends this rank keeps in flight to the partner (its leaf is the rank that matters)
-            peak[0] = max(peak[0], len(self._pending.get(dest, ())))
-        return out
-
-    monkeypatch.setattr(Transport, "_keep", counted)
+    most = peak_in_flight(monkeypatch, partner)
 
     def main(gpu):
         gid = gpu.partition.group_id() if gpu.rank in pair else None
         gpu.world.barrier()
-        refused, budget = [], SwitchLogic(gpu.config, 0).partial_share_parts
-        # requests past the budget: ResourceExhausted, unless GPU 0's own MAX_LOADS unanswered LOADs (it
+        leaf = SwitchLogic(gpu.config, 0)
+        refused, budget = [], leaf.partial_share_parts
+        # requests past the budget: ResourceExhausted, unless GPU 0's own max_loads unanswered LOADs (it
         # answers none) come first: its leaf drops the later ones silently, as a member's refusal would
-        expected = 0 if notices or budget >= MAX_LOADS else max(0, count - budget)
+        expected = 0 if notices or budget >= leaf.max_loads else max(0, count - budget)
         if gpu.rank == 0:
             name, key = gpu.partition.name, gpu._keys[0]
             for k in range(count):
@@ -105,8 +97,8 @@ def test_load_reduces_do_not_pile_loads_up_at_another_node_s_leaf(monkeypatch, n
     if result.role == "gpu":
         refused, expected = result.value
         assert refused == ["ResourceExhausted"] * expected, (len(refused), expected, refused[:1])
-    most = MPI.COMM_WORLD.allreduce(peak[0], MPI.MAX)
-    assert most <= 2 * MAX_UNREAD, f"the partner's leaf kept {most} LOADs in flight to it"
+    peak = most()
+    assert peak <= 2 * MAX_UNREAD, f"the partner's leaf kept {peak} LOADs in flight to it"
 
 
 def test_load_reduces_of_a_group_in_one_leaf_do_not_pile_loads_up_at_it(monkeypatch):
@@ -118,20 +110,10 @@ def test_load_reduces_of_a_group_in_one_leaf_do_not_pile_loads_up_at_it(monkeypa
     flight, so it kept at most 1,025 LOADs in flight to GPU 1 (measured, 8 ranks), none refused; the
     requests wait at GPU 0. (Across nodes the other leaf cannot hold a spine back: the test above.)"""
     from nvlink_emu.ranks.switch import MAX_UNREAD
-    from nvlink_emu.ranks.transport import Transport
 
-    _, per_node, _ = shape()
     tenant = (0, 1)
     others = tuple(g for g in range(gpus_of_shape()) if g not in tenant)
-    count, peak, keep = 4000, [0], Transport._keep
-
-    def counted(self, dest, requests, buffers):
-        out = keep(self, dest, requests, buffers)
-        if dest == 1:  # sends this rank keeps in flight to GPU 1 (its leaf is the rank that matters)
-            peak[0] = max(peak[0], len(self._pending.get(dest, ())))
-        return out
-
-    monkeypatch.setattr(Transport, "_keep", counted)
+    count, most = 4000, peak_in_flight(monkeypatch, 1)
 
     def main(gpu):
         gid = gpu.partition.group_id() if gpu.rank in tenant else None
@@ -162,8 +144,8 @@ def test_load_reduces_of_a_group_in_one_leaf_do_not_pile_loads_up_at_it(monkeypa
     result = run(main, partitions=(tenant, others), timeout_s=30.0)
     if result.role == "gpu":
         assert result.value == [], result.value[:1]
-    most = MPI.COMM_WORLD.allreduce(peak[0], MPI.MAX)
-    assert most <= 2 * MAX_UNREAD, f"GPU 1's leaf kept {most} LOADs in flight to it"
+    peak = most()
+    assert peak <= 2 * MAX_UNREAD, f"GPU 1's leaf kept {peak} LOADs in flight to it"
 
 
 def gpus_of_shape() -> int:
@@ -222,3 +204,64 @@ def test_notices_unserved_of_no_load_do_not_cross_the_switches(monkeypatch):
     assert refused == 2 * 4000, refused
     if result.role == "gpu" and result.value[0]:
         assert result.value[1] == ["AccessViolation"] * 4000, (len(result.value[1]), result.value[1][:1])
+
+
+# the ratio of a switch buffer 16 times the preset's (1 GiB) to the preset NVLS chunk (128 KiB), both 64 times
+# smaller, so that the windows are as many chunks and the data 64 times less (fabric.switch.honest_loads: the same)
+WIDE = dict(switch_buffer_bytes=16 * (64 << 20) // 64, nvls_chunk_bytes=(128 << 10) // 64)
+
+
+def test_honest_nvls_and_hier_run_unrefused_with_a_16x_switch_buffer(monkeypatch):
+    """Honest nvls keeps up to n x its window of LOADs unanswered to a GPU at its leaf (fabric.switch.
+    honest_loads: about buffer share / (2 x nodes x nvls chunk)), which a fixed bound of 1,024 caps at 8 x
+    the presets' share / chunk: with a 16x buffer (here its ratio, WIDE) a pair of GPUs in two nodes keeps
+    up to 2 x 1,024 at 2 nodes (2 x 682 at 3), the world of 4 GPUs 4 x 341 (6 x 136 at 3 nodes). Each leaf
+    now bounds it at max(1,024, 2 x honest_loads). The pair's nvls reduce_scatter (640 chunks a block, all
+    in flight at once: up to 2 x 640 LOADs to each), the world's nvls allreduce and reduce_scatter (32
+    chunks a block) and hier's (node stages in the leaf: one leaf's group, whose LOADs the leaf does not
+    count) run exact, nothing refused or dropped, and a leaf held more than 1,024 LOADs unanswered to one
+    GPU at once, at most honest_loads. Measured: 1,276 at 8 and at 10 ranks; with the fixed bound (honest_loads taken as
+    0) the run failed both times, a member of the pair waiting to its deadline for a result its request
+    of chunk 385 (8 ranks; 388 at 10) never got, the other for that request's LOAD (FabricTimeout)."""
+    from nvlink_emu.fabric.reduction import blocks
+    from nvlink_emu.fabric.switch import MAX_LOADS, SwitchLogic, honest_loads
+
+    pair, _ = _tenants()
+    logics, init = [], SwitchLogic.__init__
+
+    def kept(self, *args, **kwargs):  # the switch rank's leaf logic, to read its peak after the run
+        init(self, *args, **kwargs)
+        logics.append(self)
+
+    monkeypatch.setattr(SwitchLogic, "__init__", kept)
+
+    def exact(comm, collective, count, algorithm):
+        def data(rank):
+            return np.random.default_rng(rank).integers(-1000, 1000, count).astype(np.int32)
+        x, want = data(comm.rank), sum(data(r) for r in range(comm.size))  # int32: exact in any order
+        if collective == "allreduce":
+            comm.allreduce(x, algorithm=algorithm)
+            return bool(np.array_equal(x, want))
+        a, b = blocks(count, comm.size)[comm.rank]
+        out = np.empty(b - a, np.int32)
+        comm.reduce_scatter(x, out, algorithm=algorithm)
+        return bool(np.array_equal(out, want[a:b]))
+
+    def main(gpu):
+        chunk, n = gpu.config.nvls_chunk_bytes // 4, gpu.world.size  # int32 elements a chunk
+        sub = gpu.world.split(0 if gpu.rank in pair else 1)
+        ok = [exact(sub, "reduce_scatter", 2 * 640 * chunk, "nvls")] if gpu.rank in pair else []
+        for collective in ("allreduce", "reduce_scatter"):
+            ok.append(exact(gpu.world, collective, n * 32 * chunk, "nvls"))
+            ok.append(exact(gpu.world, collective, n * 4096, "hier"))
+        return all(ok)
+
+    result = run(main, timeout_s=60.0, **WIDE)
+    if result.role == "gpu":
+        assert result.value
+    assert all(port["refused"] == 0 for port in result.report["ports"].values())
+    leaves = [logic for logic in logics if logic.config.switch_buffer_bytes == WIDE["switch_buffer_bytes"]]
+    peak = MPI.COMM_WORLD.allreduce(max((logic.peak_loads for logic in leaves), default=0), MPI.MAX)
+    dropped = MPI.COMM_WORLD.allreduce(sum(logic.dropped_loads for logic in leaves), MPI.SUM)
+    bound = honest_loads(config(**WIDE))
+    assert dropped == 0 and MAX_LOADS < peak <= bound, (peak, dropped, bound)

@@ -213,10 +213,10 @@ def test_a_node_group_is_its_node_s_alone_and_its_loads_stay_in_its_buffers():
         if gpu.rank < per_node:  # node 0: every member bound 64 bytes; GPU 0 asks for 64 bytes 1 MiB in
             gpu.bind_buffer(key, np.zeros(16, np.float32))
             if gpu.rank == 0:
-                info = LoadInfo(gid, (99, 1, 1), "sum", "float32", (0,), (comm.name, 99, 20, 1, 1), key)
+                info = LoadInfo(gid, (99, 0, 1), "sum", "float32", (0,), (comm.name, 99, 20, 1, 1), key)
                 gpu.switch_request(Kind.LOAD_REDUCE, info, None, 1 << 20, 64, stamp=gpu.reserve_uplink(0, gpu.now_ns))
             with pytest.raises(AccessViolation, match=r"GPU 0's load-reduce .* of a bound buffer of 64; not served"):
-                gpu.serve_load(gid, key, (99, 1, 1), "GPU 0")
+                gpu.serve_load(gid, key, (99, 0, 1), "GPU 0")
             gpu.unbind_buffer(key)
         comm.barrier()
         exact(comm)

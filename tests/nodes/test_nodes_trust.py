@@ -20,7 +20,7 @@ from nvlink_emu.fabric.packets import GroupInfo, Kind, McastInfo, MsgInfo, Packe
 from nvlink_emu.launch.report import run_summary
 from nvlink_emu.ranks.session import run_fabric
 
-from nodes_helpers import config, run, shape
+from nodes_helpers import config, peak_in_flight, run, shape
 from trust_helpers import lone_attacker, refusals, until
 
 pytestmark = pytest.mark.mpi(min_size=7)
@@ -127,23 +127,11 @@ def test_a_gpu_that_stops_receiving_cannot_make_its_leaf_hold_more_than_its_port
     48 MiB for it, three times its port's share. Now the partner's leaf stops at its credit for GPU 0's
     port (the share over the other nodes) until GPU 0's leaf credits the bytes back, and the answers
     all arrive once GPU 0 receives again."""
-    from mpi4py import MPI  # the leaf's figure reaches every rank (after the run), so the test fails alike
-
     from nvlink_emu.fabric.switch import port_share_bytes
-    from nvlink_emu.ranks.transport import Transport
 
     _, per_node, _ = shape()
     partner, chunk, count = per_node, 1 << 20, 48
-    peak = [0]
-    keep = Transport._keep
-
-    def counted(self, dest, requests, buffers):
-        out = keep(self, dest, requests, buffers)
-        if dest == 0:  # what this rank keeps in flight to GPU 0 (its leaf is the rank that matters)
-            peak[0] = max(peak[0], self.pending_bytes_to[dest])
-        return out
-
-    monkeypatch.setattr(Transport, "_keep", counted)
+    most = peak_in_flight(monkeypatch, 0, in_bytes=True)
 
     def main(gpu):
         window = gpu.alloc(chunk, "uint8")
@@ -166,8 +154,8 @@ def test_a_gpu_that_stops_receiving_cannot_make_its_leaf_hold_more_than_its_port
 
     cfg = config(partitions=((0, partner), tuple(g for g in range(gpus()) if g not in (0, partner))))
     run(main, partitions=cfg.partitions)
-    most = MPI.COMM_WORLD.allreduce(peak[0], MPI.MAX)
-    assert most <= max(port_share_bytes(cfg), chunk), f"GPU 0's leaf held {most} bytes in flight to it"
+    peak = most()
+    assert peak <= max(port_share_bytes(cfg), chunk), f"GPU 0's leaf held {peak} bytes in flight to it"
 
 
 def test_a_run_longer_than_the_deadline_of_a_wait_ends_cleanly():
@@ -394,23 +382,11 @@ def test_a_flood_of_zero_byte_messages_keeps_a_bounded_number_of_sends_in_flight
     flight to it at once (each a header, an MPI request and its bookkeeping in the leaf's memory),
     against the 1,024 unread answers past which a switch stops reading a GPU. Now every packet takes at
     least 1/1,024 of the credit, so the partner's leaf stops after 1,024 of them."""
-    from mpi4py import MPI
-
     from nvlink_emu.ranks.switch import MAX_UNREAD
-    from nvlink_emu.ranks.transport import Transport
 
     _, per_node, _ = shape()
     partner, count = per_node, 4000
-    peak = [0]
-    keep = Transport._keep
-
-    def counted(self, dest, requests, buffers):
-        out = keep(self, dest, requests, buffers)
-        if dest == 0:  # sends this rank keeps in flight to GPU 0 (its leaf is the rank that matters)
-            peak[0] = max(peak[0], len(self._pending.get(dest, ())))
-        return out
-
-    monkeypatch.setattr(Transport, "_keep", counted)
+    most = peak_in_flight(monkeypatch, 0)
 
     def main(gpu):
         gpu.world.barrier()
@@ -422,8 +398,8 @@ def test_a_flood_of_zero_byte_messages_keeps_a_bounded_number_of_sends_in_flight
         gpu.world.barrier()
 
     run(main)
-    most = MPI.COMM_WORLD.allreduce(peak[0], MPI.MAX)
-    assert most <= 2 * MAX_UNREAD, f"GPU 0's leaf kept {most} sends in flight to it"
+    peak = most()
+    assert peak <= 2 * MAX_UNREAD, f"GPU 0's leaf kept {peak} sends in flight to it"
 
 
 def test_a_gpu_forges_no_partial_and_no_result_of_a_group_that_spans_nodes():
