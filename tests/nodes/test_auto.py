@@ -2,7 +2,7 @@
 preset, every algorithm auto chooses among is emulated, and the one auto ran (its call's record) took the
 least emulated time. Ties (emulated times within comm.TIE, 1e-9 relative, of the least): auto runs the
 first of them in its order, ALL2ALL's (direct, pxn) for all2all (comm.all2all_algorithm), ALGORITHMS'
-(ring, direct, sharp, nvls, hier, ...) for allreduce (collectives.choose, whose ties are exact: none
+(ring, direct, sharp, nvls, hier, hier_nvls, tree) for allreduce (collectives.choose, whose ties are exact: none
 of its candidates tie on this sweep). A tie measured: all2all of 4 MiB on 2 x 2 GPUs of
 superpod-h100-nvlink, direct and pxn 16204.8267 ns, equal but for the last bits (no longer in the sweep)."""
 
