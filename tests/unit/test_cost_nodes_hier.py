@@ -281,13 +281,12 @@ def test_the_leaf_plan_serves_in_one_order_and_finishes_every_range_once():
     assert hier_plan.slice_elements(1 << 20, 4) == hier_plan.SLICE_BYTES // 4
 
 
-def op_by_op_leaf_link_bytes(collective, topo, S, config, itemsize=4, root=0):
-    """hier_leaf_link_bytes as it was before it counted slice by slice: every member's program (replay._hier)
-    op by op, verbatim but for this docstring and the checks."""
-    from nvlink_emu.fabric.counters import downlink, uplink
+def op_by_op_leaf_traffic(collective, topo, S, config, itemsize=4, root=0):
+    """cost_nodes._hier_leaf_traffic as hier_leaf_link_bytes counted it before it went slice by slice: every
+    member's program (replay._hier) op by op."""
     from nvlink_emu.fabric.packets import raw_bytes
     from nvlink_emu.fabric.switch import buffer_share_bytes
-    G, n = topo.gpus_per_node, topo.gpus
+    n = topo.gpus
     count = S // itemsize
     chunk = max(1, config.chunk_bytes // itemsize)
     raw = lambda nbytes: raw_bytes(nbytes, config.mtu_bytes, config.header_bytes)
@@ -312,13 +311,7 @@ def op_by_op_leaf_link_bytes(collective, topo, S, config, itemsize=4, root=0):
             elif kind == "take":
                 down[r] += op[2]
                 down_raw[r] += raw(op[2])
-    payload, raws = topo.link_payload_bytes(sent), topo.link_payload_bytes(sent_raw)
-    for g in range(n):
-        leaf = g // G
-        for out, u, d in ((payload, up, down), (raws, up_raw, down_raw)):
-            out[uplink(g, leaf)] += u[g]
-            out[downlink(g, leaf)] += d[g]
-    return payload, raws
+    return sent.tolist(), sent_raw.tolist(), up, up_raw, down, down_raw
 
 
 @pytest.mark.parametrize("name", ("superpod-h100-ib", "superpod-h100-nvlink"))
@@ -332,6 +325,8 @@ def test_leaf_bytes_counted_slice_by_slice_are_the_programs_op_by_op(name, N, G)
         for count in (1, N * G * 3 + 1, 3 * P * N * G + 7, 257 * N * G + 3):
             for collective in cn.FLAT["hier_nvls"]:
                 for root in ((0, N * G - 1, G + 1) if collective == "broadcast" else (0,)):
-                    got = cn.hier_leaf_link_bytes(collective, t, count * itemsize, config, itemsize, root)
-                    want = op_by_op_leaf_link_bytes(collective, t, count * itemsize, config, itemsize, root)
-                    assert got == want, (collective, itemsize, count, root)
+                    sent, sent_raw, *rest = cn._hier_leaf_traffic(collective, t, count * itemsize, config, itemsize,
+                                                                  root)
+                    got = [sent.tolist(), sent_raw.tolist(), *rest]
+                    assert got == list(op_by_op_leaf_traffic(collective, t, count * itemsize, config, itemsize,
+                                                             root)), (collective, itemsize, count, root)
