@@ -61,8 +61,10 @@ the uplink, where a slice's answers - every column's, the heaviest step - would 
 serve waits only for requests of the same tick: still deadlock-free). Measured (fabric.replay,
 AllReduce float32, node rings (hier) -> in the leaf (hier_nvls)): superpod-h100-ib 2 x 4 GPUs 16 MiB 113.7 -> 108.8 us,
 64 MiB 381.0 -> 376.6; 2 x 8 16 MiB 108.7 -> 90.6; 4 x 8 16 MiB 138.4 -> 131.0; superpod-h100-nvlink
-2 x 8 1 MiB 15.4 -> 9.5, 16 MiB 77.0 -> 80.6 (its one loss measured), 64 MiB 299.7 -> 233.2; with the
-serves first, or the slices halved, some of these were slower. With nvls the slice is also at most share / (2 (G - 1) N G itemsize) elements
+2 x 8 1 MiB 15.4 -> 9.5, 16 MiB 77.0 -> 80.6 (a loss), 64 MiB 299.7 -> 233.2; losses too: superpod-h100-ib
+4 x 2 16 MiB 279.5 -> 286.3, superpod-h100-nvlink 2 x 2 ReduceScatter 16 MiB 33.7 -> 58.1 (so `auto`
+weighs both forms: they are two algorithms); with the serves first, or the slices halved, some of these
+were slower. With nvls the slice is also at most share / (2 (G - 1) N G itemsize) elements
 (share: the partition's in-switch buffer), so that the leaf's contributions held for two slices'
 load-reduces (at most G - 1 of G answers of every slot; a member is at most one slice ahead of the
 slowest) fit its share.
