@@ -730,7 +730,8 @@ def modeled_ns(collective: str, algorithm: str, topo: Topology, S: int, config, 
 def occupancy_bound_ns(collective: str, algorithm: str, topo: Topology, S: int, config, itemsize: int = 4,
                        root: int = 0, counts=None, partial_itemsize: int | None = None) -> float:
     """A lower bound (ns) of modeled_ns from the raw bytes each GPU's links carry, cheap next to the
-    replay (O(rounds x gpus^2) numpy for the point-to-point algorithms, O(chunks) for nvls; 0.0 where
+    replay (O(rounds x gpus^2) numpy for the point-to-point algorithms, O(slices x gpus + gpus^2) for
+    hier_nvls, O(chunks) for nvls; 0.0 where
     it has none: sharp, and what `rounds` does not cover). A LinkClock's intervals are disjoint and
     start at or after 0, so a link that carries W raw bytes at bandwidth bw is busy until at least
     W / bw; the replay's end is at or after every one of them: each program ends with a flush (its
