@@ -176,3 +176,17 @@ def test_the_ring_s_cached_layout_gives_every_member_the_same_program(nodes, per
                 got = list(replay._program(collective, "ring", config.topology, r, S // 4, chunk, 4, 0, None))
                 assert got == list(_reference_ring_channels(collective, config.topology, r, S // 4, chunk, 4)), \
                     (collective, S, r)
+
+
+def test_auto_weighs_hier_against_hier_nvls_as_replaying_both_does():
+    """superpod-h100-ib 2 x 4 GPUs: the leaf's stages win at 256 KiB and 16 MiB, the node rings at 4 MiB
+    (hier_nvls 41.237 us, hier 39.387); the pruned pick is the exhaustive one at each."""
+    config = resolve("superpod-h100-ib", None, None, 2, 4)
+    names = candidates(config, "allreduce")
+    assert names.index("hier") + 1 == names.index("hier_nvls")  # the tie order: right after hier
+    picks = []
+    for S in (256 << 10, 4 << 20, 16 << 20):
+        want = exhaustive("allreduce", names, S, config)
+        assert cn.fastest("allreduce", names, S, config) == want == choose("allreduce", "auto", config, S), S
+        picks.append(want)
+    assert picks == ["hier_nvls", "hier", "hier_nvls"]
