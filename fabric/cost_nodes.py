@@ -58,6 +58,10 @@ ranks/collectives (blocks are fabric.reduction.blocks of the element count, time
   leaf a k_i S/G unless a = aR. One node (N = 1): allreduce, reduce_scatter and allgather are
   the ring's rounds exactly. hier runs these rounds pipelined, slice by slice (fabric.hier_plan): the
   rounds give every link's bytes exactly; its time is the replay's (modeled_ns).
+- hier_nvls (hier.py's node stages in the leaf, N > 1 nodes of G > 1 GPUs): hier's rounds without its
+  node rings' (those run in the leaf: load-reduces and multicast stores, not GPU to GPU), i.e. the rail
+  rounds (broadcast: the scatter and the chain); hier_leaf_link_bytes has every link's bytes, the node
+  stages' included. One node, or one GPU a node: hier's rounds, which it runs there.
 - pxn (pxn.py), all2all only: round 1, GPU (a, j) sends its block for (c, k) straight there if
   c = a or k = j, else to its proxy (a, k); round 2, each proxy (a, k) forwards those blocks to
   (c, k). Bytes (blocks s = S / (N G)): every GPU link (NG-1) s + (N-1)(G-1) s each way; every
@@ -102,8 +106,10 @@ starts round k+1 once it has received round k, whatever the others do): the larg
 - the round_ns formula over the flows of every round together (each pair's rounds as one flow);
 - the dependency chain: the sum over rounds of each round's fastest flow (path latency + R / its
   route's least bandwidth), since in every schedule here a GPU sends round k+1's data only after it
-  received round k's; hier in several slices (fabric.hier_plan) overlaps its rounds, so its chain
-  is the rounds' path latencies only (each slice still passes the rounds in order).
+  received round k's; hier and hier_nvls in several slices (fabric.hier_plan) overlap their rounds,
+  so their chain is the rounds' path latencies only (each slice still passes the rounds in order);
+  hier_nvls's rounds are its GPU-to-GPU ones only (the bounds of a part of the traffic still bound
+  the whole).
 Each of the three is at most the sum of round_ns, so lower_bound_ns <= rounds_ns always, and
 lower_bound_ns <= modeled_ns (tested). For large messages whose bottleneck is one stage in every
 round (a node-major single ring's crossing into the next node on one GPU's shares, an all2all's
@@ -122,7 +128,7 @@ from .packets import raw_bytes
 from .switch import buffer_share_bytes
 from .counters import downlink, uplink
 from .errors import FabricError
-from .reduction import blocks, channel_rings, chunks, rail_ranges, ring_channel_count, tree_parts
+from .reduction import blocks, channel_rings, chunks, merged_columns, rail_ranges, ring_channel_count, tree_parts
 from .topology import Topology
 
 FLAT = {
@@ -130,6 +136,7 @@ FLAT = {
     "direct": ("allreduce", "reduce_scatter", "allgather", "broadcast", "all2all"),
     "all2allv": ("all2allv",),
     "hier": ("allreduce", "reduce_scatter", "allgather", "broadcast"),
+    "hier_nvls": ("allreduce", "reduce_scatter", "allgather", "broadcast"),
     "pxn": ("all2all",),
     "tree": ("allreduce",),
 }
@@ -164,6 +171,8 @@ def rounds(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsize
     n = topo.gpus
     if algorithm == "hier":
         return _hier_rounds(collective, topo, S, itemsize, root)
+    if algorithm == "hier_nvls":
+        return _hier_nvls_rounds(collective, topo, S, itemsize, root)
     if algorithm == "pxn":
         return _pxn_rounds(topo, _block_bytes(S, n, itemsize))
     if collective == "all2allv":
@@ -263,6 +272,19 @@ def _hier_rounds(collective: str, topo: Topology, S: int, itemsize: int, root: i
     return out + ring("ag", "node")
 
 
+def _hier_nvls_rounds(collective: str, topo: Topology, S: int, itemsize: int, root: int) -> list[np.ndarray]:
+    """hier_nvls's GPU-to-GPU rounds: hier's (_hier_rounds) but its node rings', which run in the leaf on N > 1
+    nodes of G > 1 GPUs (load-reduces and multicast stores, not GPU to GPU: hier_leaf_link_bytes has them);
+    on one node or with one GPU a node all of hier's, which it runs there."""
+    out = _hier_rounds(collective, topo, S, itemsize, root)
+    G = topo.gpus_per_node
+    if topo.nodes < 2 or G < 2:
+        return out
+    node = G - 1  # each node ring's rounds: before (reduce-scatter) and after (all-gather) the rails'
+    return {"allreduce": out[node:-node], "reduce_scatter": out[node:], "allgather": out[:-node],
+            "broadcast": out[:-node]}[collective]  # broadcast: the scatter and the chain
+
+
 def _channel_rounds(collective: str, topo: Topology, S: int, itemsize: int) -> list[np.ndarray]:
     """ring's rounds across nodes (ranks/collectives/ring.py's channels): round s is step s of every
     channel at once; on ring c, position q sends the range (channel c) of member ring_c[q-1-s]
@@ -329,8 +351,8 @@ def link_bytes(collective: str, algorithm: str, topo: Topology, S: int = 0, item
                counts=None, config=None, partial_itemsize: int | None = None) -> dict[str, int]:
     """Exact payload bytes every link of `topo` carries in one call: {link name: bytes}, link order.
     sharp and nvls need `config` (their chunks); their reductions take partial_itemsize (sharp_link_bytes,
-    nvls_link_bytes); hier with a `config` whose leaves reduce runs its node stages there
-    (hier_leaf_link_bytes), else (or without config) its node rings."""
+    nvls_link_bytes); hier runs its node rings; hier_nvls on N > 1 nodes of G > 1 GPUs its node stages in
+    the leaf (hier_leaf_link_bytes: it needs `config`, whose leaves must reduce)."""
     if algorithm == "sharp":
         if config is None or collective not in IN_SWITCH["sharp"]:
             raise FabricError(f"cost_nodes: sharp's link bytes are for {', '.join(IN_SWITCH['sharp'])}, and need the "
@@ -347,56 +369,31 @@ def link_bytes(collective: str, algorithm: str, topo: Topology, S: int = 0, item
         if collective in ("allgather", "broadcast"):  # sharp's multicast stores (nvls.py imports them)
             return sharp_mcast_link_bytes(collective, topo, S, config, itemsize, root)
         return nvls_link_bytes(collective, topo, S, config, itemsize, partial_itemsize)
-    if algorithm == "hier" and config is not None and hier_plan.in_leaf(config) and topo.nodes > 1 \
-            and topo.gpus_per_node > 1:
+    if algorithm == "hier_nvls" and topo.nodes > 1 and topo.gpus_per_node > 1:
+        if config is None:
+            raise FabricError("cost_nodes: hier_nvls's link bytes need the config (its slices and chunks)")
         return hier_leaf_link_bytes(collective, topo, S, config, itemsize, root)[0]
     return topo.link_payload_bytes(traffic(collective, algorithm, topo, S, itemsize, root, counts))
 
 
 def hier_leaf_link_bytes(collective: str, topo: Topology, S: int, config, itemsize: int = 4,
                          root: int = 0) -> tuple[dict[str, int], dict[str, int]]:
-    """Exact (payload, raw) bytes on every link of hier.py's `collective` of S bytes by every GPU of `topo`
-    with its node stages in the leaf (N > 1 nodes of G > 1 GPUs; hier_plan.in_leaf(config)), from every
-    member's program (fabric.hier_plan, as replay.hier_ns runs it): a rail message on the sender's uplink,
-    the cables the Topology routes it over and the receiver's downlink; a load-reduce request, header
-    only, on the requester's uplink; each LOAD, header only, on the serving member's downlink and its
-    answer (the range) on its uplink; a result on the requester's downlink; a multicast store once on
-    the sender's uplink and on every node member's downlink (the sender's too). Raw = payload + one
-    header a packet of mtu_bytes (fabric.packets.raw_bytes), header-only packets header_bytes each.
-    Payload closed forms (S a multiple of N G itemsize, n = N G): allreduce every GPU link tx = rx =
-    S + S/G (node RS: its answers to every column, S; its reduced column, S/G; node AG: its store, S/G,
-    every member's stores, S) + 2(N-1)/n S (the rails); reduce_scatter (S = input): tx S, rx S/G, +
-    (N-1)/n S each way; allgather (S = output): tx S/G, rx S, + (N-1)/n S each way; broadcast: the node
-    AG's store S/G tx and S rx on every GPU, + the scatter's and the chain's as with node rings. The
+    """Exact (payload, raw) bytes on every link of hier_nvls's `collective` of S bytes by every GPU of `topo`
+    (hier.py's node stages in the leaf; N > 1 nodes of G > 1 GPUs; hier_plan.in_leaf(config)), from
+    fabric.hier_plan's program as replay.hier_ns runs it (_hier_leaf_traffic): a rail message on the
+    sender's uplink, the cables the Topology routes it over and the receiver's downlink; a load-reduce
+    request, header only, on the requester's uplink; each LOAD, header only, on the serving member's
+    downlink and its answer (the range) on its uplink; a result on the requester's downlink; a multicast
+    store once on the sender's uplink and on every node member's downlink (the sender's too). Raw =
+    payload + one header a packet of mtu_bytes (fabric.packets.raw_bytes), header-only packets
+    header_bytes each. Payload closed forms (S a multiple of N G itemsize, n = N G): allreduce every GPU
+    link tx = rx = S + S/G (node RS: its answers to every column, S; its reduced column, S/G; node AG: its
+    store, S/G, every member's stores, S) + 2(N-1)/n S (the rails); reduce_scatter (S = input): tx S, rx
+    S/G, + (N-1)/n S each way; allgather (S = output): tx S/G, rx S, + (N-1)/n S each way; broadcast: the
+    node AG's store S/G tx and S rx on every GPU, + the scatter's and the chain's as with node rings. The
     cables carry only the rail messages: as with node rings (link_bytes)."""
     G, n = topo.gpus_per_node, topo.gpus
-    if topo.nodes < 2 or G < 2 or not hier_plan.in_leaf(config):
-        raise FabricError(f"cost_nodes: hier's node stages run in the leaf on {topo.nodes} nodes of {G} GPUs, "
-                          f"config {config.name!r}: they need several nodes of several GPUs and leaves that reduce")
-    count = _block_bytes(S, 1, itemsize)[0] // itemsize
-    chunk = max(1, config.chunk_bytes // itemsize)
-    raw = lambda nbytes: raw_bytes(nbytes, config.mtu_bytes, config.header_bytes)
-    sent, sent_raw = np.zeros((n, n), object), np.zeros((n, n), object)
-    up, up_raw, down, down_raw = [0] * n, [0] * n, [0] * n, [0] * n
-    share = buffer_share_bytes(config)
-    for r in range(n):
-        for op in replay._hier(collective, topo, r, count, chunk, itemsize, root, share):
-            kind = op[0]
-            if kind == "send":
-                sent[r, op[1]] += op[3]
-                sent_raw[r, op[1]] += raw(op[3])
-            elif kind == "lr":
-                up_raw[r] += raw(0)
-            elif kind == "serve":
-                down_raw[r] += raw(0)
-                up[r] += op[3]
-                up_raw[r] += raw(op[3])
-            elif kind == "mcast":
-                up[r] += op[2]
-                up_raw[r] += raw(op[2])
-            elif kind == "take":
-                down[r] += op[2]
-                down_raw[r] += raw(op[2])
+    sent, sent_raw, up, up_raw, down, down_raw = _hier_leaf_traffic(collective, topo, S, config, itemsize, root)
     payload, raws = topo.link_payload_bytes(sent), topo.link_payload_bytes(sent_raw)
     for g in range(n):
         leaf = g // G
@@ -404,6 +401,99 @@ def hier_leaf_link_bytes(collective: str, topo: Topology, S: int, config, itemsi
             out[uplink(g, leaf)] += u[g]
             out[downlink(g, leaf)] += d[g]
     return payload, raws
+
+
+def _hier_leaf_traffic(collective: str, topo: Topology, S: int, config, itemsize: int, root: int):
+    """hier_nvls's traffic (hier_leaf_link_bytes) as (sent, sent_raw, up, up_raw, down, down_raw): sent[g][h]
+    the payload of GPU g's messages to GPU h (the rails, broadcast's scatter and chain), sent_raw their raw
+    bytes (n x n object arrays: exact); up[g], down[g] (and _raw) what the node stages in the leaf put on
+    GPU g's uplink and downlink. Counted slice by slice as fabric.hier_plan.program cuts the call
+    (ranges, slices, merged node segments, chunks of chunk_bytes), not op by op: every node's node stages
+    move the same columns, so the counts are O(slices x GPUs), not O(messages)."""
+    G, N, n = topo.gpus_per_node, topo.nodes, topo.gpus
+    if N < 2 or G < 2 or not hier_plan.in_leaf(config):
+        raise FabricError(f"cost_nodes: hier_nvls runs its node stages in the leaf on {N} nodes of {G} GPUs, "
+                          f"config {config.name!r}: they need several nodes of several GPUs and leaves that reduce")
+    count = _block_bytes(S, 1, itemsize)[0] // itemsize
+    if collective == "broadcast" and (not isinstance(root, (int, np.integer)) or isinstance(root, bool)
+                                      or not 0 <= root < n):
+        raise FabricError(f"cost_nodes: broadcast root must be one of GPUs 0..{n - 1}, got {root!r}")
+    if collective not in FLAT["hier_nvls"]:
+        raise FabricError(f"cost_nodes: hier_nvls runs {', '.join(FLAT['hier_nvls'])}, not {collective}")
+    chunk = max(1, config.chunk_bytes // itemsize)
+    mtu, head = config.mtu_bytes, config.header_bytes
+    raws: dict[int, int] = {}
+
+    def messages(length: int) -> tuple[int, int]:
+        """(messages, raw bytes) of `length` elements sent in chunks of `chunk` (hier_plan's chunks)."""
+        got = raws.get(length)
+        if got is None:
+            whole, rest = divmod(length, chunk)
+            got = raws[length] = (whole + (rest > 0), whole * raw_bytes(chunk * itemsize, mtu, head)
+                                  + (raw_bytes(rest * itemsize, mtu, head) if rest else 0))
+        return got
+
+    h = raw_bytes(0, mtu, head)  # a header-only packet: a request or a LOAD
+    spans = hier_plan.ranges(collective, N, G, count)
+    P = hier_plan.slice_elements(chunk, itemsize, N, G, buffer_share_bytes(config))
+    K = hier_plan.slices(spans, N, G, P)
+    sent, sent_raw = np.zeros((n, n), object), np.zeros((n, n), object)
+    # per position j (the same on every node): node stages' bytes on its uplink and downlink
+    up, up_raw, down, down_raw = [0] * G, [0] * G, [0] * G, [0] * G
+    rail, rail_raw = [[0] * G for _ in range(N)], [[0] * G for _ in range(N)]  # range (b, j)'s messages, summed
+    a_root, j_root = divmod(root, G)
+    for i in range(K):
+        pieces = hier_plan.slice_pieces(spans, i, P, K)
+        segments = [[p] for p in pieces[0]] if collective == "broadcast" else merged_columns(pieces)
+        nbytes, nmsg, nraw = [0] * G, [0] * G, [0] * G  # column k's piece this slice
+        for k, segment in enumerate(segments):
+            for lo, hi in segment:
+                m, w = messages(hi - lo)
+                nbytes[k] += (hi - lo) * itemsize
+                nmsg[k] += m
+                nraw[k] += w
+        every, every_raw, loads = sum(nbytes), sum(nraw), sum(nmsg) * h
+        for j in range(G):
+            if collective in ("allreduce", "reduce_scatter"):  # node RS: requests, loads served, my results
+                up[j] += every
+                up_raw[j] += nmsg[j] * h + every_raw
+                down[j] += nbytes[j]
+                down_raw[j] += loads + nraw[j]
+            if collective != "reduce_scatter":  # node AG: my stores up, every member's (mine too) down
+                up[j] += nbytes[j]
+                up_raw[j] += nraw[j]
+                down[j] += every
+                down_raw[j] += every_raw
+        if collective == "broadcast":
+            for k in range(G):  # the scatter (root's node), then part k's piece down rail k from node a_root
+                lo, hi = pieces[0][k]
+                w = messages(hi - lo)[1]
+                if k != j_root:
+                    sent[root, a_root * G + k] += (hi - lo) * itemsize
+                    sent_raw[root, a_root * G + k] += w
+                for q in range(N - 1):
+                    src, dst = (a_root + q) % N * G + k, (a_root + q + 1) % N * G + k
+                    sent[src, dst] += (hi - lo) * itemsize
+                    sent_raw[src, dst] += w
+            continue
+        for b in range(N):
+            for j in range(G):
+                lo, hi = pieces[b][j]
+                rail[b][j] += (hi - lo) * itemsize
+                rail_raw[b][j] += messages(hi - lo)[1]
+    if collective != "broadcast":  # rail RS: (a, j) sends every range (b, j) but its own to (a+1, j); AG all but a+1's
+        for j in range(G):
+            column, column_raw = sum(rail[b][j] for b in range(N)), sum(rail_raw[b][j] for b in range(N))
+            for a in range(N):
+                src, dst, nxt = a * G + j, (a + 1) % N * G + j, (a + 1) % N
+                if collective != "allgather":
+                    sent[src, dst] += column - rail[a][j]
+                    sent_raw[src, dst] += column_raw - rail_raw[a][j]
+                if collective != "reduce_scatter":
+                    sent[src, dst] += column - rail[nxt][j]
+                    sent_raw[src, dst] += column_raw - rail_raw[nxt][j]
+    every_gpu = lambda per: [per[g % G] for g in range(n)]
+    return sent, sent_raw, every_gpu(up), every_gpu(up_raw), every_gpu(down), every_gpu(down_raw)
 
 
 def sharp_link_bytes(topo: Topology, S: int, config, itemsize: int = 4, partial_itemsize: int | None = None) -> dict[str, int]:
@@ -640,7 +730,8 @@ def modeled_ns(collective: str, algorithm: str, topo: Topology, S: int, config, 
 def occupancy_bound_ns(collective: str, algorithm: str, topo: Topology, S: int, config, itemsize: int = 4,
                        root: int = 0, counts=None, partial_itemsize: int | None = None) -> float:
     """A lower bound (ns) of modeled_ns from the raw bytes each GPU's links carry, cheap next to the
-    replay (O(rounds x gpus^2) numpy for the point-to-point algorithms, O(chunks) for nvls; 0.0 where
+    replay (O(rounds x gpus^2) numpy for the point-to-point algorithms, O(slices x gpus + gpus^2) for
+    hier_nvls, O(chunks) for nvls; 0.0 where
     it has none: sharp, and what `rounds` does not cover). A LinkClock's intervals are disjoint and
     start at or after 0, so a link that carries W raw bytes at bandwidth bw is busy until at least
     W / bw; the replay's end is at or after every one of them: each program ends with a flush (its
@@ -652,8 +743,16 @@ def occupancy_bound_ns(collective: str, algorithm: str, topo: Topology, S: int, 
     run step by step (a GPU sends round k + 1 once it has received all of round k): the chain, the sum
     over rounds of the round's fastest flow (2a + s, across nodes + 2u + 2s, + its raw bytes / its
     slowest stage), bounds them too (the latest receiver of round k + 1 ends after the earliest of round
-    k's, plus that). nvls across nodes: fabric.replay.nvls_lower_bound_ns. Memoised as modeled_ns.
-    `fastest` skips a candidate by it."""
+    k's, plus that). hier takes all its rounds (node rings and rails: all GPU to GPU). hier_nvls on N > 1
+    nodes of G > 1 GPUs, whose node stages are not GPU to GPU: per GPU its uplink's raw bytes / B and its
+    downlink's / B + a, exactly as hier_leaf_link_bytes counts them (_hier_leaf_traffic), and its
+    messages' (the rails', the scatter's, the chain's) outbound share / (U / G) and inbound share /
+    (U / G) + a. It bounds fabric.replay.hier_ns, which books every one of those bytes on those clocks
+    from 0 on: a GPU's program ends with a flush (its uplink free: requests, answers, stores and rail
+    messages all left); a take (a result or a store) and a rail receive move its clock to its downlink's
+    end + a; a LOAD booked on its downlink is answered from its end + a on the uplink, so it ends before
+    the uplink does; the shares as above. nvls across nodes: fabric.replay.nvls_lower_bound_ns. Memoised
+    as modeled_ns. `fastest` skips a candidate by it."""
     return _memo(_BOUNDS, _key(collective, algorithm, topo, S, config, itemsize, root, counts, partial_itemsize),
                  lambda: _occupancy_bound_ns(collective, algorithm, topo, S, config, itemsize, root, counts,
                                              partial_itemsize))
@@ -668,12 +767,14 @@ def _occupancy_bound_ns(collective, algorithm, topo, S, config, itemsize, root, 
     B, a = topo.gpu_gbytes_per_s, topo.gpu_latency_ns
     node = np.arange(n) // G  # GPU order is node-major
     across = (node[:, None] != node[None, :]) if topo.spines and topo.nodes > 1 else np.zeros((n, n), bool)
+    if algorithm == "hier_nvls" and topo.nodes > 1 and G > 1:
+        return _hier_leaf_bound_ns(collective, topo, S, config, itemsize, root, across)
     # a flow's least time: GPU link latencies and its leaf (2a + s), across nodes its shares and the spine (2u + 2s)
     lat = np.where(across, 2 * a + 3 * topo.switch_latency_ns + 2 * topo.uplink_latency_ns,
                    2 * a + topo.switch_latency_ns)
     slowest = np.where(across, min(B, topo.share_gbytes_per_s), B)
     total, chain = np.zeros((n, n), np.int64), 0.0
-    for t in _timed_rounds(collective, algorithm, topo, S, config, itemsize, root, counts):  # GPU-to-GPU rounds
+    for t in rounds(collective, algorithm, topo, S, itemsize, root, counts):  # GPU-to-GPU rounds
         flows = t + (-(-t // config.mtu_bytes)) * config.header_bytes  # 0 for no flow
         total += flows
         if algorithm in ("ring", "direct") and flows.any():  # step by step: a round's sends after the last's receives
@@ -684,6 +785,21 @@ def _occupancy_bound_ns(collective, algorithm, topo, S, config, itemsize, root, 
     if cross.any():
         share = topo.share_gbytes_per_s
         bound = max(bound, float(cross.sum(axis=1).max()) / share, float(cross.sum(axis=0).max()) / share + a)
+    return bound
+
+
+def _hier_leaf_bound_ns(collective, topo, S, config, itemsize, root, across) -> float:
+    """occupancy_bound_ns of hier_nvls on N > 1 nodes of G > 1 GPUs: its GPU links' raw bytes exactly
+    (_hier_leaf_traffic: the rails', the scatter's and the chain's messages and the node stages' requests,
+    LOADs, answers, results and stores) and its messages' shares across nodes."""
+    B, a, share = topo.gpu_gbytes_per_s, topo.gpu_latency_ns, topo.share_gbytes_per_s
+    sent, sent_raw, _, up_raw, _, down_raw = _hier_leaf_traffic(collective, topo, S, config, itemsize, root)
+    tx = [int(x) + u for x, u in zip(sent_raw.sum(axis=1), up_raw)]
+    rx = [int(x) + d for x, d in zip(sent_raw.sum(axis=0), down_raw)]
+    bound = max(max(tx) / B, max(rx) / B + a if max(rx) else 0.0)
+    cross = np.where(across, sent_raw, 0)
+    if cross.any():
+        bound = max(bound, int(cross.sum(axis=1).max()) / share, int(cross.sum(axis=0).max()) / share + a)
     return bound
 
 
@@ -714,35 +830,20 @@ def lower_bound_ns(collective: str, algorithm: str, topo: Topology, S: int, conf
     its rounds' flows together (each round's flows separate messages) and the dependency chain, the
     sum over rounds of each round's fastest flow (a GPU sends round k + 1's data only once it has
     received round k's, in every schedule here)."""
-    steps = [_flows(t, config, itemsize) for t in _timed_rounds(collective, algorithm, topo, S, config, itemsize, root,
-                                                                 counts)]
+    steps = [_flows(t, config, itemsize) for t in rounds(collective, algorithm, topo, S, itemsize, root, counts)]
     merged = _merged(steps)
     chain = sum(_least_flow_ns(topo, f, _hier_pipelined(collective, algorithm, topo, S, config, itemsize))
                 for f in steps)
     return max(_link_bound(topo, merged), _slowest_flow_ns(topo, merged), chain)
 
 
-def _timed_rounds(collective, algorithm, topo, S, config, itemsize, root, counts) -> list[np.ndarray]:
-    """The rounds of GPU-to-GPU traffic the time bounds take: rounds(), but for hier with its node stages in
-    the leaf (hier_plan.in_leaf(config)) only its rail rounds (the node's traffic is not GPU to GPU; the
-    bounds of a part of the traffic still bound the whole)."""
-    out = rounds(collective, algorithm, topo, S, itemsize, root, counts)
-    N, G = topo.nodes, topo.gpus_per_node
-    if algorithm != "hier" or not hier_plan.in_leaf(config) or N < 2 or G < 2:
-        return out
-    if collective == "broadcast":  # the scatter, the chain, then the node ring
-        return out[1:2]
-    node = G - 1  # each node ring's rounds, before (reduce-scatter) and after (all-gather) the rails'
-    return {"allreduce": out[node:-node], "reduce_scatter": out[node:], "allgather": out[:-node]}[collective]
-
-
 def _hier_pipelined(collective: str, algorithm: str, topo: Topology, S: int, config, itemsize: int) -> bool:
-    """Whether the call is hier in several slices (fabric.hier_plan): its rounds then overlap, and only
-    their latencies chain (each slice still passes the rounds in order)."""
-    if algorithm != "hier":
+    """Whether the call is hier or hier_nvls in several slices (fabric.hier_plan): its rounds then overlap,
+    and only their latencies chain (each slice still passes the rounds in order)."""
+    if algorithm not in ("hier", "hier_nvls"):
         return False
     count, N, G = int(S) // itemsize, topo.nodes, topo.gpus_per_node
-    share = buffer_share_bytes(config) if hier_plan.in_leaf(config) else None
+    share = buffer_share_bytes(config) if algorithm == "hier_nvls" else None
     P = hier_plan.slice_elements(max(1, config.chunk_bytes // itemsize), itemsize, N, G, share)
     return hier_plan.slices(hier_plan.ranges(collective, N, G, count), N, G, P) > 1
 
@@ -760,10 +861,10 @@ def bottleneck(collective: str, algorithm: str, topo: Topology, S: int, config, 
                counts=None) -> tuple[str, float]:
     """(name, ns) of the timed stage (a link, or a GPU's share "gpu3:out" / "gpu3:in") with the most raw
     bytes over bandwidth in the whole call: where the time goes (W_L / bw_L, ns, without latencies);
-    ("", 0.0) for a call that sends nothing. hier with its node stages in the leaf: its rail rounds only
-    (_timed_rounds)."""
-    flows = _merged([_flows(t, config, itemsize) for t in _timed_rounds(collective, algorithm, topo, S, config, itemsize,
-                                                                          root, counts)])
+    ("", 0.0) for a call that sends nothing. hier_nvls: its GPU-to-GPU rounds only (rounds: the rails'),
+    not its node stages in the leaf."""
+    flows = _merged([_flows(t, config, itemsize) for t in rounds(collective, algorithm, topo, S, itemsize, root,
+                                                                  counts)])
     times = {name: w / bandwidth for name, (w, _, _, bandwidth) in _loads(topo, flows).items()}
     name = max(times, key=times.get, default="")
     return name, times.get(name, 0.0)
@@ -780,8 +881,8 @@ def fastest(collective: str, candidates, S: int, config, itemsize: int = 4) -> s
     to the earlier candidate. None if the model covers none of them. The candidates are replayed in
     the order of their occupancy_bound_ns (least first), and one whose bound exceeds the least time
     replayed so far (by more than SKIP_MARGIN) is not replayed: it could not be faster, nor tie, so the
-    pick is the one replaying every candidate gives (at 256 GPUs nvls's replay is minutes of CPU,
-    ring's and hier's at 1 GiB tens of seconds)."""
+    pick is the one replaying every candidate gives (at 256 GPUs nvls's replay is minutes of CPU, and
+    hier_nvls's at 1 GiB; ring's and hier's there tens of seconds)."""
     covered = [algorithm for algorithm in candidates
                if collective in FLAT.get(algorithm, ()) or collective in IN_SWITCH.get(algorithm, ())]
     if len(covered) == 1:  # nothing to compare: no replay

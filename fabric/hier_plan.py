@@ -42,8 +42,9 @@ pipeline order, rail steps grouped in one tick, was ahead on a few IB shapes and
 one, where node and rail steps cost alike: this one was never slower than the phases one after the
 other on the shapes measured, 2 x 2 to 8 x 8 GPUs on the three presets).
 
-**Node stages in the leaf** (`nvls`: the leaf switch reduces and multicasts, fabric config `sharp`
-true in NVLink Network mode, N > 1 and G > 1; NCCL's NVLS_TREE on H100 clusters: NVIDIA/nccl
+**Node stages in the leaf** (`hier_nvls`, share given: the leaf switch reduces and multicasts, fabric
+config `sharp` true in NVLink Network mode (in_leaf), N > 1 and G > 1; `hier` keeps the node rings;
+NCCL's NVLS_TREE on H100 clusters: NVIDIA/nccl
 src/device/all_reduce.h, runTreeSplit's NVLS_TREE, the node's reduction by the NVSwitch, the rails
 over the NICs). The node's G members form a switch group at their leaf; each binds its work buffer
 (allreduce: its array; reduce_scatter: a copy of its input). Node RS of slice i is one step: member j
@@ -58,10 +59,12 @@ too, in member order). The node ring's G - 1 steps become one each way; the rail
 ticks are as above, but a tick's serves go last in it, after its rail sends (which then go first on
 the uplink, where a slice's answers - every column's, the heaviest step - would hold them back; a
 serve waits only for requests of the same tick: still deadlock-free). Measured (fabric.replay,
-AllReduce float32, node rings -> in the leaf): superpod-h100-ib 2 x 4 GPUs 16 MiB 113.7 -> 108.8 us,
+AllReduce float32, node rings (hier) -> in the leaf (hier_nvls)): superpod-h100-ib 2 x 4 GPUs 16 MiB 113.7 -> 108.8 us,
 64 MiB 381.0 -> 376.6; 2 x 8 16 MiB 108.7 -> 90.6; 4 x 8 16 MiB 138.4 -> 131.0; superpod-h100-nvlink
-2 x 8 1 MiB 15.4 -> 9.5, 16 MiB 77.0 -> 80.6 (its one loss measured), 64 MiB 299.7 -> 233.2; with the
-serves first, or the slices halved, some of these were slower. With nvls the slice is also at most share / (2 (G - 1) N G itemsize) elements
+2 x 8 1 MiB 15.4 -> 9.5, 16 MiB 77.0 -> 80.6 (a loss), 64 MiB 299.7 -> 233.2; losses too: superpod-h100-ib
+4 x 2 16 MiB 279.5 -> 286.3, superpod-h100-nvlink 2 x 2 ReduceScatter 16 MiB 33.7 -> 58.1 (so `auto`
+weighs both forms: they are two algorithms); with the serves first, or the slices halved, some of these
+were slower. With nvls the slice is also at most share / (2 (G - 1) N G itemsize) elements
 (share: the partition's in-switch buffer), so that the leaf's contributions held for two slices'
 load-reduces (at most G - 1 of G answers of every slot; a member is at most one slice ahead of the
 slowest) fit its share.
@@ -88,8 +91,8 @@ STAGES = {"allreduce": ("node rs", "rail rs", "rail ag", "node ag"), "reduce_sca
 
 
 def in_leaf(config) -> bool:
-    """Whether hier's node stages run in the leaf switch (NVLS): an NVLink Network fabric whose switches
-    reduce (config.sharp: superpod-h100-ib, superpod-h100-nvlink; not superpod-a100-ib)."""
+    """Whether hier's node stages can run in the leaf switch (NVLS, `hier_nvls`): an NVLink Network fabric
+    whose switches reduce (config.sharp: superpod-h100-ib, superpod-h100-nvlink; not superpod-a100-ib)."""
     return config.mode == "network" and config.sharp
 
 
@@ -125,6 +128,11 @@ def _piece(span: tuple[int, int], i: int, P: int, K: int) -> tuple[int, int]:
         return span
     lo, hi = span
     return min(lo + i * P, hi), min(lo + (i + 1) * P, hi)
+
+
+def slice_pieces(spans, i: int, P: int, K: int) -> list[list[tuple[int, int]]]:
+    """Slice i's piece of every range of `spans` (ranges' layout; K slices of P elements: program's)."""
+    return [[_piece(span, i, P, K) for span in row] for row in spans]
 
 
 class _Step:
@@ -226,7 +234,7 @@ def program(collective: str, N: int, G: int, a: int, j: int, count: int, chunk: 
     def pieces(i):
         got = memo.get(("pieces", i))
         if got is None:
-            got = memo[("pieces", i)] = [[_piece(span, i, P, K) for span in row] for row in spans]
+            got = memo[("pieces", i)] = slice_pieces(spans, i, P, K)
         return got
 
     def node_segments(i):

@@ -22,7 +22,8 @@ reduction engine, those shares). nvls's reduce_scatter and allreduce across node
 the same kind: load-reduces booked slot by slot in the order the members serve their LOADs, then
 (allreduce) multicast stores as sharp's; `nvls_lower_bound_ns` bounds it from below in O(chunks), so
 that `auto` (fabric.cost_nodes.fastest) need not replay it where it cannot win. The schedules (`PROGRAMS`) are those of ranks/collectives ring (on several nodes its channels,
-one ring per rail), direct, all2all, hier, pxn and tree: the same messages,
+one ring per rail), direct, all2all, hier (node rings), hier_nvls (its node stages in the leaf,
+`hier_ns`), pxn and tree: the same messages,
 chunks (chunk_bytes of whole elements) and order (a schedule changed there must change here: the test
 below fails otherwise); `tests/nodes/test_replay.py` checks that replayed
 and emulated times agree on every algorithm and multi-node preset. `replay_ns` runs the programs
@@ -199,8 +200,8 @@ def _hier(collective, topo, r, count, chunk, item, root, share=None):
 
 
 def hier_ns(collective: str, topo: Topology, count: int, config, itemsize: int = 4, root: int = 0) -> float:
-    """Modeled ns of hier.py's `collective` of `count` elements by every GPU of `topo` (N > 1 nodes of G > 1
-    GPUs), all starting at 0, its node stages in the leaf (hier_plan.in_leaf(config)), as the ranks and
+    """Modeled ns of hier_nvls's `collective` of `count` elements by every GPU of `topo` (N > 1 nodes of G > 1
+    GPUs), all starting at 0, hier.py's node stages in the leaf (hier_plan.in_leaf(config)), as the ranks and
     fabric.switch book them on one switch: the rail messages as replay_ns books them (Fabric); a
     load-reduce request is header-only on the requester's uplink at its clock (+ a); its leaf's LOADs are
     ready a switch traversal later (+ s), each booked on the serving member's downlink as it serves it (+
@@ -313,9 +314,15 @@ def hier_ns(collective: str, topo: Topology, count: int, config, itemsize: int =
                 progressed = True
                 op = None
         if not progressed:
-            raise FabricError(f"replay: {collective} hier (node stages in the leaf) on {n} GPUs waits for ever: "
-                              f"members {sorted(waiting)} wait for what nobody sends")
+            raise _stuck(collective, "hier_nvls", n, waiting)
     return max(gpu.now for gpu in fabric.gpus)
+
+
+def _stuck(collective: str, algorithm: str, n: int, waiting) -> FabricError:
+    """The error of a replay in which no member can go on: `waiting`, the members that wait (a schedule
+    changed in ranks/collectives but not here, or not deadlock-free)."""
+    return FabricError(f"replay: {collective} {algorithm} on {n} GPUs waits for ever: members {sorted(waiting)} "
+                       f"wait for what nobody sends")
 
 
 def _channel_ring(rings, r, pieces, phase, reduce: bool):
@@ -451,7 +458,7 @@ def _program(collective: str, algorithm: str, topo: Topology, r: int, count: int
              root: int, counts):
     """Member r's operations for one call of `count` elements (all2allv: `counts`, elements)."""
     n = topo.gpus
-    if algorithm == "hier" and collective in PROGRAMS["hier"]:
+    if algorithm in ("hier", "hier_nvls") and collective in PROGRAMS[algorithm]:  # hier_nvls: N = 1 or G = 1
         yield from _hier(collective, topo, r, count, chunk, item, root)
         return
     if (collective, algorithm) == ("all2all", "pxn"):
@@ -849,6 +856,7 @@ PROGRAMS = {
     "direct": ("allreduce", "reduce_scatter", "allgather", "broadcast", "all2all"),
     "all2allv": ("all2allv",),
     "hier": ("allreduce", "reduce_scatter", "allgather", "broadcast"),
+    "hier_nvls": ("allreduce", "reduce_scatter", "allgather", "broadcast"),
     "pxn": ("all2all",),
     "tree": ("allreduce",),
 }
@@ -873,8 +881,11 @@ def replay_ns(collective: str, algorithm: str, topo: Topology, S: int, config, i
         return sharp_mcast_ns(collective, topo, int(S) // itemsize, config, itemsize, root)
     if algorithm == "sharp" and collective in ("allgather", "broadcast"):
         return sharp_mcast_ns(collective, topo, int(S) // itemsize, config, itemsize, root)
-    if algorithm == "hier" and collective in PROGRAMS["hier"] and hier_plan.in_leaf(config) and topo.nodes > 1 \
-            and topo.gpus_per_node > 1:
+    if algorithm == "hier_nvls" and collective in PROGRAMS["hier_nvls"] and topo.nodes > 1 and topo.gpus_per_node > 1:
+        if not hier_plan.in_leaf(config):
+            raise FabricError(f"replay: {collective} hier_nvls on {topo.nodes} nodes of {topo.gpus_per_node} GPUs "
+                              f"runs its node stages in the leaf, and the leaves of {config.name!r} do not reduce "
+                              f"(NVLink Network mode with sharp); hier runs node rings")
         return hier_ns(collective, topo, int(S) // itemsize, config, itemsize, root)
     n = topo.gpus
     chunk = max(1, config.chunk_bytes // itemsize)
@@ -906,6 +917,5 @@ def replay_ns(collective: str, algorithm: str, topo: Topology, S: int, config, i
                 progressed = True
                 op = None
         if not progressed:
-            raise FabricError(f"replay: {collective} {algorithm} on {n} GPUs waits for ever: members "
-                              f"{sorted(waiting)} wait for messages nobody sends")
+            raise _stuck(collective, algorithm, n, waiting)
     return max(gpu.now for gpu in fabric.gpus)

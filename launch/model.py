@@ -61,7 +61,8 @@ def _shape_text(shape: tuple[int, int, int]) -> str:
 
 def is_validated(collective: str, algorithm: str, config) -> bool:
     """Whether an emulated test runs this shape and algorithm: tests/nodes/test_replay.py every pair of
-    fabric.replay.PROGRAMS on NODE_PRESETS, tests/mpi/test_modeled_time.py every pair of fabric.cost."""
+    fabric.replay.PROGRAMS on NODE_PRESETS (hier_nvls on those whose leaves reduce, the only ones that run it),
+    tests/mpi/test_modeled_time.py every pair of fabric.cost."""
     if shape_of(config) not in validated_shapes():
         return False
     if config.nodes == 1:
@@ -75,12 +76,13 @@ def validation_note(config) -> str:
     """Which shapes emulated runs validated the model on, and whether `config`'s is one of them."""
     one = [s for s in validated_shapes() if s[0] == 1]
     several = [s for s in validated_shapes() if s[0] > 1]
-    pairs = sorted({a for a, cs in replay.PROGRAMS.items() if a != "all2allv"})
+    pairs = sorted({a for a, cs in replay.PROGRAMS.items() if a not in ("all2allv", "hier_nvls")})
     mine = _shape_text(shape_of(config))
     verdict = (f"this shape, {mine}, is one of them" if shape_of(config) in validated_shapes()
                else f"this shape, {mine}, was not emulated: a prediction")
     return (f"# validated by emulation: several nodes, emulated time = this replay (fabric.cost_nodes.modeled_ns) to "
-            f"1e-9 for {', '.join(pairs)} on {', '.join(map(_shape_text, several))} of {', '.join(NODE_PRESETS)}, "
+            f"1e-9 for {', '.join(pairs)} on {', '.join(map(_shape_text, several))} of {', '.join(NODE_PRESETS)} "
+            f"(and hier_nvls on those whose leaves reduce), "
             f"and for sharp's {', '.join(cost_nodes.IN_SWITCH['sharp'])} and nvls's {', '.join(cost_nodes.IN_SWITCH['nvls'])} on those of the presets whose spines reduce (tests/nodes); one node, fabric.cost within 1% on {' and '.join(map(_shape_text, one))} "
             f"(tests/mpi); {verdict}")
 

@@ -11,14 +11,14 @@ import numpy as np
 from nvlink_emu.fabric.errors import UnsupportedOperation
 from nvlink_emu.fabric.packets import Kind, LoadInfo, McastInfo, ReduceInfo
 from nvlink_emu.fabric.reduction import blocks, dtype_name
-from nvlink_emu.fabric import cost, cost_nodes
+from nvlink_emu.fabric import cost, cost_nodes, hier_plan
 from nvlink_emu.fabric.cost import in_switch_chunk
 from nvlink_emu.fabric.switch import buffer_share_bytes
 
-from . import all2all, direct, hier, nvls, pxn, ring, sharp, tree
+from . import all2all, direct, hier, hier_nvls, nvls, pxn, ring, sharp, tree
 
 ALGORITHMS = {"ring": ring, "direct": direct, "sharp": sharp, "nvls": nvls, "hier": hier,
-              "tree": tree}  # also `auto`'s tie order
+              "hier_nvls": hier_nvls, "tree": tree}  # also `auto`'s tie order
 IN_SWITCH = ("sharp", "nvls")
 # what the in-switch algorithms run for members in several nodes (groups spanning leaves and spines)
 ACROSS_NODES = {"sharp": ("allreduce", "reduce_scatter", "allgather", "broadcast"),
@@ -37,13 +37,17 @@ def allowed(config, nodes: int = 1, collective: str | None = None) -> tuple[str,
     reduce_scatter's block j to member j's leaf and member j only), allgather and broadcast (a store
     copied at its leaf, once up to a spine, once down to every other leaf); nvls's allreduce and
     reduce_scatter (a load-reduce through both levels, then allreduce's stores as sharp's), its
-    allgather and broadcast sharp's. Without `collective` an algorithm listed there counts as allowed."""
+    allgather and broadcast sharp's. Without `collective` an algorithm listed there counts as allowed.
+    hier_nvls (hier's node stages in the leaf) only where the leaves reduce (fabric.hier_plan.in_leaf)."""
     in_switch = config.mode == "network" and config.sharp
     def fits(name):
+        if name == "hier_nvls":
+            return hier_plan.in_leaf(config)
         if name not in IN_SWITCH or nodes == 1:
             return True
         return config.spine_sharp and name in ACROSS_NODES and (collective is None or collective in ACROSS_NODES[name])
-    return tuple(name for name in ALGORITHMS if name not in IN_SWITCH or (in_switch and fits(name)))
+    return tuple(name for name in ALGORITHMS if (name not in IN_SWITCH and name != "hier_nvls")
+                 or (in_switch and fits(name)))
 
 
 def choose(collective: str, algorithm: str, config, nbytes: int, members: int | None = None,
@@ -54,10 +58,11 @@ def choose(collective: str, algorithm: str, config, nbytes: int, members: int | 
     `auto`: among the algorithms that implement the collective and that the fabric allows for it
     (allowed(config, nodes, collective): across nodes ACROSS_NODES on spines that reduce), the
     one the cost model says is fastest (fabric.cost.modeled_ns; for every GPU of a fabric of several
-    nodes fabric.cost_nodes.modeled_ns, which replays ring, direct, hier, tree and sharp's and nvls's
-    collectives across nodes; it skips the replay of a candidate whose lower bound, occupancy_bound_ns,
-    already exceeds a time replayed: the same pick), ties to the earlier in ALGORITHMS order (ring, direct, sharp, nvls, hier, tree;
-    fabric.cost has no form for hier or tree, so on one node auto never picks them). For a
+    nodes fabric.cost_nodes.modeled_ns, which replays ring, direct, hier, hier_nvls, tree and sharp's and
+    nvls's collectives across nodes; it skips the replay of a candidate whose lower bound,
+    occupancy_bound_ns, already exceeds a time replayed: the same pick), ties to the earlier in ALGORITHMS
+    order (ring, direct, sharp, nvls, hier, hier_nvls, tree; fabric.cost has no form for hier, hier_nvls
+    or tree, so on one node auto never picks them). For a
     collective or a group the cost model does not cover (a communicator of some of several nodes' GPUs), a fixed rule: where sharp is
     allowed for it, the first of sharp, nvls, direct, ring that implements it; otherwise direct, then
     ring below 64 KiB (SMALL_BYTES), ring, then direct from there on."""
@@ -86,8 +91,9 @@ def choose(collective: str, algorithm: str, config, nbytes: int, members: int | 
     if not hasattr(module, collective):
         raise UnsupportedOperation(f"{collective}: algorithm {algorithm!r} does not implement it")
     if algorithm not in allowed(config):
+        instead = "; hier runs the node stages as rings" if algorithm == "hier_nvls" else ""
         raise UnsupportedOperation(f"{collective} with {algorithm!r}: fabric {config.name!r} has no in-switch "
-                                   f"reduction or multicast (needs NVLink Network mode with a SHARP switch)")
+                                   f"reduction or multicast (needs NVLink Network mode with a SHARP switch){instead}")
     if algorithm not in allowed(config, nodes, collective):
         runs = "; ".join(f"{name}'s {', '.join(ops)}" for name, ops in ACROSS_NODES.items())
         why = (f"across nodes the switches run {runs} only so far" if config.spine_sharp else

@@ -1,5 +1,6 @@
-"""`hier`: NCCL's hierarchical collectives on DGX clusters: NVLink inside the node, one ring per rail
-across nodes (every NIC, i.e. every local index, at work at once).
+"""`hier` and `hier_nvls`: NCCL's hierarchical collectives on DGX clusters: NVLink inside the node (node
+rings, or NVLS in the leaf), one ring per rail across nodes (every NIC, i.e. every local index, at work
+at once).
 
 Members are grouped by node (config.topology.locate): nodes in node order a = 0..N-1 (the nodes
 present), within a node its G members in communicator rank order at positions j = 0..G-1. Every
@@ -32,10 +33,14 @@ One node (N = 1): allreduce, reduce_scatter and allgather are exactly ring.py's 
 messages' bytes, same combine order); broadcast is the root's scatter plus the node-ring all-gather.
 One member per node (G = 1): the rail ring alone.
 
-**Node stages in the leaf** (NCCL's NVLS_TREE on H100 clusters: NVLS inside the node, the rails over
-the NICs), where the leaf switches reduce (fabric.hier_plan.in_leaf: NVLink Network mode with
-config.sharp, i.e. superpod-h100-ib and superpod-h100-nvlink, not superpod-a100-ib; `sharp = false`
-keeps the node rings), N > 1 and G > 1: the node's members are a switch group at their leaf
+`hier` runs the node rings on every fabric (the only form superpod-a100-ib, whose switches only
+forward, can run). `hier_nvls` (ranks/collectives/hier_nvls.py, this module's
+code with form "nvls") runs the **node stages in the leaf** instead (NCCL's NVLS_TREE on H100 clusters:
+NVLS inside the node, the rails over the NICs), allowed only where the leaf switches reduce
+(fabric.hier_plan.in_leaf: NVLink Network mode with config.sharp, i.e. superpod-h100-ib and
+superpod-h100-nvlink, not superpod-a100-ib), as NCCL's tuner weighs NVLS_TREE against RING; `auto`
+weighs the two by the cost model. With N > 1 and G > 1 (one node, or one member a node: exactly what
+`hier` runs there) the node's members are a switch group at their leaf
 (Communicator.node_group_id: made once per communicator, through the group machinery, so partitions,
 the 128-group limit and the buffer share hold unchanged); each binds its work buffer (allreduce: its
 array; reduce_scatter: a copy of its input). The node reduce-scatter of a slice is member j's
@@ -61,7 +66,7 @@ Leaf-spine bytes (fabric.cost_nodes documents them per link): rail j crosses spi
 Combine order: range (a, j) is folded first inside each node m over positions j+1, j+2, ..., j+G-1,
 j (mod G), giving partial P_m, then over the rail, P_{a+1}, P_{a+2}, ..., P_{a+N-1}, P_a (mod N),
 in the array's dtype, one rounding per step; avg divides the result by the member count, as ring.py.
-With the node stages in the leaf, P_m is the leaf's: positions 0, 1, ..., G-1 in the switch's
+With the node stages in the leaf (hier_nvls), P_m is the leaf's: positions 0, 1, ..., G-1 in the switch's
 accumulator (float32 for float16 and bfloat16, the dtype itself otherwise; avg summed), rounded once
 to the dtype; then the rail as above.
 """
@@ -115,16 +120,21 @@ class Grid:
 SOURCE = ("hier-bound",)  # the key each node member binds its work buffer under (node RS in the leaf)
 
 
+FORMS = {"rings": "hier", "nvls": "hier_nvls"}  # form -> the algorithm's registered name
+
+
 def _execute(call, collective: str, work: np.ndarray, count: int, root: int | None = None,
-             finished: np.ndarray | None = None) -> Grid:
+             finished: np.ndarray | None = None, form: str = "rings") -> Grid:
     """Run fabric.hier_plan's program for this member on `work` (`count` elements); finished: where a
-    finished piece goes (reduce_scatter's recv, at offsets from this member's range), else in place."""
-    grid = Grid(call, collective)
+    finished piece goes (reduce_scatter's recv, at offsets from this member's range), else in place;
+    form: "rings" (node rings, `hier`) or "nvls" (node stages in the leaf on N > 1 nodes of G > 1
+    members, `hier_nvls`; ranks.collectives.allowed admits it only where hier_plan.in_leaf)."""
+    grid = Grid(call, collective, FORMS[form])
     at = None if root is None else next((a, j) for a, row in enumerate(grid.rank) for j, r in enumerate(row)
                                         if r == root)
     own = hier_plan.ranges(collective, grid.N, grid.G, count, grid.rank)[grid.a][grid.j][0]
     gpu, item = call.gpu, work.dtype.itemsize
-    leaf = hier_plan.in_leaf(gpu.config) and grid.N > 1 and grid.G > 1
+    leaf = form == "nvls" and grid.N > 1 and grid.G > 1
     share = buffer_share_bytes(gpu.config) if leaf else None
     group = call.comm.node_group_id() if leaf else None  # collective: every member, whatever its share
     bound = leaf and collective in ("allreduce", "reduce_scatter")
@@ -175,19 +185,19 @@ def _execute(call, collective: str, work: np.ndarray, count: int, root: int | No
     return grid
 
 
-def allreduce(call, array: np.ndarray) -> None:
-    _execute(call, "allreduce", array, array.size)
+def allreduce(call, array: np.ndarray, form: str = "rings") -> None:
+    _execute(call, "allreduce", array, array.size, form=form)
 
 
-def reduce_scatter(call, send: np.ndarray, recv: np.ndarray) -> None:
+def reduce_scatter(call, send: np.ndarray, recv: np.ndarray, form: str = "rings") -> None:
     work = send.copy()  # the send buffer stays as the caller left it
-    _execute(call, "reduce_scatter", work, send.size, finished=recv)
+    _execute(call, "reduce_scatter", work, send.size, finished=recv, form=form)
 
 
-def allgather(call, send: np.ndarray, recv: np.ndarray) -> None:
+def allgather(call, send: np.ndarray, recv: np.ndarray, form: str = "rings") -> None:
     call.own_block_in_place(send, recv)
-    _execute(call, "allgather", recv, recv.size)
+    _execute(call, "allgather", recv, recv.size, form=form)
 
 
-def broadcast(call, array: np.ndarray, root: int) -> None:
-    _execute(call, "broadcast", array, array.size, root)
+def broadcast(call, array: np.ndarray, root: int, form: str = "rings") -> None:
+    _execute(call, "broadcast", array, array.size, root, form=form)

@@ -124,19 +124,18 @@ def test_a_config_file_like_bench(capsys, tmp_path):
 
 
 def test_the_256_gpu_shape(capsys):
-    # 32 DGX H100 nodes on the NVLink Switch System, 16 MiB: hier's replay takes about 0.4 s of CPU here
-    # (1.1 s at 1 GiB; auto's three replays about 4 s)
+    # 32 DGX H100 nodes on the NVLink Switch System, 16 MiB, hier's node stages in the leaf
     status, out, err = model(capsys, "allreduce", "--preset", "superpod-h100-nvlink", "--nodes", "32",
-                             "--gpus-per-node", "8", "-b", "16M", "-e", "16M", "--algorithm", "hier")
+                             "--gpus-per-node", "8", "-b", "16M", "-e", "16M", "--algorithm", "hier_nvls")
     assert status == 0, err
     assert "(32 nodes x 8 GPUs (8 spines) = 256 GPUs, nvlink4)" in out.splitlines()[0]
     config = preset("superpod-h100-nvlink", nodes=32, gpus=256)
     S = 16 << 20
     row = out.splitlines()[2].split()
-    ns = cost_nodes.modeled_ns("allreduce", "hier", config.topology, S, config)
-    assert row[:6] == [str(S), str(S // 4), "float32", "sum", "-1", "hier"]
+    ns = cost_nodes.modeled_ns("allreduce", "hier_nvls", config.topology, S, config)
+    assert row[:6] == [str(S), str(S // 4), "float32", "sum", "-1", "hier_nvls"]
     assert float(row[6]) == pytest.approx(ns / 1e3, abs=5e-4)
-    # hier's per-GPU bytes with its node stages in the leaf (cost_nodes.hier_leaf_link_bytes' closed form):
+    # hier_nvls's per-GPU bytes, its node stages in the leaf (cost_nodes.hier_leaf_link_bytes' closed form):
     # S + S/G + 2(N-1)/(NG) S each way
     assert int(row[9]) == int(row[10]) == S + S // 8 + 2 * 31 * S // 256
     assert "this shape, 32 nodes x 8 GPUs (8 spines), was not emulated: a prediction" in out
@@ -155,6 +154,9 @@ def test_the_256_gpu_shape(capsys):
      "its spines do not reduce"),
     (["all2all", "--algorithm", "ring"], "UnsupportedOperation: all2all: unknown algorithm 'ring'; known: auto, direct, pxn"),
     (["allreduce", "--algorithm", "pxn"], "UnsupportedOperation: allreduce: unknown algorithm 'pxn'"),
+    (["allreduce", "--preset", "superpod-a100-ib", "--algorithm", "hier_nvls"],
+     "UnsupportedOperation: allreduce with 'hier_nvls': fabric 'superpod-a100-ib' has no in-switch reduction or "
+     "multicast (needs NVLink Network mode with a SHARP switch); hier runs the node stages as rings"),
 ])
 def test_bad_input_is_one_typed_line(capsys, argv, message):
     status, out, err = model(capsys, *argv)

@@ -218,7 +218,7 @@ def test_honest_nvls_and_hier_run_unrefused_with_a_16x_switch_buffer(monkeypatch
     up to 2 x 1,024 at 2 nodes (2 x 682 at 3), the world of 4 GPUs 4 x 341 (6 x 136 at 3 nodes). Each leaf
     now bounds it at max(1,024, 2 x honest_loads). The pair's nvls reduce_scatter (640 chunks a block, all
     in flight at once: up to 2 x 640 LOADs to each), the world's nvls allreduce and reduce_scatter (32
-    chunks a block) and hier's (node stages in the leaf: one leaf's group, whose LOADs the leaf does not
+    chunks a block) and hier_nvls's (hier's node stages in the leaf: one leaf's group, whose LOADs the leaf does not
     count) run exact, nothing refused or dropped, and a leaf held more than 1,024 LOADs unanswered to one
     GPU at once, at most honest_loads. Measured: 1,276 at 8 and at 10 ranks; with the fixed bound (honest_loads taken as
     0) the run failed both times, a member of the pair waiting to its deadline for a result its request
@@ -253,7 +253,7 @@ def test_honest_nvls_and_hier_run_unrefused_with_a_16x_switch_buffer(monkeypatch
         ok = [exact(sub, "reduce_scatter", 2 * 640 * chunk, "nvls")] if gpu.rank in pair else []
         for collective in ("allreduce", "reduce_scatter"):
             ok.append(exact(gpu.world, collective, n * 32 * chunk, "nvls"))
-            ok.append(exact(gpu.world, collective, n * 4096, "hier"))
+            ok.append(exact(gpu.world, collective, n * 4096, "hier_nvls"))
         return all(ok)
 
     result = run(main, timeout_s=60.0, **WIDE)

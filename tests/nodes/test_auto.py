@@ -2,9 +2,10 @@
 preset, every algorithm auto chooses among is emulated, and the one auto ran (its call's record) took the
 least emulated time. Ties (emulated times within comm.TIE, 1e-9 relative, of the least): auto runs the
 first of them in its order, ALL2ALL's (direct, pxn) for all2all (comm.all2all_algorithm), ALGORITHMS'
-(ring, direct, sharp, nvls, hier, ...) for allreduce (collectives.choose, whose ties are exact: none
+(ring, direct, sharp, nvls, hier, hier_nvls, tree) for allreduce (collectives.choose, whose ties are exact: none
 of its candidates tie on this sweep). A tie measured: all2all of 4 MiB on 2 x 2 GPUs of
-superpod-h100-nvlink, direct and pxn 16204.8267 ns, equal but for the last bits (no longer in the sweep)."""
+superpod-h100-nvlink, direct and pxn 16204.8267 ns, equal but for the last bits (no longer in the sweep).
+The candidates are collectives.allowed's: hier_nvls among them where the leaves reduce."""
 
 import numpy as np
 import pytest
@@ -17,7 +18,9 @@ from nodes_helpers import PRESETS, config, run
 pytestmark = pytest.mark.mpi(min_size=7)
 
 # bytes per GPU (S = this x GPUs), small to be quick: auto's choice changes inside the sweep (allreduce
-# direct -> hier on 2 x 2 GPUs of every preset and on 3 x 2 of the IB ones; all2all direct -> pxn on 2 x 2 on IB)
+# direct -> hier on 2 x 2 and 3 x 2 GPUs of the IB presets, sharp throughout on superpod-h100-nvlink; hier_nvls,
+# emulated among the candidates on the H100 presets, loses to hier's rings with 2 GPUs a node: S + S/2 in the
+# node against S; all2all direct -> pxn on 2 x 2 on IB)
 PER_GPU = (256, 64 << 10, 256 << 10)
 COLLECTIVES = ("allreduce", "all2all")
 

@@ -1,10 +1,11 @@
-"""Multi-rank, several nodes: `hier` (ranks/collectives/hier.py), NCCL's hierarchical collectives:
-bitwise against numpy in its documented combine order for every op and reduction dtype, with node
-rings (superpod-a100-ib, whose switches only forward) and with the node stages in the leaf (NVLS on
-superpod-h100-ib: positions 0..G-1 in the leaf's accumulator, then the rail ring), every movable
-dtype moved, exact payload bytes on every link of both levels (and raw bytes in the leaf;
-fabric.cost_nodes), emulated time the replay's, a node group's trust, the layouts it refuses, and
-one node's degenerate case (exactly the ring)."""
+"""Multi-rank, several nodes: `hier` (ranks/collectives/hier.py, node rings) and `hier_nvls` (its node
+stages in the leaf), NCCL's hierarchical collectives: bitwise against numpy in the documented combine
+order for every op and reduction dtype, hier with node rings (superpod-a100-ib, whose switches only
+forward) and hier_nvls (NVLS on superpod-h100-ib: positions 0..G-1 in the leaf's accumulator, then the
+rail ring), every movable dtype moved, exact payload bytes on every link of both levels (and raw bytes
+in the leaf; fabric.cost_nodes) for hier on superpod-a100-ib and superpod-h100-ib and hier_nvls on the
+two H100 presets, emulated time the replay's, a node group's trust, the layouts they refuse, and one
+node's and one GPU a node's degenerate cases (exactly the ring; the rail ring)."""
 
 import collections
 
@@ -96,17 +97,18 @@ def reductions(gpu, leaf, counts=lambda n, item: (1, 2 * n + 1, 3 * CHUNK // ite
     """allreduce and reduce_scatter of every case of CASES at `counts`, against the documented fold; returns
     the cases that differ and (collective, bytes, itemsize) of each call."""
     n, r, wrong, calls = gpu.size, gpu.rank, [], []
+    algorithm = "hier_nvls" if leaf else "hier"
     for op, name in CASES:
         dtype = DTYPES[name]
         for count in counts(n, dtype.itemsize):
             inputs = [contribution(m, count, dtype, op) for m in range(n)]
             array = inputs[r].copy()
-            gpu.world.allreduce(array, op, "hier")
+            gpu.world.allreduce(array, op, algorithm)
             if not same_bits(array, reference("allreduce", op, inputs, leaf)):
                 wrong.append(("allreduce", op, name, count))
             lo, hi = blocks(count, n)[r]
             block = np.empty(hi - lo, dtype)
-            gpu.world.reduce_scatter(inputs[r], block, op, "hier")
+            gpu.world.reduce_scatter(inputs[r], block, op, algorithm)
             if not same_bits(block, reference("reduce_scatter", op, inputs, leaf)[lo:hi]):
                 wrong.append(("reduce_scatter", op, name, count))
             calls += [("allreduce", count * dtype.itemsize, dtype.itemsize),
@@ -146,18 +148,18 @@ def test_node_stages_in_the_leaf_are_the_documented_fold_take_the_replayed_time_
                     start = gpu.now_ns
                     if collective == "allreduce":
                         y = x.copy()
-                        gpu.world.allreduce(y, "sum", "hier")
+                        gpu.world.allreduce(y, "sum", "hier_nvls")
                     elif collective == "reduce_scatter":
                         y = np.empty(parts[r][1] - parts[r][0], dtype)
-                        gpu.world.reduce_scatter(x, y, "sum", "hier")
+                        gpu.world.reduce_scatter(x, y, "sum", "hier_nvls")
                     elif collective == "allgather":
                         y = np.empty(count, dtype)
-                        gpu.world.allgather(x[slice(*parts[r])].copy(), y, algorithm="hier")
+                        gpu.world.allgather(x[slice(*parts[r])].copy(), y, algorithm="hier_nvls")
                         assert same_bits(y, np.concatenate([contribution(m, count, dtype, "sum")[slice(*parts[m])]
                                                             for m in range(n)]))
                     else:
                         y = x.copy()
-                        gpu.world.broadcast(y, root=n - 1, algorithm="hier")
+                        gpu.world.broadcast(y, root=n - 1, algorithm="hier_nvls")
                         assert same_bits(y, contribution(n - 1, count, dtype, "sum"))
                     gpu.world.barrier()
                     root = n - 1 if collective == "broadcast" else 0
@@ -171,7 +173,7 @@ def test_node_stages_in_the_leaf_are_the_documented_fold_take_the_replayed_time_
     topo = cfg.topology
     payload, raw = dict.fromkeys((link.name for link in topo.links), 0), dict.fromkeys((link.name for link in topo.links), 0)
     for collective, nbytes, item, root, got in timed:
-        assert got == pytest.approx(cost_nodes.modeled_ns(collective, "hier", topo, nbytes, cfg, item, root),
+        assert got == pytest.approx(cost_nodes.modeled_ns(collective, "hier_nvls", topo, nbytes, cfg, item, root),
                                     rel=1e-9, abs=1e-6), (collective, nbytes, item)
     for (collective, nbytes, item, root), times in collections.Counter([(*call, 0) for call in calls] +
                                                                        [call[:4] for call in timed]).items():
@@ -190,12 +192,13 @@ def test_a_node_group_is_its_node_s_alone_and_its_loads_stay_in_its_buffers():
     band) is refused at its own leaf, which holds no such group (AccessViolation; group ids never collide
     between leaves); a load-reduce by GPU 0 through its node's group past the bound buffers is refused by
     each member asked to serve it (AccessViolation naming GPU 0); the world's hier stays exact after
-    both. The group's members, partitions and limit are the group machinery's own (comm.node_group_id)."""
+    both (hier_nvls: the node stages in the leaf). The group's members, partitions and limit are the group
+    machinery's own (comm.node_group_id)."""
     nodes, per_node, _ = shape()
 
     def exact(comm):
         x = np.full(4 * comm.size + 1, comm.rank, np.float32)
-        comm.allreduce(x, algorithm="hier")
+        comm.allreduce(x, algorithm="hier_nvls")
         assert np.all(x == sum(range(comm.size)))
 
     def main(gpu):
@@ -230,49 +233,56 @@ def test_a_node_group_is_its_node_s_alone_and_its_loads_stay_in_its_buffers():
     assert all(ports[g]["refused"] == 0 for g in ports if g != per_node)
 
 
-def hier_calls(gpu, S=S):
-    """One call of each collective with 'hier' on S bytes, each checked against numpy; returns
+def hier_calls(gpu, S=S, algorithm="hier"):
+    """One call of each collective with `algorithm` on S bytes, each checked against numpy; returns
     (collective, bytes, root) of each, for fabric.cost_nodes."""
     n, rank, count = gpu.size, gpu.rank, S // 4
     base = np.arange(count, dtype=np.float32)
     calls = []
     x = gpu.alloc(count, "float32")
     x[:] = base + rank
-    gpu.world.allreduce(x, algorithm="hier")
+    gpu.world.allreduce(x, algorithm=algorithm)
     assert np.array_equal(x, n * base + n * (n - 1) / 2)
     calls.append(("allreduce", S, 0))
     parts = blocks(count, n)
     out = gpu.alloc(parts[rank][1] - parts[rank][0], "float32")
     x[:] = base * (rank + 1)
-    gpu.world.reduce_scatter(x, out, algorithm="hier")
+    gpu.world.reduce_scatter(x, out, algorithm=algorithm)
     assert np.array_equal(out, base[slice(*parts[rank])] * (n * (n + 1) / 2))
     calls.append(("reduce_scatter", S, 0))
     mine = gpu.alloc(len(out), "float32")
     mine[:] = rank
     gathered = gpu.alloc(count, "float32")
-    gpu.world.allgather(mine, gathered, algorithm="hier")
+    gpu.world.allgather(mine, gathered, algorithm=algorithm)
     assert np.array_equal(gathered, np.repeat(np.arange(n, dtype=np.float32), [b - a for a, b in parts]))
     calls.append(("allgather", S, 0))
     _, per_node, _ = shape()
     for root in (n - 1, per_node):  # the last node's last GPU; node 1's first (rail 0)
         x[:] = base if rank == root else -1
-        gpu.world.broadcast(x, root=root, algorithm="hier")
+        gpu.world.broadcast(x, root=root, algorithm=algorithm)
         assert np.array_equal(x, base)
         calls.append(("broadcast", S, root))
     return calls
 
 
-@pytest.mark.parametrize("base", PRESETS)
-def test_hier_is_exact_and_puts_the_documented_bytes_on_every_link_of_both_levels(base):
-    result = run(lambda gpu: hier_calls(gpu) + hier_calls(gpu, S_ONE), base, chunk_bytes=BYTES_CHUNK)
+# hier_nvls where the leaves reduce (superpod-h100-*), hier (node rings) on superpod-a100-ib and on one H100 preset
+FORMS = [(base, "hier_nvls" if base != "superpod-a100-ib" else "hier") for base in PRESETS] + \
+        [("superpod-h100-ib", "hier")]
+
+
+@pytest.mark.parametrize("base, algorithm", FORMS)
+def test_hier_is_exact_and_puts_the_documented_bytes_on_every_link_of_both_levels(base, algorithm):
+    assert hier_plan.in_leaf(config(base)) == (base != "superpod-a100-ib")
+    result = run(lambda gpu: hier_calls(gpu, S, algorithm) + hier_calls(gpu, S_ONE, algorithm), base,
+                 chunk_bytes=BYTES_CHUNK)
     if result.role != "gpu":
         return
     topo = config(base).topology
     expected = {link.name: 0 for link in topo.links}
-    leaf = hier_plan.in_leaf(config(base))  # superpod-h100-*: node stages in the leaf; superpod-a100-ib: rings
+    leaf = algorithm == "hier_nvls"  # node stages in the leaf; hier: node rings
     raw = dict(expected)
     for collective, nbytes, root in result.value:
-        for name, value in cost_nodes.link_bytes(collective, "hier", topo, nbytes, 4, root,
+        for name, value in cost_nodes.link_bytes(collective, algorithm, topo, nbytes, 4, root,
                                                  config=config(base, chunk_bytes=BYTES_CHUNK)).items():
             expected[name] += value
         if leaf:
@@ -295,18 +305,20 @@ def test_layouts_it_refuses_and_sub_communicators_it_runs():
         r = gpu.rank
         local = r % per_node
         x = gpu.alloc(64, "float32")
-        # one member per node (a rail): the rail ring alone
+        # one member per node (a rail): the rail ring alone (hier_nvls too: no node stage to put in the leaf)
         rail = gpu.world.split(local)
-        x[:] = r
-        rail.allreduce(x, algorithm="hier")
-        assert np.all(x == sum(range(local, nodes * per_node, per_node)))
-        # one node: exactly the ring, bit for bit
+        for algorithm in ("hier", "hier_nvls"):
+            x[:] = r
+            rail.allreduce(x, algorithm=algorithm)
+            assert np.all(x == sum(range(local, nodes * per_node, per_node)))
+        # one node: exactly the ring, bit for bit (hier_nvls: hier's node ring there)
         node = gpu.world.split(r // per_node)
         data = contribution(r, 1001, np.dtype(np.float32), "sum")
-        a, b = data.copy(), data.copy()
+        a, b, c = data.copy(), data.copy(), data.copy()
         node.allreduce(a, algorithm="hier")
+        node.allreduce(c, algorithm="hier_nvls")
         node.allreduce(b, algorithm="ring")
-        assert same_bits(a, b)
+        assert same_bits(a, b) and same_bits(c, b)
         # the last GPU left out: its node holds fewer members than the others
         short = gpu.world.split(None if r == gpu.size - 1 else 0)
         # one GPU a node, at local index 0 in node 0 and local index 1 elsewhere: rails do not line up
@@ -316,9 +328,10 @@ def test_layouts_it_refuses_and_sub_communicators_it_runs():
             if comm is None:
                 continue
             y = gpu.alloc(8, "float32")
-            with pytest.raises(UnsupportedOperation, match=rf"GPU {r}: allreduce with 'hier'.*same number of "
-                                                           rf"members.*{why}"):
-                comm.allreduce(y, algorithm="hier")
+            for algorithm in ("hier", "hier_nvls"):
+                with pytest.raises(UnsupportedOperation, match=rf"GPU {r}: allreduce with '{algorithm}'.*same number "
+                                                               rf"of members.*{why}"):
+                    comm.allreduce(y, algorithm=algorithm)
             y[:] = 1
             comm.allreduce(y, algorithm="ring")  # still in step
             assert np.all(y == comm.size)

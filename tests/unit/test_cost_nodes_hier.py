@@ -1,6 +1,8 @@
-"""fabric.cost_nodes for `hier` (ranks/collectives/hier.py): its rounds on 2 nodes x 4 GPUs by hand,
-the closed forms of bytes per level on several shapes, rail alignment, one node is the ring; its
-pipelined plan (fabric.hier_plan) moves the rounds' bytes and overlaps the phases."""
+"""fabric.cost_nodes for `hier` (ranks/collectives/hier.py, node rings) and `hier_nvls` (its node stages in
+the leaf): hier's rounds on 2 nodes x 4 GPUs by hand, the closed forms of bytes per level on several shapes,
+rail alignment, one node is the ring (one node and one GPU a node, hier_nvls is hier); the pipelined plan
+(fabric.hier_plan) moves the rounds' bytes and overlaps the phases; hier_nvls's bytes per link, counted slice
+by slice, are op for op its programs'."""
 
 import numpy as np
 import pytest
@@ -123,6 +125,23 @@ def test_one_node_is_the_ring_round_for_round(gpus):
             assert len(ours) == len(ring) and all(np.array_equal(a, b) for a, b in zip(ours, ring)), collective
             assert cn.modeled_ns(collective, "hier", t, size, config) == cn.modeled_ns(collective, "ring", t, size,
                                                                                         config)
+            nvls = cn.rounds(collective, "hier_nvls", t, size)  # one node: hier's node ring
+            assert len(nvls) == len(ring) and all(np.array_equal(a, b) for a, b in zip(nvls, ring)), collective
+            assert cn.modeled_ns(collective, "hier_nvls", t, size, config) == cn.modeled_ns(collective, "ring", t,
+                                                                                             size, config)
+
+
+def test_one_gpu_a_node_hier_nvls_is_hier():
+    config = preset("superpod-h100-ib", nodes=4, gpus=4, spines=1)  # 4 nodes x 1 GPU: the rail ring alone
+    t = config.topology
+    for collective in cn.FLAT["hier"]:
+        for size in (4 * 4, 4 * 4 * 3001):
+            assert cn.link_bytes(collective, "hier_nvls", t, size, config=config) == cn.link_bytes(collective, "hier",
+                                                                                                  t, size)
+            assert cn.modeled_ns(collective, "hier_nvls", t, size, config) == cn.modeled_ns(collective, "hier", t,
+                                                                                             size, config)
+            assert cn.occupancy_bound_ns(collective, "hier_nvls", t, size, config) == cn.occupancy_bound_ns(
+                collective, "hier", t, size, config)
 
 
 def test_uneven_sizes_move_every_byte_once_per_phase():
@@ -144,6 +163,14 @@ def test_errors_name_what_is_wrong():
         cn.rounds("allreduce", "hier", t, S + 2)
     with pytest.raises(FabricError, match="no multi-node model for all2all with 'hier'"):
         cn.rounds("all2all", "hier", t, S)
+    with pytest.raises(FabricError, match="hier_nvls's link bytes need the config"):
+        cn.link_bytes("allreduce", "hier_nvls", t, S)
+    a100 = preset("superpod-a100-ib", nodes=2, gpus=8, spines=1)  # its leaves only forward
+    with pytest.raises(FabricError, match="hier_nvls runs its node stages in the leaf on 2 nodes of 4 GPUs, config "
+                                          "'superpod-a100-ib'.*leaves that reduce"):
+        cn.link_bytes("allreduce", "hier_nvls", a100.topology, S, config=a100)
+    with pytest.raises(FabricError, match="replay: allreduce hier_nvls on 2 nodes of 4 GPUs .* do not reduce"):
+        replay.replay_ns("allreduce", "hier_nvls", a100.topology, S, a100)
 
 
 def test_the_time_bounds_hold_and_auto_may_pick_hier():
@@ -151,9 +178,11 @@ def test_the_time_bounds_hold_and_auto_may_pick_hier():
     t = config.topology
     for collective in ("allreduce", "reduce_scatter", "allgather", "broadcast"):
         for size in (8 * 4096, 8 << 20):
-            assert cn.lower_bound_ns(collective, "hier", t, size, config) <= cn.modeled_ns(collective, "hier", t,
-                                                                                           size, config)
-    candidates = ("ring", "direct", "hier")
+            for algorithm in ("hier", "hier_nvls"):
+                ns = cn.modeled_ns(collective, algorithm, t, size, config)
+                assert cn.lower_bound_ns(collective, algorithm, t, size, config) <= ns, (collective, algorithm, size)
+                assert cn.occupancy_bound_ns(collective, algorithm, t, size, config) <= ns, (collective, algorithm)
+    candidates = ("ring", "direct", "hier", "hier_nvls")
     times = {a: cn.modeled_ns("allreduce", a, t, 1 << 20, config) for a in candidates}
     assert cn.fastest("allreduce", candidates, 1 << 20, config) == min(times, key=times.get)
 
@@ -192,14 +221,16 @@ def test_the_pipelined_plan_moves_the_rounds_bytes_and_finishes_every_range_once
 def test_pipelining_overlaps_the_node_and_rail_phases(monkeypatch):
     config = preset("superpod-h100-ib", nodes=2, gpus=8, spines=1)
     t, S = config.topology, 16 << 20  # ranges of 2 MiB: 8 slices of 256 KiB
-    piped = {c: replay.replay_ns(c, "hier", t, S, config, root=1) for c in cn.FLAT["hier"]}
-    monkeypatch.setattr(hier_plan, "SLICE_BYTES", 1 << 40)  # one slice: the phases one after the other
-    serial = {c: replay.replay_ns(c, "hier", t, S, config, root=1) for c in cn.FLAT["hier"]}
-    for collective in ("allreduce", "reduce_scatter", "allgather"):
-        assert piped[collective] < 0.9 * serial[collective], (collective, piped, serial)
-    assert piped["broadcast"] < serial["broadcast"]
-    # no faster than the busiest stage allows (its bytes at its bandwidth)
-    assert piped["allreduce"] > cn.bottleneck("allreduce", "hier", t, S, config)[1]
+    forms = ("hier", "hier_nvls")
+    piped = {(c, a): replay.replay_ns(c, a, t, S, config, root=1) for a in forms for c in cn.FLAT[a]}
+    monkeypatch.setattr(hier_plan, "SLICE_BYTES", 1 << 40)  # one slice (hier_nvls: as the leaf's share allows)
+    serial = {(c, a): replay.replay_ns(c, a, t, S, config, root=1) for a in forms for c in cn.FLAT[a]}
+    for algorithm in forms:
+        for collective in ("allreduce", "reduce_scatter", "allgather"):
+            assert piped[(collective, algorithm)] < 0.9 * serial[(collective, algorithm)], (collective, piped, serial)
+        assert piped[("broadcast", algorithm)] < serial[("broadcast", algorithm)]
+        # no faster than the busiest stage allows (its bytes at its bandwidth)
+        assert piped[("allreduce", algorithm)] > cn.bottleneck("allreduce", algorithm, t, S, config)[1]
 
 
 @pytest.mark.parametrize("nodes, per_node, spines", [(2, 2, 1), (2, 4, 2), (3, 4, 3), (4, 8, 2)])
@@ -214,8 +245,9 @@ def test_node_stages_in_the_leaf_move_the_closed_forms_and_the_rails_as_the_ring
                                ("reduce_scatter", size + (N - 1) * size // n, size // G + (N - 1) * size // n),
                                ("allgather", size // G + (N - 1) * size // n, size + (N - 1) * size // n)):
         payload, raw = cn.hier_leaf_link_bytes(collective, t, size, config)
-        assert cn.link_bytes(collective, "hier", t, size, config=config) == payload
-        rings = cn.link_bytes(collective, "hier", t, size)  # no config: node rings
+        assert cn.link_bytes(collective, "hier_nvls", t, size, config=config) == payload
+        rings = cn.link_bytes(collective, "hier", t, size, config=config)  # hier: node rings, leaves that reduce or not
+        assert rings == cn.link_bytes(collective, "hier", t, size)
         for link in t.links:
             if link.level == "gpu-leaf":
                 assert payload[link.name] == (tx if link.direction == "up" else rx), (collective, link.name)
@@ -247,3 +279,54 @@ def test_the_leaf_plan_serves_in_one_order_and_finishes_every_range_once():
     P = hier_plan.slice_elements(1 << 20, 4, 32, 8, 1 << 26)
     assert 2 * 7 * 32 * 8 * P * 4 <= 1 << 26 < 2 * 7 * 32 * 8 * (P + 1) * 4
     assert hier_plan.slice_elements(1 << 20, 4) == hier_plan.SLICE_BYTES // 4
+
+
+def op_by_op_leaf_traffic(collective, topo, S, config, itemsize=4, root=0):
+    """cost_nodes._hier_leaf_traffic as hier_leaf_link_bytes counted it before it went slice by slice: every
+    member's program (replay._hier) op by op."""
+    from nvlink_emu.fabric.packets import raw_bytes
+    from nvlink_emu.fabric.switch import buffer_share_bytes
+    n = topo.gpus
+    count = S // itemsize
+    chunk = max(1, config.chunk_bytes // itemsize)
+    raw = lambda nbytes: raw_bytes(nbytes, config.mtu_bytes, config.header_bytes)
+    sent, sent_raw = np.zeros((n, n), object), np.zeros((n, n), object)
+    up, up_raw, down, down_raw = [0] * n, [0] * n, [0] * n, [0] * n
+    share = buffer_share_bytes(config)
+    for r in range(n):
+        for op in replay._hier(collective, topo, r, count, chunk, itemsize, root, share):
+            kind = op[0]
+            if kind == "send":
+                sent[r, op[1]] += op[3]
+                sent_raw[r, op[1]] += raw(op[3])
+            elif kind == "lr":
+                up_raw[r] += raw(0)
+            elif kind == "serve":
+                down_raw[r] += raw(0)
+                up[r] += op[3]
+                up_raw[r] += raw(op[3])
+            elif kind == "mcast":
+                up[r] += op[2]
+                up_raw[r] += raw(op[2])
+            elif kind == "take":
+                down[r] += op[2]
+                down_raw[r] += raw(op[2])
+    return sent.tolist(), sent_raw.tolist(), up, up_raw, down, down_raw
+
+
+@pytest.mark.parametrize("name", ("superpod-h100-ib", "superpod-h100-nvlink"))
+@pytest.mark.parametrize("N, G", [(2, 2), (3, 4), (2, 8), (5, 2)])
+def test_leaf_bytes_counted_slice_by_slice_are_the_programs_op_by_op(name, N, G):
+    config = preset(name, nodes=N, gpus=N * G, chunk_bytes=1024)
+    t = config.topology
+    P = hier_plan.slice_elements(256, 4, N, G, cn.buffer_share_bytes(config))
+    for itemsize in (4, 2):
+        # one element; uneven ranges in one slice; several slices (some ranges one piece shorter), many chunks
+        for count in (1, N * G * 3 + 1, 3 * P * N * G + 7, 257 * N * G + 3):
+            for collective in cn.FLAT["hier_nvls"]:
+                for root in ((0, N * G - 1, G + 1) if collective == "broadcast" else (0,)):
+                    sent, sent_raw, *rest = cn._hier_leaf_traffic(collective, t, count * itemsize, config, itemsize,
+                                                                  root)
+                    got = [sent.tolist(), sent_raw.tolist(), *rest]
+                    assert got == list(op_by_op_leaf_traffic(collective, t, count * itemsize, config, itemsize,
+                                                             root)), (collective, itemsize, count, root)

@@ -33,8 +33,9 @@ def test_on_one_node_hier_is_the_ring_and_pxn_is_direct(gpus):
     topo = Topology.single(config)
     for size in (gpus * 1024, gpus * 3 << 20):
         for collective in ("allreduce", "reduce_scatter", "allgather"):
-            assert replay.replay_ns(collective, "hier", topo, size, config) == pytest.approx(
-                replay.replay_ns(collective, "ring", topo, size, config), rel=1e-12)
+            for algorithm in ("hier", "hier_nvls"):  # hier_nvls runs hier's node ring on one node
+                assert replay.replay_ns(collective, algorithm, topo, size, config) == pytest.approx(
+                    replay.replay_ns(collective, "ring", topo, size, config), rel=1e-12)
         assert replay.replay_ns("all2all", "pxn", topo, size, config) == pytest.approx(
             replay.replay_ns("all2all", "direct", topo, size, config), rel=1e-12)
 

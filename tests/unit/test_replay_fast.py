@@ -1,13 +1,14 @@
 """fabric.cost_nodes.fastest's pruning: occupancy_bound_ns (and fabric.replay.nvls_lower_bound_ns) never
 exceeds the replay, and the pick is the one replaying every candidate gives (the reference below, the code
-before the pruning), on several shapes, presets and sizes; the pruning does skip replays. The ring's
-programs from its cached layout are op for op the ones built per member before."""
+before the pruning), on several shapes, presets and sizes, hier (node rings, all its rounds) and hier_nvls
+(its node stages in the leaf: its GPU links' raw bytes) among them; the pruning does skip replays. The
+ring's programs from its cached layout are op for op the ones built per member before."""
 
 import math
 
 import pytest
 
-from nvlink_emu.fabric import cost_nodes as cn, replay
+from nvlink_emu.fabric import cost_nodes as cn, hier_plan, replay
 from nvlink_emu.fabric.config import resolve
 from nvlink_emu.fabric.reduction import channel_rings, chunks, rail_ranges, ring_channel_count
 from nvlink_emu.ranks.collectives import ALGORITHMS, allowed, choose
@@ -22,9 +23,10 @@ def sizes(n):
 
 
 def pairs(config):
-    """Every (collective, algorithm) the bound covers on `config`: FLAT's, and nvls's load-reduce if its
-    spines reduce."""
-    out = [(c, a) for a, cs in cn.FLAT.items() for c in cs if a != "all2allv"]
+    """Every (collective, algorithm) the bound covers on `config`: FLAT's (hier_nvls where the leaves reduce),
+    and nvls's load-reduce if its spines reduce."""
+    out = [(c, a) for a, cs in cn.FLAT.items() for c in cs
+           if a != "all2allv" and (a != "hier_nvls" or hier_plan.in_leaf(config))]
     return out + ([("allreduce", "nvls"), ("reduce_scatter", "nvls")] if config.spine_sharp else [])
 
 
@@ -57,6 +59,29 @@ def test_the_occupancy_bound_never_exceeds_the_replay(name, nodes, per_node):
             bound = cn.occupancy_bound_ns(collective, algorithm, topo, S, config)
             ns = replay.replay_ns(collective, algorithm, topo, S, config)
             assert 0 < bound <= ns, (collective, algorithm, S, bound, ns)
+
+
+@pytest.mark.parametrize("name", ("superpod-h100-ib", "superpod-h100-nvlink"))
+@pytest.mark.parametrize("nodes,per_node", [(2, 8), (4, 2)])
+def test_the_hier_bounds_never_exceed_their_replays_in_many_slices(name, nodes, per_node):
+    """Sizes whose ranges run in several slices (hier_nvls: as the leaf's share bounds them), float32 and
+    float16; each bound at least its GPU links' payload over B (hier_leaf_link_bytes' closed forms)."""
+    config = resolve(name, None, None, nodes, per_node)
+    topo, n, G = config.topology, config.gpus, per_node
+    B = topo.gpu_gbytes_per_s
+    for itemsize in (4, 2):
+        for S in (n * itemsize * 70001, 16 << 20):
+            for collective in cn.FLAT["hier"]:
+                for algorithm in ("hier", "hier_nvls"):
+                    bound = cn.occupancy_bound_ns(collective, algorithm, topo, S, config, itemsize)
+                    ns = replay.replay_ns(collective, algorithm, topo, S, config, itemsize)
+                    assert 0 < bound <= ns, (collective, algorithm, S, itemsize, bound, ns)
+                    links = cn.link_bytes(collective, algorithm, topo, S, itemsize, config=config)
+                    most = max(b for k, b in links.items() if k.startswith("gpu"))
+                    assert bound >= most / B, (collective, algorithm, S)
+            if S == 16 << 20 and itemsize == 4:  # allreduce in the leaf: S + S/G + 2(N-1)/(NG) S up, over B at least
+                assert cn.occupancy_bound_ns("allreduce", "hier_nvls", topo, S, config) >= \
+                    (S + S // G + 2 * (nodes - 1) * S // n) / B
 
 
 def test_the_nvls_bound_by_hand():
@@ -151,3 +176,17 @@ def test_the_ring_s_cached_layout_gives_every_member_the_same_program(nodes, per
                 got = list(replay._program(collective, "ring", config.topology, r, S // 4, chunk, 4, 0, None))
                 assert got == list(_reference_ring_channels(collective, config.topology, r, S // 4, chunk, 4)), \
                     (collective, S, r)
+
+
+def test_auto_weighs_hier_against_hier_nvls_as_replaying_both_does():
+    """superpod-h100-ib 2 x 4 GPUs: the leaf's stages win at 256 KiB and 16 MiB, the node rings at 4 MiB
+    (hier_nvls 41.237 us, hier 39.387); the pruned pick is the exhaustive one at each."""
+    config = resolve("superpod-h100-ib", None, None, 2, 4)
+    names = candidates(config, "allreduce")
+    assert names.index("hier") + 1 == names.index("hier_nvls")  # the tie order: right after hier
+    picks = []
+    for S in (256 << 10, 4 << 20, 16 << 20):
+        want = exhaustive("allreduce", names, S, config)
+        assert cn.fastest("allreduce", names, S, config) == want == choose("allreduce", "auto", config, S), S
+        picks.append(want)
+    assert picks == ["hier_nvls", "hier", "hier_nvls"]

@@ -1,6 +1,7 @@
-"""fabric.replay.hier_ns (node stages in the leaf), made faster (hier_plan's operations consumed directly,
+"""fabric.replay.hier_ns (hier_nvls: hier's node stages in the leaf), made faster (hier_plan's operations consumed directly,
 the link clocks called directly, raw bytes memoised, a call's slice plans built once for every member),
-gives exactly (==) the times of the replay before: the loop as it was (copied below, over replay._hier's
+gives exactly (==) the times of the replay before (of `hier` on these presets, which ran its node stages in
+the leaf before they were split off as hier_nvls): the loop as it was (copied below, over replay._hier's
 translation of each member's own program), and the values the code before the change gave (main at
 35a4ac4) on several presets, shapes, collectives, itemsizes and sizes. hier_plan.program with one memo
 shared by every member yields, op for op, what it yields alone."""
@@ -104,7 +105,7 @@ def test_the_faster_replay_gives_the_times_the_code_before_gave(case, before):
     name, N, G, collective, S, itemsize, root = case
     config = resolve(name, None, None, N, G)
     assert hier_plan.in_leaf(config)
-    got = replay.replay_ns(collective, "hier", config.topology, S, config, itemsize, root)
+    got = replay.replay_ns(collective, "hier_nvls", config.topology, S, config, itemsize, root)
     assert got == before
     assert got == old_hier_ns(collective, config.topology, S // itemsize, config, itemsize, root)
 
