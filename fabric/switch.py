@@ -24,9 +24,11 @@ count bytes (fabric.topology, Shares).
 in every switch it spans: the leaf of each of its nodes (its inputs: the node's members, in communicator
 rank order) and every spine (its inputs: the leaves of its nodes, in node order). Created by its first
 member at that GPU's leaf (the *creator* leaf; id = k x nodes + the leaf's index, so ids never collide
-between leaves), which sends the group to every spine and, once every spine took it, through the first
+between leaves), which sends the group to every spine and, once every spine took it, through every
 spine to the group's other leaves (in two phases: a member can bind the group at its own leaf, and use
-it, only once every spine holds it, whatever order the switches read each other's packets in); each
+it, only once every spine holds it and, at another leaf, once every spine's span reached that leaf, so
+whatever a spine passes on for the group reaches each leaf after that spine's span, whatever order the
+switches read each other's packets in: _span_in); each
 checks its own 128-group limit (its partition's share) and answers, and the create is answered only
 once every switch took the group (else it is undone everywhere and refused with the switches' errors;
 a switch that refused it drops its late traffic as a released group's). Bound by each member at its own leaf; released by the creator leaf for all. A leaf
@@ -244,6 +246,9 @@ class SwitchLogic:
         self._parts: dict[tuple, tuple[float, float]] = {}  # (group, slot) -> its members' parts' latest stamps
         self._seen: dict[int, int] = {}  # creator leaf -> the highest k of its group ids held here (_released)
         self._failed: set[int] = set()   # groups whose members heard a spine's refusal (once, until released)
+        # spanning groups another leaf created, taken here from some spines' spans: gid -> the spines whose
+        # span is still to come (the leaf answers, and its members may bind, once none is: _span_in)
+        self._spans_due: dict[int, set[int]] = {}
         # each local GPU's share of the node's uplink to each spine (U / (G P)), which its multicast stores
         # and its parts of its groups' partials take, booked here in that GPU's packet order (so every group
         # of a GPU shares it); the local members of released spanning groups (the most recent GONE_KEPT),
@@ -809,13 +814,7 @@ class SwitchLogic:
         if kind is not Kind.GROUP:
             raise ProtocolError(f"{here}: {kind.name} from spine {spine} is no spanning group's traffic")
         if info.action == "span":  # a group another leaf created, held by every spine already: this node's copy
-            try:
-                self._take_span(info)
-                answer = GroupInfo("spanned", info.group, (), "")
-            except FabricError as exc:
-                _seen(self._seen, self.topology.nodes, info.group)  # what comes for it is dropped, as if released
-                answer = GroupInfo("refused", info.group, (), _why(exc))
-            return [Send(-1, Packet(Kind.GROUP, -1, -1, req=self.switch, info=answer), switch=spine)]
+            return self._span_in(spine, info)
         if info.action == "unspan":
             self._drop_span(info.group)
             return []
@@ -907,6 +906,35 @@ class SwitchLogic:
         self._partial_bytes[partition] -= nbytes
         self._partial_parts[partition] -= 1
 
+    def _span_in(self, spine: int, info: GroupInfo) -> list[Send]:
+        """Spine `spine`'s span of a group another leaf created (every spine sends one, phase 2): the first
+        makes this node's copy (or is refused), the others are counted; answered (through the first spine,
+        which relays the leaves' answers) once every spine's came, and only then may members bind here: so
+        whatever any spine passes on for the group reaches this leaf after that spine's span (MPI's order
+        per sender), whichever member sent it. A span of a group refused or undone here meanwhile is dropped."""
+        topology = self.topology
+        due = self._spans_due.get(info.group)
+        if due is None:
+            if info.group in self.groups.groups or _released(self.groups, self._seen, topology.nodes, info.group):
+                if info.group in self.groups.groups:
+                    raise ProtocolError(f"switch {self.switch}: a second span of group {info.group} from spine {spine}")
+                return []  # refused here, or undone by its creator, before this spine's span came
+            try:
+                self._take_span(info)
+            except FabricError as exc:
+                _seen(self._seen, topology.nodes, info.group)  # what comes for it is dropped, as if released
+                answer = GroupInfo("refused", info.group, (), _why(exc))
+                return [Send(-1, Packet(Kind.GROUP, -1, -1, req=self.switch, info=answer), switch=topology.nodes)]
+            due = self._spans_due[info.group] = set(range(topology.nodes, topology.nodes + topology.spines))
+        if spine not in due:
+            raise ProtocolError(f"switch {self.switch}: a second span of group {info.group} from spine {spine}")
+        due.discard(spine)
+        if due:
+            return []
+        del self._spans_due[info.group]
+        answer = GroupInfo("spanned", info.group, (), "")
+        return [Send(-1, Packet(Kind.GROUP, -1, -1, req=self.switch, info=answer), switch=topology.nodes)]
+
     def _take_span(self, info: GroupInfo) -> None:
         partition = self._partition[info.members[0]]
         if self.groups.count_in(partition) >= self.group_share:
@@ -927,6 +955,7 @@ class SwitchLogic:
         return self._out(Send(port, nack, origin=-1))
 
     def _drop_span(self, gid: int) -> None:
+        self._spans_due.pop(gid, None)
         for key in [k for k in self._asked if k[0] == gid]:
             self._load_answered(*key)
         for key in [k for k in self._loaded if k[0] == gid]:  # their answers are dropped with the group
@@ -971,12 +1000,13 @@ class SwitchLogic:
         (errors.append(info.name) if info.action == "refused" else took.append(switch))
         if waiting:
             return []
-        if leaves and not errors:  # every spine holds it: now the other leaves, through the first spine
+        if leaves and not errors:  # every spine holds it: now the other leaves, through every spine (_span_in)
             waiting.update(leaves)
             leaves.clear()
             group = self.groups.groups[info.group]
             spread = GroupInfo("spread", info.group, group.members, group.name)
-            return [Send(-1, Packet(Kind.GROUP, -1, -1, req=self.switch, info=spread), switch=self.topology.nodes)]
+            return [Send(-1, Packet(Kind.GROUP, -1, -1, req=self.switch, info=spread), switch=spine)
+                    for spine in range(self.topology.nodes, self.topology.nodes + self.topology.spines)]
         del self._spanning[info.group]
         sends = []
         if errors:
@@ -1131,7 +1161,7 @@ class SwitchLogic:
                 return (info, nodes)  # a spanning group (_span)
             return {"group": self.groups.create(info.members, ingress, info.name, partition)}
         if info.action == "bind":
-            if info.group in self._spanning:
+            if info.group in self._spanning or info.group in self._spans_due:
                 raise AccessViolation(f"group bind by GPU {ingress}: group {info.group} is not created yet")
             self.groups.bind(info.group, ingress)
             return {"group": info.group}
@@ -1302,7 +1332,7 @@ class SpineLogic:
                 _seen(self._seen, nodes, info.group)  # what comes for it is dropped, as if released
                 answer = GroupInfo("refused", info.group, (), _why(exc))
             return [Send(-1, Packet(Kind.GROUP, -1, -1, req=self.switch, info=answer), switch=leaf)]
-        if info.action == "spread" and first:  # every spine took the creator leaf's group: on to its other leaves
+        if info.action == "spread":  # every spine took the creator leaf's group: its span on to the other leaves
             others = sorted({g // self.config.gpus_per_node for g in info.members} - {leaf})
             span = packet.but(info=GroupInfo("span", info.group, info.members, info.name))
             return [Send(-1, span, switch=node) for node in others]

@@ -48,44 +48,51 @@ class _Switches:
 
 
 def _spread_to_one_leaf():
-    """3 nodes x 2 GPUs, 2 spines (switches 3 and 4; 3 the first, which relays a creation). GPU 0 creates
-    group (0, 2, 4) - a member in each node - and every spine takes it; the first spine sends the span on
-    to leaves 1 and 2 (phase 2); leaf 1 reads it at once, leaf 2 not yet. Returns (switches, gid, the span
-    still on its way to leaf 2)."""
+    """3 nodes x 2 GPUs, 2 spines (switches 3 and 4; 3 the first, which relays the leaves' answers). GPU 0
+    creates group (0, 2, 4) - a member in each node - and every spine takes it; each spine sends its span
+    on to leaves 1 and 2 (phase 2); leaf 1 reads spine 3's at once, spine 4's not yet, leaf 2 neither.
+    Returns (switches, gid, the spans still on their way)."""
     fabric = _Switches(nvlink(nodes=3, spines=2))
     leaf0 = fabric.switches[0]
     pending = [(0, s) for s in leaf0.on_packet(0, _group_packet("create", members=(0, 2, 4), name="c"))]
     gid = pending[0][1].packet.info.group
-    held, _ = fabric.flow(pending, hold=lambda frm, send: send.switch == 2 and send.packet.info.action == "span")
-    (late,) = held
+    late = lambda frm, send: send.packet.info.action == "span" and (send.switch == 2 or frm == 4)
+    held, to_gpus = fabric.flow(pending, hold=late)
+    assert to_gpus == [] and sorted((frm, s.switch) for frm, s in held) == [(3, 2), (4, 1), (4, 2)]
     assert gid in fabric.switches[1].groups.groups and gid not in fabric.switches[2].groups.groups
     assert all(gid in fabric.switches[s].groups.groups for s in (3, 4))
-    return fabric, gid, late
+    return fabric, gid, held
 
 
-@pytest.mark.xfail(strict=True, reason="phase 2 of a spanning create: a member of a leaf that took the span binds "
-                                       "and sends through the second spine, which passes it to a leaf the first "
-                                       "spine's span has not reached yet: that leaf raises ProtocolError (ends "
-                                       "every tenant's run)")
 @pytest.mark.parametrize("kind", [Kind.LOAD_REDUCE, Kind.MCAST], ids=["load-reduce", "store"])
 def test_a_member_cannot_reach_a_leaf_before_the_group_s_span_does(kind):
     """Found in this review (the two-phase create, test_switch_cross_node_attack, closed the race between
-    spines only). Leaf 1 took the span of group (0, 2, 4) from spine 3; GPU 2, a member there, binds it
+    spines only). Leaf 1 took the span of group (0, 2, 4) from spine 3; GPU 2, a member there, bound it
     at once (its id, k x nodes + 0, it can guess; an honest member binds only after the create is
-    answered, once every leaf took it) - accepted, its leaf's copy has its one local member bound - and
-    sends a packet that goes up to spine 4: a load-reduce of slot (0, 1, 0, 1) (rank 1 second, chunk 1:
+    answered, once every leaf took it) - accepted, its leaf's copy had its one local member bound - and
+    sent a packet that goes up to spine 4: a load-reduce of slot (0, 1, 0, 1) (rank 1 second, chunk 1:
     spine (r + c) mod P = 4), or a store of key chunk 0 (spine (p + c) mod P, p = 1). Spine 4 holds the
-    group (phase 1) and passes it to leaves 0 and 2; leaf 2 reads it before spine 3's span (two senders:
+    group (phase 1) and passes it to leaves 0 and 2; leaf 2 read it before spine 3's span (two senders:
     MPI orders nothing between them; a flood through spine 3 to node 2 keeps the span behind it).
-    Measured: leaf 2 raises ProtocolError ("LOAD_REDUCE of group 3 from spine 4, which spans no nodes of
+    Before: leaf 2 raised ProtocolError ("LOAD_REDUCE of group 3 from spine 4, which spans no nodes of
     this leaf"; "a store of group 3 from spine 4 ...: no group spanning this leaf"), a switch's bug to
-    every tenant, whose run ends. Needs 3 nodes and 2 spines (on 2 nodes the only other leaf is the
-    creator's, which holds the group from the start; with 1 spine its span comes first). The smallest
-    fix: the first spine's span goes to the other leaves through every spine (each spine sends it on
-    once asked), and a leaf lets members bind only once every spine's span reached it, so what any spine
-    passes on for the group comes after that spine's span (MPI's order per sender)."""
-    fabric, gid, late = _spread_to_one_leaf()
-    leaf1 = fabric.switches[1]
+    every tenant, whose run ended. Needs 3 nodes and 2 spines (on 2 nodes the only other leaf is the
+    creator's, which holds the group from the start; with 1 spine its span comes first). After (the
+    attacker's fix, SwitchLogic._span_in): every spine sends its span to the other leaves, and a leaf
+    lets members bind, and answers the create, only once every spine's span reached it. So GPU 2's bind
+    is refused (AccessViolation) while spine 4's span is still on its way to leaf 1; once it came, what
+    GPU 2 sends through spine 4 reaches leaf 2 after spine 4's span (MPI's order per sender), which made
+    leaf 2's copy: the load-reduce finds no member bound there (the notice "unserved" back, as for any
+    request that waits for no one), the store no member to copy to; nothing raises, and leaf 2 answers
+    once spine 3's span comes too, its members binding only then."""
+    fabric, gid, held = _spread_to_one_leaf()
+    leaf1, leaf2 = fabric.switches[1], fabric.switches[2]
+    (early,) = leaf1.on_packet(2, _group_packet("bind", gid))
+    assert early.packet.info.get("error") == "AccessViolation", early.packet.info
+    assert "not created yet" in early.packet.info["message"]
+    spine4_to_1 = next(h for h in held if h[0] == 4 and h[1].switch == 1)
+    answers, _ = fabric.flow([spine4_to_1])  # leaf 1 now has both spans: it answers, through spine 3
+    assert answers == []
     (bound,) = leaf1.on_packet(2, _group_packet("bind", gid))
     assert bound.packet.info == {"group": gid}, bound.packet.info
     if kind is Kind.LOAD_REDUCE:
@@ -99,8 +106,22 @@ def test_a_member_cannot_reach_a_leaf_before_the_group_s_span_does(kind):
     to_leaves = fabric.send(1, ups[0])
     assert sorted(node for _, s in to_leaves for node in [s.switch]) == [0, 2]
     on_to_2 = next(s for _, s in to_leaves if s.switch == 2)
-    fabric.switches[2].on_switch(4, on_to_2.packet, on_to_2.payload)  # before the span: raises today
-    fabric.flow([late])
+    spine4_to_2 = next(h for h in held if h[0] == 4 and h[1].switch == 2)
+    assert fabric.send(*spine4_to_2) == []  # spine 4's span first (its order): leaf 2's copy, no answer yet
+    got = leaf2.on_switch(4, on_to_2.packet, on_to_2.payload)  # raised ProtocolError before
+    if kind is Kind.LOAD_REDUCE:
+        assert [(s.switch, s.packet.info.action) for s in got] == [(4, "unserved")]
+    else:
+        assert got == []
+    (refused,) = leaf2.on_packet(4, _group_packet("bind", gid))  # spine 3's span is still to come
+    assert refused.packet.info.get("error") == "AccessViolation", refused.packet.info
+    spine3_to_2 = next(h for h in held if h[0] == 3 and h[1].switch == 2)
+    _, to_gpus = fabric.flow([spine3_to_2])
+    assert [(s.port, s.packet.info) for s in to_gpus] == [(0, {"group": gid})]  # the create's answer
+    (bound,) = leaf2.on_packet(4, _group_packet("bind", gid))
+    assert bound.packet.info == {"group": gid}, bound.packet.info
+    assert all(gid in s.groups.groups for s in fabric.switches)
+    assert sum(s.malformed[g] for s in fabric.switches[:3] for g in range(6)) == 0
 
 
 class _CountingDict(dict):
