@@ -108,6 +108,7 @@ over that member's answer.
 """
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -229,8 +230,9 @@ class SwitchLogic:
         # chunks are never under 1 KiB in practice; this bounds what zero-byte contributions can pile up
         self.held_parts_share = max(4096, self.buffer_share_bytes // 1024)
         # requests forwarded and not yet answered: (replier port, requester port, req, reply kind) -> the
-        # byte counts the replies must carry, oldest first
-        self._awaited: dict[tuple[int, int, int, Kind], list[int]] = {}
+        # byte counts the replies must carry -> how many (a reply is matched in O(1), however many a GPU
+        # keeps awaited under one number: a scan of them made each forged reply cost the switch O(MAX_AWAITED))
+        self._awaited: dict[tuple[int, int, int, Kind], Counter] = {}
         self._awaiting = [0] * config.gpus  # per requester port: its forwarded requests not yet answered
         # spanning groups (module docstring): creates waiting for the other switches' answers, gid ->
         # [creator GPU, request, switches yet to answer, errors, switches that took it]; per partial sent
@@ -487,8 +489,8 @@ class SwitchLogic:
             raise ResourceExhausted(f"{kind.name} from GPU {ingress}: {MAX_AWAITED} of its requests are still "
                                     f"unanswered")
         self._awaiting[ingress] += 1
-        self._awaited.setdefault((target, ingress, packet.req, REPLY_OF[kind]), []).append(
-            0 if write else packet.nbytes)
+        self._awaited.setdefault((target, ingress, packet.req, REPLY_OF[kind]), Counter())[
+            0 if write else packet.nbytes] += 1
         return [Send(target, self._through(packet, src=self.route_key(ingress), dst=self.route_key(target),
                                            address=phys), payload if write else None)]
 
@@ -497,11 +499,13 @@ class SwitchLogic:
         AccessViolation if it answers none (a forged or repeated reply)."""
         key = (replier, requester, packet.req, packet.kind)
         sizes = self._awaited.get(key)
-        if not sizes or packet.nbytes not in sizes:
+        if not sizes or not sizes.get(packet.nbytes):
             raise AccessViolation(f"{packet.kind.name} of {packet.nbytes} bytes from GPU {replier} to GPU "
                                   f"{requester} for request {packet.req}: it answers no request the switch "
                                   f"forwarded from GPU {requester} to GPU {replier}")
-        sizes.remove(packet.nbytes)
+        sizes[packet.nbytes] -= 1
+        if not sizes[packet.nbytes]:
+            del sizes[packet.nbytes]
         self._awaiting[requester] -= 1
         if not sizes:
             del self._awaited[key]
@@ -509,7 +513,7 @@ class SwitchLogic:
     @property
     def awaited_replies(self) -> int:
         """Forwarded requests whose answer has not come (the end-of-run report shows them)."""
-        return sum(len(sizes) for sizes in self._awaited.values())
+        return sum(sizes.total() for sizes in self._awaited.values())
 
     # -- NVLink SHARP: in-switch reduction and multicast ------------------------------------------
     def _in_switch(self, ingress: int, packet: Packet, payload: np.ndarray | None) -> list[Send]:
