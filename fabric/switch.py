@@ -119,7 +119,7 @@ from .counters import LinkCounters, downlink, uplink
 from .timemodel import LinkEnd
 from .errors import (AccessViolation, CollectiveMismatch, FabricError, ProtocolError, ResourceExhausted,
                      UnsupportedOperation)
-from .groups import GroupTable
+from .groups import ByGroup, GroupTable
 from .packets import (MAX_TEXT, WIRE_INT_MAX, GroupInfo, Kind, LoadInfo, McastInfo, NackInfo, Packet, ReduceInfo,
                       raw_bytes)
 from .reduction import check_dtype, check_op, switch_accumulator
@@ -229,6 +229,11 @@ class SwitchLogic:
         # contributions held per partition: the credit windows hold at most share / chunk of them, and
         # chunks are never under 1 KiB in practice; this bounds what zero-byte contributions can pile up
         self.held_parts_share = max(4096, self.buffer_share_bytes // 1024)
+        # and each held contribution counts at least share / held_parts_share bytes (1 KiB on shares of 4 MiB
+        # and more) against the share: a held slot takes about 0.7 KiB of switch memory however few bytes it
+        # holds (32,768 zero-byte ones took 23.3 MB, tracemalloc: tests/unit/test_switch_attack4), so held
+        # slots and their bytes together stay within the share
+        self.groups.slot_bytes = self.buffer_share_bytes // self.held_parts_share
         # requests forwarded and not yet answered: (replier port, requester port, req, reply kind) -> the
         # byte counts the replies must carry -> how many (a reply is matched in O(1), however many a GPU
         # keeps awaited under one number: a scan of them made each forged reply cost the switch O(MAX_AWAITED))
@@ -239,13 +244,13 @@ class SwitchLogic:
         # up and not answered, (group, result key) -> (local destinations, bytes); those bytes per partition;
         # each member's part of the partials in flight on its share of the uplink (_member_part)
         self._spanning: dict[int, list] = {}
-        self._partials: dict[tuple, tuple[tuple[int, ...], int, int]] = {}  # + the group's partition
+        self._partials: dict[tuple, tuple[tuple[int, ...], int, int]] = ByGroup()  # + the group's partition
         self._partial_bytes: dict[int, int] = {}
         # partials whose result goes to no member here (reduce_scatter's other blocks): (group, slot) ->
         # (bytes, partition), until the spine's notice that it reduced the slot ("reduced")
-        self._unanswered: dict[tuple, tuple[int, int]] = {}
+        self._unanswered: dict[tuple, tuple[int, int]] = ByGroup()
         self._partial_parts: dict[int, int] = {}  # and how many (zero-byte partials hold memory too)
-        self._parts: dict[tuple, tuple[float, float]] = {}  # (group, slot) -> its members' parts' latest stamps
+        self._parts: dict[tuple, tuple[float, float]] = ByGroup()  # (group, slot) -> its members' parts' latest stamps
         self._seen: dict[int, int] = {}  # creator leaf -> the highest k of its group ids held here (_released)
         self._failed: set[int] = set()   # groups whose members heard a spine's refusal (once, until released)
         # spanning groups another leaf created, taken here from some spines' spans: gid -> the spines whose
@@ -262,12 +267,12 @@ class SwitchLogic:
         # nvls: load-reduces of this leaf's GPUs awaiting their result, (group, result key) -> (partition,
         # slot), the same by (group, slot) -> result key (a member's notice "unserved" names the slot), and
         # their number per partition (at most partial_share_parts: every LOAD they send costs every member)
-        self._asked: dict[tuple, tuple[int, tuple]] = {}
+        self._asked: dict[tuple, tuple[int, tuple]] = ByGroup()
         self._asked_slot: dict[tuple, tuple] = {}
         self._asked_count: dict[int, int] = {}
         # LOADs sent to local GPUs of spanning groups and not yet answered, (group, slot, port), and their
         # number per port (at most max_loads); requests dropped here for that bound; the most held at once
-        self._loaded: set[tuple] = set()
+        self._loaded = ByGroup()  # a set of them (the values None)
         self._loaded_count: dict[int, int] = {}
         # the bound: MAX_LOADS, or twice what honest nvls keeps (a larger buffer share or a smaller NVLS chunk)
         self.max_loads = max(MAX_LOADS, 2 * honest_loads(config))
@@ -713,7 +718,7 @@ class SwitchLogic:
         was sent it and not yet answered (now it is)."""
         if (gid, slot, port) not in self._loaded:
             return False
-        self._loaded.remove((gid, slot, port))
+        del self._loaded[(gid, slot, port)]
         self._loaded_count[port] -= 1
         return True
 
@@ -960,20 +965,21 @@ class SwitchLogic:
 
     def _drop_span(self, gid: int) -> None:
         self._spans_due.pop(gid, None)
-        for key in [k for k in self._asked if k[0] == gid]:
+        # each of these is indexed by group (ByGroup): a release touches only what the group holds
+        for key in self._asked.of(gid):
             self._load_answered(*key)
-        for key in [k for k in self._loaded if k[0] == gid]:  # their answers are dropped with the group
+        for key in self._loaded.of(gid):  # their answers are dropped with the group
             self._load_done(*key)
         group = self.groups.groups.get(gid)
         if group is not None:
             self.groups.release(gid, group.inputs[0])
             # its partials' results will not come (the spines drop it too): their bytes leave the share
-            for key in [k for k in self._partials if k[0] == gid]:
+            for key in self._partials.of(gid):
                 self._free_partial(self._partials.pop(key)[1], group.partition)
-            for key in [k for k in self._unanswered if k[0] == gid]:
+            for key in self._unanswered.of(gid):
                 self._free_partial(self._unanswered.pop(key)[0], group.partition)
         self._failed.discard(gid)
-        for key in [k for k in self._parts if k[0] == gid]:
+        for key in self._parts.of(gid):
             del self._parts[key]
         if group is not None:
             _remember_gone(self._gone, gid, group.inputs)
@@ -1227,7 +1233,7 @@ class SpineLogic:
         self.late_partials = 0  # partials of a group released while they were on their way (dropped)
         # multicast stores: the down clocks (group, sender, leaf), the sender's part of the group's shares
         # of that node's uplink from this spine; stores of a released group dropped on their way
-        self._store_down: dict[tuple[int, int, int], LinkEnd] = {}
+        self._store_down: dict[tuple[int, int, int], LinkEnd] = ByGroup()
         self.late_stores = 0
         # the members of released spanning groups (the most recent GONE_KEPT): a store dropped here took
         # credit at its sender's leaf for each member of another node, which this spine returns
@@ -1344,7 +1350,7 @@ class SpineLogic:
             if info.group in self.groups.groups:
                 _remember_gone(self._gone, info.group, self.groups.groups[info.group].members)
                 self.groups.release(info.group, self.groups.groups[info.group].inputs[0])
-            for key in [k for k in self._store_down if k[0] == info.group]:
+            for key in self._store_down.of(info.group):
                 del self._store_down[key]
             if first:
                 group_nodes = range(nodes)  # the leaves that hold it: whoever took the span
