@@ -45,7 +45,8 @@ _NOTHING = np.empty(0, np.uint8)  # where dropped messages go (a receive truncat
 # costs more than the copy into one: each MPI message is a probe, a match and a receive of Python and
 # MPI work at both ends (tens of us), copying 4 KiB is well under one; above it the copy grows with the
 # size while the message's cost does not. It also bounds what a switch holds of a GPU's packets that
-# wait (MAX_QUEUED of them, ranks/switch.py: 1 MiB per GPU) and what it reads before checking a header.
+# wait (ranks/switch.py: MAX_QUEUED of them and MAX_QUEUED_BYTES, 1 MiB, per GPU, headers and inline payloads
+# counted) and what it reads before checking a header.
 INLINE_PAYLOAD_BYTES = 4096
 INLINE_MARK = 0xC1  # an inline frame's first byte: msgpack never uses it, so no plain header starts with it
 _FRAME = struct.Struct("<BI")  # the mark, then the header's length in bytes (little-endian uint32)
