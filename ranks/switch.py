@@ -35,6 +35,9 @@ MAX_QUEUED = 256   # packets of one GPU waiting behind one that cannot go on yet
 # of bytes to ~1 KiB) are about MAX_QUEUED of them (4 KiB inline MSGs: 250)
 MAX_QUEUED_BYTES = 1 << 20
 SWEEP_STEPS = 1024  # every this many intake steps, drop stray messages of every GPU
+# fabric messages of a GPU the switch does not read now that a sweep keeps matched, to reach what it sent
+# behind them (transport.drop_other_tags): a header and a payload for each packet that may wait, and one more
+MAX_KEPT = 2 * (MAX_QUEUED + 1)
 # what a GPU that said DONE still sends while the switches end the run: answers to requests forwarded to it
 ANSWERS = frozenset({Kind.PUT_ACK, Kind.GET_DATA})
 # what switches send each other for a group that spans nodes (partials, results, its lifecycle)
@@ -172,7 +175,7 @@ class SwitchRank:
             moved |= self._advance_all()
         self._steps += 1
         if not self._steps % SWEEP_STEPS:  # now and then, for every GPU (honest ones never leave any)
-            moved |= self.transport.drop_other_tags() > 0
+            moved |= self._sweep_other_tags()
             moved |= self.transport.drop_strays_from(set(self.sources)) > 0
             for source in self.gpus:
                 moved |= self._drop_orphans(source)
@@ -197,6 +200,13 @@ class SwitchRank:
                 if got is not None:
                     return got
         return None
+
+    def _sweep_other_tags(self) -> bool:
+        """Drop the messages under tags the fabric never uses: at the front of MPI's queue, and each GPU's
+        wherever they are in its stream, behind what this switch does not read of it now too (a GPU whose
+        transfer is held: its messages are matched and kept in order, MAX_KEPT at most), so that junk a GPU
+        sends behind a payload of its own that waits does not pile up. Whether any was dropped."""
+        return self.transport.drop_other_tags(self.gpus, self._not_read(), MAX_KEPT) > 0
 
     def _not_read(self) -> set[int]:
         """The GPUs whose packets the switch does not read now: one waiting behind a held transfer, or past
