@@ -124,6 +124,32 @@ def test_a_member_cannot_reach_a_leaf_before_the_group_s_span_does(kind):
     assert sum(s.malformed[g] for s in fabric.switches[:3] for g in range(6)) == 0
 
 
+def test_a_leaf_that_refuses_a_span_answers_once_and_drops_the_later_spans():
+    """The refusal path of the fix above: leaf 2 holds partition 0's share of groups, so it refuses
+    group (0, 2, 4) at the first span it reads (spine 3's) and answers at once; leaf 1 answers once both
+    spans came, and the creator undoes the group (its "unspan" through spine 3, to leaves 1 and 2);
+    spine 4's span, read by leaf 2 only after that (two senders: any order), is dropped, not taken as a
+    new copy nor as a switch's bug. GPU 0 hears ResourceExhausted naming switch 2, no switch holds the
+    group, GPU 2's bind is refused."""
+    fabric = _Switches(nvlink(nodes=3, spines=2))
+    leaf2 = fabric.switches[2]
+    for k in range(leaf2.group_share):
+        leaf2.groups.create((4, 5), 4, f"x{k}", 0)
+    pending = [(0, s) for s in fabric.switches[0].on_packet(0, _group_packet("create", members=(0, 2, 4), name="c"))]
+    gid = pending[0][1].packet.info.group
+    held, to_gpus = fabric.flow(pending, hold=lambda frm, send: frm == 4 and send.switch == 2
+                                                           and send.packet.info.action == "span")
+    (reply,) = to_gpus
+    assert reply.port == 0 and reply.packet.info["error"] == "ResourceExhausted", reply.packet.info
+    assert "switch 2: cannot hold group" in reply.packet.info["message"]
+    assert len(held) == 1
+    assert fabric.flow(held) == ([], [])  # spine 4's span, after the undo: dropped
+    assert all(gid not in s.groups.groups for s in fabric.switches)
+    assert all(not s._spans_due for s in fabric.switches[:3])
+    (bind,) = fabric.switches[1].on_packet(2, _group_packet("bind", gid))
+    assert bind.packet.info.get("error") == "AccessViolation", bind.packet.info
+
+
 class _CountingDict(dict):
     """A dict that counts the keys its iterations yield (a scan of it)."""
 
