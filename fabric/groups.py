@@ -55,6 +55,49 @@ class Reduction:
     last_ns: float = 0.0       # the latest last byte of a contribution (modeled)
 
 
+class ByGroup(dict):
+    """A dict whose keys are tuples that start with a group id, which also keeps each group's keys, so
+    that a group's release touches only what that group holds (`of`), not every tenant's entries."""
+
+    def __init__(self):
+        super().__init__()
+        self._keys: dict[int, dict[tuple, None]] = {}  # gid -> its keys, in insertion order
+
+    def __setitem__(self, key: tuple, value) -> None:
+        if key not in self:
+            self._keys.setdefault(key[0], {})[key] = None
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: tuple) -> None:
+        super().__delitem__(key)
+        keys = self._keys[key[0]]
+        del keys[key]
+        if not keys:
+            del self._keys[key[0]]
+
+    def pop(self, key: tuple, *default):
+        if key in self:
+            value = self[key]
+            del self[key]
+            return value
+        if default:
+            return default[0]
+        raise KeyError(key)
+
+    def setdefault(self, key: tuple, default=None):
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def add(self, key: tuple) -> None:
+        """As a set's add (a ByGroup used as a set of keys)."""
+        self[key] = None
+
+    def of(self, group_id: int) -> list[tuple]:
+        """Group `group_id`'s keys (a copy: the caller may delete them)."""
+        return list(self._keys.get(group_id, ()))
+
+
 class GroupTable:
     """The switch's groups and the reductions in flight in them."""
 
@@ -63,9 +106,16 @@ class GroupTable:
         self._step, self._offset = step, offset  # ids: k x step + offset (a leaf of `step` nodes: its index)
         self.groups: dict[int, Group] = {}
         self.reductions: dict[tuple, Reduction] = {}
+        # each group's keys in `reductions` (gid -> its keys, in order), so that a group's release touches
+        # only its own slots, not every tenant's (a scan of every held slot made each release cost O(held))
+        self._slots: dict[int, dict[tuple, None]] = {}
         # held contributions per partition, kept as they change (a scan per packet would let many
         # small held reductions slow the switch for everyone): partition -> [bytes, contributions]
         self._held: dict[int, list[int]] = {}
+        # what they count against the partition's share of the buffer: each at least slot_bytes (a held
+        # slot takes switch memory, about 0.7 KiB measured, however few bytes it holds), partition -> bytes
+        self.slot_bytes = 0
+        self._charged: dict[int, int] = {}
         self._next_id = 1
         self.created = self.released = 0
         self.reduced_bytes = 0  # bytes of contributions combined in the switch
@@ -119,7 +169,7 @@ class GroupTable:
     def release(self, group_id: int, gpu: int) -> None:
         self.group(group_id, gpu, "release")
         group = self.groups.pop(group_id)
-        for key in [k for k in self.reductions if k[0] == group_id]:
+        for key in self._slots.pop(group_id, ()):
             self._hold(group.partition, self.reductions.pop(key), -1)
         self.released += 1
 
@@ -147,7 +197,10 @@ class GroupTable:
             raise FabricError(f"in-switch reduction slot {slot} of group {group_id}: {_who(group, gpu)} sent "
                               f"{data.nbytes} bytes, not a whole number of {given} elements")
         key = (group_id, *slot)
-        state = self.reductions.setdefault(key, Reduction(op, dtype, data.nbytes, delivery))
+        state = self.reductions.get(key)
+        if state is None:
+            state = self.reductions[key] = Reduction(op, dtype, data.nbytes, delivery)
+            self._slots.setdefault(group_id, {})[key] = None
         if (state.op, state.nbytes, state.dtype, state.delivery) != (op, data.nbytes, dtype, delivery):
             raise CollectiveMismatch(f"in-switch reduction slot {slot} of group {group_id}: {_who(group, gpu)} sent "
                                      f"{op}/{dtype}/{data.nbytes} B to {delivery}, others {state.op}/{state.dtype}/"
@@ -160,22 +213,24 @@ class GroupTable:
             raise CollectiveMismatch(f"in-switch reduction slot {slot} of group {group_id}: {_who(group, gpu)} "
                                      f"contributed twice")
         held, parts = self._held.get(group.partition, (0, 0))
+        charged = self._charged.get(group.partition, 0)
         if len(state.parts) + 1 < len(group.inputs) and (
-                (hold_limit_bytes is not None and held + data.nbytes > hold_limit_bytes)
+                (hold_limit_bytes is not None and charged + max(data.nbytes, self.slot_bytes) > hold_limit_bytes)
                 or (hold_limit_parts is not None and parts + 1 > hold_limit_parts)):
             if not state.parts:
-                del self.reductions[key]
+                self._forget(key)
             raise ResourceExhausted(f"in-switch reduction slot {slot} of group {group_id}: GPU {gpu}'s {data.nbytes} "
                                     f"bytes do not fit partition {group.partition}'s share of the in-switch buffer "
-                                    f"({hold_limit_bytes} bytes and {hold_limit_parts} contributions; {held} bytes "
-                                    f"in {parts} held)")
+                                    f"({hold_limit_bytes} bytes and {hold_limit_parts} contributions, each counted "
+                                    f"at least {self.slot_bytes} bytes; {held} bytes in {parts} held, counted "
+                                    f"{charged})")
         state.parts[index] = data
         state.first_ns = max(state.first_ns, times[0])
         state.last_ns = max(state.last_ns, times[1])
         if len(state.parts) < len(group.inputs):
             self._hold(group.partition, data, +1)
             return None
-        del self.reductions[key]
+        self._forget(key)
         self._hold(group.partition, state, -1, but=index)
         return self._reduce(state, group), state.delivery, (state.first_ns, state.last_ns)
 
@@ -195,13 +250,24 @@ class GroupTable:
         finish(state.op, acc, len(group.members), out)
         return out.view(np.uint8)
 
+    def _forget(self, key: tuple) -> None:
+        """Drop slot `key` (group id first) from `reductions` and its group's keys."""
+        del self.reductions[key]
+        keys = self._slots[key[0]]
+        del keys[key]
+        if not keys:
+            del self._slots[key[0]]
+
     def _hold(self, partition: int, what, sign: int, but: int | None = None) -> None:
         """Count a contribution (an array) or a reduction's held contributions (but member `but`'s,
-        which was never held) in (+1) or out (-1) of `partition`'s held total."""
+        which was never held) in (+1) or out (-1) of `partition`'s held total (and what they are
+        counted against its share: each at least slot_bytes)."""
         parts = [what] if isinstance(what, np.ndarray) else [p for i, p in what.parts.items() if i != but]
         totals = self._held.setdefault(partition, [0, 0])
         totals[0] += sign * sum(p.nbytes for p in parts)
         totals[1] += sign * len(parts)
+        self._charged[partition] = self._charged.get(partition, 0) + \
+            sign * sum(max(p.nbytes, self.slot_bytes) for p in parts)
 
     @property
     def held_bytes(self) -> int:

@@ -24,9 +24,11 @@ count bytes (fabric.topology, Shares).
 in every switch it spans: the leaf of each of its nodes (its inputs: the node's members, in communicator
 rank order) and every spine (its inputs: the leaves of its nodes, in node order). Created by its first
 member at that GPU's leaf (the *creator* leaf; id = k x nodes + the leaf's index, so ids never collide
-between leaves), which sends the group to every spine and, once every spine took it, through the first
+between leaves), which sends the group to every spine and, once every spine took it, through every
 spine to the group's other leaves (in two phases: a member can bind the group at its own leaf, and use
-it, only once every spine holds it, whatever order the switches read each other's packets in); each
+it, only once every spine holds it and, at another leaf, once every spine's span reached that leaf, so
+whatever a spine passes on for the group reaches each leaf after that spine's span, whatever order the
+switches read each other's packets in: _span_in); each
 checks its own 128-group limit (its partition's share) and answers, and the create is answered only
 once every switch took the group (else it is undone everywhere and refused with the switches' errors;
 a switch that refused it drops its late traffic as a released group's). Bound by each member at its own leaf; released by the creator leaf for all. A leaf
@@ -106,6 +108,7 @@ over that member's answer.
 """
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -116,7 +119,7 @@ from .counters import LinkCounters, downlink, uplink
 from .timemodel import LinkEnd
 from .errors import (AccessViolation, CollectiveMismatch, FabricError, ProtocolError, ResourceExhausted,
                      UnsupportedOperation)
-from .groups import GroupTable
+from .groups import ByGroup, GroupTable
 from .packets import (MAX_TEXT, WIRE_INT_MAX, GroupInfo, Kind, LoadInfo, McastInfo, NackInfo, Packet, ReduceInfo,
                       raw_bytes)
 from .reduction import check_dtype, check_op, switch_accumulator
@@ -226,24 +229,33 @@ class SwitchLogic:
         # contributions held per partition: the credit windows hold at most share / chunk of them, and
         # chunks are never under 1 KiB in practice; this bounds what zero-byte contributions can pile up
         self.held_parts_share = max(4096, self.buffer_share_bytes // 1024)
+        # and each held contribution counts at least share / held_parts_share bytes (1 KiB on shares of 4 MiB
+        # and more) against the share: a held slot takes about 0.7 KiB of switch memory however few bytes it
+        # holds (32,768 zero-byte ones took 23.3 MB, tracemalloc: tests/unit/test_switch_attack4), so held
+        # slots and their bytes together stay within the share
+        self.groups.slot_bytes = self.buffer_share_bytes // self.held_parts_share
         # requests forwarded and not yet answered: (replier port, requester port, req, reply kind) -> the
-        # byte counts the replies must carry, oldest first
-        self._awaited: dict[tuple[int, int, int, Kind], list[int]] = {}
+        # byte counts the replies must carry -> how many (a reply is matched in O(1), however many a GPU
+        # keeps awaited under one number: a scan of them made each forged reply cost the switch O(MAX_AWAITED))
+        self._awaited: dict[tuple[int, int, int, Kind], Counter] = {}
         self._awaiting = [0] * config.gpus  # per requester port: its forwarded requests not yet answered
         # spanning groups (module docstring): creates waiting for the other switches' answers, gid ->
         # [creator GPU, request, switches yet to answer, errors, switches that took it]; per partial sent
         # up and not answered, (group, result key) -> (local destinations, bytes); those bytes per partition;
         # each member's part of the partials in flight on its share of the uplink (_member_part)
         self._spanning: dict[int, list] = {}
-        self._partials: dict[tuple, tuple[tuple[int, ...], int, int]] = {}  # + the group's partition
+        self._partials: dict[tuple, tuple[tuple[int, ...], int, int]] = ByGroup()  # + the group's partition
         self._partial_bytes: dict[int, int] = {}
         # partials whose result goes to no member here (reduce_scatter's other blocks): (group, slot) ->
         # (bytes, partition), until the spine's notice that it reduced the slot ("reduced")
-        self._unanswered: dict[tuple, tuple[int, int]] = {}
+        self._unanswered: dict[tuple, tuple[int, int]] = ByGroup()
         self._partial_parts: dict[int, int] = {}  # and how many (zero-byte partials hold memory too)
-        self._parts: dict[tuple, tuple[float, float]] = {}  # (group, slot) -> its members' parts' latest stamps
+        self._parts: dict[tuple, tuple[float, float]] = ByGroup()  # (group, slot) -> its members' parts' latest stamps
         self._seen: dict[int, int] = {}  # creator leaf -> the highest k of its group ids held here (_released)
         self._failed: set[int] = set()   # groups whose members heard a spine's refusal (once, until released)
+        # spanning groups another leaf created, taken here from some spines' spans: gid -> the spines whose
+        # span is still to come (the leaf answers, and its members may bind, once none is: _span_in)
+        self._spans_due: dict[int, set[int]] = {}
         # each local GPU's share of the node's uplink to each spine (U / (G P)), which its multicast stores
         # and its parts of its groups' partials take, booked here in that GPU's packet order (so every group
         # of a GPU shares it); the local members of released spanning groups (the most recent GONE_KEPT),
@@ -255,12 +267,12 @@ class SwitchLogic:
         # nvls: load-reduces of this leaf's GPUs awaiting their result, (group, result key) -> (partition,
         # slot), the same by (group, slot) -> result key (a member's notice "unserved" names the slot), and
         # their number per partition (at most partial_share_parts: every LOAD they send costs every member)
-        self._asked: dict[tuple, tuple[int, tuple]] = {}
+        self._asked: dict[tuple, tuple[int, tuple]] = ByGroup()
         self._asked_slot: dict[tuple, tuple] = {}
         self._asked_count: dict[int, int] = {}
         # LOADs sent to local GPUs of spanning groups and not yet answered, (group, slot, port), and their
         # number per port (at most max_loads); requests dropped here for that bound; the most held at once
-        self._loaded: set[tuple] = set()
+        self._loaded = ByGroup()  # a set of them (the values None)
         self._loaded_count: dict[int, int] = {}
         # the bound: MAX_LOADS, or twice what honest nvls keeps (a larger buffer share or a smaller NVLS chunk)
         self.max_loads = max(MAX_LOADS, 2 * honest_loads(config))
@@ -482,8 +494,8 @@ class SwitchLogic:
             raise ResourceExhausted(f"{kind.name} from GPU {ingress}: {MAX_AWAITED} of its requests are still "
                                     f"unanswered")
         self._awaiting[ingress] += 1
-        self._awaited.setdefault((target, ingress, packet.req, REPLY_OF[kind]), []).append(
-            0 if write else packet.nbytes)
+        self._awaited.setdefault((target, ingress, packet.req, REPLY_OF[kind]), Counter())[
+            0 if write else packet.nbytes] += 1
         return [Send(target, self._through(packet, src=self.route_key(ingress), dst=self.route_key(target),
                                            address=phys), payload if write else None)]
 
@@ -492,11 +504,13 @@ class SwitchLogic:
         AccessViolation if it answers none (a forged or repeated reply)."""
         key = (replier, requester, packet.req, packet.kind)
         sizes = self._awaited.get(key)
-        if not sizes or packet.nbytes not in sizes:
+        if not sizes or not sizes.get(packet.nbytes):
             raise AccessViolation(f"{packet.kind.name} of {packet.nbytes} bytes from GPU {replier} to GPU "
                                   f"{requester} for request {packet.req}: it answers no request the switch "
                                   f"forwarded from GPU {requester} to GPU {replier}")
-        sizes.remove(packet.nbytes)
+        sizes[packet.nbytes] -= 1
+        if not sizes[packet.nbytes]:
+            del sizes[packet.nbytes]
         self._awaiting[requester] -= 1
         if not sizes:
             del self._awaited[key]
@@ -504,7 +518,7 @@ class SwitchLogic:
     @property
     def awaited_replies(self) -> int:
         """Forwarded requests whose answer has not come (the end-of-run report shows them)."""
-        return sum(len(sizes) for sizes in self._awaited.values())
+        return sum(sizes.total() for sizes in self._awaited.values())
 
     # -- NVLink SHARP: in-switch reduction and multicast ------------------------------------------
     def _in_switch(self, ingress: int, packet: Packet, payload: np.ndarray | None) -> list[Send]:
@@ -704,7 +718,7 @@ class SwitchLogic:
         was sent it and not yet answered (now it is)."""
         if (gid, slot, port) not in self._loaded:
             return False
-        self._loaded.remove((gid, slot, port))
+        del self._loaded[(gid, slot, port)]
         self._loaded_count[port] -= 1
         return True
 
@@ -809,13 +823,7 @@ class SwitchLogic:
         if kind is not Kind.GROUP:
             raise ProtocolError(f"{here}: {kind.name} from spine {spine} is no spanning group's traffic")
         if info.action == "span":  # a group another leaf created, held by every spine already: this node's copy
-            try:
-                self._take_span(info)
-                answer = GroupInfo("spanned", info.group, (), "")
-            except FabricError as exc:
-                _seen(self._seen, self.topology.nodes, info.group)  # what comes for it is dropped, as if released
-                answer = GroupInfo("refused", info.group, (), _why(exc))
-            return [Send(-1, Packet(Kind.GROUP, -1, -1, req=self.switch, info=answer), switch=spine)]
+            return self._span_in(spine, info)
         if info.action == "unspan":
             self._drop_span(info.group)
             return []
@@ -907,6 +915,35 @@ class SwitchLogic:
         self._partial_bytes[partition] -= nbytes
         self._partial_parts[partition] -= 1
 
+    def _span_in(self, spine: int, info: GroupInfo) -> list[Send]:
+        """Spine `spine`'s span of a group another leaf created (every spine sends one, phase 2): the first
+        makes this node's copy (or is refused), the others are counted; answered (through the first spine,
+        which relays the leaves' answers) once every spine's came, and only then may members bind here: so
+        whatever any spine passes on for the group reaches this leaf after that spine's span (MPI's order
+        per sender), whichever member sent it. A span of a group refused or undone here meanwhile is dropped."""
+        topology = self.topology
+        due = self._spans_due.get(info.group)
+        if due is None:
+            if info.group in self.groups.groups or _released(self.groups, self._seen, topology.nodes, info.group):
+                if info.group in self.groups.groups:
+                    raise ProtocolError(f"switch {self.switch}: a second span of group {info.group} from spine {spine}")
+                return []  # refused here, or undone by its creator, before this spine's span came
+            try:
+                self._take_span(info)
+            except FabricError as exc:
+                _seen(self._seen, topology.nodes, info.group)  # what comes for it is dropped, as if released
+                answer = GroupInfo("refused", info.group, (), _why(exc))
+                return [Send(-1, Packet(Kind.GROUP, -1, -1, req=self.switch, info=answer), switch=topology.nodes)]
+            due = self._spans_due[info.group] = set(range(topology.nodes, topology.nodes + topology.spines))
+        if spine not in due:
+            raise ProtocolError(f"switch {self.switch}: a second span of group {info.group} from spine {spine}")
+        due.discard(spine)
+        if due:
+            return []
+        del self._spans_due[info.group]
+        answer = GroupInfo("spanned", info.group, (), "")
+        return [Send(-1, Packet(Kind.GROUP, -1, -1, req=self.switch, info=answer), switch=topology.nodes)]
+
     def _take_span(self, info: GroupInfo) -> None:
         partition = self._partition[info.members[0]]
         if self.groups.count_in(partition) >= self.group_share:
@@ -927,20 +964,22 @@ class SwitchLogic:
         return self._out(Send(port, nack, origin=-1))
 
     def _drop_span(self, gid: int) -> None:
-        for key in [k for k in self._asked if k[0] == gid]:
+        self._spans_due.pop(gid, None)
+        # each of these is indexed by group (ByGroup): a release touches only what the group holds
+        for key in self._asked.of(gid):
             self._load_answered(*key)
-        for key in [k for k in self._loaded if k[0] == gid]:  # their answers are dropped with the group
+        for key in self._loaded.of(gid):  # their answers are dropped with the group
             self._load_done(*key)
         group = self.groups.groups.get(gid)
         if group is not None:
             self.groups.release(gid, group.inputs[0])
             # its partials' results will not come (the spines drop it too): their bytes leave the share
-            for key in [k for k in self._partials if k[0] == gid]:
+            for key in self._partials.of(gid):
                 self._free_partial(self._partials.pop(key)[1], group.partition)
-            for key in [k for k in self._unanswered if k[0] == gid]:
+            for key in self._unanswered.of(gid):
                 self._free_partial(self._unanswered.pop(key)[0], group.partition)
         self._failed.discard(gid)
-        for key in [k for k in self._parts if k[0] == gid]:
+        for key in self._parts.of(gid):
             del self._parts[key]
         if group is not None:
             _remember_gone(self._gone, gid, group.inputs)
@@ -971,12 +1010,13 @@ class SwitchLogic:
         (errors.append(info.name) if info.action == "refused" else took.append(switch))
         if waiting:
             return []
-        if leaves and not errors:  # every spine holds it: now the other leaves, through the first spine
+        if leaves and not errors:  # every spine holds it: now the other leaves, through every spine (_span_in)
             waiting.update(leaves)
             leaves.clear()
             group = self.groups.groups[info.group]
             spread = GroupInfo("spread", info.group, group.members, group.name)
-            return [Send(-1, Packet(Kind.GROUP, -1, -1, req=self.switch, info=spread), switch=self.topology.nodes)]
+            return [Send(-1, Packet(Kind.GROUP, -1, -1, req=self.switch, info=spread), switch=spine)
+                    for spine in range(self.topology.nodes, self.topology.nodes + self.topology.spines)]
         del self._spanning[info.group]
         sends = []
         if errors:
@@ -1131,7 +1171,7 @@ class SwitchLogic:
                 return (info, nodes)  # a spanning group (_span)
             return {"group": self.groups.create(info.members, ingress, info.name, partition)}
         if info.action == "bind":
-            if info.group in self._spanning:
+            if info.group in self._spanning or info.group in self._spans_due:
                 raise AccessViolation(f"group bind by GPU {ingress}: group {info.group} is not created yet")
             self.groups.bind(info.group, ingress)
             return {"group": info.group}
@@ -1193,7 +1233,7 @@ class SpineLogic:
         self.late_partials = 0  # partials of a group released while they were on their way (dropped)
         # multicast stores: the down clocks (group, sender, leaf), the sender's part of the group's shares
         # of that node's uplink from this spine; stores of a released group dropped on their way
-        self._store_down: dict[tuple[int, int, int], LinkEnd] = {}
+        self._store_down: dict[tuple[int, int, int], LinkEnd] = ByGroup()
         self.late_stores = 0
         # the members of released spanning groups (the most recent GONE_KEPT): a store dropped here took
         # credit at its sender's leaf for each member of another node, which this spine returns
@@ -1302,7 +1342,7 @@ class SpineLogic:
                 _seen(self._seen, nodes, info.group)  # what comes for it is dropped, as if released
                 answer = GroupInfo("refused", info.group, (), _why(exc))
             return [Send(-1, Packet(Kind.GROUP, -1, -1, req=self.switch, info=answer), switch=leaf)]
-        if info.action == "spread" and first:  # every spine took the creator leaf's group: on to its other leaves
+        if info.action == "spread":  # every spine took the creator leaf's group: its span on to the other leaves
             others = sorted({g // self.config.gpus_per_node for g in info.members} - {leaf})
             span = packet.but(info=GroupInfo("span", info.group, info.members, info.name))
             return [Send(-1, span, switch=node) for node in others]
@@ -1310,7 +1350,7 @@ class SpineLogic:
             if info.group in self.groups.groups:
                 _remember_gone(self._gone, info.group, self.groups.groups[info.group].members)
                 self.groups.release(info.group, self.groups.groups[info.group].inputs[0])
-            for key in [k for k in self._store_down if k[0] == info.group]:
+            for key in self._store_down.of(info.group):
                 del self._store_down[key]
             if first:
                 group_nodes = range(nodes)  # the leaves that hold it: whoever took the span

@@ -29,7 +29,15 @@ from .transport import MAX_HEADER_BYTES, Idle, SwitchChannel, Transport, unframe
 
 MAX_UNREAD = 1024  # answers a GPU may leave unread before the switch stops reading its packets
 MAX_QUEUED = 256   # packets of one GPU waiting behind one that cannot go on yet
+# ... and their bytes (_Queue.nbytes: each packet's message and its decoded header, about as long again):
+# a header may be MAX_HEADER_BYTES long, so MAX_QUEUED alone let a GPU's waiting packets hold 32 MiB of its
+# switch (tests/unit/test_switch_attack4); honest ones (inline payloads of 4 KiB at most, headers of tens
+# of bytes to ~1 KiB) are about MAX_QUEUED of them (4 KiB inline MSGs: 250)
+MAX_QUEUED_BYTES = 1 << 20
 SWEEP_STEPS = 1024  # every this many intake steps, drop stray messages of every GPU
+# fabric messages of a GPU the switch does not read now that a sweep keeps matched, to reach what it sent
+# behind them (transport.drop_other_tags): a header and a payload for each packet that may wait, and one more
+MAX_KEPT = 2 * (MAX_QUEUED + 1)
 # what a GPU that said DONE still sends while the switches end the run: answers to requests forwarded to it
 ANSWERS = frozenset({Kind.PUT_ACK, Kind.GET_DATA})
 # what switches send each other for a group that spans nodes (partials, results, its lifecycle)
@@ -40,13 +48,30 @@ class _Waiting:
     """A header whose payload is still to come (or still being received, or came inline and waits for
     its turn), with its deadline."""
 
-    __slots__ = ("packet", "deadline", "request", "buffer", "held", "inline")
+    __slots__ = ("packet", "deadline", "request", "buffer", "held", "inline", "size")
 
-    def __init__(self, packet: Packet, deadline: float, inline=None):
-        self.packet, self.deadline = packet, deadline
+    def __init__(self, packet: Packet, deadline: float, inline=None, size: int = 0):
+        self.packet, self.deadline, self.size = packet, deadline, size  # size: what it holds of the switch
         self.request = self.buffer = None
         self.held = False  # its payload is not taken yet: a port it goes to has too much in flight
         self.inline = inline  # its payload, if it came in the header's message (not checked yet)
+
+
+class _Queue(deque):
+    """A GPU's waiting packets (_Waiting), in order, with the bytes they hold (`nbytes`, their sizes)."""
+
+    def __init__(self):
+        super().__init__()
+        self.nbytes = 0
+
+    def append(self, entry: _Waiting) -> None:
+        super().append(entry)
+        self.nbytes += entry.size
+
+    def popleft(self) -> _Waiting:
+        entry = super().popleft()
+        self.nbytes -= entry.size
+        return entry
 
 
 class SwitchRank:
@@ -96,7 +121,7 @@ class SwitchRank:
         self._done: set[int] = set()
         self._counters: dict[int, CountersInfo] = {}
         self._asked_counters = False
-        self._waiting: dict[int, deque[_Waiting]] = {}  # per GPU: its headers behind a payload, in order
+        self._waiting: dict[int, _Queue] = {}  # per GPU: its headers behind a payload, in order
         self._abandoned: list[tuple] = []  # payload receives given up on: (request, buffer) until they end
         self._suspects: set[int] = set()   # GPUs that sent a malformed packet: their stray payloads are dropped
         self._steps = 0                    # intake steps, for the sweeps of stray messages
@@ -150,7 +175,7 @@ class SwitchRank:
             moved |= self._advance_all()
         self._steps += 1
         if not self._steps % SWEEP_STEPS:  # now and then, for every GPU (honest ones never leave any)
-            moved |= self.transport.drop_other_tags() > 0
+            moved |= self._sweep_other_tags()
             moved |= self.transport.drop_strays_from(set(self.sources)) > 0
             for source in self.gpus:
                 moved |= self._drop_orphans(source)
@@ -166,11 +191,7 @@ class SwitchRank:
     def _poll(self):
         """The next header from a GPU the switch is reading from (any GPU, unless some are held)."""
         transport = self.transport
-        held = {s for s, queue in self._waiting.items() if len(queue) > MAX_QUEUED or queue[0].held} \
-            if self._waiting else set()
-        backlogged = transport.backlogged(MAX_UNREAD)
-        if backlogged:
-            held.update(d for d in backlogged if d < self.config.gpus)
+        held = self._not_read()
         if not held:  # any rank: a header from one that is no source of this switch is dropped by _take
             return transport.poll(limit=MAX_HEADER_BYTES)
         for source in self.sources:
@@ -179,6 +200,24 @@ class SwitchRank:
                 if got is not None:
                     return got
         return None
+
+    def _sweep_other_tags(self) -> bool:
+        """Drop the messages under tags the fabric never uses: at the front of MPI's queue, and each GPU's
+        wherever they are in its stream, behind what this switch does not read of it now too (a GPU whose
+        transfer is held: its messages are matched and kept in order, MAX_KEPT at most), so that junk a GPU
+        sends behind a payload of its own that waits does not pile up. Whether any was dropped."""
+        return self.transport.drop_other_tags(self.gpus, self._not_read(), MAX_KEPT) > 0
+
+    def _not_read(self) -> set[int]:
+        """The GPUs whose packets the switch does not read now: one waiting behind a held transfer, or past
+        MAX_QUEUED packets or MAX_QUEUED_BYTES waiting, or with more than MAX_UNREAD answers unread."""
+        held = {s for s, queue in self._waiting.items()
+                if len(queue) > MAX_QUEUED or queue.nbytes > MAX_QUEUED_BYTES or queue[0].held} \
+            if self._waiting else set()
+        backlogged = self.transport.backlogged(MAX_UNREAD)
+        if backlogged:
+            held.update(d for d in backlogged if d < self.config.gpus)
+        return held
 
     def _congested(self, source: int, packet: Packet) -> bool:
         """Whether a rank `packet` goes to (a GPU here, or the next switch) has its share of forwarded
@@ -229,21 +268,24 @@ class SwitchRank:
                                                f"{inline.nbytes} bytes came with it"), packet)
             return
         # a sender's packets are served in the order it sent them; one without payload may wait for credit
+        size = len(data) + len(header)  # if it waits: its message (the inline payload is a view of it), decoded
         if self._waiting.get(source):
-            self._queue(source, packet, inline)
+            self._queue(source, packet, inline, size)
         elif inline is not None:  # the whole packet is here: unless held, served now, as _advance would
             if self._congested(source, packet):
-                self._queue(source, packet, inline)
+                self._queue(source, packet, inline, size)
             elif self._checked(source, packet, inline.nbytes):
                 self._handle(source, packet, inline, checked=True)
         elif packet.payload_bytes or (packet.kind.counted and self._credit_used and self._congested(source, packet)):
-            self._queue(source, packet, None)
+            self._queue(source, packet, None, size)
         else:
             self._handle(source, packet, None)
 
-    def _queue(self, source: int, packet: Packet, inline) -> None:
-        """Queue `packet` behind GPU `source`'s waiting ones (with its payload if it came inline) and serve them."""
-        self._waiting.setdefault(source, deque()).append(_Waiting(packet, time.monotonic() + self.timeout_s, inline))
+    def _queue(self, source: int, packet: Packet, inline, size: int = 0) -> None:
+        """Queue `packet` behind GPU `source`'s waiting ones (with its payload if it came inline; `size`: the
+        bytes it holds of the switch, counted against MAX_QUEUED_BYTES) and serve them."""
+        self._waiting.setdefault(source, _Queue()).append(
+            _Waiting(packet, time.monotonic() + self.timeout_s, inline, size))
         self._advance(source)
 
     def _checked(self, source: int, packet: Packet, size: int) -> bool:

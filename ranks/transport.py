@@ -45,7 +45,8 @@ _NOTHING = np.empty(0, np.uint8)  # where dropped messages go (a receive truncat
 # costs more than the copy into one: each MPI message is a probe, a match and a receive of Python and
 # MPI work at both ends (tens of us), copying 4 KiB is well under one; above it the copy grows with the
 # size while the message's cost does not. It also bounds what a switch holds of a GPU's packets that
-# wait (MAX_QUEUED of them, ranks/switch.py: 1 MiB per GPU) and what it reads before checking a header.
+# wait (ranks/switch.py: MAX_QUEUED of them and MAX_QUEUED_BYTES, 1 MiB, per GPU, headers and inline payloads
+# counted) and what it reads before checking a header.
 INLINE_PAYLOAD_BYTES = 4096
 INLINE_MARK = 0xC1  # an inline frame's first byte: msgpack never uses it, so no plain header starts with it
 _FRAME = struct.Struct("<BI")  # the mark, then the header's length in bytes (little-endian uint32)
@@ -196,6 +197,9 @@ class Transport:
     def __init__(self, comm=None):
         self.comm = (comm or MPI.COMM_WORLD).Dup()
         self.rank = self.comm.Get_rank()
+        # fabric messages a sweep matched out of MPI's queue to reach what a source sent behind them (drop_
+        # other_tags): (source, tag) -> [(message, its bytes)], oldest first; taken before MPI's queue
+        self._kept: dict[tuple[int, int], deque] = {}
         self._delay = None  # (random.Random, most seconds): delay_sends
         self.size = self.comm.Get_size()
         # per destination, oldest first: (requests, buffers kept alive until sent, payload bytes); retired
@@ -324,6 +328,15 @@ class Transport:
         (-1: any), or None if none is waiting; the payload of a plain header, if any, is the next
         TAG_PAYLOAD message from the same rank. A message longer than `limit` + INLINE_FRAME_BYTES
         bytes is dropped unread: (source, None); unframe(data, limit) refuses a longer header."""
+        kept = self._kept_first(source, TAG_HEADER) if self._kept else None
+        if kept is not None:  # a source's headers that a sweep kept come before any of its in MPI's queue
+            source, message, count = kept
+            if limit is not None and count > limit + INLINE_FRAME_BYTES:
+                self.drop(message)
+                return source, None
+            buffer = bytearray(count)
+            message.Recv([buffer, MPI.BYTE])
+            return source, buffer
         if not self.comm.Iprobe(MPI.ANY_SOURCE if source < 0 else source, TAG_HEADER, self._status):
             return None
         source, count = self._status.Get_source(), self._status.Get_count(MPI.BYTE)
@@ -334,17 +347,33 @@ class Transport:
         self.comm.Recv([buffer, MPI.BYTE], source, TAG_HEADER)
         return source, buffer
 
+    def _kept_first(self, source: int, tag: int):
+        """The oldest message under `tag` a sweep kept of `source` (-1: any source's), as (source, message,
+        its bytes), taken out of the kept ones; None if none is kept."""
+        if source < 0:
+            source = next((s for s, t in self._kept if t == tag), -1)
+        queue = self._kept.get((source, tag))
+        if not queue:
+            return None
+        message, count = queue.popleft()
+        if not queue:
+            del self._kept[(source, tag)]
+        return source, message, count
+
     def anything_waiting(self) -> bool:
         """Whether any message, from any rank under any tag, is waiting to be read (one probe)."""
         return self.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
 
     def header_waiting(self, source: int) -> bool:
         """Whether a header from `source` is waiting to be read."""
-        return self.comm.Iprobe(source, TAG_HEADER)
+        return (source, TAG_HEADER) in self._kept or self.comm.Iprobe(source, TAG_HEADER)
 
     def probe_payload(self, source: int):
         """(message, its size in bytes) of the next payload from `source` if it has arrived, else None.
         The message is matched: take it with receive_matched or drop it."""
+        kept = self._kept_first(source, TAG_PAYLOAD) if self._kept else None
+        if kept is not None:
+            return kept[1:]
         message = self.comm.Improbe(source, TAG_PAYLOAD, self._status)
         if message is None:
             return None
@@ -367,10 +396,31 @@ class Transport:
     def _drop_from(self, source: int, tag: int) -> None:
         _drop_from(self.comm, source, tag)
 
-    def drop_other_tags(self) -> int:
+    def drop_other_tags(self, sources=(), held=frozenset(), keep: int = 0) -> int:
         """Drop messages under tags the fabric never uses (left in MPI's queue, they would slow every
-        later match); returns how many. Stops at the first message with a fabric tag."""
-        return _drop_front(self.comm, self._status, lambda source, tag: tag in (TAG_HEADER, TAG_PAYLOAD))
+        later match, and hold their bytes); returns how many. Those at the front of the queue, up to the
+        first message with a fabric tag; then each of `sources`' (GPUs) wherever they are in its stream:
+        its messages in order (MPI keeps a source's order), dropping the others' and, for a source in
+        `held` (whose messages its reader does not take now), matching the fabric's and keeping them in
+        order (at most `keep` kept per source; poll, header_waiting and probe_payload take them first),
+        so that nothing it sends stays unread behind a message of its own that waits; for any other
+        source, up to its first fabric message (its reader takes those as they come)."""
+        dropped = _drop_front(self.comm, self._status, lambda source, tag: tag in (TAG_HEADER, TAG_PAYLOAD))
+        status = self._status
+        for source in sources:
+            kept = sum(len(self._kept.get((source, tag), ())) for tag in (TAG_HEADER, TAG_PAYLOAD))
+            while self.comm.Iprobe(source, MPI.ANY_TAG, status):
+                tag = status.Get_tag()
+                if tag not in (TAG_HEADER, TAG_PAYLOAD):
+                    _drop_from(self.comm, source, tag)
+                    dropped += 1
+                    continue
+                if source not in held or kept >= keep:
+                    break
+                message = self.comm.Improbe(source, tag, status)  # the one just probed: the oldest under tag
+                self._kept.setdefault((source, tag), deque()).append((message, status.Get_count(MPI.BYTE)))
+                kept += 1
+        return dropped
 
     def drop_strays(self, expected: int, sweep: bool = False) -> int:
         """Drop messages waiting from ranks other than `expected` (a GPU hears only its switch);
@@ -420,6 +470,10 @@ class Transport:
 
     def close(self) -> None:
         global _waker
+        for queue in self._kept.values():  # matched and never taken (the run ended): received into nothing
+            for message, _ in queue:
+                self.drop(message)
+        self._kept.clear()
         if _waker is self.waker:
             _waker = None
         self.waker.close()
