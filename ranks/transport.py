@@ -142,6 +142,10 @@ class Waker:
         except OSError:  # none left
             pass
 
+    def reaches(self, ranks) -> bool:
+        """Whether a poke from each of `ranks` can wake this rank (all on its host, sockets on both sides)."""
+        return self.sock is not None and all(rank in self.peers for rank in ranks)
+
     def close(self) -> None:
         if self.sock is not None:
             self.sock.close()
@@ -185,6 +189,36 @@ class Idle:
             os.sched_yield()
         else:
             nap(min(self.max_sleep_s, self.first_nap_s * (self.spins - self.yields)))
+
+
+# A wait whose every awaited message pokes its sender's Waker (the fabric's packets, control messages,
+# an exchange's one round) sleeps from the start, up to these long naps: the poke ends a nap, so a nap only
+# bounds a poke that came before its message could be matched, or was lost (measured, 1 KiB ring
+# AllReduce on 8 GPUs, 100 calls: 1,246 of a GPU's 1,414 packets were found by the wake its poke caused,
+# while its 1 to 5 ms naps timed out 4,161 times finding nothing)
+POKED_FIRST_NAP_S = 2e-3
+POKED_MAX_NAP_S = 20e-3
+
+
+def poked_idle() -> "Idle":
+    """The back-off of a wait that every awaited message pokes (above): no yields, long naps."""
+    return Idle(yields=0, first_nap_s=POKED_FIRST_NAP_S, max_sleep_s=POKED_MAX_NAP_S)
+
+
+class PhasedIdle:
+    """The back-off of a control exchange's wait: `poked` while its one round is pending (every member
+    pokes the others as it posts its slots, Exchange), then `polling` (its second step, an Iallgatherv,
+    moves only as its members poll, and pokes nobody). `first_round()` says which."""
+
+    def __init__(self, first_round, poked: "Idle", polling: "Idle"):
+        self._first_round, self._poked, self._polling = first_round, poked, polling
+
+    def reset(self) -> None:
+        self._poked.reset()
+        self._polling.reset()
+
+    def __call__(self, sending: bool = False) -> None:
+        (self._poked if self._first_round() else self._polling)(sending)
 
 
 DELAY_ENV = "NVLINK_EMU_TEST_SEND_DELAY"  # "SEED:MAX_MS": a test hook, see Transport.delay_sends
@@ -586,6 +620,7 @@ class Exchange:
         self._slot = slot
         self._slots = np.empty((self._size, INLINE_BYTES), np.uint8)
         self._long = None  # (counts of the second step, its buffer, its send buffer)
+        self.one_round = self._size <= ROUND_MEMBERS  # its first step: slots sent point to point, each poked
         self.parts: list | None = None  # when done: each member's bytes, or its unusable length (int)
         self.failed: ProtocolError | None = None  # what MPI reported, if it did
         self.on_step = lambda: None  # called when the second collective is posted (the waiter's back-off)
@@ -601,6 +636,11 @@ class Exchange:
         except MPI.Exception as exc:
             self.failed = ProtocolError(f"control exchange: MPI: {exc.Get_error_string()}")
             raise self.failed from None
+
+    @property
+    def in_round(self) -> bool:
+        """Whether only its one round is pending (nothing but the members' poked slots to wait for)."""
+        return self.one_round and self._long is None and self.parts is None
 
     def test(self) -> bool:
         """Whether the exchange completed (then `parts` holds every member's bytes); ProtocolError if MPI
