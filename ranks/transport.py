@@ -639,8 +639,9 @@ class Exchange:
 
     @property
     def in_round(self) -> bool:
-        """Whether only its one round is pending (nothing but the members' poked slots to wait for)."""
-        return self.one_round and self._long is None and self.parts is None
+        """Whether it waits for the members' slots of its one round, which they poke this rank for (then
+        for this rank's own sends, or an Iallgatherv, which nobody pokes for)."""
+        return self.one_round and self._long is None and self.parts is None and self._request.receiving
 
     def test(self) -> bool:
         """Whether the exchange completed (then `parts` holds every member's bytes); ProtocolError if MPI
@@ -693,12 +694,21 @@ class _Round:
 
     def __init__(self, comm, rank: int, size: int, slot: np.ndarray, slots: np.ndarray):
         # receives first: a slot that comes finds its buffer posted, not MPI's unexpected queue
-        requests = [comm.Irecv([slots[m], MPI.BYTE], m, TAG_EXCHANGE) for m in range(size) if m != rank]
-        requests += [comm.Isend([slot, MPI.BYTE], m, TAG_EXCHANGE) for m in range(size) if m != rank]
-        self._requests = requests
+        self._receives = [comm.Irecv([slots[m], MPI.BYTE], m, TAG_EXCHANGE) for m in range(size) if m != rank]
+        self._sends = [comm.Isend([slot, MPI.BYTE], m, TAG_EXCHANGE) for m in range(size) if m != rank]
+
+    @property
+    def receiving(self) -> bool:
+        """Whether some member's slot has not come (each is poked); after, only this rank's own sends can
+        be left, which MPI completes as this rank polls, and nobody pokes for."""
+        return bool(self._receives)
 
     def Test(self) -> bool:
-        return not self._requests or MPI.Request.Testall(self._requests)
+        if self._receives:
+            if not MPI.Request.Testall(self._receives):
+                return False
+            self._receives = []
+        return not self._sends or MPI.Request.Testall(self._sends)
 
 
 def frame(header: bytes, payload: np.ndarray) -> bytes:
