@@ -99,9 +99,11 @@ def abort_job(code: int = 1) -> None:
 class Waker:
     """Wake-up calls between the ranks of one host: a rank that posts a message to a rank on its host
     also sends it a one-byte datagram (`poke`), and a rank with nothing to do sleeps in select() on its
-    own socket (`sleep`), so it wakes when something comes instead of at the end of its nap. A hint
-    only: MPI carries every message, a lost poke (a full socket buffer, a rank on another host, a
-    collective's internal messages) costs at most the nap. Collective over `comm`'s ranks."""
+    own socket (`sleep`), so it wakes when something comes instead of at the end of its nap; a rank
+    that took a payload message pokes its sender too, whose send completed then (nothing else tells
+    it). A hint only: MPI carries every message, a lost poke (a full socket buffer, a rank on another
+    host, a collective's internal messages, a message MPI had not delivered yet) costs at most the
+    nap. Collective over `comm`'s ranks."""
 
     def __init__(self, comm):
         token = comm.bcast(secrets.token_hex(4) if comm.Get_rank() == 0 else None, root=0)
