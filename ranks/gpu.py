@@ -111,7 +111,7 @@ class Gpu:
         self._calls: list[CallRecord] = []             # collective calls, for the run's report (record_call)
         self._call_bytes = 0                            # their encoded size
         self._calls_unrecorded = 0                      # calls past CALL_RECORD_BYTES
-        # a wait for the fabric sleeps at once, 2 to 20 ms (transport.poked_idle), where its leaf can wake
+        # a wait for the fabric sleeps at once, 1 to 5 ms (transport.poked_idle), where its leaf can wake
         # it: whoever sends this GPU anything pokes it (transport.Waker), so a nap only bounds a lost poke,
         # and a polling GPU would take the cores from the switch, which every packet passes (measured: 1 KiB
         # ring AllReduce on 8 GPUs, the job's CPU per call 176-182 ms polling from 10 us naps, 104-112 ms

@@ -25,7 +25,7 @@ from nvlink_emu.fabric.errors import FabricError, FabricTimeout, ProtocolError
 from nvlink_emu.fabric.packets import CountersInfo, Kind, Packet, raw_bytes
 from nvlink_emu.fabric.switch import SpineLogic, SwitchLogic, port_share_bytes
 
-from .transport import MAX_HEADER_BYTES, Idle, SwitchChannel, Transport, poked_idle, unframe
+from .transport import MAX_HEADER_BYTES, Idle, SwitchChannel, Transport, unframe
 
 MAX_UNREAD = 1024  # answers a GPU may leave unread before the switch stops reading its packets
 MAX_QUEUED = 256   # packets of one GPU waiting behind one that cannot go on yet
@@ -103,14 +103,8 @@ class SwitchRank:
         self._busy_after_done = False      # a GPU that said DONE sent another packet
         self._ending = False               # every GPU here said DONE: the switches are ending the run
         self._idle = Idle(yields=64, max_sleep_s=1e-3)  # every packet passes here: stay more awake
-        # ... while something is in flight (sends not retired, payloads coming), which MPI moves only as
-        # this rank polls; with nothing in flight, everything to come is a packet its sender pokes this rank
-        # for (transport.Waker), so where every source reaches it the serving loop sleeps at once, as a GPU
-        # does (measured, 1 KiB ring AllReduce on 8 GPUs, 100 calls: 6,728 yields and 2,020 naps timing
-        # out for 11,328 packets, 172 naps ended by a poke)
         waker = getattr(transport, "waker", None)  # None: a stand-in transport (tests/unit)
-        self._waker = waker
-        self._rest = poked_idle() if waker is not None and waker.reaches(self.sources) else None
+        self._waker = waker  # pokes a GPU whose payload it took (_advance)
         # Credits between leaves (class docstring): what this leaf forwarded towards each GPU of another
         # node and was not yet credited back, the GPUs it asked credit for; and, as a destination leaf,
         # per local GPU the transit packets posted to it (position in its sends, origin leaf, credit),
@@ -135,8 +129,6 @@ class SwitchRank:
         while len(self._done) < gpus:
             if self._step():
                 self._idle.reset()
-                if self._rest is not None:
-                    self._rest.reset()
                 if self._busy_after_done:  # a GPU that said DONE still sends: it was not done
                     self._busy_after_done, first_done = False, None
                 continue
@@ -147,10 +139,7 @@ class SwitchRank:
                 missing = sorted(set(self.gpus) - self._done)
                 raise FabricTimeout(f"switch: GPUs {missing} did not finish within {self.end_timeout_s:g} s of "
                                     f"GPUs {sorted(self._done)} finishing (end of run)")
-            if self._rest is not None and self.transport.idle and not self._waiting and not self._abandoned:
-                self._rest()
-            else:
-                self._idle()
+            self._idle()
         return self._finish()
 
     # -- intake -------------------------------------------------------------------------------------
