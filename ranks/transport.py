@@ -195,8 +195,8 @@ class Idle:
 
 # A wait whose every awaited message pokes its sender's Waker (the fabric's packets, control messages,
 # an exchange's one round) sleeps from the start, 1 to 5 ms: the poke ends a nap, so a nap only bounds a
-# poke that came before MPI delivered its message (measured, 1 KiB ring AllReduce on 8 GPUs, 50 calls: 469
-# of a GPU's 716 packets found by the wake its poke caused, 6 after a nap timed out). Not longer: a burst of
+# poke that came before MPI delivered its message (measured, 1 KiB ring AllReduce on 8 GPUs, 50 calls: 447
+# of a GPU's 716 packets found by the wake its poke caused, 8 after a nap timed out). Not longer: a burst of
 # packets reaches MPI's queue at its receiver later than their pokes (with 2 to 20 ms naps at the switch,
 # 514 of a 1 KiB sharp reduce_scatter's 729 packets were taken after a nap timed out)
 POKED_FIRST_NAP_S = 1e-3
@@ -204,7 +204,7 @@ POKED_MAX_NAP_S = 5e-3
 
 
 def poked_idle() -> "Idle":
-    """The back-off of a wait that every awaited message pokes (above): no yields, long naps."""
+    """The back-off of a wait that every awaited message pokes (above): no yields, naps from the start."""
     return Idle(yields=0, first_nap_s=POKED_FIRST_NAP_S, max_sleep_s=POKED_MAX_NAP_S)
 
 
@@ -334,9 +334,9 @@ class Transport:
             if retired:
                 done = True
                 # a send that did not complete at once (MPI held it back: the receiver's queue from here
-                # was full, or it was large) reached its receiver only now, after the poke sent with it:
-                # poke again, or a receiver asleep would find it only at the end of its nap (measured:
-                # a sleeping switch took 514 of a reduce_scatter's 729 packets after a nap timed out)
+                # was full, or it was large) may have reached its receiver only now, after the poke sent
+                # with it: poke again, or a receiver asleep would find it only at the end of its nap (a
+                # hint: it did not cure the bursts of the constants' note above, whose sends complete)
                 if dest in late:
                     late.discard(dest)
                     self.waker.poke(dest)
