@@ -26,7 +26,7 @@ from nvlink_emu.fabric.timemodel import LinkEnd
 
 from .comm import CREDIT_SEQ, Communicator, is_integer
 from .requests import Request, wait_all, wait_any
-from .transport import MAX_HEADER_BYTES, ControlChannel, Idle, Transport, native_collective, unframe
+from .transport import MAX_HEADER_BYTES, ControlChannel, Idle, Transport, native_collective, poked_idle, unframe
 
 
 STRAY_SWEEP = 256  # every this many progress calls, look for strays from every rank, not just in front
@@ -111,17 +111,19 @@ class Gpu:
         self._calls: list[CallRecord] = []             # collective calls, for the run's report (record_call)
         self._call_bytes = 0                            # their encoded size
         self._calls_unrecorded = 0                      # calls past CALL_RECORD_BYTES
-        # a wait for the fabric sleeps at once, 1 to 5 ms, where its leaf can wake it: whoever sends this
-        # GPU anything pokes it (transport.Waker), so a nap only bounds a lost poke, and a polling GPU would
-        # take the cores from the switch, which every packet passes (measured: 1 KiB ring AllReduce on 8
-        # GPUs, the job's CPU per call 176-182 ms polling from 10 us naps, 104-112 ms napping from 2 ms).
-        # A leaf on another host, or no socket, pokes nobody: there the waits poll from 10 us
+        # a wait for the fabric sleeps at once, 1 to 5 ms (transport.poked_idle), where its leaf can wake
+        # it: whoever sends this GPU anything pokes it (transport.Waker), so a nap only bounds a lost poke,
+        # and a polling GPU would take the cores from the switch, which every packet passes (measured: 1 KiB
+        # ring AllReduce on 8 GPUs, the job's CPU per call 176-182 ms polling from 10 us naps, 104-112 ms
+        # napping from 2 ms). A leaf on another host, or no socket, pokes nobody: there the waits poll from 10 us
         waker = transport.waker
-        woken = waker.sock is not None and self._switch in waker.peers
-        self._idle = Idle(yields=0, first_nap_s=1e-3) if woken else Idle()
-        # MPI's own collectives (the native reference, the members' exchanges) move only as their ranks
+        self._idle = poked_idle() if waker.reaches((self._switch,)) else Idle()
+        # MPI's own collectives (the native reference, an exchange's Iallgather(v)) move only as their ranks
         # poll, and poke nobody: their waits back off from 10 us
         self._mpi_idle = Idle()
+        # an exchange's one round is poked by every member (comm._exchange): where all of them can reach
+        # this GPU, its wait sleeps as the fabric's do
+        self._round_idle = poked_idle() if waker.reaches(g for g in range(self.size) if g != self.rank) else None
         self._pending: collections.deque[Request] = collections.deque()  # issued, not yet run (ranks/requests.py)
         self._draining = False                          # running pending requests (no nested drain)
         self._stream_ns = 0.0                           # modeled end of this GPU's latest collective
@@ -731,6 +733,7 @@ class Gpu:
         elif packet.payload_bytes:
             self._transport.recv_payload(self._switch, out, time.monotonic() + self.timeout_s,
                                          f"{packet.kind.name} req {packet.req}")
+            self._transport.waker.poke(self._switch)  # its send completed: the switch retires it at once
 
     def _send(self, packet: Packet, payload: np.ndarray | None = None, at_ns: float | None = None,
               stamp: tuple[float, float] | None = None) -> list:

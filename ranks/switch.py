@@ -128,6 +128,8 @@ class SwitchRank:
         self._busy_after_done = False      # a GPU that said DONE sent another packet
         self._ending = False               # every GPU here said DONE: the switches are ending the run
         self._idle = Idle(yields=64, max_sleep_s=1e-3)  # every packet passes here: stay more awake
+        waker = getattr(transport, "waker", None)  # None: a stand-in transport (tests/unit)
+        self._waker = waker  # pokes a GPU whose payload it took (_advance)
         # Credits between leaves (class docstring): what this leaf forwarded towards each GPU of another
         # node and was not yet credited back, the GPUs it asked credit for; and, as a destination leaf,
         # per local GPU the transit packets posted to it (position in its sends, origin leaf, credit),
@@ -361,6 +363,8 @@ class SwitchRank:
                 moved = True
                 continue
             queue.popleft()
+            if entry.request is not None and self._waker is not None:  # its sender waits for the send to
+                self._waker.poke(source)                                 # complete: wake it now
             self._handle(source, packet, entry.buffer, checked=entry.request is not None)
             moved = True
         if not queue:
