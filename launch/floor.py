@@ -1,19 +1,23 @@
-"""The floor of a switch-process design (issue 13): the same AllReduce patterns as the emulator's `ring`
-and `sharp`, in plain mpi4py with nothing emulated, every message through one relay rank, against MPI's
+"""The floor of a switch-process design (issue 13): the message patterns of the emulator's `ring` and
+`sharp` AllReduce in plain mpi4py, nothing emulated, every message through one relay rank, against MPI's
 own Allreduce in the same job.
 
-    python -m nvlink_emu.launch.floor [--gpus 4,8] [-b 1K] [-e 64M] [-f 16] [-n N]
+    python -m nvlink_emu.launch.floor [--gpus 4,8] [-b 1K] [-e 64M] [-f 16] [--chunk 4M] [-n N]
 
-G GPU ranks and one relay rank (the last) per job, as a one-switch fabric of G GPUs runs. `relay ring`:
-2(G-1) steps, each GPU sends one of G blocks to the relay, which passes it to the next GPU, which adds it
-(reduce-scatter, then all-gather) - the emulator's ring without its packets, TLB, counters or modeled
-time. `relay sharp`: every GPU sends its whole buffer to the relay, which sums them and sends the sum to
-each - sharp's pattern without its chunks and credits. A cell is the pattern's wall time per call over
+G GPU ranks and one relay rank (the last) per job, as a one-switch fabric of G GPUs runs; messages of at
+most --chunk bytes (default dgx-h100's chunk_bytes, the emulator's message size). `relay ring`: 2(G-1)
+steps; at each, every GPU sends one of G blocks to the relay, which passes each message on to the next
+GPU as it comes; that GPU adds it (reduce-scatter), then copies it (all-gather): the emulator's ring
+without its headers, TLB, credits, counters or modeled time. `relay sharp`: every GPU sends its buffer
+to the relay chunk by chunk, the relay sums each chunk as the GPUs' come and sends every sum to every
+GPU: sharp's pattern without its window and credits. A cell is the pattern's wall time per call over
 MPI's own Allreduce (MPI_SUM, float32) of the GPU ranks, the three timed alternately, call by call, so
-drift weighs on all alike. What no emulator whose messages pass a switch process can beat on this
-machine, whatever its Python costs: where the floor is above a target, the target is out of reach of
-the design. Results are checked against MPI's own (the inputs are small integers: exact in float32).
-Every wait has a deadline (--timeout); a failing rank aborts the job.
+drift weighs on all alike. The ratio is what the design's messages cost on this machine, before any
+Python of the emulator's own: the part of the emulator's ratio that a faster emulator of the same design
+could not remove (a relay written otherwise might do a little better; this one waits as MPI's own wait
+does, polling, and yields the core between polls). Results are checked against MPI's own (the inputs
+are small integers: exact in float32). Every wait has a deadline (--timeout); a failing rank aborts the
+job.
 """
 
 import argparse
@@ -24,11 +28,13 @@ import time
 
 import numpy as np
 
+from nvlink_emu.fabric.config import preset
+
 from .bench import _size, format_bytes
 from .mpiexec import mpiexec_command
 
-STOP = 1 << 20  # tag of the relay's last message
-TAG_LIMIT = 32767  # the least MPI_TAG_UB the standard allows: destinations are tags
+TAG_LIMIT = 32767  # the least MPI_TAG_UB the standard allows: destinations and chunks are tags
+STOP = TAG_LIMIT  # tag of the relay's last message
 
 
 def _wait(request, deadline: float, what: str):
@@ -42,10 +48,11 @@ def _wait(request, deadline: float, what: str):
 
 
 def _relay(comm, gpus: int, timeout_s: float) -> None:
-    """Pass every message on to the GPU its tag names; for tag gpus (sharp) sum one buffer from every GPU
-    and send the sum to each. Ends on a STOP from every GPU."""
+    """Pass every ring message on to the GPU its tag names (tag < gpus) at once; sum sharp's chunk k
+    (tag gpus + 1 + k) over the GPUs as they come, and send each sum to every GPU once all came. Ends on
+    a STOP from every GPU."""
     from mpi4py import MPI
-    status, stopped, buffers, pending = MPI.Status(), 0, {}, []
+    status, stopped, pending, sums, came = MPI.Status(), 0, [], {}, {}
     while stopped < gpus:
         deadline = time.monotonic() + timeout_s
         while not comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
@@ -54,39 +61,35 @@ def _relay(comm, gpus: int, timeout_s: float) -> None:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"floor: relay heard nothing for {timeout_s} s ({stopped} of {gpus} done)")
         count, tag, src = status.Get_count(MPI.FLOAT), status.Get_tag(), status.Get_source()
-        if tag == STOP:
-            comm.Recv([np.empty(0, np.float32), MPI.FLOAT], src, STOP)
-            stopped += 1
-            continue
-        if tag < gpus:  # ring: on to the GPU the tag names, without waiting (it may not have asked yet)
-            buf = np.empty(count, np.float32)
-            comm.Recv([buf, MPI.FLOAT], src, tag)
-            pending.append((comm.Isend([buf, MPI.FLOAT], tag, tag), buf))
-            continue
-        buf = buffers.get((count, src))
-        if buf is None:
-            buf = buffers[(count, src)] = np.empty(count, np.float32)
+        buf = np.empty(count, np.float32)
         comm.Recv([buf, MPI.FLOAT], src, tag)
-        total = buf.copy()  # sharp: the others' buffers, in rank order after the first to arrive
-        for other in range(gpus):
-            if other != src:
-                part = buffers.get((count, other))
-                if part is None:
-                    part = buffers[(count, other)] = np.empty(count, np.float32)
-                _wait(comm.Irecv([part, MPI.FLOAT], other, gpus), time.monotonic() + timeout_s,
-                      f"relay's sharp receive from GPU {other}")
-                total += part
-        requests = [comm.Isend([total, MPI.FLOAT], g, gpus) for g in range(gpus)]
-        deadline = time.monotonic() + timeout_s
-        for g, request in enumerate(requests):
-            _wait(request, deadline, f"relay's sharp send to GPU {g}")
+        if tag == STOP:
+            stopped += 1
+        elif tag < gpus:  # ring: on to the GPU the tag names, without waiting (it may not have asked yet)
+            pending.append((comm.Isend([buf, MPI.FLOAT], tag, tag), buf))
+        else:  # sharp's chunk tag - gpus - 1: summed in the order the GPUs' chunks come
+            if tag in sums:
+                sums[tag] += buf
+                came[tag] += 1
+            else:
+                sums[tag], came[tag] = buf, 1
+            if came[tag] == gpus:
+                total = sums.pop(tag)
+                del came[tag]
+                pending.extend((comm.Isend([total, MPI.FLOAT], g, tag), total) for g in range(gpus))
     deadline = time.monotonic() + timeout_s
     for request, _ in pending:
-        _wait(request, deadline, "relay's last ring sends")
+        _wait(request, deadline, "relay's last sends")
 
 
-def _ring(comm, gpus: int, array: np.ndarray, timeout_s: float) -> None:
-    """In place: the relay ring AllReduce of `array` over the GPU ranks (blocks of np.array_split)."""
+def _pieces(a: int, b: int, chunk: int) -> list[tuple[int, int]]:
+    """[a, b) in pieces of `chunk` elements (one empty piece for an empty range: every step sends)."""
+    return [(x, min(x + chunk, b)) for x in range(a, b, chunk)] or [(a, a)]
+
+
+def _ring(comm, gpus: int, array: np.ndarray, chunk: int, timeout_s: float) -> None:
+    """In place: the relay ring AllReduce of `array` over the GPU ranks (blocks of np.array_split), each
+    step's block in messages of `chunk` elements, as the emulator's ring sends chunk_bytes messages."""
     from mpi4py import MPI
     r, relay = comm.Get_rank(), gpus
     parts = np.array_split(np.arange(array.size), gpus)
@@ -98,26 +101,31 @@ def _ring(comm, gpus: int, array: np.ndarray, timeout_s: float) -> None:
         k = step if reduce else step - (gpus - 1)
         a, b = bounds[(r - k + (0 if reduce else 1)) % gpus]  # the block this GPU sends at this step
         c, d = bounds[(r - k - 1 + (0 if reduce else 1)) % gpus]  # the block it receives
-        recv = comm.Irecv([scratch[:d - c], MPI.FLOAT], relay, r)
-        send = comm.Isend([array[a:b], MPI.FLOAT], relay, (r + 1) % gpus)
-        _wait(recv, deadline, f"GPU {r}'s ring step {step} receive")
-        _wait(send, deadline, f"GPU {r}'s ring step {step} send")
+        recvs = [comm.Irecv([scratch[x - c:y - c], MPI.FLOAT], relay, r) for x, y in _pieces(c, d, chunk)]
+        sends = [comm.Isend([array[x:y], MPI.FLOAT], relay, (r + 1) % gpus) for x, y in _pieces(a, b, chunk)]
+        for request in recvs + sends:
+            _wait(request, deadline, f"GPU {r}'s ring step {step}")
         if reduce:
             array[c:d] += scratch[:d - c]
         else:
             array[c:d] = scratch[:d - c]
 
 
-def _sharp(comm, gpus: int, array: np.ndarray, timeout_s: float) -> None:
-    """In place: the relay sums every GPU's `array` and sends the sum back."""
+def _sharp(comm, gpus: int, array: np.ndarray, chunk: int, timeout_s: float) -> None:
+    """In place: the relay sums every GPU's `array`, chunk by chunk, and sends each sum back."""
     from mpi4py import MPI
-    deadline = time.monotonic() + timeout_s
-    recv = comm.Irecv([array, MPI.FLOAT], gpus, gpus)
-    _wait(comm.Isend([array.copy(), MPI.FLOAT], gpus, gpus), deadline, f"GPU {comm.Get_rank()}'s sharp send")
-    _wait(recv, deadline, f"GPU {comm.Get_rank()}'s sharp receive")
+    r, deadline = comm.Get_rank(), time.monotonic() + timeout_s
+    pieces = _pieces(0, array.size, chunk)
+    if gpus + 1 + len(pieces) > STOP:
+        raise ValueError(f"floor: {len(pieces)} chunks of {chunk * 4} B take more tags than MPI promises")
+    mine = array.copy()
+    recvs = [comm.Irecv([array[x:y], MPI.FLOAT], gpus, gpus + 1 + k) for k, (x, y) in enumerate(pieces)]
+    sends = [comm.Isend([mine[x:y], MPI.FLOAT], gpus, gpus + 1 + k) for k, (x, y) in enumerate(pieces)]
+    for request in sends + recvs:
+        _wait(request, deadline, f"GPU {r}'s sharp chunks")
 
 
-def _worker(sizes: list[int], iters: int, timeout_s: float) -> None:
+def _worker(sizes: list[int], chunk_bytes: int, iters: int, timeout_s: float) -> None:
     """Under mpiexec: the last rank relays; the others time the patterns and MPI's own, rank 0 prints."""
     from mpi4py import MPI
     world = MPI.COMM_WORLD
@@ -143,9 +151,9 @@ def _worker(sizes: list[int], iters: int, timeout_s: float) -> None:
                     own.Barrier()
                     start = time.perf_counter()
                     if name == "relay ring":
-                        _ring(world, gpus, array, timeout_s)
+                        _ring(world, gpus, array, chunk_bytes // 4, timeout_s)
                     elif name == "relay sharp":
-                        _sharp(world, gpus, array, timeout_s)
+                        _sharp(world, gpus, array, chunk_bytes // 4, timeout_s)
                     else:
                         out = np.empty_like(array)
                         own.Allreduce(array, out)
@@ -173,19 +181,21 @@ def main(argv=None) -> int:
     parser.add_argument("-b", "--min-bytes", type=_size, default=1 << 10, help="smallest size (default 1K)")
     parser.add_argument("-e", "--max-bytes", type=_size, default=64 << 20, help="largest size (default 64M)")
     parser.add_argument("-f", "--factor", type=int, default=16, help="size multiplier per column (default 16)")
+    parser.add_argument("--chunk", type=_size, default=preset("dgx-h100").chunk_bytes,
+                        help="bytes a message, as the emulator's chunk_bytes (default dgx-h100's)")
     parser.add_argument("-n", "--iters", type=int, default=0, help="timed calls per size (default: bench's rule)")
     parser.add_argument("--timeout", type=float, default=300.0, help="deadline of every wait, s")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # a rank of the job
     args = parser.parse_args(argv)
-    if args.min_bytes <= 0 or args.max_bytes < args.min_bytes or args.factor < 2 or args.iters < 0:
-        raise SystemExit("floor: need 0 < -b <= -e, -f >= 2 and -n >= 0")
+    if args.min_bytes <= 0 or args.max_bytes < args.min_bytes or args.factor < 2 or args.iters < 0 or args.chunk < 4:
+        raise SystemExit("floor: need 0 < -b <= -e, -f >= 2, -n >= 0 and --chunk >= 4")
     sizes = [args.min_bytes]
     while sizes[-1] * args.factor <= args.max_bytes:
         sizes.append(sizes[-1] * args.factor)
     if args.worker:
-        _worker(sizes, args.iters, args.timeout)
+        _worker(sizes, args.chunk, args.iters, args.timeout)
         return 0
-    flags = ["-b", str(args.min_bytes), "-e", str(args.max_bytes), "-f", str(args.factor), "-n", str(args.iters),
+    flags = ["--chunk", str(args.chunk), "-b", str(args.min_bytes), "-e", str(args.max_bytes), "-f", str(args.factor), "-n", str(args.iters),
              "--timeout", str(args.timeout)]
     for text in args.gpus.split(","):
         gpus = int(text)

@@ -1,5 +1,5 @@
-"""launch/floor.py runs its job and checks its patterns' results against MPI's own (the figures are a
-benchmark: nothing about them is asserted)."""
+"""launch/floor.py runs its job (messages of 16 KiB: a 64 KiB call in several) and checks its patterns'
+results against MPI's own (the figures are a benchmark: nothing about them is asserted)."""
 
 import sys
 
@@ -8,7 +8,7 @@ from cli_helpers import run
 
 def test_floor_prints_a_row_per_pattern_and_a_column_per_size():
     done, _ = run([sys.executable, "-m", "nvlink_emu.launch.floor", "--gpus", "3", "-b", "4K", "-e", "64K", "-f", "4",
-                   "-n", "2", "--timeout", "60"], timeout_s=120)
+                   "--chunk", "16K", "-n", "2", "--timeout", "60"], timeout_s=120)
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     assert "### 3 GPUs + a relay rank: wall time / MPI's own Allreduce, per call" in lines
