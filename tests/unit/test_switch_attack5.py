@@ -81,3 +81,90 @@ def test_an_honest_sharp_window_of_1_kib_chunks_fits_its_share():
     assert (window, chunk, sw.groups.slot_bytes, sw.held_parts_share) == (1365, 1024, 1024, 4096)
     assert _fill_window(sw, n, window, chunk) is None
     assert sw.groups.held_bytes == window * (n - 1) * chunk
+
+
+class _Flooded:
+    """A Transport stand-in for a one-node switch rank: `headers[source]` are the header messages waiting
+    from each GPU (GPU `flooder`'s never run out: it sends as fast as the switch reads); nothing is sent
+    on, no payload ever comes. `asked` records each source a poll asked for (-1: any)."""
+
+    rank = 4
+
+    def __init__(self, headers, flooder, flood):
+        self.headers, self.flooder, self.flood = headers, flooder, flood
+        self.pending_bytes_to: dict[int, int] = {}
+        self.asked: list[int] = []
+
+    def poll(self, source=-1, limit=None):
+        self.asked.append(source)
+        if source in (-1, self.flooder):
+            return self.flooder, bytearray(self.flood)
+        return (source, self.headers[source].pop(0)) if self.headers.get(source) else None
+
+    def header_waiting(self, source):
+        return source == self.flooder or bool(self.headers.get(source))
+
+    def send(self, dest, packet, payload=None):
+        return []
+
+    def probe_payload(self, source):
+        return None
+
+    def sends_pending_to(self, dest):
+        return 0
+
+    def backlogged(self, limit):
+        return []
+
+
+@pytest.mark.xfail(strict=True, reason="attack5 finding 2: while any GPU is not read, _poll serves the others "
+                                       "in index order: GPU 0 starves every other GPU of its switch")
+def test_a_gpu_s_flood_cannot_starve_another_tenant_s_gpu_while_one_is_not_read():
+    """Found in this review. ranks/switch._poll reads any GPU's header (MPI's any-source match, in arrival
+    order) unless some GPU is not read now (_not_read: a GPU behind a held transfer, past MAX_QUEUED
+    packets or, since fix4, past MAX_QUEUED_BYTES waiting, or past MAX_UNREAD unread answers); then it asks
+    `for source in self.sources` in index order and takes the first header found, every time. A tenant
+    with two GPUs, 0 and 3 (partitions (0, 3), (1, 2)), makes GPU 3 not read with 10 packets (a PUT whose
+    1 MiB payload never comes, then inline frames of 4 KiB with 61.5 KiB headers: past MAX_QUEUED_BYTES,
+    as tests/unit/test_switch_attack4; it stays so until its deadline, timeout_s, 30 s, and may start
+    again), and GPU 0 sends zero-byte MSGs to GPU 3 as fast as the switch reads them (it reads its
+    answers, so it is never backlogged). Measured (a stand-in transport, GPU 1 and 2 of the other tenant each
+    with a header waiting): in 10,000 polls the switch asked for GPU 0's header 10,000 times and never for
+    GPU 1's or 2's; their packets stay unread until their deadlines (FabricTimeout at the honest GPU, as a
+    fabric failure would be). An honest GPU held by congestion (queue[0].held) opens the same window to any
+    GPU of a lower index. Proposed fix: in _poll, start the scan after the source served last (round
+    robin over self.sources), or poll any source and set a not-read GPU's header aside (MAX_KEPT-style)."""
+    from nvlink_emu.fabric.packets import MAX_TEXT, MsgInfo, Packet
+    from nvlink_emu.ranks.switch import MAX_QUEUED_BYTES, SwitchRank
+    from nvlink_emu.ranks.transport import INLINE_PAYLOAD_BYTES, frame
+
+    config = FabricConfig(gpus=4, mode="network", sharp=True, mtu_bytes=256, header_bytes=16, page_size_bytes=4096,
+                          memory_capacity_bytes=MiB, partitions=((0, 3), (1, 2)))
+    to3 = SwitchLogic(config).network_addresses[3]
+    flood = Packet(Kind.MSG, 0, to3, 0, 0, info=MsgInfo((0,))).to_wire()
+    honest = {1: [bytearray(Packet(Kind.MSG, 1, SwitchLogic(config).network_addresses[2], 0, 0,
+                                   info=MsgInfo((0,))).to_wire())],
+              2: [bytearray(Packet(Kind.MSG, 2, SwitchLogic(config).network_addresses[1], 0, 0,
+                                   info=MsgInfo((0,))).to_wire())]}
+    transport = _Flooded(honest, 0, flood)
+    rank = SwitchRank(config, transport, 30.0)
+    # GPU 3 not read: a PUT whose payload never comes, then frames with the longest headers behind it
+    rank._take(3, bytearray(Packet(Kind.PUT, 3, rank.logic.network_addresses[0], 0, 1 << 20).to_wire()))
+    big = Packet(Kind.MSG, 3, rank.logic.network_addresses[0], 0, INLINE_PAYLOAD_BYTES,
+                 info=MsgInfo(tuple("x" * MAX_TEXT for _ in range(15)))).to_wire()
+    sent = 1
+    while 3 not in rank._not_read():
+        rank._take(3, bytearray(frame(big, np.zeros(INLINE_PAYLOAD_BYTES, np.uint8))))
+        sent += 1
+    assert sent == 10 and rank._waiting[3].nbytes > MAX_QUEUED_BYTES
+    transport.asked.clear()
+    served = []
+    for _ in range(10_000):
+        got = rank._poll()
+        if got is not None:
+            served.append(got[0])
+            rank._take(*got)
+    assert rank.logic.refused[0] == 0 and served.count(0) == 10_000
+    asked = {s: transport.asked.count(s) for s in (0, 1, 2)}
+    assert asked[1] and asked[2], f"in 10,000 polls the switch asked {asked} (source: times); GPU 1's and 2's " \
+                                  f"headers wait unread ({len(honest[1])}, {len(honest[2])} left)"
