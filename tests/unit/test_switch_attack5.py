@@ -168,3 +168,37 @@ def test_a_gpu_s_flood_cannot_starve_another_tenant_s_gpu_while_one_is_not_read(
     asked = {s: transport.asked.count(s) for s in (0, 1, 2)}
     assert asked[1] and asked[2], f"in 10,000 polls the switch asked {asked} (source: times); GPU 1's and 2's " \
                                   f"headers wait unread ({len(honest[1])}, {len(honest[2])} left)"
+
+
+@pytest.mark.xfail(strict=True, reason="attack5 finding 2: an honest GPU held by congestion opens the same window")
+def test_an_honest_gpu_held_by_congestion_does_not_hand_the_switch_to_gpu_0():
+    """Finding 2, with no GPU of the attacker not read: honest GPU 2 (partitions (0, 3), (1, 2)) sends a
+    4 KiB PUT to its peer GPU 1 while GPU 1's port has its share of forwarded bytes in flight
+    (port_share_bytes: the stand-in's pending_bytes_to), as a busy honest exchange does; its PUT waits
+    (queue[0].held), so GPU 2 is not read, and _poll scans from GPU 0 again. Measured (stand-in
+    transport): while GPU 2 is held, in 10,000 polls GPU 0's flood was served 10,000 times and GPU 1's
+    waiting header was never asked for. On a real switch the window lasts while the port is congested,
+    which the flood does not relieve (the flood goes to GPU 3's port)."""
+    from nvlink_emu.fabric.packets import MsgInfo, Packet
+    from nvlink_emu.ranks.switch import SwitchRank
+
+    config = FabricConfig(gpus=4, mode="network", sharp=True, mtu_bytes=256, header_bytes=16, page_size_bytes=4096,
+                          memory_capacity_bytes=MiB, partitions=((0, 3), (1, 2)))
+    addresses = SwitchLogic(config).network_addresses
+    flood = Packet(Kind.MSG, 0, addresses[3], 0, 0, info=MsgInfo((0,))).to_wire()
+    honest = {1: [bytearray(Packet(Kind.MSG, 1, addresses[2], 0, 0, info=MsgInfo((0,))).to_wire())]}
+    transport = _Flooded(honest, 0, flood)
+    rank = SwitchRank(config, transport, 30.0)
+    transport.pending_bytes_to[1] = rank.port_share_bytes  # GPU 1's port: its share in flight
+    rank._take(2, bytearray(Packet(Kind.PUT, 2, addresses[1], 0, 4096).to_wire()))
+    assert rank._not_read() == {2} and rank._waiting[2][0].held
+    transport.asked.clear()
+    served = []
+    for _ in range(10_000):
+        got = rank._poll()
+        if got is not None:
+            served.append(got[0])
+            rank._take(*got)
+    assert served.count(0) == 10_000 and rank.logic.refused[0] == 0 and rank._not_read() == {2}
+    assert transport.asked.count(1), f"in 10,000 polls the switch asked for GPU 0's header " \
+                                     f"{transport.asked.count(0)} times, GPU 1's {transport.asked.count(1)}"
