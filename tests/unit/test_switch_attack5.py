@@ -204,3 +204,53 @@ def test_an_honest_gpu_held_by_congestion_does_not_hand_the_switch_to_gpu_0():
     assert served.count(0) == 10_000 and rank.logic.refused[0] == 0 and rank._not_read() == {2}
     assert transport.asked.count(1), f"in 10,000 polls the switch asked for GPU 0's header " \
                                      f"{transport.asked.count(0)} times, GPU 1's {transport.asked.count(1)}"
+
+
+def test_spans_of_two_groups_of_one_creator_leaf_in_any_order_mpi_allows_answer_both_creates():
+    """The path that holds (fix4's _span_in drops a span whose group id is at most the highest this leaf
+    took of that creator leaf, as a released group's: could an earlier group's span, read after a later
+    one's, be dropped, and its create never answered?). 3 nodes x 2 GPUs, 2 spines: GPU 0 creates group a
+    (0, 2, 4), GPU 1 group b (1, 3, 5), at once, at leaf 0; every packet between switches is delivered in
+    a random order that keeps each sender's order to each receiver (MPI's), and as soon as GPU 0 hears its
+    create answered it binds and releases a (its unspan racing b's spans). 200 orders: both creates
+    answered, no switch raised, and afterwards no leaf holds a, each of b's members binds b at its leaf,
+    no span is still due anywhere. Each spine passes on spans in the order the creator's spreads came,
+    which is the creates' order (a phase-1 answer of a spine for a comes before its answer for b)."""
+    import random
+    from collections import deque
+
+    from test_switch_attack4 import _Switches, _group_packet
+    from test_switch_spanning import nvlink
+
+    for seed in range(200):
+        fabric = _Switches(nvlink(nodes=3, spines=2))
+        leaf0, links, replies = fabric.switches[0], {}, {}
+
+        def put(frm, sends):
+            for send in sends:
+                if send.switch is None:
+                    assert send.packet.kind is Kind.REPLY, send.packet.info
+                    if send.port in replies:  # GPU 0's bind and release answered
+                        assert send.port == 0 and send.packet.info == {"group": replies[0]}, send.packet.info
+                        continue
+                    replies[send.port] = send.packet.info["group"]
+                    if send.port == 0:  # GPU 0 binds and releases a at once
+                        for action in ("bind", "release"):
+                            put(0, leaf0.on_packet(0, _group_packet(action, group=replies[0])))
+                else:
+                    links.setdefault((frm, send.switch), deque()).append(send)
+
+        put(0, leaf0.on_packet(0, _group_packet("create", members=(0, 2, 4), name="a")))
+        put(0, leaf0.on_packet(1, _group_packet("create", members=(1, 3, 5), name="b")))
+        rng = random.Random(seed)
+        while any(links.values()):
+            frm, to = rng.choice([k for k, q in links.items() if q])
+            send = links[(frm, to)].popleft()
+            put(to, fabric.switches[to].on_switch(frm, send.packet, send.payload))
+        assert set(replies) == {0, 1}, (seed, replies)
+        a, b = replies[0], replies[1]
+        assert all(a not in s.groups.groups for s in fabric.switches), seed
+        for gpu in (1, 3, 5):
+            (reply,) = fabric.switches[gpu // 2].on_packet(gpu, _group_packet("bind", group=b))
+            assert reply.packet.kind is Kind.REPLY and reply.packet.info == {"group": b}, (seed, reply.packet.info)
+        assert not any(s._spans_due for s in fabric.switches[:3]), seed
