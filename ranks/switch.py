@@ -110,6 +110,7 @@ class SwitchRank:
         peers = range(config.nodes) if self.spine else range(config.nodes, config.switches)
         self._peer_of = {config.gpus + s: s for s in peers}
         self.sources = (*self.gpus, *self._peer_of)
+        self._next_source = 0  # where _poll's scan of the sources starts while some are not read
         self.sent_to_switches = self.taken_from_switches = 0  # packets, for the end of run
         self.trace = trace  # a TraceWriter, or None
         self.logic.tracing = trace is not None
@@ -196,10 +197,15 @@ class SwitchRank:
         held = self._not_read()
         if not held:  # any rank: a header from one that is no source of this switch is dropped by _take
             return transport.poll(limit=MAX_HEADER_BYTES)
-        for source in self.sources:
-            if source not in held:
-                got = transport.poll(source, limit=MAX_HEADER_BYTES)
+        # round robin, from the source after the one served last: a scan from the first would serve a GPU
+        # that keeps sending before every later one, which then starves (tests/unit/test_switch_attack5)
+        sources, start = self.sources, self._next_source
+        for k in range(len(sources)):
+            i = (start + k) % len(sources)
+            if sources[i] not in held:
+                got = transport.poll(sources[i], limit=MAX_HEADER_BYTES)
                 if got is not None:
+                    self._next_source = i + 1
                     return got
         return None
 

@@ -117,8 +117,6 @@ class _Flooded:
         return []
 
 
-@pytest.mark.xfail(strict=True, reason="attack5 finding 2: while any GPU is not read, _poll serves the others "
-                                       "in index order: GPU 0 starves every other GPU of its switch")
 def test_a_gpu_s_flood_cannot_starve_another_tenant_s_gpu_while_one_is_not_read():
     """Found in this review. ranks/switch._poll reads any GPU's header (MPI's any-source match, in arrival
     order) unless some GPU is not read now (_not_read: a GPU behind a held transfer, past MAX_QUEUED
@@ -135,7 +133,9 @@ def test_a_gpu_s_flood_cannot_starve_another_tenant_s_gpu_while_one_is_not_read(
     GPU of a lower index. README ("What remains outside the model") accepts that "the switch serves GPUs
     in arrival order with no per-GPU fairness" (a flood slows everyone); this is not arrival order: a GPU
     above the flooder in index is never served while the window lasts, not slowed. Proposed fix: in _poll, start the scan after the source served last (round
-    robin over self.sources), or poll any source and set a not-read GPU's header aside (MAX_KEPT-style)."""
+    robin over self.sources), or poll any source and set a not-read GPU's header aside (MAX_KEPT-style).
+    Fixed: _poll's scan starts after the source served last (round robin); after, in the same 10,000 polls
+    GPU 1's and GPU 2's headers are asked for and served (each at once: the scan reaches them next)."""
     from nvlink_emu.fabric.packets import MAX_TEXT, MsgInfo, Packet
     from nvlink_emu.ranks.switch import MAX_QUEUED_BYTES, SwitchRank
     from nvlink_emu.ranks.transport import INLINE_PAYLOAD_BYTES, frame
@@ -166,13 +166,13 @@ def test_a_gpu_s_flood_cannot_starve_another_tenant_s_gpu_while_one_is_not_read(
         if got is not None:
             served.append(got[0])
             rank._take(*got)
-    assert rank.logic.refused[0] == 0 and served.count(0) == 10_000
+    assert rank.logic.refused[0] == 0 and served.count(0) >= 9_990
     asked = {s: transport.asked.count(s) for s in (0, 1, 2)}
     assert asked[1] and asked[2], f"in 10,000 polls the switch asked {asked} (source: times); GPU 1's and 2's " \
                                   f"headers wait unread ({len(honest[1])}, {len(honest[2])} left)"
+    assert served[:3].count(1) == served[:3].count(2) == 1 and not honest[1] and not honest[2], served[:4]
 
 
-@pytest.mark.xfail(strict=True, reason="attack5 finding 2: an honest GPU held by congestion opens the same window")
 def test_an_honest_gpu_held_by_congestion_does_not_hand_the_switch_to_gpu_0():
     """Finding 2, with no GPU of the attacker not read: honest GPU 2 (partitions (0, 3), (1, 2)) sends a
     4 KiB PUT to its peer GPU 1 while GPU 1's port has its share of forwarded bytes in flight
@@ -180,7 +180,8 @@ def test_an_honest_gpu_held_by_congestion_does_not_hand_the_switch_to_gpu_0():
     (queue[0].held), so GPU 2 is not read, and _poll scans from GPU 0 again. Measured (stand-in
     transport): while GPU 2 is held, in 10,000 polls GPU 0's flood was served 10,000 times and GPU 1's
     waiting header was never asked for. On a real switch the window lasts while the port is congested,
-    which the flood does not relieve (the flood goes to GPU 3's port)."""
+    which the flood does not relieve (the flood goes to GPU 3's port). Fixed (round robin, as above): GPU 1's
+    header is served within the first two polls."""
     from nvlink_emu.fabric.packets import MsgInfo, Packet
     from nvlink_emu.ranks.switch import SwitchRank
 
@@ -201,7 +202,8 @@ def test_an_honest_gpu_held_by_congestion_does_not_hand_the_switch_to_gpu_0():
         if got is not None:
             served.append(got[0])
             rank._take(*got)
-    assert served.count(0) == 10_000 and rank.logic.refused[0] == 0 and rank._not_read() == {2}
+    assert rank.logic.refused[0] == 0 and rank._not_read() == {2}
+    assert 1 in served[:2] and not honest[1], served[:3]
     assert transport.asked.count(1), f"in 10,000 polls the switch asked for GPU 0's header " \
                                      f"{transport.asked.count(0)} times, GPU 1's {transport.asked.count(1)}"
 
