@@ -15,7 +15,7 @@ import math
 
 from .packets import raw_bytes
 from .reduction import blocks, chunks
-from .switch import buffer_share_bytes
+from .switch import buffer_share_bytes, held_slot_bytes
 
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "all2all")
 ALGORITHMS = ("ring", "direct", "sharp", "nvls")
@@ -52,6 +52,18 @@ def in_switch_chunk(config, n: int, streams: int, least: int = 1, chunk_bytes: i
     budget = buffer_share_bytes(config) // (streams * max(1, n - 1))
     wanted = min(chunk_bytes or config.chunk_bytes, config.chunk_bytes)
     return max(1, min(wanted, budget // least) // itemsize) * itemsize
+
+
+def in_switch_window(config, n: int, streams: int, least: int = 1, chunk_bytes: int | None = None,
+                     itemsize: int = 4) -> tuple[int, int]:
+    """(window, chunk bytes) of an in-switch reduction (Call.in_switch_window): the chunk of in_switch_chunk,
+    and the chunks each member may have in the switch at once, at least `least`, so that window x streams x
+    (N - 1) contributions, each counted at least fabric.switch.held_slot_bytes (as the switch counts a held
+    one), fit the partition's share; so they are also at most its held_parts_share (share // slot bytes).
+    The same window as bytes alone for chunks of slot bytes or more (1 KiB on shares of 4 MiB and more)."""
+    budget = buffer_share_bytes(config) // (streams * max(1, n - 1))
+    chunk = in_switch_chunk(config, n, streams, least, chunk_bytes, itemsize)
+    return max(least, budget // max(chunk, held_slot_bytes(config))), chunk
 
 
 def _chunk(config, itemsize: int) -> int:

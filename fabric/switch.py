@@ -151,6 +151,39 @@ def port_share_bytes(config: FabricConfig) -> int:
     return config.switch_buffer_bytes // (config.gpus_per_node + config.spines)
 
 
+def held_parts_share(config: FabricConfig) -> int:
+    """Contributions each partition may have held at once (a count): share // slot_bytes, so that held slots
+    counted at least slot_bytes each stay within the share. slot_bytes is share // the larger of 4,096, share /
+    1 KiB and _least_parts (1 KiB on shares of 4 MiB and more: 4,096 slots on a 4 MiB share)."""
+    return buffer_share_bytes(config) // held_slot_bytes(config)
+
+
+def held_slot_bytes(config: FabricConfig) -> int:
+    """What each held contribution counts at least against its partition's share (bytes): a held slot takes
+    about 0.7 KiB of switch memory however few bytes it holds (tests/unit/test_switch_attack4). The credit
+    windows count each chunk at least this (Call.in_switch_window), so an honest window fits both bounds."""
+    share = buffer_share_bytes(config)
+    return max(1, share // max(4096, share // 1024, _least_parts(config)))
+
+
+def _least_parts(config: FabricConfig) -> int:
+    """The most contributions honest in-switch reductions hold when their window is the least they run with
+    (Call.in_switch_window's `least`: 1 for sharp's allreduce, 2 for its reduce_scatter and nvls, shrinking
+    the chunk does not shrink it): least x streams x (n - 1) over n = 2 .. the largest partition's GPUs, one
+    node or several, every accumulator width. Under 4,096 unless a partition has about 45 GPUs or more."""
+    from .replay import _nvls_streams, sharp_scatter_streams, sharp_streams  # fabric.replay imports this module
+
+    largest = max(len(members) for members in config.partitions) if config.partitions else config.gpus
+    most = 0
+    for n in range(2, largest + 1):
+        for nodes in ((1, 2) if config.nodes > 1 else (1,)):
+            for wide in (1, 2):  # fabric.reduction.switch_accumulator: as wide, or twice (16-bit floats)
+                most = max(most, (n - 1) * max(sharp_streams(n, nodes, config.nodes, wide),
+                                               2 * sharp_scatter_streams(n, nodes, config.nodes, wide),
+                                               2 * _nvls_streams(n, nodes, config.nodes, wide)))
+    return most
+
+
 def honest_loads(config: FabricConfig) -> int:
     """The most LOADs of spanning groups an honest nvls call keeps unanswered to one GPU at its leaf: each of
     its n members keeps at most its window of load-reduce requests awaiting their result (nvls.py: a new
@@ -226,14 +259,13 @@ class SwitchLogic:
         # switch resources are shared out among partitions, so that one tenant cannot starve another
         self.group_share = max(1, self.groups.limit // len(config.partitions))
         self.buffer_share_bytes = buffer_share_bytes(config)
-        # contributions held per partition: the credit windows hold at most share / chunk of them, and
-        # chunks are never under 1 KiB in practice; this bounds what zero-byte contributions can pile up
-        self.held_parts_share = max(4096, self.buffer_share_bytes // 1024)
-        # and each held contribution counts at least share / held_parts_share bytes (1 KiB on shares of 4 MiB
-        # and more) against the share: a held slot takes about 0.7 KiB of switch memory however few bytes it
-        # holds (32,768 zero-byte ones took 23.3 MB, tracemalloc: tests/unit/test_switch_attack4), so held
-        # slots and their bytes together stay within the share
-        self.groups.slot_bytes = self.buffer_share_bytes // self.held_parts_share
+        # contributions held per partition, each counted at least slot_bytes against the share (held_slot_bytes:
+        # 1 KiB on shares of 4 MiB and more): a held slot takes about 0.7 KiB of switch memory however few bytes
+        # it holds (32,768 zero-byte ones took 23.3 MB, tracemalloc: tests/unit/test_switch_attack4), so held
+        # slots and their bytes together stay within the share; the credit windows count each chunk at least
+        # slot_bytes too (Call.in_switch_window), so an honest window stays within both
+        self.groups.slot_bytes = held_slot_bytes(config)
+        self.held_parts_share = held_parts_share(config)
         # requests forwarded and not yet answered: (replier port, requester port, req, reply kind) -> the
         # byte counts the replies must carry -> how many (a reply is matched in O(1), however many a GPU
         # keeps awaited under one number: a scan of them made each forged reply cost the switch O(MAX_AWAITED))

@@ -4,7 +4,7 @@ driven directly (fabric.switch.SwitchLogic), as the other test_switch_attack* fi
 import numpy as np
 import pytest
 
-from nvlink_emu.fabric.cost import in_switch_chunk
+from nvlink_emu.fabric.cost import in_switch_chunk, in_switch_window
 from nvlink_emu.fabric.config import FabricConfig
 from nvlink_emu.fabric.packets import Kind
 from nvlink_emu.fabric.replay import sharp_streams
@@ -17,11 +17,15 @@ MiB = 1 << 20
 
 def _honest_sharp_window(config, n: int, itemsize: int = 4) -> tuple[int, int]:
     """(window, chunk bytes) of ranks/collectives/sharp.py's allreduce by `n` members on one node:
-    Call.in_switch_window(sharp_streams) with fabric.cost.in_switch_chunk, the same rule."""
+    Call.in_switch_window(sharp_streams), i.e. fabric.cost.in_switch_window, the same rule."""
+    return in_switch_window(config, n, sharp_streams(n, 1, config.nodes, 1), 1, None, itemsize)
+
+
+def _bytes_window(config, n: int, itemsize: int = 4) -> int:
+    """The window the rule gave before the fix (bytes alone: share // (streams x (n - 1)) // chunk)."""
     streams = sharp_streams(n, 1, config.nodes, 1)
-    budget = buffer_share_bytes(config) // (streams * max(1, n - 1))
     chunk = in_switch_chunk(config, n, streams, 1, None, itemsize)
-    return max(1, budget // chunk), chunk
+    return max(1, buffer_share_bytes(config) // (streams * max(1, n - 1)) // chunk)
 
 
 def _fill_window(sw, n: int, window: int, chunk: int):
@@ -39,8 +43,6 @@ def _fill_window(sw, n: int, window: int, chunk: int):
     return None
 
 
-@pytest.mark.xfail(strict=True, reason="attack5 finding 1: the honest in-switch window ignores the per-slot "
-                                       "minimum (slot_bytes) and the held-contributions bound")
 @pytest.mark.parametrize("chunk_bytes", [1000, 512], ids=["1000B", "512B"])
 def test_an_honest_sharp_window_of_small_chunks_fits_its_share(chunk_bytes):
     """Found in this review. The credit window of an in-switch reduction (Call.in_switch_window, the cost
@@ -58,16 +60,23 @@ def test_an_honest_sharp_window_of_small_chunks_fits_its_share(chunk_bytes):
     ResourceExhausted: no attacker needed, but it is the bound fix4 added (and held_parts_share before it)
     against what the honest rule allows. Proposed fix: the window rule counts each contribution at
     max(chunk, share // held_parts_share) bytes (in_switch_chunk and Call.in_switch_window alike), or the
-    config refuses chunk_bytes / nvls_chunk_bytes under 1 KiB and in_switch_chunk never shrinks below it."""
+    config refuses chunk_bytes / nvls_chunk_bytes under 1 KiB and in_switch_chunk never shrinks below it.
+    Fixed: the window rule (fabric.cost.in_switch_window, Call.in_switch_window's) counts each chunk at
+    least fabric.switch.held_slot_bytes, as the switch counts a held one: window 1,365 for both (4,095
+    held, the 1 KiB chunks' window), filled without a refusal; the switch's bounds are unchanged."""
     n = 4
     config = FabricConfig(gpus=n, mode="network", sharp=True, mtu_bytes=256, header_bytes=16, page_size_bytes=4096,
                           memory_capacity_bytes=MiB, switch_buffer_bytes=4 * MiB, chunk_bytes=chunk_bytes)
     sw = SwitchLogic(config)
+    assert _bytes_window(config, n) == {1000: 1398, 512: 2730}[chunk_bytes]  # before: refused at chunk 1,365
+    assert (sw.groups.slot_bytes, sw.held_parts_share) == (1024, 4096)
     window, chunk = _honest_sharp_window(config, n)
-    assert chunk == chunk_bytes
-    # what the honest rule lets the switch hold fits the share in bytes
-    assert window * (n - 1) * chunk <= sw.buffer_share_bytes
+    assert (window, chunk) == (1365, chunk_bytes)
+    # what the honest rule lets the switch hold fits the share in bytes and in held contributions
+    assert window * (n - 1) * max(chunk, sw.groups.slot_bytes) <= sw.buffer_share_bytes
+    assert window * (n - 1) <= sw.held_parts_share
     assert _fill_window(sw, n, window, chunk) is None
+    assert sw.groups.held_bytes == window * (n - 1) * chunk
 
 
 def test_an_honest_sharp_window_of_1_kib_chunks_fits_its_share():
