@@ -7,7 +7,7 @@ import pytest
 from nvlink_emu.fabric.cost import in_switch_chunk, in_switch_window
 from nvlink_emu.fabric.config import FabricConfig
 from nvlink_emu.fabric.packets import Kind
-from nvlink_emu.fabric.replay import sharp_streams
+from nvlink_emu.fabric.replay import sharp_scatter_streams, sharp_streams
 from nvlink_emu.fabric.switch import SwitchLogic, buffer_share_bytes, honest_loads
 
 from switch_helpers import network, ready_group, reduce_packet
@@ -90,6 +90,35 @@ def test_an_honest_sharp_window_of_1_kib_chunks_fits_its_share():
     assert (window, chunk, sw.groups.slot_bytes, sw.held_parts_share) == (1365, 1024, 1024, 4096)
     assert _fill_window(sw, n, window, chunk) is None
     assert sw.groups.held_bytes == window * (n - 1) * chunk
+
+
+def test_an_honest_sharp_reduce_scatter_of_48_gpus_at_its_least_window_fits_its_share():
+    """Finding 1's other edge: in_switch_chunk shrinks the chunk of a big group so that `least` chunks fit
+    the share in bytes, but the window cannot go under `least`: sharp.py's reduce_scatter by 48 GPUs on one
+    node (streams n, least 2, share 4 MiB) has chunks of 928 B (share / (48 x 47) / 2) and window 2, so
+    2 rounds x 48 blocks x 47 members = 4,512 contributions held when one member is late - past 4,096, and
+    past the share counted at 1 KiB each (measured before the fix: refused at round 1's block 39, GPU 7,
+    the 4,097th held). Fixed: held_parts_share covers the least window of every group size
+    (fabric.switch._least_parts: 4,512 here), slot_bytes = share // it (929 B), held_parts_share = share //
+    slot_bytes (4,514); the whole least window is held without a refusal."""
+    n = 48
+    config = FabricConfig(gpus=n, mode="network", sharp=True, mtu_bytes=256, header_bytes=16, page_size_bytes=4096,
+                          memory_capacity_bytes=MiB, switch_buffer_bytes=4 * MiB)
+    sw = SwitchLogic(config)
+    window, chunk = in_switch_window(config, n, sharp_scatter_streams(n, 1, 1, 1), 2, None, 4)
+    assert (window, chunk) == (2, 928)
+    assert (sw.groups.slot_bytes, sw.held_parts_share) == (929, 4514)
+    gid = ready_group(sw, members=tuple(range(n)))
+    data = np.ones(chunk // 4, np.float32)
+    for c in range(window):  # sharp.py's rounds: slot (j, c, j + c), result to member j under (RS, j, c)
+        for j in range(n):
+            for gpu in range(n - 1):  # member n - 1 is late
+                packet, payload = reduce_packet(gid, (j, c, j + c), "sum", "float32", (j,), ("world", 1, j, c),
+                                                data, req=c)
+                for send in sw.on_packet(gpu, packet, payload):
+                    assert send.packet.kind is not Kind.NACK, f"round {c} block {j} GPU {gpu}: {send.packet.info}"
+    assert sw.groups.held_bytes == window * n * (n - 1) * chunk
+    assert window * n * (n - 1) * sw.groups.slot_bytes <= sw.buffer_share_bytes
 
 
 class _Flooded:
