@@ -170,7 +170,8 @@ def _least_parts(config: FabricConfig) -> int:
     """The most contributions honest in-switch reductions hold when their window is the least they run with
     (Call.in_switch_window's `least`: 1 for sharp's allreduce, 2 for its reduce_scatter and nvls, shrinking
     the chunk does not shrink it): least x streams x (n - 1) over n = 2 .. the largest partition's GPUs, one
-    node or several, every accumulator width. Under 4,096 unless a partition has about 45 GPUs or more."""
+    node or several, every accumulator width. Over 4,096 from 46 GPUs in a partition on one node (2 n (n - 1)), from
+    24 across 2 nodes (nvls: 8 n (n - 1), 16-bit floats); 4,512 for 48 on one node."""
     from .replay import _nvls_streams, sharp_scatter_streams, sharp_streams  # fabric.replay imports this module
 
     largest = max(len(members) for members in config.partitions) if config.partitions else config.gpus
