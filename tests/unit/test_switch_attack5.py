@@ -11,6 +11,7 @@ from nvlink_emu.fabric.replay import sharp_scatter_streams, sharp_streams
 from nvlink_emu.fabric.switch import SwitchLogic, buffer_share_bytes, honest_loads
 
 from switch_helpers import network, ready_group, reduce_packet
+from test_switch_attack4 import _Intake
 
 MiB = 1 << 20
 
@@ -121,16 +122,14 @@ def test_an_honest_sharp_reduce_scatter_of_48_gpus_at_its_least_window_fits_its_
     assert window * n * (n - 1) * sw.groups.slot_bytes <= sw.buffer_share_bytes
 
 
-class _Flooded:
-    """A Transport stand-in for a one-node switch rank: `headers[source]` are the header messages waiting
-    from each GPU (GPU `flooder`'s never run out: it sends as fast as the switch reads); nothing is sent
-    on, no payload ever comes. `asked` records each source a poll asked for (-1: any)."""
-
-    rank = 4
+class _Flooded(_Intake):
+    """A Transport stand-in for a one-node switch rank (test_switch_attack4's, whose payloads never come):
+    `headers[source]` are the header messages waiting from each GPU (GPU `flooder`'s never run out: it sends
+    as fast as the switch reads). `asked` records each source a poll asked for (-1: any)."""
 
     def __init__(self, headers, flooder, flood):
+        super().__init__()
         self.headers, self.flooder, self.flood = headers, flooder, flood
-        self.pending_bytes_to: dict[int, int] = {}
         self.asked: list[int] = []
 
     def poll(self, source=-1, limit=None):
@@ -142,17 +141,17 @@ class _Flooded:
     def header_waiting(self, source):
         return source == self.flooder or bool(self.headers.get(source))
 
-    def send(self, dest, packet, payload=None):
-        return []
 
-    def probe_payload(self, source):
-        return None
-
-    def sends_pending_to(self, dest):
-        return 0
-
-    def backlogged(self, limit):
-        return []
+def _served(rank, transport, polls: int = 10_000) -> list[int]:
+    """The sources of the headers `polls` of the switch rank's polls took (each taken as the rank does)."""
+    transport.asked.clear()
+    served = []
+    for _ in range(polls):
+        got = rank._poll()
+        if got is not None:
+            served.append(got[0])
+            rank._take(*got)
+    return served
 
 
 def test_a_gpu_s_flood_cannot_starve_another_tenant_s_gpu_while_one_is_not_read():
@@ -197,13 +196,7 @@ def test_a_gpu_s_flood_cannot_starve_another_tenant_s_gpu_while_one_is_not_read(
         rank._take(3, bytearray(frame(big, np.zeros(INLINE_PAYLOAD_BYTES, np.uint8))))
         sent += 1
     assert sent == 10 and rank._waiting[3].nbytes > MAX_QUEUED_BYTES
-    transport.asked.clear()
-    served = []
-    for _ in range(10_000):
-        got = rank._poll()
-        if got is not None:
-            served.append(got[0])
-            rank._take(*got)
+    served = _served(rank, transport)
     assert rank.logic.refused[0] == 0 and served.count(0) >= 9_990
     asked = {s: transport.asked.count(s) for s in (0, 1, 2)}
     assert asked[1] and asked[2], f"in 10,000 polls the switch asked {asked} (source: times); GPU 1's and 2's " \
@@ -233,13 +226,7 @@ def test_an_honest_gpu_held_by_congestion_does_not_hand_the_switch_to_gpu_0():
     transport.pending_bytes_to[1] = rank.port_share_bytes  # GPU 1's port: its share in flight
     rank._take(2, bytearray(Packet(Kind.PUT, 2, addresses[1], 0, 4096).to_wire()))
     assert rank._not_read() == {2} and rank._waiting[2][0].held
-    transport.asked.clear()
-    served = []
-    for _ in range(10_000):
-        got = rank._poll()
-        if got is not None:
-            served.append(got[0])
-            rank._take(*got)
+    served = _served(rank, transport)
     assert rank.logic.refused[0] == 0 and rank._not_read() == {2}
     assert 1 in served[:2] and not honest[1], served[:3]
     assert transport.asked.count(1), f"in 10,000 polls the switch asked for GPU 0's header " \
