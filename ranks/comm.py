@@ -17,7 +17,7 @@ from nvlink_emu.fabric.reduction import blocks, check_dtype, check_movable, chec
 from . import collectives
 from .collectives import all2all as pairwise
 from .requests import Request
-from .transport import Exchange, MemberComms, PhasedIdle, any_rank
+from .transport import Exchange, MemberComms, any_rank
 
 
 REDUCING = frozenset({"allreduce", "reduce_scatter", "reduce"})  # the collectives that combine elements
@@ -130,18 +130,12 @@ class Communicator:
 
         exchange.on_step = posted
         posted()
-        # its one round is poked (posted, on every member): sleep through it where every member reaches
-        # this GPU; poll from 10 us otherwise, and in an Iallgather(v)
-        idle = gpu._mpi_idle
-        if exchange.one_round and gpu._round_idle is not None:
-            gpu._round_idle.reset()
-            idle = PhasedIdle(lambda: exchange.in_round, gpu._round_idle, gpu._mpi_idle)
         what = f"{op} #{seq} on communicator {self.name!r}"
         gpu._exchange_at = (self.name, seq, op)
         try:
             while True:
                 try:
-                    gpu._wait(exchange.test, what, _LazyText(lambda: self._missing(seq)), idle=idle)
+                    gpu._wait(exchange.test, what, _LazyText(lambda: self._missing(seq)), idle=gpu._mpi_idle)
                     break
                 except FabricTimeout:
                     # MPI cannot cancel a collective: it stays posted, and its messages may wait at

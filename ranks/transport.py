@@ -209,22 +209,6 @@ def poked_idle() -> "Idle":
     return Idle(yields=0, first_nap_s=POKED_FIRST_NAP_S, max_sleep_s=POKED_MAX_NAP_S)
 
 
-class PhasedIdle:
-    """The back-off of a control exchange's wait: `poked` while its one round is pending (every member
-    pokes the others as it posts its slots, Exchange), then `polling` (its second step, an Iallgatherv,
-    moves only as its members poll, and pokes nobody). `first_round()` says which."""
-
-    def __init__(self, first_round, poked: "Idle", polling: "Idle"):
-        self._first_round, self._poked, self._polling = first_round, poked, polling
-
-    def reset(self) -> None:
-        self._poked.reset()
-        self._polling.reset()
-
-    def __call__(self, sending: bool = False) -> None:
-        (self._poked if self._first_round() else self._polling)(sending)
-
-
 DELAY_ENV = "NVLINK_EMU_TEST_SEND_DELAY"  # "SEED:MAX_MS": a test hook, see Transport.delay_sends
 
 
@@ -692,7 +676,6 @@ class Exchange:
         self._slot = slot
         self._slots = np.empty((self._size, INLINE_BYTES), np.uint8)
         self._long = None  # (counts of the second step, its buffer, its send buffer)
-        self.one_round = self._size <= ROUND_MEMBERS  # its first step: slots sent point to point, each poked
         self.parts: list | None = None  # when done: each member's bytes, or its unusable length (int)
         self.failed: ProtocolError | None = None  # what MPI reported, if it did
         self.on_step = lambda: None  # called when the second collective is posted (the waiter's back-off)
@@ -708,12 +691,6 @@ class Exchange:
         except MPI.Exception as exc:
             self.failed = ProtocolError(f"control exchange: MPI: {exc.Get_error_string()}")
             raise self.failed from None
-
-    @property
-    def in_round(self) -> bool:
-        """Whether it waits for the members' slots of its one round, which they poke this rank for (then
-        for this rank's own sends, or an Iallgatherv, which nobody pokes for)."""
-        return self.one_round and self._long is None and self.parts is None and self._request.receiving
 
     def test(self) -> bool:
         """Whether the exchange completed (then `parts` holds every member's bytes); ProtocolError if MPI
@@ -768,12 +745,6 @@ class _Round:
         # receives first: a slot that comes finds its buffer posted, not MPI's unexpected queue
         self._receives = [comm.Irecv([slots[m], MPI.BYTE], m, TAG_EXCHANGE) for m in range(size) if m != rank]
         self._sends = [comm.Isend([slot, MPI.BYTE], m, TAG_EXCHANGE) for m in range(size) if m != rank]
-
-    @property
-    def receiving(self) -> bool:
-        """Whether some member's slot has not come (each is poked); after, only this rank's own sends can
-        be left, which MPI completes as this rank polls, and nobody pokes for."""
-        return bool(self._receives)
 
     def Test(self) -> bool:
         if self._receives:
