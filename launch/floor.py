@@ -1,4 +1,4 @@
-"""The floor of a switch-process design (issue 13): the message patterns of the emulator's `ring` and
+"""What a switch-process design's messages cost (issue 13): the message patterns of the emulator's `ring` and
 `sharp` AllReduce in plain mpi4py, nothing emulated, every message through one relay rank, against MPI's
 own Allreduce in the same job.
 
@@ -13,11 +13,12 @@ to the relay chunk by chunk, the relay sums each chunk as the GPUs' come and sen
 GPU: sharp's pattern without its window and credits. A cell is the pattern's wall time per call over
 MPI's own Allreduce (MPI_SUM, float32) of the GPU ranks, the three timed alternately, call by call, so
 drift weighs on all alike. The ratio is what the design's messages cost on this machine, before any
-Python of the emulator's own: the part of the emulator's ratio that a faster emulator of the same design
-could not remove (a relay written otherwise might do a little better; this one waits as MPI's own wait
-does, polling, and yields the core between polls). Results are checked against MPI's own (the inputs
-are small integers: exact in float32). Every wait has a deadline (--timeout); a failing rank aborts the
-job.
+Python of the emulator's own: where the emulator's ratio is near it, the design is what costs; where it is
+well above, the emulator's work is. Not a proven lower bound: a relay written otherwise may do better
+(this one allocates a buffer a message, waits as MPI's own wait does, polling, and yields the core
+between polls; at 64 MiB the emulator's own ring beats its relay ring). Results are checked against
+MPI's own (the inputs are small integers: exact in float32). Every wait has a deadline (--timeout); a
+failing rank aborts the job.
 """
 
 import argparse
