@@ -100,8 +100,32 @@ def stop_interrupted(job: subprocess.Popen) -> None:
             job.send_signal(signal.SIGINT)
         job.wait(timeout=INTERRUPT_GRACE_S)
     except (subprocess.TimeoutExpired, KeyboardInterrupt):
+        ranks = _descendants(job.pid)  # before mpiexec dies: then its ranks are reparented out of reach
         job.kill()
         job.wait()
+        for pid in ranks:  # ranks that outlive mpiexec hold this command's output open: a caller waits for ever
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:  # gone already, or not ours
+                pass
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below `pid` (mpiexec's proxies and ranks on this host), from /proc; [] where there
+    is none (not Linux)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, ...
+        except (OSError, IndexError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 def cmd_run(args, script_args) -> int:

@@ -169,6 +169,37 @@ def test_ctrl_c_stops_the_job_with_one_line_and_status_130(tmp_path, to):
     assert "nvlink-emu: error: interrupted (Ctrl-C); the job was stopped" in stderr
     assert "Traceback" not in stderr and "[nvlink-emu" not in stderr, stderr
     assert elapsed < 15, f"the job took {elapsed:.1f} s to stop after Ctrl-C"
+
+
+def test_ctrl_c_ends_ranks_that_ignore_it(tmp_path):
+    """Ranks that do not end on SIGINT (here they ignore it) still end, and the command with them (MPICH's
+    mpiexec ends them at the second SIGINT; where mpiexec itself does not end, stop_interrupted kills it
+    and every process below it, which would otherwise hold the command's output open)."""
+    body = textwrap.dedent(f"""
+        import signal, time
+        from pathlib import Path
+        def main(gpu):
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            Path({str(tmp_path)!r}, f"started-{{gpu.rank}}").touch()
+            time.sleep(300)
+    """)
+    path = script(tmp_path, body)
+    job = subprocess.Popen([command("nvlink-emu"), "run", path, "--gpus", "2", "--timeout", "600"], cwd=ROOT,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                           env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        deadline = time.monotonic() + 60
+        while not all((tmp_path / f"started-{g}").exists() for g in range(2)):
+            assert job.poll() is None and time.monotonic() < deadline, "the workload did not start"
+            time.sleep(0.1)
+        job.send_signal(signal.SIGINT)
+        _, stderr = job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    assert job.returncode == 130, stderr
+    assert "nvlink-emu: error: interrupted (Ctrl-C); the job was stopped" in stderr, stderr
     deadline = time.monotonic() + 5
     while running(path) and time.monotonic() < deadline:  # the ranks' exit may trail mpiexec's by a moment
         time.sleep(0.1)
