@@ -134,6 +134,12 @@ def test_sys_exit_0_is_a_normal_return_of_main(tmp_path):
 
 # -- Ctrl-C ------------------------------------------------------------------------------------------
 
+def _sigint_default():
+    """A user's shell starts the command with SIGINT at its default; a test suite started in the background
+    of a non-interactive shell has it ignored, which every child would inherit (and never see the Ctrl-C)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("to", ["nvlink-emu only", "the process group"])
 def test_ctrl_c_stops_the_job_with_one_line_and_status_130(tmp_path, to):
     # "the process group" is a terminal's Ctrl-C: mpiexec and the ranks receive SIGINT too
@@ -147,7 +153,7 @@ def test_ctrl_c_stops_the_job_with_one_line_and_status_130(tmp_path, to):
     path = script(tmp_path, body)
     job = subprocess.Popen([command("nvlink-emu"), "run", path, "--gpus", "2", "--timeout", "600"], cwd=ROOT,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                           env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                           env=dict(os.environ, PYTHONUNBUFFERED="1"), preexec_fn=_sigint_default)
     try:
         deadline = time.monotonic() + 60
         while not all((tmp_path / f"started-{g}").exists() for g in range(2)):
@@ -186,7 +192,7 @@ def test_ctrl_c_ends_ranks_that_ignore_it(tmp_path):
     path = script(tmp_path, body)
     job = subprocess.Popen([command("nvlink-emu"), "run", path, "--gpus", "2", "--timeout", "600"], cwd=ROOT,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                           env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                           env=dict(os.environ, PYTHONUNBUFFERED="1"), preexec_fn=_sigint_default)
     try:
         deadline = time.monotonic() + 60
         while not all((tmp_path / f"started-{g}").exists() for g in range(2)):
