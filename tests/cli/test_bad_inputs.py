@@ -140,13 +140,15 @@ def _sigint_default():
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-@pytest.mark.parametrize("to", ["nvlink-emu only", "the process group"])
-def test_ctrl_c_stops_the_job_with_one_line_and_status_130(tmp_path, to):
-    # "the process group" is a terminal's Ctrl-C: mpiexec and the ranks receive SIGINT too
+def _interrupted(tmp_path, to: str, setup: str = "") -> tuple[subprocess.Popen, str, float, str]:
+    """Start a 2-GPU job whose workload runs `setup`, then sleeps; once every rank runs, SIGINT `to` the
+    command alone or its process group (a terminal's Ctrl-C: mpiexec and the ranks receive it too). (the
+    ended job, its stderr, seconds from the SIGINT to its end, the workload's path)."""
     body = textwrap.dedent(f"""
-        import time
+        import signal, time
         from pathlib import Path
         def main(gpu):
+            {setup}
             Path({str(tmp_path)!r}, f"started-{{gpu.rank}}").touch()
             time.sleep(300)
     """)
@@ -170,46 +172,35 @@ def test_ctrl_c_stops_the_job_with_one_line_and_status_130(tmp_path, to):
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
             job.wait()
+    return job, stderr, elapsed, path
+
+
+def _no_rank_left(path: str) -> None:
+    deadline = time.monotonic() + 5
+    while running(path) and time.monotonic() < deadline:  # the ranks' exit may trail mpiexec's by a moment
+        time.sleep(0.1)
+    assert running(path) == [], "ranks were left running after Ctrl-C"
+
+
+@pytest.mark.parametrize("to", ["nvlink-emu only", "the process group"])
+def test_ctrl_c_stops_the_job_with_one_line_and_status_130(tmp_path, to):
+    job, stderr, elapsed, path = _interrupted(tmp_path, to)
     assert job.returncode == 130, stderr
     assert stderr.count("nvlink-emu: error:") == 1
     assert "nvlink-emu: error: interrupted (Ctrl-C); the job was stopped" in stderr
     assert "Traceback" not in stderr and "[nvlink-emu" not in stderr, stderr
     assert elapsed < 15, f"the job took {elapsed:.1f} s to stop after Ctrl-C"
+    _no_rank_left(path)
 
 
 def test_ctrl_c_ends_ranks_that_ignore_it(tmp_path):
     """Ranks that do not end on SIGINT (here they ignore it) still end, and the command with them (MPICH's
     mpiexec ends them at the second SIGINT; where mpiexec itself does not end, stop_interrupted kills it
     and every process below it, which would otherwise hold the command's output open)."""
-    body = textwrap.dedent(f"""
-        import signal, time
-        from pathlib import Path
-        def main(gpu):
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            Path({str(tmp_path)!r}, f"started-{{gpu.rank}}").touch()
-            time.sleep(300)
-    """)
-    path = script(tmp_path, body)
-    job = subprocess.Popen([command("nvlink-emu"), "run", path, "--gpus", "2", "--timeout", "600"], cwd=ROOT,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                           env=dict(os.environ, PYTHONUNBUFFERED="1"), preexec_fn=_sigint_default)
-    try:
-        deadline = time.monotonic() + 60
-        while not all((tmp_path / f"started-{g}").exists() for g in range(2)):
-            assert job.poll() is None and time.monotonic() < deadline, "the workload did not start"
-            time.sleep(0.1)
-        job.send_signal(signal.SIGINT)
-        _, stderr = job.communicate(timeout=60)
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait()
+    job, stderr, _, path = _interrupted(tmp_path, "nvlink-emu only", "signal.signal(signal.SIGINT, signal.SIG_IGN)")
     assert job.returncode == 130, stderr
     assert "nvlink-emu: error: interrupted (Ctrl-C); the job was stopped" in stderr, stderr
-    deadline = time.monotonic() + 5
-    while running(path) and time.monotonic() < deadline:  # the ranks' exit may trail mpiexec's by a moment
-        time.sleep(0.1)
-    assert running(path) == [], "ranks were left running after Ctrl-C"
+    _no_rank_left(path)
 
 
 # -- a trace directory whose disk fills up ---------------------------------------------------------
