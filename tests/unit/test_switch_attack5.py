@@ -8,9 +8,9 @@ from nvlink_emu.fabric.cost import in_switch_chunk, in_switch_window
 from nvlink_emu.fabric.config import FabricConfig
 from nvlink_emu.fabric.packets import Kind
 from nvlink_emu.fabric.replay import sharp_scatter_streams, sharp_streams
-from nvlink_emu.fabric.switch import SwitchLogic, buffer_share_bytes, honest_loads
+from nvlink_emu.fabric.switch import SwitchLogic, buffer_share_bytes
 
-from switch_helpers import network, ready_group, reduce_packet
+from switch_helpers import ready_group, reduce_packet
 from test_switch_attack4 import _Intake
 
 MiB = 1 << 20
