@@ -5,6 +5,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import sys
 import time
 
@@ -15,6 +16,8 @@ from nvlink_emu.fabric.errors import ConfigError
 from nvlink_emu.fabric.reduction import DTYPES, OPS, blocks, check_dtype, reduce_in_order, switch_accumulator
 from nvlink_emu.ranks.collectives import ALGORITHMS, ALL2ALL, choose
 from nvlink_emu.ranks.comm import all2all_algorithm
+
+from nvlink_emu.launch import hostcpu
 
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "all2all")
 REDUCING = ("allreduce", "reduce_scatter")  # the others' redop is "none", as nccl-tests prints it
@@ -58,6 +61,9 @@ def bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-n", "--iters", type=int, default=0, metavar="N",
                         help="timed iterations per size (default: from 20 at small sizes down to 2)")
     parser.add_argument("--json", action="store_true", help="one JSON object per row")
+    parser.add_argument("--cpu", action="store_true",
+                        help="also the CPU time of every rank on GPU 0's host per timed call, the emulator's and "
+                             "MPI's own (JSON keys cpu_us, switch_cpu_us, loop_wall_us, native_...; Linux)")
 
 
 def _size(text: str) -> int:
@@ -249,16 +255,58 @@ def main(gpu):
                           f"does so itself)")
     if gpu.rank == 0 and not args.json:
         print(header(args.collective, gpu.config.name, n, gpu.config.link), flush=True)
+    meter = CpuMeter(gpu, comm) if args.cpu else None
     rows = []
     for size in sizes(args):
-        rows.append(run_size(gpu, comm, args, dtype, size))
+        rows.append(run_size(gpu, comm, args, dtype, size, meter))
         if gpu.rank == 0:
             print(json.dumps(rows[-1]) if args.json else format_row(rows[-1]), flush=True)
     if gpu.rank == 0 and not args.json:
         print(closing(rows), flush=True)
 
 
-def run_size(gpu, comm, args, dtype: np.dtype, size: int) -> dict:
+class CpuMeter:
+    """CPU time of the job's ranks on GPU 0's host over a loop of calls (launch/hostcpu.py), read by GPU 0:
+    all of them, and the switches' (the ranks that are no GPU's). Each timed loop also runs bench's barrier
+    and timing exchange per call; their own cost, measured alone beside it (`sync`), is taken out, so that
+    a figure is the collective's. Collective: every GPU constructs it."""
+
+    def __init__(self, gpu, comm):
+        gpus = set(comm.allgather_object(os.getpid(), "bench cpu pids"))
+        self.comm = comm
+        self.pids = hostcpu.job_pids() if gpu.rank == 0 else None
+        self.switches = [p for p in self.pids if p not in gpus] if self.pids else []
+
+    def snapshot(self) -> dict | None:
+        return hostcpu.cpu_ns(self.pids) if self.pids else None
+
+    def sync(self, iters: int) -> dict | None:
+        """The loop's CPU and wall time per call of bench's barrier and timing exchange alone."""
+        return self.loop(iters, lambda: _synchronised(self.comm, lambda: 0.0))[1]
+
+    def loop(self, iters: int, once, sync: dict | None = None) -> tuple[float, dict | None]:
+        """Sum of `once()` over `iters` calls, and (GPU 0, with /proc) per call: cpu_us of every rank,
+        switch_cpu_us of the switches, wall_us of the loop, less `sync`'s (a sync() of the same loop)."""
+        before, start = self.snapshot(), time.perf_counter()
+        total = sum(once() for _ in range(iters))
+        wall, after = time.perf_counter() - start, self.snapshot()
+        used = self.per_call(before, after, iters, wall)
+        if used is not None and sync is not None:
+            used = {key: round(value - sync[key], 1) for key, value in used.items()}
+        return total, used
+
+    def per_call(self, before, after, iters: int, wall_s: float | None = None) -> dict | None:
+        if before is None or after is None:
+            return None
+        used = {p: after[p] - before[p] for p in after if p in before}
+        out = {"cpu_us": sum(used.values()) / iters / 1e3,
+               "switch_cpu_us": sum(used.get(p, 0.0) for p in self.switches) / iters / 1e3}
+        if wall_s is not None:
+            out["wall_us"] = wall_s / iters * 1e6
+        return {key: round(value, 1) for key, value in out.items()}
+
+
+def run_size(gpu, comm, args, dtype: np.dtype, size: int, meter: CpuMeter | None = None) -> dict:
     n, r, name = gpu.size, gpu.rank, args.collective
     op = args.op or ("sum" if name in REDUCING else "none")
     count = element_count(name, size, dtype.itemsize, n)
@@ -292,17 +340,32 @@ def run_size(gpu, comm, args, dtype: np.dtype, size: int) -> dict:
     modeled_ns = max(comm.allgather_object(gpu.now_ns - start_ns, "bench modeled time"))
     wrong = count_wrong(recv, _expected(name, algorithm, op, dtype, count, n, r))
     iters = args.iters or max(2, min(20, (64 << 20) // (count * dtype.itemsize)))
-    wall = sum(_synchronised(comm, once) for _ in range(iters)) / iters
+    cpu, sync = {}, None
+    if meter is None:
+        wall = sum(_synchronised(comm, once) for _ in range(iters)) / iters
+    else:
+        sync = meter.sync(iters)
+        wall, used = meter.loop(iters, lambda: _synchronised(comm, once), sync)
+        wall /= iters
+        if used is not None:
+            cpu.update(cpu_us=used["cpu_us"], switch_cpu_us=used["switch_cpu_us"], cpu_wall_us=used["wall_us"],
+                       sync_cpu_us=sync["cpu_us"], sync_wall_us=sync["wall_us"])
     tracing = {}
     if gpu.trace is not None:
         # the cost of tracing, measured in this run: the same calls with trace records off and on,
         # alternating, so that drift over the run (it is there: the later of two blocks of calls
         # tends to be slower) weighs on both alike
-        tracing = {False: 0.0, True: 0.0}
+        tracing, spent = {False: 0.0, True: 0.0}, {False: 0.0, True: 0.0}
         for _ in range(iters):
             for on in (False, True):
                 gpu.set_tracing(on)
+                cpu_before = meter.snapshot() if meter else None
                 tracing[on] += _synchronised(comm, once) / iters
+                used = meter.per_call(cpu_before, meter.snapshot(), iters) if meter else None
+                spent[on] += used["cpu_us"] if used else 0.0
+        if sync is not None:  # each call's CPU, less the barrier and timing exchange's
+            cpu.update(traced_cpu_us=round(spent[True] - sync["cpu_us"], 1),
+                       untraced_cpu_us=round(spent[False] - sync["cpu_us"], 1))
     native = None
     if args.dtype in NATIVE_DTYPES:
         # into the emulator's receive buffer, already checked: no third buffer of the call's size
@@ -326,7 +389,7 @@ def run_size(gpu, comm, args, dtype: np.dtype, size: int) -> dict:
             "tx_bytes_per_gpu": after["tx_bytes"] - before["tx_bytes"],
             "rx_bytes_per_gpu": after["rx_bytes"] - before["rx_bytes"], "wrong": total_wrong,
             **({"traced_wall_us": round(tracing[True] * 1e6, 1), "untraced_wall_us": round(tracing[False] * 1e6, 1)}
-               if tracing else {})}
+               if tracing else {}), **cpu}
 
 
 def _timed(fn) -> float:
@@ -375,7 +438,20 @@ def format_row(row: dict) -> str:
             f"{row['tx_bytes_per_gpu']:>12}{row['rx_bytes_per_gpu']:>12}{row['wrong']:>8}"
             + (f"\n# tracing costs {100 * (row['traced_wall_us'] / row['untraced_wall_us'] - 1):+.1f}% wall time here "
                f"({row['traced_wall_us']:.1f} us traced, {row['untraced_wall_us']:.1f} us not)"
-               if "traced_wall_us" in row else ""))
+               if "traced_wall_us" in row else "")
+            + (f"\n# {cpu_text(row)}" if "cpu_us" in row else ""))
+
+
+def cpu_text(row: dict) -> str:
+    """bench --cpu's figures of one row, in words: CPU per timed call of the ranks on GPU 0's host and the
+    cores that kept busy (that CPU over the loop's wall time), bench's barrier and timing exchange (measured
+    alone) taken out."""
+    busy = f"{row['cpu_us'] / row['cpu_wall_us']:.2f}" if row["cpu_wall_us"] > 0 else "n/a"
+    text = f"cpu per call: {row['cpu_us']:.0f} us of all ranks ({row['switch_cpu_us']:.0f} us the switches), {busy} cores busy"
+    if row.get("untraced_cpu_us"):
+        text += f"; tracing costs {100 * (row['traced_cpu_us'] / row['untraced_cpu_us'] - 1):+.1f}% CPU"
+    return text + (f" (bench's barrier and timing exchange taken out: {row['sync_cpu_us']:.0f} us of CPU and "
+                   f"{row['sync_wall_us']:.0f} us of wall time a call)")
 
 
 def format_bytes(n: int) -> str:

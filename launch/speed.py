@@ -13,6 +13,7 @@ times traced and untraced calls alternately). A figure of this machine, not a te
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 
@@ -44,6 +45,25 @@ def algorithms(collective: str, name: str, nodes: int, gpus: int) -> list[str]:
     return [a for a in allowed(config, nodes, collective) if hasattr(ALGORITHMS[a], collective)]
 
 
+def _head(sizes) -> str:
+    return ("| collective | algorithm | " + " | ".join(format_bytes(s) for s in sizes) + " |\n"
+            "| --- | --- |" + " --- |" * len(sizes))
+
+
+def _ratio(emulated, native) -> float:
+    return emulated / native if emulated is not None and native else float("nan")
+
+
+def _cpu_cell(row: dict, cores: int) -> str:
+    """A CPU table cell: the emulator's CPU per call (ms), the cores it kept busy, and its CPU over what
+    `cores` cores give in TARGET x MPI's own wall time (above 1: the target needs less CPU, not other waits)."""
+    if row.get("cpu_us") is None or not row["native_wall_us"]:
+        return "n/a"
+    busy = row["cpu_us"] / row["cpu_wall_us"] if row["cpu_wall_us"] > 0 else float("nan")
+    need = row["cpu_us"] / (TARGET * row["native_wall_us"] * cores)
+    return f"{row['cpu_us'] / 1e3:.3g} ms, {busy:.1f}, {need:.1f}x"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m nvlink_emu.launch.speed", description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", default="4,8,2x4", help="G (one switch) or NxG (nodes), comma-separated "
@@ -61,33 +81,44 @@ def main(argv=None) -> int:
     while size <= args.max_bytes:
         sizes.append(size)
         size *= args.factor
-    cells, within = [], 0
+    cells, within, over_budget = [], 0, 0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     for text in args.shapes.split(","):
         name, nodes, gpus = shape_of(text.strip())
         label = f"{gpus} GPUs, one switch ({name})" if nodes == 1 else f"{nodes} nodes x {gpus} GPUs ({name})"
         if not args.json:
             print(f"\n### {label}: emulator wall time / MPI's own, per call\n", flush=True)
-            print("| collective | algorithm | " + " | ".join(format_bytes(s) for s in sizes) + " |")
-            print("| --- | --- |" + " --- |" * len(sizes), flush=True)
-        sweep = ["-b", str(args.min_bytes), "-e", str(args.max_bytes), "-f", str(args.factor)]
+            print(_head(sizes), flush=True)
+        sweep = ["-b", str(args.min_bytes), "-e", str(args.max_bytes), "-f", str(args.factor), "--cpu"]
+        measured = []  # (collective, algorithm, rows) for the CPU table
         for collective in args.collectives.split(","):
             for algorithm in algorithms(collective, name, nodes, gpus):
                 rows = bench_rows(collective, name, nodes * gpus, None if nodes == 1 else gpus, sweep, args.iters,
                                   args.timeout, algorithm)
+                measured.append((collective, algorithm, rows))
                 ratios = []
                 for row in rows:
-                    ratio = row["wall_us"] / row["native_wall_us"] if row["native_wall_us"] else float("nan")
+                    ratio = _ratio(row["wall_us"], row["native_wall_us"])
                     ratios.append(ratio)
                     cells.append((ratio, label, collective, algorithm, row["size_bytes"]))
                     within += ratio <= TARGET
+                    over_budget += row.get("cpu_us") is not None and row["native_wall_us"] and \
+                        row["cpu_us"] > TARGET * row["native_wall_us"] * cores
                     if args.json:
                         print(json.dumps({"shape": text, "fabric": name, "collective": collective, **row}), flush=True)
                 if not args.json:
                     print(f"| {collective} | {algorithm} | " + " | ".join(
                         f"{r:.1f}x ({row['wall_us'] / 1e3:.3g} ms)" for r, row in zip(ratios, rows)) + " |", flush=True)
+        if not args.json:
+            print(f"\n{label}: the emulator's CPU per call (every rank, bench --cpu), the cores it kept busy, and "
+                  f"that CPU over what {cores} cores give in {TARGET:g}x MPI's own wall time\n")
+            print(_head(sizes))
+            for collective, algorithm, rows in measured:
+                print(f"| {collective} | {algorithm} | " + " | ".join(_cpu_cell(row, cores) for row in rows) + " |",
+                      flush=True)
         with tempfile.TemporaryDirectory(prefix="nvlink-emu-speed-") as traces:
             rows = bench_rows("allreduce", name, nodes * gpus, None if nodes == 1 else gpus,
-                              ["-b", str(args.min_bytes), "-e", str(min(args.max_bytes, 1 << 20)), "-f", "32"],
+                              ["-b", str(args.min_bytes), "-e", str(min(args.max_bytes, 1 << 20)), "-f", "32", "--cpu"],
                               args.iters, args.timeout, "auto", ["--trace-dir", traces])
         if not args.json:
             print()
@@ -95,11 +126,15 @@ def main(argv=None) -> int:
             cost = 100 * (row["traced_wall_us"] / row["untraced_wall_us"] - 1)
             line = (f"tracing, allreduce {row['algorithm']} {format_bytes(row['size_bytes'])}: {cost:+.1f}% wall "
                     f"({row['traced_wall_us']:.0f} us traced, {row['untraced_wall_us']:.0f} us not)")
+            if row.get("untraced_cpu_us"):
+                line += (f", {100 * (row['traced_cpu_us'] / row['untraced_cpu_us'] - 1):+.1f}% CPU "
+                         f"({row['traced_cpu_us']:.0f} us traced, {row['untraced_cpu_us']:.0f} us not)")
             print(json.dumps({"shape": text, "tracing": line}) if args.json else line, flush=True)
     if not args.json and cells:
         worst = max(cells)
         print(f"\n{within} of {len(cells)} cells within {TARGET:g}x of MPI's own; the slowest: {worst[0]:.1f}x, "
-              f"{worst[2]} {worst[3]} {format_bytes(worst[4])} on {worst[1]}")
+              f"{worst[2]} {worst[3]} {format_bytes(worst[4])} on {worst[1]}; in {over_budget} of them the emulator "
+              f"needs more CPU per call than {cores} cores give in {TARGET:g}x MPI's own wall time")
     return 0
 
 

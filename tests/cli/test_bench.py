@@ -158,3 +158,23 @@ def test_bench_compare_prints_presets_side_by_side(tmp_path):
     assert row[4] == "1.00"
     a100, h100, ib = (float(row[2 + 4 * i]) for i in range(3))
     assert h100 < a100 < ib  # SHARP on NVLink4 beats a ring on NVLink3, which beats InfiniBand NDR
+
+
+def test_bench_cpu_counts_every_rank_of_the_job(tmp_path):
+    """--cpu: the ranks' CPU per timed call (GPU 0 reads /proc for every rank of its host), less bench's
+    barrier and timing exchange; in the table a comment line under the row; with tracing, its CPU cost."""
+    if not hasattr(__import__("os"), "sched_getaffinity"):
+        pytest.skip("no /proc here (Linux only)")
+    done, _ = run([command("nvlink-emu"), "bench", "allreduce", "--algorithm", "ring", "--gpus", "2", "-b", "256K",
+                   "-e", "256K", "-n", "3", "--cpu", "--json", "--trace-dir", str(tmp_path)])
+    assert done.returncode == 0, done.stderr[-3000:]
+    (row,) = [json.loads(line) for line in done.stdout.splitlines()]
+    assert row["wrong"] == 0
+    # the ring's 2 steps of 128 KiB each way pass the switch, which copies and checks them: it runs
+    assert row["cpu_us"] > row["switch_cpu_us"] > 0
+    assert row["cpu_wall_us"] > 0 and row["sync_cpu_us"] > 0 and row["sync_wall_us"] > 0
+    assert row["traced_cpu_us"] > 0 and row["untraced_cpu_us"] > 0
+    done, _ = run([command("nvlink-emu"), "bench", "allreduce", "--algorithm", "ring", "--gpus", "2", "-b", "4K",
+                   "-e", "4K", "-n", "2", "--cpu"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "# cpu per call: " in done.stdout and "cores busy" in done.stdout and "taken out" in done.stdout
