@@ -205,7 +205,7 @@ def bench_arguments_for_ranks(args) -> list[str]:
     """The sweep's options as the bench workload on the ranks takes them."""
     return ([args.collective, "--algorithm", args.algorithm, "--min-bytes", str(args.min_bytes), "--max-bytes",
              str(args.max_bytes), "--factor", str(args.factor), "--dtype", args.dtype, "--iters", str(args.iters),
-             "--json"] + (["--op", args.op] if args.op else []) + (["--cpu"] if args.cpu else []))
+             "--json"] + (["--op", args.op] if args.op else []) + (["--cpu"] if getattr(args, "cpu", False) else []))  # the demo's sweep has no --cpu
 
 
 def bench_launch(args, config, workdir: str, on_row, other=None, quiet=False) -> int:

@@ -41,7 +41,9 @@ def mpi4py_tests() -> Path:
         compileall.compile_dir(testdir, quiet=1)  # every rank imports them (see tests/conftest.py)
         return testdir
     cache.mkdir(parents=True, exist_ok=True)
-    done, _ = run([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps", "-q",
+    # --no-binary for mpi4py alone: with :all:, pip also builds the sdist's build requirements (Cython) from
+    # source to read its metadata, which took over 300 s on 2 cores once a Cython without a built wheel came
+    done, _ = run([sys.executable, "-m", "pip", "download", "--no-binary", "mpi4py", "--no-deps", "-q",
                    f"mpi4py=={version}", "-d", str(cache)], timeout_s=300)
     assert done.returncode == 0, f"cannot download mpi4py {version}'s source distribution:\n{done.stderr[-3000:]}"
     with tarfile.open(cache / f"mpi4py-{version}.tar.gz") as archive:

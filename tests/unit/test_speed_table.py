@@ -2,7 +2,7 @@
 
 import pytest
 
-from nvlink_emu.launch.speed import algorithms, shape_of
+from nvlink_emu.launch.speed import _cpu_cell, algorithms, shape_of
 from nvlink_emu.ranks.collectives import ALL2ALL
 
 
@@ -26,3 +26,12 @@ def test_several_nodes_offer_what_cost_nodes_covers():
     assert "sharp" not in algorithms("allreduce", "superpod-h100-ib", 2, 4)  # its spines do not reduce
     assert "sharp" in algorithms("reduce_scatter", "superpod-h100-nvlink", 2, 4)  # two-level, and its stores
     assert "sharp" in algorithms("broadcast", "superpod-h100-nvlink", 2, 4)
+
+
+def test_a_cpu_cell_weighs_the_emulators_cpu_against_what_the_cores_give():
+    """CPU per call, the cores it kept busy, and that CPU over cores x TARGET x MPI's own wall time."""
+    row = {"cpu_us": 12000.0, "cpu_wall_us": 6000.0, "native_wall_us": 1000.0}
+    assert _cpu_cell(row, 2) == "12 ms, 2.0, 2.0x"  # 12 ms of CPU where 2 cores x 3 ms give 6
+    assert _cpu_cell(row, 4) == "12 ms, 2.0, 1.0x"
+    assert _cpu_cell({**row, "cpu_us": None}, 2) == "n/a"  # no /proc: nothing measured
+    assert _cpu_cell({**row, "native_wall_us": None}, 2) == "n/a"  # a 16-bit type: MPI has no reference
