@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 import os
+import socket
 import sys
 import time
 
@@ -62,8 +63,9 @@ def bench_arguments(parser: argparse.ArgumentParser) -> None:
                         help="timed iterations per size (default: from 20 at small sizes down to 2)")
     parser.add_argument("--json", action="store_true", help="one JSON object per row")
     parser.add_argument("--cpu", action="store_true",
-                        help="also the CPU time of every rank on GPU 0's host per timed call, the emulator's and "
-                             "MPI's own (JSON keys cpu_us, switch_cpu_us, loop_wall_us, native_...; Linux)")
+                        help="also the CPU time of the job's ranks on GPU 0's host per timed call, bench's own "
+                             "barrier and timing exchange taken out (JSON keys cpu_us, switch_cpu_us, cpu_wall_us, "
+                             "sync_cpu_us, sync_wall_us; with --trace-dir traced_cpu_us, untraced_cpu_us; Linux)")
 
 
 def _size(text: str) -> int:
@@ -272,10 +274,15 @@ class CpuMeter:
     a figure is the collective's. Collective: every GPU constructs it."""
 
     def __init__(self, gpu, comm):
-        gpus = set(comm.allgather_object(os.getpid(), "bench cpu pids"))
+        host = socket.gethostname()
+        # pids are per host: a GPU of another host may have a local switch's
+        gpus = {pid for name, pid in comm.allgather_object((host, os.getpid()), "bench cpu pids") if name == host}
         self.comm = comm
         self.pids = hostcpu.job_pids() if gpu.rank == 0 else None
         self.switches = [p for p in self.pids if p not in gpus] if self.pids else []
+        if gpu.rank == 0 and self.pids is None:
+            print("# bench --cpu: no /proc on this host (Linux only): no CPU time is measured", file=sys.stderr,
+                  flush=True)
 
     def snapshot(self) -> dict | None:
         return hostcpu.cpu_ns(self.pids) if self.pids else None
@@ -448,7 +455,7 @@ def cpu_text(row: dict) -> str:
     alone) taken out."""
     busy = f"{row['cpu_us'] / row['cpu_wall_us']:.2f}" if row["cpu_wall_us"] > 0 else "n/a"
     text = f"cpu per call: {row['cpu_us']:.0f} us of all ranks ({row['switch_cpu_us']:.0f} us the switches), {busy} cores busy"
-    if row.get("untraced_cpu_us"):
+    if row.get("untraced_cpu_us", 0) > 0:
         text += f"; tracing costs {100 * (row['traced_cpu_us'] / row['untraced_cpu_us'] - 1):+.1f}% CPU"
     return text + (f" (bench's barrier and timing exchange taken out: {row['sync_cpu_us']:.0f} us of CPU and "
                    f"{row['sync_wall_us']:.0f} us of wall time a call)")

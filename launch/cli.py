@@ -21,6 +21,7 @@ from nvlink_emu.ranks.session import FAILURE_DIR_ENV, INTERRUPTED_STATUS
 from .bench import (available_host_bytes, bench_arguments, check_host_memory, closing, config_toml, format_bytes,
                     format_row, header, plot_busbw, sized_config)
 from .bench import check as check_bench
+from . import hostcpu
 from .compare import CompareError, compare_presets, run_compare
 from .bench import sizes as bench_sizes
 from .model import cmd_model, model_arguments
@@ -114,12 +115,8 @@ def _descendants(pid: int) -> list[int]:
     """The processes below `pid` (mpiexec's proxies and ranks on this host), from /proc; [] where there
     is none (not Linux)."""
     children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, ...
-        except (OSError, IndexError):
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    for child, parent in hostcpu.parents().items():
+        children.setdefault(parent, []).append(child)
     found, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), ()):
@@ -205,7 +202,8 @@ def bench_arguments_for_ranks(args) -> list[str]:
     """The sweep's options as the bench workload on the ranks takes them."""
     return ([args.collective, "--algorithm", args.algorithm, "--min-bytes", str(args.min_bytes), "--max-bytes",
              str(args.max_bytes), "--factor", str(args.factor), "--dtype", args.dtype, "--iters", str(args.iters),
-             "--json"] + (["--op", args.op] if args.op else []) + (["--cpu"] if getattr(args, "cpu", False) else []))  # the demo's sweep has no --cpu
+             "--json"] + (["--op", args.op] if args.op else [])
+            + (["--cpu"] if getattr(args, "cpu", False) else []))  # the demo's sweep has no --cpu
 
 
 def bench_launch(args, config, workdir: str, on_row, other=None, quiet=False) -> int:

@@ -2,6 +2,7 @@
 bytes follow the closed forms; nccl-tests' conventions, GPU memory sized for the sweep, --plot."""
 
 import json
+import os
 import sys
 
 import pytest
@@ -163,7 +164,7 @@ def test_bench_compare_prints_presets_side_by_side(tmp_path):
 def test_bench_cpu_counts_every_rank_of_the_job(tmp_path):
     """--cpu: the ranks' CPU per timed call (GPU 0 reads /proc for every rank of its host), less bench's
     barrier and timing exchange; in the table a comment line under the row; with tracing, its CPU cost."""
-    if not hasattr(__import__("os"), "sched_getaffinity"):
+    if not os.path.isdir("/proc/self"):
         pytest.skip("no /proc here (Linux only)")
     done, _ = run([command("nvlink-emu"), "bench", "allreduce", "--algorithm", "ring", "--gpus", "2", "-b", "256K",
                    "-e", "256K", "-n", "3", "--cpu", "--json", "--trace-dir", str(tmp_path)])
