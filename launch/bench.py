@@ -449,14 +449,29 @@ def format_row(row: dict) -> str:
             + (f"\n# {cpu_text(row)}" if "cpu_us" in row else ""))
 
 
+def busy_cores(row: dict) -> float | None:
+    """How many cores a bench --cpu row's collective kept busy: its CPU over its loop's wall time (both less
+    bench's barrier and timing exchange); None if that wall time is not positive."""
+    return row["cpu_us"] / row["cpu_wall_us"] if row["cpu_wall_us"] > 0 else None
+
+
+def tracing_cpu_cost(row: dict) -> float | None:
+    """What tracing cost in CPU in a bench --cpu --trace-dir row, in percent; None where it was not
+    measured or the untraced figure is not positive (noise past zero)."""
+    if row.get("untraced_cpu_us", 0) <= 0:
+        return None
+    return 100 * (row["traced_cpu_us"] / row["untraced_cpu_us"] - 1)
+
+
 def cpu_text(row: dict) -> str:
     """bench --cpu's figures of one row, in words: CPU per timed call of the ranks on GPU 0's host and the
     cores that kept busy (that CPU over the loop's wall time), bench's barrier and timing exchange (measured
     alone) taken out."""
-    busy = f"{row['cpu_us'] / row['cpu_wall_us']:.2f}" if row["cpu_wall_us"] > 0 else "n/a"
-    text = f"cpu per call: {row['cpu_us']:.0f} us of all ranks ({row['switch_cpu_us']:.0f} us the switches), {busy} cores busy"
-    if row.get("untraced_cpu_us", 0) > 0:
-        text += f"; tracing costs {100 * (row['traced_cpu_us'] / row['untraced_cpu_us'] - 1):+.1f}% CPU"
+    busy, tracing = busy_cores(row), tracing_cpu_cost(row)
+    text = (f"cpu per call: {row['cpu_us']:.0f} us of all ranks ({row['switch_cpu_us']:.0f} us the switches), "
+            f"{'n/a' if busy is None else f'{busy:.2f}'} cores busy")
+    if tracing is not None:
+        text += f"; tracing costs {tracing:+.1f}% CPU"
     return text + (f" (bench's barrier and timing exchange taken out: {row['sync_cpu_us']:.0f} us of CPU and "
                    f"{row['sync_wall_us']:.0f} us of wall time a call)")
 

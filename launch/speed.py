@@ -22,7 +22,7 @@ import tempfile
 from nvlink_emu.fabric.config import preset
 from nvlink_emu.ranks.collectives import ALGORITHMS, ALL2ALL, allowed
 
-from .bench import COLLECTIVES, _size, format_bytes
+from .bench import COLLECTIVES, _size, busy_cores, format_bytes, tracing_cpu_cost
 from .scaling import NODES, SINGLE, bench_rows
 
 TARGET = 3.0  # the issue's: every cell within 3x of MPI's own
@@ -52,18 +52,21 @@ def _head(sizes) -> str:
             "| --- | --- |" + " --- |" * len(sizes))
 
 
-def _ratio(emulated, native) -> float:
-    return emulated / native if emulated is not None and native else float("nan")
+def _cpu_need(row: dict, cores: int) -> float | None:
+    """The emulator's CPU per call over what `cores` cores give in TARGET x MPI's own wall time (above 1,
+    the target needs less CPU per call); None where either was not measured."""
+    if row.get("cpu_us") is None or not row["native_wall_us"]:
+        return None
+    return row["cpu_us"] / (TARGET * row["native_wall_us"] * cores)
 
 
 def _cpu_cell(row: dict, cores: int) -> str:
-    """A CPU table cell: the emulator's CPU per call (ms), the cores it kept busy, and its CPU over what
-    `cores` cores give in TARGET x MPI's own wall time (above 1: the target needs less CPU, not other waits)."""
-    if row.get("cpu_us") is None or not row["native_wall_us"]:
+    """A CPU table cell: the emulator's CPU per call (ms), the cores it kept busy, and _cpu_need."""
+    need = _cpu_need(row, cores)
+    if need is None:
         return "n/a"
-    busy = row["cpu_us"] / row["cpu_wall_us"] if row["cpu_wall_us"] > 0 else float("nan")
-    need = row["cpu_us"] / (TARGET * row["native_wall_us"] * cores)
-    return f"{row['cpu_us'] / 1e3:.3g} ms, {busy:.1f}, {need:.1f}x"
+    busy = busy_cores(row)
+    return f"{row['cpu_us'] / 1e3:.3g} ms, {float('nan') if busy is None else busy:.1f}, {need:.1f}x"
 
 
 def main(argv=None) -> int:
@@ -100,13 +103,14 @@ def main(argv=None) -> int:
                 measured.append((collective, algorithm, rows))
                 ratios = []
                 for row in rows:
-                    ratio = _ratio(row["wall_us"], row["native_wall_us"])
+                    ratio = row["wall_us"] / row["native_wall_us"] if row["native_wall_us"] else float("nan")
                     ratios.append(ratio)
                     cells.append((ratio, label, collective, algorithm, row["size_bytes"]))
                     within += ratio <= TARGET
-                    if row.get("cpu_us") is not None and row["native_wall_us"]:
+                    need = _cpu_need(row, cores)
+                    if need is not None:
                         measured_cells += 1
-                        over_budget += row["cpu_us"] > TARGET * row["native_wall_us"] * cores
+                        over_budget += need > 1
                     if args.json:
                         print(json.dumps({"shape": text, "fabric": name, "collective": collective, **row}), flush=True)
                 if not args.json:
@@ -129,8 +133,9 @@ def main(argv=None) -> int:
             cost = 100 * (row["traced_wall_us"] / row["untraced_wall_us"] - 1)
             line = (f"tracing, allreduce {row['algorithm']} {format_bytes(row['size_bytes'])}: {cost:+.1f}% wall "
                     f"({row['traced_wall_us']:.0f} us traced, {row['untraced_wall_us']:.0f} us not)")
-            if row.get("untraced_cpu_us", 0) > 0:
-                line += (f", {100 * (row['traced_cpu_us'] / row['untraced_cpu_us'] - 1):+.1f}% CPU "
+            cpu_cost = tracing_cpu_cost(row)
+            if cpu_cost is not None:
+                line += (f", {cpu_cost:+.1f}% CPU "
                          f"({row['traced_cpu_us']:.0f} us traced, {row['untraced_cpu_us']:.0f} us not)")
             print(json.dumps({"shape": text, "tracing": line}) if args.json else line, flush=True)
     if not args.json and cells:
