@@ -70,11 +70,18 @@ class LinkClock:
 class LinkEnd:
     """The end of one link where it is booked: its clock and its latency (ns). A GPU books its uplink
     here as it sends and its downlink as it consumes; a switch books each link to another switch as
-    it sends on it. Bandwidth in bytes per ns."""
+    it sends on it. Bandwidth in bytes per ns.
+
+    `sent_ns` is when the last byte of the transfers its owner's program sent (`send`) left: what a
+    call that waits for its sends to leave waits for. A transfer served for another GPU (`serve`: a
+    one-sided reply, booked in the order the host hands the request over) takes its place on the link
+    but not in `sent_ns`, so a program's modeled time does not move with when the host delivered a
+    request it does not wait for (`free_ns`, the link's last busy byte, would)."""
 
     bandwidth: float
     latency_ns: float
     clock: LinkClock = field(init=False)
+    sent_ns: float = field(init=False, default=0.0)
 
     def __post_init__(self):
         self.clock = LinkClock(self.bandwidth)
@@ -95,7 +102,13 @@ class LinkEnd:
 
     def send(self, ready_start: float, ready_end: float, raw_bytes: int) -> tuple[float, float]:
         """When the transfer's first and last byte reach the far end: booked (cut-through), plus the
-        latency."""
+        latency; a transfer of the owner's program (it moves `sent_ns`)."""
+        start, end = self.clock.transmit(ready_start, ready_end, raw_bytes)
+        self.sent_ns = max(self.sent_ns, end)
+        return start + self.latency_ns, end + self.latency_ns
+
+    def serve(self, ready_start: float, ready_end: float, raw_bytes: int) -> tuple[float, float]:
+        """As `send`, for a transfer served for another GPU (a one-sided reply): `sent_ns` stays."""
         start, end = self.clock.transmit(ready_start, ready_end, raw_bytes)
         return start + self.latency_ns, end + self.latency_ns
 

@@ -309,7 +309,7 @@ class Communicator:
         data = self._p2p_args("send", array, dest, tag)
         requests = self._post_send(data, int(dest), int(tag))
         self.gpu.wait_sent([requests], f"send to member {dest} tag {tag}")
-        self.gpu.now_ns = max(self.gpu.now_ns, self.gpu._uplink.free_ns)
+        self.gpu.now_ns = max(self.gpu.now_ns, self.gpu.sent_ns)
 
     def recv(self, array: np.ndarray, source: int, tag: int = 0) -> None:
         """Receive the next message of member `source` with `tag` into `array`, which must have the
@@ -334,7 +334,7 @@ class Communicator:
         # the received bytes land only after the send left, so recv may share send's memory
         self._take(out, int(source), int(recvtag), before_copy=lambda: self.gpu.wait_sent(
             [requests], f"sendrecv to member {dest} tag {sendtag}"))
-        self.gpu.now_ns = max(self.gpu.now_ns, self.gpu._uplink.free_ns)
+        self.gpu.now_ns = max(self.gpu.now_ns, self.gpu.sent_ns)
 
     def _sendrecv_self(self, send, recv, sendtag, recvtag) -> None:
         """sendrecv with this member itself (a shift on a one-member ring): a local copy, no link bytes."""

@@ -291,7 +291,7 @@ class Gpu:
             sends.append(self._send(Packet(Kind.PUT, self._keys[self.rank], dst, address + start,
                                            stop - start, req), data[start:stop]))
         self.wait_sent(sends, "put")
-        self.now_ns = max(self.now_ns, self._uplink.free_ns)  # the data has left: `array` may be reused
+        self.now_ns = max(self.now_ns, self.sent_ns)  # the data has left: `array` may be reused
 
     def get(self, target, array: np.ndarray, offset: int = 0) -> None:
         """Read `array.nbytes` bytes at byte `offset` of `target` into `array`; AccessViolation if refused."""
@@ -405,6 +405,13 @@ class Gpu:
         data = None if payload is None else self._as_bytes(payload, kind.name)
         size = data.nbytes if nbytes is None else nbytes
         return self._send(Packet(kind, self._keys[self.rank], -1, address, size, info=info), data, at_ns, stamp)
+
+    @property
+    def sent_ns(self) -> float:
+        """When the last byte this GPU's program sent left its uplink (modeled ns): what a call that
+        waits for its sends waits for. One-sided replies it served (PUT_ACK, GET_DATA), booked in the
+        order the host delivered their requests, are not in it (fabric.timemodel.LinkEnd.serve)."""
+        return self._uplink.sent_ns
 
     def reserve_uplink(self, payload_bytes: int, at_ns: float) -> tuple[float, float]:
         """Book this GPU's uplink now for a transfer sent later (the emulator may hold a send back to
@@ -654,11 +661,11 @@ class Gpu:
             phys = packet.address
             self._receive(packet, self.memory[phys:phys + packet.nbytes], inline)
             self._send(Packet(Kind.PUT_ACK, self._keys[self.rank], packet.src, req=packet.req),
-                       at_ns=self._consume(packet, seq))
+                       at_ns=self._consume(packet, seq), served=True)
         elif kind is Kind.GET:
             data = self.memory[packet.address:packet.address + packet.nbytes].copy()
             self._send(Packet(Kind.GET_DATA, self._keys[self.rank], packet.src, 0, packet.nbytes, packet.req),
-                       data, self._consume(packet, seq))
+                       data, self._consume(packet, seq), served=True)
         elif kind is Kind.PUT_ACK:
             self._puts.pop(packet.req, None)
             self._acked_ns = max(self._acked_ns, self._consume(packet, seq))
@@ -736,12 +743,15 @@ class Gpu:
             self._transport.waker.poke(self._switch)  # its send completed: the switch retires it at once
 
     def _send(self, packet: Packet, payload: np.ndarray | None = None, at_ns: float | None = None,
-              stamp: tuple[float, float] | None = None) -> list:
+              stamp: tuple[float, float] | None = None, served: bool = False) -> list:
+        """Post `packet` to the switch, booked on the uplink at `at_ns` (default now) unless `stamp` was
+        reserved; `served`: a one-sided reply, which does not move sent_ns (its request's host arrival
+        order would then move the program's time)."""
         if packet.kind.counted:
             raw = self._counters.record(uplink(self.rank, self._leaf), packet.payload_bytes)
             if stamp is None:
                 at = self.now_ns if at_ns is None else at_ns
-                stamp = self._uplink.send(at, at, raw)
+                stamp = (self._uplink.serve if served else self._uplink.send)(at, at, raw)
             packet = packet.but(t_start=stamp[0], t_end=stamp[1])
             self._tx_seq += 1
             if self.trace is not None and self.trace.enabled:

@@ -193,10 +193,11 @@ class Call:
 
     def flush(self) -> None:
         """Wait until every send of this call left (its buffer may be written again); modeled time
-        moves to when the last byte left this GPU."""
+        moves to when the last byte this GPU's program sent left it (gpu.sent_ns: not a one-sided
+        reply it served meanwhile, whose request the host may deliver at any point of the call)."""
         self.gpu.wait_sent(self._sends, "collective send")
         self._sends = []
-        self.gpu.now_ns = max(self.gpu.now_ns, self.gpu._uplink.free_ns)
+        self.gpu.now_ns = max(self.gpu.now_ns, self.gpu.sent_ns)
 
     # -- in the switch ----------------------------------------------------------------------------
     def reduce(self, slot: tuple, data: np.ndarray, dest: list[int], parts: tuple, at_ns: float | None = None) -> None:

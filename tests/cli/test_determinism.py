@@ -8,6 +8,8 @@ import os
 import pytest
 
 from cli_helpers import command, run, script
+from nvlink_emu.fabric.config import preset
+from nvlink_emu.fabric.cost import modeled_ns
 
 ONE_NODE = """
 import numpy as np
@@ -92,6 +94,43 @@ def test_random_host_delays_change_no_modeled_time_and_no_counter(tmp_path, body
     assert reference["elapsed_ns"] > 0 and reference["collectives"]
     for delay in ("1:2", "2:2"):  # seeds 1 and 2, up to 2 ms before every send of every rank
         assert modeled(tmp_path, body, fabric, delay) == reference
+
+
+# GPU 1 serves GPU 0's put (modeled at 100 us) while it waits in its allreduce with GPU 2 (from 0 ns), in
+# every host order: GPU 2 joins only after GPU 0's fence, which needs GPU 1's PUT_ACK
+SERVED = """
+import numpy as np
+
+def main(gpu):
+    window = gpu.alloc(1 << 16, "uint8")
+    handles = gpu.world.allgather_object(gpu.export(window))
+    pair02 = gpu.world.split(0 if gpu.rank in (0, 2) else 1)
+    pair12 = gpu.world.split(0 if gpu.rank in (1, 2) else 1)
+    x = np.ones(3 * 4096, np.float32)
+    if gpu.rank == 0:
+        gpu.compute(100_000)
+        gpu.put(handles[1], np.ones(1 << 15, np.uint8))
+        gpu.fence()
+        pair02.allgather_object(None)  # no modeled time: lets GPU 2 in
+    elif gpu.rank == 1:
+        pair12.allreduce(x, algorithm="direct")
+    else:
+        pair02.allgather_object(None)
+        pair12.allreduce(x, algorithm="direct")
+"""
+
+
+def test_a_reply_served_during_a_collective_does_not_move_its_end(tmp_path):
+    """The cause of issue 28's one-node flake, forced: a call's end is when its own sends left, not
+    when a one-sided reply its GPU served meanwhile did (the host decides when the request comes).
+    Before the fix GPU 1's allreduce ended at its PUT_ACK, 100,705.1 ns, and GPU 2's at 101,255.1."""
+    fabric = ["--preset", "dgx-h100", "--gpus", "3"]
+    report = modeled(tmp_path, SERVED, fabric, None)
+    alone = modeled_ns("allreduce", "direct", 3 * 4096 * 4, 2, preset("dgx-h100", gpus=3))  # 1,232.9 ns
+    ends = {call["gpu"]: (call["m_start_ns"], call["m_end_ns"]) for call in report["collectives"]}
+    assert ends.keys() == {1, 2}
+    for gpu, (start, end) in ends.items():
+        assert start == 0.0 and end == pytest.approx(alone, rel=1e-12), gpu
 
 
 def test_a_malformed_delay_is_an_error_before_any_traffic(tmp_path):

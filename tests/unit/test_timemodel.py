@@ -4,7 +4,7 @@ import pytest
 
 from nvlink_emu.fabric.config import preset
 from nvlink_emu.fabric.errors import ConfigError
-from nvlink_emu.fabric.timemodel import LinkClock, ReductionClock
+from nvlink_emu.fabric.timemodel import LinkClock, LinkEnd, ReductionClock
 
 
 def test_a_link_serializes_transfers_after_it_is_free():
@@ -67,3 +67,28 @@ def test_gap_filling_makes_non_competing_transfers_order_independent():
         link = LinkClock(bandwidth=1.0)
         outcomes.add(tuple(sorted(link.transmit(*transfers[i]) for i in order)))
     assert len(outcomes) == 1
+
+
+def test_a_served_reply_does_not_move_when_the_programs_sends_left():
+    """A GPU's uplink as in tests/cli/test_determinism.py[one-node] (issue 28), in ns at 2 bytes per ns:
+    its program sends 100 bytes at 0 and 40 at 30, then its call flushes; it also serves a one-sided reply
+    (a PUT_ACK) ready at 200, which the host may hand over before, between or after those sends. The flush
+    must see the program's last byte leave at 70 in every order; the link's last busy byte (free_ns, which
+    flush took before) is 210 when the reply came first, 70 when it came last."""
+    flushed, last_busy, bookings = set(), set(), set()
+    for order in (("send", "send", "serve"), ("serve", "send", "send"), ("send", "serve", "send")):
+        uplink, sends = LinkEnd(bandwidth=2.0, latency_ns=5.0), iter([(0.0, 100), (30.0, 40)])
+        booked = []
+        for i, op in enumerate(order):
+            if op == "serve":
+                booked.append(uplink.serve(200.0, 200.0, 20))
+            else:
+                at, raw = next(sends)
+                booked.append(uplink.send(at, at, raw))
+            if op == "send" and "send" not in order[i + 1:]:  # the program's last send: its call flushes
+                flushed.add(uplink.sent_ns)
+                last_busy.add(uplink.free_ns)
+        bookings.add(tuple(sorted(booked)))
+        assert uplink.sent_ns == 70.0 and uplink.free_ns == 210.0 and uplink.busy_ns == 80.0
+    assert flushed == {70.0} and last_busy == {70.0, 210.0}
+    assert bookings == {((5.0, 55.0), (55.0, 75.0), (205.0, 215.0))}  # the reply competes with no send
