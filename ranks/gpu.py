@@ -20,8 +20,9 @@ from nvlink_emu.fabric.config import FabricConfig
 from nvlink_emu.fabric.counters import LinkCounters, LinkStats, downlink, gpu_view, uplink
 from nvlink_emu.fabric.errors import AccessViolation, FabricError, FabricTimeout, ProtocolError, UnsupportedOperation
 from nvlink_emu.fabric.memory import DeviceMemory
-from nvlink_emu.fabric.packets import (MAX_LIST, WIRE_INT_MAX, CallRecord, CountersInfo, ExportInfo, GroupInfo, Info,
-                                      Kind, MsgInfo, Packet, RevokeInfo, TraceInfo, raw_bytes)
+from nvlink_emu.fabric.packets import (MAX_GPU_HEADER_BYTES, MAX_LIST, WIRE_INT_MAX, CallRecord, CountersInfo,
+                                      ExportInfo, GroupInfo, Info, Kind, MsgInfo, Packet, RevokeInfo, TraceInfo,
+                                      raw_bytes)
 from nvlink_emu.fabric.timemodel import LinkEnd
 
 from .comm import CREDIT_SEQ, Communicator, is_integer
@@ -848,7 +849,7 @@ class Gpu:
     def _counters_packet(self, links: dict, leftovers: list) -> Packet:
         """The COUNTERS answer; its call records cut (the cut ones counted), then its leftover message
         keys (a last entry ["...", n] counts the n cut), until its lists have at most MAX_LIST entries
-        and the header fits in the MAX_HEADER_BYTES the switch takes, so many leftover messages or
+        and the header fits in the MAX_GPU_HEADER_BYTES the switch takes from a GPU, so many leftover messages or
         calls cannot make it refused."""
         calls, keys = self._calls, leftovers[:MAX_LIST - 1] if len(leftovers) > MAX_LIST else leftovers
         while True:
@@ -856,7 +857,7 @@ class Gpu:
             info = CountersInfo(links, shown, float(self.now_ns), tuple(calls),
                                 self._calls_unrecorded + len(self._calls) - len(calls))
             packet = Packet(Kind.COUNTERS, self._keys[self.rank], -1, info=info)
-            if len(packet.to_wire()) <= MAX_HEADER_BYTES:
+            if len(packet.to_wire()) <= MAX_GPU_HEADER_BYTES:
                 return packet
             if calls:
                 calls = calls[:len(calls) * 3 // 4]

@@ -22,7 +22,7 @@ import numpy as np
 from nvlink_emu.fabric.config import FabricConfig
 from nvlink_emu.fabric.counters import LinkStats, check_gpu_links, downlink, merge_reports, uplink
 from nvlink_emu.fabric.errors import FabricError, FabricTimeout, ProtocolError
-from nvlink_emu.fabric.packets import CountersInfo, Kind, Packet, raw_bytes
+from nvlink_emu.fabric.packets import MAX_GPU_HEADER_BYTES, CountersInfo, Kind, Packet, raw_bytes
 from nvlink_emu.fabric.switch import SpineLogic, SwitchLogic, port_share_bytes
 
 from .transport import MAX_HEADER_BYTES, Idle, SwitchChannel, Transport, unframe
@@ -260,11 +260,11 @@ class SwitchRank:
             packet = Packet.from_wire(header)                 # ends the run
         elif source in self.gpus:
             if data is None:
-                self._refuse(source, ProtocolError(f"switch: a header of more than {MAX_HEADER_BYTES} bytes from "
+                self._refuse(source, ProtocolError(f"switch: a header of more than {MAX_GPU_HEADER_BYTES} bytes from "
                                                    f"GPU {source}"))
                 return
-            try:
-                header, inline = unframe(data, MAX_HEADER_BYTES)
+            try:  # a GPU's header leaves room for what the switches write into it (fabric.packets)
+                header, inline = unframe(data, MAX_GPU_HEADER_BYTES)
                 packet = Packet.from_wire(header)
             except ProtocolError as exc:
                 self._refuse(source, ProtocolError(f"switch: from GPU {source}: {exc}"))
