@@ -162,12 +162,13 @@ class Gpu:
         return added
 
     def set_tracing(self, on: bool) -> None:
-        """Turn this GPU's trace records on or off (GPU 0 also tells the switch); the bench measures
-        tracing's cost this way. No effect without --trace-dir."""
+        """Turn this GPU's trace records on or off, and the switches' records of its own traffic (what it
+        sends, and what a switch sends it; ranks/switch.py, _traced): another tenant's stay. Every GPU
+        off turns the switches' records off; the bench measures tracing's cost this way. No effect
+        without --trace-dir."""
         if self.trace is not None:
             self.trace.enabled = on
-            if self.rank == 0:
-                self._transport.send(self._switch, Packet(Kind.TRACE, self._keys[self.rank], -1, info=TraceInfo(bool(on))))
+            self._transport.send(self._switch, Packet(Kind.TRACE, self._keys[self.rank], -1, info=TraceInfo(bool(on))))
 
     def event(self, record: dict) -> None:
         """Append a record to this GPU's trace (with wall and modeled time), if tracing."""

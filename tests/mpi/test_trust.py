@@ -16,7 +16,7 @@ from nvlink_emu.fabric import control
 from nvlink_emu.fabric.control import MAX_CONTROL_BYTES
 from nvlink_emu.fabric.counters import downlink, uplink
 from nvlink_emu.fabric.errors import AccessViolation, CollectiveMismatch, FabricError, ProtocolError
-from nvlink_emu.fabric.packets import Kind, McastInfo, MsgInfo, Packet, TraceInfo
+from nvlink_emu.fabric.packets import Kind, McastInfo, MsgInfo, Packet
 from nvlink_emu.ranks.transport import INLINE_MARK
 
 from mpi_helpers import gpus, run
@@ -321,12 +321,3 @@ def test_control_messages_too_long_undecodable_or_from_non_members_are_dropped()
             gpu.partition.barrier()
 
     run(main, **lone_attacker(gpus()))
-
-
-def test_only_gpu_0_turns_the_switch_s_tracing_on_or_off():
-    def main(gpu):
-        if gpu.rank == 1:
-            gpu._transport.send(gpu.size, Packet(Kind.TRACE, gpu._keys[1], -1, info=TraceInfo(False)))
-            assert "only GPU 0 turns tracing on or off" in str(refusals(gpu, 1)[0])
-
-    assert run(main).report["ports"][1]["malformed"] == 1
