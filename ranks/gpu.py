@@ -20,9 +20,9 @@ from nvlink_emu.fabric.config import FabricConfig
 from nvlink_emu.fabric.counters import LinkCounters, LinkStats, downlink, gpu_view, uplink
 from nvlink_emu.fabric.errors import AccessViolation, FabricError, FabricTimeout, ProtocolError, UnsupportedOperation
 from nvlink_emu.fabric.memory import DeviceMemory
-from nvlink_emu.fabric.packets import (MAX_GPU_HEADER_BYTES, MAX_LIST, WIRE_INT_MAX, CallRecord, CountersInfo,
-                                      ExportInfo, GroupInfo, Info, Kind, MsgInfo, Packet, RevokeInfo, TraceInfo,
-                                      raw_bytes)
+from nvlink_emu.fabric.packets import (MAX_GPU_HEADER_BYTES, MAX_KEY_PARTS, MAX_LIST, WIRE_INT_MAX, CallRecord,
+                                      CountersInfo, ExportInfo, GroupInfo, Info, Kind, MsgInfo, Packet, RevokeInfo,
+                                      TraceInfo, raw_bytes)
 from nvlink_emu.fabric.timemodel import LinkEnd
 
 from .comm import CREDIT_SEQ, Communicator, is_integer
@@ -842,7 +842,11 @@ class Gpu:
                    timeout_s=2 * self.timeout_s + 30)  # switch's is 2 t + 5
         leftovers = sorted(self._mailbox, key=repr)
         links = self._snapshot()
-        self._transport.send(self._switch, self._counters_packet(links, [[*key, sender] for key, sender in leftovers]))
+        # a key of MAX_KEY_PARTS parts (a message may have one) and its sender would be one part too many
+        # for the COUNTERS record: its last parts are shown as "..."
+        self._transport.send(self._switch, self._counters_packet(links, [
+            [*(key if len(key) < MAX_KEY_PARTS else (*key[:MAX_KEY_PARTS - 2], "...")), sender]
+            for key, sender in leftovers]))
         self._shutdown = None
         self._wait(lambda: self._shutdown is not None, "end of run", "the switch's report")
         return self._shutdown.info
