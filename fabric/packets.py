@@ -23,6 +23,18 @@ WIRE_INT_MIN, WIRE_INT_MAX = -(2 ** 63), 2 ** 64 - 1  # msgpack's integer range
 MAX_KEY_PARTS = 16      # parts of a message key (collective keys have at most 7)
 MAX_TEXT = 4096         # characters of a string field (names, dtypes, error messages)
 MAX_LIST = 4096         # entries of a list field (GPU lists, slots)
+# A switch takes a header of at most MAX_HEADER_BYTES from any rank (ranks/switch.py). It re-encodes what it
+# passes on, and that can be longer than what the GPU sent: msgpack packs an integer in 1 to 9 bytes and a
+# number in 1 (a small int) to 9 (a float64). The switches write src (the ingress port's routing key: +8
+# bytes at most), dst and address (a request translated at its target's leaf: +8 each), nbytes (a leaf's
+# partial of 16-bit floats has twice its members' bytes: +4), the two modeled times (always float64: +8
+# each) and a group's id (a create's 0 in the span the leaf sends the spines: +8); the rest (kind, req, the
+# records: canonical msgpack) only shrinks. That is 52 bytes at most, once: the next switch's copy has them
+# at full length already (tests/unit/test_switch_cross_node_attack.py measures each kind). So a GPU's
+# header past MAX_GPU_HEADER_BYTES is refused at its leaf: whatever the switches make of one, the next takes.
+MAX_HEADER_BYTES = 1 << 16     # a header from any rank to a switch (the longest honest one: ~48 KiB, COUNTERS)
+HEADER_GROWTH_BYTES = 64       # most the switches' re-encoding adds to a GPU's header (52, above), rounded up
+MAX_GPU_HEADER_BYTES = MAX_HEADER_BYTES - HEADER_GROWTH_BYTES
 
 
 class Kind(enum.IntEnum):

@@ -20,8 +20,9 @@ from nvlink_emu.fabric.config import FabricConfig
 from nvlink_emu.fabric.counters import LinkCounters, LinkStats, downlink, gpu_view, uplink
 from nvlink_emu.fabric.errors import AccessViolation, FabricError, FabricTimeout, ProtocolError, UnsupportedOperation
 from nvlink_emu.fabric.memory import DeviceMemory
-from nvlink_emu.fabric.packets import (MAX_LIST, WIRE_INT_MAX, CallRecord, CountersInfo, ExportInfo, GroupInfo, Info,
-                                      Kind, MsgInfo, Packet, RevokeInfo, TraceInfo, raw_bytes)
+from nvlink_emu.fabric.packets import (MAX_GPU_HEADER_BYTES, MAX_KEY_PARTS, MAX_LIST, WIRE_INT_MAX, CallRecord,
+                                      CountersInfo, ExportInfo, GroupInfo, Info, Kind, MsgInfo, Packet, RevokeInfo,
+                                      TraceInfo, raw_bytes)
 from nvlink_emu.fabric.timemodel import LinkEnd
 
 from .comm import CREDIT_SEQ, Communicator, is_integer
@@ -161,12 +162,13 @@ class Gpu:
         return added
 
     def set_tracing(self, on: bool) -> None:
-        """Turn this GPU's trace records on or off (GPU 0 also tells the switch); the bench measures
-        tracing's cost this way. No effect without --trace-dir."""
+        """Turn this GPU's trace records on or off, and the switches' records of its own traffic (what it
+        sends, and what a switch sends it; ranks/switch.py, _traced): another tenant's stay. Every GPU
+        off turns the switches' records off; the bench measures tracing's cost this way. No effect
+        without --trace-dir."""
         if self.trace is not None:
             self.trace.enabled = on
-            if self.rank == 0:
-                self._transport.send(self._switch, Packet(Kind.TRACE, self._keys[self.rank], -1, info=TraceInfo(bool(on))))
+            self._transport.send(self._switch, Packet(Kind.TRACE, self._keys[self.rank], -1, info=TraceInfo(bool(on))))
 
     def event(self, record: dict) -> None:
         """Append a record to this GPU's trace (with wall and modeled time), if tracing."""
@@ -850,7 +852,11 @@ class Gpu:
                    timeout_s=2 * self.timeout_s + 30)  # switch's is 2 t + 5
         leftovers = sorted(self._mailbox, key=repr)
         links = self._snapshot()
-        self._transport.send(self._switch, self._counters_packet(links, [[*key, sender] for key, sender in leftovers]))
+        # a key of MAX_KEY_PARTS parts (a message may have one) and its sender would be one part too many
+        # for the COUNTERS record: its last parts are shown as "..."
+        self._transport.send(self._switch, self._counters_packet(links, [
+            [*(key if len(key) < MAX_KEY_PARTS else (*key[:MAX_KEY_PARTS - 2], "...")), sender]
+            for key, sender in leftovers]))
         self._shutdown = None
         self._wait(lambda: self._shutdown is not None, "end of run", "the switch's report")
         return self._shutdown.info
@@ -858,7 +864,7 @@ class Gpu:
     def _counters_packet(self, links: dict, leftovers: list) -> Packet:
         """The COUNTERS answer; its call records cut (the cut ones counted), then its leftover message
         keys (a last entry ["...", n] counts the n cut), until its lists have at most MAX_LIST entries
-        and the header fits in the MAX_HEADER_BYTES the switch takes, so many leftover messages or
+        and the header fits in the MAX_GPU_HEADER_BYTES the switch takes from a GPU, so many leftover messages or
         calls cannot make it refused."""
         calls, keys = self._calls, leftovers[:MAX_LIST - 1] if len(leftovers) > MAX_LIST else leftovers
         while True:
@@ -866,7 +872,7 @@ class Gpu:
             info = CountersInfo(links, shown, float(self.now_ns), tuple(calls),
                                 self._calls_unrecorded + len(self._calls) - len(calls))
             packet = Packet(Kind.COUNTERS, self._keys[self.rank], -1, info=info)
-            if len(packet.to_wire()) <= MAX_HEADER_BYTES:
+            if len(packet.to_wire()) <= MAX_GPU_HEADER_BYTES:
                 return packet
             if calls:
                 calls = calls[:len(calls) * 3 // 4]

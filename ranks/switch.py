@@ -22,7 +22,7 @@ import numpy as np
 from nvlink_emu.fabric.config import FabricConfig
 from nvlink_emu.fabric.counters import LinkStats, check_gpu_links, downlink, merge_reports, uplink
 from nvlink_emu.fabric.errors import FabricError, FabricTimeout, ProtocolError
-from nvlink_emu.fabric.packets import CountersInfo, Kind, Packet, raw_bytes
+from nvlink_emu.fabric.packets import MAX_GPU_HEADER_BYTES, CountersInfo, Kind, Packet, TraceInfo, raw_bytes
 from nvlink_emu.fabric.switch import SpineLogic, SwitchLogic, port_share_bytes
 
 from .transport import MAX_HEADER_BYTES, Idle, SwitchChannel, Transport, unframe
@@ -114,6 +114,7 @@ class SwitchRank:
         self.sent_to_switches = self.taken_from_switches = 0  # packets, for the end of run
         self.trace = trace  # a TraceWriter, or None
         self.logic.tracing = trace is not None
+        self._untraced: set[int] = set()  # GPUs that asked for no records of their traffic (_set_tracing)
         self._seq: dict[str, int] = {}  # per link: packets seen, to pair each send with its receive
         self.transport = transport
         self.timeout_s = timeout_s
@@ -260,11 +261,11 @@ class SwitchRank:
             packet = Packet.from_wire(header)                 # ends the run
         elif source in self.gpus:
             if data is None:
-                self._refuse(source, ProtocolError(f"switch: a header of more than {MAX_HEADER_BYTES} bytes from "
+                self._refuse(source, ProtocolError(f"switch: a header of more than {MAX_GPU_HEADER_BYTES} bytes from "
                                                    f"GPU {source}"))
                 return
-            try:
-                header, inline = unframe(data, MAX_HEADER_BYTES)
+            try:  # a GPU's header leaves room for what the switches write into it (fabric.packets)
+                header, inline = unframe(data, MAX_GPU_HEADER_BYTES)
                 packet = Packet.from_wire(header)
             except ProtocolError as exc:
                 self._refuse(source, ProtocolError(f"switch: from GPU {source}: {exc}"))
@@ -382,8 +383,11 @@ class SwitchRank:
         """Serve `packet` (with its payload) from `source`; `checked`: from a GPU, its header was checked
         (_checked) already."""
         peer = self._peer_of.get(source)
-        if peer is not None and packet.kind is Kind.TRACE:  # GPU 0's word, relayed by its leaf and the spines
-            self._set_tracing(packet, exclude=peer)
+        if peer is not None and packet.kind is Kind.TRACE:  # a GPU's word, relayed by its leaf and the spines
+            gpu = self.logic.gpu_of_key(packet.src)
+            if gpu is None:
+                raise ProtocolError(f"switch {self.index}: TRACE from switch {peer} for {packet.src!r}, no GPU's")
+            self._set_tracing(gpu, packet.info.on, exclude=peer)
             return
         if peer is not None and packet.kind is Kind.CREDIT:
             self._on_credit(packet)
@@ -448,12 +452,8 @@ class SwitchRank:
         if source in self._done and not self._ending and kind not in ANSWERS:
             self._done.discard(source)  # it said DONE too early: it is still at work
             self._busy_after_done = True
-        if kind is Kind.TRACE:
-            if source != 0:  # GPU 0 speaks for the bench; nobody else may turn everyone's records off
-                self._refuse(source, ProtocolError(f"TRACE from GPU {source}: only GPU 0 turns tracing on or off"),
-                             packet)
-            else:
-                self._set_tracing(packet)
+        if kind is Kind.TRACE:  # a GPU's word on its own traffic's records only
+            self._set_tracing(source, packet.info.on)
             return
         if kind is Kind.COUNTERS:
             if not self._asked_counters or source in self._counters:
@@ -472,16 +472,39 @@ class SwitchRank:
             self._record("rx", link, packet, source)
         self._send_all(sends, source)
 
-    def _set_tracing(self, packet: Packet, exclude: int | None = None) -> None:
-        """Turn this switch's trace records on or off as GPU 0's TRACE says, and pass it on to the
-        neighbour switches (but the one it came from): a leaf to the spines, a spine to the other leaves."""
-        if self.trace is not None:
-            self.trace.enabled = packet.info.on
-            self.logic.tracing = self.trace.enabled
+    def _set_tracing(self, gpu: int, on: bool, exclude: int | None = None) -> None:
+        """GPU `gpu` asks for records of its own traffic (`on`) or for none (its TRACE, which names it by
+        the port it came in on, never by a field it wrote): see _traced. A change is passed on to the
+        neighbour switches (but the one it came from): a leaf to the spines, a spine to the other leaves,
+        so that every switch applies the same rule to the GPU's packets."""
+        if on == (gpu not in self._untraced):
+            return
+        if on:
+            self._untraced.discard(gpu)
+        else:
+            self._untraced.add(gpu)
+        if self.trace is not None:  # no GPU wants records: none at all (the bench's tracing off)
+            self.trace.enabled = self.logic.tracing = len(self._untraced) < self.config.gpus
+        word = Packet(Kind.TRACE, self.logic.route_key(gpu), -1, info=TraceInfo(on))
         for rank, switch in self._peer_of.items():
-            if switch != exclude and (self.spine or exclude is None):  # a leaf relays only its own GPU 0
-                self.transport.send(rank, packet)
+            if switch != exclude and (self.spine or exclude is None):  # a leaf relays only its own GPUs' word
+                self.transport.send(rank, word)
                 self.sent_to_switches += 1
+
+    def _traced(self, packet: Packet, origin: int) -> bool:
+        """Whether a record of `packet` (its data from GPU `origin`; -1: made by a switch) is kept: a GPU's
+        set_tracing(False) leaves out its own traffic only. A GPU's packet is its sender's, whoever
+        receives it; a switch's own packet to a GPU (a refusal, a reply, a reduction's result, a multicast
+        copy) is that GPU's; one between switches (a spanning group's partial or result), like an event
+        of no one GPU, is left out only once every GPU asked."""
+        untraced = self._untraced
+        if not untraced:
+            return True
+        if origin < 0:
+            origin = self.logic.gpu_of_key(packet.dst)
+            if origin is None:
+                return len(untraced) < self.config.gpus
+        return origin not in untraced
 
     # -- credits between leaves (class docstring) ---------------------------------------------------
     def _to_switch(self, switch: int, packet: Packet) -> None:
@@ -586,16 +609,19 @@ class SwitchRank:
             if self.trace is not None and send.packet.kind.counted:
                 self._record("tx", link, send.packet, source if send.origin is None else send.origin)
         if self.logic.events:
-            wall = time.time()
-            for event in self.logic.events:
-                self.trace.write({**event, "wall": wall})
+            wall, untraced = time.time(), self._untraced
+            for event in self.logic.events:  # a refusal, a TLB lookup, a store: that GPU's (_traced)
+                if not untraced or event.get("gpu", event.get("from", event.get("by"))) not in untraced:
+                    self.trace.write({**event, "wall": wall})
             self.logic.events.clear()
 
     def _record(self, ev: str, link: str, packet: Packet, origin: int) -> None:
         """A packet entering (rx) or leaving (tx) the switch on `link`; `origin` is the GPU its data
         comes from (-1: made by the switch). m_start/m_end: when its first/last byte is ready there (a
         link to another switch, booked here: when they leave on it)."""
-        seq = self._seq[link] = self._seq.get(link, -1) + 1
+        seq = self._seq[link] = self._seq.get(link, -1) + 1  # counted kept or not: both ends pair by it
+        if not self._traced(packet, origin):
+            return
         config = self.config
         start, end = packet.t_start, packet.t_end
         if ev == "tx" and "->gpu" not in link:  # to a switch, stamped at its far end: on the link, a latency earlier

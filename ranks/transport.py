@@ -32,14 +32,13 @@ from mpi4py import MPI
 
 from nvlink_emu.fabric import control
 from nvlink_emu.fabric.errors import FabricTimeout, ProtocolError, ResourceExhausted
-from nvlink_emu.fabric.packets import Packet
+from nvlink_emu.fabric.packets import MAX_HEADER_BYTES, Packet  # noqa: F401 - a switch's header limit, here too
 
 TAG_HEADER = 11
 TAG_PAYLOAD = 12
 TAG_CONTROL = 13
 TAG_EXCHANGE = 14  # an exchange's slots, on the members' own MPI communicator (Exchange)
 ABORT_GRACE_S = 0.5  # s, between a failing rank's report and MPI_Abort
-MAX_HEADER_BYTES = 1 << 16  # a header from a GPU is at most this long (the longest real one is ~1 KiB)
 _NOTHING = np.empty(0, np.uint8)  # where dropped messages go (a receive truncated to nothing)
 # Payloads up to this many bytes travel inline, in their header's message. Below it a second message
 # costs more than the copy into one: each MPI message is a probe, a match and a receive of Python and

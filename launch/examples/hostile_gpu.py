@@ -1,9 +1,13 @@
 """hostile_gpu.py: GPU 0 attacks the fabric while the GPUs of the other partitions work and check.
 
-GPU 0, alone in its partition, sends a stream of bad traffic: random bytes, mutated copies of valid
-packets (flipped bits, swapped addresses, other GPUs' request numbers, group ids and keys, wrong
-lengths, truncated and missing payloads), switch-only kinds, packets sent straight to other GPUs'
-MPI ranks instead of the switch, and poisoned control messages (a pickle that would run code).
+GPU 0 sends a stream of bad traffic: random bytes, mutated copies of valid packets (flipped bits,
+swapped addresses, other GPUs' request numbers, group ids and keys, wrong lengths, truncated and
+missing payloads), headers and payloads of sizes around every limit the switch checks (one byte
+under, at, one byte over; at a GPU's header limit with the fields a switch re-encodes longer: src 0,
+integer times), switch-only kinds, packets sent straight to other GPUs' MPI ranks instead of the
+switch, and poisoned control messages (a pickle that would run code). The other GPUs of its
+partition, if any, are its accomplices: they only take its traffic in (sized headers to one on
+another node cross a spine) and check nothing.
 Meanwhile the other GPUs run collectives, puts, gets and messages in their partition and check
 every result, and that their private and read-only memory never changed. The run prints the
 figures; any wrong byte, any refusal of a victim, or a switch that stopped serving fails it.
@@ -23,7 +27,9 @@ import numpy as np
 
 from nvlink_emu.fabric.addressing import assign_network_addresses
 from nvlink_emu.fabric import ConfigError, FabricTimeout
-from nvlink_emu.fabric.packets import ExportInfo, Kind, Packet
+from nvlink_emu.fabric.packets import (MAX_GPU_HEADER_BYTES, MAX_HEADER_BYTES, MAX_KEY_PARTS, MAX_LIST, MAX_TEXT,
+                                       ExportInfo, Kind, Packet)
+from nvlink_emu.ranks.transport import INLINE_FRAME_BYTES, INLINE_PAYLOAD_BYTES
 
 ATTACKER = 0
 PATTERN = 0xA5          # the bytes of every victim's private buffer
@@ -44,12 +50,14 @@ def main(gpu):
 def run(gpu, packets: int, seed: int = 1, rounds: int = 0) -> dict:
     """The whole experiment on every GPU; returns the figures (every GPU gets the same dict)."""
     config = gpu.config
-    if config.mode != "network" or config.partitions[config.partition_of(ATTACKER)] != (ATTACKER,) \
-            or gpu.size < 3:
-        raise ConfigError("hostile_gpu.py needs NVLink Network mode with GPU 0 alone in its partition and at "
-                          "least two GPUs in another (e.g. launch/examples/hostile.toml)")
+    crew = config.partitions[config.partition_of(ATTACKER)]  # the attacker and its accomplices
+    victims = [g for g in range(config.gpus) if g not in crew]
+    if config.mode != "network" or not victims or \
+            any(len(p) < 2 for p in config.partitions if ATTACKER not in p):
+        raise ConfigError("hostile_gpu.py needs NVLink Network mode with GPU 0's partition and others of at "
+                          "least two GPUs each (e.g. launch/examples/hostile.toml)")
     mine = None
-    if gpu.rank != ATTACKER:
+    if gpu.rank not in crew:
         private = gpu.alloc(WINDOW_BYTES, "uint8")
         private[:] = PATTERN
         window = gpu.alloc(WINDOW_BYTES, "uint8")
@@ -62,11 +70,13 @@ def run(gpu, packets: int, seed: int = 1, rounds: int = 0) -> dict:
     start = time.monotonic()
     if gpu.rank == ATTACKER:
         stats = Attacker(gpu, published, seed).attack(packets)
+    elif gpu.rank in crew:  # an accomplice: what the attacker sends it lands in its mailbox, unread
+        stats = {}
     else:
         stats = defend(gpu, published, window, readonly, private, rounds, packets)
     stats["wall_s"] = round(time.monotonic() - start, 3)
     everyone = gpu.world.allgather_object(stats)
-    figures = {"attacker": everyone[ATTACKER], "victims": everyone[1:]}
+    figures = {"attacker": everyone[ATTACKER], "victims": [everyone[g] for g in victims]}
     if gpu.rank == ATTACKER:
         a = figures["attacker"]
         rounds_done = [v["rounds"] for v in figures["victims"]]
@@ -133,7 +143,10 @@ class Attacker:
         self.rng = np.random.default_rng(seed)
         config = gpu.config
         self.addresses = assign_network_addresses(config.gpus)  # deterministic: anyone can compute them
-        self.victims = [g for g in range(config.gpus) if g != ATTACKER]
+        crew = config.partitions[config.partition_of(ATTACKER)]
+        self.victims = [g for g in range(config.gpus) if g not in crew]
+        # whom a header the switches may take goes to: an accomplice (one on another node: through a spine)
+        self.accomplices = [g for g in crew if g != ATTACKER] or [ATTACKER]
         self.switch = config.gpus
         handles = [h for entry in published if entry for h in (entry["window"], entry["readonly"])]
         # values that make a forgery plausible: real addresses, windows, offsets, request numbers, groups
@@ -142,7 +155,7 @@ class Attacker:
                             float("nan"), float("inf"), -0.5, "x", "partition1", None, True, [], [1, 2], {}]
         self.names = [f"partition{p}" for p in range(len(config.partitions))] + ["world"]
         self.templates = self._templates(handles)
-        self.sent = {"to_switch": 0, "straight": 0, "control": 0}
+        self.sent = {"to_switch": 0, "straight": 0, "control": 0, "sized": 0}
         self.owed_payloads = 0  # headers sent with a payload left out: pay them at the end, to realign
 
     def _key(self) -> list:
@@ -218,6 +231,40 @@ class Attacker:
             pass
         return data, size
 
+    # message sizes around every limit the switch checks (ranks/switch.py, ranks/transport.py, fabric.packets):
+    # a GPU's header, a switch's, the message a switch drops unread (an inline frame's prefix and payload
+    # beyond the limit), one byte under, at and over
+    LIMITS = tuple(limit + d for limit in (MAX_GPU_HEADER_BYTES, MAX_HEADER_BYTES) for d in (-1, 0, 1))
+    UNREAD = tuple(MAX_HEADER_BYTES + INLINE_FRAME_BYTES + d for d in (-1, 0, 1))
+
+    def _sized(self) -> tuple[bytes, np.ndarray | None, bool]:
+        """(header bytes, payload, inline) of a size around a limit: a MSG padded to a header of exactly a
+        LIMITS size, src 0 and integer times (what a switch re-encodes longer), to an accomplice; junk of
+        an UNREAD size; or a MSG at a field's limit (a key of MAX_KEY_PARTS parts or one more, a part of
+        MAX_TEXT characters or one more) or an inline payload of INLINE_PAYLOAD_BYTES, one less or more;
+        a REDUCE whose result list has MAX_LIST entries or one more."""
+        roll = self.rng.random()
+        dst = self.addresses[int(self.rng.choice(self.accomplices))]
+        if roll < 0.6:
+            size = int(self.rng.choice(self.LIMITS))
+            payload = np.full(64, 0xEE, np.uint8)
+            return _padded_msg(dst, size, payload.nbytes), payload, bool(self.rng.random() < 0.5)
+        if roll < 0.7:
+            return self.rng.bytes(int(self.rng.choice(self.UNREAD))), None, False
+        d = int(self.rng.integers(-1, 2))
+        if roll < 0.8:
+            key = ["x" * (MAX_TEXT + d)] if self.rng.random() < 0.5 else ["k"] * (MAX_KEY_PARTS + d)
+            header = msgpack.packb([int(Kind.MSG), 0, dst, 0, 64, 0, [key], 0, 0], use_bin_type=True)
+            return header, np.full(64, 0xEE, np.uint8), True
+        if roll < 0.9:
+            nbytes = INLINE_PAYLOAD_BYTES + d
+            header = msgpack.packb([int(Kind.MSG), 0, dst, 0, nbytes, 0, [["inline"]], 0, 0], use_bin_type=True)
+            return header, np.full(nbytes, 0xEE, np.uint8), True
+        dest = [1] * (MAX_LIST + d)
+        header = msgpack.packb([int(Kind.REDUCE), 0, -1, 0, 64, 0, [1, [0, 0], "sum", "int64", dest,
+                                                                    ["partition1", 0, 0, 0]], 0, 0], use_bin_type=True)
+        return header, np.full(64, 0xEE, np.uint8), True
+
     def _payload(self, size: int) -> np.ndarray | None:
         """The payload to send after a header claiming `size` bytes: mostly right, sometimes short,
         long or missing (owed)."""
@@ -249,6 +296,10 @@ class Attacker:
             if roll < 0.05:
                 control.send_bytes(int(self.rng.choice(self.victims)), self._poison())
                 self.sent["control"] += 1
+            elif roll > 0.97:
+                header, payload, inline = self._sized()
+                transport.send_bytes(self.switch, header, payload, inline=inline)
+                self.sent["sized"] += 1
             else:
                 header, size = self._header()
                 payload = self._payload(size)
@@ -282,6 +333,25 @@ class Attacker:
         gpu._traffic_errors.clear()
         gpu._async_errors.clear()
         return {**self.sent, "sent": sum(self.sent.values()), "refusals": refusals, "owed": self.owed_payloads}
+
+
+def _padded_msg(dst: int, size: int, nbytes: int) -> bytes:
+    """A MSG header to `dst` of exactly `size` bytes (from 40 to ~190 KiB) as a GPU may encode it: src 0,
+    integer times, its key padded (parts of MAX_TEXT characters at most, 3-byte ones first, then one of
+    ASCII that takes up the rest)."""
+    parts: list[str] = []
+
+    def packed() -> bytes:
+        return msgpack.packb([int(Kind.MSG), 0, dst, 0, nbytes, 0, [parts], 0, 0], use_bin_type=True)
+
+    while size - len(packed()) > MAX_TEXT and len(parts) < MAX_KEY_PARTS - 1:
+        parts.append("\u20ac" * min(MAX_TEXT, (size - len(packed()) - MAX_TEXT // 2) // 3))
+    parts.append("")
+    for _ in range(4):  # a string's own length prefix grows with it: settle in a few steps
+        parts[-1] = "x" * max(0, min(MAX_TEXT, len(parts[-1]) + size - len(packed())))
+    data = packed()
+    assert len(data) == size, f"no MSG header of {size} bytes ({len(data)})"
+    return data
 
 
 class _Exploit:

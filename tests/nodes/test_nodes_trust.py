@@ -214,27 +214,37 @@ def test_a_gpu_can_neither_pass_for_a_switch_nor_for_another_gpu_across_nodes():
     assert all(report["ports"][g]["refused"] == 0 for g in range(1, gpus()))
 
 
-def test_a_hostile_gpu_harms_nobody_in_the_other_partition_across_nodes():
+@pytest.mark.parametrize("accomplice", [False, True])
+def test_a_hostile_gpu_harms_nobody_in_the_other_partition_across_nodes(accomplice):
     """The fuzz tier (launch/examples/hostile_gpu.py, as tests/mpi/test_trust.py runs it) on several
     nodes: GPU 0 sends 10,000 bad packets to its leaf and straight to the victims' ranks while the
     other partition, which spans every node, runs ring, direct and auto collectives (auto's allreduce:
     in-switch, in two levels of switches), puts, gets and messages; their
-    results are right, nothing of theirs was refused."""
-    packets = 10_000
+    results are right, nothing of theirs was refused. With an accomplice (node 1's first GPU, in GPU 0's
+    partition; 2,000 packets) the headers of sizes around the limits that a switch takes go to it,
+    through a spine: those that grow on re-encode (src 0, integer times) at a GPU's limit too
+    (issue 25: one ended the job at the spine)."""
+    _, per_node, _ = shape()
+    packets = 2_000 if accomplice else 10_000
+    crew = (0, per_node) if accomplice else (0,)
+    partitions = (crew, tuple(g for g in range(gpus()) if g not in crew))
     script = runpy.run_path(str(EXAMPLES / "hostile_gpu.py"))
     script["run"].__globals__["ALGORITHMS"] = ("ring", "direct", "auto")
     Path(script["_Exploit"].path).unlink(missing_ok=True)
-    result = run_fabric(config(**lone_attacker(gpus())), lambda gpu: script["run"](gpu, packets, seed=7 + gpus()),
+    result = run_fabric(config(partitions=partitions), lambda gpu: script["run"](gpu, packets, seed=7 + gpus()),
                         timeout_s=60, abort_on_error=False)
     figures, report = result.value, result.report
     assert set(report["conservation"]) <= {0}  # only the attacker's own counts can be off
     ports = report["ports"]
     assert all(ports[g]["refused"] == ports[g]["violations"] == 0 for g in range(1, gpus()))
     if result.role == "gpu":
-        assert figures["attacker"]["sent"] == packets
-        assert [v["wrong"] for v in figures["victims"]] == [0] * (gpus() - 1)
+        assert figures["attacker"]["sent"] == packets and figures["attacker"]["sized"] > 0
+        assert [v["wrong"] for v in figures["victims"]] == [0] * (gpus() - len(crew))
         assert min(v["rounds"] for v in figures["victims"]) >= 3
         assert ports[0]["refused"] > figures["attacker"]["to_switch"] // 2
+    if accomplice:  # sized messages reached it over a spine (those under the limits), and it left them unread
+        left = report["unconsumed"].get(per_node, [])
+        assert sum(key[1] if key[0] == "..." else 1 for key in left) > 0, left
     assert not Path(script["_Exploit"].path).exists()
 
 
@@ -447,3 +457,62 @@ def test_a_gpu_forges_no_partial_and_no_result_of_a_group_that_spans_nodes():
     report = run(main, **lone_attacker(n)).report
     assert report["ports"][0]["refused"] == 3
     assert all(report["ports"][g]["refused"] == 0 for g in range(1, n))
+
+
+def test_a_tenant_that_switches_tracing_off_leaves_out_its_own_traffic_only():
+    """Found in the round-3 attack (issue 25): gpu.set_tracing(False) on GPU 0 stopped every switch's
+    records, so another tenant's traffic matrix read zeros. Partition A is GPU 0 and node 1's first GPU,
+    B the others (on every node). GPU 0 asks for no tracing and sends its partner 1 KiB; the partner
+    answers 2 KiB; then each GPU of B sends every other one (100 + its index) bytes. Now the switches
+    leave out GPU 0's own packets only: B's traffic matrix is whole, the partner's answer is there, GPU 0's
+    message is not (on its own leaf and, through the spines, on node 1's)."""
+    import shutil
+    import tempfile
+
+    from mpi4py import MPI
+
+    from nvlink_emu.fabric.trace import read_directory
+    from nvlink_emu.launch.traces import traffic_matrix
+
+    _, per_node, _ = shape()
+    partner, n = per_node, gpus()
+    tenant_b = [g for g in range(1, n) if g != partner]
+    directory = MPI.COMM_WORLD.bcast(tempfile.mkdtemp(prefix="nvlink-emu-tracing-") if MPI.COMM_WORLD.rank == 0
+                                     else None)
+
+    def main(gpu):
+        if gpu.rank == 0:
+            gpu.set_tracing(False)
+            gpu.send_message(partner, ("a",), np.ones(1024, np.uint8))
+        if gpu.rank == partner:
+            got = np.empty(1024, np.uint8)
+            gpu.receive_message(("a",), got, 0)  # it came after GPU 0's word, through the same switches
+            gpu.send_message(0, ("b",), np.ones(2048, np.uint8))
+        if gpu.rank == 0:
+            gpu.receive_message(("b",), np.empty(2048, np.uint8), partner)
+        gpu.world.barrier()  # no fabric bytes: a control-plane exchange
+        if gpu.rank in tenant_b:
+            for peer in tenant_b:
+                if peer != gpu.rank:
+                    gpu.send_message(peer, ("c",), np.ones(100 + gpu.rank, np.uint8))
+            for peer in tenant_b:
+                if peer != gpu.rank:
+                    gpu.receive_message(("c",), np.empty(100 + peer, np.uint8), peer)
+
+    try:
+        run_fabric(config(partitions=((0, partner), tuple(tenant_b))), main, timeout_s=30.0, abort_on_error=False,
+                   trace_dir=directory)
+        MPI.COMM_WORLD.barrier()  # every rank closed its trace file
+        matrix = traffic_matrix(read_directory(directory)[0])[1] if MPI.COMM_WORLD.rank == 0 else None
+        matrix = MPI.COMM_WORLD.bcast(matrix)
+    finally:
+        MPI.COMM_WORLD.barrier()
+        if MPI.COMM_WORLD.rank == 0:
+            shutil.rmtree(directory, ignore_errors=True)
+    expected = [[0] * n for _ in range(n + 1)]
+    expected[partner][0] = 2048
+    for b in tenant_b:
+        for c in tenant_b:
+            if b != c:
+                expected[b][c] = 100 + b
+    assert matrix == expected

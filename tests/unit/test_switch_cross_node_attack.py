@@ -5,11 +5,14 @@ that review and is fixed since. A SwitchLogic or SpineLogic that raises ends its
 trust each other); a credit between leaves that never comes back holds every later transfer of the
 node towards that GPU for the rest of the run."""
 
+import msgpack
 import numpy as np
 import pytest
 
-from nvlink_emu.fabric.packets import GroupInfo, Kind, LoadInfo, McastInfo, MsgInfo, Packet, ReduceInfo
+from nvlink_emu.fabric.packets import (HEADER_GROWTH_BYTES, MAX_GPU_HEADER_BYTES, MAX_HEADER_BYTES, MAX_TEXT, GroupInfo,
+                                       Kind, LoadInfo, McastInfo, MsgInfo, Packet, ReduceInfo)
 from nvlink_emu.ranks.switch import SwitchRank
+from nvlink_emu.ranks.transport import INLINE_FRAME_BYTES, INLINE_PAYLOAD_BYTES, frame, unframe
 
 from test_switch_spanning import Fabric, nvlink
 
@@ -346,3 +349,152 @@ def test_a_one_switch_group_takes_a_member_s_load_refusal_and_answers_nothing():
     (nack,) = switch.on_packet(2, _unserved(gid, (0, 0, 0)))
     assert nack.packet.kind is Kind.NACK and f"not a member of group {gid}" in nack.packet.info.message
     assert switch.refused == [0, 0, 1, 0]
+
+
+# -- header sizes: what a leaf forwards, the next switch takes (issue 25, item 1) ----------------------
+def _gpu_bytes(packet: Packet) -> bytes:
+    """`packet`'s header as short as a GPU may encode it: src 0 and the times as the integer 0 (a switch
+    writes them back as a routing key and float64s, 8 bytes longer each)."""
+    info = packet.info.to_wire() if packet.info is not None else None
+    return msgpack.packb([int(packet.kind), 0, packet.dst, packet.address, packet.nbytes, packet.req, info, 0, 0],
+                         use_bin_type=True)
+
+
+def _padded(kind, dst, size, nbytes=0):
+    """A GPU's MSG header of exactly `size` bytes as the GPU encodes it (_gpu_bytes), its key padded."""
+    for filler in range(MAX_TEXT + 1):
+        parts = ("x" * MAX_TEXT,) * 15 + ("y" * filler,)
+        data = _gpu_bytes(Packet(kind, 0, dst, 0, nbytes, info=MsgInfo(parts)))
+        if len(data) == size:
+            return data
+    raise AssertionError(f"no key makes a {kind.name} header of {size} bytes")
+
+
+class _Wire(_Ranks):
+    """_Ranks whose switches take each other's packets as bytes, as ranks/switch.py reads them from MPI
+    (poll's limit, then _take): a header a switch cannot take raises there, as it ended the run."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.hops: list[tuple[int, int, int]] = []  # (from rank, to rank, header bytes)
+
+    def gpu_bytes(self, g, data, payload=None):
+        """GPU g's header message of `data` (a frame with `payload` if given), read by its leaf."""
+        message = bytearray(data if payload is None else frame(data, payload))
+        self.leaf(g)._take(g, None if len(message) > MAX_HEADER_BYTES + INLINE_FRAME_BYTES else message)
+        return self.pump()
+
+    def pump(self, hold=lambda frm, dest, packet: False):
+        while self.mail:
+            frm, dest, packet, payload = self.mail.pop(0)
+            header = packet.to_wire()
+            self.hops.append((frm, dest, len(header)))
+            inline = payload is not None and packet.payload_bytes <= INLINE_PAYLOAD_BYTES
+            message = bytearray(frame(header, payload) if inline else header)
+            if dest < self.config.gpus:  # a GPU reads its switch's frames as ranks/gpu.py does
+                got, _ = unframe(message)
+                self.to_gpus.append((dest, Packet.from_wire(got)))
+            else:
+                self.ranks[dest]._take(frm, None if len(message) > MAX_HEADER_BYTES + INLINE_FRAME_BYTES
+                                       else message)
+        return []
+
+
+def test_a_gpu_s_header_at_its_leaf_s_limit_grows_on_no_hop_past_what_the_next_switch_takes():
+    """2 nodes x 2 GPUs, 2 spines. Found in the round-3 attack (issue 25): GPU 0 sent a MSG to GPU 2 (node
+    1) whose header was 65,536 bytes, the most its leaf took, with src 0 and integer times; the leaf
+    re-encoded it with its routing key and float64 times, 18 bytes longer, and the spine raised
+    ProtocolError ("a header of more than 65536 bytes"): the job ended, every tenant's. Now a GPU's header
+    may be MAX_GPU_HEADER_BYTES long (what a switch writes into it fits the difference): one byte more is
+    refused at its leaf (a NACK, counted on GPU 0's port); at the limit it crosses leaf 0, a spine and
+    leaf 1 to GPU 2, each hop's header within what the next switch takes."""
+    fabric = _Wire(nvlink(spines=2))
+    leaf0 = fabric.leaf(0)
+    dst = leaf0.logic.route_key(2)
+    payload = np.full(8, 7, np.uint8)
+    for size in (MAX_HEADER_BYTES, MAX_GPU_HEADER_BYTES + 1):  # the attack's header, and the first refused
+        fabric.gpu_bytes(0, _padded(Kind.MSG, dst, size, payload.nbytes), payload)
+    assert [(g, p.kind, p.info.error) for g, p in fabric.to_gpus] == [(0, Kind.NACK, "ProtocolError")] * 2
+    assert all(f"headers are at most {MAX_GPU_HEADER_BYTES} bytes" in p.info.message for _, p in fabric.to_gpus)
+    assert leaf0.logic.refused[0] == leaf0.logic.malformed[0] == 2
+    assert [hop for hop in fabric.hops if hop[1] >= fabric.config.gpus] == []  # nothing went up
+    fabric.to_gpus.clear()
+    fabric.hops.clear()
+    fabric.gpu_bytes(0, _padded(Kind.MSG, dst, MAX_GPU_HEADER_BYTES, payload.nbytes), payload)
+    (gpu, delivered), = fabric.to_gpus
+    assert gpu == 2 and delivered.kind is Kind.MSG and delivered.src == leaf0.logic.route_key(0)
+    spine = fabric.hops[0][1]
+    assert [(frm, dest) for frm, dest, _ in fabric.hops] == [(4, spine), (spine, 5), (5, 2)]  # leaf, spine, leaf, GPU
+    assert all(size <= MAX_HEADER_BYTES for _, dest, size in fabric.hops if dest >= fabric.config.gpus)
+    assert max(size for *_, size in fabric.hops) > MAX_GPU_HEADER_BYTES  # it did grow, within the room left
+    assert leaf0.logic.refused[0] == 2 and not fabric.leaf(2).logic.refused[0]  # the two above only
+
+
+class _Routed(Fabric):
+    """Fabric, with the traffic that is no spanning group's passed on between switches too, as
+    ranks/switch.py does (a spine's on_packet, a leaf's on_transit)."""
+
+    def flow(self, here: int, sends: list) -> list:
+        from nvlink_emu.ranks.switch import SPANNING
+        out, queue = [], [(here, send) for send in sends]
+        while queue:
+            frm, send = queue.pop(0)
+            to = send.switch if send.switch is not None else (  # a spine's Send to a GPU: to its leaf
+                send.port // self.config.gpus_per_node if frm >= self.config.nodes
+                else self.switches[frm].next_switch(send.port))
+            if to is None:
+                out.append(send)
+                continue
+            self.hops.append((frm, to, send.packet))
+            switch, packet = self.switches[to], send.packet
+            if packet.kind in SPANNING and packet.kind is not Kind.REDUCE or send.switch is not None:
+                got = switch.on_switch(frm, packet, send.payload)
+            elif to >= self.config.nodes:
+                got = [switch.on_packet(frm, packet, send.payload)]
+            else:
+                got = switch.on_transit(frm, packet, send.payload)
+            queue += [(to, s) for s in got]
+        return out
+
+
+def test_a_switch_s_re_encoding_of_a_gpu_s_header_grows_it_by_at_most_header_growth_bytes():
+    """fabric.packets' bound, kind by kind, on the pure switch logic of 2 nodes x 2 GPUs and 2 spines: what
+    a GPU sends as short as it may (_gpu_bytes), every header the leaves and spines make of it, up to
+    another switch or down to a GPU (a request translated at its target's leaf: dst, address), is at most
+    HEADER_GROWTH_BYTES longer: a message, a put, a get and its answer, a group's create (its span to the
+    spines), a multicast store, a 16-bit contribution (the leaf's partial: twice the bytes) and a
+    load-reduce of a group that spans both nodes."""
+    from switch_helpers import export, handle_of
+    fabric = _Routed(nvlink(spines=2))
+    leaf0, leaf1 = fabric.switches[:2]
+    grown = {}
+
+    def send(g, packet, payload=None):
+        before = len(fabric.hops)
+        sends = fabric.gpu(g, packet, payload)
+        assert not any(s.packet.kind is Kind.NACK for s in sends), sends
+        made = [p for _, _, p in fabric.hops[before:]] + [s.packet for s in sends]
+        assert made, packet.kind
+        grown[packet.kind.name] = max(grown.get(packet.kind.name, 0),
+                                      max(len(p.to_wire()) for p in made) - len(_gpu_bytes(packet)))
+        return sends
+
+    window = handle_of(export(leaf1, 2, phys_offset=1 << 27, size=1 << 20, to=(0,)))
+    far = window.network_address
+    (reply,) = send(0, Packet(Kind.PUT, 0, far, window.address + 4096, 16, req=2 ** 40), np.ones(16, np.uint8))
+    (get,) = send(0, Packet(Kind.GET, 0, far, window.address, 16, req=2 ** 40 + 1))
+    assert reply.packet.kind is Kind.PUT and get.packet.kind is Kind.GET and get.port == 2
+    send(2, Packet(Kind.GET_DATA, 0, leaf1.route_key(0), 0, 16, req=2 ** 40 + 1), np.ones(16, np.uint8))
+    send(0, Packet(Kind.MSG, 0, far, 0, 16, info=MsgInfo(("m", 1))), np.ones(16, np.uint8))
+    send(0, Packet(Kind.GROUP, 0, -1, req=7, info=GroupInfo("create", 0, (0, 2), "c")))
+    gid = fabric.group((0, 2))
+    send(0, Packet(Kind.MCAST, 0, -1, 0, 16, info=McastInfo(gid, ("c", 0))), np.ones(16, np.uint8))
+    half = np.ones(2 ** 15, np.float16).view(np.uint8)  # 65,536 bytes: a uint32 on the wire, its partial's too
+    info = ReduceInfo(gid, (0, 0), "sum", "float16", (0, 2), ("c", 0, 0))
+    for g in (2, 0):  # GPU 0's completes node 0's partial only once node 1's is up: it goes to the spine
+        send(g, Packet(Kind.REDUCE, 0, -1, 0, half.nbytes, info=info), half)
+    send(0, Packet(Kind.LOAD_REDUCE, 0, -1, 0, 64, req=3,
+                   info=LoadInfo(gid, (1, 0, 0, 0), "sum", "float32", (0,), ("c", 1, "r"), ("c", "src"))))
+    assert set(grown) == {"PUT", "GET", "GET_DATA", "MSG", "GROUP", "MCAST", "REDUCE", "LOAD_REDUCE"}
+    assert [(k, g, s.refused[g]) for k, s in enumerate(fabric.switches[:2]) for g in range(4) if s.refused[g]] == []
+    assert max(grown.values()) <= HEADER_GROWTH_BYTES, grown

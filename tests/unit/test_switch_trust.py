@@ -553,3 +553,57 @@ def test_a_stamp_lasts_its_bytes_time_on_a_gpu_link_at_most():
     for stamp, end in (((0.0, 1e15), duration), ((500.0, 500.0 + duration), 500.0 + duration)):
         out, = sw.on_packet(0, replace(packet, t_start=stamp[0], t_end=stamp[1]), payload)
         assert (out.packet.t_start, out.packet.t_end) == (stamp[0] + LATENCY, end + LATENCY)
+
+
+class _Trace:
+    """A switch's TraceWriter stand-in: keeps the records written while enabled."""
+
+    def __init__(self):
+        self.enabled, self.records = True, []
+
+    def write(self, record: dict, force: bool = False) -> None:
+        if self.enabled or force:
+            self.records.append(record)
+
+
+def test_a_gpu_s_tracing_off_leaves_out_its_own_traffic_only_whatever_source_it_names():
+    """Tenants (0, 1) and (2, 3) on one switch. Found in the round-3 attack (issue 25): GPU 0's TRACE turned
+    every record of the switch off (and any other GPU's TRACE was refused). Now each GPU's word speaks for
+    its own traffic, named by the port it came in on: GPU 2 asks for none, naming GPU 0 as its source.
+    GPU 0's message to GPU 1 and GPU 3's to GPU 2 are recorded; GPU 2's to GPU 3, and its refused message
+    to GPU 0 (the NACK and the refusal event, both GPU 2's), are not; once GPU 2 asks again, its
+    traffic is recorded again."""
+    from nvlink_emu.fabric.config import preset
+    from nvlink_emu.fabric.packets import TraceInfo
+    from nvlink_emu.ranks.switch import SwitchRank
+
+    from test_switch_attack4 import _Intake
+
+    config = preset("dgx-h100", gpus=4, partitions=((0, 1), (2, 3)))
+    trace = _Trace()
+    rank = SwitchRank(config, _Intake(), 5.0, trace=trace)
+    key = rank.logic.route_key
+
+    def send(g, dst, nbytes=64):
+        packet, payload = msg(0, key(dst), nbytes)
+        rank._handle(g, packet, payload)
+
+    def seen():
+        got = [(r["ev"], r.get("origin", r.get("gpu")), r.get("link")) for r in trace.records]
+        trace.records.clear()
+        return got
+
+    rank._handle(2, Packet(Kind.TRACE, key(0), -1, info=TraceInfo(False)), None)
+    send(0, 1)
+    send(3, 2)
+    send(2, 3)
+    send(2, 0)
+    assert rank.logic.refused[2] == 1 and trace.enabled
+    assert seen() == [("rx", 0, "gpu0->sw0"), ("tx", 0, "sw0->gpu1"), ("rx", 3, "gpu3->sw0"), ("tx", 3, "sw0->gpu2")]
+    rank._handle(2, Packet(Kind.TRACE, key(2), -1, info=TraceInfo(True)), None)
+    send(2, 3)
+    assert seen() == [("rx", 2, "gpu2->sw0"), ("tx", 2, "sw0->gpu3")]
+    for g in range(4):  # every GPU off: no records at all (the bench's tracing off)
+        rank._handle(g, Packet(Kind.TRACE, 0, -1, info=TraceInfo(False)), None)
+    send(0, 1)
+    assert not trace.enabled and seen() == []
