@@ -21,27 +21,26 @@ KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 # ConfigError names the key, the value and the range (check_range).
 MIN_GBYTES_PER_S = 1e-3  # 1 MB/s, 25,000x below the slowest link profile (ib-hdr, 25 GB/s): 1 TiB at it is
 #                          about 13 modeled days, still finite (1e-305 GB/s made every modeled time inf)
-MAX_GBYTES_PER_S = 1e6   # 1 PB/s, 1,000x NVLink 5's 900 GB/s per GPU: faster has no link, and times shrink
-#                          below the ns resolution the switches book
+MAX_GBYTES_PER_S = 1e6   # 1 PB/s, 1,000x NVLink 5's 900 GB/s per GPU: no link comes near it
 MAX_LATENCY_NS = 1e9     # 1 s per hop, switch or reduction: 10^6x any profile's; 1e308 made modeled times inf
-MIN_EFFICIENCY = 1e-3    # 0.1% of a datasheet peak: slower kernels are not measured anywhere, and a tiny
-#                          fraction sends ordinary kernels' modeled times past any clock
+MIN_EFFICIENCY = 1e-3    # 0.1% of a datasheet peak (an assumption: what a kernel worth modeling reaches);
+#                          5e-324 sent an ordinary kernel's modeled time past any clock
 MIN_MEMORY_CAPACITY_BYTES = 4 * KiB  # one host page: less holds no buffer of any workload
 MAX_MEMORY_CAPACITY_BYTES = 1 << PHYSICAL_GPU_SHIFT  # 1 TiB: classic NVLink's per-GPU physical aperture
 #                          (fabric.addressing); above any GPU's HBM (B300: 288 GB). What this host can map is
 #                          checked where the memory is made (fabric.memory.DeviceMemory: ConfigError naming
 #                          the key and the GPU)
 MIN_PAGE_SIZE_BYTES = 4 * KiB  # a GPU MMU's smallest page; smaller ones make an export map millions of pages
-MAX_PAGE_SIZE_BYTES = GiB      # the hosts' largest huge page (a GPU MMU's largest is 2 MiB)
+MAX_PAGE_SIZE_BYTES = GiB      # the hosts' largest huge page (x86-64's 1 GiB)
 MIN_MTU_BYTES = 16             # one 16-byte NVLink flit of payload
 MAX_MTU_BYTES = 64 * KiB       # above every link's largest packet (InfiniBand and PCIe 4 KiB, Ethernet 9 KiB)
-MAX_HEADER_BYTES = KiB         # 10x the largest header stack of any link (InfiniBand's, about 100 B)
-MAX_TLB_ENTRIES = 1 << 20      # 10^3x a hardware TLB's thousands; each is a dict entry on the switch rank
+MAX_HEADER_BYTES = KiB         # 10x an InfiniBand packet's headers (about 100 B with a GRH)
+MAX_TLB_ENTRIES = 1 << 20      # far above a hardware TLB's thousands; each is a dict entry on the switch rank
 MIN_CHUNK_BYTES = 256          # one packet of NVLink's largest request: each chunk is one message of the
 #                                emulator (host work each); nvls_chunk_bytes = 1 made a 256 KiB allreduce > 90 s
 MAX_SWITCH_BUFFER_BYTES = GiB  # host memory a switch rank may hold in flight: 16x the default, far above a
 #                                switch chip's buffers, and a chunk (at most this) stays one MPI message
-MAX_ALIGNMENT_BYTES = 2 * MiB  # a GPU MMU's largest page (cudaMalloc aligns to 256 B)
+MAX_ALIGNMENT_BYTES = 2 * MiB  # a large page (cudaMalloc aligns to 256 B); more only wastes the GPU's memory
 MAX_NAME_CHARS = 128           # the fabric's name is printed in headers and reports, never used as a path
 
 # key: (least, most, why) of each integer key; spines (None or 1..gpus_per_node) is checked on its own
