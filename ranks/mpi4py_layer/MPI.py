@@ -901,10 +901,9 @@ class _Recv(_Op):
             self.envelope, self.error = (source, ANY_TAG, 0), data
             return
         self.envelope = (source, tag, data.size)
-        who = self.engine.who(source)
         if self.pickled:
             try:
-                self.result = _unpickle(data, who)
+                self.result = _unpickle(data, self.engine.who(source))
             except MalformedMessage as error:
                 self.error = error  # raised by the wait, as a truncation's
         else:
@@ -912,12 +911,14 @@ class _Recv(_Op):
             size = message.datatype.Get_size()
             room = message.count * size
             if data.size > room:
-                self.error = Exception(ERR_TRUNCATE, f"MPI recv: message of {data.size} bytes from {who}, tag {tag}, "
-                                                     f"truncated: the buffer holds {room}")
+                self.error = Exception(ERR_TRUNCATE, f"MPI recv: message of {data.size} bytes from "
+                                                     f"{self.engine.who(source)}, tag {tag}, truncated: the buffer "
+                                                     f"holds {room}")
                 return
             if data.size % message.base.itemsize or (size and data.size % size):
-                self.error = Exception(ERR_TYPE, f"MPI recv: the {data.size} bytes from {who}, tag {tag}, are not "
-                                                 f"whole items of {size} bytes ({message.base} elements)")
+                self.error = Exception(ERR_TYPE, f"MPI recv: the {data.size} bytes from {self.engine.who(source)}, "
+                                                 f"tag {tag}, are not whole items of {size} bytes ({message.base} "
+                                                 f"elements)")
                 return
             items = data.size // max(size, 1)
             message.unpack(data.view(message.base), 0, items)
@@ -991,7 +992,8 @@ def _unpickle(data: np.ndarray, who: str):
 def _who(comm, rank: int) -> str:
     """Member `rank` of MPI communicator `comm`, as error messages name it."""
     emu = comm._emu
-    gpu = emu.members[rank] if 0 <= rank < emu.size else "?"
+    members = getattr(emu, "members", None) or (_gpu().rank,)  # a _Solo's one member is this GPU
+    gpu = members[rank] if 0 <= rank < len(members) else "?"
     return f"rank {rank} (GPU {gpu}) of communicator {comm.Get_name() or emu.name!r}"
 
 

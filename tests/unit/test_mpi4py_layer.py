@@ -287,3 +287,14 @@ def test_a_probe_of_a_malformed_message_raises_it_and_the_next_message_is_probed
         status = MPI.Status()
         MPI.COMM_WORLD.Probe(source=1, tag=3, status=status)
         assert (status.Get_source(), status.Get_tag(), status.Get_count(MPI.BYTE)) == (1, 3, 8)
+
+
+def test_an_error_on_a_one_member_communicator_names_this_gpu():
+    """COMM_SELF's emulator side (_Solo) has no member list: its one member is this GPU (4)."""
+    from nvlink_emu.ranks.mpi4py_layer import installed
+
+    with installed(_Gpu()):
+        MPI.COMM_SELF.Send(np.arange(4, dtype=np.int32), dest=0, tag=1)
+        with pytest.raises(MPI.Exception, match=r"^MPI recv: message of 16 bytes from rank 0 \(GPU 4\) of communicator "
+                                                r"'MPI_COMM_SELF', tag 1, truncated: the buffer holds 4$"):
+            MPI.COMM_SELF.Recv(np.zeros(1, np.int32), source=0, tag=1)
