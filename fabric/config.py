@@ -8,12 +8,67 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .addressing import MAX_GPUS, NETWORK_ADDRESSES
+from .addressing import MAX_GPUS, NETWORK_ADDRESSES, PHYSICAL_GPU_SHIFT
 from .errors import ConfigError
 from .profiles import gpu_profile, link_profile, system_profile
 
 MODES = ("network", "classic")
-MiB = 1 << 20
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+
+# -- bounds of every numeric key -----------------------------------------------------------------------
+# A value outside them has no physical reading and breaks honest runs: modeled times of inf (packets
+# refused, waits that run to the deadline), host allocations numpy refuses, millions of messages per call.
+# ConfigError names the key, the value and the range (check_range).
+MIN_GBYTES_PER_S = 1e-3  # 1 MB/s, 25,000x below the slowest link profile (ib-hdr, 25 GB/s): 1 TiB at it is
+#                          about 13 modeled days, still finite (1e-305 GB/s made every modeled time inf)
+MAX_GBYTES_PER_S = 1e6   # 1 PB/s, 1,000x NVLink 5's 900 GB/s per GPU: no link comes near it
+MAX_LATENCY_NS = 1e9     # 1 s per hop, switch or reduction: 10^6x any profile's; 1e308 made modeled times inf
+MIN_EFFICIENCY = 1e-3    # 0.1% of a datasheet peak (an assumption: what a kernel worth modeling reaches);
+#                          5e-324 sent an ordinary kernel's modeled time past any clock
+MIN_MEMORY_CAPACITY_BYTES = 4 * KiB  # one host page: less holds no buffer of any workload
+MAX_MEMORY_CAPACITY_BYTES = 1 << PHYSICAL_GPU_SHIFT  # 1 TiB: classic NVLink's per-GPU physical aperture
+#                          (fabric.addressing); above any GPU's HBM (B300: 288 GB). What this host can map is
+#                          checked where the memory is made (fabric.memory.DeviceMemory: ConfigError naming
+#                          the key and the GPU)
+MIN_PAGE_SIZE_BYTES = 4 * KiB  # a GPU MMU's smallest page; smaller ones make an export map millions of pages
+MAX_PAGE_SIZE_BYTES = GiB      # the hosts' largest huge page (x86-64's 1 GiB)
+MIN_MTU_BYTES = 16             # one 16-byte NVLink flit of payload
+MAX_MTU_BYTES = 64 * KiB       # above every link's largest packet (InfiniBand and PCIe 4 KiB, Ethernet 9 KiB)
+MAX_HEADER_BYTES = KiB         # 10x an InfiniBand packet's headers (about 100 B with a GRH)
+MAX_TLB_ENTRIES = 1 << 20      # far above a hardware TLB's thousands; each is a dict entry on the switch rank
+MIN_CHUNK_BYTES = 256          # one packet of NVLink's largest request: each chunk is one message of the
+#                                emulator (host work each); nvls_chunk_bytes = 1 made a 256 KiB allreduce > 90 s
+MAX_SWITCH_BUFFER_BYTES = GiB  # host memory a switch rank may hold in flight: 16x the default, far above a
+#                                switch chip's buffers, and a chunk (at most this) stays one MPI message
+MAX_ALIGNMENT_BYTES = 2 * MiB  # a large page (cudaMalloc aligns to 256 B); more only wastes the GPU's memory
+MAX_NAME_CHARS = 128           # the fabric's name is printed in headers and reports, never used as a path
+
+# key: (least, most, why) of each integer key; spines (None or 1..gpus_per_node) is checked on its own
+INTEGER_RANGES = {
+    "gpus": (1, MAX_GPUS, "one network address each"),
+    "nodes": (1, MAX_GPUS, "at least one GPU each"),
+    "memory_capacity_bytes": (MIN_MEMORY_CAPACITY_BYTES, MAX_MEMORY_CAPACITY_BYTES,
+                              "4 KiB, a host page .. 1 TiB, classic NVLink's per-GPU aperture"),
+    "page_size_bytes": (MIN_PAGE_SIZE_BYTES, MAX_PAGE_SIZE_BYTES, "4 KiB .. 1 GiB pages"),
+    "mtu_bytes": (MIN_MTU_BYTES, MAX_MTU_BYTES, "one 16-byte flit .. 64 KiB packets"),
+    "header_bytes": (0, MAX_HEADER_BYTES, "at most 1 KiB of header per packet"),
+    "tlb_entries": (1, MAX_TLB_ENTRIES, "at most 2^20 cached pages"),
+    "switch_buffer_bytes": (MIN_CHUNK_BYTES, MAX_SWITCH_BUFFER_BYTES, "one 256-byte chunk .. 1 GiB"),
+    "chunk_bytes": (MIN_CHUNK_BYTES, MAX_SWITCH_BUFFER_BYTES, "256 bytes, one NVLink request .. 1 GiB"),
+    "nvls_chunk_bytes": (MIN_CHUNK_BYTES, MAX_SWITCH_BUFFER_BYTES, "256 bytes, one NVLink request .. 1 GiB"),
+    "alignment_bytes": (1, MAX_ALIGNMENT_BYTES, "at most a 2 MiB page"),
+}
+
+
+def check_range(key: str, value, least, most, unit: str = "", why: str = "", prefix: str = "") -> None:
+    """ConfigError "{prefix}{key}: must be in least..most unit (why), got value" unless least <= value <= most
+    (value already known to be a finite number)."""
+    if not least <= value <= most:
+        unit = f" {unit}" if unit else ""
+        why = f" ({why})" if why else ""
+        raise ConfigError(f"{prefix}{key}: must be in {least:g}..{most:g}{unit}{why}, got {value!r}"
+                          if isinstance(least, float) or isinstance(most, float)
+                          else f"{prefix}{key}: must be in {least}..{most}{unit}{why}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -136,6 +191,11 @@ class FabricConfig:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def _validate(self):
+        # printed in headers, reports and errors: one short line of text (never a path: see launch.cli)
+        if not isinstance(self.name, str) or not 1 <= len(self.name) <= MAX_NAME_CHARS \
+                or not self.name.isprintable() or any(c in self.name for c in "/\\"):
+            raise ConfigError(f"name: must be 1..{MAX_NAME_CHARS} printable characters without / or \\, "
+                              f"got {self.name!r:.{MAX_NAME_CHARS + 20}}")
         if self.mode not in MODES:
             raise ConfigError(f"mode: must be one of {MODES}, got {self.mode!r}")
         link_profile(self.link)
@@ -145,17 +205,18 @@ class FabricConfig:
         for key in ("compute_efficiency", "memory_efficiency"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                    or not 0 < value <= 1:
-                raise ConfigError(f"{key}: must be a number in (0, 1], got {value!r}")
-        for key, minimum in INTEGER_MINIMUMS.items():
+                    or not MIN_EFFICIENCY <= value <= 1:
+                raise ConfigError(f"{key}: must be a number in {MIN_EFFICIENCY:g}..1 (a fraction of the "
+                                  f"datasheet peak), got {value!r}")
+        for key, (least, most, why) in INTEGER_RANGES.items():
             value = getattr(self, key)
             # bool is an int in Python, but `gpus = true` is a mistake, not 1
-            if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-                kind = "a positive" if minimum else "a non-negative"
-                raise ConfigError(f"{key}: must be {kind} integer, got {value!r}")
-        if self.gpus > MAX_GPUS:
-            raise ConfigError(f"gpus: at most {MAX_GPUS} (one network address each, "
-                              f"{NETWORK_ADDRESSES.start:#x}..{NETWORK_ADDRESSES.stop - 1:#x}), got {self.gpus}")
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ConfigError(f"{key}: must be an integer in {least}..{most}, got {value!r}")
+            if key == "gpus" and value > MAX_GPUS:
+                raise ConfigError(f"gpus: at most {MAX_GPUS} (one network address each, "
+                                  f"{NETWORK_ADDRESSES.start:#x}..{NETWORK_ADDRESSES.stop - 1:#x}), got {value}")
+            check_range(key, value, least, most, why=why)
         if not isinstance(self.sharp, bool):
             raise ConfigError(f"sharp: must be true or false, got {self.sharp!r}")
         for key in ("page_size_bytes", "alignment_bytes"):
@@ -175,12 +236,8 @@ class FabricConfig:
                               f"{self.switch_buffer_bytes}")
         for key in TIMING_FIELDS + ("uplink_gbytes_per_s_per_gpu", "uplink_latency_ns"):
             value = getattr(self, key)
-            rate = key.endswith("per_s")
-            # nan passes every comparison and inf would make every modeled time inf or 0
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                      or not math.isfinite(value) or value < 0 or (rate and value == 0)):
-                raise ConfigError(f"{key}: must be a finite {'positive' if rate else 'non-negative'} number, "
-                                  f"got {value!r}")
+            if value is not None:
+                check_figure(key, value)
         if self.gpus % self.nodes:
             raise ConfigError(f"gpus: {self.gpus} GPUs do not split evenly over {self.nodes} nodes")
         if self.nodes == 1:
@@ -214,10 +271,23 @@ class FabricConfig:
                                   f"{[list(p) for p in self.partitions]}")
 
 
-# The integer keys and their least value (spines, which may be None, is checked on its own).
-INTEGER_MINIMUMS = {"gpus": 1, "nodes": 1, "memory_capacity_bytes": 1, "page_size_bytes": 1, "mtu_bytes": 1,
-                    "header_bytes": 0, "tlb_entries": 1, "switch_buffer_bytes": 1, "chunk_bytes": 1,
-                    "nvls_chunk_bytes": 1, "alignment_bytes": 1}
+def check_figure(key: str, value, prefix: str = "", scale: int = 1) -> None:
+    """ConfigError unless `value` is a finite number within the bounds of its kind: a bandwidth (a key
+    naming gbytes_per_s, GB/s: MIN_GBYTES_PER_S..MAX_GBYTES_PER_S, times `scale` for a figure of `scale`
+    GPUs together) or a latency (ns: 0..MAX_LATENCY_NS)."""
+    rate = "gbytes_per_s" in key
+    # nan passes every comparison and inf would make every modeled time inf or 0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value < 0 or (rate and value == 0):
+        raise ConfigError(f"{prefix}{key}: must be a finite {'positive' if rate else 'non-negative'} number, "
+                          f"got {value!r}")
+    if rate:
+        check_range(key, value, MIN_GBYTES_PER_S * scale, MAX_GBYTES_PER_S * scale, "GB/s",
+                    "1 MB/s .. 1 PB/s per GPU", prefix)
+    else:
+        check_range(key, value, 0.0, MAX_LATENCY_NS, "ns", "at most 1 s", prefix)
+
+
 TIMING_FIELDS = ("bandwidth_gbytes_per_s", "link_latency_ns", "switch_latency_ns", "reduction_gbytes_per_s",
                  "reduction_latency_ns")
 

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from .errors import FabricError, OutOfMemory
+from .errors import ConfigError, FabricError, OutOfMemory
 
 
 class DeviceMemory:
@@ -12,8 +12,14 @@ class DeviceMemory:
         self.gpu = gpu
         self.capacity_bytes = capacity_bytes
         self.alignment_bytes = alignment_bytes
-        # np.zeros maps pages lazily, so a large capacity costs host memory only where it is touched.
-        self.array = np.zeros(capacity_bytes, dtype=np.uint8)
+        # np.zeros maps pages lazily, so a large capacity costs host memory only where it is touched; a
+        # host that will not map that much (more than its memory and swap, under Linux's overcommit
+        # heuristic) refuses at once: a config error, named, not numpy's
+        try:
+            self.array = np.zeros(capacity_bytes, dtype=np.uint8)
+        except MemoryError:
+            raise ConfigError(f"memory_capacity_bytes: GPU {gpu}'s {capacity_bytes} bytes cannot be mapped on "
+                              f"this host (more than it can allocate); lower memory_capacity_bytes") from None
         self._free: list[tuple[int, int]] = [(0, capacity_bytes)]  # sorted (offset, size) holes
         self._used: dict[int, int] = {}  # offset -> size of live allocations
 

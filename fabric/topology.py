@@ -59,13 +59,12 @@ GPU's gap on nvlink4 without the reduction, and a reduction over every rank each
 stalled with it, on a path that is already the emulator's bottleneck across nodes.
 """
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .addressing import MAX_GPUS, NETWORK_ADDRESSES
-from .config import FabricConfig
+from .config import FabricConfig, check_figure
 from .counters import LinkCounters
 from .errors import ConfigError, FabricError
 
@@ -268,16 +267,12 @@ class Topology:
             raise ConfigError(f"{what}: spines: {self.nodes} nodes need 1..{self.gpus_per_node} spines (the spine "
                               f"is chosen as the destination's local index mod spines, so a spine beyond the "
                               f"{self.gpus_per_node} local indices would carry nothing), got {self.spines}")
-        figures = [("gpu_gbytes_per_s", True), ("gpu_latency_ns", False), ("switch_latency_ns", False)]
+        figures = ["gpu_gbytes_per_s", "gpu_latency_ns", "switch_latency_ns"]
         if self.spines or self.uplink_gbytes_per_s_per_node is not None or self.uplink_latency_ns is not None:
-            figures += [("uplink_gbytes_per_s_per_node", True), ("uplink_latency_ns", False)]
-        for key, rate in figures:
-            value = getattr(self, key)
-            # nan passes every comparison and inf would make every modeled time inf or 0
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                    or value < 0 or (rate and value == 0):
-                raise ConfigError(f"{what}: {key}: must be a finite {'positive' if rate else 'non-negative'} "
-                                  f"number, got {value!r}")
+            figures += ["uplink_gbytes_per_s_per_node", "uplink_latency_ns"]
+        for key in figures:
+            # FabricConfig's bounds (fabric.config.check_figure); a node's uplink is its G GPUs' shares
+            check_figure(key, getattr(self, key), f"{what}: ", self.gpus_per_node if key.endswith("per_node") else 1)
 
     # -- sizes and the rank layout ----------------------------------------------------------------
     @property

@@ -149,8 +149,9 @@ def cmd_demo(args, script_args) -> int:
     classic = fabric_of(args, "dgx-a100")
     demo = str(EXAMPLES / "demo.py")
     if args.trace_dir:  # one trace directory per part
-        args = argparse.Namespace(**{**vars(args), "trace_dir": str(Path(args.trace_dir) / f"part1-{network.name}")})
-        classic_args.trace_dir = str(Path(classic_args.trace_dir) / f"part2-{classic.name}")
+        part1 = str(Path(args.trace_dir) / f"part1-{file_part(network.name)}")
+        args = argparse.Namespace(**{**vars(args), "trace_dir": part1})
+        classic_args.trace_dir = str(Path(classic_args.trace_dir) / f"part2-{file_part(classic.name)}")
     # GPU 0 tells the story: a [gpu 0] label on every line would say nothing
     args.no_label = classic_args.no_label = True
     print(f"=== part 1: NVLink Network ({network.name}) ===", flush=True)
@@ -171,6 +172,14 @@ def cmd_demo(args, script_args) -> int:
         return status
     print_comparison("allreduce", presets, rows, as_json=False)
     return 0
+
+
+def file_part(name: str) -> str:
+    """A fabric's name as part of a file name: its letters, digits, '.', '-' and '_', each other
+    character '_', at most 64, never "." or ".." (a name comes from a TOML file: it is never joined into a
+    path as it is)."""
+    part = re.sub(r"[^A-Za-z0-9._-]", "_", name)[:64]
+    return part if part.strip(".") else "_" + part
 
 
 class Progress:
@@ -212,8 +221,11 @@ def bench_launch(args, config, workdir: str, on_row, other=None, quiet=False) ->
     Returns its exit status."""
     sized = sized_config(args, config)
     if sized is not config:  # the ranks build the fabric from a file: --preset cannot say what changed
-        path = Path(workdir) / f"{config.name}.toml"
-        path.write_text(config_toml(sized))
+        # a new file of the temporary directory's own naming: the fabric's name (a TOML file's `name`) is
+        # never part of a path
+        handle, path = tempfile.mkstemp(prefix="fabric-", suffix=".toml", dir=workdir)
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            file.write(config_toml(sized))
         args = argparse.Namespace(**{**vars(args), "preset": None, "config": str(path), "gpus": None,
                                          "nodes": None, "gpus_per_node": None})
         print(f"nvlink-emu: bench: GPU memory on {config.name} raised from {config.memory_capacity_bytes} to "
@@ -239,7 +251,7 @@ def sweep_presets(args, configs: dict) -> tuple[dict, int]:
     with tempfile.TemporaryDirectory(prefix="nvlink-emu-bench-") as workdir:
         for name, config in configs.items():
             rows[name] = []
-            trace_dir = str(Path(args.trace_dir) / name) if args.trace_dir else None
+            trace_dir = str(Path(args.trace_dir) / file_part(name)) if args.trace_dir else None
             per_preset = argparse.Namespace(**{**vars(args), "preset": name, "config": None, "trace_dir": trace_dir})
 
             def on_row(row, name=name):

@@ -15,7 +15,7 @@ import warnings
 
 import numpy as np
 
-from nvlink_emu.fabric.errors import UnsupportedOperation
+from nvlink_emu.fabric.errors import ProtocolError, UnsupportedOperation
 from nvlink_emu.fabric.reduction import DTYPES, blocks
 from nvlink_emu.ranks import collectives
 
@@ -69,6 +69,15 @@ class Exception(RuntimeError):  # noqa: A001 - mpi4py's name
         return builtins.Exception.__eq__(self, other)
 
     __hash__ = RuntimeError.__hash__
+
+
+class MalformedMessage(Exception, ProtocolError):
+    """A peer's message the layer cannot decode: shorter than its tag header, a tag or a length field no
+    honest member sends, a pickle that does not load. MPI.Exception (ERR_OTHER) for the program, the
+    fabric's ProtocolError for the run's report; its message names the sender and the communicator."""
+
+    def __init__(self, message: str):
+        Exception.__init__(self, ERR_OTHER, message)
 
 
 def _unsupported(call: str, why: str = "not in the mpi4py layer's scope") -> UnsupportedOperation:
@@ -763,6 +772,21 @@ class _Engine:
     def _slot(self, source: int):
         return (*self.key, self.received[source]), self.emu.members[source]
 
+    def who(self, source: int) -> str:
+        """Member `source` as error messages name it: its rank, GPU and this communicator."""
+        return _who(self.comm, source)
+
+    def decode(self, source: int, data: np.ndarray) -> tuple[int, np.ndarray]:
+        """(tag, payload) of a message from member `source`: its 8-byte tag header, then the bytes;
+        MalformedMessage naming the sender if the header is short or the tag one no send may carry."""
+        if data.dtype != np.uint8 or data.ndim != 1 or data.size < ENVELOPE_BYTES:
+            raise MalformedMessage(f"MPI: a message of {data.nbytes} bytes from {self.who(source)} is shorter than "
+                                   f"the layer's {ENVELOPE_BYTES}-byte tag header")
+        tag = int(data[:ENVELOPE_BYTES].view(np.int64)[0])
+        if not 0 <= tag <= TAG_UB:  # every send checks its tag (Comm._tag): only a forged message has another
+            raise MalformedMessage(f"MPI: a message from {self.who(source)} carries tag {tag}, not 0..{TAG_UB}")
+        return tag, np.array(data[ENVELOPE_BYTES:], copy=True)
+
     def arrived(self) -> bool:
         """Whether some member's next message is here."""
         return any(_has_message(*self._slot(s)) for s in range(self.emu.size) if s != self.emu.rank)
@@ -780,11 +804,18 @@ class _Engine:
                     break
                 self.received[source] += 1
                 data = _gpu().take_message(key, peer, f"MPI recv from {source}", f"GPU {peer}")
-                tag = int(data[:ENVELOPE_BYTES].view(np.int64)[0])
-                self.deliver(source, tag, np.array(data[ENVELOPE_BYTES:], copy=True))
+                try:
+                    tag, payload = self.decode(source, data)
+                except MalformedMessage as error:
+                    # the next receive from that source (any tag) or probe of it raises it; the messages
+                    # after it from that source still come, in order
+                    self.deliver(source, None, error)
+                    continue
+                self.deliver(source, tag, payload)
 
-    def deliver(self, source: int, tag: int, data: np.ndarray, send=None) -> None:
-        """A message arrived (send: the _Send of a message to oneself, told when it is matched)."""
+    def deliver(self, source: int, tag: int | None, data, send=None) -> None:
+        """A message arrived (send: the _Send of a message to oneself, told when it is matched); tag None
+        and a MalformedMessage for data: one that could not be decoded."""
         for recv in self.posted:
             if recv.matches(source, tag):
                 self.posted.remove(recv)
@@ -819,7 +850,10 @@ class _Engine:
 
     def probe(self, source: int, tag: int):
         for entry in self.unexpected:
-            if (source == ANY_SOURCE or entry[0] == source) and (tag == ANY_TAG or entry[1] == tag):
+            if (source == ANY_SOURCE or entry[0] == source) and (tag == ANY_TAG or entry[1] in (tag, None)):
+                if isinstance(entry[2], MalformedMessage):  # what a receive would raise, the probe raises
+                    self.unexpected.remove(entry)
+                    raise entry[2]
                 return entry
         return None
 
@@ -857,24 +891,36 @@ class _Recv(_Op):
         self.error = None
 
     def matches(self, source, tag) -> bool:
-        return (self.source in (ANY_SOURCE, source)) and (self.tag in (ANY_TAG, tag))
+        """Whether a message from `source` with `tag` is this receive's (tag None: a malformed message,
+        whose tag is unknown: any receive from its source takes it, and raises its error)."""
+        return (self.source in (ANY_SOURCE, source)) and (tag is None or self.tag in (ANY_TAG, tag))
 
     def complete(self, source, tag, data):
         self.done = True
+        if isinstance(data, MalformedMessage):
+            self.envelope, self.error = (source, ANY_TAG, 0), data
+            return
         self.envelope = (source, tag, data.size)
         if self.pickled:
-            self.result = _unpickle(data)
+            try:
+                self.result = _unpickle(data, self.engine.who(source))
+            except MalformedMessage as error:
+                self.error = error  # raised by the wait, as a truncation's
         else:
             message = self.message
-            room = message.count * message.datatype.Get_size()
+            size = message.datatype.Get_size()
+            room = message.count * size
             if data.size > room:
-                self.error = Exception(ERR_TRUNCATE, f"MPI recv: message of {data.size} bytes from rank {source} "
-                                                     f"tag {tag} truncated: the buffer holds {room}")
+                self.error = Exception(ERR_TRUNCATE, f"MPI recv: message of {data.size} bytes from "
+                                                     f"{self.engine.who(source)}, tag {tag}, truncated: the buffer "
+                                                     f"holds {room}")
                 return
-            if data.size % message.base.itemsize:
-                self.error = Exception(ERR_TYPE, f"MPI recv: {data.size} bytes are not whole {message.base}")
+            if data.size % message.base.itemsize or (size and data.size % size):
+                self.error = Exception(ERR_TYPE, f"MPI recv: the {data.size} bytes from {self.engine.who(source)}, "
+                                                 f"tag {tag}, are not whole items of {size} bytes ({message.base} "
+                                                 f"elements)")
                 return
-            items = data.size // max(message.datatype.Get_size(), 1)
+            items = data.size // max(size, 1)
             message.unpack(data.view(message.base), 0, items)
 
     def _raise(self):
@@ -930,9 +976,25 @@ def _pickled(obj) -> np.ndarray:
     return np.frombuffer(_pickle.dumps(obj, _pickle.HIGHEST_PROTOCOL), np.uint8)
 
 
-def _unpickle(data: np.ndarray):
-    """The object of a pickle-based message; an empty one is None (a buffer send of no bytes), as mpi4py."""
-    return _pickle.loads(data.tobytes()) if data.size else None
+def _unpickle(data: np.ndarray, who: str):
+    """The object of a pickle-based message from `who` (_who); an empty one is None (a buffer send of no
+    bytes), as mpi4py. Unpickling runs what the bytes say, as mpi4py's does: the peer is a member of one's
+    own communicator, of one's own partition. MalformedMessage naming `who` if the bytes do not load."""
+    if not data.size:
+        return None
+    try:
+        return _pickle.loads(data.tobytes())
+    except builtins.Exception as exc:  # pickle raises many types (UnpicklingError, EOFError, ValueError, ...)
+        raise MalformedMessage(f"MPI: the pickled object of {data.size} bytes from {who} does not load: "
+                               f"{type(exc).__name__}: {str(exc)[:200]}") from exc
+
+
+def _who(comm, rank: int) -> str:
+    """Member `rank` of MPI communicator `comm`, as error messages name it."""
+    emu = comm._emu
+    members = getattr(emu, "members", None) or (_gpu().rank,)  # a _Solo's one member is this GPU
+    gpu = members[rank] if 0 <= rank < len(members) else "?"
+    return f"rank {rank} (GPU {gpu}) of communicator {comm.Get_name() or emu.name!r}"
 
 
 class Comm(_Handle):
@@ -1590,6 +1652,9 @@ class Comm(_Handle):
         expected = np.full(n, -1, np.int64)
         expected[np.array(recv_counts, bool)] = got_len[:sum(recv_counts)]
         _free(staged_len, got_len)
+        for member in range(n):  # a member that sends says how many bytes: never fewer than 0
+            if recv_counts[member] and expected[member] < 0:
+                raise MalformedMessage(f"MPI {call}: {_who(self, member)} announces {int(expected[member])} bytes")
         data = [p for p in pieces if p is not None and p.size] or [np.zeros(0, np.uint8)]
         staged = _stage(np.concatenate(data))
         out = _staging(int(expected[expected > 0].sum()), np.uint8)
@@ -1608,10 +1673,16 @@ class Comm(_Handle):
         emu, root = self._live("bcast"), self._root(root, "bcast")
         length = _stage(np.array([_pickled(obj).size if emu.rank == root else 0], np.int64))
         emu.ibroadcast(length, root, _algorithm("broadcast")).wait()
-        data = _stage(_pickled(obj)) if emu.rank == root else _staging(int(length[0]), np.uint8)
+        size = int(length[0])
+        if size < 0:
+            _free(length)
+            raise MalformedMessage(f"MPI bcast: {_who(self, root)} announces {size} bytes")
+        data = _stage(_pickled(obj)) if emu.rank == root else _staging(size, np.uint8)
         emu.ibroadcast(data, root, _algorithm("broadcast")).wait()
-        result = obj if emu.rank == root and emu.size == 1 else _unpickle(data)
-        _free(length, data)
+        try:
+            result = obj if emu.rank == root and emu.size == 1 else _unpickle(data, _who(self, root))
+        finally:
+            _free(length, data)
         return result
 
     def gather(self, sendobj, root: int = 0):
@@ -1619,7 +1690,7 @@ class Comm(_Handle):
         mine = _pickled(sendobj)
         pieces = [mine if j == root else None for j in range(emu.size)]
         got = self._varying("gather", pieces, lambda j: (j == root) if j >= 0 else emu.rank == root)
-        return [_unpickle(g) for g in got] if emu.rank == root else None
+        return [_unpickle(g, _who(self, j)) for j, g in enumerate(got)] if emu.rank == root else None
 
     def scatter(self, sendobj, root: int = 0):
         emu, root = self._live("scatter"), self._root(root, "scatter")
@@ -1631,19 +1702,21 @@ class Comm(_Handle):
         else:
             pieces = [None] * emu.size
         got = self._varying("scatter", pieces, lambda j: emu.rank == root if j >= 0 else (-1 - j) == root)
-        return _unpickle(got[root])
+        return _unpickle(got[root], _who(self, root))
 
     def allgather(self, sendobj):
         emu = self._live("allgather")
         mine = _pickled(sendobj)
-        return [_unpickle(g) for g in self._varying("allgather", [mine] * emu.size, lambda j: True)]
+        got = self._varying("allgather", [mine] * emu.size, lambda j: True)
+        return [_unpickle(g, _who(self, j)) for j, g in enumerate(got)]
 
     def alltoall(self, sendobj):
         emu = self._live("alltoall")
         items = list(sendobj)
         if len(items) != emu.size:
             raise ValueError(f"alltoall: expecting {emu.size} items, got {len(items)}")
-        return [_unpickle(g) for g in self._varying("alltoall", [_pickled(i) for i in items], lambda j: True)]
+        got = self._varying("alltoall", [_pickled(i) for i in items], lambda j: True)
+        return [_unpickle(g, _who(self, j)) for j, g in enumerate(got)]
 
     def reduce(self, sendobj, op=None, root: int = 0):
         op = SUM if op is None else op

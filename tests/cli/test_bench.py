@@ -179,3 +179,20 @@ def test_bench_cpu_counts_every_rank_of_the_job(tmp_path):
                    "-e", "4K", "-n", "2", "--cpu"])
     assert done.returncode == 0, done.stderr[-3000:]
     assert "# cpu per call: " in done.stdout and "cores busy" in done.stdout and "taken out" in done.stdout
+
+
+def test_a_config_name_that_is_a_path_is_refused_and_writes_nothing(tmp_path):
+    """Issue 25, item 7: a TOML `name` of "../../x" made bench write its sized config outside the temporary
+    directory (over an existing file). The name is refused before any rank starts, and nothing is written."""
+    victim = tmp_path / "victim.toml"
+    victim.write_text("kept\n")
+    config = tmp_path / "evil.toml"
+    config.write_text(f'base = "dgx-h100"\ngpus = 2\nmemory_capacity_bytes = 65536\n'
+                      f'name = "{"../" * 12}{str(victim)[1:-len(".toml")]}"\n')
+    done, elapsed = run([command("nvlink-emu"), "bench", "allreduce", "--config", str(config), "-b", "48K", "-e", "48K",
+                         "-n", "1"])
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.startswith(f"nvlink-emu: error: {config}: name: must be 1..128 printable characters "
+                                  f"without / or \\, got '../"), done.stderr
+    assert victim.read_text() == "kept\n" and sorted(p.name for p in tmp_path.iterdir()) == ["evil.toml", "victim.toml"]
+    assert elapsed < 30

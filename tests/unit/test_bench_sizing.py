@@ -2,6 +2,7 @@
 for the ranks, and the in-place input and result checks (no full-size temporaries)."""
 
 import argparse
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -93,3 +94,34 @@ def test_count_wrong_finds_every_wrong_element_across_tiles():
 def test_sizes_for_people():
     assert [format_bytes(n) for n in (512, 3072, 1536 * 1024, GiB, 1024 * GiB)] == [
         "512 B", "3 KiB", "1.5 MiB", "1 GiB", "1024 GiB"]
+
+
+@pytest.mark.parametrize("name", ["../../../../../../../../../../..{victim}", "..", "{victim}"])
+def test_the_sized_config_file_is_named_by_the_temporary_directory_never_by_the_fabric(tmp_path, monkeypatch, name):
+    """bench wrote the sized config to WORKDIR/{config.name}.toml: a `name` of "../../x" overwrote a file
+    outside the temporary directory (issue 25, item 7). The config's validation refuses such names now;
+    this fabric's name is forced past it, to show that the path does not depend on it at all."""
+    from nvlink_emu.launch import cli
+
+    victim = tmp_path / "victim"
+    workdir = tmp_path / "work" / "deeper"
+    workdir.mkdir(parents=True)
+    config = preset("dgx-h100", gpus=2)
+    object.__setattr__(config, "name", name.format(victim=victim))
+    sized = preset("dgx-h100", gpus=2, memory_capacity_bytes=512 * MiB)
+    launched = []
+    monkeypatch.setattr(cli, "sized_config", lambda args, c: sized)
+    monkeypatch.setattr(cli, "launch_script", lambda script, args, *rest: launched.append(args.config) or 0)
+    args = argparse.Namespace(**vars(sweep()), json=True, preset=None, config=None, gpus=None, trace_dir=None)
+    assert cli.bench_launch(args, config, str(workdir), lambda row: None) == 0
+    (path,) = launched
+    assert Path(path).parent == workdir and Path(path).name.startswith("fabric-") and path.endswith(".toml")
+    assert load_toml(path) == sized
+    assert sorted(p.name for p in tmp_path.rglob("*")) == sorted(["work", "deeper", Path(path).name])
+
+
+@pytest.mark.parametrize("name, part", [("dgx-h100", "dgx-h100"), ("..", "_.."), (".", "_."),
+                                        ("my fabric/../x", "my_fabric_.._x"), ("a" * 100, "a" * 64)])
+def test_a_name_in_a_directory_name_is_one_safe_component(name, part):
+    from nvlink_emu.launch.cli import file_part
+    assert file_part(name) == part

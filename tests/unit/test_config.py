@@ -2,13 +2,17 @@
 
 import dataclasses
 import math
+from pathlib import Path
 
 import pytest
 
 from nvlink_emu.fabric.addressing import MAX_GPUS, assign_network_addresses
-from nvlink_emu.fabric.config import DEFAULT_PRESET, PRESETS, FabricConfig, build_config, load_toml, preset, resolve
+from nvlink_emu.fabric import config as config_module
+from nvlink_emu.fabric.config import (DEFAULT_PRESET, INTEGER_RANGES, MAX_GBYTES_PER_S, MAX_LATENCY_NS, MIN_EFFICIENCY,
+                                      MIN_GBYTES_PER_S, PRESETS, FabricConfig, build_config, load_toml, preset, resolve)
 from nvlink_emu.fabric.errors import ConfigError, FabricError
-from nvlink_emu.fabric.profiles import PROFILES, link_profile
+from nvlink_emu.fabric.profiles import GPU_PROFILES, PROFILES, SYSTEMS, link_profile
+from nvlink_emu.fabric.topology import Topology
 
 
 def write_toml(tmp_path, text, name="fabric.toml"):
@@ -359,3 +363,156 @@ def test_digest_changes_with_name():
 
 def test_digest_differs_between_presets():
     assert preset("dgx-h100").digest() != preset("dgx-a100").digest()
+
+
+# -- bounds: every numeric key has a physically meaningful range (issue 25, item 7) --------------------
+
+KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
+MULTI = dict(nodes=2, uplink_gbytes_per_s_per_gpu=100.0, uplink_latency_ns=500.0)  # keys of several nodes
+# key, least, most, the settings beside it (what makes the key apply, or lets the bound itself stand)
+BOUNDS = [
+    ("bandwidth_gbytes_per_s", 1e-3, 1e6, {}),
+    ("reduction_gbytes_per_s", 1e-3, 1e6, {}),
+    ("uplink_gbytes_per_s_per_gpu", 1e-3, 1e6, MULTI),
+    ("link_latency_ns", 0.0, 1e9, {}),
+    ("switch_latency_ns", 0.0, 1e9, {}),
+    ("reduction_latency_ns", 0.0, 1e9, {}),
+    ("uplink_latency_ns", 0.0, 1e9, MULTI),
+    ("compute_efficiency", 1e-3, 1.0, {}),
+    ("memory_efficiency", 1e-3, 1.0, {}),
+    ("gpus", 1, 3840, {}),
+    ("nodes", 1, 3840, dict(gpus=3840)),  # several nodes take MULTI's uplinks too (_settings)
+    ("memory_capacity_bytes", 4 * KiB, TiB, {}),
+    ("page_size_bytes", 4 * KiB, GiB, {}),
+    ("mtu_bytes", 16, 64 * KiB, {}),
+    ("header_bytes", 0, KiB, {}),
+    ("tlb_entries", 1, 1 << 20, {}),
+    ("switch_buffer_bytes", 256, GiB, dict(chunk_bytes=256)),
+    ("chunk_bytes", 256, GiB, dict(switch_buffer_bytes=GiB)),
+    ("nvls_chunk_bytes", 256, GiB, {}),
+    ("alignment_bytes", 1, 2 * MiB, {}),
+]
+FLOAT_KEYS = {key for key, least, _, _ in BOUNDS if isinstance(least, float)}
+
+
+def _settings(key, value, extra) -> dict:
+    """`key` = `value` with the settings beside it; several nodes need their uplinks."""
+    several = key == "nodes" and isinstance(value, int) and value > 1
+    return {**extra, **(MULTI if several else {}), key: value}
+
+
+def test_every_numeric_key_has_its_bounds_here():
+    """The bounds below are the config's own (no key left out, none stale)."""
+    assert {key for key, *_ in BOUNDS} == set(NUMERIC_KEYS) | {"compute_efficiency", "memory_efficiency"}
+    for key, least, most, _ in BOUNDS:
+        if key in INTEGER_RANGES:
+            assert INTEGER_RANGES[key][:2] == (least, most), key
+    assert (MIN_GBYTES_PER_S, MAX_GBYTES_PER_S, MAX_LATENCY_NS, MIN_EFFICIENCY) == (1e-3, 1e6, 1e9, 1e-3)
+
+
+def _outside(least, most, integer: bool):
+    """(a value just below least, one just above most)."""
+    if integer:
+        return least - 1, most + 1
+    return (least - 1e-3 if least == 0 else least * 0.999), most * 1.001
+
+
+CASES = [(key, where, value, extra)
+         for key, least, most, extra in BOUNDS
+         for where, value in zip(("below", "above"), _outside(least, most, key not in FLOAT_KEYS))]
+
+
+@pytest.mark.parametrize("key, least, most, extra", BOUNDS, ids=[b[0] for b in BOUNDS])
+def test_each_bound_itself_is_accepted(key, least, most, extra):
+    for value in (least, most):
+        assert getattr(build_config(_settings(key, value, extra), "test"), key) == value
+
+
+@pytest.mark.parametrize("key, where, value, extra", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
+def test_a_value_past_a_bound_is_refused_naming_key_value_and_range(key, where, value, extra):
+    least, most = next((lo, hi) for k, lo, hi, _ in BOUNDS if k == key)
+    with pytest.raises(ConfigError, match=f"^test: {key}: ") as info:
+        build_config(_settings(key, value, extra), "test")
+    message = str(info.value)
+    assert repr(value) in message or str(value) in message, message
+    if key == "gpus" and where == "above":
+        assert "at most 3840" in message  # its own message: the network addresses
+    elif key in FLOAT_KEYS and least == 0 and where == "below":
+        assert "must be a finite non-negative number" in message
+    elif key in FLOAT_KEYS:
+        assert f"{least:g}..{most:g}" in message, message
+    else:
+        assert f"must be in {least}..{most}" in message, message
+
+
+@pytest.mark.parametrize("settings, key", [
+    (dict(bandwidth_gbytes_per_s=1e-305), "bandwidth_gbytes_per_s"),        # every modeled time inf
+    (dict(link_latency_ns=1e308), "link_latency_ns"),
+    (dict(memory_capacity_bytes=1 << 50), "memory_capacity_bytes"),          # 1 PiB: numpy's MemoryError
+    (dict(nvls_chunk_bytes=1), "nvls_chunk_bytes"),                          # a 256 KiB allreduce > 90 s
+    (dict(chunk_bytes=1), "chunk_bytes"),
+    (dict(compute_efficiency=5e-324), "compute_efficiency"),
+    (dict(uplink_gbytes_per_s_per_gpu=0.0, nodes=2, uplink_latency_ns=1.0), "uplink_gbytes_per_s_per_gpu"),
+])
+def test_the_reported_values_are_refused(settings, key):
+    with pytest.raises(ConfigError, match=f"^dgx-h100: {key}: must be"):
+        build_config({**PRESETS["dgx-h100"], **settings}, "dgx-h100")
+
+
+@pytest.mark.parametrize("figure, value, fragment", [
+    ("gpu_link", (1e-305, 150.0), "gpu_gbytes_per_s: must be in 0.001..1e+06 GB/s"),
+    ("gpu_link", (450.0, 1e308), "gpu_latency_ns: must be in 0..1e+09 ns"),
+    ("switch_latency_ns", 2e9, "switch_latency_ns: must be in 0..1e+09 ns"),
+    ("uplink_latency_ns", 1e308, "uplink_latency_ns: must be in 0..1e+09 ns"),
+    ("uplink_gbytes_per_s_per_node", 4e6 * 1.001, "uplink_gbytes_per_s_per_node: must be in 0.004..4e+06 GB/s"),
+    ("uplink_gbytes_per_s_per_node", 0.0039, "uplink_gbytes_per_s_per_node: must be in 0.004..4e+06 GB/s"),
+])
+def test_a_topology_takes_the_configs_bounds(figure, value, fragment):
+    args = dict(nodes=2, gpus_per_node=4, spines=2, gpu_link=(450.0, 150.0), uplink_gbytes_per_s_per_node=1800.0,
+                uplink_latency_ns=200.0, switch_latency_ns=250.0)
+    assert Topology.multi_node(**{**args, "uplink_gbytes_per_s_per_node": 4e6}).gpus == 8  # 4 GPUs' 1 PB/s
+    with pytest.raises(ConfigError, match=fragment.replace("+", r"\+").replace(".", r"\.")):
+        Topology.multi_node(**{**args, figure: value})
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_loads_within_the_bounds(name):
+    cfg = preset(name)
+    assert cfg.name == name
+    for key, value in dataclasses.asdict(cfg.timing).items():
+        config_module.check_figure(key, value)  # the link profile's figures too
+    cfg.topology  # its links' figures, checked by Topology
+
+
+@pytest.mark.parametrize("path", sorted((Path(config_module.__file__).parent.parent / "launch" / "examples")
+                                        .glob("*.toml")), ids=lambda p: p.name)
+def test_every_example_toml_loads(path):
+    assert load_toml(path).name == path.stem
+
+
+def test_the_examples_are_found():
+    assert len(list((Path(config_module.__file__).parent.parent / "launch" / "examples").glob("*.toml"))) == 2
+
+
+def test_every_profile_figure_is_within_the_bounds():
+    for profile in PROFILES.values():
+        for key in ("bandwidth_gbytes_per_s", "link_latency_ns", "switch_latency_ns", "reduction_gbytes_per_s",
+                    "reduction_latency_ns"):
+            config_module.check_figure(key, getattr(profile, key), f"{profile.name}: ")
+    for gpu in GPU_PROFILES.values():
+        config_module.check_figure("hbm_gbytes_per_s", gpu.hbm_gbytes_per_s, f"{gpu.name}: ")
+    for system in SYSTEMS.values():
+        config_module.check_figure("uplink_gbytes_per_s_per_node", system.uplink_gbytes_per_s_per_node,
+                                   f"{system.name}: ", system.gpus_per_node)
+
+
+@pytest.mark.parametrize("name", ["../../../tmp/evil", "a/b", "a\\b", "", "x" * 129, "two\nlines", "esc\x1b[2J",
+                                  "nul\x00", 3])
+def test_a_name_is_one_short_line_of_text_and_never_a_path(name):
+    with pytest.raises(ConfigError, match=r"^test: name: must be 1\.\.128 printable characters without / or \\, got "):
+        build_config({"name": name}, "test")
+
+
+@pytest.mark.parametrize("name", ["custom", "my fabric (v2)", "x" * 128, "dgx-h100.small"])
+def test_ordinary_names_are_taken(name):
+    assert build_config({"name": name}, "test").name == name

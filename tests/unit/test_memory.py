@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nvlink_emu.fabric.errors import FabricError, OutOfMemory
+from nvlink_emu.fabric.errors import ConfigError, FabricError, OutOfMemory
 from nvlink_emu.fabric.memory import DeviceMemory
 
 KiB = 1024
@@ -204,3 +204,16 @@ def test_property_no_overlap_and_conservation(ops, alignment):
     for offset in list(live):
         mem.release(offset)
     assert mem.free_bytes == cap and mem.allocate(cap) == 0
+
+
+def test_a_capacity_the_host_cannot_map_is_a_config_error_naming_the_key_and_the_gpu(monkeypatch):
+    """numpy's MemoryError (1 PiB on a host that maps less; issue 25, item 7) becomes the config's error."""
+    from nvlink_emu.fabric import memory
+
+    def refuse(count, dtype):
+        raise MemoryError(f"Unable to allocate {count} bytes")  # numpy's _ArrayMemoryError is a MemoryError
+
+    monkeypatch.setattr(memory.np, "zeros", refuse)
+    with pytest.raises(ConfigError, match=r"^memory_capacity_bytes: GPU 5's 1099511627776 bytes cannot be mapped on "
+                                          r"this host \(more than it can allocate\); lower memory_capacity_bytes$"):
+        DeviceMemory(gpu=5, capacity_bytes=1 << 40)

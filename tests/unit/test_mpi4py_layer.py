@@ -2,6 +2,7 @@
 reductions the fabric does itself, and the fixed rank order of the ones combined on the GPUs' host."""
 
 import array
+import pickle
 
 import numpy as np
 import pytest
@@ -151,3 +152,149 @@ def test_mpi4py_modules_other_than_mpi_are_refused_while_the_layer_is_installed(
             import mpi4py.util  # noqa: F401
     import mpi4py.util  # noqa: F401,F811 - the real one again afterwards
 
+
+
+# -- a peer's malformed messages (issue 25, item 9): the layer's own error, naming sender and communicator --
+
+class _Pending:
+    def wait(self):
+        pass
+
+
+class _World:
+    """A two-member world (GPUs 4 and 5; this one is member 0) whose collectives fill the receive
+    buffers with what the test queued, as a peer that sends what it likes would."""
+
+    size, rank, members, name = 2, 0, (4, 5), "world"
+
+    def __init__(self, fills):
+        self.fills = list(fills)
+
+    def ibroadcast(self, array, root=0, algorithm="auto"):
+        if self.rank != root:
+            array[:] = self.fills.pop(0)
+        return _Pending()
+
+    def iall2allv(self, send, send_counts, recv, recv_counts):
+        recv[:] = self.fills.pop(0)
+        return _Pending()
+
+
+class _Gpu:
+    """What the layer calls on its GPU: messages from the `mailbox` {(key, peer GPU): bytes}, host arrays."""
+
+    rank = 4
+
+    def __init__(self, mailbox=(), fills=()):
+        self.world, self.mailbox = _World(fills), dict(mailbox)
+
+    def has_message(self, key, peer):
+        return (tuple(key), peer) in self.mailbox
+
+    def take_message(self, key, peer, op, waiting_for):
+        return np.frombuffer(self.mailbox.pop((tuple(key), peer)), np.uint8)
+
+    def poll(self):
+        return False
+
+    def wait(self, done, what, whom):
+        assert done(), f"the test queued no message for {what} ({whom})"
+
+    def alloc(self, count, dtype):
+        assert count >= 0
+        return np.zeros(count, dtype)
+
+    def free(self, array):
+        pass
+
+
+def _from_peer(*payloads) -> dict:
+    """Messages 0, 1, ... of member 1 (GPU 5) to member 0 on the world communicator."""
+    return {(("world", "mpi4py", n), 5): payload for n, payload in enumerate(payloads)}
+
+
+def _tagged(tag: int, data: bytes) -> bytes:
+    return np.array([tag], np.int64).tobytes() + data
+
+
+WHO = r"rank 1 \(GPU 5\) of communicator 'MPI_COMM_WORLD'"
+
+
+@pytest.mark.parametrize("payload, error", [
+    (b"abc", rf"^MPI: a message of 3 bytes from {WHO} is shorter than the layer's 8-byte tag header$"),
+    (b"", rf"^MPI: a message of 0 bytes from {WHO} is shorter than the layer's 8-byte tag header$"),
+    (_tagged(-5, b"x"), rf"^MPI: a message from {WHO} carries tag -5, not 0..2147483647$"),
+    (_tagged(2 ** 40, b""), rf"^MPI: a message from {WHO} carries tag 1099511627776, not 0..2147483647$"),
+    (_tagged(0, b"\x80\x05junk"), rf"^MPI: the pickled object of 6 bytes from {WHO} does not load: "),
+])
+def test_a_malformed_message_is_the_layers_error_naming_the_sender(payload, error):
+    """A 3-byte message where the 8-byte tag header belongs made recv raise numpy's ValueError. Now:
+    MPI.Exception (ERR_OTHER) that is also the fabric's ProtocolError; the next message still arrives."""
+    from nvlink_emu.fabric.errors import ProtocolError
+    from nvlink_emu.ranks.mpi4py_layer import installed
+
+    with installed(_Gpu(_from_peer(payload, _tagged(7, pickle.dumps("after"))))):
+        with pytest.raises(MPI.Exception, match=error) as info:
+            MPI.COMM_WORLD.recv(source=1)
+        assert isinstance(info.value, ProtocolError) and info.value.Get_error_class() == MPI.ERR_OTHER
+        status = MPI.Status()
+        assert MPI.COMM_WORLD.recv(source=1, status=status) == "after" and status.Get_tag() == 7
+
+
+@pytest.mark.parametrize("data, datatype, error", [
+    (b"abc", None, r"the 3 bytes from {who}, tag 2, are not whole items of 4 bytes \(int32 elements\)"),
+    (bytes(12), "vector", r"the 12 bytes from {who}, tag 2, are not whole items of 8 bytes \(int32 elements\)"),
+    (bytes(40), None, r"message of 40 bytes from {who}, tag 2, truncated: the buffer holds 16"),
+])
+def test_a_buffer_receive_of_a_wrong_length_names_the_sender(data, datatype, error):
+    from nvlink_emu.ranks.mpi4py_layer import installed
+
+    out = np.zeros(4 if datatype is None else 8, np.int32)
+    buf = [out, 2, MPI.INT.Create_vector(2, 1, 2).Commit()] if datatype else out  # 2 items of 2 int32 each
+    with installed(_Gpu(_from_peer(_tagged(2, data)))):
+        with pytest.raises(MPI.Exception, match="^MPI recv: " + error.format(who=WHO) + "$"):
+            MPI.COMM_WORLD.Recv(buf, source=1)
+    assert not out.any()
+
+
+MINE = np.frombuffer(pickle.dumps(0, pickle.HIGHEST_PROTOCOL), np.uint8)  # member 0's allgather piece
+
+
+@pytest.mark.parametrize("call, fills, error", [
+    ("bcast", [[-7]], rf"^MPI bcast: {WHO} announces -7 bytes$"),
+    ("bcast", [[4], np.frombuffer(b"\x80\x05no", np.uint8)],
+     rf"^MPI: the pickled object of 4 bytes from {WHO} does not load: "),
+    ("allgather", [[MINE.size, -3]], rf"^MPI allgather: {WHO} announces -3 bytes$"),
+    ("allgather", [[MINE.size, 2], np.concatenate([MINE, np.frombuffer(b"\x80\x05", np.uint8)])],
+     rf"^MPI: the pickled object of 2 bytes from {WHO} does not load: "),
+])
+def test_the_pickle_based_collectives_check_what_a_peer_announces_and_sends(call, fills, error):
+    """A length no member sends (one below 0) or bytes that do not unpickle: the layer's error naming
+    the member, not numpy's or pickle's."""
+    from nvlink_emu.ranks.mpi4py_layer import installed
+
+    with installed(_Gpu(fills=fills)):
+        with pytest.raises(MPI.MalformedMessage, match=error):
+            MPI.COMM_WORLD.bcast(None, root=1) if call == "bcast" else MPI.COMM_WORLD.allgather(0)
+
+
+def test_a_probe_of_a_malformed_message_raises_it_and_the_next_message_is_probed_after():
+    from nvlink_emu.ranks.mpi4py_layer import installed
+
+    with installed(_Gpu(_from_peer(b"abc", _tagged(3, bytes(8))))):
+        with pytest.raises(MPI.MalformedMessage, match=f"^MPI: a message of 3 bytes from {WHO} is shorter"):
+            MPI.COMM_WORLD.Probe(source=MPI.ANY_SOURCE, tag=3)
+        status = MPI.Status()
+        MPI.COMM_WORLD.Probe(source=1, tag=3, status=status)
+        assert (status.Get_source(), status.Get_tag(), status.Get_count(MPI.BYTE)) == (1, 3, 8)
+
+
+def test_an_error_on_a_one_member_communicator_names_this_gpu():
+    """COMM_SELF's emulator side (_Solo) has no member list: its one member is this GPU (4)."""
+    from nvlink_emu.ranks.mpi4py_layer import installed
+
+    with installed(_Gpu()):
+        MPI.COMM_SELF.Send(np.arange(4, dtype=np.int32), dest=0, tag=1)
+        with pytest.raises(MPI.Exception, match=r"^MPI recv: message of 16 bytes from rank 0 \(GPU 4\) of communicator "
+                                                r"'MPI_COMM_SELF', tag 1, truncated: the buffer holds 4$"):
+            MPI.COMM_SELF.Recv(np.zeros(1, np.int32), source=0, tag=1)
