@@ -57,9 +57,9 @@ def launch_script(script: str, args: argparse.Namespace, script_args: list[str],
         cmd.append("--mpi4py")
     if script_args:
         cmd += ["--", *script_args]
+    # the environment as it is: the ranks import the installed nvlink_emu, and nothing else of ours (the
+    # repo's folders on PYTHONPATH would shadow a user's own `fabric`, `ranks` or `launch`)
     env = dict(os.environ)
-    root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     if getattr(args, "trace_dir", None) is not None:
         prepare_trace_dir(args.trace_dir)  # a bad one is one line here, not a traceback from every rank
     with tempfile.TemporaryDirectory(prefix="nvlink-emu-failures-") as failures:

@@ -52,6 +52,15 @@ def split_script_args(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
+def script_path_first(script: str) -> None:
+    """sys.path as `python SCRIPT` has it: the script's directory first, in place of the current directory
+    `python -m nvlink_emu.launch` put there (the repo's root, run from a checkout: its `fabric`, `ranks`
+    and `launch` folders would shadow the user's own modules of those names)."""
+    if not sys.flags.safe_path and sys.path and sys.path[0] in ("", os.getcwd()):
+        del sys.path[0]
+    sys.path.insert(0, str(Path(script).resolve().parent))
+
+
 def load_main(script: str):
     """The main(gpu) function of a workload script; ConfigError naming the script if it has none, or
     if its main cannot be called with the one argument (checked here, before any traffic)."""
@@ -145,6 +154,7 @@ def run(argv: list[str] | None) -> int:
             prepare_trace_dir(args.trace_dir)
         if args.report_json is not None:
             check_report_path(args.report_json)
+        script_path_first(args.script)
         if args.mpi4py:
             workload = load_mpi4py_program(args.script, script_args)
         else:
