@@ -15,7 +15,7 @@ from nvlink_emu.ranks.output import GPU_LABEL
 from nvlink_emu.ranks.session import DEFAULT_TIMEOUT_S, INTERRUPTED_STATUS, report_failure, run_fabric
 from nvlink_emu.ranks.transport import abort_job, count_failed_ranks, world_rank, world_size
 
-from .report import check_report_path, run_summary, write_report_json
+from .report import REFUSED_REPORT_STATUS, check_report_path, checked, run_summary, write_report_json
 
 
 def fabric_arguments(parser: argparse.ArgumentParser) -> None:
@@ -185,12 +185,15 @@ def run(argv: list[str] | None) -> int:
             print(f"nvlink-emu: error: {exc}", file=sys.stderr)
         return 2
     if result.role == "switch" and result.rank == config.gpus:  # switch 0 (the leaf of node 0) speaks for all
-        print(run_summary(result.report), file=sys.stderr, flush=True)  # stdout is the workload's
+        report, refused = checked(result.report)  # a GPU's bad word is its line in the table, not a crash
+        print(run_summary(report), file=sys.stderr, flush=True)  # stdout is the workload's
         if args.report_json is not None:
             try:
-                write_report_json(result.report, args.report_json)
+                write_report_json(report, args.report_json)
             except OSError as exc:
                 print(f"nvlink-emu: error: --report-json {args.report_json}: cannot write it: {exc.strerror or exc}",
                       file=sys.stderr)
                 return 1
+        if refused:
+            return REFUSED_REPORT_STATUS
     return 0

@@ -8,8 +8,8 @@ import pytest
 
 from nvlink_emu.fabric.errors import ConfigError
 from nvlink_emu.fabric.trace import TraceWriter, find_runs
-from nvlink_emu.launch.report import (REPORT_SCHEMA_VERSION, algorithm_figure, byte_unit, check_report_path,
-                                      matrix_figure, print_report, report_json, write_report_json)
+from nvlink_emu.launch.report import (REPORT_SCHEMA_VERSION, algorithm_figure, byte_unit, check_report_path, checked,
+                                      matrix_figure, print_report, report_json, run_summary, write_report_json)
 
 MIB = 1 << 20
 TIMING = {"bandwidth_gbytes_per_s": 450.0, "link_latency_ns": 150.0}
@@ -44,6 +44,54 @@ def test_report_json_has_the_schema_string_keys_and_derived_figures():
     assert [c["gpu"] for c in doc["collectives"]] == [0, 1] and doc["collectives"][1]["tx_bytes"] == 1000
     assert doc["collectives_unrecorded"] == {"0": 0, "1": 3} and doc["unconsumed"] == {"1": [["k", 0, 1]]}
     assert json.loads(json.dumps(doc)) == doc  # plain JSON: nothing is lost in the file
+
+
+@pytest.mark.parametrize("field, value, why", [
+    ("collectives", [{"dtype": "float32"}], "collectives record 0: a call record with the keys comm, seq"),
+    ("collectives", "calls", "collectives: a list of call records, got str"),
+    ("call", {"members": 3}, "collectives record 0 members: 1 to 2 (the fabric's GPUs), got 3"),
+    ("call", {"root": 2}, "collectives record 0 root: null or a member, 0 to 1, got 2"),
+    ("call", {"count": -1}, "collectives record 0 count: a count (an integer >= 0), got -1"),
+    ("call", {"seq": 1.5}, "collectives record 0 seq: a count (an integer >= 0), got 1.5"),
+    ("call", {"m_end_ns": 50.0}, "collectives record 0: m_end_ns 50.0 before m_start_ns 100.0"),
+    ("call", {"m_start_ns": float("nan")}, "collectives record 0 m_start_ns: a modeled time"),
+    ("call", {"dtype": "V99999999999999:x"}, "collectives record 0 dtype: 'V99999999999999:x' is no dtype name"),
+    ("call", {"algorithm": "a" * 5000}, "collectives record 0 algorithm: a name (a string of 1 to 4096"),
+    ("call", {"dtype": "object"}, "collectives record 0 dtype: 'object' is no dtype name"),
+    ("call", {"comm": ""}, "collectives record 0 comm: a name"),
+    ("collectives_unrecorded", -3, "collectives_unrecorded: a count (an integer >= 0), got -3"),
+    ("unconsumed", [["...", 2], ["k", 1]], "unconsumed entry 0: ['...', n] comes last"),
+    ("unconsumed", [["...", 0]], "unconsumed entry 0: ['...', n] comes last"),
+    ("unconsumed", [["k", [1]]], "unconsumed entry 0: a message key (a flat list of integers and strings)"),
+    ("unconsumed", {"k": 1}, "unconsumed: a list of message keys, got dict"),
+    ("busy", -1.0, "links sw0->gpu1 busy_ns: a finite number of ns >= 0, got -1.0"),
+])
+def test_a_gpus_report_field_that_does_not_check_out_is_left_out_and_named(field, value, why):
+    report = run_report()
+    if field == "call":
+        report["collectives"][1] = [{**report["collectives"][1][0], **value}]
+        field = "collectives"
+    elif field == "busy":
+        report["links"]["sw0->gpu1"] = {**report["links"]["sw0->gpu0"], "busy_ns": value}
+    else:
+        report[field][1] = value
+    clean, refused = checked(report)
+    assert list(refused) == [1] and len(refused[1]) == 1 and refused[1][0].startswith(why), refused
+    honest = checked(run_report())[0]
+    if field == "busy":
+        assert clean["links"]["sw0->gpu1"]["busy_ns"] == 0.0
+    else:  # GPU 1's field left out, GPU 0's (and GPU 1's other fields) kept as they were
+        assert 1 not in clean[field] and clean[field].get(0) == honest[field].get(0)
+    assert {k: v for k, v in clean.items() if k not in (field, "links", "refused_reports")} == \
+        {k: v for k, v in honest.items() if k not in (field, "links", "refused_reports")}
+    summary = run_summary(report)  # never raises: the table, then GPU 1's line
+    assert "gpu0<->sw0" in summary and summary.splitlines()[-1].startswith("error: GPU 1's end-of-run report refused")
+    doc = report_json(report)
+    assert doc["refused_reports"] == {"1": refused[1]} and json.loads(json.dumps(doc)) == doc
+
+
+def test_an_honest_report_is_refused_nothing():
+    assert checked(run_report())[1] == {} and report_json(run_report())["refused_reports"] == {}
 
 
 def test_classic_mode_has_no_link_tlb_so_its_counts_are_null():
