@@ -1,6 +1,7 @@
 """The `nvlink-emu` command: run a workload script, or the demo, under mpiexec with the right world size."""
 
 import argparse
+import io
 import json
 import os
 import re
@@ -15,7 +16,6 @@ from pathlib import Path
 
 
 from nvlink_emu.fabric.errors import ConfigError, UnsupportedOperation
-from nvlink_emu.fabric.trace import read_directory
 from nvlink_emu.ranks.session import FAILURE_DIR_ENV, INTERRUPTED_STATUS
 
 from .bench import (available_host_bytes, bench_arguments, check_host_memory, closing, config_toml, format_bytes,
@@ -28,7 +28,7 @@ from .model import cmd_model, model_arguments
 from .mpiexec import ENV as MPIEXEC_ENV
 from .mpiexec import mpiexec_command
 from .report import print_report
-from .traces import merge
+from .traces import merge, read_run, write_replacing
 from .runner import fabric_arguments, fabric_of, mpi4py_argument, prepare_trace_dir, split_script_args
 
 EXAMPLES = Path(__file__).parent / "examples"
@@ -360,15 +360,25 @@ def _number(value: float | None) -> str:
 
 def cmd_trace(args, script_args) -> int:
     """Merge a run's per-rank traces into one Chrome Trace Event JSON file."""
-    traces, warnings = read_directory(args.trace_dir)
+    traces, warnings = read_run(args.trace_dir)
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     merged = merge(traces, args.time)
-    with open(args.output, "w") as out:
-        json.dump(merged, out)
+    try:  # never through a symbolic link planted where the file goes
+        write_replacing(args.output, lambda out: _dump_json(merged, out))
+    except OSError as exc:
+        raise ConfigError(f"-o {args.output}: cannot write it: {exc.strerror or exc}") from None
     print(f"wrote {args.output}: {len(merged['traceEvents'])} events from {len(traces)} ranks ({args.time} time); "
           f"open it in https://ui.perfetto.dev or chrome://tracing")
     return 0
+
+
+def _dump_json(document, binary) -> None:
+    """json.dump into a binary file, streamed (a merged trace can be large)."""
+    text = io.TextIOWrapper(binary, encoding="utf-8")
+    json.dump(document, text)
+    text.flush()
+    text.detach()  # the caller closes the file
 
 
 def cmd_report(args, script_args) -> int:

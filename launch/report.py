@@ -9,9 +9,9 @@ from pathlib import Path
 from nvlink_emu.fabric.counters import FIELDS, format_table
 from nvlink_emu.fabric.errors import ConfigError, FabricError
 from nvlink_emu.fabric.reduction import dtype_itemsize
-from nvlink_emu.fabric.trace import find_runs, read_directory
+from nvlink_emu.fabric.trace import find_runs
 
-from .traces import rank_label
+from .traces import rank_label, read_run, write_replacing
 
 REPORT_SCHEMA_VERSION = 1  # of --report-json's file (README, "Run report JSON")
 PORT_KEYS = ("tlb_hits", "tlb_misses", "tlb_faults", "violations", "refused", "malformed")
@@ -239,7 +239,7 @@ def print_report(directory, out_dir=None, out=None, err=None) -> int:
     base = Path(out_dir) if out_dir is not None else directory
     for i, run_dir in enumerate(runs):
         several = run_dir != directory
-        traces, warnings = read_directory(run_dir)
+        traces, warnings = read_run(run_dir)
         if several:
             if i:
                 print(file=out)
@@ -301,7 +301,12 @@ def trace_report(traces, out_dir) -> tuple[str, list]:
         lines.append(f"{row['collective']:<16}{row['algorithm']:>10}{row['calls']:>7}{row['bytes']:>14}"
                      f"{row['modeled_ns'] / 1e3:>13.3f}{algbw:>12.2f}")
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.is_symlink():  # a run's own subdirectory of OUTDIR: one planted as a link would send figures anywhere
+        raise ConfigError(f"{out}: is a symbolic link; the figures are not written through it")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"{out}: cannot create it for the figures: {exc.strerror or exc}") from None
     fabric = f"{header['fabric']}, {header['gpus']} GPUs"
     figures = [_save(matrix_figure(*traffic_matrix(traces), fabric), out / "traffic-matrix.png"),
                _save(algorithm_figure(bytes_by_algorithm(traces), header["gpus"], fabric,
@@ -334,7 +339,12 @@ def _plain(axis) -> None:
 
 
 def _save(fig, path) -> Path:
-    fig.savefig(path, dpi=110)
+    """Write the figure as PNG to `path` through a new file renamed onto it (never through a symbolic
+    link planted there); ConfigError naming it if it cannot be written."""
+    try:
+        write_replacing(path, lambda out: fig.savefig(out, dpi=110, format="png"))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot write the figure: {exc.strerror or exc}") from None
     return path
 
 
