@@ -26,7 +26,8 @@ from .compare import CompareError, compare_presets, run_compare
 from .bench import sizes as bench_sizes
 from .model import cmd_model, model_arguments
 from .mpiexec import ENV as MPIEXEC_ENV
-from .mpiexec import mpiexec_command
+from .labels import JobOutput
+from .mpiexec import mpiexec_command, rank_labels
 from .report import print_report
 from .traces import merge, read_run, write_replacing
 from .runner import fabric_arguments, fabric_of, mpi4py_argument, prepare_trace_dir, split_script_args
@@ -44,14 +45,19 @@ def launch_script(script: str, args: argparse.Namespace, script_args: list[str],
                   on_line=None, quiet: bool = False) -> int:
     """Run `python -m nvlink_emu.launch SCRIPT` on `world_size` ranks; returns mpiexec's exit status.
     With `on_line`, every line of the job's standard output goes to on_line(line) as it comes, instead
-    of to ours; with `quiet`, its standard error (the link table) is shown only if the job fails."""
-    cmd = [*mpiexec_command(), "-n", str(world_size), sys.executable, "-m", "nvlink_emu.launch", script,
-           "--timeout", str(args.timeout)]
+    of to ours; with `quiet`, its standard error (the link table) is shown only if the job fails.
+    Each line is labelled here from the MPI launcher's label of the rank that wrote it (labels.JobOutput),
+    and a failing rank's report printed only if that rank vouched for it."""
+    labels = rank_labels()
+    no_label = getattr(args, "no_label", False)
+    output = JobOutput(labels, fabric_of(args), no_label)
+    cmd = [*mpiexec_command(), *(labels.option if labels else ()), "-n", str(world_size), sys.executable, "-m",
+           "nvlink_emu.launch", script, "--timeout", str(args.timeout)]
     for flag in ("preset", "config", "gpus", "nodes", "gpus_per_node", "trace_dir", "report_json"):
         value = getattr(args, flag, None)
         if value is not None:
             cmd += [f"--{flag.replace('_', '-')}", str(value)]
-    if getattr(args, "no_label", False):
+    if no_label or labels is not None:  # with the launcher's labels, the ranks' lines come bare and are labelled here
         cmd.append("--no-label")
     if getattr(args, "mpi4py", False):
         cmd.append("--mpi4py")
@@ -65,27 +71,44 @@ def launch_script(script: str, args: argparse.Namespace, script_args: list[str],
     with tempfile.TemporaryDirectory(prefix="nvlink-emu-failures-") as failures:
         env[FAILURE_DIR_ENV] = failures  # failing ranks leave their tracebacks here (ranks.session)
         held, job = [], None  # held: the quiet job's standard error
+
+        def errors():  # drained beside stdout, or a full pipe would stop the job
+            for raw in job.stderr:
+                line = output.show(raw.rstrip("\n"), "err")
+                if line is None:
+                    continue
+                if quiet:
+                    held.append(line + "\n")
+                else:
+                    sys.stderr.write(line + "\n")
+                    sys.stderr.flush()
+
         try:
-            with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE if on_line else None,
-                                  stderr=subprocess.PIPE if quiet else None, text=True) as job:
-                if quiet:  # drained beside stdout, or a full pipe would stop the job
-                    drain = threading.Thread(target=lambda: held.extend(job.stderr), daemon=True)
-                    drain.start()
+            with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, encoding="utf-8",
+                                  errors="replace") as job:
+                drain = threading.Thread(target=errors, daemon=True)
+                drain.start()
                 try:
-                    if on_line is not None:
-                        for line in job.stdout:
-                            on_line(line.rstrip("\n"))
+                    for raw in job.stdout:
+                        line = output.show(raw.rstrip("\n"), "out")
+                        if on_line is not None:
+                            on_line(line)
+                        else:
+                            print(line, flush=True)
                     job.wait()
-                    if quiet:
-                        drain.join()
+                    drain.join()
                 except KeyboardInterrupt:
                     stop_interrupted(job)
                     raise
         finally:  # even when interrupted: a rank's traceback is the one thing worth keeping
             if quiet and job is not None and job.returncode != 0:  # None: interrupted
                 sys.stderr.write("".join(held))
-            for report in sorted(Path(failures).glob("rank-*.txt")):
-                sys.stderr.write(report.read_text())
+            reports, left_out = output.reports(failures)
+            for report in reports:
+                sys.stderr.write(report)
+            if left_out:
+                print(f"nvlink-emu: warning: {left_out} failure report(s) in the ranks' directory not printed: no "
+                      f"rank vouched for them on its own output (any rank can write a file there)", file=sys.stderr)
     return job.returncode
 
 
