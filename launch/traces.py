@@ -68,7 +68,7 @@ def check_header(header: dict) -> None:
     nodes = _integer(header.get("nodes", 1), "nodes", 1, gpus)
     if gpus % nodes:
         raise BadRecord(f"nodes: {nodes} does not divide gpus, {gpus}")
-    spines = _integer(header.get("spines") or 0, "spines", 0, MAX_GPUS)
+    spines = _integer(header.get("spines") or 0, "spines", 0 if nodes == 1 else 1, 0 if nodes == 1 else gpus // nodes)
     rank = _integer(header.get("rank"), "rank", 0, gpus + nodes + spines - 1)
     role = header.get("role")
     if role != ("gpu" if rank < gpus else "switch"):

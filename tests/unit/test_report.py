@@ -233,6 +233,7 @@ def planted(directory, name, records):
     ({"role": "switch"}, "role: gpu for rank 0 of 2 GPUs, got 'switch'"),
     ({"rank": 3}, "rank: an integer from 0 to 2, got 3"),
     ({"nodes": 3}, "nodes: an integer from 1 to 2, got 3"),
+    ({"spines": 5000}, "spines: an integer from 0 to 0, got 5000"),  # one node has no spines
     ({"mtu_bytes": 0}, "mtu_bytes: an integer from 1 to 1099511627776, got 0"),
     ({"timing": {"bandwidth_gbytes_per_s": 0.0, "link_latency_ns": 1.0}},
      "timing bandwidth_gbytes_per_s: a finite number > 0, got 0.0"),
