@@ -215,17 +215,14 @@ def check_report_path(path: str) -> None:
 
 
 def write_report_json(report: dict, path: str) -> None:
-    """Write report_json(report) to `path`, whole or not at all (a temporary file beside it, renamed);
-    OSError if it cannot be written."""
-    target = Path(path)
-    partial = target.with_name(f".{target.name}.partial")
-    try:
-        with open(partial, "w") as out:
-            json.dump(report_json(report), out, indent=2)
-            out.write("\n")
-        os.replace(partial, target)
-    finally:
-        partial.unlink(missing_ok=True)
+    """Write report_json(report) to `path`, whole or not at all (a new temporary file beside it, renamed:
+    never through a link planted at either name); OSError if it cannot be written."""
+    document = report_json(report)
+
+    def dump(out) -> None:
+        out.write(json.dumps(document, indent=2).encode() + b"\n")
+
+    write_replacing(path, dump)
 
 
 # -- traced runs (nvlink-emu report) --------------------------------------------------------------------
