@@ -6,12 +6,19 @@ they record from the caller (this module has no clock). A file cut short is read
 record and reported as truncated.
 """
 
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 import msgpack
 
 SCHEMA_VERSION = 1
+# bytes: the largest record a reader takes (a rank's are a few hundred bytes; its end record's link counters
+# a few KiB per GPU), and what it reads at a time: a file of any size is streamed through that much memory
+MAX_RECORD_BYTES = 16 << 20
+READ_BYTES = 1 << 20
+MAX_ITEMS = 1 << 16  # entries of one list or map in a record (an end record's counters: 2 links per GPU)
 
 
 def trace_path(directory: str | Path, rank: int) -> Path:
@@ -75,21 +82,55 @@ class RankTrace:
     problem: str = ""
 
 
-def read_trace(path: str | Path) -> RankTrace:
-    """Read a rank's trace up to its last whole record; never raises on a cut-short file."""
-    path = Path(path)
-    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
-    unpacker.feed(path.read_bytes())
-    records, problem = [], ""
+def open_regular(path: Path):
+    """`path` opened for reading (binary) if it is a regular file, after a symbolic link; OSError
+    otherwise, naming what it is. Never blocks: a FIFO or a device is refused from lstat/stat before
+    it is opened, and opened with O_NONBLOCK in case it was swapped in between (then refused by fstat)."""
+    kinds = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+             stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory"}
+
+    def check(mode: int, how: str) -> None:
+        if not stat.S_ISREG(mode):
+            raise OSError(f"{how}{kinds.get(stat.S_IFMT(mode), 'not a regular file')}, not a trace file: not read")
+
+    check(os.lstat(path).st_mode if not path.is_symlink() else os.stat(path).st_mode,
+          "a symbolic link to " if path.is_symlink() else "")
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
-        for record in unpacker:
-            if not isinstance(record, dict) or "ev" not in record:
-                problem = f"record {len(records)} is not a trace record"
-                break
-            records.append(record)
-    except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError) as exc:
-        problem = f"undecodable data after record {len(records)}: {exc}"
-    leftover = unpacker.tell() < path.stat().st_size if not problem else True
+        check(os.fstat(fd).st_mode, "")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_trace(path: str | Path) -> RankTrace:
+    """Read a rank's trace up to its last whole record, streamed (at most MAX_RECORD_BYTES of it held
+    undecoded); never raises on a cut-short file, a record too large, or a file that is no regular
+    file (a FIFO, a device, a symbolic link to one: not read at all, never waited on)."""
+    path = Path(path)
+    try:
+        file = open_regular(path)
+    except OSError as exc:
+        return RankTrace(path, {}, [], None, True, exc.strerror or str(exc))
+    records, problem = [], ""
+    with file:
+        size = os.fstat(file.fileno()).st_size
+        unpacker = msgpack.Unpacker(file, raw=False, strict_map_key=False, read_size=READ_BYTES,
+                                    max_buffer_size=MAX_RECORD_BYTES, max_array_len=MAX_ITEMS, max_map_len=MAX_ITEMS)
+        try:
+            for record in unpacker:
+                if not isinstance(record, dict) or "ev" not in record:
+                    problem = f"record {len(records)} is not a trace record"
+                    break
+                records.append(record)
+        except msgpack.BufferFull:
+            problem = f"record {len(records)} is larger than {MAX_RECORD_BYTES} bytes: not a trace record"
+        except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError) as exc:
+            problem = f"undecodable data after record {len(records)}: {exc}"
+        except OSError as exc:
+            problem = f"cannot read it after record {len(records)}: {exc.strerror or exc}"
+        leftover = unpacker.tell() < size if not problem else True
     header = records[0] if records and records[0]["ev"] == "header" else {}
     if not header and not problem:
         problem = "no header record"
@@ -111,7 +152,8 @@ def find_runs(directory: str | Path) -> list[Path]:
         raise FileNotFoundError(f"{directory}: no such directory")
     if any(directory.glob("rank-*.msgpack")):
         return [directory]
-    runs = sorted(d for d in directory.iterdir() if d.is_dir() and any(d.glob("rank-*.msgpack")))
+    # a symbolic link to a directory is not a run of this one (its figures would go where the link points)
+    runs = sorted(d for d in directory.iterdir() if d.is_dir() and not d.is_symlink() and any(d.glob("rank-*.msgpack")))
     if not runs:
         raise FileNotFoundError(f"{directory}: no rank-*.msgpack trace files, in it or in its subdirectories")
     return runs

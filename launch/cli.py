@@ -1,6 +1,7 @@
 """The `nvlink-emu` command: run a workload script, or the demo, under mpiexec with the right world size."""
 
 import argparse
+import io
 import json
 import os
 import re
@@ -15,7 +16,6 @@ from pathlib import Path
 
 
 from nvlink_emu.fabric.errors import ConfigError, UnsupportedOperation
-from nvlink_emu.fabric.trace import read_directory
 from nvlink_emu.ranks.session import FAILURE_DIR_ENV, INTERRUPTED_STATUS
 
 from .bench import (available_host_bytes, bench_arguments, check_host_memory, closing, config_toml, format_bytes,
@@ -26,9 +26,10 @@ from .compare import CompareError, compare_presets, run_compare
 from .bench import sizes as bench_sizes
 from .model import cmd_model, model_arguments
 from .mpiexec import ENV as MPIEXEC_ENV
-from .mpiexec import mpiexec_command
+from .labels import JobOutput
+from .mpiexec import mpiexec_command, rank_labels
 from .report import print_report
-from .traces import merge
+from .traces import merge, read_run, write_replacing
 from .runner import fabric_arguments, fabric_of, mpi4py_argument, prepare_trace_dir, split_script_args
 
 EXAMPLES = Path(__file__).parent / "examples"
@@ -44,48 +45,70 @@ def launch_script(script: str, args: argparse.Namespace, script_args: list[str],
                   on_line=None, quiet: bool = False) -> int:
     """Run `python -m nvlink_emu.launch SCRIPT` on `world_size` ranks; returns mpiexec's exit status.
     With `on_line`, every line of the job's standard output goes to on_line(line) as it comes, instead
-    of to ours; with `quiet`, its standard error (the link table) is shown only if the job fails."""
-    cmd = [*mpiexec_command(), "-n", str(world_size), sys.executable, "-m", "nvlink_emu.launch", script,
-           "--timeout", str(args.timeout)]
+    of to ours; with `quiet`, its standard error (the link table) is shown only if the job fails.
+    Each line is labelled here from the MPI launcher's label of the rank that wrote it (labels.JobOutput),
+    and a failing rank's report printed only if that rank vouched for it."""
+    labels = rank_labels()
+    no_label = getattr(args, "no_label", False)
+    output = JobOutput(labels, fabric_of(args), no_label)
+    cmd = [*mpiexec_command(), *(labels.option if labels else ()), "-n", str(world_size), sys.executable, "-m",
+           "nvlink_emu.launch", script, "--timeout", str(args.timeout)]
     for flag in ("preset", "config", "gpus", "nodes", "gpus_per_node", "trace_dir", "report_json"):
         value = getattr(args, flag, None)
         if value is not None:
             cmd += [f"--{flag.replace('_', '-')}", str(value)]
-    if getattr(args, "no_label", False):
+    if no_label or labels is not None:  # with the launcher's labels, the ranks' lines come bare and are labelled here
         cmd.append("--no-label")
     if getattr(args, "mpi4py", False):
         cmd.append("--mpi4py")
     if script_args:
         cmd += ["--", *script_args]
+    # the environment as it is: the ranks import the installed nvlink_emu, and nothing else of ours (the
+    # repo's folders on PYTHONPATH would shadow a user's own `fabric`, `ranks` or `launch`)
     env = dict(os.environ)
-    root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     if getattr(args, "trace_dir", None) is not None:
         prepare_trace_dir(args.trace_dir)  # a bad one is one line here, not a traceback from every rank
     with tempfile.TemporaryDirectory(prefix="nvlink-emu-failures-") as failures:
         env[FAILURE_DIR_ENV] = failures  # failing ranks leave their tracebacks here (ranks.session)
         held, job = [], None  # held: the quiet job's standard error
+
+        def errors():  # drained beside stdout, or a full pipe would stop the job
+            for raw in job.stderr:
+                line = output.show(raw.rstrip("\n"), "err")
+                if line is None:
+                    continue
+                if quiet:
+                    held.append(line + "\n")
+                else:
+                    sys.stderr.write(line + "\n")
+                    sys.stderr.flush()
+
         try:
-            with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE if on_line else None,
-                                  stderr=subprocess.PIPE if quiet else None, text=True) as job:
-                if quiet:  # drained beside stdout, or a full pipe would stop the job
-                    drain = threading.Thread(target=lambda: held.extend(job.stderr), daemon=True)
-                    drain.start()
+            with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, encoding="utf-8",
+                                  errors="replace") as job:
+                drain = threading.Thread(target=errors, daemon=True)
+                drain.start()
                 try:
-                    if on_line is not None:
-                        for line in job.stdout:
-                            on_line(line.rstrip("\n"))
+                    for raw in job.stdout:
+                        line = output.show(raw.rstrip("\n"), "out")
+                        if on_line is not None:
+                            on_line(line)
+                        else:
+                            print(line, flush=True)
                     job.wait()
-                    if quiet:
-                        drain.join()
+                    drain.join()
                 except KeyboardInterrupt:
                     stop_interrupted(job)
                     raise
         finally:  # even when interrupted: a rank's traceback is the one thing worth keeping
             if quiet and job is not None and job.returncode != 0:  # None: interrupted
                 sys.stderr.write("".join(held))
-            for report in sorted(Path(failures).glob("rank-*.txt")):
-                sys.stderr.write(report.read_text())
+            reports, left_out = output.reports(failures)
+            for report in reports:
+                sys.stderr.write(report)
+            if left_out:
+                print(f"nvlink-emu: warning: {left_out} failure report(s) in the ranks' directory not printed: no "
+                      f"rank vouched for them on its own output (any rank can write a file there)", file=sys.stderr)
     return job.returncode
 
 
@@ -372,15 +395,25 @@ def _number(value: float | None) -> str:
 
 def cmd_trace(args, script_args) -> int:
     """Merge a run's per-rank traces into one Chrome Trace Event JSON file."""
-    traces, warnings = read_directory(args.trace_dir)
+    traces, warnings = read_run(args.trace_dir)
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     merged = merge(traces, args.time)
-    with open(args.output, "w") as out:
-        json.dump(merged, out)
+    try:  # never through a symbolic link planted where the file goes
+        write_replacing(args.output, lambda out: _dump_json(merged, out))
+    except OSError as exc:
+        raise ConfigError(f"-o {args.output}: cannot write it: {exc.strerror or exc}") from None
     print(f"wrote {args.output}: {len(merged['traceEvents'])} events from {len(traces)} ranks ({args.time} time); "
           f"open it in https://ui.perfetto.dev or chrome://tracing")
     return 0
+
+
+def _dump_json(document, binary) -> None:
+    """json.dump into a binary file, streamed (a merged trace can be large)."""
+    text = io.TextIOWrapper(binary, encoding="utf-8")
+    json.dump(document, text)
+    text.flush()
+    text.detach()  # the caller closes the file
 
 
 def cmd_report(args, script_args) -> int:

@@ -124,9 +124,9 @@ def choose(library: str, candidates, override: str | None = None) -> Launcher:
 
 
 @cache
-def mpiexec_command() -> list[str]:
-    """The MPI launcher's command: $NVLINK_EMU_MPIEXEC (e.g. "srun" or "mpiexec --oversubscribe"), else an
-    installed mpiexec (see installed) of the MPI library mpi4py is linked against (choose)."""
+def launcher() -> Launcher:
+    """The MPI launcher: $NVLINK_EMU_MPIEXEC (e.g. "srun" or "mpiexec --oversubscribe"), else an installed
+    mpiexec (see installed) of the MPI library mpi4py is linked against (choose)."""
     from nvlink_emu.ranks.transport import mpi_library_version  # loads the MPI library
 
     override = os.environ.get(ENV)
@@ -134,5 +134,31 @@ def mpiexec_command() -> list[str]:
         command = shlex.split(override)
         if shutil.which(command[0]) is None:
             raise ConfigError(f"{ENV}={override}: {command[0]} is not a command found on PATH")
-        return list(choose(mpi_library_version(), [probe(command)], override).command)
-    return list(choose(mpi_library_version(), (probe(c) for c in installed())).command)
+        return choose(mpi_library_version(), [probe(command)], override)
+    return choose(mpi_library_version(), (probe(c) for c in installed()))
+
+
+def mpiexec_command() -> list[str]:
+    """The MPI launcher's command (see launcher)."""
+    return list(launcher().command)
+
+
+@dataclass(frozen=True)
+class RankLabels:
+    """How a launcher labels each rank's lines itself: the option that asks for it, and the label's
+    pattern at the start of a line (group 1: the MPI world rank)."""
+
+    option: tuple[str, ...]
+    pattern: re.Pattern
+
+
+# Hydra (MPICH's mpiexec) puts "[RANK] " before every stretch of a rank's output that starts a line of it,
+# whatever the rank wrote (measured: a partial line, then another rank's line, then the rest: each part
+# starts with its own rank's label), so every line of the merged stream starts with its writer's label
+HYDRA_LABELS = RankLabels(("-prepend-rank",), re.compile(r"\[(\d{1,7})\] "))
+
+
+def rank_labels() -> RankLabels | None:
+    """The launcher's own labelling of each rank's output, for the launchers known to have one (Hydra:
+    the MPICH family's mpiexec); None for the others, whose ranks' lines are what the ranks wrote."""
+    return HYDRA_LABELS if launcher().family == "MPICH" else None

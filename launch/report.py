@@ -1,23 +1,151 @@
 """Reports of a run: the per-link table and its warnings, the JSON run report, and traced-run reports with figures."""
 
 import json
+import math
 import os
 import sys
 from pathlib import Path
 
 from nvlink_emu.fabric.counters import FIELDS, format_table
-from nvlink_emu.fabric.errors import ConfigError
+from nvlink_emu.fabric.errors import ConfigError, FabricError
 from nvlink_emu.fabric.reduction import dtype_itemsize
-from nvlink_emu.fabric.trace import find_runs, read_directory
+from nvlink_emu.fabric.trace import find_runs
 
-from .traces import rank_label
+from .traces import rank_label, read_run, write_replacing
 
 REPORT_SCHEMA_VERSION = 1  # of --report-json's file (README, "Run report JSON")
 PORT_KEYS = ("tlb_hits", "tlb_misses", "tlb_faults", "violations", "refused", "malformed")
 
 
+# -- each GPU's own word in the run's report, checked ---------------------------------------------------
+CALL_KEYS = ("comm", "seq", "collective", "algorithm", "count", "dtype", "op", "root", "members", "m_start_ns",
+             "m_end_ns", "tx_bytes", "rx_bytes")
+GPU_FIELDS = ("collectives", "collectives_unrecorded", "unconsumed")  # the report's maps of each GPU's own word
+REFUSED_REPORT_STATUS = 3  # the run's exit status when every rank finished but a GPU's report was refused
+MAX_NAME = 4096  # characters of a name in a call record, as of a header's text fields (fabric.packets.MAX_TEXT)
+
+
+class BadField(ValueError):
+    """A GPU's report field that does not check out; the message names the field and what is wrong."""
+
+
+def _count(value, what: str) -> int:
+    if type(value) is not int or value < 0:
+        raise BadField(f"{what}: a count (an integer >= 0), got {value!r:.60}")
+    return value
+
+
+def _time(value, what: str) -> float:
+    if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
+        raise BadField(f"{what}: a modeled time (a finite number of ns >= 0), got {value!r:.60}")
+    return float(value)
+
+
+def _name(value, what: str) -> str:
+    if type(value) is not str or not 0 < len(value) <= MAX_NAME:
+        raise BadField(f"{what}: a name (a string of 1 to {MAX_NAME} characters), got {value!r:.60}")
+    return value
+
+
+def check_call(call, gpus: int, what: str) -> None:
+    """BadField unless `call` is a collective call record as ranks.comm writes it: its keys, the types
+    and ranges of its values, a dtype name dtype_itemsize reads."""
+    if type(call) is not dict or set(call) != set(CALL_KEYS):
+        keys = sorted(map(str, call))[:8] if type(call) is dict else type(call).__name__
+        raise BadField(f"{what}: a call record with the keys {', '.join(CALL_KEYS)}, got {keys}")
+    for key in ("comm", "collective", "algorithm", "dtype"):
+        _name(call[key], f"{what} {key}")
+    if type(call["op"]) is not str or len(call["op"]) > MAX_NAME:
+        raise BadField(f"{what} op: a string, got {call['op']!r:.60}")
+    for key in ("seq", "count", "tx_bytes", "rx_bytes"):
+        _count(call[key], f"{what} {key}")
+    members = call["members"]
+    if type(members) is not int or not 1 <= members <= gpus:
+        raise BadField(f"{what} members: 1 to {gpus} (the fabric's GPUs), got {members!r:.60}")
+    root = call["root"]
+    if root is not None and (type(root) is not int or not 0 <= root < members):
+        raise BadField(f"{what} root: null or a member, 0 to {members - 1}, got {root!r:.60}")
+    start, end = _time(call["m_start_ns"], f"{what} m_start_ns"), _time(call["m_end_ns"], f"{what} m_end_ns")
+    if end < start:
+        raise BadField(f"{what}: m_end_ns {end} before m_start_ns {start}")
+    try:
+        dtype_itemsize(call["dtype"])
+    except FabricError:
+        raise BadField(f"{what} dtype: {call['dtype']!r:.60} is no dtype name") from None
+
+
+def check_unconsumed(keys, what: str) -> None:
+    """BadField unless `keys` is a list of message keys (flat lists of integers and strings), the last
+    one perhaps ["...", n] (n >= 1 more, not listed)."""
+    if type(keys) is not list:
+        raise BadField(f"{what}: a list of message keys, got {type(keys).__name__}")
+    for i, key in enumerate(keys):
+        if type(key) is not list or not all(type(x) is int or (type(x) is str and len(x) <= MAX_NAME) for x in key):
+            raise BadField(f"{what} entry {i}: a message key (a flat list of integers and strings), got {key!r:.60}")
+        if key[:1] == ["..."] and (i != len(keys) - 1 or len(key) != 2 or type(key[1]) is not int or key[1] < 1):
+            raise BadField(f"{what} entry {i}: ['...', n] comes last, n >= 1 the keys not listed, got {key!r:.60}")
+
+
+def check_gpu_field(field: str, value, gpus: int) -> None:
+    """BadField unless a GPU's `value` of report field `field` (one of GPU_FIELDS) checks out."""
+    if field == "collectives":
+        if type(value) not in (list, tuple):
+            raise BadField(f"collectives: a list of call records, got {type(value).__name__}")
+        for i, call in enumerate(value):
+            check_call(call, gpus, f"collectives record {i}")
+    elif field == "collectives_unrecorded":
+        _count(value, "collectives_unrecorded")
+    else:
+        check_unconsumed(value, "unconsumed")
+
+
+def checked(report: dict) -> tuple[dict, dict[int, list[str]]]:
+    """(the run's report without what a GPU said that does not check out, {GPU: why each of its fields
+    was left out}). The switch's counts are its own; a GPU's collective records, calls past them,
+    unconsumed messages and its links' busy times are the GPU's word (Trust model), checked field by
+    field here so that one GPU's bad report is that GPU's line in the summary, never the run's crash.
+    A report already checked comes back as it is."""
+    if "refused_reports" in report:
+        return report, report["refused_reports"]
+    gpus = report["gpus"]
+    refused: dict[int, list[str]] = {}
+    clean = dict(report)
+    for field in GPU_FIELDS:
+        kept = {}
+        for gpu, value in report.get(field, {}).items():
+            try:
+                if type(gpu) is not int or not 0 <= gpu < gpus:
+                    raise BadField(f"{field}: GPU {gpu!r:.20} is none of the fabric's 0 to {gpus - 1}")
+                check_gpu_field(field, value, gpus)
+            except BadField as exc:
+                refused.setdefault(gpu, []).append(str(exc))
+            else:
+                kept[gpu] = value
+        clean[field] = kept
+    links = {}
+    for name, row in report["links"].items():
+        busy = row.get("busy_ns", 0.0)
+        if type(busy) not in (int, float) or not math.isfinite(busy) or busy < 0:  # the GPU end's measure
+            gpu = next((int(end[3:]) for end in name.split("->") if end.startswith("gpu") and end[3:].isdigit()), -1)
+            refused.setdefault(gpu, []).append(f"links {name} busy_ns: a finite number of ns >= 0, got {busy!r:.60}")
+            row = {**row, "busy_ns": 0.0}
+        links[name] = row
+    clean["links"] = links
+    clean["refused_reports"] = dict(sorted(refused.items(), key=lambda item: (type(item[0]) is not int, str(item[0])
+                                                                               if type(item[0]) is not int else item[0])))
+    return clean, clean["refused_reports"]
+
+
+def refused_lines(refused: dict) -> list[str]:
+    """One line per GPU whose report was (partly) refused, naming the fields and what was wrong."""
+    return [f"error: GPU {gpu}'s end-of-run report refused (its fault, not the run's; its other figures and "
+            f"every other GPU's stand): {'; '.join(why)}" for gpu, why in refused.items()]
+
+
 def run_summary(report: dict) -> str:
-    """The end-of-run table: per-link payload/raw bytes and packets, TLB and violation counts per port."""
+    """The end-of-run table: per-link payload/raw bytes and packets, TLB and violation counts per port;
+    what a GPU reported that does not check out (checked) is left out, and said."""
+    report, refused = checked(report)
     ports = {int(g): row for g, row in report["ports"].items()}
     nodes, gpus = report.get("nodes", 1), report["gpus"]
     shape = (f"{gpus} GPUs + 1 switch" if nodes == 1 else
@@ -33,13 +161,15 @@ def run_summary(report: dict) -> str:
     for gpu, keys in sorted(report.get("unconsumed", {}).items()):
         more = keys[-1][1] - 1 if keys and keys[-1][0] == "..." else 0  # ["...", n]: n more not listed
         lines.append(f"warning: GPU {gpu} ended with {len(keys) + more} message(s) never received: {keys[:4]}")
-    return "\n".join(lines)
+    return "\n".join(lines + refused_lines(refused))
 
 
 # -- the JSON run report (--report-json) ---------------------------------------------------------------
 def report_json(report: dict) -> dict:
     """The run's report (RunResult.report) as the JSON document of schema REPORT_SCHEMA_VERSION: links by
-    name, ports and the per-GPU maps keyed by GPU index as a string, every collective call a record."""
+    name, ports and the per-GPU maps keyed by GPU index as a string, every collective call a record;
+    what a GPU reported that does not check out is left out, and why under refused_reports."""
+    report, refused = checked(report)
     elapsed = report["elapsed_ns"]
     links = {name: {**{f: int(row.get(f, 0)) for f in FIELDS}, "busy_ns": float(row.get("busy_ns", 0.0)),
                     "utilization": row.get("busy_ns", 0.0) / elapsed if elapsed else 0.0}
@@ -67,7 +197,8 @@ def report_json(report: dict) -> dict:
             "collectives_unrecorded": by_gpu_index(report.get("collectives_unrecorded", {})),
             "network_addresses": list(report.get("network_addresses", [])), "switch": dict(report.get("switch", {})),
             "conservation": by_gpu_index(report.get("conservation", {})),
-            "unconsumed": by_gpu_index(report.get("unconsumed", {}))}
+            "unconsumed": by_gpu_index(report.get("unconsumed", {})),
+            "refused_reports": {str(g): why for g, why in refused.items()}}
 
 
 def check_report_path(path: str) -> None:
@@ -84,17 +215,14 @@ def check_report_path(path: str) -> None:
 
 
 def write_report_json(report: dict, path: str) -> None:
-    """Write report_json(report) to `path`, whole or not at all (a temporary file beside it, renamed);
-    OSError if it cannot be written."""
-    target = Path(path)
-    partial = target.with_name(f".{target.name}.partial")
-    try:
-        with open(partial, "w") as out:
-            json.dump(report_json(report), out, indent=2)
-            out.write("\n")
-        os.replace(partial, target)
-    finally:
-        partial.unlink(missing_ok=True)
+    """Write report_json(report) to `path`, whole or not at all (a new temporary file beside it, renamed:
+    never through a link planted at either name); OSError if it cannot be written."""
+    document = report_json(report)
+
+    def dump(out) -> None:
+        out.write(json.dumps(document, indent=2).encode() + b"\n")
+
+    write_replacing(path, dump)
 
 
 # -- traced runs (nvlink-emu report) --------------------------------------------------------------------
@@ -108,7 +236,7 @@ def print_report(directory, out_dir=None, out=None, err=None) -> int:
     base = Path(out_dir) if out_dir is not None else directory
     for i, run_dir in enumerate(runs):
         several = run_dir != directory
-        traces, warnings = read_directory(run_dir)
+        traces, warnings = read_run(run_dir)
         if several:
             if i:
                 print(file=out)
@@ -170,7 +298,12 @@ def trace_report(traces, out_dir) -> tuple[str, list]:
         lines.append(f"{row['collective']:<16}{row['algorithm']:>10}{row['calls']:>7}{row['bytes']:>14}"
                      f"{row['modeled_ns'] / 1e3:>13.3f}{algbw:>12.2f}")
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.is_symlink():  # a run's own subdirectory of OUTDIR: one planted as a link would send figures anywhere
+        raise ConfigError(f"{out}: is a symbolic link; the figures are not written through it")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"{out}: cannot create it for the figures: {exc.strerror or exc}") from None
     fabric = f"{header['fabric']}, {header['gpus']} GPUs"
     figures = [_save(matrix_figure(*traffic_matrix(traces), fabric), out / "traffic-matrix.png"),
                _save(algorithm_figure(bytes_by_algorithm(traces), header["gpus"], fabric,
@@ -203,7 +336,12 @@ def _plain(axis) -> None:
 
 
 def _save(fig, path) -> Path:
-    fig.savefig(path, dpi=110)
+    """Write the figure as PNG to `path` through a new file renamed onto it (never through a symbolic
+    link planted there); ConfigError naming it if it cannot be written."""
+    try:
+        write_replacing(path, lambda out: fig.savefig(out, dpi=110, format="png"))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot write the figure: {exc.strerror or exc}") from None
     return path
 
 

@@ -1,6 +1,7 @@
 """Rank bootstrap for `python -m nvlink_emu.launch`: parse, load the fabric and the script, run, print one report."""
 
 import argparse
+import atexit
 import inspect
 import math
 import os
@@ -11,11 +12,11 @@ from pathlib import Path
 
 from nvlink_emu.fabric.config import DEFAULT_PRESET, PRESETS, resolve
 from nvlink_emu.fabric.errors import ConfigError
-from nvlink_emu.ranks.output import GPU_LABEL
-from nvlink_emu.ranks.session import DEFAULT_TIMEOUT_S, INTERRUPTED_STATUS, report_failure, run_fabric
+from nvlink_emu.ranks.output import GPU_LABEL, LineWriter
+from nvlink_emu.ranks.session import DEFAULT_TIMEOUT_S, INTERRUPTED_STATUS, fabric_key, report_failure, run_fabric
 from nvlink_emu.ranks.transport import abort_job, count_failed_ranks, world_rank, world_size
 
-from .report import check_report_path, run_summary, write_report_json
+from .report import REFUSED_REPORT_STATUS, check_report_path, checked, run_summary, write_report_json
 
 
 def fabric_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,6 +51,15 @@ def split_script_args(argv: list[str]) -> tuple[list[str], list[str]]:
         cut = argv.index("--")
         return argv[:cut], argv[cut + 1:]
     return argv, []
+
+
+def script_path_first(script: str) -> None:
+    """sys.path as `python SCRIPT` has it: the script's directory first, in place of the current directory
+    `python -m nvlink_emu.launch` put there (the repo's root, run from a checkout: its `fabric`, `ranks`
+    and `launch` folders would shadow the user's own modules of those names)."""
+    if not sys.flags.safe_path and sys.path and sys.path[0] in ("", os.getcwd()):
+        del sys.path[0]
+    sys.path.insert(0, str(Path(script).resolve().parent))
 
 
 def load_main(script: str):
@@ -121,7 +131,19 @@ def prepare_trace_dir(trace_dir: str) -> None:
         raise ConfigError(f"--trace-dir {trace_dir}: cannot create it: {exc.strerror or exc}") from None
 
 
+def whole_lines() -> None:
+    """This rank's stdout and stderr in whole lines, each one write (ranks.output.LineWriter): an MPI
+    launcher that labels its ranks' output (Hydra's -prepend-rank) labels each write, so print()'s
+    separate writes of one line would otherwise carry labels in mid-line. A partial last line goes out
+    at exit."""
+    for name in ("stdout", "stderr"):
+        writer = LineWriter(getattr(sys, name), "")
+        setattr(sys, name, writer)
+        atexit.register(writer.finish)
+
+
 def main(argv: list[str] | None = None) -> int:
+    whole_lines()
     try:
         return run(argv)
     except KeyboardInterrupt:  # Ctrl-C: mpiexec passes it to every rank; end them all, with no traceback
@@ -138,28 +160,41 @@ def run(argv: list[str] | None) -> int:
     mpi4py_argument(parser)
     args = parser.parse_args(ours)
     rank = world_rank()
-    problem = None
+    problem, workload = None, None
+    loaders, loads = world_size(), True  # how many ranks load the script; whether this one does
     try:
         config = fabric_of(args)
         if args.trace_dir is not None:
             prepare_trace_dir(args.trace_dir)
         if args.report_json is not None:
             check_report_path(args.report_json)
-        if args.mpi4py:
-            workload = load_mpi4py_program(args.script, script_args)
-        else:
-            sys.argv = [args.script, *script_args]
-            workload = load_main(args.script)
+        # A switch rank never runs the workload's code, not even its top level (which could rewrite the
+        # switch's checks in this process): only GPU ranks load the script. On a world of the wrong size
+        # no fabric starts (run_fabric says why), and every rank loads it as before.
+        if world_size() == config.world_size:
+            loaders = config.gpus
+        loads = loaders == world_size() or fabric_key(rank, config) < config.gpus
+        if loads:
+            script_path_first(args.script)
+            if args.mpi4py:
+                workload = load_mpi4py_program(args.script, script_args)
+            else:
+                sys.argv = [args.script, *script_args]
+                workload = load_main(args.script)
     except Exception as exc:  # noqa: BLE001 - whatever it is, every rank must learn of it
         problem, text = exc, workload_traceback(exc, args.script)
     # The ranks agree on whether all got ready: one that failed alone (a script that raises on import
     # on one node, a config file missing there) must end the job, not leave the others waiting.
     setup_timeout = args.timeout if math.isfinite(args.timeout) and args.timeout > 0 else DEFAULT_TIMEOUT_S
     failed = count_failed_ranks(problem is not None, setup_timeout)
-    if failed == world_size():  # every rank: the same error, most likely; report it once
+    if failed == world_size() or (failed == loaders and (problem is not None) == loads):
+        # every rank, or every rank that loaded the script (the GPUs, none of which runs on), failed: the
+        # same error, most likely; rank 0 (GPU 0) reports it once, and its exit status is the job's
         if rank == 0:
             print(f"nvlink-emu: error: {problem}" if isinstance(problem, ConfigError) else text.rstrip(),
                   file=sys.stderr)
+        if problem is None:
+            return 0
         return 2 if isinstance(problem, ConfigError) else 1
     if failed:
         if problem is not None:
@@ -175,12 +210,15 @@ def run(argv: list[str] | None) -> int:
             print(f"nvlink-emu: error: {exc}", file=sys.stderr)
         return 2
     if result.role == "switch" and result.rank == config.gpus:  # switch 0 (the leaf of node 0) speaks for all
-        print(run_summary(result.report), file=sys.stderr, flush=True)  # stdout is the workload's
+        report, refused = checked(result.report)  # a GPU's bad word is its line in the table, not a crash
+        print(run_summary(report), file=sys.stderr, flush=True)  # stdout is the workload's
         if args.report_json is not None:
             try:
-                write_report_json(result.report, args.report_json)
+                write_report_json(report, args.report_json)
             except OSError as exc:
                 print(f"nvlink-emu: error: --report-json {args.report_json}: cannot write it: {exc.strerror or exc}",
                       file=sys.stderr)
                 return 1
+        if refused:
+            return REFUSED_REPORT_STATUS
     return 0

@@ -1,14 +1,248 @@
 """Trace tools: merge per-rank trace files into Chrome Trace Event JSON (Perfetto, chrome://tracing),
 and sum them into the numbers `nvlink-emu report` prints and draws."""
 
+import dataclasses
 import itertools
+import math
+import os
+import re
+import tempfile
 from collections import defaultdict
+from pathlib import Path
 
+from nvlink_emu.fabric.addressing import MAX_GPUS
 from nvlink_emu.fabric.counters import FIELDS
+from nvlink_emu.fabric.errors import FabricError
 from nvlink_emu.fabric.reduction import dtype_itemsize
-from nvlink_emu.fabric.trace import RankTrace
+from nvlink_emu.fabric.trace import SCHEMA_VERSION, RankTrace, read_trace
 
 US = 1e-3  # Chrome traces count microseconds; modeled times are ns
+MAX_TEXT = 4096  # characters of a name or message in a record
+
+
+# -- what the tools take from a trace file, checked (the files are anybody's: a directory may be planted) ----
+class BadRecord(ValueError):
+    """A trace record that is not what a rank writes; the message names the field."""
+
+
+def _number(value, what: str, low: float = -math.inf, above: bool = False) -> float:
+    if type(value) not in (int, float) or not math.isfinite(value) or value < low or (above and value == low):
+        bound = f" {'>' if above else '>='} {low:g}" if low > -math.inf else ""
+        raise BadRecord(f"{what}: a finite number{bound}, got {value!r:.40}")
+    return value
+
+
+def _integer(value, what: str, low: int, high: int) -> int:
+    if type(value) is not int or not low <= value <= high:
+        raise BadRecord(f"{what}: an integer from {low} to {high}, got {value!r:.40}")
+    return value
+
+
+def _text(value, what: str) -> str:
+    if type(value) is not str or len(value) > MAX_TEXT:
+        raise BadRecord(f"{what}: a string of at most {MAX_TEXT} characters, got {type(value).__name__}")
+    return value
+
+
+_LINK = re.compile(r"(gpu|sw)(\d{1,5})->(gpu|sw)(\d{1,5})")
+
+
+def _link(value, header: dict, what: str = "link") -> str:
+    """A link name of the header's fabric: gpuG->swS, swS->gpuG or swS->swT, G a GPU, S and T switches."""
+    match = _LINK.fullmatch(value) if type(value) is str else None
+    switches = header.get("nodes", 1) + (header.get("spines") or 0)
+    ends = ((match.group(1), int(match.group(2))), (match.group(3), int(match.group(4)))) if match else ()
+    if not ends or ends[0][0] == ends[1][0] == "gpu" or not all(
+            index < (header["gpus"] if kind == "gpu" else switches) for kind, index in ends):
+        raise BadRecord(f"{what}: a link of this fabric ({header['gpus']} GPUs, {switches} switches: gpuG->swS, "
+                        f"swS->gpuG, swS->swT), got {value!r:.40}")
+    return value
+
+
+def check_header(header: dict) -> None:
+    """BadRecord unless `header` holds what the tools read, each in its range (bounded: a header's GPU
+    count sizes the matrices and figures)."""
+    if header.get("schema") != SCHEMA_VERSION:
+        raise BadRecord(f"schema: {SCHEMA_VERSION}, got {header.get('schema')!r:.40}")
+    gpus = _integer(header.get("gpus"), "gpus", 1, MAX_GPUS)
+    nodes = _integer(header.get("nodes", 1), "nodes", 1, gpus)
+    if gpus % nodes:
+        raise BadRecord(f"nodes: {nodes} does not divide gpus, {gpus}")
+    spines = _integer(header.get("spines") or 0, "spines", 0 if nodes == 1 else 1, 0 if nodes == 1 else gpus // nodes)
+    rank = _integer(header.get("rank"), "rank", 0, gpus + nodes + spines - 1)
+    role = header.get("role")
+    if role != ("gpu" if rank < gpus else "switch"):
+        raise BadRecord(f"role: {'gpu' if rank < gpus else 'switch'} for rank {rank} of {gpus} GPUs, got {role!r:.40}")
+    if role == "gpu" and header.get("gpu") != rank:
+        raise BadRecord(f"gpu: {rank} (the rank), got {header.get('gpu')!r:.40}")
+    for key in ("fabric", "mode", "link", "config_hash"):
+        _text(header.get(key), key)
+    _number(header.get("clock_offset_s"), "clock_offset_s")
+    timing = header.get("timing")
+    if type(timing) is not dict:
+        raise BadRecord(f"timing: a map, got {type(timing).__name__}")
+    _number(timing.get("bandwidth_gbytes_per_s"), "timing bandwidth_gbytes_per_s", 0, above=True)
+    _number(timing.get("link_latency_ns"), "timing link_latency_ns", 0)
+    _integer(header.get("mtu_bytes"), "mtu_bytes", 1, 1 << 40)
+    if role == "switch" and spines:
+        _number(header.get("uplink_gbytes_per_s_per_gpu"), "uplink_gbytes_per_s_per_gpu", 0, above=True)
+
+
+def _times(event: dict, keys, what: str) -> None:
+    for key in keys:
+        _number(event.get(key), f"{what} {key}")
+
+
+def check_event(event: dict, header: dict) -> None:
+    """BadRecord unless `event` holds, in its types and ranges, what the tools read of its kind."""
+    kind = event["ev"]
+    what = kind if type(kind) is str else "ev"
+    switch = header["role"] == "switch"
+    _number(event.get("wall"), f"{what} wall")
+    if kind in ("tx", "rx", "busy"):
+        _link(event.get("link"), header, f"{what} link")
+        _integer(event.get("seq"), f"{what} seq", 0, 1 << 62)
+        if kind == "busy":
+            _times(event, ("m_start", "m_end"), what)
+            return
+        _text(event.get("kind"), f"{what} kind")
+        _integer(event.get("payload"), f"{what} payload", 0, 1 << 62)
+        _integer(event.get("raw"), f"{what} raw", 0, 1 << 62)
+        if kind == "tx" or switch:
+            _times(event, ("m_start", "m_end"), what)
+        if switch:
+            _integer(event.get("origin"), f"{what} origin", -1, header["gpus"] - 1)
+    elif kind in ("coll_begin", "coll_end"):
+        for key in ("name", "comm", "algorithm", "dtype", "op"):
+            _text(event.get(key), f"{what} {key}")
+        _integer(event.get("seq"), f"{what} seq", 0, 1 << 62)
+        _integer(event.get("count"), f"{what} count", 0, 1 << 62)
+        _number(event.get("m"), f"{what} m")
+        try:
+            dtype_itemsize(event["dtype"])
+        except FabricError:
+            raise BadRecord(f"{what} dtype: {event['dtype']!r:.40} is no dtype name") from None
+    else:  # an instant (tlb, reduce, mcast, refused, error, ...): its fields go into the merged JSON as they are
+        for key in ("m_start", "m"):
+            if key in event:
+                _number(event[key], f"{what} {key}")
+        if kind == "error":
+            _text(event.get("error"), "error error")
+            _text(event.get("message"), "error message")
+        _plain(event, what)
+
+
+def _plain(value, what: str, depth: int = 0) -> None:
+    """BadRecord unless `value` is JSON's kind of value (no bytes, string keys), nested at most 8 deep."""
+    if depth > 8:
+        raise BadRecord(f"{what}: nested more than 8 deep")
+    if type(value) is dict:
+        for key, item in value.items():
+            if type(key) is not str:
+                raise BadRecord(f"{what}: a map with string keys, got a key {key!r:.40}")
+            _plain(item, what, depth + 1)
+    elif type(value) in (list, tuple):
+        for item in value:
+            _plain(item, what, depth + 1)
+    elif value is not None and type(value) not in (str, int, float, bool):
+        raise BadRecord(f"{what}: {type(value).__name__} is not a trace value")
+
+
+def check_end(end: dict, header: dict) -> None:
+    """BadRecord unless the end record holds a modeled time and link counters of this fabric."""
+    _number(end.get("m"), "end m")
+    counters = end.get("counters")
+    if type(counters) is not dict:
+        raise BadRecord(f"end counters: a map of links, got {type(counters).__name__}")
+    for link, row in counters.items():
+        _link(link, header, "end counters")
+        if type(row) is not dict:
+            raise BadRecord(f"end counters {link}: a map of counts")
+        for field in FIELDS:
+            _integer(row.get(field), f"end counters {link} {field}", 0, 1 << 62)
+
+
+RUN_KEYS = (("config_hash", None), ("gpus", None), ("nodes", 1), ("spines", 0))  # the same in every file of a run
+
+
+def checked_traces(traces: list[RankTrace]) -> tuple[list[RankTrace], list[str]]:
+    """The traces of one run the tools can use, in the given order, and a warning per file left out (a
+    header that is not a run's, another run's - another config or shape than the first good one -, a rank
+    another file holds too), cut short, or cut at its first record that is not what a rank writes (or
+    an end record that is not)."""
+    kept, warnings, ranks, run = [], [], set(), None
+    for trace in traces:
+        try:
+            check_header(trace.header)
+        except BadRecord as exc:
+            warnings.append(f"{trace.path.name}: left out: header {exc}")
+            continue
+        this = {key: trace.header.get(key, default) for key, default in RUN_KEYS}
+        run = run or this
+        if this != run:
+            warnings.append(f"{trace.path.name}: left out: from another run (config {this['config_hash']}, "
+                            f"not {run['config_hash']})")
+            continue
+        if trace.header["rank"] in ranks:
+            warnings.append(f"{trace.path.name}: left out: rank {trace.header['rank']} has another file here")
+            continue
+        ranks.add(trace.header["rank"])
+        if trace.truncated:
+            warnings.append(f"{trace.path.name}: truncated: {trace.problem}")
+        for i, event in enumerate(trace.events):
+            try:
+                check_event(event, trace.header)
+            except BadRecord as exc:
+                warnings.append(f"{trace.path.name}: read up to event {i}: {exc}")
+                trace = dataclasses.replace(trace, events=trace.events[:i], end=None, truncated=True)
+                break
+        if trace.end is not None:
+            try:
+                check_end(trace.end, trace.header)
+            except BadRecord as exc:
+                warnings.append(f"{trace.path.name}: its end record left out: {exc}")
+                trace = dataclasses.replace(trace, end=None, truncated=True)
+        kept.append(trace)
+    return kept, warnings
+
+
+def read_run(directory) -> tuple[list[RankTrace], list[str]]:
+    """The traces of one run in `directory` that the tools can use, in rank file order, and warnings
+    about the others (see checked_traces; a file with no header, or no regular file, is left out too);
+    FileNotFoundError naming `directory` if none is usable."""
+    paths = sorted(Path(directory).glob("rank-*.msgpack"))
+    if not paths:
+        raise FileNotFoundError(f"{directory}: no rank-*.msgpack trace files")
+    traces, warnings = [], []
+    for path in paths:
+        trace = read_trace(path)
+        if trace.header:
+            traces.append(trace)
+        else:
+            warnings.append(f"{path.name}: left out: {trace.problem or 'no header'}")
+    kept, more = checked_traces(traces)
+    warnings += more
+    if not kept:  # one line: what each file is
+        raise FileNotFoundError(f"{directory}: no trace file a run wrote ({'; '.join(warnings)[:2000]})")
+    return kept, warnings
+
+
+def write_replacing(path, write) -> None:
+    """write(file) into a new temporary file beside `path` (O_EXCL), then renamed onto `path`: never
+    written through a symbolic link planted at `path` (the rename replaces the link itself), and whole
+    or not at all. OSError if it cannot be written."""
+    path = Path(path)
+    fd, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            write(out)
+            umask = os.umask(0)
+            os.umask(umask)
+            os.fchmod(out.fileno(), 0o666 & ~umask)  # as open() would have made it (mkstemp's is 0600)
+        os.replace(partial, path)
+    finally:
+        if os.path.lexists(partial):
+            os.unlink(partial)
 
 
 def rank_label(header: dict) -> str:
@@ -106,7 +340,9 @@ def merge(traces: list[RankTrace], time_base: str = "modeled") -> dict:
             elif ev == "coll_begin":
                 begun[(event["comm"], event["seq"])] = event
             elif ev == "coll_end":
-                first = begun.pop((event["comm"], event["seq"]))
+                first = begun.pop((event["comm"], event["seq"]), None)
+                if first is None:  # no begin on this rank: nothing to span
+                    continue
                 start = first["m"] * US if modeled else wall(rank, first["wall"])
                 end = event["m"] * US if modeled else wall(rank, event["wall"])
                 span(rank, "collectives", f"{event['name']} ({event['algorithm']})", start, end,

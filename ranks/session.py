@@ -2,9 +2,11 @@
 spines, laid out node by node as fabric.topology says (one node: GPU ranks 0..G-1, the switch G)."""
 
 import dataclasses
+import hashlib
 import math
 import os
 import sys
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass
@@ -211,6 +213,7 @@ def exit_status(exc: BaseException) -> int:
 
 
 FAILURE_DIR_ENV = "NVLINK_EMU_FAILURE_DIR"
+FAILURE_MARK = "nvlink-emu failure report sha256:"  # + the report's digest: this rank's word that it wrote it
 
 
 def report_failure(rank: int, name: str, text: str = "", headline: str = "failed; ending the job") -> None:
@@ -219,15 +222,22 @@ def report_failure(rank: int, name: str, text: str = "", headline: str = "failed
 
     With $NVLINK_EMU_FAILURE_DIR set (`nvlink-emu run` sets it), the report goes to a file there,
     which the launcher prints once the job has ended: a rank's stderr still in the MPI launcher's
-    pipe when MPI_Abort kills the job can be lost, a file cannot."""
+    pipe when MPI_Abort kills the job can be lost, a file cannot. Any rank can write a file there, so
+    this rank also writes FAILURE_MARK and the file's SHA-256 to its own stderr, which the MPI launcher
+    labels with the rank: the launcher prints a file only if the rank it names vouched for it so."""
     prefix = f"[nvlink-emu {name}] "
     lines = text.rstrip().split("\n") if text.strip() else []
     report = f"{prefix}{headline}\n" + "".join(prefix + line + "\n" for line in lines)
     directory = os.environ.get(FAILURE_DIR_ENV)
     if directory:
         try:
-            with open(Path(directory) / f"rank-{rank:05d}.txt", "w") as out:
-                out.write(report)
+            data = report.encode("utf-8", "replace")
+            # a new file of its own (O_EXCL): never one another rank planted, nor through a link it planted
+            fd, _ = tempfile.mkstemp(dir=directory, prefix=f"rank-{rank:05d}-", suffix=".txt")
+            with os.fdopen(fd, "wb") as out:
+                out.write(data)
+            mark = f"{FAILURE_MARK}{hashlib.sha256(data).hexdigest()}\n".encode()
+            os.write(2, mark)  # fd 2 itself: a workload's replacement of sys.stderr cannot hold it back
             return
         except OSError:
             pass  # an unwritable directory must not hide the report: fall back to stderr

@@ -174,12 +174,14 @@ def test_a_syntax_error_in_a_workload_shows_its_own_frames(tmp_path):
     broken = script(tmp_path, "import os\n\ndef main(gpu)\n    pass\n", "broken.py")
     done, _ = run([command("nvlink-emu"), "run", broken, "--gpus", "2"])
     assert done.returncode == 1
-    assert done.stderr.splitlines() == [f'  File "{broken}", line 3', "    def main(gpu)", "                 ^",
-                                        "SyntaxError: expected ':'"]
+    # GPU 0's lines (every GPU loads the script, GPU 0 speaks for all), labelled as the MPI launcher told it
+    assert done.stderr.splitlines() == [f'[gpu 0]   File "{broken}", line 3', "[gpu 0]     def main(gpu)",
+                                        "[gpu 0]                  ^", "[gpu 0] SyntaxError: expected ':'"]
     raising = script(tmp_path, "def helper():\n    raise RuntimeError('at import')\n\nhelper()\n", "raising.py")
     done, _ = run([command("nvlink-emu"), "run", raising, "--gpus", "2"])
     assert done.returncode == 1
-    assert done.stderr.startswith(f'Traceback (most recent call last):\n  File "{raising}", line 4, in <module>')
+    assert done.stderr.startswith(f'[gpu 0] Traceback (most recent call last):\n[gpu 0]   File "{raising}", '
+                                  f'line 4, in <module>')
     assert "runner.py" not in done.stderr and "runpy" not in done.stderr
     assert done.stderr.rstrip().endswith("RuntimeError: at import")
 

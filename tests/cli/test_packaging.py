@@ -4,7 +4,7 @@
 import os
 import sys
 
-from cli_helpers import ROOT, command, run
+from cli_helpers import ROOT, command, run, script
 
 
 def test_a_package_named_fabric_beside_ours_shadows_nothing(tmp_path):
@@ -30,3 +30,19 @@ def test_workload_scripts_get_errors_config_and_presets_from_one_import():
                  "CollectiveMismatch", "FabricTimeout", "ProtocolError", "ResourceExhausted"):
         assert getattr(public, name) is getattr(errors, name)
     assert public.preset is config.preset and public.PRESETS is config.PRESETS and public.load_toml is config.load_toml
+
+
+def test_a_users_own_fabric_beside_the_workload_is_the_one_it_imports(tmp_path):
+    # run from the repo's root (cli_helpers.run's cwd), whose fabric/, ranks/ and launch/ folders are the
+    # emulator's: `nvlink-emu run` must neither put them on PYTHONPATH nor leave the root on sys.path
+    user = tmp_path / "fabric"
+    user.mkdir()
+    (user / "__init__.py").write_text("WHOSE = 'the user'\nclass FabricError(Exception):\n    pass\n")
+    body = ("import importlib.util, fabric\n"
+            "import nvlink_emu.fabric.errors as ours\n"
+            "def main(gpu):\n"
+            "    others = [n for n in ('ranks', 'launch') if importlib.util.find_spec(n) is not None]\n"
+            "    print(fabric.WHOSE, fabric.__file__, fabric.FabricError is ours.FabricError, others)\n")
+    done, _ = run([command("nvlink-emu"), "run", script(tmp_path, body), "--gpus", "2", "--no-label"])
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.stdout.splitlines() == [f"the user {user / '__init__.py'} False []"] * 2

@@ -61,3 +61,55 @@ def test_the_label_is_a_launcher_independent_prefix(tmp_path):
                    script(tmp_path, "def main(gpu):\n    print('hello')\n"), "--gpus", "2"])
     assert done.returncode == 0, done.stderr[-3000:]
     assert sorted(done.stdout.splitlines()) == ["[0] [gpu 0] hello", "[1] [gpu 1] hello"]
+
+
+FORGER = textwrap.dedent("""
+    import hashlib, os, sys
+    from nvlink_emu.ranks.transport import world_rank
+
+    open(os.path.join({tmp!r}, f"loaded-{{world_rank()}}"), "w").close()  # which ranks run the script at all
+
+    def main(gpu):
+        print("hello")
+        if gpu.rank == 0:                       # GPU 0 speaks as GPU 1 every way it can
+            print("[gpu 1] forged by print")
+            sys.__stdout__.write("[gpu 1] forged past the line writer\\n")
+            sys.__stdout__.flush()
+            os.write(1, b"a line\\n[gpu 1] forged after a newline in the same write\\n")
+            os.write(2, b"[nvlink-emu gpu 1] failed; ending the job\\n")
+            failures = os.environ["NVLINK_EMU_FAILURE_DIR"]
+            report = "[nvlink-emu gpu 1] failed; ending the job\\n[nvlink-emu gpu 1] RuntimeError: forged\\n"
+            with open(os.path.join(failures, "rank-00001.txt"), "w") as out:
+                out.write(report)
+            with open(os.path.join(failures, "rank-00001-vouched.txt"), "w") as out:
+                out.write(report.replace("forged", "forged and vouched for"))
+            digest = hashlib.sha256(report.replace("forged", "forged and vouched for").encode()).hexdigest()
+            os.write(2, f"nvlink-emu failure report sha256:{{digest}}\\n".encode())  # GPU 0's word, not GPU 1's
+            os.mkfifo(os.path.join(failures, "rank-00003.txt"))  # a launcher that opens it waits for ever
+        gpu.world.barrier()
+        if gpu.rank == 2:
+            raise RuntimeError("a real failure")
+        gpu.world.barrier()
+""")
+
+
+def test_a_gpu_cannot_write_another_gpus_label_or_failure_report_nor_run_code_on_the_switch(tmp_path):
+    gpus = 3
+    done, _ = run([command("nvlink-emu"), "run", script(tmp_path, FORGER.format(tmp=str(tmp_path))), "--gpus",
+                   str(gpus), "--timeout", "30"], timeout_s=90)
+    assert done.returncode == 1, done.stderr[-3000:]
+    out = done.stdout.splitlines()
+    assert sorted(line for line in out if line.startswith("[gpu 1] ")) == ["[gpu 1] hello"]
+    assert sorted(out) == sorted(["[gpu 0] hello", "[gpu 1] hello", "[gpu 2] hello",
+                                  "[gpu 0] [gpu 1] forged by print", "[gpu 0] [gpu 1] forged past the line writer",
+                                  "[gpu 0] a line", "[gpu 0] [gpu 1] forged after a newline in the same write"])
+    err = done.stderr.splitlines()
+    assert [line for line in err if "[nvlink-emu gpu 1]" in line] == \
+        ["[gpu 0] [nvlink-emu gpu 1] failed; ending the job"]  # GPU 0's line, labelled as GPU 0's
+    assert err.count("[nvlink-emu gpu 2] failed; ending the job") == 1
+    assert err[-2] == "[nvlink-emu gpu 2] RuntimeError: a real failure"
+    assert err[-1] == ("nvlink-emu: warning: 3 failure report(s) in the ranks' directory not printed: no rank "
+                       "vouched for them on its own output (any rank can write a file there)")
+    assert "sha256" not in done.stderr  # the marks are the launcher's, never shown
+    # the script ran on the GPU ranks only: no workload code in the switch's process (world rank 3)
+    assert sorted(p.name for p in tmp_path.glob("loaded-*")) == ["loaded-0", "loaded-1", "loaded-2"]

@@ -1,14 +1,16 @@
 """CLI tier: a traced multi-rank run, merged into Chrome trace JSON and reported; cut-short files."""
 
 import json
+import os
 import shutil
 import textwrap
 from collections import defaultdict
 
+import msgpack
 import pytest
 
 from cli_helpers import command, run, script
-from nvlink_emu.fabric.trace import read_directory
+from nvlink_emu.fabric.trace import read_directory, read_trace
 from nvlink_emu.launch.traces import bytes_by_algorithm, link_totals
 
 WORKLOAD = textwrap.dedent("""
@@ -199,3 +201,60 @@ def test_a_traced_run_of_two_nodes_shows_the_leaves_spines_and_their_links(tmp_p
     done, _ = run([command("nvlink-emu"), "report", str(tmp_path / "trace"), "-o", str(tmp_path / "report")])
     assert done.returncode == 0, done.stderr
     assert "# leaf-spine links" in done.stdout and "sw1<->sw3" in done.stdout
+
+
+def test_a_hostile_trace_directory_is_warnings_and_files_beside_not_a_hang_a_crash_or_a_write_elsewhere(
+        traced, tmp_path):
+    # a directory someone else could write into: the run's own files, plus files named like traces that
+    # are a FIFO, a link to /dev/zero, headers no run writes (one sorts first), a record no rank writes;
+    # and links planted where the figures and the merged JSON go
+    trace_dir, printed = traced
+    hostile, out = tmp_path / "hostile", tmp_path / "out"
+    shutil.copytree(trace_dir, hostile)
+    out.mkdir()
+    os.mkfifo(hostile / "rank-00004.msgpack")
+    (hostile / "rank-00005.msgpack").symlink_to("/dev/zero")
+    header = read_trace(trace_dir / "rank-00000.msgpack").header
+    for name, bad in (("rank-0-first.msgpack", {"gpus": 300000}), ("rank-00006.msgpack", {"gpus": 0}),
+                      ("rank-00007.msgpack", {"role": None})):
+        (hostile / name).write_bytes(msgpack.packb({k: v for k, v in {**header, **bad}.items() if v is not None}))
+    genuine = read_trace(trace_dir / "rank-00002.msgpack")
+    at = next(i for i, event in enumerate(genuine.events) if event["ev"] == "tx")
+    forged = [genuine.header, *genuine.events[:at], {**genuine.events[at], "link": "gpu9->sw0"},
+              *genuine.events[at:], genuine.end]
+    (hostile / "rank-00002.msgpack").write_bytes(b"".join(msgpack.packb(r) for r in forged))
+    victim = tmp_path / "victim.txt"
+    victim.write_text("not yours\n")
+    for name in ("traffic-matrix.png", "bytes-per-algorithm.png", "trace.json"):
+        (out / name).symlink_to(victim)
+    warned, stdout = [], []
+    for tool in (["report", str(hostile), "-o", str(out)], ["trace", str(hostile), "-o", str(out / "trace.json")]):
+        done, _ = run([command("nvlink-emu"), *tool], timeout_s=60)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+        warned.append(sorted(line for line in done.stderr.splitlines() if line.startswith("warning: ")))
+        stdout.append(done.stdout)
+    assert warned[0] == warned[1] == [
+        "warning: rank-0-first.msgpack: left out: header gpus: an integer from 1 to 3840, got 300000",
+        f"warning: rank-00002.msgpack: read up to event {at}: tx link: a link of this fabric (3 GPUs, 1 switches: "
+        "gpuG->swS, swS->gpuG, swS->swT), got 'gpu9->sw0'",
+        "warning: rank-00004.msgpack: left out: a FIFO, not a trace file: not read",
+        "warning: rank-00005.msgpack: left out: a symbolic link to a character device, not a trace file: not read",
+        "warning: rank-00006.msgpack: left out: header gpus: an integer from 1 to 3840, got 0",
+        "warning: rank-00007.msgpack: left out: header role: gpu for rank 0 of 3 GPUs, got None",
+    ]
+    assert victim.read_text() == "not yours\n"
+    for name in ("traffic-matrix.png", "bytes-per-algorithm.png", "trace.json"):  # files of their own now
+        assert (out / name).is_file() and not (out / name).is_symlink() and (out / name).stat().st_size > 1000
+    assert sorted(p.name for p in out.iterdir()) == ["bytes-per-algorithm.png", "trace.json", "traffic-matrix.png"]  # no temporary file left
+    rows = table_rows(stdout[0])  # the other GPUs' rows are the counts the run printed
+    assert rows["gpu0<->sw0"] == printed["gpu0<->sw0"] and rows["gpu1<->sw0"] == printed["gpu1<->sw0"]
+    # a directory of nothing a run wrote: one line, no traceback
+    for name in ("rank-00000.msgpack", "rank-00001.msgpack", "rank-00002.msgpack", "rank-00003.msgpack"):
+        (hostile / name).unlink()
+    done, _ = run([command("nvlink-emu"), "report", str(hostile), "-o", str(out)], timeout_s=60)
+    assert done.returncode == 2 and done.stderr == (
+        f"nvlink-emu: error: {hostile}: no trace file a run wrote (rank-00004.msgpack: left out: a FIFO, not a "
+        f"trace file: not read; rank-00005.msgpack: left out: a symbolic link to a character device, not a trace "
+        f"file: not read; rank-0-first.msgpack: left out: header gpus: an integer from 1 to 3840, got 300000; "
+        f"rank-00006.msgpack: left out: header gpus: an integer from 1 to 3840, got 0; rank-00007.msgpack: left "
+        f"out: header role: gpu for rank 0 of 3 GPUs, got None)\n")

@@ -97,3 +97,53 @@ def test_lines_on_stdout_with_no_prefix_leaves_stdout_alone():
     with lines_on_stdout(None):
         assert sys.stdout is original
     assert sys.stdout is original
+
+
+# -- the launcher's side: labels from the MPI launcher's own, failure reports a rank vouched for ----------
+def test_each_line_is_labelled_by_the_rank_the_mpi_launcher_names_not_by_its_text():
+    from nvlink_emu.fabric.config import resolve
+    from nvlink_emu.launch.labels import JobOutput
+    from nvlink_emu.launch.mpiexec import HYDRA_LABELS
+
+    output = JobOutput(HYDRA_LABELS, resolve("superpod-h100-ib", None, None, 2, 2))  # world: g0 g1 leaf0 g2 g3 ...
+    assert output.show("[0] hello", "out") == "[gpu 0] hello"
+    assert output.show("[3] hello", "out") == "[gpu 2] hello"              # world rank 3 is GPU 2 (node 1)
+    assert output.show("[2] # per-link counters", "err") == "# per-link counters"  # a switch's: no label
+    assert output.show("[0] [gpu 1] forged", "out") == "[gpu 0] [gpu 1] forged"
+    assert output.show("[0] [nvlink-emu gpu 1] failed", "err") == "[gpu 0] [nvlink-emu gpu 1] failed"
+    assert output.show("[0] x[1] y", "out") == "[gpu 0] x[1] y"              # a label mid-line is text
+    assert output.show("=== BAD TERMINATION", "out") == "=== BAD TERMINATION"  # mpiexec's own line
+    assert output.show("[99] x", "out") == "[99] x"                          # no rank of this job
+    assert output.show("[0] " + "nvlink-emu failure report sha256:" + "a" * 64, "out").startswith("[gpu 0] ")
+    assert output.show("[3] " + "nvlink-emu failure report sha256:" + "b" * 64, "err") is None
+    assert output.vouched == {"b" * 64: 3}
+    bare = JobOutput(HYDRA_LABELS, resolve("dgx-h100", None, 2), no_label=True)
+    assert (bare.show("[1] hi", "out"), bare.show("[1] hi", "err")) == ("hi", "[gpu 1] hi")  # stderr: always
+
+
+def test_a_failure_report_is_printed_only_if_the_rank_it_names_vouched_for_it(tmp_path):
+    import hashlib
+
+    from nvlink_emu.fabric.config import resolve
+    from nvlink_emu.launch.labels import JobOutput
+    from nvlink_emu.launch.mpiexec import HYDRA_LABELS
+
+    def report(name, what):
+        return f"[nvlink-emu {name}] failed; ending the job\n[nvlink-emu {name}] {what}\n"
+
+    files = {"rank-00001-a.txt": report("gpu 1", "RuntimeError: real"),        # vouched for by world rank 1
+             "rank-00001-b.txt": report("gpu 1", "RuntimeError: forged"),      # vouched for by rank 0, names gpu 1
+             "rank-00002-c.txt": report("switch (rank 2)", "RuntimeError: unvouched"),
+             "rank-00000-d.txt": report("rank 0", "SyntaxError: setup")}       # rank 0's setup failure, vouched
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    os.mkfifo(tmp_path / "rank-00003.txt")  # never opened (the launcher would wait for a writer)
+    output = JobOutput(HYDRA_LABELS, resolve("dgx-h100", None, 2))
+    for world, name in ((1, "rank-00001-a.txt"), (0, "rank-00001-b.txt"), (0, "rank-00000-d.txt")):
+        digest = hashlib.sha256(files[name].encode()).hexdigest()
+        assert output.show(f"[{world}] nvlink-emu failure report sha256:{digest}", "err") is None
+    shown, left_out = output.reports(tmp_path)
+    assert shown == [files["rank-00000-d.txt"], files["rank-00001-a.txt"]] and left_out == 3
+    # with a launcher that labels nothing, every regular file is printed, as the ranks wrote it
+    assert JobOutput(None, resolve("dgx-h100", None, 2)).reports(tmp_path) == (
+        [files[n] for n in sorted(files)], 1)

@@ -3,13 +3,15 @@ warnings on stderr) and figures that read (units, values in cells, labelled axes
 
 import io
 import json
+import re
 
 import pytest
 
 from nvlink_emu.fabric.errors import ConfigError
-from nvlink_emu.fabric.trace import TraceWriter, find_runs
-from nvlink_emu.launch.report import (REPORT_SCHEMA_VERSION, algorithm_figure, byte_unit, check_report_path,
-                                      matrix_figure, print_report, report_json, write_report_json)
+from nvlink_emu.fabric.trace import TraceWriter, find_runs, read_trace
+from nvlink_emu.launch.report import (REPORT_SCHEMA_VERSION, algorithm_figure, byte_unit, check_report_path, checked,
+                                      matrix_figure, print_report, report_json, run_summary, write_report_json)
+from nvlink_emu.launch.traces import merge, read_run
 
 MIB = 1 << 20
 TIMING = {"bandwidth_gbytes_per_s": 450.0, "link_latency_ns": 150.0}
@@ -44,6 +46,54 @@ def test_report_json_has_the_schema_string_keys_and_derived_figures():
     assert [c["gpu"] for c in doc["collectives"]] == [0, 1] and doc["collectives"][1]["tx_bytes"] == 1000
     assert doc["collectives_unrecorded"] == {"0": 0, "1": 3} and doc["unconsumed"] == {"1": [["k", 0, 1]]}
     assert json.loads(json.dumps(doc)) == doc  # plain JSON: nothing is lost in the file
+
+
+@pytest.mark.parametrize("field, value, why", [
+    ("collectives", [{"dtype": "float32"}], "collectives record 0: a call record with the keys comm, seq"),
+    ("collectives", "calls", "collectives: a list of call records, got str"),
+    ("call", {"members": 3}, "collectives record 0 members: 1 to 2 (the fabric's GPUs), got 3"),
+    ("call", {"root": 2}, "collectives record 0 root: null or a member, 0 to 1, got 2"),
+    ("call", {"count": -1}, "collectives record 0 count: a count (an integer >= 0), got -1"),
+    ("call", {"seq": 1.5}, "collectives record 0 seq: a count (an integer >= 0), got 1.5"),
+    ("call", {"m_end_ns": 50.0}, "collectives record 0: m_end_ns 50.0 before m_start_ns 100.0"),
+    ("call", {"m_start_ns": float("nan")}, "collectives record 0 m_start_ns: a modeled time"),
+    ("call", {"dtype": "V99999999999999:x"}, "collectives record 0 dtype: 'V99999999999999:x' is no dtype name"),
+    ("call", {"algorithm": "a" * 5000}, "collectives record 0 algorithm: a name (a string of 1 to 4096"),
+    ("call", {"dtype": "object"}, "collectives record 0 dtype: 'object' is no dtype name"),
+    ("call", {"comm": ""}, "collectives record 0 comm: a name"),
+    ("collectives_unrecorded", -3, "collectives_unrecorded: a count (an integer >= 0), got -3"),
+    ("unconsumed", [["...", 2], ["k", 1]], "unconsumed entry 0: ['...', n] comes last"),
+    ("unconsumed", [["...", 0]], "unconsumed entry 0: ['...', n] comes last"),
+    ("unconsumed", [["k", [1]]], "unconsumed entry 0: a message key (a flat list of integers and strings)"),
+    ("unconsumed", {"k": 1}, "unconsumed: a list of message keys, got dict"),
+    ("busy", -1.0, "links sw0->gpu1 busy_ns: a finite number of ns >= 0, got -1.0"),
+])
+def test_a_gpus_report_field_that_does_not_check_out_is_left_out_and_named(field, value, why):
+    report = run_report()
+    if field == "call":
+        report["collectives"][1] = [{**report["collectives"][1][0], **value}]
+        field = "collectives"
+    elif field == "busy":
+        report["links"]["sw0->gpu1"] = {**report["links"]["sw0->gpu0"], "busy_ns": value}
+    else:
+        report[field][1] = value
+    clean, refused = checked(report)
+    assert list(refused) == [1] and len(refused[1]) == 1 and refused[1][0].startswith(why), refused
+    honest = checked(run_report())[0]
+    if field == "busy":
+        assert clean["links"]["sw0->gpu1"]["busy_ns"] == 0.0
+    else:  # GPU 1's field left out, GPU 0's (and GPU 1's other fields) kept as they were
+        assert 1 not in clean[field] and clean[field].get(0) == honest[field].get(0)
+    assert {k: v for k, v in clean.items() if k not in (field, "links", "refused_reports")} == \
+        {k: v for k, v in honest.items() if k not in (field, "links", "refused_reports")}
+    summary = run_summary(report)  # never raises: the table, then GPU 1's line
+    assert "gpu0<->sw0" in summary and summary.splitlines()[-1].startswith("error: GPU 1's end-of-run report refused")
+    doc = report_json(report)
+    assert doc["refused_reports"] == {"1": refused[1]} and json.loads(json.dumps(doc)) == doc
+
+
+def test_an_honest_report_is_refused_nothing():
+    assert checked(run_report())[1] == {} and report_json(run_report())["refused_reports"] == {}
 
 
 def test_classic_mode_has_no_link_tlb_so_its_counts_are_null():
@@ -167,3 +217,94 @@ def test_the_algorithm_figure_is_in_mib_with_labelled_axes_and_no_offset():
     heights = {round(p.get_height(), 3) for p in axes[0].patches}
     assert heights == {7.0, 0.125, 0.0}
     assert [t.get_text() for t in axes[1].get_legend().get_texts()] == ["all2all/direct", "allreduce/ring"]
+
+
+def planted(directory, name, records):
+    """A file named like a rank's trace holding `records` (msgpack maps), as anyone could write one."""
+    import msgpack
+
+    (directory / name).write_bytes(b"".join(msgpack.packb(r) for r in records))
+
+
+@pytest.mark.parametrize("bad, why", [
+    ({"gpus": 0}, "gpus: an integer from 1 to 3840, got 0"),
+    ({"gpus": "2"}, "gpus: an integer from 1 to 3840, got '2'"),
+    ({"role": None}, "role: gpu for rank 0 of 2 GPUs, got None"),
+    ({"role": "switch"}, "role: gpu for rank 0 of 2 GPUs, got 'switch'"),
+    ({"rank": 3}, "rank: an integer from 0 to 2, got 3"),
+    ({"nodes": 3}, "nodes: an integer from 1 to 2, got 3"),
+    ({"spines": 5000}, "spines: an integer from 0 to 0, got 5000"),  # one node has no spines
+    ({"mtu_bytes": 0}, "mtu_bytes: an integer from 1 to 1099511627776, got 0"),
+    ({"timing": {"bandwidth_gbytes_per_s": 0.0, "link_latency_ns": 1.0}},
+     "timing bandwidth_gbytes_per_s: a finite number > 0, got 0.0"),
+    ({"schema": 2}, "schema: 1, got 2"),
+])
+def test_a_header_no_run_writes_is_left_out_even_sorted_first(tmp_path, bad, why):
+    write_run(tmp_path / "run")
+    first = {**read_trace(tmp_path / "run" / "rank-00000.msgpack").header, **bad}
+    planted(tmp_path / "run", "rank-0-planted.msgpack", [{k: v for k, v in first.items() if v is not None}])
+    traces, warnings = read_run(tmp_path / "run")  # what report and trace read
+    assert warnings == [f"rank-0-planted.msgpack: left out: header {why}"]
+    assert [t.header["rank"] for t in traces] == [0, 1, 2]  # the run's own files, though sorted after it
+    for name in ("rank-00000.msgpack", "rank-00001.msgpack", "rank-00002.msgpack"):
+        (tmp_path / "run" / name).unlink()
+    with pytest.raises(FileNotFoundError, match=f"no trace file a run wrote \\(rank-0-planted.msgpack: left out: "
+                                                f"header {re.escape(why)}\\)"):
+        print_report(tmp_path / "run", tmp_path / "figures", io.StringIO(), io.StringIO())
+
+
+@pytest.mark.parametrize("event, why", [
+    ({"ev": "tx", "link": "sw0->gpu7"}, "tx link: a link of this fabric"),
+    ({"ev": "tx", "payload": -1}, "tx payload: an integer from 0 to"),
+    ({"ev": "tx", "m_start": "soon"}, "tx m_start: a finite number, got 'soon'"),
+    ({"ev": "coll_end", "dtype": "evil"}, "coll_end dtype: 'evil' is no dtype name"),
+    ({"ev": "refused", "message": b"\x00"}, "refused: bytes is not a trace value"),
+    ({"ev": "error", "error": 7}, "error error: a string of at most 4096 characters, got int"),
+])
+def test_a_record_no_rank_writes_cuts_its_file_there_and_the_tools_go_on(tmp_path, event, why):
+    write_run(tmp_path / "run")
+    trace = read_trace(tmp_path / "run" / "rank-00001.msgpack")
+    base = next(e for e in trace.events if e["ev"] == event["ev"]) if event["ev"] in ("tx", "coll_end") else \
+        {"error": "RuntimeError", "message": "m", "gpu": 1, "kind": "PUT", "m": 1.0}
+    planted(tmp_path / "run", "rank-00001.msgpack", [trace.header, trace.events[0], {"wall": 0.0, **base, **event},
+                                                     *trace.events[1:], trace.end])
+    traces, warnings = read_run(tmp_path / "run")
+    assert len(warnings) == 1 and warnings[0].startswith(f"rank-00001.msgpack: read up to event 1: {why}"), warnings
+    assert traces[1].events == trace.events[:1] and traces[1].truncated and traces[1].end is None
+    json.dumps(merge(traces))  # and the merged trace is plain JSON
+    if event["ev"] == "error":  # the report reads error records (its failed ranks): it goes on without this one
+        out = io.StringIO()
+        assert print_report(tmp_path / "run", tmp_path / "figures", out, io.StringIO()) == 0
+        assert "failed" not in out.getvalue() and "gpu1<->sw0" in out.getvalue()
+
+
+def test_a_collective_end_without_its_begin_is_no_span_and_no_crash(tmp_path):
+    write_run(tmp_path / "run")
+    trace = read_trace(tmp_path / "run" / "rank-00001.msgpack")
+    planted(tmp_path / "run", "rank-00001.msgpack", [trace.header, *[e for e in trace.events if e["ev"] != "coll_begin"],
+                                                     trace.end])
+    spans = [e for e in merge(read_run(tmp_path / "run")[0])["traceEvents"] if e["ph"] == "X" and e["pid"] == 1
+             and "(" in e["name"]]
+    assert spans == []  # GPU 1's collective had no begin on its rank: nothing drawn for it
+
+
+def test_figures_replace_links_planted_where_they_go_and_never_write_through_them(tmp_path):
+    write_run(tmp_path / "run")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("not yours\n")
+    (tmp_path / "figures").mkdir()
+    for name in ("traffic-matrix.png", "bytes-per-algorithm.png"):
+        (tmp_path / "figures" / name).symlink_to(victim)
+    assert print_report(tmp_path / "run", tmp_path / "figures", io.StringIO(), io.StringIO()) == 0
+    assert victim.read_text() == "not yours\n"
+    assert sorted(p.name for p in (tmp_path / "figures").iterdir()) == ["bytes-per-algorithm.png", "traffic-matrix.png"]
+    assert all(p.is_file() and not p.is_symlink() and p.read_bytes()[:4] == b"\x89PNG"
+               for p in (tmp_path / "figures").iterdir())
+    # a run's own subdirectory of OUTDIR planted as a link: refused, nothing written where it points
+    write_run(tmp_path / "runs" / "part1")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "out" / "part1").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(ConfigError, match="part1: is a symbolic link; the figures are not written through it"):
+        print_report(tmp_path / "runs", tmp_path / "out", io.StringIO(), io.StringIO())
+    assert list((tmp_path / "elsewhere").iterdir()) == []

@@ -1,11 +1,12 @@
 """Trace files: schema round trip, cut-short files read up to their last whole record."""
 
 import errno
+import os
 
 import msgpack
 import pytest
 
-from nvlink_emu.fabric.trace import SCHEMA_VERSION, TraceWriteError, TraceWriter, read_directory, read_trace, trace_path
+from nvlink_emu.fabric.trace import MAX_RECORD_BYTES, SCHEMA_VERSION, TraceWriteError, TraceWriter, read_directory, read_trace, trace_path
 
 
 def write_run(tmp_path, events, end=True, rank=3):
@@ -113,3 +114,39 @@ def test_a_failed_write_is_a_trace_write_error_naming_the_file(tmp_path):
         writer.write({"ev": "rx"})  # the second record fills the buffer: the flush fails
     assert str(info.value) == f"[Errno 28] cannot write trace file {tmp_path / 'rank-00002.msgpack'}: No space left on device"
     assert isinstance(info.value, OSError) and info.value.errno == errno.ENOSPC
+
+
+def test_a_valid_trace_over_100_mib_is_read_streamed(tmp_path):
+    # msgpack's Unpacker fed a whole file holds at most 100 MiB: a longer run's trace raised BufferFull
+    writer = TraceWriter(tmp_path, 0, {"role": "gpu"}, flush_every=1)
+    note = "n" * (1 << 20)
+    for i in range(101):
+        writer.write({"ev": "note", "i": i, "text": note})
+    writer.close({"m": 1.0})
+    assert trace_path(tmp_path, 0).stat().st_size > 101 << 20
+    trace = read_trace(trace_path(tmp_path, 0))
+    assert not trace.truncated and [e["i"] for e in trace.events] == list(range(101)) and trace.end["m"] == 1.0
+
+
+def test_a_record_larger_than_any_rank_writes_ends_the_read_there(tmp_path):
+    writer = TraceWriter(tmp_path, 0, {"role": "gpu"}, flush_every=1)
+    writer.write({"ev": "tx", "seq": 0})
+    writer.write({"ev": "note", "text": b"x" * (MAX_RECORD_BYTES + 1)})
+    writer.close({"m": 1.0})
+    trace = read_trace(trace_path(tmp_path, 0))
+    assert trace.truncated and trace.events == [{"ev": "tx", "seq": 0}]
+    assert trace.problem == f"record 2 is larger than {MAX_RECORD_BYTES} bytes: not a trace record"
+
+
+def test_a_fifo_a_device_or_a_directory_named_like_a_trace_is_not_read_nor_waited_on(tmp_path):
+    os.mkfifo(tmp_path / "rank-00000.msgpack")          # open() of it would wait for a writer for ever
+    (tmp_path / "rank-00001.msgpack").symlink_to("/dev/zero")  # reading it would never end
+    (tmp_path / "rank-00002.msgpack").mkdir()
+    (tmp_path / "rank-00003.msgpack").symlink_to(tmp_path / "missing")
+    problems = [read_trace(tmp_path / f"rank-0000{r}.msgpack").problem for r in range(4)]
+    assert problems == ["a FIFO, not a trace file: not read",
+                        "a symbolic link to a character device, not a trace file: not read",
+                        "a directory, not a trace file: not read", "No such file or directory"]
+    write_run(tmp_path, [], rank=4)  # a symbolic link to a trace file is read as the file
+    (tmp_path / "rank-00005.msgpack").symlink_to(tmp_path / "rank-00004.msgpack")
+    assert read_trace(tmp_path / "rank-00005.msgpack").header["rank"] == 4
