@@ -562,9 +562,29 @@ class Gpu:
             if not sweep:
                 return True
             moved = True
-        dropped = self._transport.drop_strays(self._switch, sweep=sweep) + (self._control.drop_strays() if sweep else 0)
+        dropped = self._transport.drop_strays(self._switch, sweep=sweep) + (self._sweep_mpi() if sweep else 0)
         self.strays += dropped
         return moved or bool(dropped)
+
+    def _sweep_mpi(self) -> int:
+        """Drop what waits on this GPU's other MPI communicators and no protocol expects (a flood sent
+        around the fabric would hold its bytes here and slow every match of this rank's, whatever the
+        communicator); returns how many. The run's own communicator (MPI_COMM_WORLD under `nvlink-emu run`:
+        nobody's point to point while the run lasts), the GPU ranks' control channel (control messages
+        only: those waiting are taken and filed now, up to MAX_CONTROL_WAITING), each communicator's
+        members' MPI communicators (exchange slots only, one a member: MemberComms.sweep)."""
+        control = self._control
+        dropped = self._transport.sweep_outer() + control.drop_strays()
+        for _ in range(MAX_CONTROL_WAITING):
+            got = control.poll()
+            if got is None:
+                break
+            self._file_control(*got)
+        status = self._transport._status
+        for comm in list(self._communicators.values()):
+            if comm._mpi is not None:
+                dropped += comm._mpi.sweep(status)
+        return dropped
 
     def _file_control(self, source: int, message) -> None:
         """Take a point-to-point control message: a credit of a communicator this GPU and `source` are

@@ -180,6 +180,7 @@ class SwitchRank:
         if not self._steps % SWEEP_STEPS:  # now and then, for every GPU (honest ones never leave any)
             moved |= self._sweep_other_tags()
             moved |= self.transport.drop_strays_from(set(self.sources)) > 0
+            moved |= self.transport.sweep_outer() > 0  # a flood sent around the fabric (transport.sweep_outer)
             for source in self.gpus:
                 moved |= self._drop_orphans(source)
         else:

@@ -5,6 +5,7 @@ internals (its transport, its control channel) exactly as a hostile script could
 """
 
 import pickle
+import time
 import runpy
 from pathlib import Path
 
@@ -330,3 +331,46 @@ def test_only_gpu_0_turns_the_switch_s_tracing_on_or_off():
             assert "only GPU 0 turns tracing on or off" in str(refusals(gpu, 1)[0])
 
     assert run(main).report["ports"][1]["malformed"] == 1
+
+
+def test_raw_mpi_messages_around_the_fabric_are_swept_and_counted():
+    """Issue 25.2: GPU 0, alone in its partition, floods GPU 1 of the other partition with small raw MPI
+    messages on every MPI communicator they share: the run's own (MPI_COMM_WORLD), the GPU ranks' control
+    channel under another tag, and world's members' two communicators under another tag and under the
+    exchanges' own tag. Nothing swept them: the victims' allreduces crawled and GPU 1's memory grew. Each is
+    dropped and counted in gpu.strays, but for one exchange slot kept on world's communicator (the next world
+    exchange's, if it were one); what waits afterwards is nothing."""
+    from mpi4py import MPI
+
+    from nvlink_emu.ranks.transport import TAG_EXCHANGE
+    each, victim = 500, 1
+
+    def main(gpu):
+        if gpu.rank == 0:
+            junk = np.zeros(64, np.uint8)
+            world = gpu.world._mpi
+            floods = [(MPI.COMM_WORLD, 5), (gpu._control.comm, 99), (world.comm, 77), (world.groups, 77),
+                      (world.comm, TAG_EXCHANGE)]
+            sends = [comm.Isend([junk, MPI.BYTE], victim, tag) for comm, tag in floods for _ in range(each)]
+            sends += [MPI.COMM_WORLD.Isend([junk, MPI.BYTE], gpu.size, 5) for _ in range(each)]  # the switch's too
+            gpu.wait(lambda: MPI.Request.Testall(sends), "the flood", "MPI")
+            return None
+        flag, rounds, start = np.zeros(1, np.float32), 0, time.monotonic()
+        while True:
+            flag[:] = gpu.rank == victim and gpu.strays >= 5 * each - 1
+            gpu.partition.allreduce(flag, "max")
+            rounds += 1
+            if flag[0]:
+                break
+            assert time.monotonic() - start < 60, f"GPU {gpu.rank}: the flood not swept after {rounds} allreduces"
+        if gpu.rank == victim:
+            assert gpu.strays == 5 * each - 1
+            kept = gpu.world._mpi.kept
+            assert list(kept[0]) == [0] and kept[1] == {}
+            assert not any(comm.Iprobe(0, MPI.ANY_TAG) for comm in (MPI.COMM_WORLD, gpu._control.comm,
+                                                                     gpu.world._mpi.comm, gpu.world._mpi.groups))
+        return rounds / (time.monotonic() - start)
+
+    result = run(main, timeout_s=90, **lone_attacker(gpus()))
+    if result.role == "gpu" and result.rank:
+        assert result.value > 5, f"{result.value:.1f} allreduces a second during the flood"  # a loose sanity bound
