@@ -483,6 +483,22 @@ class Transport:
         every later match of this rank, whatever the communicator)."""
         return _drop_front(self.outer, self._status, lambda source, tag: False)
 
+    def sweep_outer_at_end(self, timeout_s: float) -> int:
+        """The end of the run on every rank of its communicator (collective over `outer`): meet the others,
+        sweeping meanwhile, then sweep once more; returns how many messages were dropped. A message left
+        unreceived there makes MPICH's MPI_Finalize fail on its receiver ("Communicator ... being freed has
+        N unmatched message(s)"), and mpiexec then kills every other rank: the job ended with status 9 (a
+        rank killed by signal 9) although the run completed. Every rank comes here after its last send."""
+        request, dropped = self.outer.Ibarrier(), 0
+        deadline, idle = time.monotonic() + timeout_s, Idle()
+        while not request.Test():
+            dropped += self.sweep_outer()
+            if time.monotonic() > deadline:
+                raise FabricTimeout(f"rank {self.rank}: the end of the run: not every rank of the run's communicator "
+                                    f"came within {timeout_s:g} s")
+            idle()
+        return dropped + self.sweep_outer()
+
     def drop_strays_from(self, allowed: set) -> int:
         """Drop messages waiting from ranks outside `allowed` (a switch hears its own GPUs and its
         neighbour switches only); returns how many."""
