@@ -26,7 +26,8 @@ from nvlink_emu.fabric.timemodel import LinkEnd
 
 from .comm import CREDIT_SEQ, Communicator, is_integer
 from .requests import Request, wait_all, wait_any
-from .transport import MAX_HEADER_BYTES, ControlChannel, Idle, Transport, native_collective, poked_idle, unframe
+from .transport import (MAILBOX_PEER_BYTES, MAILBOX_PEER_MESSAGES, MAX_HEADER_BYTES, ControlChannel, Idle, Transport,
+                        native_collective, poked_idle, unframe)
 
 
 STRAY_SWEEP = 256  # every this many progress calls, look for strays from every rank, not just in front
@@ -77,6 +78,9 @@ class Gpu:
         self._async_errors: list[FabricError] = []      # refusals of puts: raised at put, get, fence, barrier
         self._traffic_errors: list[FabricError] = []    # refusals of collective traffic: raised in any wait
         self._mailbox: dict[tuple, np.ndarray] = {}     # message key -> received bytes
+        # per sender GPU of this node: [payload bytes, messages] its program took and the switch was not told of
+        # yet (_took: the switch holds a sender's messages past transport.MAILBOX_PEER_* not taken)
+        self._taken: dict[int, list[int]] = {}
         self._posted: dict[tuple, np.ndarray] = {}      # message key -> where to receive it
         self._control_box: dict[tuple, object] = {}     # (comm name, credit number, source) -> credit (sharp reduce)
         self._control_waiting = collections.Counter()   # source -> its messages in the box
@@ -423,6 +427,7 @@ class Gpu:
         if got is None:
             self._posted[key] = dest
             return
+        self._took(key[1], got.nbytes)
         if got.nbytes != dest.nbytes:
             raise ProtocolError(f"GPU {self.rank}: message {key} has {got.nbytes} bytes, expected {dest.nbytes}")
         dest[:] = got
@@ -443,7 +448,24 @@ class Gpu:
         slot = (tuple(key), peer)
         self._wait(lambda: slot in self._mailbox, op, waiting_for)
         self.now_ns = max(self.now_ns, self._consume(*self._arrivals.pop(slot)))
-        return self._mailbox.pop(slot)
+        got = self._mailbox.pop(slot)
+        self._took(peer, got.nbytes)
+        return got
+
+    def _took(self, sender, nbytes: int) -> None:
+        """This GPU's program took a message of `nbytes` from GPU `sender` (an int; a multicast's sender is
+        the switch): credited back to the switch once half a bound is due, or at the next idle progress."""
+        if type(sender) is not int or sender // self.config.gpus_per_node != self._leaf:
+            return  # the switch bounds the messages of its own GPUs only
+        taken = self._taken.setdefault(sender, [0, 0])
+        taken[0] += nbytes
+        taken[1] += 1
+        if taken[0] >= MAILBOX_PEER_BYTES // 2 or taken[1] >= MAILBOX_PEER_MESSAGES // 2:
+            self._credit(sender)
+
+    def _credit(self, sender: int) -> None:
+        nbytes, messages = self._taken.pop(sender)
+        self._transport.send_credit(self._switch, sender, nbytes, messages)
 
     def has_message(self, key: tuple, peer: int) -> bool:
         """Whether the message in slot `key` from GPU `peer` has arrived, not posted for and not yet taken
@@ -551,9 +573,16 @@ class Gpu:
             moved = True
         self._polls += 1
         sweep = not self._polls % STRAY_SWEEP
+        if sweep and self._taken:  # now and then whatever else happens (below: whenever about to wait)
+            for sender in list(self._taken):
+                self._credit(sender)
         # most wakes find nothing: one probe for any message on the fabric's communicator, instead of
         # the two below (a header from the switch, strays in front), which find nothing if it does not
         if not sweep and not self._transport.anything_waiting():
+            if not moved and self._taken:  # about to wait: the switch may hold a message for want of these
+                for sender in list(self._taken):
+                    self._credit(sender)
+                return True
             return moved
         incoming = self._transport.poll(self._switch)
         if incoming is not None:
@@ -701,6 +730,7 @@ class Gpu:
                                     f"bytes, the receive expects {dest.nbytes}")
             if dest is not None:
                 del self._posted[slot]
+                self._took(sender, packet.nbytes)
             else:
                 self._mailbox[slot] = buffer
             self._arrivals[slot] = (packet, seq)  # its downlink turn comes when the program consumes it

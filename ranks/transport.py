@@ -38,6 +38,15 @@ TAG_HEADER = 11
 TAG_PAYLOAD = 12
 TAG_CONTROL = 13
 TAG_EXCHANGE = 14  # an exchange's slots, on the members' own MPI communicator (Exchange)
+# a GPU's mailbox credit to its switch (send_credit): apart from its packets, so that a credit never waits
+# behind a packet of the same GPU's that the switch holds for want of the other side's credit
+TAG_CREDIT = 15
+_CREDIT = 3  # int64s of a credit: the sending GPU, payload bytes, messages
+# Mailbox bounds, per pair of GPUs of one node (ranks/switch.py holds a sender's next MSG past them, ranks/gpu.py
+# credits them back as its program takes messages): a GPU's messages to a peer that the peer's program has not
+# taken are at most MAILBOX_PEER_BYTES of payload and MAILBOX_PEER_MESSAGES (as the switch's MAX_UNREAD) messages
+MAILBOX_PEER_BYTES = 32 << 20
+MAILBOX_PEER_MESSAGES = 1024
 ABORT_GRACE_S = 0.5  # s, between a failing rank's report and MPI_Abort
 MAX_HEADER_BYTES = 1 << 16  # a header from a GPU is at most this long (the longest real one is ~1 KiB)
 _NOTHING = np.empty(0, np.uint8)  # where dropped messages go (a receive truncated to nothing)
@@ -287,6 +296,26 @@ class Transport:
         self.waker.poke(dest)
         return self._keep(dest, requests, buffers)
 
+    def send_credit(self, dest: int, sender: int, nbytes: int, messages: int) -> None:
+        """Tell switch rank `dest` that this GPU's program took `messages` messages (`nbytes` of payload)
+        from GPU `sender` (TAG_CREDIT: read apart from this GPU's packets)."""
+        data = np.array([sender, nbytes, messages], np.int64)
+        self._keep(dest, [self.comm.Isend([data, MPI.BYTE], dest, TAG_CREDIT)], (data, None))
+        self.waker.poke(dest)
+
+    def credits(self, most: int) -> list[tuple[int, int, int, int]]:
+        """Up to `most` credits waiting from any rank: (source rank, sender GPU, bytes, messages) each; one of
+        another size is dropped unread."""
+        got, status, buffer = [], self._status, np.empty(_CREDIT, np.int64)
+        while len(got) < most and self.comm.Iprobe(MPI.ANY_SOURCE, TAG_CREDIT, status):
+            source = status.Get_source()
+            if status.Get_count(MPI.BYTE) != buffer.nbytes:
+                self._drop_from(source, TAG_CREDIT)
+                continue
+            self.comm.Recv([buffer, MPI.BYTE], source, TAG_CREDIT)
+            got.append((source, *(int(v) for v in buffer)))
+        return got
+
     def payload_only(self, dest: int, payload: np.ndarray) -> list:
         """Post a payload message with no header (a hostile GPU's realignment; tests use it)."""
         requests = [self.comm.Isend([payload, MPI.BYTE], dest, TAG_PAYLOAD)]
@@ -444,12 +473,14 @@ class Transport:
         order (at most `keep` kept per source; poll, header_waiting and probe_payload take them first),
         so that nothing it sends stays unread behind a message of its own that waits; for any other
         source, up to its first fabric message (its reader takes those as they come)."""
-        dropped = _drop_front(self.comm, self._status, lambda source, tag: tag in (TAG_HEADER, TAG_PAYLOAD))
+        dropped = _drop_front(self.comm, self._status, lambda source, tag: tag in (TAG_HEADER, TAG_PAYLOAD, TAG_CREDIT))
         status = self._status
         for source in sources:
             kept = sum(len(self._kept.get((source, tag), ())) for tag in (TAG_HEADER, TAG_PAYLOAD))
             while self.comm.Iprobe(source, MPI.ANY_TAG, status):
                 tag = status.Get_tag()
+                if tag == TAG_CREDIT:  # taken by credits(), in turn: what is behind it waits for that
+                    break
                 if tag not in (TAG_HEADER, TAG_PAYLOAD):
                     _drop_from(self.comm, source, tag)
                     dropped += 1
