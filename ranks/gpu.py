@@ -490,7 +490,7 @@ class Gpu:
     def wait_sent(self, sends: list[list], what: str) -> None:
         """Wait until sends (a list of what send_message returned) completed locally, so their buffers
         may be written again; `what` names them in a timeout. Modeled time does not move."""
-        self._wait(lambda: all(self._transport.sent(r) for r in sends), what, "the switch to take the data")
+        self._wait(lambda: all(self._transport.sent(r) for r in sends), what, _TAKE_DATA)
 
     def bind_buffer(self, key: tuple, data: np.ndarray) -> None:
         """Let the switch LOAD from `data` under `key` (NVLS: a buffer bound to a multicast group)."""
@@ -914,6 +914,12 @@ class Gpu:
                 keys = keys[:len(keys) * 3 // 4]
             else:
                 return packet
+
+
+# whom wait_sent waits for: the switch holds a message past its receiver's mailbox bound (transport.MAILBOX_PEER_*)
+_TAKE_DATA = (f"the switch to take the data (a message waits there while its receiver, a GPU of this node, has "
+              f"{MAILBOX_PEER_MESSAGES} of this GPU's messages or {MAILBOX_PEER_BYTES >> 20} MiB of them not taken "
+              f"by its program)")
 
 
 def _describe(target) -> str:

@@ -62,6 +62,24 @@ def test_messages_left_unreceived_on_mpi_comm_world_are_dropped_and_said_not_a_s
     assert all(0 < int(line.split("dropped ")[1].split()[0]) <= 300 for line in said)
 
 
+def test_a_send_held_past_the_receiver_s_mailbox_bound_times_out_naming_it(tmp_path):
+    """Issue 25.8: a receiver keeps at most MAILBOX_PEER_BYTES of a sender's messages its program has not
+    taken; a sender that waits for more to leave waits until the run's deadline, which says why."""
+    body = textwrap.dedent("""
+        import numpy as np
+
+        def main(gpu):
+            if gpu.rank == 0:
+                sends = [gpu.send_message(1, ("left", i), np.zeros(1 << 20, np.uint8)) for i in range(40)]
+                gpu.wait_sent(sends, "the sends")
+    """)
+    done, _ = run([command("nvlink-emu"), "run", script(tmp_path, body), "--gpus", "2", "--timeout", "3"])
+    assert done.returncode == 1
+    assert ("FabricTimeout: GPU 0: the sends timed out after 3 s waiting for the switch to take the data (a message "
+            "waits there while its receiver, a GPU of this node, has 1024 of this GPU's messages or 32 MiB of them "
+            "not taken by its program)") in done.stderr, done.stderr[-2000:]
+
+
 def test_demo_shows_isolation_and_classic_nvlink():
     done, elapsed = run([command("nvlink-emu"), "demo"], timeout_s=300)
     assert done.returncode == 0, done.stderr
