@@ -81,6 +81,7 @@ class Gpu:
         # per sender GPU of this node: [payload bytes, messages] its program took and the switch was not told of
         # yet (_took: the switch holds a sender's messages past transport.MAILBOX_PEER_* not taken)
         self._taken: dict[int, list[int]] = {}
+        self._credit_asked: set[int] = set()  # senders whose next message the switch holds: credit at once
         self._posted: dict[tuple, np.ndarray] = {}      # message key -> where to receive it
         self._control_box: dict[tuple, object] = {}     # (comm name, credit number, source) -> credit (sharp reduce)
         self._control_waiting = collections.Counter()   # source -> its messages in the box
@@ -454,16 +455,20 @@ class Gpu:
 
     def _took(self, sender, nbytes: int) -> None:
         """This GPU's program took a message of `nbytes` from GPU `sender` (an int; a multicast's sender is
-        the switch): credited back to the switch once half a bound is due, or at the next idle progress."""
+        the switch): credited back to the switch once half a bound is due, or at once if the switch holds
+        the sender's next message for want of it (it asked: CREDIT)."""
         if type(sender) is not int or sender // self.config.gpus_per_node != self._leaf:
             return  # the switch bounds the messages of its own GPUs only
         taken = self._taken.setdefault(sender, [0, 0])
         taken[0] += nbytes
         taken[1] += 1
-        if taken[0] >= MAILBOX_PEER_BYTES // 2 or taken[1] >= MAILBOX_PEER_MESSAGES // 2:
+        if sender in self._credit_asked or taken[0] >= MAILBOX_PEER_BYTES // 2 or \
+                taken[1] >= MAILBOX_PEER_MESSAGES // 2:
             self._credit(sender)
 
     def _credit(self, sender: int) -> None:
+        """Tell the switch what this GPU's program took of `sender`'s messages (transport.send_credit)."""
+        self._credit_asked.discard(sender)
         nbytes, messages = self._taken.pop(sender)
         self._transport.send_credit(self._switch, sender, nbytes, messages)
 
@@ -573,16 +578,9 @@ class Gpu:
             moved = True
         self._polls += 1
         sweep = not self._polls % STRAY_SWEEP
-        if sweep and self._taken:  # now and then whatever else happens (below: whenever about to wait)
-            for sender in list(self._taken):
-                self._credit(sender)
         # most wakes find nothing: one probe for any message on the fabric's communicator, instead of
         # the two below (a header from the switch, strays in front), which find nothing if it does not
         if not sweep and not self._transport.anything_waiting():
-            if not moved and self._taken:  # about to wait: the switch may hold a message for want of these
-                for sender in list(self._taken):
-                    self._credit(sender)
-                return True
             return moved
         incoming = self._transport.poll(self._switch)
         if incoming is not None:
@@ -748,6 +746,12 @@ class Gpu:
             self._nack(packet)
         elif kind is Kind.REPLY:
             self._replies[packet.req] = packet
+        elif kind is Kind.CREDIT:  # the switch holds a message of GPU src's for want of mailbox credit
+            sender = self._gpu_of.get(packet.src)
+            if sender in self._taken:
+                self._credit(sender)
+            elif sender is not None:
+                self._credit_asked.add(sender)
         elif kind is Kind.SHUTDOWN:
             self._shutdown = packet
         else:

@@ -23,7 +23,7 @@ from nvlink_emu.fabric.config import FabricConfig
 from nvlink_emu.fabric.counters import LinkStats, check_gpu_links, downlink, merge_reports, uplink
 from nvlink_emu.fabric.errors import FabricError, FabricTimeout, ProtocolError
 from nvlink_emu.fabric.packets import CountersInfo, Kind, Packet, raw_bytes
-from nvlink_emu.fabric.switch import SpineLogic, SwitchLogic, port_share_bytes
+from nvlink_emu.fabric.switch import Send, SpineLogic, SwitchLogic, port_share_bytes
 
 from .transport import (MAILBOX_PEER_BYTES, MAILBOX_PEER_MESSAGES, MAX_HEADER_BYTES, Idle, SwitchChannel, Transport,
                         unframe)
@@ -153,6 +153,7 @@ class SwitchRank:
         # a sender's MSG past either bound waits, as a transfer to a congested port does
         self._mailbox: dict[tuple[int, int], list[int]] = {}
         self._mailbox_full = False  # a MSG waits for a mailbox credit: take the credits that came
+        self._mailbox_asked: set[tuple[int, int]] = set()  # (sender, receiver) asked for credit (CREDIT to it)
 
     def serve(self) -> dict:
         """Run until every GPU of the fabric reported DONE and no packet is left between switches;
@@ -230,6 +231,7 @@ class SwitchRank:
             if used is None or nbytes < 0 or messages < 0:
                 continue
             used[0], used[1] = max(0, used[0] - nbytes), max(0, used[1] - messages)
+            self._mailbox_asked.discard((sender, receiver))
             if not used[1]:
                 del self._mailbox[(sender, receiver)]
         return bool(got)
@@ -243,6 +245,9 @@ class SwitchRank:
                                           and used[1] < MAILBOX_PEER_MESSAGES):
             return False
         self._mailbox_full = True
+        if (source, receiver) not in self._mailbox_asked:  # the receiver credits at half a bound, or when asked
+            self._mailbox_asked.add((source, receiver))
+            self._send_all([Send(receiver, Packet(Kind.CREDIT, self.logic.route_key(source), packet.dst))], -1)
         return True
 
     def _sweep_other_tags(self) -> bool:
