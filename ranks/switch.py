@@ -293,6 +293,11 @@ class SwitchRank:
                 return True
         return False
 
+    def _may_hold(self, packet: Packet) -> bool:
+        """Whether a counted packet without payload may have to wait (_congested): for credit across nodes, or a
+        message for a mailbox here."""
+        return bool(self._credit_used) or (bool(self._mailbox) and packet.kind is Kind.MSG)
+
     def _take(self, source: int, data: bytearray | None) -> None:
         if source in self._peer_of:
             if data is None:
@@ -327,8 +332,7 @@ class SwitchRank:
                 self._queue(source, packet, inline, size)
             elif self._checked(source, packet, inline.nbytes):
                 self._handle(source, packet, inline, checked=True)
-        elif packet.payload_bytes or (packet.kind.counted and (self._credit_used or self._mailbox)
-                                      and self._congested(source, packet)):
+        elif packet.payload_bytes or (packet.kind.counted and self._may_hold(packet) and self._congested(source, packet)):
             self._queue(source, packet, None, size)
         else:
             self._handle(source, packet, None)
