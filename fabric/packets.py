@@ -55,8 +55,9 @@ class Kind(enum.IntEnum):
     REPLY = 22       # answer to EXPORT / REVOKE / group calls: a map with the result or the error
     GROUP = 23       # multicast/SHARP group lifecycle: create, bind, release (GroupInfo)
     TRACE = 24       # turn the switch's trace records on or off (TraceInfo)
-    CREDIT = 25      # between leaves only: nbytes > 0 returns that many bytes of GPU src's port to the leaf of
-                     # GPU dst; nbytes 0 asks the leaf of GPU dst for the credit of its port (ranks/switch.py)
+    CREDIT = 25      # between leaves: nbytes > 0 returns that many bytes of GPU src's port to the leaf of
+                     # GPU dst; nbytes 0 asks the leaf of GPU dst for the credit of its port (ranks/switch.py);
+                     # from a leaf to GPU dst: asks for the mailbox credit of GPU src's messages (ranks/gpu.py)
     DONE = 30        # this GPU's script returned and its requests completed
     SHUTDOWN = 31    # every GPU is done: report counters and leave (a map: the run's report)
     COUNTERS = 32    # a GPU's counters, in answer to SHUTDOWN (CountersInfo)

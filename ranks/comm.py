@@ -117,7 +117,8 @@ class Communicator:
             data = encode((seq, op, obj))
         except FabricError as exc:  # still take part, so that the others fail at once, naming this member
             problem, data = exc, encode((seq, f"{op} (not a control object)", None))
-        exchange = Exchange(mpi.groups if seq < 0 else mpi.comm, data)
+        on = mpi.groups if seq < 0 else mpi.comm
+        exchange = Exchange(on, data, mpi.kept_of(on))
         others = [m for m in self.members if m != gpu.rank]
 
         def posted():

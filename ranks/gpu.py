@@ -27,7 +27,8 @@ from nvlink_emu.fabric.timemodel import LinkEnd
 
 from .comm import CREDIT_SEQ, Communicator, is_integer
 from .requests import Request, wait_all, wait_any
-from .transport import MAX_HEADER_BYTES, ControlChannel, Idle, Transport, native_collective, poked_idle, unframe
+from .transport import (MAILBOX_PEER_BYTES, MAILBOX_PEER_MESSAGES, MAX_HEADER_BYTES, ControlChannel, Idle, Transport,
+                        native_collective, poked_idle, unframe)
 
 
 STRAY_SWEEP = 256  # every this many progress calls, look for strays from every rank, not just in front
@@ -78,6 +79,10 @@ class Gpu:
         self._async_errors: list[FabricError] = []      # refusals of puts: raised at put, get, fence, barrier
         self._traffic_errors: list[FabricError] = []    # refusals of collective traffic: raised in any wait
         self._mailbox: dict[tuple, np.ndarray] = {}     # message key -> received bytes
+        # per sender GPU of this node: [payload bytes, messages] its program took and the switch was not told of
+        # yet (_took: the switch holds a sender's messages past transport.MAILBOX_PEER_* not taken)
+        self._taken: dict[int, list[int]] = {}
+        self._credit_asked: set[int] = set()  # senders whose next message the switch holds: credit at once
         self._posted: dict[tuple, np.ndarray] = {}      # message key -> where to receive it
         self._control_box: dict[tuple, object] = {}     # (comm name, credit number, source) -> credit (sharp reduce)
         self._control_waiting = collections.Counter()   # source -> its messages in the box
@@ -432,6 +437,7 @@ class Gpu:
         if got is None:
             self._posted[key] = dest
             return
+        self._took(key[1], got.nbytes)
         if got.nbytes != dest.nbytes:
             raise ProtocolError(f"GPU {self.rank}: message {key} has {got.nbytes} bytes, expected {dest.nbytes}")
         dest[:] = got
@@ -452,7 +458,28 @@ class Gpu:
         slot = (tuple(key), peer)
         self._wait(lambda: slot in self._mailbox, op, waiting_for)
         self.now_ns = max(self.now_ns, self._consume(*self._arrivals.pop(slot)))
-        return self._mailbox.pop(slot)
+        got = self._mailbox.pop(slot)
+        self._took(peer, got.nbytes)
+        return got
+
+    def _took(self, sender, nbytes: int) -> None:
+        """This GPU's program took a message of `nbytes` from GPU `sender` (an int; a multicast's sender is
+        the switch): credited back to the switch once half a bound is due, or at once if the switch holds
+        the sender's next message for want of it (it asked: CREDIT)."""
+        if type(sender) is not int or sender // self.config.gpus_per_node != self._leaf:
+            return  # the switch bounds the messages of its own GPUs only
+        taken = self._taken.setdefault(sender, [0, 0])
+        taken[0] += nbytes
+        taken[1] += 1
+        if sender in self._credit_asked or taken[0] >= MAILBOX_PEER_BYTES // 2 or \
+                taken[1] >= MAILBOX_PEER_MESSAGES // 2:
+            self._credit(sender)
+
+    def _credit(self, sender: int) -> None:
+        """Tell the switch what this GPU's program took of `sender`'s messages (transport.send_credit)."""
+        self._credit_asked.discard(sender)
+        nbytes, messages = self._taken.pop(sender)
+        self._transport.send_credit(self._switch, sender, nbytes, messages)
 
     def has_message(self, key: tuple, peer: int) -> bool:
         """Whether the message in slot `key` from GPU `peer` has arrived, not posted for and not yet taken
@@ -477,7 +504,7 @@ class Gpu:
     def wait_sent(self, sends: list[list], what: str) -> None:
         """Wait until sends (a list of what send_message returned) completed locally, so their buffers
         may be written again; `what` names them in a timeout. Modeled time does not move."""
-        self._wait(lambda: all(self._transport.sent(r) for r in sends), what, "the switch to take the data")
+        self._wait(lambda: all(self._transport.sent(r) for r in sends), what, _TAKE_DATA)
 
     def bind_buffer(self, key: tuple, data: np.ndarray) -> None:
         """Let the switch LOAD from `data` under `key` (NVLS: a buffer bound to a multicast group)."""
@@ -571,9 +598,29 @@ class Gpu:
             if not sweep:
                 return True
             moved = True
-        dropped = self._transport.drop_strays(self._switch, sweep=sweep) + (self._control.drop_strays() if sweep else 0)
+        dropped = self._transport.drop_strays(self._switch, sweep=sweep) + (self._sweep_mpi() if sweep else 0)
         self.strays += dropped
         return moved or bool(dropped)
+
+    def _sweep_mpi(self) -> int:
+        """Drop what waits on this GPU's other MPI communicators and no protocol expects (a flood sent
+        around the fabric would hold its bytes here and slow every match of this rank's, whatever the
+        communicator); returns how many. The run's own communicator (MPI_COMM_WORLD under `nvlink-emu run`:
+        nobody's point to point while the run lasts), the GPU ranks' control channel (control messages
+        only: those waiting are taken and filed now, up to MAX_CONTROL_WAITING), each communicator's
+        members' MPI communicators (exchange slots only, one a member: MemberComms.sweep)."""
+        control = self._control
+        dropped = self._transport.sweep_outer() + control.drop_strays()
+        for _ in range(MAX_CONTROL_WAITING):
+            got = control.poll()
+            if got is None:
+                break
+            self._file_control(*got)
+        status = self._transport._status
+        for comm in list(self._communicators.values()):
+            if comm._mpi is not None:
+                dropped += comm._mpi.sweep(status)
+        return dropped
 
     def _file_control(self, source: int, message) -> None:
         """Take a point-to-point control message: a credit of a communicator this GPU and `source` are
@@ -690,6 +737,7 @@ class Gpu:
                                     f"bytes, the receive expects {dest.nbytes}")
             if dest is not None:
                 del self._posted[slot]
+                self._took(sender, packet.nbytes)
             else:
                 self._mailbox[slot] = buffer
             self._arrivals[slot] = (packet, seq)  # its downlink turn comes when the program consumes it
@@ -707,6 +755,12 @@ class Gpu:
             self._nack(packet)
         elif kind is Kind.REPLY:
             self._replies[packet.req] = packet
+        elif kind is Kind.CREDIT:  # the switch holds a message of GPU src's for want of mailbox credit
+            sender = self._gpu_of.get(packet.src)
+            if sender in self._taken:
+                self._credit(sender)
+            elif sender is not None:
+                self._credit_asked.add(sender)
         elif kind is Kind.SHUTDOWN:
             self._shutdown = packet
         else:
@@ -880,6 +934,12 @@ class Gpu:
                 keys = keys[:len(keys) * 3 // 4]
             else:
                 return packet
+
+
+# whom wait_sent waits for: the switch holds a message past its receiver's mailbox bound (transport.MAILBOX_PEER_*)
+_TAKE_DATA = (f"the switch to take the data (a message waits there while its receiver, a GPU of this node, has "
+              f"{MAILBOX_PEER_MESSAGES} of this GPU's messages or {MAILBOX_PEER_BYTES >> 20} MiB of them not taken "
+              f"by its program)")
 
 
 def _describe(target) -> str:

@@ -166,6 +166,11 @@ def run_fabric(config: FabricConfig, main, timeout_s: float = DEFAULT_TIMEOUT_S,
             end = {"m": report["elapsed_ns"], "counters": switch.logic.counters.snapshot()}
         if trace is not None:
             trace.close({**end, "wall": time.time()})
+        swept = transport.sweep_outer_at_end(timeout_s)
+        if swept:  # the run completed: said, not failed (left there, they would fail MPI_Finalize)
+            print(f"nvlink-emu: rank {world_rank} ({role} {transport.rank}): dropped {swept} message(s) sent to it "
+                  f"point to point on the run's MPI communicator, around the fabric, at the end of the run",
+                  file=sys.stderr, flush=True)
         transport.close()
         return RunResult(role, transport.rank, value, report)
     except BaseException as exc:

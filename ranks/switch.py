@@ -23,9 +23,10 @@ from nvlink_emu.fabric.config import FabricConfig
 from nvlink_emu.fabric.counters import LinkStats, check_gpu_links, downlink, merge_reports, uplink
 from nvlink_emu.fabric.errors import FabricError, FabricTimeout, ProtocolError
 from nvlink_emu.fabric.packets import MAX_GPU_HEADER_BYTES, CountersInfo, Kind, Packet, TraceInfo, raw_bytes
-from nvlink_emu.fabric.switch import SpineLogic, SwitchLogic, port_share_bytes
+from nvlink_emu.fabric.switch import Send, SpineLogic, SwitchLogic, port_share_bytes
 
-from .transport import MAX_HEADER_BYTES, Idle, SwitchChannel, Transport, unframe
+from .transport import (MAILBOX_PEER_BYTES, MAILBOX_PEER_MESSAGES, MAX_HEADER_BYTES, Idle, SwitchChannel, Transport,
+                        unframe)
 
 MAX_UNREAD = 1024  # answers a GPU may leave unread before the switch stops reading its packets
 MAX_QUEUED = 256   # packets of one GPU waiting behind one that cannot go on yet
@@ -35,6 +36,7 @@ MAX_QUEUED = 256   # packets of one GPU waiting behind one that cannot go on yet
 # of bytes to ~1 KiB) are about MAX_QUEUED of them (4 KiB inline MSGs: 250)
 MAX_QUEUED_BYTES = 1 << 20
 SWEEP_STEPS = 1024  # every this many intake steps, drop stray messages of every GPU
+CREDIT_STEPS = 16  # every this many intake steps (and at once while a MSG waits for one), take mailbox credits
 # fabric messages of a GPU the switch does not read now that a sweep keeps matched, to reach what it sent
 # behind them (transport.drop_other_tags): a header and a payload for each packet that may wait, and one more
 MAX_KEPT = 2 * (MAX_QUEUED + 1)
@@ -147,6 +149,12 @@ class SwitchRank:
         self._transit: dict[int, deque] = {}
         self._drained: dict[tuple[int, int], int] = {}
         self._credit_wanted: set[tuple[int, int]] = set()
+        # Mailboxes (transport.MAILBOX_PEER_*): per (sender, receiver), both GPUs here, the MSG payload bytes
+        # and messages forwarded and not yet credited back by the receiver (it credits what its program took);
+        # a sender's MSG past either bound waits, as a transfer to a congested port does
+        self._mailbox: dict[tuple[int, int], list[int]] = {}
+        self._mailbox_full = False  # a MSG waits for a mailbox credit: take the credits that came
+        self._mailbox_asked: set[tuple[int, int]] = set()  # (sender, receiver) asked for credit (CREDIT to it)
 
     def serve(self) -> dict:
         """Run until every GPU of the fabric reported DONE and no packet is left between switches;
@@ -178,9 +186,12 @@ class SwitchRank:
         if self._waiting or self._abandoned:
             moved |= self._advance_all()
         self._steps += 1
+        if self._mailbox_full or not self._steps % CREDIT_STEPS:
+            moved |= self._take_credits()
         if not self._steps % SWEEP_STEPS:  # now and then, for every GPU (honest ones never leave any)
             moved |= self._sweep_other_tags()
             moved |= self.transport.drop_strays_from(set(self.sources)) > 0
+            moved |= self.transport.sweep_outer() > 0  # a flood sent around the fabric (transport.sweep_outer)
             for source in self.gpus:
                 moved |= self._drop_orphans(source)
         else:
@@ -210,6 +221,36 @@ class SwitchRank:
                     return got
         return None
 
+    def _take_credits(self) -> bool:
+        """Take the mailbox credits the GPUs here sent (transport.send_credit): a GPU credits messages of a
+        sender of this node that its program took; anything else is ignored (a GPU that credits more than
+        it took only lets more into its own mailbox). Whether any came."""
+        self._mailbox_full = False
+        got = self.transport.credits(4 * MAILBOX_PEER_MESSAGES)
+        for receiver, sender, nbytes, messages in got:
+            used = self._mailbox.get((sender, receiver)) if receiver in self.gpus else None
+            if used is None or nbytes < 0 or messages < 0:
+                continue
+            used[0], used[1] = max(0, used[0] - nbytes), max(0, used[1] - messages)
+            self._mailbox_asked.discard((sender, receiver))
+            if not used[1]:
+                del self._mailbox[(sender, receiver)]
+        return bool(got)
+
+    def _mailbox_over(self, source: int, packet: Packet) -> bool:
+        """Whether MSG `packet` from GPU `source` would take the mailbox of its receiver here past its bounds
+        for `source` (a first message, of any size, always goes)."""
+        receiver = self.logic.gpu_of_key(packet.dst)
+        used = self._mailbox.get((source, receiver))
+        if used is None or not used[1] or (used[0] + packet.payload_bytes <= MAILBOX_PEER_BYTES
+                                          and used[1] < MAILBOX_PEER_MESSAGES):
+            return False
+        self._mailbox_full = True
+        if (source, receiver) not in self._mailbox_asked:  # the receiver credits at half a bound, or when asked
+            self._mailbox_asked.add((source, receiver))
+            self._send_all([Send(receiver, Packet(Kind.CREDIT, self.logic.route_key(source), packet.dst))], -1)
+        return True
+
     def _sweep_other_tags(self) -> bool:
         """Drop the messages under tags the fabric never uses: at the front of MPI's queue, and each GPU's
         wherever they are in its stream, behind what this switch does not read of it now too (a GPU whose
@@ -235,6 +276,8 @@ class SwitchRank:
         switches are trusted, and each GPU's traffic was bounded at its own leaf."""
         if source in self._peer_of:
             return False
+        if self._mailbox and packet.kind is Kind.MSG and self._mailbox_over(source, packet):
+            return True
         pending = self.transport.pending_bytes_to
         for port in self.logic.egress_ports(source, packet):
             switch = self.logic.next_switch(port) if 0 <= port < self.config.gpus else None
@@ -250,6 +293,11 @@ class SwitchRank:
                                                    self.logic.route_key(port)))
                 return True
         return False
+
+    def _may_hold(self, packet: Packet) -> bool:
+        """Whether a counted packet without payload may have to wait (_congested): for credit across nodes, or a
+        message for a mailbox here."""
+        return bool(self._credit_used) or (bool(self._mailbox) and packet.kind is Kind.MSG)
 
     def _take(self, source: int, data: bytearray | None) -> None:
         if source in self._peer_of:
@@ -285,7 +333,7 @@ class SwitchRank:
                 self._queue(source, packet, inline, size)
             elif self._checked(source, packet, inline.nbytes):
                 self._handle(source, packet, inline, checked=True)
-        elif packet.payload_bytes or (packet.kind.counted and self._credit_used and self._congested(source, packet)):
+        elif packet.payload_bytes or (packet.kind.counted and self._may_hold(packet) and self._congested(source, packet)):
             self._queue(source, packet, None, size)
         else:
             self._handle(source, packet, None)
@@ -591,6 +639,10 @@ class SwitchRank:
             nbytes = send.packet.payload_bytes
             if switch is None:
                 self.transport.send(send.port, send.packet, send.payload)
+                if send.packet.kind is Kind.MSG and source in self.gpus:  # until the receiver credits it
+                    used = self._mailbox.setdefault((source, send.port), [0, 0])
+                    used[0] += nbytes
+                    used[1] += 1
                 link = downlink(send.port, self.index) if self.trace is not None else None
                 if self._credited:  # position of this send among the port's, for _credit_drained
                     end = self._posted_to[send.port] = self._posted_to.get(send.port, 0) + 1

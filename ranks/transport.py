@@ -38,6 +38,15 @@ TAG_HEADER = 11
 TAG_PAYLOAD = 12
 TAG_CONTROL = 13
 TAG_EXCHANGE = 14  # an exchange's slots, on the members' own MPI communicator (Exchange)
+# a GPU's mailbox credit to its switch (send_credit): apart from its packets, so that a credit never waits
+# behind a packet of the same GPU's that the switch holds for want of the other side's credit
+TAG_CREDIT = 15
+_CREDIT = 3  # int64s of a credit: the sending GPU, payload bytes, messages
+# Mailbox bounds, per pair of GPUs of one node (ranks/switch.py holds a sender's next MSG past them, ranks/gpu.py
+# credits them back as its program takes messages): a GPU's messages to a peer that the peer's program has not
+# taken are at most MAILBOX_PEER_BYTES of payload and MAILBOX_PEER_MESSAGES (as the switch's MAX_UNREAD) messages
+MAILBOX_PEER_BYTES = 32 << 20
+MAILBOX_PEER_MESSAGES = 1024
 ABORT_GRACE_S = 0.5  # s, between a failing rank's report and MPI_Abort
 _NOTHING = np.empty(0, np.uint8)  # where dropped messages go (a receive truncated to nothing)
 # Payloads up to this many bytes travel inline, in their header's message. Below it a second message
@@ -215,7 +224,10 @@ class Transport:
     """Packets between the ranks of one fabric (GPUs 0..G-1, then the switches) on a private communicator."""
 
     def __init__(self, comm=None):
-        self.comm = (comm or MPI.COMM_WORLD).Dup()
+        # the communicator the run was given (MPI_COMM_WORLD unless the caller passed another): while the run
+        # lasts the fabric owns it point to point, and nothing of the fabric's travels there (sweep_outer)
+        self.outer = comm or MPI.COMM_WORLD
+        self.comm = self.outer.Dup()
         self.rank = self.comm.Get_rank()
         # fabric messages a sweep matched out of MPI's queue to reach what a source sent behind them (drop_
         # other_tags): (source, tag) -> [(message, its bytes)], oldest first; taken before MPI's queue
@@ -282,6 +294,26 @@ class Transport:
             buffers = (header, payload)
         self.waker.poke(dest)
         return self._keep(dest, requests, buffers)
+
+    def send_credit(self, dest: int, sender: int, nbytes: int, messages: int) -> None:
+        """Tell switch rank `dest` that this GPU's program took `messages` messages (`nbytes` of payload)
+        from GPU `sender` (TAG_CREDIT: read apart from this GPU's packets)."""
+        data = np.array([sender, nbytes, messages], np.int64)
+        self._keep(dest, [self.comm.Isend([data, MPI.BYTE], dest, TAG_CREDIT)], (data, None))
+        self.waker.poke(dest)
+
+    def credits(self, most: int) -> list[tuple[int, int, int, int]]:
+        """Up to `most` credits waiting from any rank: (source rank, sender GPU, bytes, messages) each; one of
+        another size is dropped unread."""
+        got, status, buffer = [], self._status, np.empty(_CREDIT, np.int64)
+        while len(got) < most and self.comm.Iprobe(MPI.ANY_SOURCE, TAG_CREDIT, status):
+            source = status.Get_source()
+            if status.Get_count(MPI.BYTE) != buffer.nbytes:
+                self._drop_from(source, TAG_CREDIT)
+                continue
+            self.comm.Recv([buffer, MPI.BYTE], source, TAG_CREDIT)
+            got.append((source, *(int(v) for v in buffer)))
+        return got
 
     def payload_only(self, dest: int, payload: np.ndarray) -> list:
         """Post a payload message with no header (a hostile GPU's realignment; tests use it)."""
@@ -440,12 +472,14 @@ class Transport:
         order (at most `keep` kept per source; poll, header_waiting and probe_payload take them first),
         so that nothing it sends stays unread behind a message of its own that waits; for any other
         source, up to its first fabric message (its reader takes those as they come)."""
-        dropped = _drop_front(self.comm, self._status, lambda source, tag: tag in (TAG_HEADER, TAG_PAYLOAD))
+        dropped = _drop_front(self.comm, self._status, lambda source, tag: tag in (TAG_HEADER, TAG_PAYLOAD, TAG_CREDIT))
         status = self._status
         for source in sources:
             kept = sum(len(self._kept.get((source, tag), ())) for tag in (TAG_HEADER, TAG_PAYLOAD))
             while self.comm.Iprobe(source, MPI.ANY_TAG, status):
                 tag = status.Get_tag()
+                if tag == TAG_CREDIT:  # taken by credits(), in turn: what is behind it waits for that
+                    break
                 if tag not in (TAG_HEADER, TAG_PAYLOAD):
                     _drop_from(self.comm, source, tag)
                     dropped += 1
@@ -470,6 +504,30 @@ class Transport:
                     dropped += 1
             return dropped
         return _drop_front(self.comm, self._status, lambda source, tag: source == expected)
+
+    def sweep_outer(self) -> int:
+        """Drop every point-to-point message waiting on the run's own communicator (`outer`), from any rank
+        under any tag; returns how many. The fabric sends nothing there (its traffic is on duplicates),
+        a workload reaches other GPUs through the fabric alone (the mpi4py layer too), so whatever waits
+        there was sent by a rank around the fabric (left in MPI's queue, it would hold its bytes and slow
+        every later match of this rank, whatever the communicator)."""
+        return _drop_front(self.outer, self._status, lambda source, tag: False)
+
+    def sweep_outer_at_end(self, timeout_s: float) -> int:
+        """The end of the run on every rank of its communicator (collective over `outer`): meet the others,
+        sweeping meanwhile, then sweep once more; returns how many messages were dropped. A message left
+        unreceived there makes MPICH's MPI_Finalize fail on its receiver ("Communicator ... being freed has
+        N unmatched message(s)"), and mpiexec then kills every other rank: the job ended with status 9 (a
+        rank killed by signal 9) although the run completed. Every rank comes here after its last send."""
+        request, dropped = self.outer.Ibarrier(), 0
+        deadline, idle = time.monotonic() + timeout_s, Idle()
+        while not request.Test():
+            dropped += self.sweep_outer()
+            if time.monotonic() > deadline:
+                raise FabricTimeout(f"rank {self.rank}: the end of the run: not every rank of the run's communicator "
+                                    f"came within {timeout_s:g} s")
+            idle()
+        return dropped + self.sweep_outer()
 
     def drop_strays_from(self, allowed: set) -> int:
         """Drop messages waiting from ranks outside `allowed` (a switch hears its own GPUs and its
@@ -569,8 +627,15 @@ class ControlChannel:
             return source, None
 
     def drop_strays(self) -> int:
-        """Drop messages on this communicator under tags it never uses; returns how many."""
-        return _drop_front(self.comm, self._status, lambda source, tag: tag == TAG_CONTROL)
+        """Drop messages on this communicator under tags it never uses, each source's wherever they are in
+        its stream up to its next control message (poll takes that one, and the next sweep what is behind
+        it); returns how many."""
+        dropped, status = 0, self._status
+        for source in range(self.comm.Get_size()):
+            while self.comm.Iprobe(source, MPI.ANY_TAG, status) and status.Get_tag() != TAG_CONTROL:
+                _drop_from(self.comm, source, status.Get_tag())
+                dropped += 1
+        return dropped
 
 
 INLINE_BYTES = 512  # per member, an exchange's first step: an 8-byte length and up to 504 bytes of data
@@ -591,11 +656,38 @@ class MemberComms:
     def __init__(self, comm, wait):
         self.comm = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        # per MPI communicator (comm, groups): member -> its exchange slot a sweep matched out of MPI's queue
+        # (the next exchange's, if it is one: see sweep), which that exchange takes first (Exchange)
+        self.kept: tuple[dict, dict] = ({}, {})
         try:
             self.groups = _idup(comm, wait, "duplicating a new communicator's MPI communicator")
         except BaseException:
             comm.Free()
             raise
+
+    def kept_of(self, comm) -> dict:
+        """The slots a sweep kept of MPI communicator `comm` (this one's `comm` or `groups`)."""
+        return self.kept[comm is self.groups]
+
+    def sweep(self, status) -> int:
+        """Drop the point-to-point messages waiting on both MPI communicators that no exchange expects;
+        returns how many. Members send each other nothing there but an exchange's slots (TAG_EXCHANGE,
+        INLINE_BYTES each; MPI's collectives are invisible to a probe), and a member cannot be two
+        exchanges ahead of this one (each needs this member's slot of the one before), so at most one slot
+        of each member's is ever waiting unreceived: the first is matched and kept for the next exchange
+        (bytes still in MPI's keeping), any more, and every other tag, dropped."""
+        dropped = 0
+        for comm, kept in ((self.comm, self.kept[0]), (self.groups, self.kept[1])):
+            if comm == MPI.COMM_NULL:
+                continue
+            while comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
+                source, tag = status.Get_source(), status.Get_tag()
+                if tag == TAG_EXCHANGE and source not in kept and source != self.rank:
+                    kept[source] = comm.Improbe(source, tag)
+                else:
+                    _drop_from(comm, source, tag)
+                    dropped += 1
+        return dropped
 
     @classmethod
     def dup(cls, parent, wait) -> "MemberComms":
@@ -629,6 +721,10 @@ class MemberComms:
 
     def free(self) -> None:
         """Free both MPI communicators (a collective still pending on one completes, or not, first)."""
+        for kept in self.kept:  # matched and never taken: received into nothing
+            for message in kept.values():
+                Transport.drop(message)
+            kept.clear()
         for comm in (self.comm, self.groups):
             if comm != MPI.COMM_NULL:
                 comm.Free()
@@ -664,7 +760,7 @@ class Exchange:
     Every member sizes the second step by the same lengths; a length outside 0..
     fabric.control.MAX_CONTROL_BYTES is never allocated for: that member's part is its length (an int)."""
 
-    def __init__(self, comm, data: bytes):
+    def __init__(self, comm, data: bytes, kept: dict | None = None):
         self._comm = comm
         self._size, self._rank = comm.Get_size(), comm.Get_rank()
         self._data = data
@@ -680,7 +776,7 @@ class Exchange:
         self.on_step = lambda: None  # called when the second collective is posted (the waiter's back-off)
         self._slots[self._rank] = slot
         if self._size <= ROUND_MEMBERS:
-            self._request = self._start(lambda: _Round(comm, self._rank, self._size, slot, self._slots))
+            self._request = self._start(lambda: _Round(comm, self._rank, self._size, slot, self._slots, kept))
         else:
             self._request = self._start(lambda: comm.Iallgather([slot, MPI.BYTE], [self._slots, MPI.BYTE]))
 
@@ -740,9 +836,12 @@ class _Round:
     """An exchange's first step as one request-like object: `slot` to every other rank of `comm`, and
     each one's slot into row `source` of `slots` (INLINE_BYTES each, under TAG_EXCHANGE)."""
 
-    def __init__(self, comm, rank: int, size: int, slot: np.ndarray, slots: np.ndarray):
-        # receives first: a slot that comes finds its buffer posted, not MPI's unexpected queue
-        self._receives = [comm.Irecv([slots[m], MPI.BYTE], m, TAG_EXCHANGE) for m in range(size) if m != rank]
+    def __init__(self, comm, rank: int, size: int, slot: np.ndarray, slots: np.ndarray, kept: dict | None = None):
+        # receives first: a slot that comes finds its buffer posted, not MPI's unexpected queue; a slot a
+        # sweep matched already (MemberComms.sweep) is the member's oldest, so this exchange's
+        kept = {} if kept is None else kept
+        self._receives = [kept.pop(m).Irecv([slots[m], MPI.BYTE]) if m in kept else
+                          comm.Irecv([slots[m], MPI.BYTE], m, TAG_EXCHANGE) for m in range(size) if m != rank]
         self._sends = [comm.Isend([slot, MPI.BYTE], m, TAG_EXCHANGE) for m in range(size) if m != rank]
 
     def Test(self) -> bool:

@@ -5,6 +5,7 @@ internals (its transport, its control channel) exactly as a hostile script could
 """
 
 import pickle
+import time
 import runpy
 from pathlib import Path
 
@@ -340,3 +341,96 @@ def test_control_messages_too_long_undecodable_or_from_non_members_are_dropped()
             gpu.partition.barrier()
 
     run(main, **lone_attacker(gpus()))
+
+
+def test_raw_mpi_messages_around_the_fabric_are_swept_and_counted():
+    """Issue 25.2: GPU 0, alone in its partition, floods GPU 1 of the other partition with small raw MPI
+    messages on every MPI communicator they share: the run's own (MPI_COMM_WORLD), the GPU ranks' control
+    channel under another tag, and world's members' two communicators under another tag and under the
+    exchanges' own tag. Nothing swept them: the victims' allreduces crawled and GPU 1's memory grew. Each is
+    dropped and counted in gpu.strays, but for one exchange slot kept on world's communicator (the next world
+    exchange's, if it were one); what waits afterwards is nothing."""
+    from mpi4py import MPI
+
+    from nvlink_emu.ranks.transport import TAG_EXCHANGE
+    each, victim = 500, 1
+
+    def main(gpu):
+        if gpu.rank == 0:
+            junk = np.zeros(64, np.uint8)
+            world = gpu.world._mpi
+            floods = [(MPI.COMM_WORLD, 5), (gpu._control.comm, 99), (world.comm, 77), (world.groups, 77),
+                      (world.comm, TAG_EXCHANGE)]
+            sends = [comm.Isend([junk, MPI.BYTE], victim, tag) for comm, tag in floods for _ in range(each)]
+            sends += [MPI.COMM_WORLD.Isend([junk, MPI.BYTE], gpu.size, 5) for _ in range(each)]  # the switch's too
+            gpu.wait(lambda: MPI.Request.Testall(sends), "the flood", "MPI")
+            return None
+        flag, rounds, start = np.zeros(1, np.float32), 0, time.monotonic()
+        while True:
+            flag[:] = gpu.rank == victim and gpu.strays >= 5 * each - 1
+            gpu.partition.allreduce(flag, "max")
+            rounds += 1
+            if flag[0]:
+                break
+            assert time.monotonic() - start < 60, f"GPU {gpu.rank}: the flood not swept after {rounds} allreduces"
+        if gpu.rank == victim:
+            assert gpu.strays == 5 * each - 1
+            kept = gpu.world._mpi.kept
+            assert list(kept[0]) == [0] and kept[1] == {}
+            assert not any(comm.Iprobe(0, MPI.ANY_TAG) for comm in (MPI.COMM_WORLD, gpu._control.comm,
+                                                                     gpu.world._mpi.comm, gpu.world._mpi.groups))
+        return rounds / (time.monotonic() - start)
+
+    result = run(main, timeout_s=90, **lone_attacker(gpus()))
+    if result.role == "gpu" and result.rank:
+        assert result.value > 5, f"{result.value:.1f} allreduces a second during the flood"  # a loose sanity bound
+
+
+def test_a_mailbox_holds_a_bounded_backlog_per_sender_and_the_sender_waits():
+    """Issue 25.8: GPU 1 floods GPU 2, of its own partition, with messages GPU 2's program does not take
+    while it serves the fabric: they all went into its mailbox (60 -> 702 MiB). The switch forwards a
+    sender's messages to a GPU of its node until MAILBOX_PEER_BYTES or MAILBOX_PEER_MESSAGES of them wait
+    untaken, then holds the sender's next (its sends stay incomplete); once GPU 2 takes them, every message
+    arrives, intact and in order. Two GPUs each sending the other past the bounds, then taking all, finish."""
+    from nvlink_emu.ranks.transport import MAILBOX_PEER_BYTES, MAILBOX_PEER_MESSAGES
+    mib = 1 << 20
+    big = MAILBOX_PEER_BYTES // mib + 16  # 1 MiB messages: the byte bound holds the last 16
+    small = MAILBOX_PEER_MESSAGES + 476   # empty messages: the count bound holds the last 476
+
+    def waiting(gpu, peer):
+        slots = [slot for slot in gpu._mailbox if slot[1] == peer]
+        return len(slots), sum(gpu._mailbox[slot].nbytes for slot in slots)
+
+    def main(gpu):
+        for tag, count, size in (("big", big, mib), ("small", small, 0)):
+            fits = count - (16 if size else 476)
+            if gpu.rank == 1:
+                sends = [gpu.send_message(2, (tag, i), np.full(size, i % 251, np.uint8)) for i in range(count)]
+                until(gpu, lambda: sum(map(gpu._transport.sent, sends)) >= fits, "the switch to take what fits",
+                      timeout_s=30)
+                for _ in range(500):  # serve on
+                    gpu._progress()
+                if size:  # the payload of the first message past the bound is not taken: the sender waits
+                    assert sum(map(gpu._transport.sent, sends)) == fits
+            if gpu.rank == 2:
+                until(gpu, lambda: waiting(gpu, 1)[0] >= fits, f"{fits} messages in the mailbox", timeout_s=30)
+                for _ in range(500):  # serve on: nothing more comes in
+                    gpu._progress()
+                assert waiting(gpu, 1) == (fits, fits * size)
+            gpu.world.barrier()
+            if gpu.rank == 2:
+                for i in range(count):
+                    got = gpu.take_message((tag, i), 1, "receive", "GPU 1")
+                    assert got.nbytes == size and (got == i % 251).all()
+            if gpu.rank == 1:
+                gpu.wait_sent(sends, "the flood")
+        if gpu.rank in (1, 2):  # both past the bound at once, then both take: MPI's isend, then recv
+            other = 3 - gpu.rank
+            sends = [gpu.send_message(other, ("both", i), np.full(mib, i % 251 + gpu.rank, np.uint8)) for i in range(big)]
+            for i in range(big):
+                got = gpu.take_message(("both", i), other, "receive", f"GPU {other}")
+                assert (got == i % 251 + other).all()
+            gpu.wait_sent(sends, "the exchange")
+        gpu.world.barrier()
+
+    run(main, timeout_s=60)

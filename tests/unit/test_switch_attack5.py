@@ -143,7 +143,9 @@ class _Flooded(_Intake):
 
 
 def _served(rank, transport, polls: int = 10_000) -> list[int]:
-    """The sources of the headers `polls` of the switch rank's polls took (each taken as the rank does)."""
+    """The sources of the headers `polls` of the switch rank's polls took (each taken as the rank does). The
+    receivers' programs take every message as it comes: their credits (transport.send_credit) leave no
+    mailbox full (ranks/switch.py holds a sender's messages past transport.MAILBOX_PEER_* not taken)."""
     transport.asked.clear()
     served = []
     for _ in range(polls):
@@ -151,6 +153,7 @@ def _served(rank, transport, polls: int = 10_000) -> list[int]:
         if got is not None:
             served.append(got[0])
             rank._take(*got)
+            rank._mailbox.clear()
     return served
 
 
