@@ -56,9 +56,10 @@ def test_messages_left_unreceived_on_mpi_comm_world_are_dropped_and_said_not_a_s
     done, _ = run([command("nvlink-emu"), "run", script(tmp_path, body), "--gpus", "3", "--timeout", "60"])
     assert done.returncode == 0, done.stderr[-3000:]
     assert "signal 9" not in done.stderr and "# per-link counters" in done.stderr
-    # GPU 1's sweeps during the run may have taken some or all of them (counted in its gpu.strays)
+    # GPU 1's sweeps during the run may have taken some or all of them (counted in its gpu.strays); the
+    # label is the launcher's (launch/labels.py): GPU 1's rank wrote the line
     said = [line for line in done.stderr.splitlines() if "around the fabric" in line]
-    assert len(said) <= 1 and all(line.startswith("nvlink-emu: rank 1 (gpu 1): dropped ") for line in said), said
+    assert len(said) <= 1 and all(line.startswith("[gpu 1] nvlink-emu: rank 1 (gpu 1): dropped ") for line in said), said
     assert all(0 < int(line.split("dropped ")[1].split()[0]) <= 300 for line in said)
 
 
