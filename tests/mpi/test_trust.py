@@ -434,3 +434,41 @@ def test_a_mailbox_holds_a_bounded_backlog_per_sender_and_the_sender_waits():
         gpu.world.barrier()
 
     run(main, timeout_s=60)
+
+
+def test_a_backlog_past_the_mailbox_bound_holds_only_that_pairs_later_messages():
+    """Issue 25.8: the switch held a sender's message past the mailbox bound in the sender's in-order queue,
+    so everything the sender sent later waited behind it: its collectives' messages, its messages to other
+    GPUs. Legal MPI programs then deadlocked: GPU 0 isends more than MAILBOX_PEER_MESSAGES messages to GPU 1,
+    then every GPU runs a ring allreduce (GPU 0's ring messages go to GPU 1: a collective's messages have a
+    bound of their own) and a barrier, then GPU 0 sends GPU 2 a message, which GPU 2 receives, then GPU 1
+    receives the backlog, in order. A held message now holds only the later messages of its pair and class."""
+    from nvlink_emu.ranks.transport import MAILBOX_PEER_MESSAGES
+    count = MAILBOX_PEER_MESSAGES + 76
+
+    def main(gpu):
+        world = gpu.world
+        sends = []
+        if gpu.rank == 0:
+            sends = [world._post_send(np.full(8, i % 251, np.uint8), 1, 5) for i in range(count)]
+        total = np.full(1024, gpu.rank + 1, np.float32)
+        world.allreduce(total, algorithm="ring")
+        assert (total == sum(range(1, world.size + 1))).all()
+        world.barrier()
+        if gpu.rank == 0:
+            world.send(np.full(16, 7, np.uint8), 2, 6)
+        if gpu.rank == 2:
+            got = np.empty(16, np.uint8)
+            world.recv(got, 0, 6)
+            assert (got == 7).all()
+        world.barrier()
+        if gpu.rank == 1:
+            got = np.empty(8, np.uint8)
+            for i in range(count):
+                world.recv(got, 0, 5)
+                assert (got == i % 251).all()
+        if gpu.rank == 0:
+            gpu.wait_sent(sends, "the backlog")
+        world.barrier()
+
+    run(main, timeout_s=30)
