@@ -488,6 +488,11 @@ class Gpu:
         (an MPI-style probe; read-only)."""
         return (tuple(key), peer) in self._mailbox
 
+    def peek_message(self, key: tuple, peer: int) -> np.ndarray | None:
+        """The bytes of GPU `peer`'s message in slot `key` if it arrived and was not taken, else None; it stays
+        in the mailbox, not taken (read-only: not credited to the switch, no downlink turn)."""
+        return self._mailbox.get((tuple(key), peer))
+
     def poll(self) -> bool:
         """Serve this GPU's traffic once, without waiting (what arrived is filed); True if anything moved."""
         return self._progress()
