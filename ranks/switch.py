@@ -38,8 +38,9 @@ MAX_QUEUED_BYTES = 1 << 20
 SWEEP_STEPS = 1024  # every this many intake steps, drop stray messages of every GPU
 CREDIT_STEPS = 16  # every this many intake steps (and at once while a MSG waits for one), take mailbox credits
 # A MSG held for its receiver's mailbox (_mailbox_over) is parked apart, with the later MSGs of its pair and
-# class, so that it holds nothing else of its sender's (its collectives, its traffic to other GPUs): per sender
-# at most MAX_PARKED packets and MAX_PARKED_BYTES (headers and payloads); past that its packets wait in line
+# class, so that it holds nothing else of its sender's (its collectives, its traffic to other GPUs): its header
+# kept, its payload matched and not received (its send stays incomplete, as it did in line), per sender at most
+# MAX_PARKED packets and MAX_PARKED_BYTES of their messages (as _Queue's sizes); past that they wait in line
 MAX_PARKED = MAX_QUEUED
 MAX_PARKED_BYTES = MAX_QUEUED_BYTES
 # fabric messages of a GPU the switch does not read now that a sweep keeps matched, to reach what it sent
@@ -55,14 +56,15 @@ class _Waiting:
     """A header whose payload is still to come (or still being received, or came inline and waits for
     its turn), with its deadline."""
 
-    __slots__ = ("packet", "deadline", "request", "buffer", "held", "inline", "size", "parks")
+    __slots__ = ("packet", "deadline", "request", "buffer", "held", "inline", "size", "parks", "message")
 
     def __init__(self, packet: Packet, deadline: float, inline=None, size: int = 0):
         self.packet, self.deadline, self.size = packet, deadline, size  # size: what it holds of the switch
         self.request = self.buffer = None
         self.held = False  # its payload is not taken yet: a port it goes to has too much in flight
         self.inline = inline  # its payload, if it came in the header's message (not checked yet)
-        self.parks = False  # a MSG for a full mailbox: parked once its payload is here (SwitchRank._park)
+        self.parks = False  # a MSG for a full mailbox: parked (SwitchRank._park) once its payload is matched
+        self.message = None  # a parked MSG's payload, matched and not received yet (MPI keeps it: at its sender)
 
 
 class _Queue(deque):
@@ -162,7 +164,7 @@ class SwitchRank:
         self._mailbox: dict[tuple[int, int, int], list[int]] = {}
         self._mailbox_full = False  # a MSG waits for a mailbox credit: take the credits that came
         self._mailbox_asked: set[tuple[int, int, int]] = set()  # asked the receiver for credit (CREDIT to it)
-        self._parked: dict[tuple[int, int, int], deque] = {}  # (packet, payload, size) per (sender, receiver, class)
+        self._parked: dict[tuple[int, int, int], deque] = {}  # _Waiting MSGs per (sender, receiver, class)
         self._parked_size: dict[int, list[int]] = {}  # per sender: [bytes, packets] parked
 
     def serve(self) -> dict:
@@ -196,8 +198,9 @@ class SwitchRank:
             moved |= self._advance_all()
         self._steps += 1
         if self._mailbox_full or self._parked or not self._steps % CREDIT_STEPS:
-            if self._take_credits() or (self._parked and not self._steps % CREDIT_STEPS):
-                moved |= self._unpark()
+            moved |= self._take_credits()
+        if self._parked:
+            moved |= self._unpark()
         if not self._steps % SWEEP_STEPS:  # now and then, for every GPU (honest ones never leave any)
             moved |= self._sweep_other_tags()
             moved |= self.transport.drop_strays_from(set(self.sources)) > 0
@@ -270,42 +273,64 @@ class SwitchRank:
     def _park_room(self, source: int, entry: "_Waiting") -> bool:
         """Whether GPU `source` may park `entry` (MAX_PARKED, MAX_PARKED_BYTES)."""
         size = self._parked_size.get(source, (0, 0))
-        return size[1] < MAX_PARKED and size[0] + entry.size + entry.packet.payload_bytes <= MAX_PARKED_BYTES
+        return size[1] < MAX_PARKED and size[0] + entry.size <= MAX_PARKED_BYTES
 
-    def _park(self, source: int, entry: "_Waiting", payload) -> None:
-        """Set checked MSG `entry` of GPU `source` (with its payload) apart until its receiver's mailbox has
-        room (_unpark): its sender's later packets go on meanwhile, except MSGs of the same pair and class."""
+    def _park(self, source: int, entry: "_Waiting") -> None:
+        """Set checked MSG `entry` of GPU `source` apart (its payload inline, or matched in entry.message)
+        until its receiver's mailbox has room (_unpark): its sender's later packets go on meanwhile, except
+        MSGs of the same pair and class."""
         packet = entry.packet
         pair = (source, self.logic.gpu_of_key(packet.dst), mailbox_class(packet.info.key))
-        size = entry.size + packet.payload_bytes
-        self._parked.setdefault(pair, deque()).append((packet, payload, size))
+        self._parked.setdefault(pair, deque()).append(entry)
         used = self._parked_size.setdefault(source, [0, 0])
-        used[0] += size
+        used[0] += entry.size
         used[1] += 1
 
     def _unpark(self) -> bool:
         """Serve parked MSGs, in order per pair and class, as far as their mailboxes have room and their
-        ports take them; once every GPU here is done, whatever is parked (nothing new comes then, and the
-        receivers report what their programs left untaken). Whether any went."""
+        ports take them (a payload is received then, within timeout_s); once every GPU here is done, whatever
+        is parked (nothing new comes then, and the receivers report what their programs left untaken).
+        Whether any moved."""
         moved, ending = False, len(self._done) == len(self.gpus)
         for pair in list(self._parked):
             source, queue = pair[0], self._parked[pair]
             while queue:
-                packet, payload, size = queue[0]
-                if not ending and (self._mailbox_over(source, packet, parked_ok=True)
-                                   or self._congested(source, packet, mailbox=False)):
-                    break
-                queue.popleft()
-                used = self._parked_size[source]
-                used[0] -= size
-                used[1] -= 1
-                if not used[1]:
-                    del self._parked_size[source]
-                self._handle(source, packet, payload, checked=True)
+                entry = queue[0]
+                packet = entry.packet
+                if entry.request is None:
+                    if not ending and (self._mailbox_over(source, packet, parked_ok=True)
+                                       or self._congested(source, packet, mailbox=False)):
+                        break
+                    if entry.message is not None:
+                        entry.buffer = np.empty(packet.payload_bytes, np.uint8)
+                        entry.request = self.transport.receive_matched(entry.message, entry.buffer)
+                        entry.message, entry.deadline = None, time.monotonic() + self.timeout_s
+                        moved = True
+                if entry.request is not None and not entry.request.Test():
+                    if time.monotonic() <= entry.deadline:
+                        break
+                    self._abandoned.append((entry.request, entry.buffer))  # as _advance
+                    self._unparked(source, queue)
+                    self._refuse(source, ProtocolError(f"MSG from GPU {source}: its payload of "
+                                                       f"{packet.payload_bytes} bytes stalled"), packet)
+                    moved = True
+                    continue
+                self._unparked(source, queue)
+                if entry.request is not None and self._waker is not None:  # its sender waits for the send
+                    self._waker.poke(source)
+                self._handle(source, packet, entry.inline if entry.request is None else entry.buffer, checked=True)
                 moved = True
             if not queue:
                 del self._parked[pair]
         return moved
+
+    def _unparked(self, source: int, queue: deque) -> None:
+        entry = queue.popleft()
+        used = self._parked_size[source]
+        used[0] -= entry.size
+        used[1] -= 1
+        if not used[1]:
+            del self._parked_size[source]
 
     def _sweep_other_tags(self) -> bool:
         """Drop the messages under tags the fabric never uses: at the front of MPI's queue, and each GPU's
@@ -464,6 +489,11 @@ class SwitchRank:
                     queue.popleft()
                     moved = True
                     continue
+                if entry.parks:  # its payload stays matched, not received, until it may go (_unpark)
+                    entry.message = message
+                    self._park(source, queue.popleft())
+                    moved = True
+                    continue
                 entry.buffer = np.empty(size, np.uint8)
                 entry.request = self.transport.receive_matched(message, entry.buffer)
                 moved = True
@@ -480,9 +510,9 @@ class SwitchRank:
             queue.popleft()
             if entry.request is not None and self._waker is not None:  # its sender waits for the send to
                 self._waker.poke(source)                                 # complete: wake it now
-            if entry.parks:  # a MSG: its header was checked when its payload was probed, or is now
-                if entry.request is not None or self._checked(source, packet, 0):
-                    self._park(source, entry, entry.buffer)
+            if entry.parks:  # a MSG without payload
+                if self._checked(source, packet, 0):
+                    self._park(source, entry)
             else:
                 self._handle(source, packet, entry.buffer, checked=entry.request is not None)
             moved = True
@@ -493,7 +523,7 @@ class SwitchRank:
     def _serve(self, source: int, entry: _Waiting, payload) -> None:
         """Serve checked `entry` of GPU `source`, or park it (_park)."""
         if entry.parks:
-            self._park(source, entry, payload)
+            self._park(source, entry)
         else:
             self._handle(source, entry.packet, payload, checked=True)
 
