@@ -25,8 +25,8 @@ from nvlink_emu.fabric.errors import FabricError, FabricTimeout, ProtocolError
 from nvlink_emu.fabric.packets import MAX_GPU_HEADER_BYTES, CountersInfo, Kind, Packet, TraceInfo, raw_bytes
 from nvlink_emu.fabric.switch import Send, SpineLogic, SwitchLogic, port_share_bytes
 
-from .transport import (MAILBOX_FABRIC, MAILBOX_P2P, MAILBOX_PEER_BYTES, MAILBOX_PEER_MESSAGES, MAX_HEADER_BYTES, Idle,
-                        SwitchChannel, Transport, mailbox_class, unframe)
+from .transport import (MAILBOX_PEER_BYTES, MAILBOX_PEER_MESSAGES, MAX_HEADER_BYTES, Idle, SwitchChannel, Transport,
+                        mailbox_class, unframe)
 
 MAX_UNREAD = 1024  # answers a GPU may leave unread before the switch stops reading its packets
 MAX_QUEUED = 256   # packets of one GPU waiting behind one that cannot go on yet
@@ -835,8 +835,8 @@ class SwitchRank:
         deadline = math.inf if self.spine else time.monotonic() + self.end_timeout_s
         previous = None
         while True:
-            quiet = (len(self._done) == len(self.gpus) and self.transport.idle and not self._waiting and not self._parked
-                     and (self.spine or not self.logic.awaited_replies))
+            quiet = (len(self._done) == len(self.gpus) and self.transport.idle and not self._waiting
+                     and not self._parked and (self.spine or not self.logic.awaited_replies))
             busy, sent, taken = self.switches.sum(
                 (0 if quiet else 1, self.sent_to_switches, self.taken_from_switches),
                 lambda done, what: self._wait_for(done, what, deadline))

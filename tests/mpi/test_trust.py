@@ -442,7 +442,8 @@ def test_a_backlog_past_the_mailbox_bound_holds_only_that_pairs_later_messages()
     GPUs. Legal MPI programs then deadlocked: GPU 0 isends more than MAILBOX_PEER_MESSAGES messages to GPU 1,
     then every GPU runs a ring allreduce (GPU 0's ring messages go to GPU 1: a collective's messages have a
     bound of their own) and a barrier, then GPU 0 sends GPU 2 a message, which GPU 2 receives, then GPU 1
-    receives the backlog, in order (then 8 messages of 1 MiB behind it, whose sends stay incomplete). A held message now holds only the later messages of its pair and class."""
+    receives the backlog, in order (then 8 messages of 1 MiB behind it, whose sends stay incomplete). A held
+    message now holds only the later messages of its pair and class."""
     from nvlink_emu.ranks.transport import MAILBOX_PEER_MESSAGES
     count = MAILBOX_PEER_MESSAGES + 76
     mib = 1 << 20
