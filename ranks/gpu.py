@@ -83,6 +83,7 @@ class Gpu:
         # was not told of yet (_took: the switch holds a sender's messages past transport.MAILBOX_PEER_* not taken)
         self._taken: dict[tuple[int, int], list[int]] = {}
         self._credit_asked: set[tuple[int, int]] = set()  # the switch holds their next message: credit at once
+        self._ever_held: set[tuple[int, int]] = set()  # (sender, class) the switch held once: a wait says what it wants
         self._posted: dict[tuple, np.ndarray] = {}      # message key -> where to receive it
         self._control_box: dict[tuple, object] = {}     # (comm name, credit number, source) -> credit (sharp reduce)
         self._control_waiting = collections.Counter()   # source -> its messages in the box
@@ -448,7 +449,8 @@ class Gpu:
         self._drain()
         slot = (tuple(key), _sender(peer, group))
         source = what or ("the switch" if peer is None else f"GPU {peer}")
-        self._wait(lambda: slot not in self._posted, "receive", f"{source} (slot {slot[0]})")
+        want = self._wanting(slot)
+        self._wait(lambda: slot not in self._posted or want(), "receive", f"{source} (slot {slot[0]})")
         self.now_ns = max(self.now_ns, self._consume(*self._arrivals.pop(slot)))
 
     def take_message(self, key: tuple, peer: int, op: str, waiting_for: str) -> np.ndarray:
@@ -456,11 +458,27 @@ class Gpu:
         return its bytes, whatever their size; its downlink turn comes now, in program order."""
         self._drain()
         slot = (tuple(key), peer)
-        self._wait(lambda: slot in self._mailbox, op, waiting_for)
+        want = self._wanting(slot)
+        self._wait(lambda: slot in self._mailbox or want(), op, waiting_for)
         self.now_ns = max(self.now_ns, self._consume(*self._arrivals.pop(slot)))
         got = self._mailbox.pop(slot)
         self._took(peer, slot[0], got.nbytes)
         return got
+
+    def _wanting(self, slot: tuple):
+        """A check for a wait on `slot` (key, sender): False always; once the switch held a message of the
+        sender's class for want of credit (a CREDIT came), it tells the switch, once, that the program waits
+        for this one (transport.send_want: it goes past the bounds, as a receive of another tag than the
+        sender's backlog must not wait for that backlog)."""
+        key, sender = slot
+        asked = [False]
+
+        def want() -> bool:
+            if not asked[0] and (sender, mailbox_class(key)) in self._ever_held:
+                asked[0] = True
+                self._transport.send_want(self._switch, sender, key)
+            return False
+        return want
 
     def _took(self, sender, key: tuple, nbytes: int) -> None:
         """This GPU's program took a message of `nbytes` in slot `key` from GPU `sender` (an int; a multicast's
@@ -765,6 +783,8 @@ class Gpu:
         elif kind is Kind.CREDIT:  # the switch holds a message of GPU src's for want of mailbox credit
             sender = self._gpu_of.get(packet.src)  # req: the mailbox class (transport.mailbox_class)
             bound = (sender, packet.req)
+            if sender is not None and packet.req in (MAILBOX_P2P, MAILBOX_FABRIC):
+                self._ever_held.add(bound)
             if bound in self._taken:
                 self._credit(bound)
             elif sender is not None and packet.req in (MAILBOX_P2P, MAILBOX_FABRIC):

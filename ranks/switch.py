@@ -25,8 +25,8 @@ from nvlink_emu.fabric.errors import FabricError, FabricTimeout, ProtocolError
 from nvlink_emu.fabric.packets import MAX_GPU_HEADER_BYTES, CountersInfo, Kind, Packet, TraceInfo, raw_bytes
 from nvlink_emu.fabric.switch import Send, SpineLogic, SwitchLogic, port_share_bytes
 
-from .transport import (MAILBOX_PEER_BYTES, MAILBOX_PEER_MESSAGES, MAX_HEADER_BYTES, Idle, SwitchChannel, Transport,
-                        mailbox_class, unframe)
+from .transport import (MAILBOX_PEER_BYTES, MAILBOX_PEER_MESSAGES, MAX_HEADER_BYTES, WANTED, Idle, SwitchChannel,
+                        Transport, mailbox_class, unframe)
 
 MAX_UNREAD = 1024  # answers a GPU may leave unread before the switch stops reading its packets
 MAX_QUEUED = 256   # packets of one GPU waiting behind one that cannot go on yet
@@ -43,6 +43,7 @@ CREDIT_STEPS = 16  # every this many intake steps (and at once while a MSG waits
 # MAX_PARKED packets and MAX_PARKED_BYTES of their messages (as _Queue's sizes); past that they wait in line
 MAX_PARKED = MAX_QUEUED
 MAX_PARKED_BYTES = MAX_QUEUED_BYTES
+MAX_WANTED = 64  # messages a GPU here said its program waits for (transport.send_want), kept until they go
 # fabric messages of a GPU the switch does not read now that a sweep keeps matched, to reach what it sent
 # behind them (transport.drop_other_tags): a header and a payload for each packet that may wait, and one more
 MAX_KEPT = 2 * (MAX_QUEUED + 1)
@@ -166,6 +167,8 @@ class SwitchRank:
         self._mailbox_asked: set[tuple[int, int, int]] = set()  # asked the receiver for credit (CREDIT to it)
         self._parked: dict[tuple[int, int, int], deque] = {}  # _Waiting MSGs per (sender, receiver, class)
         self._parked_size: dict[int, list[int]] = {}  # per sender: [bytes, packets] parked
+        # per receiver here: the (sender, key) its program waits for, oldest first: they go past the bounds
+        self._wanted: dict[int, dict[tuple, bool]] = {}
 
     def serve(self) -> dict:
         """Run until every GPU of the fabric reported DONE and no packet is left between switches;
@@ -240,7 +243,12 @@ class SwitchRank:
         it took only lets more into its own mailbox). Whether any came."""
         self._mailbox_full = False
         got = self.transport.credits(4 * MAILBOX_PEER_MESSAGES)
-        for receiver, sender, cls, nbytes, messages in got:
+        for receiver, sender, cls, *rest in got:
+            if cls == WANTED:
+                if receiver in self.gpus:
+                    self._want(receiver, sender, rest[0])
+                continue
+            nbytes, messages = rest
             pair = (sender, receiver, cls)
             used = self._mailbox.get(pair) if receiver in self.gpus else None
             if used is None or nbytes < 0 or messages < 0:
@@ -256,6 +264,8 @@ class SwitchRank:
         for `source` (a first message, of any size, always goes), or must wait behind parked ones of its pair
         and class (unless `parked_ok`: it is the first of them)."""
         receiver = self.logic.gpu_of_key(packet.dst)
+        if self._wanted and self._wanted_now(source, receiver, packet):
+            return False
         pair = (source, receiver, mailbox_class(packet.info.key))
         if not parked_ok and pair in self._parked:
             return True
@@ -269,6 +279,25 @@ class SwitchRank:
             self._send_all([Send(receiver, Packet(Kind.CREDIT, self.logic.route_key(source), packet.dst,
                                                   req=pair[2]))], -1)
         return True
+
+    def _want(self, receiver: int, sender, key: tuple) -> None:
+        """GPU `receiver`'s program waits for `sender`'s message in slot `key`: it goes whatever the mailbox
+        bounds (MAX_WANTED kept per receiver, the oldest dropped); if parked, it goes first."""
+        wanted = self._wanted.setdefault(receiver, {})
+        wanted[(sender, key)] = True
+        if len(wanted) > MAX_WANTED:
+            del wanted[next(iter(wanted))]
+        for cls in (0, 1):
+            queue = self._parked.get((sender, receiver, cls))
+            for entry in queue or ():
+                if entry.packet.info.key == key:
+                    queue.remove(entry)  # behind one whose payload is being received (_unpark)
+                    queue.insert(1 if queue and queue[0].request is not None else 0, entry)
+                    return
+
+    def _wanted_now(self, source: int, receiver, packet: Packet) -> bool:
+        wanted = self._wanted.get(receiver)
+        return bool(wanted) and (source, packet.info.key) in wanted
 
     def _park_room(self, source: int, entry: "_Waiting") -> bool:
         """Whether GPU `source` may park `entry` (MAX_PARKED, MAX_PARKED_BYTES)."""
@@ -741,6 +770,8 @@ class SwitchRank:
             if switch is None:
                 self.transport.send(send.port, send.packet, send.payload)
                 if send.packet.kind is Kind.MSG and source in self.gpus:  # until the receiver credits it
+                    if self._wanted:
+                        self._wanted.get(send.port, {}).pop((source, send.packet.info.key), None)
                     used = self._mailbox.setdefault((source, send.port, mailbox_class(send.packet.info.key)), [0, 0])
                     used[0] += nbytes
                     used[1] += 1

@@ -52,6 +52,10 @@ MAILBOX_PEER_MESSAGES = 1024
 # backlog of point-to-point messages never holds a collective's traffic (a sender chooses its keys, so a hostile
 # one gains at most a second bound)
 MAILBOX_P2P, MAILBOX_FABRIC = 0, 1
+# a receiver's program waits for one message (send_want): the switch lets it go whatever the bounds, as a
+# rendezvous receive would (one per wait of the program: bounded by it); its key is at most this long, encoded
+WANTED = -1
+MAX_WANT_KEY_BYTES = 4096
 
 
 def mailbox_class(key) -> int:
@@ -312,17 +316,35 @@ class Transport:
         self._keep(dest, [self.comm.Isend([data, MPI.BYTE], dest, TAG_CREDIT)], (data, None))
         self.waker.poke(dest)
 
-    def credits(self, most: int) -> list[tuple[int, int, int, int, int]]:
-        """Up to `most` credits waiting from any rank: (source rank, sender GPU, class, bytes, messages) each; one of
-        another size is dropped unread."""
-        got, status, buffer = [], self._status, np.empty(_CREDIT, np.int64)
+    def send_want(self, dest: int, sender: int, key: tuple) -> None:
+        """Tell switch rank `dest` that this GPU's program waits for GPU `sender`'s message in slot `key`
+        (TAG_CREDIT, after a credit's fields: class WANTED, then the key, msgpack)."""
+        data = np.frombuffer(np.array([sender, WANTED, 0, 0], np.int64).tobytes() + msgpack.packb(list(key)), np.uint8)
+        self._keep(dest, [self.comm.Isend([data, MPI.BYTE], dest, TAG_CREDIT)], (data, None))
+        self.waker.poke(dest)
+
+    def credits(self, most: int) -> list[tuple]:
+        """Up to `most` credits waiting from any rank: (source rank, sender GPU, class, bytes, messages) each, or
+        for a want (send_want) (source rank, sender GPU, WANTED, key); one of another size, or a want whose key
+        does not decode, is dropped."""
+        got, status, size = [], self._status, _CREDIT * 8
         while len(got) < most and self.comm.Iprobe(MPI.ANY_SOURCE, TAG_CREDIT, status):
-            source = status.Get_source()
-            if status.Get_count(MPI.BYTE) != buffer.nbytes:
+            source, count = status.Get_source(), status.Get_count(MPI.BYTE)
+            if not size <= count <= size + MAX_WANT_KEY_BYTES:
                 self._drop_from(source, TAG_CREDIT)
                 continue
+            buffer = np.empty(count, np.uint8)
             self.comm.Recv([buffer, MPI.BYTE], source, TAG_CREDIT)
-            got.append((source, *(int(v) for v in buffer)))
+            fields = tuple(int(v) for v in buffer[:size].view(np.int64))
+            if count == size and fields[1] != WANTED:
+                got.append((source, *fields))
+            elif count > size and fields[1] == WANTED:
+                try:
+                    key = msgpack.unpackb(buffer[size:].tobytes())
+                except (ValueError, TypeError, msgpack.UnpackException):
+                    continue
+                if type(key) is list and all(type(part) in (int, str) for part in key):
+                    got.append((source, fields[0], WANTED, tuple(key)))
         return got
 
     def payload_only(self, dest: int, payload: np.ndarray) -> list:

@@ -441,9 +441,10 @@ def test_a_backlog_past_the_mailbox_bound_holds_only_that_pairs_later_messages()
     so everything the sender sent later waited behind it: its collectives' messages, its messages to other
     GPUs. Legal MPI programs then deadlocked: GPU 0 isends more than MAILBOX_PEER_MESSAGES messages to GPU 1,
     then every GPU runs a ring allreduce (GPU 0's ring messages go to GPU 1: a collective's messages have a
-    bound of their own) and a barrier, then GPU 0 sends GPU 2 a message, which GPU 2 receives, then GPU 1
-    receives the backlog, in order (then 8 messages of 1 MiB behind it, whose sends stay incomplete). A held
-    message now holds only the later messages of its pair and class."""
+    bound of their own) and a barrier, then GPU 0 sends GPU 2 a message, which GPU 2 receives, and GPU 1 one
+    of another tag, which GPU 1 receives before the backlog, then the backlog, in order (then 8 messages of
+    1 MiB behind it, whose sends stay incomplete). A held message now holds only the later messages of its
+    pair and class, and a message the receiver's program waits for goes whatever the bounds."""
     from nvlink_emu.ranks.transport import MAILBOX_PEER_MESSAGES
     count = MAILBOX_PEER_MESSAGES + 76
     mib = 1 << 20
@@ -464,10 +465,15 @@ def test_a_backlog_past_the_mailbox_bound_holds_only_that_pairs_later_messages()
                 gpu._progress()
             assert not any(map(gpu._transport.sent, bigs))
             world.send(np.full(16, 7, np.uint8), 2, 6)
+            world.send(np.full(16, 9, np.uint8), 1, 7)  # another tag, behind the backlog to GPU 1
         if gpu.rank == 2:
             got = np.empty(16, np.uint8)
             world.recv(got, 0, 6)
             assert (got == 7).all()
+        if gpu.rank == 1:  # received first: it goes past the bound (GPU 1's program waits for it)
+            got = np.empty(16, np.uint8)
+            world.recv(got, 0, 7)
+            assert (got == 9).all()
         world.barrier()
         if gpu.rank == 1:
             got = np.empty(8, np.uint8)
