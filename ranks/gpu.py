@@ -27,8 +27,8 @@ from nvlink_emu.fabric.timemodel import LinkEnd
 
 from .comm import CREDIT_SEQ, Communicator, is_integer
 from .requests import Request, wait_all, wait_any
-from .transport import (MAILBOX_PEER_BYTES, MAILBOX_PEER_MESSAGES, MAX_HEADER_BYTES, ControlChannel, Idle, Transport,
-                        native_collective, poked_idle, unframe)
+from .transport import (MAILBOX_FABRIC, MAILBOX_P2P, MAILBOX_PEER_BYTES, MAILBOX_PEER_MESSAGES, MAX_HEADER_BYTES,
+                        ControlChannel, Idle, Transport, mailbox_class, native_collective, poked_idle, unframe)
 
 
 STRAY_SWEEP = 256  # every this many progress calls, look for strays from every rank, not just in front
@@ -79,10 +79,11 @@ class Gpu:
         self._async_errors: list[FabricError] = []      # refusals of puts: raised at put, get, fence, barrier
         self._traffic_errors: list[FabricError] = []    # refusals of collective traffic: raised in any wait
         self._mailbox: dict[tuple, np.ndarray] = {}     # message key -> received bytes
-        # per sender GPU of this node: [payload bytes, messages] its program took and the switch was not told of
-        # yet (_took: the switch holds a sender's messages past transport.MAILBOX_PEER_* not taken)
-        self._taken: dict[int, list[int]] = {}
-        self._credit_asked: set[int] = set()  # senders whose next message the switch holds: credit at once
+        # per (sender GPU of this node, mailbox class): [payload bytes, messages] its program took and the switch
+        # was not told of yet (_took: the switch holds a sender's messages past transport.MAILBOX_PEER_* not taken)
+        self._taken: dict[tuple[int, int], list[int]] = {}
+        self._credit_asked: set[tuple[int, int]] = set()  # the switch holds their next message: credit at once
+        self._ever_held: set[tuple[int, int]] = set()  # (sender, class) the switch held once: a wait says what it wants
         self._posted: dict[tuple, np.ndarray] = {}      # message key -> where to receive it
         self._control_box: dict[tuple, object] = {}     # (comm name, credit number, source) -> credit (sharp reduce)
         self._control_waiting = collections.Counter()   # source -> its messages in the box
@@ -437,7 +438,7 @@ class Gpu:
         if got is None:
             self._posted[key] = dest
             return
-        self._took(key[1], got.nbytes)
+        self._took(key[1], key[0], got.nbytes)
         if got.nbytes != dest.nbytes:
             raise ProtocolError(f"GPU {self.rank}: message {key} has {got.nbytes} bytes, expected {dest.nbytes}")
         dest[:] = got
@@ -448,7 +449,8 @@ class Gpu:
         self._drain()
         slot = (tuple(key), _sender(peer, group))
         source = what or ("the switch" if peer is None else f"GPU {peer}")
-        self._wait(lambda: slot not in self._posted, "receive", f"{source} (slot {slot[0]})")
+        want = self._wanting(slot)
+        self._wait(lambda: slot not in self._posted or want(), "receive", f"{source} (slot {slot[0]})")
         self.now_ns = max(self.now_ns, self._consume(*self._arrivals.pop(slot)))
 
     def take_message(self, key: tuple, peer: int, op: str, waiting_for: str) -> np.ndarray:
@@ -456,35 +458,58 @@ class Gpu:
         return its bytes, whatever their size; its downlink turn comes now, in program order."""
         self._drain()
         slot = (tuple(key), peer)
-        self._wait(lambda: slot in self._mailbox, op, waiting_for)
+        want = self._wanting(slot)
+        self._wait(lambda: slot in self._mailbox or want(), op, waiting_for)
         self.now_ns = max(self.now_ns, self._consume(*self._arrivals.pop(slot)))
         got = self._mailbox.pop(slot)
-        self._took(peer, got.nbytes)
+        self._took(peer, slot[0], got.nbytes)
         return got
 
-    def _took(self, sender, nbytes: int) -> None:
-        """This GPU's program took a message of `nbytes` from GPU `sender` (an int; a multicast's sender is
-        the switch): credited back to the switch once half a bound is due, or at once if the switch holds
+    def _wanting(self, slot: tuple):
+        """A check for a wait on `slot` (key, sender): False always; once the switch held a message of the
+        sender's class for want of credit (a CREDIT came), it tells the switch, once, that the program waits
+        for this one (transport.send_want: it goes past the bounds, as a receive of another tag than the
+        sender's backlog must not wait for that backlog)."""
+        key, sender = slot
+        asked = [False]
+
+        def want() -> bool:
+            if not asked[0] and (sender, mailbox_class(key)) in self._ever_held:
+                asked[0] = True
+                self._transport.send_want(self._switch, sender, key)
+            return False
+        return want
+
+    def _took(self, sender, key: tuple, nbytes: int) -> None:
+        """This GPU's program took a message of `nbytes` in slot `key` from GPU `sender` (an int; a multicast's
+        sender is the switch): credited back to the switch once half a bound is due, or at once if the switch holds
         the sender's next message for want of it (it asked: CREDIT)."""
         if type(sender) is not int or sender // self.config.gpus_per_node != self._leaf:
             return  # the switch bounds the messages of its own GPUs only
-        taken = self._taken.setdefault(sender, [0, 0])
+        bound = (sender, mailbox_class(key))
+        taken = self._taken.setdefault(bound, [0, 0])
         taken[0] += nbytes
         taken[1] += 1
-        if sender in self._credit_asked or taken[0] >= MAILBOX_PEER_BYTES // 2 or \
+        if bound in self._credit_asked or taken[0] >= MAILBOX_PEER_BYTES // 2 or \
                 taken[1] >= MAILBOX_PEER_MESSAGES // 2:
-            self._credit(sender)
+            self._credit(bound)
 
-    def _credit(self, sender: int) -> None:
-        """Tell the switch what this GPU's program took of `sender`'s messages (transport.send_credit)."""
-        self._credit_asked.discard(sender)
-        nbytes, messages = self._taken.pop(sender)
-        self._transport.send_credit(self._switch, sender, nbytes, messages)
+    def _credit(self, bound: tuple[int, int]) -> None:
+        """Tell the switch what this GPU's program took of a (sender, mailbox class)'s messages
+        (transport.send_credit)."""
+        self._credit_asked.discard(bound)
+        nbytes, messages = self._taken.pop(bound)
+        self._transport.send_credit(self._switch, *bound, nbytes, messages)
 
     def has_message(self, key: tuple, peer: int) -> bool:
         """Whether the message in slot `key` from GPU `peer` has arrived, not posted for and not yet taken
         (an MPI-style probe; read-only)."""
         return (tuple(key), peer) in self._mailbox
+
+    def peek_message(self, key: tuple, peer: int) -> np.ndarray | None:
+        """The bytes of GPU `peer`'s message in slot `key` if it arrived and was not taken, else None; it stays
+        in the mailbox, not taken (read-only: not credited to the switch, no downlink turn)."""
+        return self._mailbox.get((tuple(key), peer))
 
     def poll(self) -> bool:
         """Serve this GPU's traffic once, without waiting (what arrived is filed); True if anything moved."""
@@ -737,7 +762,7 @@ class Gpu:
                                     f"bytes, the receive expects {dest.nbytes}")
             if dest is not None:
                 del self._posted[slot]
-                self._took(sender, packet.nbytes)
+                self._took(sender, slot[0], packet.nbytes)
             else:
                 self._mailbox[slot] = buffer
             self._arrivals[slot] = (packet, seq)  # its downlink turn comes when the program consumes it
@@ -756,11 +781,14 @@ class Gpu:
         elif kind is Kind.REPLY:
             self._replies[packet.req] = packet
         elif kind is Kind.CREDIT:  # the switch holds a message of GPU src's for want of mailbox credit
-            sender = self._gpu_of.get(packet.src)
-            if sender in self._taken:
-                self._credit(sender)
-            elif sender is not None:
-                self._credit_asked.add(sender)
+            sender = self._gpu_of.get(packet.src)  # req: the mailbox class (transport.mailbox_class)
+            bound = (sender, packet.req)
+            if sender is not None and packet.req in (MAILBOX_P2P, MAILBOX_FABRIC):
+                self._ever_held.add(bound)
+            if bound in self._taken:
+                self._credit(bound)
+            elif sender is not None and packet.req in (MAILBOX_P2P, MAILBOX_FABRIC):
+                self._credit_asked.add(bound)
         elif kind is Kind.SHUTDOWN:
             self._shutdown = packet
         else:

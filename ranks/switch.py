@@ -25,8 +25,8 @@ from nvlink_emu.fabric.errors import FabricError, FabricTimeout, ProtocolError
 from nvlink_emu.fabric.packets import MAX_GPU_HEADER_BYTES, CountersInfo, Kind, Packet, TraceInfo, raw_bytes
 from nvlink_emu.fabric.switch import Send, SpineLogic, SwitchLogic, port_share_bytes
 
-from .transport import (MAILBOX_PEER_BYTES, MAILBOX_PEER_MESSAGES, MAX_HEADER_BYTES, Idle, SwitchChannel, Transport,
-                        unframe)
+from .transport import (MAILBOX_PEER_BYTES, MAILBOX_PEER_MESSAGES, MAX_HEADER_BYTES, WANTED, Idle, SwitchChannel,
+                        Transport, mailbox_class, unframe)
 
 MAX_UNREAD = 1024  # answers a GPU may leave unread before the switch stops reading its packets
 MAX_QUEUED = 256   # packets of one GPU waiting behind one that cannot go on yet
@@ -37,6 +37,13 @@ MAX_QUEUED = 256   # packets of one GPU waiting behind one that cannot go on yet
 MAX_QUEUED_BYTES = 1 << 20
 SWEEP_STEPS = 1024  # every this many intake steps, drop stray messages of every GPU
 CREDIT_STEPS = 16  # every this many intake steps (and at once while a MSG waits for one), take mailbox credits
+# A MSG held for its receiver's mailbox (_mailbox_over) is parked apart, with the later MSGs of its pair and
+# class, so that it holds nothing else of its sender's (its collectives, its traffic to other GPUs): its header
+# kept, its payload matched and not received (its send stays incomplete, as it did in line), per sender at most
+# MAX_PARKED packets and MAX_PARKED_BYTES of their messages (as _Queue's sizes); past that they wait in line
+MAX_PARKED = MAX_QUEUED
+MAX_PARKED_BYTES = MAX_QUEUED_BYTES
+MAX_WANTED = 64  # messages a GPU here said its program waits for (transport.send_want), kept until they go
 # fabric messages of a GPU the switch does not read now that a sweep keeps matched, to reach what it sent
 # behind them (transport.drop_other_tags): a header and a payload for each packet that may wait, and one more
 MAX_KEPT = 2 * (MAX_QUEUED + 1)
@@ -50,13 +57,15 @@ class _Waiting:
     """A header whose payload is still to come (or still being received, or came inline and waits for
     its turn), with its deadline."""
 
-    __slots__ = ("packet", "deadline", "request", "buffer", "held", "inline", "size")
+    __slots__ = ("packet", "deadline", "request", "buffer", "held", "inline", "size", "parks", "message")
 
     def __init__(self, packet: Packet, deadline: float, inline=None, size: int = 0):
         self.packet, self.deadline, self.size = packet, deadline, size  # size: what it holds of the switch
         self.request = self.buffer = None
         self.held = False  # its payload is not taken yet: a port it goes to has too much in flight
         self.inline = inline  # its payload, if it came in the header's message (not checked yet)
+        self.parks = False  # a MSG for a full mailbox: parked (SwitchRank._park) once its payload is matched
+        self.message = None  # a parked MSG's payload, matched and not received yet (MPI keeps it: at its sender)
 
 
 class _Queue(deque):
@@ -149,12 +158,17 @@ class SwitchRank:
         self._transit: dict[int, deque] = {}
         self._drained: dict[tuple[int, int], int] = {}
         self._credit_wanted: set[tuple[int, int]] = set()
-        # Mailboxes (transport.MAILBOX_PEER_*): per (sender, receiver), both GPUs here, the MSG payload bytes
-        # and messages forwarded and not yet credited back by the receiver (it credits what its program took);
-        # a sender's MSG past either bound waits, as a transfer to a congested port does
-        self._mailbox: dict[tuple[int, int], list[int]] = {}
+        # Mailboxes (transport.MAILBOX_PEER_*): per (sender, receiver, class), both GPUs here, the MSG payload
+        # bytes and messages forwarded and not yet credited back by the receiver (it credits what its program
+        # took); a sender's MSG past either bound is parked, with the later ones of its pair and class, until
+        # credit comes (MAX_PARKED*)
+        self._mailbox: dict[tuple[int, int, int], list[int]] = {}
         self._mailbox_full = False  # a MSG waits for a mailbox credit: take the credits that came
-        self._mailbox_asked: set[tuple[int, int]] = set()  # (sender, receiver) asked for credit (CREDIT to it)
+        self._mailbox_asked: set[tuple[int, int, int]] = set()  # asked the receiver for credit (CREDIT to it)
+        self._parked: dict[tuple[int, int, int], deque] = {}  # _Waiting MSGs per (sender, receiver, class)
+        self._parked_size: dict[int, list[int]] = {}  # per sender: [bytes, packets] parked
+        # per receiver here: the (sender, key) its program waits for, oldest first: they go past the bounds
+        self._wanted: dict[int, dict[tuple, bool]] = {}
 
     def serve(self) -> dict:
         """Run until every GPU of the fabric reported DONE and no packet is left between switches;
@@ -186,8 +200,10 @@ class SwitchRank:
         if self._waiting or self._abandoned:
             moved |= self._advance_all()
         self._steps += 1
-        if self._mailbox_full or not self._steps % CREDIT_STEPS:
+        if self._mailbox_full or self._parked or not self._steps % CREDIT_STEPS:
             moved |= self._take_credits()
+        if self._parked:
+            moved |= self._unpark()
         if not self._steps % SWEEP_STEPS:  # now and then, for every GPU (honest ones never leave any)
             moved |= self._sweep_other_tags()
             moved |= self.transport.drop_strays_from(set(self.sources)) > 0
@@ -227,29 +243,123 @@ class SwitchRank:
         it took only lets more into its own mailbox). Whether any came."""
         self._mailbox_full = False
         got = self.transport.credits(4 * MAILBOX_PEER_MESSAGES)
-        for receiver, sender, nbytes, messages in got:
-            used = self._mailbox.get((sender, receiver)) if receiver in self.gpus else None
+        for receiver, sender, cls, *rest in got:
+            if cls == WANTED:
+                if receiver in self.gpus:
+                    self._want(receiver, sender, rest[0])
+                continue
+            nbytes, messages = rest
+            pair = (sender, receiver, cls)
+            used = self._mailbox.get(pair) if receiver in self.gpus else None
             if used is None or nbytes < 0 or messages < 0:
                 continue
             used[0], used[1] = max(0, used[0] - nbytes), max(0, used[1] - messages)
-            self._mailbox_asked.discard((sender, receiver))
+            self._mailbox_asked.discard(pair)
             if not used[1]:
-                del self._mailbox[(sender, receiver)]
+                del self._mailbox[pair]
         return bool(got)
 
-    def _mailbox_over(self, source: int, packet: Packet) -> bool:
+    def _mailbox_over(self, source: int, packet: Packet, parked_ok: bool = False) -> bool:
         """Whether MSG `packet` from GPU `source` would take the mailbox of its receiver here past its bounds
-        for `source` (a first message, of any size, always goes)."""
+        for `source` (a first message, of any size, always goes), or must wait behind parked ones of its pair
+        and class (unless `parked_ok`: it is the first of them)."""
         receiver = self.logic.gpu_of_key(packet.dst)
-        used = self._mailbox.get((source, receiver))
+        if self._wanted and self._wanted_now(source, receiver, packet):
+            return False
+        pair = (source, receiver, mailbox_class(packet.info.key))
+        if not parked_ok and pair in self._parked:
+            return True
+        used = self._mailbox.get(pair)
         if used is None or not used[1] or (used[0] + packet.payload_bytes <= MAILBOX_PEER_BYTES
                                           and used[1] < MAILBOX_PEER_MESSAGES):
             return False
         self._mailbox_full = True
-        if (source, receiver) not in self._mailbox_asked:  # the receiver credits at half a bound, or when asked
-            self._mailbox_asked.add((source, receiver))
-            self._send_all([Send(receiver, Packet(Kind.CREDIT, self.logic.route_key(source), packet.dst))], -1)
+        if pair not in self._mailbox_asked:  # the receiver credits at half a bound, or when asked
+            self._mailbox_asked.add(pair)
+            self._send_all([Send(receiver, Packet(Kind.CREDIT, self.logic.route_key(source), packet.dst,
+                                                  req=pair[2]))], -1)
         return True
+
+    def _want(self, receiver: int, sender, key: tuple) -> None:
+        """GPU `receiver`'s program waits for `sender`'s message in slot `key`: it goes whatever the mailbox
+        bounds (MAX_WANTED kept per receiver, the oldest dropped); if parked, it goes first."""
+        wanted = self._wanted.setdefault(receiver, {})
+        wanted[(sender, key)] = True
+        if len(wanted) > MAX_WANTED:
+            del wanted[next(iter(wanted))]
+        for cls in (0, 1):
+            queue = self._parked.get((sender, receiver, cls))
+            for entry in queue or ():
+                if entry.packet.info.key == key:
+                    queue.remove(entry)  # behind one whose payload is being received (_unpark)
+                    queue.insert(1 if queue and queue[0].request is not None else 0, entry)
+                    return
+
+    def _wanted_now(self, source: int, receiver, packet: Packet) -> bool:
+        wanted = self._wanted.get(receiver)
+        return bool(wanted) and (source, packet.info.key) in wanted
+
+    def _park_room(self, source: int, entry: "_Waiting") -> bool:
+        """Whether GPU `source` may park `entry` (MAX_PARKED, MAX_PARKED_BYTES)."""
+        size = self._parked_size.get(source, (0, 0))
+        return size[1] < MAX_PARKED and size[0] + entry.size <= MAX_PARKED_BYTES
+
+    def _park(self, source: int, entry: "_Waiting") -> None:
+        """Set checked MSG `entry` of GPU `source` apart (its payload inline, or matched in entry.message)
+        until its receiver's mailbox has room (_unpark): its sender's later packets go on meanwhile, except
+        MSGs of the same pair and class."""
+        packet = entry.packet
+        pair = (source, self.logic.gpu_of_key(packet.dst), mailbox_class(packet.info.key))
+        self._parked.setdefault(pair, deque()).append(entry)
+        used = self._parked_size.setdefault(source, [0, 0])
+        used[0] += entry.size
+        used[1] += 1
+
+    def _unpark(self) -> bool:
+        """Serve parked MSGs, in order per pair and class, as far as their mailboxes have room and their
+        ports take them (a payload is received then, within timeout_s); once every GPU here is done, whatever
+        is parked (nothing new comes then, and the receivers report what their programs left untaken).
+        Whether any moved."""
+        moved, ending = False, len(self._done) == len(self.gpus)
+        for pair in list(self._parked):
+            source, queue = pair[0], self._parked[pair]
+            while queue:
+                entry = queue[0]
+                packet = entry.packet
+                if entry.request is None:
+                    if not ending and (self._mailbox_over(source, packet, parked_ok=True)
+                                       or self._congested(source, packet, mailbox=False)):
+                        break
+                    if entry.message is not None:
+                        entry.buffer = np.empty(packet.payload_bytes, np.uint8)
+                        entry.request = self.transport.receive_matched(entry.message, entry.buffer)
+                        entry.message, entry.deadline = None, time.monotonic() + self.timeout_s
+                        moved = True
+                if entry.request is not None and not entry.request.Test():
+                    if time.monotonic() <= entry.deadline:
+                        break
+                    self._abandoned.append((entry.request, entry.buffer))  # as _advance
+                    self._unparked(source, queue)
+                    self._refuse(source, ProtocolError(f"MSG from GPU {source}: its payload of "
+                                                       f"{packet.payload_bytes} bytes stalled"), packet)
+                    moved = True
+                    continue
+                self._unparked(source, queue)
+                if entry.request is not None and self._waker is not None:  # its sender waits for the send
+                    self._waker.poke(source)
+                self._handle(source, packet, entry.inline if entry.request is None else entry.buffer, checked=True)
+                moved = True
+            if not queue:
+                del self._parked[pair]
+        return moved
+
+    def _unparked(self, source: int, queue: deque) -> None:
+        entry = queue.popleft()
+        used = self._parked_size[source]
+        used[0] -= entry.size
+        used[1] -= 1
+        if not used[1]:
+            del self._parked_size[source]
 
     def _sweep_other_tags(self) -> bool:
         """Drop the messages under tags the fabric never uses: at the front of MPI's queue, and each GPU's
@@ -269,14 +379,15 @@ class SwitchRank:
             held.update(d for d in backlogged if d < self.config.gpus)
         return held
 
-    def _congested(self, source: int, packet: Packet) -> bool:
+    def _congested(self, source: int, packet: Packet, mailbox: bool = True) -> bool:
         """Whether a rank `packet` goes to (a GPU here, or the next switch) has its share of forwarded
         bytes in flight already, or a GPU of another node it goes to has this leaf's credit for it in use
         (a packet without payload: only the credit). Packets of other switches are not held: the
         switches are trusted, and each GPU's traffic was bounded at its own leaf."""
         if source in self._peer_of:
             return False
-        if self._mailbox and packet.kind is Kind.MSG and self._mailbox_over(source, packet):
+        if mailbox and (self._mailbox or self._parked) and packet.kind is Kind.MSG and \
+                self._mailbox_over(source, packet):
             return True
         pending = self.transport.pending_bytes_to
         for port in self.logic.egress_ports(source, packet):
@@ -297,7 +408,7 @@ class SwitchRank:
     def _may_hold(self, packet: Packet) -> bool:
         """Whether a counted packet without payload may have to wait (_congested): for credit across nodes, or a
         message for a mailbox here."""
-        return bool(self._credit_used) or (bool(self._mailbox) and packet.kind is Kind.MSG)
+        return bool(self._credit_used) or (bool(self._mailbox or self._parked) and packet.kind is Kind.MSG)
 
     def _take(self, source: int, data: bytearray | None) -> None:
         if source in self._peer_of:
@@ -377,14 +488,17 @@ class SwitchRank:
             entry = queue[0]
             packet = entry.packet
             if entry.request is None and (packet.payload_bytes or packet.kind.counted):
-                entry.held = self._congested(source, packet)
+                # a MSG for a full mailbox is parked (_park) if its sender has room there, else it waits here
+                entry.parks = packet.kind is Kind.MSG and bool(self._mailbox or self._parked) and \
+                    self._mailbox_over(source, packet)
+                entry.held = not self._park_room(source, entry) if entry.parks else self._congested(source, packet)
                 if entry.held:  # its wait for the payload starts once it may be taken
                     entry.deadline = time.monotonic() + self.timeout_s
                     break
             if entry.inline is not None:
                 queue.popleft()  # checked now, as a payload that came on its own would be
                 if self._checked(source, packet, entry.inline.nbytes):
-                    self._handle(source, packet, entry.inline, checked=True)
+                    self._serve(source, entry, entry.inline)
                 moved = True
                 continue
             if packet.payload_bytes and entry.request is None:
@@ -404,6 +518,11 @@ class SwitchRank:
                     queue.popleft()
                     moved = True
                     continue
+                if entry.parks:  # its payload stays matched, not received, until it may go (_unpark)
+                    entry.message = message
+                    self._park(source, queue.popleft())
+                    moved = True
+                    continue
                 entry.buffer = np.empty(size, np.uint8)
                 entry.request = self.transport.receive_matched(message, entry.buffer)
                 moved = True
@@ -420,11 +539,22 @@ class SwitchRank:
             queue.popleft()
             if entry.request is not None and self._waker is not None:  # its sender waits for the send to
                 self._waker.poke(source)                                 # complete: wake it now
-            self._handle(source, packet, entry.buffer, checked=entry.request is not None)
+            if entry.parks:  # a MSG without payload
+                if self._checked(source, packet, 0):
+                    self._park(source, entry)
+            else:
+                self._handle(source, packet, entry.buffer, checked=entry.request is not None)
             moved = True
         if not queue:
             del self._waiting[source]
         return moved
+
+    def _serve(self, source: int, entry: _Waiting, payload) -> None:
+        """Serve checked `entry` of GPU `source`, or park it (_park)."""
+        if entry.parks:
+            self._park(source, entry)
+        else:
+            self._handle(source, entry.packet, payload, checked=True)
 
     # -- serving --------------------------------------------------------------------------------------
     def _handle(self, source: int, packet: Packet, payload: np.ndarray | None, checked: bool = False) -> None:
@@ -640,7 +770,9 @@ class SwitchRank:
             if switch is None:
                 self.transport.send(send.port, send.packet, send.payload)
                 if send.packet.kind is Kind.MSG and source in self.gpus:  # until the receiver credits it
-                    used = self._mailbox.setdefault((source, send.port), [0, 0])
+                    if self._wanted:
+                        self._wanted.get(send.port, {}).pop((source, send.packet.info.key), None)
+                    used = self._mailbox.setdefault((source, send.port, mailbox_class(send.packet.info.key)), [0, 0])
                     used[0] += nbytes
                     used[1] += 1
                 link = downlink(send.port, self.index) if self.trace is not None else None
@@ -727,7 +859,7 @@ class SwitchRank:
         a leaf end_timeout_s after its own GPUs finished (the backstop of serve()), a spine, which has no
         GPUs, until the leaves join (their deadlines end the job if one does not); each later round has
         end_timeout_s from the first's end."""
-        self._wait(lambda: self.transport.idle and not self._waiting, "end of run",
+        self._wait(lambda: self.transport.idle and not self._waiting and not self._parked, "end of run",
                    lambda: "forwarded packets to be received")
         if self.switches is None:
             return
@@ -735,7 +867,7 @@ class SwitchRank:
         previous = None
         while True:
             quiet = (len(self._done) == len(self.gpus) and self.transport.idle and not self._waiting
-                     and (self.spine or not self.logic.awaited_replies))
+                     and not self._parked and (self.spine or not self.logic.awaited_replies))
             busy, sent, taken = self.switches.sum(
                 (0 if quiet else 1, self.sent_to_switches, self.taken_from_switches),
                 lambda done, what: self._wait_for(done, what, deadline))

@@ -41,12 +41,26 @@ TAG_EXCHANGE = 14  # an exchange's slots, on the members' own MPI communicator (
 # a GPU's mailbox credit to its switch (send_credit): apart from its packets, so that a credit never waits
 # behind a packet of the same GPU's that the switch holds for want of the other side's credit
 TAG_CREDIT = 15
-_CREDIT = 3  # int64s of a credit: the sending GPU, payload bytes, messages
+_CREDIT = 4  # int64s of a credit: the sending GPU, its mailbox class (mailbox_class), payload bytes, messages
 # Mailbox bounds, per pair of GPUs of one node (ranks/switch.py holds a sender's next MSG past them, ranks/gpu.py
 # credits them back as its program takes messages): a GPU's messages to a peer that the peer's program has not
 # taken are at most MAILBOX_PEER_BYTES of payload and MAILBOX_PEER_MESSAGES (as the switch's MAX_UNREAD) messages
 MAILBOX_PEER_BYTES = 32 << 20
 MAILBOX_PEER_MESSAGES = 1024
+# A program's own point-to-point messages (a communicator's "p2p" slots, the mpi4py layer's) and the rest (a
+# collective's messages, which its members' programs take as the collective runs) have a bound each, so that a
+# backlog of point-to-point messages never holds a collective's traffic (a sender chooses its keys, so a hostile
+# one gains at most a second bound)
+MAILBOX_P2P, MAILBOX_FABRIC = 0, 1
+# a receiver's program waits for one message (send_want): the switch lets it go whatever the bounds, as a
+# rendezvous receive would (one per wait of the program: bounded by it); its key is at most this long, encoded
+WANTED = -1
+MAX_WANT_KEY_BYTES = 4096
+
+
+def mailbox_class(key) -> int:
+    """The mailbox bound a MSG with slot `key` counts against: MAILBOX_P2P or MAILBOX_FABRIC."""
+    return MAILBOX_P2P if type(key) is tuple and len(key) > 1 and key[1] in ("p2p", "mpi4py") else MAILBOX_FABRIC
 ABORT_GRACE_S = 0.5  # s, between a failing rank's report and MPI_Abort
 _NOTHING = np.empty(0, np.uint8)  # where dropped messages go (a receive truncated to nothing)
 # Payloads up to this many bytes travel inline, in their header's message. Below it a second message
@@ -295,24 +309,42 @@ class Transport:
         self.waker.poke(dest)
         return self._keep(dest, requests, buffers)
 
-    def send_credit(self, dest: int, sender: int, nbytes: int, messages: int) -> None:
+    def send_credit(self, dest: int, sender: int, cls: int, nbytes: int, messages: int) -> None:
         """Tell switch rank `dest` that this GPU's program took `messages` messages (`nbytes` of payload)
-        from GPU `sender` (TAG_CREDIT: read apart from this GPU's packets)."""
-        data = np.array([sender, nbytes, messages], np.int64)
+        of mailbox class `cls` from GPU `sender` (TAG_CREDIT: read apart from this GPU's packets)."""
+        data = np.array([sender, cls, nbytes, messages], np.int64)
         self._keep(dest, [self.comm.Isend([data, MPI.BYTE], dest, TAG_CREDIT)], (data, None))
         self.waker.poke(dest)
 
-    def credits(self, most: int) -> list[tuple[int, int, int, int]]:
-        """Up to `most` credits waiting from any rank: (source rank, sender GPU, bytes, messages) each; one of
-        another size is dropped unread."""
-        got, status, buffer = [], self._status, np.empty(_CREDIT, np.int64)
+    def send_want(self, dest: int, sender: int, key: tuple) -> None:
+        """Tell switch rank `dest` that this GPU's program waits for GPU `sender`'s message in slot `key`
+        (TAG_CREDIT, after a credit's fields: class WANTED, then the key, msgpack)."""
+        data = np.frombuffer(np.array([sender, WANTED, 0, 0], np.int64).tobytes() + msgpack.packb(list(key)), np.uint8)
+        self._keep(dest, [self.comm.Isend([data, MPI.BYTE], dest, TAG_CREDIT)], (data, None))
+        self.waker.poke(dest)
+
+    def credits(self, most: int) -> list[tuple]:
+        """Up to `most` credits waiting from any rank: (source rank, sender GPU, class, bytes, messages) each, or
+        for a want (send_want) (source rank, sender GPU, WANTED, key); one of another size, or a want whose key
+        does not decode, is dropped."""
+        got, status, size = [], self._status, _CREDIT * 8
         while len(got) < most and self.comm.Iprobe(MPI.ANY_SOURCE, TAG_CREDIT, status):
-            source = status.Get_source()
-            if status.Get_count(MPI.BYTE) != buffer.nbytes:
+            source, count = status.Get_source(), status.Get_count(MPI.BYTE)
+            if not size <= count <= size + MAX_WANT_KEY_BYTES:
                 self._drop_from(source, TAG_CREDIT)
                 continue
+            buffer = np.empty(count, np.uint8)
             self.comm.Recv([buffer, MPI.BYTE], source, TAG_CREDIT)
-            got.append((source, *(int(v) for v in buffer)))
+            fields = tuple(int(v) for v in buffer[:size].view(np.int64))
+            if count == size and fields[1] != WANTED:
+                got.append((source, *fields))
+            elif count > size and fields[1] == WANTED:
+                try:
+                    key = msgpack.unpackb(buffer[size:].tobytes())
+                except (ValueError, TypeError, msgpack.UnpackException):
+                    continue
+                if type(key) is list and all(type(part) in (int, str) for part in key):
+                    got.append((source, fields[0], WANTED, tuple(key)))
         return got
 
     def payload_only(self, dest: int, payload: np.ndarray) -> list:

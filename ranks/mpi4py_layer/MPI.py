@@ -677,6 +677,11 @@ def _has_message(key: tuple, peer: int) -> bool:
     return _gpu().has_message(key, peer)
 
 
+def _peek_message(key: tuple, peer: int):
+    """GPU `peer`'s message in slot `key` if it arrived, left in the mailbox (read-only), else None."""
+    return _gpu().peek_message(key, peer)
+
+
 def _poll() -> None:
     """Serve the fabric once, without waiting (what Iprobe and Test do)."""
     _gpu().poll()
@@ -754,10 +759,33 @@ class _Solo:
         pass
 
 
+# What the unexpected queue of a communicator keeps taken, per source member: past either bound, its arrived
+# messages are queued by their envelope only and left in the GPU's mailbox, not taken, until a receive
+# matches one; so the switch's mailbox bound (ranks/transport.MAILBOX_PEER_*) holds the sender, and a
+# program that receives nothing keeps at most these plus a mailbox of a member's messages
+KEPT_MESSAGES = 1024
+KEPT_BYTES = 32 << 20
+
+
+class _Left:
+    """An unexpected message left in the GPU's mailbox (past KEPT_*): its slot and payload size; taken and
+    decoded when a receive matches it."""
+
+    __slots__ = ("key", "peer", "size")
+
+    def __init__(self, key, peer, size: int):
+        self.key, self.peer, self.size = key, peer, size
+
+    def take(self, engine, source: int) -> np.ndarray:
+        data = _gpu().take_message(self.key, self.peer, f"MPI recv from {source}", f"GPU {self.peer}")
+        return engine.decode(source, data)[1]
+
+
 class _Engine:
     """Point-to-point matching of one communicator: messages to each member numbered per pair, pulled
     in order into the unexpected queue, matched to receives in the order they were posted (MPI's
-    non-overtaking rule), ANY_SOURCE and ANY_TAG included. A message to oneself is a local copy."""
+    non-overtaking rule), ANY_SOURCE and ANY_TAG included. A message to oneself is a local copy.
+    Past KEPT_* of a source's unmatched messages, its later ones stay in the mailbox (_Left)."""
 
     def __init__(self, comm):
         self.comm = comm
@@ -765,7 +793,8 @@ class _Engine:
         n = self.emu.size
         self.sent = [0] * n
         self.received = [0] * n
-        self.unexpected = []  # [source, tag, bytes] in arrival order
+        self.unexpected = []  # [source, tag, bytes (or _Left, or a MalformedMessage), send] in arrival order
+        self.kept = [[0, 0] for _ in range(n)]  # per source: [payload bytes, messages] taken into `unexpected`
         self.posted = []      # _Recv in posting order
         self.key = (self.emu.name, "mpi4py")
 
@@ -798,11 +827,25 @@ class _Engine:
         for source in range(self.emu.size):
             if source == self.emu.rank:
                 continue
+            kept = self.kept[source]
             while True:
                 key, peer = self._slot(source)
-                if not _has_message(key, peer):
+                if kept[0] >= KEPT_BYTES or kept[1] >= KEPT_MESSAGES:  # its envelope only, unless it is malformed
+                    data = _peek_message(key, peer)
+                    if data is None:
+                        break
+                    self.received[source] += 1
+                    try:
+                        tag, _ = self.decode(source, data[:ENVELOPE_BYTES])
+                    except MalformedMessage:
+                        pass  # taken below, its error delivered
+                    else:
+                        self.deliver(source, tag, _Left(key, peer, data.size - ENVELOPE_BYTES))
+                        continue
+                elif not _has_message(key, peer):
                     break
-                self.received[source] += 1
+                else:
+                    self.received[source] += 1
                 data = _gpu().take_message(key, peer, f"MPI recv from {source}", f"GPU {peer}")
                 try:
                     tag, payload = self.decode(source, data)
@@ -819,11 +862,25 @@ class _Engine:
         for recv in self.posted:
             if recv.matches(source, tag):
                 self.posted.remove(recv)
-                recv.complete(source, tag, data)
+                recv.complete(source, tag, data.take(self, source) if type(data) is _Left else data)
                 if send is not None:
                     send.matched = True
                 return
+        if isinstance(data, np.ndarray) and source != self.emu.rank:
+            self.kept[source][0] += data.nbytes
+            self.kept[source][1] += 1
         self.unexpected.append([source, tag, data, send])
+
+    def _unqueue(self, entry: list):
+        """Remove `entry` from the unexpected queue; its data (taken now if it was left in the mailbox)."""
+        self.unexpected.remove(entry)
+        source, data = entry[0], entry[2]
+        if type(data) is _Left:
+            return data.take(self, source)
+        if isinstance(data, np.ndarray) and source != self.emu.rank:
+            self.kept[source][0] -= data.nbytes
+            self.kept[source][1] -= 1
+        return data
 
     def send(self, data: np.ndarray, dest: int, tag: int, synchronous: bool = False):
         """Post `data` (uint8) to member `dest`; returns the _Send (done once the switch took it)."""
@@ -841,8 +898,8 @@ class _Engine:
     def post(self, recv: "_Recv") -> None:
         for entry in self.unexpected:
             if recv.matches(entry[0], entry[1]):
-                self.unexpected.remove(entry)
-                recv.complete(*entry[:3])
+                data = self._unqueue(entry)
+                recv.complete(entry[0], entry[1], data)
                 if entry[3] is not None:
                     entry[3].matched = True
                 return
@@ -852,8 +909,7 @@ class _Engine:
         for entry in self.unexpected:
             if (source == ANY_SOURCE or entry[0] == source) and (tag == ANY_TAG or entry[1] in (tag, None)):
                 if isinstance(entry[2], MalformedMessage):  # what a receive would raise, the probe raises
-                    self.unexpected.remove(entry)
-                    raise entry[2]
+                    raise self._unqueue(entry)
                 return entry
         return None
 

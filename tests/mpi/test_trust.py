@@ -434,3 +434,58 @@ def test_a_mailbox_holds_a_bounded_backlog_per_sender_and_the_sender_waits():
         gpu.world.barrier()
 
     run(main, timeout_s=60)
+
+
+def test_a_backlog_past_the_mailbox_bound_holds_only_that_pairs_later_messages():
+    """Issue 25.8: the switch held a sender's message past the mailbox bound in the sender's in-order queue,
+    so everything the sender sent later waited behind it: its collectives' messages, its messages to other
+    GPUs. Legal MPI programs then deadlocked: GPU 0 isends more than MAILBOX_PEER_MESSAGES messages to GPU 1,
+    then every GPU runs a ring allreduce (GPU 0's ring messages go to GPU 1: a collective's messages have a
+    bound of their own) and a barrier, then GPU 0 sends GPU 2 a message, which GPU 2 receives, and GPU 1 one
+    of another tag, which GPU 1 receives before the backlog, then the backlog, in order (then 8 messages of
+    1 MiB behind it, whose sends stay incomplete). A held message now holds only the later messages of its
+    pair and class, and a message the receiver's program waits for goes whatever the bounds."""
+    from nvlink_emu.ranks.transport import MAILBOX_PEER_MESSAGES
+    count = MAILBOX_PEER_MESSAGES + 76
+    mib = 1 << 20
+    big = 8  # then 1 MiB messages: held (parked) too, their payloads wait with the sender
+
+    def main(gpu):
+        world = gpu.world
+        sends = bigs = []
+        if gpu.rank == 0:
+            sends = [world._post_send(np.full(8, i % 251, np.uint8), 1, 5) for i in range(count)]
+            bigs = [world._post_send(np.full(mib, i, np.uint8), 1, 4) for i in range(big)]
+        total = np.full(1024, gpu.rank + 1, np.float32)
+        world.allreduce(total, algorithm="ring")
+        assert (total == sum(range(1, world.size + 1))).all()
+        world.barrier()
+        if gpu.rank == 0:  # the held ones' payloads wait with their sender, as before: their sends are not done
+            for _ in range(500):
+                gpu._progress()
+            assert not any(map(gpu._transport.sent, bigs))
+            world.send(np.full(16, 7, np.uint8), 2, 6)
+            world.send(np.full(16, 9, np.uint8), 1, 7)  # another tag, behind the backlog to GPU 1
+        if gpu.rank == 2:
+            got = np.empty(16, np.uint8)
+            world.recv(got, 0, 6)
+            assert (got == 7).all()
+        if gpu.rank == 1:  # received first: it goes past the bound (GPU 1's program waits for it)
+            got = np.empty(16, np.uint8)
+            world.recv(got, 0, 7)
+            assert (got == 9).all()
+        world.barrier()
+        if gpu.rank == 1:
+            got = np.empty(8, np.uint8)
+            for i in range(count):
+                world.recv(got, 0, 5)
+                assert (got == i % 251).all()
+            got = np.empty(mib, np.uint8)
+            for i in range(big):
+                world.recv(got, 0, 4)
+                assert (got == i).all()
+        if gpu.rank == 0:
+            gpu.wait_sent(sends + bigs, "the backlog")
+        world.barrier()
+
+    run(main, timeout_s=30)

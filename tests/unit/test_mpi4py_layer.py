@@ -194,6 +194,10 @@ class _Gpu:
     def take_message(self, key, peer, op, waiting_for):
         return np.frombuffer(self.mailbox.pop((tuple(key), peer)), np.uint8)
 
+    def peek_message(self, key, peer):
+        got = self.mailbox.get((tuple(key), peer))
+        return None if got is None else np.frombuffer(got, np.uint8)
+
     def poll(self):
         return False
 
@@ -298,3 +302,32 @@ def test_an_error_on_a_one_member_communicator_names_this_gpu():
         with pytest.raises(MPI.Exception, match=r"^MPI recv: message of 16 bytes from rank 0 \(GPU 4\) of communicator "
                                                 r"'MPI_COMM_SELF', tag 1, truncated: the buffer holds 4$"):
             MPI.COMM_SELF.Recv(np.zeros(1, np.int32), source=0, tag=1)
+
+
+
+@pytest.mark.parametrize("count, size, left", [
+    (MPI.KEPT_MESSAGES + 300, 1, 300),         # the count bound leaves the last 300
+    ((MPI.KEPT_BYTES >> 20) + 3, 1 << 20, 3),  # 1 MiB messages: the byte bound leaves the last 3
+])
+def test_the_unexpected_queue_keeps_a_bounded_backlog_and_leaves_the_rest_in_the_mailbox(count, size, left):
+    """Issue 25.8: a receive moved every arrived message of a communicator into the layer's unexpected queue,
+    taking it from the GPU's mailbox (which credits it to the switch as taken): a program that receives one
+    tag while a member sends it another held all of them, and the switch's mailbox bound never held the
+    sender. Now the queue takes KEPT_MESSAGES or KEPT_BYTES of a member's unmatched messages at most and
+    lists later ones by their envelope, left in the mailbox until a receive matches one; order is kept."""
+    from nvlink_emu.ranks.mpi4py_layer import installed
+
+    gpu = _Gpu(_from_peer(*[_tagged(1, bytes([i % 251]) * size) for i in range(count)], _tagged(2, b"last")))
+    with installed(gpu):
+        out = np.zeros(4, np.uint8)
+        MPI.COMM_WORLD.Recv(out, source=1, tag=2)  # behind every tag-1 message
+        assert out.tobytes() == b"last"
+        assert len(gpu.mailbox) == left  # not taken: the switch holds the sender past its mailbox bound
+        status = MPI.Status()
+        MPI.COMM_WORLD.Probe(source=1, tag=1, status=status)
+        assert status.Get_count(MPI.BYTE) == size
+        got = np.zeros(size, np.uint8)
+        for i in range(count):
+            MPI.COMM_WORLD.Recv(got, source=1, tag=1)
+            assert (got == i % 251).all(), i
+        assert not gpu.mailbox
