@@ -1771,12 +1771,28 @@ def Finalize() -> None:
     pass
 
 
+class _Memory(np.ndarray):
+    """What Alloc_mem returns: bytes of this GPU's memory (a view of what gpu.alloc returned, `_block`),
+    never false (as mpi4py's MPI.buffer)."""
+
+    def __bool__(self):
+        return True
+
+
 def Alloc_mem(size: int, info=None):
-    return memoryview(bytearray(size))
+    """`size` bytes of this GPU's memory (gpu.alloc): a window over it (Win.Create) is that memory."""
+    block = _gpu().alloc(int(size), np.uint8)
+    memory = block.view(_Memory)
+    memory._block = block
+    return memory
 
 
 def Free_mem(mem) -> None:
-    pass
+    block = getattr(mem, "_block", None)
+    if block is None:
+        raise Exception(ERR_ARG, "MPI.Free_mem of memory Alloc_mem did not return")
+    _gpu().free(block)
+    mem._block = None
 
 
 def Attach_buffer(buf) -> None:
@@ -1846,4 +1862,5 @@ from .win import (ERR_DISP, ERR_GROUP, ERR_LOCKTYPE, ERR_RMA_RANGE, ERR_WIN, GRO
                   LOCK_EXCLUSIVE, LOCK_SHARED, MODE_NOCHECK, MODE_NOPRECEDE, MODE_NOPUT, MODE_NOSTORE,
                   MODE_NOSUCCEED, WIN_BASE, WIN_CREATE_FLAVOR, WIN_DISP_UNIT, WIN_FLAVOR_ALLOCATE, WIN_FLAVOR_CREATE,
                   WIN_FLAVOR_DYNAMIC, WIN_FLAVOR_SHARED, WIN_MODEL, WIN_NULL, WIN_SEPARATE, WIN_SIZE, WIN_UNIFIED,
-                  Group, Win)
+                  ERRHANDLER_NULL, ERRORS_ABORT, ERRORS_ARE_FATAL, ERRORS_RETURN, INFO_ENV, INFO_NULL, Errhandler, Group,
+                  Info, Win)
