@@ -1771,20 +1771,10 @@ def Finalize() -> None:
     pass
 
 
-class _Memory(np.ndarray):
-    """What Alloc_mem returns: bytes of this GPU's memory (a view of what gpu.alloc returned, `_block`),
-    never false (as mpi4py's MPI.buffer)."""
-
-    def __bool__(self):
-        return True
-
-
 def Alloc_mem(size: int, info=None):
     """`size` bytes of this GPU's memory (gpu.alloc): a window over it (Win.Create) is that memory."""
     block = _gpu().alloc(int(size), np.uint8)
-    memory = block.view(_Memory)
-    memory._block = block
-    return memory
+    return _win.Memory.over(block, block)
 
 
 def Free_mem(mem) -> None:

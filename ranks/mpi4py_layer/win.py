@@ -53,11 +53,33 @@ _made: collections.Counter = collections.Counter()  # communicator name -> windo
 refused = collections.Counter()              # requests this GPU's windows dropped: {reason: count}
 
 
+class NotOnWindows(UnsupportedOperation, NotImplementedError):
+    """A window kind the layer does not make: UnsupportedOperation, and NotImplementedError, which is how
+    mpi4py says an MPI lacks a feature (its own tests probe for it so)."""
+
+
 def reset() -> None:
     """A new program (MPI.bind): no windows yet."""
     _open.clear()
     _made.clear()
     refused.clear()
+
+
+class Memory(np.ndarray):
+    """Bytes as mpi4py's MPI.buffer (what Alloc_mem and Win.tomemory return): a uint8 array, format "B",
+    never false; `_block`: the gpu.alloc array it is (Alloc_mem), for Free_mem."""
+
+    @classmethod
+    def over(cls, array: np.ndarray, block=None) -> "Memory":
+        memory = array.reshape(-1).view(np.uint8).view(cls)
+        memory._block = block
+        return memory
+
+    def __bool__(self):
+        return True
+
+    format = property(lambda self: "B")
+    address = property(lambda self: int(self.__array_interface__["data"][0]))
 
 
 # -- groups (what Win.Get_group, Comm.Get_group and PSCW take) --------------------------------------
@@ -241,7 +263,7 @@ class Win(_mpi._Handle):
 
     @classmethod
     def Allocate_shared(cls, size: int, disp_unit: int = 1, info=None, comm=None) -> "Win":
-        raise UnsupportedOperation(
+        raise NotOnWindows(
             "MPI.Win.Allocate_shared: a shared-memory window is one block of memory that every member loads "
             "and stores directly; NVLink does not merge GPU memories into one (each GPU owns its HBM, and "
             "another GPU reaches it only through the switch, by a window's network address or a physical "
@@ -249,7 +271,7 @@ class Win(_mpi._Handle):
 
     @classmethod
     def Create_dynamic(cls, info=None, comm=None) -> "Win":
-        raise UnsupportedOperation("MPI.Win.Create_dynamic: attaching memory at run time is not in the mpi4py "
+        raise NotOnWindows("MPI.Win.Create_dynamic: attaching memory at run time is not in the mpi4py "
                                    "layer; use Win.Create or Win.Allocate")
 
     @classmethod
@@ -348,7 +370,15 @@ class Win(_mpi._Handle):
 
     def tomemory(self):
         """This GPU's part of the window, as a byte buffer (the private copy)."""
-        return memoryview(self._live("tomemory")._private()).cast("B")
+        return Memory.over(self._live("tomemory")._private())
+
+    def Shared_query(self, rank: int):
+        """(memory, disp unit) of `rank`'s part that this process may load and store: its own part; another
+        GPU's is reached only through the switch (Put/Get), so its memory here is empty (MPI 4.1's answer
+        for a window that is not shared). PROC_NULL: rank 0's."""
+        rank = 0 if rank == _mpi.PROC_NULL else self._target(rank, "Shared_query")
+        memory = self._private() if rank == self._rank else np.zeros(0, np.uint8)
+        return Memory.over(memory), self._units[rank]
 
     def Get_name(self) -> str:
         return self._name if self._wid is not None else "MPI_WIN_NULL"
@@ -410,8 +440,11 @@ class Win(_mpi._Handle):
         values = msg.pack().reshape(-1)
         for start, stop, at in _runs(index, elements):
             data = np.ascontiguousarray(values[start:stop]).view(np.uint8)
-            if data.nbytes:
-                self._gpu.put(self._targets[rank], data, offset + at * base.itemsize)
+            where = offset + at * base.itemsize
+            if rank == self._rank:  # this GPU's own memory: a local copy, as a GPU stores to its HBM
+                self._region[where:where + data.nbytes] = data
+            elif data.nbytes:
+                self._gpu.put(self._targets[rank], data, where)
 
     def Get(self, origin, target_rank: int, target=None) -> None:
         """Read `target_rank`'s window into the origin buffer: gpu.get per contiguous run (complete at once)."""
@@ -423,8 +456,11 @@ class Win(_mpi._Handle):
         values = np.empty(elements, base)
         for start, stop, at in _runs(index, elements):
             data = values[start:stop].view(np.uint8)
-            if data.nbytes:
-                self._gpu.get(self._targets[rank], data, offset + at * base.itemsize)
+            where = offset + at * base.itemsize
+            if rank == self._rank:
+                data[:] = self._region[where:where + data.nbytes]
+            elif data.nbytes:
+                self._gpu.get(self._targets[rank], data, where)
         msg.unpack(values)
 
     def Accumulate(self, origin, target_rank: int, target=None, op=None) -> None:
@@ -491,22 +527,29 @@ class Win(_mpi._Handle):
         """One piece of an accumulate: the operand into this GPU's inbox slot at the target (a put the
         switch checks), then the request; waits for the answer (the old values if `fetch`)."""
         gpu = self._gpu
+        start = offset + (first * base.itemsize if index is None else 0)
+        if rank == self._rank:  # its own memory: applied here (no request is being served meanwhile)
+            status, data = self._apply(opname, base, start, last - first, operand,
+                                       None if index is None else np.asarray(index, np.int64), fetch)
+            return self._answered(rank, call, status, data, base, fetch)
         slot = self._rank * self._slots[rank]
         if operand is not None and operand.size:
             gpu.put(self._inboxes[rank], np.ascontiguousarray(operand).view(np.uint8), slot)
             gpu.fence()  # the operand is there before the request is
         number = next(self._numbers)
         elements = last - first
-        start = offset + (first * base.itemsize if index is None else 0)
         where = np.zeros(0, np.int64) if index is None else np.ascontiguousarray(index, np.int64)
         key = (TAG, self._wid, "rmw", number, opname, _dtype_text(base), start, elements, int(fetch),
                int(operand is not None and operand.size > 0))
         gpu.wait_sent([gpu.send_message(self._members[rank], key, where.view(np.uint8))], call)
         gpu.wait(lambda: number in self._answers, f"MPI.Win.{call}", f"GPU {self._members[rank]} (rank {rank})")
         status, data = self._answers.pop(number)
+        return self._answered(rank, call, status, data, base, fetch)
+
+    def _answered(self, rank, call, status, data, base, fetch):
         if status:
             raise _error(ERR_RMA_RANGE, f"MPI.Win.{call}: GPU {self._members[rank]} (rank {rank}) refused it: "
-                                             f"{bytes(data).decode(errors='replace')}")
+                                        f"{bytes(data).decode(errors='replace')}")
         return data.view(base) if fetch else None
 
     def Rput(self, origin, target_rank: int, target=None):
@@ -562,14 +605,23 @@ class Win(_mpi._Handle):
         self._merge()
 
     def _notice(self, rank: int, verb: str, *args, answer: bool = True):
-        """Send a request to group rank `rank`'s GPU; with `answer`, wait for its answer."""
+        """Send a request to group rank `rank`'s GPU (this GPU's own: served here); with `answer`, wait
+        for its answer."""
         number = next(self._numbers)
         gpu = self._gpu
-        gpu.wait_sent([gpu.send_message(self._members[rank], (TAG, self._wid, verb, number, *args),
-                                        np.zeros(0, np.uint8))], f"MPI.Win {verb}")
+        if rank == self._rank:
+            self._send_all(self._deliver(self._serve(gpu.rank, verb, number, args, None)))
+        else:
+            gpu.wait_sent([gpu.send_message(self._members[rank], (TAG, self._wid, verb, number, *args),
+                                            np.zeros(0, np.uint8))], f"MPI.Win {verb}")
         if answer:
             gpu.wait(lambda: number in self._answers, f"MPI.Win {verb}", f"GPU {self._members[rank]} (rank {rank})")
             self._answers.pop(number)
+
+    def _send_all(self, replies: list) -> None:
+        """Send what serving this GPU's own request answered other GPUs (locks granted on release)."""
+        gpu = self._gpu
+        gpu.wait_sent([gpu.send_message(peer, key, data) for peer, key, data in replies], "MPI.Win answers")
 
     def Lock(self, rank: int, lock_type: int = LOCK_EXCLUSIVE, assertion: int = 0) -> None:
         """Start a passive-target epoch at `rank` (waits until the target's GPU grants the lock)."""
@@ -577,7 +629,7 @@ class Win(_mpi._Handle):
             return
         if lock_type not in (LOCK_EXCLUSIVE, LOCK_SHARED):
             raise _error(ERR_LOCKTYPE, f"MPI.Win.Lock: lock type {lock_type}")
-        self._notice(rank, "lock", int(lock_type))
+        self._notice(rank, "lock", int(lock_type))  # its own lock: queued with the others' requests, here
         if rank == self._rank:
             self._merge()
 
@@ -588,7 +640,7 @@ class Win(_mpi._Handle):
         self._gpu.fence()
         if rank == self._rank:
             self._merge()
-        self._notice(rank, "unlock")
+        self._notice(rank, "unlock", answer=False)  # the operations are complete (fenced): no answer needed
 
     def Lock_all(self, assertion: int = 0) -> None:
         for rank in range(len(self._live("Lock_all")._members)):
@@ -685,12 +737,21 @@ class Win(_mpi._Handle):
             return self._grant()
         if verb == "unlock":
             self._holders.pop(sender, None)
-            return [(sender, (*answer, 0), np.zeros(0, np.uint8))] + self._grant()
+            return self._grant()
         if verb == "rmw":
             status, reply = self._rmw(sender, *args, data)
             return [(sender, (*answer, status), reply)]
         refused["unknown request"] += 1
         return []
+
+    def _deliver(self, replies: list) -> list:
+        """Replies to this GPU itself (a lock of its own window granted) are taken here; the others are
+        returned (to be sent)."""
+        me = self._gpu.rank
+        for peer, key, data in replies:
+            if peer == me:
+                self._answers[key[3]] = (key[4], data)
+        return [reply for reply in replies if reply[0] != me]
 
     def _grant(self) -> list:
         """Grant queued locks in order while they are compatible with the held ones."""
@@ -706,13 +767,22 @@ class Win(_mpi._Handle):
         return granted
 
     def _rmw(self, sender, opname, dtype, start, elements, fetch, has_operand, where) -> tuple:
-        """Apply one accumulate piece to this GPU's region; returns (status, answer bytes)."""
+        """Apply one accumulate piece of `sender`, its operand in its inbox slot; (status, answer bytes)."""
         try:
             base = _dtype_of(dtype)
-            slot = self._members.index(sender) * self._slot
-            count = elements * (2 if opname == "CAS" else 1)
-            operand = self._inbox[slot:slot + count * base.itemsize].view(base) if has_operand else None
-            index = where.view(np.int64) if where.nbytes else np.arange(elements, dtype=np.int64)
+        except (ValueError, TypeError, SyntaxError) as exc:
+            return 1, np.frombuffer(f"{opname}: type {dtype!r}: {exc}".encode()[:200], np.uint8).copy()
+        slot = self._members.index(sender) * self._slot
+        count = elements * (2 if opname == "CAS" else 1)
+        operand = self._inbox[slot:slot + count * base.itemsize].view(base) if has_operand else None
+        return self._apply(opname, base, start, elements, operand, where.view(np.int64) if where.nbytes else None,
+                           fetch)
+
+    def _apply(self, opname, base, start, elements, operand, index, fetch) -> tuple:
+        """The read-modify-write of `elements` of `base` at byte `start` of this GPU's region (at the
+        element `index`es from there, or contiguous); (status, answer bytes: the old values if `fetch`)."""
+        try:
+            index = np.arange(elements, dtype=np.int64) if index is None else index
             end = start + ((int(index.max()) + 1) * base.itemsize if index.size else 0)
             if start < 0 or end > self._region.nbytes or (index.size and index.min() < 0):
                 raise ValueError(f"bytes {start}..{end} of a window of {self._region.nbytes}")
@@ -740,7 +810,7 @@ def _serve(sender, key, data) -> list:
     if win is None or sender not in win._members:
         refused["not a member" if win is not None else "no such window"] += 1
         return []
-    return win._serve(sender, key[2], key[3], tuple(key[4:]), data)
+    return win._deliver(win._serve(sender, key[2], key[3], tuple(key[4:]), data))
 
 
 # -- helpers ------------------------------------------------------------------------------------------
@@ -795,7 +865,7 @@ def _dtype_of(text: str) -> np.dtype:
 
 
 def _done():
-    return _mpi._request(_mpi._Done())
+    return _mpi._request(_mpi._Collective([]))  # complete already
 
 
 Win._family = Win
