@@ -31,7 +31,7 @@ import itertools
 
 import numpy as np
 
-from nvlink_emu.fabric.errors import AccessViolation, FabricError, UnsupportedOperation
+from nvlink_emu.fabric.errors import FabricError, UnsupportedOperation
 
 from . import MPI as _mpi
 from .buffers import as_array, as_datatype, message_simple

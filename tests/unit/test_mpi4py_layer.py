@@ -151,3 +151,35 @@ def test_mpi4py_modules_other_than_mpi_are_refused_while_the_layer_is_installed(
             import mpi4py.util  # noqa: F401
     import mpi4py.util  # noqa: F401,F811 - the real one again afterwards
 
+
+
+def test_a_separate_window_merges_the_programs_stores_and_the_remote_writes():
+    """Win.Create over the program's memory: at a synchronisation the bytes the program stored since the
+    last one go to the GPU region (the public copy), and the region's other bytes (Puts, accumulates)
+    come back into the program's buffer."""
+    from nvlink_emu.ranks.mpi4py_layer import win as rma
+
+    window = rma.Win()
+    window._user = np.array([1, 2, 3, 4], np.uint8)
+    window._snapshot = window._user.copy()
+    window._region = window._user.copy()
+    window._user[0] = 10  # a local store
+    window._region[3] = 40  # a remote Put
+    window._merge()
+    assert window._user.tolist() == window._region.tolist() == window._snapshot.tolist() == [10, 2, 3, 40]
+
+
+def test_runs_of_a_target_datatype_are_its_contiguous_stretches():
+    from nvlink_emu.ranks.mpi4py_layer.win import _runs
+
+    assert _runs(None, 5) == [(0, 5, 0)]
+    assert _runs(np.array([0, 2, 3, 4, 9]), 5) == [(0, 1, 0), (1, 4, 2), (4, 5, 9)]
+    assert _runs(np.zeros(0, np.int64), 0) == []
+
+
+def test_a_shared_window_is_refused_with_the_reason_and_as_mpi4py_probes_for_it():
+    with pytest.raises(NotImplementedError, match="NVLink does not merge GPU memories"):
+        MPI.Win.Allocate_shared(8, 1, None, None)
+    with pytest.raises(UnsupportedOperation, match="Create_dynamic"):
+        MPI.Win.Create_dynamic(None, None)
+    assert MPI.Win() == MPI.WIN_NULL and not MPI.WIN_NULL
