@@ -1795,9 +1795,11 @@ def Detach_buffer():
 
 
 def Get_address(location) -> int:
-    """The address of a buffer's memory (WIN_BASE compares with it); messages at MPI.BOTTOM stay unsupported."""
+    """The address of a buffer's memory (WIN_BASE compares with it; an empty buffer's is 0); messages at
+    MPI.BOTTOM stay unsupported."""
     from .buffers import as_array
-    return int(as_array(location, readonly=True).__array_interface__["data"][0])
+    array = as_array(location, readonly=True)
+    return int(array.__array_interface__["data"][0]) if array.nbytes else 0
 
 
 def Compute_dims(nnodes: int, dims):

@@ -12,8 +12,10 @@ already in GPU memory is MPI's *separate* memory model (WIN_MODEL = WIN_SEPARATE
 the exported GPU region, the private copy the program's buffer, and the two are made the same (a
 three-way merge: bytes the program stored since the last merge go to the GPU, the rest come back)
 where MPI says they are: Fence, Post, Wait, Test, Lock/Unlock and Lock_all/Unlock_all of the owner
-on its own window, Sync and Free. `Win.Allocate` (and `Create` over memory the program took from
-`MPI.emulated_gpu().alloc`) is the GPU region itself: WIN_UNIFIED, `tomemory()` is that memory.
+on its own window, Sync and Free. `Win.Allocate` (and `Create` over GPU memory: MPI.Alloc_mem's, or
+`MPI.emulated_gpu().alloc`'s) is the GPU region itself: WIN_UNIFIED, `tomemory()` is that memory. A
+dynamic window (`Create_dynamic`) exports each block `Attach`ed (GPU memory) to the group; an origin
+addresses it by the owner's absolute address and asks the owner which block holds it ("where").
 
 Accumulates, atomics and locks are answered by the target GPU's memory without its program, as the
 hardware's atomics are: the origin puts its operand into its own slot of the target's *inbox* (a
@@ -31,6 +33,7 @@ import itertools
 
 import numpy as np
 
+from nvlink_emu.fabric.addressing import Handle
 from nvlink_emu.fabric.errors import FabricError, UnsupportedOperation
 
 from . import MPI as _mpi
@@ -39,6 +42,7 @@ from .buffers import as_array, as_datatype, message_simple
 TAG = "rma"                # message keys of the window protocol: (TAG, window id, verb, number, ...)
 INBOX_SLOT_MAX = 1 << 20   # bytes of one origin's slot in a target's inbox; a larger operand goes in pieces
 INBOX_SLOT_MIN = 64        # a slot holds at least a compare-and-swap's two values of any type
+INBOX_SLOT_DYNAMIC = 1 << 16  # a dynamic window's (its memory comes later)
 
 LOCK_EXCLUSIVE, LOCK_SHARED = 234, 235
 MODE_NOCHECK, MODE_NOSTORE, MODE_NOPUT, MODE_NOPRECEDE, MODE_NOSUCCEED = 1024, 2048, 4096, 8192, 16384
@@ -271,8 +275,63 @@ class Win(_mpi._Handle):
 
     @classmethod
     def Create_dynamic(cls, info=None, comm=None) -> "Win":
-        raise NotOnWindows("MPI.Win.Create_dynamic: attaching memory at run time is not in the mpi4py "
-                                   "layer; use Win.Create or Win.Allocate")
+        """A window of no memory yet (collective): each member Attaches its own (GPU memory, as MPI.Alloc_mem
+        returns), and the origins address it by absolute address (MPI.Get_address on the owner)."""
+        return cls._make(comm, np.zeros(0, np.uint8), 1, WIN_FLAVOR_DYNAMIC, user=None, owned=False)
+
+    def Attach(self, memory) -> None:
+        """Expose `memory` (bytes of this GPU's memory: MPI.Alloc_mem, or MPI.emulated_gpu().alloc) in this
+        dynamic window: exported to the window's group, addressed by MPI.Get_address(memory)."""
+        self._live("Attach")
+        if self._flavor != WIN_FLAVOR_DYNAMIC:
+            raise _error(ERR_WIN, "MPI.Win.Attach: the window was not made by Create_dynamic")
+        array = as_array(memory, readonly=False).reshape(-1).view(np.uint8)
+        block = _in_gpu_memory(self._gpu, array)
+        if block is None:
+            raise UnsupportedOperation("MPI.Win.Attach: the memory is not this GPU's (the switch reaches GPU "
+                                       "memory only; attach what MPI.Alloc_mem returned)")
+        self._attached.append((_mpi.Get_address(block), block, _expose(self._gpu, block, self._members)))
+
+    def Detach(self, memory) -> None:
+        """Stop exposing memory Attach exposed (its window is revoked: later accesses are refused)."""
+        self._live("Detach")
+        address = _mpi.Get_address(memory)
+        for i, (base, block, target) in enumerate(self._attached):
+            if base == address:
+                if target is not None and not isinstance(target, int):
+                    self._gpu.revoke(target)
+                del self._attached[i]
+                return
+        raise _error(ERR_WIN, f"MPI.Win.Detach: no memory attached at {address:#x}")
+
+    def _block_at(self, address: int, nbytes: int):
+        """(block, byte offset) of this GPU's attached memory holding [address, address + nbytes), or None."""
+        for base, block, _ in self._attached:
+            if base <= address and address + nbytes <= base + block.nbytes:
+                return block, address - base
+        return None
+
+    def _reach(self, rank: int, address: int, nbytes: int, call: str):
+        """(local array, None, offset) for this GPU's own part, or (None, window target, offset) of
+        another's: a dynamic window's owner is asked which attached block holds the bytes."""
+        if self._flavor != WIN_FLAVOR_DYNAMIC:
+            return (self._region, None, address) if rank == self._rank else (None, self._targets[rank], address)
+        if rank == self._rank:
+            found = self._block_at(address, nbytes)
+            if found is None:
+                raise _error(ERR_RMA_RANGE, f"MPI.Win.{call}: bytes {address:#x}+{nbytes} are not attached here")
+            return found[0], None, found[1]
+        number = next(self._numbers)
+        gpu = self._gpu
+        gpu.wait_sent([gpu.send_message(self._members[rank], (TAG, self._wid, "where", number, address, nbytes),
+                                        np.zeros(0, np.uint8))], f"MPI.Win.{call}")
+        gpu.wait(lambda: number in self._answers, f"MPI.Win.{call}", f"GPU {self._members[rank]} (rank {rank})")
+        _, data = self._answers.pop(number)
+        kind, a, b, c, d, base = data.view(np.int64).tolist()
+        if kind == 0:
+            raise _error(ERR_RMA_RANGE, f"MPI.Win.{call}: bytes {address:#x}+{nbytes} are not attached at rank "
+                                        f"{rank} (GPU {self._members[rank]})")
+        return None, (Handle(a, b, c, d) if kind == 1 else a), address - base
 
     @classmethod
     def _make(cls, comm, region, disp_unit, flavor, user, owned) -> "Win":
@@ -293,7 +352,8 @@ class Win(_mpi._Handle):
         win._snapshot = None if user is None else user.copy()
         win._model = WIN_SEPARATE if user is not None else WIN_UNIFIED
         # the inbox: one slot per member, where each puts the operands of its accumulates to this GPU
-        win._slot = max(INBOX_SLOT_MIN, min(INBOX_SLOT_MAX, -(-region.nbytes // 16) * 16))
+        win._slot = max(INBOX_SLOT_MIN, min(INBOX_SLOT_MAX, -(-region.nbytes // 16) * 16)) \
+            if flavor != WIN_FLAVOR_DYNAMIC else INBOX_SLOT_DYNAMIC
         win._inbox = gpu.alloc(win._slot * len(members), np.uint8)
         mine = (_expose(gpu, region, members), _expose(gpu, win._inbox, members), region.nbytes, disp_unit, win._slot)
         everyone = emu.allgather_object(mine) if len(members) > 1 else [mine]
@@ -310,6 +370,7 @@ class Win(_mpi._Handle):
         win._numbers = itertools.count(1)
         win._access, win._exposure = (), ()               # PSCW: GPUs of Start, of Post
         win._info = None
+        win._attached: list = []                           # dynamic: (address, block, window target)
         win._errhandler = None
         _open[wid] = win
         if TAG not in gpu._servers:
@@ -323,7 +384,7 @@ class Win(_mpi._Handle):
         gpu.fence()
         self._emu.barrier()  # nobody reads or writes it any more
         self._merge()
-        for target in (self._targets[self._rank], self._inboxes[self._rank]):
+        for target in (self._targets[self._rank], self._inboxes[self._rank], *(t for _, _, t in self._attached)):
             if target is not None and not isinstance(target, int):
                 gpu.revoke(target)
         gpu.free(self._inbox)
@@ -353,7 +414,7 @@ class Win(_mpi._Handle):
     def Get_attr(self, keyval):
         self._live("Get_attr")
         if keyval == WIN_BASE:
-            return _mpi.Get_address(self._private())
+            return 0 if self._flavor == WIN_FLAVOR_DYNAMIC else _mpi.Get_address(self._private())
         if keyval == WIN_SIZE:
             return self._region.nbytes
         if keyval == WIN_DISP_UNIT:
@@ -423,7 +484,7 @@ class Win(_mpi._Handle):
         else:
             index = datatype._items(np.arange(count, dtype=np.int64) * datatype._extent)
             span = (int(index.max()) + 1) * itemsize if index.size else 0
-        if offset + span > self._sizes[rank]:
+        if self._flavor != WIN_FLAVOR_DYNAMIC and offset + span > self._sizes[rank]:
             raise _error(ERR_RMA_RANGE, f"MPI.Win.{call}: bytes {offset}..{offset + span} of rank {rank}'s "
                                              f"window of {self._sizes[rank]} (GPU {self._members[rank]})")
         return offset, index, datatype.base, count * len(datatype.offsets)
@@ -440,11 +501,13 @@ class Win(_mpi._Handle):
         values = msg.pack().reshape(-1)
         for start, stop, at in _runs(index, elements):
             data = np.ascontiguousarray(values[start:stop]).view(np.uint8)
-            where = offset + at * base.itemsize
-            if rank == self._rank:  # this GPU's own memory: a local copy, as a GPU stores to its HBM
-                self._region[where:where + data.nbytes] = data
-            elif data.nbytes:
-                self._gpu.put(self._targets[rank], data, where)
+            if not data.nbytes:
+                continue
+            local, remote, where = self._reach(rank, offset + at * base.itemsize, data.nbytes, "Put")
+            if local is not None:  # this GPU's own memory: a local copy, as a GPU stores to its HBM
+                local[where:where + data.nbytes] = data
+            else:
+                self._gpu.put(remote, data, where)
 
     def Get(self, origin, target_rank: int, target=None) -> None:
         """Read `target_rank`'s window into the origin buffer: gpu.get per contiguous run (complete at once)."""
@@ -456,11 +519,13 @@ class Win(_mpi._Handle):
         values = np.empty(elements, base)
         for start, stop, at in _runs(index, elements):
             data = values[start:stop].view(np.uint8)
-            where = offset + at * base.itemsize
-            if rank == self._rank:
-                data[:] = self._region[where:where + data.nbytes]
-            elif data.nbytes:
-                self._gpu.get(self._targets[rank], data, where)
+            if not data.nbytes:
+                continue
+            local, remote, where = self._reach(rank, offset + at * base.itemsize, data.nbytes, "Get")
+            if local is not None:
+                data[:] = local[where:where + data.nbytes]
+            else:
+                self._gpu.get(remote, data, where)
         msg.unpack(values)
 
     def Accumulate(self, origin, target_rank: int, target=None, op=None) -> None:
@@ -738,6 +803,15 @@ class Win(_mpi._Handle):
         if verb == "unlock":
             self._holders.pop(sender, None)
             return self._grant()
+        if verb == "where":
+            found = self._block_at(*args)
+            if found is None:
+                return [(sender, (*answer, 0), np.zeros(6, np.int64).view(np.uint8))]
+            base = args[0] - found[1]
+            target = next(t for b, _, t in self._attached if b == base)
+            fields = [1, target.network_address, target.address, target.size_bytes, target.owner] \
+                if isinstance(target, Handle) else [2, int(target), 0, 0, 0]
+            return [(sender, (*answer, 0), np.array([*fields, base], np.int64).view(np.uint8))]
         if verb == "rmw":
             status, reply = self._rmw(sender, *args, data)
             return [(sender, (*answer, status), reply)]
@@ -784,9 +858,15 @@ class Win(_mpi._Handle):
         try:
             index = np.arange(elements, dtype=np.int64) if index is None else index
             end = start + ((int(index.max()) + 1) * base.itemsize if index.size else 0)
-            if start < 0 or end > self._region.nbytes or (index.size and index.min() < 0):
-                raise ValueError(f"bytes {start}..{end} of a window of {self._region.nbytes}")
-            view = self._region[start:end].view(base)
+            memory, first = self._region, start
+            if self._flavor == WIN_FLAVOR_DYNAMIC:
+                found = self._block_at(start, end - start)
+                if found is None:
+                    raise ValueError(f"bytes {start:#x}..{end:#x} are not attached")
+                memory, first = found
+            if first < 0 or first + end - start > memory.nbytes or (index.size and index.min() < 0):
+                raise ValueError(f"bytes {start}..{end} of a window of {memory.nbytes}")
+            view = memory[first:first + end - start].view(base)
             old = view[index].copy()
             if opname == "CAS":
                 if np.array_equal(old, operand[elements:]):

@@ -202,3 +202,37 @@ def test_a_window_access_from_outside_its_group_is_refused_by_the_switch_and_cou
         ports = result.report["ports"]
         assert ports[outsider]["violations"] == 2
         assert [ports[g]["violations"] for g in range(gpus()) if g != outsider] == [0] * (gpus() - 1)
+
+
+def test_a_dynamic_window_reaches_attached_gpu_memory_by_address_and_nothing_else():
+    """Win.Create_dynamic + Attach of MPI.Alloc_mem memory: Put, Accumulate and Get by the owner's
+    absolute address (MPI.Get_address) land in the attached block; an address nothing covers is an
+    MPI error naming the rank."""
+    def main(gpu):
+        with installed(gpu) as MPI:
+            comm = MPI.COMM_WORLD
+            rank, size = comm.Get_rank(), comm.Get_size()
+            win = MPI.Win.Create_dynamic(MPI.INFO_NULL, comm)
+            assert win.Get_attr(MPI.WIN_CREATE_FLAVOR) == MPI.WIN_FLAVOR_DYNAMIC and win.Get_attr(MPI.WIN_SIZE) == 0
+            mem = MPI.Alloc_mem(64)
+            mem[:] = 0
+            win.Attach(mem)
+            addresses = comm.allgather(MPI.Get_address(mem))
+            right = (rank + 1) % size
+            win.Fence()
+            win.Put(np.array([rank + 100], np.int64), right, addresses[right] + 8)
+            win.Accumulate(np.array([1], np.int64), 0, addresses[0], MPI.SUM)
+            win.Fence()
+            values = np.frombuffer(mem, np.int64)[:2].tolist()
+            with pytest.raises(MPI.Exception, match=f"not attached at rank {right}"):
+                win.Get(np.zeros(1, np.int64), right, addresses[right] + 4096)
+            win.Fence()
+            win.Detach(mem)
+            win.Free()
+            MPI.Free_mem(mem)
+            return values, size
+
+    result = run(main)
+    if result.role == "gpu":
+        values, size = result.value
+        assert values == [size if result.rank == 0 else 0, (result.rank - 1) % size + 100]
