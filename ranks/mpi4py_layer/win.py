@@ -336,7 +336,7 @@ class Win(_mpi._Handle):
     @classmethod
     def _make(cls, comm, region, disp_unit, flavor, user, owned) -> "Win":
         gpu = _mpi._gpu()
-        comm = _mpi.COMM_WORLD if comm is None else comm
+        comm = _mpi.COMM_SELF if comm is None else comm  # mpi4py's default
         emu = comm._live("Win.Create")
         disp_unit = int(disp_unit)
         if disp_unit <= 0:

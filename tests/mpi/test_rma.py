@@ -94,6 +94,9 @@ def test_accumulates_and_atomics_are_read_modify_writes_at_the_target():
             winners = comm.allgather(int(old[0]) == 0)
             win.Fence()
             win.Free()
+            solo = MPI.Win.Allocate(8)  # mpi4py's default communicator: COMM_SELF
+            assert solo.group_size == 1 and solo.group_rank == 0
+            solo.Free()
             return accumulated, all_fetched, winners, before, size
 
     result = run(main)
