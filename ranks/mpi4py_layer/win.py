@@ -39,6 +39,7 @@ from nvlink_emu.fabric.errors import FabricError, UnsupportedOperation
 from . import MPI as _mpi
 from .buffers import as_array, as_datatype, message_simple
 
+PREDEFINED_OPS = ("SUM", "PROD", "MAX", "MIN", "LAND", "BAND", "LOR", "BOR", "LXOR", "BXOR", "MAXLOC", "MINLOC")
 TAG = "rma"                # message keys of the window protocol: (TAG, window id, verb, number, ...)
 INBOX_SLOT_MAX = 1 << 20   # bytes of one origin's slot in a target's inbox; a larger operand goes in pieces
 INBOX_SLOT_MIN = 64        # a slot holds at least a compare-and-swap's two values of any type
@@ -874,7 +875,10 @@ class Win(_mpi._Handle):
             elif opname == "REPLACE":
                 view[index] = operand
             elif opname != "NO_OP":
-                view[index] = getattr(_mpi, opname).combine(old, operand)
+                op = getattr(_mpi, opname, None) if opname in PREDEFINED_OPS else None
+                if op is None:
+                    raise ValueError(f"{opname!r} is not a predefined operation")
+                view[index] = op.combine(old, operand)
             return 0, (old.view(np.uint8) if fetch else np.zeros(0, np.uint8))
         except (ValueError, TypeError, IndexError, FabricError, _mpi.Exception) as exc:
             return 1, np.frombuffer(f"{opname} at byte {start}: {exc}".encode()[:200], np.uint8).copy()
@@ -890,7 +894,13 @@ def _serve(sender, key, data) -> list:
     if win is None or sender not in win._members:
         refused["not a member" if win is not None else "no such window"] += 1
         return []
-    return win._deliver(win._serve(sender, key[2], key[3], tuple(key[4:]), data))
+    try:
+        return win._deliver(win._serve(sender, key[2], key[3], tuple(key[4:]), data))
+    except (TypeError, ValueError, IndexError, KeyError, OverflowError):
+        # a member's request this layer never sends (arguments of the wrong kind): dropped, counted,
+        # never raised into whatever wait this GPU is in
+        refused["malformed"] += 1
+        return []
 
 
 # -- helpers ------------------------------------------------------------------------------------------
@@ -941,7 +951,11 @@ def _dtype_text(dtype: np.dtype) -> str:
 
 
 def _dtype_of(text: str) -> np.dtype:
-    return np.dtype(text) if not text.startswith("[") else np.dtype(ast.literal_eval(text))
+    """The numpy type a request names (_dtype_text); a type of Python objects is refused (ValueError)."""
+    dtype = np.dtype(text) if not text.startswith("[") else np.dtype(ast.literal_eval(text))
+    if dtype.hasobject:
+        raise ValueError(f"type {text!r} holds Python objects")
+    return dtype
 
 
 def _done():
