@@ -135,6 +135,7 @@ class Gpu:
         self._draining = False                          # running pending requests (no nested drain)
         self._stream_ns = 0.0                           # modeled end of this GPU's latest collective
         self._failed: list[Request] = []                # failed requests the program has not waited for
+        self._servers: dict[str, object] = {}           # message key[0] -> its server (serve_messages)
         self.world = Communicator.world(self, control.comm)
         # members known from the config, so no GPU outside the partition takes part in making it
         self.partition = Communicator.partition_of(self, control.comm)
@@ -511,6 +512,18 @@ class Gpu:
         in the mailbox, not taken (read-only: not credited to the switch, no downlink turn)."""
         return self._mailbox.get((tuple(key), peer))
 
+    def serve_messages(self, tag: str, server) -> None:
+        """Serve messages whose key starts with `tag` in the progress loop, as they arrive, instead of
+        filing them: `server(sender GPU, key, bytes)` returns replies [(GPU, key, uint8 array)], sent at
+        once, booked when the request arrived (a served reply, as a PUT_ACK). A layer's remote operation
+        that the target's memory answers without its program (the mpi4py layer's MPI.Win: accumulates,
+        locks) is this; the server runs in whatever wait the target is in, one request at a time (no
+        concurrency: a read-modify-write in it is atomic). server None: file them again."""
+        if server is None:
+            self._servers.pop(tag, None)
+        else:
+            self._servers[tag] = server
+
     def poll(self) -> bool:
         """Serve this GPU's traffic once, without waiting (what arrived is filed); True if anything moved."""
         return self._progress()
@@ -749,6 +762,14 @@ class Gpu:
             if dest is None:  # the bytes are taken first, so the next payload is not mistaken for these
                 raise ProtocolError(f"GPU {self.rank}: GET_DATA for request {packet.req}, which it never made")
             self._got_ns[packet.req] = self._consume(packet, seq)
+        elif kind is Kind.MSG and self._servers and packet.info.key and packet.info.key[0] in self._servers:
+            data = np.empty(packet.nbytes, np.uint8)
+            self._receive(packet, data, inline)
+            arrived = self._consume(packet, seq)
+            for peer, key, reply in self._servers[packet.info.key[0]](self._gpu_of.get(packet.src),
+                                                                       tuple(packet.info.key), data):
+                self._send(Packet(Kind.MSG, self._keys[self.rank], self._keys[peer], 0, reply.nbytes,
+                                  info=MsgInfo(tuple(key))), reply, arrived, served=True)
         elif kind is Kind.MSG or kind is Kind.MCAST:
             sender = self._gpu_of.get(packet.src) if kind is Kind.MSG else _sender(None, packet.info.group)
             slot = (packet.info.key, sender)

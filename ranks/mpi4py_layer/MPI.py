@@ -1123,7 +1123,8 @@ class Comm(_Handle):
         return CONGRUENT if mine == theirs and type(self._emu) is type(other._emu) else UNEQUAL
 
     def Get_group(self):
-        raise _unsupported("Comm.Get_group", "groups are not in the layer's scope; use Split")
+        """The members as an MPI.Group (what windows and PSCW take)."""
+        return Group(members=_win.comm_members(self))
 
     # -- communicator management --------------------------------------------------------------------
     def Dup(self, info=None) -> "Intracomm":
@@ -1900,11 +1901,17 @@ def Finalize() -> None:
 
 
 def Alloc_mem(size: int, info=None):
-    return memoryview(bytearray(size))
+    """`size` bytes of this GPU's memory (gpu.alloc): a window over it (Win.Create) is that memory."""
+    block = _gpu().alloc(int(size), np.uint8)
+    return _win.Memory.over(block, block)
 
 
 def Free_mem(mem) -> None:
-    pass
+    block = getattr(mem, "_block", None)
+    if block is None:
+        raise Exception(ERR_ARG, "MPI.Free_mem of memory Alloc_mem did not return")
+    _gpu().free(block)
+    mem._block = None
 
 
 def Attach_buffer(buf) -> None:
@@ -1917,7 +1924,11 @@ def Detach_buffer():
 
 
 def Get_address(location) -> int:
-    raise _unsupported("Get_address", "absolute addresses (MPI.BOTTOM messages) are not in the layer's scope")
+    """The address of a buffer's memory (WIN_BASE compares with it; an empty buffer's is 0); messages at
+    MPI.BOTTOM stay unsupported."""
+    from .buffers import as_array
+    array = as_array(location, readonly=True)
+    return int(array.__array_interface__["data"][0]) if array.nbytes else 0
 
 
 def Compute_dims(nnodes: int, dims):
@@ -1952,6 +1963,7 @@ def bind(gpu, real=None) -> None:
     _ctx.algorithm = check_algorithm(os.environ.get(ALGORITHM_ENV, "auto").strip() or "auto")
     _ctx.engines = []
     _ctx.start = time.time()
+    _win.reset()
     for target, emu, name in ((COMM_WORLD, gpu.world, "MPI_COMM_WORLD"),
                               (COMM_SELF, _Solo(f"self{gpu.rank}"), "MPI_COMM_SELF")):
         made = Comm._over(emu, name)
@@ -1963,3 +1975,13 @@ def unbind() -> None:
     _ctx.engines = []
     for target in (COMM_WORLD, COMM_SELF):
         target._emu = target._engine = None
+
+
+# -- one-sided communication: ranks/mpi4py_layer/win.py -------------------------------------------------
+from . import win as _win  # noqa: E402 - win.py builds on the names above
+from .win import (ERR_DISP, ERR_GROUP, ERR_LOCKTYPE, ERR_RMA_RANGE, ERR_WIN, GROUP_EMPTY,  # noqa: E402,F401
+                  LOCK_EXCLUSIVE, LOCK_SHARED, MODE_NOCHECK, MODE_NOPRECEDE, MODE_NOPUT, MODE_NOSTORE,
+                  MODE_NOSUCCEED, WIN_BASE, WIN_CREATE_FLAVOR, WIN_DISP_UNIT, WIN_FLAVOR_ALLOCATE, WIN_FLAVOR_CREATE,
+                  WIN_FLAVOR_DYNAMIC, WIN_FLAVOR_SHARED, WIN_MODEL, WIN_NULL, WIN_SEPARATE, WIN_SIZE, WIN_UNIFIED,
+                  ERRHANDLER_NULL, ERRORS_ABORT, ERRORS_ARE_FATAL, ERRORS_RETURN, INFO_ENV, INFO_NULL, Errhandler, Group,
+                  Info, Win)

@@ -114,3 +114,22 @@ def test_an_example_fails_when_its_distributed_part_is_wrong(tmp_path, name, gpu
     done, _, _ = example(name, gpus, path=broken(tmp_path, name, old, new))
     assert done.returncode != 0
     assert re.search(r"AssertionError: GPU \d+: .*differs? from the one-process reference by", done.stderr)
+
+
+@pytest.mark.parametrize("preset", ["dgx-h100", "dgx-a100"])
+def test_the_mpi4py_halo_exchange_by_windows_matches_one_process(preset):
+    """launch/examples/mpi4py_halo.py, unmodified mpi4py (MPI.Win Put + Fence, Accumulate): the same rod
+    as one process, bit for bit, on NVLink Network windows (dgx-h100) and classic physical addresses
+    (dgx-a100); each rank's Puts move exactly 2 x 8 bytes a step on its uplink."""
+    done, _ = run([command("nvlink-emu"), "run", "--mpi4py", str(EXAMPLES / "mpi4py_halo.py"), "--gpus", "3",
+                   "--preset", preset, "--", "8", "5"], timeout_s=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "[gpu 0] 3 ranks, 8 cells each, 5 steps: largest difference from one process 0, total heat" in done.stdout
+    assert "[gpu 0] link bytes of the Puts per rank: [80, 80, 80] (2 x 8 bytes a step: 80)" in done.stdout
+
+
+def test_the_mpi4py_halo_exchange_fails_when_a_halo_goes_the_wrong_way(tmp_path):
+    path = broken(tmp_path, "mpi4py_halo.py", "halo.Put(u[1:2], left, cells + 1)", "halo.Put(u[1:2], right, cells + 1)")
+    done, _ = run([command("nvlink-emu"), "run", "--mpi4py", str(path), "--gpus", "3", "--", "8", "5"], timeout_s=120)
+    assert done.returncode != 0
+    assert "halo exchange differs from one process" in done.stderr + done.stdout

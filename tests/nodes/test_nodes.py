@@ -250,3 +250,78 @@ def test_classic_nodes_reach_each_other_through_registered_windows():
             assert np.array_equal(window[-8:], np.full(8, -1.0)) and np.array_equal(window[:-8], np.arange(1016))
 
     run(main, "superpod-a100-ib")
+
+
+def test_an_mpi_window_on_another_node_is_reached_through_its_leaf_and_only_by_its_group():
+    """MPI.Win of the mpi4py layer across nodes: a window of the first GPU and the last one (another
+    node); the first Puts S bytes into it (exactly S on its uplink, on the owner's downlink after Fence),
+    Gets them back, and both Fetch_and_op a counter there under Lock; a GPU outside the window's group
+    driving the layer's Put with the members' handles is refused by the switch and counted on its port."""
+    from nvlink_emu.ranks.mpi4py_layer import installed
+
+    nodes, per_node, _ = shape()
+    n = nodes * per_node
+    first, last, outsider = 0, n - 1, 1
+    nbytes = 3000
+
+    def main(gpu):
+        with installed(gpu) as MPI:
+            world = MPI.COMM_WORLD
+            member = gpu.rank in (first, last)
+            pair = world.Split(0 if member else MPI.UNDEFINED, gpu.rank)
+            win = MPI.Win.Allocate(nbytes + 8, 1, None, pair) if member else None
+            stolen = world.allgather((win._members, win._targets, win._inboxes, win._sizes, win._units, win._slots)
+                                     if gpu.rank == first else None)[0]
+            out, moved, refused = None, None, None
+            if member:
+                win.Fence()
+                before = gpu.link_counters()
+                if gpu.rank == first:
+                    win.Put(np.arange(nbytes, dtype=np.uint8), 1)
+                win.Fence()
+                after = gpu.link_counters()
+                moved = (after["tx_bytes"] - before["tx_bytes"], after["rx_bytes"] - before["rx_bytes"])
+                got = np.zeros(nbytes, np.uint8)
+                win.Get(got, 1)
+                assert np.array_equal(got, np.arange(nbytes, dtype=np.uint8))
+                old = np.zeros(1, np.int64)
+                win.Lock(1)
+                win.Fetch_and_op(np.array([5], np.int64), old, 1, nbytes)
+                win.Unlock(1)
+                out = int(old[0])
+            if gpu.rank == outsider:
+                forged = MPI.Win.Create(np.zeros(8, np.uint8), 1, None, MPI.COMM_SELF)
+                own = (forged._members, forged._targets, forged._inboxes, forged._sizes, forged._units, forged._slots)
+                forged._members, forged._targets, forged._inboxes, forged._sizes, forged._units, forged._slots = stolen
+                forged.Put(np.full(8, 9, np.uint8), 1)
+                with pytest.raises(AccessViolation, match=f"GPU {outsider}"):
+                    forged.Flush(1)
+                refused = True
+                forged._members, forged._targets, forged._inboxes, forged._sizes, forged._units, forged._slots = own
+                forged.Free()
+            world.Barrier()
+            if member:
+                win.Fence()
+                if gpu.rank == last:
+                    memory = np.asarray(win.tomemory())
+                    assert np.array_equal(memory[:nbytes], np.arange(nbytes, dtype=np.uint8))
+                    assert memory[nbytes:].view(np.int64)[0] == 10
+                win.Free()
+                pair.Free()
+            return out, moved, refused
+
+    result = run(main)
+    if result.role == "gpu":
+        out, moved, refused = result.value
+        if result.rank == first:
+            assert moved == (nbytes, 0)
+        if result.rank == last:
+            assert moved == (0, nbytes)
+        if result.rank in (first, last):
+            assert out in (0, 5)
+        if result.rank == outsider:
+            assert refused
+    if result.role == "gpu" or "ports" in result.report:
+        ports = result.report["ports"]
+        assert ports[outsider]["violations"] == 1
+        assert sum(ports[g]["violations"] for g in range(n)) == 1

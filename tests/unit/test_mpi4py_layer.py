@@ -331,3 +331,64 @@ def test_the_unexpected_queue_keeps_a_bounded_backlog_and_leaves_the_rest_in_the
             MPI.COMM_WORLD.Recv(got, source=1, tag=1)
             assert (got == i % 251).all(), i
         assert not gpu.mailbox
+
+
+def test_a_separate_window_merges_the_programs_stores_and_the_remote_writes():
+    """Win.Create over the program's memory: at a synchronisation the bytes the program stored since the
+    last one go to the GPU region (the public copy), and the region's other bytes (Puts, accumulates)
+    come back into the program's buffer."""
+    from nvlink_emu.ranks.mpi4py_layer import win as rma
+
+    window = rma.Win()
+    window._user = np.array([1, 2, 3, 4], np.uint8)
+    window._snapshot = window._user.copy()
+    window._region = window._user.copy()
+    window._user[0] = 10  # a local store
+    window._region[3] = 40  # a remote Put
+    window._merge()
+    assert window._user.tolist() == window._region.tolist() == window._snapshot.tolist() == [10, 2, 3, 40]
+
+
+def test_runs_of_a_target_datatype_are_its_contiguous_stretches():
+    from nvlink_emu.ranks.mpi4py_layer.win import _runs
+
+    assert _runs(None, 5) == [(0, 5, 0)]
+    assert _runs(np.array([0, 2, 3, 4, 9]), 5) == [(0, 1, 0), (1, 4, 2), (4, 5, 9)]
+    assert _runs(np.zeros(0, np.int64), 0) == []
+
+
+def test_a_shared_window_is_refused_with_the_reason_and_as_mpi4py_probes_for_it():
+    with pytest.raises(NotImplementedError, match="NVLink does not merge GPU memories"):
+        MPI.Win.Allocate_shared(8, 1, None, None)
+    with pytest.raises(UnsupportedOperation, match="does not merge GPU memories"):
+        MPI.Win.Allocate_shared(8, 1, None, None)
+    assert MPI.Win() == MPI.WIN_NULL and not MPI.WIN_NULL
+
+
+def test_a_window_serves_only_its_members_and_never_raises_into_the_targets_wait():
+    """The target's server of window requests (run inside whatever wait the target is in): a request of a
+    GPU outside the group, or malformed, is dropped and counted; one naming no predefined op or a type of
+    Python objects is answered with a refusal; a good one is applied and answered with the old values."""
+    import types
+
+    from nvlink_emu.ranks.mpi4py_layer import win as rma
+
+    rma.reset()
+    window = rma.Win()
+    window._wid, window._members, window._gpu = "w", (0, 1), types.SimpleNamespace(rank=0)
+    window._flavor, window._slot = rma.WIN_FLAVOR_ALLOCATE, 64
+    window._region, window._attached = np.zeros(16, np.uint8), [(0, np.zeros(8, np.uint8), None)]
+    window._inbox = np.zeros(128, np.uint8)
+    window._inbox[64:68] = np.array([7], np.int32).view(np.uint8)  # GPU 1's slot: its operand
+    rma._open["w"] = window
+    nothing = np.zeros(0, np.uint8)
+    assert rma._serve(5, ("rma", "w", "rmw", 1, "SUM", "<i4", 0, 1, 1, 1), nothing) == []
+    assert rma._serve(1, ("rma", "w", "where", 2, "x", "y"), nothing) == []
+    assert rma.refused == {"not a member": 1, "malformed": 1}
+    for opname, dtype in (("Finalize", "<i4"), ("SUM", "|O")):
+        [(peer, key, _)] = rma._serve(1, ("rma", "w", "rmw", 3, opname, dtype, 0, 1, 1, 1), nothing)
+        assert (peer, key[4]) == (1, 1)  # refused, in an answer
+    [(peer, key, old)] = rma._serve(1, ("rma", "w", "rmw", 4, "SUM", "<i4", 4, 1, 1, 1), nothing)
+    assert (peer, key[4], old.view(np.int32).tolist()) == (1, 0, [0])
+    assert window._region[4:8].view(np.int32).tolist() == [7]
+    rma.reset()
