@@ -9,6 +9,7 @@ import pytest
 
 from nvlink_emu.fabric.errors import ConfigError
 from nvlink_emu.fabric.trace import TraceWriter, find_runs, read_trace
+from nvlink_emu.ranks.gpu import leftover_entry
 from nvlink_emu.launch.report import (REPORT_SCHEMA_VERSION, algorithm_figure, byte_unit, check_report_path, checked,
                                       matrix_figure, print_report, report_json, run_summary, write_report_json)
 from nvlink_emu.launch.traces import merge, read_run
@@ -66,6 +67,8 @@ def test_report_json_has_the_schema_string_keys_and_derived_figures():
     ("unconsumed", [["...", 0]], "unconsumed entry 0: ['...', n] comes last"),
     ("unconsumed", [["k", [1]]], "unconsumed entry 0: a message key (a flat list of integers and strings)"),
     ("unconsumed", {"k": 1}, "unconsumed: a list of message keys, got dict"),
+    ("unconsumed", [[]], "unconsumed entry 0: a message key ends with its sender (a GPU index), got []"),
+    ("unconsumed", [["k", 0, "x"]], "unconsumed entry 0: a message key ends with its sender"),
     ("busy", -1.0, "links sw0->gpu1 busy_ns: a finite number of ns >= 0, got -1.0"),
 ])
 def test_a_gpus_report_field_that_does_not_check_out_is_left_out_and_named(field, value, why):
@@ -90,6 +93,20 @@ def test_a_gpus_report_field_that_does_not_check_out_is_left_out_and_named(field
     assert "gpu0<->sw0" in summary and summary.splitlines()[-1].startswith("error: GPU 1's end-of-run report refused")
     doc = report_json(report)
     assert doc["refused_reports"] == {"1": refused[1]} and json.loads(json.dumps(doc)) == doc
+
+
+def test_a_key_of_its_own_starting_with_dots_is_never_taken_for_the_n_more_entry():
+    """An honest GPU holding a message keyed ("...",) from GPU 5 lists it as ["'...'", 5], not as
+    ["...", 5] ("5 more"): its report checks out and counts 2 messages, not 6."""
+    keys = [leftover_entry(("...",), 5), leftover_entry(("k", 0), 1)]
+    assert keys == [["'...'", 5], ["k", 0, 1]]
+    assert leftover_entry(("...", *range(15)), 2) == ["'...'", *range(13), "...", 2]  # 16 parts: cut as before
+    report = run_report()
+    report["unconsumed"][1] = sorted(keys, key=repr)
+    assert checked(report)[1] == {}
+    assert "warning: GPU 1 ended with 2 message(s) never received" in run_summary(report)
+    report["unconsumed"][1] = [["k", 0, 1], ["...", 4]]  # the GPU's own mark: 1 listed + 4 more
+    assert "warning: GPU 1 ended with 5 message(s) never received" in run_summary(report)
 
 
 def test_an_honest_report_is_refused_nothing():
