@@ -270,6 +270,33 @@ def test_a_header_no_run_writes_is_left_out_even_sorted_first(tmp_path, bad, why
         print_report(tmp_path / "run", tmp_path / "figures", io.StringIO(), io.StringIO())
 
 
+def test_the_runs_identity_is_its_switchs_and_a_file_counts_only_under_its_own_ranks_name(tmp_path):
+    run = tmp_path / "run"
+    write_run(run)
+    gpu0, switch = read_trace(run / "rank-00000.msgpack"), read_trace(run / "rank-00002.msgpack")
+    real = switch.header["config_hash"]
+    forged = {**gpu0.header, "config_hash": "0" * 16}
+    planted(run, "rank-0000.msgpack", [forged, gpu0.end])      # sorts before every real file
+    planted(run, "rank-00005.msgpack", [gpu0.header, gpu0.end])  # GPU 0's header under another name
+    traces, warnings = read_run(run)
+    assert [t.header["rank"] for t in traces] == [0, 1, 2]
+    assert warnings == ["rank-0000.msgpack: left out: header rank: the file's name is not a trace file's "
+                        "(rank-NNNNN.msgpack, the rank in 5 digits or more)",
+                        "rank-00005.msgpack: left out: header rank: 5 (the file's name), got 0"]
+    for name in ("rank-0000.msgpack", "rank-00005.msgpack"):
+        (run / name).unlink()
+    # GPU 0 rewrites its own file as another run's: the switch's file says which run this is
+    planted(run, "rank-00000.msgpack", [forged, *gpu0.events, gpu0.end])
+    traces, warnings = read_run(run)
+    assert [t.header["rank"] for t in traces] == [1, 2]
+    assert warnings == [f"rank-00000.msgpack: left out: from another run (config {'0' * 16}, not {real})"]
+    (run / "rank-00002.msgpack").unlink()  # no switch's file: the first GPU's word, and said
+    traces, warnings = read_run(run)
+    assert [t.header["rank"] for t in traces] == [0] and warnings[0] == (
+        "rank-00000.msgpack: no switch's trace here: the run's config and shape are taken from this GPU's file "
+        "(its own word)")
+
+
 @pytest.mark.parametrize("event, why", [
     ({"ev": "tx", "link": "sw0->gpu7"}, "tx link: a link of this fabric"),
     ({"ev": "tx", "payload": -1}, "tx payload: an integer from 0 to"),
