@@ -83,10 +83,10 @@ def check_unconsumed(keys, what: str) -> None:
     for i, key in enumerate(keys):
         if type(key) is not list or not all(type(x) is int or (type(x) is str and len(x) <= MAX_NAME) for x in key):
             raise BadField(f"{what} entry {i}: a message key (a flat list of integers and strings), got {key!r:.60}")
-        if not key or type(key[-1]) is not int:
-            raise BadField(f"{what} entry {i}: a message key ends with its sender (a GPU index), got {key!r:.60}")
         if key[:1] == ["..."] and (i != len(keys) - 1 or len(key) != 2 or type(key[1]) is not int or key[1] < 1):
             raise BadField(f"{what} entry {i}: ['...', n] comes last, n >= 1 the keys not listed, got {key!r:.60}")
+        if not key or type(key[-1]) is not int:
+            raise BadField(f"{what} entry {i}: a message key ends with its sender (a GPU index), got {key!r:.60}")
 
 
 def check_gpu_field(field: str, value, gpus: int) -> None:
