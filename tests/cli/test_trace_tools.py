@@ -263,5 +263,6 @@ def test_a_hostile_trace_directory_is_warnings_and_files_beside_not_a_hang_a_cra
         f"file: not read; rank-99999.msgpack: left out: undecodable data after record 0: unhashable type: 'list'; "
         f"rank-0-first.msgpack: left out: header gpus: an integer from 1 to 3840, got 300000; "
         f"rank-0000.msgpack: left out: header rank: the file's name is not a trace file's (rank-NNNNN.msgpack, "
-        f"the rank in 5 digits or more); rank-00006.msgpack: left out: header gpus: an integer from 1 to 3840, got 0; rank-00007.msgpack: left "
+        f"the rank in 5 digits or more); rank-00006.msgpack: left out: header gpus: an integer from 1 to 3840, "
+        f"got 0; rank-00007.msgpack: left "
         f"out: header role: gpu for rank 0 of 3 GPUs, got None)\n")

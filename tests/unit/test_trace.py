@@ -60,7 +60,8 @@ def test_undecodable_data_is_the_files_problem_not_a_crash(tmp_path, data):
     path = write_run(tmp_path, EVENTS[:2], end=False)
     path.write_bytes(path.read_bytes() + data)
     trace = read_trace(path)
-    assert trace.truncated and trace.problem.startswith("undecodable data after record 3") and trace.events == EVENTS[:2]
+    assert trace.truncated and trace.problem.startswith("undecodable data after record 3")
+    assert trace.events == EVENTS[:2]
 
 
 def test_a_disabled_writer_keeps_header_and_end_only(tmp_path):
