@@ -126,7 +126,7 @@ def read_trace(path: str | Path) -> RankTrace:
                 records.append(record)
         except msgpack.BufferFull:
             problem = f"record {len(records)} is larger than {MAX_RECORD_BYTES} bytes: not a trace record"
-        except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError) as exc:
+        except (msgpack.UnpackException, ValueError, TypeError) as exc:  # TypeError: a map keyed by a list
             problem = f"undecodable data after record {len(records)}: {exc}"
         except OSError as exc:
             problem = f"cannot read it after record {len(records)}: {exc.strerror or exc}"

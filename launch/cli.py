@@ -73,8 +73,12 @@ def launch_script(script: str, args: argparse.Namespace, script_args: list[str],
         held, job = [], None  # held: the quiet job's standard error
 
         def errors():  # drained beside stdout, or a full pipe would stop the job
-            for raw in job.stderr:
-                line = output.show(raw.rstrip("\n"), "err")
+            def lines():
+                for raw in job.stderr:
+                    yield output.show(decoded(raw), "err")
+                yield from output.held()  # after the job's last line: an empty line held back is shown
+
+            for line in lines():
                 if line is None:
                     continue
                 if quiet:
@@ -84,13 +88,14 @@ def launch_script(script: str, args: argparse.Namespace, script_args: list[str],
                     sys.stderr.flush()
 
         try:
-            with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, encoding="utf-8",
-                                  errors="replace") as job:
+            # bytes, split at b"\n" alone: text mode's universal newlines would split at a rank's bare "\r",
+            # and what follows it would pass for a line of its own, the launcher's label of another rank and all
+            with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as job:
                 drain = threading.Thread(target=errors, daemon=True)
                 drain.start()
                 try:
                     for raw in job.stdout:
-                        line = output.show(raw.rstrip("\n"), "out")
+                        line = output.show(decoded(raw), "out")
                         if on_line is not None:
                             on_line(line)
                         else:
@@ -110,6 +115,11 @@ def launch_script(script: str, args: argparse.Namespace, script_args: list[str],
                 print(f"nvlink-emu: warning: {left_out} failure report(s) in the ranks' directory not printed: no "
                       f"rank vouched for them on its own output (any rank can write a file there)", file=sys.stderr)
     return job.returncode
+
+
+def decoded(raw: bytes) -> str:
+    """A line of the job's output as text: UTF-8 (a byte that is none shown as U+FFFD), its b"\n" cut."""
+    return raw.decode("utf-8", "replace").removesuffix("\n")
 
 
 def stop_interrupted(job: subprocess.Popen) -> None:

@@ -14,6 +14,13 @@ from .mpiexec import RankLabels
 
 MAX_REPORT_BYTES = 4 << 20  # a failure report (a traceback) longer than this is not printed
 _MARK = re.compile(re.escape(FAILURE_MARK) + r"([0-9a-f]{64})")
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")  # C0 but the tab, DEL, C1: a terminal acts on them
+
+
+def escaped(text: str) -> str:
+    """`text` with every control character but the tab shown as \\xNN: a rank's "\\r" (or a cursor
+    movement) cannot make what it wrote next look like a line of its own, another rank's label and all."""
+    return _CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", text)
 
 
 class JobOutput:
@@ -32,20 +39,37 @@ class JobOutput:
                 self.gpu_of[world] = rank
             self.names[world] = {rank_name(rank, config, world), f"rank {world}"}
         self.vouched: dict[str, int] = {}  # SHA-256 of a failure report -> the world rank that vouched for it
+        self.blank: dict[int, bool] = {}   # world rank -> its last stderr line was empty, not shown yet
 
     def show(self, line: str, stream: str) -> str | None:
-        """The line to print for `line` as it came on the job's `stream` ("out" or "err"), or None for a
-        failure report's mark (kept for reports)."""
+        """The line(s) to print for `line` as it came on the job's `stream` ("out" or "err"), or None for a
+        failure report's mark (kept for reports). A rank's text is shown escaped (escaped); an empty
+        line of a rank's stderr is held back until its next line, and dropped if that is a mark."""
         if self.labels is None:
             return None if stream == "err" and _MARK.fullmatch(line) else line
         label = self.labels.pattern.match(line)
         if label is None or int(label.group(1)) not in self.names:
             return line  # the MPI launcher's own line (Hydra's messages): no rank wrote it
         world, text = int(label.group(1)), line[label.end():]
+        held = stream == "err" and self.blank.pop(world, False)
         mark = _MARK.fullmatch(text) if stream == "err" else None
         if mark is not None:
             self.vouched.setdefault(mark.group(1), world)
             return None
+        if stream == "err" and text == "":  # perhaps the new line before a mark (ranks.session.report_failure)
+            self.blank[world] = True
+            return self._labelled(world, "", stream) if held else None
+        shown = self._labelled(world, text, stream)
+        return self._labelled(world, "", stream) + "\n" + shown if held else shown
+
+    def held(self) -> list[str]:
+        """The empty stderr lines still held back (show), at the job's end: shown after all."""
+        lines = [self._labelled(world, "", "err") for world in sorted(self.blank)]
+        self.blank.clear()
+        return lines
+
+    def _labelled(self, world: int, text: str, stream: str) -> str:
+        text = escaped(text)
         if world not in self.gpu_of or (stream == "out" and self.no_label):
             return text
         return GPU_LABEL.format(gpu=self.gpu_of[world]) + text
@@ -69,9 +93,11 @@ class JobOutput:
                 continue
             world = self.vouched.get(hashlib.sha256(data).hexdigest())
             prefixes = tuple(f"[nvlink-emu {name}] " for name in self.names.get(world, ()))
-            if len(data) <= MAX_REPORT_BYTES and prefixes and all(
-                    line.startswith(prefixes) for line in text.splitlines()):
-                shown.append(text)
+            # lines split at "\n" alone (as a terminal ends them), each shown escaped (escaped)
+            lines = text.removesuffix("\n").split("\n")
+            if len(data) <= MAX_REPORT_BYTES and prefixes and text.endswith("\n") and all(
+                    line.startswith(prefixes) for line in lines):
+                shown.append("".join(escaped(line) + "\n" for line in lines))
             else:
                 left_out += 1
         return shown, left_out

@@ -153,8 +153,10 @@ class RankLabels:
 
 
 # Hydra (MPICH's mpiexec) puts "[RANK] " before every stretch of a rank's output that starts a line of it,
-# whatever the rank wrote (measured: a partial line, then another rank's line, then the rest: each part
-# starts with its own rank's label), so every line of the merged stream starts with its writer's label
+# whatever the rank wrote, but does not end another rank's partial line first (measured: rank 0's
+# "partial" with no newline, then rank 1's line, shows as "[0] partial[1] line"): every line of the merged
+# stream starts with the label of a rank that wrote in it, and a line that must stand alone (a failure
+# report's mark) is written after a newline of its own (ranks.session.report_failure)
 HYDRA_LABELS = RankLabels(("-prepend-rank",), re.compile(r"\[(\d{1,7})\] "))
 
 

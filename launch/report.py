@@ -75,8 +75,9 @@ def check_call(call, gpus: int, what: str) -> None:
 
 
 def check_unconsumed(keys, what: str) -> None:
-    """BadField unless `keys` is a list of message keys (flat lists of integers and strings), the last
-    one perhaps ["...", n] (n >= 1 more, not listed)."""
+    """BadField unless `keys` is a list of message keys (flat lists of integers and strings, each ending
+    with its sender's GPU index, so never empty), the last one perhaps ["...", n] (n >= 1 more, not
+    listed; a GPU shows a key's own first part "..." as "'...'", so only the mark starts so)."""
     if type(keys) is not list:
         raise BadField(f"{what}: a list of message keys, got {type(keys).__name__}")
     for i, key in enumerate(keys):
@@ -84,6 +85,8 @@ def check_unconsumed(keys, what: str) -> None:
             raise BadField(f"{what} entry {i}: a message key (a flat list of integers and strings), got {key!r:.60}")
         if key[:1] == ["..."] and (i != len(keys) - 1 or len(key) != 2 or type(key[1]) is not int or key[1] < 1):
             raise BadField(f"{what} entry {i}: ['...', n] comes last, n >= 1 the keys not listed, got {key!r:.60}")
+        if not key or type(key[-1]) is not int:
+            raise BadField(f"{what} entry {i}: a message key ends with its sender (a GPU index), got {key!r:.60}")
 
 
 def check_gpu_field(field: str, value, gpus: int) -> None:
@@ -159,7 +162,7 @@ def run_summary(report: dict) -> str:
         else:
             lines.append(f"warning: GPU {who}'s own count disagrees with the switch's: {problem}")
     for gpu, keys in sorted(report.get("unconsumed", {}).items()):
-        more = keys[-1][1] - 1 if keys and keys[-1][0] == "..." else 0  # ["...", n]: n more not listed
+        more = keys[-1][1] - 1 if keys and keys[-1][:1] == ["..."] else 0  # ["...", n]: n more not listed
         lines.append(f"warning: GPU {gpu} ended with {len(keys) + more} message(s) never received: {keys[:4]}")
     return "\n".join(lines + refused_lines(refused))
 

@@ -14,7 +14,7 @@ from nvlink_emu.fabric.addressing import MAX_GPUS
 from nvlink_emu.fabric.counters import FIELDS
 from nvlink_emu.fabric.errors import FabricError
 from nvlink_emu.fabric.reduction import dtype_itemsize
-from nvlink_emu.fabric.trace import SCHEMA_VERSION, RankTrace, read_trace
+from nvlink_emu.fabric.trace import SCHEMA_VERSION, RankTrace, read_trace, trace_path
 
 US = 1e-3  # Chrome traces count microseconds; modeled times are ns
 MAX_TEXT = 4096  # characters of a name or message in a record
@@ -162,23 +162,42 @@ def check_end(end: dict, header: dict) -> None:
             _integer(row.get(field), f"end counters {link} {field}", 0, 1 << 62)
 
 
+_TRACE_NAME = re.compile(r"rank-(\d{5,})\.msgpack")  # trace_path's form
 RUN_KEYS = (("config_hash", None), ("gpus", None), ("nodes", 1), ("spines", 0))  # the same in every file of a run
 
 
 def checked_traces(traces: list[RankTrace]) -> tuple[list[RankTrace], list[str]]:
     """The traces of one run the tools can use, in the given order, and a warning per file left out (a
-    header that is not a run's, another run's - another config or shape than the first good one -, a rank
-    another file holds too), cut short, or cut at its first record that is not what a rank writes (or
-    an end record that is not)."""
-    kept, warnings, ranks, run = [], [], set(), None
+    name not of a trace's form rank-NNNNN.msgpack, a header that is not a run's or names another rank
+    than the file's name, another run's - another config or shape than the run's -, a rank another
+    file holds too), cut short, or cut at its first record that is not what a rank writes (or an end
+    record that is not). The run's identity (config, shape) is the lowest-ranked switch's file's - no
+    workload code runs on a switch -, or, with no switch's file, the first good file's (and said)."""
+    good, warnings, ranks = [], [], set()
     for trace in traces:
         try:
             check_header(trace.header)
+            named = _TRACE_NAME.fullmatch(trace.path.name)
+            if named is None or trace_path(trace.path.parent, int(named.group(1))).name != trace.path.name:
+                raise BadRecord("rank: the file's name is not a trace file's (rank-NNNNN.msgpack, the rank in 5 "
+                                "digits or more)")
+            if trace.header["rank"] != int(named.group(1)):
+                raise BadRecord(f"rank: {int(named.group(1))} (the file's name), got {trace.header['rank']}")
         except BadRecord as exc:
             warnings.append(f"{trace.path.name}: left out: header {exc}")
             continue
+        good.append(trace)
+    switches = sorted((t for t in good if t.header["role"] == "switch"), key=lambda t: t.header["rank"])
+    run = None
+    if switches:
+        run = {key: switches[0].header.get(key, default) for key, default in RUN_KEYS}
+    elif good:
+        run = {key: good[0].header.get(key, default) for key, default in RUN_KEYS}
+        warnings.append(f"{good[0].path.name}: no switch's trace here: the run's config and shape are taken from "
+                        f"this GPU's file (its own word)")
+    kept = []
+    for trace in good:
         this = {key: trace.header.get(key, default) for key, default in RUN_KEYS}
-        run = run or this
         if this != run:
             warnings.append(f"{trace.path.name}: left out: from another run (config {this['config_hash']}, "
                             f"not {run['config_hash']})")

@@ -955,11 +955,8 @@ class Gpu:
                    timeout_s=2 * self.timeout_s + 30)  # switch's is 2 t + 5
         leftovers = sorted(self._mailbox, key=repr)
         links = self._snapshot()
-        # a key of MAX_KEY_PARTS parts (a message may have one) and its sender would be one part too many
-        # for the COUNTERS record: its last parts are shown as "..."
-        self._transport.send(self._switch, self._counters_packet(links, [
-            [*(key if len(key) < MAX_KEY_PARTS else (*key[:MAX_KEY_PARTS - 2], "...")), sender]
-            for key, sender in leftovers]))
+        self._transport.send(self._switch, self._counters_packet(links, [leftover_entry(key, sender)
+                                                                         for key, sender in leftovers]))
         self._shutdown = None
         self._wait(lambda: self._shutdown is not None, "end of run", "the switch's report")
         return self._shutdown.info
@@ -989,6 +986,17 @@ class Gpu:
 _TAKE_DATA = (f"the switch to take the data (a message waits there while its receiver, a GPU of this node, has "
               f"{MAILBOX_PEER_MESSAGES} of this GPU's messages or {MAILBOX_PEER_BYTES >> 20} MiB of them not taken "
               f"by its program)")
+
+
+def leftover_entry(key: tuple, sender: int) -> list:
+    """A message never received as the COUNTERS record lists it: its key, then its sender. A key of
+    MAX_KEY_PARTS parts (a message may have one) and its sender would be one part too many: its last
+    parts are shown as "..."; a key's own first part "..." is shown as "'...'", so that only the last
+    entry ["...", n] (n more, not listed) starts with "..." (launch.report)."""
+    key = tuple(key)
+    if key[:1] == ("...",):
+        key = ("'...'", *key[1:])
+    return [*(key if len(key) < MAX_KEY_PARTS else (*key[:MAX_KEY_PARTS - 2], "...")), sender]
 
 
 def _describe(target) -> str:

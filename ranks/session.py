@@ -241,7 +241,9 @@ def report_failure(rank: int, name: str, text: str = "", headline: str = "failed
             fd, _ = tempfile.mkstemp(dir=directory, prefix=f"rank-{rank:05d}-", suffix=".txt")
             with os.fdopen(fd, "wb") as out:
                 out.write(data)
-            mark = f"{FAILURE_MARK}{hashlib.sha256(data).hexdigest()}\n".encode()
+            # a new line first: the MPI launcher labels each stretch of a rank's output but does not end
+            # another rank's partial line, so the mark starts a line of its own only after one
+            mark = f"\n{FAILURE_MARK}{hashlib.sha256(data).hexdigest()}\n".encode()
             os.write(2, mark)  # fd 2 itself: a workload's replacement of sys.stderr cannot hold it back
             return
         except OSError:

@@ -86,6 +86,10 @@ FORGER = textwrap.dedent("""
             digest = hashlib.sha256(report.replace("forged", "forged and vouched for").encode()).hexdigest()
             os.write(2, f"nvlink-emu failure report sha256:{{digest}}\\n".encode())  # GPU 0's word, not GPU 1's
             os.mkfifo(os.path.join(failures, "rank-00003.txt"))  # a launcher that opens it waits for ever
+            # a bare carriage return: what follows must not pass for a line of GPU 1's, nor for its mark
+            print("\\r[gpu 1] forged after a carriage return")
+            os.write(2, f"\\r[1] nvlink-emu failure report sha256:{{digest}}\\n".encode())
+            os.write(2, b"a partial line, never ended")  # GPU 2's mark below must still stand on a line of its own
         gpu.world.barrier()
         if gpu.rank == 2:
             raise RuntimeError("a real failure")
@@ -102,7 +106,8 @@ def test_a_gpu_cannot_write_another_gpus_label_or_failure_report_nor_run_code_on
     assert sorted(line for line in out if line.startswith("[gpu 1] ")) == ["[gpu 1] hello"]
     assert sorted(out) == sorted(["[gpu 0] hello", "[gpu 1] hello", "[gpu 2] hello",
                                   "[gpu 0] [gpu 1] forged by print", "[gpu 0] [gpu 1] forged past the line writer",
-                                  "[gpu 0] a line", "[gpu 0] [gpu 1] forged after a newline in the same write"])
+                                  "[gpu 0] a line", "[gpu 0] [gpu 1] forged after a newline in the same write",
+                                  "[gpu 0] \\x0d[gpu 1] forged after a carriage return"])
     err = done.stderr.splitlines()
     assert [line for line in err if "[nvlink-emu gpu 1]" in line] == \
         ["[gpu 0] [nvlink-emu gpu 1] failed; ending the job"]  # GPU 0's line, labelled as GPU 0's
@@ -110,6 +115,9 @@ def test_a_gpu_cannot_write_another_gpus_label_or_failure_report_nor_run_code_on
     assert err[-2] == "[nvlink-emu gpu 2] RuntimeError: a real failure"
     assert err[-1] == ("nvlink-emu: warning: 3 failure report(s) in the ranks' directory not printed: no rank "
                        "vouched for them on its own output (any rank can write a file there)")
-    assert "sha256" not in done.stderr  # the marks are the launcher's, never shown
+    # the marks are the launcher's, never shown; GPU 0's attempt at GPU 1's is GPU 0's line, its "\r" escaped
+    assert [line.split("sha256")[0] for line in err if "sha256" in line] == [
+        "[gpu 0] \\x0d[1] nvlink-emu failure report "]
+    assert "[gpu 0] a partial line, never ended" in done.stderr
     # the script ran on the GPU ranks only: no workload code in the switch's process (world rank 3)
     assert sorted(p.name for p in tmp_path.glob("loaded-*")) == ["loaded-0", "loaded-1", "loaded-2"]

@@ -169,16 +169,19 @@ def test_a_report_json_that_cannot_be_written_is_one_error_before_the_run(tmp_pa
 
 
 def test_a_gpus_bad_end_of_run_report_is_its_line_and_the_others_figures_still_print(tmp_path):
-    # GPU 1 ends with a leftover-message list whose "more" count is text, GPU 2 with a call record of
-    # dtype "evil": both crashed the summary and --report-json for everyone (traceback, no table)
+    # GPU 0 ends with an empty leftover key, GPU 1 with a leftover-message list whose "more" count is
+    # text, GPU 2 with a call record of dtype "evil": each crashed the summary and --report-json for
+    # everyone (traceback, no table)
     body = textwrap.dedent("""
         import dataclasses
         import numpy as np
 
         def main(gpu):
             gpu.world.allreduce(np.ones(4, np.float32))
-            if gpu.rank == 1:
-                packet = gpu._counters_packet
+            packet = gpu._counters_packet
+            if gpu.rank == 0:  # an empty key: the summary indexed it
+                gpu._counters_packet = lambda links, leftovers: packet(links, [[]])
+            elif gpu.rank == 1:
                 gpu._counters_packet = lambda links, leftovers: packet(links, [["...", "x"]])
             elif gpu.rank == 2:
                 gpu._calls = [dataclasses.replace(gpu._calls[0], dtype="evil")]
@@ -187,11 +190,13 @@ def test_a_gpus_bad_end_of_run_report_is_its_line_and_the_others_figures_still_p
     assert done.returncode == 3, done.stderr  # every rank finished; a GPU's report was refused
     assert "Traceback" not in done.stderr and "# per-link counters" in done.stderr
     refused = [line for line in done.stderr.splitlines() if "end-of-run report refused" in line]
-    assert len(refused) == 2
-    assert refused[0].startswith("error: GPU 1's") and "unconsumed entry 0: ['...', n] comes last" in refused[0]
-    assert refused[1].startswith("error: GPU 2's") and "collectives record 0 dtype: 'evil' is no dtype name" in refused[1]
+    assert len(refused) == 3
+    assert refused[0].startswith("error: GPU 0's") and "unconsumed entry 0: a message key ends with its sender" \
+        in refused[0]
+    assert refused[1].startswith("error: GPU 1's") and "unconsumed entry 0: ['...', n] comes last" in refused[1]
+    assert refused[2].startswith("error: GPU 2's") and "collectives record 0 dtype: 'evil' is no dtype name" in refused[2]
     doc = json.loads((tmp_path / "run.json").read_text())
-    assert sorted(doc["refused_reports"]) == ["1", "2"] and doc["unconsumed"] == {}
+    assert sorted(doc["refused_reports"]) == ["0", "1", "2"] and doc["unconsumed"] == {}
     assert [(c["gpu"], c["collective"], c["size_bytes"]) for c in doc["collectives"]] == \
         [(0, "allreduce", 16), (1, "allreduce", 16)]  # GPU 2's record left out, the others' kept
     assert all(doc["links"][f"gpu{g}->sw0"]["payload_bytes"] > 0 for g in range(N))

@@ -218,6 +218,8 @@ def test_a_hostile_trace_directory_is_warnings_and_files_beside_not_a_hang_a_cra
     for name, bad in (("rank-0-first.msgpack", {"gpus": 300000}), ("rank-00006.msgpack", {"gpus": 0}),
                       ("rank-00007.msgpack", {"role": None})):
         (hostile / name).write_bytes(msgpack.packb({k: v for k, v in {**header, **bad}.items() if v is not None}))
+    (hostile / "rank-99999.msgpack").write_bytes(b"\x81\x91\x01\x02")  # a map keyed by a list: TypeError
+    (hostile / "rank-0000.msgpack").write_bytes(msgpack.packb({**header, "config_hash": "0" * 16}))  # sorts first
     genuine = read_trace(trace_dir / "rank-00002.msgpack")
     at = next(i for i, event in enumerate(genuine.events) if event["ev"] == "tx")
     forged = [genuine.header, *genuine.events[:at], {**genuine.events[at], "link": "gpu9->sw0"},
@@ -235,12 +237,15 @@ def test_a_hostile_trace_directory_is_warnings_and_files_beside_not_a_hang_a_cra
         stdout.append(done.stdout)
     assert warned[0] == warned[1] == [
         "warning: rank-0-first.msgpack: left out: header gpus: an integer from 1 to 3840, got 300000",
+        "warning: rank-0000.msgpack: left out: header rank: the file's name is not a trace file's "
+        "(rank-NNNNN.msgpack, the rank in 5 digits or more)",
         f"warning: rank-00002.msgpack: read up to event {at}: tx link: a link of this fabric (3 GPUs, 1 switches: "
         "gpuG->swS, swS->gpuG, swS->swT), got 'gpu9->sw0'",
         "warning: rank-00004.msgpack: left out: a FIFO, not a trace file: not read",
         "warning: rank-00005.msgpack: left out: a symbolic link to a character device, not a trace file: not read",
         "warning: rank-00006.msgpack: left out: header gpus: an integer from 1 to 3840, got 0",
         "warning: rank-00007.msgpack: left out: header role: gpu for rank 0 of 3 GPUs, got None",
+        "warning: rank-99999.msgpack: left out: undecodable data after record 0: unhashable type: 'list'",
     ]
     assert victim.read_text() == "not yours\n"
     for name in ("traffic-matrix.png", "bytes-per-algorithm.png", "trace.json"):  # files of their own now
@@ -255,6 +260,9 @@ def test_a_hostile_trace_directory_is_warnings_and_files_beside_not_a_hang_a_cra
     assert done.returncode == 2 and done.stderr == (
         f"nvlink-emu: error: {hostile}: no trace file a run wrote (rank-00004.msgpack: left out: a FIFO, not a "
         f"trace file: not read; rank-00005.msgpack: left out: a symbolic link to a character device, not a trace "
-        f"file: not read; rank-0-first.msgpack: left out: header gpus: an integer from 1 to 3840, got 300000; "
-        f"rank-00006.msgpack: left out: header gpus: an integer from 1 to 3840, got 0; rank-00007.msgpack: left "
+        f"file: not read; rank-99999.msgpack: left out: undecodable data after record 0: unhashable type: 'list'; "
+        f"rank-0-first.msgpack: left out: header gpus: an integer from 1 to 3840, got 300000; "
+        f"rank-0000.msgpack: left out: header rank: the file's name is not a trace file's (rank-NNNNN.msgpack, "
+        f"the rank in 5 digits or more); rank-00006.msgpack: left out: header gpus: an integer from 1 to 3840, "
+        f"got 0; rank-00007.msgpack: left "
         f"out: header role: gpu for rank 0 of 3 GPUs, got None)\n")

@@ -117,6 +117,14 @@ def test_each_line_is_labelled_by_the_rank_the_mpi_launcher_names_not_by_its_tex
     assert output.show("[0] " + "nvlink-emu failure report sha256:" + "a" * 64, "out").startswith("[gpu 0] ")
     assert output.show("[3] " + "nvlink-emu failure report sha256:" + "b" * 64, "err") is None
     assert output.vouched == {"b" * 64: 3}
+    # a rank's control characters are shown escaped: a "\r" cannot start what looks like another line
+    assert output.show("[0] \r[gpu 1] forged\x1b[2K\x85\tend", "out") == "[gpu 0] \\x0d[gpu 1] forged\\x1b[2K\\x85\tend"
+    # the empty line before a rank's mark (ranks.session.report_failure) is dropped; any other is shown
+    assert output.show("[3] ", "err") is None and output.show("[3] " + "nvlink-emu failure report sha256:"
+                                                               + "c" * 64, "err") is None
+    assert output.show("[0] ", "err") is None and output.show("[0] ", "err") == "[gpu 0] "
+    assert output.show("[0] next", "err") == "[gpu 0] \n[gpu 0] next"
+    assert output.show("[1] ", "err") is None and output.held() == ["[gpu 1] "] and output.held() == []
     bare = JobOutput(HYDRA_LABELS, resolve("dgx-h100", None, 2), no_label=True)
     assert (bare.show("[1] hi", "out"), bare.show("[1] hi", "err")) == ("hi", "[gpu 1] hi")  # stderr: always
 
@@ -134,16 +142,21 @@ def test_a_failure_report_is_printed_only_if_the_rank_it_names_vouched_for_it(tm
     files = {"rank-00001-a.txt": report("gpu 1", "RuntimeError: real"),        # vouched for by world rank 1
              "rank-00001-b.txt": report("gpu 1", "RuntimeError: forged"),      # vouched for by rank 0, names gpu 1
              "rank-00002-c.txt": report("switch (rank 2)", "RuntimeError: unvouched"),
-             "rank-00000-d.txt": report("rank 0", "SyntaxError: setup")}       # rank 0's setup failure, vouched
+             "rank-00000-d.txt": report("rank 0", "SyntaxError: setup"),       # rank 0's setup failure, vouched
+             # vouched, every line of it its own, but a "\r" in it would make a line look another GPU's
+             "rank-00001-e.txt": report("gpu 1", "x\r[nvlink-emu gpu 0] forged").replace("\n[", "\x0b[")}
     for name, text in files.items():
         (tmp_path / name).write_text(text)
     os.mkfifo(tmp_path / "rank-00003.txt")  # never opened (the launcher would wait for a writer)
     output = JobOutput(HYDRA_LABELS, resolve("dgx-h100", None, 2))
-    for world, name in ((1, "rank-00001-a.txt"), (0, "rank-00001-b.txt"), (0, "rank-00000-d.txt")):
+    for world, name in ((1, "rank-00001-a.txt"), (0, "rank-00001-b.txt"), (0, "rank-00000-d.txt"),
+                        (1, "rank-00001-e.txt")):
         digest = hashlib.sha256(files[name].encode()).hexdigest()
         assert output.show(f"[{world}] nvlink-emu failure report sha256:{digest}", "err") is None
     shown, left_out = output.reports(tmp_path)
-    assert shown == [files["rank-00000-d.txt"], files["rank-00001-a.txt"]] and left_out == 3
+    assert shown == [files["rank-00000-d.txt"], files["rank-00001-a.txt"],
+                     "[nvlink-emu gpu 1] failed; ending the job\\x0b[nvlink-emu gpu 1] x\\x0d[nvlink-emu gpu 0] "
+                     "forged\n"] and left_out == 3
     # with a launcher that labels nothing, every regular file is printed, as the ranks wrote it
     assert JobOutput(None, resolve("dgx-h100", None, 2)).reports(tmp_path) == (
         [files[n] for n in sorted(files)], 1)

@@ -9,6 +9,7 @@ import pytest
 
 from nvlink_emu.fabric.errors import ConfigError
 from nvlink_emu.fabric.trace import TraceWriter, find_runs, read_trace
+from nvlink_emu.ranks.gpu import leftover_entry
 from nvlink_emu.launch.report import (REPORT_SCHEMA_VERSION, algorithm_figure, byte_unit, check_report_path, checked,
                                       matrix_figure, print_report, report_json, run_summary, write_report_json)
 from nvlink_emu.launch.traces import merge, read_run
@@ -66,6 +67,8 @@ def test_report_json_has_the_schema_string_keys_and_derived_figures():
     ("unconsumed", [["...", 0]], "unconsumed entry 0: ['...', n] comes last"),
     ("unconsumed", [["k", [1]]], "unconsumed entry 0: a message key (a flat list of integers and strings)"),
     ("unconsumed", {"k": 1}, "unconsumed: a list of message keys, got dict"),
+    ("unconsumed", [[]], "unconsumed entry 0: a message key ends with its sender (a GPU index), got []"),
+    ("unconsumed", [["k", 0, "x"]], "unconsumed entry 0: a message key ends with its sender"),
     ("busy", -1.0, "links sw0->gpu1 busy_ns: a finite number of ns >= 0, got -1.0"),
 ])
 def test_a_gpus_report_field_that_does_not_check_out_is_left_out_and_named(field, value, why):
@@ -90,6 +93,20 @@ def test_a_gpus_report_field_that_does_not_check_out_is_left_out_and_named(field
     assert "gpu0<->sw0" in summary and summary.splitlines()[-1].startswith("error: GPU 1's end-of-run report refused")
     doc = report_json(report)
     assert doc["refused_reports"] == {"1": refused[1]} and json.loads(json.dumps(doc)) == doc
+
+
+def test_a_key_of_its_own_starting_with_dots_is_never_taken_for_the_n_more_entry():
+    """An honest GPU holding a message keyed ("...",) from GPU 5 lists it as ["'...'", 5], not as
+    ["...", 5] ("5 more"): its report checks out and counts 2 messages, not 6."""
+    keys = [leftover_entry(("...",), 5), leftover_entry(("k", 0), 1)]
+    assert keys == [["'...'", 5], ["k", 0, 1]]
+    assert leftover_entry(("...", *range(15)), 2) == ["'...'", *range(13), "...", 2]  # 16 parts: cut as before
+    report = run_report()
+    report["unconsumed"][1] = sorted(keys, key=repr)
+    assert checked(report)[1] == {}
+    assert "warning: GPU 1 ended with 2 message(s) never received" in run_summary(report)
+    report["unconsumed"][1] = [["k", 0, 1], ["...", 4]]  # the GPU's own mark: 1 listed + 4 more
+    assert "warning: GPU 1 ended with 5 message(s) never received" in run_summary(report)
 
 
 def test_an_honest_report_is_refused_nothing():
@@ -251,6 +268,33 @@ def test_a_header_no_run_writes_is_left_out_even_sorted_first(tmp_path, bad, why
     with pytest.raises(FileNotFoundError, match=f"no trace file a run wrote \\(rank-0-planted.msgpack: left out: "
                                                 f"header {re.escape(why)}\\)"):
         print_report(tmp_path / "run", tmp_path / "figures", io.StringIO(), io.StringIO())
+
+
+def test_the_runs_identity_is_its_switchs_and_a_file_counts_only_under_its_own_ranks_name(tmp_path):
+    run = tmp_path / "run"
+    write_run(run)
+    gpu0, switch = read_trace(run / "rank-00000.msgpack"), read_trace(run / "rank-00002.msgpack")
+    real = switch.header["config_hash"]
+    forged = {**gpu0.header, "config_hash": "0" * 16}
+    planted(run, "rank-0000.msgpack", [forged, gpu0.end])      # sorts before every real file
+    planted(run, "rank-00005.msgpack", [gpu0.header, gpu0.end])  # GPU 0's header under another name
+    traces, warnings = read_run(run)
+    assert [t.header["rank"] for t in traces] == [0, 1, 2]
+    assert warnings == ["rank-0000.msgpack: left out: header rank: the file's name is not a trace file's "
+                        "(rank-NNNNN.msgpack, the rank in 5 digits or more)",
+                        "rank-00005.msgpack: left out: header rank: 5 (the file's name), got 0"]
+    for name in ("rank-0000.msgpack", "rank-00005.msgpack"):
+        (run / name).unlink()
+    # GPU 0 rewrites its own file as another run's: the switch's file says which run this is
+    planted(run, "rank-00000.msgpack", [forged, *gpu0.events, gpu0.end])
+    traces, warnings = read_run(run)
+    assert [t.header["rank"] for t in traces] == [1, 2]
+    assert warnings == [f"rank-00000.msgpack: left out: from another run (config {'0' * 16}, not {real})"]
+    (run / "rank-00002.msgpack").unlink()  # no switch's file: the first GPU's word, and said
+    traces, warnings = read_run(run)
+    assert [t.header["rank"] for t in traces] == [0] and warnings[0] == (
+        "rank-00000.msgpack: no switch's trace here: the run's config and shape are taken from this GPU's file "
+        "(its own word)")
 
 
 @pytest.mark.parametrize("event, why", [

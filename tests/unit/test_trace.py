@@ -54,6 +54,16 @@ def test_garbage_is_a_problem_not_a_crash(tmp_path):
     assert trace.truncated and trace.problem and trace.events == []
 
 
+@pytest.mark.parametrize("data", [b"\x81\x91\x01\x02",  # a map keyed by a list: msgpack raises TypeError
+                                  b"\xa2\xff\xfe"])  # a string that is no UTF-8
+def test_undecodable_data_is_the_files_problem_not_a_crash(tmp_path, data):
+    path = write_run(tmp_path, EVENTS[:2], end=False)
+    path.write_bytes(path.read_bytes() + data)
+    trace = read_trace(path)
+    assert trace.truncated and trace.problem.startswith("undecodable data after record 3")
+    assert trace.events == EVENTS[:2]
+
+
 def test_a_disabled_writer_keeps_header_and_end_only(tmp_path):
     writer = TraceWriter(tmp_path, 0, {"role": "switch"})
     writer.enabled = False
