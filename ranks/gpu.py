@@ -766,8 +766,9 @@ class Gpu:
             data = np.empty(packet.nbytes, np.uint8)
             self._receive(packet, data, inline)
             arrived = self._consume(packet, seq)
-            for peer, key, reply in self._servers[packet.info.key[0]](self._gpu_of.get(packet.src),
-                                                                       tuple(packet.info.key), data):
+            sender = self._gpu_of.get(packet.src)
+            self._took(sender, tuple(packet.info.key), packet.nbytes)  # served is taken: credit the mailbox bound
+            for peer, key, reply in self._servers[packet.info.key[0]](sender, tuple(packet.info.key), data):
                 self._send(Packet(Kind.MSG, self._keys[self.rank], self._keys[peer], 0, reply.nbytes,
                                   info=MsgInfo(tuple(key))), reply, arrived, served=True)
         elif kind is Kind.MSG or kind is Kind.MCAST:

@@ -239,3 +239,36 @@ def test_a_dynamic_window_reaches_attached_gpu_memory_by_address_and_nothing_els
     if result.role == "gpu":
         values, size = result.value
         assert values == [size if result.rank == 0 else 0, (result.rank - 1) % size + 100]
+
+
+def test_more_atomics_than_a_mailbox_bound_are_served_and_credited():
+    """The target serves accumulate requests (messages) in its progress loop; each served one is taken
+    from the mailbox bound (transport.MAILBOX_PEER_MESSAGES) and credited back to the switch. Found when
+    the two met: served requests were never credited, so after 1,024 of one origin's the switch held its
+    next request and both GPUs waited to their deadlines. GPU 1 fetch-and-adds GPU 0's counter past it."""
+    from nvlink_emu.ranks.transport import MAILBOX_PEER_MESSAGES
+    count = MAILBOX_PEER_MESSAGES + 100
+
+    def main(gpu):
+        with installed(gpu) as MPI:
+            comm = MPI.COMM_WORLD
+            win = MPI.Win.Allocate(8, 8, None, comm)
+            counter = np.frombuffer(win.tomemory(), np.int64)
+            counter[:] = 0
+            win.Fence()
+            if gpu.rank == 1:
+                one, old = np.ones(1, np.int64), np.zeros(1, np.int64)
+                win.Lock(0)
+                for i in range(count):
+                    win.Fetch_and_op(one, old, 0, 0, MPI.SUM)
+                    win.Flush(0)
+                    assert old[0] == i
+                win.Unlock(0)
+            win.Fence()
+            total = int(counter[0])
+            win.Free()
+            return total
+
+    result = run(main)
+    if result.role == "gpu" and result.rank == 0:
+        assert result.value == count
