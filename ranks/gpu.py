@@ -675,7 +675,13 @@ class Gpu:
             return
         name, seq, obj = message
         comm = self._communicators.get(name)
+        # only what a credit is (("credit", count): a few bytes), numbered from the next one this GPU
+        # takes of `source` on MAX_CONTROL_WAITING: a member cannot park big objects here, nor numbers
+        # never taken (kept for ever)
         if comm is None or source not in comm.members or self._control_waiting[source] >= MAX_CONTROL_WAITING \
+                or not (type(obj) is tuple and len(obj) == 2 and obj[0] == "credit" and is_integer(obj[1])
+                        and 0 <= obj[1] <= WIRE_INT_MAX) \
+                or not 0 <= CREDIT_SEQ - seq - comm._credits_taken[source] < MAX_CONTROL_WAITING \
                 or (name, seq, source) in self._control_box:
             self.strays += 1
             return

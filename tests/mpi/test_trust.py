@@ -343,6 +343,36 @@ def test_control_messages_too_long_undecodable_or_from_non_members_are_dropped()
     run(main, **lone_attacker(gpus()))
 
 
+def test_a_member_cannot_park_objects_as_credits_in_another_tenant_s_gpu():
+    """Found in the round-4 attack (F2, /tmp/attack/a9.py): GPU 0 sent GPU 3 of another partition 40
+    control messages (world's name, a credit's number, 4 MiB of bytes); GPU 3 filed each as a sharp reduce
+    credit of world (both are members) and kept them for ever: RSS 59 -> 236 MiB. Now a credit is kept
+    only if it has a credit's shape (("credit", count)) and its number is within MAX_CONTROL_WAITING of the
+    next one GPU 1 takes of GPU 0: 10 blobs, 5 credits numbered too far, 5 malformed credits are strays;
+    one well-formed credit, the next due, is kept."""
+    from nvlink_emu.ranks.comm import CREDIT_SEQ
+    from nvlink_emu.ranks.gpu import MAX_CONTROL_WAITING
+
+    def main(gpu):
+        name = gpu.world.name
+        if gpu.rank == 0:
+            for seq in range(10):
+                gpu._control.send(1, (name, CREDIT_SEQ - 1 - seq, b"W" * (64 << 10)))
+            for seq in range(5):
+                gpu._control.send(1, (name, CREDIT_SEQ - MAX_CONTROL_WAITING - seq, ("credit", 1)))
+            for bad in (("credit", -1), ("credit", 1.5), ("credit",), ("credit", 1, 2), ["credit", 1]):
+                gpu._control.send(1, (name, CREDIT_SEQ - 2, bad))
+            gpu._control.send(1, (name, CREDIT_SEQ, ("credit", 3)))
+        if gpu.rank == 1:
+            until(gpu, lambda: gpu.strays + len(gpu._control_box) >= 21, "filing 21 control messages")
+            assert gpu.strays == 20 and gpu._control_box == {(name, CREDIT_SEQ, 0): ("credit", 3)}
+            gpu.take_control(name, CREDIT_SEQ, 0)
+        if gpu.rank:
+            gpu.partition.barrier()
+
+    run(main, **lone_attacker(gpus()))
+
+
 def test_raw_mpi_messages_around_the_fabric_are_swept_and_counted():
     """Issue 25.2: GPU 0, alone in its partition, floods GPU 1 of the other partition with small raw MPI
     messages on every MPI communicator they share: the run's own (MPI_COMM_WORLD), the GPU ranks' control
