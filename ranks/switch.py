@@ -665,7 +665,8 @@ class SwitchRank:
         so that every switch applies the same rule to the GPU's packets. Nothing is passed on in a run
         that records nothing (no trace directory: every switch's trace is None). A leaf passes on a GPU's
         word at most once per TRACE_RELAY_S: a change within that waits (_relay_tracing), the latest
-        one only, so a GPU that toggles its word costs the switches a bounded rate whatever it sends."""
+        one only, till then or till the GPU's next packet to another switch (_flush_tracing), so a GPU
+        that toggles its word costs the switches a bounded rate, or one word per packet it sends up."""
         if on == (gpu not in self._untraced):
             return
         if on:
@@ -693,19 +694,26 @@ class SwitchRank:
 
     def _relay_tracing(self) -> bool:
         """Pass on the latest word of each GPU here whose change waited (_set_tracing) once TRACE_RELAY_S
-        passed since its last; nothing if it came back to what was passed on. True if any was settled."""
+        passed since its last; nothing if it came back to what was passed on. True if any was sent."""
         now, moved = time.monotonic(), False
         for gpu in list(self._trace_pending):
-            at, relayed = self._trace_relayed[gpu]
-            if now - at < TRACE_RELAY_S:
-                continue
-            self._trace_pending.discard(gpu)
-            on = gpu not in self._untraced
-            if on != relayed:
-                self._trace_relayed[gpu] = (now, on)
-                self._send_tracing(gpu, on, None)
-                moved = True
+            if now - self._trace_relayed[gpu][0] >= TRACE_RELAY_S:
+                moved |= self._flush_tracing(gpu, now)
         return moved
+
+    def _flush_tracing(self, gpu: int, now: float | None = None) -> bool:
+        """Pass on GPU `gpu`'s waiting word now (before a packet of its goes to another switch, which
+        records it by that word: so a GPU's word still reaches every switch before its next packet,
+        whatever the rate bound); nothing if it came back to what was passed on. True if it was sent."""
+        if gpu not in self._trace_pending:
+            return False
+        self._trace_pending.discard(gpu)
+        on = gpu not in self._untraced
+        if on == self._trace_relayed[gpu][1]:
+            return False
+        self._trace_relayed[gpu] = (time.monotonic() if now is None else now, on)
+        self._send_tracing(gpu, on, None)
+        return True
 
     def _traced(self, packet: Packet, origin: int) -> bool:
         """Whether a record of `packet` (its data from GPU `origin`; -1: made by a switch) is kept: a GPU's
@@ -819,6 +827,8 @@ class SwitchRank:
                     if transit is not None:  # a GPU's packet from another leaf: credited back to it once sent
                         self._transit.setdefault(send.port, deque()).append((end, self._leaf_rank(source), transit))
             else:
+                if self._trace_pending:  # the other switches learn a GPU's word before its packets
+                    self._flush_tracing(source if send.origin is None else send.origin)
                 self.transport.send(self.config.gpus + switch, send.packet, send.payload)
                 self.sent_to_switches += 1
                 link = f"sw{self.index}->sw{switch}" if self.trace is not None else None

@@ -629,7 +629,8 @@ def test_a_gpu_toggling_its_tracing_word_costs_the_switches_a_bounded_rate(trace
     each relayed to every spine and on to every other leaf, and another tenant's allreduce across nodes
     took 54 ms (median) against 10 ms, seconds of backlog after. Now a run without a trace directory relays
     nothing (no switch records); with one, the leaf relays a GPU's word at most once per TRACE_RELAY_S, its
-    latest only. Before: 1,000 toggles relayed 1,000 words to each of the 2 spines, with or without trace."""
+    latest only, or before the GPU's next packet to another switch (which records it by that word).
+    Before: 1,000 toggles relayed 1,000 words to each of the 2 spines, with or without trace."""
     from nvlink_emu.fabric.config import preset
     from nvlink_emu.fabric.packets import TraceInfo
     from nvlink_emu.ranks import switch as switch_module
@@ -663,3 +664,9 @@ def test_a_gpu_toggling_its_tracing_word_costs_the_switches_a_bounded_rate(trace
     rank._trace_relayed[0] = (rank._trace_relayed[0][0] - 3600.0, True)
     assert rank._relay_tracing() and intake.sent[4:] == [(s, Kind.TRACE, TraceInfo(False)) for s in spines]
     assert rank.sent_to_switches == 6 and rank.trace_words_held == 1003 and not rank._trace_pending
+    rank._handle(0, Packet(Kind.TRACE, key(0), -1, info=TraceInfo(True)), None)  # held, not due
+    assert len(intake.sent) == 6 and rank._trace_pending == {0}
+    packet, payload = msg(0, key(2), 64)  # to node 1: the spines learn GPU 0's word first
+    rank._handle(0, packet, payload)
+    assert intake.sent[6:8] == [(s, Kind.TRACE, TraceInfo(True)) for s in spines] and not rank._trace_pending
+    assert [kind for _, kind, _ in intake.sent[8:]] == [Kind.MSG] and intake.sent[8][0] in spines
