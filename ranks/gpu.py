@@ -31,6 +31,9 @@ from .transport import (MAILBOX_FABRIC, MAILBOX_P2P, MAILBOX_PEER_BYTES, MAILBOX
                         ControlChannel, Idle, Transport, mailbox_class, native_collective, poked_idle, unframe)
 
 
+# control messages a stray sweep takes and files (each progress call takes one): what a flood of them
+# costs one sweep is bounded (transport.MAX_P2P_CONTROL_BYTES each); honest ones are a few per reduce
+CONTROL_PER_SWEEP = 16
 STRAY_SWEEP = 256  # every this many progress calls, look for strays from every rank, not just in front
 MAX_CONTROL_WAITING = 1024  # control messages one GPU may have waiting here (for calls not made yet)
 # Call records travel in the COUNTERS header, which the switch takes up to MAX_HEADER_BYTES: a GPU keeps
@@ -645,11 +648,11 @@ class Gpu:
         around the fabric would hold its bytes here and slow every match of this rank's, whatever the
         communicator); returns how many. The run's own communicator (MPI_COMM_WORLD under `nvlink-emu run`:
         nobody's point to point while the run lasts), the GPU ranks' control channel (control messages
-        only: those waiting are taken and filed now, up to MAX_CONTROL_WAITING), each communicator's
+        only: those waiting are taken and filed now, up to CONTROL_PER_SWEEP), each communicator's
         members' MPI communicators (exchange slots only, one a member: MemberComms.sweep)."""
         control = self._control
         dropped = self._transport.sweep_outer() + control.drop_strays()
-        for _ in range(MAX_CONTROL_WAITING):
+        for _ in range(CONTROL_PER_SWEEP):
             got = control.poll()
             if got is None:
                 break
@@ -675,7 +678,13 @@ class Gpu:
             return
         name, seq, obj = message
         comm = self._communicators.get(name)
+        # only what a credit is (("credit", count): a few bytes), numbered from the next one this GPU
+        # takes of `source` on MAX_CONTROL_WAITING: a member cannot park big objects here, nor numbers
+        # never taken (kept for ever)
         if comm is None or source not in comm.members or self._control_waiting[source] >= MAX_CONTROL_WAITING \
+                or not (type(obj) is tuple and len(obj) == 2 and obj[0] == "credit" and is_integer(obj[1])
+                        and 0 <= obj[1] <= WIRE_INT_MAX) \
+                or not 0 <= CREDIT_SEQ - seq - comm._credits_taken[source] < MAX_CONTROL_WAITING \
                 or (name, seq, source) in self._control_box:
             self.strays += 1
             return

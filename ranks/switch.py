@@ -43,6 +43,9 @@ CREDIT_STEPS = 16  # every this many intake steps (and at once while a MSG waits
 # MAX_PARKED packets and MAX_PARKED_BYTES of their messages (as _Queue's sizes); past that they wait in line
 MAX_PARKED = MAX_QUEUED
 MAX_PARKED_BYTES = MAX_QUEUED_BYTES
+# a leaf relays a GPU's TRACE word to the spines at most once per this much host time (s); a change within
+# it waits, only the latest one kept (_set_tracing): a GPU toggling its word cannot flood the switches
+TRACE_RELAY_S = 0.05
 MAX_WANTED = 64  # messages a GPU here said its program waits for (transport.send_want), kept until they go
 # fabric messages of a GPU the switch does not read now that a sweep keeps matched, to reach what it sent
 # behind them (transport.drop_other_tags): a header and a payload for each packet that may wait, and one more
@@ -126,6 +129,9 @@ class SwitchRank:
         self.trace = trace  # a TraceWriter, or None
         self.logic.tracing = trace is not None
         self._untraced: set[int] = set()  # GPUs that asked for no records of their traffic (_set_tracing)
+        self._trace_relayed: dict[int, tuple[float, bool]] = {}  # GPU here -> (host time, word) last relayed
+        self._trace_pending: set[int] = set()  # GPUs here whose word changed since, within TRACE_RELAY_S
+        self.trace_words_held = 0  # a GPU's TRACE changes not relayed at once (_set_tracing), for tests
         self._seq: dict[str, int] = {}  # per link: packets seen, to pair each send with its receive
         self.transport = transport
         self.timeout_s = timeout_s
@@ -204,6 +210,8 @@ class SwitchRank:
             moved |= self._take_credits()
         if self._parked:
             moved |= self._unpark()
+        if self._trace_pending:
+            moved |= self._relay_tracing()
         if not self._steps % SWEEP_STEPS:  # now and then, for every GPU (honest ones never leave any)
             moved |= self._sweep_other_tags()
             moved |= self.transport.drop_strays_from(set(self.sources)) > 0
@@ -654,20 +662,58 @@ class SwitchRank:
         """GPU `gpu` asks for records of its own traffic (`on`) or for none (its TRACE, which names it by
         the port it came in on, never by a field it wrote): see _traced. A change is passed on to the
         neighbour switches (but the one it came from): a leaf to the spines, a spine to the other leaves,
-        so that every switch applies the same rule to the GPU's packets."""
+        so that every switch applies the same rule to the GPU's packets. Nothing is passed on in a run
+        that records nothing (no trace directory: every switch's trace is None). A leaf passes on a GPU's
+        word at most once per TRACE_RELAY_S: a change within that waits (_relay_tracing), the latest
+        one only, till then or till the GPU's next packet to another switch (_flush_tracing), so a GPU
+        that toggles its word costs the switches a bounded rate, or one word per packet it sends up."""
         if on == (gpu not in self._untraced):
             return
         if on:
             self._untraced.discard(gpu)
         else:
             self._untraced.add(gpu)
-        if self.trace is not None:  # no GPU wants records: none at all (the bench's tracing off)
-            self.trace.enabled = self.logic.tracing = len(self._untraced) < self.config.gpus
+        if self.trace is None:  # nothing records: no switch needs the word
+            return
+        self.trace.enabled = self.logic.tracing = len(self._untraced) < self.config.gpus
+        if exclude is None:  # a GPU's own word, at its leaf: bounded in rate
+            last = self._trace_relayed.get(gpu)
+            if last is not None and time.monotonic() - last[0] < TRACE_RELAY_S:
+                self._trace_pending.add(gpu)
+                self.trace_words_held += 1
+                return
+            self._trace_relayed[gpu] = (time.monotonic(), on)
+        self._send_tracing(gpu, on, exclude)
+
+    def _send_tracing(self, gpu: int, on: bool, exclude: int | None) -> None:
         word = Packet(Kind.TRACE, self.logic.route_key(gpu), -1, info=TraceInfo(on))
         for rank, switch in self._peer_of.items():
             if switch != exclude and (self.spine or exclude is None):  # a leaf relays only its own GPUs' word
                 self.transport.send(rank, word)
                 self.sent_to_switches += 1
+
+    def _relay_tracing(self) -> bool:
+        """Pass on the latest word of each GPU here whose change waited (_set_tracing) once TRACE_RELAY_S
+        passed since its last; nothing if it came back to what was passed on. True if any was sent."""
+        now, moved = time.monotonic(), False
+        for gpu in list(self._trace_pending):
+            if now - self._trace_relayed[gpu][0] >= TRACE_RELAY_S:
+                moved |= self._flush_tracing(gpu, now)
+        return moved
+
+    def _flush_tracing(self, gpu: int, now: float | None = None) -> bool:
+        """Pass on GPU `gpu`'s waiting word now (before a packet of its goes to another switch, which
+        records it by that word: so a GPU's word still reaches every switch before its next packet,
+        whatever the rate bound); nothing if it came back to what was passed on. True if it was sent."""
+        if gpu not in self._trace_pending:
+            return False
+        self._trace_pending.discard(gpu)
+        on = gpu not in self._untraced
+        if on == self._trace_relayed[gpu][1]:
+            return False
+        self._trace_relayed[gpu] = (time.monotonic() if now is None else now, on)
+        self._send_tracing(gpu, on, None)
+        return True
 
     def _traced(self, packet: Packet, origin: int) -> bool:
         """Whether a record of `packet` (its data from GPU `origin`; -1: made by a switch) is kept: a GPU's
@@ -781,6 +827,8 @@ class SwitchRank:
                     if transit is not None:  # a GPU's packet from another leaf: credited back to it once sent
                         self._transit.setdefault(send.port, deque()).append((end, self._leaf_rank(source), transit))
             else:
+                if self._trace_pending:  # the other switches learn a GPU's word before its packets
+                    self._flush_tracing(source if send.origin is None else send.origin)
                 self.transport.send(self.config.gpus + switch, send.packet, send.payload)
                 self.sent_to_switches += 1
                 link = f"sw{self.index}->sw{switch}" if self.trace is not None else None

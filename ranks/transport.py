@@ -605,6 +605,14 @@ class Transport:
         self.comm.Free()
 
 
+# the longest point-to-point control message a GPU reads (bytes): a credit or a "where are you?" question
+# or answer carries a communicator's name (a few KiB at most: names travel in packets' MAX_TEXT fields)
+# and a few numbers; the exchanges' larger objects go on the members' own communicators (MemberComms).
+# A flood of longer ones (up to fabric.control.MAX_CONTROL_BYTES, 16 MiB, before) cost every receiver a
+# full receive and copy per message and starved its other work (round-4 attack, F1)
+MAX_P2P_CONTROL_BYTES = 64 << 10
+
+
 class ControlChannel:
     """Point-to-point control messages between GPU ranks (fabric.control's encoding: no code runs on
     decode, nothing larger than the message is built); never counted on links. Only what is truly
@@ -641,14 +649,15 @@ class ControlChannel:
         return not self._pending
 
     def poll(self) -> tuple[int, object] | None:
-        """The next control object from any GPU rank, or None. A message that is too long or does
-        not decode is dropped: (source, None)."""
+        """The next control object from any GPU rank, or None. A message that is too long (past
+        MAX_P2P_CONTROL_BYTES: dropped unread, nothing allocated) or does not decode is dropped:
+        (source, None)."""
         status = self._status
         if not self.comm.Iprobe(MPI.ANY_SOURCE, TAG_CONTROL, status):
             return None
         source, count = status.Get_source(), status.Get_count(MPI.BYTE)
         message = self.comm.Improbe(source, TAG_CONTROL)
-        if count > control.MAX_CONTROL_BYTES:
+        if count > MAX_P2P_CONTROL_BYTES:  # no point-to-point control message is this long: never read
             Transport.drop(message)
             return source, None
         buffer = bytearray(count)

@@ -343,6 +343,78 @@ def test_control_messages_too_long_undecodable_or_from_non_members_are_dropped()
     run(main, **lone_attacker(gpus()))
 
 
+def test_a_member_cannot_park_objects_as_credits_in_another_tenant_s_gpu():
+    """Found in the round-4 attack (F2, /tmp/attack/a9.py): GPU 0 sent GPU 3 of another partition 40
+    control messages (world's name, a credit's number, 4 MiB of bytes); GPU 3 filed each as a sharp reduce
+    credit of world (both are members) and kept them for ever: RSS 59 -> 236 MiB. Now a credit is kept
+    only if it has a credit's shape (("credit", count)) and its number is within MAX_CONTROL_WAITING of the
+    next one GPU 1 takes of GPU 0: 10 blobs, 5 credits numbered too far, 5 malformed credits are strays;
+    one well-formed credit, the next due, is kept."""
+    from nvlink_emu.ranks.comm import CREDIT_SEQ
+    from nvlink_emu.ranks.gpu import MAX_CONTROL_WAITING
+
+    def main(gpu):
+        name = gpu.world.name
+        if gpu.rank == 0:
+            for seq in range(10):
+                gpu._control.send(1, (name, CREDIT_SEQ - 1 - seq, b"W" * (16 << 10)))
+            for seq in range(5):
+                gpu._control.send(1, (name, CREDIT_SEQ - MAX_CONTROL_WAITING - seq, ("credit", 1)))
+            for bad in (("credit", -1), ("credit", 1.5), ("credit",), ("credit", 1, 2), ["credit", 1]):
+                gpu._control.send(1, (name, CREDIT_SEQ - 2, bad))
+            gpu._control.send(1, (name, CREDIT_SEQ, ("credit", 3)))
+        if gpu.rank == 1:
+            until(gpu, lambda: gpu.strays + len(gpu._control_box) >= 21, "filing 21 control messages")
+            assert gpu.strays == 20 and gpu._control_box == {(name, CREDIT_SEQ, 0): ("credit", 3)}
+            gpu.take_control(name, CREDIT_SEQ, 0)
+        if gpu.rank:
+            gpu.partition.barrier()
+
+    run(main, **lone_attacker(gpus()))
+
+
+def test_a_control_message_longer_than_any_point_to_point_one_is_dropped_unread():
+    """Found in the round-4 attack (F1, /tmp/attack/a1.py): GPU 0 kept 16 undecodable 8 MiB control
+    messages in flight to GPU 1 of another partition; each was received in full and copied before its
+    decode failed (up to 16 MiB each), and partition 1's 64 KiB allreduce took 367 ms (median) against
+    14 ms. Now a control message past MAX_P2P_CONTROL_BYTES (64 KiB: credits and "where are you?" carry
+    a name and a few numbers) is dropped unread: GPU 1 reads GPU 0's well-formed object of one byte more
+    as nothing (source, None), and the next, just short enough, whole."""
+    from nvlink_emu.ranks.transport import MAX_P2P_CONTROL_BYTES
+
+    def blob(nbytes):  # a msgpack bytes object `nbytes` long, its header (3 or 5 bytes) included
+        data = msgpack.packb(b"x" * (nbytes - 3), use_bin_type=True)
+        return data if len(data) == nbytes else msgpack.packb(b"x" * (nbytes - 5), use_bin_type=True)
+
+    assert len(blob(MAX_P2P_CONTROL_BYTES)) == MAX_P2P_CONTROL_BYTES
+
+    ready = 999  # a tag of this test's own: GPU 1 waits in its loop below, where nothing else takes them
+
+    def main(gpu):
+        comm = gpu._control.comm
+        if gpu.rank == 0:
+            deadline = time.monotonic() + 10.0
+            while not comm.Iprobe(1, ready):  # no progress here: nothing of GPU 0's drops it meanwhile
+                assert time.monotonic() < deadline, "GPU 0: GPU 1 did not get ready"
+            comm.recv(source=1, tag=ready)
+            gpu._control.send_bytes(1, blob(MAX_P2P_CONTROL_BYTES + 1))
+            gpu._control.send_bytes(1, blob(MAX_P2P_CONTROL_BYTES))
+            until(gpu, lambda: gpu._control.idle, "the two control messages to go")
+        if gpu.rank == 1:
+            comm.send(None, 0, ready)
+            got, deadline = [], time.monotonic() + 10.0
+            while len(got) < 2:  # straight from the channel: no sweep takes them first
+                assert time.monotonic() < deadline, f"GPU 1: the two control messages did not come: {got!r:.200}"
+                message = gpu._control.poll()
+                if message is not None:
+                    got.append(message)
+            assert got == [(0, None), (0, b"x" * (MAX_P2P_CONTROL_BYTES - 3))]
+        if gpu.rank:
+            gpu.partition.barrier()
+
+    run(main, **lone_attacker(gpus()))
+
+
 def test_raw_mpi_messages_around_the_fabric_are_swept_and_counted():
     """Issue 25.2: GPU 0, alone in its partition, floods GPU 1 of the other partition with small raw MPI
     messages on every MPI communicator they share: the run's own (MPI_COMM_WORLD), the GPU ranks' control
