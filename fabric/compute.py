@@ -4,7 +4,7 @@ A kernel of F floating-point (or integer) operations in dtype d that moves B byt
 takes max(F / (peak_d x compute_efficiency), B / (hbm x memory_efficiency)) ns of modeled time:
 whichever of the math units and the memory is the bottleneck, the other overlaps with it. The
 efficiencies stand for what real kernels reach below the datasheet peaks; they are assumptions of
-this emulator (FabricConfig keys, see README "Compute model"), not measurements.
+this emulator (FabricConfig keys, see docs/model/compute.md), not measurements.
 """
 
 import math

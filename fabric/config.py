@@ -303,7 +303,7 @@ class Timing:
     reduction_latency_ns: float
 
 
-# Every preset names its sources in fabric/profiles.py (link) and README.md (topology).
+# Every preset names its sources in fabric/profiles.py (link) and docs/model/presets.md (topology).
 PRESETS: dict[str, dict] = {
     # DGX H100: 8 H100 GPUs on NVLink4 through NVSwitch gen 3 (SHARP); NVLink Network addressing.
     # Calibrated: effective bandwidth and in-switch reduction as NCCL measures them (profiles.PUBLISHED).

@@ -1,4 +1,4 @@
-"""Per-rank trace files: a msgpack stream of records, schema version 1 (see README, "Trace files").
+"""Per-rank trace files: a msgpack stream of records, schema version 1 (see docs/guide/traces.md).
 
 Every record is a map with "ev" naming it. The first is the header (schema, rank, role, fabric, config
 hash, clock offset); then events; an "end" record when the rank closed cleanly. Writers take the times

@@ -13,7 +13,7 @@ from nvlink_emu.fabric.trace import find_runs
 
 from .traces import rank_label, read_run, write_replacing
 
-REPORT_SCHEMA_VERSION = 1  # of --report-json's file (README, "Run report JSON")
+REPORT_SCHEMA_VERSION = 1  # of --report-json's file (docs/guide/report-json.md)
 PORT_KEYS = ("tlb_hits", "tlb_misses", "tlb_faults", "violations", "refused", "malformed")
 
 

@@ -566,7 +566,7 @@ class Communicator:
     def _send_credit(self, value: int) -> None:
         """Tell every other member that `value` results of this member's in-switch reduction came back
         (sharp reduce): out of band, like the call check, so not counted and not modeled (the credits
-        that bound the switch's memory are not modeled, see README, Modeled time)."""
+        that bound the switch's memory are not modeled, see docs/model/time.md)."""
         number, self._credits_sent = self._credits_sent, self._credits_sent + 1
         for peer in self.members:
             if peer != self.gpu.rank:

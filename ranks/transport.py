@@ -681,7 +681,7 @@ class ControlChannel:
 
 INLINE_BYTES = 512  # per member, an exchange's first step: an 8-byte length and up to 504 bytes of data
 # members up to which an exchange's first step is one round of N(N-1) messages, not an Iallgather (log2 N
-# rounds, N log2 N messages): measured at 4 and 8 GPUs (README, Control plane); not measured above, where
+# rounds, N log2 N messages): measured at 4 and 8 GPUs (docs/guide/workloads.md, Control plane); not measured above, where
 # the messages grow as N squared (992 at 32 GPUs, where point-to-point exchanges measured slower before)
 ROUND_MEMBERS = 8
 

@@ -3,7 +3,7 @@
 A program's `from mpi4py import MPI` gets this module while it runs under `nvlink-emu run --mpi4py`
 (ranks/mpi4py_layer/__init__.py installs it). Buffers are copied into GPU memory (gpu.alloc) and
 moved by the emulator's collectives and messages; those host copies are not link traffic. See the
-README, "Unmodified mpi4py programs", for what is supported and how each call maps onto the fabric.
+docs/guide/mpi4py.md, for what is supported and how each call maps onto the fabric.
 """
 
 import builtins
@@ -81,7 +81,7 @@ class MalformedMessage(Exception, ProtocolError):
 
 
 def _unsupported(call: str, why: str = "not in the mpi4py layer's scope") -> UnsupportedOperation:
-    return UnsupportedOperation(f"MPI.{call}: {why} (nvlink-emu --mpi4py; see README, Unmodified mpi4py programs)")
+    return UnsupportedOperation(f"MPI.{call}: {why} (nvlink-emu --mpi4py; see docs/guide/mpi4py.md)")
 
 
 class MissingCall(UnsupportedOperation, AttributeError):
@@ -96,7 +96,7 @@ def _missing(owner: str, name: str):
     if real is not None and not name.startswith("__") and hasattr(getattr(real, owner, real) if owner else real,
                                                                    name):
         return MissingCall(f"MPI.{owner + '.' if owner else ''}{name}: mpi4py has it, the layer does not "
-                           f"(nvlink-emu --mpi4py; see README, Unmodified mpi4py programs)")
+                           f"(nvlink-emu --mpi4py; see docs/guide/mpi4py.md)")
     return AttributeError(f"{'MPI.' + owner if owner else 'module mpi4py.MPI'} has no attribute {name!r}")
 
 

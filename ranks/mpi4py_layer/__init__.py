@@ -19,7 +19,7 @@ class _Submodules:
         if fullname.startswith("mpi4py.") and fullname != "mpi4py.MPI":
             from nvlink_emu.fabric.errors import UnsupportedOperation
             raise UnsupportedOperation(f"import {fullname}: the mpi4py layer provides mpi4py.MPI only "
-                                       f"(nvlink-emu --mpi4py; see README, Unmodified mpi4py programs)")
+                                       f"(nvlink-emu --mpi4py; see docs/guide/mpi4py.md)")
         return None
 
 

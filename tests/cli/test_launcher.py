@@ -66,8 +66,8 @@ def test_a_missing_launcher_is_one_line(tmp_path):
 def test_the_cluster_recipe_installs_every_dependency_but_the_mpich_wheel():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     wanted = {re.split(r"[<>=!~ ]", d)[0] for d in project["dependencies"] + project["optional-dependencies"]["test"]}
-    readme = (ROOT / "README.md").read_text()
-    recipe = readme[readme.index("## Running on a cluster"):].split("```sh\n", 1)[1].split("```", 1)[0]
+    page = (ROOT / "docs" / "guide" / "cluster.md").read_text()
+    recipe = page.split("```sh\n", 1)[1].split("```", 1)[0]
     (line,) = [line for line in recipe.splitlines() if line.startswith("pip install --no-deps -e . && pip install ")]
     assert set(line.split("&& pip install ", 1)[1].split()) == wanted - {"mpich", "mpi4py"}
     assert "pip install --no-binary=mpi4py mpi4py" in recipe

@@ -95,7 +95,7 @@ def test_the_json_equals_the_table_the_run_printed(reported):
 
 def test_each_gpu_has_a_record_of_each_collective_call_with_its_algorithm_and_bytes(reported):
     doc, _, trace_dir = reported
-    # per-GPU link payload for S bytes on N GPUs (README): ring 2(N-1)/N S, sharp S, all2all (N-1)/N S
+    # per-GPU link payload for S bytes on N GPUs (docs/guide/workloads.md): ring 2(N-1)/N S, sharp S, all2all (N-1)/N S
     expected = [("allreduce", "ring", 2 * (N - 1) * S // N), ("allreduce", "sharp", S),
                 ("all2all", "direct", (N - 1) * S // N)]
     traces, _ = read_directory(trace_dir)

@@ -297,7 +297,7 @@ def test_a_forged_reply_costs_the_switch_what_any_refused_header_does():
     forged reply against 0.034 ms with one request awaited, 1.23 against 0.015 in another run (medians
     of 41, this shared machine; filling the list took 4.1 s of switch CPU once): 75-82 x, for a 0-byte packet it can repeat as often as it likes
     while every other tenant's packets wait (the switch serves in arrival order) - more than the refused
-    GET of a whole 256 MiB window the README lists (1.4 ms). The smallest fix: keep the awaited byte
+    GET of a whole 256 MiB window docs/model/trust.md lists (1.4 ms). The smallest fix: keep the awaited byte
     counts of one key in a Counter (count -> requests), so a reply is matched in O(1). After (that fix,
     SwitchLogic._awaited): 0.022 ms per forged reply with 65,536 awaited against 0.014 with one (medians
     of 41, this shared machine), the same refusal."""

@@ -170,7 +170,7 @@ def test_a_gpu_s_flood_cannot_starve_another_tenant_s_gpu_while_one_is_not_read(
     with a header waiting): in 10,000 polls the switch asked for GPU 0's header 10,000 times and never for
     GPU 1's or 2's; their packets stay unread until their deadlines (FabricTimeout at the honest GPU, as a
     fabric failure would be). An honest GPU held by congestion (queue[0].held) opens the same window to any
-    GPU of a lower index. README ("What remains outside the model") accepts that "the switch serves GPUs
+    GPU of a lower index. docs/model/trust.md ("What remains outside the model") accepts that "the switch serves GPUs
     in arrival order with no per-GPU fairness" (a flood slows everyone); this is not arrival order: a GPU
     above the flooder in index is never served while the window lasts, not slowed. Proposed fix: in _poll, start the scan after the source served last (round
     robin over self.sources), or poll any source and set a not-read GPU's header aside (MAX_KEPT-style).
