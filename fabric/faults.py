@@ -103,6 +103,14 @@ class Fault:
     period_ns: float = 0.0
     seed: int = 0
 
+    def entry(self) -> dict:
+        """The TOML table this fault was read from (its defaults left out)."""
+        table = {"link": self.link, "kind": self.kind, "at_ns": self.at_ns}
+        if self.until_ns != math.inf:
+            table["until_ns"] = self.until_ns
+        table.update({key: getattr(self, key) for key in sorted(KIND_KEYS[self.kind])})
+        return table
+
     def active(self, t_ns: float) -> bool:
         """Whether the fault holds at modeled time t_ns (flap: only in its down phases)."""
         if not self.at_ns <= t_ns < self.until_ns:
@@ -249,6 +257,11 @@ def parse_plan(entries, source: str, known: set[str] | None = None, full_lanes: 
 
 def load_plan(path: str | Path, known: set[str] | None = None, full_lanes: int = 0) -> FaultPlan:
     """A FaultPlan from a TOML file of `[[faults]]` tables (nothing else at its top level)."""
+    return parse_plan(load_entries(path), str(path), known, full_lanes)
+
+
+def load_entries(path: str | Path) -> list:
+    """The `[[faults]]` tables of a fault plan file, unchecked (FabricConfig checks them against its links)."""
     path = Path(path)
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -261,7 +274,10 @@ def load_plan(path: str | Path, known: set[str] | None = None, full_lanes: int =
     unknown = sorted(set(data) - {"faults"})
     if unknown:
         raise ConfigError(f"{path}: unknown key(s) {', '.join(unknown)}; a fault plan holds [[faults]] tables")
-    return parse_plan(data.get("faults", []), str(path), known, full_lanes)
+    entries = data.get("faults", [])
+    if not isinstance(entries, list):
+        raise ConfigError(f"{path}: faults: must be [[faults]] tables, got {entries!r}")
+    return entries
 
 
 @dataclass
