@@ -960,6 +960,10 @@ class SwitchRank:
             for link in (uplink(gpu, self.index), downlink(gpu, self.index)):  # busy time: kept at the GPU end
                 busy = counters[gpu].links.get(link, {}).get("busy_ns", 0.0)
                 links.setdefault(link, LinkStats().as_dict())["busy_ns"] = float(busy)
+                for key in ("crc_errors", "replays"):  # the GPU end's count of its faulted links' replays
+                    value = counters[gpu].links.get(link, {}).get(key)
+                    if type(value) is int and value >= 0:
+                        links[link][key] = value
         part = {"switch": self.index, "links": links, "conservation": conservation,
                 "now_ns": {g: float(counters[g].now_ns) for g in self.gpus},
                 "unconsumed": {g: counters[g].unconsumed for g in self.gpus if counters[g].unconsumed},
