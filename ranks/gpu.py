@@ -454,12 +454,16 @@ class Gpu:
 
     def link_status(self) -> dict:
         """This GPU's two links at its modeled clock: {link name: {"state": "up" | "ber" | "degraded" |
-        "down", "crc_errors": n, "replays": n}} (fabric.faults; all "up" and 0 without a fault plan)."""
+        "down", "crc_errors": n, "replays": n}}, and when down "down_since_ns" and "up_at_ns" (inf: for
+        good) (fabric.faults; all "up" and 0 without a fault plan)."""
         status = {}
         for link in (uplink(self.rank, self._leaf), downlink(self.rank, self._leaf)):
             state = self._faults.get(link)
             status[link] = state.counters(self.now_ns) if state is not None else \
                 {"crc_errors": 0, "replays": 0, "state": self._plan.state(link, self.now_ns)}
+            window = self._plan.down(link, self.now_ns)
+            if window is not None:
+                status[link].update(down_since_ns=window[0], up_at_ns=window[1])
         return status
 
     def post_receive(self, key: tuple, out: np.ndarray, peer: int | None = None, group: int | None = None) -> None:

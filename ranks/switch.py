@@ -960,9 +960,10 @@ class SwitchRank:
             for link in (uplink(gpu, self.index), downlink(gpu, self.index)):  # busy time: kept at the GPU end
                 busy = counters[gpu].links.get(link, {}).get("busy_ns", 0.0)
                 links.setdefault(link, LinkStats().as_dict())["busy_ns"] = float(busy)
-                for key in ("crc_errors", "replays"):  # the GPU end's count of its faulted links' replays
+                for key in ("crc_errors", "replays"):  # the GPU end's count of its faulted links' replays:
+                    # taken only for links the launcher's fault plan names (a GPU cannot make up faults)
                     value = counters[gpu].links.get(link, {}).get(key)
-                    if type(value) is int and value >= 0:
+                    if type(value) is int and value >= 0 and self.config.fault_plan.on(link):
                         links[link][key] = value
         part = {"switch": self.index, "links": links, "conservation": conservation,
                 "now_ns": {g: float(counters[g].now_ns) for g in self.gpus},

@@ -151,17 +151,21 @@ def test_config_toml_faults_are_checked_against_the_fabric(tmp_path):
 
     from nvlink_emu.fabric.config import load_toml, preset
     path = tmp_path / "pod.toml"
-    path.write_text('base = "superpod-h100-nvlink"\n[[faults]]\nlink = "sw0<->sw2"\nkind = "flap"\nperiod_ns = 1000\n'
+    path.write_text('base = "superpod-h100-nvlink"\n[[faults]]\nlink = "gpu12<->sw1"\nkind = "flap"\nperiod_ns = 1000\n'
                     '[[faults]]\nlink = "gpu3->sw0"\nkind = "degraded"\nlanes = 9\n')
     config = load_toml(path)
     plan = config.fault_plan
-    assert plan.links() == ("gpu3->sw0", "sw0->sw2", "sw2->sw0") and plan.full_lanes == 36
+    assert plan.links() == ("gpu12->sw1", "gpu3->sw0", "sw1->gpu12") and plan.full_lanes == 36
     assert plan.lane_fraction("gpu3->sw0", 0.0) == 0.25
     # the faults survive a resize (the bench sizes memory with dataclasses.replace) and keep the digest stable
     assert dataclasses.replace(config, memory_capacity_bytes=1 << 30).faults == config.faults
     assert config.digest() != preset("superpod-h100-nvlink").digest()
     path.write_text('base = "superpod-h100-nvlink"\n[[faults]]\nlink = "gpu3->sw1"\nkind = "down"\n')
     with pytest.raises(ConfigError, match=r"pod.toml: faults: faults\[0\]: link: 'gpu3->sw1': no link 'gpu3->sw1'"):
+        load_toml(path)
+    path.write_text('base = "superpod-h100-nvlink"\n[[faults]]\nlink = "sw0<->sw2"\nkind = "down"\n')
+    with pytest.raises(ConfigError, match="pod.toml: faults: link: 'sw0<->sw2' is a link between switches; this "
+                                          "version models faults on a GPU's links only"):
         load_toml(path)
 
 
