@@ -301,8 +301,9 @@ class LinkFaultState:
         whose first byte is ready at t_ns; LinkDown if the link is down then or a packet exhausts its replays."""
         window = self.plan.down(self.link, t_ns)
         if window is not None:
-            raise LinkDown(f"link {self.link} is down at {t_ns:.0f} ns (down since {window[0]:.0f} ns, up at "
-                           f"{window[1]:.0f} ns)", self.link, window[0], window[1])
+            back = f"up at {window[1]:.0f} ns" if math.isfinite(window[1]) else "not coming back up"
+            raise LinkDown(f"link {self.link} is down at {t_ns:.0f} ns (down since {window[0]:.0f} ns, {back})",
+                           self.link, window[0], window[1])
         full, rest = divmod(payload_bytes, self.mtu_bytes)
         sizes = [self.mtu_bytes + self.header_bytes] * full + ([rest + self.header_bytes] if rest else [])
         if not sizes:
