@@ -206,10 +206,12 @@ class FabricConfig:
             entries = list(self.faults)
         known = {link.name for link in self.topology.links}
         plan = parse_plan(entries, "faults", known, FULL_LANES.get(self.link, 0))
-        for fault in plan.faults:  # rerouting around a leaf-spine link is not modeled yet (docs/model/faults.md)
-            if any(self.topology.link(name).level != "gpu-leaf" for name in fault.links):
-                raise ConfigError(f"faults: link: {fault.link!r} is a link between switches; this version "
-                                  f"models faults on a GPU's links only (gpuN->swL, swL->gpuN, gpuN<->swL)")
+        for fault in plan.faults:  # between switches: rerouted around when down; ber and lanes not modeled there
+            if fault.kind in ("ber", "degraded") and any(self.topology.link(name).level != "gpu-leaf"
+                                                         for name in fault.links):
+                raise ConfigError(f"faults: kind: {fault.kind!r} on {fault.link!r}, a link between switches; "
+                                  f"this version models ber and degraded on a GPU's links only (gpuN<->swL), and "
+                                  f"down or flap on any link")
         object.__setattr__(self, "faults", plan.faults)
 
     def digest(self) -> str:

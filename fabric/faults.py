@@ -15,7 +15,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import ConfigError, FabricError
+from .errors import ConfigError, LinkDown
 
 KINDS = ("ber", "degraded", "down", "flap")
 KEYS = {"link", "kind", "at_ns", "until_ns", "ber", "lanes", "period_ns", "seed"}
@@ -47,15 +47,6 @@ FULL_LANES = {
 }
 
 MASK64 = (1 << 64) - 1
-
-
-class LinkDown(FabricError):
-    """An operation needs a link that is down in the fault plan and no path is left around it.
-    Attributes: link (its name), at_ns (when it went down, modeled), up_at_ns (when it comes back, or inf)."""
-
-    def __init__(self, message: str, link: str = "", at_ns: float = 0.0, up_at_ns: float = math.inf):
-        super().__init__(message)
-        self.link, self.at_ns, self.up_at_ns = link, at_ns, up_at_ns
 
 
 def splitmix64(x: int) -> int:
@@ -333,3 +324,35 @@ class LinkFaultState:
     def counters(self, t_ns: float) -> dict:
         """crc_errors, replays and state (at t_ns) of this link."""
         return {"crc_errors": self.crc_errors, "replays": self.replays, "state": self.plan.state(self.link, t_ns)}
+
+
+def spine_route(plan: FaultPlan, leaf: int, dst_leaf: int, default: int, nodes: int, spines: int,
+                t_ns: float) -> int:
+    """The spine (0..spines-1) a transfer from leaf `leaf` to leaf `dst_leaf` takes at t_ns: the routing
+    rule's `default`, or, if its leaf -> spine or spine -> leaf link is down, the next spine (in index
+    order, wrapping) whose two links are up, as a fabric manager reroutes; LinkDown naming the default
+    route's down link if no spine is left."""
+    first = None
+    for j in range(spines):
+        spine = (default + j) % spines
+        for link in (f"sw{leaf}->sw{nodes + spine}", f"sw{nodes + spine}->sw{dst_leaf}"):
+            window = plan.down(link, t_ns)
+            if window is not None:
+                first = first or (link, window)
+                break
+        else:
+            return spine
+    link, (since, back) = first
+    when = f"up at {back:.0f} ns" if math.isfinite(back) else "not coming back up"
+    raise LinkDown(f"no path from switch {leaf} to switch {dst_leaf} at {t_ns:.0f} ns: every spine's link is down "
+                   f"({link} down since {since:.0f} ns, {when})", link, since, back)
+
+
+def spine_links_scale(plan: FaultPlan, leaf: int, nodes: int, spines: int, t_ns: float, up: bool = True) -> float:
+    """How much longer a GPU's share of its node's uplink takes at t_ns when d of the leaf's `spines`
+    links (up: leaf -> spine; else spine -> leaf) are down: spines / (spines - d), the node's uplink
+    having lost d / spines of its capacity, shared evenly by its GPUs (an assumption of this model);
+    1 with none down (and when all are: no route is left, spine_route raises)."""
+    links = [f"sw{leaf}->sw{nodes + s}" if up else f"sw{nodes + s}->sw{leaf}" for s in range(spines)]
+    down = sum(plan.down(link, t_ns) is not None for link in links)
+    return spines / (spines - down) if down < spines else 1.0

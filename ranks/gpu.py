@@ -23,7 +23,7 @@ from nvlink_emu.fabric.memory import DeviceMemory
 from nvlink_emu.fabric.packets import (MAX_GPU_HEADER_BYTES, MAX_KEY_PARTS, MAX_LIST, WIRE_INT_MAX, CallRecord,
                                       CountersInfo, ExportInfo, GroupInfo, Info, Kind, MsgInfo, Packet, RevokeInfo,
                                       TraceInfo, raw_bytes)
-from nvlink_emu.fabric.faults import LinkFaultState
+from nvlink_emu.fabric.faults import LinkFaultState, spine_links_scale
 from nvlink_emu.fabric.timemodel import LinkEnd
 
 from .comm import CREDIT_SEQ, Communicator, is_integer
@@ -119,6 +119,7 @@ class Gpu:
         self._faults = {name: LinkFaultState(self._plan, name, config.mtu_bytes, config.header_bytes)
                         for name in (uplink(self.rank, self._leaf), downlink(self.rank, self._leaf))
                         if self._plan.on(name)}
+        self._spine_faults = any(link.startswith("sw") and "->sw" in link for link in self._plan.links())
         self.now_ns = 0.0                               # this GPU's modeled clock
         self._acked_ns = 0.0                            # latest acknowledgement of a put (modeled)
         self._got_ns: dict[int, float] = {}             # GET req -> modeled arrival of its data
@@ -922,7 +923,12 @@ class Gpu:
         if self._inbound is not None:
             sender = self._gpu_of.get(packet.src)  # a GPU's transfer (a switch's own packets take no share)
             if sender is not None and sender // self.config.gpus_per_node != self._leaf:
-                start, end = self._inbound.book(start, end, raw)
+                timed = raw
+                if self._spine_faults:  # the node's uplink lost its down links' part (fabric.faults)
+                    topology = self.config.topology
+                    timed = raw * spine_links_scale(self._plan, self._leaf, topology.nodes, topology.spines, start,
+                                                    up=False)
+                start, end = self._inbound.book(start, end, timed)
         link = downlink(self.rank, self._leaf)
         start, end = self._downlink.book(start, end, self._link_time(link, packet.payload_bytes, start, raw))
         if self.trace is not None and self.trace.enabled:

@@ -811,7 +811,8 @@ class SwitchRank:
         """Send `sends`; `source`: the GPU their data comes from (-1: the switch's own); `transit`: they
         came down from a spine, a packet of GPU `source` that took that much credit at its leaf."""
         for send in sends:
-            switch = self.logic.next_switch(send.port) if send.switch is None else send.switch
+            switch = (self.logic.next_switch(send.port) if send.via is None else send.via) \
+                if send.switch is None else send.switch
             nbytes = send.packet.payload_bytes
             if switch is None:
                 self.transport.send(send.port, send.packet, send.payload)

@@ -8,7 +8,7 @@ FabricError naming the link, when it went down and when it comes back): the firs
 caught on the GPU whose link is down, at the first retry. The averaged gradient is checked against numpy every step;
 GPU 0 prints each step's modeled time, the retries and the modeled time lost to the faults.
 
-    nvlink-emu run launch/examples/flaky_link.py --preset dgx-h100 --gpus 4 --faults launch/examples/flaky_link.toml
+    nvlink-emu run launch/examples/flaky_link.py --config launch/examples/flaky_link.toml
 """
 
 import argparse

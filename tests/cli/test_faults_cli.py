@@ -9,8 +9,8 @@ EXAMPLES = ROOT / "launch" / "examples"
 
 
 def test_flaky_link_survives_two_down_phases_by_retrying():
-    done, _ = run([command("nvlink-emu"), "run", str(EXAMPLES / "flaky_link.py"), "--preset", "dgx-h100", "--gpus", "4",
-                   "--faults", str(EXAMPLES / "flaky_link.toml")], timeout_s=120)
+    done, _ = run([command("nvlink-emu"), "run", str(EXAMPLES / "flaky_link.py"), "--config",
+                   str(EXAMPLES / "flaky_link.toml")], timeout_s=120)
     assert done.returncode == 0, done.stderr
     out = done.stdout
     # closed form: steps of 20 us of compute + 4.465 us of AllReduce; checks at 44.465 us (down 40-70 us)

@@ -163,10 +163,12 @@ def test_config_toml_faults_are_checked_against_the_fabric(tmp_path):
     path.write_text('base = "superpod-h100-nvlink"\n[[faults]]\nlink = "gpu3->sw1"\nkind = "down"\n')
     with pytest.raises(ConfigError, match=r"pod.toml: faults: faults\[0\]: link: 'gpu3->sw1': no link 'gpu3->sw1'"):
         load_toml(path)
-    path.write_text('base = "superpod-h100-nvlink"\n[[faults]]\nlink = "sw0<->sw2"\nkind = "down"\n')
-    with pytest.raises(ConfigError, match="pod.toml: faults: link: 'sw0<->sw2' is a link between switches; this "
-                                          "version models faults on a GPU's links only"):
+    path.write_text('base = "superpod-h100-nvlink"\n[[faults]]\nlink = "sw0<->sw2"\nkind = "ber"\nber = 1e-6\n')
+    with pytest.raises(ConfigError, match="pod.toml: faults: kind: 'ber' on 'sw0<->sw2', a link between switches; "
+                                          "this version models ber and degraded on a GPU's links only"):
         load_toml(path)
+    path.write_text('base = "superpod-h100-nvlink"\n[[faults]]\nlink = "sw0<->sw2"\nkind = "down"\n')
+    assert load_toml(path).fault_plan.links() == ("sw0->sw2", "sw2->sw0")
 
 
 def test_a_config_without_faults_hashes_as_before():
@@ -174,3 +176,25 @@ def test_a_config_without_faults_hashes_as_before():
     # digests of main before faults existed (fabric.config.FabricConfig.digest)
     assert preset("superpod-h100-nvlink").digest() == "2ac3c91f2b5d8288"
     assert not preset("dgx-h100").fault_plan
+
+
+def test_spine_route_goes_around_down_links_in_index_order_and_raises_when_none_is_left():
+    from nvlink_emu.fabric.faults import spine_links_scale, spine_route
+    # 2 nodes (leaves sw0, sw1), 3 spines (sw2, sw3, sw4)
+    known = {f"sw{a}->sw{b}" for a in (0, 1) for b in (2, 3, 4)} | {f"sw{b}->sw{a}" for a in (0, 1) for b in (2, 3, 4)}
+    plan = parse_plan([{"link": "sw0->sw3", "kind": "down", "at_ns": 100, "until_ns": 200},
+                       {"link": "sw4->sw1", "kind": "flap", "at_ns": 0, "period_ns": 1000}], "t", known)
+    assert spine_route(plan, 0, 1, 1, 2, 3, 50.0) == 1       # the default, sw3: both its links up
+    assert spine_route(plan, 0, 1, 1, 2, 3, 150.0) == 0      # sw0->sw3 down, sw4->sw1 down (flapping): wrap to sw2
+    assert spine_route(plan, 0, 1, 2, 2, 3, 1500.0) == 2     # the flap's up phase: sw4 is the default again
+    assert spine_route(plan, 0, 1, 2, 2, 3, 2500.0) == 0     # its next down phase: on to sw2
+    assert spine_route(plan, 1, 0, 2, 2, 3, 150.0) == 2      # the other direction uses none of those links
+    assert spine_links_scale(plan, 0, 2, 3, 150.0) == 1.5    # 1 of 3 uplinks down: 3/2 the share's time
+    assert spine_links_scale(plan, 1, 2, 3, 150.0, up=False) == 1.5
+    assert spine_links_scale(plan, 0, 2, 3, 250.0) == 1.0
+    every = parse_plan([{"link": f"sw0->sw{s}", "kind": "down", "at_ns": 10, "until_ns": 20} for s in (2, 3, 4)],
+                       "t", known)
+    with pytest.raises(LinkDown, match=r"no path from switch 0 to switch 1 at 15 ns: every spine's link is down "
+                                       r"\(sw0->sw3 down since 10 ns, up at 20 ns\)") as info:
+        spine_route(every, 0, 1, 1, 2, 3, 15.0)
+    assert (info.value.link, info.value.at_ns, info.value.up_at_ns) == ("sw0->sw3", 10.0, 20.0)
