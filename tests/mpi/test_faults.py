@@ -131,3 +131,29 @@ def test_same_seed_same_run():
     assert first.report["links"] == second.report["links"]
     assert first.value == second.value
     assert first.report["links"]["gpu0->sw0"]["replays"] > 0
+
+
+def test_a_gpu_cannot_forge_faults_in_the_report():
+    """A hostile GPU that books its own links with a made-up BER plan (its own clock is its word) still
+    gets no crc_errors or replays in the report: the switch takes them only for the plan's links."""
+    from nvlink_emu.fabric.faults import LinkFaultState, parse_plan
+
+    def main(gpu):
+        if gpu.rank == 2:
+            forged = parse_plan([{"link": "gpu2<->sw0", "kind": "ber", "ber": 1e-4}], "forged")
+            for link in ("gpu2->sw0", "sw0->gpu2"):
+                gpu._faults[link] = LinkFaultState(forged, link, MTU, HEADER)
+            gpu.world.send(np.ones(4096, np.float32), 3)
+        elif gpu.rank == 3:
+            got = np.empty(4096, np.float32)
+            gpu.world.recv(got, 2)
+            assert np.array_equal(got, np.ones(4096, np.float32))
+        return gpu.link_status()
+
+    result = run(main, [{"link": "gpu0->sw0", "kind": "degraded", "lanes": 18}])
+    links = result.report["links"]
+    assert "replays" not in links["gpu2->sw0"] and "crc_errors" not in links["gpu2->sw0"]
+    assert "state" not in links["gpu2->sw0"]
+    assert links["gpu0->sw0"]["state"] == "degraded"
+    if gpu_index(result) == 2:  # the forger's own view is its own business
+        assert result.value["gpu2->sw0"]["replays"] > 0
