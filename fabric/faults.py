@@ -215,6 +215,11 @@ class FaultPlan:
         """Every directional link with a fault, sorted."""
         return tuple(sorted(self._by_link))
 
+    def between_switches(self) -> bool:
+        """Whether any fault is on a link between two switches (leaf <-> spine)."""
+        return any(a.startswith("sw") and b.startswith("sw")
+                   for a, _, b in (link.partition("->") for link in self._by_link))
+
     def lane_fraction(self, link: str, t_ns: float) -> float:
         """The fraction of its bandwidth `link` runs at, at modeled time t_ns (the fewest lanes active)."""
         lanes = [f.lanes for f in self.on(link) if f.kind == "degraded" and f.active(t_ns)]

@@ -60,12 +60,14 @@ def test_no_spine_left_gives_the_sender_linkdown_and_the_others_run_on():
         peer = {0: 1, 1: 0, 2: 3, 3: 2}[comm.rank]  # node-local pairs: no spine needed
         caught = None
         if comm.rank == 0:
-            comm.send(mine, 2)  # refused at its leaf: the error comes back in the next wait
+            comm.send(mine, 2)  # refused at its leaf: the refusal comes back, raised in the next wait
+            comm.barrier()      # GPU 1 sends only after this: its message reaches GPU 0 after the refusal
             try:
                 comm.recv(got, peer)
             except LinkDown as exc:  # raised from the wait, which GPU 1's message may have ended already
                 caught = str(exc)
         else:
+            comm.barrier()
             if comm.rank == 1:
                 comm.send(mine, peer)
             elif comm.rank in (2, 3):
@@ -84,16 +86,19 @@ def test_no_spine_left_gives_the_sender_linkdown_and_the_others_run_on():
     assert result.report["links"].get("sw0->sw3", {}).get("payload_bytes", 0) == 0
 
 
-def test_in_switch_reduction_across_a_faulted_spine_link_is_refused_on_every_member():
+def test_in_switch_reduction_across_a_faulted_spine_link_is_refused_on_every_member_and_auto_avoids_it():
     def main(gpu):
         x = np.ones(4096, np.float32)
         try:
             gpu.world.allreduce(x, "sum", "sharp")
         except Exception as exc:  # noqa: BLE001 - the test names the class below
-            return type(exc).__name__, str(exc)
-        return None
+            refused = type(exc).__name__, str(exc)
+        gpu.world.allreduce(x, "sum", "auto")  # auto picks an algorithm without in-switch reduction
+        assert np.array_equal(x, np.full(4096, gpu.size, np.float32))
+        return refused, None
 
     result = run(main, spine_sharp=True, faults=[{"link": "sw0<->sw2", "kind": "flap", "period_ns": 1e6}])
     if result.role == "gpu":
-        name, message = result.value
+        (name, message), _ = result.value
         assert name == "UnsupportedOperation" and "in-switch reduction across them is not modeled" in message
+        assert "faults on links between switches" in message
