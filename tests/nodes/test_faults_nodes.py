@@ -60,19 +60,18 @@ def test_no_spine_left_gives_the_sender_linkdown_and_the_others_run_on():
         peer = {0: 1, 1: 0, 2: 3, 3: 2}[comm.rank]  # node-local pairs: no spine needed
         caught = None
         if comm.rank == 0:
-            comm.send(mine, 2)  # refused at its leaf: the refusal comes back, raised in the next wait
-            comm.barrier()      # GPU 1 sends only after this: its message reaches GPU 0 after the refusal
+            comm.send(mine, 2)     # refused at its leaf: the refusal comes back, raised in the next wait
+            comm.send(mine, peer)  # behind it on the same link, so GPU 1's answer comes after the refusal
             try:
                 comm.recv(got, peer)
-            except LinkDown as exc:  # raised from the wait, which GPU 1's message may have ended already
+            except LinkDown as exc:  # raised from the wait, which GPU 1's answer may have ended already
                 caught = str(exc)
+        elif comm.rank == 1:
+            comm.recv(got, peer)
+            comm.send(mine, peer)
         else:
-            comm.barrier()
-            if comm.rank == 1:
-                comm.send(mine, peer)
-            elif comm.rank in (2, 3):
-                comm.sendrecv(mine, peer, got, peer)
-        if comm.rank in (2, 3):
+            comm.sendrecv(mine, peer, got, peer)
+        if comm.rank in (1, 2, 3):
             assert np.array_equal(got, np.full(1024, peer, np.float32))
         return caught
 
