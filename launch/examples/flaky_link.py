@@ -17,7 +17,7 @@ import sys
 
 import numpy as np
 
-from nvlink_emu.fabric.faults import LinkDown
+from nvlink_emu.fabric.errors import LinkDown
 
 
 def arguments():

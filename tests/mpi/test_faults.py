@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from nvlink_emu.fabric.config import preset
-from nvlink_emu.fabric.faults import LinkDown, corrupted, packet_error_probability
+from nvlink_emu.fabric.errors import LinkDown
+from nvlink_emu.fabric.faults import corrupted, packet_error_probability
 from nvlink_emu.fabric.packets import raw_bytes
 from nvlink_emu.ranks.session import run_fabric
 
