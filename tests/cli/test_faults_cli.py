@@ -52,3 +52,26 @@ def test_a_gpus_only_link_down_ends_the_bench_with_linkdown_not_a_hang(tmp_path)
     assert done.returncode != 0
     assert ("[nvlink-emu gpu 5] nvlink_emu.fabric.errors.LinkDown: link gpu5->sw1 is down at 6502 ns (down since "
             "2000 ns, not coming back up)") in done.stderr
+
+
+def test_trace_records_on_a_faulted_link_carry_its_running_replays(tmp_path):
+    from nvlink_emu.launch.traces import read_run
+
+    plan = tmp_path / "f.toml"
+    plan.write_text('[[faults]]\nlink = "gpu1<->sw0"\nkind = "ber"\nber = 1e-5\nseed = 7\n')
+    traces = tmp_path / "traces"
+    report = tmp_path / "r.json"
+    done, _ = run([command("nvlink-emu"), "bench", "allreduce", "--preset", "dgx-h100", "--gpus", "4", "--min-bytes",
+                   "256K", "--max-bytes", "256K", "--iters", "1", "--algorithm", "ring", "--faults", str(plan),
+                   "--trace-dir", str(traces), "--report-json", str(report)], timeout_s=120)
+    assert done.returncode == 0, done.stderr
+    records = [e for t, in zip(read_run(traces)[0]) for e in t.events]
+    tx = [e for e in records if e.get("ev") == "tx" and e.get("link") == "gpu1->sw0"]
+    busy = [e for e in records if e.get("ev") == "busy" and e.get("link") == "sw0->gpu1"]
+    others = [e for e in records if e.get("ev") == "tx" and e.get("link") == "gpu2->sw0"]
+    assert tx and busy and others
+    assert all("replays" in e and "crc_errors" in e for e in tx + busy)
+    assert not any("replays" in e for e in others)  # a link without a fault: records as before
+    links = json.loads(report.read_text())["links"]
+    assert max(e["replays"] for e in tx) == links["gpu1->sw0"]["replays"] > 0
+    assert [e["replays"] for e in tx] == sorted(e["replays"] for e in tx)  # running counts
