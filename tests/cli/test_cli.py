@@ -81,6 +81,7 @@ def test_a_send_held_past_the_receiver_s_mailbox_bound_times_out_naming_it(tmp_p
             "not taken by its program)") in done.stderr, done.stderr[-2000:]
 
 
+@pytest.mark.slow  # the whole demo: ~20 s idle
 def test_demo_shows_isolation_and_classic_nvlink():
     done, elapsed = run([command("nvlink-emu"), "demo"], timeout_s=300)
     assert done.returncode == 0, done.stderr
