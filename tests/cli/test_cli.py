@@ -84,6 +84,7 @@ def test_a_send_held_past_the_receiver_s_mailbox_bound_times_out_naming_it(tmp_p
             "not taken by its program)") in done.stderr, done.stderr[-2000:]
 
 
+@pytest.mark.slow  # the whole demo, four parts
 def test_demo_shows_isolation_and_classic_nvlink(tmp_path):
     done, elapsed = run([command("nvlink-emu"), "demo", "--plot", str(tmp_path / "superpods.png")], timeout_s=400)
     assert done.returncode == 0, done.stderr
