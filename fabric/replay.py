@@ -893,6 +893,14 @@ def replay_ns(collective: str, algorithm: str, topo: Topology, S: int, config, i
     elements = None if counts is None else [[int(x) // itemsize for x in row] for row in counts]
     fabric = Fabric(topo, config.mtu_bytes, config.header_bytes)
     programs = {r: _program(collective, algorithm, topo, r, count, chunk, itemsize, root, elements) for r in range(n)}
+    return run_programs(fabric, programs, lambda waiting: _stuck(collective, algorithm, n, waiting))
+
+
+def run_programs(fabric: Fabric, programs: dict, stuck) -> float:
+    """Run every member's program (generators of ("send", peer, key, nbytes), ("recv", peer, key),
+    ("flush",)) on `fabric`'s clocks, round-robin, each until it waits for a message not yet sent; the
+    latest member's clock at the end (ns). stuck(waiting): the error when no member can go on. Shared
+    by replay_ns and fabric.plans.timing (the plan interpreter), so both book links alike."""
     waiting: dict[int, tuple] = {}  # member -> the recv it waits on
     while programs:
         progressed = False
@@ -917,5 +925,5 @@ def replay_ns(collective: str, algorithm: str, topo: Topology, S: int, config, i
                 progressed = True
                 op = None
         if not progressed:
-            raise _stuck(collective, algorithm, n, waiting)
+            raise stuck(waiting)
     return max(gpu.now for gpu in fabric.gpus)

@@ -1,0 +1,105 @@
+"""The replay interpreter of plans: a validated plan timed on fabric.replay's link clocks, and its
+per-link bytes summed from its messages.
+
+Sizes as fabric.replay takes them: S bytes (allreduce, broadcast, reduce: the buffer; all2all: each
+GPU's send buffer; reduce_scatter: the input; allgather: the output), elements of `itemsize` bytes.
+Buffer b of a GPU holds count_b elements, cut into its chunks by fabric.reduction.blocks; an operation's
+run of chunks is one element range, sent as messages of at most config.chunk_bytes of whole elements
+(ranks/collectives/ring.py's chunking). Program order: an operation's receives, then its sends; a flush
+waits until the GPU's uplink is free. Local copies and reductions take no modeled time (as in the
+ranks: fabric.replay models the links only).
+"""
+
+from ..errors import FabricError, PlanError
+from ..packets import raw_bytes
+from ..reduction import blocks, chunks
+from ..replay import Fabric, run_programs
+from ..topology import Topology
+from .format import RECVS, SENDS, Plan
+
+
+def buffer_elements(plan: Plan, S: int, itemsize: int) -> dict[str, int]:
+    """Elements of each GPU's input and output buffer for a call of S bytes (module docstring)."""
+    count, n = int(S) // itemsize, plan.gpus
+    if plan.collective == "allgather":
+        return {"i": count // n, "o": count}
+    if plan.collective == "reduce_scatter":
+        return {"i": count, "o": count // n}
+    return {"i": count, "o": count}
+
+
+def _spans(plan: Plan, S: int, itemsize: int):
+    elements = buffer_elements(plan, S, itemsize)
+    program = plan.programs[0]
+    table = {b: blocks(elements[b], program.chunks_of(b)) for b in ("i", "o")}
+    scratch = max(elements["i"], elements["o"])  # scratch chunks: the larger buffer's chunk size
+    if program.s_chunks:
+        size = -(-scratch // max(program.i_chunks, program.o_chunks))
+        table["s"] = [(c * size, (c + 1) * size) for c in range(program.s_chunks)]
+    return table
+
+
+def _range(table, ref) -> tuple[int, int]:
+    return table[ref.buf][ref.off][0], table[ref.buf][ref.off + ref.cnt - 1][1]
+
+
+def messages(plan: Plan, S: int, itemsize: int, chunk: int):
+    """Per GPU, its program for fabric.replay.run_programs: ("recv", peer, key), ("send", peer, key,
+    nbytes), ("flush",) in plan order; key (channel, message number on that channel and pair, piece)."""
+    table = _spans(plan, S, itemsize)
+
+    def program(g):
+        sent, taken = {}, {}
+        for op in plan.programs[g].ops:
+            if op.kind in RECVS:
+                ref = op.dst if op.dst is not None else op.src
+                m = taken[(op.recv_from, op.channel)] = taken.get((op.recv_from, op.channel), -1) + 1
+                for k, _ in enumerate(chunks(*_range(table, ref), chunk)):
+                    yield ("recv", op.recv_from, (op.channel, m, k))
+            if op.kind in SENDS:
+                ref = op.src if op.kind in ("send", "recv_reduce_send") else op.dst
+                m = sent[(op.send_to, op.channel)] = sent.get((op.send_to, op.channel), -1) + 1
+                for k, (lo, hi) in enumerate(chunks(*_range(table, ref), chunk)):
+                    yield ("send", op.send_to, (op.channel, m, k), (hi - lo) * itemsize)
+            if op.kind == "flush":
+                yield ("flush",)
+
+    return {g: program(g) for g in range(plan.gpus)}
+
+
+def _check(plan: Plan, topo: Topology, config) -> None:
+    if topo.gpus != plan.gpus:
+        raise PlanError(f"plan {plan.name!r} is for {plan.gpus} GPUs, the fabric has {topo.gpus}")
+    if config.mode not in plan.fabrics:
+        raise PlanError(f"plan {plan.name!r} runs on {', '.join(plan.fabrics)} fabrics, not {config.mode!r}")
+
+
+def plan_ns(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4) -> float:
+    """Modeled ns of one call of `plan` (validated) on every GPU of `topo`, all starting at 0: the latest
+    GPU's clock at the end, as fabric.replay.replay_ns."""
+    _check(plan, topo, config)
+    chunk = max(1, config.chunk_bytes // itemsize)
+    fabric = Fabric(topo, config.mtu_bytes, config.header_bytes)
+
+    def stuck(waiting):
+        return FabricError(f"plan {plan.name!r}: {plan.collective} on {plan.gpus} GPUs waits for ever: GPUs "
+                           f"{sorted(waiting)} wait for what nobody sends (validate the plan first)")
+
+    return run_programs(fabric, messages(plan, S, itemsize, chunk), stuck)
+
+
+def plan_link_bytes(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4) -> dict[str, tuple[int, int]]:
+    """link name -> (payload bytes, raw bytes) the plan's messages put on it (every link of each
+    message's route, fabric.topology.Topology.route), summed from the plan."""
+    _check(plan, topo, config)
+    chunk = max(1, config.chunk_bytes // itemsize)
+    out: dict[str, tuple[int, int]] = {}
+    for g, program in messages(plan, S, itemsize, chunk).items():
+        for op in program:
+            if op[0] != "send":
+                continue
+            raw = raw_bytes(op[3], config.mtu_bytes, config.header_bytes)
+            for link in topo.route(g, op[1]):
+                payload, total = out.get(link.name, (0, 0))
+                out[link.name] = (payload + op[3], total + raw)
+    return out
