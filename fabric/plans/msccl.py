@@ -1,7 +1,9 @@
 """Load an MSCCL-IR XML file (microsoft/msccl-tools, msccl/language/ir.py's output) into a validated Plan.
 
 <algo name ngpus coll nchunksperloop inplace> <gpu id i_chunks o_chunks s_chunks> <tb id send recv chan>
-<step s type srcbuf srcoff dstbuf dstoff cnt depid deps hasdep>. Step types: s send, r recv, rrc
+<step s type srcbuf srcoff dstbuf dstoff cnt depid deps hasdep> (ir_to_xml's old_format; the newer
+<op step type buf off cnt depid deps>, buf/off the source of a send and the destination otherwise, is
+read too; a reference a step does not use, written with offset -1, is ignored). Step types: s send, r recv, rrc
 recv_reduce, rrs recv_reduce_send, rcs recv_copy_send, rrcs recv_reduce_copy_send, cpy copy, re
 reduce, nop. A threadblock (tb) is a channel of its GPU: its steps run in order, a step waits for
 (depid, deps) of the same GPU; its sends go to GPU `send`, its receives come from GPU `recv`, matched
@@ -39,13 +41,15 @@ def _int(element, name, where, default=None) -> int:
         raise PlanError(f"MSCCL-IR {where}: attribute {name}={value!r} is not an integer") from None
 
 
-def _ref(step, which, where):
-    buf = step.get(f"{which}buf")
+def _ref(step, which, where, sends):
+    buf, off = step.get(f"{which}buf"), f"{which}off"
+    if buf is None and step.get("buf") is not None and (which == "src") == sends:  # the newer <op buf off>
+        buf, off = step.get("buf"), "off"
     if buf is None:
         return None
     if buf not in BUF:
         raise PlanError(f"MSCCL-IR {where}: {which}buf={buf!r} unknown (i, o, s)")
-    return Ref(BUF[buf], _int(step, f"{which}off", where), _int(step, "cnt", where, 1))
+    return Ref(BUF[buf], _int(step, off, where), _int(step, "cnt", where, 1))
 
 
 def loads(data: bytes | str, origin: str = "<string>") -> Plan:
@@ -78,7 +82,8 @@ def loads(data: bytes | str, origin: str = "<string>") -> Plan:
     for g, e in enumerate(gpus):
         for tb in e.findall("tb"):
             where = f"{origin} GPU {g} tb {tb.get('id')}"
-            steps = sorted(tb.findall("step"), key=lambda s: _int(s, "s", where))
+            steps = tb.findall("step") + tb.findall("op")  # msccl-tools' old and new formats
+            steps.sort(key=lambda s: _int(s, "s" if s.tag == "step" else "step", where))
             tbs[(g, _int(tb, "id", where))] = (_int(tb, "chan", where, 0), _int(tb, "send", where, -1),
                                                _int(tb, "recv", where, -1), steps)
     ops = {g: [] for g in range(n)}
@@ -111,7 +116,7 @@ def loads(data: bytes | str, origin: str = "<string>") -> Plan:
                     taken[(recv, g, chan)] = taken.get((recv, g, chan), 0) + 1
                 if sends:
                     posted[(g, send, chan)] = posted.get((g, send, chan), 0) + 1
-                src, dst = _ref(step, "src", where), _ref(step, "dst", where)
+                src, dst = _ref(step, "src", where, sends), _ref(step, "dst", where, sends)
                 if kind in ("recv", "recv_reduce", "recv_copy_send", "recv_reduce_copy_send"):
                     src = None
                 elif kind in ("send", "recv_reduce_send"):
