@@ -9,6 +9,8 @@ with g xor 2^k and adds the partner's (received into scratch) to its own: log2(n
 every GPU folds the same sets, in a different order (floating-point sums may differ from ring's).
 """
 
+import functools
+
 from ..errors import PlanError
 from .format import GpuProgram, Op, Plan, Ref
 from .validate import validate
@@ -65,8 +67,10 @@ def recursive_doubling(gpus: int, collective: str) -> Plan:
 ALGORITHMS = {"ring": ring, "recursive_doubling": recursive_doubling}
 
 
+@functools.lru_cache(maxsize=256)
 def build(algorithm: str, gpus: int, collective: str) -> Plan:
-    """The validated plan of `algorithm` for `collective` on `gpus` GPUs (PlanError if it has none)."""
+    """The validated plan of `algorithm` for `collective` on `gpus` GPUs (PlanError if it has none);
+    built and validated once per (algorithm, gpus, collective): plans are immutable."""
     if algorithm not in ALGORITHMS:
         raise PlanError(f"no plan algorithm {algorithm!r}; known: {', '.join(ALGORITHMS)}")
     return validate(ALGORITHMS[algorithm](gpus, collective))

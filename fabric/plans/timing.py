@@ -6,7 +6,7 @@ GPU's send buffer; reduce_scatter: the input; allgather: the output), elements o
 Buffer b of a GPU holds count_b elements, cut into its chunks by fabric.reduction.blocks; an operation's
 run of chunks is one element range, sent as messages of at most config.chunk_bytes of whole elements
 (ranks/collectives/ring.py's chunking). Program order: an operation's receives, then its sends; a flush
-waits until the GPU's uplink is free. Local copies and reductions take no modeled time (as in the
+waits until the GPU's uplink is free, and every program ends with one. Local copies and reductions take no modeled time (as in the
 ranks: fabric.replay models the links only).
 """
 
@@ -63,6 +63,7 @@ def messages(plan: Plan, S: int, itemsize: int, chunk: int):
                     yield ("send", op.send_to, (op.channel, m, k), (hi - lo) * itemsize)
             if op.kind == "flush":
                 yield ("flush",)
+        yield ("flush",)  # a call returns once its sends have left (ranks/collectives/plan.py)
 
     return {g: program(g) for g in range(plan.gpus)}
 
