@@ -28,9 +28,15 @@ def buffer_elements(plan: Plan, S: int, itemsize: int) -> dict[str, int]:
     return {"i": count, "o": count}
 
 
-def _spans(plan: Plan, S: int, itemsize: int):
+def _spans(plan: Plan, S: int, itemsize: int, g: int):
+    """GPU g's chunks of each buffer, element ranges: reduce_scatter's output and allgather's input are
+    GPU g's block of the whole (fabric.reduction.blocks(count, n)[g], as the API sizes them)."""
     elements = buffer_elements(plan, S, itemsize)
-    program = plan.programs[0]
+    program = plan.programs[g]
+    count = int(S) // itemsize
+    if plan.collective in ("reduce_scatter", "allgather"):
+        lo, hi = blocks(count, plan.gpus)[g]
+        elements = {"i": count, "o": hi - lo} if plan.collective == "reduce_scatter" else {"i": hi - lo, "o": count}
     table = {b: blocks(elements[b], program.chunks_of(b)) for b in ("i", "o")}
     scratch = max(elements["i"], elements["o"])  # scratch chunks: the larger buffer's chunk size
     if program.s_chunks:
@@ -46,9 +52,8 @@ def _range(table, ref) -> tuple[int, int]:
 def messages(plan: Plan, S: int, itemsize: int, chunk: int):
     """Per GPU, its program for fabric.replay.run_programs: ("recv", peer, key), ("send", peer, key,
     nbytes), ("flush",) in plan order; key (channel, message number on that channel and pair, piece)."""
-    table = _spans(plan, S, itemsize)
-
     def program(g):
+        table = _spans(plan, S, itemsize, g)
         sent, taken = {}, {}
         for op in plan.programs[g].ops:
             if op.kind in RECVS:

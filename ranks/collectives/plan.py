@@ -28,7 +28,7 @@ def execute(call, plan, inp: np.ndarray, out: np.ndarray) -> None:
         raise PlanError(f"plan {plan.name!r} is for {plan.gpus} GPUs, the communicator has {call.n}")
     item = inp.dtype.itemsize
     S = {"allgather": out.size, "all2all": inp.size}.get(plan.collective, inp.size) * item
-    table = _spans(plan, S, item)
+    table = _spans(plan, S, item, call.r)
     program = plan.programs[call.r]
     bufs = {"i": inp, "o": inp if plan.inplace else out}
     if program.s_chunks:
