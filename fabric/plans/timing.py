@@ -6,7 +6,8 @@ GPU's send buffer; reduce_scatter: the input; allgather: the output), elements o
 Buffer b of a GPU holds count_b elements, cut into its chunks by fabric.reduction.blocks; an operation's
 run of chunks is one element range, sent as messages of at most config.chunk_bytes of whole elements
 (ranks/collectives/ring.py's chunking). Program order: an operation's receives, then its sends; a flush
-waits until the GPU's uplink is free, and every program ends with one. Local copies and reductions take no modeled time (as in the
+waits until the GPU's uplink is free, and every program ends with one; a flush is put before an
+operation that writes a chunk an unflushed send reads (with_flushes). Local copies and reductions take no modeled time (as in the
 ranks: fabric.replay models the links only).
 """
 
@@ -15,7 +16,7 @@ from ..packets import raw_bytes
 from ..reduction import blocks, chunks
 from ..replay import Fabric, run_programs
 from ..topology import Topology
-from .format import RECVS, SENDS, Plan
+from .format import RECVS, SENDS, Op, Plan
 
 
 def buffer_elements(plan: Plan, S: int, itemsize: int) -> dict[str, int]:
@@ -49,13 +50,34 @@ def _range(table, ref) -> tuple[int, int]:
     return table[ref.buf][ref.off][0], table[ref.buf][ref.off + ref.cnt - 1][1]
 
 
+def with_flushes(plan: Plan, g: int) -> list:
+    """GPU g's operations with a flush put before any that writes a chunk a send not yet flushed reads
+    (a send's data is not copied: ranks/collectives/plan.py sends views of the buffers, as ring.py does),
+    so that both interpreters run the same program. In place, "o" and "i" are one buffer."""
+    alias = (lambda b: "i" if b == "o" else b) if plan.inplace else (lambda b: b)
+    pending, out = set(), []
+    for op in plan.programs[g].ops:
+        writes = op.dst if op.kind in ("recv", "recv_reduce", "recv_copy_send", "recv_reduce_copy_send", "copy",
+                                       "reduce") else None
+        if writes is not None and any((alias(writes.buf), c) in pending for c in writes.chunk_ids()):
+            out.append(Op("flush"))
+            pending.clear()
+        out.append(op)
+        if op.kind == "flush":
+            pending.clear()
+        elif op.kind in ("send", "recv_copy_send", "recv_reduce_copy_send"):
+            ref = op.src if op.kind == "send" else op.dst
+            pending.update((alias(ref.buf), c) for c in ref.chunk_ids())
+    return out
+
+
 def messages(plan: Plan, S: int, itemsize: int, chunk: int):
     """Per GPU, its program for fabric.replay.run_programs: ("recv", peer, key), ("send", peer, key,
     nbytes), ("flush",) in plan order; key (channel, message number on that channel and pair, piece)."""
     def program(g):
         table = _spans(plan, S, itemsize, g)
         sent, taken = {}, {}
-        for op in plan.programs[g].ops:
+        for op in with_flushes(plan, g):
             if op.kind in RECVS:
                 ref = op.dst if op.dst is not None else op.src
                 m = taken[(op.recv_from, op.channel)] = taken.get((op.recv_from, op.channel), -1) + 1

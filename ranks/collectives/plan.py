@@ -15,7 +15,7 @@ import numpy as np
 
 from nvlink_emu.fabric.errors import PlanError
 from nvlink_emu.fabric.plans.format import RECVS, SENDS
-from nvlink_emu.fabric.plans.timing import _range, _spans
+from nvlink_emu.fabric.plans.timing import _range, _spans, with_flushes
 from nvlink_emu.fabric.reduction import chunks, combine, finish
 
 PLAN = 30  # message phase
@@ -36,7 +36,7 @@ def execute(call, plan, inp: np.ndarray, out: np.ndarray) -> None:
     longest = max((hi - lo for spans in table.values() for lo, hi in spans), default=0)
     tmp_all = np.empty(min(call.chunk, max(longest, 1)), inp.dtype)  # a received piece, before it is folded
     sent, taken = {}, {}
-    for op in program.ops:
+    for op in with_flushes(plan, call.r):  # a flush before overwriting what a pending send reads
         held = None  # rrs: what was received and folded, to send on without storing it
         if op.kind in RECVS:
             ref = op.dst if op.dst is not None else op.src
