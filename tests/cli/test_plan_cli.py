@@ -39,3 +39,18 @@ def test_a_bad_plan_is_refused_with_its_gpu_step_and_chunk(tmp_path):
         in done.stderr, done.stderr
     done, _ = run([command("nvlink-emu"), "plan", "check", "recursive_doubling", "--gpus", "6"])
     assert done.returncode == 2 and "6 GPUs is not a power of two" in done.stderr
+
+
+def test_model_times_a_plan_file_per_size():
+    done, _ = run([command("nvlink-emu"), "model", "allreduce", "--plan", str(PLANS / "ring_allreduce_4.xml"),
+                   "--gpus", "4", "-b", "4M", "-e", "4M", "--json"])
+    assert done.returncode == 0, done.stderr
+    import json
+    row = json.loads(done.stdout.splitlines()[-1])
+    # plan check's figures for the same call: 20.309 us, 2 (n-1)/n x 4 MiB on GPU 0's uplink and downlink
+    assert (row["algorithm"], row["plan"], row["modeled_us"]) == ("plan", "ring_allreduce_4", 20.3093)
+    assert row["tx_bytes_per_gpu"] == row["rx_bytes_per_gpu"] == 6291456
+    assert "plan 'ring_allreduce_4': replayed by fabric.plans.plan_ns" in done.stderr
+    done, _ = run([command("nvlink-emu"), "model", "allgather", "--plan", str(PLANS / "ring_allreduce_4.xml"),
+                   "--gpus", "4"])
+    assert done.returncode == 2 and "is a allreduce plan for 4 GPUs; asked for allgather" in done.stderr
