@@ -47,7 +47,7 @@ from nvlink_emu.fabric import plans
 from . import plan
 from .hier import Grid
 
-RS, AG, BC, RD = 0, 1, 2, 3  # message phases
+BC, RD = 2, 3  # message phases (0 and 1 were the one ring's, now a plan: ranks/collectives/plan.py)
 CH_RS, CH_AG, CH_BC, CH_RD = 4, 5, 6, 7  # the channels' phases, across nodes
 
 
