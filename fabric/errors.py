@@ -35,3 +35,8 @@ class ProtocolError(FabricError):
 
 class ResourceExhausted(FabricError):
     """A finite switch resource ran out (e.g. NVSwitch gen 3's 128 concurrent multicast/SHARP groups)."""
+
+
+class PlanError(FabricError):
+    """A collective plan (fabric.plans) is invalid; the message names the GPU, the step and the chunk.
+    Raised by the validator or a loader, before anything runs."""

@@ -18,6 +18,7 @@ from pathlib import Path
 from nvlink_emu.fabric.errors import ConfigError, UnsupportedOperation
 from nvlink_emu.ranks.session import FAILURE_DIR_ENV, INTERRUPTED_STATUS
 
+from .plan_cmd import cmd_plan, plan_arguments
 from .bench import (available_host_bytes, bench_arguments, check_host_memory, closing, config_toml, format_bytes,
                     format_row, header, plot_busbw, sized_config)
 from .bench import check as check_bench
@@ -499,6 +500,10 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("trace_dir", metavar="DIR", help="the --trace-dir of a run")
     report.add_argument("-o", "--output", metavar="OUTDIR", help="where the PNG figures go (default: DIR)")
     report.set_defaults(handler=cmd_report)
+    plan = sub.add_parser("plan", help="validate a collective plan (MSCCL-IR XML or a registry algorithm), print "
+                          "its per-link bytes and modeled time; show: its operations per GPU")
+    plan_arguments(plan)
+    plan.set_defaults(handler=cmd_plan)
     return parser
 
 
