@@ -45,3 +45,8 @@ class LinkDown(FabricError):
     def __init__(self, message: str, link: str = "", at_ns: float = 0.0, up_at_ns: float = float("inf")):
         super().__init__(message)
         self.link, self.at_ns, self.up_at_ns = link, at_ns, up_at_ns
+
+
+class PlanError(FabricError):
+    """A collective plan (fabric.plans) is invalid; the message names the GPU, the step and the chunk.
+    Raised by the validator or a loader, before anything runs."""

@@ -21,8 +21,8 @@ of those); each is replayed slot by slot on the same clocks (GPU links, each lea
 reduction engine, those shares). nvls's reduce_scatter and allreduce across nodes (`nvls_ns`) are
 the same kind: load-reduces booked slot by slot in the order the members serve their LOADs, then
 (allreduce) multicast stores as sharp's; `nvls_lower_bound_ns` bounds it from below in O(chunks), so
-that `auto` (fabric.cost_nodes.fastest) need not replay it where it cannot win. The schedules (`PROGRAMS`) are those of ranks/collectives ring (on several nodes its channels,
-one ring per rail), direct, all2all, hier (node rings), hier_nvls (its node stages in the leaf,
+that `auto` (fabric.cost_nodes.fastest) need not replay it where it cannot win. The schedules (`PROGRAMS`) are those of ranks/collectives ring (on one node its plan,
+fabric.plans.registry.ring, timed by fabric.plans.timing; on several nodes its channels, one ring per rail), direct, all2all, hier (node rings), hier_nvls (its node stages in the leaf,
 `hier_ns`), pxn and tree: the same messages,
 chunks (chunk_bytes of whole elements) and order (a schedule changed there must change here: the test
 below fails otherwise); `tests/nodes/test_replay.py` checks that replayed
@@ -152,25 +152,6 @@ def _direct_root_broadcast(n, r, count, chunk, item, root):
         for c, _ in enumerate(spans):
             yield ("recv", root, ("root", c))
     yield ("flush",)
-
-
-def _segments_ring(ring, pos, segments, phase, chunk, item, reduce: bool):
-    """ring.py's (and hier.py's) ring over members `ring` (this one at `pos`), passing `segments`
-    (lists of ranges): reduce-scatter (a flush after each step) or all-gather (one flush at the end)."""
-    m = len(ring)
-    nxt, prv = ring[(pos + 1) % m], ring[(pos - 1) % m]
-    for step in range(m - 1):
-        sent, taken = ((pos - 1 - step) % m, (pos - 2 - step) % m) if reduce else ((pos - step) % m, (pos - 1 - step) % m)
-        for k, (a, b) in enumerate(segments[sent]):
-            for c, (lo, hi) in enumerate(chunks(a, b, chunk)):
-                yield ("send", nxt, (phase, step, k, c), (hi - lo) * item)
-        for k, (a, b) in enumerate(segments[taken]):
-            for c, _ in enumerate(chunks(a, b, chunk)):
-                yield ("recv", prv, (phase, step, k, c))
-        if reduce:
-            yield ("flush",)
-    if not reduce:
-        yield ("flush",)
 
 
 def _hier(collective, topo, r, count, chunk, item, root, share=None):
@@ -477,11 +458,8 @@ def _program(collective: str, algorithm: str, topo: Topology, r: int, count: int
             counts = [[per[j] for j in range(n)] for _ in range(n)]
         yield from _all2allv(n, r, counts, chunk, item)
     elif algorithm == "ring" and collective in ("allreduce", "reduce_scatter", "allgather"):
-        ring, segments = list(range(n)), [[part] for part in parts]  # ring.py: one block per member
-        if collective != "allgather":
-            yield from _segments_ring(ring, r, segments, "rs", chunk, item, True)
-        if collective != "reduce_scatter":
-            yield from _segments_ring(ring, r, segments, "ag", chunk, item, False)
+        from .plans import build, timing  # one node: the ring's plan (imported here: fabric.plans imports replay)
+        yield from timing.messages(build("ring", n, collective), count * item, item, chunk)[r]
     elif algorithm == "direct" and collective in ("allreduce", "reduce_scatter"):
         yield from _direct_reduce(n, r, parts, chunk, item)
         if collective == "allreduce":
@@ -893,6 +871,14 @@ def replay_ns(collective: str, algorithm: str, topo: Topology, S: int, config, i
     elements = None if counts is None else [[int(x) // itemsize for x in row] for row in counts]
     fabric = Fabric(topo, config.mtu_bytes, config.header_bytes)
     programs = {r: _program(collective, algorithm, topo, r, count, chunk, itemsize, root, elements) for r in range(n)}
+    return run_programs(fabric, programs, lambda waiting: _stuck(collective, algorithm, n, waiting))
+
+
+def run_programs(fabric: Fabric, programs: dict, stuck) -> float:
+    """Run every member's program (generators of ("send", peer, key, nbytes), ("recv", peer, key),
+    ("flush",)) on `fabric`'s clocks, round-robin, each until it waits for a message not yet sent; the
+    latest member's clock at the end (ns). stuck(waiting): the error when no member can go on. Shared
+    by replay_ns and fabric.plans.timing (the plan interpreter), so both book links alike."""
     waiting: dict[int, tuple] = {}  # member -> the recv it waits on
     while programs:
         progressed = False
@@ -917,5 +903,5 @@ def replay_ns(collective: str, algorithm: str, topo: Topology, S: int, config, i
                 progressed = True
                 op = None
         if not progressed:
-            raise _stuck(collective, algorithm, n, waiting)
+            raise stuck(waiting)
     return max(gpu.now for gpu in fabric.gpus)

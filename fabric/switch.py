@@ -161,7 +161,7 @@ def held_parts_share(config: FabricConfig) -> int:
 
 def held_slot_bytes(config: FabricConfig) -> int:
     """What each held contribution counts at least against its partition's share (bytes): a held slot takes
-    about 0.7 KiB of switch memory however few bytes it holds (tests/unit/test_switch_attack4). The credit
+    about 0.7 KiB of switch memory however few bytes it holds (tests/unit/test_switch_span_order_and_costs.py). The credit
     windows count each chunk at least this (Call.in_switch_window), so an honest window fits both bounds."""
     share = buffer_share_bytes(config)
     return max(1, share // max(4096, share // 1024, _least_parts(config)))
@@ -268,7 +268,7 @@ class SwitchLogic:
         self.buffer_share_bytes = buffer_share_bytes(config)
         # contributions held per partition, each counted at least slot_bytes against the share (held_slot_bytes:
         # 1 KiB on shares of 4 MiB and more): a held slot takes about 0.7 KiB of switch memory however few bytes
-        # it holds (32,768 zero-byte ones took 23.3 MB, tracemalloc: tests/unit/test_switch_attack4), so held
+        # it holds (32,768 zero-byte ones took 23.3 MB, tracemalloc: tests/unit/test_switch_span_order_and_costs.py), so held
         # slots and their bytes together stay within the share; the credit windows count each chunk at least
         # slot_bytes too (Call.in_switch_window), so an honest window stays within both
         self.groups.slot_bytes = held_slot_bytes(config)

@@ -18,6 +18,7 @@ from pathlib import Path
 from nvlink_emu.fabric.errors import ConfigError, UnsupportedOperation
 from nvlink_emu.ranks.session import FAILURE_DIR_ENV, INTERRUPTED_STATUS
 
+from .plan_cmd import cmd_plan, plan_arguments
 from .bench import (available_host_bytes, bench_arguments, check_host_memory, closing, config_toml, format_bytes,
                     format_row, header, plot_busbw, sized_config)
 from .bench import check as check_bench
@@ -177,6 +178,8 @@ def cmd_demo(args, script_args) -> int:
     """The demo on NVLink Network (dgx-h100 unless told otherwise), then the same on classic NVLink."""
     if getattr(args, "report_json", None) is not None:
         raise ConfigError("--report-json: the demo is several runs; write a run's report with nvlink-emu run")
+    if args.plot is not None:
+        check_plot(args.plot)
     network = fabric_of(args)
     classic_args = argparse.Namespace(**{**vars(args), "preset": "dgx-a100", "config": None})
     classic = fabric_of(args, "dgx-a100")
@@ -187,24 +190,34 @@ def cmd_demo(args, script_args) -> int:
         classic_args.trace_dir = str(Path(classic_args.trace_dir) / f"part2-{file_part(classic.name)}")
     # GPU 0 tells the story: a [gpu 0] label on every line would say nothing
     args.no_label = classic_args.no_label = True
-    print(f"=== part 1: NVLink Network ({network.name}) ===", flush=True)
-    status = launch_script(demo, args, script_args, network.world_size)
-    if status:
-        return status
-    print(f"\n=== part 2: classic NVLink ({classic.name}), the same workload ===", flush=True)
-    status = launch_script(demo, classic_args, script_args, classic.world_size)
-    if status:
-        return status
-    presets = ["dgx-a100", "dgx-h100", "h100-ib"]
-    print(f"\n=== part 3: the same AllReduce (float32 sum, algorithm auto) on {', '.join(presets)} ===", flush=True)
-    sweep = argparse.Namespace(**{**vars(args), "collective": "allreduce", "algorithm": "auto", "min_bytes": 64 << 10,
-                                  "max_bytes": 16 << 20, "factor": 16, "iters": 1, "dtype": "float32", "op": None,
-                                  "trace_dir": None})
-    rows, status = sweep_presets(sweep, {name: fabric_of(args, name) for name in presets})
-    if status:
-        return status
-    print_comparison("allreduce", presets, rows, as_json=False)
-    return 0
+    from .superpod_demo import PRESETS, Prediction, part4
+    prediction = Prediction()  # part 4's prediction, computed meanwhile
+    try:
+        print(f"=== part 1: NVLink Network ({network.name}) ===", flush=True)
+        status = launch_script(demo, args, script_args, network.world_size)
+        if status:
+            return status
+        print(f"\n=== part 2: classic NVLink ({classic.name}), the same workload ===", flush=True)
+        status = launch_script(demo, classic_args, script_args, classic.world_size)
+        if status:
+            return status
+        presets = ["dgx-a100", "dgx-h100", "h100-ib"]
+        print(f"\n=== part 3: the same AllReduce (float32 sum, algorithm auto) on {', '.join(presets)} ===", flush=True)
+        sweep = argparse.Namespace(**{**vars(args), "collective": "allreduce", "algorithm": "auto",
+                                      "min_bytes": 64 << 10, "max_bytes": 16 << 20, "factor": 16, "iters": 1,
+                                      "dtype": "float32", "op": None, "trace_dir": None})
+        rows, status = sweep_presets(sweep, {name: fabric_of(args, name) for name in presets})
+        if status:
+            return status
+        print_comparison("allreduce", presets, rows, as_json=False)
+        print(f"\n=== part 4: the NVLink Network across nodes: {', '.join(PRESETS)} ===", flush=True)
+        return part4(args, launch_script, Progress("demo part 4", len(PRESETS)), str(EXAMPLES / "superpod_steps.py"),
+                     prediction)
+    except CompareError as exc:
+        print(f"nvlink-emu: error: {exc}", file=sys.stderr)
+        return exc.status
+    finally:
+        prediction.close()
 
 
 def file_part(name: str) -> str:
@@ -458,6 +471,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="what NVLink Network changes compared with classic NVLink, with real traffic",
                           epilog=LAUNCHER_HELP)
     fabric_arguments(demo)
+    demo.add_argument("--plot", metavar="FILE.png", help="draw part 4's modeled step times per SuperPOD preset "
+                      "into FILE (PNG; .svg and .pdf also work)")
     demo.set_defaults(handler=cmd_demo)
     bench = sub.add_parser("bench", help="nccl-tests-like sweep of one collective, with MPI's native one as reference",
                            epilog=LAUNCHER_HELP)
@@ -485,6 +500,10 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("trace_dir", metavar="DIR", help="the --trace-dir of a run")
     report.add_argument("-o", "--output", metavar="OUTDIR", help="where the PNG figures go (default: DIR)")
     report.set_defaults(handler=cmd_report)
+    plan = sub.add_parser("plan", help="validate a collective plan (MSCCL-IR XML or a registry algorithm), print "
+                          "its per-link bytes and modeled time; show: its operations per GPU")
+    plan_arguments(plan)
+    plan.set_defaults(handler=cmd_plan)
     return parser
 
 

@@ -42,8 +42,17 @@ def default_plot(script: str) -> str:
 
 
 def run_link_bytes(report: dict) -> int:
-    """Payload bytes over every GPU link of a run, both directions (the report's switch counts)."""
+    """Payload bytes over every link of a run, both directions (the report's switch counts)."""
     return sum(link["payload_bytes"] for link in report["links"].values())
+
+
+def level_bytes(report: dict) -> dict[str, int]:
+    """Payload bytes of a run per level, both directions (the report's switch counts): "gpu-leaf" (the
+    links between GPUs and their switch: gpu3->sw0, sw0->gpu3) and "leaf-spine" (between switches)."""
+    levels = {"gpu-leaf": 0, "leaf-spine": 0}
+    for name, link in report["links"].items():
+        levels["gpu-leaf" if "gpu" in name else "leaf-spine"] += link["payload_bytes"]
+    return levels
 
 
 def summarize(steps: list[dict]) -> dict:
@@ -74,6 +83,24 @@ def run_compare(args, script_args, launch_script, progress) -> int:
     check_plot(plot)
     if not Path(args.script).is_file():
         raise ConfigError(f"{args.script}: no such script")
+    results = {name: (steps, run_link_bytes(report))
+               for name, (steps, report) in run_each(args, script_args, launch_script, progress, configs).items()}
+    names = list(results[presets[0]][0])
+    for name in presets[1:]:
+        if list(results[name][0]) != names:
+            raise CompareError(f"{args.script}: its steps differ between presets: {presets[0]} printed "
+                               f"{_names(names)}, {name} printed {_names(list(results[name][0]))}")
+    print(format_table(args.script, next(iter(configs.values())).gpus, presets, results), flush=True)
+    plot_steps(plot, f"{Path(args.script).name} on {next(iter(configs.values())).gpus} GPUs: modeled step time",
+               presets, results)
+    print(f"wrote {plot}", file=sys.stderr)
+    return 0
+
+
+def run_each(args, script_args, launch_script, progress, configs: dict) -> dict:
+    """Run args.script once per preset of `configs` ({name: config}), each a quiet job with its own
+    report: {name: (summarize(its step lines), its run report as a dict)}. CompareError if a run fails,
+    prints a malformed step line or none."""
     results = {}
     with tempfile.TemporaryDirectory(prefix="nvlink-emu-compare-") as workdir:
         for name, config in configs.items():
@@ -103,18 +130,9 @@ def run_compare(args, script_args, launch_script, progress) -> int:
             if not steps:
                 raise CompareError(f"{args.script} printed no step time on preset {name}: GPU 0 must print a line "
                                    f"{STEP_KEY}=<float> (nvlink_emu.launch.workload.timed_step prints it)")
-            results[name] = (summarize(steps), run_link_bytes(json.loads(report.read_text())))
+            results[name] = (summarize(steps), json.loads(report.read_text()))
             progress.step(f"{name} done")
-    names = list(results[presets[0]][0])
-    for name in presets[1:]:
-        if list(results[name][0]) != names:
-            raise CompareError(f"{args.script}: its steps differ between presets: {presets[0]} printed "
-                               f"{_names(names)}, {name} printed {_names(list(results[name][0]))}")
-    print(format_table(args.script, next(iter(configs.values())).gpus, presets, results), flush=True)
-    plot_steps(plot, f"{Path(args.script).name} on {next(iter(configs.values())).gpus} GPUs: modeled step time",
-               presets, results)
-    print(f"wrote {plot}", file=sys.stderr)
-    return 0
+    return results
 
 
 def _names(names: list) -> str:

@@ -11,8 +11,10 @@ import numpy as np
 from nvlink_emu.fabric import cost, cost_nodes, replay
 from nvlink_emu.fabric.config import DEFAULT_PRESET, PRESETS, resolve
 from nvlink_emu.fabric.cost import bus_factor
-from nvlink_emu.fabric.errors import FabricError, UnsupportedOperation
+from nvlink_emu.fabric.plans import load as load_plan, plan_link_bytes, plan_ns
+from nvlink_emu.fabric.errors import ConfigError, FabricError, UnsupportedOperation
 from nvlink_emu.fabric.reduction import DTYPES
+from nvlink_emu.fabric.topology import Topology
 from nvlink_emu.ranks.collectives import choose
 from nvlink_emu.ranks.comm import all2all_algorithm
 
@@ -39,6 +41,8 @@ def model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus-per-node", type=int, metavar="M", help="GPUs in each node (instead of --gpus)")
     parser.add_argument("--json", action="store_true", help="one JSON object per row (the statement of what was "
                         "validated goes to standard error)")
+    parser.add_argument("--plan", metavar="FILE.xml", help="time this MSCCL-IR plan (fabric.plans, validated "
+                        "first) instead of an algorithm: its replayed time and GPU 0's link payload per size")
 
 
 def validated_shapes() -> list[tuple[int, int, int]]:
@@ -141,6 +145,26 @@ def predict(collective: str, algorithm: str, config, size: int, dtype: str) -> d
             "validated_by_emulation": is_validated(collective, chosen, config)}
 
 
+def predict_plan(plan, config, size: int, dtype: str) -> dict:
+    """predict's row for `plan` (fabric.plans): its replayed time (plan_ns) and GPU 0's uplink and
+    downlink payload summed from its messages (plan_link_bytes)."""
+    item = np.dtype(DTYPES[dtype]).itemsize
+    n = config.gpus
+    count = element_count(plan.collective, size, item, n)
+    S = count * item
+    topo = config.topology if config.nodes > 1 else Topology.single(config)
+    ns = plan_ns(plan, topo, S, config, item)
+    links = plan_link_bytes(plan, topo, S, config, item)
+    up, down = (topo.route(0, 1)[0].name, topo.route(1, 0)[-1].name) if n > 1 else (None, None)
+    algbw = S / ns if ns else None
+    return {"size_bytes": S, "count": count, "dtype": dtype,
+            "op": "sum" if plan.collective in REDUCING else "none", "root": None, "algorithm": "plan",
+            "plan": plan.name, "modeled_us": round(ns / 1e3, 4), "algbw_gbps": None if algbw is None else round(algbw, 3),
+            "busbw_gbps": None if algbw is None else round(algbw * bus_factor(plan.collective, n), 3),
+            "tx_bytes_per_gpu": links.get(up, (0, 0))[0], "rx_bytes_per_gpu": links.get(down, (0, 0))[0],
+            "validated_by_emulation": False}
+
+
 def header(collective: str, config) -> str:
     shape = _shape_text(shape_of(config)) + (f" = {config.gpus} GPUs" if config.nodes > 1 else "")
     return (f"# nvlink-emu model {collective} on {config.name} ({shape}, {config.link}): modeled by {'fabric.cost' if config.nodes == 1 else 'fabric.cost_nodes (replay)'}, "
@@ -164,7 +188,16 @@ def cmd_model(args, script_args=None) -> int:
     config = resolve(args.preset, args.config, args.gpus, args.nodes, args.gpus_per_node)
     todo = sizes(args)
     start = time.process_time()
-    if args.algorithm != "auto":  # one the fabric does not allow: refused before any row
+    plan = None
+    if getattr(args, "plan", None):
+        try:
+            plan = load_plan(args.plan)
+        except FabricError as exc:
+            raise ConfigError(f"model --plan: {type(exc).__name__}: {exc}") from None
+        if plan.collective != args.collective or plan.gpus != config.gpus:
+            raise ConfigError(f"model --plan: {args.plan} is a {plan.collective} plan for {plan.gpus} GPUs; asked for "
+                              f"{args.collective} on {config.gpus} GPUs")
+    elif args.algorithm != "auto":  # one the fabric does not allow: refused before any row
         if args.collective == "all2all":
             all2all_algorithm(args.algorithm, config, todo[0])
         else:
@@ -173,12 +206,15 @@ def cmd_model(args, script_args=None) -> int:
         print(header(args.collective, config), flush=True)
     rows = []
     for size in todo:
-        rows.append(predict(args.collective, args.algorithm, config, size, args.dtype))
+        rows.append(predict_plan(plan, config, size, args.dtype) if plan is not None
+                    else predict(args.collective, args.algorithm, config, size, args.dtype))
         print(json.dumps(rows[-1]) if args.json else format_row(rows[-1]), flush=True)
     measured = [row["busbw_gbps"] for row in rows if row["busbw_gbps"] is not None]
     closing = (f"# Avg bus bandwidth    : {sum(measured) / len(measured):g}" if measured else
                "# Avg bus bandwidth    : n/a")
-    note = validation_note(config)
+    note = (validation_note(config) if plan is None else
+            f"# plan {plan.name!r}: replayed by fabric.plans.plan_ns; the ranks' executor of a plan takes exactly this "
+            f"modeled time (tests/mpi/test_plans.py); the plan itself was validated, not emulated here")
     cpu = f"# {len(rows)} rows in {time.process_time() - start:.2f} s of CPU here"
     print("\n".join((closing, note, cpu)), file=sys.stderr if args.json else sys.stdout, flush=True)
     return 0

@@ -2,6 +2,7 @@
 collectives, which run as real traffic through the switch (algorithms in ranks/collectives)."""
 
 import collections
+import hashlib
 import itertools
 from contextlib import contextmanager
 
@@ -14,10 +15,15 @@ from nvlink_emu.fabric.errors import (AccessViolation, CollectiveMismatch, Fabri
 from nvlink_emu.fabric.packets import CallRecord, GroupInfo, Kind
 from nvlink_emu.fabric.reduction import blocks, check_dtype, check_movable, check_op, dtype_name
 
+from nvlink_emu.fabric.plans import Plan, validate
+
 from . import collectives
+from .collectives.plan import execute as run_plan
 from .collectives import all2all as pairwise
 from .requests import Request
 from .transport import Exchange, MemberComms, any_rank
+
+PLAN_COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")  # what algorithm=Plan runs (fabric.plans)
 
 
 REDUCING = frozenset({"allreduce", "reduce_scatter", "reduce"})  # the collectives that combine elements
@@ -591,13 +597,18 @@ class Communicator:
         buffers, carried in the call check so that every member raises, not just this one."""
         gpu = self.gpu
         self._live(name)
+        plan = None
+        if isinstance(algorithm, Plan):  # a collective as data (fabric.plans), run by collectives/plan.py
+            plan = algorithm
+            with self._arguments(name):
+                algorithm = self._plan_name(plan, name)
         with self._arguments(name):
             try:
                 dtype = check_dtype(dtype) if name in REDUCING else check_movable(dtype)  # reductions: DTYPES
                 check_op(op)
             except FabricError as exc:
                 raise FabricError(f"GPU {gpu.rank}: {name}: {exc}") from None
-            if counts is None:
+            if counts is None and plan is None:
                 try:
                     nodes = len({m // gpu.config.gpus_per_node for m in self.members})
                     algorithm = collectives.choose(name, algorithm, gpu.config, count * dtype.itemsize, self.size,
@@ -616,9 +627,23 @@ class Communicator:
                        "dtype": dtype_name(dtype), "op": op, "members": self.size}
         return gpu._issue(f"{name} #{seq} on communicator {self.name!r}",
                           lambda: self._execute(name, seq, algorithm, op, dtype, count, root, args, counts, call,
-                                                fingerprint))
+                                                fingerprint, plan))
 
-    def _execute(self, name, seq, algorithm, op, dtype, count, root, args, counts, call, fingerprint) -> None:
+    def _plan_name(self, plan: "Plan", name: str) -> str:
+        """The call check's name of `plan` ("plan:NAME:DIGEST": members passing different plans mismatch);
+        FabricError if it cannot run `name` on this communicator and fabric."""
+        if plan.collective != name or name not in PLAN_COLLECTIVES:
+            raise UnsupportedOperation(f"GPU {self.gpu.rank}: {name} given plan {plan.name!r}, a {plan.collective} "
+                                       f"plan; plans run {', '.join(PLAN_COLLECTIVES)} so far")
+        if plan.gpus != self.size or self.gpu.config.mode not in plan.fabrics:
+            raise UnsupportedOperation(f"GPU {self.gpu.rank}: {name}: plan {plan.name!r} is for {plan.gpus} GPUs on "
+                                       f"{', '.join(plan.fabrics)} fabrics; communicator {self.name!r} has {self.size} "
+                                       f"members on a {self.gpu.config.mode} fabric")
+        validate(plan)
+        return f"plan:{plan.name}:{hashlib.sha256(repr(plan).encode()).hexdigest()[:16]}"
+
+    def _execute(self, name, seq, algorithm, op, dtype, count, root, args, counts, call, fingerprint,
+                 plan=None) -> None:
         """Run collective `seq` (issued by _collective): the call check, then its traffic."""
         gpu = self.gpu
         # begin before the call check: no peer sends this call's data before it has our call, so every
@@ -631,7 +656,10 @@ class Communicator:
             if algorithm in collectives.IN_SWITCH:
                 self.group_id()  # collective: every member, even one with an empty block, takes part
             work = collectives.Call(self, seq, op, dtype)
-            if counts is not None:  # all2all, all2allv
+            if plan is not None:  # allreduce (array,), reduce_scatter and allgather (send, recv)
+                inp, out = (args[0], args[0]) if name == "allreduce" else args
+                run_plan(work, plan, inp.copy() if name == "reduce_scatter" else inp, out)
+            elif counts is not None:  # all2all, all2allv
                 collectives.ALL2ALL[algorithm](work, *args)
             else:
                 collectives.run(algorithm, name, work, *args)

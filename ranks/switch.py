@@ -32,7 +32,7 @@ MAX_UNREAD = 1024  # answers a GPU may leave unread before the switch stops read
 MAX_QUEUED = 256   # packets of one GPU waiting behind one that cannot go on yet
 # ... and their bytes (_Queue.nbytes: each packet's message and its decoded header, about as long again):
 # a header may be MAX_HEADER_BYTES long, so MAX_QUEUED alone let a GPU's waiting packets hold 32 MiB of its
-# switch (tests/unit/test_switch_attack4); honest ones (inline payloads of 4 KiB at most, headers of tens
+# switch (tests/unit/test_switch_span_order_and_costs.py); honest ones (inline payloads of 4 KiB at most, headers of tens
 # of bytes to ~1 KiB) are about MAX_QUEUED of them (4 KiB inline MSGs: 250)
 MAX_QUEUED_BYTES = 1 << 20
 SWEEP_STEPS = 1024  # every this many intake steps, drop stray messages of every GPU
@@ -234,7 +234,7 @@ class SwitchRank:
         if not held:  # any rank: a header from one that is no source of this switch is dropped by _take
             return transport.poll(limit=MAX_HEADER_BYTES)
         # round robin, from the source after the one served last: a scan from the first would serve a GPU
-        # that keeps sending before every later one, which then starves (tests/unit/test_switch_attack5)
+        # that keeps sending before every later one, which then starves (tests/unit/test_switch_window_shares_and_starvation.py)
         sources, start = self.sources, self._next_source
         for k in range(len(sources)):
             i = (start + k) % len(sources)

@@ -47,6 +47,7 @@ def arguments():
     parser.add_argument("--hidden", type=int, default=128, help="width of the MLPs' hidden layers (default 128)")
     parser.add_argument("--steps", type=int, default=3, help="training steps (default 3)")
     parser.add_argument("--lr", type=float, default=0.05, help="learning rate (default 0.05)")
+    parser.add_argument("--name", help="the steps' name in GPU 0's step lines (default none)")
     return parser.parse_args(sys.argv[1:])
 
 
@@ -132,7 +133,7 @@ def main(gpu):
         data = batch(args, n, step)
         dense, small, big, target = data
         own = slice(r * b, (r + 1) * b)
-        with timed_step(gpu) as timed:
+        with timed_step(gpu, args.name) as timed:
             # -- forward: table-wise lookups. My samples' indices of each table go to its owner.
             send = copy(gpu, np.concatenate([small[t, own].reshape(-1) for j in range(n) for t in range(T)
                                              if owner[t] == j]))

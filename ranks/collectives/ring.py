@@ -33,7 +33,8 @@ channel's crossing: allreduce 2(n-1)/n x S/G on its own outbound and inbound sha
 (fabric.cost_nodes documents every link). Combine order across nodes: member m's
 range of channel c is folded in ring c's order after m (q+1, q+2, ..., q for m at ring position q),
 reduce's part c in ring c's order after the root. A communicator on one node, or whose nodes do not
-line up, runs the one ring above, unchanged.
+line up, runs the one ring above, unchanged: as a plan (fabric.plans.registry.ring, run by
+ranks/collectives/plan.py and timed by fabric.plans.timing: the same messages and order).
 """
 
 import numpy as np
@@ -41,43 +42,13 @@ import numpy as np
 from nvlink_emu.fabric.errors import UnsupportedOperation
 from nvlink_emu.fabric.reduction import blocks, channel_rings, chunks, combine, finish, rail_ranges, ring_channel_count
 
+from nvlink_emu.fabric import plans
+
+from . import plan
 from .hier import Grid
 
-RS, AG, BC, RD = 0, 1, 2, 3  # message phases
+BC, RD = 2, 3  # message phases (0 and 1 were the one ring's, now a plan: ranks/collectives/plan.py)
 CH_RS, CH_AG, CH_BC, CH_RD = 4, 5, 6, 7  # the channels' phases, across nodes
-
-
-def _reduce_scatter_inplace(call, work: np.ndarray) -> list[tuple[int, int]]:
-    """After this, block r of `work` holds the reduction (not yet finished) of every member's block r."""
-    n, r = call.n, call.r
-    parts = blocks(work.size, n)
-    scratch = np.empty(min(call.chunk, max((b - a for a, b in parts), default=0)), work.dtype)
-    for step in range(n - 1):
-        # step s: push block r-1-s to the next GPU, fold block r-2-s from the previous one into ours
-        a, b = parts[(r - 1 - step) % n]
-        for c, (lo, hi) in enumerate(chunks(a, b, call.chunk)):
-            call.send(r + 1, (RS, step, c), work[lo:hi])
-        a, b = parts[(r - 2 - step) % n]
-        for c, (lo, hi) in enumerate(chunks(a, b, call.chunk)):
-            tmp = scratch[:hi - lo]
-            call.recv(r - 1, (RS, step, c), tmp)
-            combine(call.op, work[lo:hi], tmp)
-        call.flush()
-    return parts
-
-
-def _allgather_inplace(call, work: np.ndarray, parts: list[tuple[int, int]]) -> None:
-    """Block r of `work` is final on member r; afterwards every block is, on every member."""
-    n, r = call.n, call.r
-    for step in range(n - 1):
-        # step s: pass block r-s on, receive block r-1-s straight into place
-        a, b = parts[(r - step) % n]
-        for c, (lo, hi) in enumerate(chunks(a, b, call.chunk)):
-            call.send(r + 1, (AG, step, c), work[lo:hi])
-        a, b = parts[(r - 1 - step) % n]
-        for c, (lo, hi) in enumerate(chunks(a, b, call.chunk)):
-            call.recv(r - 1, (AG, step, c), work[lo:hi])
-    call.flush()
 
 
 def _channels(call, count: int) -> list[list[int]] | None:
@@ -144,10 +115,7 @@ def allreduce(call, array: np.ndarray) -> None:
         finish(call.op, array[a:b], call.n, array[a:b])
         _channel_ring(call, array, rings, segments, False)
         return
-    parts = _reduce_scatter_inplace(call, array)
-    a, b = parts[call.r]
-    finish(call.op, array[a:b], call.n, array[a:b])
-    _allgather_inplace(call, array, parts)
+    plan.execute(call, plans.build("ring", call.n, "allreduce"), array, array)
 
 
 def reduce_scatter(call, send: np.ndarray, recv: np.ndarray) -> None:
@@ -157,9 +125,7 @@ def reduce_scatter(call, send: np.ndarray, recv: np.ndarray) -> None:
         a, b = _channel_reduce_scatter(call, work, rings)
         finish(call.op, work[a:b], call.n, recv)
         return
-    parts = _reduce_scatter_inplace(call, work)
-    a, b = parts[call.r]
-    finish(call.op, work[a:b], call.n, recv)
+    plan.execute(call, plans.build("ring", call.n, "reduce_scatter"), work, recv)
 
 
 def allgather(call, send: np.ndarray, recv: np.ndarray) -> None:
@@ -168,7 +134,7 @@ def allgather(call, send: np.ndarray, recv: np.ndarray) -> None:
         call.own_block_in_place(send, recv)
         _channel_ring(call, recv, rings, _channel_segments(rings, recv.size, call.n), False)
         return
-    _allgather_inplace(call, recv, call.own_block_in_place(send, recv))
+    plan.execute(call, plans.build("ring", call.n, "allgather"), send, recv)
 
 
 def _channel_chains(call, rings, root: int, count: int):

@@ -8,6 +8,9 @@ import tomllib
 import pytest
 
 from cli_helpers import BIN, ROOT, command, run, script
+from nvlink_emu.fabric import cost_nodes
+from nvlink_emu.fabric.config import resolve
+from nvlink_emu.launch.superpod_demo import PRESETS as SUPERPODS
 
 PUT_SCRIPT = textwrap.dedent("""
     import sys
@@ -81,8 +84,9 @@ def test_a_send_held_past_the_receiver_s_mailbox_bound_times_out_naming_it(tmp_p
             "not taken by its program)") in done.stderr, done.stderr[-2000:]
 
 
-def test_demo_shows_isolation_and_classic_nvlink():
-    done, elapsed = run([command("nvlink-emu"), "demo"], timeout_s=300)
+@pytest.mark.slow  # the whole demo, four parts
+def test_demo_shows_isolation_and_classic_nvlink(tmp_path):
+    done, elapsed = run([command("nvlink-emu"), "demo", "--plot", str(tmp_path / "superpods.png")], timeout_s=400)
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "refused: AccessViolation" in out and "isolation holds" in out
@@ -105,6 +109,30 @@ def test_demo_shows_isolation_and_classic_nvlink():
     assert float(row[6]) < float(row[2]) < float(row[10])  # dgx-h100 < dgx-a100 < h100-ib
     # progress while part 3 runs, and none of its jobs' link tables (the comparison is their result)
     assert "nvlink-emu: bench allreduce: 9/9 h100-ib: 16 MiB done" in done.stderr
+    # part 4, emulated at 2 x 4: each collective's GPU-link bytes are the closed form of the algorithm
+    # auto ran (fabric.cost_nodes.link_bytes), and the switches' GPU-link totals are the steps' sum
+    part4 = out[out.index("=== part 4"):]
+    steps = {(r[0], r[1]): r for r in (line.split() for line in part4.splitlines())
+             if len(r) == 7 and r[0] in SUPERPODS}
+    assert len(steps) == 9, part4
+    for name in SUPERPODS:
+        config = resolve(name, None, None, 2, 4)
+        for collective in ("all2all", "allreduce"):
+            links = cost_nodes.link_bytes(collective, steps[name, collective][2], config.topology, 1 << 20, 4,
+                                          config=config)
+            assert int(steps[name, collective][6]) == sum(b for link, b in links.items() if "gpu" in link)
+        levels = next(line.split() for line in part4.splitlines()
+                      if line.startswith(name) and len(line.split()) == 3)
+        assert int(levels[1]) == sum(int(steps[name, step][6]) for step in ("all2all", "allreduce", "dlrm-step"))
+        assert int(levels[2]) > 0  # leaf<->spine
+    assert steps["superpod-h100-nvlink", "allreduce"][2] == "sharp"  # the spines reduce: in-switch across nodes
+    for step in ("all2all", "allreduce", "dlrm-step"):  # the NVLink Network beats both InfiniBand SuperPODs
+        assert float(steps["superpod-h100-nvlink", step][3]) < float(steps["superpod-h100-ib", step][3]) \
+            < float(steps["superpod-a100-ib", step][3])
+    predicted = part4[part4.index("# PREDICTION"):]
+    assert "32 nodes x 8 GPUs = 256 GPUs" in predicted
+    assert len([line for line in predicted.splitlines() if line.split()[0] in SUPERPODS]) == 6
+    assert (tmp_path / "superpods.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_a_raising_gpu_ends_the_job_with_its_traceback(tmp_path):

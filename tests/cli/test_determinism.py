@@ -82,6 +82,7 @@ def modeled(tmp_path, body, fabric, delay):
 NODES_TOML = 'base = "superpod-h100-nvlink"\nnodes = 2\ngpus = 4\nchunk_bytes = 65536\n'  # 2 spines
 
 
+@pytest.mark.slow  # emulated runs, each repeated with random host delays
 @pytest.mark.parametrize("body, fabric", [
     (ONE_NODE, ["--preset", "dgx-h100", "--gpus", "4"]),
     (NODES, ["--config", NODES_TOML]),

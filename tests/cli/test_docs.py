@@ -5,6 +5,8 @@ import argparse
 import os
 import sys
 
+import pytest
+
 from cli_helpers import ROOT, run
 from nvlink_emu.launch.cli import build_parser
 
@@ -12,6 +14,7 @@ sys.path.insert(0, str(ROOT / "docs" / "hooks"))
 import cli_reference  # noqa: E402  (the hook mkdocs loads from mkdocs.yml)
 
 
+@pytest.mark.slow  # a whole mkdocs build
 def test_the_site_builds_in_strict_mode_with_the_generated_cli_reference(tmp_path):
     done, _ = run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"),
                    "-d", str(tmp_path / "site")], env=dict(os.environ, NO_MKDOCS_2_WARNING="1"), timeout_s=300)

@@ -67,6 +67,7 @@ CASES = [("allreduce", a) for a in ("ring", "direct", "sharp", "nvls")] + \
         [("broadcast", a) for a in ("ring", "direct", "sharp")] + [("all2all", "direct")]
 
 
+@pytest.mark.both_sizes  # the ring has n-1 steps and the tree's depth grows with n: the times are formulas in n
 @pytest.mark.parametrize("collective,algorithm", CASES)
 def test_modeled_time_equals_the_closed_form(collective, algorithm):
     n = gpus()

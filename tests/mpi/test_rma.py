@@ -133,6 +133,10 @@ def test_pscw_and_exclusive_locks_order_the_accesses():
                 win.Put(np.array([rank * 7], np.int32), 0, rank)
                 win.Complete()
                 posted = None
+            # MPI (4.0, 12.5): locking a window whose target is in an exposure epoch (between its Post and
+            # Wait) is erroneous; without this barrier an origin's Lock, granted while GPU 0 still waited
+            # for another origin's Complete, wrote the counter before GPU 0's Wait read `posted` (seen once)
+            comm.Barrier()
             cell = np.zeros(1, np.int32)
             for _ in range(3):
                 win.Lock(0, MPI.LOCK_EXCLUSIVE)

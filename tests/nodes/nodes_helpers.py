@@ -149,3 +149,19 @@ def check_bytes_and_times(result, cfg, algorithm: str, calls, rel: float = 1e-12
     got = {link: result.report["links"].get(link, {}).get("payload_bytes", 0) for link in expected}
     assert got == expected
     return got
+
+
+def same_bits(a, b):
+    return a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+
+def fold_contribution(rank, count, dtype, op):
+    """GPU `rank`'s data: random integers, or floats whose last bits show the combine order."""
+    rng = np.random.default_rng(1000 * rank + count)
+    if dtype.kind in "iu":
+        if op == "prod":
+            return rng.integers(-3 if dtype.kind == "i" else 0, 4, count).astype(dtype)
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, count, dtype=dtype, endpoint=True)  # sums wrap
+    scale = 1.5 if op == "prod" else 100.0
+    return rng.uniform(-scale, scale, count).astype(dtype)

@@ -32,6 +32,7 @@ def candidates(collective: str, cfg) -> list[str]:
     return [name for name in allowed(cfg, cfg.nodes, collective) if hasattr(ALGORITHMS[name], collective)]
 
 
+@pytest.mark.both_sizes  # the fastest algorithm changes with the node count and taper: auto's pick is shape-dependent
 @pytest.mark.parametrize("base", PRESETS)
 def test_auto_runs_the_fastest_emulated_algorithm(base):
     cfg = config(base)

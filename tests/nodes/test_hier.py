@@ -19,7 +19,7 @@ from nvlink_emu.fabric.packets import Kind, LoadInfo
 from nvlink_emu.fabric.reduction import DTYPES, OPS, blocks, combine, finish, switch_accumulator
 from nvlink_emu.ranks.collectives import hier
 
-from nodes_helpers import PRESETS, config, run, shape
+from nodes_helpers import PRESETS, config, fold_contribution, run, same_bits, shape
 from trust_helpers import refusals
 
 pytestmark = pytest.mark.mpi(min_size=7)
@@ -29,22 +29,6 @@ CHUNK = 4096  # small messages: every size below streams in several chunks; the 
 S = 3 * 4096 + 8  # bytes of the byte-count calls: uneven blocks, several MTU packets each
 BYTES_CHUNK = 1024  # S's ranges then run in two slices; a call of S_ONE bytes in one
 S_ONE = 8 * 4 * 9 + 4
-
-
-def same_bits(a, b):
-    return a.dtype == b.dtype and a.tobytes() == b.tobytes()
-
-
-def contribution(rank, count, dtype, op):
-    """GPU `rank`'s data: random integers, or floats whose last bits show the combine order."""
-    rng = np.random.default_rng(1000 * rank + count)
-    if dtype.kind in "iu":
-        if op == "prod":
-            return rng.integers(-3 if dtype.kind == "i" else 0, 4, count).astype(dtype)
-        info = np.iinfo(dtype)
-        return rng.integers(info.min, info.max, count, dtype=dtype, endpoint=True)  # sums wrap
-    scale = 1.5 if op == "prod" else 100.0
-    return rng.uniform(-scale, scale, count).astype(dtype)
 
 
 def ranges(collective, count):
@@ -101,7 +85,7 @@ def reductions(gpu, leaf, counts=lambda n, item: (1, 2 * n + 1, 3 * CHUNK // ite
     for op, name in CASES:
         dtype = DTYPES[name]
         for count in counts(n, dtype.itemsize):
-            inputs = [contribution(m, count, dtype, op) for m in range(n)]
+            inputs = [fold_contribution(m, count, dtype, op) for m in range(n)]
             array = inputs[r].copy()
             gpu.world.allreduce(array, op, algorithm)
             if not same_bits(array, reference("allreduce", op, inputs, leaf)):
@@ -116,6 +100,7 @@ def reductions(gpu, leaf, counts=lambda n, item: (1, 2 * n + 1, 3 * CHUNK // ite
     return wrong, calls
 
 
+@pytest.mark.both_sizes  # the two-level fold order changes with 3 nodes instead of 2
 def test_reductions_equal_the_documented_fold_bitwise_for_every_op_and_dtype():
     def main(gpu):
         wrong, _ = reductions(gpu, leaf=False)
@@ -141,7 +126,7 @@ def test_node_stages_in_the_leaf_are_the_documented_fold_take_the_replayed_time_
         for name in ("float16", "int64"):
             dtype = DTYPES[name]
             for count in (2 * n + 1, 5 * n * CHUNK // dtype.itemsize + 3):
-                x = contribution(r, count, dtype, "sum")
+                x = fold_contribution(r, count, dtype, "sum")
                 parts = blocks(count, n)
                 for collective in ("allreduce", "reduce_scatter", "allgather", "broadcast"):
                     gpu.world.barrier()
@@ -155,12 +140,12 @@ def test_node_stages_in_the_leaf_are_the_documented_fold_take_the_replayed_time_
                     elif collective == "allgather":
                         y = np.empty(count, dtype)
                         gpu.world.allgather(x[slice(*parts[r])].copy(), y, algorithm="hier_nvls")
-                        assert same_bits(y, np.concatenate([contribution(m, count, dtype, "sum")[slice(*parts[m])]
+                        assert same_bits(y, np.concatenate([fold_contribution(m, count, dtype, "sum")[slice(*parts[m])]
                                                             for m in range(n)]))
                     else:
                         y = x.copy()
                         gpu.world.broadcast(y, root=n - 1, algorithm="hier_nvls")
-                        assert same_bits(y, contribution(n - 1, count, dtype, "sum"))
+                        assert same_bits(y, fold_contribution(n - 1, count, dtype, "sum"))
                     gpu.world.barrier()
                     root = n - 1 if collective == "broadcast" else 0
                     timed.append((collective, count * dtype.itemsize, dtype.itemsize, root, gpu.now_ns - start))
@@ -270,6 +255,7 @@ FORMS = [(base, "hier_nvls" if base != "superpod-a100-ib" else "hier") for base 
         [("superpod-h100-ib", "hier")]
 
 
+@pytest.mark.both_sizes  # per-level bytes depend on the node count and the spines (2 vs 1)
 @pytest.mark.parametrize("base, algorithm", FORMS)
 def test_hier_is_exact_and_puts_the_documented_bytes_on_every_link_of_both_levels(base, algorithm):
     assert hier_plan.in_leaf(config(base)) == (base != "superpod-a100-ib")
@@ -313,7 +299,7 @@ def test_layouts_it_refuses_and_sub_communicators_it_runs():
             assert np.all(x == sum(range(local, nodes * per_node, per_node)))
         # one node: exactly the ring, bit for bit (hier_nvls: hier's node ring there)
         node = gpu.world.split(r // per_node)
-        data = contribution(r, 1001, np.dtype(np.float32), "sum")
+        data = fold_contribution(r, 1001, np.dtype(np.float32), "sum")
         a, b, c = data.copy(), data.copy(), data.copy()
         node.allreduce(a, algorithm="hier")
         node.allreduce(c, algorithm="hier_nvls")

@@ -60,6 +60,7 @@ def flat_calls(gpu, n):
     return calls
 
 
+@pytest.mark.both_sizes  # flat traffic crosses leaf-spine links in proportion to the node count and spreads over 2 spines or 1
 @pytest.mark.parametrize("base", PRESETS)
 def test_flat_collectives_are_exact_and_put_their_bytes_on_every_level(base):
     result = run(lambda gpu: flat_calls(gpu, gpu.size), base)

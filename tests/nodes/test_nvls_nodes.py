@@ -49,6 +49,7 @@ def test_nvls_across_nodes_is_the_two_level_order_for_every_op_and_dtype():
     assert all(port["refused"] == 0 for port in result.report["ports"].values())
 
 
+@pytest.mark.both_sizes  # the spine level's bytes and time depend on 3 leaves meeting at 1 spine vs 2 at 2
 def test_nvls_across_nodes_puts_exact_bytes_on_both_levels_and_takes_the_replayed_time():
     """reduce_scatter and allreduce of one chunk a block and several, float32 and float16 (partials up in
     float32), and nvls's allgather and broadcast (sharp's stores): every link's payload is

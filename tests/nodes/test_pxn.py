@@ -35,6 +35,7 @@ def test_every_dtype_lands_where_all2all_puts_it():
     run(main, chunk_bytes=CHUNK)
 
 
+@pytest.mark.both_sizes  # PXN's rail relays and the spines' share depend on nodes and spines
 @pytest.mark.parametrize("base", PRESETS)
 def test_pxn_puts_the_documented_bytes_on_every_link_and_direct_s_on_the_spines(base):
     each = 3 * 1024 + 2  # int32s per block: several MTU packets

@@ -29,6 +29,7 @@ def call(gpu, collective: str, algorithm: str, nbytes: int) -> None:
         gpu.world.broadcast(x, 1, algorithm=algorithm)
 
 
+@pytest.mark.both_sizes  # which flows meet on which leaf-spine link (2 spines vs 1) is the shape itself
 @pytest.mark.parametrize("base", PRESETS)
 def test_emulated_time_is_the_replayed_schedule_s(base):
     cfg = config(base, chunk_bytes=1 << 16)  # small chunks: several per block at a small size

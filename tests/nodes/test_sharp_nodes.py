@@ -18,6 +18,7 @@ pytestmark = pytest.mark.mpi(min_size=7)
 COUNT = 3000 + 7  # elements: several 4 KiB chunks, the last one short
 
 
+@pytest.mark.both_sizes  # the spine folds 3 leaves' partials instead of 2: another order
 def test_sharp_allreduce_across_nodes_is_the_two_level_order_for_every_op_and_dtype():
     """Every op and dtype on the world and on a communicator of one GPU per node (world size 10: one of
     two per node), twice each, bitwise equal to the oracle both times; sharp's (rooted) reduce stays refused
@@ -60,6 +61,7 @@ def test_sharp_reduce_scatter_across_nodes_is_the_two_level_order_for_every_op_a
         assert result.value is True
 
 
+@pytest.mark.both_sizes  # spine bytes and the replayed time depend on leaves per spine
 def test_sharp_allreduce_across_nodes_puts_exact_bytes_on_both_levels_and_takes_the_replayed_time():
     """One chunk and several (chunk c to spine c mod P), float32 and float16 (whose partials go up in
     float32): every link's payload is cost_nodes.link_bytes', and each call's modeled time, every GPU

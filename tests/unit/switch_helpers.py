@@ -3,9 +3,9 @@
 import numpy as np
 
 from nvlink_emu.fabric.addressing import Handle
-from nvlink_emu.fabric.config import FabricConfig
+from nvlink_emu.fabric.config import FabricConfig, preset
 from nvlink_emu.fabric.packets import ExportInfo, GroupInfo, Kind, McastInfo, MsgInfo, Packet, ReduceInfo, raw_bytes, segments
-from nvlink_emu.fabric.switch import SwitchLogic
+from nvlink_emu.fabric.switch import SpineLogic, SwitchLogic
 
 MTU, HEADER, PAGE = 256, 16, 4096
 MEMORY = 1 << 20
@@ -96,3 +96,116 @@ def reduce_packet(gid, slot, op, dtype, dest, key, data, req=0):
 def mcast_packet(gid, key, payload, req=0):
     """A multicast store through group `gid` (McastInfo), as Call.multicast sends it."""
     return Packet(Kind.MCAST, src=0, dst=-1, nbytes=payload.nbytes, req=req, info=McastInfo(gid, tuple(key))), payload
+
+
+class Fabric:
+    """Every switch of `config` in one process; `gpu(g, packet, payload)` hands GPU g's packet to its leaf
+    and passes the switches' sends between them until only sends to GPUs are left, which it returns."""
+
+    def __init__(self, config):
+        self.config = config
+        n = config.nodes
+        self.switches = [SwitchLogic(config, k) for k in range(n)] + \
+                        [SpineLogic(config, n + i) for i in range(config.spines)]
+        self.hops: list[tuple[int, int, Packet]] = []  # (from switch, to switch, packet), in order
+
+    def gpu(self, g: int, packet: Packet, payload=None) -> list:
+        leaf = g // self.config.gpus_per_node
+        return self.flow(leaf, self.switches[leaf].on_packet(g, packet, payload))
+
+    def flow(self, here: int, sends: list) -> list:
+        out, queue = [], [(here, send) for send in sends]
+        while queue:
+            frm, send = queue.pop(0)
+            if send.switch is None:
+                out.append(send)
+                continue
+            self.hops.append((frm, send.switch, send.packet))
+            got = self.switches[send.switch].on_switch(frm, send.packet, send.payload)
+            queue += [(send.switch, s) for s in got]
+        return out
+
+    def call(self, g: int, action: str, group: int = 0, members=(), name: str = "") -> dict:
+        sends = self.gpu(g, Packet(Kind.GROUP, 0, -1, req=7, info=GroupInfo(action, group, tuple(members), name)))
+        assert len(sends) == 1 and sends[0].packet.kind is Kind.REPLY and sends[0].port == g
+        return sends[0].packet.info
+
+    def group(self, members, name: str = "c") -> int:
+        gid = self.call(members[0], "create", members=members, name=name)["group"]
+        for g in members:
+            assert self.call(g, "bind", gid) == {"group": gid}
+        return gid
+
+    def reduce(self, g: int, gid: int, slot, data: np.ndarray, dest, key, op="sum") -> list:
+        info = ReduceInfo(gid, tuple(slot), op, data.dtype.name if data.dtype.name != "bfloat16" else "bfloat16",
+                          tuple(dest), tuple(key))
+        payload = data.view(np.uint8).ravel()
+        return self.gpu(g, Packet(Kind.REDUCE, 0, -1, 0, payload.nbytes, info=info, t_start=0.0, t_end=0.0), payload)
+
+
+def nvlink(nodes=2, per_node=2, spines=2, **kw):
+    return preset("superpod-h100-nvlink", nodes=nodes, gpus=nodes * per_node, spines=spines, **kw)
+
+
+def group_packet(action, group=0, members=(), name=""):
+    return Packet(Kind.GROUP, 0, -1, req=7, info=GroupInfo(action, group, tuple(members), name))
+
+
+class Switches:
+    """Every switch of `config`; `send(frm, s)` hands switch `frm`'s Send `s` to its switch and returns
+    what that one sends (not passed on: the test picks the order)."""
+
+    def __init__(self, config):
+        n = config.nodes
+        self.config = config
+        self.switches = [SwitchLogic(config, k) for k in range(n)] + \
+                        [SpineLogic(config, n + i) for i in range(config.spines)]
+
+    def send(self, frm, send):
+        return [(send.switch, s) for s in self.switches[send.switch].on_switch(frm, send.packet, send.payload)]
+
+    def flow(self, pending, hold=lambda frm, send: False):
+        """Deliver `pending` [(from switch, Send)] and everything they cause, but the sends `hold` keeps
+        back (returned, with the sends to GPUs)."""
+        held, to_gpus = [], []
+        while pending:
+            frm, send = pending.pop(0)
+            if send.switch is None:
+                to_gpus.append(send)
+            elif hold(frm, send):
+                held.append((frm, send))
+            else:
+                pending += self.send(frm, send)
+        return held, to_gpus
+
+
+class Intake:
+    """A Transport stand-in for a one-node switch rank whose GPUs' payloads never come: nothing is sent
+    on, no payload message is ever waiting."""
+
+    rank = 4
+
+    def __init__(self):
+        self.pending_bytes_to: dict[int, int] = {}
+
+    def send(self, dest, packet, payload=None):
+        return []
+
+    def probe_payload(self, source):
+        return None
+
+    def sends_pending_to(self, dest):
+        return 0
+
+    def backlogged(self, limit):
+        return []
+
+
+def serves_put(sw, gpu, window, req=77):
+    """GPU `gpu` still gets a valid 100-byte PUT into `window` (exported at physical 8192) through, exactly."""
+    packet, payload = put(0, window.network_address, window.address + 8, 100, req=req)
+    sends = sw.on_packet(gpu, packet, payload)
+    assert len(sends) == 1 and sends[0].port == window.owner and sends[0].payload is payload
+    out = sends[0].packet
+    assert (out.kind, out.src, out.dst, out.address, out.nbytes, out.req) == \
+        (Kind.PUT, sw.route_key(gpu), window.network_address, 8192 + 8, 100, req)

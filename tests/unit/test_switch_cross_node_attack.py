@@ -14,12 +14,12 @@ from nvlink_emu.fabric.packets import (HEADER_GROWTH_BYTES, MAX_GPU_HEADER_BYTES
 from nvlink_emu.ranks.switch import SwitchRank
 from nvlink_emu.ranks.transport import INLINE_FRAME_BYTES, INLINE_PAYLOAD_BYTES, frame, unframe
 
-from test_switch_spanning import Fabric, nvlink
+from switch_helpers import Fabric, nvlink
 
 X = np.ones(16, np.float32)
 
 
-def _group_packet(action, group=0, members=(), name=""):
+def group_packet(action, group=0, members=(), name=""):
     return Packet(Kind.GROUP, 0, -1, req=7, info=GroupInfo(action, group, tuple(members), name))
 
 
@@ -49,19 +49,19 @@ def test_a_member_of_another_leaf_can_use_a_group_only_once_every_spine_holds_it
     is refused, and what it sends afterwards finds the group at every spine."""
     fabric = Fabric(nvlink(spines=2))
     leaf0, leaf1, spine2, spine3 = fabric.switches
-    spans = sorted(leaf0.on_packet(0, _group_packet("create", members=(0, 2), name="c")), key=lambda s: s.switch)
+    spans = sorted(leaf0.on_packet(0, group_packet("create", members=(0, 2), name="c")), key=lambda s: s.switch)
     assert [s.switch for s in spans] == [2, 3]
     gid = spans[0].packet.info.group
     answer = spine2.on_switch(0, spans[0].packet)  # spine 2 first: it answers the creator leaf, asks no leaf
     assert [s.switch for s in answer] == [0]
     assert leaf0.on_switch(2, answer[0].packet) == []  # the creator leaf waits for spine 3
     assert gid not in leaf1.groups.groups
-    (early,) = fabric.gpu(2, _group_packet("bind", gid))
+    (early,) = fabric.gpu(2, group_packet("bind", gid))
     assert early.packet.info.get("error") == "AccessViolation", early.packet.info
     (reply,) = fabric.flow(3, spine3.on_switch(0, spans[1].packet))  # spine 3, then leaf 1 through spine 2
     assert reply.port == 0 and reply.packet.info == {"group": gid}
     assert all(gid in s.groups.groups for s in fabric.switches)
-    (bound,) = fabric.gpu(2, _group_packet("bind", gid))
+    (bound,) = fabric.gpu(2, group_packet("bind", gid))
     assert bound.packet.info == {"group": gid}
     refused = leaf1.refused[2]  # the early bind
     packet, payload = _in_switch(kind, gid)
@@ -80,12 +80,12 @@ def test_a_member_cannot_use_a_group_whose_create_another_switch_refused():
     leaf0, leaf1, spine2, spine3 = fabric.switches
     for k in range(spine3.group_share):
         spine3.groups.create((0, 2), -1, f"other{k}", 0, group_id=1000 + k, inputs=(0, 1), stage="spine")
-    (reply,) = fabric.gpu(0, _group_packet("create", members=(0, 2), name="c"))
+    (reply,) = fabric.gpu(0, group_packet("create", members=(0, 2), name="c"))
     assert reply.packet.info["error"] == "ResourceExhausted", reply.packet.info
     gid = next(p.info.group for _, _, p in fabric.hops if p.kind is Kind.GROUP)
     assert all(gid not in s.groups.groups for s in fabric.switches)
     assert not any(to == 1 for _, to, p in fabric.hops if p.kind is Kind.GROUP and p.info.action == "span")
-    (bind,) = fabric.gpu(2, _group_packet("bind", gid))
+    (bind,) = fabric.gpu(2, group_packet("bind", gid))
     assert bind.packet.info.get("error"), bind.packet.info
     packet, payload = _in_switch(Kind.REDUCE, gid)
     (nack,) = fabric.gpu(2, packet, payload)
@@ -160,11 +160,11 @@ def test_a_store_dropped_at_a_spine_gives_its_credit_back():
     fabric = _Ranks(nvlink(spines=2, switch_buffer_bytes=1 << 16, chunk_bytes=4096))
     leaf1 = fabric.leaf(2)
     assert leaf1.credit_bytes == 16384
-    fabric.gpu(0, _group_packet("create", members=(0, 2), name="c"))
+    fabric.gpu(0, group_packet("create", members=(0, 2), name="c"))
     ((_, reply),) = fabric.to_gpus
     gid = reply.info["group"]
     for g in (0, 2):
-        fabric.gpu(g, _group_packet("bind", gid))
+        fabric.gpu(g, group_packet("bind", gid))
     data = np.ones(16384, np.uint8)
     store = Packet(Kind.MCAST, 0, -1, 0, data.nbytes, info=McastInfo(gid, ("c", 0)))
     fabric.gpu(2, store, data)  # live group: its copy reaches GPU 0 and the credit comes back
@@ -172,7 +172,7 @@ def test_a_store_dropped_at_a_spine_gives_its_credit_back():
     on_cable = fabric.gpu(2, store, data, hold=lambda frm, dest, packet: packet.kind is Kind.MCAST)
     assert [(frm, dest) for frm, dest, _, _ in on_cable] == [(5, 7)]  # leaf 1 -> spine 3
     assert leaf1._credit_used[0] == 16384
-    fabric.gpu(0, _group_packet("release", gid))
+    fabric.gpu(0, group_packet("release", gid))
     fabric.deliver(on_cable)
     assert fabric.ranks[7].logic.late_stores == 1  # dropped at spine 3
     message = Packet(Kind.MSG, 0, leaf1.logic.route_key(0), 0, 64, info=MsgInfo(("m",)))
@@ -341,10 +341,10 @@ def test_a_one_switch_group_takes_a_member_s_load_refusal_and_answers_nothing():
     from nvlink_emu.fabric.config import preset
     from nvlink_emu.fabric.switch import SwitchLogic
     switch = SwitchLogic(preset("dgx-h100", gpus=4))
-    (reply,) = switch.on_packet(0, _group_packet("create", members=(0, 1), name="c"))
+    (reply,) = switch.on_packet(0, group_packet("create", members=(0, 1), name="c"))
     gid = reply.packet.info["group"]
     for g in (0, 1):
-        switch.on_packet(g, _group_packet("bind", gid))
+        switch.on_packet(g, group_packet("bind", gid))
     assert switch.on_packet(1, _unserved(gid, (0, 0, 0))) == [] and switch.refused == [0] * 4
     (nack,) = switch.on_packet(2, _unserved(gid, (0, 0, 0)))
     assert nack.packet.kind is Kind.NACK and f"not a member of group {gid}" in nack.packet.info.message

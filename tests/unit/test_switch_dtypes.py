@@ -10,7 +10,7 @@ from nvlink_emu.fabric.packets import Kind
 from nvlink_emu.fabric.reduction import DTYPES, OPS, reduce_in_order, switch_accumulator
 
 from switch_helpers import export, handle_of, network, only_nack, ready_group, reduce_packet
-from test_switch_trust import serves_put
+from switch_helpers import serves_put
 
 
 def inputs(dtype, gpus, op):

@@ -9,7 +9,7 @@ import pytest
 from nvlink_emu.fabric.errors import AccessViolation
 from nvlink_emu.fabric.packets import Kind, LoadInfo, McastInfo, Packet
 
-from test_switch_spanning import Fabric, nvlink
+from switch_helpers import Fabric, nvlink
 
 
 def load_reduce(fabric, g, gid, slot, dest, nbytes, dtype="float16", address=0):
@@ -123,7 +123,7 @@ def test_a_leaf_keeps_a_partition_s_load_reduces_awaiting_their_result_within_it
     partition's awaiting their result (ResourceExhausted past it), one per result key
     (CollectiveMismatch for a second); a result, or the group's release, gives the slot back. The
     members answer no LOAD here, so the bound of LOADs unanswered per GPU (MAX_LOADS, 1,024, below
-    this budget of 2,048: test_switch_attack3) is raised for the budget to be what is reached."""
+    this budget of 2,048: test_switch_unserved_notices) is raised for the budget to be what is reached."""
     from nvlink_emu.fabric import switch
     monkeypatch.setattr(switch, "MAX_LOADS", 1 << 16)
     fabric = Fabric(nvlink(nodes=2, spines=1, chunk_bytes=1 << 12, switch_buffer_bytes=1 << 12))

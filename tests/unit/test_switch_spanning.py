@@ -10,56 +10,8 @@ import pytest
 from nvlink_emu.fabric.config import preset
 from nvlink_emu.fabric.errors import AccessViolation, ProtocolError
 from nvlink_emu.fabric.packets import GroupInfo, Kind, LoadInfo, McastInfo, Packet, ReduceInfo
-from nvlink_emu.fabric.switch import SpineLogic, SwitchLogic
 
-
-class Fabric:
-    """Every switch of `config` in one process; `gpu(g, packet, payload)` hands GPU g's packet to its leaf
-    and passes the switches' sends between them until only sends to GPUs are left, which it returns."""
-
-    def __init__(self, config):
-        self.config = config
-        n = config.nodes
-        self.switches = [SwitchLogic(config, k) for k in range(n)] + \
-                        [SpineLogic(config, n + i) for i in range(config.spines)]
-        self.hops: list[tuple[int, int, Packet]] = []  # (from switch, to switch, packet), in order
-
-    def gpu(self, g: int, packet: Packet, payload=None) -> list:
-        leaf = g // self.config.gpus_per_node
-        return self.flow(leaf, self.switches[leaf].on_packet(g, packet, payload))
-
-    def flow(self, here: int, sends: list) -> list:
-        out, queue = [], [(here, send) for send in sends]
-        while queue:
-            frm, send = queue.pop(0)
-            if send.switch is None:
-                out.append(send)
-                continue
-            self.hops.append((frm, send.switch, send.packet))
-            got = self.switches[send.switch].on_switch(frm, send.packet, send.payload)
-            queue += [(send.switch, s) for s in got]
-        return out
-
-    def call(self, g: int, action: str, group: int = 0, members=(), name: str = "") -> dict:
-        sends = self.gpu(g, Packet(Kind.GROUP, 0, -1, req=7, info=GroupInfo(action, group, tuple(members), name)))
-        assert len(sends) == 1 and sends[0].packet.kind is Kind.REPLY and sends[0].port == g
-        return sends[0].packet.info
-
-    def group(self, members, name: str = "c") -> int:
-        gid = self.call(members[0], "create", members=members, name=name)["group"]
-        for g in members:
-            assert self.call(g, "bind", gid) == {"group": gid}
-        return gid
-
-    def reduce(self, g: int, gid: int, slot, data: np.ndarray, dest, key, op="sum") -> list:
-        info = ReduceInfo(gid, tuple(slot), op, data.dtype.name if data.dtype.name != "bfloat16" else "bfloat16",
-                          tuple(dest), tuple(key))
-        payload = data.view(np.uint8).ravel()
-        return self.gpu(g, Packet(Kind.REDUCE, 0, -1, 0, payload.nbytes, info=info, t_start=0.0, t_end=0.0), payload)
-
-
-def nvlink(nodes=2, per_node=2, spines=2, **kw):
-    return preset("superpod-h100-nvlink", nodes=nodes, gpus=nodes * per_node, spines=spines, **kw)
+from switch_helpers import Fabric, nvlink
 
 
 def test_a_group_across_nodes_lives_in_every_switch_it_spans_and_reduces_in_two_levels():

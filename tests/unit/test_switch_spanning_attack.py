@@ -9,7 +9,7 @@ import pytest
 from nvlink_emu.fabric.errors import AccessViolation, ProtocolError
 from nvlink_emu.fabric.packets import GroupInfo, Kind, McastInfo, Packet, ReduceInfo
 
-from test_switch_spanning import Fabric, nvlink
+from switch_helpers import Fabric, nvlink
 
 
 def _push(fabric, g, gid, slot, data, dest, key, op="sum"):

@@ -15,20 +15,10 @@ from nvlink_emu.fabric.errors import ProtocolError
 from nvlink_emu.fabric.packets import (ExportInfo, GroupInfo, Kind, LoadInfo, McastInfo, MsgInfo, NackInfo, Packet, ReduceInfo,
                             RevokeInfo)
 from switch_helpers import (MEMORY, export, group_call, handle_of, link, mcast_packet, msg, network, only_nack,
-                            payload_for, put, ready_group, reduce_packet)
+                            payload_for, put, ready_group, reduce_packet, serves_put)
 
 TWO = ((0, 1), (2, 3))   # two tenants of two GPUs each
 LATENCY = 250.0          # the default link profile's switch_latency_ns: a NACK leaves t_end + 250 ns
-
-
-def serves_put(sw, gpu, window, req=77):
-    """GPU `gpu` still gets a valid 100-byte PUT into `window` (exported at physical 8192) through, exactly."""
-    packet, payload = put(0, window.network_address, window.address + 8, 100, req=req)
-    sends = sw.on_packet(gpu, packet, payload)
-    assert len(sends) == 1 and sends[0].port == window.owner and sends[0].payload is payload
-    out = sends[0].packet
-    assert (out.kind, out.src, out.dst, out.address, out.nbytes, out.req) == \
-        (Kind.PUT, sw.route_key(gpu), window.network_address, 8192 + 8, 100, req)
 
 
 def refused_as_malformed(sw, sends, gpu, req, kind, complaint):
@@ -577,11 +567,11 @@ def test_a_gpu_s_tracing_off_leaves_out_its_own_traffic_only_whatever_source_it_
     from nvlink_emu.fabric.packets import TraceInfo
     from nvlink_emu.ranks.switch import SwitchRank
 
-    from test_switch_attack4 import _Intake
+    from switch_helpers import Intake
 
     config = preset("dgx-h100", gpus=4, partitions=((0, 1), (2, 3)))
     trace = _Trace()
-    rank = SwitchRank(config, _Intake(), 5.0, trace=trace)
+    rank = SwitchRank(config, Intake(), 5.0, trace=trace)
     key = rank.logic.route_key
 
     def send(g, dst, nbytes=64):

@@ -1,8 +1,7 @@
 """fabric.cost_nodes.fastest's pruning: occupancy_bound_ns (and fabric.replay.nvls_lower_bound_ns) never
-exceeds the replay, and the pick is the one replaying every candidate gives (the reference below, the code
-before the pruning), on several shapes, presets and sizes, hier (node rings, all its rounds) and hier_nvls
-(its node stages in the leaf: its GPU links' raw bytes) among them; the pruning does skip replays. The
-ring's programs from its cached layout are op for op the ones built per member before."""
+exceeds the replay, and the pick is the one replaying every candidate gives (`exhaustive` below: the
+definition the pruning must keep), on several shapes, presets and sizes, hier (node rings, all its rounds) and hier_nvls
+(its node stages in the leaf: its GPU links' raw bytes) among them; the pruning does skip replays."""
 
 import math
 
@@ -10,7 +9,6 @@ import pytest
 
 from nvlink_emu.fabric import cost_nodes as cn, hier_plan, replay
 from nvlink_emu.fabric.config import resolve
-from nvlink_emu.fabric.reduction import channel_rings, chunks, rail_ranges, ring_channel_count
 from nvlink_emu.ranks.collectives import ALGORITHMS, allowed, choose
 
 PRESETS = ("superpod-h100-nvlink", "superpod-h100-ib", "superpod-a100-ib")
@@ -137,45 +135,6 @@ def test_the_pruning_skips_replays(monkeypatch):
     assert "nvls" in skipped and replayed[0] == "sharp", replayed
     for algorithm in skipped:
         assert cn.occupancy_bound_ns("allreduce", algorithm, config.topology, S, config) > sharp_ns
-
-
-def _reference_ring_channels(collective, topo, r, count, chunk, item):
-    """fabric.replay's ring across nodes as it was before _channel_layout (rings and ranges per member,
-    chunks per step): the reference the cached layout must reproduce op for op."""
-    N, G, n = topo.nodes, topo.gpus_per_node, topo.gpus
-    rings = channel_rings([[a * G + j for j in range(G)] for a in range(N)])[:ring_channel_count(count * item, G)]
-    ranges = rail_ranges(count, n, len(rings))
-    segments = [[[ranges[m][c]] for m in ring] for c, ring in enumerate(rings)]
-    mine = [ring.index(r) for ring in rings]
-    for phase, reduce in (("rs", True), ("ag", False)):
-        if (phase == "rs" and collective == "allgather") or (phase == "ag" and collective == "reduce_scatter"):
-            continue
-        for step in range(n - 1):
-            sent, taken = (1 + step, 2 + step) if reduce else (step, 1 + step)
-            for c, ring in enumerate(rings):
-                for k, (a, b) in enumerate(segments[c][(mine[c] - sent) % n]):
-                    for i, (lo, hi) in enumerate(chunks(a, b, chunk)):
-                        yield ("send", ring[(mine[c] + 1) % n], (phase, step, c, k, i), (hi - lo) * item)
-            for c, ring in enumerate(rings):
-                for k, (a, b) in enumerate(segments[c][(mine[c] - taken) % n]):
-                    for i, _ in enumerate(chunks(a, b, chunk)):
-                        yield ("recv", ring[(mine[c] - 1) % n], (phase, step, c, k, i))
-            if reduce:
-                yield ("flush",)
-        if not reduce:
-            yield ("flush",)
-
-
-@pytest.mark.parametrize("nodes,per_node", SHAPES + [(4, 8)])
-def test_the_ring_s_cached_layout_gives_every_member_the_same_program(nodes, per_node):
-    config = resolve("superpod-h100-ib", None, None, nodes, per_node)
-    n, chunk = config.gpus, config.chunk_bytes // 4
-    for collective in ("allreduce", "reduce_scatter", "allgather"):
-        for S in sizes(n) + (40 << 20,):  # 40 MiB: every channel, blocks of several chunks
-            for r in range(n):
-                got = list(replay._program(collective, "ring", config.topology, r, S // 4, chunk, 4, 0, None))
-                assert got == list(_reference_ring_channels(collective, config.topology, r, S // 4, chunk, 4)), \
-                    (collective, S, r)
 
 
 def test_auto_weighs_hier_against_hier_nvls_as_replaying_both_does():

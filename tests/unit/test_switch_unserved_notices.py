@@ -1,12 +1,12 @@
-"""An attacker's review (attack3) of the notice "unserved" and the refusal of a second request of an
-awaited slot, in one process: every switch of a two-node fabric driven directly (test_switch_spanning's
-Fabric). The whole-run attacks are in tests/nodes/test_attack3.py."""
+"""An attacker's review of the notice "unserved" and the refusal of a second request of an
+awaited slot, in one process: every switch of a two-node fabric driven directly (switch_helpers.py's
+Fabric). The whole-run attacks are in tests/nodes/test_load_reduce_bounds.py."""
 
 import pytest
 
 from nvlink_emu.fabric.packets import GroupInfo, Kind, LoadInfo, Packet
 
-from test_switch_spanning import Fabric, nvlink
+from switch_helpers import Fabric, nvlink
 
 
 def _unserved(gid, slot):
@@ -28,7 +28,7 @@ def test_a_requester_s_own_refusals_keep_loads_to_the_other_node_within_the_budg
     load-reduces at a leaf (partial_share_parts, 2,048 here) is what bounds the LOADs a leaf sends on
     to the other nodes (each costs a LOAD to every member), and leaf 1 takes whatever the spine passes
     down. Measured: every one of 3 x 2,048 requests was taken and leaf 1 sent GPU 2 6,144 LOADs, none
-    answered, none refused (tests/nodes/test_attack3.py: 3,935 held in flight at once by the leaf of
+    answered, none refused (tests/nodes/test_load_reduce_bounds.py: 3,935 held in flight at once by the leaf of
     a GPU that sleeps). tests/unit/test_switch_cross_node_attack.py's refuser=0 case asserts this
     behaviour (that nothing is refused) and would change with a fix. Now leaf 1 keeps at most max_loads
     LOADs unanswered to GPU 2 - MAX_LOADS, 1,024, here: honest nvls keeps at most 4 x 2 (fabric.switch.
@@ -164,7 +164,7 @@ def test_a_notice_of_no_load_stays_at_its_leaf():
     """Group (0, 2) on 2 nodes, one spine, no load-reduce asked: GPU 0 sends notices naming slots of GPU 2's
     (rank 1 second). Each goes to the spine and on to leaf 1 (measured: 2 hops each, 200 for 100
     notices), where it frees nothing; an honest member sends one notice per LOAD it was sent, and the
-    whole-run flood (tests/nodes/test_attack3.py) piles thousands up at the relaying spine.
+    whole-run flood (tests/nodes/test_load_reduce_bounds.py) piles thousands up at the relaying spine.
     tests/unit/test_switch_cross_node_attack.py asserts a notice for no request is relayed (its last
     lines) and would change with a fix. Now each is refused at leaf 0 (AccessViolation, a NACK, counted):
     it sent GPU 0 no LOAD of that slot."""

@@ -1,50 +1,18 @@
-"""An attacker's review (attack4) of the multi-node trust boundary, in one process: every switch of a
+"""An attacker's review of the multi-node trust boundary, in one process: every switch of a
 fabric driven directly, each packet between switches delivered in an order MPI allows (it keeps each
 sender's order, nothing between senders). A SwitchLogic or SpineLogic that raises ends its switch rank
 and with it every tenant's run (ranks/switch.py: the switches trust each other). The whole-run attacks
-are in tests/nodes/test_attack4.py."""
+are in tests/nodes/test_junk_messages_at_the_leaf.py."""
 
 import time
 
 import numpy as np
 import pytest
 
-from nvlink_emu.fabric.packets import GroupInfo, Kind, LoadInfo, McastInfo, Packet
+from nvlink_emu.fabric.packets import Kind, LoadInfo, McastInfo, Packet
 
-from test_switch_spanning import nvlink
-from nvlink_emu.fabric.switch import SpineLogic, SwitchLogic
-
-
-def _group_packet(action, group=0, members=(), name=""):
-    return Packet(Kind.GROUP, 0, -1, req=7, info=GroupInfo(action, group, tuple(members), name))
-
-
-class _Switches:
-    """Every switch of `config`; `send(frm, s)` hands switch `frm`'s Send `s` to its switch and returns
-    what that one sends (not passed on: the test picks the order)."""
-
-    def __init__(self, config):
-        n = config.nodes
-        self.config = config
-        self.switches = [SwitchLogic(config, k) for k in range(n)] + \
-                        [SpineLogic(config, n + i) for i in range(config.spines)]
-
-    def send(self, frm, send):
-        return [(send.switch, s) for s in self.switches[send.switch].on_switch(frm, send.packet, send.payload)]
-
-    def flow(self, pending, hold=lambda frm, send: False):
-        """Deliver `pending` [(from switch, Send)] and everything they cause, but the sends `hold` keeps
-        back (returned, with the sends to GPUs)."""
-        held, to_gpus = [], []
-        while pending:
-            frm, send = pending.pop(0)
-            if send.switch is None:
-                to_gpus.append(send)
-            elif hold(frm, send):
-                held.append((frm, send))
-            else:
-                pending += self.send(frm, send)
-        return held, to_gpus
+from switch_helpers import Intake, Switches, group_packet, nvlink
+from nvlink_emu.fabric.switch import SwitchLogic
 
 
 def _spread_to_one_leaf():
@@ -52,9 +20,9 @@ def _spread_to_one_leaf():
     creates group (0, 2, 4) - a member in each node - and every spine takes it; each spine sends its span
     on to leaves 1 and 2 (phase 2); leaf 1 reads spine 3's at once, spine 4's not yet, leaf 2 neither.
     Returns (switches, gid, the spans still on their way)."""
-    fabric = _Switches(nvlink(nodes=3, spines=2))
+    fabric = Switches(nvlink(nodes=3, spines=2))
     leaf0 = fabric.switches[0]
-    pending = [(0, s) for s in leaf0.on_packet(0, _group_packet("create", members=(0, 2, 4), name="c"))]
+    pending = [(0, s) for s in leaf0.on_packet(0, group_packet("create", members=(0, 2, 4), name="c"))]
     gid = pending[0][1].packet.info.group
     late = lambda frm, send: send.packet.info.action == "span" and (send.switch == 2 or frm == 4)
     held, to_gpus = fabric.flow(pending, hold=late)
@@ -87,13 +55,13 @@ def test_a_member_cannot_reach_a_leaf_before_the_group_s_span_does(kind):
     once spine 3's span comes too, its members binding only then."""
     fabric, gid, held = _spread_to_one_leaf()
     leaf1, leaf2 = fabric.switches[1], fabric.switches[2]
-    (early,) = leaf1.on_packet(2, _group_packet("bind", gid))
+    (early,) = leaf1.on_packet(2, group_packet("bind", gid))
     assert early.packet.info.get("error") == "AccessViolation", early.packet.info
     assert "not created yet" in early.packet.info["message"]
     spine4_to_1 = next(h for h in held if h[0] == 4 and h[1].switch == 1)
     answers, _ = fabric.flow([spine4_to_1])  # leaf 1 now has both spans: it answers, through spine 3
     assert answers == []
-    (bound,) = leaf1.on_packet(2, _group_packet("bind", gid))
+    (bound,) = leaf1.on_packet(2, group_packet("bind", gid))
     assert bound.packet.info == {"group": gid}, bound.packet.info
     if kind is Kind.LOAD_REDUCE:
         info = LoadInfo(gid, (0, 1, 0, 1), "sum", "float32", (2,), ("c", "r", 1), ("c", "src"))
@@ -113,12 +81,12 @@ def test_a_member_cannot_reach_a_leaf_before_the_group_s_span_does(kind):
         assert [(s.switch, s.packet.info.action) for s in got] == [(4, "unserved")]
     else:
         assert got == []
-    (refused,) = leaf2.on_packet(4, _group_packet("bind", gid))  # spine 3's span is still to come
+    (refused,) = leaf2.on_packet(4, group_packet("bind", gid))  # spine 3's span is still to come
     assert refused.packet.info.get("error") == "AccessViolation", refused.packet.info
     spine3_to_2 = next(h for h in held if h[0] == 3 and h[1].switch == 2)
     _, to_gpus = fabric.flow([spine3_to_2])
     assert [(s.port, s.packet.info) for s in to_gpus] == [(0, {"group": gid})]  # the create's answer
-    (bound,) = leaf2.on_packet(4, _group_packet("bind", gid))
+    (bound,) = leaf2.on_packet(4, group_packet("bind", gid))
     assert bound.packet.info == {"group": gid}, bound.packet.info
     assert all(gid in s.groups.groups for s in fabric.switches)
     assert sum(s.malformed[g] for s in fabric.switches[:3] for g in range(6)) == 0
@@ -131,11 +99,11 @@ def test_a_leaf_that_refuses_a_span_answers_once_and_drops_the_later_spans():
     spine 4's span, read by leaf 2 only after that (two senders: any order), is dropped, not taken as a
     new copy nor as a switch's bug. GPU 0 hears ResourceExhausted naming switch 2, no switch holds the
     group, GPU 2's bind is refused."""
-    fabric = _Switches(nvlink(nodes=3, spines=2))
+    fabric = Switches(nvlink(nodes=3, spines=2))
     leaf2 = fabric.switches[2]
     for k in range(leaf2.group_share):
         leaf2.groups.create((4, 5), 4, f"x{k}", 0)
-    pending = [(0, s) for s in fabric.switches[0].on_packet(0, _group_packet("create", members=(0, 2, 4), name="c"))]
+    pending = [(0, s) for s in fabric.switches[0].on_packet(0, group_packet("create", members=(0, 2, 4), name="c"))]
     gid = pending[0][1].packet.info.group
     held, to_gpus = fabric.flow(pending, hold=lambda frm, send: frm == 4 and send.switch == 2
                                                            and send.packet.info.action == "span")
@@ -146,7 +114,7 @@ def test_a_leaf_that_refuses_a_span_answers_once_and_drops_the_later_spans():
     assert fabric.flow(held) == ([], [])  # spine 4's span, after the undo: dropped
     assert all(gid not in s.groups.groups for s in fabric.switches)
     assert all(not s._spans_due for s in fabric.switches[:3])
-    (bind,) = fabric.switches[1].on_packet(2, _group_packet("bind", gid))
+    (bind,) = fabric.switches[1].on_packet(2, group_packet("bind", gid))
     assert bind.packet.info.get("error") == "AccessViolation", bind.packet.info
 
 
@@ -214,28 +182,6 @@ def test_a_release_costs_the_switch_what_the_released_group_holds_only():
     assert sw.groups.held_by(1) == sw.buffer_share_bytes
 
 
-class _Intake:
-    """A Transport stand-in for a one-node switch rank whose GPUs' payloads never come: nothing is sent
-    on, no payload message is ever waiting."""
-
-    rank = 4
-
-    def __init__(self):
-        self.pending_bytes_to: dict[int, int] = {}
-
-    def send(self, dest, packet, payload=None):
-        return []
-
-    def probe_payload(self, source):
-        return None
-
-    def sends_pending_to(self, dest):
-        return 0
-
-    def backlogged(self, limit):
-        return []
-
-
 def test_a_gpu_s_waiting_packets_cost_its_switch_about_what_their_payloads_do():
     """ranks/transport.py: inline payloads (at most 4 KiB) bound "what a switch holds of a GPU's packets
     that wait (MAX_QUEUED of them, ranks/switch.py: 1 MiB per GPU)". GPU 0 sends a PUT header whose 1 MiB
@@ -259,7 +205,7 @@ def test_a_gpu_s_waiting_packets_cost_its_switch_about_what_their_payloads_do():
     from nvlink_emu.ranks.transport import INLINE_PAYLOAD_BYTES, MAX_HEADER_BYTES, frame
 
     config = preset("dgx-h100", gpus=4)
-    rank = SwitchRank(config, _Intake(), 30.0)
+    rank = SwitchRank(config, Intake(), 30.0)
     dst = rank.logic.network_addresses[1]
     rank._take(0, bytearray(Packet(Kind.PUT, 0, dst, 0, 1 << 20).to_wire()))  # its payload never comes
     key = tuple("x" * MAX_TEXT for _ in range(15))
@@ -319,8 +265,8 @@ def test_a_forged_reply_costs_the_switch_what_any_refused_header_does():
     assert many < 10 * one, f"a forged 0-byte reply took {many:.2f} ms with 65,536 requests awaited, {one:.3f} with one"
 
 
-class _Recording(_Intake):
-    """_Intake that records what the switch rank sends."""
+class _Recording(Intake):
+    """Intake that records what the switch rank sends."""
 
     def __init__(self):
         super().__init__()

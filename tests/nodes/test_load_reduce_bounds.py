@@ -2,7 +2,7 @@
 a LOAD gives its request's place in the budget of load-reduces back), the spine's per-member down shares
 and hier's node groups in the leaf. Partition 0 is GPU 0 and the first GPU of the last node (one GPU of
 the tenant in each of two nodes), every other GPU is partition 1. The attacks shown in one process are
-in tests/unit/test_switch_attack3.py."""
+in tests/unit/test_switch_unserved_notices.py."""
 
 import time
 

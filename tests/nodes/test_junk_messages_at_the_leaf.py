@@ -1,6 +1,6 @@
-"""Multi-rank, several nodes: an attacker's review (attack4) of what a GPU's own messages can make its
+"""Multi-rank, several nodes: an attacker's review of what a GPU's own messages can make its
 leaf keep. GPU 0 is alone in partition 0, every other GPU is partition 1. The attacks shown in one
-process are in tests/unit/test_switch_attack4.py."""
+process are in tests/unit/test_switch_span_order_and_costs.py."""
 
 import time
 

@@ -1,5 +1,5 @@
-"""An attacker's second look (attack5) at the trust fixes of trust4 and fix4, in one process: a switch
-driven directly (fabric.switch.SwitchLogic), as the other test_switch_attack* files do."""
+"""An attacker's second look at the trust fixes of trust4 and fix4, in one process: a switch
+driven directly (fabric.switch.SwitchLogic), as test_switch_span_order_and_costs.py and test_switch_unserved_notices.py do."""
 
 import numpy as np
 import pytest
@@ -11,7 +11,7 @@ from nvlink_emu.fabric.replay import sharp_scatter_streams, sharp_streams
 from nvlink_emu.fabric.switch import SwitchLogic, buffer_share_bytes
 
 from switch_helpers import ready_group, reduce_packet
-from test_switch_attack4 import _Intake
+from switch_helpers import Intake
 
 MiB = 1 << 20
 
@@ -122,8 +122,8 @@ def test_an_honest_sharp_reduce_scatter_of_48_gpus_at_its_least_window_fits_its_
     assert window * n * (n - 1) * sw.groups.slot_bytes <= sw.buffer_share_bytes
 
 
-class _Flooded(_Intake):
-    """A Transport stand-in for a one-node switch rank (test_switch_attack4's, whose payloads never come):
+class _Flooded(Intake):
+    """A Transport stand-in for a one-node switch rank (test_switch_span_order_and_costs.py's, whose payloads never come):
     `headers[source]` are the header messages waiting from each GPU (GPU `flooder`'s never run out: it sends
     as fast as the switch reads). `asked` records each source a poll asked for (-1: any)."""
 
@@ -164,7 +164,7 @@ def test_a_gpu_s_flood_cannot_starve_another_tenant_s_gpu_while_one_is_not_read(
     `for source in self.sources` in index order and takes the first header found, every time. A tenant
     with two GPUs, 0 and 3 (partitions (0, 3), (1, 2)), makes GPU 3 not read with 10 packets (a PUT whose
     1 MiB payload never comes, then inline frames of 4 KiB with 61.5 KiB headers: past MAX_QUEUED_BYTES,
-    as tests/unit/test_switch_attack4; it stays so until its deadline, timeout_s, 30 s, and may start
+    as tests/unit/test_switch_span_order_and_costs.py; it stays so until its deadline, timeout_s, 30 s, and may start
     again), and GPU 0 sends zero-byte MSGs to GPU 3 as fast as the switch reads them (it reads its
     answers, so it is never backlogged). Measured (a stand-in transport, GPU 1 and 2 of the other tenant each
     with a header waiting): in 10,000 polls the switch asked for GPU 0's header 10,000 times and never for
@@ -249,11 +249,11 @@ def test_spans_of_two_groups_of_one_creator_leaf_in_any_order_mpi_allows_answer_
     import random
     from collections import deque
 
-    from test_switch_attack4 import _Switches, _group_packet
-    from test_switch_spanning import nvlink
+    from switch_helpers import Switches, group_packet
+    from switch_helpers import nvlink
 
     for seed in range(200):
-        fabric = _Switches(nvlink(nodes=3, spines=2))
+        fabric = Switches(nvlink(nodes=3, spines=2))
         leaf0, links, replies = fabric.switches[0], {}, {}
 
         def put(frm, sends):
@@ -266,12 +266,12 @@ def test_spans_of_two_groups_of_one_creator_leaf_in_any_order_mpi_allows_answer_
                     replies[send.port] = send.packet.info["group"]
                     if send.port == 0:  # GPU 0 binds and releases a at once
                         for action in ("bind", "release"):
-                            put(0, leaf0.on_packet(0, _group_packet(action, group=replies[0])))
+                            put(0, leaf0.on_packet(0, group_packet(action, group=replies[0])))
                 else:
                     links.setdefault((frm, send.switch), deque()).append(send)
 
-        put(0, leaf0.on_packet(0, _group_packet("create", members=(0, 2, 4), name="a")))
-        put(0, leaf0.on_packet(1, _group_packet("create", members=(1, 3, 5), name="b")))
+        put(0, leaf0.on_packet(0, group_packet("create", members=(0, 2, 4), name="a")))
+        put(0, leaf0.on_packet(1, group_packet("create", members=(1, 3, 5), name="b")))
         rng = random.Random(seed)
         while any(links.values()):
             frm, to = rng.choice([k for k, q in links.items() if q])
@@ -281,6 +281,6 @@ def test_spans_of_two_groups_of_one_creator_leaf_in_any_order_mpi_allows_answer_
         a, b = replies[0], replies[1]
         assert all(a not in s.groups.groups for s in fabric.switches), seed
         for gpu in (1, 3, 5):
-            (reply,) = fabric.switches[gpu // 2].on_packet(gpu, _group_packet("bind", group=b))
+            (reply,) = fabric.switches[gpu // 2].on_packet(gpu, group_packet("bind", group=b))
             assert reply.packet.kind is Kind.REPLY and reply.packet.info == {"group": b}, (seed, reply.packet.info)
         assert not any(s._spans_due for s in fabric.switches[:3]), seed

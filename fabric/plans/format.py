@@ -1,0 +1,91 @@
+"""The plan format: per GPU, ordered operations on chunks of its input, output and scratch buffers.
+
+A buffer of a call is cut into `chunks` equal parts (fabric.reduction.blocks of its element count, the
+first parts one element longer where it does not divide); an operation names a run of `cnt` chunks
+from offset `off` of a buffer ("i" input, "o" output, "s" scratch). A GPU's operations are listed in
+the order its program issues them; each carries a channel (an operation stream, MSCCL's threadblock)
+and `deps`: indices of earlier operations of the same GPU (on any channel) that must be done first.
+A send to GPU b on channel c is matched with the receive from this GPU on channel c of b, in order:
+the n-th such send with the n-th such receive (MSCCL's rule). Messages are cut into pieces of at most
+the fabric's chunk_bytes when timed or run (ranks/collectives/ring.py's chunking).
+
+Kinds (MSCCL-IR's step types in brackets): send [s], recv [r] (dst = the message), recv_reduce [rrc]
+(dst += the message), recv_reduce_send [rrs] (send src + the message on, store nothing),
+recv_copy_send [rcs] (dst = the message, send it on), recv_reduce_copy_send [rrcs] (dst += the
+message, send dst on), copy [cpy] (dst = src), reduce [re] (dst += src), flush (wait until this
+GPU's sends so far have left its uplink: no data moves), nop. The in-switch kinds (contribute to an
+in-switch reduction, multicast store, load-reduce request) are part of the format; the interpreters
+do not run them yet, and the validator refuses them with UnsupportedOperation-style PlanError.
+"""
+
+from dataclasses import dataclass, field
+
+BUFFERS = ("i", "o", "s")
+SENDS = ("send", "recv_reduce_send", "recv_copy_send", "recv_reduce_copy_send")
+RECVS = ("recv", "recv_reduce", "recv_reduce_send", "recv_copy_send", "recv_reduce_copy_send")
+LOCAL = ("copy", "reduce")
+IN_SWITCH = ("switch_contribute", "multicast_store", "load_reduce")
+KINDS = tuple(dict.fromkeys(SENDS + RECVS + LOCAL + ("flush", "nop") + IN_SWITCH))
+COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "all2all", "broadcast", "reduce")
+FABRICS = ("classic", "network")  # fabric modes (fabric.config)
+
+
+@dataclass(frozen=True)
+class Ref:
+    """`cnt` chunks of buffer `buf` from chunk `off`."""
+
+    buf: str
+    off: int
+    cnt: int = 1
+
+    def chunk_ids(self) -> range:
+        return range(self.off, self.off + self.cnt)
+
+
+@dataclass(frozen=True)
+class Op:
+    """One operation of a GPU's program. peer_send/peer_recv: the GPU sent to / received from."""
+
+    kind: str
+    channel: int = 0
+    src: Ref | None = None
+    dst: Ref | None = None
+    send_to: int | None = None
+    recv_from: int | None = None
+    deps: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class GpuProgram:
+    """One GPU's buffers (chunks each) and operations in program order."""
+
+    gpu: int
+    ops: tuple[Op, ...]
+    i_chunks: int
+    o_chunks: int
+    s_chunks: int = 0
+
+    def chunks_of(self, buf: str) -> int:
+        return {"i": self.i_chunks, "o": self.o_chunks, "s": self.s_chunks}[buf]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A collective as data. name: the algorithm; collective: one of COLLECTIVES; gpus: the GPU count it
+    is for; inplace: output buffer is the input buffer (ops on "o" and "i" name the same chunks);
+    root: broadcast's and reduce's; fabrics: the fabric modes that may run it."""
+
+    name: str
+    collective: str
+    gpus: int
+    programs: tuple[GpuProgram, ...]
+    inplace: bool = False
+    root: int = 0
+    fabrics: tuple[str, ...] = FABRICS
+    meta: dict = field(default_factory=dict, compare=False)
+
+    def ops(self):
+        """(gpu, step, op) for every operation, GPU by GPU in program order."""
+        for program in self.programs:
+            for step, op in enumerate(program.ops):
+                yield program.gpu, step, op

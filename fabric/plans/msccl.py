@@ -1,0 +1,150 @@
+"""Load an MSCCL-IR XML file (microsoft/msccl-tools, msccl/language/ir.py's output) into a validated Plan.
+
+<algo name ngpus coll nchunksperloop inplace> <gpu id i_chunks o_chunks s_chunks> <tb id send recv chan>
+<step s type srcbuf srcoff dstbuf dstoff cnt depid deps hasdep> (ir_to_xml's old_format; the newer
+<op step type buf off cnt depid deps>, buf/off the source of a send and the destination otherwise, is
+read too; a reference a step does not use, written with offset -1, is ignored). Step types: s send, r recv, rrc
+recv_reduce, rrs recv_reduce_send, rcs recv_copy_send, rrcs recv_reduce_copy_send, cpy copy, re
+reduce, nop. A threadblock (tb) is a channel of its GPU: its steps run in order, a step waits for
+(depid, deps) of the same GPU; its sends go to GPU `send`, its receives come from GPU `recv`, matched
+in order per (sender, receiver, chan). The loader orders each GPU's steps into one program by running
+every threadblock of every GPU until it would wait (a receive before its send, a dependency not done):
+a file in which no step can go on is refused (a deadlock). In-place (inplace="1"): the output is the
+input (MSCCL writes o_chunks="0"). Input is bounded: at most 16 MiB, UTF-8, no DOCTYPE or entity
+declarations (no entity expansion), only the elements above.
+"""
+
+import re
+import xml.etree.ElementTree as ET
+
+from ..errors import PlanError
+from .format import GpuProgram, Op, Plan, Ref
+from .validate import validate
+
+MAX_BYTES = 16 << 20
+KIND = {"s": "send", "r": "recv", "rrc": "recv_reduce", "rrs": "recv_reduce_send", "rcs": "recv_copy_send",
+        "rrcs": "recv_reduce_copy_send", "cpy": "copy", "re": "reduce", "nop": "nop"}
+COLL = {"allreduce": "allreduce", "allgather": "allgather", "reduce_scatter": "reduce_scatter",
+        "reducescatter": "reduce_scatter", "alltoall": "all2all", "all2all": "all2all", "broadcast": "broadcast"}
+BUF = {"i": "i", "o": "o", "s": "s", "input": "i", "output": "o", "scratch": "s"}
+
+
+def _int(element, name, where, default=None) -> int:
+    value = element.get(name)
+    if value is None:
+        if default is not None:
+            return default
+        raise PlanError(f"MSCCL-IR {where}: attribute {name!r} missing")
+    try:
+        return int(value)
+    except ValueError:
+        raise PlanError(f"MSCCL-IR {where}: attribute {name}={value!r} is not an integer") from None
+
+
+def _ref(step, which, where, sends):
+    buf, off = step.get(f"{which}buf"), f"{which}off"
+    if buf is None and step.get("buf") is not None and (which == "src") == sends:  # the newer <op buf off>
+        buf, off = step.get("buf"), "off"
+    if buf is None:
+        return None
+    if buf not in BUF:
+        raise PlanError(f"MSCCL-IR {where}: {which}buf={buf!r} unknown (i, o, s)")
+    return Ref(BUF[buf], _int(step, off, where), _int(step, "cnt", where, 1))
+
+
+def loads(data: bytes | str, origin: str = "<string>") -> Plan:
+    """The validated Plan of MSCCL-IR XML `data` (bounds in the module docstring)."""
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    if len(data) > MAX_BYTES:
+        raise PlanError(f"MSCCL-IR {origin}: {len(data)} bytes, more than the {MAX_BYTES} bytes a plan may have")
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise PlanError(f"MSCCL-IR {origin}: not UTF-8 (byte {e.start})") from None
+    if re.search(rb"<!\s*(doctype|entity)", data, re.IGNORECASE):
+        raise PlanError(f"MSCCL-IR {origin}: DOCTYPE and entity declarations are refused")
+    try:
+        algo = ET.fromstring(data)
+    except ET.ParseError as e:
+        raise PlanError(f"MSCCL-IR {origin}: not well-formed XML ({e})") from None
+    if algo.tag != "algo":
+        raise PlanError(f"MSCCL-IR {origin}: the root element is <{algo.tag}>, not <algo>")
+    n = _int(algo, "ngpus", origin)
+    coll = algo.get("coll", "")
+    if coll.lower() not in COLL:
+        raise PlanError(f"MSCCL-IR {origin}: coll={coll!r} unknown; known: {', '.join(COLL)}")
+    inplace = _int(algo, "inplace", origin, 0) == 1
+    gpus = sorted(algo.findall("gpu"), key=lambda e: _int(e, "id", origin))
+    if [_int(e, "id", origin) for e in gpus] != list(range(n)):
+        raise PlanError(f"MSCCL-IR {origin}: <gpu> ids {[e.get('id') for e in gpus]}, want 0..{n - 1}")
+    tbs = {}  # (gpu, tb id) -> (channel, send, recv, [steps])
+    for g, e in enumerate(gpus):
+        for tb in e.findall("tb"):
+            where = f"{origin} GPU {g} tb {tb.get('id')}"
+            steps = tb.findall("step") + tb.findall("op")  # msccl-tools' old and new formats
+            steps.sort(key=lambda s: _int(s, "s" if s.tag == "step" else "step", where))
+            tbs[(g, _int(tb, "id", where))] = (_int(tb, "chan", where, 0), _int(tb, "send", where, -1),
+                                               _int(tb, "recv", where, -1), steps)
+    ops = {g: [] for g in range(n)}
+    index = {}  # (gpu, tb, step) -> its index in the GPU's program
+    at = {key: 0 for key in tbs}
+    posted: dict[tuple[int, int, int], int] = {}  # (sender, receiver, chan) -> messages sent so far
+    taken: dict[tuple[int, int, int], int] = {}
+    while any(at[key] < len(tbs[key][3]) for key in tbs):
+        progressed = False
+        for (g, t), (chan, send, recv, steps) in tbs.items():
+            while at[(g, t)] < len(steps):
+                s = at[(g, t)]
+                step, where = steps[s], f"{origin} GPU {g} tb {t} step {s}"
+                kind = KIND.get(step.get("type"))
+                if kind is None:
+                    raise PlanError(f"MSCCL-IR {where}: type={step.get('type')!r} unknown; known: {', '.join(KIND)}")
+                deps = []
+                depid, dep = _int(step, "depid", where, -1), _int(step, "deps", where, -1)
+                if depid >= 0:
+                    if (g, depid) not in tbs:
+                        raise PlanError(f"MSCCL-IR {where}: depends on tb {depid}, which GPU {g} does not have")
+                    if (g, depid, dep) not in index:
+                        break
+                    deps.append(index[(g, depid, dep)])
+                receives = kind.startswith("recv")
+                sends = kind == "send" or kind.endswith("_send")
+                if receives and taken.get((recv, g, chan), 0) >= posted.get((recv, g, chan), 0):
+                    break
+                if receives:
+                    taken[(recv, g, chan)] = taken.get((recv, g, chan), 0) + 1
+                if sends:
+                    posted[(g, send, chan)] = posted.get((g, send, chan), 0) + 1
+                src, dst = _ref(step, "src", where, sends), _ref(step, "dst", where, sends)
+                if kind in ("recv", "recv_reduce", "recv_copy_send", "recv_reduce_copy_send"):
+                    src = None
+                elif kind in ("send", "recv_reduce_send"):
+                    dst = None
+                elif kind == "nop":
+                    src = dst = None
+                index[(g, t, s)] = len(ops[g])
+                ops[g].append(Op(kind, chan, src, dst, send if sends else None, recv if receives else None,
+                                 tuple(deps)))
+                at[(g, t)] += 1
+                progressed = True
+        if not progressed:
+            stuck = [f"GPU {g} tb {t} step {at[(g, t)]}" for (g, t) in tbs if at[(g, t)] < len(tbs[(g, t)][3])]
+            raise PlanError(f"MSCCL-IR {origin}: no step can go on (a deadlock): {'; '.join(stuck)}")
+    programs = []
+    for g, e in enumerate(gpus):
+        where = f"{origin} GPU {g}"
+        i, o = _int(e, "i_chunks", where), _int(e, "o_chunks", where)
+        if inplace and o == 0:
+            o = i
+        programs.append(GpuProgram(g, tuple(ops[g]), i, o, _int(e, "s_chunks", where, 0)))
+    plan = Plan(algo.get("name", origin), COLL[coll.lower()], n, tuple(programs), inplace=inplace,
+                meta={"source": origin, "nchunksperloop": _int(algo, "nchunksperloop", origin, 0)})
+    return validate(plan)
+
+
+def load(path) -> Plan:
+    """The validated Plan of the MSCCL-IR XML file at `path` (at most 16 MiB read)."""
+    with open(path, "rb") as f:
+        data = f.read(MAX_BYTES + 1)
+    return loads(data, str(path))

@@ -1,0 +1,133 @@
+"""The replay interpreter of plans: a validated plan timed on fabric.replay's link clocks, and its
+per-link bytes summed from its messages.
+
+Sizes as fabric.replay takes them: S bytes (allreduce, broadcast, reduce: the buffer; all2all: each
+GPU's send buffer; reduce_scatter: the input; allgather: the output), elements of `itemsize` bytes.
+Buffer b of a GPU holds count_b elements, cut into its chunks by fabric.reduction.blocks; an operation's
+run of chunks is one element range, sent as messages of at most config.chunk_bytes of whole elements
+(ranks/collectives/ring.py's chunking). Program order: an operation's receives, then its sends; a flush
+waits until the GPU's uplink is free, and every program ends with one; a flush is put before an
+operation that writes a chunk an unflushed send reads (with_flushes). Local copies and reductions take no modeled time (as in the
+ranks: fabric.replay models the links only).
+"""
+
+from ..errors import FabricError, PlanError
+from ..packets import raw_bytes
+from ..reduction import blocks, chunks
+from ..replay import Fabric, run_programs
+from ..topology import Topology
+from .format import RECVS, SENDS, Op, Plan
+
+
+def buffer_elements(plan: Plan, S: int, itemsize: int) -> dict[str, int]:
+    """Elements of each GPU's input and output buffer for a call of S bytes (module docstring)."""
+    count, n = int(S) // itemsize, plan.gpus
+    if plan.collective == "allgather":
+        return {"i": count // n, "o": count}
+    if plan.collective == "reduce_scatter":
+        return {"i": count, "o": count // n}
+    return {"i": count, "o": count}
+
+
+def _spans(plan: Plan, S: int, itemsize: int, g: int):
+    """GPU g's chunks of each buffer, element ranges: reduce_scatter's output and allgather's input are
+    GPU g's block of the whole (fabric.reduction.blocks(count, n)[g], as the API sizes them)."""
+    elements = buffer_elements(plan, S, itemsize)
+    program = plan.programs[g]
+    count = int(S) // itemsize
+    if plan.collective in ("reduce_scatter", "allgather"):
+        lo, hi = blocks(count, plan.gpus)[g]
+        elements = {"i": count, "o": hi - lo} if plan.collective == "reduce_scatter" else {"i": hi - lo, "o": count}
+    table = {b: blocks(elements[b], program.chunks_of(b)) for b in ("i", "o")}
+    scratch = max(elements["i"], elements["o"])  # scratch chunks: the larger buffer's chunk size
+    if program.s_chunks:
+        size = -(-scratch // max(program.i_chunks, program.o_chunks))
+        table["s"] = [(c * size, (c + 1) * size) for c in range(program.s_chunks)]
+    return table
+
+
+def _range(table, ref) -> tuple[int, int]:
+    return table[ref.buf][ref.off][0], table[ref.buf][ref.off + ref.cnt - 1][1]
+
+
+def with_flushes(plan: Plan, g: int) -> list:
+    """GPU g's operations with a flush put before any that writes a chunk a send not yet flushed reads
+    (a send's data is not copied: ranks/collectives/plan.py sends views of the buffers, as ring.py does),
+    so that both interpreters run the same program. In place, "o" and "i" are one buffer."""
+    alias = (lambda b: "i" if b == "o" else b) if plan.inplace else (lambda b: b)
+    pending, out = set(), []
+    for op in plan.programs[g].ops:
+        writes = op.dst if op.kind in ("recv", "recv_reduce", "recv_copy_send", "recv_reduce_copy_send", "copy",
+                                       "reduce") else None
+        if writes is not None and any((alias(writes.buf), c) in pending for c in writes.chunk_ids()):
+            out.append(Op("flush"))
+            pending.clear()
+        out.append(op)
+        if op.kind == "flush":
+            pending.clear()
+        elif op.kind in ("send", "recv_copy_send", "recv_reduce_copy_send"):
+            ref = op.src if op.kind == "send" else op.dst
+            pending.update((alias(ref.buf), c) for c in ref.chunk_ids())
+    return out
+
+
+def messages(plan: Plan, S: int, itemsize: int, chunk: int):
+    """Per GPU, its program for fabric.replay.run_programs: ("recv", peer, key), ("send", peer, key,
+    nbytes), ("flush",) in plan order; key (channel, message number on that channel and pair, piece)."""
+    def program(g):
+        table = _spans(plan, S, itemsize, g)
+        sent, taken = {}, {}
+        for op in with_flushes(plan, g):
+            if op.kind in RECVS:
+                ref = op.dst if op.dst is not None else op.src
+                m = taken[(op.recv_from, op.channel)] = taken.get((op.recv_from, op.channel), -1) + 1
+                for k, _ in enumerate(chunks(*_range(table, ref), chunk)):
+                    yield ("recv", op.recv_from, (op.channel, m, k))
+            if op.kind in SENDS:
+                ref = op.src if op.kind in ("send", "recv_reduce_send") else op.dst
+                m = sent[(op.send_to, op.channel)] = sent.get((op.send_to, op.channel), -1) + 1
+                for k, (lo, hi) in enumerate(chunks(*_range(table, ref), chunk)):
+                    yield ("send", op.send_to, (op.channel, m, k), (hi - lo) * itemsize)
+            if op.kind == "flush":
+                yield ("flush",)
+        yield ("flush",)  # a call returns once its sends have left (ranks/collectives/plan.py)
+
+    return {g: program(g) for g in range(plan.gpus)}
+
+
+def _check(plan: Plan, topo: Topology, config) -> None:
+    if topo.gpus != plan.gpus:
+        raise PlanError(f"plan {plan.name!r} is for {plan.gpus} GPUs, the fabric has {topo.gpus}")
+    if config.mode not in plan.fabrics:
+        raise PlanError(f"plan {plan.name!r} runs on {', '.join(plan.fabrics)} fabrics, not {config.mode!r}")
+
+
+def plan_ns(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4) -> float:
+    """Modeled ns of one call of `plan` (validated) on every GPU of `topo`, all starting at 0: the latest
+    GPU's clock at the end, as fabric.replay.replay_ns."""
+    _check(plan, topo, config)
+    chunk = max(1, config.chunk_bytes // itemsize)
+    fabric = Fabric(topo, config.mtu_bytes, config.header_bytes)
+
+    def stuck(waiting):
+        return FabricError(f"plan {plan.name!r}: {plan.collective} on {plan.gpus} GPUs waits for ever: GPUs "
+                           f"{sorted(waiting)} wait for what nobody sends (validate the plan first)")
+
+    return run_programs(fabric, messages(plan, S, itemsize, chunk), stuck)
+
+
+def plan_link_bytes(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4) -> dict[str, tuple[int, int]]:
+    """link name -> (payload bytes, raw bytes) the plan's messages put on it (every link of each
+    message's route, fabric.topology.Topology.route), summed from the plan."""
+    _check(plan, topo, config)
+    chunk = max(1, config.chunk_bytes // itemsize)
+    out: dict[str, tuple[int, int]] = {}
+    for g, program in messages(plan, S, itemsize, chunk).items():
+        for op in program:
+            if op[0] != "send":
+                continue
+            raw = raw_bytes(op[3], config.mtu_bytes, config.header_bytes)
+            for link in topo.route(g, op[1]):
+                payload, total = out.get(link.name, (0, 0))
+                out[link.name] = (payload + op[3], total + raw)
+    return out

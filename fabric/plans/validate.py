@@ -1,0 +1,239 @@
+"""The plan validator: shape and bounds, then a symbolic run proving each output chunk's contributions.
+
+Rules (each refusal is a PlanError naming the GPU, the step and, where one is involved, the chunk):
+1. the collective is known; one program per GPU, in GPU order; buffer chunk counts fit the collective
+   (allreduce, all2all, broadcast, reduce: input and output alike, all2all's a multiple of the GPU
+   count; allgather: output = GPUs x input; reduce_scatter: input = GPUs x output); inplace: alike;
+2. every operation's kind is known and runnable (the in-switch kinds are refused: no interpreter runs
+   them yet), names the buffers its kind needs, in range, and peers that are other GPUs of the plan;
+   a dependency names an earlier operation of the same GPU (so the dependencies have no cycle);
+3. a symbolic run, every GPU in program order, sends never waiting, a receive waiting for the matching
+   send (same sender, receiver and channel, in order): it must end with every program done (else the
+   plan deadlocks: the waiting GPUs are named) and no message unreceived; a send and its receive move
+   the same number of chunks; no operation reads a chunk nothing wrote; a reduction never adds a
+   contribution a chunk already holds (it would be counted twice);
+4. at the end every output chunk holds exactly the contributions the collective requires: allreduce
+   chunk c = input chunk c of every GPU; allgather chunk g k + m = GPU g's input chunk m; reduce_scatter
+   chunk m of GPU g = input chunk g k + m of every GPU; all2all chunk h k + m of GPU g = GPU h's input
+   chunk g k + m; broadcast chunk c = the root's input chunk c; reduce: the root's output as allreduce.
+A contribution is (GPU, input chunk); a chunk's value is the set of them.
+"""
+
+from ..errors import PlanError
+from .format import BUFFERS, COLLECTIVES, IN_SWITCH, KINDS, LOCAL, RECVS, SENDS, Plan
+
+_NEEDS = {"send": ("src",), "recv": ("dst",), "recv_reduce": ("dst",), "recv_reduce_send": ("src",),
+          "recv_copy_send": ("dst",), "recv_reduce_copy_send": ("dst",), "copy": ("src", "dst"),
+          "reduce": ("src", "dst"), "flush": (), "nop": ()}
+
+
+def _where(g, step, op=None, chunk=None) -> str:
+    text = f"GPU {g} step {step}"
+    if op is not None:
+        text += f" ({op.kind}, channel {op.channel})"
+    if chunk is not None:
+        text += f" chunk {chunk}"
+    return text
+
+
+def _shape(plan: Plan) -> None:
+    if plan.collective not in COLLECTIVES:
+        raise PlanError(f"plan {plan.name!r}: collective {plan.collective!r} unknown; known: {', '.join(COLLECTIVES)}")
+    n = plan.gpus
+    if n < 1 or len(plan.programs) != n:
+        raise PlanError(f"plan {plan.name!r}: for {n} GPUs but has {len(plan.programs)} programs")
+    if plan.collective in ("broadcast", "reduce") and not 0 <= plan.root < n:
+        raise PlanError(f"plan {plan.name!r}: root {plan.root} is not one of its {n} GPUs")
+    for g, program in enumerate(plan.programs):
+        if program.gpu != g:
+            raise PlanError(f"plan {plan.name!r}: program {g} is for GPU {program.gpu} (programs go in GPU order)")
+        i, o, s = program.i_chunks, program.o_chunks, program.s_chunks
+        if min(i, o) < 1 or s < 0:
+            raise PlanError(f"GPU {g}: buffers of {i} input, {o} output, {s} scratch chunks")
+        c = plan.collective
+        ok = {"allgather": o == n * i, "reduce_scatter": i == n * o, "all2all": i == o and i % n == 0}.get(c, i == o)
+        if not ok or (plan.inplace and i != o):
+            raise PlanError(f"GPU {g}: {i} input and {o} output chunks do not fit {'an in-place ' if plan.inplace else ''}"
+                            f"{c} on {n} GPUs")
+        if (i, o) != (plan.programs[0].i_chunks, plan.programs[0].o_chunks):
+            raise PlanError(f"GPU {g}: {i} input and {o} output chunks, GPU 0 has "
+                            f"{plan.programs[0].i_chunks} and {plan.programs[0].o_chunks}")
+
+
+def _ops(plan: Plan) -> None:
+    n = plan.gpus
+    for g, step, op in plan.ops():
+        if op.kind not in KINDS:
+            raise PlanError(f"{_where(g, step)}: kind {op.kind!r} unknown; known: {', '.join(KINDS)}")
+        if op.kind in IN_SWITCH:
+            raise PlanError(f"{_where(g, step, op)}: in-switch operations are part of the format but no "
+                            f"interpreter runs them yet (sharp and nvls are not plans)")
+        for name in ("src", "dst"):
+            ref = getattr(op, name)
+            if name not in _NEEDS[op.kind]:
+                if ref is not None and op.kind not in ("recv_reduce_send",):
+                    raise PlanError(f"{_where(g, step, op)}: a {op.kind} takes no {name}")
+                continue
+            if ref is None:
+                raise PlanError(f"{_where(g, step, op)}: a {op.kind} needs a {name}")
+            if ref.buf not in BUFFERS:
+                raise PlanError(f"{_where(g, step, op)}: buffer {ref.buf!r} unknown (i, o, s)")
+            size = plan.programs[g].chunks_of(ref.buf)
+            if ref.cnt < 1 or ref.off < 0 or ref.off + ref.cnt > size:
+                raise PlanError(f"{_where(g, step, op, ref.off)}: {name} chunks [{ref.off}, {ref.off + ref.cnt}) of "
+                                f"buffer {ref.buf!r} out of its {size}")
+        for attr, needed in (("send_to", op.kind in SENDS), ("recv_from", op.kind in RECVS)):
+            peer = getattr(op, attr)
+            if needed and (peer is None or not 0 <= peer < n or peer == g):
+                raise PlanError(f"{_where(g, step, op)}: {attr} {peer} is not another GPU of the plan's {n}")
+            if not needed and peer is not None:
+                raise PlanError(f"{_where(g, step, op)}: a {op.kind} has no {attr}")
+        for d in op.deps:
+            if not 0 <= d < step:
+                raise PlanError(f"{_where(g, step, op)}: depends on step {d}, not an earlier step of GPU {g} "
+                                f"(a dependency on a later step is a cycle)")
+
+
+class _State:
+    """Each GPU's chunks' contributions (None: never written)."""
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        self.bufs = []
+        for g, program in enumerate(plan.programs):
+            bufs = {"i": [frozenset({(g, c)}) for c in range(program.i_chunks)],
+                    "s": [None] * program.s_chunks}
+            bufs["o"] = bufs["i"] if plan.inplace else [None] * program.o_chunks
+            self.bufs.append(bufs)
+
+    def read(self, g, step, op, ref):
+        values = self.bufs[g][ref.buf][ref.off:ref.off + ref.cnt]
+        for k, v in enumerate(values):
+            if v is None:
+                raise PlanError(f"{_where(g, step, op, ref.off + k)}: reads chunk {ref.off + k} of buffer "
+                                f"{ref.buf!r}, which nothing wrote")
+        return list(values)
+
+    def write(self, g, ref, values):
+        self.bufs[g][ref.buf][ref.off:ref.off + ref.cnt] = values
+
+    def fold(self, g, step, op, ref, values):
+        out = []
+        for k, (have, add) in enumerate(zip(self.read(g, step, op, ref), values)):
+            twice = have & add
+            if twice:
+                raise PlanError(f"{_where(g, step, op, ref.off + k)}: the reduction would count "
+                                f"{_names(twice)} twice")
+            out.append(have | add)
+        return out
+
+
+def _names(contributions) -> str:
+    return ", ".join(f"GPU {h}'s input chunk {c}" for h, c in sorted(contributions))
+
+
+def _combine(values, message, g, step, op):
+    out = []
+    for k, (have, add) in enumerate(zip(values, message)):
+        if have & add:
+            raise PlanError(f"{_where(g, step, op, k)}: the reduction would count {_names(have & add)} twice")
+        out.append(have | add)
+    return out
+
+
+def _run(plan: Plan) -> _State:
+    state = _State(plan)
+    queues: dict[tuple[int, int, int], list] = {}
+    at = [0] * plan.gpus
+    while True:
+        progressed = False
+        for g, program in enumerate(plan.programs):
+            while at[g] < len(program.ops):
+                step, op = at[g], program.ops[at[g]]
+                message = None
+                if op.kind in RECVS:
+                    queue = queues.get((op.recv_from, g, op.channel))
+                    if not queue:
+                        break
+                    sender_step, message = queue.pop(0)
+                    ref = op.dst if op.dst is not None else op.src
+                    if len(message) != ref.cnt:
+                        raise PlanError(f"{_where(g, step, op, ref.off)}: receives {ref.cnt} chunks, GPU "
+                                        f"{op.recv_from} step {sender_step} sent {len(message)}")
+                kind, out = op.kind, None
+                if kind == "recv":
+                    state.write(g, op.dst, message)
+                elif kind == "recv_reduce":
+                    state.write(g, op.dst, state.fold(g, step, op, op.dst, message))
+                elif kind == "recv_copy_send":
+                    state.write(g, op.dst, message)
+                    out = message
+                elif kind == "recv_reduce_copy_send":
+                    out = state.fold(g, step, op, op.dst, message)
+                    state.write(g, op.dst, out)
+                elif kind == "recv_reduce_send":
+                    out = _combine(state.read(g, step, op, op.src), message, g, step, op)
+                elif kind == "send":
+                    out = state.read(g, step, op, op.src)
+                elif kind == "copy":
+                    if op.src.cnt != op.dst.cnt:
+                        raise PlanError(f"{_where(g, step, op, op.dst.off)}: copies {op.src.cnt} chunks into {op.dst.cnt}")
+                    state.write(g, op.dst, state.read(g, step, op, op.src))
+                elif kind == "reduce":
+                    if op.src.cnt != op.dst.cnt:
+                        raise PlanError(f"{_where(g, step, op, op.dst.off)}: reduces {op.src.cnt} chunks into {op.dst.cnt}")
+                    state.write(g, op.dst, state.fold(g, step, op, op.dst, state.read(g, step, op, op.src)))
+                if out is not None:
+                    queues.setdefault((g, op.send_to, op.channel), []).append((step, out))
+                at[g] += 1
+                progressed = True
+        if all(at[g] == len(p.ops) for g, p in enumerate(plan.programs)):
+            break
+        if not progressed:
+            stuck = [f"GPU {g} step {at[g]} waits for GPU {p.ops[at[g]].recv_from} on channel {p.ops[at[g]].channel}"
+                     for g, p in enumerate(plan.programs) if at[g] < len(p.ops)]
+            raise PlanError(f"plan {plan.name!r} deadlocks: {'; '.join(stuck)}")
+    for (src, dst, channel), queue in queues.items():
+        if queue:
+            step, message = queue[0]
+            raise PlanError(f"GPU {src} step {step}: {len(queue)} message(s) to GPU {dst} on channel {channel} "
+                            f"never received")
+    return state
+
+
+def expected(plan: Plan, g: int, c: int) -> frozenset | None:
+    """The contributions output chunk c of GPU g must hold (None: not checked, reduce's non-roots)."""
+    n, program = plan.gpus, plan.programs[g]
+    coll = plan.collective
+    if coll == "allreduce" or (coll == "reduce" and g == plan.root):
+        return frozenset((h, c) for h in range(n))
+    if coll == "reduce":
+        return None
+    if coll == "broadcast":
+        return frozenset({(plan.root, c)})
+    if coll == "allgather":
+        k = program.i_chunks
+        return frozenset({(c // k, c % k)})
+    if coll == "reduce_scatter":
+        k = program.o_chunks
+        return frozenset((h, g * k + c) for h in range(n))
+    k = program.i_chunks // n  # all2all
+    return frozenset({(c // k, g * k + c % k)})
+
+
+def validate(plan: Plan) -> Plan:
+    """Prove `plan` (rules in the module docstring); return it, or raise PlanError."""
+    _shape(plan)
+    _ops(plan)
+    state = _run(plan)
+    for g, program in enumerate(plan.programs):
+        for c in range(program.o_chunks):
+            want, have = expected(plan, g, c), state.bufs[g]["o"][c]
+            if want is None or have == want:
+                continue
+            if have is None:
+                raise PlanError(f"GPU {g} output chunk {c}: never written (needs {_names(want)})")
+            missing, extra = want - have, have - want
+            parts = ([f"misses {_names(missing)}"] if missing else []) + ([f"holds {_names(extra)} too"] if extra else [])
+            raise PlanError(f"GPU {g} output chunk {c}: {'; '.join(parts)} (at the end of the plan)")
+    return plan

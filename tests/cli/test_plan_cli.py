@@ -1,0 +1,56 @@
+"""`nvlink-emu plan check|show`: an MSCCL-IR file and a registry algorithm validated, their per-link bytes
+and modeled time printed; a bad file refused with the GPU, step and chunk named, status 2."""
+
+from cli_helpers import ROOT, command, run
+
+PLANS = ROOT / "tests" / "unit" / "plans"
+
+
+def test_plan_check_prints_the_ring_files_link_bytes():
+    done, _ = run([command("nvlink-emu"), "plan", "check", str(PLANS / "ring_allreduce_4.xml"), "-S", "4M"])
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("# plan 'ring_allreduce_4': allreduce on 4 GPUs, 28 operations, valid")
+    assert "modeled 20.309 us" in lines[1]  # fabric.plans.plan_ns, dgx-h100, 4 MiB
+    rows = [line.split() for line in lines[3:]]
+    assert len(rows) == 8 and all(row[1:] == ["6291456", "6684672"] for row in rows)  # 2 (n-1)/n x 4 MiB
+
+
+def test_plan_show_lists_a_registry_plans_operations():
+    done, _ = run([command("nvlink-emu"), "plan", "show", "recursive_doubling", "--gpus", "4", "-S", "64K"])
+    assert done.returncode == 0, done.stderr
+    assert "# GPU 3: 1 input, 1 output, 1 scratch chunks" in done.stdout
+    assert "   0 ch0 send src o[0:1] to GPU 2" in done.stdout  # GPU 3's first partner: 3 xor 1
+
+
+def test_a_bad_plan_is_refused_with_its_gpu_step_and_chunk(tmp_path):
+    text = (PLANS / "ring_allreduce_4.xml").read_text()
+    # GPU 2's first send names chunk 7 of its 4
+    bad = text.replace('<gpu id="2" i_chunks="4" o_chunks="0" s_chunks="0">\n    <tb id="0" send="3" recv="1" chan="0">\n'
+                       '      <step s="0" type="s" srcbuf="i" srcoff="1"',
+                       '<gpu id="2" i_chunks="4" o_chunks="0" s_chunks="0">\n    <tb id="0" send="3" recv="1" chan="0">\n'
+                       '      <step s="0" type="s" srcbuf="i" srcoff="7"')
+    assert bad != text
+    path = tmp_path / "bad.xml"
+    path.write_text(bad)
+    done, _ = run([command("nvlink-emu"), "plan", "check", str(path)])
+    assert done.returncode == 2
+    assert "PlanError: GPU 2 step 0 (send, channel 0) chunk 7: src chunks [7, 8) of buffer 'i' out of its 4" \
+        in done.stderr, done.stderr
+    done, _ = run([command("nvlink-emu"), "plan", "check", "recursive_doubling", "--gpus", "6"])
+    assert done.returncode == 2 and "6 GPUs is not a power of two" in done.stderr
+
+
+def test_model_times_a_plan_file_per_size():
+    done, _ = run([command("nvlink-emu"), "model", "allreduce", "--plan", str(PLANS / "ring_allreduce_4.xml"),
+                   "--gpus", "4", "-b", "4M", "-e", "4M", "--json"])
+    assert done.returncode == 0, done.stderr
+    import json
+    row = json.loads(done.stdout.splitlines()[-1])
+    # plan check's figures for the same call: 20.309 us, 2 (n-1)/n x 4 MiB on GPU 0's uplink and downlink
+    assert (row["algorithm"], row["plan"], row["modeled_us"]) == ("plan", "ring_allreduce_4", 20.3093)
+    assert row["tx_bytes_per_gpu"] == row["rx_bytes_per_gpu"] == 6291456
+    assert "plan 'ring_allreduce_4': replayed by fabric.plans.plan_ns" in done.stderr
+    done, _ = run([command("nvlink-emu"), "model", "allgather", "--plan", str(PLANS / "ring_allreduce_4.xml"),
+                   "--gpus", "4"])
+    assert done.returncode == 2 and "is a allreduce plan for 4 GPUs; asked for allgather" in done.stderr

@@ -1,0 +1,232 @@
+"""fabric.plans: the validator's refusals (each naming GPU, step, chunk), the MSCCL-IR loader and its
+bounds, the replay interpreter against fabric.replay's ring and hand-computed closed forms."""
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+
+from nvlink_emu.fabric import cost, plans, replay
+from nvlink_emu.fabric.config import preset
+from nvlink_emu.fabric.errors import PlanError
+from nvlink_emu.fabric.packets import raw_bytes
+from nvlink_emu.fabric.plans.format import GpuProgram, Op, Plan, Ref
+from nvlink_emu.fabric.topology import Topology
+
+HERE = Path(__file__).parent / "plans"
+
+
+def _with_ops(plan: Plan, g: int, ops) -> Plan:
+    programs = list(plan.programs)
+    programs[g] = dataclasses.replace(programs[g], ops=tuple(ops))
+    return dataclasses.replace(plan, programs=tuple(programs))
+
+
+# -- the registry's plans ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["dgx-h100", "dgx-a100", "dgx-h100-line"])
+@pytest.mark.parametrize("gpus", [2, 3, 5, 8])
+def test_the_ring_plan_times_exactly_as_the_replayed_ring(name, gpus):
+    config = preset(name, gpus=gpus)
+    topo = Topology.single(config)
+    for collective in ("allreduce", "reduce_scatter", "allgather"):
+        plan = plans.build("ring", gpus, collective)
+        for size in (gpus * 1024, gpus << 20, gpus * 3 << 20, gpus * 4096 + 12):  # one chunk, several, uneven
+            got = plans.plan_ns(plan, topo, size, config)
+            assert got == replay.replay_ns(collective, "ring", topo, size, config), (collective, size)
+            if size % (4 * gpus) == 0:  # fabric.cost's one-node closed form, the oracle
+                assert math.isclose(got, cost.modeled_ns(collective, "ring", size, gpus, config), rel_tol=1e-12)
+
+
+@pytest.mark.parametrize("gpus", [3, 8])
+def test_the_ring_plans_link_bytes_are_the_rings(gpus):
+    config = preset("dgx-h100", gpus=gpus)
+    topo = Topology.single(config)
+    S = gpus << 20
+    per = {"allreduce": 2 * (gpus - 1) * S // gpus, "reduce_scatter": (gpus - 1) * S // gpus,
+           "allgather": (gpus - 1) * S // gpus}
+    for collective, payload in per.items():
+        links = plans.plan_link_bytes(plans.build("ring", gpus, collective), topo, S, config)
+        assert len(links) == 2 * gpus  # every uplink and downlink
+        messages = payload // (1 << 20)  # 1 MiB blocks, each one message (chunk_bytes: 4 MiB)
+        assert config.chunk_bytes >= 1 << 20
+        assert all(v == (payload, messages * raw_bytes(1 << 20, config.mtu_bytes, config.header_bytes))
+                   for v in links.values()), (collective, links)
+
+
+@pytest.mark.parametrize("gpus", [2, 4, 8])
+def test_recursive_doubling_is_log2_n_exchanges(gpus):
+    # one message a step (S <= chunk_bytes): uplink R/B + a, the leaf s, the downlink's latency a;
+    # each exchange starts when the last one's message is in: log2(n) (R/B + 2a + s)
+    config = preset("dgx-h100", gpus=gpus)
+    topo = Topology.single(config)
+    S = 64 * 1024
+    R = raw_bytes(S, config.mtu_bytes, config.header_bytes)
+    a, s, B = topo.gpu_latency_ns, topo.switch_latency_ns, topo.gpu_gbytes_per_s
+    want = int(math.log2(gpus)) * (R / B + 2 * a + s)
+    got = plans.plan_ns(plans.build("recursive_doubling", gpus, "allreduce"), topo, S, config)
+    assert got == pytest.approx(want, rel=1e-12)
+    links = plans.plan_link_bytes(plans.build("recursive_doubling", gpus, "allreduce"), topo, S, config)
+    assert set(links.values()) == {(int(math.log2(gpus)) * S, int(math.log2(gpus)) * R)}
+
+
+def test_the_registry_refuses_what_it_cannot_build():
+    with pytest.raises(PlanError, match="6 GPUs is not a power of two"):
+        plans.build("recursive_doubling", 6, "allreduce")
+    with pytest.raises(PlanError, match="no plan algorithm 'tree'"):
+        plans.build("tree", 4, "allreduce")
+    with pytest.raises(PlanError, match="ring plan: no all2all"):
+        plans.build("ring", 4, "all2all")
+
+
+def test_a_plan_runs_only_on_its_gpu_count_and_fabrics():
+    config = preset("dgx-h100", gpus=4)
+    with pytest.raises(PlanError, match="for 8 GPUs, the fabric has 4"):
+        plans.plan_ns(plans.build("ring", 8, "allreduce"), Topology.single(config), 1 << 20, config)
+    plan = dataclasses.replace(plans.build("ring", 4, "allreduce"), fabrics=("classic",))
+    with pytest.raises(PlanError, match="runs on classic fabrics, not 'network'"):
+        plans.plan_ns(plan, Topology.single(config), 1 << 20, config)
+
+
+# -- the validator's refusals ---------------------------------------------------------------------
+
+def test_a_reduction_counting_a_contribution_twice_is_refused():
+    plan = plans.build("ring", 4, "allreduce")
+    ops = list(plan.programs[2].ops)
+    ops.insert(0, Op("reduce", src=Ref("i", 1), dst=Ref("o", 1)))  # in place: chunk 1 += itself
+    with pytest.raises(PlanError, match=r"GPU 2 step 0 \(reduce, channel 0\) chunk 1: the reduction would count "
+                                        r"GPU 2's input chunk 1 twice"):
+        plans.validate(_with_ops(plan, 2, ops))
+
+
+def test_a_missing_contribution_is_refused_naming_the_gpu_and_chunk():
+    plan = plans.build("ring", 3, "allreduce")
+    # drop GPU 1's last all-gather receive (chunk 2) and GPU 0's matching send: GPU 1 keeps the partial
+    # its reduce-scatter left there, GPU 0's and its own
+    ops1 = [op for op in plan.programs[1].ops]
+    del ops1[-2]  # GPU 1's last recv (before the flush)
+    ops0 = list(plan.programs[0].ops)
+    del ops0[-3]  # GPU 0's last send
+    bad = _with_ops(_with_ops(plan, 1, ops1), 0, ops0)
+    with pytest.raises(PlanError, match=r"GPU 1 output chunk 2: misses GPU 2's input chunk 2 \(at the end"):
+        plans.validate(bad)
+
+
+def test_a_chunk_out_of_range_is_refused():
+    plan = plans.build("ring", 4, "allreduce")
+    ops = list(plan.programs[3].ops)
+    ops[3] = dataclasses.replace(ops[3], src=Ref("o", 3, 2))  # step 3: reduce-scatter step 1's send
+    with pytest.raises(PlanError, match=r"GPU 3 step 3 \(send, channel 0\) chunk 3: src chunks \[3, 5\) of buffer 'o' "
+                                        r"out of its 4"):
+        plans.validate(_with_ops(plan, 3, ops))
+
+
+def test_a_dependency_on_a_later_step_is_a_cycle():
+    plan = plans.build("recursive_doubling", 2, "allreduce")
+    ops = list(plan.programs[1].ops)
+    ops[0] = dataclasses.replace(ops[0], deps=(2,))
+    with pytest.raises(PlanError, match=r"GPU 1 step 0 \(send, channel 0\): depends on step 2, not an earlier step"):
+        plans.validate(_with_ops(plan, 1, ops))
+
+
+def test_a_deadlock_is_refused_naming_who_waits_for_whom():
+    plan = plans.build("recursive_doubling", 2, "allreduce")
+    bad = plan
+    for g in (0, 1):
+        send, recv, add = plan.programs[g].ops
+        bad = _with_ops(bad, g, [recv, send, add])  # both receive before they send
+    with pytest.raises(PlanError, match=r"deadlocks: GPU 0 step 0 waits for GPU 1 on channel 0; GPU 1 step 0 waits "
+                                        r"for GPU 0 on channel 0"):
+        plans.validate(bad)
+
+
+def test_reading_an_unwritten_chunk_and_unreceived_messages_are_refused():
+    plan = plans.build("recursive_doubling", 2, "allreduce")
+    ops = list(plan.programs[0].ops)
+    with pytest.raises(PlanError, match=r"GPU 0 step 0 \(send, channel 0\) chunk 0: reads chunk 0 of buffer 's', "
+                                        r"which nothing wrote"):
+        plans.validate(_with_ops(plan, 0, [dataclasses.replace(ops[0], src=Ref("s", 0))] + ops[1:]))
+    extra = _with_ops(plan, 0, ops + [Op("send", src=Ref("o", 0), send_to=1, channel=3)])
+    with pytest.raises(PlanError, match=r"GPU 0 step 3: 1 message\(s\) to GPU 1 on channel 3 never received"):
+        plans.validate(extra)
+
+
+def test_in_switch_operations_are_declared_but_refused():
+    plan = plans.build("ring", 2, "allreduce")
+    bad = _with_ops(plan, 1, (Op("multicast_store", src=Ref("o", 0)),) + plan.programs[1].ops)
+    with pytest.raises(PlanError, match=r"GPU 1 step 0 \(multicast_store, channel 0\): in-switch operations"):
+        plans.validate(bad)
+
+
+def test_buffers_must_fit_the_collective():
+    plan = plans.build("ring", 4, "allgather")
+    bad = dataclasses.replace(plan, programs=tuple(dataclasses.replace(p, o_chunks=3) for p in plan.programs))
+    with pytest.raises(PlanError, match="GPU 0: 1 input and 3 output chunks do not fit allgather on 4 GPUs"):
+        plans.validate(bad)
+
+
+# -- MSCCL-IR ------------------------------------------------------------------------------------
+
+def test_the_msccl_fixtures_load_validate_and_move_the_expected_bytes():
+    config = preset("dgx-h100", gpus=4)
+    topo = Topology.single(config)
+    ring = plans.load(HERE / "ring_allreduce_4.xml")
+    assert (ring.name, ring.collective, ring.gpus, ring.inplace) == ("ring_allreduce_4", "allreduce", 4, True)
+    S = 4 << 20
+    assert set(plans.plan_link_bytes(ring, topo, S, config).values()) == set(
+        plans.plan_link_bytes(plans.build("ring", 4, "allreduce"), topo, S, config).values())
+    assert plans.plan_ns(ring, topo, S, config) > 0
+    pairs = plans.load(HERE / "allpairs_allreduce_3.xml")
+    config3 = preset("dgx-h100", gpus=3)
+    links = plans.plan_link_bytes(pairs, Topology.single(config3), 3 << 20, config3)
+    assert {v[0] for v in links.values()} == {4 << 20}  # 2 chunks out for the reduction, 2 results: 4 x S/3
+
+
+def test_the_two_step_all2all_crosses_nodes_only_on_its_rail():
+    config = preset("superpod-h100-ib", nodes=2, gpus=4, spines=1)
+    topo = config.topology
+    plan = plans.load(HERE / "two_step_alltoall_2x2.xml")
+    S = 4 << 20  # each GPU's send buffer: 4 chunks of 1 MiB
+    links = plans.plan_link_bytes(plan, topo, S, config)
+    by_level = {}
+    for link in topo.links:
+        by_level.setdefault(link.level, []).append(links.get(link.name, (0, 0))[0])
+    # every GPU sends 4 chunks (its node peer's, the one it relays, its rail's, its rail's peer's): S each way;
+    # two chunks of each GPU cross: 2 MiB up and 2 MiB down through the spine per GPU
+    assert sorted(set(by_level["gpu-leaf"])) == [S]
+    assert sum(by_level["leaf-spine"]) == 4 * 2 * (2 << 20)
+    assert plans.plan_ns(plan, topo, S, config) > replay.replay_ns("all2all", "direct", Topology.single(
+        preset("dgx-h100", gpus=4)), S, preset("dgx-h100", gpus=4))
+
+
+@pytest.mark.parametrize("data, message", [
+    (b"<algo/>" + b" " * (16 << 20), "more than the 16777216 bytes"),
+    (b"<algo \xff/>", "not UTF-8"),
+    (b'<?xml version="1.0"?><!DOCTYPE algo [<!ENTITY x "y">]><algo/>', "DOCTYPE and entity declarations are refused"),
+    (b"<plan/>", "the root element is <plan>, not <algo>"),
+    (b"<algo ngpus='2' coll='allreduce'", "not well-formed XML"),
+    (b"<algo ngpus='2' coll='gather'/>", "coll='gather' unknown"),
+    (b"<algo ngpus='1' coll='allreduce'><gpu id='0' i_chunks='1' o_chunks='1'><tb id='0' send='-1' recv='-1' chan='0'>"
+     b"<step s='0' type='zz'/></tb></gpu></algo>", r"GPU 0 tb 0 step 0: type='zz' unknown"),
+    (b"<algo ngpus='2' coll='allreduce'><gpu id='0' i_chunks='1' o_chunks='1'><tb id='0' send='1' recv='1' chan='0'>"
+     b"<step s='0' type='r' dstbuf='o' dstoff='0' cnt='1'/></tb></gpu><gpu id='1' i_chunks='1' o_chunks='1'>"
+     b"<tb id='0' send='0' recv='0' chan='0'><step s='0' type='r' dstbuf='o' dstoff='0' cnt='1'/></tb></gpu></algo>",
+     r"no step can go on \(a deadlock\): GPU 0 tb 0 step 0; GPU 1 tb 0 step 0"),
+])
+def test_the_loader_refuses_bad_input(data, message):
+    with pytest.raises(PlanError, match=message):
+        plans.loads(data)
+
+
+def test_the_loader_reads_msccl_tools_newer_op_elements():
+    # <op step type buf off>: buf/off is a send's source, a receive's destination
+    xml = ("<algo name='x' ngpus='2' coll='allgather' inplace='0'>"
+           + "".join(f"<gpu id='{g}' i_chunks='1' o_chunks='2' s_chunks='0'>"
+                     f"<tb id='0' send='-1' recv='-1' chan='0'><op step='0' type='cpy' srcbuf='i' srcoff='0' dstbuf='o' "
+                     f"dstoff='{g}'/></tb>"
+                     f"<tb id='1' send='{1 - g}' recv='{1 - g}' chan='0'><op step='0' type='s' buf='i' off='0'/>"
+                     f"<op step='1' type='r' buf='o' off='{1 - g}'/></tb></gpu>" for g in range(2)) + "</algo>")
+    plan = plans.loads(xml)
+    assert [op.kind for op in plan.programs[0].ops] == ["copy", "send", "recv"]
+    assert plan.programs[1].ops[2].dst == Ref("o", 0)
