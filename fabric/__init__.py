@@ -7,8 +7,8 @@ What a workload script or a test needs, in one import:
 from .addressing import Handle
 from .config import DEFAULT_PRESET, PRESETS, FabricConfig, load_toml, preset, resolve
 from .errors import (AccessViolation, CollectiveMismatch, ConfigError, FabricError, FabricTimeout, OutOfMemory,
-                     ProtocolError, ResourceExhausted, UnsupportedOperation)
+                     LinkDown, ProtocolError, ResourceExhausted, UnsupportedOperation)
 
 __all__ = ["Handle", "DEFAULT_PRESET", "PRESETS", "FabricConfig", "load_toml", "preset", "resolve",
            "AccessViolation", "CollectiveMismatch", "ConfigError", "FabricError", "FabricTimeout", "OutOfMemory",
-           "ProtocolError", "ResourceExhausted", "UnsupportedOperation"]
+           "LinkDown", "ProtocolError", "ResourceExhausted", "UnsupportedOperation"]

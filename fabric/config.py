@@ -119,6 +119,9 @@ class FabricConfig:
     gpu: str = "h100-sxm"
     compute_efficiency: float = 0.7
     memory_efficiency: float = 0.9
+    # the fault plan (fabric.faults): `[[faults]]` tables in a config TOML or `--faults FILE.toml`;
+    # validated against this fabric's link names, held as fabric.faults.Fault records
+    faults: tuple = ()
 
     def __post_init__(self):
         if self.spines is None and isinstance(self.nodes, int) and isinstance(self.gpus, int) and self.nodes >= 1:
@@ -126,6 +129,8 @@ class FabricConfig:
         self._validate()
         if not self.partitions:
             object.__setattr__(self, "partitions", (tuple(range(self.gpus)),))
+        if self.faults:
+            self._parse_faults()
 
     @property
     def timing(self) -> "Timing":
@@ -185,9 +190,37 @@ class FabricConfig:
                 return index
         raise ConfigError(f"partitions: GPU {gpu} is in no partition")
 
+    @property
+    def fault_plan(self):
+        """The fabric.faults.FaultPlan of this config (empty, and false, without faults)."""
+        from .faults import FULL_LANES, FaultPlan
+        return FaultPlan(self.faults, FULL_LANES.get(self.link, 0))
+
+    def _parse_faults(self) -> None:
+        from .faults import FULL_LANES, Fault, parse_plan
+        if not isinstance(self.faults, (list, tuple)):
+            raise ConfigError(f"faults: must be a list of tables ([[faults]]), got {self.faults!r}")
+        if all(isinstance(f, Fault) for f in self.faults):
+            entries = [f.entry() for f in self.faults]
+        else:
+            entries = list(self.faults)
+        known = {link.name for link in self.topology.links}
+        plan = parse_plan(entries, "faults", known, FULL_LANES.get(self.link, 0))
+        for fault in plan.faults:  # between switches: rerouted around when down; ber and lanes not modeled there
+            if fault.kind in ("ber", "degraded") and any(self.topology.link(name).level != "gpu-leaf"
+                                                         for name in fault.links):
+                raise ConfigError(f"faults: kind: {fault.kind!r} on {fault.link!r}, a link between switches; "
+                                  f"this version models ber and degraded on a GPU's links only (gpuN<->swL), and "
+                                  f"down or flap on any link")
+        object.__setattr__(self, "faults", plan.faults)
+
     def digest(self) -> str:
-        """Short stable hash of every field, for trace headers and reports."""
-        text = json.dumps(dataclasses.asdict(self), sort_keys=True)
+        """Short stable hash of every field, for trace headers and reports (a config without faults
+        hashes as it did before faults existed)."""
+        fields = dataclasses.asdict(self)
+        if not self.faults:
+            del fields["faults"]
+        text = json.dumps(fields, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def _validate(self):

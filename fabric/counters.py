@@ -193,13 +193,20 @@ def merge_reports(config, parts: list[dict]) -> dict:
         for key, value in part.get("stats", {}).items():
             stats[key] = max(stats[key], value) if key == "peak_held_bytes" else stats[key] + value
     gpus = config.gpus
+    elapsed_ns = max(merged["now_ns"].values(), default=0.0)
+    plan = config.fault_plan
+    for link in plan.links():  # a faulted link's state at the end of the run (the plan is the config's)
+        row = links.setdefault(link, LinkStats().as_dict())
+        row.setdefault("crc_errors", 0)
+        row.setdefault("replays", 0)
+        row["state"] = plan.state(link, elapsed_ns)
     return {
         "fabric": config.name,
         "mode": config.mode,
         "gpus": gpus,
         "nodes": config.nodes,
         "spines": config.spines,
-        "elapsed_ns": max(merged["now_ns"].values(), default=0.0),
+        "elapsed_ns": elapsed_ns,
         "links": dict(sorted(links.items())),
         "ports": {g: ports[g] for g in sorted(ports)},
         "network_addresses": list(assign_network_addresses(gpus)) if config.mode == "network" else [],

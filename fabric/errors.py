@@ -37,6 +37,16 @@ class ResourceExhausted(FabricError):
     """A finite switch resource ran out (e.g. NVSwitch gen 3's 128 concurrent multicast/SHARP groups)."""
 
 
+class LinkDown(FabricError):
+    """An operation needs a link that is down in the fault plan (fabric.faults) and no path is left around
+    it. Attributes: link (its name), at_ns (when it went down, modeled ns), up_at_ns (when it comes back; inf:
+    never). Raised again from a switch's refusal, it keeps its message (the attributes take their defaults)."""
+
+    def __init__(self, message: str, link: str = "", at_ns: float = 0.0, up_at_ns: float = float("inf")):
+        super().__init__(message)
+        self.link, self.at_ns, self.up_at_ns = link, at_ns, up_at_ns
+
+
 class PlanError(FabricError):
     """A collective plan (fabric.plans) is invalid; the message names the GPU, the step and the chunk.
     Raised by the validator or a loader, before anything runs."""

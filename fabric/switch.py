@@ -116,8 +116,9 @@ import numpy as np
 from .addressing import Handle, assign_network_addresses, decode_physical
 from .config import FabricConfig
 from .counters import LinkCounters, downlink, uplink
+from .faults import spine_links_scale, spine_route
 from .timemodel import LinkEnd
-from .errors import (AccessViolation, CollectiveMismatch, FabricError, ProtocolError, ResourceExhausted,
+from .errors import (AccessViolation, CollectiveMismatch, FabricError, LinkDown, ProtocolError, ResourceExhausted,
                      UnsupportedOperation)
 from .groups import ByGroup, GroupTable
 from .packets import (MAX_TEXT, WIRE_INT_MAX, GroupInfo, Kind, LoadInfo, McastInfo, NackInfo, Packet, ReduceInfo,
@@ -224,6 +225,7 @@ class Send:
     payload: np.ndarray | None = None
     origin: int | None = None  # who the data comes from: the ingress GPU (None) or the switch itself (-1)
     switch: int | None = None  # to that switch itself (in-switch traffic between switches; counted already)
+    via: int | None = None     # the spine switch it goes up to, if the leaf rerouted it (fabric.faults)
 
 
 class SwitchLogic:
@@ -249,6 +251,10 @@ class SwitchLogic:
             if topology.spines else {}
         self.counters = LinkCounters(config.mtu_bytes, config.header_bytes)
         self.timing = config.timing
+        # the fault plan's links between switches: a down one is routed around (fabric.faults.spine_route)
+        self.plan = config.fault_plan
+        self._spine_faults = any(not (a.startswith("gpu") or b.startswith("gpu"))
+                                 for a, _, b in (link.partition("->") for link in self.plan.links()))
         self.violations = [0] * config.gpus  # AccessViolations, by the requester's port
         self.refused = [0] * config.gpus     # every refused packet, by the sender's port
         self.malformed = [0] * config.gpus   # of those, the ones that broke the protocol (ProtocolError)
@@ -414,7 +420,10 @@ class SwitchLogic:
             sends = self._data(ingress, packet, payload)
         except FabricError as exc:
             return self.refuse(ingress, exc, packet.kind.name, packet.req, packet.t_end)
-        return [self._out(send, ingress if send.origin is None else None) for send in sends]
+        try:
+            return [self._out(send, ingress if send.origin is None else None) for send in sends]
+        except LinkDown as exc:  # no route left around a down link between switches (fabric.faults)
+            return self.refuse(ingress, exc, packet.kind.name, packet.req, packet.t_end)
 
     def on_transit(self, spine: int, packet: Packet, payload: np.ndarray | None = None) -> list[Send]:
         """What to send for `packet` (with `payload`), which spine switch `spine` passed on from another
@@ -439,18 +448,26 @@ class SwitchLogic:
             sends = [Send(target, self._through(packet), payload)]
         return [self._out(send) for send in sends]
 
-    def egress_link(self, port: int) -> str:
-        """Name of the link a Send to GPU `port` leaves this leaf by."""
+    def egress_link(self, port: int, t_ns: float | None = None) -> str:
+        """Name of the link a Send to GPU `port` leaves this leaf by (at modeled t_ns, with faults)."""
         if port in self.local:
             return downlink(port, self.switch)
+        if self._spine_faults and t_ns is not None:
+            return f"sw{self.switch}->sw{self.next_switch(port, t_ns)}"
         leaf = self.topology.switches[self.switch]
         return leaf.ports[self.topology.next_port(self.switch, port)].egress
 
-    def next_switch(self, port: int) -> int | None:
-        """The switch index a Send to GPU `port` goes to next (None: the GPU is attached here)."""
+    def next_switch(self, port: int, t_ns: float | None = None) -> int | None:
+        """The switch index a Send to GPU `port` goes to next (None: the GPU is attached here); at modeled
+        t_ns, around the fault plan's down links (fabric.faults.spine_route; LinkDown if none is left)."""
         if port in self.local:
             return None
-        return self.topology.nodes + self.topology.spine_for(port)
+        spine = self.topology.spine_for(port)
+        if self._spine_faults and t_ns is not None:
+            topology = self.topology
+            spine = spine_route(self.plan, self.switch, port // self.config.gpus_per_node, spine, topology.nodes,
+                                topology.spines, t_ns)
+        return self.topology.nodes + spine
 
     def _out(self, send: Send, sender: int | None = None) -> Send:
         """Count `send` on the link it leaves by; up to a spine, stamp the packet with when its first/last
@@ -458,18 +475,27 @@ class SwitchLogic:
         packet (sender None), at the link's latency."""
         if send.switch is not None:  # to another switch: counted and booked by whoever made it
             return send
-        link = self.egress_link(send.port)
+        via = None
+        if self._spine_faults and send.port not in self.local:  # routed at the time its first byte is ready
+            via = self.next_switch(send.port, send.packet.t_start)
+            link = f"sw{self.switch}->sw{via}"
+        else:
+            link = self.egress_link(send.port)
         raw = self.counters.record(link, send.packet.payload_bytes)
         if send.port in self.local:
             return send
         share = self.shares.get(sender)
         packet = send.packet
         if share is not None:
-            t_start, t_end = share.send(packet.t_start, packet.t_end, raw)
+            timed = raw
+            if self._spine_faults:  # the node's uplink lost the down links' part of its capacity
+                timed = raw * spine_links_scale(self.plan, self.switch, self.topology.nodes, self.topology.spines,
+                                                packet.t_start)
+            t_start, t_end = share.send(packet.t_start, packet.t_end, timed)
         else:
             latency = self.config.uplink_latency_ns
             t_start, t_end = packet.t_start + latency, packet.t_end + latency
-        return Send(send.port, packet.but(t_start=t_start, t_end=t_end), send.payload, send.origin)
+        return Send(send.port, packet.but(t_start=t_start, t_end=t_end), send.payload, send.origin, via=via)
 
     def refuse(self, ingress: int, error: FabricError, kind: str = "?", req: int = 0, t_end: float = 0.0) -> list[Send]:
         """Refuse a packet of GPU `ingress` (malformed ones too, whose header may not even decode):
@@ -568,6 +594,10 @@ class SwitchLogic:
             if not key or key[0] != group.name:
                 raise AccessViolation(f"{kind.name} from GPU {ingress}: key {list(key)} is not one of group "
                                       f"{info.group}'s (its keys start with {group.name!r})")
+        if group.stage == "leaf" and self._spine_faults:
+            raise UnsupportedOperation(f"{kind.name} from GPU {ingress}: group {info.group} spans nodes, and the "
+                                       f"fault plan has faults on links between switches: in-switch reduction "
+                                       f"across them is not modeled (use the ring, direct or hier algorithm)")
         if group.stage == "leaf" and kind is Kind.LOAD_REDUCE:
             return self._load_reduce_across(ingress, packet, group, info)
         if kind is Kind.MCAST and group.stage == "leaf":

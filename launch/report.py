@@ -156,6 +156,7 @@ def run_summary(report: dict) -> str:
     lines = [f"# fabric {report['fabric']} ({report['mode']} mode, {shape})",
              format_table(report["links"], gpus, extra=ports, elapsed_ns=report["elapsed_ns"],
                           gpus_per_node=gpus // nodes)]
+    lines += fault_lines(report["links"])
     for who, problem in sorted(report.get("conservation", {}).items(), key=lambda item: str(item[0])):
         if isinstance(who, str):  # a link between two switches
             lines.append(f"warning: the two ends of {who} disagree: {problem}")
@@ -167,6 +168,18 @@ def run_summary(report: dict) -> str:
     return "\n".join(lines + refused_lines(refused))
 
 
+def fault_lines(links: dict) -> list[str]:
+    """The fault plan's links (those with a state): crc_errors, replays and state at the end of the run."""
+    faulted = {name: row for name, row in links.items() if "state" in row}
+    if not faulted:
+        return []
+    lines = ["# faulted links (fabric.faults; crc_errors and replays counted at the GPU end of a GPU's link, "
+             "state at the end of the run)", f"{'link':<14}{'crc_errors':>12}{'replays':>10}  state"]
+    for name, row in sorted(faulted.items()):
+        lines.append(f"{name:<14}{int(row.get('crc_errors', 0)):>12}{int(row.get('replays', 0)):>10}  {row['state']}")
+    return lines
+
+
 # -- the JSON run report (--report-json) ---------------------------------------------------------------
 def report_json(report: dict) -> dict:
     """The run's report (RunResult.report) as the JSON document of schema REPORT_SCHEMA_VERSION: links by
@@ -175,7 +188,8 @@ def report_json(report: dict) -> dict:
     report, refused = checked(report)
     elapsed = report["elapsed_ns"]
     links = {name: {**{f: int(row.get(f, 0)) for f in FIELDS}, "busy_ns": float(row.get("busy_ns", 0.0)),
-                    "utilization": row.get("busy_ns", 0.0) / elapsed if elapsed else 0.0}
+                    "utilization": row.get("busy_ns", 0.0) / elapsed if elapsed else 0.0,
+                    **{k: row[k] for k in ("crc_errors", "replays", "state") if k in row}}
              for name, row in sorted(report["links"].items())}
     # classic mode has no Link TLB: its TLB counts are null, not 0
     ports = {str(g): {k: row.get(k) if k.startswith("tlb_") else row.get(k, 0) for k in PORT_KEYS}

@@ -1,6 +1,7 @@
 """Rank bootstrap for `python -m nvlink_emu.launch`: parse, load the fabric and the script, run, print one report."""
 
 import argparse
+import dataclasses
 import atexit
 import inspect
 import math
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from nvlink_emu.fabric.config import DEFAULT_PRESET, PRESETS, resolve
 from nvlink_emu.fabric.errors import ConfigError
+from nvlink_emu.fabric.faults import load_entries
 from nvlink_emu.ranks.output import GPU_LABEL, LineWriter
 from nvlink_emu.ranks.session import DEFAULT_TIMEOUT_S, INTERRUPTED_STATUS, fabric_key, report_failure, run_fabric
 from nvlink_emu.ranks.transport import abort_job, count_failed_ranks, world_rank, world_size
@@ -23,6 +25,9 @@ def fabric_arguments(parser: argparse.ArgumentParser) -> None:
     """The options every entry point shares: which fabric, how many GPUs, the deadline."""
     parser.add_argument("--preset", choices=sorted(PRESETS), help=f"named fabric (default {DEFAULT_PRESET})")
     parser.add_argument("--config", metavar="FILE.toml", help="fabric description in TOML")
+    parser.add_argument("--faults", metavar="FILE.toml", help="fault plan: [[faults]] tables (link, kind = ber | "
+                        "degraded | down | flap, at_ns, until_ns, ber, seed, lanes, period_ns), added to the "
+                        "fabric's own")
     parser.add_argument("--gpus", type=int, help="override the fabric's GPU count (all nodes together)")
     parser.add_argument("--nodes", type=int, metavar="N", help="nodes of the fabric (a leaf switch each; the "
                         "superpod presets have 2)")
@@ -40,9 +45,23 @@ def fabric_of(args: argparse.Namespace, preset_name: str | None = None):
     """The fabric the options ask for: --preset/--config (or the preset `preset_name` instead), sized
     by --gpus, --nodes and --gpus-per-node."""
     if preset_name is not None:
-        return resolve(preset_name, None, args.gpus, getattr(args, "nodes", None), getattr(args, "gpus_per_node", None))
-    return resolve(args.preset, args.config, args.gpus, getattr(args, "nodes", None),
-                   getattr(args, "gpus_per_node", None))
+        config = resolve(preset_name, None, args.gpus, getattr(args, "nodes", None), getattr(args, "gpus_per_node", None))
+    else:
+        config = resolve(args.preset, args.config, args.gpus, getattr(args, "nodes", None),
+                         getattr(args, "gpus_per_node", None))
+    return with_faults(config, getattr(args, "faults", None))
+
+
+def with_faults(config, path: str | None):
+    """`config` with the fault plan in the file at `path` (--faults) added to its own; validated against
+    its link names (ConfigError naming the file, the entry, the key and the value)."""
+    if path is None:
+        return config
+    entries = load_entries(path)
+    try:
+        return dataclasses.replace(config, faults=(*config.faults, *entries))
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
 
 
 def split_script_args(argv: list[str]) -> tuple[list[str], list[str]]:

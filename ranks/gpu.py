@@ -23,6 +23,7 @@ from nvlink_emu.fabric.memory import DeviceMemory
 from nvlink_emu.fabric.packets import (MAX_GPU_HEADER_BYTES, MAX_KEY_PARTS, MAX_LIST, WIRE_INT_MAX, CallRecord,
                                       CountersInfo, ExportInfo, GroupInfo, Info, Kind, MsgInfo, Packet, RevokeInfo,
                                       TraceInfo, raw_bytes)
+from nvlink_emu.fabric.faults import LinkFaultState, spine_links_scale
 from nvlink_emu.fabric.timemodel import LinkEnd
 
 from .comm import CREDIT_SEQ, Communicator, is_integer
@@ -112,6 +113,13 @@ class Gpu:
         # from another node; the cable's latency is in the packet's stamp already
         share = config.topology.share_gbytes_per_s
         self._inbound = LinkEnd(share, 0.0) if share else None
+        # the fault plan's state of this GPU's faulted links (fabric.faults), booked with them; from the
+        # launcher's config only, never from a packet
+        self._plan = config.fault_plan
+        self._faults = {name: LinkFaultState(self._plan, name, config.mtu_bytes, config.header_bytes)
+                        for name in (uplink(self.rank, self._leaf), downlink(self.rank, self._leaf))
+                        if self._plan.on(name)}
+        self._spine_faults = any(link.startswith("sw") and "->sw" in link for link in self._plan.links())
         self.now_ns = 0.0                               # this GPU's modeled clock
         self._acked_ns = 0.0                            # latest acknowledgement of a put (modeled)
         self._got_ns: dict[int, float] = {}             # GET req -> modeled arrival of its data
@@ -348,7 +356,15 @@ class Gpu:
     def _snapshot(self) -> dict:
         self._counters.links.setdefault(uplink(self.rank, self._leaf), LinkStats()).busy_ns = self._uplink.busy_ns
         self._counters.links.setdefault(downlink(self.rank, self._leaf), LinkStats()).busy_ns = self._downlink.busy_ns
-        return self._counters.snapshot()
+        snapshot = self._counters.snapshot()
+        for link, state in self._faults.items():  # only faulted links carry these: honest reports unchanged
+            snapshot.setdefault(link, LinkStats().as_dict()).update(crc_errors=state.crc_errors, replays=state.replays)
+        return snapshot
+
+    def _fault_fields(self, link: str) -> dict:
+        """A trace record's crc_errors and replays so far on `link` (nothing on a link without faults)."""
+        state = self._faults.get(link)
+        return {} if state is None else {"crc_errors": state.crc_errors, "replays": state.replays}
 
     # -- non-blocking operations (ranks/requests.py) -------------------------------------------------
     def wait_all(self, requests) -> None:
@@ -429,7 +445,27 @@ class Gpu:
         """Book this GPU's uplink now for a transfer sent later (the emulator may hold a send back to
         bound host memory; modeled time treats it as issued at `at_ns`); returns its stamp."""
         raw = raw_bytes(payload_bytes, self.config.mtu_bytes, self.config.header_bytes)
-        return self._uplink.send(at_ns, at_ns, raw)
+        return self._uplink.send(at_ns, at_ns, self._link_time(uplink(self.rank, self._leaf), payload_bytes, at_ns, raw))
+
+    def _link_time(self, link: str, payload_bytes: int, at_ns: float, raw: float) -> float:
+        """Raw bytes' worth of time a transfer keeps `link` busy: `raw`, or with the link's faults its
+        replays added and its lanes accounted (fabric.faults.LinkFaultState); LinkDown if it is down."""
+        state = self._faults.get(link)
+        return raw if state is None else state.book(payload_bytes, at_ns)
+
+    def link_status(self) -> dict:
+        """This GPU's two links at its modeled clock: {link name: {"state": "up" | "ber" | "degraded" |
+        "down", "crc_errors": n, "replays": n}}, and when down "down_since_ns" and "up_at_ns" (inf: for
+        good) (fabric.faults; all "up" and 0 without a fault plan)."""
+        status = {}
+        for link in (uplink(self.rank, self._leaf), downlink(self.rank, self._leaf)):
+            state = self._faults.get(link)
+            status[link] = state.counters(self.now_ns) if state is not None else \
+                {"crc_errors": 0, "replays": 0, "state": self._plan.state(link, self.now_ns)}
+            window = self._plan.down(link, self.now_ns)
+            if window is not None:
+                status[link].update(down_since_ns=window[0], up_at_ns=window[1])
+        return status
 
     def post_receive(self, key: tuple, out: np.ndarray, peer: int | None = None, group: int | None = None) -> None:
         """Receive the message in slot `key` from GPU `peer`, or (peer None) the switch's delivery through
@@ -863,10 +899,13 @@ class Gpu:
         reserved; `served`: a one-sided reply, which does not move sent_ns (its request's host arrival
         order would then move the program's time)."""
         if packet.kind.counted:
-            raw = self._counters.record(uplink(self.rank, self._leaf), packet.payload_bytes)
-            if stamp is None:
+            link = uplink(self.rank, self._leaf)
+            if stamp is None:  # a down link raises here, before anything is counted
                 at = self.now_ns if at_ns is None else at_ns
-                stamp = (self._uplink.serve if served else self._uplink.send)(at, at, raw)
+                timed = self._link_time(link, packet.payload_bytes, at, None)
+            raw = self._counters.record(link, packet.payload_bytes)
+            if stamp is None:
+                stamp = (self._uplink.serve if served else self._uplink.send)(at, at, raw if timed is None else timed)
             packet = packet.but(t_start=stamp[0], t_end=stamp[1])
             self._tx_seq += 1
             if self.trace is not None and self.trace.enabled:
@@ -874,7 +913,7 @@ class Gpu:
                                   "payload": packet.payload_bytes, "raw": raw, "src": packet.src, "dst": packet.dst,
                                   "m_start": stamp[0] - self._uplink.latency_ns,
                                   "m_end": stamp[1] - self._uplink.latency_ns,
-                                  "wall": time.time()})
+                                  "wall": time.time(), **self._fault_fields(link)})
         return self._transport.send(self._switch, packet, payload)
 
     def _consume(self, packet: Packet, seq: int) -> float:
@@ -884,11 +923,17 @@ class Gpu:
         if self._inbound is not None:
             sender = self._gpu_of.get(packet.src)  # a GPU's transfer (a switch's own packets take no share)
             if sender is not None and sender // self.config.gpus_per_node != self._leaf:
-                start, end = self._inbound.book(start, end, raw)
-        start, end = self._downlink.book(start, end, raw)
+                timed = raw
+                if self._spine_faults:  # the node's uplink lost its down links' part (fabric.faults)
+                    topology = self.config.topology
+                    timed = raw * spine_links_scale(self._plan, self._leaf, topology.nodes, topology.spines, start,
+                                                    up=False)
+                start, end = self._inbound.book(start, end, timed)
+        link = downlink(self.rank, self._leaf)
+        start, end = self._downlink.book(start, end, self._link_time(link, packet.payload_bytes, start, raw))
         if self.trace is not None and self.trace.enabled:
-            self.trace.write({"ev": "busy", "link": downlink(self.rank, self._leaf), "seq": seq, "m_start": start, "m_end": end,
-                              "wall": time.time()})
+            self.trace.write({"ev": "busy", "link": link, "seq": seq, "m_start": start, "m_end": end,
+                              "wall": time.time(), **self._fault_fields(link)})
         return end + self._downlink.latency_ns
 
     def _control_call(self, kind: Kind, info: Info, what: str) -> dict:

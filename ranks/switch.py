@@ -811,7 +811,8 @@ class SwitchRank:
         """Send `sends`; `source`: the GPU their data comes from (-1: the switch's own); `transit`: they
         came down from a spine, a packet of GPU `source` that took that much credit at its leaf."""
         for send in sends:
-            switch = self.logic.next_switch(send.port) if send.switch is None else send.switch
+            switch = (self.logic.next_switch(send.port) if send.via is None else send.via) \
+                if send.switch is None else send.switch
             nbytes = send.packet.payload_bytes
             if switch is None:
                 self.transport.send(send.port, send.packet, send.payload)
@@ -960,6 +961,11 @@ class SwitchRank:
             for link in (uplink(gpu, self.index), downlink(gpu, self.index)):  # busy time: kept at the GPU end
                 busy = counters[gpu].links.get(link, {}).get("busy_ns", 0.0)
                 links.setdefault(link, LinkStats().as_dict())["busy_ns"] = float(busy)
+                for key in ("crc_errors", "replays"):  # the GPU end's count of its faulted links' replays:
+                    # taken only for links the launcher's fault plan names (a GPU cannot make up faults)
+                    value = counters[gpu].links.get(link, {}).get(key)
+                    if type(value) is int and value >= 0 and self.config.fault_plan.on(link):
+                        links[link][key] = value
         part = {"switch": self.index, "links": links, "conservation": conservation,
                 "now_ns": {g: float(counters[g].now_ns) for g in self.gpus},
                 "unconsumed": {g: counters[g].unconsumed for g in self.gpus if counters[g].unconsumed},

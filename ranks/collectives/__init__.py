@@ -31,7 +31,8 @@ SMALL_BYTES = 64 * 1024  # fallback rule: below this, `direct` (fewer steps) bef
 def allowed(config, nodes: int = 1, collective: str | None = None) -> tuple[str, ...]:
     """Algorithms the fabric can run (for `collective`, if given) for members in `nodes` nodes: the
     in-switch ones need NVLink Network mode with SHARP switches; across nodes, what ACROSS_NODES lists,
-    on spines that reduce and multicast too (config.spine_sharp: superpod-h100-nvlink): sharp's
+    on spines that reduce and multicast too (config.spine_sharp: superpod-h100-nvlink) and no fault plan
+    on a link between switches (fabric.faults): sharp's
     allreduce and reduce_scatter two-level (leaves reduce their node, spines the leaves, results down;
     reduce_scatter's block j to member j's leaf and member j only), allgather and broadcast (a store
     copied at its leaf, once up to a spine, once down to every other leaf); nvls's allreduce and
@@ -44,7 +45,9 @@ def allowed(config, nodes: int = 1, collective: str | None = None) -> tuple[str,
             return hier_plan.in_leaf(config)
         if name not in IN_SWITCH or nodes == 1:
             return True
-        return config.spine_sharp and name in ACROSS_NODES and (collective is None or collective in ACROSS_NODES[name])
+        # in-switch reduction across a faulted link between switches is not modeled (docs/model/faults.md)
+        return config.spine_sharp and name in ACROSS_NODES and (collective is None or collective in ACROSS_NODES[name]) \
+            and not config.fault_plan.between_switches()
     return tuple(name for name in ALGORITHMS if (name not in IN_SWITCH and name != "hier_nvls")
                  or (in_switch and fits(name)))
 
@@ -95,7 +98,9 @@ def choose(collective: str, algorithm: str, config, nbytes: int, members: int | 
                                    f"reduction or multicast (needs NVLink Network mode with a SHARP switch){instead}")
     if algorithm not in allowed(config, nodes, collective):
         runs = "; ".join(f"{name}'s {', '.join(ops)}" for name, ops in ACROSS_NODES.items())
-        why = (f"across nodes the switches run {runs} only so far" if config.spine_sharp else
+        why = ("its fault plan has faults on links between switches, and in-switch reduction across them is "
+               "not modeled (docs/model/faults.md)" if config.spine_sharp and config.fault_plan.between_switches()
+               else f"across nodes the switches run {runs} only so far" if config.spine_sharp else
                "its spines do not reduce (spine_sharp false: an InfiniBand spine here)")
         raise UnsupportedOperation(f"{collective} with {algorithm!r}: its {n} members are in {nodes} nodes of fabric "
                                    f"{config.name!r}, and {why}; use ring, direct or hier (or auto)")

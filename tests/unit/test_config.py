@@ -491,7 +491,7 @@ def test_every_example_toml_loads(path):
 
 
 def test_the_examples_are_found():
-    assert len(list((Path(config_module.__file__).parent.parent / "launch" / "examples").glob("*.toml"))) == 2
+    assert len(list((Path(config_module.__file__).parent.parent / "launch" / "examples").glob("*.toml"))) == 3
 
 
 def test_every_profile_figure_is_within_the_bounds():
