@@ -131,6 +131,8 @@ class FabricConfig:
             object.__setattr__(self, "partitions", (tuple(range(self.gpus)),))
         if self.faults:
             self._parse_faults()
+        elif isinstance(self.faults, list):  # an empty [[faults]] list (a config read back): no faults, as ()
+            object.__setattr__(self, "faults", ())
 
     @property
     def timing(self) -> "Timing":
