@@ -101,7 +101,7 @@ def test_a_down_uplink_raises_linkdown_on_its_gpu_only_and_the_others_run_on():
         caught = None
         if comm.rank == 2:
             try:
-                comm.send(np.ones(1024, np.float32), 3)
+                comm.send(np.ones(1024, np.float32), 0)  # refused at GPU 2's own link: GPU 0 gets nothing
             except LinkDown as exc:
                 caught = (exc.link, exc.at_ns, exc.up_at_ns, str(exc))
         elif comm.rank in (0, 1):  # another pair's traffic, unaffected
@@ -144,8 +144,8 @@ def test_a_gpu_cannot_forge_faults_in_the_report():
             forged = parse_plan([{"link": "gpu2<->sw0", "kind": "ber", "ber": 1e-4}], "forged")
             for link in ("gpu2->sw0", "sw0->gpu2"):
                 gpu._faults[link] = LinkFaultState(forged, link, MTU, HEADER)
-            gpu.world.send(np.ones(4096, np.float32), 3)
-        elif gpu.rank == 3:
+            gpu.world.send(np.ones(4096, np.float32), 0)
+        elif gpu.rank == 0:
             got = np.empty(4096, np.float32)
             gpu.world.recv(got, 2)
             assert np.array_equal(got, np.ones(4096, np.float32))
