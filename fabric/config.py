@@ -131,7 +131,7 @@ class FabricConfig:
             object.__setattr__(self, "partitions", (tuple(range(self.gpus)),))
         if self.faults:
             self._parse_faults()
-        elif isinstance(self.faults, list):  # an empty [[faults]] list (a config read back): no faults, as ()
+        else:  # an empty [[faults]] list is no faults: () as the default, so configs compare equal
             object.__setattr__(self, "faults", ())
 
     @property

@@ -181,6 +181,12 @@ def config_toml(config) -> str:
         value = getattr(config, field.name)
         if value is None:  # a timing key left to the link profile
             continue
+        if field.name == "faults":  # [[faults]] tables as inline tables; none: left out (reads back as ())
+            if value:
+                tables = ("{" + ", ".join(f"{key} = {json.dumps(v) if isinstance(v, str) else repr(v)}"
+                                          for key, v in fault.entry().items()) + "}" for fault in value)
+                lines.append(f"faults = [{', '.join(tables)}]")
+            continue
         if isinstance(value, bool):
             text = "true" if value else "false"
         elif isinstance(value, str):

@@ -273,7 +273,7 @@ def bench_launch(args, config, workdir: str, on_row, other=None, quiet=False) ->
         with os.fdopen(handle, "w", encoding="utf-8") as file:
             file.write(config_toml(sized))
         args = argparse.Namespace(**{**vars(args), "preset": None, "config": str(path), "gpus": None,
-                                         "nodes": None, "gpus_per_node": None})
+                                         "nodes": None, "gpus_per_node": None, "faults": None})  # the file has them
         print(f"nvlink-emu: bench: GPU memory on {config.name} raised from {config.memory_capacity_bytes} to "
               f"{sized.memory_capacity_bytes} bytes per GPU (memory_capacity_bytes) for the sweep's largest call",
               file=sys.stderr, flush=True)

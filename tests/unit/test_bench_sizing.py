@@ -65,6 +65,16 @@ def test_the_config_file_for_the_ranks_reads_back_equal(tmp_path):
     assert load_toml(path) == classic
 
 
+def test_a_config_with_faults_reads_back_equal(tmp_path):
+    """bench writes the sized config (its --faults plan included) for the ranks: the faults come back."""
+    config = preset("dgx-h100", gpus=4, faults=[
+        {"link": "gpu1<->sw0", "kind": "flap", "at_ns": 40000, "period_ns": 30000, "until_ns": 130000},
+        {"link": "gpu1->sw0", "kind": "ber", "ber": 1e-6, "seed": 7}])
+    path = tmp_path / "sized.toml"
+    path.write_text(config_toml(config))
+    assert load_toml(path) == config and len(config.faults) == 2
+
+
 @pytest.mark.parametrize("argv,message", [
     (dict(collective="all2all", algorithm="sharp"), "all2all.s algorithms are auto, direct, pxn"),
     (dict(collective="allgather", op="max"), "allgather reduces nothing"),
