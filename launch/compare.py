@@ -108,10 +108,9 @@ def run_each(args, script_args, launch_script, progress, configs: dict) -> dict:
             per_preset = argparse.Namespace(**{**vars(args), "preset": name, "config": None,
                                                "report_json": str(report),
                                                "trace_dir": str(Path(args.trace_dir) / name) if args.trace_dir else None})
-            steps, held, bad = [], [], []
+            steps, bad = [], []
 
-            def on_line(line: str, steps=steps, held=held, bad=bad, name=name) -> None:
-                held.append(line)
+            def on_line(line: str, steps=steps, bad=bad, name=name) -> None:
                 print(f"[{name}] {line}", file=sys.stderr, flush=True)
                 try:
                     step = parse_step_line(line)

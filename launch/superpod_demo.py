@@ -74,10 +74,9 @@ def level_table(results: dict) -> str:
 
 def prediction_table() -> str:
     """The two collectives at BIG_NODES x BIG_PER_NODE by the cost model, algorithm auto."""
-    rows = {(preset, c): predict(c, "auto", fabric_of(argparse.Namespace(gpus=None, nodes=BIG_NODES,
-                                                                         gpus_per_node=BIG_PER_NODE), preset),
-                                 SIZE, "float32")
-            for preset in PRESETS for c in COLLECTIVES}
+    shape = argparse.Namespace(gpus=None, nodes=BIG_NODES, gpus_per_node=BIG_PER_NODE)
+    configs = {preset: fabric_of(shape, preset) for preset in PRESETS}
+    rows = {(preset, c): predict(c, "auto", configs[preset], SIZE, "float32") for preset in PRESETS for c in COLLECTIVES}
     first = PRESETS[0]
     lines = [f"# PREDICTION by the cost model (fabric.cost_nodes replay; not emulated): {BIG_NODES} nodes x "
              f"{BIG_PER_NODE} GPUs = {BIG_NODES * BIG_PER_NODE} GPUs, 1 MiB per GPU, float32, algorithm auto",
