@@ -28,7 +28,8 @@ def emulate(args, launch_script, progress, script: str) -> dict:
     """{preset: (step summary, run report)} of superpod_steps.py on each preset at NODES x PER_NODE."""
     run_args = argparse.Namespace(**{**vars(args), "script": script, "nodes": NODES, "gpus_per_node": PER_NODE,
                                      "gpus": None, "preset": None, "config": None, "no_label": False,
-                                     "report_json": None, "trace_dir": None})
+                                     "report_json": None, "trace_dir": None,
+                                     "faults": None})  # a --faults plan names part 1's links, not these fabrics'
     configs = {name: fabric_of(run_args, name) for name in PRESETS}
     return run_each(run_args, [], launch_script, progress, configs)
 
