@@ -13,6 +13,7 @@ from mpi4py import MPI
 from nvlink_emu.fabric.packets import GroupInfo, Kind, LoadInfo, Packet
 
 from nodes_helpers import config, peak_in_flight, run, shape
+from trust_helpers import Flag
 
 pytestmark = pytest.mark.mpi(min_size=7)
 
@@ -60,6 +61,7 @@ def test_load_reduces_do_not_pile_loads_up_at_another_node_s_leaf(monkeypatch, n
 
     def main(gpu):
         gid = gpu.partition.group_id() if gpu.rank in pair else None
+        flooded = Flag(gpu)
         gpu.world.barrier()
         leaf = SwitchLogic(gpu.config, 0)
         refused, budget = [], leaf.partial_share_parts
@@ -79,6 +81,14 @@ def test_load_reduces_do_not_pile_loads_up_at_another_node_s_leaf(monkeypatch, n
                 if k % 256 == 255:
                     gpu._loads.clear()
             deadline = time.monotonic() + 10
+            held, since = -1, time.monotonic()
+            while time.monotonic() < deadline:  # every refusal back, and GPU 0's sends all taken by its leaf
+                gpu._progress()                  # or the rest held there (none taken for 0.5 s)
+                if gpu._transport.in_flight != held:
+                    held, since = gpu._transport.in_flight, time.monotonic()
+                if len(gpu._traffic_errors) >= expected and (not held or time.monotonic() - since > 0.5):
+                    break
+            flooded.raise_()  # the partner's leaf decided every request it got without the partner reading
             while (gpu._transport.in_flight or len(gpu._traffic_errors) < expected) and \
                     time.monotonic() < deadline:
                 gpu._progress()
@@ -86,7 +96,7 @@ def test_load_reduces_do_not_pile_loads_up_at_another_node_s_leaf(monkeypatch, n
             refused = [type(e).__name__ for e in gpu._traffic_errors]
             gpu._traffic_errors.clear()
         if gpu.rank == partner:
-            time.sleep(6.0)  # receives nothing meanwhile
+            flooded.wait(gpu, "GPU 0's flood")  # receives nothing meanwhile
         gpu.world.barrier()
         if gpu.rank == partner:
             gpu._progress()
@@ -117,6 +127,7 @@ def test_load_reduces_of_a_group_in_one_leaf_do_not_pile_loads_up_at_it(monkeypa
 
     def main(gpu):
         gid = gpu.partition.group_id() if gpu.rank in tenant else None
+        flooded = Flag(gpu)
         gpu.world.barrier()
         refused = []
         if gpu.rank == 0:
@@ -127,6 +138,7 @@ def test_load_reduces_of_a_group_in_one_leaf_do_not_pile_loads_up_at_it(monkeypa
                 gpu._progress()  # its own LOADs come back: read (filed), so that its leaf reads it on
                 if k % 256 == 255:
                     gpu._loads.clear()
+            flooded.raise_()  # the rest waits at GPU 0 (its leaf stopped reading it) until GPU 1 receives
             deadline = time.monotonic() + 10
             while gpu._transport.in_flight and time.monotonic() < deadline:
                 gpu._progress()
@@ -134,7 +146,7 @@ def test_load_reduces_of_a_group_in_one_leaf_do_not_pile_loads_up_at_it(monkeypa
             refused = [type(e).__name__ for e in gpu._traffic_errors]
             gpu._traffic_errors.clear()
         if gpu.rank == 1:
-            time.sleep(6.0)  # receives nothing meanwhile
+            flooded.wait(gpu, "GPU 0's flood")  # receives nothing meanwhile
         gpu.world.barrier()
         if gpu.rank == 1:
             gpu._progress()
