@@ -112,7 +112,7 @@ def test_the_shim_is_mpi4py_only_while_the_program_runs():
     import mpi4py  # the real package, as the emulator's transport has it
 
     from nvlink_emu.ranks.mpi4py_layer import MPI as layer, installed
-    from nvlink_emu.ranks.mpi4py_layer.MPI import _Solo
+    from nvlink_emu.ranks.mpi4py_layer.comm import _Solo
 
     fake = types.SimpleNamespace(rank=0, world=_Solo("world"))
     with installed(fake):
@@ -125,9 +125,11 @@ def test_the_shim_is_mpi4py_only_while_the_program_runs():
 def test_a_call_mpi4py_has_and_the_layer_lacks_is_unsupported_by_name():
     import types
 
+    from nvlink_emu.ranks.mpi4py_layer.context import _ctx
+
     real = types.SimpleNamespace(Intracomm=type("Intracomm", (), {"Split_type": None}), Open_port=None)
     comm = MPI.Intracomm()
-    MPI._ctx.real = real
+    _ctx.real = real
     try:
         with pytest.raises(UnsupportedOperation, match=r"MPI\.Intracomm\.Split_type: mpi4py has it"):
             comm.Split_type(0)
@@ -138,14 +140,14 @@ def test_a_call_mpi4py_has_and_the_layer_lacks_is_unsupported_by_name():
             comm.Spilt
         assert not isinstance(info.value, UnsupportedOperation)  # a misspelt name is only an AttributeError
     finally:
-        MPI._ctx.real = None
+        _ctx.real = None
 
 
 def test_mpi4py_modules_other_than_mpi_are_refused_while_the_layer_is_installed():
     import types
 
     from nvlink_emu.ranks.mpi4py_layer import installed
-    from nvlink_emu.ranks.mpi4py_layer.MPI import _Solo
+    from nvlink_emu.ranks.mpi4py_layer.comm import _Solo
 
     with installed(types.SimpleNamespace(rank=0, world=_Solo("world"))):
         with pytest.raises(UnsupportedOperation, match="import mpi4py.util: the mpi4py layer provides mpi4py.MPI only"):
@@ -350,7 +352,7 @@ def test_a_separate_window_merges_the_programs_stores_and_the_remote_writes():
 
 
 def test_runs_of_a_target_datatype_are_its_contiguous_stretches():
-    from nvlink_emu.ranks.mpi4py_layer.win import _runs
+    from nvlink_emu.ranks.mpi4py_layer.rma_ops import _runs
 
     assert _runs(None, 5) == [(0, 5, 0)]
     assert _runs(np.array([0, 2, 3, 4, 9]), 5) == [(0, 1, 0), (1, 4, 2), (4, 5, 9)]
