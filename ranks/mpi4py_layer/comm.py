@@ -10,7 +10,7 @@ from .p2p import PointToPoint, _Engine
 from .requests import Request, _Collective, _Done, _request
 
 
-class _Solo:
+class Solo:
     """The emulator side of a one-member communicator (COMM_SELF, its Dups): every collective is a
     local copy, no link bytes; same i-forms as ranks.comm.Communicator."""
 
@@ -56,7 +56,7 @@ class _Solo:
         pass
 
     def split(self, color, key=None):
-        return None if color is None else _Solo(f"{self.name}.{color}")
+        return None if color is None else Solo(f"{self.name}.{color}")
 
     def release_group(self):
         pass
@@ -66,7 +66,7 @@ class _Solo:
 
 
 class Comm(PointToPoint, Collectives, _Handle):
-    """MPI.Comm over an emulator communicator (`_emu`: ranks.comm.Communicator, or _Solo for one member)."""
+    """MPI.Comm over an emulator communicator (`_emu`: ranks.comm.Communicator, or Solo for one member)."""
 
     _mpi4py, _held = "Comm", "_emu"
 
@@ -152,9 +152,9 @@ class Comm(PointToPoint, Collectives, _Handle):
         new = emu.split(None if color == UNDEFINED else color, key)
         if new is None:
             return Intracomm()
-        if new.size == 1 and not isinstance(new, _Solo):
+        if new.size == 1 and not isinstance(new, Solo):
             new.free()  # a one-member communicator is local copies: its MPI communicators are not needed
-            new = _Solo(new.name)
+            new = Solo(new.name)
         return Comm._over(new, f"{self._name}.split")
 
     def Free(self) -> None:

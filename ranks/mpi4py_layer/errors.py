@@ -54,5 +54,11 @@ class MissingCall(UnsupportedOperation, AttributeError):
     AttributeError too, so that hasattr() and getattr(..., default) still answer as for a missing name."""
 
 
+# a traceback names them as the program does, MPI.Exception (the facade's module), not this file's
+for _raised in (Exception, MalformedMessage, MissingCall):
+    _raised.__module__ = __name__.rpartition(".")[0] + ".MPI"
+
+
 def _error(cls, message: str):
+    """MPI.Exception of error class `cls` (the window calls' errors)."""
     return Exception(cls, message)

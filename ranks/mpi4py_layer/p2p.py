@@ -296,7 +296,7 @@ def _unpickle(data: np.ndarray, who: str):
 def _who(comm, rank: int) -> str:
     """Member `rank` of MPI communicator `comm`, as error messages name it."""
     emu = comm._emu
-    members = getattr(emu, "members", None) or (_gpu().rank,)  # a _Solo's one member is this GPU
+    members = getattr(emu, "members", None) or (_gpu().rank,)  # a Solo's one member is this GPU
     gpu = members[rank] if 0 <= rank < len(members) else "?"
     return f"rank {rank} (GPU {gpu}) of communicator {comm.Get_name() or emu.name!r}"
 

@@ -69,7 +69,7 @@ class Operations:
             return
         offset, index, base, elements = self._layout(rank, target, msg, "Put")
         values = msg.pack().reshape(-1)
-        for start, stop, at in _runs(index, elements):
+        for start, stop, at in runs(index, elements):
             data = np.ascontiguousarray(values[start:stop]).view(np.uint8)
             if not data.nbytes:
                 continue
@@ -87,7 +87,7 @@ class Operations:
             return
         offset, index, base, elements = self._layout(rank, target, msg, "Get")
         values = np.empty(elements, base)
-        for start, stop, at in _runs(index, elements):
+        for start, stop, at in runs(index, elements):
             data = values[start:stop].view(np.uint8)
             if not data.nbytes:
                 continue
@@ -247,7 +247,7 @@ class Operations:
             return 1, np.frombuffer(f"{opname} at byte {start}: {exc}".encode()[:200], np.uint8).copy()
 
 
-def _runs(index, elements: int):
+def runs(index, elements: int):
     """(first, past-last, target element) of each run of consecutive target elements."""
     if index is None:
         return [(0, elements, 0)]

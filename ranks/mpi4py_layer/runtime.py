@@ -9,7 +9,7 @@ import numpy as np
 
 from . import win as _win
 from .buffers import Memory
-from .comm import COMM_SELF, COMM_WORLD, Comm, _Solo
+from .comm import COMM_SELF, COMM_WORLD, Comm, Solo
 from .constants import ALGORITHM_ENV, ERR_ARG, SUBVERSION, THREAD_MULTIPLE, THREAD_SINGLE, VERSION
 from .context import _ctx, _gpu, check_algorithm
 from .errors import Exception, _unsupported  # noqa: A004 - MPI.Exception
@@ -140,7 +140,7 @@ def bind(gpu, real=None) -> None:
     _ctx.start = time.time()
     _win.reset()
     for target, emu, name in ((COMM_WORLD, gpu.world, "MPI_COMM_WORLD"),
-                              (COMM_SELF, _Solo(f"self{gpu.rank}"), "MPI_COMM_SELF")):
+                              (COMM_SELF, Solo(f"self{gpu.rank}"), "MPI_COMM_SELF")):
         made = Comm._over(emu, name)
         target._emu, target._engine, target._name = made._emu, made._engine, made._name
 

@@ -32,7 +32,7 @@ from .info import ERRORS_ARE_FATAL, Errhandler, Info
 from .rma_epochs import Epochs
 from .rma_ops import Operations
 
-_open: dict[str, "Win"] = {}                  # window id -> this GPU's live window
+open_windows: dict[str, "Win"] = {}                  # window id -> this GPU's live window
 _made: collections.Counter = collections.Counter()  # communicator name -> windows made on it (ids)
 refused = collections.Counter()              # requests this GPU's windows dropped: {reason: count}
 
@@ -44,7 +44,7 @@ class NotOnWindows(UnsupportedOperation, NotImplementedError):
 
 def reset() -> None:
     """A new program (MPI.bind): no windows yet."""
-    _open.clear()
+    open_windows.clear()
     _made.clear()
     refused.clear()
 
@@ -198,9 +198,9 @@ class Win(Epochs, Operations, _Handle):
         win._info = None
         win._attached: list = []                           # dynamic: (address, block, window target)
         win._errhandler = None
-        _open[wid] = win
+        open_windows[wid] = win
         if TAG not in gpu._servers:
-            gpu.serve_messages(TAG, _serve)
+            gpu.serve_messages(TAG, serve)
         return win
 
     def Free(self) -> None:
@@ -216,7 +216,7 @@ class Win(Epochs, Operations, _Handle):
         gpu.free(self._inbox)
         if self._owned:
             gpu.free(self._region)
-        del _open[self._wid]
+        del open_windows[self._wid]
         self._wid = None
 
     free = Free
@@ -335,13 +335,13 @@ class Win(Epochs, Operations, _Handle):
         return []
 
 
-def _serve(sender, key, data) -> list:
+def serve(sender, key, data) -> list:
     """gpu.serve_messages's server of the window protocol: the request goes to its window, if `sender`
     is a member of it (anything else is dropped and counted in `refused`)."""
     if len(key) < 4 or not isinstance(key[1], str) or not isinstance(key[2], str):
         refused["malformed"] += 1
         return []
-    win = _open.get(key[1])
+    win = open_windows.get(key[1])
     if win is None or sender not in win._members:
         refused["not a member" if win is not None else "no such window"] += 1
         return []
