@@ -1,11 +1,13 @@
-"""MPI's integer constants in the layer (MPICH's values where a program may print or compare them)."""
+"""The layer's constants: MPI's (MPICH's values where a program may print or compare them), the window
+protocol's, and the layer's own settings."""
 
 ALGORITHM_ENV = "NVLINK_EMU_MPI4PY_ALGORITHM"
 ENVELOPE_BYTES = 8  # every point-to-point message carries its tag (int64) ahead of the data, on the links too
 
 ANY_SOURCE, PROC_NULL, ROOT, ANY_TAG, UNDEFINED = -2, -1, -3, -1, -32766
 TAG_UB = 2 ** 31 - 1
-SUCCESS, ERR_BUFFER, ERR_COUNT, ERR_TYPE, ERR_TAG, ERR_COMM, ERR_RANK, ERR_REQUEST, ERR_ROOT = 0, 1, 2, 3, 4, 5, 6, 19, 7
+SUCCESS, ERR_BUFFER, ERR_COUNT, ERR_TYPE, ERR_TAG, ERR_COMM, ERR_RANK, ERR_REQUEST, ERR_ROOT = \
+    0, 1, 2, 3, 4, 5, 6, 19, 7
 ERR_OP, ERR_ARG, ERR_TRUNCATE, ERR_OTHER, ERR_INTERN, ERR_PENDING, ERR_UNSUPPORTED_OPERATION = 9, 12, 14, 15, 16, 18, 52
 ERR_LASTCODE = 0x3fffffff
 IDENT, CONGRUENT, SIMILAR, UNEQUAL = 0, 1, 2, 3

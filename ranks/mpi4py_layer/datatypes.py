@@ -142,7 +142,7 @@ def predefined(name: str, dtype) -> Datatype:
     return Datatype(name=name, base=np.dtype(dtype))
 
 
-# -- datatypes ------------------------------------------------------------------------------------------
+# -- the predefined datatypes -----------------------------------------------------------------------------
 def _pair(value) -> np.dtype:
     return np.dtype([("v", value), ("i", np.intc)], align=True)
 
