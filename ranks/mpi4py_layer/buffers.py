@@ -1,16 +1,12 @@
-"""Datatypes and buffer specifications of the mpi4py layer: what mpi4py accepts as a message, read as numpy.
-
-A datatype is a numpy base dtype and a layout: the base-element offsets of one item and the item's
-extent in base elements (a predefined type: offsets [0], extent 1). Derived types (contiguous,
-vector, indexed, indexed_block, resized) are layouts over one base dtype; a struct of several base
-dtypes is not representable and raises UnsupportedOperation.
-"""
+"""Buffer specifications of the mpi4py layer: what mpi4py accepts as a message, read as numpy."""
 
 import ctypes
 
 import numpy as np
 
 from nvlink_emu.fabric.errors import UnsupportedOperation
+
+from .datatypes import BYTE, Datatype, dtype_datatype, typecode_datatype
 
 
 class _Constant:
@@ -33,136 +29,6 @@ BOTTOM = _Constant("BOTTOM")
 def is_in_place(msg) -> bool:
     """mpi4py's rule: None or IN_PLACE as a send buffer means in place."""
     return msg is None or msg is IN_PLACE
-
-
-class Datatype:
-    """An MPI datatype: `base` numpy dtype, `offsets` (base elements of one item), `extent` (base
-    elements from one item to the next). size in bytes = len(offsets) x base.itemsize."""
-
-    def __init__(self, datatype=None, *, name=None, base=None, offsets=None, extent=None):
-        if isinstance(datatype, Datatype):  # Datatype(other): the same handle, as mpi4py
-            name, base, offsets, extent = datatype.name, datatype.base, datatype.offsets, datatype._extent
-        self.name = name
-        self.base = None if base is None else np.dtype(base)
-        self.offsets = np.zeros(1, np.int64) if offsets is None else np.asarray(offsets, np.int64)
-        self._extent = 1 if extent is None else int(extent)
-        self.committed = True
-        self.predefined = offsets is None and base is not None
-
-    def __repr__(self):
-        return f"<Datatype {self.name or 'derived'}>"
-
-    def __bool__(self):
-        return self.base is not None
-
-    def __eq__(self, other):
-        if not isinstance(other, Datatype):
-            return NotImplemented
-        if self.base is None or other.base is None:
-            return self.base is None and other.base is None
-        return self is other or (self.name is not None and self.name == other.name and self.predefined
-                                 and other.predefined)
-
-    def __hash__(self):
-        return hash(self.name) if self.predefined else id(self)
-
-    # -- queries ------------------------------------------------------------------------------------
-    def _null_check(self, what: str):
-        if self.base is None:
-            from .MPI import ERR_TYPE, Exception as MPIException
-            raise MPIException(ERR_TYPE, f"{what} of DATATYPE_NULL")
-
-    def Get_size(self) -> int:
-        """Bytes of data in one item."""
-        self._null_check("Get_size")
-        return len(self.offsets) * self.base.itemsize
-
-    size = property(Get_size)
-
-    def Get_extent(self) -> tuple[int, int]:
-        """(lower bound, extent) in bytes."""
-        self._null_check("Get_extent")
-        return 0, self._extent * self.base.itemsize
-
-    def Get_true_extent(self) -> tuple[int, int]:
-        self._null_check("Get_true_extent")
-        low, high = int(self.offsets.min(initial=0)), int(self.offsets.max(initial=-1)) + 1
-        return low * self.base.itemsize, (high - low) * self.base.itemsize
-
-    extent = property(lambda self: self.Get_extent()[1])
-    lb = property(lambda self: 0)
-    ub = property(lambda self: self.extent)
-
-    @property
-    def contiguous(self) -> bool:
-        return self._extent == len(self.offsets) and np.array_equal(self.offsets, np.arange(len(self.offsets)))
-
-    # -- constructors -------------------------------------------------------------------------------
-    def _derived(self, offsets, extent) -> "Datatype":
-        self._null_check("a derived type")
-        made = Datatype(base=self.base, offsets=np.asarray(offsets, np.int64).reshape(-1), extent=extent)
-        made.committed = False
-        return made
-
-    def _items(self, starts) -> np.ndarray:
-        """Base-element offsets of one item of self placed at each of `starts` (in base elements)."""
-        return (np.asarray(starts, np.int64)[:, None] + self.offsets[None, :]).reshape(-1)
-
-    def Dup(self) -> "Datatype":
-        made = self._derived(self.offsets, self._extent)
-        made.name = self.name
-        return made
-
-    def Create_contiguous(self, count: int) -> "Datatype":
-        return self._derived(self._items(np.arange(count) * self._extent), count * self._extent)
-
-    def Create_vector(self, count: int, blocklength: int, stride: int) -> "Datatype":
-        starts = (np.arange(count)[:, None] * stride + np.arange(blocklength)[None, :]).reshape(-1) * self._extent
-        return self._derived(self._items(starts), ((count - 1) * stride + blocklength) * self._extent if count else 0)
-
-    def Create_indexed(self, blocklengths, displacements) -> "Datatype":
-        starts = [d + i for b, d in zip(blocklengths, displacements) for i in range(b)]
-        ends = [d + b for b, d in zip(blocklengths, displacements)]
-        return self._derived(self._items(np.asarray(starts, np.int64) * self._extent),
-                             max(ends, default=0) * self._extent)
-
-    def Create_indexed_block(self, blocklength: int, displacements) -> "Datatype":
-        return self.Create_indexed([blocklength] * len(displacements), displacements)
-
-    def Create_resized(self, lb: int, extent: int) -> "Datatype":
-        if lb != 0 or extent % self.base.itemsize:
-            raise UnsupportedOperation(f"Datatype.Create_resized(lb={lb}, extent={extent}): the layer's layouts "
-                                       f"have lower bound 0 and an extent in whole {self.base} elements")
-        return self._derived(self.offsets, extent // self.base.itemsize)
-
-    def Create_struct(self, *args, **kwargs):
-        raise UnsupportedOperation("Datatype.Create_struct: the mpi4py layer's datatypes are layouts of one base "
-                                   "type (contiguous, vector, indexed, indexed_block, resized)")
-
-    Create_hvector = Create_hindexed = Create_hindexed_block = Create_subarray = Create_darray = Create_struct
-
-    def Commit(self) -> "Datatype":
-        self.committed = True
-        return self
-
-    def Free(self) -> None:
-        if self.predefined:
-            from .MPI import ERR_TYPE, Exception as MPIException
-            raise MPIException(ERR_TYPE, f"Free of predefined datatype {self.name}")
-        self.base = None
-
-    def Get_name(self) -> str:
-        return self.name or ""
-
-    def tocode(self) -> str:
-        return self.base.char if self.base is not None else ""
-
-
-DATATYPE_NULL = Datatype()
-
-
-def predefined(name: str, dtype) -> Datatype:
-    return Datatype(name=name, base=np.dtype(dtype))
 
 
 # -- buffers ----------------------------------------------------------------------------------------
@@ -280,7 +146,6 @@ def as_datatype(obj) -> Datatype:
     if isinstance(obj, Datatype):
         return obj
     if isinstance(obj, str):
-        from .MPI import typecode_datatype
         return typecode_datatype(obj)
     raise TypeError(f"message: expecting a Datatype, got {obj!r}")
 
@@ -335,7 +200,6 @@ class Message:
 
 
 def _null_message() -> Message:
-    from .MPI import BYTE
     return Message(np.zeros(0, np.uint8), 0, BYTE)
 
 
@@ -347,7 +211,6 @@ def _basic(buf, datatype, readonly: bool) -> tuple[np.ndarray, Datatype]:
     else:
         array = as_array(buf, readonly)
     if datatype is None:
-        from .MPI import dtype_datatype
         datatype = dtype_datatype(array.dtype)
     else:
         datatype = as_datatype(datatype)
@@ -465,3 +328,28 @@ def message_vector(msg, readonly: bool, blocks: int, null: bool = False) -> Mess
             raise ValueError(f"message: expecting {blocks} displacements, got {len(displs)}")
         displs = displs[:blocks]
     return Message(raw, None, datatype, counts, displs)
+
+
+# -- memory (what Alloc_mem and Win.tomemory return, and its address) ------------------------------------
+class Memory(np.ndarray):
+    """Bytes as mpi4py's MPI.buffer (what Alloc_mem and Win.tomemory return): a uint8 array, format "B",
+    never false; `_block`: the gpu.alloc array it is (Alloc_mem), for Free_mem."""
+
+    @classmethod
+    def over(cls, array: np.ndarray, block=None) -> "Memory":
+        memory = array.reshape(-1).view(np.uint8).view(cls)
+        memory._block = block
+        return memory
+
+    def __bool__(self):
+        return True
+
+    format = property(lambda self: "B")
+    address = property(lambda self: int(self.__array_interface__["data"][0]))
+
+
+def Get_address(location) -> int:
+    """The address of a buffer's memory (WIN_BASE compares with it; an empty buffer's is 0); messages at
+    MPI.BOTTOM stay unsupported."""
+    array = as_array(location, readonly=True)
+    return int(array.__array_interface__["data"][0]) if array.nbytes else 0

@@ -112,9 +112,9 @@ def test_the_shim_is_mpi4py_only_while_the_program_runs():
     import mpi4py  # the real package, as the emulator's transport has it
 
     from nvlink_emu.ranks.mpi4py_layer import MPI as layer, installed
-    from nvlink_emu.ranks.mpi4py_layer.MPI import _Solo
+    from nvlink_emu.ranks.mpi4py_layer.comm import Solo
 
-    fake = types.SimpleNamespace(rank=0, world=_Solo("world"))
+    fake = types.SimpleNamespace(rank=0, world=Solo("world"))
     with installed(fake):
         from mpi4py import MPI as seen  # noqa: F811 - what the program imports
 
@@ -125,9 +125,11 @@ def test_the_shim_is_mpi4py_only_while_the_program_runs():
 def test_a_call_mpi4py_has_and_the_layer_lacks_is_unsupported_by_name():
     import types
 
+    from nvlink_emu.ranks.mpi4py_layer.comm import Solo
+
     real = types.SimpleNamespace(Intracomm=type("Intracomm", (), {"Split_type": None}), Open_port=None)
     comm = MPI.Intracomm()
-    MPI._ctx.real = real
+    MPI.bind(types.SimpleNamespace(rank=0, world=Solo("world")), real)  # real: the names mpi4py has
     try:
         with pytest.raises(UnsupportedOperation, match=r"MPI\.Intracomm\.Split_type: mpi4py has it"):
             comm.Split_type(0)
@@ -138,16 +140,16 @@ def test_a_call_mpi4py_has_and_the_layer_lacks_is_unsupported_by_name():
             comm.Spilt
         assert not isinstance(info.value, UnsupportedOperation)  # a misspelt name is only an AttributeError
     finally:
-        MPI._ctx.real = None
+        MPI.unbind()
 
 
 def test_mpi4py_modules_other_than_mpi_are_refused_while_the_layer_is_installed():
     import types
 
     from nvlink_emu.ranks.mpi4py_layer import installed
-    from nvlink_emu.ranks.mpi4py_layer.MPI import _Solo
+    from nvlink_emu.ranks.mpi4py_layer.comm import Solo
 
-    with installed(types.SimpleNamespace(rank=0, world=_Solo("world"))):
+    with installed(types.SimpleNamespace(rank=0, world=Solo("world"))):
         with pytest.raises(UnsupportedOperation, match="import mpi4py.util: the mpi4py layer provides mpi4py.MPI only"):
             import mpi4py.util  # noqa: F401
     import mpi4py.util  # noqa: F401,F811 - the real one again afterwards
@@ -294,7 +296,7 @@ def test_a_probe_of_a_malformed_message_raises_it_and_the_next_message_is_probed
 
 
 def test_an_error_on_a_one_member_communicator_names_this_gpu():
-    """COMM_SELF's emulator side (_Solo) has no member list: its one member is this GPU (4)."""
+    """COMM_SELF's emulator side (Solo) has no member list: its one member is this GPU (4)."""
     from nvlink_emu.ranks.mpi4py_layer import installed
 
     with installed(_Gpu()):
@@ -350,11 +352,11 @@ def test_a_separate_window_merges_the_programs_stores_and_the_remote_writes():
 
 
 def test_runs_of_a_target_datatype_are_its_contiguous_stretches():
-    from nvlink_emu.ranks.mpi4py_layer.win import _runs
+    from nvlink_emu.ranks.mpi4py_layer.rma_ops import runs
 
-    assert _runs(None, 5) == [(0, 5, 0)]
-    assert _runs(np.array([0, 2, 3, 4, 9]), 5) == [(0, 1, 0), (1, 4, 2), (4, 5, 9)]
-    assert _runs(np.zeros(0, np.int64), 0) == []
+    assert runs(None, 5) == [(0, 5, 0)]
+    assert runs(np.array([0, 2, 3, 4, 9]), 5) == [(0, 1, 0), (1, 4, 2), (4, 5, 9)]
+    assert runs(np.zeros(0, np.int64), 0) == []
 
 
 def test_a_shared_window_is_refused_with_the_reason_and_as_mpi4py_probes_for_it():
@@ -380,15 +382,15 @@ def test_a_window_serves_only_its_members_and_never_raises_into_the_targets_wait
     window._region, window._attached = np.zeros(16, np.uint8), [(0, np.zeros(8, np.uint8), None)]
     window._inbox = np.zeros(128, np.uint8)
     window._inbox[64:68] = np.array([7], np.int32).view(np.uint8)  # GPU 1's slot: its operand
-    rma._open["w"] = window
+    rma.open_windows["w"] = window
     nothing = np.zeros(0, np.uint8)
-    assert rma._serve(5, ("rma", "w", "rmw", 1, "SUM", "<i4", 0, 1, 1, 1), nothing) == []
-    assert rma._serve(1, ("rma", "w", "where", 2, "x", "y"), nothing) == []
+    assert rma.serve(5, ("rma", "w", "rmw", 1, "SUM", "<i4", 0, 1, 1, 1), nothing) == []
+    assert rma.serve(1, ("rma", "w", "where", 2, "x", "y"), nothing) == []
     assert rma.refused == {"not a member": 1, "malformed": 1}
     for opname, dtype in (("Finalize", "<i4"), ("SUM", "|O")):
-        [(peer, key, _)] = rma._serve(1, ("rma", "w", "rmw", 3, opname, dtype, 0, 1, 1, 1), nothing)
+        [(peer, key, _)] = rma.serve(1, ("rma", "w", "rmw", 3, opname, dtype, 0, 1, 1, 1), nothing)
         assert (peer, key[4]) == (1, 1)  # refused, in an answer
-    [(peer, key, old)] = rma._serve(1, ("rma", "w", "rmw", 4, "SUM", "<i4", 4, 1, 1, 1), nothing)
+    [(peer, key, old)] = rma.serve(1, ("rma", "w", "rmw", 4, "SUM", "<i4", 4, 1, 1, 1), nothing)
     assert (peer, key[4], old.view(np.int32).tolist()) == (1, 0, [0])
     assert window._region[4:8].view(np.int32).tolist() == [7]
     rma.reset()
