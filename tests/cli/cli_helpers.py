@@ -3,6 +3,8 @@
 import os
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -24,6 +26,48 @@ def run(args: list[str], timeout_s: float = 120, cwd: Path = ROOT,
     env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
     done = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s, cwd=cwd, env=env)
     return done, time.monotonic() - start
+
+
+class Started:
+    """A command started in the background (its output to files, so that a chatty one never blocks on a
+    full pipe while nobody reads it); result() waits for it as run() does."""
+
+    def __init__(self, args: list[str], cwd: Path = ROOT, env: dict | None = None):
+        self.start = time.monotonic()
+        self._out, self._err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+        env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
+        self.process = subprocess.Popen(args, stdout=self._out, stderr=self._err, text=True, cwd=cwd, env=env)
+        self.args, self.end = args, None
+        self._waiter = threading.Thread(target=self._wait, daemon=True)
+        self._waiter.start()
+
+    def _wait(self) -> None:
+        self.process.wait()
+        self.end = time.monotonic()
+
+    def ended(self, timeout_s: float) -> bool:
+        """Wait up to timeout_s for the job to end; whether it did."""
+        self._waiter.join(timeout_s)
+        return self.end is not None
+
+    def result(self, timeout_s: float) -> tuple[subprocess.CompletedProcess, float]:
+        """(completed process with text stdout/stderr, its run time in seconds); TimeoutExpired (the job
+        killed) if it has not ended within timeout_s of its start."""
+        self._waiter.join(max(0.0, timeout_s - (time.monotonic() - self.start)))
+        if self.end is None:
+            self.kill()
+            raise subprocess.TimeoutExpired(self.args, timeout_s)
+        outputs = []
+        for file in (self._out, self._err):
+            file.seek(0)
+            outputs.append(file.read())
+            file.close()
+        return subprocess.CompletedProcess(self.args, self.process.returncode, *outputs), self.end - self.start
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
 
 
 def script(tmp_path: Path, body: str, name: str = "workload.py") -> str:

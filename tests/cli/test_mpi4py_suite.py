@@ -17,7 +17,7 @@ from pathlib import Path
 import mpi4py
 import pytest
 
-from cli_helpers import ROOT, command, run
+from cli_helpers import ROOT, Started, command, run
 
 SUITE = ROOT / "tests" / "mpi4py_suite"
 FILES = ("test_cco_buf.py", "test_cco_obj.py", "test_cco_nb_buf.py", "test_cco_vec.py", "test_p2p_buf.py",
@@ -59,33 +59,43 @@ def mpi4py_tests() -> Path:
     return testdir
 
 
-@pytest.mark.slow
-@pytest.mark.network
-@pytest.mark.parametrize("gpus", GPU_COUNTS)
-def test_mpi4py_own_tests_pass_on_the_layer(gpus):
-    check_files(gpus, os.environ.get("NVLINK_EMU_MPI4PY_BACKENDS", BACKENDS), FILES, EXPECTED)
-
-
 # One-sided communication (MPI.Win): every Put, Get, accumulate and lock is a round trip through the
 # switch rank, thousands per file, so CI loops over array.array's 7 C types
 RMA_FILES = ("test_rma.py", "test_win.py", "test_rma_nb.py")
 RMA_EXPECTED = {"test_rma.py": (36, 0), "test_win.py": (100, 24), "test_rma_nb.py": (14, 0)}
+# (files, their expected counts, the array classes by default) of each job
+JOBS = {"buffers": (FILES, EXPECTED, BACKENDS), "rma": (RMA_FILES, RMA_EXPECTED, "ArrayArray")}
+
+
+@pytest.fixture(scope="module")
+def suite_jobs(request):
+    """The jobs of the selected tests below, all started at once: each is a run of small round trips in
+    which the ranks wait for each other much of the time (a GPU rank of the RMA job slept in select()
+    for 18 of its 30 s, profiled), so the jobs share the cores' idle time instead of queueing."""
+    testdir = mpi4py_tests()
+    wanted = {(item.callspec.params["gpus"], item.callspec.params["job"]) for item in request.session.items
+              if item.module is request.module and item.originalname == "test_mpi4py_own_files_pass_on_the_layer"}
+    jobs = {}
+    for gpus, job in sorted(wanted):
+        files, _, backends = JOBS[job]
+        jobs[gpus, job] = Started([command("nvlink-emu"), "run", "--mpi4py", str(SUITE / "run_suite.py"),
+                                   "--gpus", str(gpus), "--timeout", "60", "--", str(testdir),
+                                   str(SUITE / "deselected.txt"), os.environ.get("NVLINK_EMU_MPI4PY_BACKENDS", backends),
+                                   *files])
+    yield jobs
+    for started in jobs.values():
+        started.kill()
 
 
 @pytest.mark.slow
 @pytest.mark.network
+@pytest.mark.parametrize("job", sorted(JOBS))
 @pytest.mark.parametrize("gpus", GPU_COUNTS)
-def test_mpi4py_own_rma_tests_pass_on_the_layer(gpus):
-    check_files(gpus, os.environ.get("NVLINK_EMU_MPI4PY_BACKENDS", "ArrayArray"), RMA_FILES, RMA_EXPECTED)
-
-
-def check_files(gpus: int, backends: str, files: tuple, expected: dict) -> None:
-    """Run mpi4py's test `files` on the layer at `gpus` GPUs: each has the tests and deselections of
-    `expected` ({file: (tests, deselected)}), and none fails or skips itself."""
-    testdir = mpi4py_tests()
-    done, elapsed = run([command("nvlink-emu"), "run", "--mpi4py", str(SUITE / "run_suite.py"), "--gpus", str(gpus),
-                         "--timeout", "60", "--", str(testdir), str(SUITE / "deselected.txt"), backends, *files],
-                        timeout_s=1800)
+def test_mpi4py_own_files_pass_on_the_layer(suite_jobs, gpus, job):
+    """mpi4py's test files of `job` at `gpus` GPUs: each has the tests and deselections expected, and
+    none fails or skips itself."""
+    files, expected, _ = JOBS[job]
+    done, elapsed = suite_jobs[gpus, job].result(timeout_s=1800)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-6000:]
     rows = {m["file"]: m for m in (re.search(r"file=(?P<file>\S+) tests=(?P<tests>\d+) passed=(?P<passed>\d+) "
@@ -99,7 +109,7 @@ def check_files(gpus: int, backends: str, files: tuple, expected: dict) -> None:
         assert (row["tests"], row["deselected"], row["failed"]) == (tests, deselected, 0), (name, row)
         assert row["passed"] + row["skipped"] == tests - deselected, (name, row)
         assert row["skipped"] == 0, (name, row)  # no test of these files skips itself on this layer
-    print(f"mpi4py suite at {gpus} GPUs ({backends}): {elapsed:.1f} s")
+    print(f"mpi4py suite, {job} at {gpus} GPUs: {elapsed:.1f} s")
 
 
 ALLREDUCE = """
