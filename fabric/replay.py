@@ -72,27 +72,30 @@ class Fabric:
         self.shares = [LinkEnd(topo.share_gbytes_per_s, u) for _ in range(topo.gpus)] if topo.spines else None
         self.sent: dict[tuple, tuple[float, float, int]] = {}  # (src, dst, key) -> stamps at dst's leaf, raw
 
-    def send(self, gpu: _Gpu, peer: int, key, nbytes: int) -> None:
+    def send(self, gpu: _Gpu, peer: int, key, nbytes: int) -> tuple[float, float]:
+        """Book a message on its route; returns when it occupies the sender's uplink (ns)."""
         raw = raw_bytes(nbytes, self.mtu, self.header)
         start, end = gpu.uplink.send(gpu.now, gpu.now, raw)
+        uplink = start - gpu.uplink.latency_ns, end - gpu.uplink.latency_ns  # the link's own occupation
         start, end = start + self.s, end + self.s                       # the sender's leaf (cut-through)
         if self.gpus[peer].node != gpu.node:
             start, end = self.shares[gpu.index].send(start, end, raw)  # its outbound share, + u
             start, end = start + self.spine_ns, end + self.spine_ns    # the spine, the cable down
             start, end = start + self.s, end + self.s                   # the destination's leaf
         self.sent[(gpu.index, peer, key)] = (start, end, raw)
+        return uplink
 
-    def receive(self, gpu: _Gpu, peer: int, key) -> bool:
-        """Consume the message if it was sent (True); False: not yet."""
+    def receive(self, gpu: _Gpu, peer: int, key) -> tuple[float, float] | None:
+        """Consume the message if it was sent: when it occupies the receiver's downlink (ns); None: not yet."""
         got = self.sent.pop((peer, gpu.index, key), None)
         if got is None:
-            return False
+            return None
         start, end, raw = got
         if self.gpus[peer].node != gpu.node:
             start, end = gpu.inbound.book(start, end, raw)
         start, end = gpu.downlink.book(start, end, raw)
         gpu.now = max(gpu.now, end + gpu.downlink.latency_ns)
-        return True
+        return start, end
 
 
 # -- the programs: generators of ("send", peer, key, nbytes), ("recv", peer, key), ("flush",) ---------
@@ -874,11 +877,14 @@ def replay_ns(collective: str, algorithm: str, topo: Topology, S: int, config, i
     return run_programs(fabric, programs, lambda waiting: _stuck(collective, algorithm, n, waiting))
 
 
-def run_programs(fabric: Fabric, programs: dict, stuck) -> float:
+def run_programs(fabric: Fabric, programs: dict, stuck, events: list | None = None) -> float:
     """Run every member's program (generators of ("send", peer, key, nbytes), ("recv", peer, key),
     ("flush",)) on `fabric`'s clocks, round-robin, each until it waits for a message not yet sent; the
     latest member's clock at the end (ns). stuck(waiting): the error when no member can go on. Shared
-    by replay_ns and fabric.plans.timing (the plan interpreter), so both book links alike."""
+    by replay_ns and fabric.plans.timing (the plan interpreter), so both book links alike. events: if
+    given, gets (member, what, peer, start_ns, end_ns) for every operation: "send" its uplink's
+    occupation, "recv" its downlink's, "wait" the member's clock moved by a receive or a flush (peer
+    None for a flush)."""
     waiting: dict[int, tuple] = {}  # member -> the recv it waits on
     while programs:
         progressed = False
@@ -892,14 +898,22 @@ def run_programs(fabric: Fabric, programs: dict, stuck) -> float:
                         del programs[r]
                         progressed = True
                         break
+                before = gpu.now
                 if op[0] == "send":
-                    fabric.send(gpu, op[1], op[2], op[3])
+                    booked = fabric.send(gpu, op[1], op[2], op[3])
                 elif op[0] == "recv":
-                    if not fabric.receive(gpu, op[1], op[2]):
+                    booked = fabric.receive(gpu, op[1], op[2])
+                    if booked is None:
                         waiting[r] = op
                         break
                 else:
                     gpu.now = max(gpu.now, gpu.uplink.free_ns)
+                if events is not None:
+                    peer = op[1] if op[0] != "flush" else None
+                    if op[0] != "flush":
+                        events.append((r, op[0], peer, *booked))
+                    if gpu.now > before:
+                        events.append((r, "wait", peer, before, gpu.now))
                 progressed = True
                 op = None
         if not progressed:

@@ -163,9 +163,10 @@ def _check(plan: Plan, topo: Topology, config) -> None:
         raise PlanError(f"plan {plan.name!r} runs on {', '.join(plan.fabrics)} fabrics, not {config.mode!r}")
 
 
-def plan_ns(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4) -> float:
+def plan_ns(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4, events: list | None = None) -> float:
     """Modeled ns of one call of `plan` (validated) on every GPU of `topo`, all starting at 0: the latest
-    GPU's clock at the end, as fabric.replay.replay_ns."""
+    GPU's clock at the end, as fabric.replay.replay_ns. events: if given, gets the timeline
+    fabric.replay.run_programs records (GPU, "send"/"recv"/"wait", peer, start_ns, end_ns)."""
     _check(plan, topo, config)
     chunk = max(1, config.chunk_bytes // itemsize)
     fabric = Fabric(topo, config.mtu_bytes, config.header_bytes)
@@ -174,7 +175,7 @@ def plan_ns(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4) -> fl
         return FabricError(f"plan {plan.name!r}: {plan.collective} on {plan.gpus} GPUs waits for ever: GPUs "
                            f"{sorted(waiting)} wait for what nobody sends (validate the plan first)")
 
-    return run_programs(fabric, messages(plan, S, itemsize, chunk), stuck)
+    return run_programs(fabric, messages(plan, S, itemsize, chunk), stuck, events)
 
 
 def plan_link_bytes(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4) -> dict[str, tuple[int, int]]:

@@ -105,3 +105,21 @@ def test_bench_refuses_a_plan_for_another_shape_or_with_an_algorithm():
     done, _ = run([command("nvlink-emu"), "bench", "allreduce", "--plan", str(PLANS / "ring_allreduce_4.xml"),
                    "--gpus", "4", "--algorithm", "ring"])
     assert done.returncode == 2 and "the plan is the algorithm; --algorithm ring does not apply" in done.stderr
+
+
+def test_plan_show_draws_the_replayed_timeline_per_gpu_and_link(tmp_path):
+    path = tmp_path / "plan.png"
+    done, _ = run([command("nvlink-emu"), "plan", "show", "ring", "--gpus", "4", "-S", "1M", "-o", str(path)])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == f"wrote {path}"
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+    import matplotlib.image
+    pixels = matplotlib.image.imread(path)[..., :3]
+    colours = {tuple(p) for p in (pixels * 255).astype(int).reshape(-1, 3)[::7]}
+    # 4 peers' colours, the waits' and the text on white: a drawing, not a blank page
+    assert pixels.shape[0] > 400 and len(colours) > 50
+    done, _ = run([command("nvlink-emu"), "plan", "check", "ring", "--gpus", "4", "-o", str(tmp_path / "x.png")])
+    assert done.returncode == 2 and "-o draws a timeline: it is for `plan show`" in done.stderr
+    done, _ = run([command("nvlink-emu"), "plan", "show", "ring", "--gpus", "4", "-o", str(tmp_path / "x.txt")])
+    assert done.returncode == 2 and "name a .png, .svg or .pdf file" in done.stderr

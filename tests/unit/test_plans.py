@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from nvlink_emu.fabric import cost, plans, replay
+from nvlink_emu.fabric.plans import timing
 from nvlink_emu.fabric.config import preset
 from nvlink_emu.fabric.errors import PlanError
 from nvlink_emu.fabric.packets import raw_bytes
@@ -230,3 +231,22 @@ def test_the_loader_reads_msccl_tools_newer_op_elements():
     plan = plans.loads(xml)
     assert [op.kind for op in plan.programs[0].ops] == ["copy", "send", "recv"]
     assert plan.programs[1].ops[2].dst == Ref("o", 0)
+
+
+def test_the_timeline_of_a_replayed_plan_books_every_message_once_and_leaves_the_time_alone():
+    config = preset("dgx-h100", gpus=4)
+    topo, plan, S = Topology.single(config), plans.build("ring", 4, "allreduce"), (1 << 20) + 12
+    events = []
+    ns = plans.plan_ns(plan, topo, S, config, events=events)
+    assert ns == plans.plan_ns(plan, topo, S, config)
+    sends = [e for e in events if e[1] == "send"]
+    recvs = [e for e in events if e[1] == "recv"]
+    chunk = config.chunk_bytes // 4
+    pieces = sum(1 for program in timing.messages(plan, S, 4, chunk).values() for op in program if op[0] == "send")
+    assert len(sends) == len(recvs) == pieces
+    # an uplink carries one message at a time, each for its raw bytes' serialisation time
+    for g in range(4):
+        mine = sorted((start, end) for who, what, _, start, end in sends if who == g)
+        assert all(a[1] <= b[0] + 1e-9 for a, b in zip(mine, mine[1:]))
+    assert max(end for *_, end in events) <= ns
+    assert all(start < end for *_, start, end in events)
