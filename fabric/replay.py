@@ -145,18 +145,6 @@ def _ring_broadcast(n, r, count, chunk, item, root):
     yield ("flush",)
 
 
-def _direct_root_broadcast(n, r, count, chunk, item, root):
-    spans = chunks(0, count, chunk)
-    if r == root:
-        for k in range(1, n):
-            for c, (lo, hi) in enumerate(spans):
-                yield ("send", (root + k) % n, ("root", c), (hi - lo) * item)
-    else:
-        for c, _ in enumerate(spans):
-            yield ("recv", root, ("root", c))
-    yield ("flush",)
-
-
 def _hier(collective, topo, r, count, chunk, item, root, share=None):
     """hier.py's schedule on every GPU of `topo` (GPU (a, j) = a G + j): fabric.hier_plan's program, the
     one the ranks execute (node rings or node stages in the leaf (share: hier_plan.program's), and rail
@@ -467,10 +455,9 @@ def _program(collective: str, algorithm: str, topo: Topology, r: int, count: int
         yield from _direct_reduce(n, r, parts, chunk, item)
         if collective == "allreduce":
             yield from _direct_broadcast_blocks(n, r, parts, chunk, item)
-    elif (collective, algorithm) == ("allgather", "direct"):
-        yield from _direct_broadcast_blocks(n, r, parts, chunk, item)
-    elif (collective, algorithm) == ("broadcast", "direct"):
-        yield from _direct_root_broadcast(n, r, count, chunk, item, root)
+    elif algorithm == "direct" and collective in ("allgather", "broadcast"):
+        from .plans import build, timing  # the plan's messages (imported here: fabric.plans imports replay)
+        yield from timing.messages(build("direct", n, collective, root), count * item, item, chunk)[r]
     elif (collective, algorithm) == ("broadcast", "ring"):
         yield from _ring_broadcast(n, r, count, chunk, item, root)
     else:

@@ -1,4 +1,4 @@
-"""The registry of algorithms built as plans: name -> function(gpus, collective) -> Plan.
+"""The registry of algorithms built as plans: name -> function(gpus, collective, root) -> Plan.
 
 ring: ranks/collectives/ring.py's one-node schedule (one ring 0, 1, ..., n-1; the buffer in n chunks;
 reduce-scatter step s: position p sends chunk p-1-s to p+1 and folds chunk p-2-s from p-1 into its
@@ -7,6 +7,15 @@ end). Each GPU's link bytes: 2 (n-1)/n S (allreduce), (n-1)/n S (reduce_scatter,
 recursive_doubling: allreduce on a power-of-two GPU count; step k, GPU g exchanges its whole buffer
 with g xor 2^k and adds the partner's (received into scratch) to its own: log2(n) S bytes each way;
 every GPU folds the same sets, in a different order (floating-point sums may differ from ring's).
+direct: ranks/collectives/direct.py's schedules, the A100 NVSwitch way (the buffer in n blocks, GPU r
+owns block r): reduce_scatter, step k = 1..n-1 sends block r+k to GPU r+k, then takes block r from
+r-1, r-2, ... into scratch (slot p for GPU p) and folds them in member order 0, 1, ..., n-1 (its own
+input at its turn) into its output; allgather sends its block to r+1, ..., r+n-1, then takes block p
+from p = r-1, r-2, ...; allreduce is the two in place, a flush between them (the sum of block r is
+built in the output, its own part saved to scratch slot r first); broadcast: the root sends the whole
+buffer to root+1, ..., root+n-1, the others take it from the root. Link bytes per GPU: (n-1)/n S each
+way (reduce_scatter, allgather), 2 (n-1)/n S (allreduce); broadcast: the root (n-1) S out, the others
+S in.
 """
 
 import functools
@@ -30,7 +39,7 @@ def _ring_steps(n, p, buf, reduce):
     return ops
 
 
-def ring(gpus: int, collective: str) -> Plan:
+def ring(gpus: int, collective: str, root: int = 0) -> Plan:
     """ring.py's one-node ring (module docstring) for allreduce, reduce_scatter or allgather."""
     n, programs = gpus, []
     for p in range(n):
@@ -46,7 +55,7 @@ def ring(gpus: int, collective: str) -> Plan:
     return Plan("ring", collective, n, tuple(programs), inplace=collective == "allreduce")
 
 
-def recursive_doubling(gpus: int, collective: str) -> Plan:
+def recursive_doubling(gpus: int, collective: str, root: int = 0) -> Plan:
     """Recursive-doubling allreduce (module docstring) on a power-of-two GPU count."""
     n = gpus
     if collective != "allreduce":
@@ -64,13 +73,58 @@ def recursive_doubling(gpus: int, collective: str) -> Plan:
     return Plan("recursive_doubling", "allreduce", n, tuple(programs), inplace=True)
 
 
-ALGORITHMS = {"ring": ring, "recursive_doubling": recursive_doubling}
+def _direct_reduce(n, r, buf, out):
+    """direct's reduce phase on GPU r: block r of every GPU's `buf` folded, in member order, into `out`."""
+    ops = [Op("send", src=Ref(buf, (r + k) % n), send_to=(r + k) % n) for k in range(1, n)]
+    ops += [Op("recv", dst=Ref("s", (r - k) % n), recv_from=(r - k) % n) for k in range(1, n)]
+    mine = Ref(buf, r)
+    if out == mine and r:  # in place: my own part is overwritten by GPU 0's first; keep it for its turn
+        ops.append(Op("copy", src=mine, dst=Ref("s", r)))
+        mine = Ref("s", r)
+    if out != mine:
+        ops.append(Op("copy", src=Ref("s", 0) if r else mine, dst=out))
+    ops += [Op("reduce", src=mine if p == r else Ref("s", p), dst=out) for p in range(1, n)]
+    return ops
+
+
+def _direct_gather(n, r, own):
+    """direct's broadcast phase on GPU r: its block `own` of "o" to every other GPU, then theirs."""
+    ops = [Op("send", src=own, send_to=(r + k) % n) for k in range(1, n)]
+    return ops + [Op("recv", dst=Ref("o", (r - k) % n), recv_from=(r - k) % n) for k in range(1, n)]
+
+
+def direct(gpus: int, collective: str, root: int = 0) -> Plan:
+    """direct.py's schedules (module docstring) for allreduce, reduce_scatter, allgather, broadcast."""
+    n, programs = gpus, []
+    for r in range(n):
+        if collective == "reduce_scatter":
+            ops, chunks = _direct_reduce(n, r, "i", Ref("o", 0)), (n, 1, n)
+        elif collective == "allreduce":
+            ops = _direct_reduce(n, r, "o", Ref("o", r)) + [Op("flush")] + _direct_gather(n, r, Ref("o", r))
+            chunks = (n, n, n)
+        elif collective == "allgather":
+            ops, chunks = [Op("copy", src=Ref("i", 0), dst=Ref("o", r))] + _direct_gather(n, r, Ref("o", r)), (1, n, 0)
+        elif collective == "broadcast":
+            if r == root:
+                ops = [Op("send", src=Ref("o", 0), send_to=(root + k) % n) for k in range(1, n)]
+            else:
+                ops = [Op("recv", dst=Ref("o", 0), recv_from=root)]
+            chunks = (1, 1, 0)
+        else:
+            raise PlanError(f"direct plan: no {collective}; direct builds allreduce, reduce_scatter, allgather, "
+                            f"broadcast")
+        programs.append(GpuProgram(r, tuple(ops), *chunks))
+    return Plan("direct", collective, n, tuple(programs), inplace=collective in ("allreduce", "broadcast"), root=root)
+
+
+ALGORITHMS = {"ring": ring, "recursive_doubling": recursive_doubling, "direct": direct}
 
 
 @functools.lru_cache(maxsize=256)
-def build(algorithm: str, gpus: int, collective: str) -> Plan:
-    """The validated plan of `algorithm` for `collective` on `gpus` GPUs (PlanError if it has none);
-    built and validated once per (algorithm, gpus, collective): plans are immutable."""
+def build(algorithm: str, gpus: int, collective: str, root: int = 0) -> Plan:
+    """The validated plan of `algorithm` for `collective` on `gpus` GPUs (rooted collectives: from
+    `root`; PlanError if it has none); built and validated once per (algorithm, gpus, collective, root):
+    plans are immutable."""
     if algorithm not in ALGORITHMS:
         raise PlanError(f"no plan algorithm {algorithm!r}; known: {', '.join(ALGORITHMS)}")
-    return validate(ALGORITHMS[algorithm](gpus, collective))
+    return validate(ALGORITHMS[algorithm](gpus, collective, root))

@@ -18,9 +18,12 @@ Combine order: members 0, 1, ..., N-1, in the array's dtype.
 
 import numpy as np
 
+from nvlink_emu.fabric import plans
 from nvlink_emu.fabric.reduction import blocks, chunks, combine, finish
 
-RED, BCAST, ROOT, TO_ROOT, GATHER, SCATTER = 0, 1, 2, 3, 4, 5  # message phases
+from . import plan
+
+RED, BCAST, TO_ROOT, GATHER, SCATTER = 0, 1, 3, 4, 5  # message phases (2 was broadcast's, now a plan)
 
 
 def _reduce_own_block(call, source: np.ndarray, parts, out: np.ndarray) -> None:
@@ -72,19 +75,11 @@ def reduce_scatter(call, send: np.ndarray, recv: np.ndarray) -> None:
 
 
 def allgather(call, send: np.ndarray, recv: np.ndarray) -> None:
-    _broadcast_own_block(call, recv, call.own_block_in_place(send, recv))
+    plan.execute(call, plans.build("direct", call.n, "allgather"), send, recv)
 
 
 def broadcast(call, array: np.ndarray, root: int) -> None:
-    spans = chunks(0, array.size, call.chunk)
-    if call.r == root:
-        for k in range(1, call.n):
-            for c, (lo, hi) in enumerate(spans):
-                call.send(root + k, (ROOT, c), array[lo:hi])
-    else:
-        for c, (lo, hi) in enumerate(spans):
-            call.recv(root, (ROOT, c), array[lo:hi])
-    call.flush()
+    plan.execute(call, plans.build("direct", call.n, "broadcast", root), array, array)
 
 
 def reduce(call, send: np.ndarray, recv: np.ndarray | None, root: int) -> None:

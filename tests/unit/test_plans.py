@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nvlink_emu.fabric import cost, plans, replay
+from nvlink_emu.fabric import cost, cost_nodes, plans, replay
 from nvlink_emu.fabric.plans import timing
 from nvlink_emu.fabric.config import preset
 from nvlink_emu.fabric.errors import PlanError
@@ -54,6 +54,37 @@ def test_the_ring_plans_link_bytes_are_the_rings(gpus):
         assert config.chunk_bytes >= 1 << 20
         assert all(v == (payload, messages * raw_bytes(1 << 20, config.mtu_bytes, config.header_bytes))
                    for v in links.values()), (collective, links)
+
+
+@pytest.mark.parametrize("name", ["dgx-h100", "dgx-a100"])
+@pytest.mark.parametrize("gpus", [2, 3, 5, 8])
+def test_the_direct_plan_has_the_closed_forms_time_and_the_cost_models_bytes(name, gpus):
+    config = preset(name, gpus=gpus)
+    topo = Topology.single(config)
+    for collective in ("allreduce", "reduce_scatter", "allgather", "broadcast"):
+        for size in (gpus * 1024, gpus << 20, gpus * 3 << 20, gpus * 4096 + 12):  # one chunk, several, uneven
+            for root in ((0, gpus - 1) if collective == "broadcast" else (0,)):
+                plan = plans.build("direct", gpus, collective, root)
+                links = plans.plan_link_bytes(plan, topo, size, config)
+                want = cost_nodes.link_bytes(collective, "direct", topo, size, root=root)
+                assert {k: v[0] for k, v in links.items()} == {k: v for k, v in want.items() if v}, (collective, size)
+                if size % (4 * gpus) == 0 and root == 0:  # fabric.cost's one-node closed form, the oracle
+                    got = plans.plan_ns(plan, topo, size, config)
+                    assert math.isclose(got, cost.modeled_ns(collective, "direct", size, gpus, config),
+                                        rel_tol=1e-12), (collective, size)
+
+
+def test_the_direct_plan_folds_in_member_order():
+    # GPU 2's block: GPU 0's part first, then 1's, its own at its turn (direct.py's combine order)
+    ops = plans.build("direct", 4, "reduce_scatter").programs[2].ops
+    folds = [(op.kind, op.src, op.dst) for op in ops if op.kind in ("copy", "reduce")]
+    assert folds == [("copy", Ref("s", 0), Ref("o", 0)), ("reduce", Ref("s", 1), Ref("o", 0)),
+                     ("reduce", Ref("i", 2), Ref("o", 0)), ("reduce", Ref("s", 3), Ref("o", 0))]
+    ops = plans.build("direct", 4, "allreduce").programs[2].ops  # in place: its own part saved first
+    folds = [(op.kind, op.src, op.dst) for op in ops if op.kind in ("copy", "reduce")]
+    assert folds == [("copy", Ref("o", 2), Ref("s", 2)), ("copy", Ref("s", 0), Ref("o", 2)),
+                     ("reduce", Ref("s", 1), Ref("o", 2)), ("reduce", Ref("s", 2), Ref("o", 2)),
+                     ("reduce", Ref("s", 3), Ref("o", 2))]
 
 
 @pytest.mark.parametrize("gpus", [2, 4, 8])
