@@ -100,28 +100,6 @@ class Fabric:
 
 # -- the programs: generators of ("send", peer, key, nbytes), ("recv", peer, key), ("flush",) ---------
 
-def _direct_reduce(n, r, parts, chunk, item):
-    for k in range(1, n):
-        for c, (lo, hi) in enumerate(chunks(*parts[(r + k) % n], chunk)):
-            yield ("send", (r + k) % n, ("red", r, c), (hi - lo) * item)
-    spans = chunks(*parts[r], chunk)
-    for k in range(1, n):
-        for c, _ in enumerate(spans):
-            yield ("recv", (r - k) % n, ("red", (r - k) % n, c))
-    yield ("flush",)
-
-
-def _direct_broadcast_blocks(n, r, parts, chunk, item):
-    for k in range(1, n):
-        for c, (lo, hi) in enumerate(chunks(*parts[r], chunk)):
-            yield ("send", (r + k) % n, ("bc", r, c), (hi - lo) * item)
-    for k in range(1, n):
-        p = (r - k) % n
-        for c, _ in enumerate(chunks(*parts[p], chunk)):
-            yield ("recv", p, ("bc", p, c))
-    yield ("flush",)
-
-
 def _all2allv(n, r, counts, chunk, item):
     # the receives are posted first and consumed in order r-1, r-2, ...; posting takes no modeled time
     for shift in range(1, n):
@@ -451,11 +429,7 @@ def _program(collective: str, algorithm: str, topo: Topology, r: int, count: int
     elif algorithm == "ring" and collective in ("allreduce", "reduce_scatter", "allgather"):
         from .plans import build, timing  # one node: the ring's plan (imported here: fabric.plans imports replay)
         yield from timing.messages(build("ring", n, collective), count * item, item, chunk)[r]
-    elif algorithm == "direct" and collective in ("allreduce", "reduce_scatter"):
-        yield from _direct_reduce(n, r, parts, chunk, item)
-        if collective == "allreduce":
-            yield from _direct_broadcast_blocks(n, r, parts, chunk, item)
-    elif algorithm == "direct" and collective in ("allgather", "broadcast"):
+    elif algorithm == "direct" and collective in ("allreduce", "reduce_scatter", "allgather", "broadcast"):
         from .plans import build, timing  # the plan's messages (imported here: fabric.plans imports replay)
         yield from timing.messages(build("direct", n, collective, root), count * item, item, chunk)[r]
     elif (collective, algorithm) == ("broadcast", "ring"):

@@ -14,6 +14,9 @@ reduced block to every peer. Per-GPU link payload for S bytes on N GPUs, tx = rx
 In step k = 1..N-1 GPU r sends to GPU r+k and takes in from GPU r-k, so every link carries one
 block per step; the root takes the gathered blocks in from members root+1, root+2, ... in turn.
 Combine order: members 0, 1, ..., N-1, in the array's dtype.
+allreduce, reduce_scatter, allgather and broadcast are plans (fabric.plans.registry.direct, run by
+ranks/collectives/plan.py, timed by fabric.replay from the same plan); reduce, gather and scatter are
+written out below.
 """
 
 import numpy as np
@@ -23,7 +26,7 @@ from nvlink_emu.fabric.reduction import blocks, chunks, combine, finish
 
 from . import plan
 
-RED, BCAST, TO_ROOT, GATHER, SCATTER = 0, 1, 3, 4, 5  # message phases (2 was broadcast's, now a plan)
+RED, TO_ROOT, GATHER, SCATTER = 0, 3, 4, 5  # message phases (1 and 2 were the broadcasts of blocks and from a root: plans now)
 
 
 def _reduce_own_block(call, source: np.ndarray, parts, out: np.ndarray) -> None:
@@ -49,29 +52,12 @@ def _reduce_own_block(call, source: np.ndarray, parts, out: np.ndarray) -> None:
     call.flush()
 
 
-def _broadcast_own_block(call, work: np.ndarray, parts) -> None:
-    n, r = call.n, call.r
-    for k in range(1, n):
-        for c, (lo, hi) in enumerate(chunks(*parts[r], call.chunk)):
-            call.send(r + k, (BCAST, r, c), work[lo:hi])
-    for k in range(1, n):
-        p = (r - k) % n
-        for c, (lo, hi) in enumerate(chunks(*parts[p], call.chunk)):
-            call.recv(p, (BCAST, p, c), work[lo:hi])
-    call.flush()
-
-
 def allreduce(call, array: np.ndarray) -> None:
-    parts = blocks(array.size, call.n)
-    a, b = parts[call.r]
-    reduced = np.empty(b - a, array.dtype)
-    _reduce_own_block(call, array, parts, reduced)
-    array[a:b] = reduced
-    _broadcast_own_block(call, array, parts)
+    plan.execute(call, plans.build("direct", call.n, "allreduce"), array, array)
 
 
 def reduce_scatter(call, send: np.ndarray, recv: np.ndarray) -> None:
-    _reduce_own_block(call, send, blocks(send.size, call.n), recv)
+    plan.execute(call, plans.build("direct", call.n, "reduce_scatter"), send, recv)
 
 
 def allgather(call, send: np.ndarray, recv: np.ndarray) -> None:
