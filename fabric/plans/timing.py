@@ -13,6 +13,8 @@ ranks: fabric.replay models the links only).
 
 import functools
 
+import numpy as np
+
 from ..errors import FabricError, PlanError
 from ..packets import raw_bytes
 from ..reduction import blocks, chunks
@@ -193,3 +195,22 @@ def plan_link_bytes(plan: Plan, topo: Topology, S: int, config, itemsize: int = 
                 payload, total = out.get(link.name, (0, 0))
                 out[link.name] = (payload + op[3], total + raw)
     return out
+
+
+def plan_rounds(plan: Plan, S: int, itemsize: int = 4) -> list[np.ndarray]:
+    """The plan's dependent rounds for fabric.cost_nodes' bounds: round k is a gpus x gpus int64 matrix of
+    the payload bytes (row: sender, column: receiver) every GPU sends after its k-th explicit flush (the
+    flushes a plan writes split its phases; those with_flushes adds do not). No round for a plan that
+    sends nothing (one GPU)."""
+    rounds: list[np.ndarray] = []
+    for g, program in enumerate(plan.programs):
+        table, phase = spans(plan, S, itemsize, g), 0
+        for op in program.ops:
+            if op.kind == "flush":
+                phase += 1
+            elif op.kind in SENDS:
+                while len(rounds) <= phase:
+                    rounds.append(np.zeros((plan.gpus, plan.gpus), np.int64))
+                lo, hi = span(table, op.src if op.kind in ("send", "recv_reduce_send") else op.dst)
+                rounds[phase][g, op.send_to] += (hi - lo) * itemsize
+    return rounds
