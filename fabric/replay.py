@@ -113,16 +113,6 @@ def _all2allv(n, r, counts, chunk, item):
     yield ("flush",)
 
 
-def _ring_broadcast(n, r, count, chunk, item, root):
-    position = (r - root) % n  # chunk c moves down the chain root, root+1, ..., each GPU forwarding it
-    for c, (lo, hi) in enumerate(chunks(0, count, chunk)):
-        if position:
-            yield ("recv", (r - 1) % n, ("chain", c))
-        if position < n - 1:
-            yield ("send", (r + 1) % n, ("chain", c), (hi - lo) * item)
-    yield ("flush",)
-
-
 def _hier(collective, topo, r, count, chunk, item, root, share=None):
     """hier.py's schedule on every GPU of `topo` (GPU (a, j) = a G + j): fabric.hier_plan's program, the
     one the ranks execute (node rings or node stages in the leaf (share: hier_plan.program's), and rail
@@ -426,14 +416,12 @@ def _program(collective: str, algorithm: str, topo: Topology, r: int, count: int
             per = [hi - lo for lo, hi in parts]
             counts = [[per[j] for j in range(n)] for _ in range(n)]
         yield from _all2allv(n, r, counts, chunk, item)
-    elif algorithm == "ring" and collective in ("allreduce", "reduce_scatter", "allgather"):
+    elif algorithm == "ring" and collective in ("allreduce", "reduce_scatter", "allgather", "broadcast"):
         from .plans import build, timing  # one node: the ring's plan (imported here: fabric.plans imports replay)
-        yield from timing.messages(build("ring", n, collective), count * item, item, chunk)[r]
+        yield from timing.messages(build("ring", n, collective, root), count * item, item, chunk)[r]
     elif algorithm == "direct" and collective in ("allreduce", "reduce_scatter", "allgather", "broadcast"):
         from .plans import build, timing  # the plan's messages (imported here: fabric.plans imports replay)
         yield from timing.messages(build("direct", n, collective, root), count * item, item, chunk)[r]
-    elif (collective, algorithm) == ("broadcast", "ring"):
-        yield from _ring_broadcast(n, r, count, chunk, item, root)
     else:
         raise FabricError(f"replay: no schedule for {collective} with {algorithm!r}; known: "
                           f"{', '.join(f'{c} {a}' for a, cs in PROGRAMS.items() for c in cs)}")

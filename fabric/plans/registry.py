@@ -3,7 +3,9 @@
 ring: ranks/collectives/ring.py's one-node schedule (one ring 0, 1, ..., n-1; the buffer in n chunks;
 reduce-scatter step s: position p sends chunk p-1-s to p+1 and folds chunk p-2-s from p-1 into its
 own, a flush after each step; all-gather step s: sends chunk p-s, takes chunk p-1-s, one flush at the
-end). Each GPU's link bytes: 2 (n-1)/n S (allreduce), (n-1)/n S (reduce_scatter, allgather).
+end; broadcast: a chain from the root, root+1, ..., root+n-1, each GPU passing every piece on as soon
+as it is in). Each GPU's link bytes: 2 (n-1)/n S (allreduce), (n-1)/n S (reduce_scatter, allgather);
+broadcast S out (all but the chain's last) and S in (all but the root).
 recursive_doubling: allreduce on a power-of-two GPU count; step k, GPU g exchanges its whole buffer
 with g xor 2^k and adds the partner's (received into scratch) to its own: log2(n) S bytes each way;
 every GPU folds the same sets, in a different order (floating-point sums may differ from ring's).
@@ -49,10 +51,17 @@ def ring(gpus: int, collective: str, root: int = 0) -> Plan:
             ops, chunks = _ring_steps(n, p, "i", True) + [Op("copy", src=Ref("i", p), dst=Ref("o", 0))], (n, 1)
         elif collective == "allgather":
             ops, chunks = [Op("copy", src=Ref("i", 0), dst=Ref("o", p))] + _ring_steps(n, p, "o", False), (1, n)
+        elif collective == "broadcast":  # a chain root, root+1, ..., each piece passed on as soon as it is in
+            position, nxt, prv = (p - root) % n, (p + 1) % n, (p - 1) % n
+            whole = Ref("o", 0)
+            ops = ([] if n == 1 else [Op("send", src=whole, send_to=nxt)] if position == 0 else
+                   [Op("recv", dst=whole, recv_from=prv)] if position == n - 1 else
+                   [Op("recv_copy_send", dst=whole, send_to=nxt, recv_from=prv)])
+            chunks = (1, 1)
         else:
-            raise PlanError(f"ring plan: no {collective}; ring builds allreduce, reduce_scatter, allgather")
+            raise PlanError(f"ring plan: no {collective}; ring builds allreduce, reduce_scatter, allgather, broadcast")
         programs.append(GpuProgram(p, tuple(ops), *chunks))
-    return Plan("ring", collective, n, tuple(programs), inplace=collective == "allreduce")
+    return Plan("ring", collective, n, tuple(programs), inplace=collective in ("allreduce", "broadcast"), root=root)
 
 
 def recursive_doubling(gpus: int, collective: str, root: int = 0) -> Plan:

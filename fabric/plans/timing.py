@@ -136,21 +136,26 @@ def with_flushes(plan: Plan, g: int) -> list:
 
 def messages(plan: Plan, S: int, itemsize: int, chunk: int):
     """Per GPU, its program for fabric.replay.run_programs: ("recv", peer, key), ("send", peer, key,
-    nbytes), ("flush",) in plan order; key (channel, message number on that channel and pair, piece)."""
+    nbytes), ("flush",) in plan order; key (channel, message number on that channel and pair, piece).
+    An operation that receives and sends on (rrs, rcs, rrcs) is pipelined piece by piece: piece k is
+    sent on as soon as it is in (as a chain forwards it, and MSCCL's runtime does, slice by slice)."""
     def program(g):
         table = spans(plan, S, itemsize, g)
         sent, taken = {}, {}
         for op in with_flushes(plan, g):
             if op.kind in RECVS:
-                ref = op.dst if op.dst is not None else op.src
                 m = taken[(op.recv_from, op.channel)] = taken.get((op.recv_from, op.channel), -1) + 1
-                for k, _ in enumerate(chunks(*span(table, ref), chunk)):
-                    yield ("recv", op.recv_from, (op.channel, m, k))
             if op.kind in SENDS:
-                ref = op.src if op.kind in ("send", "recv_reduce_send") else op.dst
-                m = sent[(op.send_to, op.channel)] = sent.get((op.send_to, op.channel), -1) + 1
+                n = sent[(op.send_to, op.channel)] = sent.get((op.send_to, op.channel), -1) + 1
+            if op.kind in RECVS:
+                ref = op.dst if op.dst is not None else op.src
                 for k, (lo, hi) in enumerate(chunks(*span(table, ref), chunk)):
-                    yield ("send", op.send_to, (op.channel, m, k), (hi - lo) * itemsize)
+                    yield ("recv", op.recv_from, (op.channel, m, k))
+                    if op.kind in SENDS:  # forwarded at once (a recv_*_send sends what it received into)
+                        yield ("send", op.send_to, (op.channel, n, k), (hi - lo) * itemsize)
+            elif op.kind in SENDS:
+                for k, (lo, hi) in enumerate(chunks(*span(table, op.src), chunk)):
+                    yield ("send", op.send_to, (op.channel, n, k), (hi - lo) * itemsize)
             if op.kind == "flush":
                 yield ("flush",)
         yield ("flush",)  # a call returns once its sends have left (ranks/collectives/plan.py)

@@ -2,7 +2,8 @@
 
 Each member runs its GPU's program in order: an operation's receives (piece by piece, as fabric.plans.timing
 lists them: messages of at most chunk_bytes of whole elements, keys (PLAN, channel, message number on
-that channel and pair, piece)), then its sends, a flush where the plan says; so the emulated modeled
+that channel and pair, piece)), then its sends (one that receives and sends on forwards each piece as
+soon as it is in), a flush where the plan says; so the emulated modeled
 time is the replay's (fabric.plans.timing.plan_ns) by construction. Buffers: "i" the input, "o" the
 output (the input itself in place), "s" a scratch array of the plan's scratch chunks, chunks as
 fabric.plans.timing.spans cuts them (a scratch chunk the size of what is first written into it).
@@ -37,28 +38,29 @@ def execute(call, plan, inp: np.ndarray, out: np.ndarray) -> None:
     tmp_all = np.empty(min(call.chunk, max(longest, 1)), inp.dtype)  # a received piece, before it is folded
     sent, taken = {}, {}
     for op in with_flushes(plan, call.r):  # a flush before overwriting what a pending send reads
-        held = None  # rrs: what was received and folded, to send on without storing it
+        if op.kind in RECVS:
+            m = taken[(op.recv_from, op.channel)] = taken.get((op.recv_from, op.channel), -1) + 1
+        if op.kind in SENDS:
+            n = sent[(op.send_to, op.channel)] = sent.get((op.send_to, op.channel), -1) + 1
         if op.kind in RECVS:
             ref = op.dst if op.dst is not None else op.src
-            m = taken[(op.recv_from, op.channel)] = taken.get((op.recv_from, op.channel), -1) + 1
             lo0, hi0 = span(table, ref)
-            if op.kind == "recv_reduce_send":
-                held = bufs[ref.buf][lo0:hi0].copy()
+            # rrs: what was received and folded, sent on without being stored
+            held = bufs[ref.buf][lo0:hi0].copy() if op.kind == "recv_reduce_send" else None
             for k, (lo, hi) in enumerate(chunks(lo0, hi0, call.chunk)):
-                view = bufs[ref.buf][lo:hi]
+                view = bufs[ref.buf][lo:hi] if held is None else held[lo - lo0:hi - lo0]
                 if op.kind in ("recv", "recv_copy_send"):
                     call.recv(op.recv_from, (PLAN, op.channel, m, k), view)
                 else:
                     tmp = tmp_all[:hi - lo]
                     call.recv(op.recv_from, (PLAN, op.channel, m, k), tmp)
-                    combine(call.op, held[lo - lo0:hi - lo0] if held is not None else view, tmp)
-        if op.kind in SENDS:
-            ref = op.src if op.kind in ("send", "recv_reduce_send") else op.dst
-            m = sent[(op.send_to, op.channel)] = sent.get((op.send_to, op.channel), -1) + 1
-            lo0, hi0 = span(table, ref)
-            source = held if held is not None else bufs[ref.buf][lo0:hi0]
+                    combine(call.op, view, tmp)
+                if op.kind in SENDS:  # piece k forwarded at once (fabric.plans.timing.messages)
+                    call.send(op.send_to, (PLAN, op.channel, n, k), view)
+        elif op.kind in SENDS:
+            lo0, hi0 = span(table, op.src)
             for k, (lo, hi) in enumerate(chunks(lo0, hi0, call.chunk)):
-                call.send(op.send_to, (PLAN, op.channel, m, k), source[lo - lo0:hi - lo0])
+                call.send(op.send_to, (PLAN, op.channel, n, k), bufs[op.src.buf][lo:hi])
         if op.kind in ("copy", "reduce"):
             slo, shi = span(table, op.src)
             dlo, dhi = span(table, op.dst)

@@ -281,3 +281,22 @@ def test_the_timeline_of_a_replayed_plan_books_every_message_once_and_leaves_the
         assert all(a[1] <= b[0] + 1e-9 for a, b in zip(mine, mine[1:]))
     assert max(end for *_, end in events) <= ns
     assert all(start < end for *_, start, end in events)
+
+
+@pytest.mark.parametrize("gpus", [2, 3, 5])
+def test_the_ring_broadcast_plan_is_a_pipelined_chain(gpus):
+    # several pieces (chunk_bytes 64 KiB): every middle GPU passes piece k on before piece k+1 is in,
+    # so the time is fabric.cost's pipelined chain, not (n-1) whole-buffer hops
+    config = dataclasses.replace(preset("dgx-h100", gpus=gpus), chunk_bytes=1 << 16)
+    topo = Topology.single(config)
+    for root in range(gpus):
+        plan = plans.build("ring", gpus, "broadcast", root)
+        for size in (1024, 1 << 20, (1 << 20) + 12):
+            got = plans.plan_ns(plan, topo, size, config)
+            assert got == replay.replay_ns("broadcast", "ring", topo, size, config, root=root)
+            if root == 0:
+                assert math.isclose(got, cost.modeled_ns("broadcast", "ring", size, gpus, config), rel_tol=1e-12)
+    program = timing.messages(plans.build("ring", gpus, "broadcast", 0), 1 << 20, 4, (1 << 16) // 4)[1]
+    kinds = [op[0] for op in program]
+    if gpus > 2:  # a middle GPU: recv, send, recv, send, ..., flush
+        assert kinds == ["recv", "send"] * 16 + ["flush"]
