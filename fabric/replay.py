@@ -360,40 +360,6 @@ def _tree(topo, r, count, chunk, item):
     yield ("flush",)
 
 
-def _pxn(topo, r, count, chunk, item):
-    """pxn.py's All2All on every GPU of `topo`: a block for (b, k), b another node and k another rail,
-    goes to the sender node's GPU on rail k first, which passes it on."""
-    N, G, n = topo.nodes, topo.gpus_per_node, topo.gpus
-    a, j = divmod(r, G)
-    each = count // n
-    spans = list(enumerate(chunks(0, each, chunk)))
-    for shift in range(1, n):
-        p = (r + shift) % n
-        b, k = divmod(p, G)
-        for c, (lo, hi) in spans:
-            if b == a or k == j:
-                yield ("send", p, ("direct", r, c), (hi - lo) * item)
-            else:
-                yield ("send", a * G + k, ("hop", r, p, c), (hi - lo) * item)
-    for k in range(G):  # as the proxy of my node's other positions, for the other nodes' GPUs on my rail
-        if k == j:
-            continue
-        for b in range(N):
-            if b == a:
-                continue
-            source, dest = a * G + k, b * G + j
-            for c, (lo, hi) in spans:
-                yield ("recv", source, ("hop", source, dest, c))
-                yield ("send", dest, ("forward", source, c), (hi - lo) * item)
-    for shift in range(1, n):
-        p = (r - shift) % n
-        b, k = divmod(p, G)
-        direct = b == a or k == j
-        for c, _ in spans:
-            yield ("recv", p if direct else b * G + j, ("direct" if direct else "forward", p, c))
-    yield ("flush",)
-
-
 def _program(collective: str, algorithm: str, topo: Topology, r: int, count: int, chunk: int, item: int,
              root: int, counts):
     """Member r's operations for one call of `count` elements (all2allv: `counts`, elements)."""
@@ -402,7 +368,9 @@ def _program(collective: str, algorithm: str, topo: Topology, r: int, count: int
         yield from _hier(collective, topo, r, count, chunk, item, root)
         return
     if (collective, algorithm) == ("all2all", "pxn"):
-        yield from _pxn(topo, r, count, chunk, item)
+        from .plans import build, registry, timing  # its plan (imported here: fabric.plans imports replay)
+        plan = build("pxn", n, collective, layout=registry.grid(topo.nodes, topo.gpus_per_node))
+        yield from timing.messages(plan, count * item, item, chunk)[r]
         return
     if algorithm == "ring" and topo.nodes > 1 and collective in PROGRAMS["ring"]:
         yield from _ring_channels(collective, topo, r, count, chunk, item, root)

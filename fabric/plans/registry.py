@@ -18,6 +18,10 @@ built in the output, its own part saved to scratch slot r first); broadcast: the
 buffer to root+1, ..., root+n-1, the others take it from the root. Link bytes per GPU: (n-1)/n S each
 way (reduce_scatter, allgather), 2 (n-1)/n S (allreduce); broadcast: the root (n-1) S out, the others
 S in.
+pxn: ranks/collectives/pxn.py's All2All on N nodes x G positions (a layout): a block for GPU (b, k), b
+another node and k another position, goes first to the sender's node's GPU on position k, which passes
+it on piece by piece (recv_copy_send through a scratch slot); the others go straight; each hop and
+forward on its pair's own channel.
 """
 
 import functools
@@ -41,7 +45,7 @@ def _ring_steps(n, p, buf, reduce):
     return ops
 
 
-def ring(gpus: int, collective: str, root: int = 0) -> Plan:
+def ring(gpus: int, collective: str, root: int = 0, layout=None) -> Plan:
     """ring.py's one-node ring (module docstring) for allreduce, reduce_scatter or allgather."""
     n, programs = gpus, []
     for p in range(n):
@@ -64,7 +68,7 @@ def ring(gpus: int, collective: str, root: int = 0) -> Plan:
     return Plan("ring", collective, n, tuple(programs), inplace=collective in ("allreduce", "broadcast"), root=root)
 
 
-def recursive_doubling(gpus: int, collective: str, root: int = 0) -> Plan:
+def recursive_doubling(gpus: int, collective: str, root: int = 0, layout=None) -> Plan:
     """Recursive-doubling allreduce (module docstring) on a power-of-two GPU count."""
     n = gpus
     if collective != "allreduce":
@@ -102,7 +106,7 @@ def _direct_gather(n, r, own):
     return ops + [Op("recv", dst=Ref("o", (r - k) % n), recv_from=(r - k) % n) for k in range(1, n)]
 
 
-def direct(gpus: int, collective: str, root: int = 0) -> Plan:
+def direct(gpus: int, collective: str, root: int = 0, layout=None) -> Plan:
     """direct.py's schedules (module docstring) for allreduce, reduce_scatter, allgather, broadcast."""
     n, programs = gpus, []
     for r in range(n):
@@ -126,14 +130,61 @@ def direct(gpus: int, collective: str, root: int = 0) -> Plan:
     return Plan("direct", collective, n, tuple(programs), inplace=collective in ("allreduce", "broadcast"), root=root)
 
 
-ALGORITHMS = {"ring": ring, "recursive_doubling": recursive_doubling, "direct": direct}
+def pxn(gpus: int, collective: str, root: int = 0, layout=None) -> Plan:
+    """pxn.py's All2All (module docstring) on the grid `layout` (layout[a][j]: the GPU at node a,
+    position j; default one node)."""
+    n = gpus
+    if collective != "all2all":
+        raise PlanError(f"pxn plan: no {collective}; pxn builds all2all")
+    layout = layout or (tuple(range(n)),)
+    N, G = len(layout), len(layout[0])
+    at = {m: (a, j) for a, row in enumerate(layout) for j, m in enumerate(row)}
+    if sorted(at) != list(range(n)) or any(len(row) != G for row in layout):
+        raise PlanError(f"pxn plan: layout {layout} is not a grid of the {n} GPUs")
+    programs = []
+    for r in range(n):
+        a, j = at[r]
+        ops = []
+        for shift in range(1, n):  # a shifted order spreads the load, as all2all.py's
+            p = (r + shift) % n
+            b, k = at[p]
+            if b == a or k == j:
+                ops.append(Op("send", src=Ref("i", p), send_to=p))
+            else:  # to my node's GPU on p's rail, which passes it on (channel: the pair's own)
+                ops.append(Op("send", channel=1 + r * n + p, src=Ref("i", p), send_to=layout[a][k]))
+        slot = 0
+        for k in range(G):  # as the proxy of my node's other positions, for the other nodes' GPUs on my rail
+            for b in range(N):
+                if k != j and b != a:
+                    source, dest = layout[a][k], layout[b][j]
+                    ops.append(Op("recv_copy_send", channel=1 + source * n + dest, dst=Ref("s", slot),
+                                  recv_from=source, send_to=dest))
+                    slot += 1
+        ops.append(Op("copy", src=Ref("i", r), dst=Ref("o", r)))
+        for shift in range(1, n):
+            p = (r - shift) % n
+            b, k = at[p]
+            if b == a or k == j:
+                ops.append(Op("recv", dst=Ref("o", p), recv_from=p))
+            else:
+                ops.append(Op("recv", channel=1 + p * n + r, dst=Ref("o", p), recv_from=layout[b][j]))
+        programs.append(GpuProgram(r, tuple(ops), n, n, slot))
+    return Plan("pxn", "all2all", n, tuple(programs))
+
+
+ALGORITHMS = {"ring": ring, "recursive_doubling": recursive_doubling, "direct": direct, "pxn": pxn}
 
 
 @functools.lru_cache(maxsize=256)
-def build(algorithm: str, gpus: int, collective: str, root: int = 0) -> Plan:
+def build(algorithm: str, gpus: int, collective: str, root: int = 0, layout=None) -> Plan:
     """The validated plan of `algorithm` for `collective` on `gpus` GPUs (rooted collectives: from
-    `root`; PlanError if it has none); built and validated once per (algorithm, gpus, collective, root):
-    plans are immutable."""
+    `root`; pxn: on the grid `layout`, a tuple of nodes' tuples of GPUs; PlanError if it has none); built
+    and validated once per arguments: plans are immutable."""
     if algorithm not in ALGORITHMS:
         raise PlanError(f"no plan algorithm {algorithm!r}; known: {', '.join(ALGORITHMS)}")
-    return validate(ALGORITHMS[algorithm](gpus, collective, root))
+    return validate(ALGORITHMS[algorithm](gpus, collective, root, layout))
+
+
+def grid(nodes: int, gpus_per_node: int) -> tuple[tuple[int, ...], ...]:
+    """The layout of a fabric's GPUs (GPU a G + j at node a, position j)."""
+    return tuple(tuple(a * gpus_per_node + j for j in range(gpus_per_node)) for a in range(nodes))

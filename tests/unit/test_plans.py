@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from nvlink_emu.fabric import cost, cost_nodes, plans, replay
-from nvlink_emu.fabric.plans import timing
-from nvlink_emu.fabric.config import preset
+from nvlink_emu.fabric.plans import registry, timing
+from nvlink_emu.fabric.config import preset, resolve
 from nvlink_emu.fabric.errors import PlanError
 from nvlink_emu.fabric.packets import raw_bytes
 from nvlink_emu.fabric.plans.format import GpuProgram, Op, Plan, Ref
@@ -300,3 +300,21 @@ def test_the_ring_broadcast_plan_is_a_pipelined_chain(gpus):
     kinds = [op[0] for op in program]
     if gpus > 2:  # a middle GPU: recv, send, recv, send, ..., flush
         assert kinds == ["recv", "send"] * 16 + ["flush"]
+
+
+@pytest.mark.parametrize("nodes, per_node", [(2, 2), (3, 2), (2, 3)])
+def test_the_pxn_plan_moves_the_cost_models_bytes_on_every_link(nodes, per_node):
+    config = resolve("superpod-h100-ib", None, None, nodes, per_node)
+    n, topo = config.gpus, config.topology
+    plan = plans.build("pxn", n, "all2all", layout=registry.grid(nodes, per_node))
+    for S in (n * 1024, n * (3 << 20) + n * 8):  # one piece a block; several
+        links = {k: v[0] for k, v in plans.plan_link_bytes(plan, topo, S, config).items()}
+        assert links == {k: v for k, v in cost_nodes.link_bytes("all2all", "pxn", topo, S).items() if v}
+    # a communicator's grid need not be node-major: members 0, 2 on one node, 1, 3 on the other
+    odd = plans.build("pxn", 4, "all2all", layout=((0, 2), (1, 3)))
+    assert [op.send_to for op in odd.programs[0].ops if op.kind == "send"] == [1, 2, 2]  # 3 via 2, its rail's
+
+
+def test_a_pxn_layout_that_is_no_grid_is_refused():
+    with pytest.raises(PlanError, match=r"pxn plan: layout \(\(0, 1\), \(2,\)\) is not a grid of the 3 GPUs"):
+        plans.build("pxn", 3, "all2all", layout=((0, 1), (2,)))
