@@ -30,7 +30,9 @@ ranks/collectives (blocks are fabric.reduction.blocks of the element count, time
   h_t = t (G - 1) the head's position, deg_t(a) = tree-t edges at node a.
 - direct (direct.py): reduce_scatter, one round: GPU r sends block j to every j != r; allgather, one
   round: GPU r sends its block r to every j != r; allreduce: the two, in that order (a GPU broadcasts
-  only its reduced block); broadcast, one round: the root sends S to every other GPU.
+  only its reduced block); broadcast, one round: the root sends S to every other GPU. These rounds
+  are summed from direct's plan (fabric.plans.registry.direct; fabric.plans.plan_rounds: the sends
+  between its flushes), not written here again.
 - all2all / all2allv (all2all.py), one round: GPU i sends its block j to GPU j (own block copied
   locally, never on a link); all2all's blocks are S / N bytes each (S = each member's send buffer,
   a multiple of N x itemsize, as comm.all2all requires); all2allv takes the matrix of counts.
@@ -122,7 +124,7 @@ import math
 
 import numpy as np
 
-from . import hier_plan, replay
+from . import hier_plan, plans, replay
 from .cost import in_switch_chunk, raw_of
 from .packets import raw_bytes
 from .switch import buffer_share_bytes
@@ -186,10 +188,7 @@ def rounds(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsize
             raise FabricError(f"cost_nodes: broadcast root must be one of GPUs 0..{n - 1}, got {root!r}")
         if not isinstance(S, (int, np.integer)) or isinstance(S, bool) or S < 0:
             raise FabricError(f"cost_nodes: S must be a non-negative number of bytes, got {S!r}")
-        t = np.zeros((n, n), np.int64)
-        t[root, :] = S
-        t[root, root] = 0
-        return [t] if n > 1 else []
+        return plans.plan_rounds(plans.build("direct", n, "broadcast", int(root)), int(S), 1)  # bytes as elements
     b = _block_bytes(S, n, itemsize)
     out: list[np.ndarray] = []
     if algorithm == "ring" and topo.nodes > 1:
@@ -205,12 +204,10 @@ def rounds(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsize
                     t[r, (r + 1) % n] = b[(r - 1 - s) % n] if phase == "rs" else b[(r - s) % n]
                 out.append(t)
         return out
-    rs = np.array([[b[j] if i != j else 0 for j in range(n)] for i in range(n)], np.int64).reshape(n, n)
-    ag = np.array([[b[i] if i != j else 0 for j in range(n)] for i in range(n)], np.int64).reshape(n, n)
-    if collective == "all2all":
-        return [rs] if n > 1 else []  # equal blocks: GPU i sends its block j (b_j bytes) to GPU j
-    phases = {"allreduce": (rs, ag), "reduce_scatter": (rs,), "allgather": (ag,)}[collective]
-    return [t for t in phases if n > 1]
+    if collective == "all2all":  # equal blocks: GPU i sends its block j (b_j bytes) to GPU j
+        rs = np.array([[b[j] if i != j else 0 for j in range(n)] for i in range(n)], np.int64).reshape(n, n)
+        return [rs] if n > 1 else []
+    return plans.plan_rounds(plans.build("direct", n, collective), int(S), itemsize)  # its phases, flush to flush
 
 
 def _hier_rounds(collective: str, topo: Topology, S: int, itemsize: int, root: int) -> list[np.ndarray]:

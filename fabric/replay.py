@@ -72,52 +72,33 @@ class Fabric:
         self.shares = [LinkEnd(topo.share_gbytes_per_s, u) for _ in range(topo.gpus)] if topo.spines else None
         self.sent: dict[tuple, tuple[float, float, int]] = {}  # (src, dst, key) -> stamps at dst's leaf, raw
 
-    def send(self, gpu: _Gpu, peer: int, key, nbytes: int) -> None:
+    def send(self, gpu: _Gpu, peer: int, key, nbytes: int) -> tuple[float, float]:
+        """Book a message on its route; returns when it occupies the sender's uplink (ns)."""
         raw = raw_bytes(nbytes, self.mtu, self.header)
         start, end = gpu.uplink.send(gpu.now, gpu.now, raw)
+        uplink = start - gpu.uplink.latency_ns, end - gpu.uplink.latency_ns  # the link's own occupation
         start, end = start + self.s, end + self.s                       # the sender's leaf (cut-through)
         if self.gpus[peer].node != gpu.node:
             start, end = self.shares[gpu.index].send(start, end, raw)  # its outbound share, + u
             start, end = start + self.spine_ns, end + self.spine_ns    # the spine, the cable down
             start, end = start + self.s, end + self.s                   # the destination's leaf
         self.sent[(gpu.index, peer, key)] = (start, end, raw)
+        return uplink
 
-    def receive(self, gpu: _Gpu, peer: int, key) -> bool:
-        """Consume the message if it was sent (True); False: not yet."""
+    def receive(self, gpu: _Gpu, peer: int, key) -> tuple[float, float] | None:
+        """Consume the message if it was sent: when it occupies the receiver's downlink (ns); None: not yet."""
         got = self.sent.pop((peer, gpu.index, key), None)
         if got is None:
-            return False
+            return None
         start, end, raw = got
         if self.gpus[peer].node != gpu.node:
             start, end = gpu.inbound.book(start, end, raw)
         start, end = gpu.downlink.book(start, end, raw)
         gpu.now = max(gpu.now, end + gpu.downlink.latency_ns)
-        return True
+        return start, end
 
 
 # -- the programs: generators of ("send", peer, key, nbytes), ("recv", peer, key), ("flush",) ---------
-
-def _direct_reduce(n, r, parts, chunk, item):
-    for k in range(1, n):
-        for c, (lo, hi) in enumerate(chunks(*parts[(r + k) % n], chunk)):
-            yield ("send", (r + k) % n, ("red", r, c), (hi - lo) * item)
-    spans = chunks(*parts[r], chunk)
-    for k in range(1, n):
-        for c, _ in enumerate(spans):
-            yield ("recv", (r - k) % n, ("red", (r - k) % n, c))
-    yield ("flush",)
-
-
-def _direct_broadcast_blocks(n, r, parts, chunk, item):
-    for k in range(1, n):
-        for c, (lo, hi) in enumerate(chunks(*parts[r], chunk)):
-            yield ("send", (r + k) % n, ("bc", r, c), (hi - lo) * item)
-    for k in range(1, n):
-        p = (r - k) % n
-        for c, _ in enumerate(chunks(*parts[p], chunk)):
-            yield ("recv", p, ("bc", p, c))
-    yield ("flush",)
-
 
 def _all2allv(n, r, counts, chunk, item):
     # the receives are posted first and consumed in order r-1, r-2, ...; posting takes no modeled time
@@ -129,28 +110,6 @@ def _all2allv(n, r, counts, chunk, item):
         p = (r - shift) % n
         for c, _ in enumerate(chunks(0, counts[p][r], chunk)):
             yield ("recv", p, ("a2a", p, c))
-    yield ("flush",)
-
-
-def _ring_broadcast(n, r, count, chunk, item, root):
-    position = (r - root) % n  # chunk c moves down the chain root, root+1, ..., each GPU forwarding it
-    for c, (lo, hi) in enumerate(chunks(0, count, chunk)):
-        if position:
-            yield ("recv", (r - 1) % n, ("chain", c))
-        if position < n - 1:
-            yield ("send", (r + 1) % n, ("chain", c), (hi - lo) * item)
-    yield ("flush",)
-
-
-def _direct_root_broadcast(n, r, count, chunk, item, root):
-    spans = chunks(0, count, chunk)
-    if r == root:
-        for k in range(1, n):
-            for c, (lo, hi) in enumerate(spans):
-                yield ("send", (root + k) % n, ("root", c), (hi - lo) * item)
-    else:
-        for c, _ in enumerate(spans):
-            yield ("recv", root, ("root", c))
     yield ("flush",)
 
 
@@ -401,40 +360,6 @@ def _tree(topo, r, count, chunk, item):
     yield ("flush",)
 
 
-def _pxn(topo, r, count, chunk, item):
-    """pxn.py's All2All on every GPU of `topo`: a block for (b, k), b another node and k another rail,
-    goes to the sender node's GPU on rail k first, which passes it on."""
-    N, G, n = topo.nodes, topo.gpus_per_node, topo.gpus
-    a, j = divmod(r, G)
-    each = count // n
-    spans = list(enumerate(chunks(0, each, chunk)))
-    for shift in range(1, n):
-        p = (r + shift) % n
-        b, k = divmod(p, G)
-        for c, (lo, hi) in spans:
-            if b == a or k == j:
-                yield ("send", p, ("direct", r, c), (hi - lo) * item)
-            else:
-                yield ("send", a * G + k, ("hop", r, p, c), (hi - lo) * item)
-    for k in range(G):  # as the proxy of my node's other positions, for the other nodes' GPUs on my rail
-        if k == j:
-            continue
-        for b in range(N):
-            if b == a:
-                continue
-            source, dest = a * G + k, b * G + j
-            for c, (lo, hi) in spans:
-                yield ("recv", source, ("hop", source, dest, c))
-                yield ("send", dest, ("forward", source, c), (hi - lo) * item)
-    for shift in range(1, n):
-        p = (r - shift) % n
-        b, k = divmod(p, G)
-        direct = b == a or k == j
-        for c, _ in spans:
-            yield ("recv", p if direct else b * G + j, ("direct" if direct else "forward", p, c))
-    yield ("flush",)
-
-
 def _program(collective: str, algorithm: str, topo: Topology, r: int, count: int, chunk: int, item: int,
              root: int, counts):
     """Member r's operations for one call of `count` elements (all2allv: `counts`, elements)."""
@@ -443,7 +368,9 @@ def _program(collective: str, algorithm: str, topo: Topology, r: int, count: int
         yield from _hier(collective, topo, r, count, chunk, item, root)
         return
     if (collective, algorithm) == ("all2all", "pxn"):
-        yield from _pxn(topo, r, count, chunk, item)
+        from .plans import build, registry, timing  # its plan (imported here: fabric.plans imports replay)
+        plan = build("pxn", n, collective, layout=registry.grid(topo.nodes, topo.gpus_per_node))
+        yield from timing.messages(plan, count * item, item, chunk)[r]
         return
     if algorithm == "ring" and topo.nodes > 1 and collective in PROGRAMS["ring"]:
         yield from _ring_channels(collective, topo, r, count, chunk, item, root)
@@ -457,19 +384,12 @@ def _program(collective: str, algorithm: str, topo: Topology, r: int, count: int
             per = [hi - lo for lo, hi in parts]
             counts = [[per[j] for j in range(n)] for _ in range(n)]
         yield from _all2allv(n, r, counts, chunk, item)
-    elif algorithm == "ring" and collective in ("allreduce", "reduce_scatter", "allgather"):
+    elif algorithm == "ring" and collective in ("allreduce", "reduce_scatter", "allgather", "broadcast"):
         from .plans import build, timing  # one node: the ring's plan (imported here: fabric.plans imports replay)
-        yield from timing.messages(build("ring", n, collective), count * item, item, chunk)[r]
-    elif algorithm == "direct" and collective in ("allreduce", "reduce_scatter"):
-        yield from _direct_reduce(n, r, parts, chunk, item)
-        if collective == "allreduce":
-            yield from _direct_broadcast_blocks(n, r, parts, chunk, item)
-    elif (collective, algorithm) == ("allgather", "direct"):
-        yield from _direct_broadcast_blocks(n, r, parts, chunk, item)
-    elif (collective, algorithm) == ("broadcast", "direct"):
-        yield from _direct_root_broadcast(n, r, count, chunk, item, root)
-    elif (collective, algorithm) == ("broadcast", "ring"):
-        yield from _ring_broadcast(n, r, count, chunk, item, root)
+        yield from timing.messages(build("ring", n, collective, root), count * item, item, chunk)[r]
+    elif algorithm == "direct" and collective in ("allreduce", "reduce_scatter", "allgather", "broadcast"):
+        from .plans import build, timing  # the plan's messages (imported here: fabric.plans imports replay)
+        yield from timing.messages(build("direct", n, collective, root), count * item, item, chunk)[r]
     else:
         raise FabricError(f"replay: no schedule for {collective} with {algorithm!r}; known: "
                           f"{', '.join(f'{c} {a}' for a, cs in PROGRAMS.items() for c in cs)}")
@@ -874,11 +794,14 @@ def replay_ns(collective: str, algorithm: str, topo: Topology, S: int, config, i
     return run_programs(fabric, programs, lambda waiting: _stuck(collective, algorithm, n, waiting))
 
 
-def run_programs(fabric: Fabric, programs: dict, stuck) -> float:
+def run_programs(fabric: Fabric, programs: dict, stuck, events: list | None = None) -> float:
     """Run every member's program (generators of ("send", peer, key, nbytes), ("recv", peer, key),
     ("flush",)) on `fabric`'s clocks, round-robin, each until it waits for a message not yet sent; the
     latest member's clock at the end (ns). stuck(waiting): the error when no member can go on. Shared
-    by replay_ns and fabric.plans.timing (the plan interpreter), so both book links alike."""
+    by replay_ns and fabric.plans.timing (the plan interpreter), so both book links alike. events: if
+    given, gets (member, what, peer, start_ns, end_ns) for every operation: "send" its uplink's
+    occupation, "recv" its downlink's, "wait" the member's clock moved by a receive or a flush (peer
+    None for a flush)."""
     waiting: dict[int, tuple] = {}  # member -> the recv it waits on
     while programs:
         progressed = False
@@ -892,14 +815,22 @@ def run_programs(fabric: Fabric, programs: dict, stuck) -> float:
                         del programs[r]
                         progressed = True
                         break
+                before = gpu.now
                 if op[0] == "send":
-                    fabric.send(gpu, op[1], op[2], op[3])
+                    booked = fabric.send(gpu, op[1], op[2], op[3])
                 elif op[0] == "recv":
-                    if not fabric.receive(gpu, op[1], op[2]):
+                    booked = fabric.receive(gpu, op[1], op[2])
+                    if booked is None:
                         waiting[r] = op
                         break
                 else:
                     gpu.now = max(gpu.now, gpu.uplink.free_ns)
+                if events is not None:
+                    peer = op[1] if op[0] != "flush" else None
+                    if op[0] != "flush":
+                        events.append((r, op[0], peer, *booked))
+                    if gpu.now > before:
+                        events.append((r, "wait", peer, before, gpu.now))
                 progressed = True
                 op = None
         if not progressed:

@@ -13,7 +13,8 @@ import time
 import numpy as np
 
 from nvlink_emu.fabric.cost import bus_factor
-from nvlink_emu.fabric.errors import ConfigError
+from nvlink_emu.fabric.errors import ConfigError, FabricError
+from nvlink_emu.fabric.plans import load as load_plan
 from nvlink_emu.fabric.reduction import DTYPES, OPS, blocks, check_dtype, reduce_in_order, switch_accumulator
 from nvlink_emu.ranks.collectives import ALGORITHMS, ALL2ALL, choose
 from nvlink_emu.ranks.comm import all2all_algorithm
@@ -50,6 +51,9 @@ def sweep_arguments(parser: argparse.ArgumentParser, what: str = "sweep") -> Non
     parser.add_argument("-f", "--factor", type=int, default=4, metavar="F", help="size multiplier per row (default 4)")
     parser.add_argument("--dtype", default="float32", choices=tuple(DTYPES), metavar="D",
                         help=f"element type: {', '.join(DTYPES)} (default float32)")
+    parser.add_argument("--plan", metavar="FILE.xml", help=f"run (bench) or time (model) this MSCCL-IR plan "
+                        f"(fabric.plans, validated first) instead of an algorithm; its collective and GPU count "
+                        f"must be the {what}'s")
 
 
 def bench_arguments(parser: argparse.ArgumentParser) -> None:
@@ -80,10 +84,35 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size (like 1024, 64K, 16M, 1G)") from None
 
 
+def plan_of(args, config, command: str = "bench"):
+    """The validated plan of --plan (None without it); ConfigError, naming the file, for a bad plan or one
+    `config` or the sweep cannot run (another collective or GPU count, another fabric mode, broadcast's
+    root not bench's)."""
+    if not getattr(args, "plan", None):
+        return None
+    if args.algorithm != "auto":
+        raise ConfigError(f"{command} --plan: the plan is the algorithm; --algorithm {args.algorithm} does not apply")
+    try:
+        plan = load_plan(args.plan)
+    except (FabricError, OSError) as exc:
+        raise ConfigError(f"{command} --plan: {type(exc).__name__}: {exc}") from None
+    if plan.collective != args.collective or plan.gpus != config.gpus:
+        raise ConfigError(f"{command} --plan: {args.plan} is a {plan.collective} plan for {plan.gpus} GPUs; asked for "
+                          f"{args.collective} on {config.gpus} GPUs")
+    if config.mode not in plan.fabrics:
+        raise ConfigError(f"{command} --plan: {args.plan} runs on {', '.join(plan.fabrics)} fabrics, not on "
+                          f"{config.name!r} ({config.mode} mode)")
+    if plan.collective == "broadcast" and plan.root != ROOT:
+        raise ConfigError(f"{command} --plan: {args.plan} broadcasts from root {plan.root}; {command} uses root {ROOT}")
+    return plan
+
+
 def check(args, config) -> None:
     """Refuse, before any rank starts, a sweep that cannot run on `config` or an option it would ignore."""
     sizes(args)
-    if args.collective == "all2all":
+    if plan_of(args, config) is not None:  # the plan is the algorithm
+        pass
+    elif args.collective == "all2all":
         if args.algorithm != "auto" and args.algorithm not in ALL2ALL:
             raise ConfigError(f"bench all2all: --algorithm {args.algorithm} does not apply: all2all's algorithms "
                               f"are auto, {', '.join(ALL2ALL)}")
@@ -264,9 +293,10 @@ def main(gpu):
     if gpu.rank == 0 and not args.json:
         print(header(args.collective, gpu.config.name, n, gpu.config.link), flush=True)
     meter = CpuMeter(gpu, comm) if args.cpu else None
+    plan = plan_of(args, gpu.config)  # every rank reads and validates the file: it is on the shared path
     rows = []
     for size in sizes(args):
-        rows.append(run_size(gpu, comm, args, dtype, size, meter))
+        rows.append(run_size(gpu, comm, args, dtype, size, meter, plan))
         if gpu.rank == 0:
             print(json.dumps(rows[-1]) if args.json else format_row(rows[-1]), flush=True)
     if gpu.rank == 0 and not args.json:
@@ -319,12 +349,17 @@ class CpuMeter:
         return {key: round(value, 1) for key, value in out.items()}
 
 
-def run_size(gpu, comm, args, dtype: np.dtype, size: int, meter: CpuMeter | None = None) -> dict:
+def run_size(gpu, comm, args, dtype: np.dtype, size: int, meter: CpuMeter | None = None, plan=None) -> dict:
+    """One row of the sweep; `plan` (fabric.plans), if given, is the algorithm every call runs."""
     n, r, name = gpu.size, gpu.rank, args.collective
     op = args.op or ("sum" if name in REDUCING else "none")
     count = element_count(name, size, dtype.itemsize, n)
-    algorithm = (all2all_algorithm(args.algorithm, gpu.config, count * dtype.itemsize, itemsize=dtype.itemsize)
-                 if name == "all2all" else choose(name, args.algorithm, gpu.config, count * dtype.itemsize))
+    if plan is not None:
+        algorithm = plan
+    elif name == "all2all":
+        algorithm = all2all_algorithm(args.algorithm, gpu.config, count * dtype.itemsize, itemsize=dtype.itemsize)
+    else:
+        algorithm = choose(name, args.algorithm, gpu.config, count * dtype.itemsize)
     a, b = blocks(count, n)[r]
     send_count, recv_count = buffer_counts(name, count, n)
     send, recv = gpu.alloc(send_count, dtype), gpu.alloc(recv_count, dtype)
@@ -351,7 +386,7 @@ def run_size(gpu, comm, args, dtype: np.dtype, size: int, meter: CpuMeter | None
     once()  # warm-up, and the call whose bytes, data and modeled time are checked
     after = gpu.link_counters()
     modeled_ns = max(comm.allgather_object(gpu.now_ns - start_ns, "bench modeled time"))
-    wrong = count_wrong(recv, _expected(name, algorithm, op, dtype, count, n, r))
+    wrong = count_wrong(recv, _expected(name, "plan" if plan is not None else algorithm, op, dtype, count, n, r))
     iters = args.iters or max(2, min(20, (64 << 20) // (count * dtype.itemsize)))
     cpu, sync = {}, None
     if meter is None:
@@ -394,7 +429,8 @@ def run_size(gpu, comm, args, dtype: np.dtype, size: int, meter: CpuMeter | None
     algbw = size_bytes / modeled_ns if modeled_ns else None
     return {"size_bytes": size_bytes, "count": count, "dtype": args.dtype, "op": op,
             "root": ROOT if name == "broadcast" else None,
-            "algorithm": algorithm, "modeled_us": round(modeled_ns / 1e3, 4),
+            "algorithm": "plan" if plan is not None else algorithm, **({"plan": plan.name} if plan is not None else {}),
+            "modeled_us": round(modeled_ns / 1e3, 4),
             "algbw_gbps": None if algbw is None else round(algbw, 3),
             "busbw_gbps": None if algbw is None else round(algbw * bus_factor(name, n), 3),
             "wall_us": round(wall * 1e6, 1),

@@ -258,6 +258,7 @@ def bench_arguments_for_ranks(args) -> list[str]:
     return ([args.collective, "--algorithm", args.algorithm, "--min-bytes", str(args.min_bytes), "--max-bytes",
              str(args.max_bytes), "--factor", str(args.factor), "--dtype", args.dtype, "--iters", str(args.iters),
              "--json"] + (["--op", args.op] if args.op else [])
+            + (["--plan", os.path.abspath(args.plan)] if getattr(args, "plan", None) else [])
             + (["--cpu"] if getattr(args, "cpu", False) else []))  # the demo's sweep has no --cpu
 
 

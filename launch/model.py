@@ -11,14 +11,14 @@ import numpy as np
 from nvlink_emu.fabric import cost, cost_nodes, replay
 from nvlink_emu.fabric.config import DEFAULT_PRESET, PRESETS, resolve
 from nvlink_emu.fabric.cost import bus_factor
-from nvlink_emu.fabric.plans import load as load_plan, plan_link_bytes, plan_ns
+from nvlink_emu.fabric.plans import plan_link_bytes, plan_ns
 from nvlink_emu.fabric.errors import ConfigError, FabricError, UnsupportedOperation
 from nvlink_emu.fabric.reduction import DTYPES
 from nvlink_emu.fabric.topology import Topology
 from nvlink_emu.ranks.collectives import choose
 from nvlink_emu.ranks.comm import all2all_algorithm
 
-from .bench import BUS_FACTOR_TEXT, REDUCING, ROOT, element_count, sizes, sweep_arguments
+from .bench import BUS_FACTOR_TEXT, REDUCING, ROOT, element_count, plan_of, sizes, sweep_arguments
 
 # The one place that says on which shapes emulated runs check the cost model: tests/cli/test_mpi_tier.py
 # runs each tier at these world sizes, tests/nodes/nodes_helpers.py takes its shapes and presets from here.
@@ -41,8 +41,6 @@ def model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus-per-node", type=int, metavar="M", help="GPUs in each node (instead of --gpus)")
     parser.add_argument("--json", action="store_true", help="one JSON object per row (the statement of what was "
                         "validated goes to standard error)")
-    parser.add_argument("--plan", metavar="FILE.xml", help="time this MSCCL-IR plan (fabric.plans, validated "
-                        "first) instead of an algorithm: its replayed time and GPU 0's link payload per size")
 
 
 def validated_shapes() -> list[tuple[int, int, int]]:
@@ -158,7 +156,8 @@ def predict_plan(plan, config, size: int, dtype: str) -> dict:
     up, down = (topo.route(0, 1)[0].name, topo.route(1, 0)[-1].name) if n > 1 else (None, None)
     algbw = S / ns if ns else None
     return {"size_bytes": S, "count": count, "dtype": dtype,
-            "op": "sum" if plan.collective in REDUCING else "none", "root": None, "algorithm": "plan",
+            "op": "sum" if plan.collective in REDUCING else "none",
+            "root": ROOT if plan.collective == "broadcast" else None, "algorithm": "plan",
             "plan": plan.name, "modeled_us": round(ns / 1e3, 4), "algbw_gbps": None if algbw is None else round(algbw, 3),
             "busbw_gbps": None if algbw is None else round(algbw * bus_factor(plan.collective, n), 3),
             "tx_bytes_per_gpu": links.get(up, (0, 0))[0], "rx_bytes_per_gpu": links.get(down, (0, 0))[0],
@@ -188,16 +187,8 @@ def cmd_model(args, script_args=None) -> int:
     config = resolve(args.preset, args.config, args.gpus, args.nodes, args.gpus_per_node)
     todo = sizes(args)
     start = time.process_time()
-    plan = None
-    if getattr(args, "plan", None):
-        try:
-            plan = load_plan(args.plan)
-        except FabricError as exc:
-            raise ConfigError(f"model --plan: {type(exc).__name__}: {exc}") from None
-        if plan.collective != args.collective or plan.gpus != config.gpus:
-            raise ConfigError(f"model --plan: {args.plan} is a {plan.collective} plan for {plan.gpus} GPUs; asked for "
-                              f"{args.collective} on {config.gpus} GPUs")
-    elif args.algorithm != "auto":  # one the fabric does not allow: refused before any row
+    plan = plan_of(args, config, "model")
+    if plan is None and args.algorithm != "auto":  # one the fabric does not allow: refused before any row
         if args.collective == "all2all":
             all2all_algorithm(args.algorithm, config, todo[0])
         else:

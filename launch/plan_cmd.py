@@ -27,6 +27,9 @@ def plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus", type=int, help="GPUs of the fabric (default: the plan's)")
     parser.add_argument("--nodes", type=int, metavar="N", help="nodes of the fabric")
     parser.add_argument("--gpus-per-node", type=int, metavar="M", help="GPUs in each node")
+    parser.add_argument("-o", "--output", metavar="FILE.png", help="show: draw the replayed call's timeline, per "
+                        "GPU (where it waits) and per GPU link (each message's occupation, by peer), into this "
+                        "image (.png, .svg or .pdf)")
 
 
 def _plan(args):
@@ -40,13 +43,19 @@ def _plan(args):
 
 def cmd_plan(args, script_args=None) -> int:
     try:
+        if args.output is not None:
+            if args.action != "show":
+                raise FabricError("-o draws a timeline: it is for `plan show`")
+            from .cli import check_plot  # here: launch.cli imports this module
+            check_plot(args.output)
         plan = _plan(args)
         if args.gpus is None and args.gpus_per_node is None:
             args.gpus = plan.gpus
         config = fabric_of(args)
         topo = config.topology if config.nodes > 1 else Topology.single(config)
         links = plan_link_bytes(plan, topo, args.size, config)
-        ns = plan_ns(plan, topo, args.size, config)
+        events = [] if args.output is not None else None
+        ns = plan_ns(plan, topo, args.size, config, events=events)
     except FabricError as exc:
         print(f"nvlink-emu: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
@@ -74,4 +83,53 @@ def cmd_plan(args, script_args=None) -> int:
                 if op.deps:
                     parts.append(f"after {', '.join(map(str, op.deps))}")
                 print(" ".join(parts))
+    if events is not None:
+        draw_timeline(args.output, plan, config, topo, args.size, ns, events)
+        print(f"wrote {args.output}")
     return 0
+
+
+def draw_timeline(path: str, plan, config, topo, size: int, ns: float, events: list) -> None:
+    """Draw a replayed call (fabric.plans.plan_ns's events) into the image `path`: one row per GPU with the
+    spans its program waits (on a receive or a flush), and one row per GPU link, uplink and downlink, with
+    every message's occupation of it coloured by the GPU at its other end; time in us."""
+    import matplotlib
+    matplotlib.use("Agg")  # files only: no display needed
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    n = plan.gpus
+    colours = plt.get_cmap("tab10" if n <= 10 else "tab20")
+    fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(12, 2 + 0.35 * 3 * n),
+                                      gridspec_kw={"height_ratios": (1, 2)})
+    for g, what, peer, start, end in events:
+        start, end = start / 1e3, end / 1e3
+        if what == "wait":
+            top.broken_barh([(start, end - start)], (g - 0.4, 0.8), color="tab:red" if peer is not None else "grey",
+                            alpha=0.6)
+        else:
+            row = 2 * g + (what == "recv")
+            bottom.broken_barh([(start, end - start)], (row - 0.4, 0.8), color=colours(peer % colours.N),
+                               edgecolor="black", linewidth=0.2)
+    top.axvline(ns / 1e3, color="black", linewidth=0.8)
+    bottom.axvline(ns / 1e3, color="black", linewidth=0.8)
+    top.set_yticks(range(n), [f"GPU {g}" for g in range(n)])
+    top.set_ylim(n - 0.5, -0.5)
+    top.set_title(f"plan {plan.name!r}: {plan.collective} on {n} GPUs of {config.name}, {size} bytes: "
+                  f"{ns / 1e3:.3f} us (replayed)", fontsize="medium")
+    top.legend(handles=[Patch(color="tab:red", alpha=0.6, label="waits for a message"),
+                        Patch(color="grey", alpha=0.6, label="waits for its sends to leave (flush)")],
+               loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
+    names = []
+    for g in range(n):
+        other = (g + 1) % n
+        names += [topo.route(g, other)[0].name, topo.route(other, g)[-1].name] if n > 1 else [f"gpu{g} up", f"gpu{g} down"]
+    bottom.set_yticks(range(2 * n), names)
+    bottom.set_ylim(2 * n - 0.5, -0.5)
+    bottom.set_xlabel("modeled time (us)")
+    bottom.legend(handles=[Patch(color=colours(p % colours.N), label=f"to/from GPU {p}") for p in range(n)],
+                  loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="x-small", ncol=max(1, n // 16))
+    bottom.grid(True, axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -23,7 +23,7 @@ from .collectives import all2all as pairwise
 from .requests import Request
 from .transport import Exchange, MemberComms, any_rank
 
-PLAN_COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")  # what algorithm=Plan runs (fabric.plans)
+PLAN_COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "all2all")  # what algorithm=Plan runs
 
 
 REDUCING = frozenset({"allreduce", "reduce_scatter", "reduce"})  # the collectives that combine elements
@@ -475,6 +475,10 @@ class Communicator:
             if send.size != recv.size or send.size % self.size:
                 raise FabricError(f"GPU {self.gpu.rank}: all2all needs send and recv of equal size, a multiple of "
                                   f"{self.size} members (got {send.size}, {recv.size}); use all2allv for uneven blocks")
+        if isinstance(algorithm, Plan):  # a collective as data (fabric.plans): run by collectives/plan.py
+            return self._collective("all2all", algorithm, "sum", send.dtype, send.size, None, (send, recv),
+                                    problem=self._same_dtype(send, recv, "all2all"))
+        with self._arguments("all2all"):
             try:
                 nodes = len({m // self.gpu.config.gpus_per_node for m in self.members})
                 algorithm = all2all_algorithm(algorithm, self.gpu.config, send.size * send.dtype.itemsize, self.size,
@@ -601,7 +605,7 @@ class Communicator:
         if isinstance(algorithm, Plan):  # a collective as data (fabric.plans), run by collectives/plan.py
             plan = algorithm
             with self._arguments(name):
-                algorithm = self._plan_name(plan, name)
+                algorithm = self._plan_name(plan, name, root)
         with self._arguments(name):
             try:
                 dtype = check_dtype(dtype) if name in REDUCING else check_movable(dtype)  # reductions: DTYPES
@@ -629,7 +633,7 @@ class Communicator:
                           lambda: self._execute(name, seq, algorithm, op, dtype, count, root, args, counts, call,
                                                 fingerprint, plan))
 
-    def _plan_name(self, plan: "Plan", name: str) -> str:
+    def _plan_name(self, plan: "Plan", name: str, root: int | None = None) -> str:
         """The call check's name of `plan` ("plan:NAME:DIGEST": members passing different plans mismatch);
         FabricError if it cannot run `name` on this communicator and fabric."""
         if plan.collective != name or name not in PLAN_COLLECTIVES:
@@ -639,6 +643,9 @@ class Communicator:
             raise UnsupportedOperation(f"GPU {self.gpu.rank}: {name}: plan {plan.name!r} is for {plan.gpus} GPUs on "
                                        f"{', '.join(plan.fabrics)} fabrics; communicator {self.name!r} has {self.size} "
                                        f"members on a {self.gpu.config.mode} fabric")
+        if name == "broadcast" and plan.root != root:
+            raise UnsupportedOperation(f"GPU {self.gpu.rank}: broadcast from root {root}: plan {plan.name!r} "
+                                       f"broadcasts from root {plan.root}")
         validate(plan)
         return f"plan:{plan.name}:{hashlib.sha256(repr(plan).encode()).hexdigest()[:16]}"
 
@@ -656,8 +663,8 @@ class Communicator:
             if algorithm in collectives.IN_SWITCH:
                 self.group_id()  # collective: every member, even one with an empty block, takes part
             work = collectives.Call(self, seq, op, dtype)
-            if plan is not None:  # allreduce (array,), reduce_scatter and allgather (send, recv)
-                inp, out = (args[0], args[0]) if name == "allreduce" else args
+            if plan is not None:  # allreduce (array,), broadcast (array, root), the others (send, recv)
+                inp, out = (args[0], args[0]) if name in ("allreduce", "broadcast") else args
                 run_plan(work, plan, inp.copy() if name == "reduce_scatter" else inp, out)
             elif counts is not None:  # all2all, all2allv
                 collectives.ALL2ALL[algorithm](work, *args)

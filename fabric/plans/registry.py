@@ -1,12 +1,27 @@
-"""The registry of algorithms built as plans: name -> function(gpus, collective) -> Plan.
+"""The registry of algorithms built as plans: name -> function(gpus, collective, root) -> Plan.
 
 ring: ranks/collectives/ring.py's one-node schedule (one ring 0, 1, ..., n-1; the buffer in n chunks;
 reduce-scatter step s: position p sends chunk p-1-s to p+1 and folds chunk p-2-s from p-1 into its
 own, a flush after each step; all-gather step s: sends chunk p-s, takes chunk p-1-s, one flush at the
-end). Each GPU's link bytes: 2 (n-1)/n S (allreduce), (n-1)/n S (reduce_scatter, allgather).
+end; broadcast: a chain from the root, root+1, ..., root+n-1, each GPU passing every piece on as soon
+as it is in). Each GPU's link bytes: 2 (n-1)/n S (allreduce), (n-1)/n S (reduce_scatter, allgather);
+broadcast S out (all but the chain's last) and S in (all but the root).
 recursive_doubling: allreduce on a power-of-two GPU count; step k, GPU g exchanges its whole buffer
 with g xor 2^k and adds the partner's (received into scratch) to its own: log2(n) S bytes each way;
 every GPU folds the same sets, in a different order (floating-point sums may differ from ring's).
+direct: ranks/collectives/direct.py's schedules, the A100 NVSwitch way (the buffer in n blocks, GPU r
+owns block r): reduce_scatter, step k = 1..n-1 sends block r+k to GPU r+k, then takes block r from
+r-1, r-2, ... into scratch (slot p for GPU p) and folds them in member order 0, 1, ..., n-1 (its own
+input at its turn) into its output; allgather sends its block to r+1, ..., r+n-1, then takes block p
+from p = r-1, r-2, ...; allreduce is the two in place, a flush between them (the sum of block r is
+built in the output, its own part saved to scratch slot r first); broadcast: the root sends the whole
+buffer to root+1, ..., root+n-1, the others take it from the root. Link bytes per GPU: (n-1)/n S each
+way (reduce_scatter, allgather), 2 (n-1)/n S (allreduce); broadcast: the root (n-1) S out, the others
+S in.
+pxn: ranks/collectives/pxn.py's All2All on N nodes x G positions (a layout): a block for GPU (b, k), b
+another node and k another position, goes first to the sender's node's GPU on position k, which passes
+it on piece by piece (recv_copy_send through a scratch slot); the others go straight; each hop and
+forward on its pair's own channel.
 """
 
 import functools
@@ -30,7 +45,7 @@ def _ring_steps(n, p, buf, reduce):
     return ops
 
 
-def ring(gpus: int, collective: str) -> Plan:
+def ring(gpus: int, collective: str, root: int = 0, layout=None) -> Plan:
     """ring.py's one-node ring (module docstring) for allreduce, reduce_scatter or allgather."""
     n, programs = gpus, []
     for p in range(n):
@@ -40,13 +55,20 @@ def ring(gpus: int, collective: str) -> Plan:
             ops, chunks = _ring_steps(n, p, "i", True) + [Op("copy", src=Ref("i", p), dst=Ref("o", 0))], (n, 1)
         elif collective == "allgather":
             ops, chunks = [Op("copy", src=Ref("i", 0), dst=Ref("o", p))] + _ring_steps(n, p, "o", False), (1, n)
+        elif collective == "broadcast":  # a chain root, root+1, ..., each piece passed on as soon as it is in
+            position, nxt, prv = (p - root) % n, (p + 1) % n, (p - 1) % n
+            whole = Ref("o", 0)
+            ops = ([] if n == 1 else [Op("send", src=whole, send_to=nxt)] if position == 0 else
+                   [Op("recv", dst=whole, recv_from=prv)] if position == n - 1 else
+                   [Op("recv_copy_send", dst=whole, send_to=nxt, recv_from=prv)])
+            chunks = (1, 1)
         else:
-            raise PlanError(f"ring plan: no {collective}; ring builds allreduce, reduce_scatter, allgather")
+            raise PlanError(f"ring plan: no {collective}; ring builds allreduce, reduce_scatter, allgather, broadcast")
         programs.append(GpuProgram(p, tuple(ops), *chunks))
-    return Plan("ring", collective, n, tuple(programs), inplace=collective == "allreduce")
+    return Plan("ring", collective, n, tuple(programs), inplace=collective in ("allreduce", "broadcast"), root=root)
 
 
-def recursive_doubling(gpus: int, collective: str) -> Plan:
+def recursive_doubling(gpus: int, collective: str, root: int = 0, layout=None) -> Plan:
     """Recursive-doubling allreduce (module docstring) on a power-of-two GPU count."""
     n = gpus
     if collective != "allreduce":
@@ -64,13 +86,105 @@ def recursive_doubling(gpus: int, collective: str) -> Plan:
     return Plan("recursive_doubling", "allreduce", n, tuple(programs), inplace=True)
 
 
-ALGORITHMS = {"ring": ring, "recursive_doubling": recursive_doubling}
+def _direct_reduce(n, r, buf, out):
+    """direct's reduce phase on GPU r: block r of every GPU's `buf` folded, in member order, into `out`."""
+    ops = [Op("send", src=Ref(buf, (r + k) % n), send_to=(r + k) % n) for k in range(1, n)]
+    ops += [Op("recv", dst=Ref("s", (r - k) % n), recv_from=(r - k) % n) for k in range(1, n)]
+    mine = Ref(buf, r)
+    if out == mine and r:  # in place: my own part is overwritten by GPU 0's first; keep it for its turn
+        ops.append(Op("copy", src=mine, dst=Ref("s", r)))
+        mine = Ref("s", r)
+    if out != mine:
+        ops.append(Op("copy", src=Ref("s", 0) if r else mine, dst=out))
+    ops += [Op("reduce", src=mine if p == r else Ref("s", p), dst=out) for p in range(1, n)]
+    return ops
+
+
+def _direct_gather(n, r, own):
+    """direct's broadcast phase on GPU r: its block `own` of "o" to every other GPU, then theirs."""
+    ops = [Op("send", src=own, send_to=(r + k) % n) for k in range(1, n)]
+    return ops + [Op("recv", dst=Ref("o", (r - k) % n), recv_from=(r - k) % n) for k in range(1, n)]
+
+
+def direct(gpus: int, collective: str, root: int = 0, layout=None) -> Plan:
+    """direct.py's schedules (module docstring) for allreduce, reduce_scatter, allgather, broadcast."""
+    n, programs = gpus, []
+    for r in range(n):
+        if collective == "reduce_scatter":
+            ops, chunks = _direct_reduce(n, r, "i", Ref("o", 0)), (n, 1, n)
+        elif collective == "allreduce":
+            ops = _direct_reduce(n, r, "o", Ref("o", r)) + [Op("flush")] + _direct_gather(n, r, Ref("o", r))
+            chunks = (n, n, n)
+        elif collective == "allgather":
+            ops, chunks = [Op("copy", src=Ref("i", 0), dst=Ref("o", r))] + _direct_gather(n, r, Ref("o", r)), (1, n, 0)
+        elif collective == "broadcast":
+            if r == root:
+                ops = [Op("send", src=Ref("o", 0), send_to=(root + k) % n) for k in range(1, n)]
+            else:
+                ops = [Op("recv", dst=Ref("o", 0), recv_from=root)]
+            chunks = (1, 1, 0)
+        else:
+            raise PlanError(f"direct plan: no {collective}; direct builds allreduce, reduce_scatter, allgather, "
+                            f"broadcast")
+        programs.append(GpuProgram(r, tuple(ops), *chunks))
+    return Plan("direct", collective, n, tuple(programs), inplace=collective in ("allreduce", "broadcast"), root=root)
+
+
+def pxn(gpus: int, collective: str, root: int = 0, layout=None) -> Plan:
+    """pxn.py's All2All (module docstring) on the grid `layout` (layout[a][j]: the GPU at node a,
+    position j; default one node)."""
+    n = gpus
+    if collective != "all2all":
+        raise PlanError(f"pxn plan: no {collective}; pxn builds all2all")
+    layout = layout or (tuple(range(n)),)
+    N, G = len(layout), len(layout[0])
+    at = {m: (a, j) for a, row in enumerate(layout) for j, m in enumerate(row)}
+    if sorted(at) != list(range(n)) or any(len(row) != G for row in layout):
+        raise PlanError(f"pxn plan: layout {layout} is not a grid of the {n} GPUs")
+    programs = []
+    for r in range(n):
+        a, j = at[r]
+        ops = []
+        for shift in range(1, n):  # a shifted order spreads the load, as all2all.py's
+            p = (r + shift) % n
+            b, k = at[p]
+            if b == a or k == j:
+                ops.append(Op("send", src=Ref("i", p), send_to=p))
+            else:  # to my node's GPU on p's rail, which passes it on (channel: the pair's own)
+                ops.append(Op("send", channel=1 + r * n + p, src=Ref("i", p), send_to=layout[a][k]))
+        slot = 0
+        for k in range(G):  # as the proxy of my node's other positions, for the other nodes' GPUs on my rail
+            for b in range(N):
+                if k != j and b != a:
+                    source, dest = layout[a][k], layout[b][j]
+                    ops.append(Op("recv_copy_send", channel=1 + source * n + dest, dst=Ref("s", slot),
+                                  recv_from=source, send_to=dest))
+                    slot += 1
+        ops.append(Op("copy", src=Ref("i", r), dst=Ref("o", r)))
+        for shift in range(1, n):
+            p = (r - shift) % n
+            b, k = at[p]
+            if b == a or k == j:
+                ops.append(Op("recv", dst=Ref("o", p), recv_from=p))
+            else:
+                ops.append(Op("recv", channel=1 + p * n + r, dst=Ref("o", p), recv_from=layout[b][j]))
+        programs.append(GpuProgram(r, tuple(ops), n, n, slot))
+    return Plan("pxn", "all2all", n, tuple(programs))
+
+
+ALGORITHMS = {"ring": ring, "recursive_doubling": recursive_doubling, "direct": direct, "pxn": pxn}
 
 
 @functools.lru_cache(maxsize=256)
-def build(algorithm: str, gpus: int, collective: str) -> Plan:
-    """The validated plan of `algorithm` for `collective` on `gpus` GPUs (PlanError if it has none);
-    built and validated once per (algorithm, gpus, collective): plans are immutable."""
+def build(algorithm: str, gpus: int, collective: str, root: int = 0, layout=None) -> Plan:
+    """The validated plan of `algorithm` for `collective` on `gpus` GPUs (rooted collectives: from
+    `root`; pxn: on the grid `layout`, a tuple of nodes' tuples of GPUs; PlanError if it has none); built
+    and validated once per arguments: plans are immutable."""
     if algorithm not in ALGORITHMS:
         raise PlanError(f"no plan algorithm {algorithm!r}; known: {', '.join(ALGORITHMS)}")
-    return validate(ALGORITHMS[algorithm](gpus, collective))
+    return validate(ALGORITHMS[algorithm](gpus, collective, root, layout))
+
+
+def grid(nodes: int, gpus_per_node: int) -> tuple[tuple[int, ...], ...]:
+    """The layout of a fabric's GPUs (GPU a G + j at node a, position j)."""
+    return tuple(tuple(a * gpus_per_node + j for j in range(gpus_per_node)) for a in range(nodes))

@@ -11,6 +11,10 @@ operation that writes a chunk an unflushed send reads (with_flushes). Local copi
 ranks: fabric.replay models the links only).
 """
 
+import functools
+
+import numpy as np
+
 from ..errors import FabricError, PlanError
 from ..packets import raw_bytes
 from ..reduction import blocks, chunks
@@ -29,8 +33,8 @@ def buffer_elements(plan: Plan, S: int, itemsize: int) -> dict[str, int]:
     return {"i": count, "o": count}
 
 
-def _spans(plan: Plan, S: int, itemsize: int, g: int):
-    """GPU g's chunks of each buffer, element ranges: reduce_scatter's output and allgather's input are
+def _base(plan: Plan, S: int, itemsize: int, g: int) -> dict[str, list[tuple[int, int]]]:
+    """GPU g's input and output chunks, element ranges: reduce_scatter's output and allgather's input are
     GPU g's block of the whole (fabric.reduction.blocks(count, n)[g], as the API sizes them)."""
     elements = buffer_elements(plan, S, itemsize)
     program = plan.programs[g]
@@ -38,15 +42,74 @@ def _spans(plan: Plan, S: int, itemsize: int, g: int):
     if plan.collective in ("reduce_scatter", "allgather"):
         lo, hi = blocks(count, plan.gpus)[g]
         elements = {"i": count, "o": hi - lo} if plan.collective == "reduce_scatter" else {"i": hi - lo, "o": count}
-    table = {b: blocks(elements[b], program.chunks_of(b)) for b in ("i", "o")}
-    scratch = max(elements["i"], elements["o"])  # scratch chunks: the larger buffer's chunk size
-    if program.s_chunks:
-        size = -(-scratch // max(program.i_chunks, program.o_chunks))
-        table["s"] = [(c * size, (c + 1) * size) for c in range(program.s_chunks)]
-    return table
+    return {b: blocks(elements[b], program.chunks_of(b)) for b in ("i", "o")}
 
 
-def _range(table, ref) -> tuple[int, int]:
+@functools.lru_cache(maxsize=64)
+def _tables(plan: Plan, S: int, itemsize: int) -> tuple[dict[str, list[tuple[int, int]]], ...]:
+    """Every GPU's chunk table (spans). A scratch chunk takes the size of the first chunk written into it
+    (received, copied or reduced, in the validator's order of a symbolic run: fabric.plans.validate), so
+    that a chunk of an uneven buffer fits where it lands; one nothing writes, the larger buffer's longest
+    chunk."""
+    tables = [_base(plan, S, itemsize, g) for g in range(plan.gpus)]
+    if not any(program.s_chunks for program in plan.programs):
+        return tuple(tables)
+    sizes = [[None] * program.s_chunks for program in plan.programs]
+
+    def size_of(g, ref):
+        if ref.buf == "s":
+            return [sizes[g][c] for c in ref.chunk_ids()]
+        table = tables[g][ref.buf]
+        return [table[c][1] - table[c][0] for c in ref.chunk_ids()]
+
+    def write(g, ref, values):
+        if ref.buf == "s":
+            for c, v in zip(ref.chunk_ids(), values):
+                if sizes[g][c] is None:
+                    sizes[g][c] = v
+
+    queues: dict[tuple[int, int, int], list] = {}
+    at = [0] * plan.gpus
+    progressed = True
+    while progressed:
+        progressed = False
+        for g, program in enumerate(plan.programs):
+            while at[g] < len(program.ops):
+                op, message = program.ops[at[g]], None
+                if op.kind in RECVS:
+                    queue = queues.get((op.recv_from, g, op.channel))
+                    if not queue:
+                        break
+                    message = queue.pop(0)
+                    if op.dst is not None:
+                        write(g, op.dst, message)
+                if op.kind in ("copy", "reduce"):
+                    write(g, op.dst, size_of(g, op.src))
+                if op.kind in SENDS:
+                    ref = op.src if op.kind in ("send", "recv_reduce_send") else op.dst
+                    queues.setdefault((g, op.send_to, op.channel), []).append(size_of(g, ref))
+                at[g] += 1
+                progressed = True
+    for g, program in enumerate(plan.programs):
+        if program.s_chunks:
+            default = max(hi - lo for b in ("i", "o") for lo, hi in tables[g][b])
+            bounds, lo = [], 0
+            for v in sizes[g]:
+                bounds.append((lo, lo + (default if v is None else v)))
+                lo = bounds[-1][1]
+            tables[g]["s"] = bounds
+    return tuple(tables)
+
+
+def spans(plan: Plan, S: int, itemsize: int, g: int) -> dict[str, list[tuple[int, int]]]:
+    """GPU g's chunks of each buffer ("i", "o", "s"), element ranges, for a call of S bytes: input and
+    output cut by fabric.reduction.blocks (reduce_scatter's output and allgather's input GPU g's block of
+    the whole); a scratch chunk the size of the first chunk written into it (_tables). Read-only."""
+    return _tables(plan, int(S), itemsize)[g]
+
+
+def span(table, ref) -> tuple[int, int]:
+    """The element range [lo, hi) of chunk run `ref` in a GPU's table (spans)."""
     return table[ref.buf][ref.off][0], table[ref.buf][ref.off + ref.cnt - 1][1]
 
 
@@ -73,21 +136,26 @@ def with_flushes(plan: Plan, g: int) -> list:
 
 def messages(plan: Plan, S: int, itemsize: int, chunk: int):
     """Per GPU, its program for fabric.replay.run_programs: ("recv", peer, key), ("send", peer, key,
-    nbytes), ("flush",) in plan order; key (channel, message number on that channel and pair, piece)."""
+    nbytes), ("flush",) in plan order; key (channel, message number on that channel and pair, piece).
+    An operation that receives and sends on (rrs, rcs, rrcs) is pipelined piece by piece: piece k is
+    sent on as soon as it is in (as a chain forwards it, and MSCCL's runtime does, slice by slice)."""
     def program(g):
-        table = _spans(plan, S, itemsize, g)
+        table = spans(plan, S, itemsize, g)
         sent, taken = {}, {}
         for op in with_flushes(plan, g):
             if op.kind in RECVS:
-                ref = op.dst if op.dst is not None else op.src
                 m = taken[(op.recv_from, op.channel)] = taken.get((op.recv_from, op.channel), -1) + 1
-                for k, _ in enumerate(chunks(*_range(table, ref), chunk)):
-                    yield ("recv", op.recv_from, (op.channel, m, k))
             if op.kind in SENDS:
-                ref = op.src if op.kind in ("send", "recv_reduce_send") else op.dst
-                m = sent[(op.send_to, op.channel)] = sent.get((op.send_to, op.channel), -1) + 1
-                for k, (lo, hi) in enumerate(chunks(*_range(table, ref), chunk)):
-                    yield ("send", op.send_to, (op.channel, m, k), (hi - lo) * itemsize)
+                n = sent[(op.send_to, op.channel)] = sent.get((op.send_to, op.channel), -1) + 1
+            if op.kind in RECVS:
+                ref = op.dst if op.dst is not None else op.src
+                for k, (lo, hi) in enumerate(chunks(*span(table, ref), chunk)):
+                    yield ("recv", op.recv_from, (op.channel, m, k))
+                    if op.kind in SENDS:  # forwarded at once (a recv_*_send sends what it received into)
+                        yield ("send", op.send_to, (op.channel, n, k), (hi - lo) * itemsize)
+            elif op.kind in SENDS:
+                for k, (lo, hi) in enumerate(chunks(*span(table, op.src), chunk)):
+                    yield ("send", op.send_to, (op.channel, n, k), (hi - lo) * itemsize)
             if op.kind == "flush":
                 yield ("flush",)
         yield ("flush",)  # a call returns once its sends have left (ranks/collectives/plan.py)
@@ -102,9 +170,10 @@ def _check(plan: Plan, topo: Topology, config) -> None:
         raise PlanError(f"plan {plan.name!r} runs on {', '.join(plan.fabrics)} fabrics, not {config.mode!r}")
 
 
-def plan_ns(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4) -> float:
+def plan_ns(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4, events: list | None = None) -> float:
     """Modeled ns of one call of `plan` (validated) on every GPU of `topo`, all starting at 0: the latest
-    GPU's clock at the end, as fabric.replay.replay_ns."""
+    GPU's clock at the end, as fabric.replay.replay_ns. events: if given, gets the timeline
+    fabric.replay.run_programs records (GPU, "send"/"recv"/"wait", peer, start_ns, end_ns)."""
     _check(plan, topo, config)
     chunk = max(1, config.chunk_bytes // itemsize)
     fabric = Fabric(topo, config.mtu_bytes, config.header_bytes)
@@ -113,7 +182,7 @@ def plan_ns(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4) -> fl
         return FabricError(f"plan {plan.name!r}: {plan.collective} on {plan.gpus} GPUs waits for ever: GPUs "
                            f"{sorted(waiting)} wait for what nobody sends (validate the plan first)")
 
-    return run_programs(fabric, messages(plan, S, itemsize, chunk), stuck)
+    return run_programs(fabric, messages(plan, S, itemsize, chunk), stuck, events)
 
 
 def plan_link_bytes(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4) -> dict[str, tuple[int, int]]:
@@ -131,3 +200,22 @@ def plan_link_bytes(plan: Plan, topo: Topology, S: int, config, itemsize: int = 
                 payload, total = out.get(link.name, (0, 0))
                 out[link.name] = (payload + op[3], total + raw)
     return out
+
+
+def plan_rounds(plan: Plan, S: int, itemsize: int = 4) -> list[np.ndarray]:
+    """The plan's dependent rounds for fabric.cost_nodes' bounds: round k is a gpus x gpus int64 matrix of
+    the payload bytes (row: sender, column: receiver) every GPU sends after its k-th explicit flush (the
+    flushes a plan writes split its phases; those with_flushes adds do not). No round for a plan that
+    sends nothing (one GPU)."""
+    rounds: list[np.ndarray] = []
+    for g, program in enumerate(plan.programs):
+        table, phase = spans(plan, S, itemsize, g), 0
+        for op in program.ops:
+            if op.kind == "flush":
+                phase += 1
+            elif op.kind in SENDS:
+                while len(rounds) <= phase:
+                    rounds.append(np.zeros((plan.gpus, plan.gpus), np.int64))
+                lo, hi = span(table, op.src if op.kind in ("send", "recv_reduce_send") else op.dst)
+                rounds[phase][g, op.send_to] += (hi - lo) * itemsize
+    return rounds

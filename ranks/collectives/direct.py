@@ -14,13 +14,19 @@ reduced block to every peer. Per-GPU link payload for S bytes on N GPUs, tx = rx
 In step k = 1..N-1 GPU r sends to GPU r+k and takes in from GPU r-k, so every link carries one
 block per step; the root takes the gathered blocks in from members root+1, root+2, ... in turn.
 Combine order: members 0, 1, ..., N-1, in the array's dtype.
+allreduce, reduce_scatter, allgather and broadcast are plans (fabric.plans.registry.direct, run by
+ranks/collectives/plan.py, timed by fabric.replay from the same plan); reduce, gather and scatter are
+written out below.
 """
 
 import numpy as np
 
+from nvlink_emu.fabric import plans
 from nvlink_emu.fabric.reduction import blocks, chunks, combine, finish
 
-RED, BCAST, ROOT, TO_ROOT, GATHER, SCATTER = 0, 1, 2, 3, 4, 5  # message phases
+from . import plan
+
+RED, TO_ROOT, GATHER, SCATTER = 0, 3, 4, 5  # message phases (1 and 2 were the broadcasts of blocks and from a root: plans now)
 
 
 def _reduce_own_block(call, source: np.ndarray, parts, out: np.ndarray) -> None:
@@ -46,45 +52,20 @@ def _reduce_own_block(call, source: np.ndarray, parts, out: np.ndarray) -> None:
     call.flush()
 
 
-def _broadcast_own_block(call, work: np.ndarray, parts) -> None:
-    n, r = call.n, call.r
-    for k in range(1, n):
-        for c, (lo, hi) in enumerate(chunks(*parts[r], call.chunk)):
-            call.send(r + k, (BCAST, r, c), work[lo:hi])
-    for k in range(1, n):
-        p = (r - k) % n
-        for c, (lo, hi) in enumerate(chunks(*parts[p], call.chunk)):
-            call.recv(p, (BCAST, p, c), work[lo:hi])
-    call.flush()
-
-
 def allreduce(call, array: np.ndarray) -> None:
-    parts = blocks(array.size, call.n)
-    a, b = parts[call.r]
-    reduced = np.empty(b - a, array.dtype)
-    _reduce_own_block(call, array, parts, reduced)
-    array[a:b] = reduced
-    _broadcast_own_block(call, array, parts)
+    plan.execute(call, plans.build("direct", call.n, "allreduce"), array, array)
 
 
 def reduce_scatter(call, send: np.ndarray, recv: np.ndarray) -> None:
-    _reduce_own_block(call, send, blocks(send.size, call.n), recv)
+    plan.execute(call, plans.build("direct", call.n, "reduce_scatter"), send, recv)
 
 
 def allgather(call, send: np.ndarray, recv: np.ndarray) -> None:
-    _broadcast_own_block(call, recv, call.own_block_in_place(send, recv))
+    plan.execute(call, plans.build("direct", call.n, "allgather"), send, recv)
 
 
 def broadcast(call, array: np.ndarray, root: int) -> None:
-    spans = chunks(0, array.size, call.chunk)
-    if call.r == root:
-        for k in range(1, call.n):
-            for c, (lo, hi) in enumerate(spans):
-                call.send(root + k, (ROOT, c), array[lo:hi])
-    else:
-        for c, (lo, hi) in enumerate(spans):
-            call.recv(root, (ROOT, c), array[lo:hi])
-    call.flush()
+    plan.execute(call, plans.build("direct", call.n, "broadcast", root), array, array)
 
 
 def reduce(call, send: np.ndarray, recv: np.ndarray | None, root: int) -> None:

@@ -2,11 +2,12 @@
 
 Each member runs its GPU's program in order: an operation's receives (piece by piece, as fabric.plans.timing
 lists them: messages of at most chunk_bytes of whole elements, keys (PLAN, channel, message number on
-that channel and pair, piece)), then its sends, a flush where the plan says; so the emulated modeled
+that channel and pair, piece)), then its sends (one that receives and sends on forwards each piece as
+soon as it is in), a flush where the plan says; so the emulated modeled
 time is the replay's (fabric.plans.timing.plan_ns) by construction. Buffers: "i" the input, "o" the
 output (the input itself in place), "s" a scratch array of the plan's scratch chunks, chunks as
-fabric.plans.timing._spans cuts them. Reductions fold the received data into what is there
-(fabric.reduction.combine(op, dst, incoming): ring.py's order); an allreduce's or reduce_scatter's
+fabric.plans.timing.spans cuts them (a scratch chunk the size of what is first written into it).
+Reductions fold the received data into what is there (fabric.reduction.combine(op, dst, incoming): ring.py's order); an allreduce's or reduce_scatter's
 average is finished on every output element at the end (the same sum divided by n on every member).
 Link bytes: the plan's (fabric.plans.plan_link_bytes).
 """
@@ -15,7 +16,7 @@ import numpy as np
 
 from nvlink_emu.fabric.errors import PlanError
 from nvlink_emu.fabric.plans.format import RECVS, SENDS
-from nvlink_emu.fabric.plans.timing import _range, _spans, with_flushes
+from nvlink_emu.fabric.plans.timing import span, spans, with_flushes
 from nvlink_emu.fabric.reduction import chunks, combine, finish
 
 PLAN = 30  # message phase
@@ -28,40 +29,41 @@ def execute(call, plan, inp: np.ndarray, out: np.ndarray) -> None:
         raise PlanError(f"plan {plan.name!r} is for {plan.gpus} GPUs, the communicator has {call.n}")
     item = inp.dtype.itemsize
     S = {"allgather": out.size, "all2all": inp.size}.get(plan.collective, inp.size) * item
-    table = _spans(plan, S, item, call.r)
+    table = spans(plan, S, item, call.r)
     program = plan.programs[call.r]
     bufs = {"i": inp, "o": inp if plan.inplace else out}
     if program.s_chunks:
         bufs["s"] = np.zeros(table["s"][-1][1], inp.dtype)
-    longest = max((hi - lo for spans in table.values() for lo, hi in spans), default=0)
+    longest = max((hi - lo for ranges in table.values() for lo, hi in ranges), default=0)
     tmp_all = np.empty(min(call.chunk, max(longest, 1)), inp.dtype)  # a received piece, before it is folded
     sent, taken = {}, {}
     for op in with_flushes(plan, call.r):  # a flush before overwriting what a pending send reads
-        held = None  # rrs: what was received and folded, to send on without storing it
+        if op.kind in RECVS:
+            m = taken[(op.recv_from, op.channel)] = taken.get((op.recv_from, op.channel), -1) + 1
+        if op.kind in SENDS:
+            n = sent[(op.send_to, op.channel)] = sent.get((op.send_to, op.channel), -1) + 1
         if op.kind in RECVS:
             ref = op.dst if op.dst is not None else op.src
-            m = taken[(op.recv_from, op.channel)] = taken.get((op.recv_from, op.channel), -1) + 1
-            lo0, hi0 = _range(table, ref)
-            if op.kind == "recv_reduce_send":
-                held = bufs[ref.buf][lo0:hi0].copy()
+            lo0, hi0 = span(table, ref)
+            # rrs: what was received and folded, sent on without being stored
+            held = bufs[ref.buf][lo0:hi0].copy() if op.kind == "recv_reduce_send" else None
             for k, (lo, hi) in enumerate(chunks(lo0, hi0, call.chunk)):
-                view = bufs[ref.buf][lo:hi]
+                view = bufs[ref.buf][lo:hi] if held is None else held[lo - lo0:hi - lo0]
                 if op.kind in ("recv", "recv_copy_send"):
                     call.recv(op.recv_from, (PLAN, op.channel, m, k), view)
                 else:
                     tmp = tmp_all[:hi - lo]
                     call.recv(op.recv_from, (PLAN, op.channel, m, k), tmp)
-                    combine(call.op, held[lo - lo0:hi - lo0] if held is not None else view, tmp)
-        if op.kind in SENDS:
-            ref = op.src if op.kind in ("send", "recv_reduce_send") else op.dst
-            m = sent[(op.send_to, op.channel)] = sent.get((op.send_to, op.channel), -1) + 1
-            lo0, hi0 = _range(table, ref)
-            source = held if held is not None else bufs[ref.buf][lo0:hi0]
+                    combine(call.op, view, tmp)
+                if op.kind in SENDS:  # piece k forwarded at once (fabric.plans.timing.messages)
+                    call.send(op.send_to, (PLAN, op.channel, n, k), view)
+        elif op.kind in SENDS:
+            lo0, hi0 = span(table, op.src)
             for k, (lo, hi) in enumerate(chunks(lo0, hi0, call.chunk)):
-                call.send(op.send_to, (PLAN, op.channel, m, k), source[lo - lo0:hi - lo0])
+                call.send(op.send_to, (PLAN, op.channel, n, k), bufs[op.src.buf][lo:hi])
         if op.kind in ("copy", "reduce"):
-            slo, shi = _range(table, op.src)
-            dlo, dhi = _range(table, op.dst)
+            slo, shi = span(table, op.src)
+            dlo, dhi = span(table, op.dst)
             if shi - slo != dhi - dlo:
                 raise PlanError(f"plan {plan.name!r} GPU {call.r}: {op.kind} of {shi - slo} elements into {dhi - dlo}")
             if op.kind == "copy":

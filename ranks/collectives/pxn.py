@@ -27,61 +27,15 @@ All2Allv is not offered: a proxy would need every sender's counts to size what i
 
 import numpy as np
 
-from nvlink_emu.fabric.reduction import chunks
+from nvlink_emu.fabric import plans
 
+from . import plan
 from .hier import Grid
-
-DIRECT, HOP, FORWARD = 30, 31, 32  # message phases
 
 
 def all2all(call, send: np.ndarray, send_offsets, send_counts, recv: np.ndarray, recv_offsets, recv_counts) -> None:
-    """comm.all2all's call in all2allv form: every block of `send_counts` (and `recv_counts`) equal."""
+    """comm.all2all's call in all2allv form: every block of `send_counts` (and `recv_counts`) equal, packed
+    in member order: fabric.plans.registry.pxn's plan on this communicator's grid."""
     grid = Grid(call, "all2all", "pxn")
-    n, r, each = call.n, call.r, send_counts[0]
-    node = {m: (a, j) for a, row in enumerate(grid.rank) for j, m in enumerate(row)}
-    a, j = grid.a, grid.j
-
-    def spans(base):
-        return list(enumerate(chunks(base, base + each, call.chunk)))
-
-    # every block for me: straight from a node peer or a sender on my rail, else from the sender's proxy
-    incoming = []
-    for shift in range(1, n):
-        p = (r - shift) % n
-        b, k = node[p]
-        direct = b == a or k == j
-        frm, phase = (p, DIRECT) if direct else (grid.rank[b][j], FORWARD)
-        for c, (lo, hi) in spans(recv_offsets[p]):
-            call.post((phase, p, c), recv[lo:hi], frm)
-            incoming.append(((phase, p, c), frm, recv[lo:hi]))
-    # as a proxy: the blocks of my node's other positions for the other nodes' GPUs on my rail
-    forwards = []
-    for k in range(grid.G):
-        if k == j:
-            continue
-        source = grid.rank[a][k]
-        for b in range(grid.N):
-            if b == a:
-                continue
-            dest = grid.rank[b][j]
-            staged = np.empty(each, send.dtype)
-            for c, (lo, hi) in enumerate(chunks(0, each, call.chunk)):
-                call.post((HOP, source, dest, c), staged[lo:hi], source)
-            forwards.append((source, dest, staged))
-    for shift in range(1, n):
-        # a shifted order spreads the load, as all2all.py's
-        p = (r + shift) % n
-        b, k = node[p]
-        for c, (lo, hi) in spans(send_offsets[p]):
-            if b == a or k == j:
-                call.send(p, (DIRECT, r, c), send[lo:hi])
-            else:
-                call.send(grid.rank[a][k], (HOP, r, p, c), send[lo:hi])
-    recv[recv_offsets[r]:recv_offsets[r] + each] = send[send_offsets[r]:send_offsets[r] + each]
-    for source, dest, staged in forwards:
-        for c, (lo, hi) in enumerate(chunks(0, each, call.chunk)):
-            call.wait((HOP, source, dest, c), f"GPU {call.peer(source)}", staged[lo:hi], source)
-            call.send(dest, (FORWARD, source, c), staged[lo:hi])
-    for parts, frm, out in incoming:
-        call.wait(parts, f"GPU {call.peer(frm)}", out, frm)
-    call.flush()
+    layout = tuple(tuple(row) for row in grid.rank)
+    plan.execute(call, plans.build("pxn", call.n, "all2all", layout=layout), send, recv)

@@ -33,7 +33,7 @@ channel's crossing: allreduce 2(n-1)/n x S/G on its own outbound and inbound sha
 (fabric.cost_nodes documents every link). Combine order across nodes: member m's
 range of channel c is folded in ring c's order after m (q+1, q+2, ..., q for m at ring position q),
 reduce's part c in ring c's order after the root. A communicator on one node, or whose nodes do not
-line up, runs the one ring above, unchanged: as a plan (fabric.plans.registry.ring, run by
+line up, runs the one ring above (and broadcast's one chain), unchanged: as a plan (fabric.plans.registry.ring, run by
 ranks/collectives/plan.py and timed by fabric.plans.timing: the same messages and order).
 """
 
@@ -47,7 +47,7 @@ from nvlink_emu.fabric import plans
 from . import plan
 from .hier import Grid
 
-BC, RD = 2, 3  # message phases (0 and 1 were the one ring's, now a plan: ranks/collectives/plan.py)
+RD = 3  # message phase (0 to 2 were the one ring's and its broadcast chain's, now plans: ranks/collectives/plan.py)
 CH_RS, CH_AG, CH_BC, CH_RD = 4, 5, 6, 7  # the channels' phases, across nodes
 
 
@@ -169,14 +169,7 @@ def broadcast(call, array: np.ndarray, root: int) -> None:
                 call.send(following, (CH_BC, c, i), array[lo:hi])
         call.flush()
         return
-    n, position = call.n, (call.r - root) % call.n
-    for c, (lo, hi) in enumerate(chunks(0, array.size, call.chunk)):
-        # chunk c moves down the chain root, root+1, ..., root+N-1; each GPU forwards as soon as it has it
-        if position:
-            call.recv(call.r - 1, (BC, c), array[lo:hi])
-        if position < n - 1:
-            call.send(call.r + 1, (BC, c), array[lo:hi])
-    call.flush()
+    plan.execute(call, plans.build("ring", call.n, "broadcast", root), array, array)
 
 
 def reduce(call, send: np.ndarray, recv: np.ndarray | None, root: int) -> None:

@@ -1,6 +1,14 @@
 """`nvlink-emu plan check|show`: an MSCCL-IR file and a registry algorithm validated, their per-link bytes
 and modeled time printed; a bad file refused with the GPU, step and chunk named, status 2."""
 
+import json
+
+import pytest
+
+from nvlink_emu.fabric import plans
+from nvlink_emu.fabric.config import resolve
+from nvlink_emu.fabric.topology import Topology
+
 from cli_helpers import ROOT, command, run
 
 PLANS = ROOT / "tests" / "unit" / "plans"
@@ -45,7 +53,6 @@ def test_model_times_a_plan_file_per_size():
     done, _ = run([command("nvlink-emu"), "model", "allreduce", "--plan", str(PLANS / "ring_allreduce_4.xml"),
                    "--gpus", "4", "-b", "4M", "-e", "4M", "--json"])
     assert done.returncode == 0, done.stderr
-    import json
     row = json.loads(done.stdout.splitlines()[-1])
     # plan check's figures for the same call: 20.309 us, 2 (n-1)/n x 4 MiB on GPU 0's uplink and downlink
     assert (row["algorithm"], row["plan"], row["modeled_us"]) == ("plan", "ring_allreduce_4", 20.3093)
@@ -54,3 +61,65 @@ def test_model_times_a_plan_file_per_size():
     done, _ = run([command("nvlink-emu"), "model", "allgather", "--plan", str(PLANS / "ring_allreduce_4.xml"),
                    "--gpus", "4"])
     assert done.returncode == 2 and "is a allreduce plan for 4 GPUs; asked for allgather" in done.stderr
+
+
+@pytest.mark.parametrize("file, coll, shape", [
+    ("ring_allreduce_4.xml", "allreduce", dict(gpus=4)),
+    ("allpairs_allreduce_3.xml", "allreduce", dict(gpus=3)),  # 1K on 3 GPUs: uneven chunks, scratch
+    ("two_step_alltoall_2x2.xml", "all2all", dict(preset="superpod-h100-nvlink", nodes=2, gpus_per_node=2)),
+])
+def test_bench_runs_a_plan_file_on_the_ranks_in_models_time(file, coll, shape):
+    config = resolve(shape.get("preset"), None, shape.get("gpus"), shape.get("nodes"), shape.get("gpus_per_node"))
+    shape = [part for key, value in shape.items() for part in (f"--{key.replace('_', '-')}", str(value))]
+    sweep = ["-b", "1K", "-e", "64K", "-f", "64", "--json"]
+    done, _ = run([command("nvlink-emu"), "bench", coll, "--plan", str(PLANS / file), *shape, *sweep, "-n", "1"],
+                  timeout_s=300)
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in done.stdout.splitlines()]
+    modeled, _ = run([command("nvlink-emu"), "model", coll, "--plan", str(PLANS / file), *shape, *sweep])
+    assert modeled.returncode == 0, modeled.stderr
+    expected = [json.loads(line) for line in modeled.stdout.splitlines()]
+    assert len(rows) == len(expected) == 2
+    for row, want in zip(rows, expected):
+        assert row["wrong"] == 0 and (row["algorithm"], row["plan"]) == ("plan", file.removesuffix(".xml"))
+        # the ranks' modeled time and GPU 0's bytes are the replay's of the same plan, exactly
+        for key in ("size_bytes", "modeled_us", "tx_bytes_per_gpu", "rx_bytes_per_gpu"):
+            assert row[key] == want[key], (key, row, want)
+    # every GPU link's counters: 2 calls per size (the checked one and -n 1), the plan's bytes summed
+    plan = plans.load(PLANS / file)
+    topo = config.topology if config.nodes > 1 else Topology.single(config)
+    table = {line.split()[0]: line.split() for line in done.stderr.splitlines() if line.startswith("gpu")}
+    links = [plans.plan_link_bytes(plan, topo, row["size_bytes"], config) for row in rows]
+    for g in range(plan.gpus):
+        other = (g + 1) % plan.gpus
+        up = sum(bytes_[topo.route(g, other)[0].name][0] for bytes_ in links)
+        down = sum(bytes_[topo.route(other, g)[-1].name][0] for bytes_ in links)
+        cells = next(cells for name, cells in table.items() if name.startswith(f"gpu{g}<->"))
+        assert (int(cells[1]), int(cells[4])) == (2 * up, 2 * down)
+
+
+def test_bench_refuses_a_plan_for_another_shape_or_with_an_algorithm():
+    done, _ = run([command("nvlink-emu"), "bench", "allreduce", "--plan", str(PLANS / "ring_allreduce_4.xml"),
+                   "--gpus", "3"])
+    assert done.returncode == 2 and "is a allreduce plan for 4 GPUs; asked for allreduce on 3 GPUs" in done.stderr
+    done, _ = run([command("nvlink-emu"), "bench", "allreduce", "--plan", str(PLANS / "ring_allreduce_4.xml"),
+                   "--gpus", "4", "--algorithm", "ring"])
+    assert done.returncode == 2 and "the plan is the algorithm; --algorithm ring does not apply" in done.stderr
+
+
+def test_plan_show_draws_the_replayed_timeline_per_gpu_and_link(tmp_path):
+    path = tmp_path / "plan.png"
+    done, _ = run([command("nvlink-emu"), "plan", "show", "ring", "--gpus", "4", "-S", "1M", "-o", str(path)])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == f"wrote {path}"
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+    import matplotlib.image
+    pixels = matplotlib.image.imread(path)[..., :3]
+    colours = {tuple(p) for p in (pixels * 255).astype(int).reshape(-1, 3)[::7]}
+    # 4 peers' colours, the waits' and the text on white: a drawing, not a blank page
+    assert pixels.shape[0] > 400 and len(colours) > 50
+    done, _ = run([command("nvlink-emu"), "plan", "check", "ring", "--gpus", "4", "-o", str(tmp_path / "x.png")])
+    assert done.returncode == 2 and "-o draws a timeline: it is for `plan show`" in done.stderr
+    done, _ = run([command("nvlink-emu"), "plan", "show", "ring", "--gpus", "4", "-o", str(tmp_path / "x.txt")])
+    assert done.returncode == 2 and "name a .png, .svg or .pdf file" in done.stderr

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from nvlink_emu.fabric import cost, plans, replay
-from nvlink_emu.fabric.config import preset
+from nvlink_emu.fabric import cost, cost_nodes, plans, replay
+from nvlink_emu.fabric.plans import registry, timing
+from nvlink_emu.fabric.config import preset, resolve
 from nvlink_emu.fabric.errors import PlanError
 from nvlink_emu.fabric.packets import raw_bytes
 from nvlink_emu.fabric.plans.format import GpuProgram, Op, Plan, Ref
@@ -53,6 +54,37 @@ def test_the_ring_plans_link_bytes_are_the_rings(gpus):
         assert config.chunk_bytes >= 1 << 20
         assert all(v == (payload, messages * raw_bytes(1 << 20, config.mtu_bytes, config.header_bytes))
                    for v in links.values()), (collective, links)
+
+
+@pytest.mark.parametrize("name", ["dgx-h100", "dgx-a100"])
+@pytest.mark.parametrize("gpus", [2, 3, 5, 8])
+def test_the_direct_plan_has_the_closed_forms_time_and_the_cost_models_bytes(name, gpus):
+    config = preset(name, gpus=gpus)
+    topo = Topology.single(config)
+    for collective in ("allreduce", "reduce_scatter", "allgather", "broadcast"):
+        for size in (gpus * 1024, gpus << 20, gpus * 3 << 20, gpus * 4096 + 12):  # one chunk, several, uneven
+            for root in ((0, gpus - 1) if collective == "broadcast" else (0,)):
+                plan = plans.build("direct", gpus, collective, root)
+                links = plans.plan_link_bytes(plan, topo, size, config)
+                want = cost_nodes.link_bytes(collective, "direct", topo, size, root=root)
+                assert {k: v[0] for k, v in links.items()} == {k: v for k, v in want.items() if v}, (collective, size)
+                if size % (4 * gpus) == 0 and root == 0:  # fabric.cost's one-node closed form, the oracle
+                    got = plans.plan_ns(plan, topo, size, config)
+                    assert math.isclose(got, cost.modeled_ns(collective, "direct", size, gpus, config),
+                                        rel_tol=1e-12), (collective, size)
+
+
+def test_the_direct_plan_folds_in_member_order():
+    # GPU 2's block: GPU 0's part first, then 1's, its own at its turn (direct.py's combine order)
+    ops = plans.build("direct", 4, "reduce_scatter").programs[2].ops
+    folds = [(op.kind, op.src, op.dst) for op in ops if op.kind in ("copy", "reduce")]
+    assert folds == [("copy", Ref("s", 0), Ref("o", 0)), ("reduce", Ref("s", 1), Ref("o", 0)),
+                     ("reduce", Ref("i", 2), Ref("o", 0)), ("reduce", Ref("s", 3), Ref("o", 0))]
+    ops = plans.build("direct", 4, "allreduce").programs[2].ops  # in place: its own part saved first
+    folds = [(op.kind, op.src, op.dst) for op in ops if op.kind in ("copy", "reduce")]
+    assert folds == [("copy", Ref("o", 2), Ref("s", 2)), ("copy", Ref("s", 0), Ref("o", 2)),
+                     ("reduce", Ref("s", 1), Ref("o", 2)), ("reduce", Ref("s", 2), Ref("o", 2)),
+                     ("reduce", Ref("s", 3), Ref("o", 2))]
 
 
 @pytest.mark.parametrize("gpus", [2, 4, 8])
@@ -230,3 +262,59 @@ def test_the_loader_reads_msccl_tools_newer_op_elements():
     plan = plans.loads(xml)
     assert [op.kind for op in plan.programs[0].ops] == ["copy", "send", "recv"]
     assert plan.programs[1].ops[2].dst == Ref("o", 0)
+
+
+def test_the_timeline_of_a_replayed_plan_books_every_message_once_and_leaves_the_time_alone():
+    config = preset("dgx-h100", gpus=4)
+    topo, plan, S = Topology.single(config), plans.build("ring", 4, "allreduce"), (1 << 20) + 12
+    events = []
+    ns = plans.plan_ns(plan, topo, S, config, events=events)
+    assert ns == plans.plan_ns(plan, topo, S, config)
+    sends = [e for e in events if e[1] == "send"]
+    recvs = [e for e in events if e[1] == "recv"]
+    chunk = config.chunk_bytes // 4
+    pieces = sum(1 for program in timing.messages(plan, S, 4, chunk).values() for op in program if op[0] == "send")
+    assert len(sends) == len(recvs) == pieces
+    # an uplink carries one message at a time, each for its raw bytes' serialisation time
+    for g in range(4):
+        mine = sorted((start, end) for who, what, _, start, end in sends if who == g)
+        assert all(a[1] <= b[0] + 1e-9 for a, b in zip(mine, mine[1:]))
+    assert max(end for *_, end in events) <= ns
+    assert all(start < end for *_, start, end in events)
+
+
+@pytest.mark.parametrize("gpus", [2, 3, 5])
+def test_the_ring_broadcast_plan_is_a_pipelined_chain(gpus):
+    # several pieces (chunk_bytes 64 KiB): every middle GPU passes piece k on before piece k+1 is in,
+    # so the time is fabric.cost's pipelined chain, not (n-1) whole-buffer hops
+    config = dataclasses.replace(preset("dgx-h100", gpus=gpus), chunk_bytes=1 << 16)
+    topo = Topology.single(config)
+    for root in range(gpus):
+        plan = plans.build("ring", gpus, "broadcast", root)
+        for size in (1024, 1 << 20, (1 << 20) + 12):
+            got = plans.plan_ns(plan, topo, size, config)
+            assert got == replay.replay_ns("broadcast", "ring", topo, size, config, root=root)
+            if root == 0:
+                assert math.isclose(got, cost.modeled_ns("broadcast", "ring", size, gpus, config), rel_tol=1e-12)
+    program = timing.messages(plans.build("ring", gpus, "broadcast", 0), 1 << 20, 4, (1 << 16) // 4)[1]
+    kinds = [op[0] for op in program]
+    if gpus > 2:  # a middle GPU: recv, send, recv, send, ..., flush
+        assert kinds == ["recv", "send"] * 16 + ["flush"]
+
+
+@pytest.mark.parametrize("nodes, per_node", [(2, 2), (3, 2), (2, 3)])
+def test_the_pxn_plan_moves_the_cost_models_bytes_on_every_link(nodes, per_node):
+    config = resolve("superpod-h100-ib", None, None, nodes, per_node)
+    n, topo = config.gpus, config.topology
+    plan = plans.build("pxn", n, "all2all", layout=registry.grid(nodes, per_node))
+    for S in (n * 1024, n * (3 << 20) + n * 8):  # one piece a block; several
+        links = {k: v[0] for k, v in plans.plan_link_bytes(plan, topo, S, config).items()}
+        assert links == {k: v for k, v in cost_nodes.link_bytes("all2all", "pxn", topo, S).items() if v}
+    # a communicator's grid need not be node-major: members 0, 2 on one node, 1, 3 on the other
+    odd = plans.build("pxn", 4, "all2all", layout=((0, 2), (1, 3)))
+    assert [op.send_to for op in odd.programs[0].ops if op.kind == "send"] == [1, 2, 2]  # 3 via 2, its rail's
+
+
+def test_a_pxn_layout_that_is_no_grid_is_refused():
+    with pytest.raises(PlanError, match=r"pxn plan: layout \(\(0, 1\), \(2,\)\) is not a grid of the 3 GPUs"):
+        plans.build("pxn", 3, "all2all", layout=((0, 1), (2,)))
