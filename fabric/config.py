@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .addressing import MAX_GPUS, NETWORK_ADDRESSES, PHYSICAL_GPU_SHIFT
 from .errors import ConfigError
-from .profiles import gpu_profile, link_profile, system_profile
+from .profiles import NVL72_GPUS, gpu_profile, link_profile, system_profile
 
 MODES = ("network", "classic")
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -359,6 +359,10 @@ PRESETS: dict[str, dict] = {
     "pcie-gen5": dict(mode="classic", gpus=8, sharp=False, link="pcie-gen5", gpu="h100-pcie"),
     # DGX B200: 8 B200 GPUs on NVLink5 through NVSwitch gen 4 (SHARP); NVLink Network addressing.
     "dgx-b200": dict(mode="network", gpus=8, sharp=True, link="nvlink5", gpu="b200"),
+    # GB200 NVL72: one NVLink domain of 72 B200 GPUs, 18 NVLink5 links a GPU (900 GB/s per direction), one to each
+    # of the 18 NVLink switch chips of 9 switch trays (profiles.NVL72_SOURCES), shown as one switch (SHARP); the
+    # GPU's compute is the HGX B200 profile's. Line rate: no published NCCL measurement to calibrate to was found.
+    "gb200-nvl72": dict(mode="network", gpus=NVL72_GPUS, sharp=True, link="nvlink5", gpu="b200"),
 }
 
 
@@ -379,6 +383,8 @@ def _system(name: str, nodes: int = 2) -> dict:
 # Multi-node systems (fabric.topology): DGX H100 nodes on the NVLink Switch System, DGX H100 nodes on NDR
 # InfiniBand, DGX A100 nodes on HDR InfiniBand; their figures and sources are profiles.SYSTEMS'.
 PRESETS.update({name: _system(name) for name in ("superpod-h100-nvlink", "superpod-h100-ib", "superpod-a100-ib")})
+# DGX GH200: 32 nodes of 8 GH200 superchips on the two-level NVLink Switch System without a taper (profiles.SYSTEMS)
+PRESETS["dgx-gh200"] = _system("dgx-gh200")
 DEFAULT_PRESET = "dgx-h100"
 _KEYS = {f.name for f in dataclasses.fields(FabricConfig)}
 

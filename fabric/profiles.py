@@ -281,6 +281,37 @@ IB_NDR = ("\"NVIDIA MMS4X00-NS400 400Gb/s Single-port OSFP Single Mode DR4 Trans
 IB_HDR = ("\"Building a SuperPod with 256 GPUs based on H100\" (the DGX A100 part), FiberMall blog, 2024, "
           "https://www.fibermall.com/blog/supercomputer-superpod.htm (third party)")
 
+DGX_GH200_BLOG = ("\"Announcing NVIDIA DGX GH200: The First 100 Terabyte GPU Memory System\", NVIDIA Technical Blog, "
+                  "NVIDIA, May 2023 (COMPUTEX 2023), https://developer.nvidia.com/blog/"
+                  "announcing-nvidia-dgx-gh200-first-100-terabyte-gpu-memory-system/")
+HOPPER_PAGE = ("\"NVIDIA Hopper Architecture\", NVIDIA technologies page (read in its German edition), NVIDIA, 2024, "
+               "https://nvidia.com/de-de/technologies/hopper-architecture")
+GH200_WHITEPAPER_SUMMARY = ("\"How NVIDIA Grace Hopper Superchip Redefines HPC and AI Performance\", Architects' Tech "
+                            "Alliance via besthub.dev, 2024 (a summary of NVIDIA's \"NVIDIA Grace Hopper Superchip "
+                            "Architecture\" whitepaper, 2023; third party), https://www.besthub.dev/articles/"
+                            "how-nvidia-grace-hopper-superchip-redefines-hpc-and-ai-performance-2b92ffc76799")
+GH200_TOPOLOGY_FIGURE = ("\"GraceHopper_ibsim.pdf\", a DGX GH200 NVLink topology drawing attached to a GitHub issue, "
+                         "2024, https://github.com/user-attachments/files/17306259/GraceHopper_ibsim.pdf (third party)")
+GB200_SUPERPOD_RA = ("\"NVIDIA DGX SuperPOD: Next Generation Scalable Infrastructure for AI Leadership, Reference "
+                     "Architecture Featuring NVIDIA DGX GB200\", Network Fabrics, NVIDIA, 2024-2025, https://docs.nvidia.com/"
+                     "dgx-superpod/reference-architecture-scalable-infrastructure-gb200/latest/network-fabrics.html")
+GB200_BCM = ("\"NVLink Switch Integration\", NVIDIA Base Command Manager 11 / Mission Control manual, NVIDIA, 2025, "
+             "https://docs.nvidia.com/base-command-manager/product-manuals/nvidia-mission-control/nvlink")
+
+# GB200 NVL72 (issue 28 part 5): one NVLink domain of 72 GPUs, each with one NVLink5 link to each of the
+# rack's 18 NVLink switch chips, so every GPU reaches every other through one switch stage: the emulator
+# shows the 18 chips as one switch (as dgx-h100 shows its 4), at the nvlink5 profile's 900 GB/s per direction.
+NVL72_GPUS = 72              # GPUs in one GB200 NVL72 NVLink domain (GB200_SUPERPOD_RA: 18 compute trays x 4)
+NVL72_SWITCH_TRAYS = 9       # NVLink switch trays a rack (GB200_SUPERPOD_RA; GB200_BCM: "9 NVLink switch trays per rack")
+NVL72_CHIPS_PER_TRAY = 2     # NVLink switch chips a tray (GB200_SUPERPOD_RA)
+NVL72_LINKS_PER_GPU = 18     # NVLink5 links a GPU, one to each switch chip (GB200_SUPERPOD_RA): 1.8 TB/s
+NVL72_SOURCES = (
+    ("each DGX GB200 rack: 18 compute trays and 9 NVLink switch trays of 2 NVLink switch chips; each B200 GPU has 18 "
+     "NVLink5 links, one to each of the 18 switch chips, 1.8 TB/s in total (= 900 GB/s per direction, the nvlink5 "
+     "profile)", GB200_SUPERPOD_RA),
+    ("the GB200 server platforms have 9 NVLink switch trays per rack", GB200_BCM),
+)
+
 SYSTEMS: dict[str, SystemProfile] = {
     s.name: s
     for s in (
@@ -341,6 +372,36 @@ SYSTEMS: dict[str, SystemProfile] = {
                   "searchable sources; one NIC per GPU rests on NVIDIA's 9x comparison (and issue 10). nodes_max 32 "
                   "is that comparison's 256 GPUs, not a published SuperPOD limit. No published per-hop latency was "
                   "found: uplink_latency_ns is None.",
+        ),
+        SystemProfile(
+            "dgx-gh200", "DGX GH200: 256 GH200 Grace Hopper Superchips on a two-level NVLink Switch System (NVLink4), "
+            "a non-blocking fat tree: the shipped form of the H100-era NVLink Network; 8 superchips a node behind its "
+            "first-level NVLink switches, second-level NVLink switches above, NVLink SHARP in the switches",
+            nodes_max=32, gpus_per_node=8, gpu_link="nvlink4", gpu="h100-sxm", mode="network",
+            uplinks_per_node=144, uplink_gbytes_per_s_each=25.0, uplink_gbytes_per_s_per_node=3600.0,
+            spine_link="nvlink4", in_network_reduction=True, uplink_latency_ns=None,
+            sources=(
+                ("up to 256 GPUs (Grace Hopper Superchips) in one DGX GH200 on the NVLink Switch System, a two-level "
+                 "NVLink fabric; 144 TB of memory reachable over NVLink", DGX_GH200_BLOG),
+                ("the NVLink Switch System connects up to 256 Grace Hopper superchips with up to 115.2 TB/s of aggregate "
+                 "bandwidth (= 256 x 450 GB/s per direction: every GPU's whole NVLink4 bandwidth, no taper)",
+                 GH200_WHITEPAPER_SUMMARY),
+                ("DGX GH200 with the NVLink Switch System: up to 256 connected GPUs, 57.6 TB/s of all-to-all bandwidth "
+                 "(= 128 x 450 GB/s: the bisection, per direction, of 256 GPUs at full NVLink4 bandwidth)", HOPPER_PAGE),
+                ("8 Grace Hopper superchips per group on 3 first-level NVSwitch (NVSwitch(0)..(2) for the first 8), "
+                 "second-level NVSwitch numbered from 96 (= 32 nodes x 3)", GH200_TOPOLOGY_FIGURE),
+                ("an NVLink4 link carries 25 GB/s per direction: 18 links = 900 GB/s bidirectional per GPU",
+                 NVLINK4_LINK),
+            ),
+            notes="NVIDIA publishes the size (256), the two levels and the aggregate bandwidths, not a node's uplink: "
+                  "144 x 25 GB/s = 3.6 TB/s per node is derived from the no-taper figures (115.2 TB/s = 256 x 450 GB/s; "
+                  "8 GPUs x 18 NVLink4 links), against the 72 links (2:1) of superpod-h100-nvlink, the Hopper "
+                  "whitepaper's projected DGX H100 configuration. The 8-superchip node and the 3 first-level switches a "
+                  "node come from a third-party drawing; the emulator shows a node's first-level switches as one leaf and "
+                  "the second-level ones as at most gpus_per_node spines. The GPU is GH200's H100 (96 GB HBM3 at 4 TB/s, "
+                  "later 144 GB HBM3e); its compute profile is h100-sxm's (3.35 TB/s HBM3), which matters only to "
+                  "gpu.compute with bytes. No published NVLink Switch System latency was found: uplink_latency_ns is "
+                  "None, the preset's is the nvlink4 profile's assumption.",
         ),
     )
 }

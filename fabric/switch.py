@@ -132,6 +132,7 @@ FROM_GPU = frozenset({Kind.PUT, Kind.PUT_ACK, Kind.GET, Kind.GET_DATA, Kind.MSG,
                       Kind.COUNTERS})
 # the reply each request kind is answered with, by the GPU it was forwarded to
 REPLY_OF = {Kind.PUT: Kind.PUT_ACK, Kind.GET: Kind.GET_DATA}
+SERVED_REPLIES = frozenset(REPLY_OF.values())  # sent as the host delivered their requests, not in program order
 _NO_BYTES = np.empty(0, np.uint8)  # the payload of a transfer of 0 bytes
 GONE_KEPT = 4096  # released spanning groups whose local members a leaf remembers (late stores' credit)
 MAX_AWAITED = 1 << 16  # requests of one GPU forwarded and not yet answered; past it, new ones are refused
@@ -471,8 +472,9 @@ class SwitchLogic:
 
     def _out(self, send: Send, sender: int | None = None) -> Send:
         """Count `send` on the link it leaves by; up to a spine, stamp the packet with when its first/last
-        byte reach the spine: booked on GPU `sender`'s outbound share (cut-through), or, a switch's own
-        packet (sender None), at the link's latency."""
+        byte reach the spine: booked on GPU `sender`'s outbound share (cut-through; a one-sided reply on
+        its served lane, fabric.timemodel.LinkEnd), or, a switch's own packet (sender None), at the
+        link's latency."""
         if send.switch is not None:  # to another switch: counted and booked by whoever made it
             return send
         via = None
@@ -491,7 +493,9 @@ class SwitchLogic:
             if self._spine_faults:  # the node's uplink lost the down links' part of its capacity
                 timed = raw * spine_links_scale(self.plan, self.switch, self.topology.nodes, self.topology.spines,
                                                 packet.t_start)
-            t_start, t_end = share.send(packet.t_start, packet.t_end, timed)
+            # a one-sided reply leaves in the order the host delivered its request: the share's served lane
+            book = share.serve if packet.kind in SERVED_REPLIES else share.send
+            t_start, t_end = book(packet.t_start, packet.t_end, timed)
         else:
             latency = self.config.uplink_latency_ns
             t_start, t_end = packet.t_start + latency, packet.t_end + latency

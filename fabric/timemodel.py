@@ -72,33 +72,42 @@ class LinkEnd:
     here as it sends and its downlink as it consumes; a switch books each link to another switch as
     it sends on it. Bandwidth in bytes per ns.
 
+    Two lanes, so that the host's order never enters the program's times (issue 28): `clock` takes
+    what the owner's program sends (`send`) and consumes (`book`), in program order; `served_clock`
+    takes what is booked in the order the host hands it over (`serve`, `book(served=True)`): one-sided
+    traffic, i.e. puts and gets into this GPU's memory, their replies, and the owner's own puts' and
+    gets' answers. A lane sees only its own transfers, so a put that the host delivers in the middle
+    of a collective neither waits for the collective's transfers nor delays them, whatever the order.
+
     `sent_ns` is when the last byte of the transfers its owner's program sent (`send`) left: what a
-    call that waits for its sends to leave waits for. A transfer served for another GPU (`serve`: a
-    one-sided reply, booked in the order the host hands the request over) takes its place on the link
-    but not in `sent_ns`, so a program's modeled time does not move with when the host delivered a
-    request it does not wait for (`free_ns`, the link's last busy byte, would)."""
+    call that waits for its sends to leave waits for (`free_ns`, the link's last busy byte in either
+    lane, would include a reply served meanwhile)."""
 
     bandwidth: float
     latency_ns: float
     clock: LinkClock = field(init=False)
+    served_clock: LinkClock = field(init=False)
     sent_ns: float = field(init=False, default=0.0)
 
     def __post_init__(self):
         self.clock = LinkClock(self.bandwidth)
+        self.served_clock = LinkClock(self.bandwidth)
 
     @property
     def free_ns(self) -> float:
-        """When the link is free for good (its last byte booked has left)."""
-        return self.clock.free_ns
+        """When the link is free for good (its last byte booked in either lane has left)."""
+        return max(self.clock.free_ns, self.served_clock.free_ns)
 
     @property
     def busy_ns(self) -> float:
-        """Modeled ns the link has spent transmitting."""
-        return self.clock.busy_ns
+        """Modeled ns the link has spent transmitting (both lanes)."""
+        return self.clock.busy_ns + self.served_clock.busy_ns
 
-    def book(self, ready_start: float, ready_end: float, raw_bytes: int) -> tuple[float, float]:
-        """(start, end) on the link of a transfer whose first/last byte are ready at its near end."""
-        return self.clock.transmit(ready_start, ready_end, raw_bytes)
+    def book(self, ready_start: float, ready_end: float, raw_bytes: int,
+             served: bool = False) -> tuple[float, float]:
+        """(start, end) on the link of a transfer whose first/last byte are ready at its near end;
+        `served`: booked in host order (one-sided traffic), on the served lane."""
+        return (self.served_clock if served else self.clock).transmit(ready_start, ready_end, raw_bytes)
 
     def send(self, ready_start: float, ready_end: float, raw_bytes: int) -> tuple[float, float]:
         """When the transfer's first and last byte reach the far end: booked (cut-through), plus the
@@ -108,8 +117,9 @@ class LinkEnd:
         return start + self.latency_ns, end + self.latency_ns
 
     def serve(self, ready_start: float, ready_end: float, raw_bytes: int) -> tuple[float, float]:
-        """As `send`, for a transfer served for another GPU (a one-sided reply): `sent_ns` stays."""
-        start, end = self.clock.transmit(ready_start, ready_end, raw_bytes)
+        """As `send`, for a transfer served for another GPU (a one-sided reply), on the served lane:
+        `sent_ns` stays, and no program transfer waits for it."""
+        start, end = self.served_clock.transmit(ready_start, ready_end, raw_bytes)
         return start + self.latency_ns, end + self.latency_ns
 
 

@@ -656,7 +656,7 @@ class Communicator:
         # begin before the call check: no peer sends this call's data before it has our call, so every
         # byte of the call reaches this GPU between begin and end (a call failing the check has no end)
         gpu.event({"ev": "coll_begin", **fingerprint})
-        start_ns, before = gpu.now_ns, gpu.link_counters()
+        start_ns, before = gpu.now_ns, gpu.program_bytes()
         calls = self._exchange((call, counts), f"{name} call check", seq)
         self._check_calls(name, seq, calls)
         if count or counts is not None:
@@ -671,10 +671,10 @@ class Communicator:
             else:
                 collectives.run(algorithm, name, work, *args)
         gpu.event({"ev": "coll_end", **fingerprint})
-        after = gpu.link_counters()
+        # the call's own bytes: a one-sided transfer the host delivered meanwhile is not the call's
+        after = gpu.program_bytes()
         gpu.record_call(CallRecord(self.name, seq, name, algorithm, count, dtype_name(dtype), op, root, self.size,
-                                   float(start_ns), float(gpu.now_ns), after["tx_bytes"] - before["tx_bytes"],
-                                   after["rx_bytes"] - before["rx_bytes"]))
+                                   float(start_ns), float(gpu.now_ns), after[0] - before[0], after[1] - before[1]))
 
     def _check_calls(self, name, seq, calls) -> None:
         """CollectiveMismatch on every member, listing each member's call, before any data moves."""

@@ -125,6 +125,7 @@ class Gpu:
         self._got_ns: dict[int, float] = {}             # GET req -> modeled arrival of its data
         self.trace = trace                              # a TraceWriter, or None
         self._tx_seq = self._rx_seq = -1                # packets sent / received on this GPU's links
+        self._program_bytes = [0, 0]                    # payload its program sent / consumed (program_bytes)
         self._shutdown: Packet | None = None
         self._calls: list[CallRecord] = []             # collective calls, for the run's report (record_call)
         self._call_bytes = 0                            # their encoded size
@@ -343,6 +344,12 @@ class Gpu:
         """This GPU's link counters: tx_/rx_ bytes (payload), raw_bytes, packets, busy_ns (modeled)."""
         return gpu_view(self._snapshot(), self.rank, self._leaf)
 
+    def program_bytes(self) -> tuple[int, int]:
+        """(tx, rx) payload bytes this GPU's program has sent and consumed so far: the link counters'
+        bytes without the one-sided traffic served as the host delivered it (puts and gets into this
+        GPU, the replies to them and to its own), which may come in the middle of any call."""
+        return self._program_bytes[0], self._program_bytes[1]
+
     def record_call(self, call: CallRecord) -> None:
         """Keep a collective call's record for the run's report (the communicators call this); past
         CALL_RECORD_BYTES of records, calls are only counted."""
@@ -491,7 +498,7 @@ class Gpu:
         source = what or ("the switch" if peer is None else f"GPU {peer}")
         want = self._wanting(slot)
         self._wait(lambda: slot not in self._posted or want(), "receive", f"{source} (slot {slot[0]})")
-        self.now_ns = max(self.now_ns, self._consume(*self._arrivals.pop(slot)))
+        self.now_ns = max(self.now_ns, self._consume(*self._arrivals.pop(slot), program=True))
 
     def take_message(self, key: tuple, peer: int, op: str, waiting_for: str) -> np.ndarray:
         """Wait for the message in slot `key` from GPU `peer` (never posted: it lands in the mailbox) and
@@ -500,7 +507,7 @@ class Gpu:
         slot = (tuple(key), peer)
         want = self._wanting(slot)
         self._wait(lambda: slot in self._mailbox or want(), op, waiting_for)
-        self.now_ns = max(self.now_ns, self._consume(*self._arrivals.pop(slot)))
+        self.now_ns = max(self.now_ns, self._consume(*self._arrivals.pop(slot), program=True))
         got = self._mailbox.pop(slot)
         self._took(peer, slot[0], got.nbytes)
         return got
@@ -624,7 +631,7 @@ class Gpu:
                                   f"{packet.address}+{packet.nbytes} of a bound buffer of {bound.nbytes}; not served")
         data = bound[packet.address:packet.address + packet.nbytes]
         self._send(Packet(Kind.REDUCE, self._keys[self.rank], -1, 0, packet.nbytes, packet.req,
-                          packet.info.contribution()), data, self._consume(packet, seq))
+                          packet.info.contribution()), data, self._consume(packet, seq, program=True))
 
     def _unserved(self, load: Packet) -> None:
         """Tell the switch this GPU will not serve `load` (a control notice, which nothing answers)."""
@@ -896,8 +903,8 @@ class Gpu:
     def _send(self, packet: Packet, payload: np.ndarray | None = None, at_ns: float | None = None,
               stamp: tuple[float, float] | None = None, served: bool = False) -> list:
         """Post `packet` to the switch, booked on the uplink at `at_ns` (default now) unless `stamp` was
-        reserved; `served`: a one-sided reply, which does not move sent_ns (its request's host arrival
-        order would then move the program's time)."""
+        reserved; `served`: a one-sided reply, booked on the uplink's served lane: it neither moves sent_ns
+        nor delays the program's sends (its request's host arrival order would then move the program's time)."""
         if packet.kind.counted:
             link = uplink(self.rank, self._leaf)
             if stamp is None:  # a down link raises here, before anything is counted
@@ -906,6 +913,8 @@ class Gpu:
             raw = self._counters.record(link, packet.payload_bytes)
             if stamp is None:
                 stamp = (self._uplink.serve if served else self._uplink.send)(at, at, raw if timed is None else timed)
+            if not served:
+                self._program_bytes[0] += packet.payload_bytes
             packet = packet.but(t_start=stamp[0], t_end=stamp[1])
             self._tx_seq += 1
             if self.trace is not None and self.trace.enabled:
@@ -916,8 +925,11 @@ class Gpu:
                                   "wall": time.time(), **self._fault_fields(link)})
         return self._transport.send(self._switch, packet, payload)
 
-    def _consume(self, packet: Packet, seq: int) -> float:
-        """Put transfer `seq` that reached this GPU on its downlink; returns when its last byte arrived (ns)."""
+    def _consume(self, packet: Packet, seq: int, program: bool = False) -> float:
+        """Put transfer `seq` that reached this GPU on its downlink; returns when its last byte arrived (ns).
+        `program`: consumed by this GPU's program, in program order; else served as the host delivered
+        it (one-sided traffic), on the links' served lane (fabric.timemodel.LinkEnd), so it neither
+        waits for nor delays the program's transfers, and the call records count only the program's."""
         raw = raw_bytes(packet.payload_bytes, self.config.mtu_bytes, self.config.header_bytes)
         start, end = packet.t_start, packet.t_end
         if self._inbound is not None:
@@ -928,9 +940,12 @@ class Gpu:
                     topology = self.config.topology
                     timed = raw * spine_links_scale(self._plan, self._leaf, topology.nodes, topology.spines, start,
                                                     up=False)
-                start, end = self._inbound.book(start, end, timed)
+                start, end = self._inbound.book(start, end, timed, served=not program)
         link = downlink(self.rank, self._leaf)
-        start, end = self._downlink.book(start, end, self._link_time(link, packet.payload_bytes, start, raw))
+        start, end = self._downlink.book(start, end, self._link_time(link, packet.payload_bytes, start, raw),
+                                         served=not program)
+        if program:
+            self._program_bytes[1] += packet.payload_bytes
         if self.trace is not None and self.trace.enabled:
             self.trace.write({"ev": "busy", "link": link, "seq": seq, "m_start": start, "m_end": end,
                               "wall": time.time(), **self._fault_fields(link)})

@@ -9,7 +9,7 @@ import pytest
 
 from cli_helpers import command, run, script
 from nvlink_emu.fabric.config import preset
-from nvlink_emu.fabric.cost import modeled_ns
+from nvlink_emu.fabric.cost import modeled_ns, payload_bytes
 
 ONE_NODE = """
 import numpy as np
@@ -132,6 +132,123 @@ def test_a_reply_served_during_a_collective_does_not_move_its_end(tmp_path):
     assert ends.keys() == {1, 2}
     for gpu, (start, end) in ends.items():
         assert start == 0.0 and end == pytest.approx(alone, rel=1e-12), gpu
+
+
+# GPU 0 puts 32 KiB into GPU 1 and gets 16 KiB back at modeled 0 ns, when GPU 1's allreduce with GPU 2 uses
+# both of GPU 1's links; the workload forces the host order: "during", GPU 2 joins the allreduce only after
+# GPU 0's get, so GPU 1 serves both while it waits in the call; "after", GPU 0 starts once the allreduce is over
+OVERLAP = """
+import numpy as np
+
+def main(gpu):
+    window = gpu.alloc(1 << 16, "uint8")
+    handles = gpu.world.allgather_object(gpu.export(window))
+    pair02 = gpu.world.split(0 if gpu.rank in (0, 2) else 1)
+    pair12 = gpu.world.split(0 if gpu.rank in (1, 2) else 1)
+    x = np.ones(3 * 4096, np.float32)
+    got = gpu.alloc(1 << 14, "uint8")
+    during = {during}
+    if gpu.rank == 0:
+        if not during:
+            gpu.world.allgather_object(None)  # no modeled time: GPU 1's allreduce is over on the host
+        gpu.put(handles[1], np.ones(1 << 15, np.uint8))
+        gpu.fence()
+        gpu.get(handles[1], got)
+        if during:
+            pair02.allgather_object(None)  # lets GPU 2 in
+            gpu.world.allgather_object(None)
+    elif gpu.rank == 1:
+        pair12.allreduce(x, algorithm="direct")
+        gpu.world.allgather_object(None)
+    else:
+        if during:
+            pair02.allgather_object(None)
+        pair12.allreduce(x, algorithm="direct")
+        gpu.world.allgather_object(None)
+"""
+
+
+# The same across nodes (superpod-h100-ib, 2 x 2): GPU 0 (node 0) puts into and gets from GPU 2 (node 1) while
+# GPU 2 allreduces with GPU 1 (node 0), so the one-sided transfers also cross GPU 2's inbound and outbound shares
+OVERLAP_NODES = """
+import numpy as np
+
+def main(gpu):
+    window = gpu.alloc(1 << 16, "uint8")
+    handles = gpu.world.allgather_object(gpu.export(window))
+    pair01 = gpu.world.split(0 if gpu.rank in (0, 1) else 1)
+    pair12 = gpu.world.split(0 if gpu.rank in (1, 2) else 1)
+    x = np.ones(3 * 4096, np.float32)
+    got = gpu.alloc(1 << 14, "uint8")
+    during = {during}
+    if gpu.rank == 0:
+        if not during:
+            gpu.world.allgather_object(None)
+        gpu.put(handles[2], np.ones(1 << 15, np.uint8))
+        gpu.fence()
+        gpu.get(handles[2], got)
+        if during:
+            pair01.allgather_object(None)  # lets GPU 1 in
+            gpu.world.allgather_object(None)
+    elif gpu.rank == 1:
+        if during:
+            pair01.allgather_object(None)
+        pair12.allreduce(x, algorithm="direct")
+        gpu.world.allgather_object(None)
+    elif gpu.rank == 2:
+        pair12.allreduce(x, algorithm="direct")
+        gpu.world.allgather_object(None)
+    else:
+        gpu.world.allgather_object(None)
+"""
+
+
+def test_across_nodes_one_sided_traffic_served_during_a_call_moves_neither_its_time_nor_its_record(tmp_path):
+    """Before the lanes (GPU links and the leaves' shares): in the "during" order GPU 1's allreduce ended at
+    6,240.8 ns instead of 5,544.48, GPU 2's record counted 81,920 bytes received and 65,536 sent, and the run's
+    elapsed time was 10,045.12 ns against 10,567.36 in the "after" order."""
+    fabric = ["--preset", "superpod-h100-ib", "--nodes", "2", "--gpus-per-node", "2"]
+    reports = {}
+    for during in (True, False):
+        case = tmp_path / str(during)
+        case.mkdir()
+        reports[during] = modeled(case, OVERLAP_NODES.format(during=during), fabric, None)
+    assert reports[True] == reports[False]
+    config, S = preset("superpod-h100-ib", nodes=2, gpus=4), 3 * 4096 * 4
+    calls = {call["gpu"]: call for call in reports[True]["collectives"]}
+    assert calls.keys() == {1, 2}
+    assert {(c["tx_bytes"], c["rx_bytes"]) for c in calls.values()} == {payload_bytes("allreduce", "direct", S, 2)}
+    assert calls[1]["m_end_ns"] == calls[2]["m_end_ns"] == pytest.approx(5544.48, rel=1e-12)  # alone, as measured
+    tx, rx = payload_bytes("allreduce", "direct", S, 2)  # the links still count the one-sided bytes
+    assert reports[True]["links"]["sw1->gpu2"]["payload_bytes"] == rx + (1 << 15)
+    assert reports[True]["links"]["gpu2->sw1"]["payload_bytes"] == tx + (1 << 14)
+    assert config.topology.share_gbytes_per_s == 50.0  # GPU 2's NIC: both one-sided transfers cross it
+
+
+def test_one_sided_traffic_served_during_a_call_moves_neither_its_time_nor_its_record(tmp_path):
+    """Issue 28's one-node flake, both halves forced: a put and a get that the host delivers in the middle
+    of GPU 1's allreduce, overlapping it in modeled time. Before the fix, in the "during" order the call
+    record of GPU 1 counted them (rx 81,920 and tx 65,536 bytes instead of 49,152 each: the link counters'
+    difference around the call), and the get's reply, booked on GPU 1's uplink in host order, delayed its
+    allreduce sends, so GPU 2's allreduce ended at 1,321.5 ns instead of 1,232.9 (elapsed 2,399.4 ns
+    against 2,333.0 in the "after" order). One-sided traffic now takes the links' served lane."""
+    fabric = ["--preset", "dgx-h100", "--gpus", "3"]
+    reports = {}
+    for during in (True, False):
+        case = tmp_path / str(during)
+        case.mkdir()
+        reports[during] = modeled(case, OVERLAP.format(during=during), fabric, None)
+    assert reports[True] == reports[False]
+    S = 3 * 4096 * 4
+    alone = modeled_ns("allreduce", "direct", S, 2, preset("dgx-h100", gpus=3))
+    tx, rx = payload_bytes("allreduce", "direct", S, 2)
+    calls = {call["gpu"]: call for call in reports[True]["collectives"]}
+    assert calls.keys() == {1, 2}
+    for gpu, call in calls.items():
+        assert (call["m_start_ns"], call["tx_bytes"], call["rx_bytes"]) == (0.0, tx, rx), gpu
+        assert call["m_end_ns"] == pytest.approx(alone, rel=1e-12), gpu
+    links = reports[True]["links"]  # the links still count the one-sided bytes
+    assert links["sw0->gpu1"]["payload_bytes"] == rx + (1 << 15) and links["gpu1->sw0"]["payload_bytes"] == tx + (1 << 14)
 
 
 def test_a_malformed_delay_is_an_error_before_any_traffic(tmp_path):

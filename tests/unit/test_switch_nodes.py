@@ -111,3 +111,30 @@ def test_a_put_to_another_node_is_translated_at_its_target_s_leaf_and_answered_b
     # a second acknowledgement answers nothing: refused at GPU 3's leaf, never leaving the node
     (nack,) = leaf1.on_packet(3, ack)
     assert nack.port == 3 and nack.packet.kind is Kind.NACK and leaf1.violations[3] == 1
+
+
+def test_a_one_sided_reply_takes_its_own_lane_of_its_senders_share(fabric):
+    """GPU 3 serves GPU 0's GET (its GET_DATA, booked as the host delivered the request) and sends a message of
+    its program to GPU 1, both ready at 0 ns: leaf 1 takes them in either order, and neither waits for the
+    other on GPU 3's outbound share (issue 28; on one lane, the reply first pushed the message 87.04 ns later)."""
+    config = fabric[0]
+    raw = raw_bytes(NBYTES, config.mtu_bytes, config.header_bytes)
+    alone = pytest.approx((A + S + U, A + S + raw / UP_BW + U))
+    for reply_first in (True, False):
+        leaf0, spine, leaf1 = SwitchLogic(config, 0), SpineLogic(config, 2), SwitchLogic(config, 1)
+        (reply,) = leaf1.on_packet(3, Packet(Kind.EXPORT, leaf1.route_key(3), -1, req=1,
+                                             info=ExportInfo(4096, 8192, (0,), True, True)))
+        network_address, address = reply.packet.info["handle"][:2]
+        get = Packet(Kind.GET, leaf0.route_key(0), network_address, address, NBYTES, req=9, t_start=A, t_end=A)
+        (up,) = leaf0.on_packet(0, get)
+        (deliver,) = leaf1.on_transit(2, spine.on_packet(0, up.packet).packet)
+        assert deliver.port == 3 and deliver.packet.kind is Kind.GET
+        data = Packet(Kind.GET_DATA, leaf1.route_key(3), leaf1.route_key(0), 0, NBYTES, req=9, t_start=A,
+                      t_end=A + raw / GPU_BW)
+        handed = [(3, data, np.zeros(NBYTES, np.uint8)), (3, *sent_at(config, 3, 1, 0.0))]
+        out = [leaf1.on_packet(*args)[0] for args in (handed if reply_first else handed[::-1])]
+        answer, message = out if reply_first else out[::-1]
+        assert (answer.packet.kind, message.packet.kind) == (Kind.GET_DATA, Kind.MSG)
+        assert (message.packet.t_start, message.packet.t_end) == alone
+        assert (answer.packet.t_start, answer.packet.t_end) == alone
+        assert leaf1.shares[3].busy_ns == pytest.approx(2 * raw / UP_BW)

@@ -92,3 +92,22 @@ def test_a_served_reply_does_not_move_when_the_programs_sends_left():
         assert uplink.sent_ns == 70.0 and uplink.free_ns == 210.0 and uplink.busy_ns == 80.0
     assert flushed == {70.0} and last_busy == {70.0, 210.0}
     assert bookings == {((5.0, 55.0), (55.0, 75.0), (205.0, 215.0))}  # the reply competes with no send
+
+
+def test_one_sided_traffic_takes_its_own_lane_in_every_host_order():
+    """A GPU's downlink at 2 bytes per ns (issue 28): its program consumes transfers of 100 bytes ready at
+    0 and of 40 ready at 30 (a collective's, in program order); a put of 60 bytes ready at 10 is served
+    whenever the host delivers it: before, between or after them. The program's transfers and the put
+    keep the same times in every order (on one shared lane the put, first, pushed them to 40..90..110)."""
+    outcomes = set()
+    for put_at in range(3):
+        downlink, program, booked = LinkEnd(bandwidth=2.0, latency_ns=5.0), iter([(0.0, 100), (30.0, 40)]), {}
+        for i in range(3):
+            if i == put_at:
+                booked["put"] = downlink.book(10.0, 10.0, 60, served=True)
+            else:
+                at, raw = next(program)
+                booked[raw] = downlink.book(at, at, raw)
+        outcomes.add(frozenset(booked.items()))
+        assert downlink.busy_ns == 100.0 and downlink.free_ns == 70.0
+    assert outcomes == {frozenset({100: (0.0, 50.0), 40: (50.0, 70.0), "put": (10.0, 40.0)}.items())}

@@ -51,8 +51,9 @@ def nonzero(per_link):
 ONE_NODE = sorted(name for name in PRESETS if preset(name).nodes == 1)
 
 
-def test_the_multi_node_presets_are_the_superpods():
-    assert sorted(set(PRESETS) - set(ONE_NODE)) == ["superpod-a100-ib", "superpod-h100-ib", "superpod-h100-nvlink"]
+def test_the_multi_node_presets_are_the_superpods_and_dgx_gh200():
+    assert sorted(set(PRESETS) - set(ONE_NODE)) == ["dgx-gh200", "superpod-a100-ib", "superpod-h100-ib",
+                                                    "superpod-h100-nvlink"]
 
 
 @pytest.mark.parametrize("name", ONE_NODE)

@@ -1,0 +1,58 @@
+"""Today's systems as presets (issue 28 part 5): GB200 NVL72 and DGX GH200, their published figures agreeing
+with each other and with the presets built from them."""
+
+import pytest
+
+from nvlink_emu.fabric import cost, cost_nodes
+from nvlink_emu.fabric.config import preset
+from nvlink_emu.fabric.profiles import (NVL72_CHIPS_PER_TRAY, NVL72_GPUS, NVL72_LINKS_PER_GPU, NVL72_SOURCES,
+                                        NVL72_SWITCH_TRAYS, PROFILES, SYSTEMS)
+
+
+def test_gb200_nvl72_is_one_nvlink5_domain_of_72_gpus():
+    config = preset("gb200-nvl72")
+    assert (config.gpus, config.nodes, config.mode, config.sharp, config.link) == (72, 1, "network", True, "nvlink5")
+    assert NVL72_GPUS == 18 * 4  # 18 compute trays of 2 GB200 superchips (2 GPUs each)
+    assert NVL72_SWITCH_TRAYS * NVL72_CHIPS_PER_TRAY == NVL72_LINKS_PER_GPU == 18  # a link to each switch chip
+    assert NVL72_LINKS_PER_GPU * 50.0 == config.timing.bandwidth_gbytes_per_s == 900.0  # 1.8 TB/s both ways
+    assert NVL72_GPUS * 2 * config.timing.bandwidth_gbytes_per_s / 1e3 == pytest.approx(130, rel=0.01)  # 129.6 TB/s
+    assert all(source.startswith('"') and "https://" in source for _, source in NVL72_SOURCES)
+    assert preset("gb200-nvl72", gpus=8).gpus == 8  # what the emulator runs on this machine
+
+
+def test_gb200_nvl72_models_at_full_size():
+    """72 GPUs, 1 GiB: sharp moves S each way on every link (one send, one result); busbw approaches
+    2(n-1)/n of the link's payload rate, 900 x 256/272 GB/s, as on every one-switch preset."""
+    config, S = preset("gb200-nvl72"), 1 << 30
+    assert cost.payload_bytes("allreduce", "sharp", S, 72) == (S, S)
+    ring = cost.modeled_ns("allreduce", "ring", S, 72, config)
+    sharp = cost.modeled_ns("allreduce", "sharp", S, 72, config)
+    assert sharp < ring
+    assert cost.busbw_gbps("allreduce", "sharp", S, 72, config) == pytest.approx(2 * 71 / 72 * 900 * 256 / 272, rel=0.01)
+
+
+def test_dgx_gh200_numbers_agree_with_each_other():
+    gh, nvlink4 = SYSTEMS["dgx-gh200"], PROFILES["nvlink4"]
+    assert gh.nodes_max * gh.gpus_per_node == 256
+    assert gh.uplinks_per_node == gh.gpus_per_node * 18  # every NVLink4 port of the node's GPUs goes up
+    assert gh.uplinks_per_node * gh.uplink_gbytes_per_s_each == gh.uplink_gbytes_per_s_per_node == 3600.0
+    assert gh.taper == 1.0  # non-blocking, against superpod-h100-nvlink's 2:1
+    assert SYSTEMS["superpod-h100-nvlink"].taper == 2.0
+    gpus = gh.nodes_max * gh.gpus_per_node
+    assert gpus * nvlink4.bandwidth_gbytes_per_s == 115_200.0  # the whitepaper's 115.2 TB/s aggregate
+    assert gpus // 2 * nvlink4.bandwidth_gbytes_per_s == 57_600.0  # the 57.6 TB/s all-to-all: the bisection
+    assert gh.in_network_reduction and gh.mode == "network" and gh.gpu_link == "nvlink4"
+
+
+def test_dgx_gh200_preset_full_size_and_against_the_projected_superpod():
+    config = preset("dgx-gh200", nodes=32, gpus=256)
+    assert (config.nodes, config.gpus_per_node, config.spines, config.spine_sharp) == (32, 8, 8, True)
+    assert config.topology.share_gbytes_per_s == 450.0  # a GPU's whole link: no taper
+    assert preset("superpod-h100-nvlink", nodes=32, gpus=256).topology.share_gbytes_per_s == 225.0
+    # an All2All across 4 nodes is bound by the nodes' uplinks: twice as fast without the taper
+    S = 64 << 20
+    gh = cost_nodes.modeled_ns("all2all", "direct", preset("dgx-gh200", nodes=4, gpus=32).topology, S,
+                               preset("dgx-gh200", nodes=4, gpus=32))
+    sp = cost_nodes.modeled_ns("all2all", "direct", preset("superpod-h100-nvlink", nodes=4, gpus=32).topology, S,
+                               preset("superpod-h100-nvlink", nodes=4, gpus=32))
+    assert sp / gh == pytest.approx(2.0, rel=0.05)
