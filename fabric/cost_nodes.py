@@ -176,7 +176,10 @@ def rounds(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsize
     if algorithm == "hier_nvls":
         return _hier_nvls_rounds(collective, topo, S, itemsize, root)
     if algorithm == "pxn":
-        return _pxn_rounds(topo, _block_bytes(S, n, itemsize))
+        _block_bytes(S, n, itemsize)  # checks S and itemsize
+        layout = plans.registry.grid(topo.nodes, topo.gpus_per_node)
+        out = plans.plan_rounds(plans.build("pxn", n, "all2all", layout=layout), int(S), itemsize)
+        return out[:1] if len(out) == 2 and not out[1].any() else out  # no forwarded byte: one round
     if collective == "all2allv":
         if counts is None:
             raise FabricError("cost_nodes: all2allv needs counts, a gpus x gpus matrix of bytes")
@@ -315,24 +318,6 @@ def _tree_rounds(topo: Topology, S: int, itemsize: int) -> list[np.ndarray]:
                 up[a * G + j, parent[0] * G + parent[1]] += size[k]
                 down[parent[0] * G + parent[1], a * G + j] += size[k]
     return [t for t in (up, down) if t.any()]
-
-
-def _pxn_rounds(topo: Topology, b: list[int]) -> list[np.ndarray]:
-    """pxn's two rounds (ranks/collectives/pxn.py): GPU (a, j)'s block for (c, k) goes straight there
-    if c = a or k = j, else to (a, k) in round 1 and on from (a, k) in round 2; b: the blocks' bytes."""
-    G, n = topo.gpus_per_node, topo.gpus
-    first, second = np.zeros((n, n), np.int64), np.zeros((n, n), np.int64)
-    for i in range(n):
-        for d in range(n):
-            if d == i:
-                continue
-            if i // G == d // G or i % G == d % G:
-                first[i, d] += b[d]
-            else:
-                proxy = i // G * G + d % G
-                first[i, proxy] += b[d]
-                second[proxy, d] += b[d]
-    return [first, second] if second.any() else ([first] if n > 1 else [])
 
 
 def traffic(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsize: int = 4, root: int = 0,
