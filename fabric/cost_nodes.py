@@ -67,7 +67,8 @@ ranks/collectives (blocks are fabric.reduction.blocks of the element count, time
 - pxn (pxn.py), all2all only: round 1, GPU (a, j) sends its block for (c, k) straight there if
   c = a or k = j, else to its proxy (a, k); round 2, each proxy (a, k) forwards those blocks to
   (c, k). Bytes (blocks s = S / (N G)): every GPU link (NG-1) s + (N-1)(G-1) s each way; every
-  leaf -> spine i and spine i -> leaf link k_i (N-1) S / N, as `direct`'s all2all.
+  leaf -> spine i and spine i -> leaf link k_i (N-1) S / N, as `direct`'s all2all. These rounds are
+  summed from pxn's plan (fabric.plans.plan_rounds: a forward is one round after its hop).
 Within a round the order of a GPU's sends (r+1, r+2, ... in direct and all2all) does not change any
 link's bytes, so it is not represented.
 

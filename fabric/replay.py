@@ -22,8 +22,9 @@ reduction engine, those shares). nvls's reduce_scatter and allreduce across node
 the same kind: load-reduces booked slot by slot in the order the members serve their LOADs, then
 (allreduce) multicast stores as sharp's; `nvls_lower_bound_ns` bounds it from below in O(chunks), so
 that `auto` (fabric.cost_nodes.fastest) need not replay it where it cannot win. The schedules (`PROGRAMS`) are those of ranks/collectives ring (on one node its plan,
-fabric.plans.registry.ring, timed by fabric.plans.timing; on several nodes its channels, one ring per rail), direct, all2all, hier (node rings), hier_nvls (its node stages in the leaf,
-`hier_ns`), pxn and tree: the same messages,
+fabric.plans.registry.ring, timed by fabric.plans.timing; on several nodes its channels, one ring per rail), direct and pxn
+(their plans, fabric.plans.registry), all2all, hier (node rings), hier_nvls (its node stages in the leaf,
+`hier_ns`) and tree: the same messages,
 chunks (chunk_bytes of whole elements) and order (a schedule changed there must change here: the test
 below fails otherwise); `tests/nodes/test_replay.py` checks that replayed
 and emulated times agree on every algorithm and multi-node preset. `replay_ns` runs the programs
