@@ -208,10 +208,8 @@ def rounds(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsize
                     t[r, (r + 1) % n] = b[(r - 1 - s) % n] if phase == "rs" else b[(r - s) % n]
                 out.append(t)
         return out
-    if collective == "all2all":  # equal blocks: GPU i sends its block j (b_j bytes) to GPU j
-        rs = np.array([[b[j] if i != j else 0 for j in range(n)] for i in range(n)], np.int64).reshape(n, n)
-        return [rs] if n > 1 else []
-    return plans.plan_rounds(plans.build("direct", n, collective), int(S), itemsize)  # its phases, flush to flush
+    # direct (all2all: equal blocks, GPU i sends its block j to GPU j): its plan's phases, flush to flush
+    return plans.plan_rounds(plans.build("direct", n, collective), int(S), itemsize)
 
 
 def _hier_rounds(collective: str, topo: Topology, S: int, itemsize: int, root: int) -> list[np.ndarray]:

@@ -379,16 +379,12 @@ def _program(collective: str, algorithm: str, topo: Topology, r: int, count: int
     if (collective, algorithm) == ("allreduce", "tree"):
         yield from _tree(topo, r, count, min(chunk, tree_chunk(chunk * item, item)), item)
         return
-    parts = blocks(count, n)
-    if (collective, algorithm) == ("all2allv", "all2allv") or (collective, algorithm) == ("all2all", "direct"):
-        if counts is None:  # all2all: count elements per member's send buffer, equal blocks
-            per = [hi - lo for lo, hi in parts]
-            counts = [[per[j] for j in range(n)] for _ in range(n)]
+    if (collective, algorithm) == ("all2allv", "all2allv"):
         yield from _all2allv(n, r, counts, chunk, item)
     elif algorithm == "ring" and collective in ("allreduce", "reduce_scatter", "allgather", "broadcast"):
         from .plans import build, timing  # one node: the ring's plan (imported here: fabric.plans imports replay)
         yield from timing.messages(build("ring", n, collective, root), count * item, item, chunk)[r]
-    elif algorithm == "direct" and collective in ("allreduce", "reduce_scatter", "allgather", "broadcast"):
+    elif algorithm == "direct" and collective in ("allreduce", "reduce_scatter", "allgather", "broadcast", "all2all"):
         from .plans import build, timing  # the plan's messages (imported here: fabric.plans imports replay)
         yield from timing.messages(build("direct", n, collective, root), count * item, item, chunk)[r]
     else:
