@@ -67,7 +67,8 @@ ranks/collectives (blocks are fabric.reduction.blocks of the element count, time
 - pxn (pxn.py), all2all only: round 1, GPU (a, j) sends its block for (c, k) straight there if
   c = a or k = j, else to its proxy (a, k); round 2, each proxy (a, k) forwards those blocks to
   (c, k). Bytes (blocks s = S / (N G)): every GPU link (NG-1) s + (N-1)(G-1) s each way; every
-  leaf -> spine i and spine i -> leaf link k_i (N-1) S / N, as `direct`'s all2all.
+  leaf -> spine i and spine i -> leaf link k_i (N-1) S / N, as `direct`'s all2all. These rounds are
+  summed from pxn's plan (fabric.plans.plan_rounds: a forward is one round after its hop).
 Within a round the order of a GPU's sends (r+1, r+2, ... in direct and all2all) does not change any
 link's bytes, so it is not represented.
 
@@ -176,7 +177,10 @@ def rounds(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsize
     if algorithm == "hier_nvls":
         return _hier_nvls_rounds(collective, topo, S, itemsize, root)
     if algorithm == "pxn":
-        return _pxn_rounds(topo, _block_bytes(S, n, itemsize))
+        _block_bytes(S, n, itemsize)  # checks S and itemsize
+        layout = plans.registry.grid(topo.nodes, topo.gpus_per_node)
+        out = plans.plan_rounds(plans.build("pxn", n, "all2all", layout=layout), int(S), itemsize)
+        return out[:1] if len(out) == 2 and not out[1].any() else out  # no forwarded byte: one round
     if collective == "all2allv":
         if counts is None:
             raise FabricError("cost_nodes: all2allv needs counts, a gpus x gpus matrix of bytes")
@@ -204,10 +208,8 @@ def rounds(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsize
                     t[r, (r + 1) % n] = b[(r - 1 - s) % n] if phase == "rs" else b[(r - s) % n]
                 out.append(t)
         return out
-    if collective == "all2all":  # equal blocks: GPU i sends its block j (b_j bytes) to GPU j
-        rs = np.array([[b[j] if i != j else 0 for j in range(n)] for i in range(n)], np.int64).reshape(n, n)
-        return [rs] if n > 1 else []
-    return plans.plan_rounds(plans.build("direct", n, collective), int(S), itemsize)  # its phases, flush to flush
+    # direct (all2all: equal blocks, GPU i sends its block j to GPU j): its plan's phases, flush to flush
+    return plans.plan_rounds(plans.build("direct", n, collective), int(S), itemsize)
 
 
 def _hier_rounds(collective: str, topo: Topology, S: int, itemsize: int, root: int) -> list[np.ndarray]:
@@ -315,24 +317,6 @@ def _tree_rounds(topo: Topology, S: int, itemsize: int) -> list[np.ndarray]:
                 up[a * G + j, parent[0] * G + parent[1]] += size[k]
                 down[parent[0] * G + parent[1], a * G + j] += size[k]
     return [t for t in (up, down) if t.any()]
-
-
-def _pxn_rounds(topo: Topology, b: list[int]) -> list[np.ndarray]:
-    """pxn's two rounds (ranks/collectives/pxn.py): GPU (a, j)'s block for (c, k) goes straight there
-    if c = a or k = j, else to (a, k) in round 1 and on from (a, k) in round 2; b: the blocks' bytes."""
-    G, n = topo.gpus_per_node, topo.gpus
-    first, second = np.zeros((n, n), np.int64), np.zeros((n, n), np.int64)
-    for i in range(n):
-        for d in range(n):
-            if d == i:
-                continue
-            if i // G == d // G or i % G == d % G:
-                first[i, d] += b[d]
-            else:
-                proxy = i // G * G + d % G
-                first[i, proxy] += b[d]
-                second[proxy, d] += b[d]
-    return [first, second] if second.any() else ([first] if n > 1 else [])
 
 
 def traffic(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsize: int = 4, root: int = 0,

@@ -22,8 +22,9 @@ reduction engine, those shares). nvls's reduce_scatter and allreduce across node
 the same kind: load-reduces booked slot by slot in the order the members serve their LOADs, then
 (allreduce) multicast stores as sharp's; `nvls_lower_bound_ns` bounds it from below in O(chunks), so
 that `auto` (fabric.cost_nodes.fastest) need not replay it where it cannot win. The schedules (`PROGRAMS`) are those of ranks/collectives ring (on one node its plan,
-fabric.plans.registry.ring, timed by fabric.plans.timing; on several nodes its channels, one ring per rail), direct, all2all, hier (node rings), hier_nvls (its node stages in the leaf,
-`hier_ns`), pxn and tree: the same messages,
+fabric.plans.registry.ring, timed by fabric.plans.timing; on several nodes its channels, one ring per rail), direct and pxn
+(their plans, fabric.plans.registry), all2all, hier (node rings), hier_nvls (its node stages in the leaf,
+`hier_ns`) and tree: the same messages,
 chunks (chunk_bytes of whole elements) and order (a schedule changed there must change here: the test
 below fails otherwise); `tests/nodes/test_replay.py` checks that replayed
 and emulated times agree on every algorithm and multi-node preset. `replay_ns` runs the programs
@@ -378,16 +379,12 @@ def _program(collective: str, algorithm: str, topo: Topology, r: int, count: int
     if (collective, algorithm) == ("allreduce", "tree"):
         yield from _tree(topo, r, count, min(chunk, tree_chunk(chunk * item, item)), item)
         return
-    parts = blocks(count, n)
-    if (collective, algorithm) == ("all2allv", "all2allv") or (collective, algorithm) == ("all2all", "direct"):
-        if counts is None:  # all2all: count elements per member's send buffer, equal blocks
-            per = [hi - lo for lo, hi in parts]
-            counts = [[per[j] for j in range(n)] for _ in range(n)]
+    if (collective, algorithm) == ("all2allv", "all2allv"):
         yield from _all2allv(n, r, counts, chunk, item)
     elif algorithm == "ring" and collective in ("allreduce", "reduce_scatter", "allgather", "broadcast"):
         from .plans import build, timing  # one node: the ring's plan (imported here: fabric.plans imports replay)
         yield from timing.messages(build("ring", n, collective, root), count * item, item, chunk)[r]
-    elif algorithm == "direct" and collective in ("allreduce", "reduce_scatter", "allgather", "broadcast"):
+    elif algorithm == "direct" and collective in ("allreduce", "reduce_scatter", "allgather", "broadcast", "all2all"):
         from .plans import build, timing  # the plan's messages (imported here: fabric.plans imports replay)
         yield from timing.messages(build("direct", n, collective, root), count * item, item, chunk)[r]
     else:

@@ -6,7 +6,7 @@ import sys
 
 from nvlink_emu.fabric.errors import FabricError
 from nvlink_emu.fabric.plans import build, load, plan_link_bytes, plan_ns
-from nvlink_emu.fabric.plans.registry import ALGORITHMS
+from nvlink_emu.fabric.plans.registry import ALGORITHMS, grid
 from nvlink_emu.fabric.topology import Topology
 
 from .bench import _size
@@ -37,7 +37,9 @@ def _plan(args):
         if args.gpus is None and args.gpus_per_node is None:
             raise FabricError(f"plan {args.plan!r}: give --gpus (or --nodes and --gpus-per-node)")
         gpus = args.gpus if args.gpus is not None else args.nodes * args.gpus_per_node
-        return build(args.plan, gpus, args.collective)
+        nodes = args.nodes or 1
+        layout = grid(nodes, gpus // nodes) if gpus % nodes == 0 else None  # pxn's grid of the fabric's GPUs
+        return build(args.plan, gpus, args.collective, layout=layout)
     return load(args.plan)
 
 

@@ -15,9 +15,12 @@ r-1, r-2, ... into scratch (slot p for GPU p) and folds them in member order 0, 
 input at its turn) into its output; allgather sends its block to r+1, ..., r+n-1, then takes block p
 from p = r-1, r-2, ...; allreduce is the two in place, a flush between them (the sum of block r is
 built in the output, its own part saved to scratch slot r first); broadcast: the root sends the whole
-buffer to root+1, ..., root+n-1, the others take it from the root. Link bytes per GPU: (n-1)/n S each
-way (reduce_scatter, allgather), 2 (n-1)/n S (allreduce); broadcast: the root (n-1) S out, the others
-S in.
+buffer to root+1, ..., root+n-1, the others take it from the root; all2all (ranks/collectives/all2all.py
+with equal blocks): block r+k to GPU r+k for k = 1..n-1, its own block copied, then block p from
+p = r-1, r-2, .... Link bytes per GPU: (n-1)/n S each way (reduce_scatter, allgather, all2all),
+2 (n-1)/n S (allreduce); broadcast: the root (n-1) S out, the others S in; reduce: reduce_scatter's
+phase, a flush, then every GPU but the root sends its block to the root, which takes them from root+1,
+root+2, ... (its output; another GPU's output is a scratch array of the input's size).
 pxn: ranks/collectives/pxn.py's All2All on N nodes x G positions (a layout): a block for GPU (b, k), b
 another node and k another position, goes first to the sender's node's GPU on position k, which passes
 it on piece by piece (recv_copy_send through a scratch slot); the others go straight; each hop and
@@ -123,9 +126,19 @@ def direct(gpus: int, collective: str, root: int = 0, layout=None) -> Plan:
             else:
                 ops = [Op("recv", dst=Ref("o", 0), recv_from=root)]
             chunks = (1, 1, 0)
+        elif collective == "reduce":  # reduce_scatter's phase, then every block to the root, from root+1, ...
+            ops = _direct_reduce(n, r, "i", Ref("o", r)) + [Op("flush")]
+            ops += ([Op("send", src=Ref("o", r), send_to=root)] if r != root else
+                    [Op("recv", dst=Ref("o", (root + k) % n), recv_from=(root + k) % n) for k in range(1, n)])
+            chunks = (n, n, n)
+        elif collective == "all2all":  # all2all.py's pairwise exchange: to r+1, r+2, ...; from r-1, r-2, ...
+            ops = ([Op("send", src=Ref("i", (r + k) % n), send_to=(r + k) % n) for k in range(1, n)]
+                   + [Op("copy", src=Ref("i", r), dst=Ref("o", r))]
+                   + [Op("recv", dst=Ref("o", (r - k) % n), recv_from=(r - k) % n) for k in range(1, n)])
+            chunks = (n, n, 0)
         else:
             raise PlanError(f"direct plan: no {collective}; direct builds allreduce, reduce_scatter, allgather, "
-                            f"broadcast")
+                            f"broadcast, reduce, all2all")
         programs.append(GpuProgram(r, tuple(ops), *chunks))
     return Plan("direct", collective, n, tuple(programs), inplace=collective in ("allreduce", "broadcast"), root=root)
 

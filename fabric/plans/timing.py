@@ -204,18 +204,35 @@ def plan_link_bytes(plan: Plan, topo: Topology, S: int, config, itemsize: int = 
 
 def plan_rounds(plan: Plan, S: int, itemsize: int = 4) -> list[np.ndarray]:
     """The plan's dependent rounds for fabric.cost_nodes' bounds: round k is a gpus x gpus int64 matrix of
-    the payload bytes (row: sender, column: receiver) every GPU sends after its k-th explicit flush (the
-    flushes a plan writes split its phases; those with_flushes adds do not). No round for a plan that
-    sends nothing (one GPU)."""
+    the payload bytes (row: sender, column: receiver) sent in round k. A GPU's sends after its k-th explicit
+    flush (the flushes a plan writes split its phases; those with_flushes adds do not) are in round k at
+    least; what an operation receives and sends on (rrs, rcs, rrcs) one round after the message it came in
+    (a proxy's forward). No round for a plan that sends nothing (one GPU)."""
+    n = plan.gpus
     rounds: list[np.ndarray] = []
-    for g, program in enumerate(plan.programs):
-        table, phase = spans(plan, S, itemsize, g), 0
-        for op in program.ops:
-            if op.kind == "flush":
-                phase += 1
-            elif op.kind in SENDS:
-                while len(rounds) <= phase:
-                    rounds.append(np.zeros((plan.gpus, plan.gpus), np.int64))
-                lo, hi = span(table, op.src if op.kind in ("send", "recv_reduce_send") else op.dst)
-                rounds[phase][g, op.send_to] += (hi - lo) * itemsize
+    queues: dict[tuple[int, int, int], list[int]] = {}  # (sender, receiver, channel) -> rounds of messages
+    at, phase = [0] * n, [0] * n
+    tables = [spans(plan, S, itemsize, g) for g in range(n)]
+    progressed = True
+    while progressed:  # the validator's symbolic run: each GPU until it waits for a message not yet sent
+        progressed = False
+        for g, program in enumerate(plan.programs):
+            while at[g] < len(program.ops):
+                op, came = program.ops[at[g]], None
+                if op.kind in RECVS:
+                    queue = queues.get((op.recv_from, g, op.channel))
+                    if not queue:
+                        break
+                    came = queue.pop(0)
+                if op.kind == "flush":
+                    phase[g] += 1
+                elif op.kind in SENDS:
+                    k = phase[g] if came is None else max(phase[g], came + 1)
+                    while len(rounds) <= k:
+                        rounds.append(np.zeros((n, n), np.int64))
+                    lo, hi = span(tables[g], op.src if op.kind in ("send", "recv_reduce_send") else op.dst)
+                    rounds[k][g, op.send_to] += (hi - lo) * itemsize
+                    queues.setdefault((g, op.send_to, op.channel), []).append(k)
+                at[g] += 1
+                progressed = True
     return rounds

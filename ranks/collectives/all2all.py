@@ -2,11 +2,15 @@
 
 Per-GPU link payload for S send bytes on N GPUs (equal blocks): tx = rx = (N-1)/N x S; a GPU's own
 block never leaves it (copied locally). All2Allv moves exactly the counts given, own block excluded.
+Equal, packed blocks (all2all) run as direct's plan (fabric.plans.registry.direct): the same exchange.
 """
 
 import numpy as np
 
+from nvlink_emu.fabric import plans
 from nvlink_emu.fabric.reduction import chunks
+
+from . import plan
 
 A2A = 6  # message phase
 
@@ -14,6 +18,11 @@ A2A = 6  # message phase
 def all2allv(call, send: np.ndarray, send_offsets, send_counts, recv: np.ndarray, recv_offsets,
              recv_counts) -> None:
     n, r = call.n, call.r
+    each = send_counts[0] if n else 0
+    if send.size == recv.size == n * each and all(c == each for c in (*send_counts, *recv_counts)):
+        # all2all's equal, packed blocks: direct's plan (the same exchange, fabric.plans.registry.direct)
+        plan.execute(call, plans.build("direct", n, "all2all"), send, recv)
+        return
     for shift in range(1, n):
         # post every receive first, so peers' blocks land in place
         p = (r - shift) % n

@@ -14,42 +14,20 @@ reduced block to every peer. Per-GPU link payload for S bytes on N GPUs, tx = rx
 In step k = 1..N-1 GPU r sends to GPU r+k and takes in from GPU r-k, so every link carries one
 block per step; the root takes the gathered blocks in from members root+1, root+2, ... in turn.
 Combine order: members 0, 1, ..., N-1, in the array's dtype.
-allreduce, reduce_scatter, allgather and broadcast are plans (fabric.plans.registry.direct, run by
-ranks/collectives/plan.py, timed by fabric.replay from the same plan); reduce, gather and scatter are
+allreduce, reduce_scatter, allgather, broadcast and reduce are plans (fabric.plans.registry.direct, run
+by ranks/collectives/plan.py, timed by fabric.replay from the same plan; reduce's root finishes the
+whole result at the end, the same values each block's owner finished before); gather and scatter are
 written out below.
 """
 
 import numpy as np
 
 from nvlink_emu.fabric import plans
-from nvlink_emu.fabric.reduction import blocks, chunks, combine, finish
+from nvlink_emu.fabric.reduction import chunks
 
 from . import plan
 
-RED, TO_ROOT, GATHER, SCATTER = 0, 3, 4, 5  # message phases (1 and 2 were the broadcasts of blocks and from a root: plans now)
-
-
-def _reduce_own_block(call, source: np.ndarray, parts, out: np.ndarray) -> None:
-    """out <- finished reduction of block r over every member, in member order."""
-    n, r = call.n, call.r
-    for k in range(1, n):
-        a, b = parts[(r + k) % n]
-        for c, (lo, hi) in enumerate(chunks(a, b, call.chunk)):
-            call.send(r + k, (RED, r, c), source[lo:hi])
-    a, b = parts[r]
-    spans = chunks(a, b, call.chunk)
-    received = {}
-    for k in range(1, n):
-        p = (r - k) % n
-        received[p] = np.empty(b - a, source.dtype)
-        for c, (lo, hi) in enumerate(spans):
-            call.recv(p, (RED, p, c), received[p][lo - a:hi - a])
-    received[r] = source[a:b]
-    acc = received[0].copy()
-    for p in range(1, n):
-        combine(call.op, acc, received[p])
-    finish(call.op, acc, n, out)
-    call.flush()
+GATHER, SCATTER = 4, 5  # message phases (0 to 3 were the reductions and broadcasts now run as plans)
 
 
 def allreduce(call, array: np.ndarray) -> None:
@@ -69,19 +47,8 @@ def broadcast(call, array: np.ndarray, root: int) -> None:
 
 
 def reduce(call, send: np.ndarray, recv: np.ndarray | None, root: int) -> None:
-    n, r = call.n, call.r
-    parts = blocks(send.size, n)
-    a, b = parts[r]
-    reduced = np.empty(b - a, send.dtype)
-    _reduce_own_block(call, send, parts, reduced)
-    if r != root:
-        for c, (lo, hi) in enumerate(chunks(0, b - a, call.chunk)):
-            call.send(root, (TO_ROOT, r, c), reduced[lo:hi])
-    else:
-        # every send of this member left in _reduce_own_block: recv may be written now
-        _take_blocks(call, recv, parts, TO_ROOT)
-        recv[a:b] = reduced
-    call.flush()
+    out = recv if call.r == root else np.empty(send.size, send.dtype)  # a member's own reduced block lands here
+    plan.execute(call, plans.build("direct", call.n, "reduce", root), send, out)
 
 
 def gather(call, send: np.ndarray, recv: np.ndarray | None, root: int) -> None:

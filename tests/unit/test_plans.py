@@ -61,7 +61,7 @@ def test_the_ring_plans_link_bytes_are_the_rings(gpus):
 def test_the_direct_plan_has_the_closed_forms_time_and_the_cost_models_bytes(name, gpus):
     config = preset(name, gpus=gpus)
     topo = Topology.single(config)
-    for collective in ("allreduce", "reduce_scatter", "allgather", "broadcast"):
+    for collective in ("allreduce", "reduce_scatter", "allgather", "broadcast", "all2all"):
         for size in (gpus * 1024, gpus << 20, gpus * 3 << 20, gpus * 4096 + 12):  # one chunk, several, uneven
             for root in ((0, gpus - 1) if collective == "broadcast" else (0,)):
                 plan = plans.build("direct", gpus, collective, root)
