@@ -188,11 +188,15 @@ def pxn(gpus: int, collective: str, root: int = 0, layout=None) -> Plan:
 ALGORITHMS = {"ring": ring, "recursive_doubling": recursive_doubling, "direct": direct, "pxn": pxn}
 
 
-@functools.lru_cache(maxsize=256)
 def build(algorithm: str, gpus: int, collective: str, root: int = 0, layout=None) -> Plan:
     """The validated plan of `algorithm` for `collective` on `gpus` GPUs (rooted collectives: from
     `root`; pxn: on the grid `layout`, a tuple of nodes' tuples of GPUs; PlanError if it has none); built
     and validated once per arguments: plans are immutable."""
+    return _build(algorithm, int(gpus), collective, int(root), layout)  # one cache key however it is called
+
+
+@functools.lru_cache(maxsize=256)
+def _build(algorithm: str, gpus: int, collective: str, root: int, layout) -> Plan:
     if algorithm not in ALGORITHMS:
         raise PlanError(f"no plan algorithm {algorithm!r}; known: {', '.join(ALGORITHMS)}")
     return validate(ALGORITHMS[algorithm](gpus, collective, root, layout))

@@ -11,7 +11,6 @@ operation that writes a chunk an unflushed send reads (with_flushes). Local copi
 ranks: fabric.replay models the links only).
 """
 
-import functools
 
 import numpy as np
 
@@ -45,8 +44,20 @@ def _base(plan: Plan, S: int, itemsize: int, g: int) -> dict[str, list[tuple[int
     return {b: blocks(elements[b], program.chunks_of(b)) for b in ("i", "o")}
 
 
-@functools.lru_cache(maxsize=64)
 def _tables(plan: Plan, S: int, itemsize: int) -> tuple[dict[str, list[tuple[int, int]]], ...]:
+    """_chunk_tables, kept on the plan itself (a plan is immutable): a cache keyed by the plan would compare
+    two equal plans built apart operation by operation on every lookup, once per GPU (it made `model` 20-40x
+    slower at 256 GPUs)."""
+    memo = plan.__dict__.setdefault("_chunk_tables", {})
+    key = (S, itemsize)
+    if key not in memo:
+        if len(memo) >= 16:  # a sweep's sizes: keep the newest few
+            memo.pop(next(iter(memo)))
+        memo[key] = _chunk_tables(plan, S, itemsize)
+    return memo[key]
+
+
+def _chunk_tables(plan: Plan, S: int, itemsize: int) -> tuple[dict[str, list[tuple[int, int]]], ...]:
     """Every GPU's chunk table (spans). A scratch chunk takes the size of the first chunk written into it
     (received, copied or reduced, in the validator's order of a symbolic run: fabric.plans.validate), so
     that a chunk of an uneven buffer fits where it lands; one nothing writes, the larger buffer's longest
