@@ -10,6 +10,7 @@ never emulated here."""
 import argparse
 import multiprocessing
 import sys
+import time
 
 from nvlink_emu.fabric.cost import bus_factor
 
@@ -73,11 +74,18 @@ def level_table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def prediction_table() -> str:
-    """The two collectives at BIG_NODES x BIG_PER_NODE by the cost model, algorithm auto."""
+def prediction_rows(collective: str) -> dict:
+    """{preset: `collective` at BIG_NODES x BIG_PER_NODE by the cost model, algorithm auto (launch.model's
+    row)}."""
     shape = argparse.Namespace(gpus=None, nodes=BIG_NODES, gpus_per_node=BIG_PER_NODE)
-    configs = {preset: fabric_of(shape, preset) for preset in PRESETS}
-    rows = {(preset, c): predict(c, "auto", configs[preset], SIZE, "float32") for preset in PRESETS for c in COLLECTIVES}
+    return {preset: predict(collective, "auto", fabric_of(shape, preset), SIZE, "float32") for preset in PRESETS}
+
+
+def prediction_table(rows: dict | None = None) -> str:
+    """The two collectives at BIG_NODES x BIG_PER_NODE by the cost model, algorithm auto; rows: {collective:
+    prediction_rows(collective)} if computed already."""
+    rows = rows or {c: prediction_rows(c) for c in COLLECTIVES}
+    rows = {(preset, c): rows[c][preset] for preset in PRESETS for c in COLLECTIVES}
     first = PRESETS[0]
     lines = [f"# PREDICTION by the cost model (fabric.cost_nodes replay; not emulated): {BIG_NODES} nodes x "
              f"{BIG_PER_NODE} GPUs = {BIG_NODES * BIG_PER_NODE} GPUs, 1 MiB per GPU, float32, algorithm auto",
@@ -91,16 +99,18 @@ def prediction_table() -> str:
 
 
 class Prediction:
-    """prediction_table() computed in a forked worker process while the demo's jobs run (the replays
-    at 256 GPUs take about 25 s of CPU; the jobs leave a core idle part of the time)."""
+    """prediction_table() computed in forked worker processes, one per collective, while the demo's jobs
+    run (the replays at 256 GPUs take 15-22 s of CPU per collective; the jobs leave the cores idle much
+    of the time)."""
 
     def __init__(self):
-        self._pool = multiprocessing.get_context("fork").Pool(1)
-        self._table = self._pool.apply_async(prediction_table)
+        self._pool = multiprocessing.get_context("fork").Pool(len(COLLECTIVES))
+        self._rows = {c: self._pool.apply_async(prediction_rows, (c,)) for c in COLLECTIVES}
 
     def table(self, timeout_s: float = 600) -> str:
+        deadline = time.monotonic() + timeout_s
         try:
-            return self._table.get(timeout_s)
+            return prediction_table({c: rows.get(max(0.0, deadline - time.monotonic())) for c, rows in self._rows.items()})
         finally:
             self.close()
 

@@ -214,6 +214,20 @@ def plan_link_bytes(plan: Plan, topo: Topology, S: int, config, itemsize: int = 
 
 
 def plan_rounds(plan: Plan, S: int, itemsize: int = 4) -> list[np.ndarray]:
+    """_plan_rounds, kept on the plan itself as its chunk tables are (_tables): the bounds and the byte
+    sums of every fabric ask for the same rounds. Read-only."""
+    memo = plan.__dict__.setdefault("_rounds", {})
+    key = (int(S), itemsize)
+    if key not in memo:
+        if len(memo) >= 16:
+            memo.pop(next(iter(memo)))
+        memo[key] = _plan_rounds(plan, *key)
+        for matrix in memo[key]:
+            matrix.setflags(write=False)  # shared by every caller
+    return memo[key]
+
+
+def _plan_rounds(plan: Plan, S: int, itemsize: int) -> list[np.ndarray]:
     """The plan's dependent rounds for fabric.cost_nodes' bounds: round k is a gpus x gpus int64 matrix of
     the payload bytes (row: sender, column: receiver) sent in round k. A GPU's sends after its k-th explicit
     flush (the flushes a plan writes split its phases; those with_flushes adds do not) are in round k at
