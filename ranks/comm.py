@@ -665,7 +665,9 @@ class Communicator:
             work = collectives.Call(self, seq, op, dtype)
             if plan is not None:  # allreduce (array,), broadcast (array, root), the others (send, recv)
                 inp, out = (args[0], args[0]) if name in ("allreduce", "broadcast") else args
-                run_plan(work, plan, inp.copy() if name == "reduce_scatter" else inp, out)
+                # a plan not in place reads its input as it was while it writes its output, and may write its
+                # input chunks too (MSCCL's): it gets a copy; the caller's buffer is the output alone
+                run_plan(work, plan, inp.copy() if not plan.inplace or name == "reduce_scatter" else inp, out)
             elif counts is not None:  # all2all, all2allv
                 collectives.ALL2ALL[algorithm](work, *args)
             else:

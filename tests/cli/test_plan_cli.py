@@ -66,6 +66,7 @@ def test_model_times_a_plan_file_per_size():
 @pytest.mark.parametrize("file, coll, shape", [
     ("ring_allreduce_4.xml", "allreduce", dict(gpus=4)),
     ("allpairs_allreduce_3.xml", "allreduce", dict(gpus=3)),  # 1K on 3 GPUs: uneven chunks, scratch
+    ("copy_then_fold_allreduce_2.xml", "allreduce", dict(gpus=2)),  # not in place: writes o, then reads i
     ("two_step_alltoall_2x2.xml", "all2all", dict(preset="superpod-h100-nvlink", nodes=2, gpus_per_node=2)),
 ])
 def test_bench_runs_a_plan_file_on_the_ranks_in_models_time(file, coll, shape):
