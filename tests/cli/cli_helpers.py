@@ -74,3 +74,47 @@ def script(tmp_path: Path, body: str, name: str = "workload.py") -> str:
     path = tmp_path / name
     path.write_text(body)
     return str(path)
+
+
+# The session's heavy jobs (the multi-rank tiers, mpi4py's own files): started in two lanes as soon as the
+# tests are collected, so that they run beside the quick CLI tests and the unit tier, each lane one job
+# at a time (tests/cli/conftest.py starts them; a test takes its job's result with heavy_result).
+HEAVY: dict[str, "Started | BaseException"] = {}
+HEAVY_TIMEOUT_S = 900  # one job, from its start
+
+
+def start_lanes(lanes: list[list[tuple[str, object]]]) -> None:
+    """Run each lane's jobs, (test node id, a function returning the command), one after the other in a
+    thread of its own; HEAVY[node id] is the job once started (or the exception making its command)."""
+    def lane(jobs):
+        for nodeid, make in jobs:
+            try:
+                HEAVY[nodeid] = job = Started(make())
+            except BaseException as error:  # its test fails with it
+                HEAVY[nodeid] = error
+                continue
+            if not job.ended(HEAVY_TIMEOUT_S):
+                job.kill()  # its test fails on the killed job's output; the lane goes on
+
+    for jobs in lanes:
+        if jobs:
+            threading.Thread(target=lane, args=(jobs,), daemon=True).start()
+
+
+def heavy_result(nodeid: str, timeout_s: float = 3 * HEAVY_TIMEOUT_S) -> tuple[subprocess.CompletedProcess, float]:
+    """The result of the heavy job of test `nodeid` (run(): (completed process, seconds)), once its lane
+    started and ended it."""
+    deadline = time.monotonic() + timeout_s
+    while nodeid not in HEAVY:
+        assert time.monotonic() < deadline, f"{nodeid}: its job never started"
+        time.sleep(0.1)
+    job = HEAVY[nodeid]
+    if isinstance(job, BaseException):
+        raise job
+    return job.result(max(0.0, deadline - time.monotonic()))
+
+
+def stop_lanes() -> None:
+    for job in HEAVY.values():
+        if isinstance(job, Started):
+            job.kill()

@@ -17,7 +17,7 @@ from pathlib import Path
 import mpi4py
 import pytest
 
-from cli_helpers import ROOT, Started, command, run
+from cli_helpers import ROOT, command, heavy_result, run
 
 SUITE = ROOT / "tests" / "mpi4py_suite"
 FILES = ("test_cco_buf.py", "test_cco_obj.py", "test_cco_nb_buf.py", "test_cco_vec.py", "test_p2p_buf.py",
@@ -67,35 +67,34 @@ RMA_EXPECTED = {"test_rma.py": (36, 0), "test_win.py": (100, 24), "test_rma_nb.p
 JOBS = {"buffers": (FILES, EXPECTED, BACKENDS), "rma": (RMA_FILES, RMA_EXPECTED, "ArrayArray")}
 
 
-@pytest.fixture(scope="module")
-def suite_jobs(request):
-    """The jobs of the selected tests below, all started at once: each is a run of small round trips in
-    which the ranks wait for each other much of the time (a GPU rank of the RMA job slept in select()
-    for 18 of its 30 s, profiled), so the jobs share the cores' idle time instead of queueing."""
-    testdir = mpi4py_tests()
-    wanted = {(item.callspec.params["gpus"], item.callspec.params["job"]) for item in request.session.items
-              if item.module is request.module and item.originalname == "test_mpi4py_own_files_pass_on_the_layer"}
-    jobs = {}
-    for gpus, job in sorted(wanted):
-        files, _, backends = JOBS[job]
-        jobs[gpus, job] = Started([command("nvlink-emu"), "run", "--mpi4py", str(SUITE / "run_suite.py"),
-                                   "--gpus", str(gpus), "--timeout", "60", "--", str(testdir),
-                                   str(SUITE / "deselected.txt"), os.environ.get("NVLINK_EMU_MPI4PY_BACKENDS", backends),
-                                   *files])
-    yield jobs
-    for started in jobs.values():
-        started.kill()
+def suite_command(gpus: int, job: str) -> list[str]:
+    files, _, backends = JOBS[job]
+    return [command("nvlink-emu"), "run", "--mpi4py", str(SUITE / "run_suite.py"), "--gpus", str(gpus), "--timeout",
+            "60", "--", str(mpi4py_tests()), str(SUITE / "deselected.txt"),
+            os.environ.get("NVLINK_EMU_MPI4PY_BACKENDS", backends), *files]
+
+
+def heavy_jobs(items) -> dict:
+    """The selected jobs for tests/cli/conftest.py's lanes, first in each: the buffer job in lane 0, the
+    RMA job in lane 1 (each a run of small round trips in which the ranks wait for each other much of
+    the time: a GPU rank of the RMA job slept in select() for 18 of its 30 s, profiled)."""
+    lanes = {0: [], 1: []}
+    for item in items:
+        if item.originalname == "test_mpi4py_own_files_pass_on_the_layer":
+            gpus, job = item.callspec.params["gpus"], item.callspec.params["job"]
+            lanes[0 if job == "buffers" else 1].append((item.nodeid, lambda g=gpus, j=job: suite_command(g, j), 0))
+    return lanes
 
 
 @pytest.mark.slow
 @pytest.mark.network
 @pytest.mark.parametrize("job", sorted(JOBS))
 @pytest.mark.parametrize("gpus", GPU_COUNTS)
-def test_mpi4py_own_files_pass_on_the_layer(suite_jobs, gpus, job):
+def test_mpi4py_own_files_pass_on_the_layer(request, gpus, job):
     """mpi4py's test files of `job` at `gpus` GPUs: each has the tests and deselections expected, and
     none fails or skips itself."""
     files, expected, _ = JOBS[job]
-    done, elapsed = suite_jobs[gpus, job].result(timeout_s=1800)
+    done, elapsed = heavy_result(request.node.nodeid)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-6000:]
     rows = {m["file"]: m for m in (re.search(r"file=(?P<file>\S+) tests=(?P<tests>\d+) passed=(?P<passed>\d+) "
