@@ -22,6 +22,11 @@ from .format import GpuProgram, Op, Plan, Ref
 from .validate import validate
 
 MAX_BYTES = 16 << 20
+# bounds on a file's numbers, so that a tiny file cannot make the loader or the validator take the host's
+# memory (a symbolic run keeps a set per chunk of every GPU) nor a rank fail on an unpackable number
+MAX_INT = 1 << 24        # any attribute: ids, steps, offsets, counts, channels
+MAX_GPUS = 1024          # ngpus
+MAX_CHUNK_CELLS = 1 << 20  # chunks of all buffers of all GPUs together
 KIND = {"s": "send", "r": "recv", "rrc": "recv_reduce", "rrs": "recv_reduce_send", "rcs": "recv_copy_send",
         "rrcs": "recv_reduce_copy_send", "cpy": "copy", "re": "reduce", "nop": "nop"}
 COLL = {"allreduce": "allreduce", "allgather": "allgather", "reduce_scatter": "reduce_scatter",
@@ -36,9 +41,12 @@ def _int(element, name, where, default=None) -> int:
             return default
         raise PlanError(f"MSCCL-IR {where}: attribute {name!r} missing")
     try:
-        return int(value)
+        number = int(value)
     except ValueError:
         raise PlanError(f"MSCCL-IR {where}: attribute {name}={value!r} is not an integer") from None
+    if not -1 <= number <= MAX_INT:
+        raise PlanError(f"MSCCL-IR {where}: attribute {name}={value!r} is out of range (-1 to {MAX_INT})")
+    return number
 
 
 def _ref(step, which, where, sends):
@@ -71,6 +79,8 @@ def loads(data: bytes | str, origin: str = "<string>") -> Plan:
     if algo.tag != "algo":
         raise PlanError(f"MSCCL-IR {origin}: the root element is <{algo.tag}>, not <algo>")
     n = _int(algo, "ngpus", origin)
+    if not 1 <= n <= MAX_GPUS:
+        raise PlanError(f"MSCCL-IR {origin}: ngpus={n}, a plan is for 1 to {MAX_GPUS} GPUs")
     coll = algo.get("coll", "")
     if coll.lower() not in COLL:
         raise PlanError(f"MSCCL-IR {origin}: coll={coll!r} unknown; known: {', '.join(COLL)}")
@@ -131,13 +141,17 @@ def loads(data: bytes | str, origin: str = "<string>") -> Plan:
         if not progressed:
             stuck = [f"GPU {g} tb {t} step {at[(g, t)]}" for (g, t) in tbs if at[(g, t)] < len(tbs[(g, t)][3])]
             raise PlanError(f"MSCCL-IR {origin}: no step can go on (a deadlock): {'; '.join(stuck)}")
-    programs = []
+    programs, cells = [], 0
     for g, e in enumerate(gpus):
         where = f"{origin} GPU {g}"
         i, o = _int(e, "i_chunks", where), _int(e, "o_chunks", where)
         if inplace and o == 0:
             o = i
         programs.append(GpuProgram(g, tuple(ops[g]), i, o, _int(e, "s_chunks", where, 0)))
+        cells += i + o + programs[-1].s_chunks
+        if cells > MAX_CHUNK_CELLS:
+            raise PlanError(f"MSCCL-IR {where}: the GPUs so far have {cells} chunks in all, more than the "
+                            f"{MAX_CHUNK_CELLS} a plan may have")
     plan = Plan(algo.get("name", origin), COLL[coll.lower()], n, tuple(programs), inplace=inplace,
                 meta={"source": origin, "nchunksperloop": _int(algo, "nchunksperloop", origin, 0)})
     return validate(plan)

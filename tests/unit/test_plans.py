@@ -245,6 +245,13 @@ def test_the_two_step_all2all_crosses_nodes_only_on_its_rail():
      b"<step s='0' type='r' dstbuf='o' dstoff='0' cnt='1'/></tb></gpu><gpu id='1' i_chunks='1' o_chunks='1'>"
      b"<tb id='0' send='0' recv='0' chan='0'><step s='0' type='r' dstbuf='o' dstoff='0' cnt='1'/></tb></gpu></algo>",
      r"no step can go on \(a deadlock\): GPU 0 tb 0 step 0; GPU 1 tb 0 step 0"),
+    # a tiny file may not take the host's memory, nor give the ranks a number msgpack cannot pack (review)
+    (b"<algo ngpus='300000000' coll='allreduce'/>", r"ngpus='300000000' is out of range \(-1 to 16777216\)"),
+    (b"<algo ngpus='2000' coll='allreduce'/>", "ngpus=2000, a plan is for 1 to 1024 GPUs"),
+    (b"<algo ngpus='1' coll='allreduce'><gpu id='0' i_chunks='9000000' o_chunks='9000000'/></algo>",
+     "GPU 0: the GPUs so far have 18000000 chunks in all, more than the 1048576"),
+    (b"<algo ngpus='1' coll='allreduce'><gpu id='0' i_chunks='1' o_chunks='1'><tb id='0' send='-1' recv='-1' "
+     b"chan='1180591620717411303424'/></gpu></algo>", r"GPU 0 tb 0: attribute chan='1180591620717411303424' is out of range"),
 ])
 def test_the_loader_refuses_bad_input(data, message):
     with pytest.raises(PlanError, match=message):
