@@ -44,17 +44,20 @@ def _base(plan: Plan, S: int, itemsize: int, g: int) -> dict[str, list[tuple[int
     return {b: blocks(elements[b], program.chunks_of(b)) for b in ("i", "o")}
 
 
-def _tables(plan: Plan, S: int, itemsize: int) -> tuple[dict[str, list[tuple[int, int]]], ...]:
-    """_chunk_tables, kept on the plan itself (a plan is immutable): a cache keyed by the plan would compare
-    two equal plans built apart operation by operation on every lookup, once per GPU (it made `model` 20-40x
-    slower at 256 GPUs)."""
-    memo = plan.__dict__.setdefault("_chunk_tables", {})
-    key = (S, itemsize)
+def _kept(plan: Plan, name: str, key: tuple, make):
+    """make(plan, *key), kept on the plan itself under `name` (a plan is immutable), the newest 16 keys (a
+    sweep's sizes): a cache keyed by the plan would compare two equal plans built apart operation by
+    operation on every lookup, once per GPU (it made `model` 20-40x slower at 256 GPUs)."""
+    memo = plan.__dict__.setdefault(name, {})
     if key not in memo:
-        if len(memo) >= 16:  # a sweep's sizes: keep the newest few
+        if len(memo) >= 16:
             memo.pop(next(iter(memo)))
-        memo[key] = _chunk_tables(plan, S, itemsize)
+        memo[key] = make(plan, *key)
     return memo[key]
+
+
+def _tables(plan: Plan, S: int, itemsize: int) -> tuple[dict[str, list[tuple[int, int]]], ...]:
+    return _kept(plan, "_chunk_tables", (S, itemsize), _chunk_tables)
 
 
 def _chunk_tables(plan: Plan, S: int, itemsize: int) -> tuple[dict[str, list[tuple[int, int]]], ...]:
@@ -214,17 +217,16 @@ def plan_link_bytes(plan: Plan, topo: Topology, S: int, config, itemsize: int = 
 
 
 def plan_rounds(plan: Plan, S: int, itemsize: int = 4) -> list[np.ndarray]:
-    """_plan_rounds, kept on the plan itself as its chunk tables are (_tables): the bounds and the byte
-    sums of every fabric ask for the same rounds. Read-only."""
-    memo = plan.__dict__.setdefault("_rounds", {})
-    key = (int(S), itemsize)
-    if key not in memo:
-        if len(memo) >= 16:
-            memo.pop(next(iter(memo)))
-        memo[key] = _plan_rounds(plan, *key)
-        for matrix in memo[key]:
-            matrix.setflags(write=False)  # shared by every caller
-    return memo[key]
+    """_plan_rounds, kept on the plan (_kept): the bounds and the byte sums of every fabric ask for the
+    same rounds. Read-only: the matrices are shared by every caller."""
+    return _kept(plan, "_rounds", (int(S), itemsize), _read_only_rounds)
+
+
+def _read_only_rounds(plan: Plan, S: int, itemsize: int) -> list[np.ndarray]:
+    rounds = _plan_rounds(plan, S, itemsize)
+    for matrix in rounds:
+        matrix.setflags(write=False)
+    return rounds
 
 
 def _plan_rounds(plan: Plan, S: int, itemsize: int) -> list[np.ndarray]:
