@@ -249,7 +249,9 @@ def test_more_atomics_than_a_mailbox_bound_are_served_and_credited():
     """The target serves accumulate requests (messages) in its progress loop; each served one is taken
     from the mailbox bound (transport.MAILBOX_PEER_MESSAGES) and credited back to the switch. Found when
     the two met: served requests were never credited, so after 1,024 of one origin's the switch held its
-    next request and both GPUs waited to their deadlines. GPU 1 fetch-and-adds GPU 0's counter past it."""
+    next request and both GPUs waited to their deadlines. GPU 1 adds to GPU 0's counter past it, all
+    requests in flight at once (one round trip each, 1,124 of them, outlasted the 30 s deadline on a
+    loaded CI machine), then fetch-and-adds it once."""
     from nvlink_emu.ranks.transport import MAILBOX_PEER_MESSAGES
     count = MAILBOX_PEER_MESSAGES + 100
 
@@ -263,10 +265,12 @@ def test_more_atomics_than_a_mailbox_bound_are_served_and_credited():
             if gpu.rank == 1:
                 one, old = np.ones(1, np.int64), np.zeros(1, np.int64)
                 win.Lock(0)
-                for i in range(count):
-                    win.Fetch_and_op(one, old, 0, 0, MPI.SUM)
-                    win.Flush(0)
-                    assert old[0] == i
+                for _ in range(count):
+                    win.Accumulate(one, 0, None, MPI.SUM)
+                win.Flush(0)
+                win.Fetch_and_op(one, old, 0, 0, MPI.SUM)
+                win.Flush(0)
+                assert old[0] == count
                 win.Unlock(0)
             win.Fence()
             total = int(counter[0])
@@ -275,4 +279,4 @@ def test_more_atomics_than_a_mailbox_bound_are_served_and_credited():
 
     result = run(main)
     if result.role == "gpu" and result.rank == 0:
-        assert result.value == count
+        assert result.value == count + 1
