@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .addressing import MAX_GPUS, NETWORK_ADDRESSES, PHYSICAL_GPU_SHIFT
 from .errors import ConfigError
-from .profiles import NVL72_GPUS, gpu_profile, link_profile, system_profile
+from .profiles import CALIBRATED_LINK, LINKS_PER_GPU, NVL72_GPUS, gpu_profile, link_profile, system_profile
 
 MODES = ("network", "classic")
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -358,33 +358,51 @@ PRESETS: dict[str, dict] = {
     "pcie-gen4": dict(mode="classic", gpus=8, sharp=False, link="pcie-gen4", gpu="a100-pcie"),
     "pcie-gen5": dict(mode="classic", gpus=8, sharp=False, link="pcie-gen5", gpu="h100-pcie"),
     # DGX B200: 8 B200 GPUs on NVLink5 through NVSwitch gen 4 (SHARP); NVLink Network addressing.
-    "dgx-b200": dict(mode="network", gpus=8, sharp=True, link="nvlink5", gpu="b200"),
+    # Calibrated: effective bandwidth and in-switch reduction as NCCL measures them on 8 Blackwell GPUs
+    # (profiles.PUBLISHED: NVIDIA/nccl issue #2140's 8 x B300, same NVLink5 and switch generation).
+    "dgx-b200": dict(mode="network", gpus=8, sharp=True, link="nvlink5-nccl", gpu="b200"),
     # GB200 NVL72: one NVLink domain of 72 B200 GPUs, 18 NVLink5 links a GPU (900 GB/s per direction), one to each
     # of the 18 NVLink switch chips of 9 switch trays (profiles.NVL72_SOURCES), shown as one switch (SHARP); the
-    # GPU's compute is the HGX B200 profile's. Line rate: no published NCCL measurement to calibrate to was found.
-    "gb200-nvl72": dict(mode="network", gpus=NVL72_GPUS, sharp=True, link="nvlink5", gpu="b200"),
+    # GPU's compute is the HGX B200 profile's. Calibrated as dgx-b200 (the 8-GPU figures: no NVL72 figure that
+    # names its algorithm was found; docs/model/calibration-nodes.md compares the 72-GPU default).
+    "gb200-nvl72": dict(mode="network", gpus=NVL72_GPUS, sharp=True, link="nvlink5-nccl", gpu="b200"),
+    # The same two at line rate (900 GB/s, reduction at line rate), for what-if studies.
+    "dgx-b200-line": dict(mode="network", gpus=8, sharp=True, link="nvlink5", gpu="b200"),
+    "gb200-nvl72-line": dict(mode="network", gpus=NVL72_GPUS, sharp=True, link="nvlink5", gpu="b200"),
 }
 
 
-def _system(name: str, nodes: int = 2) -> dict:
+def _system(name: str, nodes: int = 2, line: bool = False) -> dict:
     """A multi-node preset from profiles.SYSTEMS[name], `nodes` nodes by default (--nodes changes it).
-    The node's uplink is kept per GPU (a node of fewer GPUs, --gpus-per-node, has that share of it:
-    225 GB/s per H100 on the NVLink Switch System, one NIC per GPU on InfiniBand). The uplink latency
-    is the spine link profile's (no published figure: an assumption, see SystemProfile.notes); every switch, spines too, takes the node link profile's switch latency. A
-    node's switch reduces in the switch where its NVSwitch does (network mode), whatever the spine."""
+    Calibrated (line=False): a node's NVLink is the generation's calibrated profile (profiles.CALIBRATED_LINK:
+    nvlink4 -> nvlink4-nccl, 393 GB/s raw, reduction 292), and NVLink uplinks to NVLink spines carry the
+    same per-link rate (72 NVLink4 links: 72 x 393/18 = 1,572 GB/s a node, not 72 x 25 = 1,800); an
+    InfiniBand uplink stays at its line rate (one NIC per GPU: 50 GB/s NDR carries 47.1 GB/s of payload here,
+    NVIDIA's 46-48 per NIC, docs/model/calibration-nodes.md [P1]). line=True: the line-rate profiles and
+    uplinks, for what-if studies. The node's uplink is kept per GPU (a node of fewer GPUs, --gpus-per-node,
+    has that share of it). The uplink latency is the spine link profile's (profiles: InfiniBand's from the
+    adapter's datasheet; NVLink's an assumption, see SystemProfile.notes); every switch, spines too, takes
+    the node link profile's switch latency. A node's switch reduces where its NVSwitch does (network mode),
+    whatever the spine."""
     system = system_profile(name)
+    link = system.gpu_link if line else CALIBRATED_LINK[system.gpu_link]
+    uplink = system.uplink_gbytes_per_s_per_node / system.gpus_per_node
+    if system.spine_link in LINKS_PER_GPU and not line:  # NVLink uplinks: each link at the calibrated per-link rate
+        uplink *= link_profile(link).bandwidth_gbytes_per_s / link_profile(system.spine_link).bandwidth_gbytes_per_s
     return dict(mode=system.mode, sharp=system.mode == "network",
-                spine_sharp=system.mode == "network" and system.in_network_reduction, link=system.gpu_link, gpu=system.gpu, nodes=nodes,
-                gpus=nodes * system.gpus_per_node,
-                uplink_gbytes_per_s_per_gpu=system.uplink_gbytes_per_s_per_node / system.gpus_per_node,
+                spine_sharp=system.mode == "network" and system.in_network_reduction, link=link, gpu=system.gpu,
+                nodes=nodes, gpus=nodes * system.gpus_per_node, uplink_gbytes_per_s_per_gpu=uplink,
                 uplink_latency_ns=link_profile(system.spine_link).link_latency_ns)
 
 
 # Multi-node systems (fabric.topology): DGX H100 nodes on the NVLink Switch System, DGX H100 nodes on NDR
-# InfiniBand, DGX A100 nodes on HDR InfiniBand; their figures and sources are profiles.SYSTEMS'.
-PRESETS.update({name: _system(name) for name in ("superpod-h100-nvlink", "superpod-h100-ib", "superpod-a100-ib")})
-# DGX GH200: 32 nodes of 8 GH200 superchips on the two-level NVLink Switch System without a taper (profiles.SYSTEMS)
-PRESETS["dgx-gh200"] = _system("dgx-gh200")
+# InfiniBand, DGX A100 nodes on HDR InfiniBand, DGX GH200 (32 nodes of 8 GH200 superchips on the two-level
+# NVLink Switch System without a taper); their figures and sources are profiles.SYSTEMS'. Each calibrated,
+# and its line-rate twin NAME-line (as dgx-h100 / dgx-h100-line).
+for _name in ("superpod-h100-nvlink", "superpod-h100-ib", "superpod-a100-ib", "dgx-gh200"):
+    PRESETS[_name] = _system(_name)
+    PRESETS[_name + "-line"] = _system(_name, line=True)
+del _name
 DEFAULT_PRESET = "dgx-h100"
 _KEYS = {f.name for f in dataclasses.fields(FabricConfig)}
 

@@ -3,9 +3,11 @@
 Line-rate profiles (nvlink3, nvlink4, ...): bandwidths are the public line rates (sources below).
 Calibrated profiles (nvlink3-nccl, nvlink4-nccl): effective figures chosen so that the cost model
 (fabric.cost) gives the bus bandwidths NCCL measures on 8-GPU DGX A100 / DGX H100 (PUBLISHED, below).
-Latencies and, in the line-rate profiles, the in-switch reduction figures are documented assumptions
-of this emulator, of the order vendors and measurements report; a TOML config may override every
-number (see FabricConfig).
+Calibrated nvlink5-nccl: the same for 8 Blackwell GPUs (NVIDIA/nccl issue #2140's 8 x B300 figures).
+The NVLink latencies and the line-rate profiles' in-switch reduction figures are documented
+assumptions of this emulator, of the order vendors and measurements report; the InfiniBand ones are
+the vendor's adapter and switch figures (sources below). A TOML config may override every number
+(see FabricConfig).
 """
 
 from dataclasses import dataclass
@@ -32,9 +34,22 @@ class LinkProfile:
     source: str
 
 
-# Latency assumptions (not measured here): NVLink hop ~150 ns and NVSwitch traversal ~250 ns;
-# InfiniBand: HCA + cable ~600 ns per hop, switch port-to-port ~130 ns; PCIe: ~250 ns per hop
-# (root/endpoint logic), PCIe switch ~150 ns. In-switch reduction: at line rate, +100 ns.
+# Latency assumptions (not measured here): NVLink hop ~150 ns and NVSwitch traversal ~250 ns (no
+# published figure found); PCIe: ~250 ns per hop (root/endpoint logic), PCIe switch ~150 ns. In-switch
+# reduction: at line rate, +100 ns.
+# InfiniBand, from the vendor: a hop (adapter + cable) 600 ns = the "sub-600ns latency" of NVIDIA's
+# ConnectX-6 VPI adapter (NVIDIA ConnectX-6 adapter cards user manual, Introduction; the ConnectX-7
+# manual states no figure, so NDR keeps it); a switch traversal 130 ns = the "sub-130ns" port-to-port
+# latency of NVIDIA's Quantum HDR switch (NVIDIA Quantum QM8790 product brief, read as quoted in a
+# public GitHub repository's latency map; the brief itself was not in the searchable sources). No NVIDIA
+# figure for the NDR Quantum-2 (QM9700) was found; third-party pages disagree (under 150 ns, a reseller's
+# QM9700 comparison; ~330 ns, a knowledge-base table; under 400 ns, a spec-sheet site), so ib-ndr keeps
+# the Quantum figure. Multi-node fabrics: every switch, spines too, still takes the node link's switch
+# latency (fabric.replay.Fabric, fabric.switch); an IB spine's own 130 ns is not used there yet.
+IB_SWITCH_SOURCE = ("switch 130 ns: NVIDIA Quantum QM8790 product brief, 'sub-130ns' port-to-port (HDR); no NVIDIA "
+                    "Quantum-2 QM9700 figure found")
+IB_HOP_SOURCE = ("hop 600 ns: NVIDIA ConnectX-6 adapter cards user manual, Introduction, 'sub-600ns latency' (an "
+                 "adapter plus its cable)")
 PROFILES: dict[str, LinkProfile] = {
     p.name: p
     for p in (
@@ -52,11 +67,12 @@ PROFILES: dict[str, LinkProfile] = {
         ),
         LinkProfile(
             "ib-hdr", 25.0, 600.0, 130.0, 25.0, 100.0, "InfiniBand HDR, 200 Gb/s per GPU",
-            "InfiniBand Trade Association roadmap: HDR = 200 Gb/s per 4x port",
+            "InfiniBand Trade Association roadmap: HDR = 200 Gb/s per 4x port; " + IB_HOP_SOURCE + "; " + IB_SWITCH_SOURCE,
         ),
         LinkProfile(
             "ib-ndr", 50.0, 600.0, 130.0, 50.0, 100.0, "InfiniBand NDR, 400 Gb/s per GPU",
-            "InfiniBand Trade Association roadmap: NDR = 400 Gb/s per 4x port",
+            "InfiniBand Trade Association roadmap: NDR = 400 Gb/s per 4x port; " + IB_HOP_SOURCE + " (no ConnectX-7 "
+            "figure found); " + IB_SWITCH_SOURCE,
         ),
         LinkProfile(
             "pcie-gen4", 32.0, 250.0, 150.0, 32.0, 100.0, "PCIe Gen4 x16, ~32 GB/s",
@@ -84,8 +100,23 @@ PROFILES: dict[str, LinkProfile] = {
             "370 GB/s (ring, non-allreduce); NVLink SHARP AllReduce busBw ~480 GB/s, algbw ~275 GB/s on 8 "
             "GPUs; latencies: the nvlink4 assumptions (no published figure found)",
         ),
+        LinkProfile(
+            "nvlink5-nccl", 739.0, 150.0, 250.0, 513.0, 100.0,
+            "NVLink 5 (Blackwell) as NCCL measures it: 739 GB/s raw = 695.5 GB/s of payload (ring busbw ~695); "
+            "in-switch reduction 513 GB/s raw = 482.8 GB/s of result (NVLS algbw ~483, busbw ~845)",
+            "NVIDIA/nccl issue #2140, 2026-04-28, NCCL 2.30.4, 8 x B300 (NVLink5, 18 links, the B200's NVLink and "
+            "switch generation): busbw 695 GB/s with NVLS off, 845 with NVLS on (algbw 397 / 483); agrees within "
+            "2% with an 8 x B200 user's 830+ (NVIDIA/nccl issue #1807, NCCL 2.27.1); latencies: the nvlink5 "
+            "assumptions (no published figure found)",
+        ),
     )
 }
+
+# The calibrated twin of each line-rate NVLink profile (fabric.config builds the calibrated presets with it).
+CALIBRATED_LINK = {"nvlink3": "nvlink3-nccl", "nvlink4": "nvlink4-nccl", "nvlink5": "nvlink5-nccl"}
+# NVLink links a GPU of each generation has (the line-rate profiles' sources): an NVLink uplink of k links
+# carries k / LINKS_PER_GPU of the GPU's profile bandwidth.
+LINKS_PER_GPU = {"nvlink3": 12, "nvlink4": 18, "nvlink5": 18}
 
 
 @dataclass(frozen=True)
@@ -110,6 +141,8 @@ NCCL_TESTS_212 = ("\"H100 all reduce performance is poor\", NVIDIA/nccl-tests is
                   "S. Jeaugey (NVIDIA), 2024-05-06, https://github.com/NVIDIA/nccl-tests/issues/212")
 NCCL_1455 = ("\"[SHArP] about the intranode allreduce performance with SHArP\", NVIDIA/nccl issue #1455, "
              "GitHub, 2024-09-19, https://github.com/NVIDIA/nccl/issues/1455")
+NCCL_2140 = ("\"[Issue]: NVLS: Bandwidth utilization appears to drop vs theoretical NVLink bandwidth.\", NVIDIA/nccl "
+             "issue #2140, GitHub, 2026-04-28, https://github.com/NVIDIA/nccl/issues/2140")
 NCCL_TESTS_149 = ("\"Expected bandwidth results? A100 GPUs over NVLink\", NVIDIA/nccl-tests issue #149, GitHub, "
                   "comment by S. Jeaugey (NVIDIA), 2023-07-05, https://github.com/NVIDIA/nccl-tests/issues/149")
 PUBLISHED: tuple[Published, ...] = (
@@ -128,6 +161,10 @@ PUBLISHED: tuple[Published, ...] = (
     Published("dgx-a100", "allreduce", "ring", 230.0, NCCL_TESTS_149,
               "12 NVLinks x ~20 GB/s effective = 240 GB/s, other bottlenecks limit it to ~230 GB/s busbw, "
               "reached at large sizes (8 GiB; still rising at 512 MiB)"),
+    Published("dgx-b200", "allreduce", "ring", 695.0, NCCL_2140,
+              "8 x B300 (NVLink5, as B200), NCCL 2.30.4, NVLS off: busbw 695 GB/s, algbw 397 (size not stated)"),
+    Published("dgx-b200", "allreduce", "nvls", 845.0, NCCL_2140,
+              "8 x B300, NVLS on: busbw 845 GB/s, algbw 483 (size not stated)"),
 )
 
 

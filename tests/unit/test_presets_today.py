@@ -10,7 +10,9 @@ from nvlink_emu.fabric.profiles import (NVL72_CHIPS_PER_TRAY, NVL72_GPUS, NVL72_
 
 
 def test_gb200_nvl72_is_one_nvlink5_domain_of_72_gpus():
-    config = preset("gb200-nvl72")
+    calibrated, config = preset("gb200-nvl72"), preset("gb200-nvl72-line")
+    assert (calibrated.gpus, calibrated.nodes, calibrated.mode, calibrated.sharp, calibrated.link) == (
+        72, 1, "network", True, "nvlink5-nccl")  # as dgx-b200: NVLink5 as NCCL measures it
     assert (config.gpus, config.nodes, config.mode, config.sharp, config.link) == (72, 1, "network", True, "nvlink5")
     assert NVL72_GPUS == 18 * 4  # 18 compute trays of 2 GB200 superchips (2 GPUs each)
     assert NVL72_SWITCH_TRAYS * NVL72_CHIPS_PER_TRAY == NVL72_LINKS_PER_GPU == 18  # a link to each switch chip
@@ -20,15 +22,20 @@ def test_gb200_nvl72_is_one_nvlink5_domain_of_72_gpus():
     assert preset("gb200-nvl72", gpus=8).gpus == 8  # what the emulator runs on this machine
 
 
-def test_gb200_nvl72_models_at_full_size():
-    """72 GPUs, 1 GiB: sharp moves S each way on every link (one send, one result); busbw approaches
-    2(n-1)/n of the link's payload rate, 900 x 256/272 GB/s, as on every one-switch preset."""
-    config, S = preset("gb200-nvl72"), 1 << 30
+@pytest.mark.parametrize("name", ["gb200-nvl72", "gb200-nvl72-line"])
+def test_gb200_nvl72_models_at_full_size(name):
+    """72 GPUs, 1 GiB: sharp moves S each way on every link (one send, one result) and S of results out of
+    the reduction engine; busbw approaches 2(n-1)/n of the slower of the link's payload rate and the
+    engine's, x 256/272 GB/s, as on every one-switch preset (line rate: the link's 900; calibrated: the
+    engine's 513, nvlink5-nccl)."""
+    config, S = preset(name), 1 << 30
+    t = config.timing
     assert cost.payload_bytes("allreduce", "sharp", S, 72) == (S, S)
     ring = cost.modeled_ns("allreduce", "ring", S, 72, config)
     sharp = cost.modeled_ns("allreduce", "sharp", S, 72, config)
     assert sharp < ring
-    assert cost.busbw_gbps("allreduce", "sharp", S, 72, config) == pytest.approx(2 * 71 / 72 * 900 * 256 / 272, rel=0.01)
+    rate = min(t.bandwidth_gbytes_per_s, t.reduction_gbytes_per_s)
+    assert cost.busbw_gbps("allreduce", "sharp", S, 72, config) == pytest.approx(2 * 71 / 72 * rate * 256 / 272, rel=0.01)
 
 
 def test_dgx_gh200_numbers_agree_with_each_other():
@@ -47,8 +54,11 @@ def test_dgx_gh200_numbers_agree_with_each_other():
 def test_dgx_gh200_preset_full_size_and_against_the_projected_superpod():
     config = preset("dgx-gh200", nodes=32, gpus=256)
     assert (config.nodes, config.gpus_per_node, config.spines, config.spine_sharp) == (32, 8, 8, True)
-    assert config.topology.share_gbytes_per_s == 450.0  # a GPU's whole link: no taper
-    assert preset("superpod-h100-nvlink", nodes=32, gpus=256).topology.share_gbytes_per_s == 225.0
+    assert config.topology.share_gbytes_per_s == 393.0  # a GPU's whole link (nvlink4-nccl): no taper
+    assert preset("dgx-gh200-line", nodes=32, gpus=256).topology.share_gbytes_per_s == 450.0  # at line rate
+    # 72 of the node's 144 links: half a GPU's, calibrated (72 x 393/18 / 8) and at line rate (72 x 25 / 8)
+    assert preset("superpod-h100-nvlink", nodes=32, gpus=256).topology.share_gbytes_per_s == 196.5
+    assert preset("superpod-h100-nvlink-line", nodes=32, gpus=256).topology.share_gbytes_per_s == 225.0
     # an All2All across 4 nodes is bound by the nodes' uplinks: twice as fast without the taper
     S = 64 << 20
     gh = cost_nodes.modeled_ns("all2all", "direct", preset("dgx-gh200", nodes=4, gpus=32).topology, S,

@@ -52,8 +52,8 @@ ONE_NODE = sorted(name for name in PRESETS if preset(name).nodes == 1)
 
 
 def test_the_multi_node_presets_are_the_superpods_and_dgx_gh200():
-    assert sorted(set(PRESETS) - set(ONE_NODE)) == ["dgx-gh200", "superpod-a100-ib", "superpod-h100-ib",
-                                                    "superpod-h100-nvlink"]
+    systems = ["dgx-gh200", "superpod-a100-ib", "superpod-h100-ib", "superpod-h100-nvlink"]
+    assert sorted(set(PRESETS) - set(ONE_NODE)) == sorted(systems + [name + "-line" for name in systems])
 
 
 @pytest.mark.parametrize("name", ONE_NODE)
