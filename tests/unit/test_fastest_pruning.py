@@ -138,9 +138,9 @@ def test_the_pruning_skips_replays(monkeypatch):
 
 
 def test_auto_weighs_hier_against_hier_nvls_as_replaying_both_does():
-    """superpod-h100-ib 2 x 4 GPUs: the leaf's stages win at 256 KiB and 16 MiB, the node rings at 4 MiB
-    (hier_nvls 41.237 us, hier 39.387); the pruned pick is the exhaustive one at each."""
-    config = resolve("superpod-h100-ib", None, None, 2, 4)
+    """superpod-h100-ib-line 2 x 4 GPUs (line-rate NVLink): the leaf's stages win at 256 KiB and 16 MiB, the
+    node rings at 4 MiB (hier_nvls 41.237 us, hier 39.387); the pruned pick is the exhaustive one at each."""
+    config = resolve("superpod-h100-ib-line", None, None, 2, 4)
     names = candidates(config, "allreduce")
     assert names.index("hier") + 1 == names.index("hier_nvls")  # the tie order: right after hier
     picks = []

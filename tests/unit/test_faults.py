@@ -172,9 +172,11 @@ def test_config_toml_faults_are_checked_against_the_fabric(tmp_path):
 
 
 def test_a_config_without_faults_hashes_as_before():
-    from nvlink_emu.fabric.config import preset
-    # digests of main before faults existed (fabric.config.FabricConfig.digest)
-    assert preset("superpod-h100-nvlink").digest() == "2ac3c91f2b5d8288"
+    from nvlink_emu.fabric.config import PRESETS, build_config, preset
+    # digests of main before faults existed (fabric.config.FabricConfig.digest), of the preset as it was
+    # then: line-rate NVLink, now superpod-h100-nvlink-line under the old name
+    then = build_config({**PRESETS["superpod-h100-nvlink-line"], "name": "superpod-h100-nvlink"}, "test")
+    assert then.digest() == "2ac3c91f2b5d8288"
     assert not preset("dgx-h100").fault_plan
 
 
