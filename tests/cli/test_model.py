@@ -128,7 +128,7 @@ def test_the_256_gpu_shape(capsys):
     status, out, err = model(capsys, "allreduce", "--preset", "superpod-h100-nvlink", "--nodes", "32",
                              "--gpus-per-node", "8", "-b", "16M", "-e", "16M", "--algorithm", "hier_nvls")
     assert status == 0, err
-    assert "(32 nodes x 8 GPUs (8 spines) = 256 GPUs, nvlink4)" in out.splitlines()[0]
+    assert "(32 nodes x 8 GPUs (8 spines) = 256 GPUs, nvlink4-nccl)" in out.splitlines()[0]  # calibrated NVLink
     config = preset("superpod-h100-nvlink", nodes=32, gpus=256)
     S = 16 << 20
     row = out.splitlines()[2].split()
