@@ -133,7 +133,8 @@ class Published:
 
 
 # Published figures the calibrated presets are fitted to (tests/unit/test_cost.py checks the cost model
-# against each within 10% at every size from 64 MiB to 1 GiB). All are peak figures at large sizes (the
+# against each within 10% at every size from 64 MiB to 1 GiB; the dgx-b200 rows are a user's 8 x B300, whose
+# size is not stated, taken as peak figures). All are peak figures at large sizes (the
 # sources measured 256 MiB .. 8 GiB and say bandwidth still grows up to about 1 GiB and beyond); no
 # published per-size table for 64 MiB was found, nor an 8-GPU DGX A100 All2All figure, nor a small-size
 # latency figure for either system, so the latencies stay the documented assumptions above.
@@ -391,8 +392,9 @@ SYSTEMS: dict[str, SystemProfile] = {
             ),
             notes="nodes_max 32 is one scalable unit (the RA's SuperPOD scales to four SUs and beyond). NDR Quantum-2 "
                   "switches do offer SHARP; issue 10 models this spine without in-network reduction, a choice of the "
-                  "preset, not a property of the hardware. No published per-hop latency was found: "
-                  "uplink_latency_ns is None (the ib-ndr LinkProfile's 600 ns is this emulator's assumption).",
+                  "preset, not a property of the hardware. No published per-hop latency of this system was found: "
+                  "uplink_latency_ns is None; the preset takes the ib-ndr LinkProfile's 600 ns, the ConnectX-6 "
+                  "adapter's published 'sub-600ns' (IB_HOP_SOURCE; no ConnectX-7 figure found).",
         ),
         SystemProfile(
             "superpod-a100-ib", "DGX A100 nodes (classic NVLink3 inside) over HDR InfiniBand: one 200 Gb/s NIC per GPU",
@@ -407,8 +409,9 @@ SYSTEMS: dict[str, SystemProfile] = {
             ),
             notes="The RA's own pages on the per-node NIC count and the scalable-unit size were not readable in the "
                   "searchable sources; one NIC per GPU rests on NVIDIA's 9x comparison (and issue 10). nodes_max 32 "
-                  "is that comparison's 256 GPUs, not a published SuperPOD limit. No published per-hop latency was "
-                  "found: uplink_latency_ns is None.",
+                  "is that comparison's 256 GPUs, not a published SuperPOD limit. No published per-hop latency of this "
+                  "system was found: uplink_latency_ns is None; the preset takes the ib-hdr LinkProfile's 600 ns, "
+                  "the ConnectX-6 adapter's published 'sub-600ns' (IB_HOP_SOURCE).",
         ),
         SystemProfile(
             "dgx-gh200", "DGX GH200: 256 GH200 Grace Hopper Superchips on a two-level NVLink Switch System (NVLink4), "
