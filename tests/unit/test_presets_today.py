@@ -66,3 +66,23 @@ def test_dgx_gh200_preset_full_size_and_against_the_projected_superpod():
     sp = cost_nodes.modeled_ns("all2all", "direct", preset("superpod-h100-nvlink", nodes=4, gpus=32).topology, S,
                                preset("superpod-h100-nvlink", nodes=4, gpus=32))
     assert sp / gh == pytest.approx(2.0, rel=0.05)
+
+
+@pytest.mark.parametrize("name", ["superpod-h100-nvlink", "superpod-h100-ib", "superpod-a100-ib", "dgx-gh200"])
+def test_the_multi_node_presets_are_calibrated_and_their_line_twins_at_line_rate(name):
+    """Issue 28 part 3: NVLink inside a node is the generation's calibrated profile (as on dgx-h100 / dgx-a100);
+    an NVLink uplink carries its links at the calibrated per-link rate, an InfiniBand one stays at the NIC's line
+    rate; NAME-line keeps the published line rates."""
+    system, calibrated, line = SYSTEMS[name], preset(name), preset(name + "-line")
+    assert (line.link, calibrated.link) == (system.gpu_link, system.gpu_link + "-nccl")
+    per_gpu = system.uplink_gbytes_per_s_per_node / system.gpus_per_node
+    assert line.uplink_gbytes_per_s_per_gpu == per_gpu
+    if system.spine_link.startswith("nvlink"):
+        scale = PROFILES[calibrated.link].bandwidth_gbytes_per_s / PROFILES[system.gpu_link].bandwidth_gbytes_per_s
+        assert calibrated.uplink_gbytes_per_s_per_gpu == pytest.approx(per_gpu * scale)
+    else:
+        assert calibrated.uplink_gbytes_per_s_per_gpu == per_gpu
+    assert calibrated.uplink_latency_ns == line.uplink_latency_ns == PROFILES[system.spine_link].link_latency_ns
+    same = {k: v for k, v in vars(calibrated).items() if k not in ("name", "link", "uplink_gbytes_per_s_per_gpu")
+            and not k.startswith("_")}
+    assert same == {k: v for k, v in vars(line).items() if k in same}  # nothing else differs
