@@ -19,7 +19,7 @@ from ..packets import raw_bytes
 from ..reduction import blocks, chunks
 from ..replay import Fabric, run_programs
 from ..topology import Topology
-from .format import RECVS, SENDS, Op, Plan
+from .format import RECVS, SENDS, Op, Plan, walk
 
 
 def buffer_elements(plan: Plan, S: int, itemsize: int) -> dict[str, int]:
@@ -82,28 +82,16 @@ def _chunk_tables(plan: Plan, S: int, itemsize: int) -> tuple[dict[str, list[tup
                 if sizes[g][c] is None:
                     sizes[g][c] = v
 
-    queues: dict[tuple[int, int, int], list] = {}
-    at = [0] * plan.gpus
-    progressed = True
-    while progressed:
-        progressed = False
-        for g, program in enumerate(plan.programs):
-            while at[g] < len(program.ops):
-                op, message = program.ops[at[g]], None
-                if op.kind in RECVS:
-                    queue = queues.get((op.recv_from, g, op.channel))
-                    if not queue:
-                        break
-                    message = queue.pop(0)
-                    if op.dst is not None:
-                        write(g, op.dst, message)
-                if op.kind in ("copy", "reduce"):
-                    write(g, op.dst, size_of(g, op.src))
-                if op.kind in SENDS:
-                    ref = op.src if op.kind in ("send", "recv_reduce_send") else op.dst
-                    queues.setdefault((g, op.send_to, op.channel), []).append(size_of(g, ref))
-                at[g] += 1
-                progressed = True
+    def visit(g, step, op, message):
+        if message is not None and op.dst is not None:
+            write(g, op.dst, message)
+        if op.kind in ("copy", "reduce"):
+            write(g, op.dst, size_of(g, op.src))
+        if op.kind in SENDS:
+            return size_of(g, op.src if op.kind in ("send", "recv_reduce_send") else op.dst)
+        return None
+
+    walk(plan, visit)
     for g, program in enumerate(plan.programs):
         if program.s_chunks:
             default = max(hi - lo for b in ("i", "o") for lo, hi in tables[g][b])
@@ -237,29 +225,20 @@ def _plan_rounds(plan: Plan, S: int, itemsize: int) -> list[np.ndarray]:
     (a proxy's forward). No round for a plan that sends nothing (one GPU)."""
     n = plan.gpus
     rounds: list[np.ndarray] = []
-    queues: dict[tuple[int, int, int], list[int]] = {}  # (sender, receiver, channel) -> rounds of messages
-    at, phase = [0] * n, [0] * n
+    phase = [0] * n
     tables = [spans(plan, S, itemsize, g) for g in range(n)]
-    progressed = True
-    while progressed:  # the validator's symbolic run: each GPU until it waits for a message not yet sent
-        progressed = False
-        for g, program in enumerate(plan.programs):
-            while at[g] < len(program.ops):
-                op, came = program.ops[at[g]], None
-                if op.kind in RECVS:
-                    queue = queues.get((op.recv_from, g, op.channel))
-                    if not queue:
-                        break
-                    came = queue.pop(0)
-                if op.kind == "flush":
-                    phase[g] += 1
-                elif op.kind in SENDS:
-                    k = phase[g] if came is None else max(phase[g], came + 1)
-                    while len(rounds) <= k:
-                        rounds.append(np.zeros((n, n), np.int64))
-                    lo, hi = span(tables[g], op.src if op.kind in ("send", "recv_reduce_send") else op.dst)
-                    rounds[k][g, op.send_to] += (hi - lo) * itemsize
-                    queues.setdefault((g, op.send_to, op.channel), []).append(k)
-                at[g] += 1
-                progressed = True
+
+    def visit(g, step, op, came):  # a message is the round it was sent in
+        if op.kind == "flush":
+            phase[g] += 1
+        elif op.kind in SENDS:
+            k = phase[g] if came is None else max(phase[g], came + 1)
+            while len(rounds) <= k:
+                rounds.append(np.zeros((n, n), np.int64))
+            lo, hi = span(tables[g], op.src if op.kind in ("send", "recv_reduce_send") else op.dst)
+            rounds[k][g, op.send_to] += (hi - lo) * itemsize
+            return k
+        return None
+
+    walk(plan, visit)
     return rounds

@@ -24,7 +24,7 @@ loop, where frozensets of pairs took 4.6 s of CPU to validate `direct` allreduce
 import functools
 
 from ..errors import PlanError
-from .format import BUFFERS, COLLECTIVES, IN_SWITCH, KINDS, LOCAL, RECVS, SENDS, Plan
+from .format import BUFFERS, COLLECTIVES, IN_SWITCH, KINDS, LOCAL, RECVS, SENDS, Plan, walk
 
 _NEEDS = {"send": ("src",), "recv": ("dst",), "recv_reduce": ("dst",), "recv_reduce_send": ("src",),
           "recv_copy_send": ("dst",), "recv_reduce_copy_send": ("dst",), "copy": ("src", "dst"),
@@ -150,56 +150,45 @@ def _combine(values, message, g, step, op, plan):
 
 def _run(plan: Plan) -> _State:
     state = _State(plan)
-    queues: dict[tuple[int, int, int], list] = {}
-    at = [0] * plan.gpus
-    while True:
-        progressed = False
-        for g, program in enumerate(plan.programs):
-            while at[g] < len(program.ops):
-                step, op = at[g], program.ops[at[g]]
-                message = None
-                if op.kind in RECVS:
-                    queue = queues.get((op.recv_from, g, op.channel))
-                    if not queue:
-                        break
-                    sender_step, message = queue.pop(0)
-                    ref = op.dst if op.dst is not None else op.src
-                    if len(message) != ref.cnt:
-                        raise PlanError(f"{_where(g, step, op, ref.off)}: receives {ref.cnt} chunks, GPU "
-                                        f"{op.recv_from} step {sender_step} sent {len(message)}")
-                kind, out = op.kind, None
-                if kind == "recv":
-                    state.write(g, op.dst, message)
-                elif kind == "recv_reduce":
-                    state.write(g, op.dst, state.fold(g, step, op, op.dst, message))
-                elif kind == "recv_copy_send":
-                    state.write(g, op.dst, message)
-                    out = message
-                elif kind == "recv_reduce_copy_send":
-                    out = state.fold(g, step, op, op.dst, message)
-                    state.write(g, op.dst, out)
-                elif kind == "recv_reduce_send":
-                    out = _combine(state.read(g, step, op, op.src), message, g, step, op, plan)
-                elif kind == "send":
-                    out = state.read(g, step, op, op.src)
-                elif kind == "copy":
-                    if op.src.cnt != op.dst.cnt:
-                        raise PlanError(f"{_where(g, step, op, op.dst.off)}: copies {op.src.cnt} chunks into {op.dst.cnt}")
-                    state.write(g, op.dst, state.read(g, step, op, op.src))
-                elif kind == "reduce":
-                    if op.src.cnt != op.dst.cnt:
-                        raise PlanError(f"{_where(g, step, op, op.dst.off)}: reduces {op.src.cnt} chunks into {op.dst.cnt}")
-                    state.write(g, op.dst, state.fold(g, step, op, op.dst, state.read(g, step, op, op.src)))
-                if out is not None:
-                    queues.setdefault((g, op.send_to, op.channel), []).append((step, out))
-                at[g] += 1
-                progressed = True
-        if all(at[g] == len(p.ops) for g, p in enumerate(plan.programs)):
-            break
-        if not progressed:
-            stuck = [f"GPU {g} step {at[g]} waits for GPU {p.ops[at[g]].recv_from} on channel {p.ops[at[g]].channel}"
-                     for g, p in enumerate(plan.programs) if at[g] < len(p.ops)]
-            raise PlanError(f"plan {plan.name!r} deadlocks: {'; '.join(stuck)}")
+
+    def visit(g, step, op, received):
+        message = None
+        if received is not None:
+            sender_step, message = received
+            ref = op.dst if op.dst is not None else op.src
+            if len(message) != ref.cnt:
+                raise PlanError(f"{_where(g, step, op, ref.off)}: receives {ref.cnt} chunks, GPU "
+                                f"{op.recv_from} step {sender_step} sent {len(message)}")
+        kind, out = op.kind, None
+        if kind == "recv":
+            state.write(g, op.dst, message)
+        elif kind == "recv_reduce":
+            state.write(g, op.dst, state.fold(g, step, op, op.dst, message))
+        elif kind == "recv_copy_send":
+            state.write(g, op.dst, message)
+            out = message
+        elif kind == "recv_reduce_copy_send":
+            out = state.fold(g, step, op, op.dst, message)
+            state.write(g, op.dst, out)
+        elif kind == "recv_reduce_send":
+            out = _combine(state.read(g, step, op, op.src), message, g, step, op, plan)
+        elif kind == "send":
+            out = state.read(g, step, op, op.src)
+        elif kind == "copy":
+            if op.src.cnt != op.dst.cnt:
+                raise PlanError(f"{_where(g, step, op, op.dst.off)}: copies {op.src.cnt} chunks into {op.dst.cnt}")
+            state.write(g, op.dst, state.read(g, step, op, op.src))
+        elif kind == "reduce":
+            if op.src.cnt != op.dst.cnt:
+                raise PlanError(f"{_where(g, step, op, op.dst.off)}: reduces {op.src.cnt} chunks into {op.dst.cnt}")
+            state.write(g, op.dst, state.fold(g, step, op, op.dst, state.read(g, step, op, op.src)))
+        return step, out
+
+    at, queues = walk(plan, visit)
+    stuck = [f"GPU {g} step {at[g]} waits for GPU {p.ops[at[g]].recv_from} on channel {p.ops[at[g]].channel}"
+             for g, p in enumerate(plan.programs) if at[g] < len(p.ops)]
+    if stuck:
+        raise PlanError(f"plan {plan.name!r} deadlocks: {'; '.join(stuck)}")
     for (src, dst, channel), queue in queues.items():
         if queue:
             step, message = queue[0]
