@@ -118,7 +118,15 @@ def span(table, ref) -> tuple[int, int]:
 def with_flushes(plan: Plan, g: int) -> list:
     """GPU g's operations with a flush put before any that writes a chunk a send not yet flushed reads
     (a send's data is not copied: ranks/collectives/plan.py sends views of the buffers, as ring.py does),
-    so that both interpreters run the same program. In place, "o" and "i" are one buffer."""
+    so that both interpreters run the same program. In place, "o" and "i" are one buffer. Kept on the
+    plan, one list per GPU (every replay of the plan, at any size, runs the same); read-only."""
+    kept = plan.__dict__.setdefault("_with_flushes", {})
+    if g not in kept:
+        kept[g] = tuple(_with_flushes(plan, g))
+    return kept[g]
+
+
+def _with_flushes(plan: Plan, g: int) -> list:
     alias = (lambda b: "i" if b == "o" else b) if plan.inplace else (lambda b: b)
     pending, out = set(), []
     for op in plan.programs[g].ops:
