@@ -126,9 +126,9 @@ import math
 import numpy as np
 
 from . import hier_plan, plans, replay
-from .cost import in_switch_chunk, raw_of
+from .budget import buffer_share_bytes, in_switch_chunk
+from .cost import raw_of
 from .packets import raw_bytes
-from .switch import buffer_share_bytes
 from .counters import downlink, uplink
 from .errors import FabricError
 from .reduction import blocks, channel_rings, chunks, merged_columns, rail_ranges, ring_channel_count, tree_parts

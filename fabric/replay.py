@@ -38,12 +38,11 @@ import functools
 import numpy as np
 
 from . import hier_plan
-from .cost import in_switch_chunk
-from .switch import buffer_share_bytes
+from .budget import _nvls_streams, buffer_share_bytes, in_switch_chunk, sharp_scatter_streams, sharp_streams
 from .errors import FabricError
 from .packets import raw_bytes
 from .reduction import (blocks, channel_rings, chunks, merged_columns, rail_ranges, ring_channel_count, tree_chunk,
-                        tree_parts, tree_steps, two_level_blocks, switch_accumulator)
+                        tree_parts, tree_steps, two_level_blocks)
 from .timemodel import LinkEnd, ReductionClock
 from .topology import Topology
 
@@ -405,22 +404,6 @@ def _leaf_partial(k: int, G: int, i: int, stamps: list, engine: ReductionClock, 
     return max(start + u, max(a for a, _ in parts)), max(end + u, max(b for _, b in parts))
 
 
-def sharp_streams(n: int, nodes: int, fabric_nodes: int, wide: int) -> int:
-    """Credit streams of ranks/collectives/sharp.py's allreduce by `n` members in `nodes` nodes of a fabric of
-    `fabric_nodes` (Call.in_switch_window), its partials `wide` times as wide as an element: 1 on one node;
-    across nodes enough that a leaf's partials in flight (window x chunk x wide) fit its buffer share /
-    fabric_nodes."""
-    return 1 if nodes == 1 else wide * -(-fabric_nodes // max(1, n - 1))
-
-
-def sharp_scatter_streams(n: int, nodes: int, fabric_nodes: int, wide: int) -> int:
-    """Credit streams of sharp.py's reduce_scatter: n on one node (n blocks in flight a round); across nodes
-    enough that twice a window of rounds of every block's partials (2 x window x n x chunk x wide) fit a
-    leaf's buffer share / fabric_nodes (a leaf frees a partial whose result goes to another node when its
-    spine's notice comes, which may lag the member's own results from another spine, hence the 2)."""
-    return n if nodes == 1 else -(-2 * n * fabric_nodes * wide // max(1, n - 1))
-
-
 def _sharp_clocks(topo: Topology, config, algorithm: str = "sharp"):
     """The clocks a two-level in-switch reduction books on every GPU of `topo` (several nodes, spines):
     (GPUs, engines (leaves 0..N-1, then spines), `mine` {(GPU, spine): its share of its node's uplink to
@@ -469,21 +452,6 @@ def sharp_allreduce_ns(topo: Topology, count: int, config, itemsize: int = 4, pa
     for gpu in gpus:
         gpu.now = max(gpu.now, gpu.uplink.free_ns)
     return max(gpu.now for gpu in gpus)
-
-
-def nvls_streams(n: int, nodes: int, fabric_nodes: int, dtype) -> int:
-    """Credit streams of ranks/collectives/nvls.py's load-reduce by `n` members in `nodes` nodes of a fabric
-    of `fabric_nodes` (Call.in_switch_window): n on one node; across nodes 2 n x (the accumulator's width
-    / the dtype's) x ceil(fabric_nodes / (n - 1)), so that each leaf's partials awaiting their result or
-    notice (n requesters' windows, twice: a notice may trail the next request) fit its buffer share /
-    fabric_nodes (fabric.switch, Spanning groups)."""
-    wide = switch_accumulator(np.dtype(dtype)).itemsize // np.dtype(dtype).itemsize
-    return _nvls_streams(n, nodes, fabric_nodes, wide)
-
-
-def _nvls_streams(n: int, nodes: int, fabric_nodes: int, wide: int) -> int:
-    """nvls_streams for a partial `wide` times as wide as an element."""
-    return n if nodes == 1 else 2 * n * wide * -(-fabric_nodes // max(1, n - 1))
 
 
 def nvls_chunks(topo: Topology, count: int, config, itemsize: int, partial_itemsize: int | None = None):

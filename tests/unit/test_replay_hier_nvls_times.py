@@ -6,7 +6,7 @@ import pytest
 
 from nvlink_emu.fabric import hier_plan, replay
 from nvlink_emu.fabric.config import resolve
-from nvlink_emu.fabric.switch import buffer_share_bytes
+from nvlink_emu.fabric.budget import buffer_share_bytes
 
 # (preset, nodes, GPUs per node, collective, bytes, itemsize, root) -> ns, as the code before gave them
 BEFORE = [
