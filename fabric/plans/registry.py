@@ -16,8 +16,9 @@ input at its turn) into its output; allgather sends its block to r+1, ..., r+n-1
 from p = r-1, r-2, ...; allreduce is the two in place, a flush between them (the sum of block r is
 built in the output, its own part saved to scratch slot r first); broadcast: the root sends the whole
 buffer to root+1, ..., root+n-1, the others take it from the root; all2all (ranks/collectives/all2all.py
-with equal blocks): block r+k to GPU r+k for k = 1..n-1, its own block copied, then block p from
-p = r-1, r-2, .... Link bytes per GPU: (n-1)/n S each way (reduce_scatter, allgather, all2all),
+with equal blocks): on one node block r+k to GPU r+k for k = 1..n-1, its own block copied, then block p
+from p = r-1, r-2, ...; across nodes (a layout) the other nodes' blocks in a Latin square of steps, each
+followed by one of its own node's (_all2all_order). Link bytes per GPU: (n-1)/n S each way (reduce_scatter, allgather, all2all),
 2 (n-1)/n S (allreduce); broadcast: the root (n-1) S out, the others S in; reduce: reduce_scatter's
 phase, a flush, then every GPU but the root sends its block to the root, which takes them from root+1,
 root+2, ... (its output; another GPU's output is a scratch array of the input's size).
