@@ -18,10 +18,11 @@ built in the output, its own part saved to scratch slot r first); broadcast: the
 buffer to root+1, ..., root+n-1, the others take it from the root; all2all (ranks/collectives/all2all.py
 with equal blocks): on one node block r+k to GPU r+k for k = 1..n-1, its own block copied, then block p
 from p = r-1, r-2, ...; across nodes (a layout) the other nodes' blocks in a Latin square of steps, each
-followed by one of its own node's (_all2all_order). Link bytes per GPU: (n-1)/n S each way (reduce_scatter, allgather, all2all),
-2 (n-1)/n S (allreduce); broadcast: the root (n-1) S out, the others S in; reduce: reduce_scatter's
-phase, a flush, then every GPU but the root sends its block to the root, which takes them from root+1,
-root+2, ... (its output; another GPU's output is a scratch array of the input's size).
+followed by one of its own node's (_all2all_order). Link bytes per GPU: (n-1)/n S each way
+(reduce_scatter, allgather, all2all), 2 (n-1)/n S (allreduce); broadcast: the root (n-1) S out, the
+others S in; reduce: reduce_scatter's phase, a flush, then every GPU but the root sends its block to the
+root, which takes them from root+1, root+2, ... (its output; another GPU's output is a scratch array of
+the input's size).
 pxn: ranks/collectives/pxn.py's All2All on N nodes x G positions (a layout): a block for GPU (b, k), b
 another node and k another position, goes first to the sender's node's GPU on position k, which passes
 it on piece by piece (recv_copy_send through a scratch slot); the others go straight; each hop and
