@@ -93,6 +93,7 @@ class Fabric:
         start, end, raw = got
         if self.gpus[peer].node != gpu.node:
             start, end = gpu.inbound.book(start, end, raw)
+            start = max(start, end - raw / gpu.downlink.bandwidth)  # its burst on the faster downlink
         start, end = gpu.downlink.book(start, end, raw)
         gpu.now = max(gpu.now, end + gpu.downlink.latency_ns)
         return start, end
@@ -384,8 +385,9 @@ def _program(collective: str, algorithm: str, topo: Topology, r: int, count: int
         from .plans import build, timing  # one node: the ring's plan (imported here: fabric.plans imports replay)
         yield from timing.messages(build("ring", n, collective, root), count * item, item, chunk)[r]
     elif algorithm == "direct" and collective in ("allreduce", "reduce_scatter", "allgather", "broadcast", "all2all"):
-        from .plans import build, timing  # the plan's messages (imported here: fabric.plans imports replay)
-        yield from timing.messages(build("direct", n, collective, root), count * item, item, chunk)[r]
+        from .plans import build, registry, timing  # the plan's messages (imported here: fabric.plans imports replay)
+        layout = registry.grid(topo.nodes, topo.gpus_per_node) if collective == "all2all" and topo.nodes > 1 else None
+        yield from timing.messages(build("direct", n, collective, root, layout), count * item, item, chunk)[r]
     else:
         raise FabricError(f"replay: no schedule for {collective} with {algorithm!r}; known: "
                           f"{', '.join(f'{c} {a}' for a, cs in PROGRAMS.items() for c in cs)}")
