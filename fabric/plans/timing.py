@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import FabricError, PlanError
 from ..packets import raw_bytes
 from ..reduction import blocks, chunks
-from ..replay import Fabric, run_programs
+from ..programs import Fabric, run_programs
 from ..topology import Topology
 from .format import RECVS, SENDS, Op, Plan, walk
 
@@ -145,7 +145,7 @@ def _with_flushes(plan: Plan, g: int) -> list:
 
 
 def messages(plan: Plan, S: int, itemsize: int, chunk: int):
-    """Per GPU, its program for fabric.replay.run_programs: ("recv", peer, key), ("send", peer, key,
+    """Per GPU, its program for fabric.programs.run_programs: ("recv", peer, key), ("send", peer, key,
     nbytes), ("flush",) in plan order; key (channel, message number on that channel and pair, piece).
     An operation that receives and sends on (rrs, rcs, rrcs) is pipelined piece by piece: piece k is
     sent on as soon as it is in (as a chain forwards it, and MSCCL's runtime does, slice by slice)."""
@@ -183,7 +183,7 @@ def _check(plan: Plan, topo: Topology, config) -> None:
 def plan_ns(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4, events: list | None = None) -> float:
     """Modeled ns of one call of `plan` (validated) on every GPU of `topo`, all starting at 0: the latest
     GPU's clock at the end, as fabric.replay.replay_ns. events: if given, gets the timeline
-    fabric.replay.run_programs records (GPU, "send"/"recv"/"wait", peer, start_ns, end_ns)."""
+    fabric.programs.run_programs records (GPU, "send"/"recv"/"wait", peer, start_ns, end_ns)."""
     _check(plan, topo, config)
     chunk = max(1, config.chunk_bytes // itemsize)
     fabric = Fabric(topo, config.mtu_bytes, config.header_bytes)

@@ -1,7 +1,7 @@
 """direct All2All across nodes reaches its occupancy bound (issue 28): every superpod preset at 2 x 8, at the
 calibration page's sizes; its order is one Latin square of remote steps interleaved with the node's own
 (fabric.plans.registry._all2all_order) and a transfer from another node crosses the receiver's faster
-downlink as one burst ending with its last byte (fabric.replay.Fabric.receive; docs/model/time.md)."""
+downlink as one burst ending with its last byte (fabric.programs.Fabric.receive; docs/model/time.md)."""
 
 import pytest
 
