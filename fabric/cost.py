@@ -15,7 +15,7 @@ import math
 
 from .packets import raw_bytes
 from .reduction import blocks, chunks
-from .switch import buffer_share_bytes, held_slot_bytes
+from .budget import in_switch_chunk
 
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "all2all")
 ALGORITHMS = ("ring", "direct", "sharp", "nvls")
@@ -42,28 +42,6 @@ def raw_of(nbytes: int, config, chunk: int | None = None) -> int:
     (default config.chunk_bytes)."""
     chunk = chunk or config.chunk_bytes
     return sum(raw_bytes(hi - lo, config.mtu_bytes, config.header_bytes) for lo, hi in chunks(0, nbytes, chunk))
-
-
-def in_switch_chunk(config, n: int, streams: int, least: int = 1, chunk_bytes: int | None = None,
-                    itemsize: int = 4) -> int:
-    """Message size (bytes, whole elements) of an in-switch reduction: chunk_bytes (default and at
-    most config.chunk_bytes), shrunk so that `least` chunks of each of `streams` reductions from the
-    N - 1 other members fit the partition's share of switch_buffer_bytes (Call.in_switch_window)."""
-    budget = buffer_share_bytes(config) // (streams * max(1, n - 1))
-    wanted = min(chunk_bytes or config.chunk_bytes, config.chunk_bytes)
-    return max(1, min(wanted, budget // least) // itemsize) * itemsize
-
-
-def in_switch_window(config, n: int, streams: int, least: int = 1, chunk_bytes: int | None = None,
-                     itemsize: int = 4) -> tuple[int, int]:
-    """(window, chunk bytes) of an in-switch reduction (Call.in_switch_window): the chunk of in_switch_chunk,
-    and the chunks each member may have in the switch at once, at least `least`, so that window x streams x
-    (N - 1) contributions, each counted at least fabric.switch.held_slot_bytes (as the switch counts a held
-    one), fit the partition's share; so they are also at most its held_parts_share (share // slot bytes).
-    The same window as bytes alone for chunks of slot bytes or more (1 KiB on shares of 4 MiB and more)."""
-    budget = buffer_share_bytes(config) // (streams * max(1, n - 1))
-    chunk = in_switch_chunk(config, n, streams, least, chunk_bytes, itemsize)
-    return max(least, budget // max(chunk, held_slot_bytes(config))), chunk
 
 
 def _chunk(config, itemsize: int) -> int:

@@ -126,9 +126,9 @@ import math
 import numpy as np
 
 from . import hier_plan, plans, replay
-from .cost import in_switch_chunk, raw_of
+from .budget import buffer_share_bytes, in_switch_chunk
+from .cost import raw_of
 from .packets import raw_bytes
-from .switch import buffer_share_bytes
 from .counters import downlink, uplink
 from .errors import FabricError
 from .reduction import blocks, channel_rings, chunks, merged_columns, rail_ranges, ring_channel_count, tree_parts
@@ -291,15 +291,16 @@ def _channel_rounds(collective: str, topo: Topology, S: int, itemsize: int) -> l
     N, G, n = topo.nodes, topo.gpus_per_node, topo.gpus
     rings = channel_rings([[a * G + j for j in range(G)] for a in range(N)])[:ring_channel_count(int(S), G)]
     ranges = rail_ranges(int(S) // itemsize, n, len(rings))
-    size = [[(hi - lo) * itemsize for lo, hi in row] for row in ranges]
+    size = np.array([[(hi - lo) * itemsize for lo, hi in row] for row in ranges], np.int64)  # [member, channel]
     phases = {"allreduce": (1, 0), "reduce_scatter": (1,), "allgather": (0,)}[collective]
+    positions = np.arange(n)
     out = []
     for back in phases:  # the segment sent is that of position q - back - s
         for s in range(n - 1):
             t = np.zeros((n, n), np.int64)
-            for c, ring in enumerate(rings):
-                for q in range(n):
-                    t[ring[q], ring[(q + 1) % n]] += size[ring[(q - back - s) % n]][c]
+            for c, ring in enumerate(rings):  # every position q at once: a ring's (sender, receiver) pairs differ
+                ring = np.asarray(ring)
+                t[ring, np.roll(ring, -1)] += size[ring[(positions - back - s) % n], c]
             out.append(t)
     return out
 

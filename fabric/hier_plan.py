@@ -221,7 +221,7 @@ def program(collective: str, N: int, G: int, a: int, j: int, count: int, chunk: 
     """Member (a, j)'s operations (the module docstring) for one call of `count` elements, messages of at
     most `chunk` elements of `itemsize` bytes; root: the broadcast root's coordinates; rank: as ranges';
     share: None for node rings, else the node stages run in the leaf (in_leaf) and share is the
-    partition's in-switch buffer (bytes, fabric.switch.buffer_share_bytes). memo: a dict shared by the
+    partition's in-switch buffer (bytes, fabric.budget.buffer_share_bytes). memo: a dict shared by the
     programs of every member of one call (the same arguments but a, j), so that what every member's
     program builds alike (a slice's pieces, node segments, serves) is built once (fabric.replay.hier_ns)."""
     spans = ranges(collective, N, G, count, rank)

@@ -38,65 +38,15 @@ import functools
 import numpy as np
 
 from . import hier_plan
-from .cost import in_switch_chunk
-from .switch import buffer_share_bytes
+from .plans import build, registry, timing
+from .budget import _nvls_streams, buffer_share_bytes, in_switch_chunk, sharp_scatter_streams, sharp_streams
 from .errors import FabricError
 from .packets import raw_bytes
-from .reduction import (blocks, channel_rings, chunks, merged_columns, rail_ranges, ring_channel_count, tree_chunk,
-                        tree_parts, tree_steps, two_level_blocks, switch_accumulator)
+from .reduction import (blocks, channel_rings, chunks, rail_ranges, ring_channel_count, tree_chunk, tree_parts,
+                        tree_steps)
+from .programs import Fabric, GpuClocks, run_programs
 from .timemodel import LinkEnd, ReductionClock
 from .topology import Topology
-
-
-class _Gpu:
-    """One member's clock and links, as ranks/gpu.py keeps them."""
-
-    __slots__ = ("index", "node", "now", "uplink", "downlink", "inbound")
-
-    def __init__(self, index: int, topo: Topology):
-        self.index, self.node = index, topo.locate(index)[0]
-        self.now = 0.0
-        self.uplink = LinkEnd(topo.gpu_gbytes_per_s, topo.gpu_latency_ns)
-        self.downlink = LinkEnd(topo.gpu_gbytes_per_s, topo.gpu_latency_ns)
-        self.inbound = LinkEnd(topo.share_gbytes_per_s, 0.0) if topo.spines else None
-
-
-class Fabric:
-    """The link clocks of every GPU and leaf of `topo`, and the messages in flight between them.
-    mtu_bytes/header_bytes: the config's, for raw bytes."""
-
-    def __init__(self, topo: Topology, mtu_bytes: int, header_bytes: int):
-        self.topo, self.mtu, self.header = topo, mtu_bytes, header_bytes
-        self.gpus = [_Gpu(g, topo) for g in range(topo.gpus)]
-        s, u = topo.switch_latency_ns, topo.uplink_latency_ns
-        self.s, self.spine_ns = s, (s + u if topo.spines else None)
-        self.shares = [LinkEnd(topo.share_gbytes_per_s, u) for _ in range(topo.gpus)] if topo.spines else None
-        self.sent: dict[tuple, tuple[float, float, int]] = {}  # (src, dst, key) -> stamps at dst's leaf, raw
-
-    def send(self, gpu: _Gpu, peer: int, key, nbytes: int) -> tuple[float, float]:
-        """Book a message on its route; returns when it occupies the sender's uplink (ns)."""
-        raw = raw_bytes(nbytes, self.mtu, self.header)
-        start, end = gpu.uplink.send(gpu.now, gpu.now, raw)
-        uplink = start - gpu.uplink.latency_ns, end - gpu.uplink.latency_ns  # the link's own occupation
-        start, end = start + self.s, end + self.s                       # the sender's leaf (cut-through)
-        if self.gpus[peer].node != gpu.node:
-            start, end = self.shares[gpu.index].send(start, end, raw)  # its outbound share, + u
-            start, end = start + self.spine_ns, end + self.spine_ns    # the spine, the cable down
-            start, end = start + self.s, end + self.s                   # the destination's leaf
-        self.sent[(gpu.index, peer, key)] = (start, end, raw)
-        return uplink
-
-    def receive(self, gpu: _Gpu, peer: int, key) -> tuple[float, float] | None:
-        """Consume the message if it was sent: when it occupies the receiver's downlink (ns); None: not yet."""
-        got = self.sent.pop((peer, gpu.index, key), None)
-        if got is None:
-            return None
-        start, end, raw = got
-        if self.gpus[peer].node != gpu.node:
-            start, end = gpu.inbound.book(start, end, raw)
-        start, end = gpu.downlink.book(start, end, raw)
-        gpu.now = max(gpu.now, end + gpu.downlink.latency_ns)
-        return start, end
 
 
 # -- the programs: generators of ("send", peer, key, nbytes), ("recv", peer, key), ("flush",) ---------
@@ -369,7 +319,6 @@ def _program(collective: str, algorithm: str, topo: Topology, r: int, count: int
         yield from _hier(collective, topo, r, count, chunk, item, root)
         return
     if (collective, algorithm) == ("all2all", "pxn"):
-        from .plans import build, registry, timing  # its plan (imported here: fabric.plans imports replay)
         plan = build("pxn", n, collective, layout=registry.grid(topo.nodes, topo.gpus_per_node))
         yield from timing.messages(plan, count * item, item, chunk)[r]
         return
@@ -382,11 +331,10 @@ def _program(collective: str, algorithm: str, topo: Topology, r: int, count: int
     if (collective, algorithm) == ("all2allv", "all2allv"):
         yield from _all2allv(n, r, counts, chunk, item)
     elif algorithm == "ring" and collective in ("allreduce", "reduce_scatter", "allgather", "broadcast"):
-        from .plans import build, timing  # one node: the ring's plan (imported here: fabric.plans imports replay)
         yield from timing.messages(build("ring", n, collective, root), count * item, item, chunk)[r]
     elif algorithm == "direct" and collective in ("allreduce", "reduce_scatter", "allgather", "broadcast", "all2all"):
-        from .plans import build, timing  # the plan's messages (imported here: fabric.plans imports replay)
-        yield from timing.messages(build("direct", n, collective, root), count * item, item, chunk)[r]
+        layout = registry.grid(topo.nodes, topo.gpus_per_node) if collective == "all2all" and topo.nodes > 1 else None
+        yield from timing.messages(build("direct", n, collective, root, layout), count * item, item, chunk)[r]
     else:
         raise FabricError(f"replay: no schedule for {collective} with {algorithm!r}; known: "
                           f"{', '.join(f'{c} {a}' for a, cs in PROGRAMS.items() for c in cs)}")
@@ -405,22 +353,6 @@ def _leaf_partial(k: int, G: int, i: int, stamps: list, engine: ReductionClock, 
     return max(start + u, max(a for a, _ in parts)), max(end + u, max(b for _, b in parts))
 
 
-def sharp_streams(n: int, nodes: int, fabric_nodes: int, wide: int) -> int:
-    """Credit streams of ranks/collectives/sharp.py's allreduce by `n` members in `nodes` nodes of a fabric of
-    `fabric_nodes` (Call.in_switch_window), its partials `wide` times as wide as an element: 1 on one node;
-    across nodes enough that a leaf's partials in flight (window x chunk x wide) fit its buffer share /
-    fabric_nodes."""
-    return 1 if nodes == 1 else wide * -(-fabric_nodes // max(1, n - 1))
-
-
-def sharp_scatter_streams(n: int, nodes: int, fabric_nodes: int, wide: int) -> int:
-    """Credit streams of sharp.py's reduce_scatter: n on one node (n blocks in flight a round); across nodes
-    enough that twice a window of rounds of every block's partials (2 x window x n x chunk x wide) fit a
-    leaf's buffer share / fabric_nodes (a leaf frees a partial whose result goes to another node when its
-    spine's notice comes, which may lag the member's own results from another spine, hence the 2)."""
-    return n if nodes == 1 else -(-2 * n * fabric_nodes * wide // max(1, n - 1))
-
-
 def _sharp_clocks(topo: Topology, config, algorithm: str = "sharp"):
     """The clocks a two-level in-switch reduction books on every GPU of `topo` (several nodes, spines):
     (GPUs, engines (leaves 0..N-1, then spines), `mine` {(GPU, spine): its share of its node's uplink to
@@ -430,7 +362,7 @@ def _sharp_clocks(topo: Topology, config, algorithm: str = "sharp"):
     if N < 2 or not P:
         raise FabricError(f"replay: {algorithm} across nodes needs a topology of several nodes and spines, got {N} nodes")
     t, u = config.timing, config.uplink_latency_ns
-    gpus = [_Gpu(g, topo) for g in range(n)]
+    gpus = [GpuClocks(g, topo) for g in range(n)]
     engines = [ReductionClock(t.reduction_gbytes_per_s, t.reduction_latency_ns) for _ in range(N + P)]
     group_share = topo.share_gbytes_per_s * G / P  # the node's members' shares of its uplink to one spine
     mine = {(g, i): LinkEnd(topo.share_gbytes_per_s / P, u) for g in range(n) for i in range(P)}
@@ -469,21 +401,6 @@ def sharp_allreduce_ns(topo: Topology, count: int, config, itemsize: int = 4, pa
     for gpu in gpus:
         gpu.now = max(gpu.now, gpu.uplink.free_ns)
     return max(gpu.now for gpu in gpus)
-
-
-def nvls_streams(n: int, nodes: int, fabric_nodes: int, dtype) -> int:
-    """Credit streams of ranks/collectives/nvls.py's load-reduce by `n` members in `nodes` nodes of a fabric
-    of `fabric_nodes` (Call.in_switch_window): n on one node; across nodes 2 n x (the accumulator's width
-    / the dtype's) x ceil(fabric_nodes / (n - 1)), so that each leaf's partials awaiting their result or
-    notice (n requesters' windows, twice: a notice may trail the next request) fit its buffer share /
-    fabric_nodes (fabric.switch, Spanning groups)."""
-    wide = switch_accumulator(np.dtype(dtype)).itemsize // np.dtype(dtype).itemsize
-    return _nvls_streams(n, nodes, fabric_nodes, wide)
-
-
-def _nvls_streams(n: int, nodes: int, fabric_nodes: int, wide: int) -> int:
-    """nvls_streams for a partial `wide` times as wide as an element."""
-    return n if nodes == 1 else 2 * n * wide * -(-fabric_nodes // max(1, n - 1))
 
 
 def nvls_chunks(topo: Topology, count: int, config, itemsize: int, partial_itemsize: int | None = None):
@@ -720,7 +637,7 @@ def sharp_mcast_ns(collective: str, topo: Topology, count: int, config, itemsize
     stores, order = sharp_stores(collective, topo, count, max(1, config.chunk_bytes // itemsize), itemsize, root)
     s, u = config.timing.switch_latency_ns, config.uplink_latency_ns
     share = topo.share_gbytes_per_s
-    gpus = [_Gpu(g, topo) for g in range(n)]
+    gpus = [GpuClocks(g, topo) for g in range(n)]
     arrive: dict[tuple, tuple[float, float, int]] = {}  # (key, node) -> the copy's stamps at the node's leaf
     for p in sorted(stores):
         node = gpus[p].node
@@ -789,47 +706,3 @@ def replay_ns(collective: str, algorithm: str, topo: Topology, S: int, config, i
     fabric = Fabric(topo, config.mtu_bytes, config.header_bytes)
     programs = {r: _program(collective, algorithm, topo, r, count, chunk, itemsize, root, elements) for r in range(n)}
     return run_programs(fabric, programs, lambda waiting: _stuck(collective, algorithm, n, waiting))
-
-
-def run_programs(fabric: Fabric, programs: dict, stuck, events: list | None = None) -> float:
-    """Run every member's program (generators of ("send", peer, key, nbytes), ("recv", peer, key),
-    ("flush",)) on `fabric`'s clocks, round-robin, each until it waits for a message not yet sent; the
-    latest member's clock at the end (ns). stuck(waiting): the error when no member can go on. Shared
-    by replay_ns and fabric.plans.timing (the plan interpreter), so both book links alike. events: if
-    given, gets (member, what, peer, start_ns, end_ns) for every operation: "send" its uplink's
-    occupation, "recv" its downlink's, "wait" the member's clock moved by a receive or a flush (peer
-    None for a flush)."""
-    waiting: dict[int, tuple] = {}  # member -> the recv it waits on
-    while programs:
-        progressed = False
-        for r in list(programs):
-            gpu = fabric.gpus[r]
-            op = waiting.pop(r, None)
-            while True:
-                if op is None:
-                    op = next(programs[r], None)
-                    if op is None:
-                        del programs[r]
-                        progressed = True
-                        break
-                before = gpu.now
-                if op[0] == "send":
-                    booked = fabric.send(gpu, op[1], op[2], op[3])
-                elif op[0] == "recv":
-                    booked = fabric.receive(gpu, op[1], op[2])
-                    if booked is None:
-                        waiting[r] = op
-                        break
-                else:
-                    gpu.now = max(gpu.now, gpu.uplink.free_ns)
-                if events is not None:
-                    peer = op[1] if op[0] != "flush" else None
-                    if op[0] != "flush":
-                        events.append((r, op[0], peer, *booked))
-                    if gpu.now > before:
-                        events.append((r, "wait", peer, before, gpu.now))
-                progressed = True
-                op = None
-        if not progressed:
-            raise stuck(waiting)
-    return max(gpu.now for gpu in fabric.gpus)

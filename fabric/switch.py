@@ -124,6 +124,7 @@ from .groups import ByGroup, GroupTable
 from .packets import (MAX_TEXT, WIRE_INT_MAX, GroupInfo, Kind, LoadInfo, McastInfo, NackInfo, Packet, ReduceInfo,
                       raw_bytes)
 from .reduction import check_dtype, check_op, switch_accumulator
+from .budget import buffer_share_bytes, held_parts_share, held_slot_bytes, honest_loads
 from .tlb import LinkTLB
 
 # what a GPU may send to its switch; NACK, LOAD, REPLY and SHUTDOWN are the switch's own
@@ -140,80 +141,6 @@ MAX_AWAITED = 1 << 16  # requests of one GPU forwarded and not yet answered; pas
 # answers one), at least: ranks/switch.MAX_UNREAD, the answers a GPU may leave unread on one switch; a config
 # whose honest nvls keeps more (honest_loads) gets twice that (SwitchLogic.max_loads)
 MAX_LOADS = 1024
-
-
-def buffer_share_bytes(config: FabricConfig) -> int:
-    """In-switch buffer for held contributions each partition may use, in bytes (an equal share)."""
-    return config.switch_buffer_bytes // len(config.partitions)
-
-
-def port_share_bytes(config: FabricConfig) -> int:
-    """Forwarded bytes the switch keeps in flight to one port at most, in bytes (an equal share of
-    switch_buffer_bytes; a port with nothing in flight always takes one more transfer)."""
-    return config.switch_buffer_bytes // (config.gpus_per_node + config.spines)
-
-
-def held_parts_share(config: FabricConfig) -> int:
-    """Contributions each partition may have held at once (a count): share // slot_bytes, so that held slots
-    counted at least slot_bytes each stay within the share. slot_bytes is share // the larger of 4,096, share /
-    1 KiB and _least_parts (1 KiB on shares of 4 MiB and more: 4,096 slots on a 4 MiB share)."""
-    return buffer_share_bytes(config) // held_slot_bytes(config)
-
-
-def held_slot_bytes(config: FabricConfig) -> int:
-    """What each held contribution counts at least against its partition's share (bytes): a held slot takes
-    about 0.7 KiB of switch memory however few bytes it holds (tests/unit/test_switch_span_order_and_costs.py). The credit
-    windows count each chunk at least this (Call.in_switch_window), so an honest window fits both bounds."""
-    share = buffer_share_bytes(config)
-    return max(1, share // max(4096, share // 1024, _least_parts(config)))
-
-
-def _least_parts(config: FabricConfig) -> int:
-    """The most contributions honest in-switch reductions hold when their window is the least they run with
-    (Call.in_switch_window's `least`: 1 for sharp's allreduce, 2 for its reduce_scatter and nvls, shrinking
-    the chunk does not shrink it): least x streams x (n - 1) over n = 2 .. the largest partition's GPUs, one
-    node or several, every accumulator width. Over 4,096 from 46 GPUs in a partition on one node (2 n (n - 1)), from
-    24 across 2 nodes (nvls: 8 n (n - 1), 16-bit floats); 4,512 for 48 on one node."""
-    from .replay import _nvls_streams, sharp_scatter_streams, sharp_streams  # fabric.replay imports this module
-
-    largest = max(len(members) for members in config.partitions) if config.partitions else config.gpus
-    most = 0
-    for n in range(2, largest + 1):
-        for nodes in ((1, 2) if config.nodes > 1 else (1,)):
-            for wide in (1, 2):  # fabric.reduction.switch_accumulator: as wide, or twice (16-bit floats)
-                most = max(most, (n - 1) * max(sharp_streams(n, nodes, config.nodes, wide),
-                                               2 * sharp_scatter_streams(n, nodes, config.nodes, wide),
-                                               2 * _nvls_streams(n, nodes, config.nodes, wide)))
-    return most
-
-
-def honest_loads(config: FabricConfig) -> int:
-    """The most LOADs of spanning groups an honest nvls call keeps unanswered to one GPU at its leaf: each of
-    its n members keeps at most its window of load-reduce requests awaiting their result (nvls.py: a new
-    one goes once a result is back, which needs every member's answer), each a LOAD to every member, so n x
-    window; the window is Call.in_switch_window's with nvls.streams (fabric.replay.nvls_streams: 2 n x the
-    accumulator's width / the dtype's x ceil(nodes / (n - 1))) and nvls_chunk_bytes (fabric.cost.
-    in_switch_chunk), at least 2. The largest over n = 2 .. the largest partition's GPUs and every
-    reduction dtype: about buffer share / (2 x nodes x nvls chunk) (128 on the presets at 2 nodes), at
-    least 2 n. hier's node groups are one leaf's, whose LOADs a leaf does not count (it stops reading a
-    GPU past MAX_UNREAD unread answers instead); 0 on one node (no group spans nodes)."""
-    if config.nodes < 2:
-        return 0
-    from .cost import in_switch_chunk  # fabric.cost and fabric.replay import this module
-    from .reduction import DTYPES
-    from .replay import nvls_streams
-
-    share = buffer_share_bytes(config)
-    largest = max(len(members) for members in config.partitions) if config.partitions else config.gpus
-    kinds = {(dtype.itemsize, switch_accumulator(dtype).itemsize): dtype for dtype in DTYPES.values()}
-    most = 0
-    for n in range(2, largest + 1):
-        for dtype in kinds.values():
-            streams = nvls_streams(n, 2, config.nodes, dtype)
-            chunk = in_switch_chunk(config, n, streams, 2, config.nvls_chunk_bytes, dtype.itemsize)
-            window = max(2, share // (streams * (n - 1)) // chunk)
-            most = max(most, n * window)
-    return most
 
 
 @dataclass(frozen=True)

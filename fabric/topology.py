@@ -64,7 +64,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .addressing import MAX_GPUS, NETWORK_ADDRESSES
-from .config import FabricConfig, check_figure
+from .figures import check_figure
 from .counters import LinkCounters
 from .errors import ConfigError, FabricError
 
@@ -180,10 +180,10 @@ class Topology:
 
     # -- builders ---------------------------------------------------------------------------------
     @classmethod
-    def single(cls, config: FabricConfig) -> "Topology":
+    def single(cls, config) -> "Topology":
         """Today's fabric of `config`: one node, one switch (rank config.gpus), its links with the
         config's bandwidth and latencies (the link profile's, with the config's overrides)."""
-        if not isinstance(config, FabricConfig):
+        if not all(hasattr(config, key) for key in ("timing", "gpus", "name")):  # a fabric.config.FabricConfig
             raise ConfigError(f"topology: Topology.single takes a FabricConfig, got {type(config).__name__}")
         timing = config.timing
         return cls(nodes=1, gpus_per_node=config.gpus, spines=0, gpu_gbytes_per_s=timing.bandwidth_gbytes_per_s,
@@ -271,7 +271,7 @@ class Topology:
         if self.spines or self.uplink_gbytes_per_s_per_node is not None or self.uplink_latency_ns is not None:
             figures += ["uplink_gbytes_per_s_per_node", "uplink_latency_ns"]
         for key in figures:
-            # FabricConfig's bounds (fabric.config.check_figure); a node's uplink is its G GPUs' shares
+            # FabricConfig's bounds (fabric.figures.check_figure); a node's uplink is its G GPUs' shares
             check_figure(key, getattr(self, key), f"{what}: ", self.gpus_per_node if key.endswith("per_node") else 1)
 
     # -- sizes and the rank layout ----------------------------------------------------------------

@@ -26,6 +26,7 @@ from . import hostcpu
 from .compare import CompareError, compare_presets, run_compare
 from .bench import sizes as bench_sizes
 from .model import cmd_model, model_arguments
+from .plotting import check_plot
 from .mpiexec import ENV as MPIEXEC_ENV
 from .labels import JobOutput
 from .mpiexec import mpiexec_command, rank_labels
@@ -36,7 +37,6 @@ from .runner import fabric_arguments, fabric_of, mpi4py_argument, prepare_trace_
 EXAMPLES = Path(__file__).parent / "examples"
 BENCH = str(Path(__file__).parent / "bench.py")
 INTERRUPT_GRACE_S = 10.0  # s, for mpiexec to end its ranks after Ctrl-C before it is killed
-PLOT_FORMATS = (".png", ".svg", ".pdf")
 LAUNCHER_HELP = (f"The MPI launcher: ${MPIEXEC_ENV} if set (e.g. srun, or \"mpiexec --oversubscribe\" for Open "
                  f"MPI), else the first mpiexec of the MPI library mpi4py uses, beside this Python (the mpich "
                  f"wheel's) or on PATH; with none, nvlink-emu stops before launching and says so.")
@@ -363,17 +363,6 @@ def cmd_bench(args, script_args) -> int:
         plot_busbw(args.plot, title, series)
         print(f"wrote {args.plot}", file=sys.stderr if args.json else sys.stdout)
     return 0
-
-
-def check_plot(path: str) -> None:
-    """ConfigError, before any rank starts, for a --plot file that cannot be written."""
-    target = Path(path)
-    if target.suffix.lower() not in PLOT_FORMATS:
-        raise ConfigError(f"--plot {path}: name a {', '.join(PLOT_FORMATS[:-1])} or {PLOT_FORMATS[-1]} file")
-    if target.is_dir():
-        raise ConfigError(f"--plot {path}: is a directory")
-    if not target.parent.is_dir():
-        raise ConfigError(f"--plot {path}: {target.parent} is not a directory")
 
 
 def print_comparison(collective: str, presets: list[str], rows: dict, as_json: bool) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from nvlink_emu.fabric.errors import ConfigError
 
+from .plotting import check_plot
 from .runner import fabric_of
 from .workload import STEP_KEY, parse_step_line
 
@@ -79,7 +80,6 @@ def run_compare(args, script_args, launch_script, progress) -> int:
         raise ConfigError("--no-label: --compare reads GPU 0's step lines by their [gpu 0] label")
     configs = {name: fabric_of(args, name) for name in presets}  # every name checked before any job
     plot = args.plot or default_plot(args.script)
-    from .cli import check_plot  # cli imports this module
     check_plot(plot)
     if not Path(args.script).is_file():
         raise ConfigError(f"{args.script}: no such script")

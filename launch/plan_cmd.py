@@ -10,6 +10,7 @@ from nvlink_emu.fabric.plans.registry import ALGORITHMS, grid
 from nvlink_emu.fabric.topology import Topology
 
 from .bench import _size
+from .plotting import check_plot
 from .runner import fabric_of
 
 
@@ -48,7 +49,6 @@ def cmd_plan(args, script_args=None) -> int:
         if args.output is not None:
             if args.action != "show":
                 raise FabricError("-o draws a timeline: it is for `plan show`")
-            from .cli import check_plot  # here: launch.cli imports this module
             check_plot(args.output)
         plan = _plan(args)
         if args.gpus is None and args.gpus_per_node is None:

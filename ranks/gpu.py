@@ -941,6 +941,8 @@ class Gpu:
                     timed = raw * spine_links_scale(self._plan, self._leaf, topology.nodes, topology.spines, start,
                                                     up=False)
                 start, end = self._inbound.book(start, end, timed, served=not program)
+                # its burst on the faster downlink, ending with its last byte (docs/model/time.md)
+                start = max(start, end - raw / self._downlink.bandwidth)
         link = downlink(self.rank, self._leaf)
         start, end = self._downlink.book(start, end, self._link_time(link, packet.payload_bytes, start, raw),
                                          served=not program)

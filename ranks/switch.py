@@ -23,7 +23,8 @@ from nvlink_emu.fabric.config import FabricConfig
 from nvlink_emu.fabric.counters import LinkStats, check_gpu_links, downlink, merge_reports, uplink
 from nvlink_emu.fabric.errors import FabricError, FabricTimeout, ProtocolError
 from nvlink_emu.fabric.packets import MAX_GPU_HEADER_BYTES, CountersInfo, Kind, Packet, TraceInfo, raw_bytes
-from nvlink_emu.fabric.switch import Send, SpineLogic, SwitchLogic, port_share_bytes
+from nvlink_emu.fabric.budget import port_share_bytes
+from nvlink_emu.fabric.switch import Send, SpineLogic, SwitchLogic
 
 from .transport import (MAILBOX_PEER_BYTES, MAILBOX_PEER_MESSAGES, MAX_HEADER_BYTES, WANTED, Idle, SwitchChannel,
                         Transport, mailbox_class, unframe)

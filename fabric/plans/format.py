@@ -18,6 +18,7 @@ in-switch reduction, multicast store, load-reduce request) are part of the forma
 do not run them yet, and the validator refuses them with UnsupportedOperation-style PlanError.
 """
 
+from collections import deque
 from dataclasses import dataclass, field
 
 BUFFERS = ("i", "o", "s")
@@ -89,3 +90,33 @@ class Plan:
         for program in self.programs:
             for step, op in enumerate(program.ops):
                 yield program.gpu, step, op
+
+
+def walk(plan: Plan, visit) -> tuple[list[int], dict[tuple[int, int, int], deque]]:
+    """The plan's symbolic run, shared by the validator and the timing tables: every GPU in program order
+    until it waits for a message not yet sent (sends never wait; a receive takes the oldest message of
+    its sender, receiver and channel). visit(g, step, op, message) is called once per operation that
+    runs, with the message a receive takes (None otherwise), and returns what a sending operation sends.
+    Returns (each GPU's count of operations run, the queues of messages (sender, receiver, channel)):
+    a GPU that stopped short waits for ever (a deadlock), a message left in a queue was never received."""
+    queues: dict[tuple[int, int, int], deque] = {}
+    at = [0] * plan.gpus
+    progressed = True
+    while progressed:
+        progressed = False
+        for g, program in enumerate(plan.programs):
+            ops, step = program.ops, at[g]
+            while step < len(ops):
+                op, message = ops[step], None
+                if op.kind in RECVS:
+                    queue = queues.get((op.recv_from, g, op.channel))
+                    if not queue:
+                        break
+                    message = queue.popleft()
+                out = visit(g, step, op, message)
+                if op.kind in SENDS:
+                    queues.setdefault((g, op.send_to, op.channel), deque()).append(out)
+                step += 1
+                progressed = True
+            at[g] = step
+    return at, queues

@@ -16,11 +16,13 @@ input at its turn) into its output; allgather sends its block to r+1, ..., r+n-1
 from p = r-1, r-2, ...; allreduce is the two in place, a flush between them (the sum of block r is
 built in the output, its own part saved to scratch slot r first); broadcast: the root sends the whole
 buffer to root+1, ..., root+n-1, the others take it from the root; all2all (ranks/collectives/all2all.py
-with equal blocks): block r+k to GPU r+k for k = 1..n-1, its own block copied, then block p from
-p = r-1, r-2, .... Link bytes per GPU: (n-1)/n S each way (reduce_scatter, allgather, all2all),
-2 (n-1)/n S (allreduce); broadcast: the root (n-1) S out, the others S in; reduce: reduce_scatter's
-phase, a flush, then every GPU but the root sends its block to the root, which takes them from root+1,
-root+2, ... (its output; another GPU's output is a scratch array of the input's size).
+with equal blocks): on one node block r+k to GPU r+k for k = 1..n-1, its own block copied, then block p
+from p = r-1, r-2, ...; across nodes (a layout) the other nodes' blocks in a Latin square of steps, each
+followed by one of its own node's (_all2all_order). Link bytes per GPU: (n-1)/n S each way
+(reduce_scatter, allgather, all2all), 2 (n-1)/n S (allreduce); broadcast: the root (n-1) S out, the
+others S in; reduce: reduce_scatter's phase, a flush, then every GPU but the root sends its block to the
+root, which takes them from root+1, root+2, ... (its output; another GPU's output is a scratch array of
+the input's size).
 pxn: ranks/collectives/pxn.py's All2All on N nodes x G positions (a layout): a block for GPU (b, k), b
 another node and k another position, goes first to the sender's node's GPU on position k, which passes
 it on piece by piece (recv_copy_send through a scratch slot); the others go straight; each hop and
@@ -109,9 +111,42 @@ def _direct_gather(n, r, own):
     return ops + [Op("recv", dst=Ref("o", (r - k) % n), recv_from=(r - k) % n) for k in range(1, n)]
 
 
+def _layout(n: int, layout, name: str):
+    """(layout, at): the grid of `n` GPUs (layout[a]: node a's GPUs; default one node) and each GPU's (a, j)."""
+    layout = layout or (tuple(range(n)),)
+    at = {m: (a, j) for a, row in enumerate(layout) for j, m in enumerate(row)}
+    if sorted(at) != list(range(n)) or len(at) != sum(map(len, layout)):
+        raise PlanError(f"{name} plan: layout {layout} does not hold each of the {n} GPUs once")
+    return layout, at
+
+
+def _all2all_order(r: int, at: dict, layout, sign: int) -> list[int]:
+    """direct all2all's peers of GPU r = (a, j) (module docstring): sign +1 its send order, -1 its receive
+    order. Step (d, e) is the GPU at position j + sign e of node a + sign d: the other nodes' steps (d =
+    1, ..., N-1; e = 0, 1, ...) alternate with its own node's (d = 0; e = 1, 2, ...), one of each in turn,
+    the other nodes' first. On a grid of N nodes x G GPUs, at each step every GPU sends one block and takes
+    one (a Latin square), so every GPU's outbound and inbound share of its node's uplink carries one
+    transfer after another from its first remote step to its last, and its own node's blocks cross its
+    NVLink links between them: what posting every pair's transfer at once (NCCL) gives each share, under
+    one transfer at a time per link (docs/model/time.md, "All2All across nodes"). One node: r + 1, r + 2,
+    ...; from r - 1, r - 2, ...."""
+    a, j = at[r]
+    N, row = len(layout), layout[a]
+    remote = [other[(j + sign * e) % len(other)] for d in range(1, N) for other in [layout[(a + sign * d) % N]]
+              for e in range(len(other))]
+    local = [row[(j + sign * e) % len(row)] for e in range(1, len(row))]
+    out = []
+    for i in range(max(len(remote), len(local))):
+        out += remote[i:i + 1] + local[i:i + 1]
+    return out
+
+
 def direct(gpus: int, collective: str, root: int = 0, layout=None) -> Plan:
-    """direct.py's schedules (module docstring) for allreduce, reduce_scatter, allgather, broadcast."""
+    """direct.py's schedules (module docstring) for allreduce, reduce_scatter, allgather, broadcast; all2all
+    on the grid `layout` (layout[a]: node a's GPUs; default one node: its order, _all2all_order)."""
     n, programs = gpus, []
+    if collective == "all2all":
+        layout, at = _layout(n, layout, "direct")
     for r in range(n):
         if collective == "reduce_scatter":
             ops, chunks = _direct_reduce(n, r, "i", Ref("o", 0)), (n, 1, n)
@@ -131,10 +166,10 @@ def direct(gpus: int, collective: str, root: int = 0, layout=None) -> Plan:
             ops += ([Op("send", src=Ref("o", r), send_to=root)] if r != root else
                     [Op("recv", dst=Ref("o", (root + k) % n), recv_from=(root + k) % n) for k in range(1, n)])
             chunks = (n, n, n)
-        elif collective == "all2all":  # all2all.py's pairwise exchange: to r+1, r+2, ...; from r-1, r-2, ...
-            ops = ([Op("send", src=Ref("i", (r + k) % n), send_to=(r + k) % n) for k in range(1, n)]
+        elif collective == "all2all":  # all2all.py's pairwise exchange, in _all2all_order's steps
+            ops = ([Op("send", src=Ref("i", p), send_to=p) for p in _all2all_order(r, at, layout, +1)]
                    + [Op("copy", src=Ref("i", r), dst=Ref("o", r))]
-                   + [Op("recv", dst=Ref("o", (r - k) % n), recv_from=(r - k) % n) for k in range(1, n)])
+                   + [Op("recv", dst=Ref("o", p), recv_from=p) for p in _all2all_order(r, at, layout, -1)])
             chunks = (n, n, 0)
         else:
             raise PlanError(f"direct plan: no {collective}; direct builds allreduce, reduce_scatter, allgather, "

@@ -17,9 +17,9 @@ import numpy as np
 from ..errors import FabricError, PlanError
 from ..packets import raw_bytes
 from ..reduction import blocks, chunks
-from ..replay import Fabric, run_programs
+from ..programs import Fabric, run_programs
 from ..topology import Topology
-from .format import RECVS, SENDS, Op, Plan
+from .format import RECVS, SENDS, Op, Plan, walk
 
 
 def buffer_elements(plan: Plan, S: int, itemsize: int) -> dict[str, int]:
@@ -82,28 +82,16 @@ def _chunk_tables(plan: Plan, S: int, itemsize: int) -> tuple[dict[str, list[tup
                 if sizes[g][c] is None:
                     sizes[g][c] = v
 
-    queues: dict[tuple[int, int, int], list] = {}
-    at = [0] * plan.gpus
-    progressed = True
-    while progressed:
-        progressed = False
-        for g, program in enumerate(plan.programs):
-            while at[g] < len(program.ops):
-                op, message = program.ops[at[g]], None
-                if op.kind in RECVS:
-                    queue = queues.get((op.recv_from, g, op.channel))
-                    if not queue:
-                        break
-                    message = queue.pop(0)
-                    if op.dst is not None:
-                        write(g, op.dst, message)
-                if op.kind in ("copy", "reduce"):
-                    write(g, op.dst, size_of(g, op.src))
-                if op.kind in SENDS:
-                    ref = op.src if op.kind in ("send", "recv_reduce_send") else op.dst
-                    queues.setdefault((g, op.send_to, op.channel), []).append(size_of(g, ref))
-                at[g] += 1
-                progressed = True
+    def visit(g, step, op, message):
+        if message is not None and op.dst is not None:
+            write(g, op.dst, message)
+        if op.kind in ("copy", "reduce"):
+            write(g, op.dst, size_of(g, op.src))
+        if op.kind in SENDS:
+            return size_of(g, op.src if op.kind in ("send", "recv_reduce_send") else op.dst)
+        return None
+
+    walk(plan, visit)
     for g, program in enumerate(plan.programs):
         if program.s_chunks:
             default = max(hi - lo for b in ("i", "o") for lo, hi in tables[g][b])
@@ -130,7 +118,15 @@ def span(table, ref) -> tuple[int, int]:
 def with_flushes(plan: Plan, g: int) -> list:
     """GPU g's operations with a flush put before any that writes a chunk a send not yet flushed reads
     (a send's data is not copied: ranks/collectives/plan.py sends views of the buffers, as ring.py does),
-    so that both interpreters run the same program. In place, "o" and "i" are one buffer."""
+    so that both interpreters run the same program. In place, "o" and "i" are one buffer. Kept on the
+    plan, one list per GPU (every replay of the plan, at any size, runs the same); read-only."""
+    kept = plan.__dict__.setdefault("_with_flushes", {})
+    if g not in kept:
+        kept[g] = tuple(_with_flushes(plan, g))
+    return kept[g]
+
+
+def _with_flushes(plan: Plan, g: int) -> list:
     alias = (lambda b: "i" if b == "o" else b) if plan.inplace else (lambda b: b)
     pending, out = set(), []
     for op in plan.programs[g].ops:
@@ -149,7 +145,7 @@ def with_flushes(plan: Plan, g: int) -> list:
 
 
 def messages(plan: Plan, S: int, itemsize: int, chunk: int):
-    """Per GPU, its program for fabric.replay.run_programs: ("recv", peer, key), ("send", peer, key,
+    """Per GPU, its program for fabric.programs.run_programs: ("recv", peer, key), ("send", peer, key,
     nbytes), ("flush",) in plan order; key (channel, message number on that channel and pair, piece).
     An operation that receives and sends on (rrs, rcs, rrcs) is pipelined piece by piece: piece k is
     sent on as soon as it is in (as a chain forwards it, and MSCCL's runtime does, slice by slice)."""
@@ -187,7 +183,7 @@ def _check(plan: Plan, topo: Topology, config) -> None:
 def plan_ns(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4, events: list | None = None) -> float:
     """Modeled ns of one call of `plan` (validated) on every GPU of `topo`, all starting at 0: the latest
     GPU's clock at the end, as fabric.replay.replay_ns. events: if given, gets the timeline
-    fabric.replay.run_programs records (GPU, "send"/"recv"/"wait", peer, start_ns, end_ns)."""
+    fabric.programs.run_programs records (GPU, "send"/"recv"/"wait", peer, start_ns, end_ns)."""
     _check(plan, topo, config)
     chunk = max(1, config.chunk_bytes // itemsize)
     fabric = Fabric(topo, config.mtu_bytes, config.header_bytes)
@@ -237,29 +233,20 @@ def _plan_rounds(plan: Plan, S: int, itemsize: int) -> list[np.ndarray]:
     (a proxy's forward). No round for a plan that sends nothing (one GPU)."""
     n = plan.gpus
     rounds: list[np.ndarray] = []
-    queues: dict[tuple[int, int, int], list[int]] = {}  # (sender, receiver, channel) -> rounds of messages
-    at, phase = [0] * n, [0] * n
+    phase = [0] * n
     tables = [spans(plan, S, itemsize, g) for g in range(n)]
-    progressed = True
-    while progressed:  # the validator's symbolic run: each GPU until it waits for a message not yet sent
-        progressed = False
-        for g, program in enumerate(plan.programs):
-            while at[g] < len(program.ops):
-                op, came = program.ops[at[g]], None
-                if op.kind in RECVS:
-                    queue = queues.get((op.recv_from, g, op.channel))
-                    if not queue:
-                        break
-                    came = queue.pop(0)
-                if op.kind == "flush":
-                    phase[g] += 1
-                elif op.kind in SENDS:
-                    k = phase[g] if came is None else max(phase[g], came + 1)
-                    while len(rounds) <= k:
-                        rounds.append(np.zeros((n, n), np.int64))
-                    lo, hi = span(tables[g], op.src if op.kind in ("send", "recv_reduce_send") else op.dst)
-                    rounds[k][g, op.send_to] += (hi - lo) * itemsize
-                    queues.setdefault((g, op.send_to, op.channel), []).append(k)
-                at[g] += 1
-                progressed = True
+
+    def visit(g, step, op, came):  # a message is the round it was sent in
+        if op.kind == "flush":
+            phase[g] += 1
+        elif op.kind in SENDS:
+            k = phase[g] if came is None else max(phase[g], came + 1)
+            while len(rounds) <= k:
+                rounds.append(np.zeros((n, n), np.int64))
+            lo, hi = span(tables[g], op.src if op.kind in ("send", "recv_reduce_send") else op.dst)
+            rounds[k][g, op.send_to] += (hi - lo) * itemsize
+            return k
+        return None
+
+    walk(plan, visit)
     return rounds

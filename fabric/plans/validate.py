@@ -16,11 +16,15 @@ Rules (each refusal is a PlanError naming the GPU, the step and, where one is in
    chunk c = input chunk c of every GPU; allgather chunk g k + m = GPU g's input chunk m; reduce_scatter
    chunk m of GPU g = input chunk g k + m of every GPU; all2all chunk h k + m of GPU g = GPU h's input
    chunk g k + m; broadcast chunk c = the root's input chunk c; reduce: the root's output as allreduce.
-A contribution is (GPU, input chunk); a chunk's value is the set of them.
+A contribution is (GPU, input chunk); a chunk's value is the set of them, held as an int whose bit
+h I + c is GPU h's input chunk c (I input chunks per GPU): a union or an overlap is one machine-word
+loop, where frozensets of pairs took 4.6 s of CPU to validate `direct` allreduce on 256 GPUs.
 """
 
+import functools
+
 from ..errors import PlanError
-from .format import BUFFERS, COLLECTIVES, IN_SWITCH, KINDS, LOCAL, RECVS, SENDS, Plan
+from .format import BUFFERS, COLLECTIVES, IN_SWITCH, KINDS, LOCAL, RECVS, SENDS, Plan, walk
 
 _NEEDS = {"send": ("src",), "recv": ("dst",), "recv_reduce": ("dst",), "recv_reduce_send": ("src",),
           "recv_copy_send": ("dst",), "recv_reduce_copy_send": ("dst",), "copy": ("src", "dst"),
@@ -95,13 +99,14 @@ def _ops(plan: Plan) -> None:
 
 
 class _State:
-    """Each GPU's chunks' contributions (None: never written)."""
+    """Each GPU's chunks' contributions (bit sets, the module docstring's; None: never written)."""
 
     def __init__(self, plan: Plan):
         self.plan = plan
         self.bufs = []
+        width = plan.programs[0].i_chunks
         for g, program in enumerate(plan.programs):
-            bufs = {"i": [frozenset({(g, c)}) for c in range(program.i_chunks)],
+            bufs = {"i": [1 << (g * width + c) for c in range(program.i_chunks)],
                     "s": [None] * program.s_chunks}
             bufs["o"] = bufs["i"] if plan.inplace else [None] * program.o_chunks
             self.bufs.append(bufs)
@@ -123,76 +128,67 @@ class _State:
             twice = have & add
             if twice:
                 raise PlanError(f"{_where(g, step, op, ref.off + k)}: the reduction would count "
-                                f"{_names(twice)} twice")
+                                f"{_names(twice, self.plan)} twice")
             out.append(have | add)
         return out
 
 
-def _names(contributions) -> str:
-    return ", ".join(f"GPU {h}'s input chunk {c}" for h, c in sorted(contributions))
+def _names(bits: int, plan: Plan) -> str:
+    width = plan.programs[0].i_chunks
+    pairs = [divmod(b, width) for b in range(bits.bit_length()) if bits >> b & 1]
+    return ", ".join(f"GPU {h}'s input chunk {c}" for h, c in pairs)
 
 
-def _combine(values, message, g, step, op):
+def _combine(values, message, g, step, op, plan):
     out = []
     for k, (have, add) in enumerate(zip(values, message)):
         if have & add:
-            raise PlanError(f"{_where(g, step, op, k)}: the reduction would count {_names(have & add)} twice")
+            raise PlanError(f"{_where(g, step, op, k)}: the reduction would count {_names(have & add, plan)} twice")
         out.append(have | add)
     return out
 
 
 def _run(plan: Plan) -> _State:
     state = _State(plan)
-    queues: dict[tuple[int, int, int], list] = {}
-    at = [0] * plan.gpus
-    while True:
-        progressed = False
-        for g, program in enumerate(plan.programs):
-            while at[g] < len(program.ops):
-                step, op = at[g], program.ops[at[g]]
-                message = None
-                if op.kind in RECVS:
-                    queue = queues.get((op.recv_from, g, op.channel))
-                    if not queue:
-                        break
-                    sender_step, message = queue.pop(0)
-                    ref = op.dst if op.dst is not None else op.src
-                    if len(message) != ref.cnt:
-                        raise PlanError(f"{_where(g, step, op, ref.off)}: receives {ref.cnt} chunks, GPU "
-                                        f"{op.recv_from} step {sender_step} sent {len(message)}")
-                kind, out = op.kind, None
-                if kind == "recv":
-                    state.write(g, op.dst, message)
-                elif kind == "recv_reduce":
-                    state.write(g, op.dst, state.fold(g, step, op, op.dst, message))
-                elif kind == "recv_copy_send":
-                    state.write(g, op.dst, message)
-                    out = message
-                elif kind == "recv_reduce_copy_send":
-                    out = state.fold(g, step, op, op.dst, message)
-                    state.write(g, op.dst, out)
-                elif kind == "recv_reduce_send":
-                    out = _combine(state.read(g, step, op, op.src), message, g, step, op)
-                elif kind == "send":
-                    out = state.read(g, step, op, op.src)
-                elif kind == "copy":
-                    if op.src.cnt != op.dst.cnt:
-                        raise PlanError(f"{_where(g, step, op, op.dst.off)}: copies {op.src.cnt} chunks into {op.dst.cnt}")
-                    state.write(g, op.dst, state.read(g, step, op, op.src))
-                elif kind == "reduce":
-                    if op.src.cnt != op.dst.cnt:
-                        raise PlanError(f"{_where(g, step, op, op.dst.off)}: reduces {op.src.cnt} chunks into {op.dst.cnt}")
-                    state.write(g, op.dst, state.fold(g, step, op, op.dst, state.read(g, step, op, op.src)))
-                if out is not None:
-                    queues.setdefault((g, op.send_to, op.channel), []).append((step, out))
-                at[g] += 1
-                progressed = True
-        if all(at[g] == len(p.ops) for g, p in enumerate(plan.programs)):
-            break
-        if not progressed:
-            stuck = [f"GPU {g} step {at[g]} waits for GPU {p.ops[at[g]].recv_from} on channel {p.ops[at[g]].channel}"
-                     for g, p in enumerate(plan.programs) if at[g] < len(p.ops)]
-            raise PlanError(f"plan {plan.name!r} deadlocks: {'; '.join(stuck)}")
+
+    def visit(g, step, op, received):
+        message = None
+        if received is not None:
+            sender_step, message = received
+            ref = op.dst if op.dst is not None else op.src
+            if len(message) != ref.cnt:
+                raise PlanError(f"{_where(g, step, op, ref.off)}: receives {ref.cnt} chunks, GPU "
+                                f"{op.recv_from} step {sender_step} sent {len(message)}")
+        kind, out = op.kind, None
+        if kind == "recv":
+            state.write(g, op.dst, message)
+        elif kind == "recv_reduce":
+            state.write(g, op.dst, state.fold(g, step, op, op.dst, message))
+        elif kind == "recv_copy_send":
+            state.write(g, op.dst, message)
+            out = message
+        elif kind == "recv_reduce_copy_send":
+            out = state.fold(g, step, op, op.dst, message)
+            state.write(g, op.dst, out)
+        elif kind == "recv_reduce_send":
+            out = _combine(state.read(g, step, op, op.src), message, g, step, op, plan)
+        elif kind == "send":
+            out = state.read(g, step, op, op.src)
+        elif kind == "copy":
+            if op.src.cnt != op.dst.cnt:
+                raise PlanError(f"{_where(g, step, op, op.dst.off)}: copies {op.src.cnt} chunks into {op.dst.cnt}")
+            state.write(g, op.dst, state.read(g, step, op, op.src))
+        elif kind == "reduce":
+            if op.src.cnt != op.dst.cnt:
+                raise PlanError(f"{_where(g, step, op, op.dst.off)}: reduces {op.src.cnt} chunks into {op.dst.cnt}")
+            state.write(g, op.dst, state.fold(g, step, op, op.dst, state.read(g, step, op, op.src)))
+        return step, out
+
+    at, queues = walk(plan, visit)
+    stuck = [f"GPU {g} step {at[g]} waits for GPU {p.ops[at[g]].recv_from} on channel {p.ops[at[g]].channel}"
+             for g, p in enumerate(plan.programs) if at[g] < len(p.ops)]
+    if stuck:
+        raise PlanError(f"plan {plan.name!r} deadlocks: {'; '.join(stuck)}")
     for (src, dst, channel), queue in queues.items():
         if queue:
             step, message = queue[0]
@@ -201,24 +197,29 @@ def _run(plan: Plan) -> _State:
     return state
 
 
-def expected(plan: Plan, g: int, c: int) -> frozenset | None:
-    """The contributions output chunk c of GPU g must hold (None: not checked, reduce's non-roots)."""
-    n, program = plan.gpus, plan.programs[g]
+def expected(plan: Plan, g: int, c: int) -> int | None:
+    """The contributions output chunk c of GPU g must hold, a bit set (None: not checked, reduce's
+    non-roots)."""
+    n, program, width = plan.gpus, plan.programs[g], plan.programs[0].i_chunks
+    every = _every_gpu(n, width)  # input chunk 0 of every GPU
     coll = plan.collective
     if coll == "allreduce" or (coll == "reduce" and g == plan.root):
-        return frozenset((h, c) for h in range(n))
+        return every << c
     if coll == "reduce":
         return None
     if coll == "broadcast":
-        return frozenset({(plan.root, c)})
+        return 1 << (plan.root * width + c)
     if coll == "allgather":
-        k = program.i_chunks
-        return frozenset({(c // k, c % k)})
+        return 1 << c  # GPU c // width's input chunk c % width
     if coll == "reduce_scatter":
-        k = program.o_chunks
-        return frozenset((h, g * k + c) for h in range(n))
-    k = program.i_chunks // n  # all2all
-    return frozenset({(c // k, g * k + c % k)})
+        return every << (g * program.o_chunks + c)
+    k = width // n  # all2all: GPU c // k's input chunk g k + c % k
+    return 1 << ((c // k) * width + g * k + c % k)
+
+
+@functools.lru_cache(maxsize=16)
+def _every_gpu(n: int, width: int) -> int:
+    return sum(1 << (h * width) for h in range(n))
 
 
 def validate(plan: Plan) -> Plan:
@@ -232,8 +233,9 @@ def validate(plan: Plan) -> Plan:
             if want is None or have == want:
                 continue
             if have is None:
-                raise PlanError(f"GPU {g} output chunk {c}: never written (needs {_names(want)})")
-            missing, extra = want - have, have - want
-            parts = ([f"misses {_names(missing)}"] if missing else []) + ([f"holds {_names(extra)} too"] if extra else [])
+                raise PlanError(f"GPU {g} output chunk {c}: never written (needs {_names(want, plan)})")
+            missing, extra = want & ~have, have & ~want
+            parts = ([f"misses {_names(missing, plan)}"] if missing else []) + \
+                ([f"holds {_names(extra, plan)} too"] if extra else [])
             raise PlanError(f"GPU {g} output chunk {c}: {'; '.join(parts)} (at the end of the plan)")
     return plan

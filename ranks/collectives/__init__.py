@@ -12,7 +12,7 @@ from nvlink_emu.fabric.errors import UnsupportedOperation
 from nvlink_emu.fabric.packets import Kind, LoadInfo, McastInfo, ReduceInfo
 from nvlink_emu.fabric.reduction import blocks, dtype_name
 from nvlink_emu.fabric import cost, cost_nodes, hier_plan
-from nvlink_emu.fabric.cost import in_switch_window
+from nvlink_emu.fabric.budget import in_switch_window
 
 from . import all2all, direct, hier, hier_nvls, nvls, pxn, ring, sharp, tree
 
@@ -130,12 +130,12 @@ class Call:
 
     def in_switch_window(self, streams: int, least: int = 1, chunk_bytes: int | None = None) -> int:
         """Chunks each member may have in the switch at once, so that the contributions the switch
-        holds - window x streams x (n - 1), each counted at least fabric.switch.held_slot_bytes - stay
-        within the partition's share of switch_buffer_bytes (fabric.switch.buffer_share_bytes) and its
+        holds - window x streams x (n - 1), each counted at least fabric.budget.held_slot_bytes - stay
+        within the partition's share of switch_buffer_bytes (fabric.budget.buffer_share_bytes) and its
         count of held contributions (held_parts_share); shrinks the message size if even `least` chunks
         would not fit. `streams`: reductions one credit step covers (1 for allreduce; n when all n blocks
         are in flight at once); chunk_bytes: the message size wanted (default and at most
-        config.chunk_bytes). fabric.cost.in_switch_window is the rule (fabric.cost.in_switch_chunk, the
+        config.chunk_bytes). fabric.budget.in_switch_window is the rule (fabric.budget.in_switch_chunk, the
         chunk alone, for the cost model)."""
         config, item = self.gpu.config, self.dtype.itemsize
         window, chunk = in_switch_window(config, self.n, streams, least, chunk_bytes, item)

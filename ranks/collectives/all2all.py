@@ -21,7 +21,7 @@ def all2allv(call, send: np.ndarray, send_offsets, send_counts, recv: np.ndarray
     each = send_counts[0] if n else 0
     if send.size == recv.size == n * each and all(c == each for c in (*send_counts, *recv_counts)):
         # all2all's equal, packed blocks: direct's plan (the same exchange, fabric.plans.registry.direct)
-        plan.execute(call, plans.build("direct", n, "all2all"), send, recv)
+        plan.execute(call, plans.build("direct", n, "all2all", layout=node_layout(call)), send, recv)
         return
     for shift in range(1, n):
         # post every receive first, so peers' blocks land in place
@@ -42,6 +42,16 @@ def all2allv(call, send: np.ndarray, send_offsets, send_counts, recv: np.ndarray
         for c, (lo, hi) in enumerate(chunks(base, base + recv_counts[p], call.chunk)):
             call.wait((A2A, p, c), f"GPU {call.peer(p)}", recv[lo:hi], p)
     call.flush()
+
+
+def node_layout(call) -> tuple[tuple[int, ...], ...] | None:
+    """The communicator's ranks by node (nodes in fabric order, each node's in rank order): direct's
+    all2all layout (fabric.plans.registry.direct); None when every member is on one node."""
+    topology = call.gpu.config.topology
+    by_node: dict[int, list[int]] = {}
+    for rank, gpu in enumerate(call.comm.members):
+        by_node.setdefault(topology.locate(gpu)[0], []).append(rank)
+    return tuple(tuple(by_node[node]) for node in sorted(by_node)) if len(by_node) > 1 else None
 
 
 def offsets(counts) -> list[int]:

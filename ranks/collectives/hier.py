@@ -76,7 +76,7 @@ import numpy as np
 from nvlink_emu.fabric import hier_plan
 from nvlink_emu.fabric.errors import UnsupportedOperation
 from nvlink_emu.fabric.reduction import blocks, combine, finish, two_level_blocks
-from nvlink_emu.fabric.switch import buffer_share_bytes
+from nvlink_emu.fabric.budget import buffer_share_bytes
 
 
 class Grid:

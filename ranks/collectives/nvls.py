@@ -43,7 +43,7 @@ emulator sends them as credits allow, which bounds the switch's memory.
 import numpy as np
 
 from nvlink_emu.fabric.reduction import blocks, chunks
-from nvlink_emu.fabric.replay import nvls_streams
+from nvlink_emu.fabric.budget import nvls_streams
 
 from .sharp import allgather, broadcast  # noqa: F401  (multicast stores, the same as sharp's)
 
@@ -117,7 +117,7 @@ def streams(call, dtype) -> int:
     """Credit streams of a load-reduce (Call.in_switch_window): n (every member's block in flight at once);
     across nodes also enough that every leaf's partials without their result - each requester's window,
     and once more as a notice may trail the next request - fit its buffer share / nodes, a 16-bit
-    float's partial counting twice (fabric.replay.nvls_streams is the same rule)."""
+    float's partial counting twice (fabric.budget.nvls_streams is the same rule)."""
     nodes = call.nodes()
     return nvls_streams(call.n, nodes, call.gpu.config.nodes, np.dtype(dtype))
 

@@ -15,13 +15,14 @@ on (N-1)(G-1) blocks of its node's other GPUs. Leaf-spine bytes equal `direct`'s
 crosses spine k mod spines in both (the Topology routes by the destination's local index), k_i
 (N-1) S / N on each leaf <-> spine i link each way (k_i: the rails spine i carries).
 Modeled time (fabric.replay, exact): an extra NVLink hop costs latency, so small All2Alls are slower
-than `direct`'s (8 KiB on superpod-h100-ib, 2 x 4 GPUs: 2.90 us against 2.40); large ones can be faster,
-because `direct`'s senders of a node all start their remote blocks with the same GPU and queue on its
-inbound share, while the proxies spread them (8 MiB: 106 us against 158 on superpod-h100-ib, 36.0
-against 36.0 on superpod-h100-nvlink). The gain NCCL gets on real clusters from rail-optimized
-networks (traffic of rail k stays under rail k's leaf switch) and from fewer network connections per
-GPU has no counterpart in this topology. comm.all2all's `auto` picks pxn or direct by that modeled
-time (comm.all2all_algorithm).
+than `direct`'s (8 KiB on superpod-h100-ib, 2 x 4 GPUs: 2.90 us against 2.40); since `direct` sends its
+remote blocks in a Latin square of steps (fabric.plans.registry._all2all_order) it is at its occupancy
+bound across nodes and large pxn All2Alls are slower too (their extra NVLink bytes: 8 MiB, 98.8 us against
+91.4; before that order `direct`'s senders of a node all started with the same remote GPU, and pxn won
+from 1 MiB on the IB presets). The gain NCCL gets on real clusters from rail-optimized networks
+(traffic of rail k stays under rail k's leaf switch) and from fewer network connections per GPU has
+no counterpart in this topology. comm.all2all's `auto` picks pxn or direct by that modeled time
+(comm.all2all_algorithm).
 All2Allv is not offered: a proxy would need every sender's counts to size what it forwards.
 """
 

@@ -45,7 +45,7 @@ credits (ranks/switch.py) bound the copies in flight to each member of another n
 import numpy as np
 
 from nvlink_emu.fabric.reduction import blocks, chunks, switch_accumulator
-from nvlink_emu.fabric.replay import sharp_scatter_streams, sharp_streams
+from nvlink_emu.fabric.budget import sharp_scatter_streams, sharp_streams
 
 AR, RS, AG, BC, RD = 0, 1, 2, 3, 4  # message phases
 
@@ -69,13 +69,13 @@ def allreduce(call, array: np.ndarray) -> None:
 
 
 def _streams(call, dtype) -> int:
-    """Credit streams of an allreduce (Call.in_switch_window): fabric.replay.sharp_streams, the rule the
+    """Credit streams of an allreduce (Call.in_switch_window): fabric.budget.sharp_streams, the rule the
     replay sizes its chunks by."""
     return sharp_streams(call.n, call.nodes(), call.gpu.config.nodes, _wide(dtype))
 
 
 def _scatter_streams(call, dtype) -> int:
-    """Credit streams of a reduce_scatter (Call.in_switch_window): fabric.replay.sharp_scatter_streams."""
+    """Credit streams of a reduce_scatter (Call.in_switch_window): fabric.budget.sharp_scatter_streams."""
     return sharp_scatter_streams(call.n, call.nodes(), call.gpu.config.nodes, _wide(dtype))
 
 

@@ -1,13 +1,16 @@
 """CLI tier: `nvlink-emu run`, `nvlink-emu demo` and `python -m nvlink_emu.launch` as subprocesses under mpiexec."""
 
 import os
+import shutil
 import sys
+import tempfile
 import textwrap
 import tomllib
+from pathlib import Path
 
 import pytest
 
-from cli_helpers import BIN, ROOT, command, run, script
+from cli_helpers import BIN, ROOT, command, heavy_result, run, script
 from nvlink_emu.fabric import cost_nodes
 from nvlink_emu.fabric.config import resolve
 from nvlink_emu.launch.superpod_demo import PRESETS as SUPERPODS
@@ -84,9 +87,26 @@ def test_a_send_held_past_the_receiver_s_mailbox_bound_times_out_naming_it(tmp_p
             "not taken by its program)") in done.stderr, done.stderr[-2000:]
 
 
+DEMO: dict[str, Path] = {}  # "plot": the PNG the heavy demo job draws
+
+
+def demo_command() -> list[str]:
+    DEMO["plot"] = Path(tempfile.mkdtemp(prefix="nvlink-emu-demo-")) / "superpods.png"
+    return [command("nvlink-emu"), "demo", "--plot", str(DEMO["plot"])]
+
+
+def heavy_jobs(items) -> dict:
+    """The demo for tests/cli/conftest.py's lanes, last in lane 1: a whole demo is ~115 s of CPU on 2
+    cores (its jobs and part 4's prediction), which the lanes overlap with the quick tests instead of
+    running it alone among them."""
+    return {1: [(item.nodeid, demo_command, 9)
+                for item in items if item.originalname == "test_demo_shows_isolation_and_classic_nvlink"]}
+
+
 @pytest.mark.slow  # the whole demo, four parts
-def test_demo_shows_isolation_and_classic_nvlink(tmp_path):
-    done, elapsed = run([command("nvlink-emu"), "demo", "--plot", str(tmp_path / "superpods.png")], timeout_s=400)
+def test_demo_shows_isolation_and_classic_nvlink(request):
+    done, elapsed = heavy_result(request.node.nodeid)
+    request.addfinalizer(lambda: shutil.rmtree(DEMO["plot"].parent, ignore_errors=True))
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "refused: AccessViolation" in out and "isolation holds" in out
@@ -132,7 +152,7 @@ def test_demo_shows_isolation_and_classic_nvlink(tmp_path):
     predicted = part4[part4.index("# PREDICTION"):]
     assert "32 nodes x 8 GPUs = 256 GPUs" in predicted
     assert len([line for line in predicted.splitlines() if line.split()[0] in SUPERPODS]) == 6
-    assert (tmp_path / "superpods.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert DEMO["plot"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_a_raising_gpu_ends_the_job_with_its_traceback(tmp_path):

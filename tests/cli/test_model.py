@@ -79,8 +79,9 @@ def test_all2all_auto_is_the_faster_of_its_algorithms_by_the_replay(capsys):
         assert row["algorithm"] == min(times, key=times.get)
         assert row["modeled_us"] == round(times[row["algorithm"]] / 1e3, 4)
         assert row["validated_by_emulation"] is False  # 2 x 4 GPUs: no tier runs it
-    # 8 KiB: pxn's extra hop costs latency; 256 KiB, 8 MiB: pxn spreads what direct queues on one inbound share
-    assert [r["algorithm"] for r in rows] == ["direct", "pxn", "pxn"]
+    # 8 KiB: pxn's extra hop costs latency; 256 KiB, 8 MiB: its extra NVLink bytes (98.8 us against 91.4 at 8
+    # MiB), since direct's Latin-square order keeps every inbound share busy (before it, pxn won both)
+    assert [r["algorithm"] for r in rows] == ["direct", "direct", "direct"]
     assert "2 nodes x 4 GPUs (4 spines), was not emulated: a prediction" in err
 
 
@@ -134,7 +135,7 @@ def test_the_256_gpu_shape(capsys):
     row = out.splitlines()[2].split()
     ns = cost_nodes.modeled_ns("allreduce", "hier_nvls", config.topology, S, config)
     assert row[:6] == [str(S), str(S // 4), "float32", "sum", "-1", "hier_nvls"]
-    assert float(row[6]) == pytest.approx(ns / 1e3, abs=5e-4)
+    assert float(row[6]) == pytest.approx(ns / 1e3, abs=5.5e-4)  # round(us, 4) printed to 3 decimals
     # hier_nvls's per-GPU bytes, its node stages in the leaf (cost_nodes.hier_leaf_link_bytes' closed form):
     # S + S/G + 2(N-1)/(NG) S each way
     assert int(row[9]) == int(row[10]) == S + S // 8 + 2 * 31 * S // 256

@@ -48,7 +48,7 @@ def test_load_reduces_do_not_pile_loads_up_at_another_node_s_leaf(monkeypatch, n
     requester's), and a leaf should bound the LOADs it keeps unanswered per local GPU (answering the
     rest with "unserved" itself), which would also bound the default budget's. Now a leaf keeps at most
     max_loads LOADs unanswered to a local GPU of a spanning group - MAX_LOADS, 1,024, with these configs,
-    whose honest nvls keeps at most 64 at 2 nodes, 42 at 3 (fabric.switch.honest_loads; 4 and 8 with
+    whose honest nvls keeps at most 64 at 2 nodes, 42 at 3 (fabric.budget.honest_loads; 4 and 8 with
     SMALL) - and drops a request past it, telling the requester's leaf ("unserved"), and takes a member's
     notice only for a LOAD it sent that member unanswered: in all three cases GPU 0's own leaf (GPU 0 answers none of its LOADs) and the
     partner's stop at 1,024, and none is refused (the budget, 2,048 or 1,365, is never reached)."""
@@ -219,7 +219,7 @@ def test_notices_unserved_of_no_load_do_not_cross_the_switches(monkeypatch):
 
 
 # the ratio of a switch buffer 16 times the preset's (1 GiB) to the preset NVLS chunk (128 KiB), both 64 times
-# smaller, so that the windows are as many chunks and the data 64 times less (fabric.switch.honest_loads: the same)
+# smaller, so that the windows are as many chunks and the data 64 times less (fabric.budget.honest_loads: the same)
 WIDE = dict(switch_buffer_bytes=16 * (64 << 20) // 64, nvls_chunk_bytes=(128 << 10) // 64)
 
 
@@ -236,7 +236,8 @@ def test_honest_nvls_and_hier_run_unrefused_with_a_16x_switch_buffer(monkeypatch
     0) the run failed both times, a member of the pair waiting to its deadline for a result its request
     of chunk 385 (8 ranks; 388 at 10) never got, the other for that request's LOAD (FabricTimeout)."""
     from nvlink_emu.fabric.reduction import blocks
-    from nvlink_emu.fabric.switch import MAX_LOADS, SwitchLogic, honest_loads
+    from nvlink_emu.fabric.budget import honest_loads
+    from nvlink_emu.fabric.switch import MAX_LOADS, SwitchLogic
 
     pair, _ = _tenants()
     logics, init = [], SwitchLogic.__init__

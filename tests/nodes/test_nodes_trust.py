@@ -127,7 +127,7 @@ def test_a_gpu_that_stops_receiving_cannot_make_its_leaf_hold_more_than_its_port
     48 MiB for it, three times its port's share. Now the partner's leaf stops at its credit for GPU 0's
     port (the share over the other nodes) until GPU 0's leaf credits the bytes back, and the answers
     all arrive once GPU 0 receives again."""
-    from nvlink_emu.fabric.switch import port_share_bytes
+    from nvlink_emu.fabric.budget import port_share_bytes
 
     _, per_node, _ = shape()
     partner, chunk, count = per_node, 1 << 20, 48

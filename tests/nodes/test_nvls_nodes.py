@@ -8,12 +8,10 @@ import numpy as np
 import pytest
 
 from nvlink_emu.fabric import cost_nodes
-from nvlink_emu.fabric.cost import in_switch_chunk
+from nvlink_emu.fabric.budget import buffer_share_bytes, in_switch_chunk, nvls_streams
 from nvlink_emu.fabric.errors import AccessViolation
 from nvlink_emu.fabric.packets import Kind, LoadInfo, Packet, ReduceInfo, segments
 from nvlink_emu.fabric.reduction import blocks
-from nvlink_emu.fabric.replay import nvls_streams
-from nvlink_emu.fabric.switch import buffer_share_bytes
 
 from nodes_helpers import (check_bytes_and_times, config, contribution, dtype_of, every_op_and_dtype, run, shape,
                            timed, two_level)

@@ -12,7 +12,7 @@ import pytest
 
 from nvlink_emu.fabric.errors import CollectiveMismatch, FabricTimeout
 from nvlink_emu.fabric.packets import Kind, McastInfo, Packet, ReduceInfo
-from nvlink_emu.fabric.switch import buffer_share_bytes, port_share_bytes
+from nvlink_emu.fabric.budget import buffer_share_bytes, port_share_bytes
 from nvlink_emu.ranks.transport import Transport
 
 from nodes_helpers import config, contribution, run, shape, two_level

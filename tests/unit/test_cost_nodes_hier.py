@@ -285,7 +285,7 @@ def op_by_op_leaf_traffic(collective, topo, S, config, itemsize=4, root=0):
     """cost_nodes._hier_leaf_traffic as hier_leaf_link_bytes counted it before it went slice by slice: every
     member's program (replay._hier) op by op."""
     from nvlink_emu.fabric.packets import raw_bytes
-    from nvlink_emu.fabric.switch import buffer_share_bytes
+    from nvlink_emu.fabric.budget import buffer_share_bytes
     n = topo.gpus
     count = S // itemsize
     chunk = max(1, config.chunk_bytes // itemsize)

@@ -6,9 +6,10 @@ import pytest
 
 from nvlink_emu.fabric import hier_plan, replay
 from nvlink_emu.fabric.config import resolve
-from nvlink_emu.fabric.switch import buffer_share_bytes
+from nvlink_emu.fabric.budget import buffer_share_bytes
 
-# (preset, nodes, GPUs per node, collective, bytes, itemsize, root) -> ns, as the code before gave them
+# (preset, nodes, GPUs per node, collective, bytes, itemsize, root) -> ns, as the code before gave them (before
+# the downlink burst: BURST below holds those it moved)
 BEFORE = [
     (("superpod-h100-ib-line", 2, 4, "allreduce", 1048576, 4, 0), 16222.240000000002),
     (("superpod-h100-ib-line", 2, 8, "allreduce", 16777216, 4, 0), 90558.47111111095),
@@ -51,12 +52,34 @@ SLICED = [
 ]
 
 
+# the cases a transfer from another node crossing its receiver's downlink as one burst moved (docs/model/time.md,
+# All2All across nodes): each no later than before (a burst holds a part of the interval the stream held), and
+# the emulated runs equal the replay with it (tests/nodes/test_replay.py)
+BURST = {
+    ('superpod-h100-ib-line', 2, 8, 'allreduce', 16777216, 4, 0): 80036.30222222213,
+    ('superpod-h100-ib-line', 4, 8, 'allreduce', 33554444, 4, 0): 194229.88444444558,
+    ('superpod-h100-ib-line', 2, 2, 'allreduce', 786439): 41826.124444444475,
+    ('superpod-h100-ib-line', 2, 2, 'allgather', 786439): 21987.688888888883,
+    ('superpod-h100-ib-line', 3, 4, 'allreduce', 2359303): 90753.98222222213,
+    ('superpod-h100-ib-line', 3, 4, 'allgather', 2359303): 46196.28444444448,
+    ('superpod-h100-ib-line', 5, 2, 'allreduce', 1966087): 152650.69333333342,
+    ('superpod-h100-ib-line', 5, 2, 'allgather', 1966087): 77144.63999999993,
+    ('superpod-h100-nvlink-line', 2, 2, 'allreduce', 786439): 22450.106666666656,
+    ('superpod-h100-nvlink-line', 3, 4, 'allreduce', 2359303): 59556.1155555556,
+    ('superpod-h100-nvlink-line', 3, 4, 'allgather', 2359303): 29934.248888888855,
+    ('superpod-h100-nvlink-line', 5, 2, 'allreduce', 1966087): 66983.84,
+    ('superpod-h100-nvlink-line', 5, 2, 'allgather', 1966087): 33648.133333333295,
+}
+
+
 @pytest.mark.parametrize("case, before", BEFORE, ids=[f"{c[0]}-{c[1]}x{c[2]}-{c[3]}-{c[4]}" for c, _ in BEFORE])
 def test_hier_nvls_replays_in_its_golden_times(case, before):
     name, N, G, collective, S, itemsize, root = case
     config = resolve(name, None, None, N, G)
     assert hier_plan.in_leaf(config)
-    assert replay.replay_ns(collective, "hier_nvls", config.topology, S, config, itemsize, root) == before
+    want = BURST.get(case, before)
+    assert want <= before
+    assert replay.replay_ns(collective, "hier_nvls", config.topology, S, config, itemsize, root) == want
 
 
 @pytest.mark.parametrize("case, before", SLICED, ids=[f"{c[0]}-{c[1]}x{c[2]}-{c[3]}" for c, _ in SLICED])
@@ -66,7 +89,9 @@ def test_hier_nvls_in_several_slices_replays_in_its_golden_times(case, before):
     P = hier_plan.slice_elements(max(1, config.chunk_bytes // 4), 4, N, G, buffer_share_bytes(config))
     assert count == 3 * P * N * G + 7  # the slice size these values were taken at
     root = (N * G) - 1 if collective == "broadcast" else 0
-    assert replay.hier_ns(collective, config.topology, count, config, 4, root) == before
+    want = BURST.get(case, before)
+    assert want <= before
+    assert replay.hier_ns(collective, config.topology, count, config, 4, root) == want
 
 
 @pytest.mark.parametrize("collective", hier_plan.STAGES)

@@ -35,7 +35,8 @@ def test_a_requester_s_own_refusals_keep_loads_to_the_other_node_within_the_budg
     honest_loads: 4 GPUs' least window, 2; a pair's is 64 KiB // 8 // 4 KiB = 2 too) - drops each request
     past that and tells leaf
     0 ("unserved"), and leaf 0 takes GPU 0's notices, each for a LOAD it sent GPU 0; nothing is refused."""
-    from nvlink_emu.fabric.switch import MAX_LOADS, honest_loads
+    from nvlink_emu.fabric.budget import honest_loads
+    from nvlink_emu.fabric.switch import MAX_LOADS
 
     config = nvlink(spines=1, switch_buffer_bytes=1 << 16, chunk_bytes=4096)
     fabric = Fabric(config)
@@ -179,7 +180,7 @@ def test_a_notice_of_no_load_stays_at_its_leaf():
     assert fabric.switches[0].refused[0] == 100
 
 
-# -- the bound of LOADs unanswered per GPU (fabric.switch.honest_loads, SwitchLogic.max_loads) ---------------
+# -- the bound of LOADs unanswered per GPU (fabric.budget.honest_loads, SwitchLogic.max_loads) ---------------
 
 def _windows(config):
     """n x the window each member of an nvls call of n GPUs in two or more nodes keeps (ranks/collectives:
@@ -209,7 +210,8 @@ def test_the_bound_of_loads_unanswered_per_gpu_is_twice_what_honest_nvls_keeps_i
     One node has no spanning group (0). The same ratio of buffer to chunk (tests/nodes' WIDE, each 64x
     smaller) keeps the same windows."""
     from nvlink_emu.fabric.config import preset
-    from nvlink_emu.fabric.switch import MAX_LOADS, SwitchLogic, honest_loads
+    from nvlink_emu.fabric.budget import honest_loads
+    from nvlink_emu.fabric.switch import MAX_LOADS, SwitchLogic
 
     config = preset("superpod-h100-nvlink", nodes=nodes, gpus=8 * nodes, switch_buffer_bytes=scale * (64 << 20))
     assert honest_loads(config) == max(_windows(config)) == want

@@ -4,11 +4,11 @@ driven directly (fabric.switch.SwitchLogic), as test_switch_span_order_and_costs
 import numpy as np
 import pytest
 
-from nvlink_emu.fabric.cost import in_switch_chunk, in_switch_window
+from nvlink_emu.fabric.budget import in_switch_chunk, in_switch_window, sharp_scatter_streams, sharp_streams
 from nvlink_emu.fabric.config import FabricConfig
 from nvlink_emu.fabric.packets import Kind
-from nvlink_emu.fabric.replay import sharp_scatter_streams, sharp_streams
-from nvlink_emu.fabric.switch import SwitchLogic, buffer_share_bytes
+from nvlink_emu.fabric.budget import buffer_share_bytes
+from nvlink_emu.fabric.switch import SwitchLogic
 
 from switch_helpers import ready_group, reduce_packet
 from switch_helpers import Intake
@@ -18,7 +18,7 @@ MiB = 1 << 20
 
 def _honest_sharp_window(config, n: int, itemsize: int = 4) -> tuple[int, int]:
     """(window, chunk bytes) of ranks/collectives/sharp.py's allreduce by `n` members on one node:
-    Call.in_switch_window(sharp_streams), i.e. fabric.cost.in_switch_window, the same rule."""
+    Call.in_switch_window(sharp_streams), i.e. fabric.budget.in_switch_window, the same rule."""
     return in_switch_window(config, n, sharp_streams(n, 1, config.nodes, 1), 1, None, itemsize)
 
 
@@ -62,8 +62,8 @@ def test_an_honest_sharp_window_of_small_chunks_fits_its_share(chunk_bytes):
     against what the honest rule allows. Proposed fix: the window rule counts each contribution at
     max(chunk, share // held_parts_share) bytes (in_switch_chunk and Call.in_switch_window alike), or the
     config refuses chunk_bytes / nvls_chunk_bytes under 1 KiB and in_switch_chunk never shrinks below it.
-    Fixed: the window rule (fabric.cost.in_switch_window, Call.in_switch_window's) counts each chunk at
-    least fabric.switch.held_slot_bytes, as the switch counts a held one: window 1,365 for both (4,095
+    Fixed: the window rule (fabric.budget.in_switch_window, Call.in_switch_window's) counts each chunk at
+    least fabric.budget.held_slot_bytes, as the switch counts a held one: window 1,365 for both (4,095
     held, the 1 KiB chunks' window), filled without a refusal; the switch's bounds are unchanged."""
     n = 4
     config = FabricConfig(gpus=n, mode="network", sharp=True, mtu_bytes=256, header_bytes=16, page_size_bytes=4096,
@@ -100,7 +100,7 @@ def test_an_honest_sharp_reduce_scatter_of_48_gpus_at_its_least_window_fits_its_
     2 rounds x 48 blocks x 47 members = 4,512 contributions held when one member is late - past 4,096, and
     past the share counted at 1 KiB each (measured before the fix: refused at round 1's block 39, GPU 7,
     the 4,097th held). Fixed: held_parts_share covers the least window of every group size
-    (fabric.switch._least_parts: 4,512 here), slot_bytes = share // it (929 B), held_parts_share = share //
+    (fabric.budget._least_parts: 4,512 here), slot_bytes = share // it (929 B), held_parts_share = share //
     slot_bytes (4,514); the whole least window is held without a refusal."""
     n = 48
     config = FabricConfig(gpus=n, mode="network", sharp=True, mtu_bytes=256, header_bytes=16, page_size_bytes=4096,

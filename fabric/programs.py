@@ -1,0 +1,104 @@
+"""Point-to-point programs on the link clocks: each GPU's clock and link ends, as ranks/gpu.py books them,
+the messages in flight between them (Fabric), and the interpreter that runs every member's program
+round-robin (run_programs). fabric.replay's schedules and fabric.plans.timing's plans both run here, so
+both book links alike. Pure (no MPI). Units: ns, bytes, GB/s (= bytes per ns)."""
+
+from .packets import raw_bytes
+from .timemodel import LinkEnd
+from .topology import Topology
+
+
+class GpuClocks:
+    """One member's clock and links, as ranks/gpu.py keeps them."""
+
+    __slots__ = ("index", "node", "now", "uplink", "downlink", "inbound")
+
+    def __init__(self, index: int, topo: Topology):
+        self.index, self.node = index, topo.locate(index)[0]
+        self.now = 0.0
+        self.uplink = LinkEnd(topo.gpu_gbytes_per_s, topo.gpu_latency_ns)
+        self.downlink = LinkEnd(topo.gpu_gbytes_per_s, topo.gpu_latency_ns)
+        self.inbound = LinkEnd(topo.share_gbytes_per_s, 0.0) if topo.spines else None
+
+
+class Fabric:
+    """The link clocks of every GPU and leaf of `topo`, and the messages in flight between them.
+    mtu_bytes/header_bytes: the config's, for raw bytes."""
+
+    def __init__(self, topo: Topology, mtu_bytes: int, header_bytes: int):
+        self.topo, self.mtu, self.header = topo, mtu_bytes, header_bytes
+        self.gpus = [GpuClocks(g, topo) for g in range(topo.gpus)]
+        s, u = topo.switch_latency_ns, topo.uplink_latency_ns
+        self.s, self.spine_ns = s, (s + u if topo.spines else None)
+        self.shares = [LinkEnd(topo.share_gbytes_per_s, u) for _ in range(topo.gpus)] if topo.spines else None
+        self.sent: dict[tuple, tuple[float, float, int]] = {}  # (src, dst, key) -> stamps at dst's leaf, raw
+
+    def send(self, gpu: GpuClocks, peer: int, key, nbytes: int) -> tuple[float, float]:
+        """Book a message on its route; returns when it occupies the sender's uplink (ns)."""
+        raw = raw_bytes(nbytes, self.mtu, self.header)
+        start, end = gpu.uplink.send(gpu.now, gpu.now, raw)
+        uplink = start - gpu.uplink.latency_ns, end - gpu.uplink.latency_ns  # the link's own occupation
+        start, end = start + self.s, end + self.s                       # the sender's leaf (cut-through)
+        if self.gpus[peer].node != gpu.node:
+            start, end = self.shares[gpu.index].send(start, end, raw)  # its outbound share, + u
+            start, end = start + self.spine_ns, end + self.spine_ns    # the spine, the cable down
+            start, end = start + self.s, end + self.s                   # the destination's leaf
+        self.sent[(gpu.index, peer, key)] = (start, end, raw)
+        return uplink
+
+    def receive(self, gpu: GpuClocks, peer: int, key) -> tuple[float, float] | None:
+        """Consume the message if it was sent: when it occupies the receiver's downlink (ns); None: not yet."""
+        got = self.sent.pop((peer, gpu.index, key), None)
+        if got is None:
+            return None
+        start, end, raw = got
+        if self.gpus[peer].node != gpu.node:
+            start, end = gpu.inbound.book(start, end, raw)
+            start = max(start, end - raw / gpu.downlink.bandwidth)  # its burst on the faster downlink
+        start, end = gpu.downlink.book(start, end, raw)
+        gpu.now = max(gpu.now, end + gpu.downlink.latency_ns)
+        return start, end
+
+
+def run_programs(fabric: Fabric, programs: dict, stuck, events: list | None = None) -> float:
+    """Run every member's program (generators of ("send", peer, key, nbytes), ("recv", peer, key),
+    ("flush",)) on `fabric`'s clocks, round-robin, each until it waits for a message not yet sent; the
+    latest member's clock at the end (ns). stuck(waiting): the error when no member can go on. Shared
+    by replay_ns and fabric.plans.timing (the plan interpreter), so both book links alike. events: if
+    given, gets (member, what, peer, start_ns, end_ns) for every operation: "send" its uplink's
+    occupation, "recv" its downlink's, "wait" the member's clock moved by a receive or a flush (peer
+    None for a flush)."""
+    waiting: dict[int, tuple] = {}  # member -> the recv it waits on
+    while programs:
+        progressed = False
+        for r in list(programs):
+            gpu = fabric.gpus[r]
+            op = waiting.pop(r, None)
+            while True:
+                if op is None:
+                    op = next(programs[r], None)
+                    if op is None:
+                        del programs[r]
+                        progressed = True
+                        break
+                before = gpu.now
+                if op[0] == "send":
+                    booked = fabric.send(gpu, op[1], op[2], op[3])
+                elif op[0] == "recv":
+                    booked = fabric.receive(gpu, op[1], op[2])
+                    if booked is None:
+                        waiting[r] = op
+                        break
+                else:
+                    gpu.now = max(gpu.now, gpu.uplink.free_ns)
+                if events is not None:
+                    peer = op[1] if op[0] != "flush" else None
+                    if op[0] != "flush":
+                        events.append((r, op[0], peer, *booked))
+                    if gpu.now > before:
+                        events.append((r, "wait", peer, before, gpu.now))
+                progressed = True
+                op = None
+        if not progressed:
+            raise stuck(waiting)
+    return max(gpu.now for gpu in fabric.gpus)
