@@ -1,6 +1,6 @@
 """The CLI tier's heavy jobs start as soon as the tests are collected (cli_helpers.start_lanes): a test
 module names them with heavy_jobs(items) -> {lane: [(test node id, command maker, order)]}, lanes 0 and 1;
-in each lane the jobs run by order (mpi4py's files 0, the tiers 1 and 2, the demo 9)."""
+in each lane the jobs run by order (the demo -1, mpi4py's files 0, the tiers 1 and 2)."""
 
 from cli_helpers import start_lanes, stop_lanes
 

@@ -46,8 +46,9 @@ def test_bench_with_a_fault_plan_prints_crc_errors_replays_and_state(tmp_path):
 def test_a_gpus_only_link_down_ends_the_bench_with_linkdown_not_a_hang(tmp_path):
     plan = tmp_path / "down.toml"
     plan.write_text('[[faults]]\nlink = "gpu5->sw1"\nkind = "down"\nat_ns = 2000\n')
+    # the line-rate twin: the golden time below was taken on its figures (superpod-h100-nvlink is calibrated)
     done, _ = run([command("nvlink-emu"), "bench", "allreduce", "--nodes", "2", "--gpus-per-node", "4", "--preset",
-                   "superpod-h100-nvlink", "--min-bytes", "1M", "--max-bytes", "1M", "--iters", "2", "--timeout", "30",
+                   "superpod-h100-nvlink-line", "--min-bytes", "1M", "--max-bytes", "1M", "--iters", "2", "--timeout", "30",
                    "--faults", str(plan)], timeout_s=90)  # well inside the ranks' 30 s deadline plus start-up
     assert done.returncode != 0
     assert ("[nvlink-emu gpu 5] nvlink_emu.fabric.errors.LinkDown: link gpu5->sw1 is down at 6502 ns (down since "
