@@ -115,6 +115,6 @@ def heavy_result(nodeid: str, timeout_s: float = 3 * HEAVY_TIMEOUT_S) -> tuple[s
 
 
 def stop_lanes() -> None:
-    for job in HEAVY.values():
+    for job in list(HEAVY.values()):  # a lane may still be adding its next job
         if isinstance(job, Started):
             job.kill()

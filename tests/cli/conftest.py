@@ -6,6 +6,8 @@ from cli_helpers import start_lanes, stop_lanes
 
 
 def pytest_collection_finish(session):
+    if session.config.option.collectonly:  # --collect-only runs nothing
+        return
     lanes: dict[int, list] = {0: [], 1: []}
     for module in {item.module for item in session.items if hasattr(item, "module")}:
         if hasattr(module, "heavy_jobs"):

@@ -71,6 +71,7 @@ def test_trace_dir_that_cannot_be_a_directory(tmp_path, how, where):
     assert blocker.read_text() == "a file\n"
 
 
+@pytest.mark.slow  # a few seconds or more: an MPI job (docs/develop/testing.md, Markers)
 @pytest.mark.parametrize("how", ["nvlink-emu run", "mpiexec"])
 @pytest.mark.parametrize("signature", ["()", "(a, b)", "(*, gpu)"])
 def test_main_with_the_wrong_signature_is_refused_before_traffic(tmp_path, how, signature):
@@ -86,6 +87,7 @@ def test_main_with_the_wrong_signature_is_refused_before_traffic(tmp_path, how, 
     assert "per-link counters" not in done.stdout + done.stderr  # no fabric started
 
 
+@pytest.mark.slow  # a few seconds or more: an MPI job (docs/develop/testing.md, Markers)
 @pytest.mark.parametrize("signature", ["(gpu)", "(gpu, verbose=False)", "(*args)"])
 def test_main_callable_with_one_argument_runs(tmp_path, signature):
     done, _ = run([command("nvlink-emu"), "run", script(tmp_path, f"def main{signature}:\n    pass\n"),
@@ -95,6 +97,7 @@ def test_main_callable_with_one_argument_runs(tmp_path, signature):
 
 # -- sys.exit in a workload ------------------------------------------------------------------------
 
+@pytest.mark.slow  # a few seconds or more: an MPI job (docs/develop/testing.md, Markers)
 @pytest.mark.parametrize("how", ["nvlink-emu run", "mpiexec"])
 def test_sys_exit_on_one_rank_ends_the_job_with_its_status(tmp_path, how):
     body = textwrap.dedent("""
@@ -112,6 +115,7 @@ def test_sys_exit_on_one_rank_ends_the_job_with_its_status(tmp_path, how):
     assert elapsed < 30, f"the job took {elapsed:.1f} s to end; it must not wait for the 60 s deadline"
 
 
+@pytest.mark.slow  # a few seconds or more: an MPI job (docs/develop/testing.md, Markers)
 def test_sys_exit_with_a_message_ends_the_job_with_status_1(tmp_path):
     body = "import sys\ndef main(gpu):\n    if gpu.rank == 0:\n        sys.exit('no data')\n    gpu.world.barrier()\n"
     done, _ = run([command("nvlink-emu"), "run", script(tmp_path, body), "--gpus", "2", "--timeout", "60"])
@@ -119,6 +123,7 @@ def test_sys_exit_with_a_message_ends_the_job_with_status_1(tmp_path):
     assert "[nvlink-emu gpu 0] sys.exit('no data') in the workload; ending the job with status 1" in done.stderr
 
 
+@pytest.mark.slow  # a few seconds or more: an MPI job (docs/develop/testing.md, Markers)
 def test_sys_exit_0_is_a_normal_return_of_main(tmp_path):
     body = textwrap.dedent("""
         import sys
@@ -185,6 +190,7 @@ def _no_rank_left(path: str) -> None:
     assert running(path) == [], "ranks were left running after Ctrl-C"
 
 
+@pytest.mark.slow  # a few seconds or more: an MPI job (docs/develop/testing.md, Markers)
 @pytest.mark.parametrize("to", ["nvlink-emu only", "the process group"])
 def test_ctrl_c_stops_the_job_with_one_line_and_status_130(tmp_path, to):
     job, stderr, elapsed, path = _interrupted(tmp_path, to)
@@ -196,6 +202,7 @@ def test_ctrl_c_stops_the_job_with_one_line_and_status_130(tmp_path, to):
     _no_rank_left(path)
 
 
+@pytest.mark.slow  # a few seconds or more: an MPI job (docs/develop/testing.md, Markers)
 def test_ctrl_c_ends_ranks_that_ignore_it(tmp_path):
     """Ranks that do not end on SIGINT (here they ignore it) still end, and the command with them (MPICH's
     mpiexec ends them at the second SIGINT; where mpiexec itself does not end, stop_interrupted kills it
@@ -233,6 +240,7 @@ FULL_DISK = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # a few seconds or more: an MPI job (docs/develop/testing.md, Markers)
 def test_a_full_disk_under_the_trace_dir_ends_the_job_with_one_labelled_error(tmp_path):
     trace_dir = tmp_path / "traces"
     done, elapsed = run([command("nvlink-emu"), "run", script(tmp_path, FULL_DISK), "--gpus", "3",
@@ -245,6 +253,7 @@ def test_a_full_disk_under_the_trace_dir_ends_the_job_with_one_labelled_error(tm
     assert elapsed < 15, f"the job took {elapsed:.1f} s to end; it must not wait for the 30 s deadline"
 
 
+@pytest.mark.slow  # a few seconds or more: an MPI job (docs/develop/testing.md, Markers)
 def test_a_failed_request_nobody_waited_for_ends_the_job(tmp_path):
     """Its mismatch surfaces when main returns, even after a later call ran it (issue 12 review)."""
     body = textwrap.dedent("""\

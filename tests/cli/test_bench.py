@@ -31,6 +31,7 @@ def expected_bytes(collective, algorithm, S, n=N):
     return (n - 1) * S // n, (n - 1) * S // n
 
 
+@pytest.mark.slow  # a few seconds or more: an MPI job (docs/develop/testing.md, Markers)
 @pytest.mark.parametrize("collective,algorithm", CASES)
 def test_bench_rows_are_right_and_exact(collective, algorithm):
     done, _ = run([command("nvlink-emu"), "bench", collective, "--algorithm", algorithm, "--gpus", str(N),
@@ -54,6 +55,7 @@ def test_bench_rows_are_right_and_exact(collective, algorithm):
         assert (row["tx_bytes_per_gpu"], row["rx_bytes_per_gpu"]) == expected_bytes(collective, algorithm, S)
 
 
+@pytest.mark.slow  # a few seconds or more: an MPI job (docs/develop/testing.md, Markers)
 def test_bench_table_and_16_bit_types():
     done, _ = run([command("nvlink-emu"), "bench", "allreduce", "--gpus", str(N), "--dtype", "bfloat16",
                    "--op", "avg", "--min-bytes", "6K", "--max-bytes", "6K", "--iters", "1"])
@@ -69,6 +71,7 @@ def test_bench_table_and_16_bit_types():
     assert abs(float(out[-1].split(":")[1]) - float(fields[8])) < 0.01  # one row: its busbw
 
 
+@pytest.mark.slow  # a few seconds or more: an MPI job (docs/develop/testing.md, Markers)
 def test_broadcast_table_has_its_root_and_no_redop():
     done, _ = run([command("nvlink-emu"), "bench", "broadcast", "--gpus", str(N), "-b", "4K", "-e", "4K", "-n", "1"])
     assert done.returncode == 0, done.stderr[-3000:]
@@ -76,6 +79,7 @@ def test_broadcast_table_has_its_root_and_no_redop():
     assert row[2:6] == ["float32", "none", "0", "sharp"]
 
 
+@pytest.mark.slow  # a few seconds or more: an MPI job (docs/develop/testing.md, Markers)
 def test_nccl_tests_short_flags():
     done, _ = run([command("nvlink-emu"), "bench", "allgather", "--gpus", str(N), "-b", "3K", "-e", "12K", "-f", "4",
                    "-n", "1", "--json"])
@@ -97,6 +101,7 @@ def test_options_that_would_do_nothing_are_errors_before_any_rank_starts(argv, m
     assert done.stderr.count("\n") == 1 and done.stdout == ""
 
 
+@pytest.mark.slow  # a few seconds or more: an MPI job (docs/develop/testing.md, Markers)
 def test_gpu_memory_is_sized_for_the_sweep(tmp_path):
     # a fabric whose GPUs hold 64 KiB: send + recv of a 48 KiB allreduce do not fit it
     config = tmp_path / "small.toml"
@@ -131,6 +136,7 @@ def test_in_switch_algorithm_on_a_forwarding_switch_is_refused():
     assert "UnsupportedOperation" in done.stderr and "dgx-a100" in done.stderr
 
 
+@pytest.mark.slow  # a few seconds or more: an MPI job (docs/develop/testing.md, Markers)
 def test_bench_plot_draws_busbw_per_algorithm(tmp_path):
     figure = tmp_path / "busbw.png"
     done, _ = run([command("nvlink-emu"), "bench", "allreduce", "--gpus", str(N), "--preset", "dgx-a100",
@@ -140,6 +146,7 @@ def test_bench_plot_draws_busbw_per_algorithm(tmp_path):
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and figure.stat().st_size > 10_000
 
 
+@pytest.mark.slow  # a few seconds or more: an MPI job (docs/develop/testing.md, Markers)
 def test_bench_compare_prints_presets_side_by_side(tmp_path):
     figure = tmp_path / "compare.png"
     done, _ = run([command("nvlink-emu"), "bench", "allreduce", "--compare", "dgx-a100,dgx-h100,h100-ib",
@@ -161,6 +168,7 @@ def test_bench_compare_prints_presets_side_by_side(tmp_path):
     assert h100 < a100 < ib  # SHARP on NVLink4 beats a ring on NVLink3, which beats InfiniBand NDR
 
 
+@pytest.mark.slow  # a few seconds or more: an MPI job (docs/develop/testing.md, Markers)
 def test_bench_cpu_counts_every_rank_of_the_job(tmp_path):
     """--cpu: the ranks' CPU per timed call (GPU 0 reads /proc for every rank of its host), less bench's
     barrier and timing exchange; in the table a comment line under the row; with tracing, its CPU cost."""

@@ -3,6 +3,8 @@ picks by fabric.cost_nodes (direct or pxn), and its emulated rows are `nvlink-em
 
 import json
 
+import pytest
+
 from cli_helpers import command, run
 from nvlink_emu.fabric import cost_nodes
 from nvlink_emu.fabric.config import preset
@@ -13,6 +15,7 @@ from nvlink_emu.ranks.collectives import ALL2ALL
 SHAPE = ["--preset", "superpod-h100-ib", "--nodes", "2", "--gpus-per-node", "2"]  # 2 x 2 GPUs, 2 spines
 
 
+@pytest.mark.slow  # a few seconds or more: an MPI job (docs/develop/testing.md, Markers)
 def test_auto_runs_direct_or_pxn_as_modeled(capsys):
     config = preset("superpod-h100-ib", nodes=2, gpus=4)
     done, _ = run([command("nvlink-emu"), "bench", "all2all", "-b", "4K", "-e", "256K", "-f", "64", "-n", "1", *SHAPE,

@@ -32,6 +32,7 @@ PUT_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # a few seconds or more: an MPI job (docs/develop/testing.md, Markers)
 def test_run_prints_one_link_table_with_exact_bytes(tmp_path):
     done, _ = run([command("nvlink-emu"), "run", script(tmp_path, PUT_SCRIPT), "--gpus", "3", "--", "5000"])
     assert done.returncode == 0, done.stderr
@@ -43,6 +44,7 @@ def test_run_prints_one_link_table_with_exact_bytes(tmp_path):
     assert done.stdout == ""  # the tool's table stays out of the workload's output
 
 
+@pytest.mark.slow  # a few seconds or more: an MPI job (docs/develop/testing.md, Markers)
 def test_messages_left_unreceived_on_mpi_comm_world_are_dropped_and_said_not_a_status_9(tmp_path):
     """Issue 25 (status 9): GPU 0 sends GPU 1 raw messages on the real MPI_COMM_WORLD as its last act,
     which nobody receives. MPICH's MPI_Finalize failed on GPU 1 ("... being freed has N unmatched
@@ -69,6 +71,7 @@ def test_messages_left_unreceived_on_mpi_comm_world_are_dropped_and_said_not_a_s
     assert all(0 < int(line.split("dropped ")[1].split()[0]) <= 300 for line in said)
 
 
+@pytest.mark.slow  # a few seconds or more: an MPI job (docs/develop/testing.md, Markers)
 def test_a_send_held_past_the_receiver_s_mailbox_bound_times_out_naming_it(tmp_path):
     """Issue 25.8: a receiver keeps at most MAILBOX_PEER_BYTES of a sender's messages its program has not
     taken; a sender that waits for more to leave waits until the run's deadline, which says why."""
@@ -184,6 +187,7 @@ def test_a_script_failing_to_load_on_one_rank_only_ends_the_job(tmp_path):
     assert elapsed < 30
 
 
+@pytest.mark.slow  # a few seconds or more: an MPI job (docs/develop/testing.md, Markers)
 def test_a_gpu_that_never_arrives_ends_the_job_at_the_deadline(tmp_path):
     body = textwrap.dedent("""
         def main(gpu):

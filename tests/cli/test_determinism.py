@@ -203,6 +203,7 @@ def main(gpu):
 """
 
 
+@pytest.mark.slow  # a few seconds or more: an MPI job (docs/develop/testing.md, Markers)
 def test_across_nodes_one_sided_traffic_served_during_a_call_moves_neither_its_time_nor_its_record(tmp_path):
     """Before the lanes (GPU links and the leaves' shares): in the "during" order GPU 1's allreduce ended at
     6,240.8 ns instead of 5,544.48, GPU 2's record counted 81,920 bytes received and 65,536 sent, and the run's

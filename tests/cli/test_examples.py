@@ -92,6 +92,7 @@ def test_tp_vs_pipeline_bytes_follow_the_closed_forms(gpus):
     assert all(0 <= d < 1e-4 for d in differences(said)) and len(differences(said)) == 2
 
 
+@pytest.mark.slow  # a few seconds or more: an MPI job (docs/develop/testing.md, Markers)
 def test_an_example_runs_under_run_compare(tmp_path):
     done, _ = run([command("nvlink-emu"), "run", str(EXAMPLES / "tp_vs_pipeline.py"), "--gpus", "2",
                    "--compare", "dgx-a100,dgx-h100", "--plot", str(tmp_path / "tp.png"), "--",

@@ -3,6 +3,8 @@ link by retrying (6 steps, 2 retries, the modeled wait), and the bench prints th
 
 import json
 
+import pytest
+
 from cli_helpers import ROOT, command, run
 
 EXAMPLES = ROOT / "launch" / "examples"
@@ -43,6 +45,7 @@ def test_bench_with_a_fault_plan_prints_crc_errors_replays_and_state(tmp_path):
     assert any(line.split()[:4] == ["gpu2->sw0", "0", "0", "degraded"] for line in table.splitlines())
 
 
+@pytest.mark.slow  # a few seconds or more: an MPI job (docs/develop/testing.md, Markers)
 def test_a_gpus_only_link_down_ends_the_bench_with_linkdown_not_a_hang(tmp_path):
     plan = tmp_path / "down.toml"
     plan.write_text('[[faults]]\nlink = "gpu5->sw1"\nkind = "down"\nat_ns = 2000\n')

@@ -124,6 +124,7 @@ def test_a_config_file_like_bench(capsys, tmp_path):
     assert row["root"] == 0 and row["op"] == "none" and row["modeled_us"] == round(ns / 1e3, 4)
 
 
+@pytest.mark.slow  # a few seconds or more: an MPI job (docs/develop/testing.md, Markers)
 def test_the_256_gpu_shape(capsys):
     # 32 DGX H100 nodes on the NVLink Switch System, 16 MiB, hier's node stages in the leaf
     status, out, err = model(capsys, "allreduce", "--preset", "superpod-h100-nvlink", "--nodes", "32",

@@ -108,6 +108,7 @@ def test_bench_refuses_a_plan_for_another_shape_or_with_an_algorithm():
     assert done.returncode == 2 and "the plan is the algorithm; --algorithm ring does not apply" in done.stderr
 
 
+@pytest.mark.slow  # a few seconds or more: an MPI job (docs/develop/testing.md, Markers)
 def test_plan_show_draws_the_replayed_timeline_per_gpu_and_link(tmp_path):
     path = tmp_path / "plan.png"
     done, _ = run([command("nvlink-emu"), "plan", "show", "ring", "--gpus", "4", "-S", "1M", "-o", str(path)])

@@ -22,6 +22,7 @@ def model(capsys, *argv) -> list[dict]:
     return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
 
 
+@pytest.mark.slow  # a few seconds or more: an MPI job (docs/develop/testing.md, Markers)
 @pytest.mark.parametrize("algorithm", ["sharp", "ring"])
 def test_gb200_nvl72_on_8_gpus(algorithm):
     """8 of the 72 GPUs on the ranks: sharp sends S and receives S, ring 2(n-1)/n S each way."""
@@ -37,6 +38,7 @@ def test_gb200_nvl72_on_8_gpus(algorithm):
                                                         rel=0.01)
 
 
+@pytest.mark.slow  # a few seconds or more: an MPI job (docs/develop/testing.md, Markers)
 def test_dgx_gh200_on_2_nodes_of_2():
     """2 x 2 GH200 on the ranks, sharp's two-level allreduce and a direct All2All: the replay's time
     (emulated time equals it exactly) and the closed-form bytes: sharp S each way, All2All (n-1)/n S."""

@@ -145,6 +145,7 @@ def test_a_cut_short_trace_is_reported_not_accepted_silently(traced, tmp_path):
         assert (done.stdout + done.stderr).count("rank-00001.msgpack: truncated: cut short") == 1
 
 
+@pytest.mark.slow  # a few seconds or more: an MPI job (docs/develop/testing.md, Markers)
 def test_a_failed_rank_leaves_an_error_record_and_no_end(tmp_path):
     body = "def main(gpu):\n    if gpu.rank == 1:\n        raise RuntimeError('boom')\n    gpu.world.barrier()\n"
     done, _ = run([command("nvlink-emu"), "run", script(tmp_path, body), "--gpus", "3", "--timeout", "30",
@@ -174,6 +175,7 @@ NODES_WORKLOAD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # a few seconds or more: an MPI job (docs/develop/testing.md, Markers)
 def test_a_traced_run_of_two_nodes_shows_the_leaves_spines_and_their_links(tmp_path):
     done, _ = run([command("nvlink-emu"), "run", script(tmp_path, NODES_WORKLOAD), "--preset", "superpod-h100-ib",
                    "--nodes", "2", "--gpus-per-node", "2", "--trace-dir", str(tmp_path / "trace")])
