@@ -14,6 +14,7 @@ from .figures import MAX_GBYTES_PER_S, MAX_LATENCY_NS, MIN_GBYTES_PER_S, check_f
 from .profiles import CALIBRATED_LINK, LINKS_PER_GPU, NVL72_GPUS, gpu_profile, link_profile, system_profile
 
 MODES = ("network", "classic")
+SOFTWARE = ("none", "nccl")  # FabricConfig.software: fabric.software
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
 # -- bounds of every numeric key -----------------------------------------------------------------------
@@ -108,6 +109,9 @@ class FabricConfig:
     # the fault plan (fabric.faults): `[[faults]]` tables in a config TOML or `--faults FILE.toml`;
     # validated against this fabric's link names, held as fabric.faults.Fault records
     faults: tuple = ()
+    # software latency (fabric.software): "nccl" adds NCCL's launch and protocol latency to every collective
+    # call (the calibrated presets); "none": the links' time only (the line-rate twins, what-if studies)
+    software: str = "none"
 
     def __post_init__(self):
         if self.spines is None and isinstance(self.nodes, int) and isinstance(self.gpus, int) and self.nodes >= 1:
@@ -203,11 +207,13 @@ class FabricConfig:
         object.__setattr__(self, "faults", plan.faults)
 
     def digest(self) -> str:
-        """Short stable hash of every field, for trace headers and reports (a config without faults
-        hashes as it did before faults existed)."""
+        """Short stable hash of every field, for trace headers and reports (a config without faults or
+        software latency hashes as it did before they existed)."""
         fields = dataclasses.asdict(self)
         if not self.faults:
             del fields["faults"]
+        if self.software == "none":
+            del fields["software"]
         text = json.dumps(fields, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -220,6 +226,8 @@ class FabricConfig:
         if self.mode not in MODES:
             raise ConfigError(f"mode: must be one of {MODES}, got {self.mode!r}")
         link_profile(self.link)
+        if self.software not in SOFTWARE:
+            raise ConfigError(f"software: must be one of {SOFTWARE}, got {self.software!r}")
         if not isinstance(self.gpu, str):
             raise ConfigError(f"gpu: must be the name of a GPU profile, got {self.gpu!r}")
         gpu_profile(self.gpu)
@@ -311,10 +319,10 @@ class Timing:
 PRESETS: dict[str, dict] = {
     # DGX H100: 8 H100 GPUs on NVLink4 through NVSwitch gen 3 (SHARP); NVLink Network addressing.
     # Calibrated: effective bandwidth and in-switch reduction as NCCL measures them (profiles.PUBLISHED).
-    "dgx-h100": dict(mode="network", gpus=8, sharp=True, link="nvlink4-nccl", gpu="h100-sxm"),
+    "dgx-h100": dict(mode="network", gpus=8, sharp=True, link="nvlink4-nccl", software="nccl", gpu="h100-sxm"),
     # DGX A100: 8 A100 GPUs on NVLink3 through NVSwitch gen 2 (forwarding only); shared physical addresses.
     # Calibrated: effective bandwidth as NCCL measures it (profiles.PUBLISHED).
-    "dgx-a100": dict(mode="classic", gpus=8, sharp=False, link="nvlink3-nccl", gpu="a100-sxm"),
+    "dgx-a100": dict(mode="classic", gpus=8, sharp=False, link="nvlink3-nccl", software="nccl", gpu="a100-sxm"),
     # The same systems at line rate (450 / 300 GB/s, reduction at line rate), for what-if studies.
     "dgx-h100-line": dict(mode="network", gpus=8, sharp=True, link="nvlink4", gpu="h100-sxm"),
     "dgx-a100-line": dict(mode="classic", gpus=8, sharp=False, link="nvlink3", gpu="a100-sxm"),
@@ -329,12 +337,12 @@ PRESETS: dict[str, dict] = {
     # DGX B200: 8 B200 GPUs on NVLink5 through NVSwitch gen 4 (SHARP); NVLink Network addressing.
     # Calibrated: effective bandwidth and in-switch reduction as NCCL measures them on 8 Blackwell GPUs
     # (profiles.PUBLISHED: NVIDIA/nccl issue #2140's 8 x B300, same NVLink5 and switch generation).
-    "dgx-b200": dict(mode="network", gpus=8, sharp=True, link="nvlink5-nccl", gpu="b200"),
+    "dgx-b200": dict(mode="network", gpus=8, sharp=True, link="nvlink5-nccl", software="nccl", gpu="b200"),
     # GB200 NVL72: one NVLink domain of 72 B200 GPUs, 18 NVLink5 links a GPU (900 GB/s per direction), one to each
     # of the 18 NVLink switch chips of 9 switch trays (profiles.NVL72_SOURCES), shown as one switch (SHARP); the
     # GPU's compute is the HGX B200 profile's. Calibrated as dgx-b200 (the 8-GPU figures: no NVL72 figure that
     # names its algorithm was found; docs/model/calibration-nodes.md compares the 72-GPU default).
-    "gb200-nvl72": dict(mode="network", gpus=NVL72_GPUS, sharp=True, link="nvlink5-nccl", gpu="b200"),
+    "gb200-nvl72": dict(mode="network", gpus=NVL72_GPUS, sharp=True, link="nvlink5-nccl", software="nccl", gpu="b200"),
     # The same two at line rate (900 GB/s, reduction at line rate), for what-if studies.
     "dgx-b200-line": dict(mode="network", gpus=8, sharp=True, link="nvlink5", gpu="b200"),
     "gb200-nvl72-line": dict(mode="network", gpus=NVL72_GPUS, sharp=True, link="nvlink5", gpu="b200"),
@@ -352,7 +360,8 @@ def _system(name: str, nodes: int = 2, line: bool = False) -> dict:
     has that share of it). The uplink latency is the spine link profile's (profiles: InfiniBand's from the
     adapter's datasheet; NVLink's an assumption, see SystemProfile.notes); every switch, spines too, takes
     the node link profile's switch latency. A node's switch reduces where its NVSwitch does (network mode),
-    whatever the spine."""
+    whatever the spine. Calibrated presets add NCCL's software latency to every call (fabric.software);
+    the line-rate twins model the links alone."""
     system = system_profile(name)
     link = system.gpu_link if line else CALIBRATED_LINK[system.gpu_link]
     uplink = system.uplink_gbytes_per_s_per_node / system.gpus_per_node
@@ -361,7 +370,7 @@ def _system(name: str, nodes: int = 2, line: bool = False) -> dict:
     return dict(mode=system.mode, sharp=system.mode == "network",
                 spine_sharp=system.mode == "network" and system.in_network_reduction, link=link, gpu=system.gpu,
                 nodes=nodes, gpus=nodes * system.gpus_per_node, uplink_gbytes_per_s_per_gpu=uplink,
-                uplink_latency_ns=link_profile(system.spine_link).link_latency_ns)
+                uplink_latency_ns=link_profile(system.spine_link).link_latency_ns, software="none" if line else "nccl")
 
 
 # Multi-node systems (fabric.topology): DGX H100 nodes on the NVLink Switch System, DGX H100 nodes on NDR

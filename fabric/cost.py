@@ -14,8 +14,9 @@ time; tests/mpi/test_modeled_time.py checks them against emulated runs.
 import math
 
 from .packets import raw_bytes
-from .reduction import blocks, chunks
+from .reduction import blocks, bus_factor, chunks  # bus_factor: re-exported
 from .budget import in_switch_chunk
+from .software import call_latency_ns
 
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "all2all")
 ALGORITHMS = ("ring", "direct", "sharp", "nvls")
@@ -27,14 +28,6 @@ IMPLEMENTS = {
     "nvls": ("allreduce", "reduce_scatter", "allgather", "broadcast"),
 }
 IN_SWITCH = ("sharp", "nvls")
-
-
-def bus_factor(collective: str, n: int) -> float:
-    """nccl-tests' bus bandwidth factor (busbw = algbw x factor): AllReduce 2(N-1)/N; ReduceScatter,
-    AllGather, All2All (N-1)/N; Broadcast 1."""
-    if collective == "allreduce":
-        return 2 * (n - 1) / n
-    return 1.0 if collective == "broadcast" else (n - 1) / n
 
 
 def raw_of(nbytes: int, config, chunk: int | None = None) -> int:
@@ -51,8 +44,16 @@ def _chunk(config, itemsize: int) -> int:
 
 def modeled_ns(collective: str, algorithm: str, S: int, n: int, config, itemsize: int = 4) -> float:
     """Modeled time (ns) of one call on S bytes (allgather: the output; reduce_scatter: the input;
-    all2all: each member's send buffer) by N members started together: the slowest member's.
-    ValueError for a pair this model has no form for."""
+    all2all: each member's send buffer) by N members started together: the slowest member's, its
+    links' time (links_ns) plus the config's software latency (fabric.software). ValueError for a pair
+    this model has no form for."""
+    return links_ns(collective, algorithm, S, n, config, itemsize) + call_latency_ns(collective, algorithm, n, 1, S,
+                                                                                     config)
+
+
+def links_ns(collective: str, algorithm: str, S: int, n: int, config, itemsize: int = 4) -> float:
+    """modeled_ns without software latency: the closed forms of the links' time (the table of
+    docs/model/time.md). ValueError for a pair this model has no form for."""
     if collective not in COLLECTIVES or algorithm not in IMPLEMENTS or collective not in IMPLEMENTS[algorithm]:
         raise ValueError(f"no cost model for {collective} with {algorithm!r}")
     t = config.timing

@@ -131,6 +131,7 @@ from .cost import raw_of
 from .packets import raw_bytes
 from .counters import downlink, uplink
 from .errors import FabricError
+from .software import call_bytes, call_latency_ns
 from .reduction import blocks, channel_rings, chunks, merged_columns, rail_ranges, ring_channel_count, tree_parts
 from .topology import Topology
 
@@ -700,9 +701,17 @@ def rounds_ns(collective: str, algorithm: str, topo: Topology, S: int, config, i
 
 def modeled_ns(collective: str, algorithm: str, topo: Topology, S: int, config, itemsize: int = 4, root: int = 0,
                counts=None, partial_itemsize: int | None = None) -> float:
-    """Modeled ns of one call on every GPU of `topo`, all starting at 0: exact, the algorithm's schedule
-    replayed on the same link clocks as the ranks book (fabric.replay; tests check it against emulated
-    runs on every multi-node preset). Equals fabric.cost.modeled_ns on one node. Memoised: `auto`
+    """Modeled ns of one call on every GPU of `topo`, all starting at 0: its links' time (links_ns) plus
+    the config's software latency (fabric.software). Equals fabric.cost.modeled_ns on one node."""
+    return (links_ns(collective, algorithm, topo, S, config, itemsize, root, counts, partial_itemsize)
+            + call_latency_ns(collective, algorithm, topo.gpus, topo.nodes, call_bytes(S, counts), config))
+
+
+def links_ns(collective: str, algorithm: str, topo: Topology, S: int, config, itemsize: int = 4, root: int = 0,
+             counts=None, partial_itemsize: int | None = None) -> float:
+    """The links' time (ns) of one call on every GPU of `topo`, all starting at 0: exact, the algorithm's
+    schedule replayed on the same link clocks as the ranks book (fabric.replay; tests check it against
+    emulated runs on every multi-node preset). Equals fabric.cost.links_ns on one node. Memoised: `auto`
     asks for it at every call."""
     return _memo(_MODELED, _key(collective, algorithm, topo, S, config, itemsize, root, counts, partial_itemsize),
                  lambda: replay.replay_ns(collective, algorithm, topo, S, config, itemsize, root, counts,
@@ -711,7 +720,7 @@ def modeled_ns(collective: str, algorithm: str, topo: Topology, S: int, config, 
 
 def occupancy_bound_ns(collective: str, algorithm: str, topo: Topology, S: int, config, itemsize: int = 4,
                        root: int = 0, counts=None, partial_itemsize: int | None = None) -> float:
-    """A lower bound (ns) of modeled_ns from the raw bytes each GPU's links carry, cheap next to the
+    """A lower bound (ns) of links_ns from the raw bytes each GPU's links carry, cheap next to the
     replay (O(rounds x gpus^2) numpy for the point-to-point algorithms, O(slices x gpus + gpus^2) for
     hier_nvls, O(chunks) for nvls; 0.0 where
     it has none: sharp, and what `rounds` does not cover). A LinkClock's intervals are disjoint and
@@ -870,7 +879,9 @@ def fastest(collective: str, candidates, S: int, config, itemsize: int = 4) -> s
     if len(covered) == 1:  # nothing to compare: no replay
         return covered[0]
     topo = config.topology
-    bounds = [occupancy_bound_ns(collective, algorithm, topo, S, config, itemsize) for algorithm in covered]
+    # a bound of the links' time plus the call's software latency bounds modeled_ns
+    bounds = [occupancy_bound_ns(collective, algorithm, topo, S, config, itemsize)
+              + call_latency_ns(collective, algorithm, topo.gpus, topo.nodes, S, config) for algorithm in covered]
     best, best_ns = None, math.inf
     for i in sorted(range(len(covered)), key=bounds.__getitem__):  # stable: ties in candidate order
         if bounds[i] > best_ns * (1 + SKIP_MARGIN):

@@ -316,3 +316,11 @@ def merged_columns(ranges) -> list[list[tuple[int, int]]]:
 def chunks(start: int, stop: int, step: int) -> list[tuple[int, int]]:
     """(start, stop) sub-ranges of at most `step` elements covering [start, stop); none if empty."""
     return [(s, min(s + step, stop)) for s in range(start, stop, step)]
+
+
+def bus_factor(collective: str, n: int) -> float:
+    """nccl-tests' bus bandwidth factor (busbw = algbw x factor): AllReduce 2(N-1)/N; ReduceScatter,
+    AllGather, All2All (N-1)/N; Broadcast 1."""
+    if collective == "allreduce":
+        return 2 * (n - 1) / n
+    return 1.0 if collective == "broadcast" else (n - 1) / n

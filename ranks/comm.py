@@ -14,6 +14,7 @@ from nvlink_emu.fabric.errors import (AccessViolation, CollectiveMismatch, Fabri
                                       ResourceExhausted, UnsupportedOperation)
 from nvlink_emu.fabric.packets import CallRecord, GroupInfo, Kind
 from nvlink_emu.fabric.reduction import blocks, check_dtype, check_movable, check_op, dtype_name
+from nvlink_emu.fabric.software import call_latency_ns
 
 from nvlink_emu.fabric.plans import Plan, validate
 
@@ -659,6 +660,12 @@ class Communicator:
         start_ns, before = gpu.now_ns, gpu.program_bytes()
         calls = self._exchange((call, counts), f"{name} call check", seq)
         self._check_calls(name, seq, calls)
+        # NCCL's launch and protocol latency (fabric.software), the same the cost models add: all2allv's S is
+        # the most bytes a member sends, as fabric.software.call_bytes takes it
+        nbytes = count if counts is None else max(sum(c[1][0]) for c in calls)
+        gpu.now_ns += call_latency_ns(name, algorithm, self.size, len({m // gpu.config.gpus_per_node
+                                                                        for m in self.members}),
+                                      nbytes * dtype.itemsize, gpu.config)
         if count or counts is not None:
             if algorithm in collectives.IN_SWITCH:
                 self.group_id()  # collective: every member, even one with an empty block, takes part

@@ -46,8 +46,10 @@ def test_nvls_pipelines_4_mib_on_4_gpus_ahead_of_ring_and_direct():
 def test_sharp_allreduce_follows_the_slower_of_link_and_reduction_engine():
     h100 = preset("dgx-h100")  # calibrated: B = 393, E = 292 GB/s
     raw = GiB * 272 // 256
-    assert math.isclose(cost.modeled_ns("allreduce", "sharp", GiB, 8, h100), raw / 292 + 550 + 100)
-    assert math.isclose(cost.busbw_gbps("allreduce", "sharp", GiB, 8, h100), GiB / (raw / 292 + 650) * 1.75)
+    assert math.isclose(cost.links_ns("allreduce", "sharp", GiB, 8, h100), raw / 292 + 550 + 100)
+    # and NCCL's software latency on top: NVLS runs Simple only, 25 us on NVLink (fabric.software)
+    assert math.isclose(cost.modeled_ns("allreduce", "sharp", GiB, 8, h100), raw / 292 + 650 + 25_000)
+    assert math.isclose(cost.busbw_gbps("allreduce", "sharp", GiB, 8, h100), GiB / (raw / 292 + 25_650) * 1.75)
     assert math.isclose(cost.modeled_ns("allreduce", "sharp", 4 * MiB, 4, LINE), (4 * MiB * 272 // 256) / 450 + 650)
 
 
@@ -81,7 +83,9 @@ def test_pairs_without_a_form_are_refused():
 def test_calibrated_presets_are_within_10_percent_of_the_published_figures(figure):
     config = preset(figure.preset)  # 8 GPUs
     assert figure.source.startswith('"') and "https://" in figure.source
-    for S in (64 * MiB, 128 * MiB, 256 * MiB, 512 * MiB, GiB):
+    # the sources measured 256 MiB and up (and say busbw still grows to 1 GiB and beyond); below that NCCL's
+    # latency (Simple ring on 8 GPUs: 8.4 + 14 x 3.4 = 56 us, fabric.software) is a visible part of the time
+    for S in (256 * MiB, 512 * MiB, GiB):
         busbw = cost.busbw_gbps(figure.collective, figure.algorithm, S, 8, config)
         assert abs(busbw - figure.busbw_gbps) <= 0.10 * figure.busbw_gbps, (S, busbw, figure.busbw_gbps)
 
@@ -94,9 +98,13 @@ def test_line_rate_presets_are_above_the_published_figures():
 
 def test_auto_picks_what_the_cost_model_says_is_fastest():
     h100, a100 = preset("dgx-h100"), preset("dgx-a100")
-    for S in (1024, 64 * 1024, MiB, 64 * MiB, GiB):
-        assert choose("allreduce", "auto", h100, S) == "sharp"  # one push and one multicast
+    for S in (1024, 64 * 1024, MiB, 4 * MiB, 64 * MiB, GiB):
+        # small calls: direct, whose software latency (NCCL's LL, two p2p rounds: 7.8 us) is below NVLS's 25 us;
+        # large ones: sharp (one push and one multicast)
+        assert choose("allreduce", "auto", h100, S) == ("sharp" if S >= 64 * MiB else "direct")
         assert choose("allreduce", "auto", a100, S) == "direct"  # the in-switch ones are not allowed
+        times = {a: cost.modeled_ns("allreduce", a, S, 8, h100) for a in ("ring", "direct", "sharp", "nvls")}
+        assert choose("allreduce", "auto", h100, S) == min(times, key=times.get)
         times = {a: cost.modeled_ns("allgather", a, S, 8, h100) for a in ("ring", "direct", "sharp", "nvls")}
         assert choose("allgather", "auto", h100, S) == min(times, key=times.get)
     # the member count matters: on 2 GPUs a ring and direct are the same two steps, ties go to ring

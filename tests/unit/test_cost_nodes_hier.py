@@ -123,11 +123,11 @@ def test_one_node_is_the_ring_round_for_round(gpus):
         for collective in ("allreduce", "reduce_scatter", "allgather"):
             ours, ring = cn.rounds(collective, "hier", t, size), cn.rounds(collective, "ring", t, size)
             assert len(ours) == len(ring) and all(np.array_equal(a, b) for a, b in zip(ours, ring)), collective
-            assert cn.modeled_ns(collective, "hier", t, size, config) == cn.modeled_ns(collective, "ring", t, size,
+            assert cn.links_ns(collective, "hier", t, size, config) == cn.links_ns(collective, "ring", t, size,
                                                                                         config)
             nvls = cn.rounds(collective, "hier_nvls", t, size)  # one node: hier's node ring
             assert len(nvls) == len(ring) and all(np.array_equal(a, b) for a, b in zip(nvls, ring)), collective
-            assert cn.modeled_ns(collective, "hier_nvls", t, size, config) == cn.modeled_ns(collective, "ring", t,
+            assert cn.links_ns(collective, "hier_nvls", t, size, config) == cn.links_ns(collective, "ring", t,
                                                                                              size, config)
 
 
@@ -138,7 +138,7 @@ def test_one_gpu_a_node_hier_nvls_is_hier():
         for size in (4 * 4, 4 * 4 * 3001):
             assert cn.link_bytes(collective, "hier_nvls", t, size, config=config) == cn.link_bytes(collective, "hier",
                                                                                                   t, size)
-            assert cn.modeled_ns(collective, "hier_nvls", t, size, config) == cn.modeled_ns(collective, "hier", t,
+            assert cn.links_ns(collective, "hier_nvls", t, size, config) == cn.links_ns(collective, "hier", t,
                                                                                              size, config)
             assert cn.occupancy_bound_ns(collective, "hier_nvls", t, size, config) == cn.occupancy_bound_ns(
                 collective, "hier", t, size, config)
@@ -179,7 +179,7 @@ def test_the_time_bounds_hold_and_auto_may_pick_hier():
     for collective in ("allreduce", "reduce_scatter", "allgather", "broadcast"):
         for size in (8 * 4096, 8 << 20):
             for algorithm in ("hier", "hier_nvls"):
-                ns = cn.modeled_ns(collective, algorithm, t, size, config)
+                ns = cn.links_ns(collective, algorithm, t, size, config)
                 assert cn.lower_bound_ns(collective, algorithm, t, size, config) <= ns, (collective, algorithm, size)
                 assert cn.occupancy_bound_ns(collective, algorithm, t, size, config) <= ns, (collective, algorithm)
     candidates = ("ring", "direct", "hier", "hier_nvls")

@@ -62,7 +62,7 @@ def test_one_node_is_direct(gpus):
     S = gpus * 4096
     ours, direct = cn.rounds("all2all", "pxn", t, S), cn.rounds("all2all", "direct", t, S)
     assert len(ours) == len(direct) == 1 and np.array_equal(ours[0], direct[0])
-    assert cn.modeled_ns("all2all", "pxn", t, S, config) == cn.modeled_ns("all2all", "direct", t, S, config)
+    assert cn.links_ns("all2all", "pxn", t, S, config) == cn.links_ns("all2all", "direct", t, S, config)
 
 
 def test_the_extra_hop_costs_latency_and_its_bytes():
@@ -71,7 +71,7 @@ def test_the_extra_hop_costs_latency_and_its_bytes():
     # nothing more and its extra NVLink bytes cost (before that order pxn took 0.7 of direct's time at 8 MiB)
     config = preset("superpod-h100-ib", nodes=2, gpus=8, spines=2)
     t = config.topology
-    times = {S: {a: cn.modeled_ns("all2all", a, t, S, config) for a in ("pxn", "direct")} for S in (8 * 1024, 8 << 20)}
+    times = {S: {a: cn.links_ns("all2all", a, t, S, config) for a in ("pxn", "direct")} for S in (8 * 1024, 8 << 20)}
     assert times[8 * 1024]["direct"] < times[8 * 1024]["pxn"]
     assert times[8 << 20]["direct"] < times[8 << 20]["pxn"]
     assert times[8 << 20]["direct"] < 1.1 * cn.occupancy_bound_ns("all2all", "direct", t, 8 << 20, config)

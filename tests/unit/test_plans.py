@@ -37,7 +37,7 @@ def test_the_ring_plan_times_exactly_as_the_replayed_ring(name, gpus):
             got = plans.plan_ns(plan, topo, size, config)
             assert got == replay.replay_ns(collective, "ring", topo, size, config), (collective, size)
             if size % (4 * gpus) == 0:  # fabric.cost's one-node closed form, the oracle
-                assert math.isclose(got, cost.modeled_ns(collective, "ring", size, gpus, config), rel_tol=1e-12)
+                assert math.isclose(got, cost.links_ns(collective, "ring", size, gpus, config), rel_tol=1e-12)
 
 
 @pytest.mark.parametrize("gpus", [3, 8])
@@ -70,7 +70,7 @@ def test_the_direct_plan_has_the_closed_forms_time_and_the_cost_models_bytes(nam
                 assert {k: v[0] for k, v in links.items()} == {k: v for k, v in want.items() if v}, (collective, size)
                 if size % (4 * gpus) == 0 and root == 0:  # fabric.cost's one-node closed form, the oracle
                     got = plans.plan_ns(plan, topo, size, config)
-                    assert math.isclose(got, cost.modeled_ns(collective, "direct", size, gpus, config),
+                    assert math.isclose(got, cost.links_ns(collective, "direct", size, gpus, config),
                                         rel_tol=1e-12), (collective, size)
 
 
@@ -302,7 +302,7 @@ def test_the_ring_broadcast_plan_is_a_pipelined_chain(gpus):
             got = plans.plan_ns(plan, topo, size, config)
             assert got == replay.replay_ns("broadcast", "ring", topo, size, config, root=root)
             if root == 0:
-                assert math.isclose(got, cost.modeled_ns("broadcast", "ring", size, gpus, config), rel_tol=1e-12)
+                assert math.isclose(got, cost.links_ns("broadcast", "ring", size, gpus, config), rel_tol=1e-12)
     program = timing.messages(plans.build("ring", gpus, "broadcast", 0), 1 << 20, 4, (1 << 16) // 4)[1]
     kinds = [op[0] for op in program]
     if gpus > 2:  # a middle GPU: recv, send, recv, send, ..., flush

@@ -35,7 +35,8 @@ def test_gb200_nvl72_models_at_full_size(name):
     sharp = cost.modeled_ns("allreduce", "sharp", S, 72, config)
     assert sharp < ring
     rate = min(t.bandwidth_gbytes_per_s, t.reduction_gbytes_per_s)
-    assert cost.busbw_gbps("allreduce", "sharp", S, 72, config) == pytest.approx(2 * 71 / 72 * rate * 256 / 272, rel=0.01)
+    links = S / cost.links_ns("allreduce", "sharp", S, 72, config) * 2 * 71 / 72  # busbw of the links' time
+    assert links == pytest.approx(2 * 71 / 72 * rate * 256 / 272, rel=0.01)
 
 
 def test_dgx_gh200_numbers_agree_with_each_other():
@@ -67,7 +68,7 @@ def test_dgx_gh200_preset_full_size_and_against_the_projected_superpod():
     times = {}
     for name in ("dgx-gh200", "superpod-h100-nvlink"):
         config = preset(name, nodes=4, gpus=32)
-        times[name] = cost_nodes.modeled_ns("all2all", "direct", config.topology, S, config)
+        times[name] = cost_nodes.links_ns("all2all", "direct", config.topology, S, config)
         assert times[name] < 1.01 * cost_nodes.occupancy_bound_ns("all2all", "direct", config.topology, S, config)
     assert times["superpod-h100-nvlink"] / times["dgx-gh200"] == pytest.approx(48 / 31, rel=0.01)
 
@@ -76,7 +77,7 @@ def test_dgx_gh200_preset_full_size_and_against_the_projected_superpod():
 def test_the_multi_node_presets_are_calibrated_and_their_line_twins_at_line_rate(name):
     """Issue 28 part 3: NVLink inside a node is the generation's calibrated profile (as on dgx-h100 / dgx-a100);
     an NVLink uplink carries its links at the calibrated per-link rate, an InfiniBand one stays at the NIC's line
-    rate; NAME-line keeps the published line rates."""
+    rate; NAME-line keeps the published line rates, and no software latency."""
     system, calibrated, line = SYSTEMS[name], preset(name), preset(name + "-line")
     assert (line.link, calibrated.link) == (system.gpu_link, system.gpu_link + "-nccl")
     per_gpu = system.uplink_gbytes_per_s_per_node / system.gpus_per_node
@@ -87,7 +88,8 @@ def test_the_multi_node_presets_are_calibrated_and_their_line_twins_at_line_rate
     else:
         assert calibrated.uplink_gbytes_per_s_per_gpu == per_gpu
     assert calibrated.uplink_latency_ns == line.uplink_latency_ns == PROFILES[system.spine_link].link_latency_ns
-    same = {k: v for k, v in vars(calibrated).items() if k not in ("name", "link", "uplink_gbytes_per_s_per_gpu")
-            and not k.startswith("_")}
+    assert (calibrated.software, line.software) == ("nccl", "none")  # NCCL's latency on top of the calibrated links
+    same = {k: v for k, v in vars(calibrated).items()
+            if k not in ("name", "link", "uplink_gbytes_per_s_per_gpu", "software") and not k.startswith("_")}
     assert same == {k: v for k, v in vars(line).items() if k in same}  # nothing else differs
 

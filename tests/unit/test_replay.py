@@ -23,7 +23,7 @@ def test_one_node_equals_the_closed_forms(name, gpus):
     for collective, algorithm in CASES:
         for size in (gpus * 1024, gpus << 20, gpus * 3 << 20):  # one chunk, several, uneven last ones
             got = replay.replay_ns(collective, algorithm, topo, size, config)
-            want = cost.modeled_ns(collective, algorithm, size, gpus, config)
+            want = cost.links_ns(collective, algorithm, size, gpus, config)
             assert math.isclose(got, want, rel_tol=1e-12), (collective, algorithm, size, got, want)
 
 
