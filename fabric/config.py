@@ -110,7 +110,7 @@ class FabricConfig:
     # validated against this fabric's link names, held as fabric.faults.Fault records
     faults: tuple = ()
     # software latency (fabric.software): "nccl" adds NCCL's launch and protocol latency to every collective
-    # call (the calibrated presets); "none": the links' time only (the line-rate twins, what-if studies)
+    # call (every preset but the -line twins); "none": the links' time only (the -line twins, what-if studies)
     software: str = "none"
 
     def __post_init__(self):
@@ -328,12 +328,12 @@ PRESETS: dict[str, dict] = {
     "dgx-a100-line": dict(mode="classic", gpus=8, sharp=False, link="nvlink3", gpu="a100-sxm"),
     # 8 A100 / H100 GPUs, each behind its own InfiniBand HDR / NDR port on one IB switch (no SHARP):
     # separate address spaces reached through registered windows, like NVLink Network mode.
-    "a100-ib": dict(mode="network", gpus=8, sharp=False, link="ib-hdr", gpu="a100-sxm"),
-    "h100-ib": dict(mode="network", gpus=8, sharp=False, link="ib-ndr", gpu="h100-sxm"),
+    "a100-ib": dict(mode="network", gpus=8, sharp=False, link="ib-hdr", software="nccl", gpu="a100-sxm"),
+    "h100-ib": dict(mode="network", gpus=8, sharp=False, link="ib-ndr", software="nccl", gpu="h100-sxm"),
     # 8 A100 / H100 PCIe cards behind a PCIe switch: peer-to-peer by physical (BAR) address, no isolation,
     # no SHARP.
-    "pcie-gen4": dict(mode="classic", gpus=8, sharp=False, link="pcie-gen4", gpu="a100-pcie"),
-    "pcie-gen5": dict(mode="classic", gpus=8, sharp=False, link="pcie-gen5", gpu="h100-pcie"),
+    "pcie-gen4": dict(mode="classic", gpus=8, sharp=False, link="pcie-gen4", software="nccl", gpu="a100-pcie"),
+    "pcie-gen5": dict(mode="classic", gpus=8, sharp=False, link="pcie-gen5", software="nccl", gpu="h100-pcie"),
     # DGX B200: 8 B200 GPUs on NVLink5 through NVSwitch gen 4 (SHARP); NVLink Network addressing.
     # Calibrated: effective bandwidth and in-switch reduction as NCCL measures them on 8 Blackwell GPUs
     # (profiles.PUBLISHED: NVIDIA/nccl issue #2140's 8 x B300, same NVLink5 and switch generation).
@@ -436,10 +436,18 @@ def load_toml(path: str | Path, **overrides) -> FabricConfig:
     return build_config(settings, str(path))
 
 
+# --software's help (launch: run, bench, model)
+SOFTWARE_HELP = ("software latency of every collective call: nccl (NCCL's launch and protocol latency, the calibrated "
+                 "presets' own) or none (the links alone, the -line presets' own); default: the fabric's")
+
+
 def resolve(preset_name: str | None = None, config_path: str | None = None, gpus: int | None = None,
-            nodes: int | None = None, gpus_per_node: int | None = None) -> FabricConfig:
+            nodes: int | None = None, gpus_per_node: int | None = None, software: str | None = None) -> FabricConfig:
     """The fabric a command line asks for: --preset or --config (not both), sized by --gpus (in the
-    whole fabric), --nodes and --gpus-per-node (the config's own for what is not given)."""
+    whole fabric), --nodes and --gpus-per-node (the config's own for what is not given), with --software's
+    choice if given."""
+    if software is not None:
+        return dataclasses.replace(resolve(preset_name, config_path, gpus, nodes, gpus_per_node), software=software)
     if preset_name and config_path:
         raise ConfigError("give --preset or --config, not both")
     for flag, value in (("--gpus", gpus), ("--nodes", nodes), ("--gpus-per-node", gpus_per_node)):

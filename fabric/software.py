@@ -62,8 +62,9 @@ def nccl_latency_us(cls: str, collective: str, n: int, nodes: int, proto: int, i
                     net_overhead: float = DEFAULT_NET_OVERHEAD_US, nvlink_domain: bool = False) -> float | None:
     """NCCL's latency (us) of one call of `collective` by algorithm class `cls` on n GPUs in `nodes` nodes at
     protocol index `proto` (0 LL, 1 LL128, 2 Simple), as ncclTopoTuneModel combines it; None where NCCL does
-    not run that protocol. intra: the link inside a node ("nvlink" or "pci"); nvlink_domain: the nodes are
-    one NVLink domain (spines on NVLink), so no step crosses a network."""
+    not run that protocol. intra: the link inside a node ("nvlink", "pci", or "net" for GPUs that reach each
+    other only through an InfiniBand switch); nvlink_domain: the nodes are one NVLink domain (spines on
+    NVLink), so no step crosses a network."""
     if nvlink_domain:
         nodes = 1
     if cls in ("nvls", "nvls_tree") and proto != 2:
@@ -109,7 +110,8 @@ def call_latency_ns(collective: str, algorithm: str, n: int, nodes: int, S: int,
     if nodes > 1 and config.uplink_gbytes_per_s_per_gpu:
         bandwidth = min(bandwidth, config.uplink_gbytes_per_s_per_gpu)
     T_ns = S * bus_factor(collective, n) / (bandwidth * payload)
-    intra = "pci" if config.link.startswith("pcie") else "nvlink"
+    # the link a step inside a node crosses: GPUs on one InfiniBand switch take network steps throughout
+    intra = "pci" if config.link.startswith("pcie") else "net" if config.link.startswith("ib") else "nvlink"
     net_overhead = NET_OVERHEAD_US.get(config.gpu, DEFAULT_NET_OVERHEAD_US)
     best = math.inf
     for proto in range(len(PROTOCOLS)):

@@ -54,7 +54,7 @@ def launch_script(script: str, args: argparse.Namespace, script_args: list[str],
     output = JobOutput(labels, fabric_of(args), no_label)
     cmd = [*mpiexec_command(), *(labels.option if labels else ()), "-n", str(world_size), sys.executable, "-m",
            "nvlink_emu.launch", script, "--timeout", str(args.timeout)]
-    for flag in ("preset", "config", "faults", "gpus", "nodes", "gpus_per_node", "trace_dir", "report_json"):
+    for flag in ("preset", "config", "faults", "software", "gpus", "nodes", "gpus_per_node", "trace_dir", "report_json"):
         value = getattr(args, flag, None)
         if value is not None:
             cmd += [f"--{flag.replace('_', '-')}", str(value)]

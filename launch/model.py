@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 from nvlink_emu.fabric import cost, cost_nodes, replay
-from nvlink_emu.fabric.config import DEFAULT_PRESET, PRESETS, resolve
+from nvlink_emu.fabric.config import DEFAULT_PRESET, PRESETS, SOFTWARE, SOFTWARE_HELP, resolve
 from nvlink_emu.fabric.cost import bus_factor
 from nvlink_emu.fabric.plans import plan_link_bytes, plan_ns
 from nvlink_emu.fabric.errors import ConfigError, FabricError, UnsupportedOperation
@@ -39,6 +39,7 @@ def model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus", type=int, help="override the fabric's GPU count (all nodes together)")
     parser.add_argument("--nodes", type=int, metavar="N", help="nodes of the fabric (a leaf switch each)")
     parser.add_argument("--gpus-per-node", type=int, metavar="M", help="GPUs in each node (instead of --gpus)")
+    parser.add_argument("--software", choices=SOFTWARE, help=SOFTWARE_HELP)
     parser.add_argument("--json", action="store_true", help="one JSON object per row (the statement of what was "
                         "validated goes to standard error)")
 
@@ -184,7 +185,7 @@ def format_row(row: dict) -> str:
 
 def cmd_model(args, script_args=None) -> int:
     """Print the model's rows (as they come: a replay at 256 GPUs takes seconds), then what was validated."""
-    config = resolve(args.preset, args.config, args.gpus, args.nodes, args.gpus_per_node)
+    config = resolve(args.preset, args.config, args.gpus, args.nodes, args.gpus_per_node, args.software)
     todo = sizes(args)
     start = time.process_time()
     plan = plan_of(args, config, "model")

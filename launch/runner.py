@@ -11,7 +11,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from nvlink_emu.fabric.config import DEFAULT_PRESET, PRESETS, resolve
+from nvlink_emu.fabric.config import DEFAULT_PRESET, PRESETS, SOFTWARE, SOFTWARE_HELP, resolve
 from nvlink_emu.fabric.errors import ConfigError
 from nvlink_emu.fabric.faults import load_entries
 from nvlink_emu.ranks.output import GPU_LABEL, LineWriter
@@ -32,6 +32,7 @@ def fabric_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", type=int, metavar="N", help="nodes of the fabric (a leaf switch each; the "
                         "superpod presets have 2)")
     parser.add_argument("--gpus-per-node", type=int, metavar="M", help="GPUs in each node (instead of --gpus)")
+    parser.add_argument("--software", choices=SOFTWARE, help=SOFTWARE_HELP)
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
                         help=f"deadline of every blocking wait, seconds (default {DEFAULT_TIMEOUT_S:g})")
     parser.add_argument("--trace-dir", metavar="DIR", help="write one trace file per rank into DIR")
@@ -43,12 +44,13 @@ def fabric_arguments(parser: argparse.ArgumentParser) -> None:
 
 def fabric_of(args: argparse.Namespace, preset_name: str | None = None):
     """The fabric the options ask for: --preset/--config (or the preset `preset_name` instead), sized
-    by --gpus, --nodes and --gpus-per-node."""
+    by --gpus, --nodes and --gpus-per-node, with --software's choice."""
     if preset_name is not None:
-        config = resolve(preset_name, None, args.gpus, getattr(args, "nodes", None), getattr(args, "gpus_per_node", None))
+        config = resolve(preset_name, None, args.gpus, getattr(args, "nodes", None), getattr(args, "gpus_per_node", None),
+                         getattr(args, "software", None))
     else:
         config = resolve(args.preset, args.config, args.gpus, getattr(args, "nodes", None),
-                         getattr(args, "gpus_per_node", None))
+                         getattr(args, "gpus_per_node", None), getattr(args, "software", None))
     return with_faults(config, getattr(args, "faults", None))
 
 
