@@ -113,7 +113,7 @@ def test_a_leaf_that_refuses_a_span_answers_once_and_drops_the_later_spans():
     assert len(held) == 1
     assert fabric.flow(held) == ([], [])  # spine 4's span, after the undo: dropped
     assert all(gid not in s.groups.groups for s in fabric.switches)
-    assert all(not s._spans_due for s in fabric.switches[:3])
+    assert all(not s.spanning._spans_due for s in fabric.switches[:3])
     (bind,) = fabric.switches[1].on_packet(2, group_packet("bind", gid))
     assert bind.packet.info.get("error") == "AccessViolation", bind.packet.info
 

@@ -283,4 +283,4 @@ def test_spans_of_two_groups_of_one_creator_leaf_in_any_order_mpi_allows_answer_
         for gpu in (1, 3, 5):
             (reply,) = fabric.switches[gpu // 2].on_packet(gpu, group_packet("bind", group=b))
             assert reply.packet.kind is Kind.REPLY and reply.packet.info == {"group": b}, (seed, reply.packet.info)
-        assert not any(s._spans_due for s in fabric.switches[:3]), seed
+        assert not any(s.spanning._spans_due for s in fabric.switches[:3]), seed
