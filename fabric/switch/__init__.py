@@ -3,7 +3,8 @@ the switch rank (ranks/switch.py) only moves bytes. A leaf (`SwitchLogic`, one n
 over rooms that each keep their own state: ingress checks, point-to-point and Link TLB, in-switch
 reduction, groups spanning nodes, multicast stores and NVLS loads, the control plane; a spine
 (`SpineLogic`) holds what spans nodes. Why it decides as it does: docs/model/trust.md (authority and
-isolation) and docs/design/architecture.md (groups spanning nodes, their time and budgets)."""
+isolation) and docs/design/architecture.md (the rooms; its sections Spanning groups, Multicast stores and
+Load-reduce, which other modules cite as "fabric.switch, Spanning groups": time and budgets across nodes)."""
 
 from .ingress import FROM_GPU
 from .leaf import SwitchLogic

@@ -141,7 +141,7 @@ def test_hier_s_node_slots_name_their_requester_s_position_second(collective):
     """hier's node RS in the leaf (fabric.hier_plan, 2 nodes x 4 positions, 3 slices): each member's
     load-reduce slots (hier_plan.leaf_slot of its keys, after the call's seq) name its own position first,
     its serves every position's slots, each slot exactly once per requester - so the switch's rule
-    (_check_requester) takes every honest request, the node group's ranks being the positions."""
+    (ingress.check_requester) takes every honest request, the node group's ranks being the positions."""
     from nvlink_emu.fabric import hier_plan
 
     N, G, count, chunk = 2, 4, 3 * 2 * 4 * 16, 16
