@@ -14,7 +14,7 @@ class ControlPlane:
     def __init__(self, leaf):
         self.leaf = leaf  # the SwitchLogic (fabric.switch.leaf) whose windows and groups these are
         self.config, self.topology, self.switch, self.network = leaf.config, leaf.topology, leaf.switch, leaf.network
-        self.groups, self.tlbs, self._partition = leaf.groups, leaf.tlbs, leaf._partition
+        self.groups, self.tlbs, self._partition = leaf.groups, leaf.tlbs, leaf.partition_of_gpu
 
     def handle(self, ingress: int, packet: Packet) -> list[Send]:
         """What to send for GPU `ingress`'s EXPORT, REVOKE or GROUP call: its REPLY, and first, for a group

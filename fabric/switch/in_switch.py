@@ -18,7 +18,7 @@ class InSwitch:
     def __init__(self, leaf):
         self.leaf = leaf  # the SwitchLogic (fabric.switch.leaf) whose groups these are
         self.config, self.network, self.groups, self.timing = leaf.config, leaf.network, leaf.groups, leaf.timing
-        self._spine_faults = leaf._spine_faults
+        self._spine_faults = leaf.spine_faults
 
     def handle(self, ingress: int, packet: Packet, payload: np.ndarray | None) -> list[Send]:
         """What to send for GPU `ingress`'s REDUCE, MCAST or LOAD_REDUCE (`payload`: its bytes, if any)."""

@@ -27,7 +27,9 @@ from .spanning import Spanning
 
 
 class SwitchLogic:
-    """State and decisions of one switch: port map, Link TLBs (network mode), counters, refusals."""
+    """State and decisions of one leaf switch: its port map, Link TLBs (network mode), counters, refusals,
+    groups and budgets, and the rooms it hands each packet to (p2p, in_switch, spanning, stores, nvls,
+    control), each keeping its own state."""
 
     def __init__(self, config: FabricConfig, switch: int = 0):
         self.config = config
@@ -51,7 +53,7 @@ class SwitchLogic:
         self.timing = config.timing
         # the fault plan's links between switches: a down one is routed around (fabric.faults.spine_route)
         self.plan = config.fault_plan
-        self._spine_faults = any(not (a.startswith("gpu") or b.startswith("gpu"))
+        self.spine_faults = any(not (a.startswith("gpu") or b.startswith("gpu"))
                                  for a, _, b in (link.partition("->") for link in self.plan.links()))
         self.violations = [0] * config.gpus  # AccessViolations, by the requester's port
         self.refused = [0] * config.gpus     # every refused packet, by the sender's port
@@ -60,7 +62,7 @@ class SwitchLogic:
         self.peak_held_bytes = 0  # most contribution bytes held at once by in-switch reductions
         self.tracing = False      # when set, decisions worth a trace record are appended to `events`
         self.events: list[dict] = []
-        self._partition = [config.partition_of(g) for g in range(config.gpus)]
+        self.partition_of_gpu = [config.partition_of(g) for g in range(config.gpus)]  # by GPU index
         # switch resources are shared out among partitions, so that one tenant cannot starve another
         self.group_share = max(1, self.groups.limit // len(config.partitions))
         self.buffer_share_bytes = buffer_share_bytes(config)
@@ -189,7 +191,7 @@ class SwitchLogic:
         """Name of the link a Send to GPU `port` leaves this leaf by (at modeled t_ns, with faults)."""
         if port in self.local:
             return downlink(port, self.switch)
-        if self._spine_faults and t_ns is not None:
+        if self.spine_faults and t_ns is not None:
             return f"sw{self.switch}->sw{self.next_switch(port, t_ns)}"
         leaf = self.topology.switches[self.switch]
         return leaf.ports[self.topology.next_port(self.switch, port)].egress
@@ -200,12 +202,13 @@ class SwitchLogic:
         if port in self.local:
             return None
         spine = self.topology.spine_for(port)
-        if self._spine_faults and t_ns is not None:
+        if self.spine_faults and t_ns is not None:
             topology = self.topology
             spine = spine_route(self.plan, self.switch, port // self.config.gpus_per_node, spine, topology.nodes,
                                 topology.spines, t_ns)
         return self.topology.nodes + spine
 
+    # -- the way out, which every room's sends take -------------------------------------------------
     def out(self, send: Send, sender: int | None = None) -> Send:
         """Count `send` on the link it leaves by; up to a spine, stamp the packet with when its first/last
         byte reach the spine: booked on GPU `sender`'s outbound share (cut-through; a one-sided reply on
@@ -214,7 +217,7 @@ class SwitchLogic:
         if send.switch is not None:  # to another switch: counted and booked by whoever made it
             return send
         via = None
-        if self._spine_faults and send.port not in self.local:  # routed at the time its first byte is ready
+        if self.spine_faults and send.port not in self.local:  # routed at the time its first byte is ready
             via = self.next_switch(send.port, send.packet.t_start)
             link = f"sw{self.switch}->sw{via}"
         else:
@@ -226,7 +229,7 @@ class SwitchLogic:
         packet = send.packet
         if share is not None:
             timed = raw
-            if self._spine_faults:  # the node's uplink lost the down links' part of its capacity
+            if self.spine_faults:  # the node's uplink lost the down links' part of its capacity
                 timed = raw * spine_links_scale(self.plan, self.switch, self.topology.nodes, self.topology.spines,
                                                 packet.t_start)
             # a one-sided reply leaves in the order the host delivered its request: the share's served lane
@@ -257,7 +260,6 @@ class SwitchLogic:
         delay = self.timing.switch_latency_ns
         return packet.but(t_start=packet.t_start + delay, t_end=packet.t_end + delay, **changes)
 
-
     def deliver(self, port: int, group: int, key: tuple, payload: np.ndarray, t_start: float, t_end: float,
                 origin: int | None) -> Send:
         """A copy for `port` of an in-switch result or a multicast store through `group`."""
@@ -265,9 +267,9 @@ class SwitchLogic:
                                  t_start=t_start, t_end=t_end), payload, origin)
 
     def event(self, record: dict) -> None:
+        """Append `record` (a decision worth a trace record) to `events`, when tracing."""
         if self.tracing:
             self.events.append(record)
-
 
     # -- the rooms' public faces (ranks/switch.py and the report use them) --------------------------
     def on_switch(self, spine: int, packet: Packet, payload: np.ndarray | None = None) -> list[Send]:

@@ -25,7 +25,7 @@ class PointToPoint:
     def __init__(self, leaf):
         self.leaf = leaf  # the SwitchLogic (fabric.switch.leaf) whose ports, keys and Link TLBs these are
         self.config, self.local, self.network, self.tlbs = leaf.config, leaf.local, leaf.network, leaf.tlbs
-        self.switch, self._partition = leaf.switch, leaf._partition
+        self.switch, self._partition = leaf.switch, leaf.partition_of_gpu
         # requests forwarded and not yet answered: (replier port, requester port, req, reply kind) -> the
         # byte counts the replies must carry -> how many (a reply is matched in O(1), however many a GPU
         # keeps awaited under one number: a scan of them made each forged reply cost the switch O(MAX_AWAITED))

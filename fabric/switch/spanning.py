@@ -22,8 +22,8 @@ class Spanning:
     def __init__(self, leaf):
         self.leaf = leaf  # the SwitchLogic (fabric.switch.leaf) whose groups these are
         self.config, self.topology, self.switch, self.local = leaf.config, leaf.topology, leaf.switch, leaf.local
-        self.counters, self.groups, self.timing, self._partition = leaf.counters, leaf.groups, leaf.timing, \
-            leaf._partition
+        self.counters, self.groups, self.timing = leaf.counters, leaf.groups, leaf.timing
+        self._partition = leaf.partition_of_gpu
         # creates waiting for the other switches' answers, gid -> [creator GPU, request, switches yet to
         # answer, errors, switches that took it, leaves still to span]; per partial sent up and not answered,
         # (group, result key) -> (local destinations, bytes); those bytes per partition; each member's part
@@ -72,7 +72,7 @@ class Spanning:
             self.counters.record(f"sw{spine}->sw{self.switch}", packet.payload_bytes)
             got = self._partials.pop((info.group, info.key), None)
             if got is None:
-                if released(self.groups, self._seen, self.topology.nodes, info.group):
+                if self.is_released(info.group):
                     return []  # it crossed its group's release (which freed its partial) on the way down
                 raise ProtocolError(f"{here}: a result of group {info.group} key {list(info.key)} from spine {spine}, "
                                     f"for no partial this leaf sent")
@@ -96,7 +96,7 @@ class Spanning:
         if info.action == "reduced":  # a slot whose result went to other nodes only: its partial's share back
             got = self._unanswered.pop((info.group, tuple(info.members)), None)
             if got is None:
-                if released(self.groups, self._seen, self.topology.nodes, info.group):
+                if self.is_released(info.group):
                     return []
                 raise ProtocolError(f"{here}: spine {spine} reduced slot {list(info.members)} of group {info.group}, "
                                     f"for no partial this leaf sent")
@@ -249,7 +249,7 @@ class Spanning:
         topology = self.topology
         due = self._spans_due.get(info.group)
         if due is None:
-            if info.group in self.groups.groups or released(self.groups, self._seen, topology.nodes, info.group):
+            if info.group in self.groups.groups or self.is_released(info.group):
                 if info.group in self.groups.groups:
                     raise ProtocolError(f"switch {self.switch}: a second span of group {info.group} from spine {spine}")
                 return []  # refused here, or undone by its creator, before this spine's span came
