@@ -100,7 +100,7 @@ def nvls_streams(n: int, nodes: int, fabric_nodes: int, dtype) -> int:
     of `fabric_nodes` (Call.in_switch_window): n on one node; across nodes 2 n x (the accumulator's width
     / the dtype's) x ceil(fabric_nodes / (n - 1)), so that each leaf's partials awaiting their result or
     notice (n requesters' windows, twice: a notice may trail the next request) fit its buffer share /
-    fabric_nodes (fabric.switch, Spanning groups)."""
+    fabric_nodes (docs/design/architecture.md, Spanning groups)."""
     wide = switch_accumulator(np.dtype(dtype)).itemsize // np.dtype(dtype).itemsize
     return _nvls_streams(n, nodes, fabric_nodes, wide)
 

@@ -210,15 +210,15 @@ def test_a_member_cannot_load_reduce_another_requester_s_slot_under_its_own_key(
 def test_leaves_and_spines_remember_the_members_of_the_latest_released_groups_only(monkeypatch):
     """A released spanning group's members stay known (a store crossing the release returns the credit it
     took for them): at a leaf its own members, at a spine all of them; only the GONE_KEPT most recent."""
-    monkeypatch.setattr("nvlink_emu.fabric.switch.GONE_KEPT", 2)
+    monkeypatch.setattr("nvlink_emu.fabric.switch.spanning.GONE_KEPT", 2)
     fabric = Fabric(nvlink(spines=2))
     gids = []
     for members in ((0, 2), (1, 2, 3), (3, 0)):
         gids.append(fabric.group(members))
         assert fabric.call(members[0], "release", gids[-1]) == {"group": gids[-1]}
     leaf0, leaf1, spine2, spine3 = fabric.switches
-    assert leaf0._gone == {gids[1]: (1,), gids[2]: (0,)}
-    assert leaf1._gone == {gids[1]: (2, 3), gids[2]: (3,)}
+    assert leaf0.spanning._gone == {gids[1]: (1,), gids[2]: (0,)}
+    assert leaf1.spanning._gone == {gids[1]: (2, 3), gids[2]: (3,)}
     assert spine2._gone == spine3._gone == {gids[1]: (1, 2, 3), gids[2]: (3, 0)}
     assert spine3.dropped_store_ports(gids[2], 3) == (0,) and spine3.dropped_store_ports(gids[0], 2) == ()
 
@@ -258,8 +258,8 @@ def test_a_refused_load_reduce_gives_its_budget_back_so_repeating_it_exhausts_no
         assert sorted(s.port for s in loads if s.packet.kind is Kind.LOAD) == served, (k, loads[0].packet)
         for g in (refuser, 0) if refuser else (0,):
             assert fabric.gpu(g, _unserved(gid, (k, 0, 0, 0))) == []  # no answer to a notice
-        assert leaf0._asked_count[0] == 0, k
-    assert leaf0._asked == {} and all(not s.refused[g] for s in fabric.switches[:2] for g in range(4))
+        assert leaf0.nvls._asked_count[0] == 0, k
+    assert leaf0.nvls._asked == {} and all(not s.refused[g] for s in fabric.switches[:2] for g in range(4))
     assert leaf1.dropped_loads == (0 if refuser == 2 else limit + 1 - MAX_LOADS)
     fabric.hops.clear()
     sends = fabric.gpu(2, _unserved(gid, (7, 0, 0, 0)))  # a notice of a slot no request awaits
@@ -268,7 +268,7 @@ def test_a_refused_load_reduce_gives_its_budget_back_so_repeating_it_exhausts_no
     else:  # GPU 2 refused that LOAD already: a second notice is refused at its leaf
         (nack,) = sends
         assert nack.packet.info.error == "AccessViolation" and fabric.hops == [] and leaf1.refused[2] == 1
-    assert leaf0._asked_count[0] == 0
+    assert leaf0.nvls._asked_count[0] == 0
 
 
 def test_a_load_reduce_dropped_or_released_on_its_way_gives_its_budget_back_and_a_bad_notice_is_refused():
@@ -291,7 +291,7 @@ def test_a_load_reduce_dropped_or_released_on_its_way_gives_its_budget_back_and_
     assert sorted(s.port for s in ask(1, 2)) == [0, 1]  # leaf 0's LOADs; none at leaf 1
     assert [(frm, to, p.kind) for frm, to, p in fabric.hops] == [
         (0, 2, Kind.LOAD_REDUCE), (2, 1, Kind.LOAD_REDUCE), (1, 2, Kind.GROUP), (2, 0, Kind.GROUP)]
-    assert leaf0._asked == {} and leaf0._asked_count == {0: 0}
+    assert leaf0.nvls._asked == {} and leaf0.nvls._asked_count == {0: 0}
     (nack,) = fabric.gpu(3, _unserved(gid, (0, 2, 0, 2)))
     assert nack.packet.kind is Kind.NACK and nack.packet.info.error == "AccessViolation"
     (nack,) = fabric.gpu(1, _unserved(gid, (0, 7, 0, 7)))
@@ -299,9 +299,9 @@ def test_a_load_reduce_dropped_or_released_on_its_way_gives_its_budget_back_and_
     assert (leaf1.refused[3], leaf0.refused[1]) == (1, 1)
     assert fabric.call(2, "bind", gid) == {"group": gid}
     ask(2, 1, k=1)
-    assert leaf1._asked_count == {0: 1}
+    assert leaf1.nvls._asked_count == {0: 1}
     assert fabric.call(0, "release", gid) == {"group": gid}
-    assert leaf1._asked == leaf1._asked_slot == {} and leaf1._asked_count == {0: 0}
+    assert leaf1.nvls._asked == leaf1.nvls._asked_slot == {} and leaf1.nvls._asked_count == {0: 0}
     assert fabric.gpu(2, _unserved(gid, (1, 1, 0, 1))) == []  # crossed the release: dropped
 
 

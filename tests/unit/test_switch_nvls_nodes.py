@@ -50,7 +50,7 @@ def test_a_load_reduce_across_nodes_folds_each_node_then_the_nodes_and_returns_t
     # "reduced" (a control packet, not on the cable's counters) to the other, which frees its partial
     assert sorted((frm, to, p.kind, p.payload_bytes) for frm, to, p in fabric.hops) == [
         (0, 3, Kind.REDUCE, 32), (1, 3, Kind.REDUCE, 32), (3, 0, Kind.GROUP, 0), (3, 1, Kind.MCAST, 16)]
-    assert all(not leaf._partials and not any(leaf._partial_bytes.values()) for leaf in fabric.switches[:2])
+    assert all(not leaf.spanning._partials and not any(leaf.spanning._partial_bytes.values()) for leaf in fabric.switches[:2])
     spine = fabric.switches[3].counters.snapshot()
     header = fabric.config.header_bytes
     assert spine["sw3->sw0"] == {"payload_bytes": 0, "raw_bytes": header, "packets": 1, "busy_ns": 0.0}  # the request
@@ -124,8 +124,8 @@ def test_a_leaf_keeps_a_partition_s_load_reduces_awaiting_their_result_within_it
     (CollectiveMismatch for a second); a result, or the group's release, gives the slot back. The
     members answer no LOAD here, so the bound of LOADs unanswered per GPU (MAX_LOADS, 1,024, below
     this budget of 2,048: test_switch_unserved_notices) is raised for the budget to be what is reached."""
-    from nvlink_emu.fabric import switch
-    monkeypatch.setattr(switch, "MAX_LOADS", 1 << 16)
+    from nvlink_emu.fabric.switch import multicast
+    monkeypatch.setattr(multicast, "MAX_LOADS", 1 << 16)
     fabric = Fabric(nvlink(nodes=2, spines=1, chunk_bytes=1 << 12, switch_buffer_bytes=1 << 12))
     leaf = fabric.switches[0]
     limit = leaf.partial_share_parts
@@ -137,10 +137,10 @@ def test_a_leaf_keeps_a_partition_s_load_reduces_awaiting_their_result_within_it
     (nack,) = load_reduce(fabric, 0, gid, (0, 0, 0), (0,), 8)
     assert nack.packet.info.error == "CollectiveMismatch" and "awaited already" in nack.packet.info.message
     assert fabric.call(0, "release", gid) == {"group": gid}
-    assert leaf._asked == {} and leaf._asked_count == {0: 0}
+    assert leaf.nvls._asked == {} and leaf.nvls._asked_count == {0: 0}
     gid = fabric.group((0, 2))
     buffers = {g: np.arange(4, dtype=np.float16) for g in (0, 2)}
     loads = load_reduce(fabric, 0, gid, (1, 0, 0), (0,), 8)
-    assert leaf._asked_count == {0: 1}
+    assert leaf.nvls._asked_count == {0: 1}
     (result,) = [send for load in loads for send in answer(fabric, load, buffers)]
-    assert result.port == 0 and leaf._asked_count == {0: 0}
+    assert result.port == 0 and leaf.nvls._asked_count == {0: 0}

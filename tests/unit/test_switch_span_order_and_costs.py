@@ -46,7 +46,7 @@ def test_a_member_cannot_reach_a_leaf_before_the_group_s_span_does(kind):
     this leaf"; "a store of group 3 from spine 4 ...: no group spanning this leaf"), a switch's bug to
     every tenant, whose run ended. Needs 3 nodes and 2 spines (on 2 nodes the only other leaf is the
     creator's, which holds the group from the start; with 1 spine its span comes first). After (the
-    attacker's fix, SwitchLogic._span_in): every spine sends its span to the other leaves, and a leaf
+    attacker's fix, spanning.Spanning._span_in): every spine sends its span to the other leaves, and a leaf
     lets members bind, and answers the create, only once every spine's span reached it. So GPU 2's bind
     is refused (AccessViolation) while spine 4's span is still on its way to leaf 1; once it came, what
     GPU 2 sends through spine 4 reaches leaf 2 after spine 4's span (MPI's order per sender), which made
@@ -113,7 +113,7 @@ def test_a_leaf_that_refuses_a_span_answers_once_and_drops_the_later_spans():
     assert len(held) == 1
     assert fabric.flow(held) == ([], [])  # spine 4's span, after the undo: dropped
     assert all(gid not in s.groups.groups for s in fabric.switches)
-    assert all(not s._spans_due for s in fabric.switches[:3])
+    assert all(not s.spanning._spans_due for s in fabric.switches[:3])
     (bind,) = fabric.switches[1].on_packet(2, group_packet("bind", gid))
     assert bind.packet.info.get("error") == "AccessViolation", bind.packet.info
 
@@ -136,7 +136,7 @@ def test_a_release_costs_the_switch_what_the_released_group_holds_only():
     binds and releases a second group B again and again: three control packets each, B holding nothing.
     GroupTable.release found B's reductions by a scan of every reduction held in the switch (`[k for k in
     self.reductions if k[0] == group_id]`), A's 32,768 included, and a leaf's release of a group spanning
-    nodes scanned its partials, LOADs, load-reduces and parts the same way (_drop_span), a spine its stores'
+    nodes scanned its partials, LOADs, load-reduces and parts the same way (spanning.Spanning.drop_span), a spine its stores'
     clocks. Before: 32,768 keys scanned per release of a group that holds nothing; 1.18 ms of switch
     CPU per release against 0.026 ms with nothing held and 0.017 ms for a 1 KiB message (medians of 41,
     this shared machine, without the counting dict), while every other tenant's packets wait (the switch
@@ -245,7 +245,7 @@ def test_a_forged_reply_costs_the_switch_what_any_refused_header_does():
     while every other tenant's packets wait (the switch serves in arrival order) - more than the refused
     GET of a whole 256 MiB window docs/model/trust.md lists (1.4 ms). The smallest fix: keep the awaited byte
     counts of one key in a Counter (count -> requests), so a reply is matched in O(1). After (that fix,
-    SwitchLogic._awaited): 0.022 ms per forged reply with 65,536 awaited against 0.014 with one (medians
+    p2p.PointToPoint._awaited): 0.022 ms per forged reply with 65,536 awaited against 0.014 with one (medians
     of 41, this shared machine), the same refusal."""
     from nvlink_emu.fabric.config import preset
     from switch_helpers import export, handle_of

@@ -155,13 +155,13 @@ def test_a_result_for_one_member_goes_down_to_its_leaf_only_and_the_others_get_a
     data = np.ones(8, np.float32)
     for g in members[:-1]:
         assert fabric.reduce(g, gid, (0, 3, 0), data, (4,), ("c", 0, 3, 0)) == []
-    assert leaves[0]._partial_parts[0] == 1 and leaves[1]._partial_parts[0] == 1
+    assert leaves[0].spanning._partial_parts[0] == 1 and leaves[1].spanning._partial_parts[0] == 1
     fabric.hops.clear()
     (delivered,) = fabric.reduce(4, gid, (0, 3, 0), data, (4,), ("c", 0, 3, 0))
     assert delivered.port == 4 and delivered.payload.view(np.float32).tolist() == [4.0] * 8
     kinds = sorted((frm, to, p.kind.name, p.payload_bytes) for frm, to, p in fabric.hops)
     assert kinds == [(2, 3, "REDUCE", 32), (3, 0, "GROUP", 0), (3, 1, "GROUP", 0), (3, 2, "MCAST", 32)]
-    assert all(leaf._partial_parts[0] == 0 and leaf._partial_bytes[0] == 0 for leaf in leaves)
+    assert all(leaf.spanning._partial_parts[0] == 0 and leaf.spanning._partial_bytes[0] == 0 for leaf in leaves)
     assert "sw3->sw0" not in leaves[0].counters.snapshot()  # no bytes down to a leaf without the result
     with pytest.raises(ProtocolError, match="switch 0: spine 3 reduced slot .* for no partial this leaf sent"):
         leaves[0].on_switch(3, Packet(Kind.GROUP, -1, -1, req=3, info=GroupInfo("reduced", gid, (0, 3, 0), "")))

@@ -94,9 +94,9 @@ def test_a_release_racing_a_partial_and_a_result_ends_no_switch_and_leaks_no_sha
     (down,) = [s for s in spine.on_switch(1, up[0].packet, up[0].payload) if s.switch == 1]
     # slot (0, 0): node 1's partial leaves its leaf and is held back on the cable
     _, late = _push(fabric, 2, gid, (0, 0), x, (0, 2), ("c", 0))
-    assert leaf1._partial_bytes[0] == 2 * x.nbytes and leaf1._partial_parts[0] == 2
+    assert leaf1.spanning._partial_bytes[0] == 2 * x.nbytes and leaf1.spanning._partial_parts[0] == 2
     assert fabric.call(0, "release", gid) == {"group": gid}
-    assert leaf1._partial_bytes[0] == leaf1._partial_parts[0] == 0 and not leaf1._partials
+    assert leaf1.spanning._partial_bytes[0] == leaf1.spanning._partial_parts[0] == 0 and not leaf1.spanning._partials
     assert spine.on_switch(1, late[0].packet, late[0].payload) == []
     assert leaf1.on_switch(2, down.packet, down.payload) == []
     # the partition's share is whole: a new group moves as many partials in flight as the first could
@@ -139,7 +139,7 @@ def test_zero_byte_partials_in_flight_are_bounded_in_number():
     (nack,) = fabric.reduce(0, gid, (0, most), empty, (0, 2), ("c", most))
     assert nack.packet.info.error == "ResourceExhausted"
     assert f"switch 0 has {most} of partition 0's partials" in nack.packet.info.message
-    assert len(leaf0._partials) == len(spine.groups.reductions) == most
+    assert len(leaf0.spanning._partials) == len(spine.groups.reductions) == most
     # a result coming back gives one back: GPU 2's slot 0 completes at the spine
     assert sorted(s.port for s in fabric.reduce(2, gid, (0, 0), empty, (0, 2), ("c", 0))) == [0, 2]
     assert fabric.reduce(0, gid, (1, 0), empty, (0, 2), ("c", "next")) == []

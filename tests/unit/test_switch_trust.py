@@ -516,9 +516,9 @@ def test_a_multicast_waits_for_every_member_to_bind():
 
 
 def test_a_gpu_with_too_many_unanswered_requests_is_refused_more(monkeypatch):
-    import nvlink_emu.fabric.switch as switch
+    import nvlink_emu.fabric.switch.p2p as p2p
 
-    monkeypatch.setattr(switch, "MAX_AWAITED", 3)
+    monkeypatch.setattr(p2p, "MAX_AWAITED", 3)
     sw = network()
     window = handle_of(export(sw, 1, size=4096))
     for req in range(3):  # forwarded to GPU 1, which does not answer

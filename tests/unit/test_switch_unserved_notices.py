@@ -53,8 +53,8 @@ def test_a_requester_s_own_refusals_keep_loads_to_the_other_node_within_the_budg
     leaf1 = fabric.switches[1]
     bound = leaf1.max_loads
     assert to_gpu2 == bound, f"leaf 1 sent GPU 2 {to_gpu2} LOADs it never answered ({refused} requests refused)"
-    assert refused == 0 and leaf1._loaded_count[2] == leaf1.peak_loads == bound
-    assert leaf1.dropped_loads == 3 * limit - bound and leaf0._loaded_count[0] == 0 and leaf0._asked == {}
+    assert refused == 0 and leaf1.nvls._loaded_count[2] == leaf1.peak_loads == bound
+    assert leaf1.dropped_loads == 3 * limit - bound and leaf0.nvls._loaded_count[0] == 0 and leaf0.nvls._asked == {}
 
 
 def test_a_member_s_notice_frees_no_other_group_s_or_partition_s_request():
@@ -69,12 +69,12 @@ def test_a_member_s_notice_frees_no_other_group_s_or_partition_s_request():
     g0, g1 = fabric.group((0, 2), "a"), fabric.group((1, 3), "b")
     for gpu, gid, name in ((0, g0, "a"), (1, g1, "b")):
         assert all(s.packet.kind is Kind.LOAD for s in _ask(fabric, gid, 0, gpu, name))
-    assert leaf0._asked_count == {0: 1, 1: 1}
+    assert leaf0.nvls._asked_count == {0: 1, 1: 1}
     (nack,) = fabric.gpu(2, _unserved(g1, (0, 0, 0, 0)))
     assert nack.packet.kind is Kind.NACK and nack.packet.info.error == "AccessViolation"
-    assert leaf1.refused[2] == 1 and leaf0._asked_count == {0: 1, 1: 1}
+    assert leaf1.refused[2] == 1 and leaf0.nvls._asked_count == {0: 1, 1: 1}
     assert fabric.gpu(2, _unserved(g0, (0, 0, 0, 0))) == []
-    assert leaf0._asked_count == {0: 0, 1: 1} and (g1, ("b", 0, "r")) in leaf0._asked
+    assert leaf0.nvls._asked_count == {0: 0, 1: 1} and (g1, ("b", 0, "r")) in leaf0.nvls._asked
 
 
 # -- one switch (a node's group: one node's communicators, hier's node groups in the leaf) ---------------
@@ -141,7 +141,7 @@ def test_hier_s_node_slots_name_their_requester_s_position_second(collective):
     """hier's node RS in the leaf (fabric.hier_plan, 2 nodes x 4 positions, 3 slices): each member's
     load-reduce slots (hier_plan.leaf_slot of its keys, after the call's seq) name its own position first,
     its serves every position's slots, each slot exactly once per requester - so the switch's rule
-    (_check_requester) takes every honest request, the node group's ranks being the positions."""
+    (ingress.check_requester) takes every honest request, the node group's ranks being the positions."""
     from nvlink_emu.fabric import hier_plan
 
     N, G, count, chunk = 2, 4, 3 * 2 * 4 * 16, 16

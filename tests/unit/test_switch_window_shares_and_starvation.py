@@ -237,7 +237,7 @@ def test_an_honest_gpu_held_by_congestion_does_not_hand_the_switch_to_gpu_0():
 
 
 def test_spans_of_two_groups_of_one_creator_leaf_in_any_order_mpi_allows_answer_both_creates():
-    """The path that holds (fix4's _span_in drops a span whose group id is at most the highest this leaf
+    """The path that holds (fix4's Spanning._span_in drops a span whose group id is at most the highest this leaf
     took of that creator leaf, as a released group's: could an earlier group's span, read after a later
     one's, be dropped, and its create never answered?). 3 nodes x 2 GPUs, 2 spines: GPU 0 creates group a
     (0, 2, 4), GPU 1 group b (1, 3, 5), at once, at leaf 0; every packet between switches is delivered in
@@ -283,4 +283,4 @@ def test_spans_of_two_groups_of_one_creator_leaf_in_any_order_mpi_allows_answer_
         for gpu in (1, 3, 5):
             (reply,) = fabric.switches[gpu // 2].on_packet(gpu, group_packet("bind", group=b))
             assert reply.packet.kind is Kind.REPLY and reply.packet.info == {"group": b}, (seed, reply.packet.info)
-        assert not any(s._spans_due for s in fabric.switches[:3]), seed
+        assert not any(s.spanning._spans_due for s in fabric.switches[:3]), seed
