@@ -12,6 +12,10 @@ same arithmetic, as the ranks do (ranks/gpu.py, fabric/switch.py):
 - recv(peer, key): wait for it; on another node's transfer the receiver books its inbound share, then
   its downlink, in its program order; the clock moves to the last byte's arrival (+ a).
 - flush(): the clock moves to when the uplink is free (a collective's sends have left).
+- ring's channels across nodes: each op carries its channel's lane (c, C), so it runs on channel c's
+  clock and books lane c of the GPU's uplink and downlink at 1 / C of their bandwidth, the shares
+  whole; "join" moves the GPU's clock to the latest channel's (fabric.programs; docs/model/time.md,
+  "Channels").
 `sharp` across nodes (`sharp_allreduce_ns`, `sharp_reduce_scatter_ns`, `sharp_mcast_ns` for
 allgather and broadcast) is not point to point: its partials, results and multicast stores are
 booked by the switches (fabric.switch, Spanning groups), slot by slot in the order the members'

@@ -24,10 +24,14 @@ enters node a+1 at position c from node a's position c-1 (mod G): with C = G eve
 exactly one channel out and one in. Member m's range of channel c is block c of blocks(|block m|, C)
 inside block m = blocks(count, n)[m] (so reduce_scatter and allgather keep the API's blocks, and
 allreduce uses the same ranges); broadcast and reduce split the buffer as blocks(count, C), part c
-on ring c. The channels run in lockstep inside each step (step s: every channel's sends, then every
-channel's receives), so all C rings are in flight at once; NCCL's channels are thread blocks that
-never wait for each other, while one program per GPU here waits at every step for the slowest
-channel's block, a crossing (the rule's one ring below 64 KiB keeps small calls off that cost).
+on ring c. The channels are independent pipelines, as NCCL's (one thread block per channel, each
+looping over its own part: NVIDIA/nccl src/device/all_reduce.h runRing): the program issues step s
+of every channel (its sends, then its receives) before step s + 1, but each channel runs in
+`call.channel(c, C)`, with its own clock and its own lane of the GPU's uplink and downlink at 1 / C
+of their bandwidth (docs/model/time.md, "Channels"), so a channel's step waits for its own receive
+and its own sends only, not for the slowest channel's crossing; the GPU's clock is the latest
+channel's at the end (call.join_channels). With one channel (below 64 KiB) that is the GPU's clock
+and whole links, as before.
 Per-GPU payload is the one ring's figures above; across nodes, with C = G, each GPU sends its
 channel's crossing: allreduce 2(n-1)/n x S/G on its own outbound and inbound share
 (fabric.cost_nodes documents every link). Combine order across nodes: member m's
