@@ -115,7 +115,7 @@ def run_programs(fabric: Fabric, programs: dict, stuck, events: list | None = No
                     continue
                 at = _LANE_AT[kind]
                 lane = op[at] if len(op) > at else None
-                before = gpu.clock(lane)
+                before = gpu.clock(lane) if events is not None else 0.0
                 if kind == "send":
                     booked = fabric.send(gpu, op[1], op[2], op[3], lane)
                 elif kind == "recv":
