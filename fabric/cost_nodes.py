@@ -730,8 +730,10 @@ def occupancy_bound_ns(collective: str, algorithm: str, topo: Topology, S: int, 
     share's end, and a sent message's outbound share ends before it reaches the receiver. Raw bytes
     per flow of a round of p payload bytes: at least p + header x ceil(p / MTU) (no split of the flow
     into messages takes fewer packets). So per GPU the largest of its uplink / B, its downlink / B + a,
-    and across nodes its outbound share / (U / G) and inbound share / (U / G) + a. ring and direct also
-    run step by step (a GPU sends round k + 1 once it has received all of round k): the chain, the sum
+    and across nodes its outbound share / (U / G) and inbound share / (U / G) + a (a channel lane of a
+    link, at B / C, is busy until at least its own bytes / (B / C): the largest lane's is at least the
+    link's bytes / B). ring and direct also run step by step (a GPU sends round k + 1 once it has
+    received all of round k; ring's channels across nodes, each its part of round k): the chain, the sum
     over rounds of the round's fastest flow (2a + s, across nodes + 2u + 2s, + its raw bytes / its
     slowest stage), bounds them too (the latest receiver of round k + 1 ends after the earliest of round
     k's, plus that). hier takes all its rounds (node rings and rails: all GPU to GPU). hier_nvls on N > 1

@@ -9,16 +9,35 @@ from .topology import Topology
 
 
 class GpuClocks:
-    """One member's clock and links, as ranks/gpu.py keeps them."""
+    """One member's clock and links, as ranks/gpu.py keeps them; `lanes`: the clocks of the channels of a
+    call that runs several (channel c's ops carry lane (c, C); docs/model/time.md, "Channels"), each
+    starting at the member's clock when the first of them does, until a "join" op."""
 
-    __slots__ = ("index", "node", "now", "uplink", "downlink", "inbound")
+    __slots__ = ("index", "node", "now", "uplink", "downlink", "inbound", "lanes")
 
     def __init__(self, index: int, topo: Topology):
         self.index, self.node = index, topo.locate(index)[0]
         self.now = 0.0
+        self.lanes: dict[int, float] = {}
         self.uplink = LinkEnd(topo.gpu_gbytes_per_s, topo.gpu_latency_ns)
         self.downlink = LinkEnd(topo.gpu_gbytes_per_s, topo.gpu_latency_ns)
         self.inbound = LinkEnd(topo.share_gbytes_per_s, 0.0) if topo.spines else None
+
+    def clock(self, lane: tuple[int, int] | None) -> float:
+        """Modeled ns of channel lane (c, C)'s clock, or of the member's (lane None or one channel)."""
+        return self.now if lane is None or lane[1] == 1 else self.lanes.get(lane[0], self.now)
+
+    def advance(self, lane: tuple[int, int] | None, ns: float) -> None:
+        """Move the clock of `lane` (as `clock`) to `ns` if later."""
+        if lane is None or lane[1] == 1:
+            self.now = max(self.now, ns)
+        else:
+            self.lanes[lane[0]] = max(self.clock(lane), ns)
+
+    def join(self) -> None:
+        """The call's channels are done: the member's clock moves to the latest channel's."""
+        self.now = max([self.now] + list(self.lanes.values()))
+        self.lanes = {}
 
 
 class Fabric:
@@ -33,10 +52,13 @@ class Fabric:
         self.shares = [LinkEnd(topo.share_gbytes_per_s, u) for _ in range(topo.gpus)] if topo.spines else None
         self.sent: dict[tuple, tuple[float, float, int]] = {}  # (src, dst, key) -> stamps at dst's leaf, raw
 
-    def send(self, gpu: GpuClocks, peer: int, key, nbytes: int) -> tuple[float, float]:
-        """Book a message on its route; returns when it occupies the sender's uplink (ns)."""
+    def send(self, gpu: GpuClocks, peer: int, key, nbytes: int, lane=None) -> tuple[float, float]:
+        """Book a message on its route; returns when it occupies the sender's uplink (ns). lane: channel
+        (c, C) of a call that runs C channels: its own clock and lane of the uplink (the shares whole:
+        docs/model/time.md, "Channels")."""
         raw = raw_bytes(nbytes, self.mtu, self.header)
-        start, end = gpu.uplink.send(gpu.now, gpu.now, raw)
+        ready = gpu.clock(lane)
+        start, end = gpu.uplink.send(ready, ready, raw, lane)
         uplink = start - gpu.uplink.latency_ns, end - gpu.uplink.latency_ns  # the link's own occupation
         start, end = start + self.s, end + self.s                       # the sender's leaf (cut-through)
         if self.gpus[peer].node != gpu.node:
@@ -46,23 +68,28 @@ class Fabric:
         self.sent[(gpu.index, peer, key)] = (start, end, raw)
         return uplink
 
-    def receive(self, gpu: GpuClocks, peer: int, key) -> tuple[float, float] | None:
-        """Consume the message if it was sent: when it occupies the receiver's downlink (ns); None: not yet."""
+    def receive(self, gpu: GpuClocks, peer: int, key, lane=None) -> tuple[float, float] | None:
+        """Consume the message if it was sent: when it occupies the receiver's downlink (ns); None: not yet.
+        lane: as send's (the receiver's channel: its clock and lane of the downlink)."""
         got = self.sent.pop((peer, gpu.index, key), None)
         if got is None:
             return None
         start, end, raw = got
         if self.gpus[peer].node != gpu.node:
             start, end = gpu.inbound.book(start, end, raw)
-            start = max(start, end - raw / gpu.downlink.bandwidth)  # its burst on the faster downlink
-        start, end = gpu.downlink.book(start, end, raw)
-        gpu.now = max(gpu.now, end + gpu.downlink.latency_ns)
+            start = max(start, end - raw / gpu.downlink.lane_bandwidth(lane))  # its burst on the faster downlink
+        start, end = gpu.downlink.book(start, end, raw, lane=lane)
+        gpu.advance(lane, end + gpu.downlink.latency_ns)
         return start, end
+
+
+_LANE_AT = {"send": 4, "recv": 3, "flush": 1}  # where an op's optional lane (c, C) is
 
 
 def run_programs(fabric: Fabric, programs: dict, stuck, events: list | None = None) -> float:
     """Run every member's program (generators of ("send", peer, key, nbytes), ("recv", peer, key),
-    ("flush",)) on `fabric`'s clocks, round-robin, each until it waits for a message not yet sent; the
+    ("flush",), each with an optional last item, its channel's lane (c, C), and ("join",), the end of a
+    call's channels) on `fabric`'s clocks, round-robin, each until it waits for a message not yet sent; the
     latest member's clock at the end (ns). stuck(waiting): the error when no member can go on. Shared
     by replay_ns and fabric.plans.timing (the plan interpreter), so both book links alike. events: if
     given, gets (member, what, peer, start_ns, end_ns) for every operation: "send" its uplink's
@@ -81,22 +108,31 @@ def run_programs(fabric: Fabric, programs: dict, stuck, events: list | None = No
                         del programs[r]
                         progressed = True
                         break
-                before = gpu.now
-                if op[0] == "send":
-                    booked = fabric.send(gpu, op[1], op[2], op[3])
-                elif op[0] == "recv":
-                    booked = fabric.receive(gpu, op[1], op[2])
+                kind = op[0]
+                if kind == "join":
+                    gpu.join()
+                    progressed, op = True, None
+                    continue
+                at = _LANE_AT[kind]
+                lane = op[at] if len(op) > at else None
+                before = gpu.clock(lane) if events is not None else 0.0
+                if kind == "send":
+                    booked = fabric.send(gpu, op[1], op[2], op[3], lane)
+                elif kind == "recv":
+                    booked = fabric.receive(gpu, op[1], op[2], lane)
                     if booked is None:
                         waiting[r] = op
                         break
-                else:
+                elif lane is None:
                     gpu.now = max(gpu.now, gpu.uplink.free_ns)
+                else:  # a channel's flush: its own sends have left
+                    gpu.advance(lane, gpu.uplink.lane_sent_ns(lane))
                 if events is not None:
-                    peer = op[1] if op[0] != "flush" else None
-                    if op[0] != "flush":
-                        events.append((r, op[0], peer, *booked))
-                    if gpu.now > before:
-                        events.append((r, "wait", peer, before, gpu.now))
+                    peer = op[1] if kind != "flush" else None
+                    if kind != "flush":
+                        events.append((r, kind, peer, *booked))
+                    if gpu.clock(lane) > before:
+                        events.append((r, "wait", peer, before, gpu.clock(lane)))
                 progressed = True
                 op = None
         if not progressed:

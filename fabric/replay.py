@@ -12,6 +12,10 @@ same arithmetic, as the ranks do (ranks/gpu.py, fabric/switch.py):
 - recv(peer, key): wait for it; on another node's transfer the receiver books its inbound share, then
   its downlink, in its program order; the clock moves to the last byte's arrival (+ a).
 - flush(): the clock moves to when the uplink is free (a collective's sends have left).
+- ring's channels across nodes: each op carries its channel's lane (c, C), so it runs on channel c's
+  clock and books lane c of the GPU's uplink and downlink at 1 / C of their bandwidth, the shares
+  whole; "join" moves the GPU's clock to the latest channel's (fabric.programs; docs/model/time.md,
+  "Channels").
 `sharp` across nodes (`sharp_allreduce_ns`, `sharp_reduce_scatter_ns`, `sharp_mcast_ns` for
 allgather and broadcast) is not point to point: its partials, results and multicast stores are
 booked by the switches (fabric.switch, Spanning groups), slot by slot in the order the members'
@@ -216,26 +220,37 @@ def _stuck(collective: str, algorithm: str, n: int, waiting) -> FabricError:
                        f"wait for what nobody sends")
 
 
+def _lanes(C: int) -> list:
+    """The lane of each of C channels (fabric.programs: channel c's clock and link lanes): (c, C), or
+    None with one channel (the member's own clock and whole links, as before channels had lanes)."""
+    return [(c, C) if C > 1 else None for c in range(C)]
+
+
 def _channel_ring(rings, r, pieces, phase, reduce: bool):
     """ring.py's channels across nodes (its _channel_ring): every channel's sends of a step, then every
-    channel's receives; reduce-scatter (a flush after each step) or all-gather (one flush at the end).
-    pieces[c][q]: the messages [(k, i, bytes)] of the segments of ring c's position q (_channel_layout)."""
+    channel's receives; reduce-scatter (a flush after each step) or all-gather (one flush at the end),
+    each channel on its own lane (docs/model/time.md, "Channels"): its step waits for its own receives
+    and sends only. pieces[c][q]: the messages [(k, i, bytes)] of the segments of ring c's position q
+    (_channel_layout). The caller joins the lanes ("join") at the end of the call."""
     n = len(rings[0])
     mine = [ring.index(r) for ring in rings]
+    lanes = _lanes(len(rings))
     for step in range(n - 1):
         sent, taken = (1 + step, 2 + step) if reduce else (step, 1 + step)
         for c, ring in enumerate(rings):
             nxt = ring[(mine[c] + 1) % n]
             for k, i, nbytes in pieces[c][(mine[c] - sent) % n]:
-                yield ("send", nxt, (phase, step, c, k, i), nbytes)
+                yield ("send", nxt, (phase, step, c, k, i), nbytes, lanes[c])
         for c, ring in enumerate(rings):
             prv = ring[(mine[c] - 1) % n]
             for k, i, _ in pieces[c][(mine[c] - taken) % n]:
-                yield ("recv", prv, (phase, step, c, k, i))
+                yield ("recv", prv, (phase, step, c, k, i), lanes[c])
         if reduce:
-            yield ("flush",)
+            for lane in lanes:
+                yield ("flush", lane)
     if not reduce:
-        yield ("flush",)
+        for lane in lanes:
+            yield ("flush", lane)
 
 
 @functools.lru_cache(maxsize=8)
@@ -259,9 +274,11 @@ def _ring_channels(collective, topo, r, count, chunk, item, root):
             yield from _channel_ring(rings, r, pieces, "rs", True)
         if collective != "reduce_scatter":
             yield from _channel_ring(rings, r, pieces, "ag", False)
+        yield ("join",)
         return
     rings = channel_rings([[a * G + j for j in range(G)] for a in range(N)])[:ring_channel_count(count * item, G)]
     C = len(rings)
+    lanes = _lanes(C)
     chains = [(part, (ring.index(r) - ring.index(root)) % n, ring) for part, ring in zip(blocks(count, C), rings)]
     spans = [chunks(*part, chunk) for part, _, _ in chains]
     for i in range(max(map(len, spans), default=0)):
@@ -271,10 +288,12 @@ def _ring_channels(collective, topo, r, count, chunk, item, root):
             lo, hi = spans[c][i]
             q = ring.index(r)
             if position:
-                yield ("recv", ring[(q - 1) % n], ("chain", c, i))
+                yield ("recv", ring[(q - 1) % n], ("chain", c, i), lanes[c])
             if position < n - 1:
-                yield ("send", ring[(q + 1) % n], ("chain", c, i), (hi - lo) * item)
-    yield ("flush",)
+                yield ("send", ring[(q + 1) % n], ("chain", c, i), (hi - lo) * item, lanes[c])
+    for lane in lanes:
+        yield ("flush", lane)
+    yield ("join",)
 
 
 def _tree(topo, r, count, chunk, item):

@@ -81,13 +81,23 @@ class LinkEnd:
 
     `sent_ns` is when the last byte of the transfers its owner's program sent (`send`) left: what a
     call that waits for its sends to leave waits for (`free_ns`, the link's last busy byte in either
-    lane, would include a reply served meanwhile)."""
+    lane, would include a reply served meanwhile).
+
+    Channel lanes (docs/model/time.md, "Channels"): a call that runs C > 1 independent channels books
+    channel c's transfers with `lane=(c, C)` on lane c of C, a clock of its own at bandwidth / C, in
+    that channel's program order. The lanes open at the program lane's last busy byte (none of them
+    starts before the owner's earlier program transfers have left) and stay open while the owner's
+    bookings name the same C; the next program-lane booking (or lanes of another C) closes them: the
+    program lane is then busy until their last byte. lane=None, or C = 1, is the program lane itself."""
 
     bandwidth: float
     latency_ns: float
     clock: LinkClock = field(init=False)
     served_clock: LinkClock = field(init=False)
     sent_ns: float = field(init=False, default=0.0)
+    _lanes: list = field(init=False, default_factory=list)       # the open channel lanes (LinkClocks), or none
+    _lane_sent: list = field(init=False, default_factory=list)   # per open lane: its program's last byte out (ns)
+    _lanes_busy_ns: float = field(init=False, default=0.0)       # the lanes' transfers at the link's bandwidth
 
     def __post_init__(self):
         self.clock = LinkClock(self.bandwidth)
@@ -95,25 +105,72 @@ class LinkEnd:
 
     @property
     def free_ns(self) -> float:
-        """When the link is free for good (its last byte booked in either lane has left)."""
-        return max(self.clock.free_ns, self.served_clock.free_ns)
+        """When the link is free for good (its last byte booked in any lane has left)."""
+        return max([self.clock.free_ns, self.served_clock.free_ns] + [lane.free_ns for lane in self._lanes])
 
     @property
     def busy_ns(self) -> float:
-        """Modeled ns the link has spent transmitting (both lanes)."""
-        return self.clock.busy_ns + self.served_clock.busy_ns
+        """Modeled ns the link has spent transmitting (every lane; a channel lane's bytes at the link's
+        bandwidth, so that C lanes busy at once make the link busy once, not C times)."""
+        return self.clock.busy_ns + self.served_clock.busy_ns + self._lanes_busy_ns
+
+    def lane_bandwidth(self, lane: tuple[int, int] | None) -> float:
+        """Bytes per ns of channel lane (c, C) (the link's bandwidth / C), or of the link (lane None)."""
+        return self.bandwidth if lane is None else self.bandwidth / lane[1]
+
+    def lane_sent_ns(self, lane: tuple[int, int] | None) -> float:
+        """When the last byte the owner's program sent on `lane` left (None: on any lane, `sent_ns`)."""
+        if lane is None or lane[1] == 1:
+            return self.sent_ns
+        return self._lane_sent[lane[0]] if len(self._lanes) == lane[1] else 0.0
+
+    def _clock(self, lane: tuple[int, int] | None) -> LinkClock:
+        """The program lane (lane None or of one channel), or channel lane (c, C), opened as needed."""
+        if lane is None or lane[1] == 1:
+            if self._lanes:
+                self._close_lanes()
+            return self.clock
+        c, count = lane
+        if len(self._lanes) != count:
+            if self._lanes:
+                self._close_lanes()
+            floor = self.clock.free_ns  # no channel transfer before the owner's earlier program ones have left
+            self._lanes = [LinkClock(self.bandwidth / count) for _ in range(count)]
+            for clock in self._lanes:
+                if floor > 0.0:
+                    clock._starts.append(float("-inf"))
+                    clock._ends.append(floor)
+            self._lane_sent = [0.0] * count
+        return self._lanes[c]
+
+    def _close_lanes(self) -> None:
+        """The program lane takes over: busy until the lanes' last byte (a span with no busy time of its own)."""
+        end = max(lane.free_ns for lane in self._lanes)
+        if end > self.clock.free_ns:
+            start = self.clock.free_ns
+            self.clock._occupy(len(self.clock._starts), start, end)
+        self._lanes, self._lane_sent = [], []
 
     def book(self, ready_start: float, ready_end: float, raw_bytes: int,
-             served: bool = False) -> tuple[float, float]:
+             served: bool = False, lane: tuple[int, int] | None = None) -> tuple[float, float]:
         """(start, end) on the link of a transfer whose first/last byte are ready at its near end;
-        `served`: booked in host order (one-sided traffic), on the served lane."""
-        return (self.served_clock if served else self.clock).transmit(ready_start, ready_end, raw_bytes)
+        `served`: booked in host order (one-sided traffic), on the served lane; `lane`: channel c of C's
+        lane (c, C) (program transfers only)."""
+        if served:
+            return self.served_clock.transmit(ready_start, ready_end, raw_bytes)
+        clock = self._clock(lane)
+        if clock is not self.clock:
+            self._lanes_busy_ns += raw_bytes / self.bandwidth
+        return clock.transmit(ready_start, ready_end, raw_bytes)
 
-    def send(self, ready_start: float, ready_end: float, raw_bytes: int) -> tuple[float, float]:
+    def send(self, ready_start: float, ready_end: float, raw_bytes: int,
+             lane: tuple[int, int] | None = None) -> tuple[float, float]:
         """When the transfer's first and last byte reach the far end: booked (cut-through), plus the
-        latency; a transfer of the owner's program (it moves `sent_ns`)."""
-        start, end = self.clock.transmit(ready_start, ready_end, raw_bytes)
+        latency; a transfer of the owner's program (it moves `sent_ns`), on channel lane `lane` if given."""
+        start, end = self.book(ready_start, ready_end, raw_bytes, lane=lane)
         self.sent_ns = max(self.sent_ns, end)
+        if lane is not None and lane[1] > 1:
+            self._lane_sent[lane[0]] = max(self._lane_sent[lane[0]], end)
         return start + self.latency_ns, end + self.latency_ns
 
     def serve(self, ready_start: float, ready_end: float, raw_bytes: int) -> tuple[float, float]:

@@ -120,7 +120,10 @@ class Gpu:
                         for name in (uplink(self.rank, self._leaf), downlink(self.rank, self._leaf))
                         if self._plan.on(name)}
         self._spine_faults = any(link.startswith("sw") and "->sw" in link for link in self._plan.links())
-        self.now_ns = 0.0                               # this GPU's modeled clock
+        self.now_ns = 0.0                               # this GPU's modeled clock (a channel's, in one: lane)
+        # the channel (c, C) whose clock now_ns is and whose lanes of the links the program books, while a call
+        # runs C > 1 channels (ranks.collectives.Call.channel; docs/model/time.md, "Channels"); None: the GPU's
+        self.lane: tuple[int, int] | None = None
         self._acked_ns = 0.0                            # latest acknowledgement of a put (modeled)
         self._got_ns: dict[int, float] = {}             # GET req -> modeled arrival of its data
         self.trace = trace                              # a TraceWriter, or None
@@ -445,8 +448,9 @@ class Gpu:
     def sent_ns(self) -> float:
         """When the last byte this GPU's program sent left its uplink (modeled ns): what a call that
         waits for its sends waits for. One-sided replies it served (PUT_ACK, GET_DATA), booked in the
-        order the host delivered their requests, are not in it (fabric.timemodel.LinkEnd.serve)."""
-        return self._uplink.sent_ns
+        order the host delivered their requests, are not in it (fabric.timemodel.LinkEnd.serve). In a
+        channel (`lane`), the last byte that channel sent."""
+        return self._uplink.lane_sent_ns(self.lane)
 
     def reserve_uplink(self, payload_bytes: int, at_ns: float) -> tuple[float, float]:
         """Book this GPU's uplink now for a transfer sent later (the emulator may hold a send back to
@@ -912,7 +916,8 @@ class Gpu:
                 timed = self._link_time(link, packet.payload_bytes, at, None)
             raw = self._counters.record(link, packet.payload_bytes)
             if stamp is None:
-                stamp = (self._uplink.serve if served else self._uplink.send)(at, at, raw if timed is None else timed)
+                timed = raw if timed is None else timed
+                stamp = self._uplink.serve(at, at, timed) if served else self._uplink.send(at, at, timed, self.lane)
             if not served:
                 self._program_bytes[0] += packet.payload_bytes
             packet = packet.but(t_start=stamp[0], t_end=stamp[1])
@@ -932,6 +937,7 @@ class Gpu:
         waits for nor delays the program's transfers, and the call records count only the program's."""
         raw = raw_bytes(packet.payload_bytes, self.config.mtu_bytes, self.config.header_bytes)
         start, end = packet.t_start, packet.t_end
+        lane = self.lane if program else None  # a channel's receive: its lane of the downlink
         if self._inbound is not None:
             sender = self._gpu_of.get(packet.src)  # a GPU's transfer (a switch's own packets take no share)
             if sender is not None and sender // self.config.gpus_per_node != self._leaf:
@@ -942,10 +948,10 @@ class Gpu:
                                                     up=False)
                 start, end = self._inbound.book(start, end, timed, served=not program)
                 # its burst on the faster downlink, ending with its last byte (docs/model/time.md)
-                start = max(start, end - raw / self._downlink.bandwidth)
+                start = max(start, end - raw / self._downlink.lane_bandwidth(lane))
         link = downlink(self.rank, self._leaf)
         start, end = self._downlink.book(start, end, self._link_time(link, packet.payload_bytes, start, raw),
-                                         served=not program)
+                                         served=not program, lane=lane)
         if program:
             self._program_bytes[1] += packet.payload_bytes
         if self.trace is not None and self.trace.enabled:

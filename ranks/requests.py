@@ -36,8 +36,9 @@ class Request:
         """Move the bytes now, on the request's own modeled clock (the GPU's is put back after).
         for_another_call: run because some other call came (not this request's own wait)."""
         gpu = self.gpu
-        saved = gpu.now_ns
+        saved, lane = gpu.now_ns, gpu.lane  # run from inside a channel of another call: not on its lane
         gpu.now_ns = self.start_ns = max(self.issue_ns, gpu._stream_ns)
+        gpu.lane = None
         try:
             self._execute()
         except (CollectiveMismatch, ResourceExhausted) as exc:
@@ -55,7 +56,7 @@ class Request:
             raise
         finally:
             self.end_ns = gpu._stream_ns = gpu.now_ns
-            gpu.now_ns = saved
+            gpu.now_ns, gpu.lane = saved, lane
 
     def _complete(self) -> None:
         """Run this request (and the ones issued before it) if it has not run; raise its error."""

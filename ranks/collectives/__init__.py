@@ -6,6 +6,8 @@ as functions `allreduce(call, array)`, `reduce_scatter(call, send, recv)`, `allg
 recv)`, `broadcast(call, array, root)`, and documents its per-GPU link bytes and its combine order.
 """
 
+import contextlib
+
 import numpy as np
 
 from nvlink_emu.fabric.errors import UnsupportedOperation
@@ -127,6 +129,7 @@ class Call:
         config = self.gpu.config
         self.chunk = max(1, config.chunk_bytes // dtype.itemsize)
         self._sends: list = []
+        self._channel_ns: dict[int, float] = {}  # channel c's clock while the call runs channels (channel)
 
     def in_switch_window(self, streams: int, least: int = 1, chunk_bytes: int | None = None) -> int:
         """Chunks each member may have in the switch at once, so that the contributions the switch
@@ -203,6 +206,30 @@ class Call:
         self.gpu.wait_sent(self._sends, "collective send")
         self._sends = []
         self.gpu.now_ns = max(self.gpu.now_ns, self.gpu.sent_ns)
+
+    @contextlib.contextmanager
+    def channel(self, c: int, count: int):
+        """Run the body as channel c of `count` independent channels (docs/model/time.md, "Channels"): the
+        GPU's clock is channel c's own, which starts at the GPU's clock when the call's first channel
+        does, and its sends and receives book channel c's lane of the GPU's uplink and downlink (a 1 /
+        count share), so its steps wait for its own receives and sends only. One channel (count 1) is
+        the GPU's clock and whole links. join_channels ends them."""
+        gpu = self.gpu
+        if count == 1:
+            yield
+            return
+        outer, gpu.now_ns = gpu.now_ns, self._channel_ns.get(c, gpu.now_ns)
+        gpu.lane = (c, count)
+        try:
+            yield
+        finally:
+            self._channel_ns[c] = gpu.now_ns
+            gpu.now_ns, gpu.lane = outer, None
+
+    def join_channels(self) -> None:
+        """The call's channels are done: the GPU's clock moves to the latest channel's."""
+        self.gpu.now_ns = max([self.gpu.now_ns] + list(self._channel_ns.values()))
+        self._channel_ns = {}
 
     # -- in the switch ----------------------------------------------------------------------------
     def reduce(self, slot: tuple, data: np.ndarray, dest: list[int], parts: tuple, at_ns: float | None = None) -> None:

@@ -24,10 +24,14 @@ enters node a+1 at position c from node a's position c-1 (mod G): with C = G eve
 exactly one channel out and one in. Member m's range of channel c is block c of blocks(|block m|, C)
 inside block m = blocks(count, n)[m] (so reduce_scatter and allgather keep the API's blocks, and
 allreduce uses the same ranges); broadcast and reduce split the buffer as blocks(count, C), part c
-on ring c. The channels run in lockstep inside each step (step s: every channel's sends, then every
-channel's receives), so all C rings are in flight at once; NCCL's channels are thread blocks that
-never wait for each other, while one program per GPU here waits at every step for the slowest
-channel's block, a crossing (the rule's one ring below 64 KiB keeps small calls off that cost).
+on ring c. The channels are independent pipelines, as NCCL's (one thread block per channel, each
+looping over its own part: NVIDIA/nccl src/device/all_reduce.h runRing): the program issues step s
+of every channel (its sends, then its receives) before step s + 1, but each channel runs in
+`call.channel(c, C)`, with its own clock and its own lane of the GPU's uplink and downlink at 1 / C
+of their bandwidth (docs/model/time.md, "Channels"), so a channel's step waits for its own receive
+and its own sends only, not for the slowest channel's crossing; the GPU's clock is the latest
+channel's at the end (call.join_channels). With one channel (below 64 KiB) that is the GPU's clock
+and whole links, as before.
 Per-GPU payload is the one ring's figures above; across nodes, with C = G, each GPU sends its
 channel's crossing: allreduce 2(n-1)/n x S/G on its own outbound and inbound share
 (fabric.cost_nodes documents every link). Combine order across nodes: member m's
@@ -67,7 +71,7 @@ def _channels(call, count: int) -> list[list[int]] | None:
 def _channel_ring(call, work: np.ndarray, rings, segments, reduce: bool) -> None:
     """Every channel's ring at once: segments[c][q] = the ranges of ring position q on channel c.
     reduce: reduce-scatter (position q keeps segment q reduced, not finished); else all-gather."""
-    n, phase = call.n, CH_RS if reduce else CH_AG
+    n, phase, C = call.n, CH_RS if reduce else CH_AG, len(rings)
     mine = [ring.index(call.r) for ring in rings]
     longest = max((b - a for channel in segments for seg in channel for a, b in seg), default=0)
     scratch = np.empty(min(call.chunk, longest), work.dtype) if reduce else None
@@ -75,23 +79,32 @@ def _channel_ring(call, work: np.ndarray, rings, segments, reduce: bool) -> None
         sent, taken = (1 + step, 2 + step) if reduce else (step, 1 + step)
         for c, ring in enumerate(rings):
             q = mine[c]
-            for k, (a, b) in enumerate(segments[c][(q - sent) % n]):
-                for i, (lo, hi) in enumerate(chunks(a, b, call.chunk)):
-                    call.send(ring[(q + 1) % n], (phase, step, c, k, i), work[lo:hi])
+            with call.channel(c, C):
+                for k, (a, b) in enumerate(segments[c][(q - sent) % n]):
+                    for i, (lo, hi) in enumerate(chunks(a, b, call.chunk)):
+                        call.send(ring[(q + 1) % n], (phase, step, c, k, i), work[lo:hi])
         for c, ring in enumerate(rings):
             q = mine[c]
-            for k, (a, b) in enumerate(segments[c][(q - taken) % n]):
-                for i, (lo, hi) in enumerate(chunks(a, b, call.chunk)):
-                    if reduce:
-                        tmp = scratch[:hi - lo]
-                        call.recv(ring[(q - 1) % n], (phase, step, c, k, i), tmp)
-                        combine(call.op, work[lo:hi], tmp)
-                    else:
-                        call.recv(ring[(q - 1) % n], (phase, step, c, k, i), work[lo:hi])
+            with call.channel(c, C):
+                for k, (a, b) in enumerate(segments[c][(q - taken) % n]):
+                    for i, (lo, hi) in enumerate(chunks(a, b, call.chunk)):
+                        if reduce:
+                            tmp = scratch[:hi - lo]
+                            call.recv(ring[(q - 1) % n], (phase, step, c, k, i), tmp)
+                            combine(call.op, work[lo:hi], tmp)
+                        else:
+                            call.recv(ring[(q - 1) % n], (phase, step, c, k, i), work[lo:hi])
         if reduce:
-            call.flush()
+            _flush_channels(call, C)
     if not reduce:
-        call.flush()
+        _flush_channels(call, C)
+
+
+def _flush_channels(call, C: int) -> None:
+    """Wait until every send left; each channel's clock moves to when its own last byte left."""
+    for c in range(C):
+        with call.channel(c, C):
+            call.flush()
 
 
 def _channel_segments(rings, count: int, n: int) -> list[list[list[tuple[int, int]]]]:
@@ -103,6 +116,7 @@ def _channel_segments(rings, count: int, n: int) -> list[list[list[tuple[int, in
 def _channel_reduce_scatter(call, work: np.ndarray, rings) -> tuple[int, int]:
     """Reduce-scatter over every channel; this member's block (its channels' ranges are contiguous)."""
     _channel_ring(call, work, rings, _channel_segments(rings, work.size, call.n), True)
+    call.join_channels()
     return blocks(work.size, call.n)[call.r]
 
 
@@ -114,6 +128,7 @@ def allreduce(call, array: np.ndarray) -> None:
         a, b = blocks(array.size, call.n)[call.r]
         finish(call.op, array[a:b], call.n, array[a:b])
         _channel_ring(call, array, rings, segments, False)
+        call.join_channels()
         return
     plan.execute(call, plans.build("ring", call.n, "allreduce"), array, array)
 
@@ -133,6 +148,7 @@ def allgather(call, send: np.ndarray, recv: np.ndarray) -> None:
     if rings is not None:
         call.own_block_in_place(send, recv)
         _channel_ring(call, recv, rings, _channel_segments(rings, recv.size, call.n), False)
+        call.join_channels()
         return
     plan.execute(call, plans.build("ring", call.n, "allgather"), send, recv)
 
@@ -163,11 +179,13 @@ def broadcast(call, array: np.ndarray, root: int) -> None:
     if rings is not None:
         for c, i, lo, hi, position, previous, following in _channel_steps(call, _channel_chains(call, rings, root,
                                                                                                   array.size)):
-            if position:
-                call.recv(previous, (CH_BC, c, i), array[lo:hi])
-            if position < call.n - 1:
-                call.send(following, (CH_BC, c, i), array[lo:hi])
-        call.flush()
+            with call.channel(c, len(rings)):
+                if position:
+                    call.recv(previous, (CH_BC, c, i), array[lo:hi])
+                if position < call.n - 1:
+                    call.send(following, (CH_BC, c, i), array[lo:hi])
+        _flush_channels(call, len(rings))
+        call.join_channels()
         return
     plan.execute(call, plans.build("ring", call.n, "broadcast", root), array, array)
 
@@ -181,16 +199,18 @@ def reduce(call, send: np.ndarray, recv: np.ndarray | None, root: int) -> None:
                                                                                               send.size)]
         work = np.empty(send.size, send.dtype)
         for c, i, lo, hi, position, previous, following in _channel_steps(call, chains):
-            if position:
-                call.recv(previous, (CH_RD, c, i), work[lo:hi])
-                combine(call.op, work[lo:hi], send[lo:hi])
-            else:
-                work[lo:hi] = send[lo:hi]
-            if position < n - 1:
-                call.send(following, (CH_RD, c, i), work[lo:hi])
-            else:
-                finish(call.op, work[lo:hi], n, recv[lo:hi])
-        call.flush()
+            with call.channel(c, len(rings)):
+                if position:
+                    call.recv(previous, (CH_RD, c, i), work[lo:hi])
+                    combine(call.op, work[lo:hi], send[lo:hi])
+                else:
+                    work[lo:hi] = send[lo:hi]
+                if position < n - 1:
+                    call.send(following, (CH_RD, c, i), work[lo:hi])
+                else:
+                    finish(call.op, work[lo:hi], n, recv[lo:hi])
+        _flush_channels(call, len(rings))
+        call.join_channels()
         return
     position = (r - root - 1) % n  # 0: root+1, the chain's start; n-1: the root, its end
     work = send if position == 0 else np.empty(send.size, send.dtype)

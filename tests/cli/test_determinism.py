@@ -52,6 +52,11 @@ def main(gpu):
     x = np.arange(3 * 4096, dtype=np.float32)
     for algorithm in ("ring", "direct"):
         gpu.world.allreduce(x, algorithm=algorithm)
+    z = np.arange(3 * 16384, dtype=np.float32)  # 192 KiB: ring's 2 channels, each with its clock and lanes
+    gpu.world.allreduce(z, algorithm="ring")
+    gpu.world.reduce_scatter(z, np.empty(z.size // gpu.size, np.float32), algorithm="ring")
+    gpu.world.broadcast(z, root=1, algorithm="ring")
+    gpu.world.reduce(z, z.copy(), root=2, algorithm="ring")
     gpu.world.all2all(np.ones(gpu.size * 4096, np.float32), np.empty(gpu.size * 4096, np.float32))
     gpu.compute(5000)
     gpu.world.allgather(x[:1024], np.empty(1024 * gpu.size, np.float32), algorithm="ring")

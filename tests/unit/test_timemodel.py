@@ -111,3 +111,28 @@ def test_one_sided_traffic_takes_its_own_lane_in_every_host_order():
         outcomes.add(frozenset(booked.items()))
         assert downlink.busy_ns == 100.0 and downlink.free_ns == 70.0
     assert outcomes == {frozenset({100: (0.0, 50.0), 40: (50.0, 70.0), "put": (10.0, 40.0)}.items())}
+
+
+def test_channel_lanes_split_the_link_and_keep_its_program_order():
+    # docs/model/time.md, "Channels": channel c of C books lane c at bandwidth / C, in its own order
+    link = LinkEnd(bandwidth=4.0, latency_ns=1.0)
+    assert link.send(0.0, 0.0, 40) == (1.0, 11.0)                # the program lane first: 0..10 ns
+    # two channels at 2 bytes per ns each, both from 0: they run side by side, after the program's 10 ns
+    assert link.send(0.0, 0.0, 20, lane=(0, 2)) == (11.0, 21.0)
+    assert link.send(0.0, 0.0, 20, lane=(1, 2)) == (11.0, 21.0)
+    assert link.send(0.0, 0.0, 10, lane=(0, 2)) == (21.0, 26.0)  # lane 0's next waits for lane 0 only
+    assert (link.lane_sent_ns((0, 2)), link.lane_sent_ns((1, 2)), link.sent_ns) == (25.0, 20.0, 25.0)
+    assert link.lane_bandwidth((1, 2)) == 2.0 and link.lane_bandwidth(None) == 4.0
+    # busy at the link's bandwidth: 10 + (20 + 20 + 10) / 4 ns, never more than the time the lanes span
+    assert link.busy_ns == 10.0 + 12.5 and link.free_ns == 25.0
+    # the next program transfer (lanes closed) waits for the lanes' last byte, whatever its ready time
+    assert link.send(0.0, 0.0, 4) == (26.0, 27.0)
+    assert link.busy_ns == 23.5
+
+
+def test_one_channel_is_the_program_lane():
+    one, plain = LinkEnd(bandwidth=4.0, latency_ns=1.0), LinkEnd(bandwidth=4.0, latency_ns=1.0)
+    for ready in (0.0, 3.0, 40.0):
+        assert one.send(ready, ready, 8, lane=(0, 1)) == plain.send(ready, ready, 8)
+        assert one.book(ready, ready + 5, 8, lane=(0, 1)) == plain.book(ready, ready + 5, 8)
+    assert (one.busy_ns, one.sent_ns, one.free_ns) == (plain.busy_ns, plain.sent_ns, plain.free_ns)
