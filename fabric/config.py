@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .addressing import MAX_GPUS, NETWORK_ADDRESSES, PHYSICAL_GPU_SHIFT
 from .errors import ConfigError
-from .figures import MAX_GBYTES_PER_S, MAX_LATENCY_NS, MIN_GBYTES_PER_S, check_figure, check_range
+from .figures import check_figure, check_range
 from .profiles import CALIBRATED_LINK, LINKS_PER_GPU, NVL72_GPUS, gpu_profile, link_profile, system_profile
 
 MODES = ("network", "classic")

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 from .addressing import assign_network_addresses
 from .errors import FabricError
-from .packets import raw_bytes, segments
+from .packets import segments
 
 FIELDS = ("payload_bytes", "raw_bytes", "packets")
 

@@ -614,7 +614,7 @@ def sharp_reduce_scatter_ns(topo: Topology, count: int, config, itemsize: int = 
     by slot in the members' program order (sharp_scatter_slots), chunk c of block j to spine (j + c) mod P,
     but the result of block j only down to member j's leaf (the group's shares of that node's uplink
     from the spine, + u), which copies it to member j alone (+ s; its downlink in chunk order, + a)."""
-    N, G, P, n = topo.nodes, topo.gpus_per_node, topo.spines, topo.gpus
+    N, G, P = topo.nodes, topo.gpus_per_node, topo.spines
     gpus, engines, mine, down = _sharp_clocks(topo, config)
     wide = partial_itemsize or itemsize
     t = config.timing

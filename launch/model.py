@@ -12,7 +12,7 @@ from nvlink_emu.fabric import cost, cost_nodes, replay
 from nvlink_emu.fabric.config import DEFAULT_PRESET, PRESETS, SOFTWARE, SOFTWARE_HELP, resolve
 from nvlink_emu.fabric.cost import bus_factor
 from nvlink_emu.fabric.plans import plan_link_bytes, plan_ns
-from nvlink_emu.fabric.errors import ConfigError, FabricError, UnsupportedOperation
+from nvlink_emu.fabric.errors import FabricError, UnsupportedOperation
 from nvlink_emu.fabric.reduction import DTYPES
 from nvlink_emu.fabric.topology import Topology
 from nvlink_emu.ranks.collectives import choose

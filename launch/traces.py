@@ -410,7 +410,6 @@ def merge(traces: list[RankTrace], time_base: str = "modeled") -> dict:
         out.append({"ph": "f", "bp": "e", "id": fid, "name": "packet", "cat": "packet", "pid": pid_b, "tid": tid_b,
                     "ts": ts_b})
     for rank, trace in ranks.items():
-        role = trace.header["role"]
         out.append({"ph": "M", "name": "process_name", "pid": rank, "args": {"name": rank_label(trace.header)}})
         out.append({"ph": "M", "name": "process_sort_index", "pid": rank, "args": {"sort_index": rank}})
     named = set()

@@ -24,7 +24,7 @@ loop, where frozensets of pairs took 4.6 s of CPU to validate `direct` allreduce
 import functools
 
 from ..errors import PlanError
-from .format import BUFFERS, COLLECTIVES, IN_SWITCH, KINDS, LOCAL, RECVS, SENDS, Plan, walk
+from .format import BUFFERS, COLLECTIVES, IN_SWITCH, KINDS, RECVS, SENDS, Plan, walk
 
 _NEEDS = {"send": ("src",), "recv": ("dst",), "recv_reduce": ("dst",), "recv_reduce_send": ("src",),
           "recv_copy_send": ("dst",), "recv_reduce_copy_send": ("dst",), "copy": ("src", "dst"),

@@ -2,8 +2,6 @@
 counted, each replay one packet time on the link), a link trained down to 9 of 36 lanes (4x the link
 time), a down uplink (LinkDown on that GPU, catchable; the others unaffected), same seed same run."""
 
-import math
-
 import numpy as np
 import pytest
 

@@ -9,7 +9,6 @@ node's and one GPU a node's degenerate cases (exactly the ring; the rail ring)."
 
 import collections
 
-import ml_dtypes
 import numpy as np
 import pytest
 

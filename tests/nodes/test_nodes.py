@@ -149,7 +149,7 @@ def test_isolation_holds_across_nodes():
             gpu.get(handle, back)
             assert np.all(back == 42)
         if gpu.rank in strangers:
-            with pytest.raises(AccessViolation, match=f"partition"):
+            with pytest.raises(AccessViolation, match="partition"):
                 gpu.get(handle, gpu.alloc(16, "uint8"))
             gpu.put(handle, gpu.alloc(16, "uint8"))
             with pytest.raises(AccessViolation):

@@ -199,7 +199,7 @@ def test_a_gpu_can_neither_pass_for_a_switch_nor_for_another_gpu_across_nodes():
                 gpu._transport.send_bytes(rank, forged.to_wire(), bad)
             gpu._send(forged, bad)
             error, = refusals(gpu, 1)
-            assert isinstance(error, AccessViolation) and f"GPU 0" in str(error)
+            assert isinstance(error, AccessViolation) and "GPU 0" in str(error)
         gpu.world.barrier()
         if gpu.rank == friend:
             data = gpu.alloc(4096, "uint8")

@@ -8,8 +8,9 @@ import pytest
 
 from nvlink_emu.fabric.addressing import MAX_GPUS, assign_network_addresses
 from nvlink_emu.fabric import config as config_module
-from nvlink_emu.fabric.config import (DEFAULT_PRESET, INTEGER_RANGES, MAX_GBYTES_PER_S, MAX_LATENCY_NS, MIN_EFFICIENCY,
-                                      MIN_GBYTES_PER_S, PRESETS, FabricConfig, build_config, load_toml, preset, resolve)
+from nvlink_emu.fabric.config import (DEFAULT_PRESET, INTEGER_RANGES, MIN_EFFICIENCY, PRESETS, FabricConfig,
+                                      build_config, load_toml, preset, resolve)
+from nvlink_emu.fabric.figures import MAX_GBYTES_PER_S, MAX_LATENCY_NS, MIN_GBYTES_PER_S
 from nvlink_emu.fabric.errors import ConfigError, FabricError
 from nvlink_emu.fabric.profiles import GPU_PROFILES, PROFILES, SYSTEMS, link_profile
 from nvlink_emu.fabric.topology import Topology

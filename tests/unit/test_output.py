@@ -62,7 +62,7 @@ def test_finish_ends_a_partial_line_and_nothing_else(pipe_writes):
 def test_text_is_encoded_as_the_stream_encodes_it(pipe_writes):
     writer, writes = pipe_writes
     writer.write("\u00e9\u4e2d\n")
-    assert writes == [f"[gpu 3] \u00e9\u4e2d\n".encode(writer.encoding)]
+    assert writes == ["[gpu 3] \u00e9\u4e2d\n".encode(writer.encoding)]
 
 
 def test_a_stream_without_a_file_gets_whole_lines_too():

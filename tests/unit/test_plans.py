@@ -12,7 +12,7 @@ from nvlink_emu.fabric.plans import registry, timing
 from nvlink_emu.fabric.config import preset, resolve
 from nvlink_emu.fabric.errors import PlanError
 from nvlink_emu.fabric.packets import raw_bytes
-from nvlink_emu.fabric.plans.format import GpuProgram, Op, Plan, Ref
+from nvlink_emu.fabric.plans.format import Op, Plan, Ref
 from nvlink_emu.fabric.topology import Topology
 
 HERE = Path(__file__).parent / "plans"
