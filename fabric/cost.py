@@ -11,8 +11,6 @@ the emulator's schedules (ranks/collectives/*), for calls every member starts at
 time; tests/mpi/test_modeled_time.py checks them against emulated runs.
 """
 
-import math
-
 from .packets import raw_bytes
 from .reduction import blocks, bus_factor, chunks  # bus_factor: re-exported
 from .budget import in_switch_chunk
@@ -164,17 +162,3 @@ def nvls_raw_bytes(collective: str, S: int, n: int, config, rank: int = 0, items
 def busbw_gbps(collective: str, algorithm: str, S: int, n: int, config, itemsize: int = 4) -> float:
     """Modeled bus bandwidth (GB/s) as nccl-tests reports it: S / time x bus_factor."""
     return S / modeled_ns(collective, algorithm, S, n, config, itemsize) * bus_factor(collective, n)
-
-
-def fastest(collective: str, candidates, S: int, n: int, config, itemsize: int = 4) -> str | None:
-    """The candidate the model says is fastest for S bytes on N members; ties go to the earlier
-    candidate. None if the model covers none of them."""
-    best, best_ns = None, math.inf
-    for algorithm in candidates:
-        try:
-            ns = modeled_ns(collective, algorithm, S, n, config, itemsize)
-        except ValueError:
-            continue
-        if ns < best_ns:
-            best, best_ns = algorithm, ns
-    return best

@@ -861,34 +861,3 @@ def bottleneck(collective: str, algorithm: str, topo: Topology, S: int, config, 
     times = {name: w / bandwidth for name, (w, _, _, bandwidth) in _loads(topo, flows).items()}
     name = max(times, key=times.get, default="")
     return name, times.get(name, 0.0)
-
-
-# fastest skips a candidate only when its bound exceeds the best time by more than this (relative): a
-# LinkClock may end a transfer up to 1e-12 x its start early (a fit within float rounding), so a bound
-# could exceed the replay by such amounts over many transfers, never by this much
-SKIP_MARGIN = 1e-6
-
-
-def fastest(collective: str, candidates, S: int, config, itemsize: int = 4) -> str | None:
-    """The candidate modeled_ns says is fastest for S bytes on every GPU of config's topology; ties go
-    to the earlier candidate. None if the model covers none of them. The candidates are replayed in
-    the order of their occupancy_bound_ns (least first), and one whose bound exceeds the least time
-    replayed so far (by more than SKIP_MARGIN) is not replayed: it could not be faster, nor tie, so the
-    pick is the one replaying every candidate gives (at 256 GPUs nvls's replay is minutes of CPU, and
-    hier_nvls's at 1 GiB; ring's and hier's there tens of seconds)."""
-    covered = [algorithm for algorithm in candidates
-               if collective in FLAT.get(algorithm, ()) or collective in IN_SWITCH.get(algorithm, ())]
-    if len(covered) == 1:  # nothing to compare: no replay
-        return covered[0]
-    topo = config.topology
-    # a bound of the links' time plus the call's software latency bounds modeled_ns
-    bounds = [occupancy_bound_ns(collective, algorithm, topo, S, config, itemsize)
-              + call_latency_ns(collective, algorithm, topo.gpus, topo.nodes, S, config) for algorithm in covered]
-    best, best_ns = None, math.inf
-    for i in sorted(range(len(covered)), key=bounds.__getitem__):  # stable: ties in candidate order
-        if bounds[i] > best_ns * (1 + SKIP_MARGIN):
-            break  # and every later one's bound is as large
-        ns = modeled_ns(collective, covered[i], topo, S, config, itemsize)
-        if ns < best_ns or (ns == best_ns and i < best):
-            best, best_ns = i, ns
-    return None if best is None else covered[best]

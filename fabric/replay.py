@@ -25,7 +25,7 @@ of those); each is replayed slot by slot on the same clocks (GPU links, each lea
 reduction engine, those shares). nvls's reduce_scatter and allreduce across nodes (`nvls_ns`) are
 the same kind: load-reduces booked slot by slot in the order the members serve their LOADs, then
 (allreduce) multicast stores as sharp's; `nvls_lower_bound_ns` bounds it from below in O(chunks), so
-that `auto` (fabric.cost_nodes.fastest) need not replay it where it cannot win. The schedules (`PROGRAMS`) are those of ranks/collectives ring (on one node its plan,
+that `auto` (fabric.tuner.fastest_across_nodes) need not replay it where it cannot win. The schedules (`PROGRAMS`) are those of ranks/collectives ring (on one node its plan,
 fabric.plans.registry.ring, timed by fabric.plans.timing; on several nodes its channels, one ring per rail), direct and pxn
 (their plans, fabric.plans.registry), all2all, hier (node rings), hier_nvls (its node stages in the leaf,
 `hier_ns`) and tree: the same messages,
@@ -558,7 +558,7 @@ def nvls_lower_bound_ns(collective: str, topo: Topology, count: int, config, ite
       the receiver's downlink + a); with m the fewest chunks of a block, the last of them is taken in
       at least (floor((m - 1) / 2) + 1) x D after 0. It is what holds nvls back at scale (256 GPUs,
       1 MiB: 13.5 of its 18.1 us, against 5.5 from the links).
-    fabric.cost_nodes.fastest skips nvls where this already exceeds an earlier candidate's time."""
+    fabric.tuner.fastest_across_nodes skips nvls where this already exceeds an earlier candidate's time."""
     N, P, n = topo.nodes, topo.spines, topo.gpus
     if N < 2 or not P:
         raise FabricError(f"replay: nvls across nodes needs a topology of several nodes and spines, got {N} nodes")

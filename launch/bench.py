@@ -16,8 +16,7 @@ from nvlink_emu.fabric.cost import bus_factor
 from nvlink_emu.fabric.errors import ConfigError, FabricError
 from nvlink_emu.fabric.plans import load as load_plan
 from nvlink_emu.fabric.reduction import DTYPES, OPS, blocks, check_dtype, reduce_in_order, switch_accumulator
-from nvlink_emu.ranks.collectives import ALGORITHMS, ALL2ALL, choose
-from nvlink_emu.ranks.comm import all2all_algorithm
+from nvlink_emu.fabric.tuner import ALGORITHMS, ALL2ALL, all2all_algorithm, choose
 
 from nvlink_emu.launch import hostcpu
 

@@ -15,8 +15,7 @@ from nvlink_emu.fabric.plans import plan_link_bytes, plan_ns
 from nvlink_emu.fabric.errors import FabricError, UnsupportedOperation
 from nvlink_emu.fabric.reduction import DTYPES
 from nvlink_emu.fabric.topology import Topology
-from nvlink_emu.ranks.collectives import choose
-from nvlink_emu.ranks.comm import all2all_algorithm
+from nvlink_emu.fabric.tuner import all2all_algorithm, choose
 
 from .bench import BUS_FACTOR_TEXT, REDUCING, ROOT, element_count, plan_of, sizes, sweep_arguments
 

@@ -20,7 +20,7 @@ import sys
 import tempfile
 
 from nvlink_emu.fabric.config import preset
-from nvlink_emu.ranks.collectives import ALGORITHMS, ALL2ALL, allowed
+from nvlink_emu.fabric.tuner import ALL2ALL, IMPLEMENTS, allowed
 
 from .bench import COLLECTIVES, _size, busy_cores, format_bytes, tracing_cpu_cost
 from .scaling import NODES, SINGLE, bench_rows
@@ -44,7 +44,7 @@ def algorithms(collective: str, name: str, nodes: int, gpus: int) -> list[str]:
     if collective == "all2all":
         return list(ALL2ALL) if nodes > 1 else ["direct"]
     config = preset(name, gpus=nodes * gpus) if nodes == 1 else preset(name, nodes=nodes, gpus=nodes * gpus)
-    return [a for a in allowed(config, nodes, collective) if hasattr(ALGORITHMS[a], collective)]
+    return [a for a in allowed(config, nodes, collective) if collective in IMPLEMENTS[a]]
 
 
 def _head(sizes) -> str:

@@ -8,13 +8,13 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from nvlink_emu.fabric import cost_nodes
 from nvlink_emu.fabric.control import MAX_CONTROL_BYTES, encode, decode
 from nvlink_emu.fabric.errors import (AccessViolation, CollectiveMismatch, FabricError, FabricTimeout, ProtocolError,
                                       ResourceExhausted, UnsupportedOperation)
 from nvlink_emu.fabric.packets import CallRecord, GroupInfo, Kind
 from nvlink_emu.fabric.reduction import blocks, check_dtype, check_movable, check_op, dtype_name
 from nvlink_emu.fabric.software import call_latency_ns
+from nvlink_emu.fabric.tuner import all2all_algorithm  # noqa: F401 (re-exported: the tuner decides)
 
 from nvlink_emu.fabric.plans import Plan, validate
 
@@ -35,10 +35,6 @@ CREDIT_SEQ = -(2 ** 62)
 # 2048 context ids per process ("Too many communicators"), a few of which the run itself uses
 MAX_COMMUNICATORS = 900
 WHERE_WAIT_S = 1.0  # s: how long a timed-out exchange asks its members where they are, past its deadline
-# relative difference of two modeled times that all2all's auto takes for a tie: the replay's sums of the
-# same bookings in another order differ in the last bits (4 MiB on 2 x 2 GPUs of superpod-h100-nvlink:
-# direct 16204.826666666631 ns, pxn 16204.82666666669)
-TIE = 1e-9
 P2P_TAG_LIMIT = 2 ** 31  # tags of point-to-point messages are 0..2**31 - 1 (MPI guarantees at least 0..32767)
 
 
@@ -740,30 +736,6 @@ class Communicator:
     def _same_dtype(self, a: np.ndarray, b: np.ndarray, what: str) -> str | None:
         """What is wrong with the buffers' dtypes, if anything (reported to every member)."""
         return f"{what} send is {a.dtype}, recv is {b.dtype}" if a.dtype != b.dtype else None
-
-
-def all2all_algorithm(algorithm: str, config, nbytes: int, members: int | None = None, nodes: int | None = None,
-                      itemsize: int = 4) -> str:
-    """The algorithm (a name of collectives.ALL2ALL) an all2all of `nbytes` bytes per member's send buffer
-    by `members` GPUs in `nodes` nodes (default: all of the fabric's) runs. `auto`: for every GPU of a
-    fabric of several nodes, the one fabric.cost_nodes.modeled_ns says is fastest, ties (within TIE, the
-    rounding of the same sum taken in another order) to the earlier in ALL2ALL order (direct, pxn);
-    otherwise direct (on one node pxn's schedule is direct's; for some of the GPUs the cost model has
-    no form). UnsupportedOperation for a name that is not an all2all's."""
-    if algorithm == "auto":
-        n = config.gpus if members is None else members
-        nodes = config.nodes if members is None or nodes is None else nodes
-        covered = [name for name in collectives.ALL2ALL if "all2all" in cost_nodes.FLAT.get(name, ())]
-        if nodes > 1 and n == config.gpus and nbytes > 0 and covered:
-            ns = {name: cost_nodes.modeled_ns("all2all", name, config.topology, nbytes, config, itemsize)
-                  for name in covered}
-            least = min(ns.values())
-            return next(name for name in covered if ns[name] <= least * (1 + TIE))
-        return "direct"
-    if algorithm not in collectives.ALL2ALL:
-        raise UnsupportedOperation(f"all2all: unknown algorithm {algorithm!r}; known: auto, "
-                                   f"{', '.join(collectives.ALL2ALL)}")
-    return algorithm
 
 
 def close_communicators(gpu) -> None:

@@ -10,103 +10,20 @@ import contextlib
 
 import numpy as np
 
-from nvlink_emu.fabric.errors import UnsupportedOperation
 from nvlink_emu.fabric.packets import Kind, LoadInfo, McastInfo, ReduceInfo
 from nvlink_emu.fabric.reduction import blocks, dtype_name
-from nvlink_emu.fabric import cost, cost_nodes, hier_plan
+from nvlink_emu.fabric.tuner import ACROSS_NODES, IN_SWITCH, SMALL_BYTES, allowed, choose  # noqa: F401 (re-exported)
 from nvlink_emu.fabric.budget import in_switch_window
 
 from . import all2all, direct, hier, hier_nvls, nvls, pxn, ring, sharp, tree
 
+# the modules that run each algorithm; which runs a call is fabric.tuner's choice (choose, allowed: re-exported
+# here, with the tuner's tables), and each module defines exactly the collectives fabric.tuner.IMPLEMENTS lists for it
 ALGORITHMS = {"ring": ring, "direct": direct, "sharp": sharp, "nvls": nvls, "hier": hier,
-              "hier_nvls": hier_nvls, "tree": tree}  # also `auto`'s tie order
-IN_SWITCH = ("sharp", "nvls")
-# what the in-switch algorithms run for members in several nodes (groups spanning leaves and spines)
-ACROSS_NODES = {"sharp": ("allreduce", "reduce_scatter", "allgather", "broadcast"),
-                "nvls": ("allreduce", "reduce_scatter", "allgather", "broadcast")}
-# all2all's algorithms (comm.all2all's `algorithm`; auto is direct), each taking all2allv's arguments;
+              "hier_nvls": hier_nvls, "tree": tree}  # in fabric.tuner.ALGORITHMS' order
+# all2all's algorithms (comm.all2all's `algorithm`, fabric.tuner.ALL2ALL), each taking all2allv's arguments;
 # all2allv runs direct
 ALL2ALL = {"direct": all2all.all2allv, "pxn": pxn.all2all}
-SMALL_BYTES = 64 * 1024  # fallback rule: below this, `direct` (fewer steps) before `ring` on a forwarding switch
-
-
-def allowed(config, nodes: int = 1, collective: str | None = None) -> tuple[str, ...]:
-    """Algorithms the fabric can run (for `collective`, if given) for members in `nodes` nodes: the
-    in-switch ones need NVLink Network mode with SHARP switches; across nodes, what ACROSS_NODES lists,
-    on spines that reduce and multicast too (config.spine_sharp: superpod-h100-nvlink) and no fault plan
-    on a link between switches (fabric.faults): sharp's
-    allreduce and reduce_scatter two-level (leaves reduce their node, spines the leaves, results down;
-    reduce_scatter's block j to member j's leaf and member j only), allgather and broadcast (a store
-    copied at its leaf, once up to a spine, once down to every other leaf); nvls's allreduce and
-    reduce_scatter (a load-reduce through both levels, then allreduce's stores as sharp's), its
-    allgather and broadcast sharp's. Without `collective` an algorithm listed there counts as allowed.
-    hier_nvls (hier's node stages in the leaf) only where the leaves reduce (fabric.hier_plan.in_leaf)."""
-    in_switch = config.mode == "network" and config.sharp
-    def fits(name):
-        if name == "hier_nvls":
-            return hier_plan.in_leaf(config)
-        if name not in IN_SWITCH or nodes == 1:
-            return True
-        # in-switch reduction across a faulted link between switches is not modeled (docs/model/faults.md)
-        return config.spine_sharp and name in ACROSS_NODES and (collective is None or collective in ACROSS_NODES[name]) \
-            and not config.fault_plan.between_switches()
-    return tuple(name for name in ALGORITHMS if (name not in IN_SWITCH and name != "hier_nvls")
-                 or (in_switch and fits(name)))
-
-
-def choose(collective: str, algorithm: str, config, nbytes: int, members: int | None = None,
-           nodes: int | None = None) -> str:
-    """The algorithm a call on `nbytes` bytes by `members` GPUs in `nodes` nodes (default: all of the
-    fabric's) runs.
-
-    `auto`: among the algorithms that implement the collective and that the fabric allows for it
-    (allowed(config, nodes, collective): across nodes ACROSS_NODES on spines that reduce), the
-    one the cost model says is fastest (fabric.cost.modeled_ns; for every GPU of a fabric of several
-    nodes fabric.cost_nodes.modeled_ns, which replays ring, direct, hier, hier_nvls, tree and sharp's and
-    nvls's collectives across nodes; it skips the replay of a candidate whose lower bound,
-    occupancy_bound_ns, already exceeds a time replayed: the same pick), ties to the earlier in ALGORITHMS
-    order (ring, direct, sharp, nvls, hier, hier_nvls, tree; fabric.cost has no form for hier, hier_nvls
-    or tree, so on one node auto never picks them). For a
-    collective or a group the cost model does not cover (a communicator of some of several nodes' GPUs), a fixed rule: where sharp is
-    allowed for it, the first of sharp, nvls, direct, ring that implements it; otherwise direct, then
-    ring below 64 KiB (SMALL_BYTES), ring, then direct from there on."""
-    n = config.gpus if members is None else members
-    nodes = config.nodes if members is None or nodes is None else nodes
-    if algorithm == "auto":
-        candidates = [name for name in allowed(config, nodes, collective) if hasattr(ALGORITHMS[name], collective)]
-        if nodes == 1:
-            best = cost.fastest(collective, candidates, nbytes, n, config)
-        else:
-            best = cost_nodes.fastest(collective, candidates, nbytes, config) if n == config.gpus else None
-        if best is not None:
-            return best
-        if "sharp" in allowed(config, nodes, collective):
-            order = ("sharp", "nvls", "direct", "ring")
-        else:
-            order = ("direct", "ring") if nbytes < SMALL_BYTES else ("ring", "direct")
-        for name in order:
-            if name in candidates:
-                return name
-        raise UnsupportedOperation(f"{collective}: no algorithm implements it on fabric {config.name!r}")
-    module = ALGORITHMS.get(algorithm)
-    if module is None:
-        raise UnsupportedOperation(f"{collective}: unknown algorithm {algorithm!r}; known: auto, "
-                                   f"{', '.join(ALGORITHMS)}")
-    if not hasattr(module, collective):
-        raise UnsupportedOperation(f"{collective}: algorithm {algorithm!r} does not implement it")
-    if algorithm not in allowed(config):
-        instead = "; hier runs the node stages as rings" if algorithm == "hier_nvls" else ""
-        raise UnsupportedOperation(f"{collective} with {algorithm!r}: fabric {config.name!r} has no in-switch "
-                                   f"reduction or multicast (needs NVLink Network mode with a SHARP switch){instead}")
-    if algorithm not in allowed(config, nodes, collective):
-        runs = "; ".join(f"{name}'s {', '.join(ops)}" for name, ops in ACROSS_NODES.items())
-        why = ("its fault plan has faults on links between switches, and in-switch reduction across them is "
-               "not modeled (docs/model/faults.md)" if config.spine_sharp and config.fault_plan.between_switches()
-               else f"across nodes the switches run {runs} only so far" if config.spine_sharp else
-               "its spines do not reduce (spine_sharp false: an InfiniBand spine here)")
-        raise UnsupportedOperation(f"{collective} with {algorithm!r}: its {n} members are in {nodes} nodes of fabric "
-                                   f"{config.name!r}, and {why}; use ring, direct or hier (or auto)")
-    return algorithm
 
 
 def run(algorithm: str, collective: str, call: "Call", *args) -> None:

@@ -128,7 +128,7 @@ def _execute(call, collective: str, work: np.ndarray, count: int, root: int | No
     """Run fabric.hier_plan's program for this member on `work` (`count` elements); finished: where a
     finished piece goes (reduce_scatter's recv, at offsets from this member's range), else in place;
     form: "rings" (node rings, `hier`) or "nvls" (node stages in the leaf on N > 1 nodes of G > 1
-    members, `hier_nvls`; ranks.collectives.allowed admits it only where hier_plan.in_leaf)."""
+    members, `hier_nvls`; fabric.tuner.allowed admits it only where hier_plan.in_leaf)."""
     grid = Grid(call, collective, FORMS[form])
     at = None if root is None else next((a, j) for a, row in enumerate(grid.rank) for j, r in enumerate(row)
                                         if r == root)

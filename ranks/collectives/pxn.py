@@ -22,7 +22,7 @@ bound across nodes and large pxn All2Alls are slower too (their extra NVLink byt
 from 1 MiB on the IB presets). The gain NCCL gets on real clusters from rail-optimized networks
 (traffic of rail k stays under rail k's leaf switch) and from fewer network connections per GPU has
 no counterpart in this topology. comm.all2all's `auto` picks pxn or direct by that modeled time
-(comm.all2all_algorithm).
+(fabric.tuner.all2all_algorithm).
 All2Allv is not offered: a proxy would need every sender's counts to size what it forwards.
 """
 

@@ -1,17 +1,17 @@
 """Multi-rank, several nodes: `auto` runs the fastest algorithm. For a sweep of sizes on each multi-node
 preset, every algorithm auto chooses among is emulated, and the one auto ran (its call's record) took the
-least emulated time. Ties (emulated times within comm.TIE, 1e-9 relative, of the least): auto runs the
-first of them in its order, ALL2ALL's (direct, pxn) for all2all (comm.all2all_algorithm), ALGORITHMS'
-(ring, direct, sharp, nvls, hier, hier_nvls, tree) for allreduce (collectives.choose, whose ties are exact: none
-of its candidates tie on this sweep). A tie measured: all2all of 4 MiB on 2 x 2 GPUs of
-superpod-h100-nvlink, direct and pxn 16204.8267 ns, equal but for the last bits (no longer in the sweep).
-The candidates are collectives.allowed's: hier_nvls among them where the leaves reduce."""
+least emulated time. Ties (emulated times within fabric.tuner.TIE, 1e-9 relative, of the least): auto runs
+the first of them in its order (fabric.tuner.least, one rule for every collective), ALL2ALL's (direct, pxn)
+for all2all, ALGORITHMS' (ring, direct, sharp, nvls, hier, hier_nvls, tree) for allreduce. A tie measured:
+all2all of 4 MiB on 2 x 2 GPUs of superpod-h100-nvlink, direct and pxn 16204.8267 ns, equal but for the
+last bits (no longer in the sweep). The candidates are fabric.tuner.allowed's: hier_nvls among them where
+the leaves reduce."""
 
 import numpy as np
 import pytest
 
-from nvlink_emu.ranks.collectives import ALGORITHMS, ALL2ALL, allowed
-from nvlink_emu.ranks.comm import TIE
+from nvlink_emu.fabric.tuner import ALL2ALL, TIE, allowed
+from nvlink_emu.ranks.collectives import ALGORITHMS
 
 from nodes_helpers import PRESETS, config, run
 

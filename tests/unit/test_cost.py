@@ -5,12 +5,11 @@ import math
 
 import pytest
 
-from nvlink_emu.fabric import cost
+from nvlink_emu.fabric import cost, tuner
 from nvlink_emu.fabric.config import preset
 from nvlink_emu.fabric.errors import UnsupportedOperation
 from nvlink_emu.fabric.profiles import PUBLISHED
-from nvlink_emu.ranks import collectives
-from nvlink_emu.ranks.collectives import choose, direct
+from nvlink_emu.fabric.tuner import choose
 
 MiB, GiB = 1 << 20, 1 << 30
 LINE = preset("dgx-h100-line", gpus=4)  # B = 450 GB/s, a = 150, s = 250, p = 100 ns, h = 16 B per 256 B
@@ -114,8 +113,9 @@ def test_auto_picks_what_the_cost_model_says_is_fastest():
 
 def test_auto_keeps_a_fixed_rule_for_collectives_the_model_does_not_cover(monkeypatch):
     h100, a100 = preset("dgx-h100"), preset("dgx-a100")
-    monkeypatch.setattr(direct, "xcollective", lambda call, *args: None, raising=False)
-    monkeypatch.setattr(collectives.ring, "xcollective", lambda call, *args: None, raising=False)
+    implements = {**tuner.IMPLEMENTS, "direct": (*tuner.IMPLEMENTS["direct"], "xcollective"),
+                  "ring": (*tuner.IMPLEMENTS["ring"], "xcollective")}
+    monkeypatch.setattr(tuner, "IMPLEMENTS", implements)
     assert choose("xcollective", "auto", h100, MiB) == "direct"  # sharp and nvls do not implement it
     assert choose("xcollective", "auto", a100, 1024) == "direct"
     assert choose("xcollective", "auto", a100, MiB) == "ring"

@@ -1,4 +1,4 @@
-"""fabric.cost_nodes.fastest's pruning: occupancy_bound_ns (and fabric.replay.nvls_lower_bound_ns) never
+"""fabric.tuner.fastest_across_nodes' pruning: occupancy_bound_ns (and fabric.replay.nvls_lower_bound_ns) never
 exceeds the replay, and the pick is the one replaying every candidate gives (`exhaustive` below: the
 definition the pruning must keep), on several shapes, presets and sizes, hier (node rings, all its rounds) and hier_nvls
 (its node stages in the leaf: its GPU links' raw bytes) among them; the pruning does skip replays."""
@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from nvlink_emu.fabric import tuner
 from nvlink_emu.fabric import cost_nodes as cn, hier_plan, replay
 from nvlink_emu.fabric.config import resolve
 from nvlink_emu.fabric.software import call_latency_ns
@@ -108,7 +109,7 @@ def test_fastest_picks_what_replaying_every_candidate_picks(name, nodes, per_nod
     for collective in ("allreduce", "reduce_scatter", "allgather", "broadcast"):
         for S in sizes(n):
             want = exhaustive(collective, candidates(config, collective), S, config)
-            assert cn.fastest(collective, candidates(config, collective), S, config) == want, (collective, S)
+            assert tuner.fastest_across_nodes(collective, candidates(config, collective), S, config) == want, (collective, S)
             assert choose(collective, "auto", config, S) == want, (collective, S)
 
 
@@ -119,7 +120,7 @@ def test_a_tie_goes_to_the_earlier_candidate_whatever_the_order_of_the_bounds(mo
     S = 4 * 1024
     monkeypatch.setattr(cn, "modeled_ns", lambda *args, **kw: 1000.0)
     monkeypatch.setattr(cn, "occupancy_bound_ns", lambda c, algorithm, *args, **kw: {"ring": 900.0}.get(algorithm, 10.0))
-    assert cn.fastest("allreduce", ["ring", "direct", "hier"], S, config) == "ring"
+    assert tuner.fastest_across_nodes("allreduce", ["ring", "direct", "hier"], S, config) == "ring"
 
 
 def test_the_pruning_skips_replays(monkeypatch):
@@ -134,7 +135,7 @@ def test_the_pruning_skips_replays(monkeypatch):
     real = replay.replay_ns
     monkeypatch.setattr(replay, "replay_ns", lambda c, algorithm, *args: replayed.append(algorithm) or real(c, algorithm, *args))
     cn._MODELED.clear()
-    assert cn.fastest("allreduce", names, S, config) == "sharp"
+    assert tuner.fastest_across_nodes("allreduce", names, S, config) == "sharp"
     sharp_ns = real("allreduce", "sharp", config.topology, S, config)
     skipped = [a for a in names if a not in replayed]
     assert "nvls" in skipped and replayed[0] == "sharp", replayed
@@ -153,6 +154,6 @@ def test_auto_weighs_hier_against_hier_nvls_as_replaying_both_does():
     picks = []
     for S in (256 << 10, 2 << 20, 16 << 20):
         want = exhaustive("allreduce", names, S, config)
-        assert cn.fastest("allreduce", names, S, config) == want == choose("allreduce", "auto", config, S), S
+        assert tuner.fastest_across_nodes("allreduce", names, S, config) == want == choose("allreduce", "auto", config, S), S
         picks.append(want)
     assert picks == ["hier_nvls", "hier", "hier_nvls"]

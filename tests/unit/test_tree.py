@@ -5,6 +5,7 @@ import math
 
 import pytest
 
+from nvlink_emu.fabric import tuner
 from nvlink_emu.fabric import cost_nodes as cn, replay
 from nvlink_emu.fabric.config import preset
 from nvlink_emu.fabric.packets import raw_bytes
@@ -96,5 +97,5 @@ def test_auto_weighs_tree_and_the_rails_rings_by_their_replayed_times():
         times = {a: cn.modeled_ns("allreduce", a, cfg.topology, S, cfg) for a in ("ring", "direct", "hier", "tree")}
         assert collectives.choose("allreduce", "auto", cfg, S) == min(times, key=times.get)
     # latency-bound, without the one-hop direct: the tree's depth of 3 nodes beats 14 ring steps
-    assert cn.fastest("allreduce", ["ring", "hier", "tree"], 4096, cfg) == "tree"
-    assert cn.fastest("allreduce", ["ring", "tree"], 16 << 20, cfg) == "ring"
+    assert tuner.fastest_across_nodes("allreduce", ["ring", "hier", "tree"], 4096, cfg) == "tree"
+    assert tuner.fastest_across_nodes("allreduce", ["ring", "tree"], 16 << 20, cfg) == "ring"
