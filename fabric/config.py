@@ -437,8 +437,8 @@ def load_toml(path: str | Path, **overrides) -> FabricConfig:
 
 
 # --software's help (launch: run, bench, model)
-SOFTWARE_HELP = ("software latency of every collective call: nccl (NCCL's launch and protocol latency, the calibrated "
-                 "presets' own) or none (the links alone, the -line presets' own); default: the fabric's")
+SOFTWARE_HELP = ("software latency of every collective call: nccl (NCCL's launch and protocol latency, every preset's "
+                 "but the -line twins') or none (the links alone, the -line presets' own); default: the fabric's")
 
 
 def resolve(preset_name: str | None = None, config_path: str | None = None, gpus: int | None = None,

@@ -1,8 +1,8 @@
 """Software latency of a collective call: what NCCL's kernels and proxies add to the links' time.
 
 The links model hardware only (hops, switches, bytes). A real call also pays a launch and per-step
-protocol costs, which dominate small messages (an 8-byte AllReduce). With `software = "nccl"` (the
-calibrated presets) a call costs, on top of its links, NCCL's own latency estimate for the algorithm
+protocol costs, which dominate small messages (an 8-byte AllReduce). With `software = "nccl"` (every
+preset but the -line twins) a call costs, on top of its links, NCCL's own latency estimate for the algorithm
 NCCL would run in its place, at the protocol (LL, LL128, Simple) NCCL's tuner would pick:
 
     L = min over protocols p of  latency(p) + T x (1 / f(p) - 1)
@@ -16,8 +16,9 @@ it to their time (fabric.cost, fabric.cost_nodes), so emulated time still equals
 only on the call (collective, algorithm, members, nodes, bytes) and the config: not on the host.
 
 Source of every figure: NVIDIA/nccl at commit 5067397c (2026-06-11), src/graph/tuning.cc (tables lines
-149-176, combination lines 384-434, ncclTopoGetAlgoTime lines 642-664); docs/model/time.md "Software
-latency" maps the emulator's algorithms to NCCL's and lists what is left out.
+149-176, combination lines 384-434, protocol bandwidths lines 327-335, LL128 only on NVLink paths line
+531, ncclTopoGetAlgoTime lines 630-655); src/enqueue.cc lines 931-932 (point-to-point: LL or Simple);
+docs/model/time.md "Software latency" maps the emulator's algorithms to NCCL's and lists what is left out.
 """
 
 import math
@@ -38,7 +39,7 @@ HW_US = {
 # Intel Xeon 8480C (DGX H100 user guide), DGX B200's Intel Xeon 8570 (DGX B200 user guide).
 NET_OVERHEAD_US = {"a100-sxm": 2.0, "a100-pcie": 2.0}
 DEFAULT_NET_OVERHEAD_US = 1.0
-# Bandwidth of each protocol as a fraction of Simple's in NCCL's model (tuning.cc lines 314-323): ring LL x0.5,
+# Bandwidth of each protocol as a fraction of Simple's in NCCL's model (tuning.cc lines 327-335): ring LL x0.5,
 # LL128 x0.92; tree LL x1/3.8, LL128 x7/9 on one node and x120/128 across nodes. The per-channel caps
 # (llMaxBws, perChMaxRingLL128Bws) are left out. NVLS and NVLS Tree run Simple only.
 RING_FRACTION = (0.5, 0.92, 1.0)
@@ -59,15 +60,13 @@ def _log2i(n: int) -> int:
 
 
 def nccl_latency_us(cls: str, collective: str, n: int, nodes: int, proto: int, intra: str = "nvlink",
-                    net_overhead: float = DEFAULT_NET_OVERHEAD_US, nvlink_domain: bool = False) -> float | None:
+                    net_overhead: float = DEFAULT_NET_OVERHEAD_US) -> float | None:
     """NCCL's latency (us) of one call of `collective` by algorithm class `cls` on n GPUs in `nodes` nodes at
     protocol index `proto` (0 LL, 1 LL128, 2 Simple), as ncclTopoTuneModel combines it; None where NCCL does
-    not run that protocol. intra: the link inside a node ("nvlink", "pci", or "net" for GPUs that reach each
-    other only through an InfiniBand switch); nvlink_domain: the nodes are one NVLink domain (spines on
-    NVLink), so no step crosses a network."""
-    if nvlink_domain:
-        nodes = 1
-    if cls in ("nvls", "nvls_tree") and proto != 2:
+    not run that protocol: NVLS and NVLS Tree run Simple only, point-to-point LL or Simple (enqueue.cc), and
+    LL128 needs NVLink inside a node (tuning.cc line 531). nodes as NCCL counts them (software_nodes);
+    intra: the link inside a node ("nvlink" or "pci")."""
+    if cls in ("nvls", "nvls_tree") and proto != 2 or proto == 1 and (cls == "p2p" or intra == "pci"):
         return None
     table = "ring" if cls == "p2p" else cls
     base = BASE_US[table][proto]
@@ -110,25 +109,36 @@ def call_latency_ns(collective: str, algorithm: str, n: int, nodes: int, S: int,
     if nodes > 1 and config.uplink_gbytes_per_s_per_gpu:
         bandwidth = min(bandwidth, config.uplink_gbytes_per_s_per_gpu)
     T_ns = S * bus_factor(collective, n) / (bandwidth * payload)
-    # the link a step inside a node crosses: GPUs on one InfiniBand switch take network steps throughout
-    intra = "pci" if config.link.startswith("pcie") else "net" if config.link.startswith("ib") else "nvlink"
+    intra = "pci" if config.link.startswith("pcie") else "nvlink"  # the link a step inside a node crosses
+    nodes = software_nodes(n, nodes, config)
     net_overhead = NET_OVERHEAD_US.get(config.gpu, DEFAULT_NET_OVERHEAD_US)
     best = math.inf
     for proto in range(len(PROTOCOLS)):
-        lat = nccl_latency_us(cls, collective, n, nodes, proto, intra, net_overhead,
-                              nvlink_domain=config.spine_sharp)
+        lat = nccl_latency_us(cls, collective, n, nodes, proto, intra, net_overhead)
         if lat is None:
             continue
+        # ncclTopoGetAlgoTime: "Plateau effect of ring" (compute capability >= 8.0); its channel count taken as
+        # the model's ring channels (ring_channel_count)
         if cls == "ring" and proto == 2 and nodes > 1 and collective == "allreduce" \
                 and S // (ring_channel_count(S, n // nodes) * n) >= 64:
-            lat *= 1.4  # ncclTopoGetAlgoTime: "Plateau effect of ring" (compute capability >= 8.0)
+            lat *= 1.4
         fraction = _fraction(cls, proto, nodes)
         best = min(best, lat * 1e3 + T_ns * (1 / fraction - 1))
     return best
 
 
+def software_nodes(n: int, nodes: int, config) -> int:
+    """The nodes NCCL would count for n GPUs in `nodes` nodes of `config`: GPUs that reach each other only
+    through an InfiniBand switch (the one-switch ib presets) are one GPU a node, so every step is a network
+    step; nodes whose spines are NVLink (spine_sharp: the NVLink Switch System's, which reduce) are one
+    NVLink domain, one node, so none is."""
+    if config.link.startswith("ib"):
+        return n
+    return 1 if config.spine_sharp else nodes
+
+
 def _fraction(cls: str, proto: int, nodes: int) -> float:
-    """Protocol `proto`'s bandwidth as a fraction of Simple's (tuning.cc lines 314-323)."""
+    """Protocol `proto`'s bandwidth as a fraction of Simple's (tuning.cc lines 327-335)."""
     if cls == "tree":
         return (1 / 3.8, 7 / 9 if nodes == 1 else 120 / 128, 1.0)[proto]
     return RING_FRACTION[proto]

@@ -90,7 +90,7 @@ def test_one_node_is_fabric_cost_and_hier_there_is_the_ring(capsys):
     status, out, err = model(capsys, "allreduce", "--preset", "dgx-h100", "-b", "64K", "-e", "16M", "-f", "16", "--json")
     assert status == 0, err
     config = preset("dgx-h100")
-    for row in rows_of(out):  # auto: direct below 64 MiB (NCCL's software latency, fabric.software), then sharp
+    for row in rows_of(out):  # auto: direct up to 8 MiB (NCCL's software latency, fabric.software), then sharp
         algorithm = choose("allreduce", "auto", config, row["size_bytes"])
         assert row["algorithm"] == algorithm
         assert row["modeled_us"] == round(cost.modeled_ns("allreduce", algorithm, row["size_bytes"], 8, config) / 1e3, 4)

@@ -97,10 +97,10 @@ def test_line_rate_presets_are_above_the_published_figures():
 
 def test_auto_picks_what_the_cost_model_says_is_fastest():
     h100, a100 = preset("dgx-h100"), preset("dgx-a100")
-    for S in (1024, 64 * 1024, MiB, 4 * MiB, 64 * MiB, GiB):
+    for S in (1024, 64 * 1024, MiB, 4 * MiB, 8 * MiB, 9 * MiB, 64 * MiB, GiB):
         # small calls: direct, whose software latency (NCCL's LL, two p2p rounds: 7.8 us) is below NVLS's 25 us;
-        # large ones: sharp (one push and one multicast)
-        assert choose("allreduce", "auto", h100, S) == ("sharp" if S >= 64 * MiB else "direct")
+        # large ones (from about 8.25 MiB): sharp (one push and one multicast)
+        assert choose("allreduce", "auto", h100, S) == ("sharp" if S > 8 * MiB else "direct")
         assert choose("allreduce", "auto", a100, S) == "direct"  # the in-switch ones are not allowed
         times = {a: cost.modeled_ns("allreduce", a, S, 8, h100) for a in ("ring", "direct", "sharp", "nvls")}
         assert choose("allreduce", "auto", h100, S) == min(times, key=times.get)
