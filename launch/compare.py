@@ -113,15 +113,19 @@ def run_compare(args, script_args, launch_script, progress) -> int:
 
 def projection_targets(args, configs: dict) -> dict | None:
     """{preset: its fabric at --project-nodes nodes of the same GPUs per node and --software}, or None
-    without --project-nodes. ConfigError before any job for a shape the presets cannot take, or for a
-    run whose GPU 0 records calls it cannot place (the cost model times every GPU of the fabric)."""
+    without --project-nodes. ConfigError before any job for a count or a shape the presets cannot take."""
     nodes = getattr(args, "project_nodes", None)
     if nodes is None:
         return None
+    if nodes < 1:
+        raise ConfigError(f"--project-nodes: must be a positive integer, got {nodes}")
     if getattr(args, "faults", None):
         raise ConfigError("--project-nodes: the cost model has no faults; run without --faults")
-    return {name: resolve(name, None, None, nodes, config.gpus_per_node, getattr(args, "software", None))
-            for name, config in configs.items()}
+    try:
+        return {name: resolve(name, None, None, nodes, config.gpus_per_node, getattr(args, "software", None))
+                for name, config in configs.items()}
+    except ConfigError as exc:
+        raise ConfigError(f"--project-nodes {nodes}: {exc}") from None
 
 
 def run_each(args, script_args, launch_script, progress, configs: dict, with_lines: bool = False) -> dict:

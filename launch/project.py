@@ -130,7 +130,7 @@ def format_projection(script: str, presets: list[str], means: dict, shapes: tupl
     time (us), speed-up = the first preset's step time / this one's, communication (us) and its share of
     the step. `means`: {preset: mean_by_name(...)}."""
     first = presets[0]
-    width = max(len(p) for p in presets) + 2
+    width = max(len(p) for p in [*presets, "preset"]) + 2
     step_width = max([len(n) for n in means[first] if n] + [4]) + 2
     lines = []
     for which, (shape, title) in enumerate(zip(shapes, ("emulated", "projected by the cost model"))):
