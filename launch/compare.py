@@ -99,6 +99,10 @@ def run_compare(args, script_args, launch_script, progress) -> int:
     print(f"wrote {plot}", file=sys.stderr)
     if targets is not None:
         first = configs[presets[0]]
+        for name in presets:  # a call past GPU 0's records would pass for compute
+            if runs[name][1].get("collectives_unrecorded", {}).get("0"):
+                raise CompareError(f"{args.script}: --project-nodes: on {name} GPU 0 made more collective calls "
+                                   f"than its report records; time fewer steps")
         try:
             means = {name: mean_by_name(project_steps(runs[name][2], runs[name][1]["collectives"], targets[name],
                                                       configs[name].gpus)) for name in presets}
