@@ -170,6 +170,8 @@ def cmd_run(args, script_args) -> int:
             return exc.status
     if args.plot is not None:
         raise ConfigError("--plot: draws the step times of --compare; give --compare P1,P2,... too")
+    if args.project_nodes is not None:
+        raise ConfigError("--project-nodes: projects the step times of --compare; give --compare P1,P2,... too")
     config = fabric_of(args)
     return launch_script(args.script, args, script_args, config.world_size)
 
@@ -457,6 +459,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "step time (GPU 0's step_ns= lines), link bytes and time relative to the first preset")
     run.add_argument("--plot", metavar="FILE.png", help="with --compare: the bar chart of the step times (default "
                      "SCRIPT-compare.png in the current directory; .svg and .pdf also work)")
+    run.add_argument("--project-nodes", type=int, metavar="N", help="with --compare: also each step "
+                     "projected by the cost model to N nodes of the same GPUs per node (compute kept, GPU 0's "
+                     "collective calls re-timed) with its communication share")
     run.set_defaults(handler=cmd_run)
     demo = sub.add_parser("demo", help="what NVLink Network changes compared with classic NVLink, with real traffic",
                           epilog=LAUNCHER_HELP)

@@ -10,9 +10,11 @@ import tempfile
 from pathlib import Path
 
 
+from nvlink_emu.fabric.config import resolve
 from nvlink_emu.fabric.errors import ConfigError
 
 from .plotting import check_plot
+from .project import ProjectionError, format_projection, mean_by_name, project_steps
 from .runner import fabric_of
 from .workload import STEP_KEY, parse_step_line
 
@@ -79,12 +81,13 @@ def run_compare(args, script_args, launch_script, progress) -> int:
     if args.no_label:
         raise ConfigError("--no-label: --compare reads GPU 0's step lines by their [gpu 0] label")
     configs = {name: fabric_of(args, name) for name in presets}  # every name checked before any job
+    targets = projection_targets(args, configs)
     plot = args.plot or default_plot(args.script)
     check_plot(plot)
     if not Path(args.script).is_file():
         raise ConfigError(f"{args.script}: no such script")
-    results = {name: (steps, run_link_bytes(report))
-               for name, (steps, report) in run_each(args, script_args, launch_script, progress, configs).items()}
+    runs = run_each(args, script_args, launch_script, progress, configs, with_lines=targets is not None)
+    results = {name: (run[0], run_link_bytes(run[1])) for name, run in runs.items()}
     names = list(results[presets[0]][0])
     for name in presets[1:]:
         if list(results[name][0]) != names:
@@ -94,13 +97,45 @@ def run_compare(args, script_args, launch_script, progress) -> int:
     plot_steps(plot, f"{Path(args.script).name} on {next(iter(configs.values())).gpus} GPUs: modeled step time",
                presets, results)
     print(f"wrote {plot}", file=sys.stderr)
+    if targets is not None:
+        first = configs[presets[0]]
+        for name in presets:  # a call past GPU 0's records would pass for compute
+            if runs[name][1].get("collectives_unrecorded", {}).get("0"):
+                raise CompareError(f"{args.script}: --project-nodes: on {name} GPU 0 made more collective calls "
+                                   f"than its report records; time fewer steps")
+        try:
+            means = {name: mean_by_name(project_steps(runs[name][2], runs[name][1]["collectives"], targets[name],
+                                                      configs[name].gpus)) for name in presets}
+        except ProjectionError as exc:
+            raise CompareError(f"{args.script}: --project-nodes: {exc}") from None
+        target = targets[presets[0]]
+        print(format_projection(Path(args.script).name, presets, means,
+                                (f"{first.nodes} x {first.gpus_per_node} GPUs",
+                                 f"{target.nodes} x {target.gpus_per_node} GPUs")), flush=True)
     return 0
 
 
-def run_each(args, script_args, launch_script, progress, configs: dict) -> dict:
+def projection_targets(args, configs: dict) -> dict | None:
+    """{preset: its fabric at --project-nodes nodes of the same GPUs per node and --software}, or None
+    without --project-nodes. ConfigError before any job for a count or a shape the presets cannot take."""
+    nodes = getattr(args, "project_nodes", None)
+    if nodes is None:
+        return None
+    if nodes < 1:
+        raise ConfigError(f"--project-nodes: must be a positive integer, got {nodes}")
+    if getattr(args, "faults", None):
+        raise ConfigError("--project-nodes: the cost model has no faults; run without --faults")
+    try:
+        return {name: resolve(name, None, None, nodes, config.gpus_per_node, getattr(args, "software", None))
+                for name, config in configs.items()}
+    except ConfigError as exc:
+        raise ConfigError(f"--project-nodes {nodes}: {exc}") from None
+
+
+def run_each(args, script_args, launch_script, progress, configs: dict, with_lines: bool = False) -> dict:
     """Run args.script once per preset of `configs` ({name: config}), each a quiet job with its own
-    report: {name: (summarize(its step lines), its run report as a dict)}. CompareError if a run fails,
-    prints a malformed step line or none."""
+    report: {name: (summarize(its step lines), its run report as a dict)}, with_lines: and its parsed step
+    lines, a third item. CompareError if a run fails, prints a malformed step line or none."""
     results = {}
     with tempfile.TemporaryDirectory(prefix="nvlink-emu-compare-") as workdir:
         for name, config in configs.items():
@@ -129,7 +164,7 @@ def run_each(args, script_args, launch_script, progress, configs: dict) -> dict:
             if not steps:
                 raise CompareError(f"{args.script} printed no step time on preset {name}: GPU 0 must print a line "
                                    f"{STEP_KEY}=<float> (nvlink_emu.launch.workload.timed_step prints it)")
-            results[name] = (summarize(steps), json.loads(report.read_text()))
+            results[name] = (summarize(steps), json.loads(report.read_text())) + ((steps,) if with_lines else ())
             progress.step(f"{name} done")
     return results
 

@@ -3,11 +3,13 @@ kernels to the GPU compute model by the FLOPs and HBM bytes they really take.
 
 The step line. GPU 0 prints one line per timed step, whole and alone (after its `[gpu 0] ` label):
 
-    step_ns=<float> [step=<name>] [link_bytes=<int>]
+    step_ns=<float> [step=<name>] [link_bytes=<int>] [start_ns=<float>]
 
 `step_ns` is the step's modeled time in ns (the slowest GPU's); `step` names it when a script times
 several kinds of step (`overlap` and `no-overlap`, say); `link_bytes` is the payload the step moved
-over every GPU link, both directions (GPU -> switch and switch -> GPU), summed over the GPUs. A script
+over every GPU link, both directions (GPU -> switch and switch -> GPU), summed over the GPUs;
+`start_ns` is the step's modeled start on GPU 0's clock (ns), so GPU 0's collective calls of the step
+can be found in its run report (`run --compare --project-nodes` reads it). A script
 that times several steps of one name prints a line for each; `--compare` averages them.
 """
 
@@ -23,22 +25,29 @@ _LABEL = re.compile(r"^\[gpu (\d+)\] ")
 _NAME = re.compile(r"^[A-Za-z0-9_.:+-]+$")  # a step name: one token, so the line stays key=value pairs
 
 
-def step_line(step_ns: float, name: str | None = None, link_bytes: int | None = None) -> str:
-    """The step line (without label) for a step of `step_ns` modeled ns."""
+def step_line(step_ns: float, name: str | None = None, link_bytes: int | None = None,
+              start_ns: float | None = None) -> str:
+    """The step line (without label) for a step of `step_ns` modeled ns, started at `start_ns` (GPU 0's clock)."""
     if not isinstance(step_ns, (int, float)) or not math.isfinite(step_ns) or step_ns < 0:
         raise FabricError(f"step_line: step_ns must be a finite, non-negative number of ns, got {step_ns!r}")
     if name is not None and not _NAME.match(name):
         raise FabricError(f"step_line: step name {name!r} must be one token of letters, digits and _.:+-")
+    if start_ns is not None and (not isinstance(start_ns, (int, float)) or not math.isfinite(start_ns)
+                                 or start_ns < 0):
+        raise FabricError(f"step_line: start_ns must be a finite, non-negative number of ns, got {start_ns!r}")
     parts = [f"{STEP_KEY}={float(step_ns):.3f}"]
     if name is not None:
         parts.append(f"step={name}")
     if link_bytes is not None:
         parts.append(f"link_bytes={int(link_bytes)}")
+    if start_ns is not None:
+        parts.append(f"start_ns={float(start_ns)!r}")  # exact: calls are placed in their step by it
     return " ".join(parts)
 
 
 def parse_step_line(line: str) -> dict | None:
-    """{"step_ns": float, "step": str (None if unnamed), "link_bytes": int or None} of a step line GPU 0
+    """{"step_ns": float, "step": str (None if unnamed), "link_bytes": int or None, "start_ns": float or
+    None} of a step line GPU 0
     printed (labelled `[gpu 0] ` or not), or None for any other line (another GPU's, any other text).
     ValueError for a line that starts as a step line but does not parse."""
     label = _LABEL.match(line)
@@ -50,17 +59,19 @@ def parse_step_line(line: str) -> dict | None:
     fields = {}
     for token in text.split():
         key, sep, value = token.partition("=")
-        if not sep or key in fields or key not in (STEP_KEY, "step", "link_bytes"):
-            raise ValueError(f"not a step line ({STEP_KEY}=<float> [step=<name>] [link_bytes=<int>]): {text!r}")
+        if not sep or key in fields or key not in (STEP_KEY, "step", "link_bytes", "start_ns"):
+            raise ValueError(f"not a step line ({STEP_KEY}=<float> [step=<name>] [link_bytes=<int>] [start_ns=<float>]): {text!r}")
         fields[key] = value
     try:
         step_ns = float(fields[STEP_KEY])
         link_bytes = int(fields["link_bytes"]) if "link_bytes" in fields else None
+        start_ns = float(fields["start_ns"]) if "start_ns" in fields else None
     except ValueError:
-        raise ValueError(f"not a step line ({STEP_KEY}=<float> [step=<name>] [link_bytes=<int>]): {text!r}") from None
-    if not math.isfinite(step_ns) or step_ns < 0 or (link_bytes is not None and link_bytes < 0):
+        raise ValueError(f"not a step line ({STEP_KEY}=<float> [step=<name>] [link_bytes=<int>] [start_ns=<float>]): {text!r}") from None
+    if (not math.isfinite(step_ns) or step_ns < 0 or (link_bytes is not None and link_bytes < 0)
+            or (start_ns is not None and (not math.isfinite(start_ns) or start_ns < 0))):
         raise ValueError(f"step line with a negative or non-finite value: {text!r}")
-    return {"step_ns": step_ns, "step": fields.get("step"), "link_bytes": link_bytes}
+    return {"step_ns": step_ns, "step": fields.get("step"), "link_bytes": link_bytes, "start_ns": start_ns}
 
 
 class timed_step:
@@ -72,7 +83,8 @@ class timed_step:
     counted at both ends), then step.ns = the clock at the end minus the common start (modeled ns)
     and step.link_bytes = the payload every member's links moved between the two (tx + rx, summed
     over the members: a GPU counts a transfer when it reaches its host, so without the meetings a
-    fast peer's bytes could fall outside the step they belong to). GPU 0 prints the step line unless
+    fast peer's bytes could fall outside the step they belong to). step.start_ns: the common start
+    (modeled ns). GPU 0 prints the step line (with start_ns) unless
     `quiet`. The meetings are out of band: they add no link bytes, and no modeled time beyond
     aligning the members' clocks at the barriers. An exception in the body propagates untimed."""
 
@@ -99,7 +111,7 @@ class timed_step:
         self.ns = self.gpu.now_ns - self.start_ns  # the barrier gave every member the latest clock
         self.link_bytes = sum(moved)
         if self.gpu.rank == 0 and not self.quiet:
-            print(step_line(self.ns, self.name, self.link_bytes), flush=True)
+            print(step_line(self.ns, self.name, self.link_bytes, self.start_ns), flush=True)
         return False
 
 

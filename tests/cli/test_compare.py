@@ -124,6 +124,8 @@ def test_a_run_without_a_readable_step_time_is_one_line(tmp_path, body, message)
     (["--compare", "dgx-a100,dgx-h100", "--no-label"], "--no-label: --compare reads GPU 0's step lines by their"),
     (["--compare", "dgx-a100,dgx-h100", "--plot", "steps.txt"], "--plot steps.txt: name a .png, .svg or .pdf file"),
     (["--plot", "steps.png"], "--plot: draws the step times of --compare; give --compare P1,P2,... too"),
+    (["--project-nodes", "4"], "--project-nodes: projects the step times of --compare; give --compare P1,P2,... too"),
+    (["--compare", "dgx-a100,dgx-h100", "--project-nodes", "0"], "--project-nodes: must be a positive integer, got 0"),
 ])
 def test_bad_compare_options_are_one_line_before_any_job(tmp_path, argv, message):
     done, elapsed = run([command("nvlink-emu"), "run", script(tmp_path, "def main(gpu):\n    pass\n"), "--gpus", "2",
@@ -136,12 +138,18 @@ def test_bad_compare_options_are_one_line_before_any_job(tmp_path, argv, message
 def test_step_lines_round_trip_and_other_lines_are_not_steps():
     line = step_line(1234.5678, "overlap", 4096)
     assert line == "step_ns=1234.568 step=overlap link_bytes=4096"
-    assert parse_step_line(line) == {"step_ns": 1234.568, "step": "overlap", "link_bytes": 4096}
-    assert parse_step_line("[gpu 0] step_ns=7") == {"step_ns": 7.0, "step": None, "link_bytes": None}
+    # start_ns (the step's start on GPU 0's clock, which --project-nodes reads) came later: a new key of
+    # the parsed line, None when absent, so the lines printed before it still parse
+    assert parse_step_line(line) == {"step_ns": 1234.568, "step": "overlap", "link_bytes": 4096, "start_ns": None}
+    assert parse_step_line("[gpu 0] step_ns=7") == {"step_ns": 7.0, "step": None, "link_bytes": None,
+                                                    "start_ns": None}
+    timed = step_line(5.0, None, 8, 0.1 + 0.2)
+    assert timed == "step_ns=5.000 link_bytes=8 start_ns=0.30000000000000004"  # start exact: calls placed by it
+    assert parse_step_line(timed)["start_ns"] == 0.1 + 0.2
     assert parse_step_line("[gpu 1] step_ns=7") is None  # GPU 0's lines only
     assert parse_step_line("largest weight difference 1e-7") is None
     for bad in ("step_ns=", "step_ns=-1", "step_ns=nan", "step_ns=1 step_ns=2", "step_ns=1 speed=3",
-                "step_ns=1 link_bytes=1.5"):
+                "step_ns=1 link_bytes=1.5", "step_ns=1 start_ns=-1", "step_ns=1 start_ns=inf"):
         with pytest.raises(ValueError):
             parse_step_line(bad)
     with pytest.raises(Exception, match="one token"):
