@@ -19,6 +19,7 @@ from nvlink_emu.fabric.reduction import DTYPES, OPS, blocks, check_dtype, reduce
 from nvlink_emu.fabric.tuner import ALGORITHMS, ALL2ALL, all2all_algorithm, choose
 
 from nvlink_emu.launch import hostcpu
+from nvlink_emu.launch.units import KiB, MiB, format_bytes, parse_size
 
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "all2all")
 REDUCING = ("allreduce", "reduce_scatter")  # the others' redop is "none", as nccl-tests prints it
@@ -29,7 +30,6 @@ HEADER = (f"{'size':>12}{'count':>12}{'type':>10}{'redop':>7}{'root':>6}{'algori
           f"{'algbw':>9}{'busbw':>9}{'wall_us':>12}{'native_us':>12}{'emu/native':>11}{'tx_B/gpu':>12}"
           f"{'rx_B/gpu':>12}{'#wrong':>8}")
 NATIVE_DTYPES = ("float32", "float64", "int32", "int64")  # MPI has no reduction on 16-bit floats
-KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
 
 def sweep_arguments(parser: argparse.ArgumentParser, what: str = "sweep") -> None:
@@ -44,8 +44,8 @@ def sweep_arguments(parser: argparse.ArgumentParser, what: str = "sweep") -> Non
                              f"and nvls need NVLink Network with a SHARP switch; all2all's are "
                              f"{', '.join(ALL2ALL)} (auto: the faster by fabric.cost_nodes on several nodes, "
                              f"direct on one)")
-    parser.add_argument("-b", "--min-bytes", type=_size, default=1024, metavar="B", help="smallest size (default 1K)")
-    parser.add_argument("-e", "--max-bytes", type=_size, default=16 << 20, metavar="B",
+    parser.add_argument("-b", "--min-bytes", type=parse_size, default=1024, metavar="B", help="smallest size (default 1K)")
+    parser.add_argument("-e", "--max-bytes", type=parse_size, default=16 << 20, metavar="B",
                         help="largest size (default 16M" + ("; GPU memory is sized for it)" if what == "sweep" else ")"))
     parser.add_argument("-f", "--factor", type=int, default=4, metavar="F", help="size multiplier per row (default 4)")
     parser.add_argument("--dtype", default="float32", choices=tuple(DTYPES), metavar="D",
@@ -69,18 +69,6 @@ def bench_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also the CPU time of the job's ranks on GPU 0's host per timed call, bench's own "
                              "barrier and timing exchange taken out (JSON keys cpu_us, switch_cpu_us, cpu_wall_us, "
                              "sync_cpu_us, sync_wall_us; with --trace-dir traced_cpu_us, untraced_cpu_us; Linux)")
-
-
-def _size(text: str) -> int:
-    """Bytes from '1024', '64K', '16M', '1G'."""
-    units = {"K": KiB, "M": MiB, "G": GiB}
-    clean = text.strip().upper().removesuffix("B")
-    try:
-        if clean and clean[-1] in units:
-            return int(float(clean[:-1]) * units[clean[-1]])
-        return int(clean)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size (like 1024, 64K, 16M, 1G)") from None
 
 
 def plan_of(args, config, command: str = "bench"):
@@ -515,14 +503,6 @@ def cpu_text(row: dict) -> str:
         text += f"; tracing costs {tracing:+.1f}% CPU"
     return text + (f" (bench's barrier and timing exchange taken out: {row['sync_cpu_us']:.0f} us of CPU and "
                    f"{row['sync_wall_us']:.0f} us of wall time a call)")
-
-
-def format_bytes(n: int) -> str:
-    """A size for people: '512 B', '64 KiB', '1.5 MiB', '1 GiB'."""
-    for unit, name in ((GiB, "GiB"), (MiB, "MiB"), (KiB, "KiB")):
-        if n >= unit:
-            return f"{round(n / unit, 2):g} {name}"
-    return f"{n} B"
 
 
 def plot_busbw(path: str, title: str, series: dict[str, list[dict]]) -> None:

@@ -19,8 +19,9 @@ from nvlink_emu.fabric.errors import ConfigError, UnsupportedOperation
 from nvlink_emu.ranks.session import FAILURE_DIR_ENV, INTERRUPTED_STATUS
 
 from .plan_cmd import cmd_plan, plan_arguments
-from .bench import (available_host_bytes, bench_arguments, check_host_memory, closing, config_toml, format_bytes,
-                    format_row, header, plot_busbw, sized_config)
+from .bench import (available_host_bytes, bench_arguments, check_host_memory, closing, config_toml, format_row,
+                    header, plot_busbw, sized_config)
+from .units import format_bytes
 from .bench import check as check_bench
 from . import hostcpu
 from .compare import CompareError, compare_presets, run_compare

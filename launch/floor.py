@@ -31,7 +31,7 @@ import numpy as np
 
 from nvlink_emu.fabric.config import preset
 
-from .bench import _size, format_bytes
+from .units import format_bytes, parse_size
 from .mpiexec import mpiexec_command
 
 TAG_LIMIT = 32767  # the least MPI_TAG_UB the standard allows: destinations and chunks are tags
@@ -179,10 +179,10 @@ def _worker(sizes: list[int], chunk_bytes: int, iters: int, timeout_s: float) ->
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m nvlink_emu.launch.floor", description=__doc__.split("\n\n")[0])
     parser.add_argument("--gpus", default="4,8", help="GPU counts, comma-separated (default 4,8)")
-    parser.add_argument("-b", "--min-bytes", type=_size, default=1 << 10, help="smallest size (default 1K)")
-    parser.add_argument("-e", "--max-bytes", type=_size, default=64 << 20, help="largest size (default 64M)")
+    parser.add_argument("-b", "--min-bytes", type=parse_size, default=1 << 10, help="smallest size (default 1K)")
+    parser.add_argument("-e", "--max-bytes", type=parse_size, default=64 << 20, help="largest size (default 64M)")
     parser.add_argument("-f", "--factor", type=int, default=16, help="size multiplier per column (default 16)")
-    parser.add_argument("--chunk", type=_size, default=preset("dgx-h100").chunk_bytes,
+    parser.add_argument("--chunk", type=parse_size, default=preset("dgx-h100").chunk_bytes,
                         help="bytes a message, as the emulator's chunk_bytes (default dgx-h100's)")
     parser.add_argument("-n", "--iters", type=int, default=0, help="timed calls per size (default: bench's rule)")
     parser.add_argument("--timeout", type=float, default=300.0, help="deadline of every wait, s")

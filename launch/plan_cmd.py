@@ -9,7 +9,7 @@ from nvlink_emu.fabric.plans import build, load, plan_link_bytes, plan_ns
 from nvlink_emu.fabric.plans.registry import ALGORITHMS, grid
 from nvlink_emu.fabric.topology import Topology
 
-from .bench import _size
+from .units import parse_size
 from .plotting import check_plot
 from .runner import fabric_of
 
@@ -21,7 +21,7 @@ def plan_arguments(parser: argparse.ArgumentParser) -> None:
                         f"algorithm ({', '.join(ALGORITHMS)}) with --collective")
     parser.add_argument("--collective", default="allreduce", help="a registry algorithm's collective "
                         "(default allreduce)")
-    parser.add_argument("-S", "--size", type=_size, default=16 << 20, metavar="B", help="bytes of the call "
+    parser.add_argument("-S", "--size", type=parse_size, default=16 << 20, metavar="B", help="bytes of the call "
                         "(bench's convention; default 16M)")
     parser.add_argument("--preset", help="named fabric (default: dgx-h100 sized to the plan)")
     parser.add_argument("--config", metavar="FILE.toml", help="fabric description in TOML")

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 
-from .bench import _size
+from .units import parse_size
 
 SINGLE, NODES = "dgx-h100", "superpod-h100-nvlink"
 # runs a command and says the peak resident memory of its largest descendant (the ranks: ru_maxrss of
@@ -58,7 +58,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m nvlink_emu.launch.scaling", description=__doc__.split("\n\n")[0])
     parser.add_argument("--gpus", default="8,16,32", help="GPU counts, comma-separated (default 8,16,32)")
     parser.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node of the multi-node fabric")
-    parser.add_argument("--size", type=_size, default=1 << 20, help="bytes per call (All2All: per GPU)")
+    parser.add_argument("--size", type=parse_size, default=1 << 20, help="bytes per call (All2All: per GPU)")
     parser.add_argument("--collectives", default="all2all,allreduce", help="comma-separated (default all2all,allreduce)")
     parser.add_argument("--algorithm", default="auto", help="the bench's --algorithm (default auto: each fabric's choice)")
     parser.add_argument("-n", "--iters", type=int, default=5, help="timed calls per job (default 5)")

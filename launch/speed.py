@@ -22,7 +22,8 @@ import tempfile
 from nvlink_emu.fabric.config import preset
 from nvlink_emu.fabric.tuner import ALL2ALL, IMPLEMENTS, allowed
 
-from .bench import COLLECTIVES, _size, busy_cores, format_bytes, tracing_cpu_cost
+from .bench import COLLECTIVES, busy_cores, tracing_cpu_cost
+from .units import format_bytes, parse_size
 from .scaling import NODES, SINGLE, bench_rows
 
 TARGET = 3.0  # the issue's: every cell within 3x of MPI's own
@@ -73,8 +74,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m nvlink_emu.launch.speed", description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", default="4,8,2x4", help="G (one switch) or NxG (nodes), comma-separated "
                                                            "(default 4,8,2x4)")
-    parser.add_argument("-b", "--min-bytes", type=_size, default=1 << 10, help="smallest size (default 1K)")
-    parser.add_argument("-e", "--max-bytes", type=_size, default=64 << 20, help="largest size (default 64M)")
+    parser.add_argument("-b", "--min-bytes", type=parse_size, default=1 << 10, help="smallest size (default 1K)")
+    parser.add_argument("-e", "--max-bytes", type=parse_size, default=64 << 20, help="largest size (default 64M)")
     parser.add_argument("-f", "--factor", type=int, default=16, help="size multiplier per column (default 16)")
     parser.add_argument("--collectives", default=",".join(COLLECTIVES), help="comma-separated (default: all)")
     parser.add_argument("-n", "--iters", type=int, default=0, help="timed calls per size (default: bench's)")
