@@ -16,7 +16,7 @@ from pathlib import Path
 
 
 from nvlink_emu.fabric.errors import ConfigError, UnsupportedOperation
-from nvlink_emu.ranks.session import FAILURE_DIR_ENV, INTERRUPTED_STATUS
+from nvlink_emu.ranks.status import FAILURE_DIR_ENV, INTERRUPTED_STATUS
 
 from .plan_cmd import cmd_plan, plan_arguments
 from .bench import (available_host_bytes, bench_arguments, check_host_memory, closing, config_toml, format_row,
@@ -33,7 +33,7 @@ from .labels import JobOutput
 from .mpiexec import mpiexec_command, rank_labels
 from .report import print_report
 from .traces import merge, read_run, write_replacing
-from .runner import fabric_arguments, fabric_of, mpi4py_argument, prepare_trace_dir, split_script_args
+from .options import fabric_arguments, fabric_of, mpi4py_argument, prepare_trace_dir, split_script_args
 
 EXAMPLES = Path(__file__).parent / "examples"
 BENCH = str(Path(__file__).parent / "bench.py")

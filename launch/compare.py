@@ -15,7 +15,7 @@ from nvlink_emu.fabric.errors import ConfigError
 
 from .plotting import check_plot
 from .project import ProjectionError, format_projection, mean_by_name, project_steps
-from .runner import fabric_of
+from .options import fabric_of
 from .workload import STEP_KEY, parse_step_line
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from nvlink_emu.fabric.trace import open_regular
 from nvlink_emu.ranks.output import GPU_LABEL
-from nvlink_emu.ranks.session import FAILURE_MARK, fabric_key, rank_name
+from nvlink_emu.ranks.status import FAILURE_MARK, fabric_key, rank_name
 
 from .mpiexec import RankLabels
 

@@ -11,7 +11,7 @@ from nvlink_emu.fabric.topology import Topology
 
 from .units import parse_size
 from .plotting import check_plot
-from .runner import fabric_of
+from .options import fabric_of
 
 
 def plan_arguments(parser: argparse.ArgumentParser) -> None:

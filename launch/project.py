@@ -24,8 +24,7 @@ import math
 from dataclasses import dataclass
 
 from nvlink_emu.fabric import cost_nodes
-from nvlink_emu.ranks.collectives import choose
-from nvlink_emu.ranks.comm import all2all_algorithm
+from nvlink_emu.fabric.tuner import all2all_algorithm, choose
 
 from .report import dtype_itemsize
 

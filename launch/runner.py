@@ -1,7 +1,6 @@
 """Rank bootstrap for `python -m nvlink_emu.launch`: parse, load the fabric and the script, run, print one report."""
 
 import argparse
-import dataclasses
 import atexit
 import inspect
 import math
@@ -11,67 +10,14 @@ import sys
 import traceback
 from pathlib import Path
 
-from nvlink_emu.fabric.config import DEFAULT_PRESET, PRESETS, SOFTWARE, SOFTWARE_HELP, resolve
 from nvlink_emu.fabric.errors import ConfigError
-from nvlink_emu.fabric.faults import load_entries
 from nvlink_emu.ranks.output import GPU_LABEL, LineWriter
 from nvlink_emu.ranks.session import DEFAULT_TIMEOUT_S, INTERRUPTED_STATUS, fabric_key, report_failure, run_fabric
 from nvlink_emu.ranks.transport import abort_job, count_failed_ranks, world_rank, world_size
 
+from .options import (fabric_arguments, fabric_of, mpi4py_argument, prepare_trace_dir,  # noqa: F401 (with_faults:
+                      split_script_args, with_faults)                                       # re-exported)
 from .report import REFUSED_REPORT_STATUS, check_report_path, checked, run_summary, write_report_json
-
-
-def fabric_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options every entry point shares: which fabric, how many GPUs, the deadline."""
-    parser.add_argument("--preset", choices=sorted(PRESETS), help=f"named fabric (default {DEFAULT_PRESET})")
-    parser.add_argument("--config", metavar="FILE.toml", help="fabric description in TOML")
-    parser.add_argument("--faults", metavar="FILE.toml", help="fault plan: [[faults]] tables (link, kind = ber | "
-                        "degraded | down | flap, at_ns, until_ns, ber, seed, lanes, period_ns), added to the "
-                        "fabric's own")
-    parser.add_argument("--gpus", type=int, help="override the fabric's GPU count (all nodes together)")
-    parser.add_argument("--nodes", type=int, metavar="N", help="nodes of the fabric (a leaf switch each; the "
-                        "superpod presets have 2)")
-    parser.add_argument("--gpus-per-node", type=int, metavar="M", help="GPUs in each node (instead of --gpus)")
-    parser.add_argument("--software", choices=SOFTWARE, help=SOFTWARE_HELP)
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
-                        help=f"deadline of every blocking wait, seconds (default {DEFAULT_TIMEOUT_S:g})")
-    parser.add_argument("--trace-dir", metavar="DIR", help="write one trace file per rank into DIR")
-    parser.add_argument("--no-label", action="store_true", help="print the workload's lines without the "
-                        "[gpu N] label (still whole lines, never spliced)")
-    parser.add_argument("--report-json", metavar="FILE", help="write the end-of-run report (link counters, "
-                        "port counts, every collective call) as JSON to FILE")
-
-
-def fabric_of(args: argparse.Namespace, preset_name: str | None = None):
-    """The fabric the options ask for: --preset/--config (or the preset `preset_name` instead), sized
-    by --gpus, --nodes and --gpus-per-node, with --software's choice."""
-    if preset_name is not None:
-        config = resolve(preset_name, None, args.gpus, getattr(args, "nodes", None), getattr(args, "gpus_per_node", None),
-                         getattr(args, "software", None))
-    else:
-        config = resolve(args.preset, args.config, args.gpus, getattr(args, "nodes", None),
-                         getattr(args, "gpus_per_node", None), getattr(args, "software", None))
-    return with_faults(config, getattr(args, "faults", None))
-
-
-def with_faults(config, path: str | None):
-    """`config` with the fault plan in the file at `path` (--faults) added to its own; validated against
-    its link names (ConfigError naming the file, the entry, the key and the value)."""
-    if path is None:
-        return config
-    entries = load_entries(path)
-    try:
-        return dataclasses.replace(config, faults=(*config.faults, *entries))
-    except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
-
-
-def split_script_args(argv: list[str]) -> tuple[list[str], list[str]]:
-    """(our arguments, the script's arguments after `--`)."""
-    if "--" in argv:
-        cut = argv.index("--")
-        return argv[:cut], argv[cut + 1:]
-    return argv, []
 
 
 def script_path_first(script: str) -> None:
@@ -105,11 +51,6 @@ def load_main(script: str):
     return main
 
 
-def mpi4py_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--mpi4py", action="store_true", help="SCRIPT is an unmodified mpi4py program (no main(gpu)): "
-                        "its `from mpi4py import MPI` gets the emulator's layer, COMM_WORLD the GPUs")
-
-
 def load_mpi4py_program(script: str, script_args: list[str]):
     """A main(gpu) running the mpi4py program `script` as __main__ (ranks.mpi4py_layer); ConfigError if
     it is not a file, or if NVLINK_EMU_MPI4PY_ALGORITHM names no algorithm (before any traffic)."""
@@ -135,21 +76,6 @@ def workload_traceback(exc: BaseException, script: str) -> str:
     if tb is None and not (isinstance(exc, SyntaxError) and exc.filename and Path(exc.filename).resolve() == path):
         return traceback.format_exc()
     return "".join(traceback.format_exception(type(exc), exc, tb))
-
-
-def prepare_trace_dir(trace_dir: str) -> None:
-    """Create --trace-dir (and its parents) unless it exists; ConfigError naming it if it is a file,
-    lies under one, or cannot be created."""
-    directory = Path(trace_dir)
-    blocker = next((p for p in (directory, *directory.parents) if p.exists() and not p.is_dir()), None)
-    if blocker == directory:
-        raise ConfigError(f"--trace-dir {trace_dir}: is a file, not a directory")
-    if blocker is not None:
-        raise ConfigError(f"--trace-dir {trace_dir}: lies under {blocker}, which is a file, not a directory")
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"--trace-dir {trace_dir}: cannot create it: {exc.strerror or exc}") from None
 
 
 def whole_lines() -> None:

@@ -16,7 +16,7 @@ from nvlink_emu.fabric.cost import bus_factor
 
 from .compare import level_bytes, plot_steps, run_each
 from .model import predict
-from .runner import fabric_of
+from .options import fabric_of
 
 PRESETS = ("superpod-a100-ib", "superpod-h100-ib", "superpod-h100-nvlink")
 NODES, PER_NODE = 2, 4              # emulated: 2 x (4 GPUs + a leaf) + 4 spines = 14 ranks

@@ -20,11 +20,11 @@ from nvlink_emu.fabric.trace import TraceWriter, TraceWriteError
 from .comm import close_communicators
 from .gpu import Gpu
 from .output import lines_on_stdout
+from .status import (DEFAULT_TIMEOUT_S, FAILURE_DIR_ENV, FAILURE_MARK, INTERRUPTED_STATUS,  # noqa: F401 (re-exported)
+                     fabric_key, rank_name, role_of)
 from .switch import SwitchRank
 from .transport import DELAY_ENV, Transport, abort_job, split_roles
 
-DEFAULT_TIMEOUT_S = 60.0
-INTERRUPTED_STATUS = 130  # the job's exit status after Ctrl-C: 128 + SIGINT, as shells report it
 
 
 @dataclass
@@ -59,23 +59,6 @@ def open_trace(trace_dir: str, transport: Transport, config: FabricConfig, role:
         "header_bytes": config.header_bytes})
 
 
-def role_of(rank: int, config: FabricConfig) -> str:
-    """"gpu" or "switch": the role of rank `rank` of the fabric's communicator (GPUs first)."""
-    return "gpu" if rank < config.gpus else "switch"
-
-
-def rank_name(rank: int, config: FabricConfig, world_rank: int | None = None) -> str:
-    """How reports name rank `rank` of the fabric's communicator (at MPI rank `world_rank`): "gpu 2",
-    "switch (rank 8)" on one node, "leaf 1 (rank 11)" or "spine 0 (rank 18)" on several."""
-    if role_of(rank, config) == "gpu":
-        return f"gpu {rank}"
-    where = f"rank {rank if world_rank is None else world_rank}"
-    if config.nodes == 1:
-        return f"switch ({where})"
-    switch = rank - config.gpus
-    return f"leaf {switch} ({where})" if switch < config.nodes else f"spine {switch - config.nodes} ({where})"
-
-
 def send_delay(text: str | None) -> tuple[int, float] | None:
     """(seed, most seconds) of $NVLINK_EMU_TEST_SEND_DELAY="SEED:MAX_MS", the test hook that delays
     every send at random on the host (Transport.delay_sends); None if unset. ConfigError if malformed."""
@@ -89,12 +72,6 @@ def send_delay(text: str | None) -> tuple[int, float] | None:
     except ValueError:
         raise ConfigError(f"{DELAY_ENV}={text!r}: must be SEED:MAX_MS (an integer, and a number of ms >= 0)") from None
     return seed, most
-
-
-def fabric_key(world_rank: int, config: FabricConfig) -> int:
-    """The fabric rank (GPUs first, then switches) of MPI rank `world_rank` in fabric.topology's layout."""
-    role, index = config.topology.role_of(world_rank)
-    return index if role == "gpu" else config.gpus + index
 
 
 def check_run(config: FabricConfig, timeout_s: float, size: int) -> None:
@@ -217,8 +194,6 @@ def exit_status(exc: BaseException) -> int:
     return INTERRUPTED_STATUS if isinstance(exc, KeyboardInterrupt) else 1
 
 
-FAILURE_DIR_ENV = "NVLINK_EMU_FAILURE_DIR"
-FAILURE_MARK = "nvlink-emu failure report sha256:"  # + the report's digest: this rank's word that it wrote it
 
 
 def report_failure(rank: int, name: str, text: str = "", headline: str = "failed; ending the job") -> None:

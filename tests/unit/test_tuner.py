@@ -44,6 +44,20 @@ def test_auto_is_the_least_modeled_time_and_refusals_name_the_algorithm():
         tuner.choose("allreduce", "sharp", preset("dgx-a100"), 1024)
 
 
+def test_help_and_model_load_no_mpi():
+    """`nvlink-emu --help` and `nvlink-emu model` (the CLI's parser, the tuner, the cost models) import no
+    mpi4py and no rank code: launch/options.py and ranks/status.py hold what they share with the ranks."""
+    code = ("import sys, contextlib, io; from nvlink_emu.launch import cli\n"
+            "with contextlib.redirect_stdout(io.StringIO()): status = cli.main(['model', 'allreduce', '-b', '8', '-e', '8'])\n"
+            "try:\n"
+            "    with contextlib.redirect_stdout(io.StringIO()): cli.main(['--help'])\n"
+            "except SystemExit as exc: status += exc.code\n"
+            "print(status, sorted(m for m in sys.modules if m.startswith('mpi4py') or m.startswith('nvlink_emu.ranks.')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split(maxsplit=1) == ["0", "['nvlink_emu.ranks.output', 'nvlink_emu.ranks.status']\n"]
+
+
 def test_model_picks_without_loading_mpi():
     code = ("import sys; from nvlink_emu.launch import model; from nvlink_emu.fabric.config import preset; "
             "print(model.predict('allreduce', 'auto', preset('dgx-h100'), 1 << 20, 'float32')['algorithm']); "
