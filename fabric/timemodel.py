@@ -53,6 +53,12 @@ class LinkClock:
         self.busy_ns += duration
         return start, end
 
+    def hold(self, start: float, end: float) -> None:
+        """Keep the link from transfers in [start, end), after its last busy interval (start >= free_ns), with
+        no busy time of its own: a channel lane that may not start before the program's earlier transfers,
+        the program lane while channel lanes are busy (LinkEnd)."""
+        self._occupy(len(self._starts), start, end)
+
     def _occupy(self, i: int, start: float, end: float) -> None:
         starts, ends = self._starts, self._ends
         if i > 0 and ends[i - 1] == start:  # touches the previous interval: extend it
@@ -138,8 +144,7 @@ class LinkEnd:
             self._lanes = [LinkClock(self.bandwidth / count) for _ in range(count)]
             for clock in self._lanes:
                 if floor > 0.0:
-                    clock._starts.append(float("-inf"))
-                    clock._ends.append(floor)
+                    clock.hold(float("-inf"), floor)
             self._lane_sent = [0.0] * count
         return self._lanes[c]
 
@@ -147,8 +152,7 @@ class LinkEnd:
         """The program lane takes over: busy until the lanes' last byte (a span with no busy time of its own)."""
         end = max(lane.free_ns for lane in self._lanes)
         if end > self.clock.free_ns:
-            start = self.clock.free_ns
-            self.clock._occupy(len(self.clock._starts), start, end)
+            self.clock.hold(self.clock.free_ns, end)
         self._lanes, self._lane_sent = [], []
 
     def book(self, ready_start: float, ready_end: float, raw_bytes: int,

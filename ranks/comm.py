@@ -58,6 +58,7 @@ class Communicator:
         self.gpu = gpu
         self.members = tuple(members)
         self.size = len(self.members)
+        self.nodes = len({m // gpu.config.gpus_per_node for m in self.members})  # the nodes the members are in
         self.rank = self.members.index(gpu.rank)
         self.name = name
         self._mpi: MemberComms | None = mpi
@@ -477,9 +478,8 @@ class Communicator:
                                     problem=self._same_dtype(send, recv, "all2all"))
         with self._arguments("all2all"):
             try:
-                nodes = len({m // self.gpu.config.gpus_per_node for m in self.members})
                 algorithm = all2all_algorithm(algorithm, self.gpu.config, send.size * send.dtype.itemsize, self.size,
-                                              nodes, send.dtype.itemsize)
+                                              self.nodes, send.dtype.itemsize)
             except UnsupportedOperation as exc:
                 raise UnsupportedOperation(f"GPU {self.gpu.rank}: {exc}") from None
         counts = [send.size // self.size] * self.size
@@ -611,9 +611,8 @@ class Communicator:
                 raise FabricError(f"GPU {gpu.rank}: {name}: {exc}") from None
             if counts is None and plan is None:
                 try:
-                    nodes = len({m // gpu.config.gpus_per_node for m in self.members})
                     algorithm = collectives.choose(name, algorithm, gpu.config, count * dtype.itemsize, self.size,
-                                                   nodes)
+                                                   self.nodes)
                 except UnsupportedOperation as exc:
                     raise UnsupportedOperation(f"GPU {gpu.rank}: {exc}") from None
             partitions = sorted({gpu.config.partition_of(m) for m in self.members})
@@ -659,9 +658,7 @@ class Communicator:
         # NCCL's launch and protocol latency (fabric.software), the same the cost models add: all2allv's S is
         # the most bytes a member sends, as fabric.software.call_bytes takes it
         nbytes = count if counts is None else max(sum(c[1][0]) for c in calls)
-        gpu.now_ns += call_latency_ns(name, algorithm, self.size, len({m // gpu.config.gpus_per_node
-                                                                        for m in self.members}),
-                                      nbytes * dtype.itemsize, gpu.config)
+        gpu.now_ns += call_latency_ns(name, algorithm, self.size, self.nodes, nbytes * dtype.itemsize, gpu.config)
         if count or counts is not None:
             if algorithm in collectives.IN_SWITCH:
                 self.group_id()  # collective: every member, even one with an empty block, takes part
