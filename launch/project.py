@@ -10,7 +10,7 @@ The rule, per step line of GPU 0 (launch/workload.py: step_ns, start_ns):
   Weak scaling: the same samples per GPU, so compute_ns is kept as is at the larger shape.
 - each call re-timed at the larger shape: fabric.cost_nodes.modeled_ns (links + NCCL's software latency)
   of the same collective on the same bytes per GPU (GPU 0's), by the algorithm `auto` picks there
-  (ranks.collectives.choose; ranks.comm.all2all_algorithm for all2all). An all2allv is timed as an
+  (fabric.tuner.choose; fabric.tuner.all2all_algorithm for all2all). An all2allv is timed as an
   all2all of GPU 0's send bytes in equal blocks (the cost model's all2allv needs every GPU's counts,
   which a larger run would choose itself). An all2all's bytes are rounded up to whole equal blocks of
   whole elements (a multiple of gpus x itemsize: the cost model's all2all requires it), e.g. an all2all
@@ -24,9 +24,8 @@ import math
 from dataclasses import dataclass
 
 from nvlink_emu.fabric import cost_nodes
+from nvlink_emu.fabric.reduction import dtype_itemsize
 from nvlink_emu.fabric.tuner import all2all_algorithm, choose
-
-from .report import dtype_itemsize
 
 PROJECTED = ("allreduce", "all2all", "all2allv")  # the collectives a projection re-times
 

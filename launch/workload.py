@@ -21,6 +21,7 @@ import numpy as np
 from nvlink_emu.fabric.errors import FabricError
 
 STEP_KEY = "step_ns"
+STEP_LINE_FORM = f"{STEP_KEY}=<float> [step=<name>] [link_bytes=<int>] [start_ns=<float>]"  # parse_step_line's errors
 _LABEL = re.compile(r"^\[gpu (\d+)\] ")
 _NAME = re.compile(r"^[A-Za-z0-9_.:+-]+$")  # a step name: one token, so the line stays key=value pairs
 
@@ -60,14 +61,14 @@ def parse_step_line(line: str) -> dict | None:
     for token in text.split():
         key, sep, value = token.partition("=")
         if not sep or key in fields or key not in (STEP_KEY, "step", "link_bytes", "start_ns"):
-            raise ValueError(f"not a step line ({STEP_KEY}=<float> [step=<name>] [link_bytes=<int>] [start_ns=<float>]): {text!r}")
+            raise ValueError(f"not a step line ({STEP_LINE_FORM}): {text!r}")
         fields[key] = value
     try:
         step_ns = float(fields[STEP_KEY])
         link_bytes = int(fields["link_bytes"]) if "link_bytes" in fields else None
         start_ns = float(fields["start_ns"]) if "start_ns" in fields else None
     except ValueError:
-        raise ValueError(f"not a step line ({STEP_KEY}=<float> [step=<name>] [link_bytes=<int>] [start_ns=<float>]): {text!r}") from None
+        raise ValueError(f"not a step line ({STEP_LINE_FORM}): {text!r}") from None
     if (not math.isfinite(step_ns) or step_ns < 0 or (link_bytes is not None and link_bytes < 0)
             or (start_ns is not None and (not math.isfinite(start_ns) or start_ns < 0))):
         raise ValueError(f"step line with a negative or non-finite value: {text!r}")
