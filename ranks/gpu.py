@@ -27,6 +27,7 @@ from nvlink_emu.fabric.faults import LinkFaultState, spine_links_scale
 from nvlink_emu.fabric.timemodel import LinkEnd
 
 from .comm import CREDIT_SEQ, Communicator, is_integer
+from .raw import RawPort
 from .requests import Request, wait_all, wait_any
 from .transport import (MAILBOX_FABRIC, MAILBOX_P2P, MAILBOX_PEER_BYTES, MAILBOX_PEER_MESSAGES, MAX_HEADER_BYTES,
                         ControlChannel, Idle, Transport, mailbox_class, native_collective, poked_idle, unframe)
@@ -573,6 +574,11 @@ class Gpu:
             self._servers.pop(tag, None)
         else:
             self._servers[tag] = server
+
+    def raw_port(self):
+        """This GPU's raw port (ranks.raw.RawPort): forged headers and bare channels, for the attack tests and
+        the hostile example; never needed by a workload."""
+        return RawPort(self)
 
     def poll(self) -> bool:
         """Serve this GPU's traffic once, without waiting (what arrived is filed); True if anything moved."""

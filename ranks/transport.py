@@ -648,6 +648,11 @@ class ControlChannel:
     def idle(self) -> bool:
         return not self._pending
 
+    @property
+    def in_flight(self) -> int:
+        """Control messages posted and not yet sent."""
+        return len(self._pending)
+
     def poll(self) -> tuple[int, object] | None:
         """The next control object from any GPU rank, or None. A message that is too long (past
         MAX_P2P_CONTROL_BYTES: dropped unread, nothing allocated) or does not decode is dropped:

@@ -16,13 +16,13 @@ def until(gpu, done, what: str, timeout_s: float = 10.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not done():
         assert time.monotonic() < deadline, f"GPU {gpu.rank}: {what} did not happen within {timeout_s} s"
-        gpu._progress()
+        gpu.poll()
 
 
 def refusals(gpu, count: int) -> list:
     """Wait for `count` refusals of this GPU's packets (NACKs) and take them."""
-    until(gpu, lambda: len(gpu._traffic_errors) >= count, f"{count} refusals")
-    taken, gpu._traffic_errors = gpu._traffic_errors, []
+    until(gpu, lambda: len(gpu.raw_port().refusals) >= count, f"{count} refusals")
+    taken = gpu.raw_port().take_refusals()
     return taken
 
 

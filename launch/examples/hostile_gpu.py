@@ -290,7 +290,8 @@ class Attacker:
         return self.rng.bytes(int(self.rng.integers(1, 64)))
 
     def attack(self, packets: int) -> dict:
-        gpu, transport, control = self.gpu, self.gpu._transport, self.gpu._control
+        gpu, raw = self.gpu, self.gpu.raw_port()
+        transport, control = raw.transport, raw.control
         for i in range(packets):
             roll = self.rng.random()
             if roll < 0.05:
@@ -308,11 +309,11 @@ class Attacker:
                 transport.send_bytes(dest, header, payload)
                 self.sent["straight" if straight else "to_switch"] += 1
             # keep the queues short: what is in flight is bounded, and refusals are taken in as they come
-            while transport.in_flight > 32 or not control.idle and len(control._pending) > 32:
-                gpu._progress()
+            while transport.in_flight > 32 or not control.idle and control.in_flight > 32:
+                gpu.poll()
             if i % 16 == 0:  # take in the refusals that came back (a GPU that does not is not read from)
                 for _ in range(256):
-                    if not gpu._progress():
+                    if not gpu.poll():
                         break
         for _ in range(self.owed_payloads):  # realign my payload stream so that my last packets are not held back
             transport.payload_only(self.switch, np.zeros(1, np.uint8))
@@ -321,17 +322,16 @@ class Attacker:
         last = gpu.alloc(64, "uint8")
         req = 2 ** 62 + 1  # a number the attack never used: only this request's reply can carry it
         transport.send(self.switch, Packet(Kind.EXPORT, self.addresses[ATTACKER], -1, req=req,
-                                           info=ExportInfo(gpu._mem.offset_of(last), 64, None, True, True)))
+                                           info=ExportInfo(raw.offset_of(last), 64, None, True, True)))
         deadline = time.monotonic() + 2 * gpu.timeout_s
-        while req not in gpu._replies or not (transport.idle and control.idle):
+        while req not in raw.replies or not (transport.idle and control.idle):
             if time.monotonic() > deadline:
                 raise FabricTimeout(f"GPU {ATTACKER}: the switch did not answer after the attack")
-            gpu._progress()
-        assert "handle" in gpu._replies.pop(req).info, "the switch no longer serves valid requests"
-        gpu._replies.clear()  # replies to the attack's own control calls
-        refusals = len(gpu._traffic_errors) + len(gpu._async_errors)
-        gpu._traffic_errors.clear()
-        gpu._async_errors.clear()
+            gpu.poll()
+        assert "handle" in raw.replies.pop(req).info, "the switch no longer serves valid requests"
+        raw.replies.clear()  # replies to the attack's own control calls
+        refusals = len(raw.take_refusals()) + len(raw.put_errors)
+        raw.put_errors.clear()
         return {**self.sent, "sent": sum(self.sent.values()), "refusals": refusals, "owed": self.owed_payloads}
 
 

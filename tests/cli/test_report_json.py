@@ -177,14 +177,15 @@ def test_a_gpus_bad_end_of_run_report_is_its_line_and_the_others_figures_still_p
         import numpy as np
 
         def main(gpu):
+            raw = gpu.raw_port()
             gpu.world.allreduce(np.ones(4, np.float32))
-            packet = gpu._counters_packet
+            packet = raw.counters_packet
             if gpu.rank == 0:  # an empty key: the summary indexed it
-                gpu._counters_packet = lambda links, leftovers: packet(links, [[]])
+                raw.counters_packet = lambda links, leftovers: packet(links, [[]])
             elif gpu.rank == 1:
-                gpu._counters_packet = lambda links, leftovers: packet(links, [["...", "x"]])
+                raw.counters_packet = lambda links, leftovers: packet(links, [["...", "x"]])
             elif gpu.rank == 2:
-                gpu._calls = [dataclasses.replace(gpu._calls[0], dtype="evil")]
+                raw.calls = [dataclasses.replace(raw.calls[0], dtype="evil")]
     """)
     done = launch(tmp_path, body, "--report-json", str(tmp_path / "run.json"))
     assert done.returncode == 3, done.stderr  # every rank finished; a GPU's report was refused

@@ -141,7 +141,7 @@ def test_a_gpu_cannot_forge_faults_in_the_report():
         if gpu.rank == 2:
             forged = parse_plan([{"link": "gpu2<->sw0", "kind": "ber", "ber": 1e-4}], "forged")
             for link in ("gpu2->sw0", "sw0->gpu2"):
-                gpu._faults[link] = LinkFaultState(forged, link, MTU, HEADER)
+                gpu.raw_port().fault_states[link] = LinkFaultState(forged, link, MTU, HEADER)
             gpu.world.send(np.ones(4096, np.float32), 0)
         elif gpu.rank == 0:
             got = np.empty(4096, np.float32)

@@ -264,7 +264,7 @@ def test_reduce_auto_runs_on_every_fabric():
         gpu.world.reduce(np.full(3, 1.5), out, root=gpu.size - 1)
         if gpu.rank == gpu.size - 1:
             assert (out == 1.5 * gpu.size).all()
-        return gpu._calls[-1].algorithm
+        return gpu.raw_port().calls[-1].algorithm
 
     for base in ("dgx-h100", "dgx-a100"):
         result = run(main, base=base)

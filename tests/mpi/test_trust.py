@@ -34,18 +34,19 @@ def test_packets_sent_straight_to_a_gpu_are_dropped_unread():
     victim = 2
 
     def main(gpu):
+        raw = gpu.raw_port()
         private = gpu.alloc(4096, "uint8")
         private[:] = 0x11
         window = gpu.alloc(4096, "uint8")
         handle = gpu.export(window) if gpu.rank else None
-        offsets = gpu.world.allgather_object(gpu._mem.offset_of(private))
+        offsets = gpu.world.allgather_object(raw.offset_of(private))
         handles = gpu.world.allgather_object(handle)
         if gpu.rank == 0:
-            put = Packet(Kind.PUT, gpu._keys[1], gpu._keys[victim], offsets[victim], 4096, 1)
-            gpu._transport.send_bytes(victim, put.to_wire())  # its payload would be the next one to come
-            gpu._transport.send_bytes(victim, put.to_wire(), np.full(4096, 0xEE, np.uint8))
-            spoof = Packet(Kind.MSG, gpu._keys[1], gpu._keys[victim], 0, 64, info=MsgInfo(("k",)))
-            gpu._transport.send_bytes(victim, spoof.to_wire(), np.full(64, 0xEE, np.uint8))
+            put = Packet(Kind.PUT, raw.addresses[1], raw.addresses[victim], offsets[victim], 4096, 1)
+            raw.transport.send_bytes(victim, put.to_wire())  # its payload would be the next one to come
+            raw.transport.send_bytes(victim, put.to_wire(), np.full(4096, 0xEE, np.uint8))
+            spoof = Packet(Kind.MSG, raw.addresses[1], raw.addresses[victim], 0, 64, info=MsgInfo(("k",)))
+            raw.transport.send_bytes(victim, spoof.to_wire(), np.full(64, 0xEE, np.uint8))
         gpu.world.barrier()
         if gpu.rank == 1:
             data = gpu.alloc(4096, "uint8")
@@ -73,15 +74,16 @@ def test_a_reply_is_forwarded_only_if_it_answers_a_forwarded_request():
     forged = 64
 
     def main(gpu):
+        raw = gpu.raw_port()
         window = gpu.alloc(1024, "uint8")
         window[:] = gpu.rank + 1
         handles = gpu.world.allgather_object(gpu.export(window))
         if gpu.rank == 2:
             for req in range(1, forged + 1):
-                gpu._send(Packet(Kind.GET_DATA, gpu._keys[2], gpu._keys[0], 0, 1024, req), np.full(1024, 0xEE, np.uint8))
+                raw.send(Packet(Kind.GET_DATA, raw.addresses[2], raw.addresses[0], 0, 1024, req), np.full(1024, 0xEE, np.uint8))
             errors = refusals(gpu, forged)
             assert all(isinstance(e, AccessViolation) and "answers no request" in str(e) for e in errors)
-            gpu._send(Packet(Kind.PUT_ACK, gpu._keys[2], gpu._keys[0], req=1))
+            raw.send(Packet(Kind.PUT_ACK, raw.addresses[2], raw.addresses[0], req=1))
             assert "answers no request" in str(refusals(gpu, 1)[0])
         gpu.world.barrier()
         if gpu.rank == 0:
@@ -148,13 +150,14 @@ def test_malformed_packets_are_refused_and_the_switch_serves_the_other_tenant():
     they are refused (ProtocolError back to the sender, counted on its port) while the GPUs of the
     other partition run their AllReduce."""
     def main(gpu):
+        raw = gpu.raw_port()
         if gpu.rank == 0:
-            me = gpu._keys[0]
-            gpu._transport.send_bytes(gpu.size, Packet(Kind.PUT, me, gpu._keys[1], 0, 2 ** 40, 1).to_wire(),
+            me = raw.addresses[0]
+            raw.transport.send_bytes(gpu.size, Packet(Kind.PUT, me, raw.addresses[1], 0, 2 ** 40, 1).to_wire(),
                                       np.zeros(16, np.uint8))
             header = msgpack.unpackb(Packet(Kind.GET, me, -1).to_wire())
             header[0] = int(Kind.REDUCE)  # a REDUCE with no record at all
-            gpu._transport.send_bytes(gpu.size, msgpack.packb(header))
+            raw.transport.send_bytes(gpu.size, msgpack.packb(header))
             errors = refusals(gpu, 2)
             assert all(isinstance(e, ProtocolError) for e in errors)
             texts = " | ".join(map(str, errors))
@@ -176,14 +179,15 @@ def test_forged_inline_frames_are_refused_before_anything_is_forwarded():
     refuses a frame whose lengths do not add up, while the other tenant's small AllReduce (inline
     frames too) runs."""
     def main(gpu):
+        raw = gpu.raw_port()
         if gpu.rank == 0:
-            me, switch = gpu._keys[0], gpu.size
-            transport = gpu._transport
-            transport.send_bytes(switch, Packet(Kind.PUT, me, gpu._keys[1], 0, 2 ** 40, 1).to_wire(),
+            me, switch = raw.addresses[0], gpu.size
+            transport = raw.transport
+            transport.send_bytes(switch, Packet(Kind.PUT, me, raw.addresses[1], 0, 2 ** 40, 1).to_wire(),
                                  np.zeros(16, np.uint8), inline=True)
-            transport.send_bytes(switch, Packet(Kind.MSG, me, gpu._keys[1], 0, 64, 2, MsgInfo(("k",))).to_wire(),
+            transport.send_bytes(switch, Packet(Kind.MSG, me, raw.addresses[1], 0, 64, 2, MsgInfo(("k",))).to_wire(),
                                  np.zeros(32, np.uint8), inline=True)
-            transport.send_bytes(switch, Packet(Kind.GET, me, gpu._keys[1], 0, 64, 3).to_wire(),
+            transport.send_bytes(switch, Packet(Kind.GET, me, raw.addresses[1], 0, 64, 3).to_wire(),
                                  np.zeros(8, np.uint8), inline=True)
             transport.send_bytes(switch, bytes([INLINE_MARK]) + (1000).to_bytes(4, "little") + b"x" * 10)
             errors = refusals(gpu, 4)
@@ -265,10 +269,11 @@ def test_a_poisoned_control_message_runs_nothing_and_is_dropped():
     Path(exploit.path).unlink(missing_ok=True)
 
     def main(gpu):
+        raw = gpu.raw_port()
         if gpu.rank == 0:
-            gpu._control.send_bytes(1, pickle.dumps(exploit()))
-            gpu._control.send_bytes(1, pickle.dumps(("world", 0, "x", "extra")))
-            gpu._control.send_bytes(1, b"\x80\x05garbage")
+            raw.control.send_bytes(1, pickle.dumps(exploit()))
+            raw.control.send_bytes(1, pickle.dumps(("world", 0, "x", "extra")))
+            raw.control.send_bytes(1, b"\x80\x05garbage")
         if gpu.rank == 1:
             until(gpu, lambda: gpu.strays >= 3, "dropping 3 poisoned control messages")
         gpu.world.barrier()
@@ -312,7 +317,7 @@ def test_a_message_with_the_longest_key_left_unreceived_ends_the_run_cleanly():
             gpu.send_message(2, key, np.ones(8, np.uint8))
         gpu.world.barrier()
         if gpu.rank == 2:
-            until(gpu, lambda: gpu._mailbox, "the message")
+            until(gpu, lambda: gpu.raw_port().mailbox, "the message")
 
     report = run(main).report
     assert report["unconsumed"][2] == [[*key[:MAX_KEY_PARTS - 2], "...", 1]]
@@ -328,15 +333,16 @@ def test_control_messages_too_long_undecodable_or_from_non_members_are_dropped()
              pickle.dumps(np.zeros(3))]
 
     def main(gpu):
+        raw = gpu.raw_port()
         if gpu.rank == 0:
-            gpu._control.send_bytes(1, b"\x00" * (MAX_CONTROL_BYTES + 1))  # too long: dropped unread
+            raw.control.send_bytes(1, b"\x00" * (MAX_CONTROL_BYTES + 1))  # too long: dropped unread
             for bomb in bombs:
-                gpu._control.send_bytes(1, bomb)
+                raw.control.send_bytes(1, bomb)
             for seq in range(50):  # well-formed, but GPU 0 is no member of partition 1's communicator
-                gpu._control.send(1, ("partition1", seq, ("barrier", 0.0)))
+                raw.control.send(1, ("partition1", seq, ("barrier", 0.0)))
         if gpu.rank == 1:
             until(gpu, lambda: gpu.strays >= 53, "dropping 53 control messages")
-            assert gpu.strays == 53 and not [key for key in gpu._control_box if key[2] == 0]
+            assert gpu.strays == 53 and not [key for key in raw.control_box if key[2] == 0]
         if gpu.rank:
             gpu.partition.barrier()
 
@@ -354,18 +360,19 @@ def test_a_member_cannot_park_objects_as_credits_in_another_tenant_s_gpu():
     from nvlink_emu.ranks.gpu import MAX_CONTROL_WAITING
 
     def main(gpu):
+        raw = gpu.raw_port()
         name = gpu.world.name
         if gpu.rank == 0:
             for seq in range(10):
-                gpu._control.send(1, (name, CREDIT_SEQ - 1 - seq, b"W" * (16 << 10)))
+                raw.control.send(1, (name, CREDIT_SEQ - 1 - seq, b"W" * (16 << 10)))
             for seq in range(5):
-                gpu._control.send(1, (name, CREDIT_SEQ - MAX_CONTROL_WAITING - seq, ("credit", 1)))
+                raw.control.send(1, (name, CREDIT_SEQ - MAX_CONTROL_WAITING - seq, ("credit", 1)))
             for bad in (("credit", -1), ("credit", 1.5), ("credit",), ("credit", 1, 2), ["credit", 1]):
-                gpu._control.send(1, (name, CREDIT_SEQ - 2, bad))
-            gpu._control.send(1, (name, CREDIT_SEQ, ("credit", 3)))
+                raw.control.send(1, (name, CREDIT_SEQ - 2, bad))
+            raw.control.send(1, (name, CREDIT_SEQ, ("credit", 3)))
         if gpu.rank == 1:
-            until(gpu, lambda: gpu.strays + len(gpu._control_box) >= 21, "filing 21 control messages")
-            assert gpu.strays == 20 and gpu._control_box == {(name, CREDIT_SEQ, 0): ("credit", 3)}
+            until(gpu, lambda: gpu.strays + len(raw.control_box) >= 21, "filing 21 control messages")
+            assert gpu.strays == 20 and raw.control_box == {(name, CREDIT_SEQ, 0): ("credit", 3)}
             gpu.take_control(name, CREDIT_SEQ, 0)
         if gpu.rank:
             gpu.partition.barrier()
@@ -391,21 +398,22 @@ def test_a_control_message_longer_than_any_point_to_point_one_is_dropped_unread(
     ready = 999  # a tag of this test's own: GPU 1 waits in its loop below, where nothing else takes them
 
     def main(gpu):
-        comm = gpu._control.comm
+        raw = gpu.raw_port()
+        comm = raw.control.comm
         if gpu.rank == 0:
             deadline = time.monotonic() + 10.0
             while not comm.Iprobe(1, ready):  # no progress here: nothing of GPU 0's drops it meanwhile
                 assert time.monotonic() < deadline, "GPU 0: GPU 1 did not get ready"
             comm.recv(source=1, tag=ready)
-            gpu._control.send_bytes(1, blob(MAX_P2P_CONTROL_BYTES + 1))
-            gpu._control.send_bytes(1, blob(MAX_P2P_CONTROL_BYTES))
-            until(gpu, lambda: gpu._control.idle, "the two control messages to go")
+            raw.control.send_bytes(1, blob(MAX_P2P_CONTROL_BYTES + 1))
+            raw.control.send_bytes(1, blob(MAX_P2P_CONTROL_BYTES))
+            until(gpu, lambda: raw.control.idle, "the two control messages to go")
         if gpu.rank == 1:
             comm.send(None, 0, ready)
             got, deadline = [], time.monotonic() + 10.0
             while len(got) < 2:  # straight from the channel: no sweep takes them first
                 assert time.monotonic() < deadline, f"GPU 1: the two control messages did not come: {got!r:.200}"
-                message = gpu._control.poll()
+                message = raw.control.poll()
                 if message is not None:
                     got.append(message)
             assert got == [(0, None), (0, b"x" * (MAX_P2P_CONTROL_BYTES - 3))]
@@ -431,7 +439,7 @@ def test_raw_mpi_messages_around_the_fabric_are_swept_and_counted():
         if gpu.rank == 0:
             junk = np.zeros(64, np.uint8)
             world = gpu.world._mpi
-            floods = [(MPI.COMM_WORLD, 5), (gpu._control.comm, 99), (world.comm, 77), (world.groups, 77),
+            floods = [(MPI.COMM_WORLD, 5), (gpu.raw_port().control.comm, 99), (world.comm, 77), (world.groups, 77),
                       (world.comm, TAG_EXCHANGE)]
             sends = [comm.Isend([junk, MPI.BYTE], victim, tag) for comm, tag in floods for _ in range(each)]
             sends += [MPI.COMM_WORLD.Isend([junk, MPI.BYTE], gpu.size, 5) for _ in range(each)]  # the switch's too
@@ -449,7 +457,7 @@ def test_raw_mpi_messages_around_the_fabric_are_swept_and_counted():
             assert gpu.strays == 5 * each - 1
             kept = gpu.world._mpi.kept
             assert list(kept[0]) == [0] and kept[1] == {}
-            assert not any(comm.Iprobe(0, MPI.ANY_TAG) for comm in (MPI.COMM_WORLD, gpu._control.comm,
+            assert not any(comm.Iprobe(0, MPI.ANY_TAG) for comm in (MPI.COMM_WORLD, gpu.raw_port().control.comm,
                                                                      gpu.world._mpi.comm, gpu.world._mpi.groups))
         return rounds / (time.monotonic() - start)
 
@@ -470,24 +478,24 @@ def test_a_mailbox_holds_a_bounded_backlog_per_sender_and_the_sender_waits():
     small = MAILBOX_PEER_MESSAGES + 476   # empty messages: the count bound holds the last 476
 
     def waiting(gpu, peer):
-        slots = [slot for slot in gpu._mailbox if slot[1] == peer]
-        return len(slots), sum(gpu._mailbox[slot].nbytes for slot in slots)
+        slots = [slot for slot in gpu.raw_port().mailbox if slot[1] == peer]
+        return len(slots), sum(gpu.raw_port().mailbox[slot].nbytes for slot in slots)
 
     def main(gpu):
         for tag, count, size in (("big", big, mib), ("small", small, 0)):
             fits = count - (16 if size else 476)
             if gpu.rank == 1:
                 sends = [gpu.send_message(2, (tag, i), np.full(size, i % 251, np.uint8)) for i in range(count)]
-                until(gpu, lambda: sum(map(gpu._transport.sent, sends)) >= fits, "the switch to take what fits",
+                until(gpu, lambda: sum(map(gpu.raw_port().transport.sent, sends)) >= fits, "the switch to take what fits",
                       timeout_s=30)
                 for _ in range(500):  # serve on
-                    gpu._progress()
+                    gpu.poll()
                 if size:  # the payload of the first message past the bound is not taken: the sender waits
-                    assert sum(map(gpu._transport.sent, sends)) == fits
+                    assert sum(map(gpu.raw_port().transport.sent, sends)) == fits
             if gpu.rank == 2:
                 until(gpu, lambda: waiting(gpu, 1)[0] >= fits, f"{fits} messages in the mailbox", timeout_s=30)
                 for _ in range(500):  # serve on: nothing more comes in
-                    gpu._progress()
+                    gpu.poll()
                 assert waiting(gpu, 1) == (fits, fits * size)
             gpu.world.barrier()
             if gpu.rank == 2:
@@ -534,8 +542,8 @@ def test_a_backlog_past_the_mailbox_bound_holds_only_that_pairs_later_messages()
         world.barrier()
         if gpu.rank == 0:  # the held ones' payloads wait with their sender, as before: their sends are not done
             for _ in range(500):
-                gpu._progress()
-            assert not any(map(gpu._transport.sent, bigs))
+                gpu.poll()
+            assert not any(map(gpu.raw_port().transport.sent, bigs))
             world.send(np.full(16, 7, np.uint8), 2, 6)
             world.send(np.full(16, 9, np.uint8), 1, 7)  # another tag, behind the backlog to GPU 1
         if gpu.rank == 2:

@@ -48,6 +48,7 @@ def test_a_member_cannot_take_over_its_partner_s_load_reduce():
     pair, victims = _tenants()
 
     def main(gpu):
+        raw = gpu.raw_port()
         comm = gpu.partition
         seen = "exact"
         meet = time.monotonic() + 4 * TIMEOUT_S  # every rank serves on until then: the pair's waits run out first
@@ -62,17 +63,17 @@ def test_a_member_cannot_take_over_its_partner_s_load_reduce():
                     if kind is Kind.LOAD_REDUCE and not done:
                         done.append(True)
                         deadline = time.monotonic() + 10
-                        while not any(slot[1:3] == (1, 0) for _, _, slot in gpu._loads):
+                        while not any(slot[1:3] == (1, 0) for _, _, slot in raw.loads):
                             assert time.monotonic() < deadline, "the partner's LOAD did not come"
-                            gpu._progress()
-                        (load, _), = [v for (_, _, slot), v in gpu._loads.items() if slot[1:3] == (1, 0)]
+                            gpu.poll()
+                        (load, _), = [v for (_, _, slot), v in raw.loads.items() if slot[1:3] == (1, 0)]
                         mine = dataclasses.replace(load.info, dest=(0,), key=(comm.name, "hostile", *load.info.slot))
                         honest(Kind.LOAD_REDUCE, mine, None, load.address, load.nbytes,
                                stamp=gpu.reserve_uplink(0, gpu.now_ns))
                         end = time.monotonic() + 1.0  # a refusal, if the leaf refuses it (taken, not raised)
-                        while time.monotonic() < end and not gpu._traffic_errors:
-                            gpu._progress()
-                        gpu._traffic_errors.clear()
+                        while time.monotonic() < end and not raw.refusals:
+                            gpu.poll()
+                        raw.refusals.clear()
                     return honest(kind, info, payload, address, nbytes, **kwargs)
                 gpu.switch_request = hostile
             try:
@@ -80,7 +81,7 @@ def test_a_member_cannot_take_over_its_partner_s_load_reduce():
             except FabricError as exc:
                 seen = type(exc).__name__
         while time.monotonic() < meet:
-            gpu._progress()
+            gpu.poll()
             time.sleep(1e-3)
         return gpu.world.allgather_object((gpu.rank, seen))
 

@@ -19,7 +19,7 @@ def _spin(gpu, seconds: float) -> None:
     """Keep this GPU's own sends moving for `seconds` without reading anything its leaf sends it."""
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        gpu._transport.progress()
+        gpu.raw_port().transport.progress()
         time.sleep(1e-3)
 
 
@@ -80,9 +80,9 @@ def test_a_gpu_cannot_pile_junk_messages_up_at_its_leaf(monkeypatch):
             _spin(gpu, 0.5)
             out["held_at"] = time.monotonic()
             buf = np.zeros(1024, np.uint8)
-            requests = [gpu._transport.comm.Isend([buf, MPI.BYTE], gpu._switch, JUNK_TAG) for _ in range(junk)]
+            requests = [gpu.raw_port().transport.comm.Isend([buf, MPI.BYTE], gpu.raw_port().switch, JUNK_TAG) for _ in range(junk)]
             while not MPI.Request.Testall(requests):  # eager: in the leaf's queue, unread
-                gpu._transport.progress()
+                gpu.raw_port().transport.progress()
             out["junk_at"] = time.monotonic()
             _spin(gpu, 3.0)
             out["drain_at"] = time.monotonic()

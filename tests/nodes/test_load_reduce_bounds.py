@@ -60,6 +60,7 @@ def test_load_reduces_do_not_pile_loads_up_at_another_node_s_leaf(monkeypatch, n
     most = peak_in_flight(monkeypatch, partner)
 
     def main(gpu):
+        raw = gpu.raw_port()
         gid = gpu.partition.group_id() if gpu.rank in pair else None
         flooded = Flag(gpu)
         gpu.world.barrier()
@@ -69,38 +70,38 @@ def test_load_reduces_do_not_pile_loads_up_at_another_node_s_leaf(monkeypatch, n
         # answers none) come first: its leaf drops the later ones silently, as a member's refusal would
         expected = 0 if notices or budget >= leaf.max_loads else max(0, count - budget)
         if gpu.rank == 0:
-            name, key = gpu.partition.name, gpu._keys[0]
+            name, key = gpu.partition.name, raw.addresses[0]
             for k in range(count):
                 slot = (k, 0, 0, 0)
                 info = LoadInfo(gid, slot, "sum", "float32", (0,), (name, "flood", k), (name, "src"))
-                gpu._send(Packet(Kind.LOAD_REDUCE, key, -1, 0, 64, req=k + 1, info=info))  # counted on its uplink
+                raw.send(Packet(Kind.LOAD_REDUCE, key, -1, 0, 64, req=k + 1, info=info))  # counted on its uplink
                 if notices:
-                    gpu._transport.send(gpu._switch, Packet(Kind.GROUP, key, -1,
+                    raw.transport.send(raw.switch, Packet(Kind.GROUP, key, -1,
                                                             info=GroupInfo("unserved", gid, slot, "")))
-                gpu._progress()  # its own LOADs come back: read (filed), so that its leaf reads it on
+                gpu.poll()  # its own LOADs come back: read (filed), so that its leaf reads it on
                 if k % 256 == 255:
-                    gpu._loads.clear()
+                    raw.loads.clear()
             deadline = time.monotonic() + 10
             held, since = -1, time.monotonic()
             while time.monotonic() < deadline:  # every refusal back, and GPU 0's sends all taken by its leaf
-                gpu._progress()                  # or the rest held there (none taken for 0.5 s)
-                if gpu._transport.in_flight != held:
-                    held, since = gpu._transport.in_flight, time.monotonic()
-                if len(gpu._traffic_errors) >= expected and (not held or time.monotonic() - since > 0.5):
+                gpu.poll()                  # or the rest held there (none taken for 0.5 s)
+                if raw.transport.in_flight != held:
+                    held, since = raw.transport.in_flight, time.monotonic()
+                if len(raw.refusals) >= expected and (not held or time.monotonic() - since > 0.5):
                     break
             flooded.raise_()  # the partner's leaf decided every request it got without the partner reading
-            while (gpu._transport.in_flight or len(gpu._traffic_errors) < expected) and \
+            while (raw.transport.in_flight or len(raw.refusals) < expected) and \
                     time.monotonic() < deadline:
-                gpu._progress()
-            gpu._loads.clear()
-            refused = [type(e).__name__ for e in gpu._traffic_errors]
-            gpu._traffic_errors.clear()
+                gpu.poll()
+            raw.loads.clear()
+            refused = [type(e).__name__ for e in raw.refusals]
+            raw.refusals.clear()
         if gpu.rank == partner:
             flooded.wait(gpu, "GPU 0's flood")  # receives nothing meanwhile
         gpu.world.barrier()
         if gpu.rank == partner:
-            gpu._progress()
-            gpu._loads.clear()
+            gpu.poll()
+            raw.loads.clear()
         return gpu.world.allgather_object((refused, expected))[0]
 
     result = run(main, partitions=_tenants(), timeout_s=30.0, **overrides)
@@ -126,31 +127,32 @@ def test_load_reduces_of_a_group_in_one_leaf_do_not_pile_loads_up_at_it(monkeypa
     count, most = 4000, peak_in_flight(monkeypatch, 1)
 
     def main(gpu):
+        raw = gpu.raw_port()
         gid = gpu.partition.group_id() if gpu.rank in tenant else None
         flooded = Flag(gpu)
         gpu.world.barrier()
         refused = []
         if gpu.rank == 0:
-            name, key = gpu.partition.name, gpu._keys[0]
+            name, key = gpu.partition.name, raw.addresses[0]
             for k in range(count):
                 info = LoadInfo(gid, (k, 0), "sum", "float32", (0,), (name, "flood", k), (name, "src"))
-                gpu._send(Packet(Kind.LOAD_REDUCE, key, -1, 0, 64, req=k + 1, info=info))  # counted on its uplink
-                gpu._progress()  # its own LOADs come back: read (filed), so that its leaf reads it on
+                raw.send(Packet(Kind.LOAD_REDUCE, key, -1, 0, 64, req=k + 1, info=info))  # counted on its uplink
+                gpu.poll()  # its own LOADs come back: read (filed), so that its leaf reads it on
                 if k % 256 == 255:
-                    gpu._loads.clear()
+                    raw.loads.clear()
             flooded.raise_()  # the rest waits at GPU 0 (its leaf stopped reading it) until GPU 1 receives
             deadline = time.monotonic() + 10
-            while gpu._transport.in_flight and time.monotonic() < deadline:
-                gpu._progress()
-            gpu._loads.clear()
-            refused = [type(e).__name__ for e in gpu._traffic_errors]
-            gpu._traffic_errors.clear()
+            while raw.transport.in_flight and time.monotonic() < deadline:
+                gpu.poll()
+            raw.loads.clear()
+            refused = [type(e).__name__ for e in raw.refusals]
+            raw.refusals.clear()
         if gpu.rank == 1:
             flooded.wait(gpu, "GPU 0's flood")  # receives nothing meanwhile
         gpu.world.barrier()
         if gpu.rank == 1:
-            gpu._progress()
-            gpu._loads.clear()
+            gpu.poll()
+            raw.loads.clear()
         return gpu.world.allgather_object(refused)[0]
 
     result = run(main, partitions=(tenant, others), timeout_s=30.0)
@@ -192,20 +194,21 @@ def test_notices_unserved_of_no_load_do_not_cross_the_switches(monkeypatch):
     monkeypatch.setattr(SpineLogic, "on_switch", counting)
 
     def main(gpu):
+        raw = gpu.raw_port()
         gid = gpu.partition.group_id() if gpu.rank in pair else None
         gpu.world.barrier()
         if gpu.rank in pair:
-            other, key = 1 - gpu.partition.rank, gpu._keys[gpu.rank]
+            other, key = 1 - gpu.partition.rank, raw.addresses[gpu.rank]
             for k in range(4000):
                 notice = GroupInfo("unserved", gid, (k, other, 0, 0), "")
-                gpu._transport.send(gpu._switch, Packet(Kind.GROUP, key, -1, info=notice))
+                raw.transport.send(raw.switch, Packet(Kind.GROUP, key, -1, info=notice))
                 if k % 64 == 0:
-                    gpu._progress()
+                    gpu.poll()
             deadline = time.monotonic() + 20
-            while (gpu._transport.in_flight or len(gpu._traffic_errors) < 4000) and time.monotonic() < deadline:
-                gpu._progress()
-            refused = [type(e).__name__ for e in gpu._traffic_errors]
-            gpu._traffic_errors.clear()
+            while (raw.transport.in_flight or len(raw.refusals) < 4000) and time.monotonic() < deadline:
+                gpu.poll()
+            refused = [type(e).__name__ for e in raw.refusals]
+            raw.refusals.clear()
             return True, refused
         return False, []
 

@@ -166,7 +166,7 @@ def test_isolation_holds_across_nodes():
         if gpu.rank == strangers[0]:
             gpu.send_message(friend, ("hello",), gpu.alloc(8, "uint8"))
             with pytest.raises(AccessViolation, match="partitions are isolated"):
-                gpu._wait(lambda: False, "refusal", "the switch")
+                gpu.wait(lambda: False, "refusal", "the switch")
         gpu.world.barrier()
 
     report = run(main, partitions=(a, b)).report

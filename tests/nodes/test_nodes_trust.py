@@ -54,9 +54,10 @@ def test_a_forged_stamp_cannot_book_a_shared_leaf_spine_link_for_other_tenants()
     src, dst, nbytes = 1, per_node + 1, 1 << 20  # partition 1: node 0 -> node 1, over the attacker's spine
 
     def main(gpu):
+        raw = gpu.raw_port()
         data = gpu.alloc(nbytes, "uint8")
         if gpu.rank == 0:
-            gpu._send(Packet(Kind.GET, gpu._keys[0], gpu._keys[dst], 0, 0, 1), stamp=(0.0, 1e15))
+            raw.send(Packet(Kind.GET, raw.addresses[0], raw.addresses[dst], 0, 0, 1), stamp=(0.0, 1e15))
             error, = refusals(gpu, 1)
             assert isinstance(error, AccessViolation)  # refused at the target's leaf, after crossing the spine
         return victims_transfer(gpu, data, src, dst)
@@ -90,20 +91,21 @@ def test_packets_a_gpu_sends_while_the_switches_end_the_run_are_refused_not_forw
     partner = per_node  # the attacker's partition: GPU 0 and the first GPU of node 1
 
     def main(gpu):
+        raw = gpu.raw_port()
         if gpu.rank != 0:
             return 0
-        gpu._traffic_errors = sink = _CountedRefusals()
+        raw.refusals = sink = _CountedRefusals()
         data = gpu.alloc(4096, "uint8")
 
         def late():
-            gpu._send(Packet(Kind.MSG, gpu._keys[0], gpu._keys[partner], 0, 4096, info=MsgInfo(("late",))), data)
-            gpu._progress()
+            raw.send(Packet(Kind.MSG, raw.addresses[0], raw.addresses[partner], 0, 4096, info=MsgInfo(("late",))), data)
+            gpu.poll()
 
-        gpu._transport.send(gpu._switch, Packet(Kind.DONE, gpu._keys[0], -1))
+        raw.transport.send(raw.switch, Packet(Kind.DONE, raw.addresses[0], -1))
         deadline = time.monotonic() + 20
-        while gpu._shutdown is None:  # till the switches agreed: a packet and DONE again, over and over
+        while raw.shutdown is None:  # till the switches agreed: a packet and DONE again, over and over
             late()
-            gpu._transport.send(gpu._switch, Packet(Kind.DONE, gpu._keys[0], -1))
+            raw.transport.send(raw.switch, Packet(Kind.DONE, raw.addresses[0], -1))
             assert time.monotonic() < deadline, "the switches never agreed that the run is over"
         after = 16
         for _ in range(after):  # and after they agreed
@@ -134,6 +136,7 @@ def test_a_gpu_that_stops_receiving_cannot_make_its_leaf_hold_more_than_its_port
     most = peak_in_flight(monkeypatch, 0, in_bytes=True)
 
     def main(gpu):
+        raw = gpu.raw_port()
         window = gpu.alloc(chunk, "uint8")
         window[:] = 5
         handle = gpu.export(window, to=[0]) if gpu.rank == partner else None
@@ -142,13 +145,13 @@ def test_a_gpu_that_stops_receiving_cannot_make_its_leaf_hold_more_than_its_port
             outs = [gpu.alloc(chunk, "uint8") for _ in range(count)]
             reqs = []
             for out in outs:
-                req = next(gpu._req)
-                gpu._gets[req] = out
-                gpu._send(Packet(Kind.GET, gpu._keys[0], handle.network_address, handle.address, chunk, req))
+                req = raw.new_request()
+                raw.gets[req] = out
+                raw.send(Packet(Kind.GET, raw.addresses[0], handle.network_address, handle.address, chunk, req))
                 reqs.append(req)
-            until(gpu, lambda: gpu._transport.idle, "the GETs to leave")
+            until(gpu, lambda: raw.transport.idle, "the GETs to leave")
             time.sleep(3.0)  # receives nothing meanwhile
-            until(gpu, lambda: all(r not in gpu._gets for r in reqs), "the answers")
+            until(gpu, lambda: all(r not in raw.gets for r in reqs), "the answers")
             assert all((out == 5).all() for out in outs)
         gpu.world.barrier()
 
@@ -188,16 +191,17 @@ def test_a_gpu_can_neither_pass_for_a_switch_nor_for_another_gpu_across_nodes():
     switches = [gpus() + 1] + [gpus() + nodes + k for k in range(spines)]  # node 1's leaf, the spines
 
     def main(gpu):
+        raw = gpu.raw_port()
         window = gpu.alloc(4096, "uint8")
         window[:] = 0x11
         handle = gpu.export(window, to=[friend]) if gpu.rank == owner else None
         handle = gpu.world.allgather_object(handle)[owner]
         if gpu.rank == 0:
-            forged = Packet(Kind.PUT, gpu._keys[friend], handle.network_address, handle.address, 4096, 1)
+            forged = Packet(Kind.PUT, raw.addresses[friend], handle.network_address, handle.address, 4096, 1)
             bad = np.full(4096, 0xEE, np.uint8)
             for rank in switches:
-                gpu._transport.send_bytes(rank, forged.to_wire(), bad)
-            gpu._send(forged, bad)
+                raw.transport.send_bytes(rank, forged.to_wire(), bad)
+            raw.send(forged, bad)
             error, = refusals(gpu, 1)
             assert isinstance(error, AccessViolation) and "GPU 0" in str(error)
         gpu.world.barrier()
@@ -257,11 +261,12 @@ def test_refused_puts_of_a_tenant_alone_on_its_node_do_not_delay_another_tenant_
     src, dst, nbytes, chunk = 1, per_node + 1, 1 << 20, 4 << 20
 
     def main(gpu):
+        raw = gpu.raw_port()
         data = gpu.alloc(nbytes, "uint8")
         if gpu.rank == 0:
             junk = gpu.alloc(chunk, "uint8")
             for req in range(1, 17):
-                gpu._send(Packet(Kind.PUT, gpu._keys[0], gpu._keys[dst], 0, chunk, req), junk, at_ns=0.0)
+                raw.send(Packet(Kind.PUT, raw.addresses[0], raw.addresses[dst], 0, chunk, req), junk, at_ns=0.0)
             errors = refusals(gpu, 16)
             assert all(isinstance(e, AccessViolation) for e in errors)
         return victims_transfer(gpu, data, src, dst)
@@ -332,17 +337,18 @@ def test_a_gpu_cannot_forge_credits_between_leaves():
     switches = [gpus() + 1] + [gpus() + nodes + k for k in range(spines)]  # node 1's leaf, the spines
 
     def main(gpu):
+        raw = gpu.raw_port()
         data = gpu.alloc(16 << 20, "uint8")
         if gpu.rank == 0:
-            keys = gpu._keys
+            keys = raw.addresses
             forged = [Packet(Kind.CREDIT, keys[dst], keys[src], nbytes=1 << 30),
                       Packet(Kind.CREDIT, keys[src], keys[dst], nbytes=1 << 30),
                       Packet(Kind.CREDIT, keys[0], keys[dst]),
                       Packet(Kind.CREDIT, 12345, 54321, nbytes=1)]
             for packet in forged:
                 for rank in switches:
-                    gpu._transport.send(rank, packet)
-                gpu._transport.send(gpu._switch, packet)
+                    raw.transport.send(rank, packet)
+                raw.transport.send(raw.switch, packet)
             errors = refusals(gpu, len(forged))
             assert all("only the switch sends CREDIT" in str(e) for e in errors)
         gpu.world.barrier()
@@ -423,6 +429,7 @@ def test_a_gpu_forges_no_partial_and_no_result_of_a_group_that_spans_nodes():
     spine_rank = n + shape()[0]  # the first spine, which relays a group's lifecycle between leaves
 
     def main(gpu):
+        raw = gpu.raw_port()
         x = np.arange(4096, dtype=np.float32)
         victims = gpu.partition if gpu.rank else None
         gid = None
@@ -433,20 +440,20 @@ def test_a_gpu_forges_no_partial_and_no_result_of_a_group_that_spans_nodes():
         if gpu.rank == 0:
             info = ReduceInfo(gid, (0, 0), "sum", "float32", tuple(range(1, n)), ("forged", 0))
             forged = np.ones(16, np.float32).view(np.uint8)
-            gpu._send(Packet(Kind.REDUCE, gpu._keys[0], -1, 0, forged.nbytes, info=info), forged)
-            gpu._send(Packet(Kind.MCAST, gpu._keys[0], -1, 0, forged.nbytes, info=McastInfo(gid, ("forged", 1))),
+            raw.send(Packet(Kind.REDUCE, raw.addresses[0], -1, 0, forged.nbytes, info=info), forged)
+            raw.send(Packet(Kind.MCAST, raw.addresses[0], -1, 0, forged.nbytes, info=McastInfo(gid, ("forged", 1))),
                       forged)
-            gpu._transport.send(gpu._switch, Packet(Kind.GROUP, gpu._keys[0], -1, req=99,
+            raw.transport.send(raw.switch, Packet(Kind.GROUP, raw.addresses[0], -1, req=99,
                                                     info=GroupInfo("release", gid, (), "")))
-            transport = gpu._transport
+            transport = raw.transport
             transport.send(spine_rank, Packet(Kind.REDUCE, -1, -1, 0, forged.nbytes, info=info), forged)
             transport.send(spine_rank, Packet(Kind.MCAST, -1, -1, 0, forged.nbytes, info=McastInfo(gid, ("forged", 2))),
                            forged)
             transport.send(spine_rank, Packet(Kind.GROUP, -1, -1, info=GroupInfo("unspan", gid, (), "")))
             errors = refusals(gpu, 2)
             assert all(type(e) is AccessViolation and "GPU 0" in str(e) and f"group {gid}" in str(e) for e in errors)
-            until(gpu, lambda: 99 in gpu._replies, "the release's answer")
-            assert gpu._replies[99].info["error"] == "AccessViolation"
+            until(gpu, lambda: 99 in raw.replies, "the release's answer")
+            assert raw.replies[99].info["error"] == "AccessViolation"
         gpu.world.barrier()
         if victims is not None:
             for _ in range(2):

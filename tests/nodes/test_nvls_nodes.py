@@ -137,6 +137,7 @@ def test_a_member_s_attacks_on_nvls_across_nodes_harm_nobody_else():
     gpu_rank = [0]
 
     def main(gpu):
+        raw = gpu.raw_port()
         gpu_rank[0] = gpu.rank
         comm = gpu.partition
         gid = comm.group_id()
@@ -164,13 +165,13 @@ def test_a_member_s_attacks_on_nvls_across_nodes_harm_nobody_else():
         with pytest.raises(AccessViolation, match=rf"GPU {gpu.rank}: GPU 0's load-reduce \(slot \[\d+, 0, 0, 0\]\) "
                                                   r"reads bytes 1048576\+\d+ of a bound buffer of \d+; not served"):
             exact(comm)
-        assert gpu._bound == {} and gpu._loads == {}  # the buffer given up, its LOADs answered "unserved"
+        assert raw.bound == {} and raw.loads == {}  # the buffer given up, its LOADs answered "unserved"
         if gpu.rank == 0:
             gpu.switch_request = honest
             spine = gpu.config.gpus + gpu.config.nodes  # the first spine's rank
             forged = np.full(8, 1e6, np.float32)
             for seq in range(8):  # a partial for chunk 0 of GPU 0's block of the pair's next calls, as a leaf sends it
-                gpu._transport.send(spine, Packet(Kind.REDUCE, -1, -1, 0, forged.nbytes, info=ReduceInfo(
+                raw.transport.send(spine, Packet(Kind.REDUCE, -1, -1, 0, forged.nbytes, info=ReduceInfo(
                     gid, (seq, 0, 0), "sum", "float32", (0,), (comm.name, seq, 4, 0, 0))), forged.view(np.uint8))
         comm.barrier()
         exact(comm)
@@ -183,7 +184,7 @@ def test_a_member_s_attacks_on_nvls_across_nodes_harm_nobody_else():
             assert type(error).__name__ == "AccessViolation" and f"no live group {gid}" in str(error)
         comm.barrier()
         exact(comm)  # on a new group
-        assert gpu._bound == {} and gpu._loads == {}
+        assert raw.bound == {} and raw.loads == {}
         return "pair"
 
     # a small switch buffer (32 KiB a partition): the windows keep honest calls within every share
@@ -231,7 +232,7 @@ def test_a_load_reduce_refused_again_and_again_exhausts_nothing():
         gpu.world.reduce_scatter(np.ones(count, np.float32), out, algorithm="nvls")
         assert np.all(out == gpu.size)
         gpu.world.barrier()
-        assert gpu._bound == {} and gpu._loads == {}
+        assert gpu.raw_port().bound == {} and gpu.raw_port().loads == {}
         return True
 
     assert (limit, per_call, tries) == ((2048, 128, 17) if nodes == 2 else (1365, 128, 11))

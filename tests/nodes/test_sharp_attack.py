@@ -215,6 +215,7 @@ def test_a_member_s_stores_reach_members_only_and_a_member_that_stops_receiving_
     monkeypatch.setattr(Transport, "_keep", counted)
 
     def main(gpu):
+        raw = gpu.raw_port()
         n = gpu.config.gpus
         if gpu.rank not in pair:
             comm = gpu.partition
@@ -222,7 +223,7 @@ def test_a_member_s_stores_reach_members_only_and_a_member_that_stops_receiving_
             for _ in range(2):
                 comm.allgather(np.full(3000, gpu.rank, np.float32), recv, algorithm="sharp")
                 assert np.array_equal(recv, np.repeat(np.array(victims, np.float32), 3000))
-            assert not [slot for slot in gpu._mailbox if "forged" in slot[0]]
+            assert not [slot for slot in raw.mailbox if "forged" in slot[0]]
             return "victim"
         comm = gpu.partition
         gid = comm.group_id()
@@ -233,19 +234,19 @@ def test_a_member_s_stores_reach_members_only_and_a_member_that_stops_receiving_
         comm.barrier()
         if gpu.rank == 0:
             data = np.full(size, 7, np.uint8)
-            forged = Packet(Kind.MCAST, gpu._keys[0], gpu._keys[victims[0]], 0, size, info=McastInfo(gid, keys[0]))
-            gpu._send(forged, data)
+            forged = Packet(Kind.MCAST, raw.addresses[0], raw.addresses[victims[0]], 0, size, info=McastInfo(gid, keys[0]))
+            raw.send(forged, data)
             for key in keys[1:]:
                 gpu.switch_request(Kind.MCAST, McastInfo(gid, key), data)
-            spine_bound = Packet(Kind.MCAST, gpu._keys[partner], -1, 0, size, info=McastInfo(gid, (comm.name, "x", 0)))
+            spine_bound = Packet(Kind.MCAST, raw.addresses[partner], -1, 0, size, info=McastInfo(gid, (comm.name, "x", 0)))
             for rank in [n + k for k in range(nodes, nodes + spines)] + [n + partner // per_node]:
-                gpu._transport.send(rank, spine_bound, data)
+                raw.transport.send(rank, spine_bound, data)
         else:
             time.sleep(2.0)  # receives nothing meanwhile
         for key in keys:
             gpu.wait_receive(key, None, "the pair's stores", gid)
         assert all((out == 7).all() for out in outs)
-        assert not [slot for slot in gpu._mailbox if slot[0][1] == "x"]
+        assert not [slot for slot in raw.mailbox if slot[0][1] == "x"]
         comm.barrier()
         comm.release_group()
         if gpu.rank == 0:
