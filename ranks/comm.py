@@ -79,7 +79,7 @@ class Communicator:
         # credits of rooted in-switch reductions (sharp reduce), numbered per sending GPU
         self._credits_sent = 0
         self._credits_taken: collections.Counter = collections.Counter()
-        gpu._communicators[name] = self  # credits from non-members are dropped; freed at the end of the run
+        gpu.control.communicators[name] = self  # credits from non-members are dropped; freed at the end of the run
 
     @classmethod
     def world(cls, gpu, gpu_comm) -> "Communicator":
@@ -107,7 +107,7 @@ class Communicator:
         plain values, tuples, sets, Handles, numpy arrays and scalars (fabric.control's encoding).
         This GPU's pending requests run first (every call progresses them, as in MPI)."""
         self._live(op)
-        self.gpu._drain()
+        self.gpu.stream.drain()
         return self._exchange(obj, op, next(self._seq))
 
     def _exchange(self, obj, op: str, seq: int) -> list:
@@ -126,26 +126,21 @@ class Communicator:
         others = [m for m in self.members if m != gpu.rank]
 
         def posted():
-            # the wait backs off while nothing moves, and neither the fabric's progress nor the members'
-            # naps (transport.Waker) see MPI's own messages: start afresh and wake them, or a collective
-            # whose every round needs each member's next poll would crawl
-            gpu._mpi_idle.reset()
-            for member in others:  # a GPU's fabric rank is its index
-                gpu._transport.waker.poke(member)
+            gpu.wake_for_mpi(others)
 
         exchange.on_step = posted
         posted()
         what = f"{op} #{seq} on communicator {self.name!r}"
-        gpu._exchange_at = (self.name, seq, op)
+        gpu.control.exchange_at = (self.name, seq, op)
         try:
             while True:
                 try:
-                    gpu._wait(exchange.test, what, _LazyText(lambda: self._missing(seq)), idle=gpu._mpi_idle)
+                    gpu.wait_for_mpi(exchange.test, what, _LazyText(lambda: self._missing(seq)))
                     break
                 except FabricTimeout:
                     # MPI cannot cancel a collective: it stays posted, and its messages may wait at
                     # the members for ever; close_communicators then keeps this run's MPI communicators
-                    gpu._abandoned_exchanges += 1
+                    gpu.control.abandoned_exchanges += 1
                     raise
                 except FabricError as exc:
                     if exchange.failed is not None:
@@ -154,7 +149,7 @@ class Communicator:
                     # the others', so the exchange completes first
                     refusal = refusal or exc
         finally:
-            gpu._exchange_at = None
+            gpu.control.exchange_at = None
         if refusal is not None:
             raise refusal
         if problem is not None:
@@ -172,7 +167,7 @@ class Communicator:
         it (a collective cannot tell who has not come), each with where it says it is."""
         gpu = self.gpu
         others = [m for m in self.members if m != gpu.rank]
-        answers = gpu._ask_where(others, self.name, seq, WHERE_WAIT_S)
+        answers = gpu.control.ask_where(others, self.name, seq, WHERE_WAIT_S)
         missing, notes = [], []
         for member in others:
             at = answers.get(member)
@@ -197,9 +192,9 @@ class Communicator:
         ResourceExhausted on every member if a member of the new one already has MAX_COMMUNICATORS."""
         mpi = self._live("split")
         gpu = self.gpu
-        gpu._drain()
+        gpu.stream.drain()
         seq = next(self._seq)
-        choices = self._exchange((color, self.rank if key is None else key, len(gpu._communicators)), "split", seq)
+        choices = self._exchange((color, self.rank if key is None else key, len(gpu.control.communicators)), "split", seq)
         colors: list = []  # the distinct colors, in member order: MPI's color is the index
         for c, _, _ in choices:
             if c is not None and not any(c == d for d in colors):
@@ -235,8 +230,8 @@ class Communicator:
         if self._mpi is not None:
             self._mpi.free()
             self._mpi = None
-            if self.gpu._communicators.get(self.name) is self:
-                del self.gpu._communicators[self.name]
+            if self.gpu.control.communicators.get(self.name) is self:
+                del self.gpu.control.communicators[self.name]
 
     def group_id(self) -> int:
         """This communicator's multicast/SHARP group in the switch, created and bound on first use
@@ -246,7 +241,7 @@ class Communicator:
             created = None
             if self.rank == 0:
                 try:
-                    created = self.gpu._control_call(Kind.GROUP, GroupInfo("create", 0, self.members, self.name),
+                    created = self.gpu.ask_fabric_manager(Kind.GROUP, GroupInfo("create", 0, self.members, self.name),
                                                      f"group create for communicator {self.name!r}")["group"]
                 except FabricError as exc:
                     created = exc  # every member raises it, none is left waiting
@@ -254,7 +249,7 @@ class Communicator:
             if isinstance(created, FabricError):
                 raise type(created)(f"{created} (raised on GPU {self.members[0]}, the communicator's first member)")
             gid = created
-            self.gpu._control_call(Kind.GROUP, GroupInfo("bind", gid, (), ""), f"group bind {gid}")
+            self.gpu.ask_fabric_manager(Kind.GROUP, GroupInfo("bind", gid, (), ""), f"group bind {gid}")
             self._exchange(None, "group bind", next(self._group_seq))  # all bound before any contribution
             self._group = gid
         return self._group
@@ -272,7 +267,7 @@ class Communicator:
             created = None
             if here[0] == self.gpu.rank:
                 try:
-                    created = self.gpu._control_call(Kind.GROUP, GroupInfo("create", 0, tuple(here), self.name),
+                    created = self.gpu.ask_fabric_manager(Kind.GROUP, GroupInfo("create", 0, tuple(here), self.name),
                                                      f"node group create for communicator {self.name!r}")["group"]
                 except FabricError as exc:
                     created = exc
@@ -280,11 +275,11 @@ class Communicator:
             failed = next((x for x in made if isinstance(x, FabricError)), None)
             if failed is not None:
                 if isinstance(created, int):  # undo this node's group: every member raises
-                    self.gpu._control_call(Kind.GROUP, GroupInfo("release", created, (), ""),
+                    self.gpu.ask_fabric_manager(Kind.GROUP, GroupInfo("release", created, (), ""),
                                            f"node group release {created}")
                 raise type(failed)(f"{failed} (raised creating a node group of communicator {self.name!r})")
             gid = made[self.members.index(here[0])]
-            self.gpu._control_call(Kind.GROUP, GroupInfo("bind", gid, (), ""), f"node group bind {gid}")
+            self.gpu.ask_fabric_manager(Kind.GROUP, GroupInfo("bind", gid, (), ""), f"node group bind {gid}")
             self._exchange(None, "node group bind", next(self._group_seq))  # all bound before any use
             self._node_group = gid
         return self._node_group
@@ -292,16 +287,16 @@ class Communicator:
     def release_group(self) -> None:
         """Release this communicator's multicast/SHARP groups in the switches (collective)."""
         self._live("release_group")
-        self.gpu._drain()  # this GPU's pending collectives may still use the group
+        self.gpu.stream.drain()  # this GPU's pending collectives may still use the group
         if self._group is not None or self._node_group is not None:
             self.allgather_object(None, "group release")
             if self.rank == 0 and self._group is not None:
-                self.gpu._control_call(Kind.GROUP, GroupInfo("release", self._group, (), ""),
+                self.gpu.ask_fabric_manager(Kind.GROUP, GroupInfo("release", self._group, (), ""),
                                        f"group release {self._group}")
             per_node = self.gpu.config.gpus_per_node
             if self._node_group is not None and self.gpu.rank == next(
                     m for m in self.members if m // per_node == self.gpu.rank // per_node):
-                self.gpu._control_call(Kind.GROUP, GroupInfo("release", self._node_group, (), ""),
+                self.gpu.ask_fabric_manager(Kind.GROUP, GroupInfo("release", self._node_group, (), ""),
                                        f"node group release {self._node_group}")
             self._group = self._node_group = None
 
@@ -577,16 +572,16 @@ class Communicator:
         number, self._credits_sent = self._credits_sent, self._credits_sent + 1
         for peer in self.members:
             if peer != self.gpu.rank:
-                self.gpu._control.send(peer, (self.name, CREDIT_SEQ - number, ("credit", value)))
+                self.gpu.control.channel.send(peer, (self.name, CREDIT_SEQ - number, ("credit", value)))
 
     def _next_credit(self, member: int) -> int:
         """The value of member `member`'s next credit, waiting for it."""
         gpu, source = self.gpu, self.members[member]
         key = (self.name, CREDIT_SEQ - self._credits_taken[source], source)
-        gpu._wait(lambda: key in gpu._control_box, f"reduce on communicator {self.name!r}",
+        gpu.wait(lambda: gpu.control.has(*key), f"reduce on communicator {self.name!r}",
                   f"GPU {source} (the root) to report in-switch results")
         self._credits_taken[source] += 1
-        got = gpu.take_control(*key)
+        got = gpu.control.take(*key)
         if not (type(got) is tuple and len(got) == 2 and got[0] == "credit" and is_integer(got[1])):
             raise ProtocolError(f"GPU {gpu.rank}: reduce on communicator {self.name!r}: GPU {source} sent "
                                 f"{got!r:.80} where a credit was due")
@@ -625,7 +620,7 @@ class Communicator:
                 "op": op, "root": root, "algorithm": algorithm, "seq": seq, **({"problem": problem} if problem else {})}
         fingerprint = {"name": name, "comm": self.name, "seq": seq, "algorithm": algorithm, "count": count,
                        "dtype": dtype_name(dtype), "op": op, "members": self.size}
-        return gpu._issue(f"{name} #{seq} on communicator {self.name!r}",
+        return gpu.stream.issue(f"{name} #{seq} on communicator {self.name!r}",
                           lambda: self._execute(name, seq, algorithm, op, dtype, count, root, args, counts, call,
                                                 fingerprint, plan))
 
@@ -709,7 +704,7 @@ class Communicator:
         try:
             yield
         except FabricError as exc:
-            self.gpu._drain()  # the members run this GPU's earlier requests first, so must it
+            self.gpu.stream.drain()  # the members run this GPU's earlier requests first, so must it
             seq = next(self._seq)
             call = {"collective": name, "seq": seq, "problem": f"{type(exc).__name__}: {exc}"}
             self._exchange((call, None), f"{name} call check", seq)
@@ -740,20 +735,20 @@ def close_communicators(gpu) -> None:
     of its run; collective over every GPU). If some GPU left an exchange that timed out, every GPU keeps
     them instead: that exchange's messages may still wait at the members, and a later communicator
     given the same MPI context would take them for its own."""
-    if any_rank(gpu._control.comm, gpu._abandoned_exchanges > 0, _waiter(gpu), "the end-of-run check of exchanges"):
-        gpu._communicators.clear()
+    if any_rank(gpu.control.channel.comm, gpu.control.abandoned_exchanges > 0, _waiter(gpu), "the end-of-run check of exchanges"):
+        gpu.control.communicators.clear()
         return
-    for comm in list(gpu._communicators.values()):
+    for comm in list(gpu.control.communicators.values()):
         comm._close()
-    gpu._control.comm.Free()
+    gpu.control.channel.comm.Free()
 
 
 def _waiter(gpu):
-    """wait(done, what) for ranks.transport: served through gpu._wait, with the run's deadline (its
+    """wait(done, what) for ranks.transport: served through gpu.wait_for_mpi, with the run's deadline (its
     back-off started afresh, as in _exchange)."""
     def wait(done, what):
-        gpu._mpi_idle.reset()
-        gpu._wait(done, what, "the other members", idle=gpu._mpi_idle)
+        gpu.wake_for_mpi(())
+        gpu.wait_for_mpi(done, what, "the other members")
     return wait
 
 
@@ -774,7 +769,7 @@ def _entry(part, seq: int) -> tuple:
 
 
 def _where(at, wait_s: float) -> str:
-    """What a member answered to "where are you?" (gpu._ask_where), in words."""
+    """What a member answered to "where are you?" (ControlPlane.ask_where), in words."""
     if at is None:
         return f"no answer within {wait_s:g} s (busy outside the emulator's calls, or gone)"
     if isinstance(at, tuple):

@@ -5,7 +5,6 @@ A GPU takes fabric packets from the switch it is attached to and from nobody els
 rank sends it straight is dropped unread (and counted as stray), so only what the switch forwarded,
 translated and authorised can reach its memory, its mailbox or its results."""
 
-import collections
 import itertools
 import math
 import time
@@ -26,18 +25,15 @@ from nvlink_emu.fabric.packets import (MAX_GPU_HEADER_BYTES, MAX_KEY_PARTS, MAX_
 from nvlink_emu.fabric.faults import LinkFaultState, spine_links_scale
 from nvlink_emu.fabric.timemodel import LinkEnd
 
-from .comm import CREDIT_SEQ, Communicator, is_integer
+from .comm import Communicator, is_integer
+from .control import CONTROL_PER_SWEEP, ControlPlane
 from .raw import RawPort
-from .requests import Request, wait_all, wait_any
+from .requests import Request, Stream, wait_all, wait_any
 from .transport import (MAILBOX_FABRIC, MAILBOX_P2P, MAILBOX_PEER_BYTES, MAILBOX_PEER_MESSAGES, MAX_HEADER_BYTES,
                         ControlChannel, Idle, Transport, mailbox_class, native_collective, poked_idle, unframe)
 
 
-# control messages a stray sweep takes and files (each progress call takes one): what a flood of them
-# costs one sweep is bounded (transport.MAX_P2P_CONTROL_BYTES each); honest ones are a few per reduce
-CONTROL_PER_SWEEP = 16
 STRAY_SWEEP = 256  # every this many progress calls, look for strays from every rank, not just in front
-MAX_CONTROL_WAITING = 1024  # control messages one GPU may have waiting here (for calls not made yet)
 # Call records travel in the COUNTERS header, which the switch takes up to MAX_HEADER_BYTES: a GPU keeps
 # its first calls' records up to this many encoded bytes (about 700 calls) and only counts the rest.
 CALL_RECORD_BYTES = MAX_HEADER_BYTES * 3 // 4
@@ -67,7 +63,6 @@ class Gpu:
         self.size = config.gpus
         self.timeout_s = timeout_s
         self._transport = transport
-        self._control = control
         self._switch = switch_rank  # the rank of this GPU's leaf switch
         self._leaf = self.rank // config.gpus_per_node  # its switch index (the node's)
         self._network = config.mode == "network"
@@ -90,20 +85,13 @@ class Gpu:
         self._credit_asked: set[tuple[int, int]] = set()  # the switch holds their next message: credit at once
         self._ever_held: set[tuple[int, int]] = set()  # (sender, class) the switch held once: a wait says what it wants
         self._posted: dict[tuple, np.ndarray] = {}      # message key -> where to receive it
-        self._control_box: dict[tuple, object] = {}     # (comm name, credit number, source) -> credit (sharp reduce)
-        self._control_waiting = collections.Counter()   # source -> its messages in the box
-        self._communicators: dict[str, Communicator] = {}  # name -> this GPU's live communicators
-        self._exchange_at: tuple | None = None          # (comm name, seq, op) of the exchange this GPU waits in
-        self._abandoned_exchanges = 0                   # exchanges that timed out (ranks.comm.close_communicators)
-        self._where_token = itertools.count(1)          # numbers this GPU's "where are you?" questions
-        self._where_answers: dict[int, object] = {}     # GPU -> its answer to the latest question
-        self._where_asked: tuple = (0, ())              # (that question's number, whom it asked)
+        self.control = ControlPlane(control, self._serve_or_nap)  # credits, communicators, "where are you?"
         self._exports: list[tuple[int, int, Handle]] = []  # live windows: (physical offset, bytes, handle)
         self._bound: dict[tuple, np.ndarray] = {}       # buffer key -> bytes the switch may LOAD (NVLS)
         self._loads: dict[tuple, Packet] = {}           # (group, buffer key, slot) -> LOAD until served
         self._given_up: dict[tuple, None] = {}          # (group, buffer key) a refused LOAD gave up, latest last
         self._allocations: dict[int, tuple[np.ndarray, int]] = {}  # id(array) -> (the array alloc returned, offset)
-        self.strays = 0                                 # messages from ranks other than the switch, dropped
+        self._strays = 0                                # data messages from ranks other than the switch, dropped
         self._polls = 0                                 # progress calls, to sweep for strays now and then
         self._arrivals: dict[tuple, Packet] = {}        # message key -> its header until consumed (timing)
         timing = config.timing
@@ -147,10 +135,7 @@ class Gpu:
         # not the members' exchanges either: sleeping through an exchange's poked round (tried) let members
         # leave a barrier up to a nap apart, which bench's timing after its barrier then counted (MPI's own
         # 1 KiB AllReduce on 4 GPUs measured 2.4-3.5 ms with it, 0.7-1.5 ms without)
-        self._pending: collections.deque[Request] = collections.deque()  # issued, not yet run (ranks/requests.py)
-        self._draining = False                          # running pending requests (no nested drain)
-        self._stream_ns = 0.0                           # modeled end of this GPU's latest collective
-        self._failed: list[Request] = []                # failed requests the program has not waited for
+        self.stream = Stream(self)                      # its non-blocking operations (ranks/requests.py)
         self._servers: dict[str, object] = {}           # message key[0] -> its server (serve_messages)
         self.world = Communicator.world(self, control.comm)
         # members known from the config, so no GPU outside the partition takes part in making it
@@ -217,7 +202,7 @@ class Gpu:
     def free(self, array: np.ndarray) -> None:
         """Release the array alloc() returned (that object itself, once); an exported array must be
         revoked first."""
-        self._drain()  # a pending request may still own the array's memory
+        self.stream.drain()  # a pending request may still own the array's memory
         entry = self._allocations.get(id(array))
         if entry is None or entry[0] is not array:
             # by identity: an empty array's address, a view's or a freed array's, would name another block
@@ -272,7 +257,7 @@ class Gpu:
             if not isinstance(flag, (bool, np.bool_)):
                 raise FabricError(f"GPU {self.rank}: export {name}={flag!r}: must be True or False")
         info = ExportInfo(offset, array.nbytes, to, bool(writable), bool(readable))
-        reply = self._control_call(Kind.EXPORT, info, "export")
+        reply = self.ask_fabric_manager(Kind.EXPORT, info, "export")
         handle = Handle(*reply["handle"])
         self._exports.append((offset, array.nbytes, handle))
         return handle
@@ -287,7 +272,7 @@ class Gpu:
         if not (is_integer(handle.network_address) and is_integer(handle.address)
                 and 0 <= handle.network_address <= WIRE_INT_MAX and 0 <= handle.address <= WIRE_INT_MAX):
             raise FabricError(f"GPU {self.rank}: revoke of {handle!r}: not a handle export() returned")
-        self._control_call(Kind.REVOKE, RevokeInfo(int(handle.network_address), int(handle.address)),
+        self.ask_fabric_manager(Kind.REVOKE, RevokeInfo(int(handle.network_address), int(handle.address)),
                            f"revoke of {handle}")
         self._exports = [e for e in self._exports if e[2] != handle]
 
@@ -305,7 +290,7 @@ class Gpu:
         Returns once `array` may be reused; fence() waits until the bytes are visible at the target and
         raises AccessViolation if the switch refused them.
         """
-        self._drain()
+        self.stream.drain()
         self._raise_async()
         data = self._as_bytes(array, "put")
         dst, address = self._destination(target, offset, data.nbytes, "put")
@@ -320,7 +305,7 @@ class Gpu:
 
     def get(self, target, array: np.ndarray, offset: int = 0) -> None:
         """Read `array.nbytes` bytes at byte `offset` of `target` into `array`; AccessViolation if refused."""
-        self._drain()
+        self.stream.drain()
         self._raise_async()
         data = self._as_bytes(array, "get", written=True)
         dst, address = self._destination(target, offset, data.nbytes, "get")
@@ -346,7 +331,7 @@ class Gpu:
 
     def link_counters(self) -> dict:
         """This GPU's link counters: tx_/rx_ bytes (payload), raw_bytes, packets, busy_ns (modeled)."""
-        return gpu_view(self._snapshot(), self.rank, self._leaf)
+        return gpu_view(self.link_snapshot(), self.rank, self._leaf)
 
     def program_bytes(self) -> tuple[int, int]:
         """(tx, rx) payload bytes this GPU's program has sent and consumed so far: the link counters'
@@ -364,7 +349,9 @@ class Gpu:
             self._calls.append(call)
             self._call_bytes += size
 
-    def _snapshot(self) -> dict:
+    def link_snapshot(self) -> dict:
+        """Every link's counters this GPU keeps ({link name: LinkStats.as_dict()}), busy times and fault
+        counts included: what it reports at the end of the run."""
         self._counters.links.setdefault(uplink(self.rank, self._leaf), LinkStats()).busy_ns = self._uplink.busy_ns
         self._counters.links.setdefault(downlink(self.rank, self._leaf), LinkStats()).busy_ns = self._downlink.busy_ns
         snapshot = self._counters.snapshot()
@@ -400,34 +387,13 @@ class Gpu:
                                   f"of the collectives return them)")
         return requests
 
-    def _issue(self, what: str, execute) -> Request:
-        """A pending request that runs `execute` (a collective's traffic) when its turn comes."""
-        request = Request(self, what, execute, self.now_ns)
-        self._pending.append(request)
-        return request
-
-    def _drain(self, upto: Request | None = None) -> None:
-        """Run pending requests on the host, in issue order: all of them, or up to `upto`. Every call
-        that uses the links drains first, so links are booked in program order."""
-        if self._draining or not self._pending:
-            return
-        self._draining = True
-        try:
-            while self._pending:
-                request = self._pending.popleft()
-                request._run(for_another_call=request is not upto)
-                if request is upto:
-                    break
-        finally:
-            self._draining = False
-
     # -- messages (collective traffic) ------------------------------------------------------------
     def send_message(self, peer: int, key: tuple, data: np.ndarray, at_ns: float | None = None) -> list:
         """Post `data` to GPU `peer`'s mailbox slot `key` (a flat tuple of ints and strings) through the
         switch; returns the send requests. Asynchronous: `data` must not be written until
         gpu.wait_sent([requests]) returned (the emulator may still be sending from it). at_ns: modeled
         time the send is issued (default: now)."""
-        self._drain()
+        self.stream.drain()
         self._check_peer(peer, f"send_message to {peer!r}")
         if not isinstance(key, tuple) or not all(isinstance(k, (int, str)) for k in key):
             raise FabricError(f"GPU {self.rank}: message key {key!r} must be a flat tuple of ints and strings")
@@ -440,7 +406,7 @@ class Gpu:
                        stamp: tuple[float, float] | None = None) -> list:
         """Post an in-switch operation (REDUCE, MCAST, LOAD_REDUCE) to the switch; returns the send requests.
         at_ns: modeled issue time (default now); stamp: uplink times reserved earlier (reserve_uplink)."""
-        self._drain()
+        self.stream.drain()
         data = None if payload is None else self._as_bytes(payload, kind.name)
         size = data.nbytes if nbytes is None else nbytes
         return self._send(Packet(kind, self._keys[self.rank], -1, address, size, info=info), data, at_ns, stamp)
@@ -483,7 +449,7 @@ class Gpu:
         """Receive the message in slot `key` from GPU `peer`, or (peer None) the switch's delivery through
         multicast group `group` (an in-switch result or a multicast copy), straight into `out` when it
         arrives (see wait_receive)."""
-        self._drain()
+        self.stream.drain()
         key = (tuple(key), _sender(peer, group))
         dest = self._as_bytes(out, "receive", written=True)
         got = self._mailbox.pop(key, None)
@@ -498,7 +464,7 @@ class Gpu:
     def wait_receive(self, key: tuple, peer: int | None = None, what: str = "", group: int | None = None) -> None:
         """Wait until the posted receive of slot `key` from `peer` (or group `group`) completed; the
         transfer takes its turn on this GPU's downlink now, in program order (modeled time)."""
-        self._drain()
+        self.stream.drain()
         slot = (tuple(key), _sender(peer, group))
         source = what or ("the switch" if peer is None else f"GPU {peer}")
         want = self._wanting(slot)
@@ -508,7 +474,7 @@ class Gpu:
     def take_message(self, key: tuple, peer: int, op: str, waiting_for: str) -> np.ndarray:
         """Wait for the message in slot `key` from GPU `peer` (never posted: it lands in the mailbox) and
         return its bytes, whatever their size; its downlink turn comes now, in program order."""
-        self._drain()
+        self.stream.drain()
         slot = (tuple(key), peer)
         want = self._wanting(slot)
         self._wait(lambda: slot in self._mailbox or want(), op, waiting_for)
@@ -579,6 +545,12 @@ class Gpu:
         """This GPU's raw port (ranks.raw.RawPort): forged headers and bare channels, for the attack tests and
         the hostile example; never needed by a workload."""
         return RawPort(self)
+
+    @property
+    def strays(self) -> int:
+        """Messages dropped unread: data from ranks other than the switch, and control messages that are
+        not this emulator's or not for this GPU."""
+        return self._strays + self.control.strays
 
     def poll(self) -> bool:
         """Serve this GPU's traffic once, without waiting (what arrived is filed); True if anything moved."""
@@ -651,7 +623,7 @@ class Gpu:
     def native(self, collective: str, send: np.ndarray, recv: np.ndarray, op: str = "sum", root: int = 0) -> None:
         """The same collective by MPI's own implementation over the GPU ranks (not through the fabric,
         not counted): the reference the bench times and the tests compare with."""
-        request = native_collective(self._control, collective, send, recv, op, root)
+        request = native_collective(self.control.channel, collective, send, recv, op, root)
         self._wait(request.Test, f"native MPI {collective}", "the other GPU ranks", idle=self._mpi_idle)
 
     # -- the progress engine ------------------------------------------------------------------------
@@ -674,11 +646,7 @@ class Gpu:
             idle(sending=not self._transport.idle)
 
     def _progress(self) -> bool:
-        moved = self._transport.progress() | self._control.progress()
-        got = self._control.poll()
-        if got is not None:
-            self._file_control(*got)
-            moved = True
+        moved = self._transport.progress() | self.control.channel.progress() | self.control.take_in()
         self._polls += 1
         sweep = not self._polls % STRAY_SWEEP
         # most wakes find nothing: one probe for any message on the fabric's communicator, instead of
@@ -693,8 +661,26 @@ class Gpu:
                 return True
             moved = True
         dropped = self._transport.drop_strays(self._switch, sweep=sweep) + (self._sweep_mpi() if sweep else 0)
-        self.strays += dropped
+        self._strays += dropped
         return moved or bool(dropped)
+
+    def wake_for_mpi(self, members) -> None:
+        """MPI's own traffic moved (a step of an exchange): start this GPU's MPI back-off afresh and poke
+        `members` (GPU indices = their fabric ranks), whose naps neither the fabric's progress nor MPI see;
+        otherwise a collective whose every round needs each member's next poll would crawl."""
+        self._mpi_idle.reset()
+        for member in members:
+            self._transport.waker.poke(member)
+
+    def wait_for_mpi(self, done, what: str, whom) -> None:
+        """wait() for MPI's own collectives (an exchange, MPI's native ones): they move only as their ranks
+        poll and poke nobody, so the wait backs off from 10 us instead of sleeping until poked."""
+        self._wait(done, what, whom, idle=self._mpi_idle)
+
+    def _serve_or_nap(self) -> None:
+        """Serve this GPU's traffic once; nap if nothing moved."""
+        if not self._progress():
+            self._idle()
 
     def _sweep_mpi(self) -> int:
         """Drop what waits on this GPU's other MPI communicators and no protocol expects (a flood sent
@@ -703,95 +689,13 @@ class Gpu:
         nobody's point to point while the run lasts), the GPU ranks' control channel (control messages
         only: those waiting are taken and filed now, up to CONTROL_PER_SWEEP), each communicator's
         members' MPI communicators (exchange slots only, one a member: MemberComms.sweep)."""
-        control = self._control
-        dropped = self._transport.sweep_outer() + control.drop_strays()
-        for _ in range(CONTROL_PER_SWEEP):
-            got = control.poll()
-            if got is None:
-                break
-            self._file_control(*got)
+        dropped = self._transport.sweep_outer() + self.control.channel.drop_strays()
+        self.control.take_in(CONTROL_PER_SWEEP)
         status = self._transport._status
-        for comm in list(self._communicators.values()):
+        for comm in list(self.control.communicators.values()):
             if comm._mpi is not None:
                 dropped += comm._mpi.sweep(status)
         return dropped
-
-    def _file_control(self, source: int, message) -> None:
-        """Take a point-to-point control message: a credit of a communicator this GPU and `source` are
-        members of (kept for _next_credit), a "where are you?" question from a timed-out exchange
-        (answered), or an answer to this GPU's own question. Anything else is dropped as a stray:
-        exchanges are MPI collectives on the members' own communicator, so nothing sent here can
-        take part in one."""
-        if type(message) is tuple and len(message) == 4 and message[0] in ("?", "!"):
-            (self._answer_where if message[0] == "?" else self._take_answer)(source, *message[1:])
-            return
-        if not (type(message) is tuple and len(message) == 3 and type(message[0]) is str
-                and is_integer(message[1]) and message[1] <= CREDIT_SEQ):
-            self.strays += 1  # not a credit of this emulator's
-            return
-        name, seq, obj = message
-        comm = self._communicators.get(name)
-        # only what a credit is (("credit", count): a few bytes), numbered from the next one this GPU
-        # takes of `source` on MAX_CONTROL_WAITING: a member cannot park big objects here, nor numbers
-        # never taken (kept for ever)
-        if comm is None or source not in comm.members or self._control_waiting[source] >= MAX_CONTROL_WAITING \
-                or not (type(obj) is tuple and len(obj) == 2 and obj[0] == "credit" and is_integer(obj[1])
-                        and 0 <= obj[1] <= WIRE_INT_MAX) \
-                or not 0 <= CREDIT_SEQ - seq - comm._credits_taken[source] < MAX_CONTROL_WAITING \
-                or (name, seq, source) in self._control_box:
-            self.strays += 1
-            return
-        self._control_box[(name, seq, source)] = obj
-        self._control_waiting[source] += 1
-
-    def take_control(self, name: str, seq: int, source: int):
-        """The credit number `seq` on communicator `name` from GPU `source` (it must be here)."""
-        self._control_waiting[source] -= 1
-        return self._control_box.pop((name, seq, source))
-
-    def _answer_where(self, source: int, token, name, seq) -> None:
-        """Answer GPU `source`'s "where are you?" (its exchange `seq` on communicator `name` timed out):
-        the exchange this GPU waits in, if `source` is a member of its communicator; at most a few
-        answers to one GPU in flight (a GPU that asks and never reads costs no more)."""
-        if not (is_integer(token) and type(name) is str and is_integer(seq)) or self._control.backlog(source) >= 4:
-            self.strays += 1
-            return
-        at = self._exchange_at
-        if at is not None and source in getattr(self._communicators.get(at[0]), "members", ()):
-            answer = at
-        elif name not in self._communicators:
-            answer = f"not in a control exchange, and has no communicator {name!r} yet"
-        else:
-            answer = (f"in a control exchange of a communicator GPU {source} is not in" if at is not None
-                      else "not in a control exchange (running its own code or another wait)")
-        self._control.send(source, ("!", token, answer, None))
-
-    def _take_answer(self, source: int, token, answer, _) -> None:
-        number, asked = self._where_asked
-        if token != number or source not in asked or source in self._where_answers:
-            self.strays += 1  # late, or not asked for
-            return
-        if type(answer) is tuple and len(answer) == 3 and type(answer[0]) is str and is_integer(answer[1]) \
-                and type(answer[2]) is str:
-            self._where_answers[source] = answer
-        elif type(answer) is str:
-            self._where_answers[source] = answer[:200]  # its own word, in its own words
-        else:
-            self._where_answers[source] = f"answered {str(answer)[:120]!r}"
-
-    def _ask_where(self, members: list[int], name: str, seq: int, wait_s: float) -> dict:
-        """Ask `members` where they are (this GPU's exchange `seq` on communicator `name` timed out) and
-        wait up to `wait_s` for their answers: {GPU: (comm name, seq, op) of the exchange it is in, or
-        a sentence}; a GPU that did not answer is absent."""
-        token = next(self._where_token)
-        self._where_asked, self._where_answers = (token, frozenset(members)), {}
-        for member in members:
-            self._control.send(member, ("?", token, name, seq))
-        deadline = time.monotonic() + wait_s
-        while len(self._where_answers) < len(members) and time.monotonic() < deadline:
-            if not self._progress():
-                self._idle()
-        return dict(self._where_answers)
 
     def _handle(self, source: int, packet: Packet, inline: np.ndarray | None = None) -> None:
         """Serve `packet` from the switch; `inline`: its payload, if it came in the header's message."""
@@ -965,7 +869,9 @@ class Gpu:
                               "wall": time.time(), **self._fault_fields(link)})
         return end + self._downlink.latency_ns
 
-    def _control_call(self, kind: Kind, info: Info, what: str) -> dict:
+    def ask_fabric_manager(self, kind: Kind, info: Info, what: str) -> dict:
+        """Ask the fabric manager (the leaf switch) for `what` (a GROUP, EXPORT or REVOKE request, not counted
+        on a link) and wait for its reply's info; an error it answered is raised as its fabric.errors class."""
         req = next(self._req)
         self._transport.send(self._switch, Packet(kind, self._keys[self.rank], -1, req=req, info=info))
         self._wait(lambda: req in self._replies, what, "the fabric manager (switch)")
@@ -1027,18 +933,15 @@ class Gpu:
     def finish(self) -> dict:
         """After main(gpu): complete this GPU's traffic (requests never waited for included, their
         errors raised), report DONE, serve until the switch's report."""
-        self._drain()
-        if self._failed:
-            self._failed[0]._complete()  # a failure nobody waited for is not lost
-        self.now_ns = max(self.now_ns, self._stream_ns)  # the end of main waits for every request
+        self.now_ns = max(self.now_ns, self.stream.finish())  # the end of main waits for every request
         self.fence()
-        self._wait(lambda: self._transport.idle and self._control.idle, "end of run", "sends to complete")
+        self._wait(lambda: self._transport.idle and self.control.channel.idle, "end of run", "sends to complete")
         self._transport.send(self._switch, Packet(Kind.DONE, self._keys[self.rank], -1))
         # The switch bounds this wait: it times out on GPUs that never finish and ends the job.
         self._wait(lambda: self._shutdown is not None, "end of run", "the other GPUs to finish",
                    timeout_s=2 * self.timeout_s + 30)  # switch's is 2 t + 5
         leftovers = sorted(self._mailbox, key=repr)
-        links = self._snapshot()
+        links = self.link_snapshot()
         self._transport.send(self._switch, self._counters_packet(links, [leftover_entry(key, sender)
                                                                          for key, sender in leftovers]))
         self._shutdown = None

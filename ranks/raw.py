@@ -27,7 +27,7 @@ class RawPort:
     @property
     def control(self):
         """The GPU ranks' control channel (ranks.transport.ControlChannel): send, send_bytes, idle."""
-        return self._gpu._control
+        return self._gpu.control.channel
 
     @property
     def switch(self) -> int:
@@ -88,7 +88,7 @@ class RawPort:
     @property
     def control_box(self) -> dict:
         """(communicator, sequence, sender) -> a control message filed, not yet taken."""
-        return self._gpu._control_box
+        return self._gpu.control.box
 
     @property
     def bound(self) -> dict:

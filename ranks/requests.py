@@ -12,7 +12,50 @@ asynchronous progress thread progresses inside MPI calls. Links are therefore al
 program order, and modeled times do not depend on how the host schedules the ranks.
 """
 
+import collections
+
 from nvlink_emu.fabric.errors import CollectiveMismatch, FabricTimeout, ResourceExhausted
+
+
+class Stream:
+    """One GPU's stream of non-blocking operations: requests issued and not yet run, run on the host in
+    issue order. end_ns: modeled end of the GPU's latest collective (where the next request starts)."""
+
+    def __init__(self, gpu):
+        self.gpu = gpu
+        self.end_ns = 0.0
+        self._pending: collections.deque[Request] = collections.deque()  # issued, not yet run
+        self._draining = False                          # running pending requests (no nested drain)
+        self._failed: list[Request] = []                # failed requests the program has not waited for
+
+    def issue(self, what: str, execute) -> "Request":
+        """A pending request that runs `execute` (a collective's traffic) when its turn comes."""
+        request = Request(self.gpu, what, execute, self.gpu.now_ns)
+        self._pending.append(request)
+        return request
+
+    def drain(self, upto: "Request | None" = None) -> None:
+        """Run pending requests on the host, in issue order: all of them, or up to `upto`. Every call
+        that uses the links drains first, so links are booked in program order."""
+        if self._draining or not self._pending:
+            return
+        self._draining = True
+        try:
+            while self._pending:
+                request = self._pending.popleft()
+                request._run(for_another_call=request is not upto)
+                if request is upto:
+                    break
+        finally:
+            self._draining = False
+
+    def finish(self) -> float:
+        """At the end of main: run every request, raise the first failure nobody waited for (it is not
+        lost); returns end_ns."""
+        self.drain()
+        if self._failed:
+            self._failed[0]._complete()
+        return self.end_ns
 
 
 class Request:
@@ -37,13 +80,13 @@ class Request:
         for_another_call: run because some other call came (not this request's own wait)."""
         gpu = self.gpu
         saved, lane = gpu.now_ns, gpu.lane  # run from inside a channel of another call: not on its lane
-        gpu.now_ns = self.start_ns = max(self.issue_ns, gpu._stream_ns)
+        gpu.now_ns = self.start_ns = max(self.issue_ns, gpu.stream.end_ns)
         gpu.lane = None
         try:
             self._execute()
         except (CollectiveMismatch, ResourceExhausted) as exc:
             self._error = exc  # raised on every member alike, the communicator stays usable: at wait/test,
-            gpu._failed.append(self)  # or at the end of main if the program never waits for it
+            gpu.stream._failed.append(self)  # or at the end of main if the program never waits for it
         except FabricTimeout as exc:  # it ends the job, raised here and now; say which request it came from
             if not for_another_call:
                 self._error = exc
@@ -55,20 +98,20 @@ class Request:
             self._error = exc  # anything else (a refusal) ends the job: raised here, now
             raise
         finally:
-            self.end_ns = gpu._stream_ns = gpu.now_ns
+            self.end_ns = gpu.stream.end_ns = gpu.now_ns
             gpu.now_ns, gpu.lane = saved, lane
 
     def _complete(self) -> None:
         """Run this request (and the ones issued before it) if it has not run; raise its error."""
         self._run_now()
         if self._error is not None:
-            if self in self.gpu._failed:
-                self.gpu._failed.remove(self)  # seen by the program
+            if self in self.gpu.stream._failed:
+                self.gpu.stream._failed.remove(self)  # seen by the program
             raise self._error
 
     def _run_now(self) -> None:
         if self.end_ns is None:
-            self.gpu._drain(upto=self)
+            self.gpu.stream.drain(upto=self)
 
     def wait(self) -> None:
         """Return when the operation completed; this GPU's clock moves to its end if that is later."""

@@ -134,7 +134,7 @@ def run_fabric(config: FabricConfig, main, timeout_s: float = DEFAULT_TIMEOUT_S,
                 value = call_main(main, gpu)
             report = gpu.finish()
             close_communicators(gpu)  # the GPU ranks' MPI communicators too
-            end = {"m": gpu.now_ns, "counters": gpu._snapshot()}
+            end = {"m": gpu.now_ns, "counters": gpu.link_snapshot()}
         else:
             switch = SwitchRank(config, transport, timeout_s, trace, switches)
             value, report = None, switch.serve()

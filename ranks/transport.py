@@ -697,7 +697,7 @@ class MemberComms:
     collective), `groups` the exchanges of its group creation, which run inside collectives at
     another point of each member's program (a communicator of their own keeps MPI's call order on
     each the same on every member). wait(done, what) serves the fabric until done() holds, with
-    the run's deadline (gpu._wait)."""
+    the run's deadline (gpu.wait_for_mpi)."""
 
     def __init__(self, comm, wait):
         self.comm = comm

@@ -199,8 +199,7 @@ class Win(Epochs, Operations, _Handle):
         win._attached: list = []                           # dynamic: (address, block, window target)
         win._errhandler = None
         open_windows[wid] = win
-        if TAG not in gpu._servers:
-            gpu.serve_messages(TAG, serve)
+        gpu.serve_messages(TAG, serve)  # the one server of every window of this GPU (set again: the same)
         return win
 
     def Free(self) -> None:

@@ -357,7 +357,7 @@ def test_a_member_cannot_park_objects_as_credits_in_another_tenant_s_gpu():
     next one GPU 1 takes of GPU 0: 10 blobs, 5 credits numbered too far, 5 malformed credits are strays;
     one well-formed credit, the next due, is kept."""
     from nvlink_emu.ranks.comm import CREDIT_SEQ
-    from nvlink_emu.ranks.gpu import MAX_CONTROL_WAITING
+    from nvlink_emu.ranks.control import MAX_CONTROL_WAITING
 
     def main(gpu):
         raw = gpu.raw_port()
@@ -373,7 +373,7 @@ def test_a_member_cannot_park_objects_as_credits_in_another_tenant_s_gpu():
         if gpu.rank == 1:
             until(gpu, lambda: gpu.strays + len(raw.control_box) >= 21, "filing 21 control messages")
             assert gpu.strays == 20 and raw.control_box == {(name, CREDIT_SEQ, 0): ("credit", 3)}
-            gpu.take_control(name, CREDIT_SEQ, 0)
+            gpu.control.take(name, CREDIT_SEQ, 0)
         if gpu.rank:
             gpu.partition.barrier()
 
