@@ -565,7 +565,7 @@ class Communicator:
             raise FabricError(f"GPU {self.gpu.rank}: {name} root {root!r} is not a member rank 0..{self.size - 1}")
         return int(root)
 
-    def _send_credit(self, value: int) -> None:
+    def send_credit(self, value: int) -> None:
         """Tell every other member that `value` results of this member's in-switch reduction came back
         (sharp reduce): out of band, like the call check, so not counted and not modeled (the credits
         that bound the switch's memory are not modeled, see docs/model/time.md)."""
@@ -574,7 +574,16 @@ class Communicator:
             if peer != self.gpu.rank:
                 self.gpu.control.channel.send(peer, (self.name, CREDIT_SEQ - number, ("credit", value)))
 
-    def _next_credit(self, member: int) -> int:
+    def credits_taken(self, source: int) -> int:
+        """How many credits this GPU took from GPU `source` on this communicator (the next one's number)."""
+        return self._credits_taken[source]
+
+    def sweep_strays(self, status) -> int:
+        """Drop what waits on this communicator's members' MPI communicators and no exchange expects;
+        returns how many (MemberComms.sweep; none once freed)."""
+        return 0 if self._mpi is None else self._mpi.sweep(status)
+
+    def next_credit(self, member: int) -> int:
         """The value of member `member`'s next credit, waiting for it."""
         gpu, source = self.gpu, self.members[member]
         key = (self.name, CREDIT_SEQ - self._credits_taken[source], source)

@@ -74,7 +74,7 @@ class ControlPlane:
         if comm is None or source not in comm.members or self._waiting[source] >= MAX_CONTROL_WAITING \
                 or not (type(obj) is tuple and len(obj) == 2 and obj[0] == "credit" and is_integer(obj[1])
                         and 0 <= obj[1] <= WIRE_INT_MAX) \
-                or not 0 <= CREDIT_SEQ - seq - comm._credits_taken[source] < MAX_CONTROL_WAITING \
+                or not 0 <= CREDIT_SEQ - seq - comm.credits_taken(source) < MAX_CONTROL_WAITING \
                 or (name, seq, source) in self._box:
             self.strays += 1
             return

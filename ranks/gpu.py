@@ -693,8 +693,7 @@ class Gpu:
         self.control.take_in(CONTROL_PER_SWEEP)
         status = self._transport._status
         for comm in list(self.control.communicators.values()):
-            if comm._mpi is not None:
-                dropped += comm._mpi.sweep(status)
+            dropped += comm.sweep_strays(status)
         return dropped
 
     def _handle(self, source: int, packet: Packet, inline: np.ndarray | None = None) -> None:

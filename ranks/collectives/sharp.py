@@ -167,7 +167,7 @@ def reduce(call, send: np.ndarray, recv: np.ndarray | None, root: int) -> None:
             call.wait((RD, c), "the switch's reduction", recv[lo:hi])
             done = c + 1
             if done <= last and (done % step == 0 or done == last):
-                call.comm._send_credit(done)
+                call.comm.send_credit(done)
             if c + window < len(spans):
                 contribute(c + window)
     else:
@@ -175,6 +175,6 @@ def reduce(call, send: np.ndarray, recv: np.ndarray | None, root: int) -> None:
         for c in range(len(spans)):
             # chunk c goes once results 0..c-window are back at the root: at most `window` in the switch
             while seen < c - window + 1:
-                seen = call.comm._next_credit(root)
+                seen = call.comm.next_credit(root)
             contribute(c)
     call.flush()
