@@ -18,13 +18,8 @@ from nvlink_emu.fabric.topology import Topology
 from nvlink_emu.fabric.tuner import all2all_algorithm, choose
 
 from .bench import BUS_FACTOR_TEXT, REDUCING, ROOT, element_count, plan_of, sizes, sweep_arguments
+from .tiers import NODE_PRESETS, validated_shapes
 
-# The one place that says on which shapes emulated runs check the cost model: tests/cli/test_mpi_tier.py
-# runs each tier at these world sizes, tests/nodes/nodes_helpers.py takes its shapes and presets from here.
-TIER_WORLD_SIZES = {"mpi": (4, 9), "nodes": (8, 10)}  # tests/mpi: one node of world size - 1 GPUs + its switch
-# tests/nodes: world size -> (nodes, GPUs per node, spines); world = nodes x (GPUs per node + 1) + spines
-NODE_SHAPES = {7: (2, 2, 1), 8: (2, 2, 2), 10: (3, 2, 1), 11: (3, 2, 2)}
-NODE_PRESETS = ("superpod-h100-nvlink", "superpod-h100-ib", "superpod-a100-ib")
 HEADER = (f"{'size':>12}{'count':>12}{'type':>10}{'redop':>7}{'root':>6}{'algorithm':>10}{'modeled_us':>12}"
           f"{'algbw':>9}{'busbw':>9}{'tx_B/gpu':>14}{'rx_B/gpu':>14}")
 
@@ -41,13 +36,6 @@ def model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--software", choices=SOFTWARE, help=SOFTWARE_HELP)
     parser.add_argument("--json", action="store_true", help="one JSON object per row (the statement of what was "
                         "validated goes to standard error)")
-
-
-def validated_shapes() -> list[tuple[int, int, int]]:
-    """(nodes, GPUs per node, spines) of every shape the emulated tiers run: one node of each tests/mpi
-    world size's GPUs, and tests/nodes' shapes at its world sizes."""
-    return ([(1, world - 1, 0) for world in TIER_WORLD_SIZES["mpi"]]
-            + [NODE_SHAPES[world] for world in TIER_WORLD_SIZES["nodes"]])
 
 
 def shape_of(config) -> tuple[int, int, int]:

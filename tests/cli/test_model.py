@@ -9,7 +9,7 @@ import pytest
 from nvlink_emu.fabric import cost, cost_nodes
 from nvlink_emu.fabric.config import preset
 from nvlink_emu.launch import cli
-from nvlink_emu.launch.model import NODE_PRESETS, NODE_SHAPES, TIER_WORLD_SIZES, validated_shapes
+from nvlink_emu.launch.tiers import NODE_PRESETS, NODE_SHAPES, TIER_WORLD_SIZES, validated_shapes
 from nvlink_emu.ranks.collectives import ALL2ALL, choose
 
 KEYS = {"size_bytes", "count", "dtype", "op", "root", "algorithm", "modeled_us", "algbw_gbps", "busbw_gbps",

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from cli_helpers import ROOT, command, heavy_result
-from nvlink_emu.launch.model import TIER_WORLD_SIZES
+from nvlink_emu.launch.tiers import TIER_WORLD_SIZES
 
 
 # mpi: 4 and 9, 3 GPUs (uneven blocks) and 8 (a DGX), plus the switch rank; nodes: 8 and 10, 2 nodes x 2 GPUs

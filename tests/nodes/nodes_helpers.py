@@ -9,8 +9,8 @@ import pytest
 from nvlink_emu.fabric import cost_nodes
 from nvlink_emu.fabric.config import preset
 from nvlink_emu.fabric.reduction import BFLOAT16
-from nvlink_emu.launch.model import NODE_PRESETS as PRESETS  # noqa: F401 (the nodes tests take it from here)
-from nvlink_emu.launch.model import NODE_SHAPES as SHAPES  # `nvlink-emu model` names these shapes as validated
+from nvlink_emu.launch.tiers import NODE_PRESETS as PRESETS  # noqa: F401 (the nodes tests take it from here)
+from nvlink_emu.launch.tiers import NODE_SHAPES as SHAPES  # `nvlink-emu model` names these shapes as validated
 from nvlink_emu.ranks.session import run_fabric
 from nvlink_emu.ranks.transport import world_size
 
