@@ -1,5 +1,5 @@
 """The processes of a job on this host and their CPU time, from Linux's /proc: what `nvlink-emu bench
---cpu` reports, and what the nvlink-emu command ends after a Ctrl-C (cli.stop_interrupted).
+--cpu` reports, and what the nvlink-emu command ends after a Ctrl-C (jobs.stop_interrupted).
 
 Wall time on a machine with fewer cores than ranks says how long a user waits, not why: the ranks queue
 for the cores. CPU time does: a job whose ranks together use `cores` seconds of CPU per second of wall

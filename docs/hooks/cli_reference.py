@@ -1,5 +1,5 @@
 """MkDocs hook: the CLI reference page (guide/cli-reference.md), generated from `nvlink-emu`'s own argparse
-parser at build time, so the options are written once (launch/cli.py) and the page cannot drift from them."""
+parser at build time, so the options are written once (launch/cli.py and launch/commands/) and the page cannot drift from them."""
 
 import argparse
 
@@ -37,7 +37,7 @@ def reference() -> str:
     from nvlink_emu.launch.cli import build_parser
     parser = build_parser()
     lines = ["# CLI reference", "",
-             "Generated from `nvlink-emu`'s argparse parser (`launch/cli.py`) when this site is built; "
+             "Generated from `nvlink-emu`'s argparse parser (`launch/cli.py`, one module per command in `launch/commands/`) when this site is built; "
              "`nvlink-emu COMMAND --help` prints the same.", "",
              "```text", parser.format_usage().strip(), "```", "", _cell(parser.description), "",
              *_option_rows(parser), ""]

@@ -8,7 +8,7 @@ import pytest
 
 from nvlink_emu.fabric import cost, cost_nodes
 from nvlink_emu.fabric.config import preset
-from nvlink_emu.launch import cli
+from nvlink_emu.launch import cli, jobs
 from nvlink_emu.launch.tiers import NODE_PRESETS, NODE_SHAPES, TIER_WORLD_SIZES, validated_shapes
 from nvlink_emu.ranks.collectives import ALL2ALL, choose
 
@@ -36,7 +36,7 @@ def test_rows_are_bench_s_keys_from_cost_nodes_and_no_rank_starts(capsys, monkey
     def no_launch(*args, **kwargs):
         raise AssertionError("model started a job")
 
-    monkeypatch.setattr(cli, "launch_script", no_launch)
+    monkeypatch.setattr(jobs.subprocess, "Popen", no_launch)
     status, out, err = model(capsys, "allreduce", "--preset", "superpod-h100-ib", "--nodes", "2", "--gpus-per-node",
                              "2", "-b", "1K", "-e", "1M", "-f", "32", "--json")
     assert status == 0, err

@@ -111,7 +111,7 @@ def test_the_sized_config_file_is_named_by_the_temporary_directory_never_by_the_
     """bench wrote the sized config to WORKDIR/{config.name}.toml: a `name` of "../../x" overwrote a file
     outside the temporary directory (issue 25, item 7). The config's validation refuses such names now;
     this fabric's name is forced past it, to show that the path does not depend on it at all."""
-    from nvlink_emu.launch import cli
+    from nvlink_emu.launch.commands import bench
 
     victim = tmp_path / "victim"
     workdir = tmp_path / "work" / "deeper"
@@ -120,10 +120,10 @@ def test_the_sized_config_file_is_named_by_the_temporary_directory_never_by_the_
     object.__setattr__(config, "name", name.format(victim=victim))
     sized = preset("dgx-h100", gpus=2, memory_capacity_bytes=512 * MiB)
     launched = []
-    monkeypatch.setattr(cli, "sized_config", lambda args, c: sized)
-    monkeypatch.setattr(cli, "launch_script", lambda script, args, *rest: launched.append(args.config) or 0)
+    monkeypatch.setattr(bench, "sized_config", lambda args, c: sized)
+    monkeypatch.setattr(bench, "launch_script", lambda script, args, *rest: launched.append(args.config) or 0)
     args = argparse.Namespace(**vars(sweep()), json=True, preset=None, config=None, gpus=None, trace_dir=None)
-    assert cli.bench_launch(args, config, str(workdir), lambda row: None) == 0
+    assert bench.bench_launch(args, config, str(workdir), lambda row: None) == 0
     (path,) = launched
     assert Path(path).parent == workdir and Path(path).name.startswith("fabric-") and path.endswith(".toml")
     assert load_toml(path) == sized
@@ -133,5 +133,5 @@ def test_the_sized_config_file_is_named_by_the_temporary_directory_never_by_the_
 @pytest.mark.parametrize("name, part", [("dgx-h100", "dgx-h100"), ("..", "_.."), (".", "_."),
                                         ("my fabric/../x", "my_fabric_.._x"), ("a" * 100, "a" * 64)])
 def test_a_name_in_a_directory_name_is_one_safe_component(name, part):
-    from nvlink_emu.launch.cli import file_part
+    from nvlink_emu.launch.jobs import file_part
     assert file_part(name) == part

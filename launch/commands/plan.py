@@ -9,12 +9,20 @@ from nvlink_emu.fabric.plans import build, load, plan_link_bytes, plan_ns
 from nvlink_emu.fabric.plans.registry import ALGORITHMS, grid
 from nvlink_emu.fabric.topology import Topology
 
-from .units import parse_size
-from .plotting import check_plot
-from .options import fabric_of
+from ..options import fabric_of
+from ..plotting import check_plot
+from ..units import parse_size
 
 
-def plan_arguments(parser: argparse.ArgumentParser) -> None:
+def add_to(sub) -> None:
+    """Add the `plan` command to the subparsers `sub`."""
+    plan = sub.add_parser("plan", help="validate a collective plan (MSCCL-IR XML or a registry algorithm), print "
+                          "its per-link bytes and modeled time; show: its operations per GPU")
+    arguments(plan)
+    plan.set_defaults(handler=cmd_plan)
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=("check", "show"), help="check: validate, print per-link bytes and "
                         "modeled time; show: also every GPU's operations in program order")
     parser.add_argument("plan", metavar="FILE.xml|ALGORITHM", help=f"an MSCCL-IR XML file, or a registry "
