@@ -12,7 +12,7 @@ from nvlink_emu.fabric.reduction import DTYPES
 from nvlink_emu.fabric.topology import Topology
 from nvlink_emu.fabric.tuner import all2all_algorithm, choose
 
-from .bench import REDUCING, ROOT, element_count
+from .sweeps import REDUCING, ROOT, element_count
 from .tiers import NODE_PRESETS, validated_shapes
 
 

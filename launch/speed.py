@@ -22,7 +22,7 @@ import tempfile
 from nvlink_emu.fabric.config import preset
 from nvlink_emu.fabric.tuner import ALL2ALL, IMPLEMENTS, allowed
 
-from .bench import COLLECTIVES, busy_cores, tracing_cpu_cost
+from .sweeps import COLLECTIVES, busy_cores, tracing_cpu_cost
 from .units import format_bytes, parse_size
 from .scaling import NODES, SINGLE, bench_rows
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 from nvlink_emu.fabric.errors import ConfigError
 
-from ..bench import (available_host_bytes, bench_arguments, check_host_memory, closing, config_toml, format_row,
-                     header, plot_busbw, sized_config)
-from ..bench import check as check_bench
-from ..bench import sizes as bench_sizes
+from ..sweeps import (available_host_bytes, bench_arguments, check_host_memory, closing, config_toml, format_row,
+                      header, plot_busbw, sized_config)
+from ..sweeps import check as check_bench
+from ..sweeps import sizes as bench_sizes
 from ..jobs import LAUNCHER_HELP, Progress, file_part, launch_script
 from ..options import fabric_arguments, fabric_of
 from ..plotting import check_plot

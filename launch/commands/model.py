@@ -10,7 +10,7 @@ import time
 from nvlink_emu.fabric.config import DEFAULT_PRESET, PRESETS, SOFTWARE, SOFTWARE_HELP, resolve
 from nvlink_emu.fabric.tuner import all2all_algorithm, choose
 
-from ..bench import BUS_FACTOR_TEXT, plan_of, sizes, sweep_arguments
+from ..sweeps import BUS_FACTOR_TEXT, plan_of, sizes, sweep_arguments
 from ..model import _shape_text, predict, predict_plan, shape_of, validation_note
 
 HEADER = (f"{'size':>12}{'count':>12}{'type':>10}{'redop':>7}{'root':>6}{'algorithm':>10}{'modeled_us':>12}"

@@ -9,7 +9,7 @@ from cli_helpers import command, run
 from nvlink_emu.fabric import cost_nodes
 from nvlink_emu.fabric.config import preset
 from nvlink_emu.launch import cli
-from nvlink_emu.launch.bench import check
+from nvlink_emu.launch.sweeps import check
 from nvlink_emu.ranks.collectives import ALL2ALL
 
 SHAPE = ["--preset", "superpod-h100-ib", "--nodes", "2", "--gpus-per-node", "2"]  # 2 x 2 GPUs, 2 spines

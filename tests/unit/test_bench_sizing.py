@@ -1,4 +1,4 @@
-"""launch.bench without MPI: GPU memory sized for a sweep, the host-memory check, the config written
+"""launch.sweeps and launch.bench without MPI: GPU memory sized for a sweep, the host-memory check, the config written
 for the ranks, and the in-place input and result checks (no full-size temporaries)."""
 
 import argparse
@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from nvlink_emu.fabric import ConfigError, load_toml, preset
-from nvlink_emu.launch.bench import (PERIOD, TILE, check, check_host_memory, config_toml, contribution, count_wrong,
-                                     fill, format_bytes, gpu_memory_bytes, sized_config)
+from nvlink_emu.launch.bench import PERIOD, TILE, contribution, count_wrong, fill
+from nvlink_emu.launch.sweeps import check, check_host_memory, config_toml, gpu_memory_bytes, sized_config
+from nvlink_emu.launch.units import format_bytes
 
 MiB, GiB = 1 << 20, 1 << 30
 

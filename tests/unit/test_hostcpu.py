@@ -62,7 +62,8 @@ def test_the_process_tree_names_each_parent():
 def test_bench_per_call_figures_and_their_line():
     """CpuMeter.per_call: CPU and wall per call from two snapshots (ns, s -> us), the switches' apart; and
     the `# cpu per call:` line bench prints from a row."""
-    from nvlink_emu.launch.bench import CpuMeter, cpu_text
+    from nvlink_emu.launch.bench import CpuMeter
+    from nvlink_emu.launch.sweeps import cpu_text
     meter = object.__new__(CpuMeter)  # its constructor is collective: only the arithmetic here
     meter.switches = [30]
     before, after = {10: 0.0, 20: 1e6, 30: 5e6}, {10: 4e6, 20: 3e6, 30: 9e6, 40: 1e9}  # 40: came later
