@@ -1,8 +1,12 @@
-"""launch/speed.py's choices (the table itself is a benchmark: nothing about its figures is asserted)."""
+"""tests/benchmarks/speed.py's choices (the table itself is a benchmark: nothing about its figures is asserted)."""
+
+import sys
+from pathlib import Path
 
 import pytest
 
-from nvlink_emu.launch.speed import _cpu_cell, algorithms, shape_of
+sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))  # the benchmarks are scripts, not a package
+from speed import _cpu_cell, algorithms, shape_of  # noqa: E402
 from nvlink_emu.ranks.collectives import ALL2ALL
 
 

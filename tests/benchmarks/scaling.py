@@ -1,7 +1,7 @@
 """Weak-scaling benchmark of the emulator itself: wall time per call against MPI's own collective in the
 same run, one switch rank for every GPU against a leaf switch rank per node (issue 10).
 
-    python -m nvlink_emu.launch.scaling [--gpus 8,16,32] [--gpus-per-node 8] [--size 1M] [-n 5]
+    python tests/benchmarks/scaling.py [--gpus 8,16,32] [--gpus-per-node 8] [--size 1M] [-n 5]
 
 For each GPU count and collective (All2All of SIZE per GPU, AllReduce of SIZE) it runs
 `nvlink-emu bench` twice: on `dgx-h100` with all the GPUs behind one switch rank, and on
@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 
-from .units import parse_size
+from nvlink_emu.launch.units import parse_size
 
 SINGLE, NODES = "dgx-h100", "superpod-h100-nvlink"
 # runs a command and says the peak resident memory of its largest descendant (the ranks: ru_maxrss of
@@ -55,7 +55,7 @@ def bench_row(collective: str, preset: str, gpus: int, gpus_per_node: int | None
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m nvlink_emu.launch.scaling", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python tests/benchmarks/scaling.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--gpus", default="8,16,32", help="GPU counts, comma-separated (default 8,16,32)")
     parser.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node of the multi-node fabric")
     parser.add_argument("--size", type=parse_size, default=1 << 20, help="bytes per call (All2All: per GPU)")

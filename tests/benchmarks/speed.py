@@ -1,7 +1,7 @@
 """Speed of the emulator against MPI's own collectives (issue 13): every collective and algorithm at
 every size, as one table per fabric shape.
 
-    python -m nvlink_emu.launch.speed [--shapes 4,8,2x4] [-b 1K] [-e 64M] [-f 16] [--collectives ...]
+    python tests/benchmarks/speed.py [--shapes 4,8,2x4] [-b 1K] [-e 64M] [-f 16] [--collectives ...]
 
 For each shape (G: G GPUs behind one switch rank, `dgx-h100`; NxG: N nodes of G GPUs,
 `superpod-h100-nvlink`, a leaf rank per node and the spines) and each collective and algorithm the
@@ -22,9 +22,10 @@ import tempfile
 from nvlink_emu.fabric.config import preset
 from nvlink_emu.fabric.tuner import ALL2ALL, IMPLEMENTS, allowed
 
-from .sweeps import COLLECTIVES, busy_cores, tracing_cpu_cost
-from .units import format_bytes, parse_size
-from .scaling import NODES, SINGLE, bench_rows
+from nvlink_emu.launch.sweeps import COLLECTIVES, busy_cores, tracing_cpu_cost
+from nvlink_emu.launch.units import format_bytes, parse_size
+
+from scaling import NODES, SINGLE, bench_rows  # this folder's (run as a script: its folder is on sys.path)
 
 TARGET = 3.0  # the issue's: every cell within 3x of MPI's own
 
@@ -71,7 +72,7 @@ def _cpu_cell(row: dict, cores: int) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m nvlink_emu.launch.speed", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python tests/benchmarks/speed.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", default="4,8,2x4", help="G (one switch) or NxG (nodes), comma-separated "
                                                            "(default 4,8,2x4)")
     parser.add_argument("-b", "--min-bytes", type=parse_size, default=1 << 10, help="smallest size (default 1K)")

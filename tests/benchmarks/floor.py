@@ -2,7 +2,7 @@
 `sharp` AllReduce in plain mpi4py, nothing emulated, every message through one relay rank, against MPI's
 own Allreduce in the same job.
 
-    python -m nvlink_emu.launch.floor [--gpus 4,8] [-b 1K] [-e 64M] [-f 16] [--chunk 4M] [-n N]
+    python tests/benchmarks/floor.py [--gpus 4,8] [-b 1K] [-e 64M] [-f 16] [--chunk 4M] [-n N]
 
 G GPU ranks and one relay rank (the last) per job, as a one-switch fabric of G GPUs runs; messages of at
 most --chunk bytes (default dgx-h100's chunk_bytes, the emulator's message size). `relay ring`: 2(G-1)
@@ -31,8 +31,8 @@ import numpy as np
 
 from nvlink_emu.fabric.config import preset
 
-from .units import format_bytes, parse_size
-from .mpiexec import mpiexec_command
+from nvlink_emu.launch.mpiexec import mpiexec_command
+from nvlink_emu.launch.units import format_bytes, parse_size
 
 TAG_LIMIT = 32767  # the least MPI_TAG_UB the standard allows: destinations and chunks are tags
 STOP = TAG_LIMIT  # tag of the relay's last message
@@ -177,7 +177,7 @@ def _worker(sizes: list[int], chunk_bytes: int, iters: int, timeout_s: float) ->
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m nvlink_emu.launch.floor", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python tests/benchmarks/floor.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--gpus", default="4,8", help="GPU counts, comma-separated (default 4,8)")
     parser.add_argument("-b", "--min-bytes", type=parse_size, default=1 << 10, help="smallest size (default 1K)")
     parser.add_argument("-e", "--max-bytes", type=parse_size, default=64 << 20, help="largest size (default 64M)")
@@ -202,7 +202,7 @@ def main(argv=None) -> int:
         gpus = int(text)
         if gpus < 2:
             raise SystemExit(f"--gpus: {gpus}: at least 2")
-        cmd = [*mpiexec_command(), "-n", str(gpus + 1), sys.executable, "-m", "nvlink_emu.launch.floor", "--worker",
+        cmd = [*mpiexec_command(), "-n", str(gpus + 1), sys.executable, os.path.abspath(__file__), "--worker",
                *flags]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=30 * args.timeout)
         if done.returncode:
