@@ -11,7 +11,7 @@ from ..addressing import assign_network_addresses, decode_physical
 from ..budget import buffer_share_bytes, held_parts_share, held_slot_bytes
 from ..config import FabricConfig
 from ..counters import LinkCounters, downlink, uplink
-from ..errors import AccessViolation, FabricError, LinkDown, ProtocolError
+from ..errors import AccessViolation, FabricError, LinkDown, ProtocolError, ResourceExhausted
 from ..faults import spine_links_scale, spine_route
 from ..groups import GroupTable
 from ..packets import WIRE_INT_MAX, Kind, McastInfo, NackInfo, Packet
@@ -85,6 +85,15 @@ class SwitchLogic:
         self.control = ControlPlane(self)
 
     # -- addressing -------------------------------------------------------------------------------
+    def check_partial_share(self, what: str, ingress: int, info, partition: int, awaiting: int, kind: str) -> None:
+        """ResourceExhausted unless partition `partition`, with `awaiting` of its `kind` (partials or load-reduces
+        spanning nodes) awaiting a result at the spines, may have one more: its share of this leaf's held
+        contributions over the nodes (partial_share_parts)."""
+        if awaiting >= self.partial_share_parts:
+            raise ResourceExhausted(f"{what} from GPU {ingress}: group {info.group} slot {list(info.slot)}: switch "
+                                    f"{self.switch} has {awaiting} of partition {partition}'s {kind}, its share "
+                                    f"{self.partial_share_parts} (held contributions' share / nodes)")
+
     def route_key(self, gpu: int) -> int:
         """What a packet's dst/src holds for GPU `gpu`: its network address, or its index in classic mode."""
         return self.network_addresses[gpu] if self.network else gpu

@@ -6,7 +6,7 @@ members' notices "unserved"), each within its budget (fabric.budget). The design
 import numpy as np
 
 from ..budget import honest_loads
-from ..errors import AccessViolation, CollectiveMismatch, FabricError, ProtocolError, ResourceExhausted
+from ..errors import AccessViolation, CollectiveMismatch, FabricError, ProtocolError
 from ..groups import ByGroup
 from ..packets import GroupInfo, Kind, LoadInfo, McastInfo, Packet, raw_bytes
 from ..reduction import check_dtype, check_op
@@ -142,11 +142,8 @@ class NvlsLoads:
         if not self._may_load(group, info):  # as if a member here refused it: the requester hears nothing
             return []
         asked = self._asked_count.get(group.partition, 0)
-        if asked >= self.leaf.partial_share_parts:
-            raise ResourceExhausted(f"LOAD_REDUCE from GPU {ingress}: group {info.group} slot {list(info.slot)}: "
-                                    f"switch {self.switch} has {asked} of partition {group.partition}'s load-reduces "
-                                    f"awaiting their result, its share {self.leaf.partial_share_parts} (held "
-                                    f"contributions' share / nodes)")
+        self.leaf.check_partial_share("LOAD_REDUCE", ingress, info, group.partition, asked,
+                                      "load-reduces awaiting their result")
         self._asked[(info.group, info.key)] = (group.partition, tuple(info.slot))
         self._asked_slot[(info.group, tuple(info.slot))] = info.key
         self._asked_count[group.partition] = asked + 1

@@ -128,12 +128,9 @@ class Spanning:
             raise CollectiveMismatch(f"REDUCE from GPU {ingress}: group {info.group} slot {list(info.slot)}: result "
                                      f"key {list(info.key)} is awaited from the spines already")
         nbytes = payload.nbytes // check_dtype(info.dtype).itemsize * switch_accumulator(check_dtype(info.dtype)).itemsize
-        parts = self._partial_parts.get(group.partition, 0)
-        if parts >= self.leaf.partial_share_parts:
-            raise ResourceExhausted(f"REDUCE from GPU {ingress}: group {info.group} slot {list(info.slot)}: switch "
-                                    f"{self.switch} has {parts} of partition {group.partition}'s partials at the "
-                                    f"spines without their result, its share {self.leaf.partial_share_parts} (held "
-                                    f"contributions' share / nodes)")
+        self.leaf.check_partial_share("REDUCE", ingress, info, group.partition,
+                                      self._partial_parts.get(group.partition, 0),
+                                      "partials at the spines without their result")
         held = self._partial_bytes.get(group.partition, 0)
         if held and held + nbytes > self.leaf.partial_share_bytes:
             raise ResourceExhausted(f"REDUCE from GPU {ingress}: group {info.group} slot {list(info.slot)}: switch "
