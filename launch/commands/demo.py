@@ -41,7 +41,7 @@ def cmd_demo(args, script_args) -> int:
         classic_args.trace_dir = str(Path(classic_args.trace_dir) / f"part2-{file_part(classic.name)}")
     # GPU 0 tells the story: a [gpu 0] label on every line would say nothing
     args.no_label = classic_args.no_label = True
-    from .superpod_demo import PRESETS, Prediction, part4
+    from ..superpod_demo import PRESETS, Prediction, part4
     prediction = Prediction()  # part 4's prediction, computed meanwhile
     try:
         print(f"=== part 1: NVLink Network ({network.name}) ===", flush=True)
