@@ -27,7 +27,8 @@ RECVS = ("recv", "recv_reduce", "recv_reduce_send", "recv_copy_send", "recv_redu
 LOCAL = ("copy", "reduce")
 IN_SWITCH = ("switch_contribute", "multicast_store", "load_reduce")
 KINDS = tuple(dict.fromkeys(SENDS + RECVS + LOCAL + ("flush", "nop") + IN_SWITCH))
-COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "all2all", "broadcast", "reduce")
+COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "all2all", "broadcast", "reduce", "gather", "scatter")
+ROOTED = ("broadcast", "reduce", "gather", "scatter")  # the collectives a plan's root is for
 FABRICS = ("classic", "network")  # fabric modes (fabric.config)
 
 
@@ -74,7 +75,7 @@ class GpuProgram:
 class Plan:
     """A collective as data. name: the algorithm; collective: one of COLLECTIVES; gpus: the GPU count it
     is for; inplace: output buffer is the input buffer (ops on "o" and "i" name the same chunks);
-    root: broadcast's and reduce's; fabrics: the fabric modes that may run it."""
+    root: a rooted collective's (ROOTED: broadcast, reduce, gather, scatter); fabrics: the fabric modes that may run it."""
 
     name: str
     collective: str

@@ -22,7 +22,10 @@ followed by one of its own node's (_all2all_order). Link bytes per GPU: (n-1)/n 
 (reduce_scatter, allgather, all2all), 2 (n-1)/n S (allreduce); broadcast: the root (n-1) S out, the
 others S in; reduce: reduce_scatter's phase, a flush, then every GPU but the root sends its block to the
 root, which takes them from root+1, root+2, ... (its output; another GPU's output is a scratch array of
-the input's size).
+the input's size); gather: every GPU but the root sends its input to the root, which copies its own and
+takes the others from root+1, root+2, ...; scatter: the root sends block p to GPU p, p = root+1, root+2,
+..., then copies its own (gather: the root (n-1) s in, the others s out; scatter the reverse; s: a GPU's
+part).
 pxn: ranks/collectives/pxn.py's All2All on N nodes x G positions (a layout): a block for GPU (b, k), b
 another node and k another position, goes first to the sender's node's GPU on position k, which passes
 it on piece by piece (recv_copy_send through a scratch slot); the others go straight; each hop and
@@ -142,7 +145,8 @@ def _all2all_order(r: int, at: dict, layout, sign: int) -> list[int]:
 
 
 def direct(gpus: int, collective: str, root: int = 0, layout=None) -> Plan:
-    """direct.py's schedules (module docstring) for allreduce, reduce_scatter, allgather, broadcast; all2all
+    """direct.py's schedules (module docstring) for allreduce, reduce_scatter, allgather, broadcast, reduce,
+    gather, scatter; all2all
     on the grid `layout` (layout[a]: node a's GPUs; default one node: its order, _all2all_order)."""
     n, programs = gpus, []
     if collective == "all2all":
@@ -166,6 +170,16 @@ def direct(gpus: int, collective: str, root: int = 0, layout=None) -> Plan:
             ops += ([Op("send", src=Ref("o", r), send_to=root)] if r != root else
                     [Op("recv", dst=Ref("o", (root + k) % n), recv_from=(root + k) % n) for k in range(1, n)])
             chunks = (n, n, n)
+        elif collective == "gather":  # every block straight to the root, which takes them from root+1, ...
+            ops = ([Op("send", src=Ref("i", 0), send_to=root)] if r != root else
+                   [Op("copy", src=Ref("i", 0), dst=Ref("o", root))]
+                   + [Op("recv", dst=Ref("o", (root + k) % n), recv_from=(root + k) % n) for k in range(1, n)])
+            chunks = (1, n, 0)
+        elif collective == "scatter":  # the root sends block root+1, root+2, ... to its GPU, then keeps its own
+            ops = ([Op("recv", dst=Ref("o", 0), recv_from=root)] if r != root else
+                   [Op("send", src=Ref("i", (root + k) % n), send_to=(root + k) % n) for k in range(1, n)]
+                   + [Op("copy", src=Ref("i", root), dst=Ref("o", 0))])
+            chunks = (n, 1, 0)
         elif collective == "all2all":  # all2all.py's pairwise exchange, in _all2all_order's steps
             ops = ([Op("send", src=Ref("i", p), send_to=p) for p in _all2all_order(r, at, layout, +1)]
                    + [Op("copy", src=Ref("i", r), dst=Ref("o", r))]
@@ -173,7 +187,7 @@ def direct(gpus: int, collective: str, root: int = 0, layout=None) -> Plan:
             chunks = (n, n, 0)
         else:
             raise PlanError(f"direct plan: no {collective}; direct builds allreduce, reduce_scatter, allgather, "
-                            f"broadcast, reduce, all2all")
+                            f"broadcast, reduce, gather, scatter, all2all")
         programs.append(GpuProgram(r, tuple(ops), *chunks))
     return Plan("direct", collective, n, tuple(programs), inplace=collective in ("allreduce", "broadcast"), root=root)
 

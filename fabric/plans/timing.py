@@ -2,7 +2,8 @@
 per-link bytes summed from its messages.
 
 Sizes as fabric.replay takes them: S bytes (allreduce, broadcast, reduce: the buffer; all2all: each
-GPU's send buffer; reduce_scatter: the input; allgather: the output), elements of `itemsize` bytes.
+GPU's send buffer; reduce_scatter: the input; allgather: the output; gather: the root's output, scatter:
+the root's input, n x each GPU's part), elements of `itemsize` bytes.
 Buffer b of a GPU holds count_b elements, cut into its chunks by fabric.reduction.blocks; an operation's
 run of chunks is one element range, sent as messages of at most config.chunk_bytes of whole elements
 (ranks/collectives/ring.py's chunking). Program order: an operation's receives, then its sends; a flush
@@ -25,22 +26,24 @@ from .format import RECVS, SENDS, Op, Plan, walk
 def buffer_elements(plan: Plan, S: int, itemsize: int) -> dict[str, int]:
     """Elements of each GPU's input and output buffer for a call of S bytes (module docstring)."""
     count, n = int(S) // itemsize, plan.gpus
-    if plan.collective == "allgather":
+    if plan.collective in ("allgather", "gather"):
         return {"i": count // n, "o": count}
-    if plan.collective == "reduce_scatter":
+    if plan.collective in ("reduce_scatter", "scatter"):
         return {"i": count, "o": count // n}
     return {"i": count, "o": count}
 
 
 def _base(plan: Plan, S: int, itemsize: int, g: int) -> dict[str, list[tuple[int, int]]]:
-    """GPU g's input and output chunks, element ranges: reduce_scatter's output and allgather's input are
-    GPU g's block of the whole (fabric.reduction.blocks(count, n)[g], as the API sizes them)."""
+    """GPU g's input and output chunks, element ranges: reduce_scatter's and scatter's output and allgather's
+    and gather's input are GPU g's block of the whole (fabric.reduction.blocks(count, n)[g], as the API sizes
+    them; gather's and scatter's blocks are equal)."""
     elements = buffer_elements(plan, S, itemsize)
     program = plan.programs[g]
     count = int(S) // itemsize
-    if plan.collective in ("reduce_scatter", "allgather"):
+    if plan.collective in ("reduce_scatter", "allgather", "scatter", "gather"):
         lo, hi = blocks(count, plan.gpus)[g]
-        elements = {"i": count, "o": hi - lo} if plan.collective == "reduce_scatter" else {"i": hi - lo, "o": count}
+        elements = {"i": count, "o": hi - lo} if plan.collective in ("reduce_scatter", "scatter") else \
+            {"i": hi - lo, "o": count}
     return {b: blocks(elements[b], program.chunks_of(b)) for b in ("i", "o")}
 
 

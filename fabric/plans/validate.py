@@ -3,7 +3,8 @@
 Rules (each refusal is a PlanError naming the GPU, the step and, where one is involved, the chunk):
 1. the collective is known; one program per GPU, in GPU order; buffer chunk counts fit the collective
    (allreduce, all2all, broadcast, reduce: input and output alike, all2all's a multiple of the GPU
-   count; allgather: output = GPUs x input; reduce_scatter: input = GPUs x output); inplace: alike;
+   count; allgather and gather: output = GPUs x input; reduce_scatter and scatter: input = GPUs x
+   output); inplace: alike; a rooted collective's root is one of the GPUs;
 2. every operation's kind is known and runnable (the in-switch kinds are refused: no interpreter runs
    them yet), names the buffers its kind needs, in range, and peers that are other GPUs of the plan;
    a dependency names an earlier operation of the same GPU (so the dependencies have no cycle);
@@ -15,7 +16,9 @@ Rules (each refusal is a PlanError naming the GPU, the step and, where one is in
 4. at the end every output chunk holds exactly the contributions the collective requires: allreduce
    chunk c = input chunk c of every GPU; allgather chunk g k + m = GPU g's input chunk m; reduce_scatter
    chunk m of GPU g = input chunk g k + m of every GPU; all2all chunk h k + m of GPU g = GPU h's input
-   chunk g k + m; broadcast chunk c = the root's input chunk c; reduce: the root's output as allreduce.
+   chunk g k + m; broadcast chunk c = the root's input chunk c; reduce: the root's output as allreduce;
+   gather: the root's chunk h k + m = GPU h's input chunk m; scatter: GPU g's chunk m = the root's input
+   chunk g k + m (k: output chunks). Nothing is required of reduce's and gather's other GPUs' outputs.
 A contribution is (GPU, input chunk); a chunk's value is the set of them, held as an int whose bit
 h I + c is GPU h's input chunk c (I input chunks per GPU): a union or an overlap is one machine-word
 loop, where frozensets of pairs took 4.6 s of CPU to validate `direct` allreduce on 256 GPUs.
@@ -24,7 +27,7 @@ loop, where frozensets of pairs took 4.6 s of CPU to validate `direct` allreduce
 import functools
 
 from ..errors import PlanError
-from .format import BUFFERS, COLLECTIVES, IN_SWITCH, KINDS, RECVS, SENDS, Plan, walk
+from .format import BUFFERS, COLLECTIVES, IN_SWITCH, KINDS, RECVS, ROOTED, SENDS, Plan, walk
 
 _NEEDS = {"send": ("src",), "recv": ("dst",), "recv_reduce": ("dst",), "recv_reduce_send": ("src",),
           "recv_copy_send": ("dst",), "recv_reduce_copy_send": ("dst",), "copy": ("src", "dst"),
@@ -46,7 +49,7 @@ def _shape(plan: Plan) -> None:
     n = plan.gpus
     if n < 1 or len(plan.programs) != n:
         raise PlanError(f"plan {plan.name!r}: for {n} GPUs but has {len(plan.programs)} programs")
-    if plan.collective in ("broadcast", "reduce") and not 0 <= plan.root < n:
+    if plan.collective in ROOTED and not 0 <= plan.root < n:
         raise PlanError(f"plan {plan.name!r}: root {plan.root} is not one of its {n} GPUs")
     for g, program in enumerate(plan.programs):
         if program.gpu != g:
@@ -55,7 +58,8 @@ def _shape(plan: Plan) -> None:
         if min(i, o) < 1 or s < 0:
             raise PlanError(f"GPU {g}: buffers of {i} input, {o} output, {s} scratch chunks")
         c = plan.collective
-        ok = {"allgather": o == n * i, "reduce_scatter": i == n * o, "all2all": i == o and i % n == 0}.get(c, i == o)
+        ok = {"allgather": o == n * i, "gather": o == n * i, "reduce_scatter": i == n * o, "scatter": i == n * o,
+              "all2all": i == o and i % n == 0}.get(c, i == o)
         if not ok or (plan.inplace and i != o):
             raise PlanError(f"GPU {g}: {i} input and {o} output chunks do not fit {'an in-place ' if plan.inplace else ''}"
                             f"{c} on {n} GPUs")
@@ -198,15 +202,19 @@ def _run(plan: Plan) -> _State:
 
 
 def expected(plan: Plan, g: int, c: int) -> int | None:
-    """The contributions output chunk c of GPU g must hold, a bit set (None: not checked, reduce's
-    non-roots)."""
+    """The contributions output chunk c of GPU g must hold, a bit set (None: not checked, reduce's and
+    gather's non-roots)."""
     n, program, width = plan.gpus, plan.programs[g], plan.programs[0].i_chunks
     every = _every_gpu(n, width)  # input chunk 0 of every GPU
     coll = plan.collective
     if coll == "allreduce" or (coll == "reduce" and g == plan.root):
         return every << c
-    if coll == "reduce":
+    if coll in ("reduce", "gather") and g != plan.root:
         return None
+    if coll == "gather":
+        return 1 << c  # GPU c // width's input chunk c % width
+    if coll == "scatter":
+        return 1 << (plan.root * width + g * program.o_chunks + c)
     if coll == "broadcast":
         return 1 << (plan.root * width + c)
     if coll == "allgather":

@@ -24,11 +24,14 @@ PLAN = 30  # message phase
 
 def execute(call, plan, inp: np.ndarray, out: np.ndarray) -> None:
     """Run `plan` (validated, for call.n GPUs) as member call.r: inp/out the flat input and output
-    arrays (the same array in place)."""
+    arrays (the same array in place; a buffer the member's program does not touch, such as gather's
+    output off the root or scatter's input, may be empty)."""
     if plan.gpus != call.n:
         raise PlanError(f"plan {plan.name!r} is for {plan.gpus} GPUs, the communicator has {call.n}")
     item = inp.dtype.itemsize
-    S = {"allgather": out.size, "all2all": inp.size}.get(plan.collective, inp.size) * item
+    # S as fabric.plans.timing takes it (gather's and scatter's: n parts; a non-root passes an empty buffer)
+    S = {"allgather": out.size, "all2all": inp.size, "gather": inp.size * call.n,
+         "scatter": out.size * call.n}.get(plan.collective, inp.size) * item
     table = spans(plan, S, item, call.r)
     program = plan.programs[call.r]
     bufs = {"i": inp, "o": inp if plan.inplace else out}

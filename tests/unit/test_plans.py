@@ -325,3 +325,43 @@ def test_the_pxn_plan_moves_the_cost_models_bytes_on_every_link(nodes, per_node)
 def test_a_pxn_layout_that_is_no_grid_is_refused():
     with pytest.raises(PlanError, match=r"pxn plan: layout \(\(0, 1\), \(2,\)\) is not a grid of the 3 GPUs"):
         plans.build("pxn", 3, "all2all", layout=((0, 1), (2,)))
+
+
+# -- the rooted collectives: gather and scatter ---------------------------------------------------
+
+@pytest.mark.parametrize("gpus", [2, 3, 5])
+def test_the_direct_gather_and_scatter_plans_move_each_part_once_through_the_root(gpus):
+    # s = each GPU's part: gather, the root takes (n-1) s in and every other GPU sends s; scatter the reverse
+    config = preset("dgx-h100", gpus=gpus)
+    topo = Topology.single(config)
+    part = 3000 * 4
+    for root in range(gpus):
+        for collective, out_of_root in (("gather", False), ("scatter", True)):
+            plan = plans.build("direct", gpus, collective, root)
+            links = {k: v[0] for k, v in plans.plan_link_bytes(plan, topo, gpus * part, config).items()}
+            want = {}
+            for g in range(gpus):
+                if g != root:
+                    want[f"gpu{root}->sw0" if out_of_root else f"gpu{g}->sw0"] = (gpus - 1) * part if out_of_root else part
+                    want[f"sw0->gpu{g}" if out_of_root else f"sw0->gpu{root}"] = part if out_of_root else (gpus - 1) * part
+            assert links == want, (collective, root)
+
+
+def test_gathers_coverage_needs_only_the_roots_output_and_scatters_every_gpus():
+    plan = plans.build("direct", 3, "gather", 1)
+    assert [op.kind for op in plan.programs[1].ops] == ["copy", "recv", "recv"]  # from GPU 2, then GPU 0
+    assert [op.recv_from for op in plan.programs[1].ops[1:]] == [2, 0]
+    wrong = _with_ops(plan, 1, plan.programs[1].ops[:2] + (Op("recv", dst=Ref("o", 2), recv_from=0),))
+    with pytest.raises(PlanError, match=r"GPU 1 output chunk 0: never written \(needs GPU 0's input chunk 0\)"):
+        plans.validate(wrong)
+    plan = plans.build("direct", 3, "scatter", 0)
+    wrong = _with_ops(plan, 0, [Op("send", src=Ref("i", 2), send_to=1), Op("send", src=Ref("i", 1), send_to=2),
+                                Op("copy", src=Ref("i", 0), dst=Ref("o", 0))])
+    with pytest.raises(PlanError, match=r"GPU 1 output chunk 0: misses GPU 0's input chunk 1; holds GPU 0's input "
+                                        r"chunk 2 too"):
+        plans.validate(wrong)
+    with pytest.raises(PlanError, match=r"root 3 is not one of its 3 GPUs"):
+        plans.validate(dataclasses.replace(plan, root=3))
+    with pytest.raises(PlanError, match=r"GPU 0: 3 input and 3 output chunks do not fit scatter on 3 GPUs"):
+        plans.validate(dataclasses.replace(plan, programs=tuple(dataclasses.replace(p, o_chunks=3)
+                                                                for p in plan.programs)))
