@@ -13,7 +13,10 @@ Kinds (MSCCL-IR's step types in brackets): send [s], recv [r] (dst = the message
 (dst += the message), recv_reduce_send [rrs] (send src + the message on, store nothing),
 recv_copy_send [rcs] (dst = the message, send it on), recv_reduce_copy_send [rrcs] (dst += the
 message, send dst on), copy [cpy] (dst = src), reduce [re] (dst += src), flush (wait until this
-GPU's sends so far have left its uplink: no data moves), nop. The in-switch kinds (contribute to an
+GPU's sends so far have left its uplink: no data moves), nop. "+=" is dst (op) incoming; a reducing
+kind with incoming_first=True folds the other way round, incoming (op) dst (the message, or reduce's
+src, on the left: ring.py's reduce chain folds a member's own data into the partial it received).
+MSCCL-IR has no such field: a loaded plan folds dst (op) incoming. The in-switch kinds (contribute to an
 in-switch reduction, multicast store, load-reduce request) are part of the format; the interpreters
 do not run them yet, and the validator refuses them with UnsupportedOperation-style PlanError.
 """
@@ -25,6 +28,7 @@ BUFFERS = ("i", "o", "s")
 SENDS = ("send", "recv_reduce_send", "recv_copy_send", "recv_reduce_copy_send")
 RECVS = ("recv", "recv_reduce", "recv_reduce_send", "recv_copy_send", "recv_reduce_copy_send")
 LOCAL = ("copy", "reduce")
+REDUCING = ("recv_reduce", "recv_reduce_send", "recv_reduce_copy_send", "reduce")  # the kinds that fold
 IN_SWITCH = ("switch_contribute", "multicast_store", "load_reduce")
 KINDS = tuple(dict.fromkeys(SENDS + RECVS + LOCAL + ("flush", "nop") + IN_SWITCH))
 COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "all2all", "broadcast", "reduce", "gather", "scatter")
@@ -46,7 +50,8 @@ class Ref:
 
 @dataclass(frozen=True)
 class Op:
-    """One operation of a GPU's program. peer_send/peer_recv: the GPU sent to / received from."""
+    """One operation of a GPU's program. send_to/recv_from: the GPU sent to / received from;
+    incoming_first: a reducing kind's operand order (module docstring), incoming (op) dst."""
 
     kind: str
     channel: int = 0
@@ -55,6 +60,7 @@ class Op:
     send_to: int | None = None
     recv_from: int | None = None
     deps: tuple[int, ...] = ()
+    incoming_first: bool = False
 
 
 @dataclass(frozen=True)

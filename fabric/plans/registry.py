@@ -4,8 +4,11 @@ ring: ranks/collectives/ring.py's one-node schedule (one ring 0, 1, ..., n-1; th
 reduce-scatter step s: position p sends chunk p-1-s to p+1 and folds chunk p-2-s from p-1 into its
 own, a flush after each step; all-gather step s: sends chunk p-s, takes chunk p-1-s, one flush at the
 end; broadcast: a chain from the root, root+1, ..., root+n-1, each GPU passing every piece on as soon
-as it is in). Each GPU's link bytes: 2 (n-1)/n S (allreduce), (n-1)/n S (reduce_scatter, allgather);
-broadcast S out (all but the chain's last) and S in (all but the root).
+as it is in; reduce: a chain root+1, root+2, ..., root, each GPU folding its own input into every piece
+of the partial it receives, partial (op) own (incoming_first), and passing it on, the root folding it
+into its output). Each GPU's link bytes: 2 (n-1)/n S (allreduce), (n-1)/n S (reduce_scatter,
+allgather); broadcast S out (all but the chain's last) and S in (all but the root); reduce S out (all
+but the root) and S in (all but root+1).
 recursive_doubling: allreduce on a power-of-two GPU count; step k, GPU g exchanges its whole buffer
 with g xor 2^k and adds the partner's (received into scratch) to its own: log2(n) S bytes each way;
 every GPU folds the same sets, in a different order (floating-point sums may differ from ring's).
@@ -54,7 +57,8 @@ def _ring_steps(n, p, buf, reduce):
 
 
 def ring(gpus: int, collective: str, root: int = 0, layout=None) -> Plan:
-    """ring.py's one-node ring (module docstring) for allreduce, reduce_scatter or allgather."""
+    """ring.py's one-node ring (module docstring) for allreduce, reduce_scatter, allgather, broadcast (from
+    `root`) or reduce (to `root`)."""
     n, programs = gpus, []
     for p in range(n):
         if collective == "allreduce":
@@ -70,8 +74,18 @@ def ring(gpus: int, collective: str, root: int = 0, layout=None) -> Plan:
                    [Op("recv", dst=whole, recv_from=prv)] if position == n - 1 else
                    [Op("recv_copy_send", dst=whole, send_to=nxt, recv_from=prv)])
             chunks = (1, 1)
+        elif collective == "reduce":  # a chain root+1, ..., root: each folds its own data into the partial
+            position, nxt, prv = (p - root - 1) % n, (p + 1) % n, (p - 1) % n
+            mine = Ref("i", 0)
+            ops = ([Op("send", src=mine, send_to=nxt)] if position == 0 and n > 1 else
+                   [Op("recv_reduce_send", src=mine, send_to=nxt, recv_from=prv, incoming_first=True)]
+                   if position < n - 1 else
+                   [Op("copy", src=mine, dst=Ref("o", 0))]
+                   + ([Op("recv_reduce", dst=Ref("o", 0), recv_from=prv, incoming_first=True)] if n > 1 else []))
+            chunks = (1, 1)
         else:
-            raise PlanError(f"ring plan: no {collective}; ring builds allreduce, reduce_scatter, allgather, broadcast")
+            raise PlanError(f"ring plan: no {collective}; ring builds allreduce, reduce_scatter, allgather, broadcast, "
+                            f"reduce")
         programs.append(GpuProgram(p, tuple(ops), *chunks))
     return Plan("ring", collective, n, tuple(programs), inplace=collective in ("allreduce", "broadcast"), root=root)
 

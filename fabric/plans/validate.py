@@ -7,7 +7,8 @@ Rules (each refusal is a PlanError naming the GPU, the step and, where one is in
    output); inplace: alike; a rooted collective's root is one of the GPUs;
 2. every operation's kind is known and runnable (the in-switch kinds are refused: no interpreter runs
    them yet), names the buffers its kind needs, in range, and peers that are other GPUs of the plan;
-   a dependency names an earlier operation of the same GPU (so the dependencies have no cycle);
+   a dependency names an earlier operation of the same GPU (so the dependencies have no cycle); only a
+   reducing kind has an operand order (incoming_first);
 3. a symbolic run, every GPU in program order, sends never waiting, a receive waiting for the matching
    send (same sender, receiver and channel, in order): it must end with every program done (else the
    plan deadlocks: the waiting GPUs are named) and no message unreceived; a send and its receive move
@@ -27,7 +28,7 @@ loop, where frozensets of pairs took 4.6 s of CPU to validate `direct` allreduce
 import functools
 
 from ..errors import PlanError
-from .format import BUFFERS, COLLECTIVES, IN_SWITCH, KINDS, RECVS, ROOTED, SENDS, Plan, walk
+from .format import BUFFERS, COLLECTIVES, IN_SWITCH, KINDS, RECVS, REDUCING, ROOTED, SENDS, Plan, walk
 
 _NEEDS = {"send": ("src",), "recv": ("dst",), "recv_reduce": ("dst",), "recv_reduce_send": ("src",),
           "recv_copy_send": ("dst",), "recv_reduce_copy_send": ("dst",), "copy": ("src", "dst"),
@@ -96,6 +97,9 @@ def _ops(plan: Plan) -> None:
                 raise PlanError(f"{_where(g, step, op)}: {attr} {peer} is not another GPU of the plan's {n}")
             if not needed and peer is not None:
                 raise PlanError(f"{_where(g, step, op)}: a {op.kind} has no {attr}")
+        if op.incoming_first is not False and (op.incoming_first is not True or op.kind not in REDUCING):
+            raise PlanError(f"{_where(g, step, op)}: incoming_first={op.incoming_first!r}: an operand order is "
+                            f"True or False, and only for the kinds that fold ({', '.join(REDUCING)})")
         for d in op.deps:
             if not 0 <= d < step:
                 raise PlanError(f"{_where(g, step, op)}: depends on step {d}, not an earlier step of GPU {g} "

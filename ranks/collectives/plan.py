@@ -7,7 +7,8 @@ soon as it is in), a flush where the plan says; so the emulated modeled
 time is the replay's (fabric.plans.timing.plan_ns) by construction. Buffers: "i" the input, "o" the
 output (the input itself in place), "s" a scratch array of the plan's scratch chunks, chunks as
 fabric.plans.timing.spans cuts them (a scratch chunk the size of what is first written into it).
-Reductions fold the received data into what is there (fabric.reduction.combine(op, dst, incoming): ring.py's order); an allreduce's or reduce_scatter's
+Reductions fold the received data into what is there (fabric.reduction.combine(op, dst, incoming): ring.py's order;
+an operation with incoming_first, the other way round: combine_incoming_first, ring.py's reduce chain); an allreduce's or reduce_scatter's
 average is finished on every output element at the end (the same sum divided by n on every member).
 Link bytes: the plan's (fabric.plans.plan_link_bytes).
 """
@@ -17,7 +18,7 @@ import numpy as np
 from nvlink_emu.fabric.errors import PlanError
 from nvlink_emu.fabric.plans.format import RECVS, SENDS
 from nvlink_emu.fabric.plans.timing import span, spans, with_flushes
-from nvlink_emu.fabric.reduction import chunks, combine, finish
+from nvlink_emu.fabric.reduction import chunks, combine, combine_incoming_first, finish
 
 PLAN = 30  # message phase
 
@@ -45,6 +46,7 @@ def execute(call, plan, inp: np.ndarray, out: np.ndarray) -> None:
             m = taken[(op.recv_from, op.channel)] = taken.get((op.recv_from, op.channel), -1) + 1
         if op.kind in SENDS:
             n = sent[(op.send_to, op.channel)] = sent.get((op.send_to, op.channel), -1) + 1
+        fold = combine_incoming_first if op.incoming_first else combine
         if op.kind in RECVS:
             ref = op.dst if op.dst is not None else op.src
             lo0, hi0 = span(table, ref)
@@ -57,7 +59,7 @@ def execute(call, plan, inp: np.ndarray, out: np.ndarray) -> None:
                 else:
                     tmp = tmp_all[:hi - lo]
                     call.recv(op.recv_from, (PLAN, op.channel, m, k), tmp)
-                    combine(call.op, view, tmp)
+                    fold(call.op, view, tmp)
                 if op.kind in SENDS:  # piece k forwarded at once (fabric.plans.timing.messages)
                     call.send(op.send_to, (PLAN, op.channel, n, k), view)
         elif op.kind in SENDS:
@@ -72,7 +74,7 @@ def execute(call, plan, inp: np.ndarray, out: np.ndarray) -> None:
             if op.kind == "copy":
                 bufs[op.dst.buf][dlo:dhi] = bufs[op.src.buf][slo:shi]
             else:
-                combine(call.op, bufs[op.dst.buf][dlo:dhi], bufs[op.src.buf][slo:shi])
+                fold(call.op, bufs[op.dst.buf][dlo:dhi], bufs[op.src.buf][slo:shi])
         elif op.kind == "flush":
             call.flush()
     call.flush()

@@ -365,3 +365,44 @@ def test_gathers_coverage_needs_only_the_roots_output_and_scatters_every_gpus():
     with pytest.raises(PlanError, match=r"GPU 0: 3 input and 3 output chunks do not fit scatter on 3 GPUs"):
         plans.validate(dataclasses.replace(plan, programs=tuple(dataclasses.replace(p, o_chunks=3)
                                                                 for p in plan.programs)))
+
+
+# -- ring's reduce chain: an operand order on the reducing kinds -------------------------------------
+
+@pytest.mark.parametrize("gpus", [1, 2, 3, 5])
+def test_the_ring_reduce_plan_is_broadcasts_chain_from_the_roots_successor_folding_partial_first(gpus):
+    # the chain root+1, ..., root moves the bytes, and takes the time, of the broadcast chain from root+1
+    config = dataclasses.replace(preset("dgx-h100", gpus=gpus), chunk_bytes=1 << 16)
+    topo = Topology.single(config)
+    for root in range(gpus):
+        plan, chain = plans.build("ring", gpus, "reduce", root), plans.build("ring", gpus, "broadcast", (root + 1) % gpus)
+        for size in (1024, (1 << 20) + 12):
+            assert plans.plan_ns(plan, topo, size, config) == plans.plan_ns(chain, topo, size, config)
+            assert plans.plan_link_bytes(plan, topo, size, config) == plans.plan_link_bytes(chain, topo, size, config)
+        folds = [op for _, _, op in plan.ops() if op.kind in ("recv_reduce", "recv_reduce_send")]
+        assert len(folds) == gpus - 1 and all(op.incoming_first for op in folds)  # partial (op) own, as ring.py
+
+
+def test_an_operand_order_is_only_for_the_kinds_that_fold():
+    plan = plans.build("ring", 3, "reduce", 0)
+    ops = list(plan.programs[1].ops)  # GPU 1, the chain's start: one send
+    ops[0] = dataclasses.replace(ops[0], incoming_first=True)
+    with pytest.raises(PlanError, match=r"GPU 1 step 0 \(send, channel 0\): incoming_first=True: an operand order "
+                                        r"is True or False, and only for the kinds that fold"):
+        plans.validate(_with_ops(plan, 1, ops))
+    ops = list(plan.programs[2].ops)
+    ops[0] = dataclasses.replace(ops[0], incoming_first=1)
+    with pytest.raises(PlanError, match=r"GPU 2 step 0 \(recv_reduce_send, channel 0\): incoming_first=1"):
+        plans.validate(_with_ops(plan, 2, ops))
+
+
+def test_combine_incoming_first_puts_the_incoming_operand_on_the_left(monkeypatch):
+    import numpy as np
+
+    from nvlink_emu.fabric import reduction
+    monkeypatch.setitem(reduction._COMBINE, "sum", np.subtract)  # an order that shows: acc - x or x - acc
+    acc = np.array([10.0])
+    reduction.combine("sum", acc, np.array([3.0]))
+    assert acc[0] == 7.0
+    reduction.combine_incoming_first("sum", acc, np.array([3.0]))
+    assert acc[0] == -4.0
