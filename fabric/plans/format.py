@@ -1,7 +1,8 @@
 """The plan format: per GPU, ordered operations on chunks of its input, output and scratch buffers.
 
 A buffer of a call is cut into `chunks` equal parts (fabric.reduction.blocks of its element count, the
-first parts one element longer where it does not divide); an operation names a run of `cnt` chunks
+first parts one element longer where it does not divide), or, in a plan built for one call's sizes
+(all2allv's counts), into the element counts its programs give (GpuProgram.elements); an operation names a run of `cnt` chunks
 from offset `off` of a buffer ("i" input, "o" output, "s" scratch). A GPU's operations are listed in
 the order its program issues them; each carries a channel (an operation stream, MSCCL's threadblock)
 and `deps`: indices of earlier operations of the same GPU (on any channel) that must be done first.
@@ -65,13 +66,16 @@ class Op:
 
 @dataclass(frozen=True)
 class GpuProgram:
-    """One GPU's buffers (chunks each) and operations in program order."""
+    """One GPU's buffers (chunks each) and operations in program order. elements: None (chunks cut from
+    the call's size), or the element count of every chunk, (input's, output's, scratch's), in a plan built
+    for one call's sizes; the buffers hold at least their sums."""
 
     gpu: int
     ops: tuple[Op, ...]
     i_chunks: int
     o_chunks: int
     s_chunks: int = 0
+    elements: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None = None
 
     def chunks_of(self, buf: str) -> int:
         return {"i": self.i_chunks, "o": self.o_chunks, "s": self.s_chunks}[buf]

@@ -35,6 +35,7 @@ it on piece by piece (recv_copy_send through a scratch slot); the others go stra
 forward on its pair's own channel.
 """
 
+import dataclasses
 import functools
 
 from ..errors import PlanError
@@ -263,6 +264,28 @@ def _build(algorithm: str, gpus: int, collective: str, root: int, layout) -> Pla
     if algorithm not in ALGORITHMS:
         raise PlanError(f"no plan algorithm {algorithm!r}; known: {', '.join(ALGORITHMS)}")
     return validate(ALGORITHMS[algorithm](gpus, collective, root, layout))
+
+
+def all2allv(counts) -> Plan:
+    """The validated plan of one all2allv call: counts[i][j] elements GPU i sends GPU j (the diagonal: copied
+    locally), blocks packed in GPU order in both buffers. direct's one-node All2All (block r+k to GPU r+k,
+    k = 1..n-1, its own copied, then block p from p = r-1, r-2, ...: all2all.py's order for uneven blocks,
+    on one node or several) with each GPU's chunks sized by its row (input) and column (output); built and
+    validated once per count matrix (a call's counts are data, not a plan's chunking)."""
+    matrix = tuple(tuple(int(x) for x in row) for row in counts)
+    if not matrix or any(len(row) != len(matrix) for row in matrix):
+        raise PlanError(f"all2allv plan: counts must be a square matrix, got {len(matrix)} rows of "
+                        f"{sorted({len(row) for row in matrix})} counts")
+    return _all2allv(matrix)
+
+
+@functools.lru_cache(maxsize=64)
+def _all2allv(matrix: tuple[tuple[int, ...], ...]) -> Plan:
+    n = len(matrix)
+    plan = build("direct", n, "all2all")  # the exchange, validated once per GPU count; sized here
+    programs = tuple(dataclasses.replace(program, elements=(matrix[r], tuple(row[r] for row in matrix), ()))
+                     for r, program in enumerate(plan.programs))
+    return validate(dataclasses.replace(plan, programs=programs))
 
 
 def grid(nodes: int, gpus_per_node: int) -> tuple[tuple[int, ...], ...]:

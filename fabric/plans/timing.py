@@ -33,12 +33,23 @@ def buffer_elements(plan: Plan, S: int, itemsize: int) -> dict[str, int]:
     return {"i": count, "o": count}
 
 
+def packed(sizes) -> list[tuple[int, int]]:
+    """Element ranges of chunks of `sizes` elements laid one after another from 0."""
+    out, lo = [], 0
+    for size in sizes:
+        out.append((lo, lo + size))
+        lo += size
+    return out
+
+
 def _base(plan: Plan, S: int, itemsize: int, g: int) -> dict[str, list[tuple[int, int]]]:
     """GPU g's input and output chunks, element ranges: reduce_scatter's and scatter's output and allgather's
     and gather's input are GPU g's block of the whole (fabric.reduction.blocks(count, n)[g], as the API sizes
-    them; gather's and scatter's blocks are equal)."""
-    elements = buffer_elements(plan, S, itemsize)
+    them; gather's and scatter's blocks are equal); a plan's own chunk sizes where it gives them (S unused)."""
     program = plan.programs[g]
+    if program.elements is not None:
+        return {"i": packed(program.elements[0]), "o": packed(program.elements[1])}
+    elements = buffer_elements(plan, S, itemsize)
     count = int(S) // itemsize
     if plan.collective in ("reduce_scatter", "allgather", "scatter", "gather"):
         lo, hi = blocks(count, plan.gpus)[g]
@@ -69,6 +80,10 @@ def _chunk_tables(plan: Plan, S: int, itemsize: int) -> tuple[dict[str, list[tup
     that a chunk of an uneven buffer fits where it lands; one nothing writes, the larger buffer's longest
     chunk."""
     tables = [_base(plan, S, itemsize, g) for g in range(plan.gpus)]
+    if plan.programs[0].elements is not None:  # sized by the plan (the validator: every GPU's or none)
+        for g, program in enumerate(plan.programs):
+            tables[g]["s"] = packed(program.elements[2])
+        return tuple(tables)
     if not any(program.s_chunks for program in plan.programs):
         return tuple(tables)
     sizes = [[None] * program.s_chunks for program in plan.programs]

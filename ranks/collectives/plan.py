@@ -36,6 +36,10 @@ def execute(call, plan, inp: np.ndarray, out: np.ndarray) -> None:
     table = spans(plan, S, item, call.r)
     program = plan.programs[call.r]
     bufs = {"i": inp, "o": inp if plan.inplace else out}
+    for name, ranges in table.items():  # a plan sized for a call (GpuProgram.elements) names its own ends
+        if name in bufs and ranges and ranges[-1][1] > bufs[name].size and program.elements is not None:
+            raise PlanError(f"plan {plan.name!r} GPU {call.r}: its {name!r} chunks hold {ranges[-1][1]} elements, "
+                            f"the buffer {bufs[name].size}")
     if program.s_chunks:
         bufs["s"] = np.empty(table["s"][-1][1], inp.dtype)  # the validator proved no chunk is read unwritten
     longest = max((hi - lo for ranges in table.values() for lo, hi in ranges), default=0)

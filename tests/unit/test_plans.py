@@ -406,3 +406,42 @@ def test_combine_incoming_first_puts_the_incoming_operand_on_the_left(monkeypatc
     assert acc[0] == 7.0
     reduction.combine_incoming_first("sum", acc, np.array([3.0]))
     assert acc[0] == -4.0
+
+
+# -- all2allv: a plan per call, its chunks sized by the counts ----------------------------------------
+
+def test_the_all2allv_plan_is_sized_by_the_counts_and_moves_them_exactly():
+    config = resolve("superpod-h100-ib", None, None, 2, 2)
+    topo = config.topology
+    counts = [[0, 5, 1030, 0], [7, 3, 0, 2048], [1, 1, 1, 1], [4096, 0, 9, 100]]  # elements; the diagonal stays
+    plan = registry.all2allv(counts)
+    assert plan is registry.all2allv(tuple(map(tuple, counts)))  # one plan per count matrix
+    assert plan.programs[1].elements == ((7, 3, 0, 2048), (5, 3, 1, 0), ())  # its row in, its column out
+    assert timing.spans(plan, 0, 4, 3)["i"] == [(0, 4096), (4096, 4096), (4096, 4105), (4105, 4205)]
+    links = {k: v[0] for k, v in plans.plan_link_bytes(plan, topo, 0, config).items()}
+    assert links == {k: v for k, v in cost_nodes.link_bytes("all2allv", "all2allv", topo,
+                                                            counts=[[4 * x for x in row] for row in counts]).items() if v}
+    assert plans.plan_ns(plan, topo, 0, config) == replay.replay_ns(
+        "all2allv", "all2allv", topo, 0, config, counts=[[4 * x for x in row] for row in counts])
+
+
+def test_a_plan_that_gives_chunk_sizes_is_checked_exactly():
+    plan = registry.all2allv([[2, 3], [5, 7]])
+    programs = list(plan.programs)
+    programs[1] = dataclasses.replace(programs[1], elements=((4, 7), (3, 7), ()))  # GPU 1 sends 4, GPU 0 takes 5
+    with pytest.raises(PlanError, match=r"GPU 0 step 2 \(recv, channel 0\) chunk 1: receives chunks of \[5\] elements, "
+                                        r"GPU 1 step 0 sent \[4\]"):
+        plans.validate(dataclasses.replace(plan, programs=tuple(programs)))
+    programs[1] = dataclasses.replace(programs[1], elements=((5, 7), (3, 6), ()))  # its own block: 7 copied into 6
+    with pytest.raises(PlanError, match=r"GPU 1 step 1 \(copy, channel 0\) chunk 1: copy of chunks of \[7\] elements "
+                                        r"into chunks of \[6\]"):
+        plans.validate(dataclasses.replace(plan, programs=tuple(programs)))
+    programs[1] = dataclasses.replace(programs[1], elements=None)
+    with pytest.raises(PlanError, match=r"GPU 1 does not give its chunks' element counts and GPU 0 does"):
+        plans.validate(dataclasses.replace(plan, programs=tuple(programs)))
+    programs[1] = dataclasses.replace(programs[1], elements=((5, -7), (3, 7), ()))
+    with pytest.raises(PlanError, match=r"GPU 1: chunk element counts \(\(5, -7\), \(3, 7\), \(\)\) are not one "
+                                        r"non-negative integer per chunk of its 2 input, 2 output and 0 scratch"):
+        plans.validate(dataclasses.replace(plan, programs=tuple(programs)))
+    with pytest.raises(PlanError, match=r"all2allv plan: counts must be a square matrix"):
+        registry.all2allv([[1, 2], [3]])
