@@ -115,6 +115,9 @@ def loads(data: bytes | str, origin: str = "<string>") -> Plan:
                 if depid >= 0:
                     if (g, depid) not in tbs:
                         raise PlanError(f"MSCCL-IR {where}: depends on tb {depid}, which GPU {g} does not have")
+                    if not 0 <= dep < len(tbs[(g, depid)][3]):
+                        raise PlanError(f"MSCCL-IR {where}: depends on step {dep} of tb {depid}, which has "
+                                        f"{len(tbs[(g, depid)][3])} steps (0 to {len(tbs[(g, depid)][3]) - 1})")
                     if (g, depid, dep) not in index:
                         break
                     deps.append(index[(g, depid, dep)])
@@ -159,6 +162,9 @@ def loads(data: bytes | str, origin: str = "<string>") -> Plan:
 
 def load(path) -> Plan:
     """The validated Plan of the MSCCL-IR XML file at `path` (at most 16 MiB read)."""
-    with open(path, "rb") as f:
-        data = f.read(MAX_BYTES + 1)
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_BYTES + 1)
+    except OSError as exc:  # a directory, a missing or unreadable file: refused like a bad file, no traceback
+        raise PlanError(f"MSCCL-IR {path}: cannot be read ({exc.strerror or type(exc).__name__})") from None
     return loads(data, str(path))

@@ -128,6 +128,47 @@ def spans(plan: Plan, S: int, itemsize: int, g: int) -> dict[str, list[tuple[int
     return _tables(plan, int(S), itemsize)[g]
 
 
+def check_sizes(plan: Plan, S: int, itemsize: int) -> None:
+    """PlanError, naming the GPU, step, chunk and size, if the chunks of `plan` (validated) do not line up
+    at a call of S bytes of `itemsize`-byte elements (spans): a receive that would take more or fewer
+    elements than its send sent, a copy or reduction into a run of chunks of another size. The validator
+    checks chunk counts, which hold at every size; this, the elements at one size. The ranks' executor and
+    `plan check` call it before anything moves (the replay times a misfit: fabric.cost_nodes times all2all
+    at sizes the API refuses). Kept on the plan per size (_kept)."""
+    problem = _kept(plan, "_misfits", (int(S), itemsize), _misfit)
+    if problem is not None:
+        raise PlanError(problem)
+
+
+def _misfit(plan: Plan, S: int, itemsize: int) -> str | None:
+    tables = [spans(plan, S, itemsize, g) for g in range(plan.gpus)]
+    found = []
+
+    def elements(g, ref):
+        lo, hi = span(tables[g], ref)
+        return hi - lo
+
+    def fits(g, step, op, ref, want, what):
+        have = elements(g, ref)
+        if have != want and not found:
+            found.append(f"GPU {g} step {step} ({op.kind}, channel {op.channel}) chunk {ref.off}: at {S} bytes "
+                         f"({itemsize}-byte elements) {what} {want} elements into chunks of {have} (the chunks of "
+                         f"the GPUs' buffers do not line up at this size)")
+
+    def visit(g, step, op, message):
+        if message is not None:  # (sender, its step, the elements it sent)
+            fits(g, step, op, op.dst if op.dst is not None else op.src, message[2],
+                 f"receives from GPU {message[0]} step {message[1]}")
+        if op.kind in ("copy", "reduce"):
+            fits(g, step, op, op.dst, elements(g, op.src), f"a {op.kind} of")
+        if op.kind in SENDS:
+            return g, step, elements(g, op.src if op.kind in ("send", "recv_reduce_send") else op.dst)
+        return None
+
+    walk(plan, visit)
+    return found[0] if found else None
+
+
 def span(table, ref) -> tuple[int, int]:
     """The element range [lo, hi) of chunk run `ref` in a GPU's table (spans)."""
     return table[ref.buf][ref.off][0], table[ref.buf][ref.off + ref.cnt - 1][1]
@@ -206,9 +247,12 @@ def plan_ns(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4, event
     chunk = max(1, config.chunk_bytes // itemsize)
     fabric = Fabric(topo, config.mtu_bytes, config.header_bytes)
 
-    def stuck(waiting):
+    def stuck(waiting):  # a validated plan waits for ever only where its chunks misfit at S: say where
+        misfit = _kept(plan, "_misfits", (int(S), itemsize), _misfit)
+        if misfit is not None:
+            return PlanError(misfit)
         return FabricError(f"plan {plan.name!r}: {plan.collective} on {plan.gpus} GPUs waits for ever: GPUs "
-                           f"{sorted(waiting)} wait for what nobody sends (validate the plan first)")
+                           f"{sorted(waiting)} wait for what nobody sends (a plan fabric.plans.validate refuses)")
 
     return run_programs(fabric, messages(plan, S, itemsize, chunk), stuck, events)
 

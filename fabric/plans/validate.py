@@ -103,7 +103,7 @@ def _ops(plan: Plan) -> None:
         for name in ("src", "dst"):
             ref = getattr(op, name)
             if name not in _NEEDS[op.kind]:
-                if ref is not None and op.kind not in ("recv_reduce_send",):
+                if ref is not None:
                     raise PlanError(f"{_where(g, step, op)}: a {op.kind} takes no {name}")
                 continue
             if ref is None:

@@ -17,7 +17,7 @@ import numpy as np
 
 from nvlink_emu.fabric.errors import PlanError
 from nvlink_emu.fabric.plans.format import RECVS, SENDS
-from nvlink_emu.fabric.plans.timing import span, spans, with_flushes
+from nvlink_emu.fabric.plans.timing import check_sizes, span, spans, with_flushes
 from nvlink_emu.fabric.reduction import chunks, combine, combine_incoming_first, finish
 
 PLAN = 30  # message phase
@@ -33,6 +33,7 @@ def execute(call, plan, inp: np.ndarray, out: np.ndarray) -> None:
     # S as fabric.plans.timing takes it (gather's and scatter's: n parts; a non-root passes an empty buffer)
     S = {"allgather": out.size, "all2all": inp.size, "gather": inp.size * call.n,
          "scatter": out.size * call.n}.get(plan.collective, inp.size) * item
+    check_sizes(plan, S, item)  # every member refuses a plan whose chunks misfit at this size, before a byte moves
     table = spans(plan, S, item, call.r)
     program = plan.programs[call.r]
     bufs = {"i": inp, "o": inp if plan.inplace else out}

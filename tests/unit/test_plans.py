@@ -445,3 +445,44 @@ def test_a_plan_that_gives_chunk_sizes_is_checked_exactly():
         plans.validate(dataclasses.replace(plan, programs=tuple(programs)))
     with pytest.raises(PlanError, match=r"all2allv plan: counts must be a square matrix"):
         registry.all2allv([[1, 2], [3]])
+
+
+# -- the known gaps of the loader and the validator (docs/design/plans.md), each closed ----------------
+
+def test_chunks_that_do_not_line_up_at_a_size_are_refused_before_anything_runs():
+    # a per-chunk allgather: GPU g's two input chunks into output chunks 2g, 2g+1; at 6 elements GPU 0's
+    # input (3) is cut 2 + 1 while output chunks 0, 1 hold 2 + 2: it cannot run at that size, it can at 7 or 8
+    plan = plans.load(HERE / "allgather_by_chunk_2.xml")
+    for size in (28, 32):
+        timing.check_sizes(plan, size, 4)
+    with pytest.raises(PlanError, match=r"GPU 0 step 1 \(copy, channel 0\) chunk 0: at 24 bytes \(4-byte elements\) "
+                                        r"a copy of 3 elements into chunks of 4 \(the chunks of the GPUs' buffers do "
+                                        r"not line up at this size\)"):
+        timing.check_sizes(plan, 24, 4)
+    # the replay times a misfit; where it waits for ever, it says where, not "validate the plan": at 514 1-byte
+    # elements in 257-byte messages GPU 0 sends its 257 elements in one piece, GPU 1 takes 258 in two
+    config = dataclasses.replace(preset("dgx-h100", gpus=2), chunk_bytes=257)
+    with pytest.raises(PlanError, match=r"at 514 bytes \(1-byte elements\) a copy of 257 elements into chunks of 258"):
+        plans.plan_ns(plan, Topology.single(config), 514, config, itemsize=1)
+
+
+def test_a_recv_reduce_send_names_no_destination():
+    plan = plans.build("ring", 3, "reduce", 0)
+    ops = [dataclasses.replace(plan.programs[2].ops[0], dst=Ref("x", 0))]  # GPU 2: the chain's middle
+    with pytest.raises(PlanError, match=r"GPU 2 step 0 \(recv_reduce_send, channel 0\): a recv_reduce_send takes no dst"):
+        plans.validate(_with_ops(plan, 2, ops))
+
+
+def test_a_dependency_on_a_step_that_does_not_exist_is_named_not_called_a_deadlock():
+    data = (b"<algo ngpus='1' coll='allreduce' inplace='1'><gpu id='0' i_chunks='1' o_chunks='0'>"
+            b"<tb id='0' send='-1' recv='-1' chan='0'><step s='0' type='nop' depid='0' deps='5' hasdep='0'/></tb>"
+            b"</gpu></algo>")
+    with pytest.raises(PlanError, match=r"GPU 0 tb 0 step 0: depends on step 5 of tb 0, which has 1 steps \(0 to 0\)"):
+        plans.loads(data)
+
+
+def test_a_path_that_is_no_readable_file_is_a_plan_error(tmp_path):
+    with pytest.raises(PlanError, match=r"MSCCL-IR .*: cannot be read \(Is a directory\)"):
+        plans.load(tmp_path)
+    with pytest.raises(PlanError, match=r"MSCCL-IR .*missing.xml: cannot be read \(No such file or directory\)"):
+        plans.load(tmp_path / "missing.xml")
