@@ -35,7 +35,8 @@ ranks/collectives (blocks are fabric.reduction.blocks of the element count, time
   between its flushes), not written here again.
 - all2all / all2allv (all2all.py), one round: GPU i sends its block j to GPU j (own block copied
   locally, never on a link); all2all's blocks are S / N bytes each (S = each member's send buffer,
-  a multiple of N x itemsize, as comm.all2all requires); all2allv takes the matrix of counts.
+  a multiple of N x itemsize, as comm.all2all requires); all2allv takes the matrix of counts, its round
+  summed from the call's plan (fabric.plans.registry.all2allv).
 - hier (hier.py; N nodes x G GPUs, GPU (a, j) = a G + j, its node ring (a, 0..G-1), its rail ring
   (0..N-1, j)). Ranges: allreduce and broadcast cut part j = blocks(count, G)[j], allreduce then
   range (a, j) = block a of blocks(|part j|, N) inside it; reduce_scatter and allgather take
@@ -185,9 +186,11 @@ def rounds(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsize
     if collective == "all2allv":
         if counts is None:
             raise FabricError("cost_nodes: all2allv needs counts, a gpus x gpus matrix of bytes")
-        matrix = np.array(topo._traffic(counts))  # checked: shape, integers, non-negative; a copy
-        np.fill_diagonal(matrix, 0)  # a GPU's own block is copied locally (all2all.py)
-        return [matrix]
+        matrix = topo._traffic(counts)  # checked: shape, integers, non-negative
+        # the call's plan (fabric.plans.registry.all2allv), bytes as elements: one round; a GPU's own block
+        # is copied locally, never on a link
+        out = plans.plan_rounds(plans.registry.all2allv(matrix.tolist()), 0, 1)
+        return out or [np.zeros((n, n), np.int64)]
     if collective == "broadcast":
         if not isinstance(root, (int, np.integer)) or isinstance(root, bool) or not 0 <= root < n:
             raise FabricError(f"cost_nodes: broadcast root must be one of GPUs 0..{n - 1}, got {root!r}")

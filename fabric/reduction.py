@@ -124,6 +124,13 @@ def combine(op: str, acc: np.ndarray, x: np.ndarray) -> None:
         _COMBINE[op](acc, x, out=acc)
 
 
+def combine_incoming_first(op: str, acc: np.ndarray, x: np.ndarray) -> None:
+    """acc <- x (op) acc, in place: combine with the operands the other way round (a chain that folds its
+    own data into the partial it received, x being the partial; a plan's Op.incoming_first)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        _COMBINE[op](x, acc, out=acc)
+
+
 def finish(op: str, acc: np.ndarray, members: int, out: np.ndarray) -> None:
     """out <- the final value of acc: avg divides the sum by the member count (floor for integers)."""
     if op == "avg":

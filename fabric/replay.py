@@ -55,19 +55,6 @@ from .topology import Topology
 
 # -- the programs: generators of ("send", peer, key, nbytes), ("recv", peer, key), ("flush",) ---------
 
-def _all2allv(n, r, counts, chunk, item):
-    # the receives are posted first and consumed in order r-1, r-2, ...; posting takes no modeled time
-    for shift in range(1, n):
-        p = (r + shift) % n
-        for c, (lo, hi) in enumerate(chunks(0, counts[r][p], chunk)):
-            yield ("send", p, ("a2a", r, c), (hi - lo) * item)
-    for shift in range(1, n):
-        p = (r - shift) % n
-        for c, _ in enumerate(chunks(0, counts[p][r], chunk)):
-            yield ("recv", p, ("a2a", p, c))
-    yield ("flush",)
-
-
 def _hier(collective, topo, r, count, chunk, item, root, share=None):
     """hier.py's schedule on every GPU of `topo` (GPU (a, j) = a G + j): fabric.hier_plan's program, the
     one the ranks execute (node rings or node stages in the leaf (share: hier_plan.program's), and rail
@@ -347,8 +334,8 @@ def _program(collective: str, algorithm: str, topo: Topology, r: int, count: int
     if (collective, algorithm) == ("allreduce", "tree"):
         yield from _tree(topo, r, count, min(chunk, tree_chunk(chunk * item, item)), item)
         return
-    if (collective, algorithm) == ("all2allv", "all2allv"):
-        yield from _all2allv(n, r, counts, chunk, item)
+    if (collective, algorithm) == ("all2allv", "all2allv"):  # the call's plan (counts in elements)
+        yield from timing.messages(registry.all2allv(counts), 0, item, chunk)[r]
     elif algorithm == "ring" and collective in ("allreduce", "reduce_scatter", "allgather", "broadcast"):
         yield from timing.messages(build("ring", n, collective, root), count * item, item, chunk)[r]
     elif algorithm == "direct" and collective in ("allreduce", "reduce_scatter", "allgather", "broadcast", "all2all"):

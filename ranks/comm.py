@@ -673,6 +673,7 @@ class Communicator:
                 # input chunks too (MSCCL's): it gets a copy; the caller's buffer is the output alone
                 run_plan(work, plan, inp.copy() if not plan.inplace or name == "reduce_scatter" else inp, out)
             elif counts is not None:  # all2all, all2allv
+                work.counts = tuple(tuple(int(x) for x in c[1][0]) for c in calls)  # every member's, checked
                 collectives.ALL2ALL[algorithm](work, *args)
             else:
                 collectives.run(algorithm, name, work, *args)

@@ -1,7 +1,8 @@
 """The plan format: per GPU, ordered operations on chunks of its input, output and scratch buffers.
 
 A buffer of a call is cut into `chunks` equal parts (fabric.reduction.blocks of its element count, the
-first parts one element longer where it does not divide); an operation names a run of `cnt` chunks
+first parts one element longer where it does not divide), or, in a plan built for one call's sizes
+(all2allv's counts), into the element counts its programs give (GpuProgram.elements); an operation names a run of `cnt` chunks
 from offset `off` of a buffer ("i" input, "o" output, "s" scratch). A GPU's operations are listed in
 the order its program issues them; each carries a channel (an operation stream, MSCCL's threadblock)
 and `deps`: indices of earlier operations of the same GPU (on any channel) that must be done first.
@@ -13,7 +14,10 @@ Kinds (MSCCL-IR's step types in brackets): send [s], recv [r] (dst = the message
 (dst += the message), recv_reduce_send [rrs] (send src + the message on, store nothing),
 recv_copy_send [rcs] (dst = the message, send it on), recv_reduce_copy_send [rrcs] (dst += the
 message, send dst on), copy [cpy] (dst = src), reduce [re] (dst += src), flush (wait until this
-GPU's sends so far have left its uplink: no data moves), nop. The in-switch kinds (contribute to an
+GPU's sends so far have left its uplink: no data moves), nop. "+=" is dst (op) incoming; a reducing
+kind with incoming_first=True folds the other way round, incoming (op) dst (the message, or reduce's
+src, on the left: ring.py's reduce chain folds a member's own data into the partial it received).
+MSCCL-IR has no such field: a loaded plan folds dst (op) incoming. The in-switch kinds (contribute to an
 in-switch reduction, multicast store, load-reduce request) are part of the format; the interpreters
 do not run them yet, and the validator refuses them with UnsupportedOperation-style PlanError.
 """
@@ -25,9 +29,11 @@ BUFFERS = ("i", "o", "s")
 SENDS = ("send", "recv_reduce_send", "recv_copy_send", "recv_reduce_copy_send")
 RECVS = ("recv", "recv_reduce", "recv_reduce_send", "recv_copy_send", "recv_reduce_copy_send")
 LOCAL = ("copy", "reduce")
+REDUCING = ("recv_reduce", "recv_reduce_send", "recv_reduce_copy_send", "reduce")  # the kinds that fold
 IN_SWITCH = ("switch_contribute", "multicast_store", "load_reduce")
 KINDS = tuple(dict.fromkeys(SENDS + RECVS + LOCAL + ("flush", "nop") + IN_SWITCH))
-COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "all2all", "broadcast", "reduce")
+COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "all2all", "broadcast", "reduce", "gather", "scatter")
+ROOTED = ("broadcast", "reduce", "gather", "scatter")  # the collectives a plan's root is for
 FABRICS = ("classic", "network")  # fabric modes (fabric.config)
 
 
@@ -45,7 +51,8 @@ class Ref:
 
 @dataclass(frozen=True)
 class Op:
-    """One operation of a GPU's program. peer_send/peer_recv: the GPU sent to / received from."""
+    """One operation of a GPU's program. send_to/recv_from: the GPU sent to / received from;
+    incoming_first: a reducing kind's operand order (module docstring), incoming (op) dst."""
 
     kind: str
     channel: int = 0
@@ -54,17 +61,21 @@ class Op:
     send_to: int | None = None
     recv_from: int | None = None
     deps: tuple[int, ...] = ()
+    incoming_first: bool = False
 
 
 @dataclass(frozen=True)
 class GpuProgram:
-    """One GPU's buffers (chunks each) and operations in program order."""
+    """One GPU's buffers (chunks each) and operations in program order. elements: None (chunks cut from
+    the call's size), or the element count of every chunk, (input's, output's, scratch's), in a plan built
+    for one call's sizes; the buffers hold at least their sums."""
 
     gpu: int
     ops: tuple[Op, ...]
     i_chunks: int
     o_chunks: int
     s_chunks: int = 0
+    elements: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None = None
 
     def chunks_of(self, buf: str) -> int:
         return {"i": self.i_chunks, "o": self.o_chunks, "s": self.s_chunks}[buf]
@@ -74,7 +85,7 @@ class GpuProgram:
 class Plan:
     """A collective as data. name: the algorithm; collective: one of COLLECTIVES; gpus: the GPU count it
     is for; inplace: output buffer is the input buffer (ops on "o" and "i" name the same chunks);
-    root: broadcast's and reduce's; fabrics: the fabric modes that may run it."""
+    root: a rooted collective's (ROOTED: broadcast, reduce, gather, scatter); fabrics: the fabric modes that may run it."""
 
     name: str
     collective: str

@@ -8,12 +8,14 @@ recv_reduce, rrs recv_reduce_send, rcs recv_copy_send, rrcs recv_reduce_copy_sen
 reduce, nop. A threadblock (tb) is a channel of its GPU: its steps run in order, a step waits for
 (depid, deps) of the same GPU; its sends go to GPU `send`, its receives come from GPU `recv`, matched
 in order per (sender, receiver, chan). The loader orders each GPU's steps into one program by running
-every threadblock of every GPU until it would wait (a receive before its send, a dependency not done):
-a file in which no step can go on is refused (a deadlock). In-place (inplace="1"): the output is the
+every threadblock of every GPU until it would wait (a receive before its send, a dependency not done),
+pass after pass (visiting only the threadblocks something woke: linear in their number); a file in which
+no step can go on is refused (a deadlock). In-place (inplace="1"): the output is the
 input (MSCCL writes o_chunks="0"). Input is bounded: at most 16 MiB, UTF-8, no DOCTYPE or entity
 declarations (no entity expansion), only the elements above.
 """
 
+import heapq
 import re
 import xml.etree.ElementTree as ET
 
@@ -101,9 +103,29 @@ def loads(data: bytes | str, origin: str = "<string>") -> Plan:
     at = {key: 0 for key in tbs}
     posted: dict[tuple[int, int, int], int] = {}  # (sender, receiver, chan) -> messages sent so far
     taken: dict[tuple[int, int, int], int] = {}
-    while any(at[key] < len(tbs[key][3]) for key in tbs):
-        progressed = False
-        for (g, t), (chan, send, recv, steps) in tbs.items():
+    # the passes of a round-robin over threadblocks (each runs until it would wait), visiting only those that
+    # can go on: a threadblock woken by one later in the pass runs in the next pass, by one earlier in this one
+    # (what a full pass over every threadblock does, in linear rather than quadratic time in their number)
+    order = list(tbs)
+    waiting: dict[tuple, list[int]] = {}  # what a threadblock waits for -> the waiting threadblocks' positions
+    current, following = list(range(len(order))), []
+    queued, queued_next = set(current), set()
+
+    def wake(what, j):
+        for i in waiting.pop(what, ()):
+            if i > j and i not in queued:
+                heapq.heappush(current, i)
+                queued.add(i)
+            elif i < j and i not in queued_next:
+                heapq.heappush(following, i)
+                queued_next.add(i)
+
+    while current:
+        while current:
+            j = heapq.heappop(current)
+            queued.discard(j)
+            g, t = order[j]
+            chan, send, recv, steps = tbs[(g, t)]
             while at[(g, t)] < len(steps):
                 s = at[(g, t)]
                 step, where = steps[s], f"{origin} GPU {g} tb {t} step {s}"
@@ -115,17 +137,23 @@ def loads(data: bytes | str, origin: str = "<string>") -> Plan:
                 if depid >= 0:
                     if (g, depid) not in tbs:
                         raise PlanError(f"MSCCL-IR {where}: depends on tb {depid}, which GPU {g} does not have")
+                    if not 0 <= dep < len(tbs[(g, depid)][3]):
+                        raise PlanError(f"MSCCL-IR {where}: depends on step {dep} of tb {depid}, which has "
+                                        f"{len(tbs[(g, depid)][3])} steps (0 to {len(tbs[(g, depid)][3]) - 1})")
                     if (g, depid, dep) not in index:
+                        waiting.setdefault(("step", g, depid, dep), []).append(j)
                         break
                     deps.append(index[(g, depid, dep)])
                 receives = kind.startswith("recv")
                 sends = kind == "send" or kind.endswith("_send")
                 if receives and taken.get((recv, g, chan), 0) >= posted.get((recv, g, chan), 0):
+                    waiting.setdefault(("message", recv, g, chan), []).append(j)
                     break
                 if receives:
                     taken[(recv, g, chan)] = taken.get((recv, g, chan), 0) + 1
                 if sends:
                     posted[(g, send, chan)] = posted.get((g, send, chan), 0) + 1
+                    wake(("message", g, send, chan), j)
                 src, dst = _ref(step, "src", where, sends), _ref(step, "dst", where, sends)
                 if kind in ("recv", "recv_reduce", "recv_copy_send", "recv_reduce_copy_send"):
                     src = None
@@ -134,13 +162,14 @@ def loads(data: bytes | str, origin: str = "<string>") -> Plan:
                 elif kind == "nop":
                     src = dst = None
                 index[(g, t, s)] = len(ops[g])
+                wake(("step", g, t, s), j)
                 ops[g].append(Op(kind, chan, src, dst, send if sends else None, recv if receives else None,
                                  tuple(deps)))
                 at[(g, t)] += 1
-                progressed = True
-        if not progressed:
-            stuck = [f"GPU {g} tb {t} step {at[(g, t)]}" for (g, t) in tbs if at[(g, t)] < len(tbs[(g, t)][3])]
-            raise PlanError(f"MSCCL-IR {origin}: no step can go on (a deadlock): {'; '.join(stuck)}")
+        current, following, queued, queued_next = following, [], queued_next, set()
+    stuck = [f"GPU {g} tb {t} step {at[(g, t)]}" for (g, t) in tbs if at[(g, t)] < len(tbs[(g, t)][3])]
+    if stuck:
+        raise PlanError(f"MSCCL-IR {origin}: no step can go on (a deadlock): {'; '.join(stuck)}")
     programs, cells = [], 0
     for g, e in enumerate(gpus):
         where = f"{origin} GPU {g}"
@@ -159,6 +188,9 @@ def loads(data: bytes | str, origin: str = "<string>") -> Plan:
 
 def load(path) -> Plan:
     """The validated Plan of the MSCCL-IR XML file at `path` (at most 16 MiB read)."""
-    with open(path, "rb") as f:
-        data = f.read(MAX_BYTES + 1)
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_BYTES + 1)
+    except OSError as exc:  # a directory, a missing or unreadable file: refused like a bad file, no traceback
+        raise PlanError(f"MSCCL-IR {path}: cannot be read ({exc.strerror or type(exc).__name__})") from None
     return loads(data, str(path))

@@ -4,8 +4,11 @@ ring: ranks/collectives/ring.py's one-node schedule (one ring 0, 1, ..., n-1; th
 reduce-scatter step s: position p sends chunk p-1-s to p+1 and folds chunk p-2-s from p-1 into its
 own, a flush after each step; all-gather step s: sends chunk p-s, takes chunk p-1-s, one flush at the
 end; broadcast: a chain from the root, root+1, ..., root+n-1, each GPU passing every piece on as soon
-as it is in). Each GPU's link bytes: 2 (n-1)/n S (allreduce), (n-1)/n S (reduce_scatter, allgather);
-broadcast S out (all but the chain's last) and S in (all but the root).
+as it is in; reduce: a chain root+1, root+2, ..., root, each GPU folding its own input into every piece
+of the partial it receives, partial (op) own (incoming_first), and passing it on, the root folding it
+into its output). Each GPU's link bytes: 2 (n-1)/n S (allreduce), (n-1)/n S (reduce_scatter,
+allgather); broadcast S out (all but the chain's last) and S in (all but the root); reduce S out (all
+but the root) and S in (all but root+1).
 recursive_doubling: allreduce on a power-of-two GPU count; step k, GPU g exchanges its whole buffer
 with g xor 2^k and adds the partner's (received into scratch) to its own: log2(n) S bytes each way;
 every GPU folds the same sets, in a different order (floating-point sums may differ from ring's).
@@ -22,13 +25,17 @@ followed by one of its own node's (_all2all_order). Link bytes per GPU: (n-1)/n 
 (reduce_scatter, allgather, all2all), 2 (n-1)/n S (allreduce); broadcast: the root (n-1) S out, the
 others S in; reduce: reduce_scatter's phase, a flush, then every GPU but the root sends its block to the
 root, which takes them from root+1, root+2, ... (its output; another GPU's output is a scratch array of
-the input's size).
+the input's size); gather: every GPU but the root sends its input to the root, which copies its own and
+takes the others from root+1, root+2, ...; scatter: the root sends block p to GPU p, p = root+1, root+2,
+..., then copies its own (gather: the root (n-1) s in, the others s out; scatter the reverse; s: a GPU's
+part).
 pxn: ranks/collectives/pxn.py's All2All on N nodes x G positions (a layout): a block for GPU (b, k), b
 another node and k another position, goes first to the sender's node's GPU on position k, which passes
 it on piece by piece (recv_copy_send through a scratch slot); the others go straight; each hop and
 forward on its pair's own channel.
 """
 
+import dataclasses
 import functools
 
 from ..errors import PlanError
@@ -51,7 +58,8 @@ def _ring_steps(n, p, buf, reduce):
 
 
 def ring(gpus: int, collective: str, root: int = 0, layout=None) -> Plan:
-    """ring.py's one-node ring (module docstring) for allreduce, reduce_scatter or allgather."""
+    """ring.py's one-node ring (module docstring) for allreduce, reduce_scatter, allgather, broadcast (from
+    `root`) or reduce (to `root`)."""
     n, programs = gpus, []
     for p in range(n):
         if collective == "allreduce":
@@ -67,8 +75,18 @@ def ring(gpus: int, collective: str, root: int = 0, layout=None) -> Plan:
                    [Op("recv", dst=whole, recv_from=prv)] if position == n - 1 else
                    [Op("recv_copy_send", dst=whole, send_to=nxt, recv_from=prv)])
             chunks = (1, 1)
+        elif collective == "reduce":  # a chain root+1, ..., root: each folds its own data into the partial
+            position, nxt, prv = (p - root - 1) % n, (p + 1) % n, (p - 1) % n
+            mine = Ref("i", 0)
+            ops = ([Op("send", src=mine, send_to=nxt)] if position == 0 and n > 1 else
+                   [Op("recv_reduce_send", src=mine, send_to=nxt, recv_from=prv, incoming_first=True)]
+                   if position < n - 1 else
+                   [Op("copy", src=mine, dst=Ref("o", 0))]
+                   + ([Op("recv_reduce", dst=Ref("o", 0), recv_from=prv, incoming_first=True)] if n > 1 else []))
+            chunks = (1, 1)
         else:
-            raise PlanError(f"ring plan: no {collective}; ring builds allreduce, reduce_scatter, allgather, broadcast")
+            raise PlanError(f"ring plan: no {collective}; ring builds allreduce, reduce_scatter, allgather, broadcast, "
+                            f"reduce")
         programs.append(GpuProgram(p, tuple(ops), *chunks))
     return Plan("ring", collective, n, tuple(programs), inplace=collective in ("allreduce", "broadcast"), root=root)
 
@@ -142,7 +160,8 @@ def _all2all_order(r: int, at: dict, layout, sign: int) -> list[int]:
 
 
 def direct(gpus: int, collective: str, root: int = 0, layout=None) -> Plan:
-    """direct.py's schedules (module docstring) for allreduce, reduce_scatter, allgather, broadcast; all2all
+    """direct.py's schedules (module docstring) for allreduce, reduce_scatter, allgather, broadcast, reduce,
+    gather, scatter; all2all
     on the grid `layout` (layout[a]: node a's GPUs; default one node: its order, _all2all_order)."""
     n, programs = gpus, []
     if collective == "all2all":
@@ -166,6 +185,16 @@ def direct(gpus: int, collective: str, root: int = 0, layout=None) -> Plan:
             ops += ([Op("send", src=Ref("o", r), send_to=root)] if r != root else
                     [Op("recv", dst=Ref("o", (root + k) % n), recv_from=(root + k) % n) for k in range(1, n)])
             chunks = (n, n, n)
+        elif collective == "gather":  # every block straight to the root, which takes them from root+1, ...
+            ops = ([Op("send", src=Ref("i", 0), send_to=root)] if r != root else
+                   [Op("copy", src=Ref("i", 0), dst=Ref("o", root))]
+                   + [Op("recv", dst=Ref("o", (root + k) % n), recv_from=(root + k) % n) for k in range(1, n)])
+            chunks = (1, n, 0)
+        elif collective == "scatter":  # the root sends block root+1, root+2, ... to its GPU, then keeps its own
+            ops = ([Op("recv", dst=Ref("o", 0), recv_from=root)] if r != root else
+                   [Op("send", src=Ref("i", (root + k) % n), send_to=(root + k) % n) for k in range(1, n)]
+                   + [Op("copy", src=Ref("i", root), dst=Ref("o", 0))])
+            chunks = (n, 1, 0)
         elif collective == "all2all":  # all2all.py's pairwise exchange, in _all2all_order's steps
             ops = ([Op("send", src=Ref("i", p), send_to=p) for p in _all2all_order(r, at, layout, +1)]
                    + [Op("copy", src=Ref("i", r), dst=Ref("o", r))]
@@ -173,7 +202,7 @@ def direct(gpus: int, collective: str, root: int = 0, layout=None) -> Plan:
             chunks = (n, n, 0)
         else:
             raise PlanError(f"direct plan: no {collective}; direct builds allreduce, reduce_scatter, allgather, "
-                            f"broadcast, reduce, all2all")
+                            f"broadcast, reduce, gather, scatter, all2all")
         programs.append(GpuProgram(r, tuple(ops), *chunks))
     return Plan("direct", collective, n, tuple(programs), inplace=collective in ("allreduce", "broadcast"), root=root)
 
@@ -235,6 +264,28 @@ def _build(algorithm: str, gpus: int, collective: str, root: int, layout) -> Pla
     if algorithm not in ALGORITHMS:
         raise PlanError(f"no plan algorithm {algorithm!r}; known: {', '.join(ALGORITHMS)}")
     return validate(ALGORITHMS[algorithm](gpus, collective, root, layout))
+
+
+def all2allv(counts) -> Plan:
+    """The validated plan of one all2allv call: counts[i][j] elements GPU i sends GPU j (the diagonal: copied
+    locally), blocks packed in GPU order in both buffers. direct's one-node All2All (block r+k to GPU r+k,
+    k = 1..n-1, its own copied, then block p from p = r-1, r-2, ...: all2all.py's order for uneven blocks,
+    on one node or several) with each GPU's chunks sized by its row (input) and column (output); built and
+    validated once per count matrix (a call's counts are data, not a plan's chunking)."""
+    matrix = tuple(tuple(int(x) for x in row) for row in counts)
+    if not matrix or any(len(row) != len(matrix) for row in matrix):
+        raise PlanError(f"all2allv plan: counts must be a square matrix, got {len(matrix)} rows of "
+                        f"{sorted({len(row) for row in matrix})} counts")
+    return _all2allv(matrix)
+
+
+@functools.lru_cache(maxsize=64)
+def _all2allv(matrix: tuple[tuple[int, ...], ...]) -> Plan:
+    n = len(matrix)
+    plan = build("direct", n, "all2all")  # the exchange, validated once per GPU count; sized here
+    programs = tuple(dataclasses.replace(program, elements=(matrix[r], tuple(row[r] for row in matrix), ()))
+                     for r, program in enumerate(plan.programs))
+    return validate(dataclasses.replace(plan, programs=programs))
 
 
 def grid(nodes: int, gpus_per_node: int) -> tuple[tuple[int, ...], ...]:

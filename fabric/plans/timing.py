@@ -2,7 +2,8 @@
 per-link bytes summed from its messages.
 
 Sizes as fabric.replay takes them: S bytes (allreduce, broadcast, reduce: the buffer; all2all: each
-GPU's send buffer; reduce_scatter: the input; allgather: the output), elements of `itemsize` bytes.
+GPU's send buffer; reduce_scatter: the input; allgather: the output; gather: the root's output, scatter:
+the root's input, n x each GPU's part), elements of `itemsize` bytes.
 Buffer b of a GPU holds count_b elements, cut into its chunks by fabric.reduction.blocks; an operation's
 run of chunks is one element range, sent as messages of at most config.chunk_bytes of whole elements
 (ranks/collectives/ring.py's chunking). Program order: an operation's receives, then its sends; a flush
@@ -25,22 +26,35 @@ from .format import RECVS, SENDS, Op, Plan, walk
 def buffer_elements(plan: Plan, S: int, itemsize: int) -> dict[str, int]:
     """Elements of each GPU's input and output buffer for a call of S bytes (module docstring)."""
     count, n = int(S) // itemsize, plan.gpus
-    if plan.collective == "allgather":
+    if plan.collective in ("allgather", "gather"):
         return {"i": count // n, "o": count}
-    if plan.collective == "reduce_scatter":
+    if plan.collective in ("reduce_scatter", "scatter"):
         return {"i": count, "o": count // n}
     return {"i": count, "o": count}
 
 
+def packed(sizes) -> list[tuple[int, int]]:
+    """Element ranges of chunks of `sizes` elements laid one after another from 0."""
+    out, lo = [], 0
+    for size in sizes:
+        out.append((lo, lo + size))
+        lo += size
+    return out
+
+
 def _base(plan: Plan, S: int, itemsize: int, g: int) -> dict[str, list[tuple[int, int]]]:
-    """GPU g's input and output chunks, element ranges: reduce_scatter's output and allgather's input are
-    GPU g's block of the whole (fabric.reduction.blocks(count, n)[g], as the API sizes them)."""
-    elements = buffer_elements(plan, S, itemsize)
+    """GPU g's input and output chunks, element ranges: reduce_scatter's and scatter's output and allgather's
+    and gather's input are GPU g's block of the whole (fabric.reduction.blocks(count, n)[g], as the API sizes
+    them; gather's and scatter's blocks are equal); a plan's own chunk sizes where it gives them (S unused)."""
     program = plan.programs[g]
+    if program.elements is not None:
+        return {"i": packed(program.elements[0]), "o": packed(program.elements[1])}
+    elements = buffer_elements(plan, S, itemsize)
     count = int(S) // itemsize
-    if plan.collective in ("reduce_scatter", "allgather"):
+    if plan.collective in ("reduce_scatter", "allgather", "scatter", "gather"):
         lo, hi = blocks(count, plan.gpus)[g]
-        elements = {"i": count, "o": hi - lo} if plan.collective == "reduce_scatter" else {"i": hi - lo, "o": count}
+        elements = {"i": count, "o": hi - lo} if plan.collective in ("reduce_scatter", "scatter") else \
+            {"i": hi - lo, "o": count}
     return {b: blocks(elements[b], program.chunks_of(b)) for b in ("i", "o")}
 
 
@@ -66,6 +80,10 @@ def _chunk_tables(plan: Plan, S: int, itemsize: int) -> tuple[dict[str, list[tup
     that a chunk of an uneven buffer fits where it lands; one nothing writes, the larger buffer's longest
     chunk."""
     tables = [_base(plan, S, itemsize, g) for g in range(plan.gpus)]
+    if plan.programs[0].elements is not None:  # sized by the plan (the validator: every GPU's or none)
+        for g, program in enumerate(plan.programs):
+            tables[g]["s"] = packed(program.elements[2])
+        return tuple(tables)
     if not any(program.s_chunks for program in plan.programs):
         return tuple(tables)
     sizes = [[None] * program.s_chunks for program in plan.programs]
@@ -108,6 +126,47 @@ def spans(plan: Plan, S: int, itemsize: int, g: int) -> dict[str, list[tuple[int
     output cut by fabric.reduction.blocks (reduce_scatter's output and allgather's input GPU g's block of
     the whole); a scratch chunk the size of the first chunk written into it (_tables). Read-only."""
     return _tables(plan, int(S), itemsize)[g]
+
+
+def check_sizes(plan: Plan, S: int, itemsize: int) -> None:
+    """PlanError, naming the GPU, step, chunk and size, if the chunks of `plan` (validated) do not line up
+    at a call of S bytes of `itemsize`-byte elements (spans): a receive that would take more or fewer
+    elements than its send sent, a copy or reduction into a run of chunks of another size. The validator
+    checks chunk counts, which hold at every size; this, the elements at one size. The ranks' executor and
+    `plan check` call it before anything moves (the replay times a misfit: fabric.cost_nodes times all2all
+    at sizes the API refuses). Kept on the plan per size (_kept)."""
+    problem = _kept(plan, "_misfits", (int(S), itemsize), _misfit)
+    if problem is not None:
+        raise PlanError(problem)
+
+
+def _misfit(plan: Plan, S: int, itemsize: int) -> str | None:
+    tables = [spans(plan, S, itemsize, g) for g in range(plan.gpus)]
+    found = []
+
+    def elements(g, ref):
+        lo, hi = span(tables[g], ref)
+        return hi - lo
+
+    def fits(g, step, op, ref, want, what):
+        have = elements(g, ref)
+        if have != want and not found:
+            found.append(f"GPU {g} step {step} ({op.kind}, channel {op.channel}) chunk {ref.off}: at {S} bytes "
+                         f"({itemsize}-byte elements) {what} {want} elements into chunks of {have} (the chunks of "
+                         f"the GPUs' buffers do not line up at this size)")
+
+    def visit(g, step, op, message):
+        if message is not None:  # (sender, its step, the elements it sent)
+            fits(g, step, op, op.dst if op.dst is not None else op.src, message[2],
+                 f"receives from GPU {message[0]} step {message[1]}")
+        if op.kind in ("copy", "reduce"):
+            fits(g, step, op, op.dst, elements(g, op.src), f"a {op.kind} of")
+        if op.kind in SENDS:
+            return g, step, elements(g, op.src if op.kind in ("send", "recv_reduce_send") else op.dst)
+        return None
+
+    walk(plan, visit)
+    return found[0] if found else None
 
 
 def span(table, ref) -> tuple[int, int]:
@@ -188,9 +247,12 @@ def plan_ns(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4, event
     chunk = max(1, config.chunk_bytes // itemsize)
     fabric = Fabric(topo, config.mtu_bytes, config.header_bytes)
 
-    def stuck(waiting):
+    def stuck(waiting):  # a validated plan waits for ever only where its chunks misfit at S: say where
+        misfit = _kept(plan, "_misfits", (int(S), itemsize), _misfit)
+        if misfit is not None:
+            return PlanError(misfit)
         return FabricError(f"plan {plan.name!r}: {plan.collective} on {plan.gpus} GPUs waits for ever: GPUs "
-                           f"{sorted(waiting)} wait for what nobody sends (validate the plan first)")
+                           f"{sorted(waiting)} wait for what nobody sends (a plan fabric.plans.validate refuses)")
 
     return run_programs(fabric, messages(plan, S, itemsize, chunk), stuck, events)
 

@@ -3,19 +3,25 @@
 Rules (each refusal is a PlanError naming the GPU, the step and, where one is involved, the chunk):
 1. the collective is known; one program per GPU, in GPU order; buffer chunk counts fit the collective
    (allreduce, all2all, broadcast, reduce: input and output alike, all2all's a multiple of the GPU
-   count; allgather: output = GPUs x input; reduce_scatter: input = GPUs x output); inplace: alike;
+   count; allgather and gather: output = GPUs x input; reduce_scatter and scatter: input = GPUs x
+   output); inplace: alike; a rooted collective's root is one of the GPUs; chunk element counts
+   (GpuProgram.elements) given by every GPU or none, one non-negative integer per chunk;
 2. every operation's kind is known and runnable (the in-switch kinds are refused: no interpreter runs
    them yet), names the buffers its kind needs, in range, and peers that are other GPUs of the plan;
-   a dependency names an earlier operation of the same GPU (so the dependencies have no cycle);
+   a dependency names an earlier operation of the same GPU (so the dependencies have no cycle); only a
+   reducing kind has an operand order (incoming_first);
 3. a symbolic run, every GPU in program order, sends never waiting, a receive waiting for the matching
    send (same sender, receiver and channel, in order): it must end with every program done (else the
    plan deadlocks: the waiting GPUs are named) and no message unreceived; a send and its receive move
-   the same number of chunks; no operation reads a chunk nothing wrote; a reduction never adds a
-   contribution a chunk already holds (it would be counted twice);
+   the same number of chunks (and, in a plan that gives its chunks' element counts, the same elements:
+   a send and its receive, a copy's or reduction's source and destination); no operation reads a chunk
+   nothing wrote; a reduction never adds a contribution a chunk already holds (it would be counted twice);
 4. at the end every output chunk holds exactly the contributions the collective requires: allreduce
    chunk c = input chunk c of every GPU; allgather chunk g k + m = GPU g's input chunk m; reduce_scatter
    chunk m of GPU g = input chunk g k + m of every GPU; all2all chunk h k + m of GPU g = GPU h's input
-   chunk g k + m; broadcast chunk c = the root's input chunk c; reduce: the root's output as allreduce.
+   chunk g k + m; broadcast chunk c = the root's input chunk c; reduce: the root's output as allreduce;
+   gather: the root's chunk h k + m = GPU h's input chunk m; scatter: GPU g's chunk m = the root's input
+   chunk g k + m (k: output chunks). Nothing is required of reduce's and gather's other GPUs' outputs.
 A contribution is (GPU, input chunk); a chunk's value is the set of them, held as an int whose bit
 h I + c is GPU h's input chunk c (I input chunks per GPU): a union or an overlap is one machine-word
 loop, where frozensets of pairs took 4.6 s of CPU to validate `direct` allreduce on 256 GPUs.
@@ -24,7 +30,7 @@ loop, where frozensets of pairs took 4.6 s of CPU to validate `direct` allreduce
 import functools
 
 from ..errors import PlanError
-from .format import BUFFERS, COLLECTIVES, IN_SWITCH, KINDS, RECVS, SENDS, Plan, walk
+from .format import BUFFERS, COLLECTIVES, IN_SWITCH, KINDS, LOCAL, RECVS, REDUCING, ROOTED, SENDS, Plan, walk
 
 _NEEDS = {"send": ("src",), "recv": ("dst",), "recv_reduce": ("dst",), "recv_reduce_send": ("src",),
           "recv_copy_send": ("dst",), "recv_reduce_copy_send": ("dst",), "copy": ("src", "dst"),
@@ -46,7 +52,7 @@ def _shape(plan: Plan) -> None:
     n = plan.gpus
     if n < 1 or len(plan.programs) != n:
         raise PlanError(f"plan {plan.name!r}: for {n} GPUs but has {len(plan.programs)} programs")
-    if plan.collective in ("broadcast", "reduce") and not 0 <= plan.root < n:
+    if plan.collective in ROOTED and not 0 <= plan.root < n:
         raise PlanError(f"plan {plan.name!r}: root {plan.root} is not one of its {n} GPUs")
     for g, program in enumerate(plan.programs):
         if program.gpu != g:
@@ -55,13 +61,35 @@ def _shape(plan: Plan) -> None:
         if min(i, o) < 1 or s < 0:
             raise PlanError(f"GPU {g}: buffers of {i} input, {o} output, {s} scratch chunks")
         c = plan.collective
-        ok = {"allgather": o == n * i, "reduce_scatter": i == n * o, "all2all": i == o and i % n == 0}.get(c, i == o)
+        ok = {"allgather": o == n * i, "gather": o == n * i, "reduce_scatter": i == n * o, "scatter": i == n * o,
+              "all2all": i == o and i % n == 0}.get(c, i == o)
         if not ok or (plan.inplace and i != o):
             raise PlanError(f"GPU {g}: {i} input and {o} output chunks do not fit {'an in-place ' if plan.inplace else ''}"
                             f"{c} on {n} GPUs")
         if (i, o) != (plan.programs[0].i_chunks, plan.programs[0].o_chunks):
             raise PlanError(f"GPU {g}: {i} input and {o} output chunks, GPU 0 has "
                             f"{plan.programs[0].i_chunks} and {plan.programs[0].o_chunks}")
+        _elements(plan, g, program)
+
+
+def _elements(plan: Plan, g: int, program) -> None:
+    """GPU g's chunk element counts (GpuProgram.elements), if the plan gives them: every GPU's or none."""
+    sizes = program.elements
+    if (sizes is None) != (plan.programs[0].elements is None):
+        raise PlanError(f"GPU {g} {'does not give' if sizes is None else 'gives'} its chunks' element counts and "
+                        f"GPU 0 {'does' if sizes is None else 'does not'}: a plan gives every GPU's or none")
+    if sizes is None:
+        return
+    chunks = (program.i_chunks, program.o_chunks, program.s_chunks)
+    if not isinstance(sizes, tuple) or len(sizes) != 3 or any(
+            not isinstance(row, tuple) or len(row) != count or
+            any(not isinstance(x, int) or isinstance(x, bool) or x < 0 for x in row)
+            for row, count in zip(sizes, chunks)):
+        raise PlanError(f"GPU {g}: chunk element counts {sizes!r} are not one non-negative integer per chunk of its "
+                        f"{chunks[0]} input, {chunks[1]} output and {chunks[2]} scratch chunks")
+    if plan.inplace and sizes[0] != sizes[1]:
+        raise PlanError(f"GPU {g}: in place, but its input chunks hold {list(sizes[0])} elements and its output "
+                        f"chunks {list(sizes[1])}")
 
 
 def _ops(plan: Plan) -> None:
@@ -75,7 +103,7 @@ def _ops(plan: Plan) -> None:
         for name in ("src", "dst"):
             ref = getattr(op, name)
             if name not in _NEEDS[op.kind]:
-                if ref is not None and op.kind not in ("recv_reduce_send",):
+                if ref is not None:
                     raise PlanError(f"{_where(g, step, op)}: a {op.kind} takes no {name}")
                 continue
             if ref is None:
@@ -92,6 +120,9 @@ def _ops(plan: Plan) -> None:
                 raise PlanError(f"{_where(g, step, op)}: {attr} {peer} is not another GPU of the plan's {n}")
             if not needed and peer is not None:
                 raise PlanError(f"{_where(g, step, op)}: a {op.kind} has no {attr}")
+        if op.incoming_first is not False and (op.incoming_first is not True or op.kind not in REDUCING):
+            raise PlanError(f"{_where(g, step, op)}: incoming_first={op.incoming_first!r}: an operand order is "
+                            f"True or False, and only for the kinds that fold ({', '.join(REDUCING)})")
         for d in op.deps:
             if not 0 <= d < step:
                 raise PlanError(f"{_where(g, step, op)}: depends on step {d}, not an earlier step of GPU {g} "
@@ -150,15 +181,28 @@ def _combine(values, message, g, step, op, plan):
 
 def _run(plan: Plan) -> _State:
     state = _State(plan)
+    sized = plan.programs[0].elements is not None
+
+    def size_of(g, ref):  # the element counts of a run of chunks, if the plan gives them
+        if not sized:
+            return None
+        row = plan.programs[g].elements["ios".index(ref.buf)]
+        return tuple(row[c] for c in ref.chunk_ids())
 
     def visit(g, step, op, received):
         message = None
         if received is not None:
-            sender_step, message = received
+            sender_step, message, sizes = received
             ref = op.dst if op.dst is not None else op.src
             if len(message) != ref.cnt:
                 raise PlanError(f"{_where(g, step, op, ref.off)}: receives {ref.cnt} chunks, GPU "
                                 f"{op.recv_from} step {sender_step} sent {len(message)}")
+            if sizes != size_of(g, ref):
+                raise PlanError(f"{_where(g, step, op, ref.off)}: receives chunks of {list(size_of(g, ref))} "
+                                f"elements, GPU {op.recv_from} step {sender_step} sent {list(sizes)}")
+        if op.kind in LOCAL and size_of(g, op.src) != size_of(g, op.dst):
+            raise PlanError(f"{_where(g, step, op, op.dst.off)}: {op.kind} of chunks of {list(size_of(g, op.src))} "
+                            f"elements into chunks of {list(size_of(g, op.dst))}")
         kind, out = op.kind, None
         if kind == "recv":
             state.write(g, op.dst, message)
@@ -182,7 +226,9 @@ def _run(plan: Plan) -> _State:
             if op.src.cnt != op.dst.cnt:
                 raise PlanError(f"{_where(g, step, op, op.dst.off)}: reduces {op.src.cnt} chunks into {op.dst.cnt}")
             state.write(g, op.dst, state.fold(g, step, op, op.dst, state.read(g, step, op, op.src)))
-        return step, out
+        if op.kind in SENDS:
+            return step, out, size_of(g, op.src if op.kind in ("send", "recv_reduce_send") else op.dst)
+        return None
 
     at, queues = walk(plan, visit)
     stuck = [f"GPU {g} step {at[g]} waits for GPU {p.ops[at[g]].recv_from} on channel {p.ops[at[g]].channel}"
@@ -191,22 +237,26 @@ def _run(plan: Plan) -> _State:
         raise PlanError(f"plan {plan.name!r} deadlocks: {'; '.join(stuck)}")
     for (src, dst, channel), queue in queues.items():
         if queue:
-            step, message = queue[0]
+            step = queue[0][0]
             raise PlanError(f"GPU {src} step {step}: {len(queue)} message(s) to GPU {dst} on channel {channel} "
                             f"never received")
     return state
 
 
 def expected(plan: Plan, g: int, c: int) -> int | None:
-    """The contributions output chunk c of GPU g must hold, a bit set (None: not checked, reduce's
-    non-roots)."""
+    """The contributions output chunk c of GPU g must hold, a bit set (None: not checked, reduce's and
+    gather's non-roots)."""
     n, program, width = plan.gpus, plan.programs[g], plan.programs[0].i_chunks
     every = _every_gpu(n, width)  # input chunk 0 of every GPU
     coll = plan.collective
     if coll == "allreduce" or (coll == "reduce" and g == plan.root):
         return every << c
-    if coll == "reduce":
+    if coll in ("reduce", "gather") and g != plan.root:
         return None
+    if coll == "gather":
+        return 1 << c  # GPU c // width's input chunk c % width
+    if coll == "scatter":
+        return 1 << (plan.root * width + g * program.o_chunks + c)
     if coll == "broadcast":
         return 1 << (plan.root * width + c)
     if coll == "allgather":

@@ -7,6 +7,7 @@ import sys
 from nvlink_emu.fabric.errors import FabricError
 from nvlink_emu.fabric.plans import build, load, plan_link_bytes, plan_ns
 from nvlink_emu.fabric.plans.registry import ALGORITHMS, grid
+from nvlink_emu.fabric.plans.timing import check_sizes
 from nvlink_emu.fabric.topology import Topology
 
 from ..options import fabric_of
@@ -63,6 +64,7 @@ def cmd_plan(args, script_args=None) -> int:
             args.gpus = plan.gpus
         config = fabric_of(args)
         topo = config.topology if config.nodes > 1 else Topology.single(config)
+        check_sizes(plan, args.size, 4)  # the elements at this size, as the ranks check them before they run it
         links = plan_link_bytes(plan, topo, args.size, config)
         events = [] if args.output is not None else None
         ns = plan_ns(plan, topo, args.size, config, events=events)

@@ -46,6 +46,7 @@ class Call:
         config = self.gpu.config
         self.chunk = max(1, config.chunk_bytes // dtype.itemsize)
         self._sends: list = []
+        self.counts: tuple[tuple[int, ...], ...] | None = None  # all2allv: counts[i][j], elements i sends j
         self._channel_ns: dict[int, float] = {}  # channel c's clock while the call runs channels (channel)
 
     def in_switch_window(self, streams: int, least: int = 1, chunk_bytes: int | None = None) -> int:

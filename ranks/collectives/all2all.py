@@ -2,46 +2,32 @@
 
 Per-GPU link payload for S send bytes on N GPUs (equal blocks): tx = rx = (N-1)/N x S; a GPU's own
 block never leaves it (copied locally). All2Allv moves exactly the counts given, own block excluded.
-Equal, packed blocks (all2all) run as direct's plan (fabric.plans.registry.direct): the same exchange.
+Equal, packed blocks (all2all) run as direct's plan (fabric.plans.registry.direct): the same exchange, in
+_all2all_order's steps across nodes; uneven counts run the call's plan (fabric.plans.registry.all2allv:
+direct's one-node order, block r+1, r+2, ... out, r-1, r-2, ... in, chunks sized by the counts).
 """
 
 import numpy as np
 
 from nvlink_emu.fabric import plans
-from nvlink_emu.fabric.reduction import chunks
+from nvlink_emu.fabric.errors import UnsupportedOperation
 
 from . import plan
-
-A2A = 6  # message phase
 
 
 def all2allv(call, send: np.ndarray, send_offsets, send_counts, recv: np.ndarray, recv_offsets,
              recv_counts) -> None:
-    n, r = call.n, call.r
+    n = call.n
     each = send_counts[0] if n else 0
     if send.size == recv.size == n * each and all(c == each for c in (*send_counts, *recv_counts)):
         # all2all's equal, packed blocks: direct's plan (the same exchange, fabric.plans.registry.direct)
         plan.execute(call, plans.build("direct", n, "all2all", layout=node_layout(call)), send, recv)
         return
-    for shift in range(1, n):
-        # post every receive first, so peers' blocks land in place
-        p = (r - shift) % n
-        base = recv_offsets[p]
-        for c, (lo, hi) in enumerate(chunks(base, base + recv_counts[p], call.chunk)):
-            call.post((A2A, p, c), recv[lo:hi], p)
-    for shift in range(1, n):
-        # step s: send to member r+s (a shifted order spreads the load over the switch's ports)
-        p = (r + shift) % n
-        base = send_offsets[p]
-        for c, (lo, hi) in enumerate(chunks(base, base + send_counts[p], call.chunk)):
-            call.send(p, (A2A, r, c), send[lo:hi])
-    recv[recv_offsets[r]:recv_offsets[r] + recv_counts[r]] = send[send_offsets[r]:send_offsets[r] + send_counts[r]]
-    for shift in range(1, n):
-        p = (r - shift) % n
-        base = recv_offsets[p]
-        for c, (lo, hi) in enumerate(chunks(base, base + recv_counts[p], call.chunk)):
-            call.wait((A2A, p, c), f"GPU {call.peer(p)}", recv[lo:hi], p)
-    call.flush()
+    if list(send_offsets) != offsets(send_counts) or list(recv_offsets) != offsets(recv_counts):
+        raise UnsupportedOperation(f"GPU {call.gpu.rank}: all2allv runs packed blocks (offsets {offsets(send_counts)}, "
+                                   f"{offsets(recv_counts)}), got {list(send_offsets)}, {list(recv_offsets)}")
+    # uneven counts: the call's plan, its chunks sized by every member's counts (from the call check)
+    plan.execute(call, plans.registry.all2allv(call.counts), send, recv)
 
 
 def node_layout(call) -> tuple[tuple[int, ...], ...] | None:

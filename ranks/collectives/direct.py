@@ -14,20 +14,16 @@ reduced block to every peer. Per-GPU link payload for S bytes on N GPUs, tx = rx
 In step k = 1..N-1 GPU r sends to GPU r+k and takes in from GPU r-k, so every link carries one
 block per step; the root takes the gathered blocks in from members root+1, root+2, ... in turn.
 Combine order: members 0, 1, ..., N-1, in the array's dtype.
-allreduce, reduce_scatter, allgather, broadcast and reduce are plans (fabric.plans.registry.direct, run
-by ranks/collectives/plan.py, timed by fabric.replay from the same plan; reduce's root finishes the
-whole result at the end, the same values each block's owner finished before); gather and scatter are
-written out below.
+Every collective here is a plan (fabric.plans.registry.direct, run by ranks/collectives/plan.py, timed by
+fabric.replay from the same plan where the replay times it; reduce's root finishes the whole result at
+the end, the same values each block's owner finished before).
 """
 
 import numpy as np
 
 from nvlink_emu.fabric import plans
-from nvlink_emu.fabric.reduction import chunks
 
 from . import plan
-
-GATHER, SCATTER = 4, 5  # message phases (0 to 3 were the reductions and broadcasts now run as plans)
 
 
 def allreduce(call, array: np.ndarray) -> None:
@@ -52,40 +48,10 @@ def reduce(call, send: np.ndarray, recv: np.ndarray | None, root: int) -> None:
 
 
 def gather(call, send: np.ndarray, recv: np.ndarray | None, root: int) -> None:
-    n, r = call.n, call.r
-    if r != root:
-        for c, (lo, hi) in enumerate(chunks(0, send.size, call.chunk)):
-            call.send(root, (GATHER, r, c), send[lo:hi])
-    else:
-        parts = [(p * send.size, (p + 1) * send.size) for p in range(n)]
-        recv[slice(*parts[r])] = send
-        _take_blocks(call, recv, parts, GATHER)
-    call.flush()
+    out = recv if call.r == root else send[:0]  # only the root's output is written
+    plan.execute(call, plans.build("direct", call.n, "gather", root), send, out)
 
 
 def scatter(call, send: np.ndarray | None, recv: np.ndarray, root: int) -> None:
-    n, r = call.n, call.r
-    if r == root:
-        for k in range(1, n):
-            p = (root + k) % n
-            for c, (lo, hi) in enumerate(chunks(p * recv.size, (p + 1) * recv.size, call.chunk)):
-                call.send(p, (SCATTER, c), send[lo:hi])
-        recv[:] = send[r * recv.size:(r + 1) * recv.size]
-    else:
-        for c, (lo, hi) in enumerate(chunks(0, recv.size, call.chunk)):
-            call.recv(root, (SCATTER, c), recv[lo:hi])
-    call.flush()
-
-
-def _take_blocks(call, out: np.ndarray, parts, phase: int) -> None:
-    """The root: block p of `out` <- member p's block (message phase `phase`), from root+1, root+2, ..."""
-    n, r = call.n, call.r
-    spans = {p: list(enumerate(chunks(*parts[p], call.chunk))) for p in range(n) if p != r}
-    for k in range(1, n):  # post every receive first, so blocks land in place as they come
-        p = (r + k) % n
-        for c, (lo, hi) in spans[p]:
-            call.post((phase, p, c), out[lo:hi], p)
-    for k in range(1, n):
-        p = (r + k) % n
-        for c, (lo, hi) in spans[p]:
-            call.wait((phase, p, c), f"GPU {call.peer(p)}", out[lo:hi], p)
+    inp = send if call.r == root else recv[:0]  # only the root's input is read
+    plan.execute(call, plans.build("direct", call.n, "scatter", root), inp, recv)

@@ -7,7 +7,8 @@ soon as it is in), a flush where the plan says; so the emulated modeled
 time is the replay's (fabric.plans.timing.plan_ns) by construction. Buffers: "i" the input, "o" the
 output (the input itself in place), "s" a scratch array of the plan's scratch chunks, chunks as
 fabric.plans.timing.spans cuts them (a scratch chunk the size of what is first written into it).
-Reductions fold the received data into what is there (fabric.reduction.combine(op, dst, incoming): ring.py's order); an allreduce's or reduce_scatter's
+Reductions fold the received data into what is there (fabric.reduction.combine(op, dst, incoming): ring.py's order;
+an operation with incoming_first, the other way round: combine_incoming_first, ring.py's reduce chain); an allreduce's or reduce_scatter's
 average is finished on every output element at the end (the same sum divided by n on every member).
 Link bytes: the plan's (fabric.plans.plan_link_bytes).
 """
@@ -16,22 +17,30 @@ import numpy as np
 
 from nvlink_emu.fabric.errors import PlanError
 from nvlink_emu.fabric.plans.format import RECVS, SENDS
-from nvlink_emu.fabric.plans.timing import span, spans, with_flushes
-from nvlink_emu.fabric.reduction import chunks, combine, finish
+from nvlink_emu.fabric.plans.timing import check_sizes, span, spans, with_flushes
+from nvlink_emu.fabric.reduction import chunks, combine, combine_incoming_first, finish
 
 PLAN = 30  # message phase
 
 
 def execute(call, plan, inp: np.ndarray, out: np.ndarray) -> None:
     """Run `plan` (validated, for call.n GPUs) as member call.r: inp/out the flat input and output
-    arrays (the same array in place)."""
+    arrays (the same array in place; a buffer the member's program does not touch, such as gather's
+    output off the root or scatter's input, may be empty)."""
     if plan.gpus != call.n:
         raise PlanError(f"plan {plan.name!r} is for {plan.gpus} GPUs, the communicator has {call.n}")
     item = inp.dtype.itemsize
-    S = {"allgather": out.size, "all2all": inp.size}.get(plan.collective, inp.size) * item
+    # S as fabric.plans.timing takes it (gather's and scatter's: n parts; a non-root passes an empty buffer)
+    S = {"allgather": out.size, "all2all": inp.size, "gather": inp.size * call.n,
+         "scatter": out.size * call.n}.get(plan.collective, inp.size) * item
+    check_sizes(plan, S, item)  # every member refuses a plan whose chunks misfit at this size, before a byte moves
     table = spans(plan, S, item, call.r)
     program = plan.programs[call.r]
     bufs = {"i": inp, "o": inp if plan.inplace else out}
+    for name, ranges in table.items():  # a plan sized for a call (GpuProgram.elements) names its own ends
+        if name in bufs and ranges and ranges[-1][1] > bufs[name].size and program.elements is not None:
+            raise PlanError(f"plan {plan.name!r} GPU {call.r}: its {name!r} chunks hold {ranges[-1][1]} elements, "
+                            f"the buffer {bufs[name].size}")
     if program.s_chunks:
         bufs["s"] = np.empty(table["s"][-1][1], inp.dtype)  # the validator proved no chunk is read unwritten
     longest = max((hi - lo for ranges in table.values() for lo, hi in ranges), default=0)
@@ -42,6 +51,7 @@ def execute(call, plan, inp: np.ndarray, out: np.ndarray) -> None:
             m = taken[(op.recv_from, op.channel)] = taken.get((op.recv_from, op.channel), -1) + 1
         if op.kind in SENDS:
             n = sent[(op.send_to, op.channel)] = sent.get((op.send_to, op.channel), -1) + 1
+        fold = combine_incoming_first if op.incoming_first else combine
         if op.kind in RECVS:
             ref = op.dst if op.dst is not None else op.src
             lo0, hi0 = span(table, ref)
@@ -54,7 +64,7 @@ def execute(call, plan, inp: np.ndarray, out: np.ndarray) -> None:
                 else:
                     tmp = tmp_all[:hi - lo]
                     call.recv(op.recv_from, (PLAN, op.channel, m, k), tmp)
-                    combine(call.op, view, tmp)
+                    fold(call.op, view, tmp)
                 if op.kind in SENDS:  # piece k forwarded at once (fabric.plans.timing.messages)
                     call.send(op.send_to, (PLAN, op.channel, n, k), view)
         elif op.kind in SENDS:
@@ -69,7 +79,7 @@ def execute(call, plan, inp: np.ndarray, out: np.ndarray) -> None:
             if op.kind == "copy":
                 bufs[op.dst.buf][dlo:dhi] = bufs[op.src.buf][slo:shi]
             else:
-                combine(call.op, bufs[op.dst.buf][dlo:dhi], bufs[op.src.buf][slo:shi])
+                fold(call.op, bufs[op.dst.buf][dlo:dhi], bufs[op.src.buf][slo:shi])
         elif op.kind == "flush":
             call.flush()
     call.flush()

@@ -37,8 +37,9 @@ channel's crossing: allreduce 2(n-1)/n x S/G on its own outbound and inbound sha
 (fabric.cost_nodes documents every link). Combine order across nodes: member m's
 range of channel c is folded in ring c's order after m (q+1, q+2, ..., q for m at ring position q),
 reduce's part c in ring c's order after the root. A communicator on one node, or whose nodes do not
-line up, runs the one ring above (and broadcast's one chain), unchanged: as a plan (fabric.plans.registry.ring, run by
-ranks/collectives/plan.py and timed by fabric.plans.timing: the same messages and order).
+line up, runs the one ring above (and broadcast's and reduce's one chain), unchanged: as a plan
+(fabric.plans.registry.ring, run by ranks/collectives/plan.py and timed by fabric.plans.timing: the same
+messages and order; reduce's fold partial (op) own is the plan's incoming_first).
 """
 
 import numpy as np
@@ -51,7 +52,6 @@ from nvlink_emu.fabric import plans
 from . import plan
 from .hier import Grid
 
-RD = 3  # message phase (0 to 2 were the one ring's and its broadcast chain's, now plans: ranks/collectives/plan.py)
 CH_RS, CH_AG, CH_BC, CH_RD = 4, 5, 6, 7  # the channels' phases, across nodes
 
 
@@ -212,15 +212,5 @@ def reduce(call, send: np.ndarray, recv: np.ndarray | None, root: int) -> None:
         _flush_channels(call, len(rings))
         call.join_channels()
         return
-    position = (r - root - 1) % n  # 0: root+1, the chain's start; n-1: the root, its end
-    work = send if position == 0 else np.empty(send.size, send.dtype)
-    for c, (lo, hi) in enumerate(chunks(0, send.size, call.chunk)):
-        # chunk c: fold my part into the partial from the previous member, pass it on (root: finish)
-        if position:
-            call.recv(r - 1, (RD, c), work[lo:hi])
-            combine(call.op, work[lo:hi], send[lo:hi])
-        if position < n - 1:
-            call.send(r + 1, (RD, c), work[lo:hi])
-        else:
-            finish(call.op, work[lo:hi], n, recv[lo:hi])
-    call.flush()
+    out = recv if r == root else send[:0]  # only the root's output is written
+    plan.execute(call, plans.build("ring", n, "reduce", root), send, out)

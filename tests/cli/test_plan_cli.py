@@ -49,6 +49,19 @@ def test_a_bad_plan_is_refused_with_its_gpu_step_and_chunk(tmp_path):
     assert done.returncode == 2 and "6 GPUs is not a power of two" in done.stderr
 
 
+def test_plan_check_refuses_a_size_its_chunks_do_not_fit_and_a_path_that_is_no_file(tmp_path):
+    plan = str(PLANS / "allgather_by_chunk_2.xml")
+    done, _ = run([command("nvlink-emu"), "plan", "check", plan, "-S", "32"])
+    assert done.returncode == 0, done.stderr
+    done, _ = run([command("nvlink-emu"), "plan", "check", plan, "-S", "24"])
+    assert done.returncode == 2
+    assert "PlanError: GPU 0 step 1 (copy, channel 0) chunk 0: at 24 bytes (4-byte elements) a copy of 3 elements " \
+        "into chunks of 4" in done.stderr, done.stderr
+    done, _ = run([command("nvlink-emu"), "plan", "check", str(tmp_path)])
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "cannot be read (Is a directory)" in done.stderr
+
+
 def test_model_times_a_plan_file_per_size():
     done, _ = run([command("nvlink-emu"), "model", "allreduce", "--plan", str(PLANS / "ring_allreduce_4.xml"),
                    "--gpus", "4", "-b", "4M", "-e", "4M", "--json"])

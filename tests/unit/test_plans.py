@@ -3,6 +3,7 @@ bounds, the replay interpreter against fabric.replay's ring and hand-computed cl
 
 import dataclasses
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -325,3 +326,178 @@ def test_the_pxn_plan_moves_the_cost_models_bytes_on_every_link(nodes, per_node)
 def test_a_pxn_layout_that_is_no_grid_is_refused():
     with pytest.raises(PlanError, match=r"pxn plan: layout \(\(0, 1\), \(2,\)\) is not a grid of the 3 GPUs"):
         plans.build("pxn", 3, "all2all", layout=((0, 1), (2,)))
+
+
+# -- the rooted collectives: gather and scatter ---------------------------------------------------
+
+@pytest.mark.parametrize("gpus", [2, 3, 5])
+def test_the_direct_gather_and_scatter_plans_move_each_part_once_through_the_root(gpus):
+    # s = each GPU's part: gather, the root takes (n-1) s in and every other GPU sends s; scatter the reverse
+    config = preset("dgx-h100", gpus=gpus)
+    topo = Topology.single(config)
+    part = 3000 * 4
+    for root in range(gpus):
+        for collective, out_of_root in (("gather", False), ("scatter", True)):
+            plan = plans.build("direct", gpus, collective, root)
+            links = {k: v[0] for k, v in plans.plan_link_bytes(plan, topo, gpus * part, config).items()}
+            want = {}
+            for g in range(gpus):
+                if g != root:
+                    want[f"gpu{root}->sw0" if out_of_root else f"gpu{g}->sw0"] = (gpus - 1) * part if out_of_root else part
+                    want[f"sw0->gpu{g}" if out_of_root else f"sw0->gpu{root}"] = part if out_of_root else (gpus - 1) * part
+            assert links == want, (collective, root)
+
+
+def test_gathers_coverage_needs_only_the_roots_output_and_scatters_every_gpus():
+    plan = plans.build("direct", 3, "gather", 1)
+    assert [op.kind for op in plan.programs[1].ops] == ["copy", "recv", "recv"]  # from GPU 2, then GPU 0
+    assert [op.recv_from for op in plan.programs[1].ops[1:]] == [2, 0]
+    wrong = _with_ops(plan, 1, plan.programs[1].ops[:2] + (Op("recv", dst=Ref("o", 2), recv_from=0),))
+    with pytest.raises(PlanError, match=r"GPU 1 output chunk 0: never written \(needs GPU 0's input chunk 0\)"):
+        plans.validate(wrong)
+    plan = plans.build("direct", 3, "scatter", 0)
+    wrong = _with_ops(plan, 0, [Op("send", src=Ref("i", 2), send_to=1), Op("send", src=Ref("i", 1), send_to=2),
+                                Op("copy", src=Ref("i", 0), dst=Ref("o", 0))])
+    with pytest.raises(PlanError, match=r"GPU 1 output chunk 0: misses GPU 0's input chunk 1; holds GPU 0's input "
+                                        r"chunk 2 too"):
+        plans.validate(wrong)
+    with pytest.raises(PlanError, match=r"root 3 is not one of its 3 GPUs"):
+        plans.validate(dataclasses.replace(plan, root=3))
+    with pytest.raises(PlanError, match=r"GPU 0: 3 input and 3 output chunks do not fit scatter on 3 GPUs"):
+        plans.validate(dataclasses.replace(plan, programs=tuple(dataclasses.replace(p, o_chunks=3)
+                                                                for p in plan.programs)))
+
+
+# -- ring's reduce chain: an operand order on the reducing kinds -------------------------------------
+
+@pytest.mark.parametrize("gpus", [1, 2, 3, 5])
+def test_the_ring_reduce_plan_is_broadcasts_chain_from_the_roots_successor_folding_partial_first(gpus):
+    # the chain root+1, ..., root moves the bytes, and takes the time, of the broadcast chain from root+1
+    config = dataclasses.replace(preset("dgx-h100", gpus=gpus), chunk_bytes=1 << 16)
+    topo = Topology.single(config)
+    for root in range(gpus):
+        plan, chain = plans.build("ring", gpus, "reduce", root), plans.build("ring", gpus, "broadcast", (root + 1) % gpus)
+        for size in (1024, (1 << 20) + 12):
+            assert plans.plan_ns(plan, topo, size, config) == plans.plan_ns(chain, topo, size, config)
+            assert plans.plan_link_bytes(plan, topo, size, config) == plans.plan_link_bytes(chain, topo, size, config)
+        folds = [op for _, _, op in plan.ops() if op.kind in ("recv_reduce", "recv_reduce_send")]
+        assert len(folds) == gpus - 1 and all(op.incoming_first for op in folds)  # partial (op) own, as ring.py
+
+
+def test_an_operand_order_is_only_for_the_kinds_that_fold():
+    plan = plans.build("ring", 3, "reduce", 0)
+    ops = list(plan.programs[1].ops)  # GPU 1, the chain's start: one send
+    ops[0] = dataclasses.replace(ops[0], incoming_first=True)
+    with pytest.raises(PlanError, match=r"GPU 1 step 0 \(send, channel 0\): incoming_first=True: an operand order "
+                                        r"is True or False, and only for the kinds that fold"):
+        plans.validate(_with_ops(plan, 1, ops))
+    ops = list(plan.programs[2].ops)
+    ops[0] = dataclasses.replace(ops[0], incoming_first=1)
+    with pytest.raises(PlanError, match=r"GPU 2 step 0 \(recv_reduce_send, channel 0\): incoming_first=1"):
+        plans.validate(_with_ops(plan, 2, ops))
+
+
+def test_combine_incoming_first_puts_the_incoming_operand_on_the_left(monkeypatch):
+    import numpy as np
+
+    from nvlink_emu.fabric import reduction
+    monkeypatch.setitem(reduction._COMBINE, "sum", np.subtract)  # an order that shows: acc - x or x - acc
+    acc = np.array([10.0])
+    reduction.combine("sum", acc, np.array([3.0]))
+    assert acc[0] == 7.0
+    reduction.combine_incoming_first("sum", acc, np.array([3.0]))
+    assert acc[0] == -4.0
+
+
+# -- all2allv: a plan per call, its chunks sized by the counts ----------------------------------------
+
+def test_the_all2allv_plan_is_sized_by_the_counts_and_moves_them_exactly():
+    config = resolve("superpod-h100-ib", None, None, 2, 2)
+    topo = config.topology
+    counts = [[0, 5, 1030, 0], [7, 3, 0, 2048], [1, 1, 1, 1], [4096, 0, 9, 100]]  # elements; the diagonal stays
+    plan = registry.all2allv(counts)
+    assert plan is registry.all2allv(tuple(map(tuple, counts)))  # one plan per count matrix
+    assert plan.programs[1].elements == ((7, 3, 0, 2048), (5, 3, 1, 0), ())  # its row in, its column out
+    assert timing.spans(plan, 0, 4, 3)["i"] == [(0, 4096), (4096, 4096), (4096, 4105), (4105, 4205)]
+    links = {k: v[0] for k, v in plans.plan_link_bytes(plan, topo, 0, config).items()}
+    assert links == {k: v for k, v in cost_nodes.link_bytes("all2allv", "all2allv", topo,
+                                                            counts=[[4 * x for x in row] for row in counts]).items() if v}
+    assert plans.plan_ns(plan, topo, 0, config) == replay.replay_ns(
+        "all2allv", "all2allv", topo, 0, config, counts=[[4 * x for x in row] for row in counts])
+
+
+def test_a_plan_that_gives_chunk_sizes_is_checked_exactly():
+    plan = registry.all2allv([[2, 3], [5, 7]])
+    programs = list(plan.programs)
+    programs[1] = dataclasses.replace(programs[1], elements=((4, 7), (3, 7), ()))  # GPU 1 sends 4, GPU 0 takes 5
+    with pytest.raises(PlanError, match=r"GPU 0 step 2 \(recv, channel 0\) chunk 1: receives chunks of \[5\] elements, "
+                                        r"GPU 1 step 0 sent \[4\]"):
+        plans.validate(dataclasses.replace(plan, programs=tuple(programs)))
+    programs[1] = dataclasses.replace(programs[1], elements=((5, 7), (3, 6), ()))  # its own block: 7 copied into 6
+    with pytest.raises(PlanError, match=r"GPU 1 step 1 \(copy, channel 0\) chunk 1: copy of chunks of \[7\] elements "
+                                        r"into chunks of \[6\]"):
+        plans.validate(dataclasses.replace(plan, programs=tuple(programs)))
+    programs[1] = dataclasses.replace(programs[1], elements=None)
+    with pytest.raises(PlanError, match=r"GPU 1 does not give its chunks' element counts and GPU 0 does"):
+        plans.validate(dataclasses.replace(plan, programs=tuple(programs)))
+    programs[1] = dataclasses.replace(programs[1], elements=((5, -7), (3, 7), ()))
+    with pytest.raises(PlanError, match=r"GPU 1: chunk element counts \(\(5, -7\), \(3, 7\), \(\)\) are not one "
+                                        r"non-negative integer per chunk of its 2 input, 2 output and 0 scratch"):
+        plans.validate(dataclasses.replace(plan, programs=tuple(programs)))
+    with pytest.raises(PlanError, match=r"all2allv plan: counts must be a square matrix"):
+        registry.all2allv([[1, 2], [3]])
+
+
+# -- the known gaps of the loader and the validator (docs/design/plans.md), each closed ----------------
+
+def test_chunks_that_do_not_line_up_at_a_size_are_refused_before_anything_runs():
+    # a per-chunk allgather: GPU g's two input chunks into output chunks 2g, 2g+1; at 6 elements GPU 0's
+    # input (3) is cut 2 + 1 while output chunks 0, 1 hold 2 + 2: it cannot run at that size, it can at 7 or 8
+    plan = plans.load(HERE / "allgather_by_chunk_2.xml")
+    for size in (28, 32):
+        timing.check_sizes(plan, size, 4)
+    with pytest.raises(PlanError, match=r"GPU 0 step 1 \(copy, channel 0\) chunk 0: at 24 bytes \(4-byte elements\) "
+                                        r"a copy of 3 elements into chunks of 4 \(the chunks of the GPUs' buffers do "
+                                        r"not line up at this size\)"):
+        timing.check_sizes(plan, 24, 4)
+    # the replay times a misfit; where it waits for ever, it says where, not "validate the plan": at 514 1-byte
+    # elements in 257-byte messages GPU 0 sends its 257 elements in one piece, GPU 1 takes 258 in two
+    config = dataclasses.replace(preset("dgx-h100", gpus=2), chunk_bytes=257)
+    with pytest.raises(PlanError, match=r"at 514 bytes \(1-byte elements\) a copy of 257 elements into chunks of 258"):
+        plans.plan_ns(plan, Topology.single(config), 514, config, itemsize=1)
+
+
+def test_a_recv_reduce_send_names_no_destination():
+    plan = plans.build("ring", 3, "reduce", 0)
+    ops = [dataclasses.replace(plan.programs[2].ops[0], dst=Ref("x", 0))]  # GPU 2: the chain's middle
+    with pytest.raises(PlanError, match=r"GPU 2 step 0 \(recv_reduce_send, channel 0\): a recv_reduce_send takes no dst"):
+        plans.validate(_with_ops(plan, 2, ops))
+
+
+def test_a_dependency_on_a_step_that_does_not_exist_is_named_not_called_a_deadlock():
+    data = (b"<algo ngpus='1' coll='allreduce' inplace='1'><gpu id='0' i_chunks='1' o_chunks='0'>"
+            b"<tb id='0' send='-1' recv='-1' chan='0'><step s='0' type='nop' depid='0' deps='5' hasdep='0'/></tb>"
+            b"</gpu></algo>")
+    with pytest.raises(PlanError, match=r"GPU 0 tb 0 step 0: depends on step 5 of tb 0, which has 1 steps \(0 to 0\)"):
+        plans.loads(data)
+
+
+def test_a_path_that_is_no_readable_file_is_a_plan_error(tmp_path):
+    with pytest.raises(PlanError, match=r"MSCCL-IR .*: cannot be read \(Is a directory\)"):
+        plans.load(tmp_path)
+    with pytest.raises(PlanError, match=r"MSCCL-IR .*missing.xml: cannot be read \(No such file or directory\)"):
+        plans.load(tmp_path / "missing.xml")
+
+
+def test_the_loader_orders_many_threadblocks_in_linear_time():
+    # tb k's one step waits for tb k+1's: a full pass over every threadblock advances one (the last first), so
+    # the pass-by-pass loader took T passes of T threadblocks (49 s of CPU at 3,000); it visits only those woken
+    T = 3000
+    tbs = "".join(f"<tb id='{k}' send='-1' recv='-1' chan='0'><step s='0' type='nop' "
+                  + (f"depid='{k + 1}' deps='0'" if k + 1 < T else "depid='-1' deps='-1'") + " hasdep='0'/></tb>"
+                  for k in range(T))
+    text = f"<algo ngpus='1' coll='allreduce' inplace='1'><gpu id='0' i_chunks='1' o_chunks='0'>{tbs}</gpu></algo>"
+    start = time.process_time()
+    plan = plans.loads(text)
+    assert time.process_time() - start < 10.0  # 0.5 s here
+    assert [op.deps for op in plan.programs[0].ops[:3]] == [(), (0,), (1,)]  # tb T-1's step first, then T-2's, ...
