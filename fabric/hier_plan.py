@@ -1,85 +1,11 @@
 """`hier`'s pipelined schedule as pure data: one member's operations in program order.
 
 ranks/collectives/hier.py executes it and fabric.replay replays it, so emulated and replayed modeled
-times are the same schedule by construction. Members are hier's grid: N nodes x G positions, a member
-named by its coordinates (a, j); ranges[a][j] its element range (hier.py's docstring).
-
-**Slices** (the pipeline's unit, NCCL's chunk): each range (a, j) (broadcast: each part j) is cut into
-pieces of P elements from its start, P = slice_elements(chunk, itemsize) = min(chunk_bytes, 256 KiB)
-of whole elements (SLICE_BYTES: NCCL's COLLNET_CHAIN chunk ceiling, NVIDIA/nccl src/enqueue.cc,
-chunkSize = min(256 KiB, stepSize x chunkSteps); at most one message of chunk_bytes each); slice i is
-piece i of every range, K = the most pieces of any range. K = 1 on one node, with one member a node,
-or when every range fits in one piece: then the ticks below run the phases' steps one after the
-other, the same messages as unpipelined (one node: exactly ring.py's schedule and times).
-Each element keeps its range, so every element is folded in hier's documented order whatever K is,
-and every link carries the same payload bytes (message boundaries move: raw bytes can differ by the
-headers of a few more, shorter messages).
-
-**Stages** of a slice, each a ring of ranks/collectives/ring.py's steps (step s, position p sends
-segment p-1-s (reduce-scatter) or p-s (all-gather) to p+1) over that slice's pieces only:
-allreduce: node RS, rail RS, rail AG, node AG; reduce_scatter: node RS, rail RS; allgather: rail AG,
-node AG; broadcast: scatter (the root's node: the root sends piece i of part k to position k), rail
-chain (piece i of part j down rail j from the root's node, a pipelined chain), node AG.
-
-**Ticks** (software pipelining, as NCCL's chunked algorithms overlap a channel's intra- and inter-node
-steps on different links: NVIDIA/nccl src/device/all_reduce.h, runTreeSplit and NVLS_TREE, whose
-scatter, reduce, tree and broadcast warps work on successive chunks at once, COLLNET_CHAIN): every
-ring step of every stage takes one tick of a slice's life, slice i starting at tick i. In tick t a
-member runs, for each slice in the pipeline (the youngest first), the receives of the step it sent in
-tick t - 1, then the sends of its next step (received data passes on at once; one ring's last
-receive and the next ring's first send share a tick; the rail RS's last receive finishes the piece,
-avg), then a flush. So slice i's rail (NIC) steps run while slice i+1's node (NVLink) steps do, and
-every wait is for a message sent a tick earlier: the next transfers are queued while it waits, and a
-ring's step latency is paid once a tick, not once a slice. A slice lives 2(G-1) + 2(N-1) + 1 ticks
-(allreduce; reduce_scatter and allgather (G-1) + (N-1) + 1), the call K - 1 more. Broadcast: slice
-i's scatter is sent at tick i and received at i + 1, its chain piece reaches the node `position` hops
-down the chain at T = i + 1 + position and goes on in the same tick, its node AG step s is sent at
-T + s and received at T + s + 1. Every receive matches a send of an earlier tick, so no wait is for a
-message sent later: deadlock-free. Measured (fabric.replay, 16 MiB AllReduce, float32, one slice ->
-this pipeline): superpod-h100-ib 2 x 4 GPUs 156.3 -> 113.7 us, 2 x 8 126.1 -> 108.7 (64 MiB 467.7 ->
-313.7), superpod-h100-nvlink 2 x 8 89.6 -> 77.0, superpod-a100-ib 2 x 8 205.3 -> 145.0 (a different
-pipeline order, rail steps grouped in one tick, was ahead on a few IB shapes and behind on the NVLink
-one, where node and rail steps cost alike: this one was never slower than the phases one after the
-other on the shapes measured, 2 x 2 to 8 x 8 GPUs on the three presets).
-
-**Node stages in the leaf** (`hier_nvls`, share given: the leaf switch reduces and multicasts, fabric
-config `sharp` true in NVLink Network mode (in_leaf), N > 1 and G > 1; `hier` keeps the node rings;
-NCCL's NVLS_TREE on H100 clusters: NVIDIA/nccl
-src/device/all_reduce.h, runTreeSplit's NVLS_TREE, the node's reduction by the NVSwitch, the rails
-over the NICs). The node's G members form a switch group at their leaf; each binds its work buffer
-(allreduce: its array; reduce_scatter: a copy of its input). Node RS of slice i is one step: member j
-asks the leaf to load-reduce each chunk of its column-j segment (one LOAD_REDUCE a chunk, as
-ranks/collectives/nvls.py), then serves the leaf's LOADs of every member's requests of the slice, in
-one order every member keeps (column k = 0..G-1, its chunks in order: the leaf's engine then books
-the slots in that order whatever the host does), and takes its reduced chunks back a tick later
-(the slice's node RS takes one tick: requests and loads in tick t, results in tick t + 1). Node AG of
-a slice is one step too: member j multicast-stores its column-j segment (broadcast: part j's piece)
-to the node group, chunk by chunk, and a tick later takes in every member's stores (its own copy
-too, in member order). The node ring's G - 1 steps become one each way; the rail stages and the
-ticks are as above, but a tick's serves go last in it, after its rail sends (which then go first on
-the uplink, where a slice's answers - every column's, the heaviest step - would hold them back; a
-serve waits only for requests of the same tick: still deadlock-free). Measured (fabric.replay,
-AllReduce float32, node rings (hier) -> in the leaf (hier_nvls)): superpod-h100-ib 2 x 4 GPUs 16 MiB 113.7 -> 108.8 us,
-64 MiB 381.0 -> 376.6; 2 x 8 16 MiB 108.7 -> 90.6; 4 x 8 16 MiB 138.4 -> 131.0; superpod-h100-nvlink
-2 x 8 1 MiB 15.4 -> 9.5, 16 MiB 77.0 -> 80.6 (a loss), 64 MiB 299.7 -> 233.2; losses too: superpod-h100-ib
-4 x 2 16 MiB 279.5 -> 286.3, superpod-h100-nvlink 2 x 2 ReduceScatter 16 MiB 33.7 -> 58.1 (so `auto`
-weighs both forms: they are two algorithms); with the serves first, or the slices halved, some of these
-were slower. With nvls the slice is also at most share / (2 (G - 1) N G itemsize) elements
-(share: the partition's in-switch buffer), so that the leaf's contributions held for two slices'
-load-reduces (at most G - 1 of G answers of every slot; a member is at most one slice ahead of the
-slowest) fit its share.
-
-Operations: ("send", (b, k), key, lo, hi): elements [lo, hi) to member (b, k); ("recv", (b, k), key,
-lo, hi, reduce): from (b, k) into [lo, hi), folded into it after what is there (reduce) or written;
-("finish", lo, hi): [lo, hi) is fully reduced; ("flush",): wait until the sends so far have left.
-Node stages in the leaf: ("load_reduce", key, lo, hi): ask the leaf for the node's reduction of [lo,
-hi) of every member's bound buffer, for me under `key`; ("serve", k, key, lo, hi): answer the leaf's
-LOAD of [lo, hi) for position k's request `key`; ("mcast", key, lo, hi): multicast-store [lo, hi) to
-the node group; ("take", key, lo, hi, own): take the leaf's delivery `key` (a result, or a store)
-into [lo, hi) (own: my own store's copy, into scratch).
-Keys: (phase, slice, step, segment, chunk) for the rings, (phase, slice, position, chunk) for the
-node stages in the leaf (a load-reduce's slot: leaf_slot(key)), (phase, slice, 0, chunk) for the scatter,
-(phase, slice, chunk) for the chain.
+times are the same schedule by construction. Members are hier's grid, N nodes x G positions, a member
+named by its coordinates (a, j). Slices (min(chunk_bytes, 256 KiB), NCCL's COLLNET_CHAIN chunk), the
+stages of a slice, the ticks that pipeline them, the node stages in the leaf (hier_nvls), the operations
+("send", "recv", "finish", "flush", "load_reduce", "serve", "mcast", "take") and their keys:
+docs/model/algorithms-hier.md.
 """
 
 from .reduction import blocks, chunks, merged_columns, two_level_blocks
@@ -218,7 +144,7 @@ def _ring(ring, pos, segments, phase, i, chunk, reduce: bool) -> list[_Step]:
 
 def program(collective: str, N: int, G: int, a: int, j: int, count: int, chunk: int, itemsize: int,
             root: tuple[int, int] | None = None, rank=None, share: int | None = None, memo: dict | None = None):
-    """Member (a, j)'s operations (the module docstring) for one call of `count` elements, messages of at
+    """Member (a, j)'s operations (docs/model/algorithms-hier.md) for one call of `count` elements, messages of at
     most `chunk` elements of `itemsize` bytes; root: the broadcast root's coordinates; rank: as ranges';
     share: None for node rings, else the node stages run in the leaf (in_leaf) and share is the
     partition's in-switch buffer (bytes, fabric.budget.buffer_share_bytes). memo: a dict shared by the

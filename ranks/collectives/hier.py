@@ -1,74 +1,10 @@
 """`hier` and `hier_nvls`: NCCL's hierarchical collectives on DGX clusters: NVLink inside the node (node
-rings, or NVLS in the leaf), one ring per rail across nodes (every NIC, i.e. every local index, at work
-at once).
+rings, or NVLS in the leaf), one ring per rail across nodes (every NIC at work at once).
 
-Members are grouped by node (config.topology.locate): nodes in node order a = 0..N-1 (the nodes
-present), within a node its G members in communicator rank order at positions j = 0..G-1. Every
-node present must hold G members with the same local indices in the same order (rails line up);
-otherwise UnsupportedOperation, before any byte moves. The *node ring* of node a is its members in
-position order; the *rail ring* of position j is the members at position j of nodes 0, 1, ..., N-1.
-The buffer is cut into N x G element ranges, range (a, j) owned by the member at (a, j):
-- allreduce: part j = blocks(count, G)[j], then range (a, j) = block a of blocks(|part j|, N) inside
-  it (so each position's data is one contiguous part);
-- reduce_scatter, allgather: range (a, j) = blocks(count, n)[rank of (a, j)], as the API requires.
-Column j = the ranges (0, j), ..., (N-1, j). Schedules (each ring as ranks/collectives/ring.py: step
-s, position p sends segment p-1-s (reduce-scatter) or p-s (all-gather) to p+1):
-- allreduce: node-ring reduce-scatter of the columns (member j ends with its node's partial of
-  column j), rail-ring reduce-scatter of column j's ranges, finish, rail-ring all-gather, node-ring
-  all-gather of the columns: 2(G-1) + 2(N-1) steps;
-- reduce_scatter: the first two phases (the member at (a, j) keeps range (a, j));
-- allgather: rail-ring all-gather of column j, then node-ring all-gather of the columns;
-- broadcast (root at (aR, jR); parts as allreduce's, P_j = blocks(count, G)[j]): the root sends part
-  j to position j of its node (scatter), part j goes down rail j from node aR in a pipelined chain
-  aR, aR+1, ..., aR+N-1 (chunk by chunk, as ring.py's broadcast), then a node-ring all-gather of the
-  parts in every node (the root's node included).
-Pipelined (fabric.hier_plan, which this module executes and fabric.replay replays): every range
-(broadcast: every part) is cut into slices of min(chunk_bytes, 256 KiB) (NCCL's COLLNET_CHAIN chunk
-ceiling), each slice runs the phases above on its pieces, one ring step a tick, slice i starting at
-tick i: slice i's rail (NIC) steps run while slice i+1's node (NVLink) steps do; each element keeps
-its range, so the combine order and every link's payload bytes are the unpipelined schedule's; only
-modeled time changes (and raw bytes by a few headers). A call whose ranges fit in one slice runs the
-phases' steps one after the other, as do one node and one member a node.
-One node (N = 1): allreduce, reduce_scatter and allgather are exactly ring.py's (same ranges, same
-messages' bytes, same combine order); broadcast is the root's scatter plus the node-ring all-gather.
-One member per node (G = 1): the rail ring alone.
-
-`hier` runs the node rings on every fabric (the only form superpod-a100-ib, whose switches only
-forward, can run). `hier_nvls` (ranks/collectives/hier_nvls.py, this module's
-code with form "nvls") runs the **node stages in the leaf** instead (NCCL's NVLS_TREE on H100 clusters:
-NVLS inside the node, the rails over the NICs), allowed only where the leaf switches reduce
-(fabric.hier_plan.in_leaf: NVLink Network mode with config.sharp, i.e. superpod-h100-ib and
-superpod-h100-nvlink, not superpod-a100-ib), as NCCL's tuner weighs NVLS_TREE against RING; `auto`
-weighs the two by the cost model. With N > 1 and G > 1 (one node, or one member a node: exactly what
-`hier` runs there) the node's members are a switch group at their leaf
-(Communicator.node_group_id: made once per communicator, through the group machinery, so partitions,
-the 128-group limit and the buffer share hold unchanged); each binds its work buffer (allreduce: its
-array; reduce_scatter: a copy of its input). The node reduce-scatter of a slice is member j's
-load-reduce of its column-j piece from the leaf (one LOAD_REDUCE a chunk, as nvls.py; every member
-serves the leaf's LOADs in one order, column by column), its all-gather member j's multicast store of
-its reduced column-j piece (broadcast: of part j's) to the node group, taking in the others' (its own
-copy too); each takes one tick of the pipeline (fabric.hier_plan). The rail rings are as above.
-Per-GPU link payload then (cost_nodes.hier_leaf_link_bytes, which has every link's payload and raw
-bytes exactly): allreduce tx = rx = S + S/G (node RS: my answers to every column's loads, S, my
-reduced column back, S/G; node AG: my store, S/G, every member's stores, S) + 2(N-1)/(NG) S across;
-reduce_scatter tx S, rx S/G, allgather tx S/G, rx S, each + (N-1)/(NG) S each way across; broadcast:
-S/G tx and S rx in the node AG, plus the scatter and the chain as above. Header-only packets: a
-request per chunk of my column up, a LOAD per chunk of every column down.
-
-Per-GPU link payload for S bytes (S a multiple of N x G x itemsize), tx = rx, on N nodes x G GPUs:
-- allreduce: 2(G-1)/G x S inside the node + 2(N-1)/(NG) x S across = 2(NG-1)/(NG) x S (the flat
-  ring's), of which only 2(N-1)/(NG) x S leaves the node, on the member's own rail;
-- reduce_scatter (S = input bytes), allgather (S = output bytes): (G-1)/G x S + (N-1)/(NG) x S;
-- broadcast: every GPU (G-1)/G x S in the node-ring all-gather; plus S/G across nodes, tx on every
-  node but the chain's last (aR-1), rx on every node but aR; plus the scatter, root tx (G-1)/G x S,
-  each other member of the root's node rx S/G.
-Leaf-spine bytes (fabric.cost_nodes documents them per link): rail j crosses spine j mod spines.
-Combine order: range (a, j) is folded first inside each node m over positions j+1, j+2, ..., j+G-1,
-j (mod G), giving partial P_m, then over the rail, P_{a+1}, P_{a+2}, ..., P_{a+N-1}, P_a (mod N),
-in the array's dtype, one rounding per step; avg divides the result by the member count, as ring.py.
-With the node stages in the leaf (hier_nvls), P_m is the leaf's: positions 0, 1, ..., G-1 in the switch's
-accumulator (float32 for float16 and bfloat16, the dtype itself otherwise; avg summed), rounded once
-to the dtype; then the rail as above.
+Members form hier's grid (Grid: N nodes x G positions, the same local indices in every node, else
+UnsupportedOperation before any byte moves); this module executes fabric.hier_plan's pipelined schedule,
+which fabric.replay replays. The schedules, ranges, bytes per link, combine orders and measurements are
+in docs/model/algorithms-hier.md.
 """
 
 import numpy as np

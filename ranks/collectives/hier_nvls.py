@@ -2,7 +2,7 @@
 leaf load-reduces and multicasts the node's columns, one ring per rail across nodes), allowed only where
 the leaves reduce (fabric.hier_plan.in_leaf: superpod-h100-ib, superpod-h100-nvlink). One node or one
 member a node: exactly what `hier` runs there (the node ring alone, the rail ring alone). Schedule, per-GPU
-link bytes and combine order: hier.py's docstring ("node stages in the leaf"); this module adds no code
+link bytes and combine order: docs/model/algorithms-hier.md ("Node stages in the leaf"); this module adds no code
 of its own, so the two forms cannot drift apart."""
 
 import numpy as np
