@@ -1,43 +1,8 @@
 """`nvls`: NVLS as NCCL uses it. Each GPU asks the switch for the reduction of its own 1/N block
 (load-reduce: the switch reads that block from every member's bound buffer and reduces), then
-multicast-stores the reduced block to every member.
-
-Per-GPU link payload for S bytes on N GPUs:
-- allreduce: tx = S (the switch's loads of each of my N blocks) + S/N (my multicast store) = (N+1)/N x S;
-  rx = S/N (my reduced block) + S (every member's multicast, mine included) = (N+1)/N x S;
-- reduce_scatter (S = input bytes): tx = S, rx = S/N (load-reduce only);
-- allgather and broadcast: multicast stores, as in `sharp`.
-Each block travels in pipeline chunks of nvls_chunk_bytes (default 128 KiB, NCCL's NVLS chunk;
-smaller if the switch buffer's share needs it, Call.in_switch_window). Requests (LOAD_REDUCE, LOAD)
-are header-only packets: one per chunk, header_bytes of raw bytes each, no payload: a LOAD_REDUCE per
-chunk of my block on my uplink, a LOAD per chunk of every block on my downlink; the raw bytes are
-those of fabric.cost.nvls_raw_bytes. Modeled time: fabric.cost.modeled_ns.
-Combine order: members 0, 1, ..., N-1, in the switch's accumulator, as in `sharp`.
-
-Across nodes (spines that reduce and multicast: fabric.switch, Spanning groups), as NCCL runs NVLS
-when the NVLink domain spans nodes: my LOAD_REDUCE of chunk c of my block goes to my leaf, which
-sends header-only LOADs to its members (rank order) and the request, header-only, to spine (r + c)
-mod P (slot (r, c, r + c): blocks of one chunk each share the spines out, as sharp's
-reduce_scatter); the spine passes it to the group's other leaves, which LOAD theirs. Each leaf folds
-its members' answers (rank order, in the accumulator: float32 for float16/bfloat16) into a partial
-for that spine; the spine folds the partials in node order, finishes (rounds once; avg divides once,
-by N) and sends the result to my leaf, which returns it to me, and the notice "reduced" (a control
-packet) to every other leaf (which frees its partial). Allreduce then multicast-stores each reduced
-chunk through both levels as sharp's allgather does (spine (r + c) mod P). Per GPU link payload as
-on one node. Leaf -> spine i carries the partials of chunk c of every block j for (j + c) mod P = i
-(S / P for equal sets; a 16-bit float's partial is float32, twice the bytes), spine i -> leaf a the
-results of node a's blocks (G S / (N P)); allreduce adds its stores (G S / N up from each leaf,
-(N - G) S / N down to each, over the spines; G GPUs a node). Header-only packets, header_bytes raw each,
-per chunk of GPU j's block: j's request on its uplink, a LOAD down every member's downlink, the
-request leaf -> spine and spine -> each other leaf. fabric.cost_nodes.nvls_link_bytes has every link
-exactly; modeled time fabric.replay.nvls_ns. The window (streams) keeps each leaf's partials without
-their result or notice within its buffer share / nodes, a 16-bit float's partial counting twice.
-
-Schedule, in rounds c = 0, 1, ...: answer the switch's loads of chunk c of every member's block
-(member order), then take back my reduced chunk c - 1, multicast it, and take in every member's
-multicast of chunk c - 2 (a round behind, so that waiting for them never delays my next multicast).
-All load-reduce requests are booked on the uplink at the start (modeled as issued at once); the
-emulator sends them as credits allow, which bounds the switch's memory.
+multicast-stores the reduced block to every member; across nodes the leaves and spines reduce in two
+levels. Bytes per link, combine order, the schedule in rounds and the window:
+docs/model/algorithms-in-switch.md.
 """
 
 import numpy as np

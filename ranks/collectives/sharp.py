@@ -1,45 +1,7 @@
 """`sharp`: NVLink SHARP as a push. Every GPU sends its buffer to the switch once; the switch reduces
-the contributions and multicasts the result (one packet in, a copy out of every member port).
-
-Per-GPU link payload for S bytes on N GPUs:
-- allreduce: tx = S (the contribution), rx = S (the multicast result);
-- reduce_scatter (S = input bytes): tx = S, rx = S/N (the switch sends block j to GPU j only);
-- allgather (S = output bytes), a multicast store of each block: tx = S/N, rx = S (every block comes
-  back to every member, the sender's own included, as NVLS's multicast store does);
-- broadcast: the root's tx = S; every member's rx = S (the root's own copy included).
-- reduce: tx = S on every member; the switch sends the result to the root only: root rx = S, the
-  others rx 0. Only the root gets results back, so it tells the others out of band (like the call
-  check, not counted, not modeled) how many came, which bounds their contributions in the switch.
-Combine order: members 0, 1, ..., N-1, in the switch's accumulator (float32 for float16 and
-bfloat16, rounded once at the end; the dtype itself otherwise). avg divides in the switch.
-
-Across nodes (allreduce, reduce_scatter, allgather, broadcast; fabric.switch, Spanning groups).
-Allreduce: each GPU pushes chunk c to its leaf, the leaf reduces its node's members (communicator rank
-order) into a partial in the accumulator and sends it to spine c mod P, the spine reduces the partials
-of the group's nodes in node order, finishes (rounds once, avg divides once) and multicasts the result
-to the leaves, each leaf to its members. Per GPU tx = rx = S as on one node; each leaf -> spine i link
-carries the partials of the chunks c = i mod P (S / P for P | chunks; a float16/bfloat16 partial is
-float32, twice the bytes), each spine i -> leaf link the results of the same chunks (S / P).
-fabric.cost_nodes.link_bytes has every link exactly. The window counts a 16-bit float's partial twice
-and keeps each leaf's partials in flight within its share of the buffer / nodes (the spines hold no more
-than that).
-Reduce_scatter: the allreduce's two levels for chunk c of every block j (to spine (j + c) mod P), but the
-spine sends block j's result to member j's leaf only, and that leaf to member j only (the other leaves
-get a notice with no bytes that frees their partial's share). Per GPU tx S, rx S/N as on one node;
-each leaf -> spine i link the partials of the chunks c of blocks j with (j + c) mod P = i (S / P when
-those split evenly; twice for a 16-bit float), each spine i -> leaf k link the results of those chunks
-of node k's members' blocks (G S / (n P) for equal shares; fabric.cost_nodes.sharp_scatter_link_bytes).
-Its window (_scatter_streams) keeps twice a window of rounds of partials within a leaf's share of the
-buffer / nodes.
-Allgather and broadcast: a member's multicast store of chunk c (of its block p; broadcast: p = the
-root) goes to its leaf, which copies it to the node's members and sends one copy up to spine
-(p + c) mod P (so a block's chunks, and the members' blocks, share the spines out); the spine sends one
-copy down to each other leaf of the group, which copies it to its members. Per GPU tx and rx as on one
-node; each leaf -> spine cable carries its node's members' stores once (allgather G S / n in all, a
-broadcast S from the root's leaf), each spine -> leaf k cable the other nodes' stores (allgather
-(n - G) S / n in all, a broadcast S to each other leaf), split over the spines by that rule
-(fabric.cost_nodes.sharp_mcast_link_bytes). No window: the switches hold no store, and the leaves'
-credits (ranks/switch.py) bound the copies in flight to each member of another node.
+the contributions and multicasts the result (one packet in, a copy out of every member port); across
+nodes the leaves reduce their node's members and the spines the leaves' partials. Bytes per link,
+combine order and the windows that bound the switches' memory: docs/model/algorithms-in-switch.md.
 """
 
 import numpy as np
