@@ -10,7 +10,9 @@ T with T[i, j] = payload bytes GPU i sends GPU j in that round, derived from the
 ranks/collectives (blocks are fabric.reduction.blocks of the element count, times itemsize):
 - ring on one node (ranks/collectives/ring.py), 2(N-1) rounds for allreduce, N-1 for reduce_scatter (S = input
   bytes) and allgather (S = output bytes). Reduce-scatter round s: GPU r sends block (r-1-s) mod N
-  to r+1; all-gather round s: GPU r sends block (r-s) mod N to r+1.
+  to r+1; all-gather round s: GPU r sends block (r-s) mod N to r+1. These rounds are summed from the
+  ring's plan (fabric.plans.registry.ring; fabric.plans.plan_rounds: a send is one round after the message
+  whose data it passes on, so its all-gather steps, with no flush between them, are a round each).
 - ring across nodes (N > 1; ring.py's channels, one ring per rail): C = min(G, S // 32 KiB), at
   least 1, channels (fabric.reduction.ring_channel_count, NCCL's rule; C = 1 is the node-major
   ring); ring c visits positions c, c+1, ..., c+G-1 (mod G) of node 0, then node 1, ...; member m's
@@ -194,23 +196,14 @@ def rounds(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsize
         if not isinstance(S, (int, np.integer)) or isinstance(S, bool) or S < 0:
             raise FabricError(f"cost_nodes: S must be a non-negative number of bytes, got {S!r}")
         return plans.plan_rounds(plans.build("direct", n, "broadcast", int(root)), int(S), 1)  # bytes as elements
-    b = _block_bytes(S, n, itemsize)
-    out: list[np.ndarray] = []
+    _block_bytes(S, n, itemsize)  # checks S and itemsize
     if algorithm == "ring" and topo.nodes > 1:
         return _channel_rounds(collective, topo, S, itemsize)
     if algorithm == "tree":
         return _tree_rounds(topo, S, itemsize)
-    if algorithm == "ring":
-        phases = {"allreduce": ("rs", "ag"), "reduce_scatter": ("rs",), "allgather": ("ag",)}[collective]
-        for phase in phases:
-            for s in range(n - 1):
-                t = np.zeros((n, n), np.int64)
-                for r in range(n):
-                    t[r, (r + 1) % n] = b[(r - 1 - s) % n] if phase == "rs" else b[(r - s) % n]
-                out.append(t)
-        return out
-    # direct (all2all: equal blocks, GPU i sends its block j to GPU j): its plan's phases, flush to flush
-    return plans.plan_rounds(plans.build("direct", n, collective), int(S), itemsize)
+    # ring on one node, its plan's steps; direct (all2all: equal blocks, GPU i sends its block j to GPU j), its
+    # plan's phases, flush to flush (fabric.plans.plan_rounds)
+    return plans.plan_rounds(plans.build(algorithm, n, collective), int(S), itemsize)
 
 
 def _hier_rounds(collective: str, topo: Topology, S: int, itemsize: int, root: int) -> list[np.ndarray]:

@@ -6,7 +6,8 @@ Rules (each refusal is a PlanError naming the GPU, the step and, where one is in
    count; allgather: output = GPUs x input; reduce_scatter: input = GPUs x output); inplace: alike;
 2. every operation's kind is known and runnable (the in-switch kinds are refused: no interpreter runs
    them yet), names the buffers its kind needs, in range, and peers that are other GPUs of the plan;
-   a dependency names an earlier operation of the same GPU (so the dependencies have no cycle);
+   a dependency names an earlier operation of the same GPU (so the dependencies have no cycle); on a plan
+   whose channels run on lanes (Plan.lanes = C > 1), every channel is one of 0..C-1;
 3. a symbolic run, every GPU in program order, sends never waiting, a receive waiting for the matching
    send (same sender, receiver and channel, in order): it must end with every program done (else the
    plan deadlocks: the waiting GPUs are named) and no message unreceived; a send and its receive move
@@ -48,6 +49,8 @@ def _shape(plan: Plan) -> None:
         raise PlanError(f"plan {plan.name!r}: for {n} GPUs but has {len(plan.programs)} programs")
     if plan.collective in ("broadcast", "reduce") and not 0 <= plan.root < n:
         raise PlanError(f"plan {plan.name!r}: root {plan.root} is not one of its {n} GPUs")
+    if plan.groups < 1 or plan.lanes < 0:
+        raise PlanError(f"plan {plan.name!r}: groups {plan.groups} (at least 1), lanes {plan.lanes} (at least 0)")
     for g, program in enumerate(plan.programs):
         if program.gpu != g:
             raise PlanError(f"plan {plan.name!r}: program {g} is for GPU {program.gpu} (programs go in GPU order)")
@@ -92,6 +95,9 @@ def _ops(plan: Plan) -> None:
                 raise PlanError(f"{_where(g, step, op)}: {attr} {peer} is not another GPU of the plan's {n}")
             if not needed and peer is not None:
                 raise PlanError(f"{_where(g, step, op)}: a {op.kind} has no {attr}")
+        if plan.lanes > 1 and not 0 <= op.channel < plan.lanes:
+            raise PlanError(f"{_where(g, step, op)}: channel {op.channel} has no lane; the plan runs its channels "
+                            f"on lanes 0..{plan.lanes - 1}")
         for d in op.deps:
             if not 0 <= d < step:
                 raise PlanError(f"{_where(g, step, op)}: depends on step {d}, not an earlier step of GPU {g} "
