@@ -134,7 +134,7 @@ from .packets import raw_bytes
 from .counters import downlink, uplink
 from .errors import FabricError
 from .software import call_bytes, call_latency_ns
-from .reduction import blocks, channel_rings, chunks, merged_columns, rail_ranges, ring_channel_count, tree_parts
+from .reduction import blocks, chunks, merged_columns, tree_parts
 from .topology import Topology
 
 FLAT = {
@@ -197,8 +197,9 @@ def rounds(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsize
             raise FabricError(f"cost_nodes: S must be a non-negative number of bytes, got {S!r}")
         return plans.plan_rounds(plans.build("direct", n, "broadcast", int(root)), int(S), 1)  # bytes as elements
     _block_bytes(S, n, itemsize)  # checks S and itemsize
-    if algorithm == "ring" and topo.nodes > 1:
-        return _channel_rounds(collective, topo, S, itemsize)
+    if algorithm == "ring" and topo.nodes > 1:  # its channels' plan on the grid, steps as rounds (plan_rounds)
+        layout = plans.registry.grid(topo.nodes, topo.gpus_per_node)
+        return plans.plan_rounds(plans.build("ring", n, collective, layout=layout, nbytes=int(S)), int(S), itemsize)
     if algorithm == "tree":
         return _tree_rounds(topo, S, itemsize)
     # ring on one node, its plan's steps; direct (all2all: equal blocks, GPU i sends its block j to GPU j), its
@@ -276,27 +277,6 @@ def _hier_nvls_rounds(collective: str, topo: Topology, S: int, itemsize: int, ro
     node = G - 1  # each node ring's rounds: before (reduce-scatter) and after (all-gather) the rails'
     return {"allreduce": out[node:-node], "reduce_scatter": out[node:], "allgather": out[:-node],
             "broadcast": out[:-node]}[collective]  # broadcast: the scatter and the chain
-
-
-def _channel_rounds(collective: str, topo: Topology, S: int, itemsize: int) -> list[np.ndarray]:
-    """ring's rounds across nodes (ranks/collectives/ring.py's channels): round s is step s of every
-    channel at once; on ring c, position q sends the range (channel c) of member ring_c[q-1-s]
-    (reduce-scatter) or ring_c[q-s] (all-gather) to ring_c[q+1]."""
-    N, G, n = topo.nodes, topo.gpus_per_node, topo.gpus
-    rings = channel_rings([[a * G + j for j in range(G)] for a in range(N)])[:ring_channel_count(int(S), G)]
-    ranges = rail_ranges(int(S) // itemsize, n, len(rings))
-    size = np.array([[(hi - lo) * itemsize for lo, hi in row] for row in ranges], np.int64)  # [member, channel]
-    phases = {"allreduce": (1, 0), "reduce_scatter": (1,), "allgather": (0,)}[collective]
-    positions = np.arange(n)
-    out = []
-    for back in phases:  # the segment sent is that of position q - back - s
-        for s in range(n - 1):
-            t = np.zeros((n, n), np.int64)
-            for c, ring in enumerate(rings):  # every position q at once: a ring's (sender, receiver) pairs differ
-                ring = np.asarray(ring)
-                t[ring, np.roll(ring, -1)] += size[ring[(positions - back - s) % n], c]
-            out.append(t)
-    return out
 
 
 def _tree_rounds(topo: Topology, S: int, itemsize: int) -> list[np.ndarray]:

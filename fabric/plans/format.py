@@ -31,7 +31,7 @@ COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "all2all", "broadcast
 FABRICS = ("classic", "network")  # fabric modes (fabric.config)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Ref:
     """`cnt` chunks of buffer `buf` from chunk `off`."""
 
@@ -43,7 +43,7 @@ class Ref:
         return range(self.off, self.off + self.cnt)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Op:
     """One operation of a GPU's program. peer_send/peer_recv: the GPU sent to / received from."""
 
