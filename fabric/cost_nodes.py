@@ -10,7 +10,9 @@ T with T[i, j] = payload bytes GPU i sends GPU j in that round, derived from the
 ranks/collectives (blocks are fabric.reduction.blocks of the element count, times itemsize):
 - ring on one node (ranks/collectives/ring.py), 2(N-1) rounds for allreduce, N-1 for reduce_scatter (S = input
   bytes) and allgather (S = output bytes). Reduce-scatter round s: GPU r sends block (r-1-s) mod N
-  to r+1; all-gather round s: GPU r sends block (r-s) mod N to r+1.
+  to r+1; all-gather round s: GPU r sends block (r-s) mod N to r+1. These rounds are summed from the
+  ring's plan (fabric.plans.registry.ring; fabric.plans.plan_rounds: a send is one round after the message
+  whose data it passes on, so its all-gather steps, with no flush between them, are a round each).
 - ring across nodes (N > 1; ring.py's channels, one ring per rail): C = min(G, S // 32 KiB), at
   least 1, channels (fabric.reduction.ring_channel_count, NCCL's rule; C = 1 is the node-major
   ring); ring c visits positions c, c+1, ..., c+G-1 (mod G) of node 0, then node 1, ...; member m's
@@ -133,7 +135,7 @@ from .packets import raw_bytes
 from .counters import downlink, uplink
 from .errors import FabricError
 from .software import call_bytes, call_latency_ns
-from .reduction import blocks, channel_rings, chunks, merged_columns, rail_ranges, ring_channel_count, tree_parts
+from .reduction import blocks, chunks, merged_columns, tree_parts
 from .topology import Topology
 
 FLAT = {
@@ -197,23 +199,15 @@ def rounds(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsize
         if not isinstance(S, (int, np.integer)) or isinstance(S, bool) or S < 0:
             raise FabricError(f"cost_nodes: S must be a non-negative number of bytes, got {S!r}")
         return plans.plan_rounds(plans.build("direct", n, "broadcast", int(root)), int(S), 1)  # bytes as elements
-    b = _block_bytes(S, n, itemsize)
-    out: list[np.ndarray] = []
-    if algorithm == "ring" and topo.nodes > 1:
-        return _channel_rounds(collective, topo, S, itemsize)
+    _block_bytes(S, n, itemsize)  # checks S and itemsize
+    if algorithm == "ring" and topo.nodes > 1:  # its channels' plan on the grid, steps as rounds (plan_rounds)
+        layout = plans.registry.grid(topo.nodes, topo.gpus_per_node)
+        return plans.plan_rounds(plans.build("ring", n, collective, layout=layout, nbytes=int(S)), int(S), itemsize)
     if algorithm == "tree":
         return _tree_rounds(topo, S, itemsize)
-    if algorithm == "ring":
-        phases = {"allreduce": ("rs", "ag"), "reduce_scatter": ("rs",), "allgather": ("ag",)}[collective]
-        for phase in phases:
-            for s in range(n - 1):
-                t = np.zeros((n, n), np.int64)
-                for r in range(n):
-                    t[r, (r + 1) % n] = b[(r - 1 - s) % n] if phase == "rs" else b[(r - s) % n]
-                out.append(t)
-        return out
-    # direct (all2all: equal blocks, GPU i sends its block j to GPU j): its plan's phases, flush to flush
-    return plans.plan_rounds(plans.build("direct", n, collective), int(S), itemsize)
+    # ring on one node, its plan's steps; direct (all2all: equal blocks, GPU i sends its block j to GPU j), its
+    # plan's phases, flush to flush (fabric.plans.plan_rounds)
+    return plans.plan_rounds(plans.build(algorithm, n, collective), int(S), itemsize)
 
 
 def _hier_rounds(collective: str, topo: Topology, S: int, itemsize: int, root: int) -> list[np.ndarray]:
@@ -286,27 +280,6 @@ def _hier_nvls_rounds(collective: str, topo: Topology, S: int, itemsize: int, ro
     node = G - 1  # each node ring's rounds: before (reduce-scatter) and after (all-gather) the rails'
     return {"allreduce": out[node:-node], "reduce_scatter": out[node:], "allgather": out[:-node],
             "broadcast": out[:-node]}[collective]  # broadcast: the scatter and the chain
-
-
-def _channel_rounds(collective: str, topo: Topology, S: int, itemsize: int) -> list[np.ndarray]:
-    """ring's rounds across nodes (ranks/collectives/ring.py's channels): round s is step s of every
-    channel at once; on ring c, position q sends the range (channel c) of member ring_c[q-1-s]
-    (reduce-scatter) or ring_c[q-s] (all-gather) to ring_c[q+1]."""
-    N, G, n = topo.nodes, topo.gpus_per_node, topo.gpus
-    rings = channel_rings([[a * G + j for j in range(G)] for a in range(N)])[:ring_channel_count(int(S), G)]
-    ranges = rail_ranges(int(S) // itemsize, n, len(rings))
-    size = np.array([[(hi - lo) * itemsize for lo, hi in row] for row in ranges], np.int64)  # [member, channel]
-    phases = {"allreduce": (1, 0), "reduce_scatter": (1,), "allgather": (0,)}[collective]
-    positions = np.arange(n)
-    out = []
-    for back in phases:  # the segment sent is that of position q - back - s
-        for s in range(n - 1):
-            t = np.zeros((n, n), np.int64)
-            for c, ring in enumerate(rings):  # every position q at once: a ring's (sender, receiver) pairs differ
-                ring = np.asarray(ring)
-                t[ring, np.roll(ring, -1)] += size[ring[(positions - back - s) % n], c]
-            out.append(t)
-    return out
 
 
 def _tree_rounds(topo: Topology, S: int, itemsize: int) -> list[np.ndarray]:

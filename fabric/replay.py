@@ -37,7 +37,6 @@ deadlock-free schedule completes, in O(messages) link bookings (a 256-GPU ring a
 about half a million).
 """
 
-import functools
 
 import numpy as np
 
@@ -46,7 +45,7 @@ from .plans import build, registry, timing
 from .budget import _nvls_streams, buffer_share_bytes, in_switch_chunk, sharp_scatter_streams, sharp_streams
 from .errors import FabricError
 from .packets import raw_bytes
-from .reduction import (blocks, channel_rings, chunks, rail_ranges, ring_channel_count, tree_chunk, tree_parts,
+from .reduction import (blocks, channel_rings, chunks, ring_channel_count, tree_chunk, tree_parts,
                         tree_steps)
 from .programs import Fabric, GpuClocks, run_programs
 from .timemodel import LinkEnd, ReductionClock
@@ -213,56 +212,11 @@ def _lanes(C: int) -> list:
     return [(c, C) if C > 1 else None for c in range(C)]
 
 
-def _channel_ring(rings, r, pieces, phase, reduce: bool):
-    """ring.py's channels across nodes (its _channel_ring): every channel's sends of a step, then every
-    channel's receives; reduce-scatter (a flush after each step) or all-gather (one flush at the end),
-    each channel on its own lane (docs/model/time.md, "Channels"): its step waits for its own receives
-    and sends only. pieces[c][q]: the messages [(k, i, bytes)] of the segments of ring c's position q
-    (_channel_layout). The caller joins the lanes ("join") at the end of the call."""
-    n = len(rings[0])
-    mine = [ring.index(r) for ring in rings]
-    lanes = _lanes(len(rings))
-    for step in range(n - 1):
-        sent, taken = (1 + step, 2 + step) if reduce else (step, 1 + step)
-        for c, ring in enumerate(rings):
-            nxt = ring[(mine[c] + 1) % n]
-            for k, i, nbytes in pieces[c][(mine[c] - sent) % n]:
-                yield ("send", nxt, (phase, step, c, k, i), nbytes, lanes[c])
-        for c, ring in enumerate(rings):
-            prv = ring[(mine[c] - 1) % n]
-            for k, i, _ in pieces[c][(mine[c] - taken) % n]:
-                yield ("recv", prv, (phase, step, c, k, i), lanes[c])
-        if reduce:
-            for lane in lanes:
-                yield ("flush", lane)
-    if not reduce:
-        for lane in lanes:
-            yield ("flush", lane)
-
-
-@functools.lru_cache(maxsize=8)
-def _channel_layout(N: int, G: int, count: int, chunk: int, item: int):
-    """ring.py's channels across N nodes x G GPUs for `count` elements, the same for every member's program
-    (computed once a call, not once a member: O(n x channels) each): (rings, pieces), pieces[c][q] the
-    messages [(segment k, chunk i, bytes)] of ring c's position q's range (one segment, k = 0)."""
-    rings = channel_rings([[a * G + j for j in range(G)] for a in range(N)])[:ring_channel_count(count * item, G)]
-    ranges = rail_ranges(count, N * G, len(rings))
-    pieces = [[[(0, i, (hi - lo) * item) for i, (lo, hi) in enumerate(chunks(*ranges[m][c], chunk))] for m in ring]
-              for c, ring in enumerate(rings)]
-    return rings, pieces
-
-
-def _ring_channels(collective, topo, r, count, chunk, item, root):
-    """ring.py's schedule across nodes on every GPU of `topo`: ring_channel_count rings, one per rail."""
+def _ring_broadcast(topo, r, count, chunk, item, root):
+    """ring.py's broadcast across nodes on every GPU of `topo`: part c = blocks(count, C)[c] down a chain along
+    ring c (ring_channel_count rings, one per rail) from the root, every channel's chunk i before any
+    channel's chunk i+1, each channel on its own lane (docs/model/time.md, "Channels")."""
     N, G, n = topo.nodes, topo.gpus_per_node, topo.gpus
-    if collective != "broadcast":
-        rings, pieces = _channel_layout(N, G, count, chunk, item)
-        if collective != "allgather":
-            yield from _channel_ring(rings, r, pieces, "rs", True)
-        if collective != "reduce_scatter":
-            yield from _channel_ring(rings, r, pieces, "ag", False)
-        yield ("join",)
-        return
     rings = channel_rings([[a * G + j for j in range(G)] for a in range(N)])[:ring_channel_count(count * item, G)]
     C = len(rings)
     lanes = _lanes(C)
@@ -328,8 +282,8 @@ def _program(collective: str, algorithm: str, topo: Topology, r: int, count: int
         plan = build("pxn", n, collective, layout=registry.grid(topo.nodes, topo.gpus_per_node))
         yield from timing.messages(plan, count * item, item, chunk)[r]
         return
-    if algorithm == "ring" and topo.nodes > 1 and collective in PROGRAMS["ring"]:
-        yield from _ring_channels(collective, topo, r, count, chunk, item, root)
+    if algorithm == "ring" and topo.nodes > 1 and collective == "broadcast":
+        yield from _ring_broadcast(topo, r, count, chunk, item, root)
         return
     if (collective, algorithm) == ("allreduce", "tree"):
         yield from _tree(topo, r, count, min(chunk, tree_chunk(chunk * item, item)), item)
@@ -337,7 +291,10 @@ def _program(collective: str, algorithm: str, topo: Topology, r: int, count: int
     if (collective, algorithm) == ("all2allv", "all2allv"):  # the call's plan (counts in elements)
         yield from timing.messages(registry.all2allv(counts), 0, item, chunk)[r]
     elif algorithm == "ring" and collective in ("allreduce", "reduce_scatter", "allgather", "broadcast"):
-        yield from timing.messages(build("ring", n, collective, root), count * item, item, chunk)[r]
+        # across nodes, its channels on the grid (a plan of the call's size: fabric.plans.registry.ring_channels)
+        layout = registry.grid(topo.nodes, topo.gpus_per_node) if topo.nodes > 1 else None
+        plan = build("ring", n, collective, root, layout, nbytes=count * item)
+        yield from timing.messages(plan, count * item, item, chunk)[r]
     elif algorithm == "direct" and collective in ("allreduce", "reduce_scatter", "allgather", "broadcast", "all2all"):
         layout = registry.grid(topo.nodes, topo.gpus_per_node) if collective == "all2all" and topo.nodes > 1 else None
         yield from timing.messages(build("direct", n, collective, root, layout), count * item, item, chunk)[r]

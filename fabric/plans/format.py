@@ -37,7 +37,7 @@ ROOTED = ("broadcast", "reduce", "gather", "scatter")  # the collectives a plan'
 FABRICS = ("classic", "network")  # fabric modes (fabric.config)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Ref:
     """`cnt` chunks of buffer `buf` from chunk `off`."""
 
@@ -49,7 +49,7 @@ class Ref:
         return range(self.off, self.off + self.cnt)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Op:
     """One operation of a GPU's program. send_to/recv_from: the GPU sent to / received from;
     incoming_first: a reducing kind's operand order (module docstring), incoming (op) dst."""
@@ -85,7 +85,14 @@ class GpuProgram:
 class Plan:
     """A collective as data. name: the algorithm; collective: one of COLLECTIVES; gpus: the GPU count it
     is for; inplace: output buffer is the input buffer (ops on "o" and "i" name the same chunks);
-    root: a rooted collective's (ROOTED: broadcast, reduce, gather, scatter); fabrics: the fabric modes that may run it."""
+    root: a rooted collective's (ROOTED: broadcast, reduce, gather, scatter); fabrics: the fabric modes that
+    may run it. groups: a buffer of groups x k chunks is cut into `groups` blocks first
+    (fabric.reduction.blocks), each then into k chunks (ring's channels: chunk m C + c is member m's range
+    of channel c, fabric.reduction.rail_ranges); 1: one cut. lanes: 0 or 1, the channels are operation
+    streams on the GPU's one clock and whole links; C > 1, channel c (0..C-1) runs on its own lane (c, C):
+    its own clock and 1 / C of the GPU's uplink and downlink (docs/model/time.md, "Channels"; MSCCL's
+    threadblocks on channels), a flush on it waits for its own sends only, and the GPU's clock is the
+    latest channel's at the end (a "join")."""
 
     name: str
     collective: str
@@ -94,6 +101,8 @@ class Plan:
     inplace: bool = False
     root: int = 0
     fabrics: tuple[str, ...] = FABRICS
+    groups: int = 1
+    lanes: int = 0
     meta: dict = field(default_factory=dict, compare=False)
 
     def ops(self):

@@ -39,6 +39,7 @@ import dataclasses
 import functools
 
 from ..errors import PlanError
+from ..reduction import channel_rings, ring_channel_count
 from .format import GpuProgram, Op, Plan, Ref
 from .validate import validate
 
@@ -57,10 +58,62 @@ def _ring_steps(n, p, buf, reduce):
     return ops
 
 
-def ring(gpus: int, collective: str, root: int = 0, layout=None) -> Plan:
+def ring_channels(gpus: int, layout, nbytes: int | None) -> int | None:
+    """What ring's plan for a call of `nbytes` is built from: its channel count across nodes
+    (fabric.reduction.ring_channel_count of the call's bytes and the positions per node) when `layout`
+    is a grid of several nodes of equal rows; None (the one ring) otherwise or without a size."""
+    if layout is None or nbytes is None or len(layout) < 2 or len({len(row) for row in layout}) != 1:
+        return None
+    return ring_channel_count(int(nbytes), len(layout[0]))
+
+
+def _channel_plan(gpus: int, collective: str, layout, C: int) -> Plan:
+    """ring.py's channels across nodes (module docstring) for allreduce, reduce_scatter or allgather: C
+    rings (fabric.reduction.channel_rings of the grid `layout`), every buffer in n C chunks, chunk m C + c
+    member m's range of channel c (Plan.groups = n: fabric.reduction.rail_ranges), each channel on its own
+    lane (Plan.lanes = C). Step s of every channel at once: their sends, then their receives
+    (reduce-scatter: position q of ring c sends the chunk of member ring_c[q-1-s] to ring_c[q+1] and folds
+    that of ring_c[q-2-s] from ring_c[q-1] into its own; all-gather: ring_c[q-s], ring_c[q-1-s]), a flush on
+    every channel after each reduce-scatter step and after the all-gather."""
+    n = gpus
+    rings = channel_rings([list(row) for row in layout])[:C]
+    where = [{m: q for q, m in enumerate(ring)} for ring in rings]
+    flushes = [Op("flush", channel=c) for c in range(C)]
+
+    def steps(g, buf, reduce):
+        ops = []
+        for s in range(n - 1):
+            sent, taken = (1 + s, 2 + s) if reduce else (s, 1 + s)
+            for c, ring in enumerate(rings):
+                q = where[c][g]
+                ops.append(Op("send", channel=c, src=Ref(buf, ring[(q - sent) % n] * C + c), send_to=ring[(q + 1) % n]))
+            for c, ring in enumerate(rings):
+                q = where[c][g]
+                ops.append(Op("recv_reduce" if reduce else "recv", channel=c, dst=Ref(buf, ring[(q - taken) % n] * C + c),
+                              recv_from=ring[(q - 1) % n]))
+            if reduce:
+                ops += flushes
+        return ops + ([] if reduce else flushes)
+
+    programs = []
+    for g in range(n):
+        if collective == "allreduce":
+            ops, chunks = steps(g, "o", True) + steps(g, "o", False), (n * C, n * C)
+        elif collective == "reduce_scatter":
+            ops, chunks = steps(g, "i", True) + [Op("copy", src=Ref("i", g * C, C), dst=Ref("o", 0, C))], (n * C, C)
+        else:
+            ops, chunks = [Op("copy", src=Ref("i", 0, C), dst=Ref("o", g * C, C))] + steps(g, "o", False), (C, n * C)
+        programs.append(GpuProgram(g, tuple(ops), *chunks))
+    return Plan("ring", collective, n, tuple(programs), inplace=collective == "allreduce", groups=n, lanes=C)
+
+
+def ring(gpus: int, collective: str, root: int = 0, layout=None, channels: int | None = None) -> Plan:
     """ring.py's one-node ring (module docstring) for allreduce, reduce_scatter, allgather, broadcast (from
-    `root`) or reduce (to `root`)."""
+    `root`) or reduce (to `root`); with `channels` (ring_channels: a grid `layout` of several nodes), its channels across nodes for
+    allreduce, reduce_scatter or allgather (_channel_plan)."""
     n, programs = gpus, []
+    if channels is not None and collective in ("allreduce", "reduce_scatter", "allgather"):
+        return _channel_plan(n, collective, layout, channels)
     for p in range(n):
         if collective == "allreduce":
             ops, chunks = _ring_steps(n, p, "o", True) + _ring_steps(n, p, "o", False), (n, n)
@@ -250,20 +303,29 @@ def pxn(gpus: int, collective: str, root: int = 0, layout=None) -> Plan:
 
 
 ALGORITHMS = {"ring": ring, "recursive_doubling": recursive_doubling, "direct": direct, "pxn": pxn}
+# the algorithms whose plan depends on the call's size: function (gpus, collective, layout, nbytes) -> what
+# the plan is built from (passed on as its fifth argument; None: the plan of no size)
+SIZED = {"ring": lambda gpus, collective, layout, nbytes: (
+    ring_channels(gpus, layout, nbytes) if collective in ("allreduce", "reduce_scatter", "allgather") else None)}
 
 
-def build(algorithm: str, gpus: int, collective: str, root: int = 0, layout=None) -> Plan:
+def build(algorithm: str, gpus: int, collective: str, root: int = 0, layout=None, nbytes: int | None = None) -> Plan:
     """The validated plan of `algorithm` for `collective` on `gpus` GPUs (rooted collectives: from
-    `root`; pxn: on the grid `layout`, a tuple of nodes' tuples of GPUs; PlanError if it has none); built
-    and validated once per arguments: plans are immutable."""
-    return _build(algorithm, int(gpus), collective, int(root), layout)  # one cache key however it is called
+    `root`; pxn, direct's all2all and ring across nodes: on the grid `layout`, a tuple of nodes' tuples of
+    GPUs; ring across nodes: for a call of `nbytes`, the buffer's bytes as fabric.replay takes them;
+    PlanError if it has none); built and validated once per arguments and what the size decides (SIZED:
+    ring's channel count), not once per size: plans are immutable."""
+    sized = SIZED.get(algorithm)
+    shape = None if sized is None else sized(int(gpus), collective, layout, nbytes)
+    return _build(algorithm, int(gpus), collective, int(root), layout, shape)  # one cache key however called
 
 
 @functools.lru_cache(maxsize=256)
-def _build(algorithm: str, gpus: int, collective: str, root: int, layout) -> Plan:
+def _build(algorithm: str, gpus: int, collective: str, root: int, layout, shape) -> Plan:
     if algorithm not in ALGORITHMS:
         raise PlanError(f"no plan algorithm {algorithm!r}; known: {', '.join(ALGORITHMS)}")
-    return validate(ALGORITHMS[algorithm](gpus, collective, root, layout))
+    args = (gpus, collective, root, layout) + (() if shape is None else (shape,))
+    return validate(ALGORITHMS[algorithm](*args))
 
 
 def all2allv(counts) -> Plan:

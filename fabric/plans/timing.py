@@ -55,7 +55,15 @@ def _base(plan: Plan, S: int, itemsize: int, g: int) -> dict[str, list[tuple[int
         lo, hi = blocks(count, plan.gpus)[g]
         elements = {"i": count, "o": hi - lo} if plan.collective in ("reduce_scatter", "scatter") else \
             {"i": hi - lo, "o": count}
-    return {b: blocks(elements[b], program.chunks_of(b)) for b in ("i", "o")}
+    return {b: cut(elements[b], program.chunks_of(b), plan.groups) for b in ("i", "o")}
+
+
+def cut(count: int, k: int, groups: int = 1) -> list[tuple[int, int]]:
+    """`count` elements in k chunks: fabric.reduction.blocks, or, when k is a multiple of `groups` > 1
+    (Plan.groups), blocks(count, groups) each cut into k / groups blocks (fabric.reduction.rail_ranges)."""
+    if groups <= 1 or k % groups:
+        return blocks(count, k)
+    return [(lo + x, lo + y) for lo, hi in blocks(count, groups) for x, y in blocks(hi - lo, k // groups)]
 
 
 def _kept(plan: Plan, name: str, key: tuple, make):
@@ -187,31 +195,47 @@ def with_flushes(plan: Plan, g: int) -> list:
 
 def _with_flushes(plan: Plan, g: int) -> list:
     alias = (lambda b: "i" if b == "o" else b) if plan.inplace else (lambda b: b)
-    pending, out = set(), []
+    lanes = plan.lanes > 1  # a flush on a lane waits for that channel's sends only (Plan.lanes)
+    pending: dict[int, set] = {}  # channel (0 without lanes) -> (buffer, chunk) its unflushed sends read
+    out = []
     for op in plan.programs[g].ops:
         writes = op.dst if op.kind in ("recv", "recv_reduce", "recv_copy_send", "recv_reduce_copy_send", "copy",
                                        "reduce") else None
-        if writes is not None and any((alias(writes.buf), c) in pending for c in writes.chunk_ids()):
-            out.append(Op("flush"))
-            pending.clear()
+        if writes is not None:
+            hit = [c for c, reads in pending.items()
+                   if any((alias(writes.buf), k) in reads for k in writes.chunk_ids())]
+            for c in hit:
+                out.append(Op("flush", channel=c))
+                del pending[c]
         out.append(op)
         if op.kind == "flush":
-            pending.clear()
+            pending.pop(op.channel if lanes else 0, None)
         elif op.kind in ("send", "recv_copy_send", "recv_reduce_copy_send"):
             ref = op.src if op.kind == "send" else op.dst
-            pending.update((alias(ref.buf), c) for c in ref.chunk_ids())
+            pending.setdefault(op.channel if lanes else 0, set()).update((alias(ref.buf), c) for c in ref.chunk_ids())
     return out
+
+
+def lane_of(plan: Plan):
+    """channel -> its lane (c, C) on the link clocks (fabric.programs), None without lanes (Plan.lanes)."""
+    C = plan.lanes
+    return (lambda c: (c, C)) if C > 1 else (lambda c: None)
 
 
 def messages(plan: Plan, S: int, itemsize: int, chunk: int):
     """Per GPU, its program for fabric.programs.run_programs: ("recv", peer, key), ("send", peer, key,
     nbytes), ("flush",) in plan order; key (channel, message number on that channel and pair, piece).
     An operation that receives and sends on (rrs, rcs, rrcs) is pipelined piece by piece: piece k is
-    sent on as soon as it is in (as a chain forwards it, and MSCCL's runtime does, slice by slice)."""
+    sent on as soon as it is in (as a chain forwards it, and MSCCL's runtime does, slice by slice).
+    A plan whose channels run on lanes (Plan.lanes) puts its channel's lane last in every operation and
+    ends with a flush on every lane and a "join" (ranks/collectives/plan.py: the same)."""
+    lane_at = lane_of(plan)
+
     def program(g):
         table = spans(plan, S, itemsize, g)
         sent, taken = {}, {}
         for op in with_flushes(plan, g):
+            lane = lane_at(op.channel)
             if op.kind in RECVS:
                 m = taken[(op.recv_from, op.channel)] = taken.get((op.recv_from, op.channel), -1) + 1
             if op.kind in SENDS:
@@ -219,15 +243,20 @@ def messages(plan: Plan, S: int, itemsize: int, chunk: int):
             if op.kind in RECVS:
                 ref = op.dst if op.dst is not None else op.src
                 for k, (lo, hi) in enumerate(chunks(*span(table, ref), chunk)):
-                    yield ("recv", op.recv_from, (op.channel, m, k))
+                    yield ("recv", op.recv_from, (op.channel, m, k), lane)
                     if op.kind in SENDS:  # forwarded at once (a recv_*_send sends what it received into)
-                        yield ("send", op.send_to, (op.channel, n, k), (hi - lo) * itemsize)
+                        yield ("send", op.send_to, (op.channel, n, k), (hi - lo) * itemsize, lane)
             elif op.kind in SENDS:
                 for k, (lo, hi) in enumerate(chunks(*span(table, op.src), chunk)):
-                    yield ("send", op.send_to, (op.channel, n, k), (hi - lo) * itemsize)
+                    yield ("send", op.send_to, (op.channel, n, k), (hi - lo) * itemsize, lane)
             if op.kind == "flush":
-                yield ("flush",)
-        yield ("flush",)  # a call returns once its sends have left (ranks/collectives/plan.py)
+                yield ("flush", lane)
+        if plan.lanes > 1:  # every channel's sends have left; the GPU's clock is the latest channel's
+            for c in range(plan.lanes):
+                yield ("flush", lane_at(c))
+            yield ("join",)
+        else:
+            yield ("flush",)  # a call returns once its sends have left (ranks/collectives/plan.py)
 
     return {g: program(g) for g in range(plan.gpus)}
 
@@ -289,26 +318,47 @@ def _read_only_rounds(plan: Plan, S: int, itemsize: int) -> list[np.ndarray]:
 
 def _plan_rounds(plan: Plan, S: int, itemsize: int) -> list[np.ndarray]:
     """The plan's dependent rounds for fabric.cost_nodes' bounds: round k is a gpus x gpus int64 matrix of
-    the payload bytes (row: sender, column: receiver) sent in round k. A GPU's sends after its k-th explicit
-    flush (the flushes a plan writes split its phases; those with_flushes adds do not) are in round k at
-    least; what an operation receives and sends on (rrs, rcs, rrcs) one round after the message it came in
-    (a proxy's forward). No round for a plan that sends nothing (one GPU)."""
+    the payload bytes (row: sender, column: receiver) sent in round k. A send is in the round after the
+    latest message whose data it sends on (a chunk's round: that of the message last received or folded
+    into it, carried by local copies and reductions; a proxy's forward, rrs, rcs and rrcs included), and,
+    after a GPU's k-th explicit flush (the flushes a plan writes split its phases; those with_flushes adds
+    do not; on lanes, the flushes of its own channel), in round k at least: so a ring's all-gather steps,
+    with no flush between them, are one round each. No round for a plan that sends nothing (one GPU)."""
     n = plan.gpus
     rounds: list[np.ndarray] = []
-    phase = [0] * n
+    lanes = plan.lanes > 1
+    phase: dict[tuple[int, int], int] = {}
     tables = [spans(plan, S, itemsize, g) for g in range(n)]
+    alias = (lambda b: "i" if b == "o" else b) if plan.inplace else (lambda b: b)
+    after: list[dict[tuple[str, int], int]] = [{} for _ in range(n)]  # GPU -> (buffer, chunk) -> round + 1
+
+    def ready(g, ref):  # the first round the data of chunks `ref` may be sent in
+        held = after[g]
+        return max((held.get((alias(ref.buf), c), 0) for c in ref.chunk_ids()), default=0)
+
+    def mark(g, ref, k):
+        held, buf = after[g], alias(ref.buf)
+        for c in ref.chunk_ids():
+            held[(buf, c)] = max(held.get((buf, c), 0), k)
 
     def visit(g, step, op, came):  # a message is the round it was sent in
-        if op.kind == "flush":
-            phase[g] += 1
-        elif op.kind in SENDS:
-            k = phase[g] if came is None else max(phase[g], came + 1)
-            while len(rounds) <= k:
-                rounds.append(np.zeros((n, n), np.int64))
-            lo, hi = span(tables[g], op.src if op.kind in ("send", "recv_reduce_send") else op.dst)
-            rounds[k][g, op.send_to] += (hi - lo) * itemsize
-            return k
-        return None
+        kind, line = op.kind, (g, op.channel if lanes else 0)
+        if kind == "flush":
+            phase[line] = phase.get(line, 0) + 1
+            return None
+        if came is not None and op.dst is not None and kind != "recv_reduce_send":
+            mark(g, op.dst, came + 1)
+        if kind in ("copy", "reduce"):
+            mark(g, op.dst, ready(g, op.src))
+        if kind not in SENDS:
+            return None
+        source = op.src if kind in ("send", "recv_reduce_send") else op.dst
+        k = max(phase.get(line, 0), ready(g, source), 0 if came is None else came + 1)
+        while len(rounds) <= k:
+            rounds.append(np.zeros((n, n), np.int64))
+        lo, hi = span(tables[g], source)
+        rounds[k][g, op.send_to] += (hi - lo) * itemsize
+        return k
 
     walk(plan, visit)
     return rounds

@@ -9,7 +9,8 @@ Rules (each refusal is a PlanError naming the GPU, the step and, where one is in
 2. every operation's kind is known and runnable (the in-switch kinds are refused: no interpreter runs
    them yet), names the buffers its kind needs, in range, and peers that are other GPUs of the plan;
    a dependency names an earlier operation of the same GPU (so the dependencies have no cycle); only a
-   reducing kind has an operand order (incoming_first);
+   reducing kind has an operand order (incoming_first); on a plan whose channels run on lanes
+   (Plan.lanes = C > 1), every channel is one of 0..C-1;
 3. a symbolic run, every GPU in program order, sends never waiting, a receive waiting for the matching
    send (same sender, receiver and channel, in order): it must end with every program done (else the
    plan deadlocks: the waiting GPUs are named) and no message unreceived; a send and its receive move
@@ -22,12 +23,12 @@ Rules (each refusal is a PlanError naming the GPU, the step and, where one is in
    chunk g k + m; broadcast chunk c = the root's input chunk c; reduce: the root's output as allreduce;
    gather: the root's chunk h k + m = GPU h's input chunk m; scatter: GPU g's chunk m = the root's input
    chunk g k + m (k: output chunks). Nothing is required of reduce's and gather's other GPUs' outputs.
-A contribution is (GPU, input chunk); a chunk's value is the set of them, held as an int whose bit
-h I + c is GPU h's input chunk c (I input chunks per GPU): a union or an overlap is one machine-word
-loop, where frozensets of pairs took 4.6 s of CPU to validate `direct` allreduce on 256 GPUs.
+A contribution is (GPU, input chunk); a chunk's value is the set of them, a bit set in which bit c n + h
+is GPU h's input chunk c (n GPUs), held as (lo, bits): the set is bits << lo. A union or an overlap is
+one machine-word loop over the bits a value spans (frozensets of pairs took 4.6 s of CPU to validate
+`direct` allreduce on 256 GPUs), and a chunk that holds one input chunk of some GPUs spans n bits
+whatever its index (a whole-width int per chunk took 23 GB to validate ring's 8 channels on 256 GPUs).
 """
-
-import functools
 
 from ..errors import PlanError
 from .format import BUFFERS, COLLECTIVES, IN_SWITCH, KINDS, LOCAL, RECVS, REDUCING, ROOTED, SENDS, Plan, walk
@@ -54,6 +55,8 @@ def _shape(plan: Plan) -> None:
         raise PlanError(f"plan {plan.name!r}: for {n} GPUs but has {len(plan.programs)} programs")
     if plan.collective in ROOTED and not 0 <= plan.root < n:
         raise PlanError(f"plan {plan.name!r}: root {plan.root} is not one of its {n} GPUs")
+    if plan.groups < 1 or plan.lanes < 0:
+        raise PlanError(f"plan {plan.name!r}: groups {plan.groups} (at least 1), lanes {plan.lanes} (at least 0)")
     for g, program in enumerate(plan.programs):
         if program.gpu != g:
             raise PlanError(f"plan {plan.name!r}: program {g} is for GPU {program.gpu} (programs go in GPU order)")
@@ -123,6 +126,9 @@ def _ops(plan: Plan) -> None:
         if op.incoming_first is not False and (op.incoming_first is not True or op.kind not in REDUCING):
             raise PlanError(f"{_where(g, step, op)}: incoming_first={op.incoming_first!r}: an operand order is "
                             f"True or False, and only for the kinds that fold ({', '.join(REDUCING)})")
+        if plan.lanes > 1 and not 0 <= op.channel < plan.lanes:
+            raise PlanError(f"{_where(g, step, op)}: channel {op.channel} has no lane; the plan runs its channels "
+                            f"on lanes 0..{plan.lanes - 1}")
         for d in op.deps:
             if not 0 <= d < step:
                 raise PlanError(f"{_where(g, step, op)}: depends on step {d}, not an earlier step of GPU {g} "
@@ -135,9 +141,9 @@ class _State:
     def __init__(self, plan: Plan):
         self.plan = plan
         self.bufs = []
-        width = plan.programs[0].i_chunks
+        n = plan.gpus
         for g, program in enumerate(plan.programs):
-            bufs = {"i": [1 << (g * width + c) for c in range(program.i_chunks)],
+            bufs = {"i": [(c * n + g, 1) for c in range(program.i_chunks)],
                     "s": [None] * program.s_chunks}
             bufs["o"] = bufs["i"] if plan.inplace else [None] * program.o_chunks
             self.bufs.append(bufs)
@@ -156,26 +162,45 @@ class _State:
     def fold(self, g, step, op, ref, values):
         out = []
         for k, (have, add) in enumerate(zip(self.read(g, step, op, ref), values)):
-            twice = have & add
-            if twice:
+            lo, a, b = _aligned(have, add)
+            if a & b:
                 raise PlanError(f"{_where(g, step, op, ref.off + k)}: the reduction would count "
-                                f"{_names(twice, self.plan)} twice")
-            out.append(have | add)
+                                f"{_names((lo, a & b), self.plan)} twice")
+            out.append((lo, a | b))
         return out
 
 
-def _names(bits: int, plan: Plan) -> str:
-    width = plan.programs[0].i_chunks
-    pairs = [divmod(b, width) for b in range(bits.bit_length()) if bits >> b & 1]
-    return ", ".join(f"GPU {h}'s input chunk {c}" for h, c in pairs)
+def _aligned(x, y) -> tuple[int, int, int]:
+    """Two values (lo, bits) on one offset: (lo, x's bits, y's bits)."""
+    (xl, xb), (yl, yb) = x, y
+    if xl == yl:
+        return xl, xb, yb
+    lo = min(xl, yl)
+    return lo, xb << (xl - lo), yb << (yl - lo)
+
+
+def _normal(value):
+    """A value (lo, bits) with lo its lowest contribution's bit, so that equal sets compare equal."""
+    lo, bits = value
+    if not bits:
+        return 0, 0
+    low = (bits & -bits).bit_length() - 1
+    return lo + low, bits >> low
+
+
+def _names(value, plan: Plan) -> str:
+    lo, bits = value
+    pairs = [divmod(lo + b, plan.gpus) for b in range(bits.bit_length()) if bits >> b & 1]
+    return ", ".join(f"GPU {h}'s input chunk {c}" for c, h in pairs)
 
 
 def _combine(values, message, g, step, op, plan):
     out = []
     for k, (have, add) in enumerate(zip(values, message)):
-        if have & add:
-            raise PlanError(f"{_where(g, step, op, k)}: the reduction would count {_names(have & add, plan)} twice")
-        out.append(have | add)
+        lo, a, b = _aligned(have, add)
+        if a & b:
+            raise PlanError(f"{_where(g, step, op, k)}: the reduction would count {_names((lo, a & b), plan)} twice")
+        out.append((lo, a | b))
     return out
 
 
@@ -243,33 +268,28 @@ def _run(plan: Plan) -> _State:
     return state
 
 
-def expected(plan: Plan, g: int, c: int) -> int | None:
-    """The contributions output chunk c of GPU g must hold, a bit set (None: not checked, reduce's and
-    gather's non-roots)."""
+def expected(plan: Plan, g: int, c: int):
+    """The contributions output chunk c of GPU g must hold, a value (lo, bits) as _normal gives it (None:
+    not checked, reduce's and gather's non-roots)."""
     n, program, width = plan.gpus, plan.programs[g], plan.programs[0].i_chunks
-    every = _every_gpu(n, width)  # input chunk 0 of every GPU
+    every = (1 << n) - 1  # one input chunk of every GPU
     coll = plan.collective
     if coll == "allreduce" or (coll == "reduce" and g == plan.root):
-        return every << c
+        return c * n, every
     if coll in ("reduce", "gather") and g != plan.root:
         return None
     if coll == "gather":
-        return 1 << c  # GPU c // width's input chunk c % width
+        return (c % width) * n + c // width, 1  # GPU c // width's input chunk c % width
     if coll == "scatter":
-        return 1 << (plan.root * width + g * program.o_chunks + c)
+        return (g * program.o_chunks + c) * n + plan.root, 1  # the root's input chunk g k + c
     if coll == "broadcast":
-        return 1 << (plan.root * width + c)
+        return c * n + plan.root, 1
     if coll == "allgather":
-        return 1 << c  # GPU c // width's input chunk c % width
+        return (c % width) * n + c // width, 1  # GPU c // width's input chunk c % width
     if coll == "reduce_scatter":
-        return every << (g * program.o_chunks + c)
+        return (g * program.o_chunks + c) * n, every
     k = width // n  # all2all: GPU c // k's input chunk g k + c % k
-    return 1 << ((c // k) * width + g * k + c % k)
-
-
-@functools.lru_cache(maxsize=16)
-def _every_gpu(n: int, width: int) -> int:
-    return sum(1 << (h * width) for h in range(n))
+    return (g * k + c % k) * n + c // k, 1
 
 
 def validate(plan: Plan) -> Plan:
@@ -280,12 +300,13 @@ def validate(plan: Plan) -> Plan:
     for g, program in enumerate(plan.programs):
         for c in range(program.o_chunks):
             want, have = expected(plan, g, c), state.bufs[g]["o"][c]
-            if want is None or have == want:
+            if want is None or (have is not None and _normal(have) == want):
                 continue
             if have is None:
                 raise PlanError(f"GPU {g} output chunk {c}: never written (needs {_names(want, plan)})")
-            missing, extra = want & ~have, have & ~want
-            parts = ([f"misses {_names(missing, plan)}"] if missing else []) + \
-                ([f"holds {_names(extra, plan)} too"] if extra else [])
+            lo, w, h = _aligned(want, have)
+            missing, extra = w & ~h, h & ~w
+            parts = ([f"misses {_names((lo, missing), plan)}"] if missing else []) + \
+                ([f"holds {_names((lo, extra), plan)} too"] if extra else [])
             raise PlanError(f"GPU {g} output chunk {c}: {'; '.join(parts)} (at the end of the plan)")
     return plan

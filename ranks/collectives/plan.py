@@ -10,7 +10,9 @@ fabric.plans.timing.spans cuts them (a scratch chunk the size of what is first w
 Reductions fold the received data into what is there (fabric.reduction.combine(op, dst, incoming): ring.py's order;
 an operation with incoming_first, the other way round: combine_incoming_first, ring.py's reduce chain); an allreduce's or reduce_scatter's
 average is finished on every output element at the end (the same sum divided by n on every member).
-Link bytes: the plan's (fabric.plans.plan_link_bytes).
+A plan whose channels run on lanes (Plan.lanes = C > 1) runs channel c's operations in call.channel(c, C)
+(its own clock and lane of the links) and ends with a flush on every channel and call.join_channels, as
+fabric.plans.timing.messages times it. Link bytes: the plan's (fabric.plans.plan_link_bytes).
 """
 
 import numpy as np
@@ -46,43 +48,59 @@ def execute(call, plan, inp: np.ndarray, out: np.ndarray) -> None:
     longest = max((hi - lo for ranges in table.values() for lo, hi in ranges), default=0)
     tmp_all = np.empty(min(call.chunk, max(longest, 1)), inp.dtype)  # a received piece, before it is folded
     sent, taken = {}, {}
+    C = plan.lanes if plan.lanes > 1 else 1  # channel c on its own lane (c, C): Call.channel (Plan.lanes)
     for op in with_flushes(plan, call.r):  # a flush before overwriting what a pending send reads
-        if op.kind in RECVS:
-            m = taken[(op.recv_from, op.channel)] = taken.get((op.recv_from, op.channel), -1) + 1
-        if op.kind in SENDS:
-            n = sent[(op.send_to, op.channel)] = sent.get((op.send_to, op.channel), -1) + 1
-        fold = combine_incoming_first if op.incoming_first else combine
-        if op.kind in RECVS:
-            ref = op.dst if op.dst is not None else op.src
-            lo0, hi0 = span(table, ref)
-            # rrs: what was received and folded, sent on without being stored
-            held = bufs[ref.buf][lo0:hi0].copy() if op.kind == "recv_reduce_send" else None
-            for k, (lo, hi) in enumerate(chunks(lo0, hi0, call.chunk)):
-                view = bufs[ref.buf][lo:hi] if held is None else held[lo - lo0:hi - lo0]
-                if op.kind in ("recv", "recv_copy_send"):
-                    call.recv(op.recv_from, (PLAN, op.channel, m, k), view)
-                else:
-                    tmp = tmp_all[:hi - lo]
-                    call.recv(op.recv_from, (PLAN, op.channel, m, k), tmp)
-                    fold(call.op, view, tmp)
-                if op.kind in SENDS:  # piece k forwarded at once (fabric.plans.timing.messages)
-                    call.send(op.send_to, (PLAN, op.channel, n, k), view)
-        elif op.kind in SENDS:
-            lo0, hi0 = span(table, op.src)
-            for k, (lo, hi) in enumerate(chunks(lo0, hi0, call.chunk)):
-                call.send(op.send_to, (PLAN, op.channel, n, k), bufs[op.src.buf][lo:hi])
-        if op.kind in ("copy", "reduce"):
-            slo, shi = span(table, op.src)
-            dlo, dhi = span(table, op.dst)
-            if shi - slo != dhi - dlo:
-                raise PlanError(f"plan {plan.name!r} GPU {call.r}: {op.kind} of {shi - slo} elements into {dhi - dlo}")
-            if op.kind == "copy":
-                bufs[op.dst.buf][dlo:dhi] = bufs[op.src.buf][slo:shi]
-            else:
-                fold(call.op, bufs[op.dst.buf][dlo:dhi], bufs[op.src.buf][slo:shi])
-        elif op.kind == "flush":
-            call.flush()
-    call.flush()
+        if C > 1:
+            with call.channel(op.channel, C):
+                _run_op(call, plan, op, bufs, table, tmp_all, sent, taken)
+        else:
+            _run_op(call, plan, op, bufs, table, tmp_all, sent, taken)
+    if C > 1:  # every channel's sends have left (on its lane); the GPU's clock: the latest channel's
+        for c in range(C):
+            with call.channel(c, C):
+                call.flush()
+        call.join_channels()
+    else:
+        call.flush()
     if plan.collective in ("allreduce", "reduce_scatter") or (plan.collective == "reduce" and call.r == plan.root):
         target = bufs["o"]
         finish(call.op, target, call.n, target)
+
+
+def _run_op(call, plan, op, bufs, table, tmp_all, sent, taken) -> None:
+    """One operation of the member's program (execute's loop)."""
+    if op.kind in RECVS:
+        m = taken[(op.recv_from, op.channel)] = taken.get((op.recv_from, op.channel), -1) + 1
+    if op.kind in SENDS:
+        n = sent[(op.send_to, op.channel)] = sent.get((op.send_to, op.channel), -1) + 1
+    fold = combine_incoming_first if op.incoming_first else combine
+    if op.kind in RECVS:
+        ref = op.dst if op.dst is not None else op.src
+        lo0, hi0 = span(table, ref)
+        # rrs: what was received and folded, sent on without being stored
+        held = bufs[ref.buf][lo0:hi0].copy() if op.kind == "recv_reduce_send" else None
+        for k, (lo, hi) in enumerate(chunks(lo0, hi0, call.chunk)):
+            view = bufs[ref.buf][lo:hi] if held is None else held[lo - lo0:hi - lo0]
+            if op.kind in ("recv", "recv_copy_send"):
+                call.recv(op.recv_from, (PLAN, op.channel, m, k), view)
+            else:
+                tmp = tmp_all[:hi - lo]
+                call.recv(op.recv_from, (PLAN, op.channel, m, k), tmp)
+                fold(call.op, view, tmp)
+            if op.kind in SENDS:  # piece k forwarded at once (fabric.plans.timing.messages)
+                call.send(op.send_to, (PLAN, op.channel, n, k), view)
+    elif op.kind in SENDS:
+        lo0, hi0 = span(table, op.src)
+        for k, (lo, hi) in enumerate(chunks(lo0, hi0, call.chunk)):
+            call.send(op.send_to, (PLAN, op.channel, n, k), bufs[op.src.buf][lo:hi])
+    if op.kind in ("copy", "reduce"):
+        slo, shi = span(table, op.src)
+        dlo, dhi = span(table, op.dst)
+        if shi - slo != dhi - dlo:
+            raise PlanError(f"plan {plan.name!r} GPU {call.r}: {op.kind} of {shi - slo} elements into {dhi - dlo}")
+        if op.kind == "copy":
+            bufs[op.dst.buf][dlo:dhi] = bufs[op.src.buf][slo:shi]
+        else:
+            fold(call.op, bufs[op.dst.buf][dlo:dhi], bufs[op.src.buf][slo:shi])
+    elif op.kind == "flush":
+        call.flush()

@@ -45,59 +45,36 @@ messages and order; reduce's fold partial (op) own is the plan's incoming_first)
 import numpy as np
 
 from nvlink_emu.fabric.errors import UnsupportedOperation
-from nvlink_emu.fabric.reduction import blocks, channel_rings, chunks, combine, finish, rail_ranges, ring_channel_count
+from nvlink_emu.fabric.reduction import blocks, channel_rings, chunks, combine, finish, ring_channel_count
 
 from nvlink_emu.fabric import plans
 
 from . import plan
 from .hier import Grid
 
-CH_RS, CH_AG, CH_BC, CH_RD = 4, 5, 6, 7  # the channels' phases, across nodes
+# message phases: 0 to 3 were the one ring's, its broadcast chain's and its reduce chain's, 4 and 5 the channels'
+# allreduce, reduce_scatter and allgather across nodes, now plans (ranks/collectives/plan.py)
+CH_BC, CH_RD = 6, 7  # the channels' broadcast and reduce across nodes
+
+
+def _grid(call):
+    """hier's Grid of a communicator that spans several nodes in it; None on one node or when its nodes do
+    not line up (the one ring)."""
+    try:
+        grid = Grid(call, "ring")
+    except UnsupportedOperation:
+        return None
+    return None if grid.N == 1 else grid
 
 
 def _channels(call, count: int) -> list[list[int]] | None:
     """The rings (communicator ranks in ring order) of a call of `count` elements on a communicator that
     spans several nodes as hier's Grid: the first ring_channel_count of the G rails' rings; None (the
     one ring) on one node or when its nodes do not line up."""
-    try:
-        grid = Grid(call, "ring")
-    except UnsupportedOperation:
-        return None
-    if grid.N == 1:
+    grid = _grid(call)
+    if grid is None:
         return None
     return channel_rings(grid.rank)[:ring_channel_count(count * call.dtype.itemsize, grid.G)]
-
-
-def _channel_ring(call, work: np.ndarray, rings, segments, reduce: bool) -> None:
-    """Every channel's ring at once: segments[c][q] = the ranges of ring position q on channel c.
-    reduce: reduce-scatter (position q keeps segment q reduced, not finished); else all-gather."""
-    n, phase, C = call.n, CH_RS if reduce else CH_AG, len(rings)
-    mine = [ring.index(call.r) for ring in rings]
-    longest = max((b - a for channel in segments for seg in channel for a, b in seg), default=0)
-    scratch = np.empty(min(call.chunk, longest), work.dtype) if reduce else None
-    for step in range(n - 1):
-        sent, taken = (1 + step, 2 + step) if reduce else (step, 1 + step)
-        for c, ring in enumerate(rings):
-            q = mine[c]
-            with call.channel(c, C):
-                for k, (a, b) in enumerate(segments[c][(q - sent) % n]):
-                    for i, (lo, hi) in enumerate(chunks(a, b, call.chunk)):
-                        call.send(ring[(q + 1) % n], (phase, step, c, k, i), work[lo:hi])
-        for c, ring in enumerate(rings):
-            q = mine[c]
-            with call.channel(c, C):
-                for k, (a, b) in enumerate(segments[c][(q - taken) % n]):
-                    for i, (lo, hi) in enumerate(chunks(a, b, call.chunk)):
-                        if reduce:
-                            tmp = scratch[:hi - lo]
-                            call.recv(ring[(q - 1) % n], (phase, step, c, k, i), tmp)
-                            combine(call.op, work[lo:hi], tmp)
-                        else:
-                            call.recv(ring[(q - 1) % n], (phase, step, c, k, i), work[lo:hi])
-        if reduce:
-            _flush_channels(call, C)
-    if not reduce:
-        _flush_channels(call, C)
 
 
 def _flush_channels(call, C: int) -> None:
@@ -107,50 +84,25 @@ def _flush_channels(call, C: int) -> None:
             call.flush()
 
 
-def _channel_segments(rings, count: int, n: int) -> list[list[list[tuple[int, int]]]]:
-    """segments[c][q]: [range of ring c's position q on channel c] (fabric.reduction.rail_ranges)."""
-    ranges = rail_ranges(count, n, len(rings))
-    return [[[ranges[m][c]] for m in ring] for c, ring in enumerate(rings)]
-
-
-def _channel_reduce_scatter(call, work: np.ndarray, rings) -> tuple[int, int]:
-    """Reduce-scatter over every channel; this member's block (its channels' ranges are contiguous)."""
-    _channel_ring(call, work, rings, _channel_segments(rings, work.size, call.n), True)
-    call.join_channels()
-    return blocks(work.size, call.n)[call.r]
+def _plan(call, collective: str, count: int):
+    """ring's plan for a call of `count` elements (of the buffer fabric.replay sizes): across nodes, on the
+    communicator's grid, its channels (fabric.plans.registry.ring_channels); otherwise the one ring."""
+    grid = _grid(call)
+    layout = None if grid is None else tuple(tuple(row) for row in grid.rank)
+    return plans.build("ring", call.n, collective, layout=layout, nbytes=count * call.dtype.itemsize)
 
 
 def allreduce(call, array: np.ndarray) -> None:
-    rings = _channels(call, array.size)
-    if rings is not None:
-        segments = _channel_segments(rings, array.size, call.n)
-        _channel_ring(call, array, rings, segments, True)
-        a, b = blocks(array.size, call.n)[call.r]
-        finish(call.op, array[a:b], call.n, array[a:b])
-        _channel_ring(call, array, rings, segments, False)
-        call.join_channels()
-        return
-    plan.execute(call, plans.build("ring", call.n, "allreduce"), array, array)
+    plan.execute(call, _plan(call, "allreduce", array.size), array, array)
 
 
 def reduce_scatter(call, send: np.ndarray, recv: np.ndarray) -> None:
     work = send.copy()  # the send buffer stays as the caller left it
-    rings = _channels(call, send.size)
-    if rings is not None:
-        a, b = _channel_reduce_scatter(call, work, rings)
-        finish(call.op, work[a:b], call.n, recv)
-        return
-    plan.execute(call, plans.build("ring", call.n, "reduce_scatter"), work, recv)
+    plan.execute(call, _plan(call, "reduce_scatter", send.size), work, recv)
 
 
 def allgather(call, send: np.ndarray, recv: np.ndarray) -> None:
-    rings = _channels(call, recv.size)
-    if rings is not None:
-        call.own_block_in_place(send, recv)
-        _channel_ring(call, recv, rings, _channel_segments(rings, recv.size, call.n), False)
-        call.join_channels()
-        return
-    plan.execute(call, plans.build("ring", call.n, "allgather"), send, recv)
+    plan.execute(call, _plan(call, "allgather", recv.size), send, recv)
 
 
 def _channel_chains(call, rings, root: int, count: int):
