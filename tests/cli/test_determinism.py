@@ -33,7 +33,8 @@ def main(gpu):
 # transfer, one-sided puts and gets to another node's GPU, and sharp's two-level allreduce (partials on the
 # group's shares up to both spines, results down) on the world and on a communicator of one GPU per node,
 # sharp's multicast stores across nodes (allgather, broadcast: every member's store at once),
-# and nvls's load-reduces (requests through a spine, partials up, results to the requester's leaf)
+# and nvls's load-reduces (requests through a spine, partials up, results to the requester's leaf), and a put
+# beside a channelled non-blocking allreduce (docs/model/time.md, "A put beside a collective")
 NODES = """
 import numpy as np
 
@@ -70,6 +71,11 @@ def main(gpu):
         gpu.world.send(np.ones(1 << 16, np.uint8), gpu.size - 1)
     if gpu.rank == gpu.size - 1:
         gpu.world.recv(np.empty(1 << 16, np.uint8), 0)
+    gpu.world.barrier()
+    pending = gpu.world.iallreduce(z.copy(), algorithm="ring")  # 2 channels still sending when the put books:
+    gpu.put(handles[(gpu.rank + gpu.size // 2) % gpu.size], np.ones(1 << 14, np.uint8))  # it goes beside them
+    gpu.fence()
+    pending.wait()
 """
 
 
