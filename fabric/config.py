@@ -99,6 +99,9 @@ class FabricConfig:
     # gpus_per_node times this, split evenly over the spines; several nodes only), and their latency
     uplink_gbytes_per_s_per_gpu: float | None = None
     uplink_latency_ns: float | None = None
+    # one traversal of a spine switch (several nodes only): None takes switch_latency_ns (the node link's, as
+    # every spine took before spines had their own); the superpod presets take their spine link profile's
+    spine_switch_latency_ns: float | None = None
     reduction_gbytes_per_s: float | None = None
     reduction_latency_ns: float | None = None
     # compute model (fabric/compute.py): the GPU profile, and the fractions of its datasheet peaks that
@@ -171,7 +174,8 @@ class FabricConfig:
                                              (timing.bandwidth_gbytes_per_s, timing.link_latency_ns),
                                              self.uplink_gbytes_per_s_per_gpu * self.gpus_per_node,
                                              self.uplink_latency_ns,
-                                             timing.switch_latency_ns, name=self.name)
+                                             timing.switch_latency_ns, name=self.name,
+                                             spine_latency_ns=self.spine_switch_latency_ns)
             object.__setattr__(self, "_topology", cached)
         return cached
 
@@ -208,12 +212,14 @@ class FabricConfig:
 
     def digest(self) -> str:
         """Short stable hash of every field, for trace headers and reports (a config without faults or
-        software latency hashes as it did before they existed)."""
+        software latency or a spine latency of its own hashes as it did before they existed)."""
         fields = dataclasses.asdict(self)
         if not self.faults:
             del fields["faults"]
         if self.software == "none":
             del fields["software"]
+        if self.spine_switch_latency_ns is None:
+            del fields["spine_switch_latency_ns"]
         text = json.dumps(fields, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -263,7 +269,7 @@ class FabricConfig:
         if self.chunk_bytes > self.switch_buffer_bytes:
             raise ConfigError(f"chunk_bytes: {self.chunk_bytes} exceeds switch_buffer_bytes "
                               f"{self.switch_buffer_bytes}")
-        for key in TIMING_FIELDS + ("uplink_gbytes_per_s_per_gpu", "uplink_latency_ns"):
+        for key in TIMING_FIELDS + ("uplink_gbytes_per_s_per_gpu", "uplink_latency_ns", "spine_switch_latency_ns"):
             value = getattr(self, key)
             if value is not None:
                 check_figure(key, value)
@@ -272,9 +278,10 @@ class FabricConfig:
         if self.nodes == 1:
             if self.spines:
                 raise ConfigError(f"spines: one node sends nothing between nodes; spines must be 0, got {self.spines!r}")
-            extra = [k for k in ("uplink_gbytes_per_s_per_gpu", "uplink_latency_ns") if getattr(self, k) is not None]
+            extra = [k for k in ("uplink_gbytes_per_s_per_gpu", "uplink_latency_ns", "spine_switch_latency_ns")
+                     if getattr(self, k) is not None]
             if extra:
-                raise ConfigError(f"{extra[0]}: only a fabric of several nodes has uplinks (nodes = 1)")
+                raise ConfigError(f"{extra[0]}: only a fabric of several nodes has uplinks and spines (nodes = 1)")
         else:
             if not isinstance(self.spines, int) or isinstance(self.spines, bool) \
                     or not 1 <= self.spines <= self.gpus_per_node:
@@ -357,20 +364,25 @@ def _system(name: str, nodes: int = 2, line: bool = False) -> dict:
     InfiniBand uplink stays at its line rate (one NIC per GPU: 50 GB/s NDR carries 47.1 GB/s of payload here,
     NVIDIA's 46-48 per NIC, docs/model/calibration-nodes.md [P1]). line=True: the line-rate profiles and
     uplinks, for what-if studies. The node's uplink is kept per GPU (a node of fewer GPUs, --gpus-per-node,
-    has that share of it). The uplink latency is the spine link profile's (profiles: InfiniBand's from the
-    adapter's datasheet; NVLink's an assumption, see SystemProfile.notes); every switch, spines too, takes
-    the node link profile's switch latency. A node's switch reduces where its NVSwitch does (network mode),
+    has that share of it). The uplink latency and a spine's switch latency are the spine link profile's
+    (profiles: InfiniBand's from the adapter's and the switch's datasheets, 600 and 130 ns; NVLink's
+    assumptions, 150 and 250 ns, see SystemProfile.notes); a leaf takes the node link profile's switch latency. A node's switch reduces where its NVSwitch does (network mode),
     whatever the spine. Calibrated presets add NCCL's software latency to every call (fabric.software);
     the line-rate twins model the links alone."""
     system = system_profile(name)
     link = system.gpu_link if line else CALIBRATED_LINK[system.gpu_link]
+    # a spine of another profile than the node's (InfiniBand) its own switch latency; the same (NVLink): unset,
+    # so those presets' configs hash as before spines had their own
+    spine = link_profile(system.spine_link).switch_latency_ns
     uplink = system.uplink_gbytes_per_s_per_node / system.gpus_per_node
     if system.spine_link in LINKS_PER_GPU and not line:  # NVLink uplinks: each link at the calibrated per-link rate
         uplink *= link_profile(link).bandwidth_gbytes_per_s / link_profile(system.spine_link).bandwidth_gbytes_per_s
     return dict(mode=system.mode, sharp=system.mode == "network",
                 spine_sharp=system.mode == "network" and system.in_network_reduction, link=link, gpu=system.gpu,
                 nodes=nodes, gpus=nodes * system.gpus_per_node, uplink_gbytes_per_s_per_gpu=uplink,
-                uplink_latency_ns=link_profile(system.spine_link).link_latency_ns, software="none" if line else "nccl")
+                uplink_latency_ns=link_profile(system.spine_link).link_latency_ns,
+                spine_switch_latency_ns=spine if spine != link_profile(link).switch_latency_ns else None,
+                software="none" if line else "nccl")
 
 
 # Multi-node systems (fabric.topology): DGX H100 nodes on the NVLink Switch System, DGX H100 nodes on NDR

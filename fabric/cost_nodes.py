@@ -610,8 +610,8 @@ def _hops(topo: Topology, src: int, dst: int) -> tuple[tuple[tuple[str, float, f
     if hops is None:
         route = topo.timed_route(src, dst)
         before = [0.0]
-        for hop in route[:-1]:
-            before.append(before[-1] + hop.latency_ns + topo.switch_latency_ns)
+        for hop, link in zip(route[:-1], topo.route(src, dst)):  # the switch each stage ends at: a leaf or a spine
+            before.append(before[-1] + hop.latency_ns + topo.traversal_ns(link))
         total = before[-1] + route[-1].latency_ns
         hops = cache[(src, dst)] = (tuple((hop.name, before[k], total - before[k], hop.bandwidth_gbytes_per_s)
                                           for k, hop in enumerate(route)),
@@ -738,8 +738,9 @@ def _occupancy_bound_ns(collective, algorithm, topo, S, config, itemsize, root, 
     across = (node[:, None] != node[None, :]) if topo.spines and topo.nodes > 1 else np.zeros((n, n), bool)
     if algorithm == "hier_nvls" and topo.nodes > 1 and G > 1:
         return _hier_leaf_bound_ns(collective, topo, S, config, itemsize, root, across)
-    # a flow's least time: GPU link latencies and its leaf (2a + s), across nodes its shares and the spine (2u + 2s)
-    lat = np.where(across, 2 * a + 3 * topo.switch_latency_ns + 2 * topo.uplink_latency_ns,
+    # a flow's least time: GPU link latencies and its leaf (2a + s), across nodes its shares, the other leaf and
+    # the spine (2u + s + the spine's own latency)
+    lat = np.where(across, 2 * a + 2 * topo.switch_latency_ns + topo.spine_latency_ns + 2 * topo.uplink_latency_ns,
                    2 * a + topo.switch_latency_ns)
     slowest = np.where(across, min(B, topo.share_gbytes_per_s), B)
     total, chain = np.zeros((n, n), np.int64), 0.0

@@ -44,8 +44,9 @@ class LinkProfile:
 # public GitHub repository's latency map; the brief itself was not in the searchable sources). No NVIDIA
 # figure for the NDR Quantum-2 (QM9700) was found; third-party pages disagree (under 150 ns, a reseller's
 # QM9700 comparison; ~330 ns, a knowledge-base table; under 400 ns, a spec-sheet site), so ib-ndr keeps
-# the Quantum figure. Multi-node fabrics: every switch, spines too, still takes the node link's switch
-# latency (fabric.replay.Fabric, fabric.switch); an IB spine's own 130 ns is not used there yet.
+# the Quantum figure. Multi-node fabrics: a leaf takes the node link's switch latency, a spine its own link
+# profile's (fabric.config._system sets spine_switch_latency_ns: 130 ns on an InfiniBand spine, the NVLink
+# 250 ns on an NVLink one; fabric.topology's spine_latency_ns, which the ranks and the replays both read).
 IB_SWITCH_SOURCE = ("switch 130 ns: NVIDIA Quantum QM8790 product brief, 'sub-130ns' port-to-port (HDR); no NVIDIA "
                     "Quantum-2 QM9700 figure found")
 IB_HOP_SOURCE = ("hop 600 ns: NVIDIA ConnectX-6 adapter cards user manual, Introduction, 'sub-600ns latency' (an "

@@ -48,7 +48,8 @@ class Fabric:
         self.topo, self.mtu, self.header = topo, mtu_bytes, header_bytes
         self.gpus = [GpuClocks(g, topo) for g in range(topo.gpus)]
         s, u = topo.switch_latency_ns, topo.uplink_latency_ns
-        self.s, self.spine_ns = s, (s + u if topo.spines else None)
+        # a leaf's traversal; a spine's (its own switch's latency) and the cable down to the leaf
+        self.s, self.spine_ns = s, (topo.spine_latency_ns + u if topo.spines else None)
         self.shares = [LinkEnd(topo.share_gbytes_per_s, u) for _ in range(topo.gpus)] if topo.spines else None
         self.sent: dict[tuple, tuple[float, float, int]] = {}  # (src, dst, key) -> stamps at dst's leaf, raw
 

@@ -339,7 +339,8 @@ def sharp_allreduce_ns(topo: Topology, count: int, config, itemsize: int = 4, pa
     uplink (all issued at the start), its leaf's engine reduces the node once the latest chunk is in (+
     s + the engine's latency, at the engine's bandwidth), the partial (partial_itemsize bytes an
     element: the accumulator's; default itemsize) goes to spine c mod P, each member's part of it on
-    that member's share of the node's uplink to the spine (_leaf_partial), the spine (+ s) reduces once
+    that member's share of the node's uplink to the spine (_leaf_partial), the spine (+ s', a spine's own
+    switch latency, topo.spine_latency_ns; s: a leaf's) reduces once
     every leaf's is in, each result takes the group's shares of the node's uplink from that spine (+ u),
     the leaf (+ s) copies it down, and each GPU books its downlink in chunk order (+ a). Chunks as
     Call.in_switch_window sizes them."""
@@ -348,14 +349,14 @@ def sharp_allreduce_ns(topo: Topology, count: int, config, itemsize: int = 4, pa
     wide = partial_itemsize or itemsize
     chunk = in_switch_chunk(config, n, sharp_streams(n, N, config.nodes, wide // itemsize), 1, None, itemsize) // itemsize
     t = config.timing
-    s, u = t.switch_latency_ns, config.uplink_latency_ns
+    s, sp, u = t.switch_latency_ns, topo.spine_latency_ns, config.uplink_latency_ns  # a leaf's, a spine's, the cable's
     raw = lambda nbytes: raw_bytes(nbytes, config.mtu_bytes, config.header_bytes)
     for c, (lo, hi) in enumerate(chunks(0, count, chunk)):
         r, w, i = raw((hi - lo) * itemsize), raw((hi - lo) * wide), c % P
         stamps = [gpu.uplink.send(0.0, 0.0, r) for gpu in gpus]
         partials = [_leaf_partial(k, G, i, stamps, engines[k], mine, w, s, t.reduction_latency_ns, u) for k in range(N)]
         first, last = max(a for a, _ in partials), max(b for _, b in partials)
-        start, end = engines[N + i].reduce(first + s, last + s, r)
+        start, end = engines[N + i].reduce(first + sp, last + sp, r)
         for k in range(N):
             d0, d1 = down[(i, k)].send(start, end, r)
             for gpu in gpus[k * G:(k + 1) * G]:
@@ -382,7 +383,8 @@ def nvls_ns(collective: str, topo: Topology, count: int, config, itemsize: int =
     by every GPU of `topo` (several nodes), all starting at 0, as the ranks and fabric.switch book it:
     every GPU books a header-only request per chunk of its block on its uplink at the start (+ a); its
     leaf (+ s) sends header-only LOADs to its members and the request to spine (j + c) mod P (+ u), which
-    passes it (+ s + u) to the other leaves (+ s), which load theirs. Each GPU works in rounds c, in
+    passes it (+ s' + u; s' a spine's
+    own switch latency, topo.spine_latency_ns) to the other leaves (+ s), which load theirs. Each GPU works in rounds c, in
     program order: it serves chunk c of every block - each LOAD booked on its downlink (+ a), its answer
     on its uplink from then (+ a), its part of its node's partial (1/G of it) on its share of the
     node's uplink to spine (j + c) mod P (block j) once through the engine (+ s + its latency) -, takes back its result
@@ -390,7 +392,7 @@ def nvls_ns(collective: str, topo: Topology, count: int, config, itemsize: int =
     spine (r + c) mod P), then takes in every member's store of chunk c - 2. A leaf's engine reduces a
     slot once its members' answers are in (+ s); the partial (partial_itemsize bytes an element) is at
     the spine once the engine's result (+ u) and every member's part are (as _leaf_partial); the spine's
-    engine (+ s) reduces once every leaf's partial is in; the result takes the group's share of the
+    engine (+ s') reduces once every leaf's partial is in; the result takes the group's share of the
     requester's node's uplink from that spine (+ u), its leaf (+ s) sends it down. Engines and shares
     book slots in the order (chunk, block) the members' programs fix. A store goes as sharp_mcast_ns
     books it (spine (p + c) mod P)."""
@@ -403,6 +405,7 @@ def nvls_ns(collective: str, topo: Topology, count: int, config, itemsize: int =
     spans = nvls_chunks(topo, count, config, itemsize, partial_itemsize)
     t = config.timing
     s, u, rl = t.switch_latency_ns, config.uplink_latency_ns, t.reduction_latency_ns
+    sp = topo.spine_latency_ns  # a spine's traversal (s: a leaf's)
     raw = lambda nbytes: raw_bytes(nbytes, config.mtu_bytes, config.header_bytes)
     header = raw(0)
     share = topo.share_gbytes_per_s
@@ -426,7 +429,7 @@ def nvls_ns(collective: str, topo: Topology, count: int, config, itemsize: int =
             a, b = mine[(p, i)].send(a, b, r)
             for k in range(N):
                 if k != gpu.node:
-                    d0, d1 = store_down[(p, i, k)].send(a + s, b + s, r)
+                    d0, d1 = store_down[(p, i, k)].send(a + sp, b + sp, r)
                     stores[(p, c, k)] = (d0 + s, d1 + s, r)
 
     def gather(gpu, c):
@@ -445,7 +448,7 @@ def nvls_ns(collective: str, topo: Topology, count: int, config, itemsize: int =
             for j in range(n):
                 if c < len(spans[j]):
                     lo, hi = spans[j][c]
-                    ready = requests[j][c][1] + s + (0.0 if gpus[j].node == gpu.node else 2 * s + 2 * u)
+                    ready = requests[j][c][1] + s + (0.0 if gpus[j].node == gpu.node else sp + s + 2 * u)
                     _, end = gpu.downlink.book(ready, ready, header)
                     at = end + gpu.downlink.latency_ns
                     a, b = answers[(gpu.index, j)] = gpu.uplink.send(at, at, raw((hi - lo) * itemsize))
@@ -467,7 +470,7 @@ def nvls_ns(collective: str, topo: Topology, count: int, config, itemsize: int =
                 start, end = engines[k].reduce(max(a for a, _ in node) + s, max(b for _, b in node) + s, w)
                 partials.append((max(start + u, max(a for a, _ in mine_k)), max(end + u, max(b for _, b in mine_k))))
             first, last = max(a for a, _ in partials), max(b for _, b in partials)
-            start, end = engines[N + i].reduce(first + s, last + s, r)
+            start, end = engines[N + i].reduce(first + sp, last + sp, r)
             d0, d1 = down[(i, gpus[j].node)].send(start, end, r)
             results[(j, c)] = (d0 + s, d1 + s, r)
     for gpu in gpus:
@@ -491,14 +494,15 @@ def nvls_lower_bound_ns(collective: str, topo: Topology, count: int, config, ite
     - its uplink (requests, answers, its stores) / B, all from 0;
     - its downlink (LOADs, its results, every store) / B + a, all ready from t0 = h/B + a + s (a
       request's end at the leaf);
-    - its results and the stores / B + a, ready from T_r = 2h/B + 3a + 4s + 2p + 2u (a request, a
-      LOAD, an answer's first byte, the leaf's engine, the spine's, the cable down and the leaf);
+    - its results and the stores / B + a, ready from T_r = 2h/B + 3a + 3s + s' + 2p + 2u (s' the spine's
+      latency; a request, a LOAD, an answer's first byte, the leaf's engine, the spine's, the cable down
+      and the leaf);
     - the stores / B + a, ready from T_s = T_r + r/B + 2a + s (r: the least raw chunk: a result
       taken back, then stored through the leaf);
     - allreduce, the stores' chain: a GPU stores its chunk x in round x + 1, after it took in every
       member's store of chunk x - 2 (round x), so its clock then is at least a remote member's store
-      of chunk x - 2 issued plus D = 2a + 3s + 2u + r / (U G / (P (n - G))) (its uplink + a, its leaf,
-      its share to the spine + u, the spine, its part of the other node's shares down + u, that leaf,
+      of chunk x - 2 issued plus D = 2a + 2s + s' + 2u + r / (U G / (P (n - G))) (its uplink + a, its leaf,
+      its share to the spine + u, the spine (+ s'), its part of the other node's shares down + u, that leaf,
       the receiver's downlink + a); with m the fewest chunks of a block, the last of them is taken in
       at least (floor((m - 1) / 2) + 1) x D after 0. It is what holds nvls back at scale (256 GPUs,
       1 MiB: 13.5 of its 18.1 us, against 5.5 from the links).
@@ -512,6 +516,7 @@ def nvls_lower_bound_ns(collective: str, topo: Topology, count: int, config, ite
     t = config.timing
     B, a = topo.gpu_gbytes_per_s, topo.gpu_latency_ns
     s, u, p = t.switch_latency_ns, config.uplink_latency_ns, t.reduction_latency_ns
+    sp = topo.spine_latency_ns  # a spine's traversal (s: a leaf's)
     mtu, head = config.mtu_bytes, config.header_bytes
     h = raw_bytes(0, mtu, head)
     # raw bytes of each block's chunks: np arrays, one per block (a block of no chunk sends nothing)
@@ -522,7 +527,7 @@ def nvls_lower_bound_ns(collective: str, topo: Topology, count: int, config, ite
     stores = answers if collective == "allreduce" else 0                 # every member's stores come down
     up = np.array([len(span) for span in spans], np.int64) * h + answers + (own if stores else 0)
     t0 = h / B + a + s
-    t_r = 2 * h / B + 3 * a + 4 * s + 2 * p + 2 * u
+    t_r = 2 * h / B + 3 * a + 3 * s + sp + 2 * p + 2 * u
     least = min((int(r.min()) for r in raws if r.size), default=0)
     t_s = t_r + least / B + 2 * a + s
     if not loads:  # nothing is sent: the replay's 0
@@ -534,7 +539,7 @@ def nvls_lower_bound_ns(collective: str, topo: Topology, count: int, config, ite
         return bound
     G, fewest = topo.gpus_per_node, min(len(span) for span in spans)
     store_down = topo.share_gbytes_per_s * G / (P * (n - G))  # nvls_ns's store_down: a sender's part
-    chain = ((fewest - 1) // 2 + 1) * (2 * a + 3 * s + 2 * u + least / store_down) if fewest else 0.0
+    chain = ((fewest - 1) // 2 + 1) * (2 * a + 2 * s + sp + 2 * u + least / store_down) if fewest else 0.0
     return max(bound, t_s + stores / B + a, chain)
 
 
@@ -562,13 +567,13 @@ def sharp_reduce_scatter_ns(topo: Topology, count: int, config, itemsize: int = 
     gpus, engines, mine, down = _sharp_clocks(topo, config)
     wide = partial_itemsize or itemsize
     t = config.timing
-    s, u = t.switch_latency_ns, config.uplink_latency_ns
+    s, sp, u = t.switch_latency_ns, topo.spine_latency_ns, config.uplink_latency_ns  # a leaf's, a spine's, the cable's
     raw = lambda nbytes: raw_bytes(nbytes, config.mtu_bytes, config.header_bytes)
     for j, c, elements in sharp_scatter_slots(topo, count, config, itemsize, partial_itemsize):
         r, w, i = raw(elements * itemsize), raw(elements * wide), (j + c) % P  # the slot (j, c, j + c)
         stamps = [gpu.uplink.send(0.0, 0.0, r) for gpu in gpus]
         partials = [_leaf_partial(k, G, i, stamps, engines[k], mine, w, s, t.reduction_latency_ns, u) for k in range(N)]
-        start, end = engines[N + i].reduce(max(a for a, _ in partials) + s, max(b for _, b in partials) + s, r)
+        start, end = engines[N + i].reduce(max(a for a, _ in partials) + sp, max(b for _, b in partials) + sp, r)
         d0, d1 = down[(i, gpus[j].node)].send(start, end, r)
         _, b = gpus[j].downlink.book(d0 + s, d1 + s, r)
         gpus[j].now = max(gpus[j].now, b + gpus[j].downlink.latency_ns)
@@ -602,7 +607,7 @@ def sharp_mcast_ns(collective: str, topo: Topology, count: int, config, itemsize
     `topo` (of several nodes), all starting at 0, as fabric.switch books the stores (Spanning groups):
     each sender books its stores on its uplink (all issued at once, in order); its leaf (+ s) copies
     each to the node's members and sends one up to spine (p + c) mod P on the sender's share of the
-    node's uplink to it (U / (G P), + u); the spine (+ s) sends one copy to each other leaf k on the
+    node's uplink to it (U / (G P), + u); the spine (+ s', its own switch latency) sends one copy to each other leaf k on the
     sender's down clock there (m_k U / (G P (n - m_k)), + u); that leaf (+ s) copies it down; each GPU
     books its downlink in the order it waits (its node's blocks, then the others', each in chunk
     order; + a), and the call ends once its uplink is free (flush)."""
@@ -610,7 +615,7 @@ def sharp_mcast_ns(collective: str, topo: Topology, count: int, config, itemsize
     if N < 2 or not P:
         raise FabricError(f"replay: sharp across nodes needs a topology of several nodes and spines, got {N} nodes")
     stores, order = sharp_stores(collective, topo, count, max(1, config.chunk_bytes // itemsize), itemsize, root)
-    s, u = config.timing.switch_latency_ns, config.uplink_latency_ns
+    s, sp, u = config.timing.switch_latency_ns, topo.spine_latency_ns, config.uplink_latency_ns  # leaf, spine, cable
     share = topo.share_gbytes_per_s
     gpus = [GpuClocks(g, topo) for g in range(n)]
     arrive: dict[tuple, tuple[float, float, int]] = {}  # (key, node) -> the copy's stamps at the node's leaf
@@ -626,7 +631,7 @@ def sharp_mcast_ns(collective: str, topo: Topology, count: int, config, itemsize
             a, b = up[i].send(a, b, r)
             for k in range(N):
                 if k != node:
-                    d0, d1 = down[(i, k)].send(a + s, b + s, r)
+                    d0, d1 = down[(i, k)].send(a + sp, b + sp, r)
                     arrive[(key, k)] = (d0 + s, d1 + s, r)
     for gpu in gpus:
         # its own node's senders' stores first, then the others' in rank order (sharp.allgather's waits)

@@ -94,7 +94,12 @@ class LinkEnd:
     that channel's program order. The lanes open at the program lane's last busy byte (none of them
     starts before the owner's earlier program transfers have left) and stay open while the owner's
     bookings name the same C; the next program-lane booking (or lanes of another C) closes them: the
-    program lane is then busy until their last byte. lane=None, or C = 1, is the program lane itself."""
+    program lane is then busy until their last byte. lane=None, or C = 1, is the program lane itself.
+
+    Beside a channelled call (docs/model/time.md, "A put beside a collective"): the owner's own one-sided
+    transfers (`post`: a put's data, a get's request) booked while C channel lanes are open and still busy
+    take a lane of their own at bandwidth / (C + 1), opened with the channel lanes' floor, instead of
+    closing the channel lanes and queueing behind their last byte; the lanes stay open."""
 
     bandwidth: float
     latency_ns: float
@@ -104,6 +109,7 @@ class LinkEnd:
     _lanes: list = field(init=False, default_factory=list)       # the open channel lanes (LinkClocks), or none
     _lane_sent: list = field(init=False, default_factory=list)   # per open lane: its program's last byte out (ns)
     _lanes_busy_ns: float = field(init=False, default=0.0)       # the lanes' transfers at the link's bandwidth
+    _beside: LinkClock | None = field(init=False, default=None)    # one-sided transfers beside the open lanes
 
     def __post_init__(self):
         self.clock = LinkClock(self.bandwidth)
@@ -112,7 +118,8 @@ class LinkEnd:
     @property
     def free_ns(self) -> float:
         """When the link is free for good (its last byte booked in any lane has left)."""
-        return max([self.clock.free_ns, self.served_clock.free_ns] + [lane.free_ns for lane in self._lanes])
+        return max([self.clock.free_ns, self.served_clock.free_ns] + [lane.free_ns for lane in self._lanes]
+                   + ([self._beside.free_ns] if self._beside is not None else []))
 
     @property
     def busy_ns(self) -> float:
@@ -150,10 +157,10 @@ class LinkEnd:
 
     def _close_lanes(self) -> None:
         """The program lane takes over: busy until the lanes' last byte (a span with no busy time of its own)."""
-        end = max(lane.free_ns for lane in self._lanes)
+        end = max([lane.free_ns for lane in self._lanes] + ([self._beside.free_ns] if self._beside is not None else []))
         if end > self.clock.free_ns:
             self.clock.hold(self.clock.free_ns, end)
-        self._lanes, self._lane_sent = [], []
+        self._lanes, self._lane_sent, self._beside = [], [], None
 
     def book(self, ready_start: float, ready_end: float, raw_bytes: int,
              served: bool = False, lane: tuple[int, int] | None = None) -> tuple[float, float]:
@@ -175,6 +182,21 @@ class LinkEnd:
         self.sent_ns = max(self.sent_ns, end)
         if lane is not None and lane[1] > 1:
             self._lane_sent[lane[0]] = max(self._lane_sent[lane[0]], end)
+        return start + self.latency_ns, end + self.latency_ns
+
+    def post(self, ready_start: float, ready_end: float, raw_bytes: int) -> tuple[float, float] | None:
+        """As `send`, for the owner's own one-sided transfer beside a channelled call: while C channel lanes
+        are open and busy past `ready_start`, on the beside lane at bandwidth / (C + 1) (the lanes stay
+        open; it moves sent_ns); None when no channel lane is busy then (book it with `send`)."""
+        if not self._lanes or ready_start >= max(lane.free_ns for lane in self._lanes):
+            return None
+        if self._beside is None:
+            self._beside = LinkClock(self.bandwidth / (len(self._lanes) + 1))
+            if self.clock.free_ns > 0.0:  # the channel lanes' floor: the program's transfers before them
+                self._beside.hold(float("-inf"), self.clock.free_ns)
+        start, end = self._beside.transmit(ready_start, ready_end, raw_bytes)
+        self._lanes_busy_ns += raw_bytes / self.bandwidth
+        self.sent_ns = max(self.sent_ns, end)
         return start + self.latency_ns, end + self.latency_ns
 
     def serve(self, ready_start: float, ready_end: float, raw_bytes: int) -> tuple[float, float]:

@@ -13,7 +13,9 @@ direction of one cable, with its own bandwidth and latency, named "gpu3->sw0", "
 A GPU's link to its leaf carries `gpu_link` (GB/s, ns) each way. A node's uplink bandwidth U is
 split evenly over the spines: leaf n has one link to each spine and one back, each carrying U / S
 per direction, with `uplink_latency_ns` (the cables count bytes; transfers on them are timed on the
-GPUs' shares of U, below). Every switch is cut-through and adds `switch_latency_ns`.
+GPUs' shares of U, below). Every switch is cut-through: a leaf adds `switch_latency_ns`, a spine
+`spine_latency_ns` (its own switch's figure, e.g. an InfiniBand switch's under a node of NVLink; by
+default the leaf's).
 
 **Routing** (deterministic, static, destination-based as fat trees route; `next_port`): a leaf
 sends a transfer for a GPU of its own node straight down, port local(dst); any other to spine
@@ -171,6 +173,7 @@ class Topology:
     uplink_gbytes_per_s_per_node: float | None = None
     uplink_latency_ns: float | None = None
     name: str = "custom"
+    spine_latency_ns: float | None = None  # one traversal of a spine (ns); None: switch_latency_ns
     switches: tuple[Switch, ...] = field(init=False, repr=False, compare=False)
     links: tuple[Link, ...] = field(init=False, repr=False, compare=False)
     _by_name: dict = field(init=False, repr=False, compare=False)
@@ -193,20 +196,22 @@ class Topology:
     @classmethod
     def multi_node(cls, nodes: int, gpus_per_node: int, spines: int, gpu_link: tuple[float, float],
                    uplink_gbytes_per_s_per_node: float, uplink_latency_ns: float, switch_latency_ns: float,
-                   name: str = "custom") -> "Topology":
+                   name: str = "custom", spine_latency_ns: float | None = None) -> "Topology":
         """`nodes` x `gpus_per_node` GPUs, a leaf per node, `spines` spines (1..gpus_per_node; 0 for one
         node). gpu_link: (GB/s, ns) of each GPU <-> leaf link per direction; a node's uplink of
         `uplink_gbytes_per_s_per_node` GB/s per direction is split evenly, one leaf <-> spine link per
-        spine of uplink / spines GB/s each way, `uplink_latency_ns` ns; every switch adds
-        `switch_latency_ns` ns."""
+        spine of uplink / spines GB/s each way, `uplink_latency_ns` ns; a leaf adds `switch_latency_ns` ns,
+        a spine `spine_latency_ns` (None: switch_latency_ns)."""
         if not isinstance(gpu_link, (tuple, list)) or len(gpu_link) != 2:
             raise ConfigError(f"topology: gpu_link: must be a (GB/s, ns) pair, got {gpu_link!r}")
         return cls(nodes=nodes, gpus_per_node=gpus_per_node, spines=spines, gpu_gbytes_per_s=gpu_link[0],
                    gpu_latency_ns=gpu_link[1], switch_latency_ns=switch_latency_ns,
                    uplink_gbytes_per_s_per_node=uplink_gbytes_per_s_per_node, uplink_latency_ns=uplink_latency_ns,
-                   name=name)
+                   name=name, spine_latency_ns=spine_latency_ns)
 
     def __post_init__(self):
+        if self.spine_latency_ns is None:  # the spines traversed as the leaves (one figure for every switch)
+            object.__setattr__(self, "spine_latency_ns", self.switch_latency_ns)
         self._validate()
         n, g, s = self.nodes, self.gpus_per_node, self.spines
         links: list[Link] = []
@@ -236,7 +241,7 @@ class Topology:
                     spine_ports[k].append(Port(node, leaf, g + k, egress=down, ingress=up))
         switches = [Switch(node, "leaf", node, node * (g + 1) + g, self.switch_latency_ns, tuple(leaf_ports[node]))
                     for node in range(n)]
-        switches += [Switch(n + k, "spine", None, n * (g + 1) + k, self.switch_latency_ns, tuple(spine_ports[k]))
+        switches += [Switch(n + k, "spine", None, n * (g + 1) + k, self.spine_latency_ns, tuple(spine_ports[k]))
                      for k in range(s)]
         object.__setattr__(self, "switches", tuple(switches))
         object.__setattr__(self, "links", tuple(links))
@@ -267,7 +272,7 @@ class Topology:
             raise ConfigError(f"{what}: spines: {self.nodes} nodes need 1..{self.gpus_per_node} spines (the spine "
                               f"is chosen as the destination's local index mod spines, so a spine beyond the "
                               f"{self.gpus_per_node} local indices would carry nothing), got {self.spines}")
-        figures = ["gpu_gbytes_per_s", "gpu_latency_ns", "switch_latency_ns"]
+        figures = ["gpu_gbytes_per_s", "gpu_latency_ns", "switch_latency_ns", "spine_latency_ns"]
         if self.spines or self.uplink_gbytes_per_s_per_node is not None or self.uplink_latency_ns is not None:
             figures += ["uplink_gbytes_per_s_per_node", "uplink_latency_ns"]
         for key in figures:
@@ -415,9 +420,17 @@ class Topology:
                 else Hop(link.name, link.bandwidth_gbytes_per_s, link.latency_ns) for link in self.route(src, dst))
         return timed
 
+    def traversal_ns(self, link: Link) -> float:
+        """ns of one traversal of the switch `link` ends at (a leaf's switch_latency_ns, a spine's
+        spine_latency_ns); FabricError if it ends at a GPU."""
+        switch = self._switch_named.get(link.dst)
+        if switch is None:
+            raise FabricError(f"{self._what}: link {link.name!r} ends at a GPU, not at a switch")
+        return switch.latency_ns
+
     def path_latency_ns(self, src: int, dst: int) -> float:
         """Latency of the route src -> dst, ns: its links' latencies plus one traversal per switch
-        (2a + s within a node, today's `hop`)."""
+        (2a + s within a node, today's `hop`; 2a + 2u + 2s + the spine's across nodes)."""
         route = self.route(src, dst)
         return sum(link.latency_ns for link in route) + sum(self._switch_named[link.dst].latency_ns
                                                             for link in route[:-1])

@@ -33,6 +33,8 @@ from .transport import (MAILBOX_FABRIC, MAILBOX_P2P, MAILBOX_PEER_BYTES, MAILBOX
                         ControlChannel, Idle, Transport, mailbox_class, native_collective, poked_idle, unframe)
 
 
+# the program's own one-sided traffic, which beside a channelled call takes a lane of its own (LinkEnd.post)
+BESIDE_KINDS = (Kind.PUT, Kind.GET)
 STRAY_SWEEP = 256  # every this many progress calls, look for strays from every rank, not just in front
 # Call records travel in the COUNTERS header, which the switch takes up to MAX_HEADER_BYTES: a GPU keeps
 # its first calls' records up to this many encoded bytes (about 700 calls) and only counts the rest.
@@ -113,6 +115,7 @@ class Gpu:
         # the channel (c, C) whose clock now_ns is and whose lanes of the links the program books, while a call
         # runs C > 1 channels (ranks.collectives.Call.channel; docs/model/time.md, "Channels"); None: the GPU's
         self.lane: tuple[int, int] | None = None
+        self._beside_end: float | None = None  # a put's last byte out, when it went beside a channelled call
         self._acked_ns = 0.0                            # latest acknowledgement of a put (modeled)
         self._got_ns: dict[int, float] = {}             # GET req -> modeled arrival of its data
         self.trace = trace                              # a TraceWriter, or None
@@ -294,14 +297,15 @@ class Gpu:
         self._raise_async()
         data = self._as_bytes(array, "put")
         dst, address = self._destination(target, offset, data.nbytes, "put")
-        sends = []
+        sends, self._beside_end = [], None
         for start, stop in self._chunks(data.nbytes):
             req = next(self._req)
             self._puts[req] = f"put to {_describe(target)}"
             sends.append(self._send(Packet(Kind.PUT, self._keys[self.rank], dst, address + start,
                                            stop - start, req), data[start:stop]))
         self.wait_sent(sends, "put")
-        self.now_ns = max(self.now_ns, self.sent_ns)  # the data has left: `array` may be reused
+        # the data has left: `array` may be reused; beside a channelled call, once its own bytes left (not the call's)
+        self.now_ns = max(self.now_ns, self.sent_ns if self._beside_end is None else self._beside_end)
 
     def get(self, target, array: np.ndarray, offset: int = 0) -> None:
         """Read `array.nbytes` bytes at byte `offset` of `target` into `array`; AccessViolation if refused."""
@@ -826,7 +830,16 @@ class Gpu:
             raw = self._counters.record(link, packet.payload_bytes)
             if stamp is None:
                 timed = raw if timed is None else timed
-                stamp = self._uplink.serve(at, at, timed) if served else self._uplink.send(at, at, timed, self.lane)
+                stamp = self._uplink.serve(at, at, timed) if served else None
+                if not served and self.lane is None and packet.kind in BESIDE_KINDS:
+                    # the program's own one-sided traffic beside a channelled call that still sends: a lane of
+                    # its own (fabric.timemodel.LinkEnd.post; docs/model/time.md, "A put beside a collective")
+                    stamp = self._uplink.post(at, at, timed)
+                    if stamp is not None:
+                        end = stamp[1] - self._uplink.latency_ns
+                        self._beside_end = max(end, self._beside_end or end)
+                if stamp is None and not served:
+                    stamp = self._uplink.send(at, at, timed, self.lane)
             if not served:
                 self._program_bytes[0] += packet.payload_bytes
             packet = packet.but(t_start=stamp[0], t_end=stamp[1])

@@ -4,7 +4,9 @@ Modeled time: a request starts at max(its issue time, the end of the GPU's previ
 one stream per GPU, as NCCL runs a communicator's operations on one CUDA stream - and runs on its own
 clock, so compute the program models meanwhile (gpu.compute) overlaps it; wait() moves the GPU's
 clock to max(now, the request's end). Links are shared: whatever the program sends later takes its
-turn on them after the request's transfers.
+turn on them after the request's transfers, but for a put or get beside a channelled request that still
+sends, which takes a lane of its own (fabric.timemodel.LinkEnd.post; docs/model/time.md, "A put beside a
+collective").
 
 Host: a pending request moves its bytes at this GPU's next call that uses the links (a collective,
 put, get, send or receive) or at a wait/test, in issue order, as an MPI library without an

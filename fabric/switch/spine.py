@@ -34,9 +34,11 @@ class SpineLogic:
         addresses = assign_network_addresses(config.gpus) if config.mode == "network" else range(config.gpus)
         self._gpu_of = {key: gpu for gpu, key in enumerate(addresses)}
         self.counters = LinkCounters(config.mtu_bytes, config.header_bytes)
-        # through the spine and down to the leaf: one traversal and the link's latency; the transfer is
-        # timed on its receiver's inbound share, which the receiver books (fabric.topology, Shares)
-        self.latency_ns = topology.switch_latency_ns + config.uplink_latency_ns
+        # through the spine and down to the leaf: one traversal (the spine's own switch latency) and the
+        # link's latency; the transfer is timed on its receiver's inbound share, which the receiver books
+        # (fabric.topology, Shares)
+        self.traversal_ns = topology.spine_latency_ns
+        self.latency_ns = self.traversal_ns + config.uplink_latency_ns
         self.tracing = False  # a spine makes no decisions worth a trace record beyond the packets
         self.events: list[dict] = []
         # spanning groups (docs/design/architecture.md, Spanning groups): their copies here, whose inputs are leaves,
@@ -121,7 +123,7 @@ class SpineLogic:
                 self.peak_held_bytes = max(self.peak_held_bytes, self.groups.held_bytes)
                 return []
             result, (dest, key), (first_ns, last_ns) = done
-            delay = self.timing.switch_latency_ns
+            delay = self.traversal_ns
             raw = raw_bytes(result.nbytes, self.config.mtu_bytes, self.config.header_bytes)
             start, end = self.groups.engine(info.group, self.timing).reduce(first_ns + delay, last_ns + delay, raw)
             sends = []
@@ -252,7 +254,7 @@ class SpineLogic:
                                       f"leaf {leaf} is no leaf of the group's nodes {list(group.inputs)}"
                                       if leaf not in group.inputs else
                                       f"not a member of the group in node {leaf} (members {list(group.members)})"))
-        delay = self.timing.switch_latency_ns
+        delay = self.traversal_ns
         raw = raw_bytes(packet.payload_bytes, self.config.mtu_bytes, self.config.header_bytes)
         sends = []
         for node in group.inputs:

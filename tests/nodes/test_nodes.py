@@ -98,7 +98,7 @@ def test_a_transfer_to_another_node_takes_its_route_s_unloaded_time():
         # shares of their nodes' uplinks, a NIC each (50 GB/s), whatever the spines
         route = cfg.topology.route(src, dst)
         assert [link.level for link in route] == ["gpu-leaf", "leaf-spine", "leaf-spine", "gpu-leaf"]
-        expected = 2 * 150.0 + 2 * 600.0 + 3 * 250.0 + raw / 50.0  # nvlink4 a, ib-ndr u, nvlink4 s
+        expected = 2 * 150.0 + 2 * 600.0 + 2 * 250.0 + 130.0 + raw / 50.0  # nvlink4 a, ib-ndr u, nvlink4 s, ib-ndr spine
         assert result.value == pytest.approx(expected, rel=1e-12)
         assert result.value == pytest.approx(cfg.topology.unloaded_ns(src, dst, raw), rel=1e-12)
 

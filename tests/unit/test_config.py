@@ -115,6 +115,7 @@ def test_config_is_immutable():
     (dict(nodes=2, uplink_latency_ns=1.0), "uplink_gbytes_per_s_per_gpu"),
     (dict(spines=1), "spines"),                                        # one node has no spines
     (dict(uplink_latency_ns=1.0), "uplink_latency_ns"),
+    (dict(spine_switch_latency_ns=130.0), "spine_switch_latency_ns"),  # one node has no spines
     (dict(chunk_bytes=2 << 20, switch_buffer_bytes=1 << 20), "chunk_bytes"),
     (dict(gpus=4, partitions=((0, 1), (2,))), "partitions"),          # GPU 3 missing
     (dict(gpus=4, partitions=((0, 1), (1, 2, 3))), "partitions"),     # GPU 1 twice
@@ -379,6 +380,7 @@ BOUNDS = [
     ("switch_latency_ns", 0.0, 1e9, {}),
     ("reduction_latency_ns", 0.0, 1e9, {}),
     ("uplink_latency_ns", 0.0, 1e9, MULTI),
+    ("spine_switch_latency_ns", 0.0, 1e9, MULTI),
     ("compute_efficiency", 1e-3, 1.0, {}),
     ("memory_efficiency", 1e-3, 1.0, {}),
     ("gpus", 1, 3840, {}),

@@ -89,6 +89,11 @@ def test_the_multi_node_presets_are_calibrated_and_their_line_twins_at_line_rate
         assert calibrated.uplink_gbytes_per_s_per_gpu == per_gpu
     assert calibrated.uplink_latency_ns == line.uplink_latency_ns == PROFILES[system.spine_link].link_latency_ns
     assert (calibrated.software, line.software) == ("nccl", "none")  # NCCL's latency on top of the calibrated links
+    # a spine is its own link profile's switch (IB 130 ns, NVLink 250 ns), a leaf the node link's
+    spine = PROFILES[system.spine_link].switch_latency_ns
+    assert calibrated.topology.spine_latency_ns == line.topology.spine_latency_ns == spine
+    assert calibrated.spine_switch_latency_ns == line.spine_switch_latency_ns == (None if spine == 250.0 else spine)
+    assert [sw.latency_ns for sw in calibrated.topology.switches] == [250.0] * 2 + [spine] * calibrated.spines
     same = {k: v for k, v in vars(calibrated).items()
             if k not in ("name", "link", "uplink_gbytes_per_s_per_gpu", "software") and not k.startswith("_")}
     assert same == {k: v for k, v in vars(line).items() if k in same}  # nothing else differs

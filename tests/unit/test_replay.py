@@ -43,12 +43,12 @@ def test_on_one_node_hier_is_the_ring_and_pxn_is_direct(gpus):
 def test_a_node_major_ring_of_small_blocks_crosses_nodes_as_often_as_its_window_allows():
     # 4 KiB: one ring channel (fabric.reduction.ring_channel_count), the node-major ring.
     # superpod-h100-ib, 2 nodes x 4: a block of 512 B within a node takes d_in = 2a + s + R/450, across nodes
-    # d_out = 2a + 3s + 2u + R/50 (a NIC each way); each of the 14 steps waits for the previous one's block,
+    # d_out = 2a + 2s + s' + 2u + R/50 (a NIC each way; s' = 130 ns, the IB spine's own); each of the 14 steps waits for the previous one's block,
     # so the slowest chain of 14 hops around the 8-GPU ring, 4 of them crossings, sets the time
     config = preset("superpod-h100-ib", nodes=2, gpus=8, spines=1)
     raw = raw_bytes(512, config.mtu_bytes, config.header_bytes)
     d_in = 2 * 150 + 250 + raw / 450
-    d_out = 2 * 150 + 3 * 250 + 2 * 600 + raw / 50
+    d_out = 2 * 150 + 2 * 250 + 130 + 2 * 600 + raw / 50
     got = replay.replay_ns("allreduce", "ring", config.topology, 4096, config)
     assert got == pytest.approx(4 * d_out + 10 * d_in + raw / 450, rel=1e-3)  # + the last downlink's turn
 
@@ -57,14 +57,14 @@ def test_the_rings_of_the_rails_run_as_independent_channels():
     # 128 KiB: 4 channels, ranges of 4 KiB, each with its own clock and its own lane of every GPU's uplink and
     # downlink at B / 4 (docs/model/time.md, "Channels"): a channel's step waits for its own receive only, so,
     # as for the one ring above, the slowest chain of 14 hops along one ring, 4 of them crossings, sets the
-    # time: d_out = 2a + 3s + 2u + R/50 (a NIC each way, slower than the lane), d_in = 2a + s + R/(B/4). Before
+    # time: d_out = 2a + 2s + s' + 2u + R/50 (a NIC each way, slower than the lane; s' the IB spine's 130 ns), d_in = 2a + s + R/(B/4). Before
     # the lanes, one program per GPU ran its channels in step, every GPU entered one channel's ring, and each
-    # of the 14 steps waited for a crossing: at least 14 d_out (32.7 us, against 15.3 now)
+    # of the 14 steps waited for a crossing: at least 14 d_out (31.0 us, against 14.8 now)
     config = preset("superpod-h100-ib", nodes=2, gpus=8, spines=1)
     raw = raw_bytes(4096, config.mtu_bytes, config.header_bytes)
     lane = config.topology.gpu_gbytes_per_s / 4
     d_in = 2 * 150 + 250 + raw / lane
-    d_out = 2 * 150 + 3 * 250 + 2 * 600 + raw / 50
+    d_out = 2 * 150 + 2 * 250 + 130 + 2 * 600 + raw / 50
     got = replay.replay_ns("allreduce", "ring", config.topology, 128 << 10, config)
     assert got == pytest.approx(4 * d_out + 10 * d_in, rel=1e-12)
     assert got < 14 * d_out / 2

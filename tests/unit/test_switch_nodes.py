@@ -10,9 +10,10 @@ from nvlink_emu.fabric.packets import ExportInfo, Kind, MsgInfo, Packet, raw_byt
 from nvlink_emu.fabric.switch import SpineLogic, SwitchLogic
 from nvlink_emu.fabric.timemodel import LinkEnd
 
-# superpod-h100-ib, 2 nodes x 2 GPUs, 1 spine: a = 150 ns (nvlink4), s = 250 ns, GPU links 450 GB/s; each
-# GPU's share of its node's uplink is its NIC, 50 GB/s, with u = 600 ns (the ib-ndr profile's)
-A, S, U, GPU_BW, UP_BW = 150.0, 250.0, 600.0, 450.0, 50.0
+# superpod-h100-ib, 2 nodes x 2 GPUs, 1 spine: a = 150 ns (nvlink4), s = 250 ns a leaf, s' = 130 ns the IB spine (the
+# ib-ndr profile's switch), GPU links 450 GB/s; each GPU's share of its node's uplink is its NIC, 50 GB/s, with
+# u = 600 ns (the ib-ndr profile's)
+A, S, SP, U, GPU_BW, UP_BW = 150.0, 250.0, 130.0, 600.0, 450.0, 50.0
 NBYTES = 4096
 
 
@@ -50,16 +51,16 @@ def test_a_transfer_to_another_node_takes_each_hop_s_time(fabric):
     assert (up.packet.t_start, up.packet.t_end) == pytest.approx((A + S + U, A + S + raw / UP_BW + U))
     down = spine.on_packet(0, up.packet, up.payload)
     assert down.port == 2 and spine.next_switch(2) == 1
-    # through the spine (+s) and down the cable (+u): the spine books nothing
-    assert (down.packet.t_start, down.packet.t_end) == pytest.approx((A + 2 * S + 2 * U, A + 2 * S + raw / UP_BW + 2 * U))
+    # through the spine (+s', its own switch latency) and down the cable (+u): the spine books nothing
+    assert (down.packet.t_start, down.packet.t_end) == pytest.approx((A + S + SP + 2 * U, A + S + SP + raw / UP_BW + 2 * U))
     (last,) = leaf1.on_transit(2, down.packet, down.payload)
     assert last.port == 2 and leaf1.next_switch(2) is None
-    assert (last.packet.t_start, last.packet.t_end) == pytest.approx((A + 3 * S + 2 * U, A + 3 * S + raw / UP_BW + 2 * U))
+    assert (last.packet.t_start, last.packet.t_end) == pytest.approx((A + 2 * S + SP + 2 * U, A + 2 * S + SP + raw / UP_BW + 2 * U))
     # GPU 2 books its inbound share, then its downlink, at once (idle); its last byte arrives a after: the
     # route's unloaded time
     share = LinkEnd(UP_BW, 0.0).book(last.packet.t_start, last.packet.t_end, raw)
     arrival = LinkEnd(GPU_BW, A).send(*share, raw)[1]
-    assert arrival == pytest.approx(config.topology.unloaded_ns(0, 2, raw)) == pytest.approx(2 * A + 2 * U + 3 * S + raw / UP_BW)
+    assert arrival == pytest.approx(config.topology.unloaded_ns(0, 2, raw)) == pytest.approx(2 * A + 2 * U + 2 * S + SP + raw / UP_BW)
     # counted on every link of the route, once, at both switches that see a link between switches
     assert {name: stats.payload_bytes for name, stats in leaf0.counters.links.items()} == {
         "gpu0->sw0": NBYTES, "sw0->sw2": NBYTES}

@@ -136,3 +136,21 @@ def test_one_channel_is_the_program_lane():
         assert one.send(ready, ready, 8, lane=(0, 1)) == plain.send(ready, ready, 8)
         assert one.book(ready, ready + 5, 8, lane=(0, 1)) == plain.book(ready, ready + 5, 8)
     assert (one.busy_ns, one.sent_ns, one.free_ns) == (plain.busy_ns, plain.sent_ns, plain.free_ns)
+
+
+def test_a_one_sided_transfer_beside_busy_channel_lanes_takes_a_lane_of_its_own():
+    # docs/model/time.md, "A put beside a collective": at bandwidth / (C + 1), the channel lanes left open
+    link = LinkEnd(bandwidth=6.0, latency_ns=1.0)
+    assert link.post(0.0, 0.0, 6) is None                           # no channel lanes: booked as any send
+    assert link.send(0.0, 0.0, 12) == (1.0, 3.0)                    # the program lane: 0..2 ns
+    assert link.send(0.0, 0.0, 30, lane=(0, 2)) == (3.0, 13.0)      # two channels at 3 bytes per ns, 2..12
+    assert link.send(0.0, 0.0, 30, lane=(1, 2)) == (3.0, 13.0)
+    # a put ready at 1 ns: its own lane at 2 bytes per ns, from the lanes' floor (2 ns), not after 12 ns
+    assert link.post(1.0, 1.0, 8) == (3.0, 7.0)
+    assert link.send(0.0, 0.0, 3, lane=(0, 2)) == (13.0, 14.0)     # the channels go on, their lanes unmoved
+    assert link.post(5.0, 5.0, 8) == (7.0, 11.0)                    # the next behind the first, on its lane
+    assert (link.sent_ns, link.lane_sent_ns((1, 2)), link.free_ns) == (13.0, 12.0, 13.0)
+    assert link.post(13.0, 13.0, 8) is None                         # the lanes are done by then: not beside
+    # the program lane (lanes closed) waits for every lane's last byte, the beside lane's too
+    assert link.send(0.0, 0.0, 6) == (14.0, 15.0)
+    assert link.busy_ns == pytest.approx(2.0 + (30 + 30 + 8 + 3 + 8) / 6 + 1.0, rel=1e-15)

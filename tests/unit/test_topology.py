@@ -184,6 +184,21 @@ def test_routes_same_node_other_node_and_loopback():
     assert topo.path_latency_ns(1, 2) == 2 * 150 + 250
 
 
+def test_a_spine_takes_its_own_switch_latency():
+    """An InfiniBand spine under NVLink nodes (issue 28): the leaves 250 ns, the spines 130; the route across
+    nodes crosses two leaves and one spine, its timed stages as the cost model adds them (traversal_ns)."""
+    topo = Topology.multi_node(2, 4, 2, (450.0, 150.0), 400.0, 600.0, 250.0, spine_latency_ns=130.0)
+    assert [sw.latency_ns for sw in topo.switches] == [250.0, 250.0, 130.0, 130.0]
+    assert topo.path_latency_ns(1, 6) == 2 * 150 + 2 * 600 + 2 * 250 + 130
+    assert topo.path_latency_ns(1, 2) == 2 * 150 + 250
+    assert [topo.traversal_ns(link) for link in topo.route(1, 6)[:-1]] == [250.0, 130.0, 250.0]
+    with pytest.raises(FabricError, match="ends at a GPU"):
+        topo.traversal_ns(topo.route(1, 6)[-1])
+    # unset: every switch the leaves' figure, as before spines had their own (and equal to it given)
+    assert two_by_four(spines=2).spine_latency_ns == 250.0
+    assert two_by_four(spines=2) == Topology.multi_node(2, 4, 2, (450.0, 150.0), 1800.0, 200.0, 250.0, "2x4x2", 250.0)
+
+
 def test_one_node_has_no_spine_to_choose():
     assert Topology.single(preset("dgx-h100")).spine_for(5) is None
     one = Topology.multi_node(1, 4, 0, (450.0, 150.0), 1800.0, 200.0, 250.0)
