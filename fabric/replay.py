@@ -289,7 +289,12 @@ def _program(collective: str, algorithm: str, topo: Topology, r: int, count: int
         yield from _tree(topo, r, count, min(chunk, tree_chunk(chunk * item, item)), item)
         return
     if (collective, algorithm) == ("all2allv", "all2allv"):  # the call's plan (counts in elements)
-        yield from timing.messages(registry.all2allv(counts), 0, item, chunk)[r]
+        each = registry.uniform_count(counts)
+        if each is None:
+            yield from timing.messages(registry.all2allv(counts), 0, item, chunk)[r]
+        else:  # equal blocks: direct's all2all, as the ranks run them (ranks/collectives/all2all.py)
+            layout = registry.grid(topo.nodes, topo.gpus_per_node) if topo.nodes > 1 else None
+            yield from timing.messages(build("direct", n, "all2all", root, layout), n * each * item, item, chunk)[r]
     elif algorithm == "ring" and collective in ("allreduce", "reduce_scatter", "allgather", "broadcast"):
         # across nodes, its channels on the grid (a plan of the call's size: fabric.plans.registry.ring_channels)
         layout = registry.grid(topo.nodes, topo.gpus_per_node) if topo.nodes > 1 else None

@@ -11,7 +11,7 @@ import numpy as np
 from nvlink_emu.fabric.control import MAX_CONTROL_BYTES, encode, decode
 from nvlink_emu.fabric.errors import (AccessViolation, CollectiveMismatch, FabricError, FabricTimeout, ProtocolError,
                                       ResourceExhausted, UnsupportedOperation)
-from nvlink_emu.fabric.packets import CallRecord, GroupInfo, Kind
+from nvlink_emu.fabric.packets import WIRE_INT_MAX, CallRecord, GroupInfo, Kind
 from nvlink_emu.fabric.reduction import blocks, check_dtype, check_movable, check_op, dtype_name
 from nvlink_emu.fabric.software import call_latency_ns
 from nvlink_emu.fabric.tuner import all2all_algorithm  # noqa: F401 (re-exported: the tuner decides)
@@ -693,10 +693,20 @@ class Communicator:
         elif any(f != fingerprints[0] for f in fingerprints):
             problem = "members called different collectives or arguments"
         elif calls[0][1] is not None:
-            sends = [c[1][0] for c in calls]
-            recvs = [c[1][1] for c in calls]
-            bad = [(i, j) for i in range(self.size) for j in range(self.size) if sends[i][j] != recvs[j][i]]
-            if bad:
+            n = self.size
+            # a member's counts are data it sent: n integers 0..WIRE_INT_MAX each way, else nobody uses them
+            malformed = [i for i, (_, counts) in enumerate(calls)
+                         if not (isinstance(counts, (tuple, list)) and len(counts) == 2
+                                 and all(isinstance(side, (tuple, list)) and len(side) == n
+                                         and all(is_integer(x) and 0 <= x <= WIRE_INT_MAX for x in side)
+                                         for side in counts))]
+            sends = [] if malformed else [c[1][0] for c in calls]
+            recvs = [] if malformed else [c[1][1] for c in calls]
+            bad = [] if malformed else [(i, j) for i in range(n) for j in range(n) if sends[i][j] != recvs[j][i]]
+            if malformed:
+                problem = (f"member {malformed[0]}'s counts are not {n} integers from 0 to {WIRE_INT_MAX} each way "
+                           f"(what it sends, what it receives)")
+            elif bad:
                 i, j = bad[0]
                 problem = (f"member {i} sends {sends[i][j]} elements to member {j}, which expects "
                            f"{recvs[j][i]}")

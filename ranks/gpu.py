@@ -58,7 +58,7 @@ class Gpu:
     all GPUs; timeout_s: deadline of every blocking wait, in seconds.
     """
 
-    def __init__(self, config: FabricConfig, transport: Transport, control: ControlChannel,
+    def __init__(self, config: FabricConfig, transport: Transport, control_channel: ControlChannel,
                  switch_rank: int, network_addresses: tuple[int, ...], timeout_s: float, trace=None):
         self.config = config
         self.rank = transport.rank
@@ -87,13 +87,14 @@ class Gpu:
         self._credit_asked: set[tuple[int, int]] = set()  # the switch holds their next message: credit at once
         self._ever_held: set[tuple[int, int]] = set()  # (sender, class) the switch held once: a wait says what it wants
         self._posted: dict[tuple, np.ndarray] = {}      # message key -> where to receive it
-        self.control = ControlPlane(control, self._serve_or_nap)  # credits, communicators, "where are you?"
+        self.control = ControlPlane(control_channel, self._serve_or_nap)  # credits, communicators, "where are you?"
         self._exports: list[tuple[int, int, Handle]] = []  # live windows: (physical offset, bytes, handle)
         self._bound: dict[tuple, np.ndarray] = {}       # buffer key -> bytes the switch may LOAD (NVLS)
         self._loads: dict[tuple, Packet] = {}           # (group, buffer key, slot) -> LOAD until served
         self._given_up: dict[tuple, None] = {}          # (group, buffer key) a refused LOAD gave up, latest last
         self._allocations: dict[int, tuple[np.ndarray, int]] = {}  # id(array) -> (the array alloc returned, offset)
-        self._strays = 0                                # data messages from ranks other than the switch, dropped
+        self._strays = 0                                # dropped by the sweeps: data from ranks other than the
+                                                        # switch, control junk, members' MPI strays (control.strays: the rest)
         self._polls = 0                                 # progress calls, to sweep for strays now and then
         self._arrivals: dict[tuple, Packet] = {}        # message key -> its header until consumed (timing)
         timing = config.timing
@@ -140,9 +141,9 @@ class Gpu:
         # 1 KiB AllReduce on 4 GPUs measured 2.4-3.5 ms with it, 0.7-1.5 ms without)
         self.stream = Stream(self)                      # its non-blocking operations (ranks/requests.py)
         self._servers: dict[str, object] = {}           # message key[0] -> its server (serve_messages)
-        self.world = Communicator.world(self, control.comm)
+        self.world = Communicator.world(self, control_channel.comm)
         # members known from the config, so no GPU outside the partition takes part in making it
-        self.partition = Communicator.partition_of(self, control.comm)
+        self.partition = Communicator.partition_of(self, control_channel.comm)
 
     # -- modeled time -------------------------------------------------------------------------------
     def compute(self, ns: float | None = None, *, flops: float | None = None, bytes: float | None = None,

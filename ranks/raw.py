@@ -25,8 +25,8 @@ class RawPort:
         return self._gpu._transport
 
     @property
-    def control(self):
-        """The GPU ranks' control channel (ranks.transport.ControlChannel): send, send_bytes, idle."""
+    def control_channel(self):
+        """The GPU ranks' control channel (ranks.transport.ControlChannel): send, send_bytes, idle, in_flight."""
         return self._gpu.control.channel
 
     @property

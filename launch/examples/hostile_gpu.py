@@ -291,7 +291,7 @@ class Attacker:
 
     def attack(self, packets: int) -> dict:
         gpu, raw = self.gpu, self.gpu.raw_port()
-        transport, control = raw.transport, raw.control
+        transport, control = raw.transport, raw.control_channel
         for i in range(packets):
             roll = self.rng.random()
             if roll < 0.05:

@@ -2,7 +2,8 @@
 
 Per-GPU link payload for S send bytes on N GPUs (equal blocks): tx = rx = (N-1)/N x S; a GPU's own
 block never leaves it (copied locally). All2Allv moves exactly the counts given, own block excluded.
-Equal, packed blocks (all2all) run as direct's plan (fabric.plans.registry.direct): the same exchange, in
+Equal blocks (every member's every count the same: all2all, and all2allv with such counts; the cost
+models take the same rule) run as direct's plan (fabric.plans.registry.direct): the same exchange, in
 _all2all_order's steps across nodes; uneven counts run the call's plan (fabric.plans.registry.all2allv:
 direct's one-node order, block r+1, r+2, ... out, r-1, r-2, ... in, chunks sized by the counts).
 """
@@ -18,10 +19,11 @@ from . import plan
 def all2allv(call, send: np.ndarray, send_offsets, send_counts, recv: np.ndarray, recv_offsets,
              recv_counts) -> None:
     n = call.n
-    each = send_counts[0] if n else 0
-    if send.size == recv.size == n * each and all(c == each for c in (*send_counts, *recv_counts)):
+    each = plans.registry.uniform_count(call.counts)  # every member's counts (the call check): one decision
+    if each is not None:
         # all2all's equal, packed blocks: direct's plan (the same exchange, fabric.plans.registry.direct)
-        plan.execute(call, plans.build("direct", n, "all2all", layout=node_layout(call)), send, recv)
+        plan.execute(call, plans.build("direct", n, "all2all", layout=node_layout(call)), send[:n * each],
+                     recv[:n * each])
         return
     if list(send_offsets) != offsets(send_counts) or list(recv_offsets) != offsets(recv_counts):
         raise UnsupportedOperation(f"GPU {call.gpu.rank}: all2allv runs packed blocks (offsets {offsets(send_counts)}, "

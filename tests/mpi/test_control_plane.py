@@ -26,8 +26,8 @@ def test_a_forged_control_message_takes_no_part_in_an_exchange():
         gpu.compute(100.0 * (gpu.rank + 1))
         if gpu.rank == 1:
             for seq in range(4):
-                raw.control.send(2, ("world", seq, ("barrier", 1e30)))
-                raw.control.send(2, ("world", seq, (seq, "barrier", 1e30)))
+                raw.control_channel.send(2, ("world", seq, ("barrier", 1e30)))
+                raw.control_channel.send(2, ("world", seq, (seq, "barrier", 1e30)))
         if gpu.rank == 2:
             until(gpu, lambda: gpu.strays >= 8, "dropping 8 forged exchange messages")
             assert gpu.strays == 8 and not raw.control_box

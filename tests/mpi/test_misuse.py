@@ -105,6 +105,36 @@ def test_one_members_bad_buffer_is_reported_by_every_member():
     run(main)
 
 
+def test_forged_counts_in_the_call_check_are_a_mismatch_on_every_member():
+    """A member that writes its own all2allv call check (its counts are data it sends: a string, an
+    integer past the wire's, a short row) fails every member with CollectiveMismatch naming it, before any
+    count is used (the review of issue 26 found TypeError, OverflowError and IndexError on every member)."""
+    def main(gpu):
+        comm, n = gpu.world, gpu.size
+        honest = comm._exchange
+        for forged_value in ("x", 10 ** 40, float("inf"), -3, "short"):
+            if gpu.rank == 1:
+                def forged(obj, op, seq, value=forged_value):
+                    if op.endswith("call check") and obj[1] is not None:
+                        call, (sends, recvs) = obj
+                        sends, recvs = list(sends), list(recvs)
+                        if value == "short":
+                            sends, recvs = sends[:-1], recvs[:-1]
+                        else:
+                            sends[1] = recvs[1] = value
+                        obj = (call, (sends, recvs))
+                    return honest(obj, op, seq)
+                comm._exchange = forged
+            with pytest.raises(CollectiveMismatch, match=f"member 1's counts are not {n} integers"):
+                comm.all2allv(np.zeros(2 * n, np.float32), [2] * n, np.zeros(2 * n, np.float32), [2] * n)
+        comm._exchange = honest
+        x = np.ones(4, np.float32)
+        comm.allreduce(x, "sum", "ring")  # the communicator still works
+        assert (x == n).all()
+
+    run(main)
+
+
 def test_one_members_invalid_arguments_fail_every_member_at_once():
     # the offender raises its own typed error; the others do not wait for it to the deadline
     def main(gpu):

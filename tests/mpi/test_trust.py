@@ -271,9 +271,9 @@ def test_a_poisoned_control_message_runs_nothing_and_is_dropped():
     def main(gpu):
         raw = gpu.raw_port()
         if gpu.rank == 0:
-            raw.control.send_bytes(1, pickle.dumps(exploit()))
-            raw.control.send_bytes(1, pickle.dumps(("world", 0, "x", "extra")))
-            raw.control.send_bytes(1, b"\x80\x05garbage")
+            raw.control_channel.send_bytes(1, pickle.dumps(exploit()))
+            raw.control_channel.send_bytes(1, pickle.dumps(("world", 0, "x", "extra")))
+            raw.control_channel.send_bytes(1, b"\x80\x05garbage")
         if gpu.rank == 1:
             until(gpu, lambda: gpu.strays >= 3, "dropping 3 poisoned control messages")
         gpu.world.barrier()
@@ -335,11 +335,11 @@ def test_control_messages_too_long_undecodable_or_from_non_members_are_dropped()
     def main(gpu):
         raw = gpu.raw_port()
         if gpu.rank == 0:
-            raw.control.send_bytes(1, b"\x00" * (MAX_CONTROL_BYTES + 1))  # too long: dropped unread
+            raw.control_channel.send_bytes(1, b"\x00" * (MAX_CONTROL_BYTES + 1))  # too long: dropped unread
             for bomb in bombs:
-                raw.control.send_bytes(1, bomb)
+                raw.control_channel.send_bytes(1, bomb)
             for seq in range(50):  # well-formed, but GPU 0 is no member of partition 1's communicator
-                raw.control.send(1, ("partition1", seq, ("barrier", 0.0)))
+                raw.control_channel.send(1, ("partition1", seq, ("barrier", 0.0)))
         if gpu.rank == 1:
             until(gpu, lambda: gpu.strays >= 53, "dropping 53 control messages")
             assert gpu.strays == 53 and not [key for key in raw.control_box if key[2] == 0]
@@ -364,12 +364,12 @@ def test_a_member_cannot_park_objects_as_credits_in_another_tenant_s_gpu():
         name = gpu.world.name
         if gpu.rank == 0:
             for seq in range(10):
-                raw.control.send(1, (name, CREDIT_SEQ - 1 - seq, b"W" * (16 << 10)))
+                raw.control_channel.send(1, (name, CREDIT_SEQ - 1 - seq, b"W" * (16 << 10)))
             for seq in range(5):
-                raw.control.send(1, (name, CREDIT_SEQ - MAX_CONTROL_WAITING - seq, ("credit", 1)))
+                raw.control_channel.send(1, (name, CREDIT_SEQ - MAX_CONTROL_WAITING - seq, ("credit", 1)))
             for bad in (("credit", -1), ("credit", 1.5), ("credit",), ("credit", 1, 2), ["credit", 1]):
-                raw.control.send(1, (name, CREDIT_SEQ - 2, bad))
-            raw.control.send(1, (name, CREDIT_SEQ, ("credit", 3)))
+                raw.control_channel.send(1, (name, CREDIT_SEQ - 2, bad))
+            raw.control_channel.send(1, (name, CREDIT_SEQ, ("credit", 3)))
         if gpu.rank == 1:
             until(gpu, lambda: gpu.strays + len(raw.control_box) >= 21, "filing 21 control messages")
             assert gpu.strays == 20 and raw.control_box == {(name, CREDIT_SEQ, 0): ("credit", 3)}
@@ -399,21 +399,21 @@ def test_a_control_message_longer_than_any_point_to_point_one_is_dropped_unread(
 
     def main(gpu):
         raw = gpu.raw_port()
-        comm = raw.control.comm
+        comm = raw.control_channel.comm
         if gpu.rank == 0:
             deadline = time.monotonic() + 10.0
             while not comm.Iprobe(1, ready):  # no progress here: nothing of GPU 0's drops it meanwhile
                 assert time.monotonic() < deadline, "GPU 0: GPU 1 did not get ready"
             comm.recv(source=1, tag=ready)
-            raw.control.send_bytes(1, blob(MAX_P2P_CONTROL_BYTES + 1))
-            raw.control.send_bytes(1, blob(MAX_P2P_CONTROL_BYTES))
-            until(gpu, lambda: raw.control.idle, "the two control messages to go")
+            raw.control_channel.send_bytes(1, blob(MAX_P2P_CONTROL_BYTES + 1))
+            raw.control_channel.send_bytes(1, blob(MAX_P2P_CONTROL_BYTES))
+            until(gpu, lambda: raw.control_channel.idle, "the two control messages to go")
         if gpu.rank == 1:
             comm.send(None, 0, ready)
             got, deadline = [], time.monotonic() + 10.0
             while len(got) < 2:  # straight from the channel: no sweep takes them first
                 assert time.monotonic() < deadline, f"GPU 1: the two control messages did not come: {got!r:.200}"
-                message = raw.control.poll()
+                message = raw.control_channel.poll()
                 if message is not None:
                     got.append(message)
             assert got == [(0, None), (0, b"x" * (MAX_P2P_CONTROL_BYTES - 3))]
@@ -439,7 +439,7 @@ def test_raw_mpi_messages_around_the_fabric_are_swept_and_counted():
         if gpu.rank == 0:
             junk = np.zeros(64, np.uint8)
             world = gpu.world._mpi
-            floods = [(MPI.COMM_WORLD, 5), (gpu.raw_port().control.comm, 99), (world.comm, 77), (world.groups, 77),
+            floods = [(MPI.COMM_WORLD, 5), (gpu.raw_port().control_channel.comm, 99), (world.comm, 77), (world.groups, 77),
                       (world.comm, TAG_EXCHANGE)]
             sends = [comm.Isend([junk, MPI.BYTE], victim, tag) for comm, tag in floods for _ in range(each)]
             sends += [MPI.COMM_WORLD.Isend([junk, MPI.BYTE], gpu.size, 5) for _ in range(each)]  # the switch's too
@@ -457,7 +457,7 @@ def test_raw_mpi_messages_around_the_fabric_are_swept_and_counted():
             assert gpu.strays == 5 * each - 1
             kept = gpu.world._mpi.kept
             assert list(kept[0]) == [0] and kept[1] == {}
-            assert not any(comm.Iprobe(0, MPI.ANY_TAG) for comm in (MPI.COMM_WORLD, gpu.raw_port().control.comm,
+            assert not any(comm.Iprobe(0, MPI.ANY_TAG) for comm in (MPI.COMM_WORLD, gpu.raw_port().control_channel.comm,
                                                                      gpu.world._mpi.comm, gpu.world._mpi.groups))
         return rounds / (time.monotonic() - start)
 
