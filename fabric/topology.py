@@ -1,64 +1,10 @@
 """The fabric's topology as data: nodes, switches and their ports, links, routes and the MPI rank layout.
 
 Pure (numpy at most, never mpi4py). Units: bandwidth in GB/s (1e9 bytes/s = bytes per ns), time in ns.
-
-**What is modeled.** `nodes` x `gpus_per_node` GPUs, numbered node-major: GPU g sits in node
-g // G at local index g % G (G = gpus_per_node), so GPU order 0..N*G-1 is the node-major ring.
-Each node has one leaf switch (its NVSwitch chips shown as one switch, as today); `spines` spine
-switches form the second level. Switches are numbered leaves first (switch n is node n's leaf),
-then spines (switch N + k is spine k). Ports: GPU g has one port, 0; leaf n's port p < G faces
-its GPU n*G + p and its port G + k faces spine k; spine k's port n faces leaf n. A link is one
-direction of one cable, with its own bandwidth and latency, named "gpu3->sw0", "sw0->gpu3",
-"sw0->sw2", "sw2->sw0" (the one-node names are exactly today's, fabric.counters.uplink/downlink).
-A GPU's link to its leaf carries `gpu_link` (GB/s, ns) each way. A node's uplink bandwidth U is
-split evenly over the spines: leaf n has one link to each spine and one back, each carrying U / S
-per direction, with `uplink_latency_ns` (the cables count bytes; transfers on them are timed on the
-GPUs' shares of U, below). Every switch is cut-through: a leaf adds `switch_latency_ns`, a spine
-`spine_latency_ns` (its own switch's figure, e.g. an InfiniBand switch's under a node of NVLink; by
-default the leaf's).
-
-**Routing** (deterministic, static, destination-based as fat trees route; `next_port`): a leaf
-sends a transfer for a GPU of its own node straight down, port local(dst); any other to spine
-spine_for(dst) = local(dst) mod S (D-mod-k routing on the local index: the same destination
-always takes the same spine, a node's G GPUs spread over the S spines evenly when S divides G,
-and a spine index beyond G - 1 would carry nothing, so S <= G); a spine sends down to the
-destination's leaf, port node(dst). Routes: same node GPU -> leaf -> GPU (also for dst = src:
-the switch forwards a transfer addressed to its own port back out of it); other node GPU -> leaf
--> spine -> leaf -> GPU. With S = G this is a rail-optimised network's pattern (traffic for local
-index k of any node goes over spine k, as PXN sends it). A ring in node-major order crosses nodes
-only into local index 0, so its inter-node hops all take spine 0 (its time: one GPU's share each).
-
-**Rank layout** (`rank_of`, `role_of`): node n's GPUs and its leaf are one block of G + 1
-consecutive ranks, rank(GPU g) = node(g) * (G + 1) + local(g), rank(leaf n) = n * (G + 1) + G;
-the spines follow, rank(spine k) = N * (G + 1) + k; world size N * (G + 1) + S. So block placement
-of G + 1 ranks per host (`mpiexec -ppn G+1`, `srun` by node) keeps each node's traffic on one host,
-and the spines land on the host after the last node. One node (`Topology.single`) is today's layout:
-GPU ranks 0..G-1, switch rank G.
-
-**Shares: how flows of several GPUs meet between switches, deterministically.** A leaf->spine link
-carries flows of the G GPUs of its node, a spine->leaf link flows from every other node; no program
-order ranks them, and the host's arrival order must not decide their modeled times. The rule: each
-GPU owns a **share** of its node's uplink, U / G per direction (`share_gbytes_per_s`, i.e.
-`uplink_gbytes_per_s_per_gpu`), and a transfer between nodes is timed on its sender's outbound share
-("gpu3:out", in place of the leaf->spine link, latency u) and its receiver's inbound share ("gpu7:in",
-in place of the spine->leaf link, latency u), not on the cables, which count bytes only (a cable's busy
-time is its raw bytes / its bandwidth U / S). The sender's leaf books the outbound share in the order
-that GPU's packets reach it, which is its send order (MPI keeps one source's messages in order); the
-receiver books its inbound share as it books its downlink, in the order its program consumes transfers.
-So every booking is ordered by one GPU's program and modeled time never depends on the host (tested
-by delaying every rank's sends at random: `tests/cli/test_determinism.py`). Spines book nothing. A
-switch's own packets (a NACK of a refused request) take no share: they cross at the links' latency.
-Why this rule: on the InfiniBand presets it is the hardware - one NIC per GPU on a rail-optimised,
-non-blocking fat tree, so a GPU's NIC is its share and the spines do not congest. On the NVLink Switch
-System a node's 72 external ports are shared by its 8 GPUs: an equal share is what fair arbitration
-gives when every GPU of the node sends between nodes at once (AllReduce, All2All, any collective over
-every GPU), and it is pessimistic for one GPU talking alone (it cannot burst into idle shares). The
-alternative, conservative parallel discrete-event simulation (Chandy-Misra-Bryant null messages with
-an LBTS reduction, as SST and ROSS run over MPI), models the shared link exactly but holds every
-transfer between switches until no input can still bring an earlier one: built and measured in one
-process in an earlier step, it needed about 3,600 null-message rounds per modeled ms of a blocked
-GPU's gap on nvlink4 without the reduction, and a reduction over every rank each time every switch
-stalled with it, on a path that is already the emulator's bottleneck across nodes.
+N nodes x G GPUs, node-major; a leaf switch per node, S spines (switch N + k); D-mod-k routing on the local
+index; rank blocks of G + 1 per node, the spines last. Ports, link names, routes and the rank layout:
+docs/design/architecture.md ("The topology"); each GPU's share of its node's uplink (Shares), the rule that
+keeps flows meeting between switches independent of the host, and why: docs/model/time.md ("Several nodes").
 """
 
 from dataclasses import dataclass, field
@@ -410,7 +356,7 @@ class Topology:
     def timed_route(self, src: int, dst: int) -> tuple[Hop, ...]:
         """The stages that time a transfer src -> dst, in order, each followed by one switch traversal
         but the last: the route's links, except that a cable between switches is timed on the
-        sender's outbound share and the receiver's inbound share (module docstring, Shares)."""
+        sender's outbound share and the receiver's inbound share (docs/model/time.md, "Several nodes")."""
         hops = self._cache.setdefault("timed_routes", {})
         timed = hops.get((src, dst))
         if timed is None:

@@ -101,7 +101,7 @@ class Gpu:
         # this GPU's two links, each booked here: the uplink as it sends, the downlink as it consumes
         self._uplink = LinkEnd(timing.bandwidth_gbytes_per_s, timing.link_latency_ns)
         self._downlink = LinkEnd(timing.bandwidth_gbytes_per_s, timing.link_latency_ns)
-        # its inbound share of its node's uplink (fabric.topology, Shares), booked as it consumes a transfer
+        # its inbound share of its node's uplink (fabric.topology; docs/model/time.md, "Several nodes"), booked as it consumes a transfer
         # from another node; the cable's latency is in the packet's stamp already
         share = config.topology.share_gbytes_per_s
         self._inbound = LinkEnd(share, 0.0) if share else None
