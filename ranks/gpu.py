@@ -27,10 +27,11 @@ from nvlink_emu.fabric.timemodel import LinkEnd
 
 from .comm import Communicator, is_integer
 from .control import CONTROL_PER_SWEEP, ControlPlane
+from .mailbox import Mailbox
 from .raw import RawPort
 from .requests import Request, Stream, wait_all, wait_any
-from .transport import (MAILBOX_FABRIC, MAILBOX_P2P, MAILBOX_PEER_BYTES, MAILBOX_PEER_MESSAGES, MAX_HEADER_BYTES,
-                        ControlChannel, Idle, Transport, mailbox_class, native_collective, poked_idle, unframe)
+from .transport import (MAILBOX_PEER_BYTES, MAILBOX_PEER_MESSAGES, MAX_HEADER_BYTES,
+                        ControlChannel, Idle, Transport, native_collective, poked_idle, unframe)
 
 
 # the program's own one-sided traffic, which beside a channelled call takes a lane of its own (LinkEnd.post)
@@ -80,13 +81,7 @@ class Gpu:
         self._replies: dict[int, Packet] = {}           # req -> REPLY / NACK for a waiting caller
         self._async_errors: list[FabricError] = []      # refusals of puts: raised at put, get, fence, barrier
         self._traffic_errors: list[FabricError] = []    # refusals of collective traffic: raised in any wait
-        self._mailbox: dict[tuple, np.ndarray] = {}     # message key -> received bytes
-        # per (sender GPU of this node, mailbox class): [payload bytes, messages] its program took and the switch
-        # was not told of yet (_took: the switch holds a sender's messages past transport.MAILBOX_PEER_* not taken)
-        self._taken: dict[tuple[int, int], list[int]] = {}
-        self._credit_asked: set[tuple[int, int]] = set()  # the switch holds their next message: credit at once
-        self._ever_held: set[tuple[int, int]] = set()  # (sender, class) the switch held once: a wait says what it wants
-        self._posted: dict[tuple, np.ndarray] = {}      # message key -> where to receive it
+        self.mailbox = Mailbox(transport, switch_rank, self._leaf, config.gpus_per_node)  # messages, credits
         self.control = ControlPlane(control_channel, self._serve_or_nap)  # credits, communicators, "where are you?"
         self._exports: list[tuple[int, int, Handle]] = []  # live windows: (physical offset, bytes, handle)
         self._bound: dict[tuple, np.ndarray] = {}       # buffer key -> bytes the switch may LOAD (NVLS)
@@ -457,11 +452,10 @@ class Gpu:
         self.stream.drain()
         key = (tuple(key), _sender(peer, group))
         dest = self._as_bytes(out, "receive", written=True)
-        got = self._mailbox.pop(key, None)
+        got = self.mailbox.post(key, dest)
         if got is None:
-            self._posted[key] = dest
             return
-        self._took(key[1], key[0], got.nbytes)
+        self.mailbox.took(key[1], key[0], got.nbytes)
         if got.nbytes != dest.nbytes:
             raise ProtocolError(f"GPU {self.rank}: message {key} has {got.nbytes} bytes, expected {dest.nbytes}")
         dest[:] = got
@@ -472,8 +466,8 @@ class Gpu:
         self.stream.drain()
         slot = (tuple(key), _sender(peer, group))
         source = what or ("the switch" if peer is None else f"GPU {peer}")
-        want = self._wanting(slot)
-        self._wait(lambda: slot not in self._posted or want(), "receive", f"{source} (slot {slot[0]})")
+        want = self.mailbox.wanting(slot)
+        self._wait(lambda: slot not in self.mailbox.posted or want(), "receive", f"{source} (slot {slot[0]})")
         self.now_ns = max(self.now_ns, self._consume(*self._arrivals.pop(slot), program=True))
 
     def take_message(self, key: tuple, peer: int, op: str, waiting_for: str) -> np.ndarray:
@@ -481,58 +475,22 @@ class Gpu:
         return its bytes, whatever their size; its downlink turn comes now, in program order."""
         self.stream.drain()
         slot = (tuple(key), peer)
-        want = self._wanting(slot)
-        self._wait(lambda: slot in self._mailbox or want(), op, waiting_for)
+        want = self.mailbox.wanting(slot)
+        self._wait(lambda: slot in self.mailbox.arrived or want(), op, waiting_for)
         self.now_ns = max(self.now_ns, self._consume(*self._arrivals.pop(slot), program=True))
-        got = self._mailbox.pop(slot)
-        self._took(peer, slot[0], got.nbytes)
+        got = self.mailbox.arrived.pop(slot)
+        self.mailbox.took(peer, slot[0], got.nbytes)
         return got
-
-    def _wanting(self, slot: tuple):
-        """A check for a wait on `slot` (key, sender): False always; once the switch held a message of the
-        sender's class for want of credit (a CREDIT came), it tells the switch, once, that the program waits
-        for this one (transport.send_want: it goes past the bounds, as a receive of another tag than the
-        sender's backlog must not wait for that backlog)."""
-        key, sender = slot
-        asked = [False]
-
-        def want() -> bool:
-            if not asked[0] and (sender, mailbox_class(key)) in self._ever_held:
-                asked[0] = True
-                self._transport.send_want(self._switch, sender, key)
-            return False
-        return want
-
-    def _took(self, sender, key: tuple, nbytes: int) -> None:
-        """This GPU's program took a message of `nbytes` in slot `key` from GPU `sender` (an int; a multicast's
-        sender is the switch): credited back to the switch once half a bound is due, or at once if the switch holds
-        the sender's next message for want of it (it asked: CREDIT)."""
-        if type(sender) is not int or sender // self.config.gpus_per_node != self._leaf:
-            return  # the switch bounds the messages of its own GPUs only
-        bound = (sender, mailbox_class(key))
-        taken = self._taken.setdefault(bound, [0, 0])
-        taken[0] += nbytes
-        taken[1] += 1
-        if bound in self._credit_asked or taken[0] >= MAILBOX_PEER_BYTES // 2 or \
-                taken[1] >= MAILBOX_PEER_MESSAGES // 2:
-            self._credit(bound)
-
-    def _credit(self, bound: tuple[int, int]) -> None:
-        """Tell the switch what this GPU's program took of a (sender, mailbox class)'s messages
-        (transport.send_credit)."""
-        self._credit_asked.discard(bound)
-        nbytes, messages = self._taken.pop(bound)
-        self._transport.send_credit(self._switch, *bound, nbytes, messages)
 
     def has_message(self, key: tuple, peer: int) -> bool:
         """Whether the message in slot `key` from GPU `peer` has arrived, not posted for and not yet taken
         (an MPI-style probe; read-only)."""
-        return (tuple(key), peer) in self._mailbox
+        return (tuple(key), peer) in self.mailbox.arrived
 
     def peek_message(self, key: tuple, peer: int) -> np.ndarray | None:
         """The bytes of GPU `peer`'s message in slot `key` if it arrived and was not taken, else None; it stays
         in the mailbox, not taken (read-only: not credited to the switch, no downlink turn)."""
-        return self._mailbox.get((tuple(key), peer))
+        return self.mailbox.arrived.get((tuple(key), peer))
 
     def serve_messages(self, tag: str, server) -> None:
         """Serve messages whose key starts with `tag` in the progress loop, as they arrive, instead of
@@ -737,14 +695,14 @@ class Gpu:
             self._receive(packet, data, inline)
             arrived = self._consume(packet, seq)
             sender = self._gpu_of.get(packet.src)
-            self._took(sender, tuple(packet.info.key), packet.nbytes)  # served is taken: credit the mailbox bound
+            self.mailbox.took(sender, tuple(packet.info.key), packet.nbytes)  # served is taken: credit the mailbox bound
             for peer, key, reply in self._servers[packet.info.key[0]](sender, tuple(packet.info.key), data):
                 self._send(Packet(Kind.MSG, self._keys[self.rank], self._keys[peer], 0, reply.nbytes,
                                   info=MsgInfo(tuple(key))), reply, arrived, served=True)
         elif kind is Kind.MSG or kind is Kind.MCAST:
             sender = self._gpu_of.get(packet.src) if kind is Kind.MSG else _sender(None, packet.info.group)
             slot = (packet.info.key, sender)
-            dest = self._posted.get(slot)
+            dest = self.mailbox.posted.get(slot)
             fits = dest is None or dest.nbytes == packet.nbytes
             buffer = dest if dest is not None and fits else np.empty(packet.nbytes, np.uint8)
             self._receive(packet, buffer, inline)
@@ -753,10 +711,10 @@ class Gpu:
                                     f"{sender if isinstance(sender, str) else f'GPU {sender}'} has {packet.nbytes} "
                                     f"bytes, the receive expects {dest.nbytes}")
             if dest is not None:
-                del self._posted[slot]
-                self._took(sender, slot[0], packet.nbytes)
+                del self.mailbox.posted[slot]
+                self.mailbox.took(sender, slot[0], packet.nbytes)
             else:
-                self._mailbox[slot] = buffer
+                self.mailbox.arrived[slot] = buffer
             self._arrivals[slot] = (packet, seq)  # its downlink turn comes when the program consumes it
         elif kind is Kind.LOAD:
             if (packet.info.group, packet.info.source) in self._given_up:  # serve_load refused the buffer
@@ -773,14 +731,8 @@ class Gpu:
         elif kind is Kind.REPLY:
             self._replies[packet.req] = packet
         elif kind is Kind.CREDIT:  # the switch holds a message of GPU src's for want of mailbox credit
-            sender = self._gpu_of.get(packet.src)  # req: the mailbox class (transport.mailbox_class)
-            bound = (sender, packet.req)
-            if sender is not None and packet.req in (MAILBOX_P2P, MAILBOX_FABRIC):
-                self._ever_held.add(bound)
-            if bound in self._taken:
-                self._credit(bound)
-            elif sender is not None and packet.req in (MAILBOX_P2P, MAILBOX_FABRIC):
-                self._credit_asked.add(bound)
+            # req: the mailbox class (transport.mailbox_class)
+            self.mailbox.credit_asked(self._gpu_of.get(packet.src), packet.req)
         elif kind is Kind.SHUTDOWN:
             self._shutdown = packet
         else:
@@ -953,7 +905,7 @@ class Gpu:
         # The switch bounds this wait: it times out on GPUs that never finish and ends the job.
         self._wait(lambda: self._shutdown is not None, "end of run", "the other GPUs to finish",
                    timeout_s=2 * self.timeout_s + 30)  # switch's is 2 t + 5
-        leftovers = sorted(self._mailbox, key=repr)
+        leftovers = sorted(self.mailbox.arrived, key=repr)
         links = self.link_snapshot()
         self._transport.send(self._switch, self._counters_packet(links, [leftover_entry(key, sender)
                                                                          for key, sender in leftovers]))

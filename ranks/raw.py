@@ -83,7 +83,7 @@ class RawPort:
     @property
     def mailbox(self) -> dict:
         """(message key, sender) -> bytes received, not yet taken by the program."""
-        return self._gpu._mailbox
+        return self._gpu.mailbox.arrived
 
     @property
     def control_box(self) -> dict:
