@@ -109,22 +109,32 @@ def walk(plan: Plan, visit) -> tuple[list[int], dict[tuple[int, int, int], deque
     a GPU that stopped short waits for ever (a deadlock), a message left in a queue was never received."""
     queues: dict[tuple[int, int, int], deque] = {}
     at = [0] * plan.gpus
+    recvs, sends = _RECVS, _SENDS
     progressed = True
     while progressed:
         progressed = False
         for g, program in enumerate(plan.programs):
             ops, step = program.ops, at[g]
-            while step < len(ops):
+            end = len(ops)
+            while step < end:
                 op, message = ops[step], None
-                if op.kind in RECVS:
+                kind = op.kind
+                if kind in recvs:
                     queue = queues.get((op.recv_from, g, op.channel))
                     if not queue:
                         break
                     message = queue.popleft()
                 out = visit(g, step, op, message)
-                if op.kind in SENDS:
-                    queues.setdefault((g, op.send_to, op.channel), deque()).append(out)
+                if kind in sends:
+                    key = (g, op.send_to, op.channel)
+                    queue = queues.get(key)
+                    if queue is None:
+                        queue = queues[key] = deque()
+                    queue.append(out)
                 step += 1
                 progressed = True
             at[g] = step
     return at, queues
+
+
+_RECVS, _SENDS = frozenset(RECVS), frozenset(SENDS)  # walk's membership tests
