@@ -24,7 +24,8 @@ ranks/collectives (blocks are fabric.reduction.blocks of the element count, time
   (a+1, c), so leaf a -> spine i and spine i -> leaf a carry k_i 2(n-1)/(nG) S (half for
   reduce_scatter and allgather), k_i = channels c with c mod spines = i: a node's whole uplink
   2(n-1)/n S each way, spread over all its GPUs' shares (the node-major ring put it on one).
-  broadcast (replayed, not in FLAT): part c = blocks(count, C)[c] down ring c from the root.
+  broadcast (replayed, not in FLAT): part c = blocks(count, C)[c] down ring c from the root. These
+  rounds are summed from the channels' plan (fabric.plans.registry.ring with ring_channels; plan_rounds).
 - tree (tree.py), allreduce only, two rounds: up, every member but a part's root sends part t
   (blocks(count, 2)[t]) to its parent in tree t (fabric.reduction.tree_parts); down, every parent
   sends it to each child. Bytes (P = S/2): GPU (a, j) each way sum over t of P x (edges at it in

@@ -12,10 +12,10 @@ same arithmetic, as the ranks do (ranks/gpu.py, fabric/switch.py):
 - recv(peer, key): wait for it; on another node's transfer the receiver books its inbound share, then
   its downlink, in its program order; the clock moves to the last byte's arrival (+ a).
 - flush(): the clock moves to when the uplink is free (a collective's sends have left).
-- ring's channels across nodes: each op carries its channel's lane (c, C), so it runs on channel c's
-  clock and books lane c of the GPU's uplink and downlink at 1 / C of their bandwidth, the shares
-  whole; "join" moves the GPU's clock to the latest channel's (fabric.programs; docs/model/time.md,
-  "Channels").
+- ring's channels across nodes (its plan's lanes, Plan.lanes, and its broadcast's chains): each op
+  carries its channel's lane (c, C), so it runs on channel c's clock and books lane c of the GPU's
+  uplink and downlink at 1 / C of their bandwidth, the shares whole; "join" moves the GPU's clock to the
+  latest channel's (fabric.programs; docs/model/time.md, "Channels").
 `sharp` across nodes (`sharp_allreduce_ns`, `sharp_reduce_scatter_ns`, `sharp_mcast_ns` for
 allgather and broadcast) is not point to point: its partials, results and multicast stores are
 booked by the switches (fabric.switch, Spanning groups), slot by slot in the order the members'
@@ -26,7 +26,8 @@ reduction engine, those shares). nvls's reduce_scatter and allreduce across node
 the same kind: load-reduces booked slot by slot in the order the members serve their LOADs, then
 (allreduce) multicast stores as sharp's; `nvls_lower_bound_ns` bounds it from below in O(chunks), so
 that `auto` (fabric.tuner.fastest_across_nodes) need not replay it where it cannot win. The schedules (`PROGRAMS`) are those of ranks/collectives ring (on one node its plan,
-fabric.plans.registry.ring, timed by fabric.plans.timing; on several nodes its channels, one ring per rail), direct and pxn
+fabric.plans.registry.ring, timed by fabric.plans.timing; on several nodes its channels, one ring per rail,
+also its plan, built for the call's size, but for broadcast's chains), direct and pxn
 (their plans, fabric.plans.registry), all2all, hier (node rings), hier_nvls (its node stages in the leaf,
 `hier_ns`) and tree: the same messages,
 chunks (chunk_bytes of whole elements) and order (a schedule changed there must change here: the test

@@ -13,7 +13,8 @@ Kinds (MSCCL-IR's step types in brackets): send [s], recv [r] (dst = the message
 (dst += the message), recv_reduce_send [rrs] (send src + the message on, store nothing),
 recv_copy_send [rcs] (dst = the message, send it on), recv_reduce_copy_send [rrcs] (dst += the
 message, send dst on), copy [cpy] (dst = src), reduce [re] (dst += src), flush (wait until this
-GPU's sends so far have left its uplink: no data moves), nop. The in-switch kinds (contribute to an
+GPU's sends so far have left its uplink: no data moves; on a plan whose channels run on lanes, Plan.lanes,
+its channel's sends), nop. The in-switch kinds (contribute to an
 in-switch reduction, multicast store, load-reduce request) are part of the format; the interpreters
 do not run them yet, and the validator refuses them with UnsupportedOperation-style PlanError.
 """

@@ -38,7 +38,11 @@ channel's crossing: allreduce 2(n-1)/n x S/G on its own outbound and inbound sha
 range of channel c is folded in ring c's order after m (q+1, q+2, ..., q for m at ring position q),
 reduce's part c in ring c's order after the root. A communicator on one node, or whose nodes do not
 line up, runs the one ring above (and broadcast's one chain), unchanged: as a plan (fabric.plans.registry.ring, run by
-ranks/collectives/plan.py and timed by fabric.plans.timing: the same messages and order).
+ranks/collectives/plan.py and timed by fabric.plans.timing: the same messages and order). allreduce,
+reduce_scatter and allgather across nodes run their channels as a plan too (registry.ring with
+ring_channels: the channel count of the call's size; Plan.lanes: each channel in call.channel(c, C)); an
+allreduce's avg is then finished on the whole output at the end (the same sum divided by n, bit for
+bit); broadcast's and reduce's channels are below.
 """
 
 import numpy as np
