@@ -135,7 +135,7 @@ from .packets import raw_bytes
 from .counters import downlink, uplink
 from .errors import FabricError
 from .software import call_bytes, call_latency_ns
-from .reduction import blocks, chunks, merged_columns, tree_parts
+from .reduction import TREE_CHUNK_BYTES, blocks, chunks, merged_columns
 from .topology import Topology
 
 FLAT = {
@@ -201,8 +201,11 @@ def rounds(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsize
     if algorithm == "ring" and topo.nodes > 1:  # its channels' plan on the grid, steps as rounds (plan_rounds)
         layout = plans.registry.grid(topo.nodes, topo.gpus_per_node)
         return plans.plan_rounds(plans.build("ring", n, collective, layout=layout, nbytes=int(S)), int(S), itemsize)
-    if algorithm == "tree":
-        return _tree_rounds(topo, S, itemsize)
+    if algorithm == "tree":  # its plan's up and down channels (0, 1 and 2, 3), a round each
+        plan = plans.build("tree", n, "allreduce", layout=plans.registry.grid(topo.nodes, topo.gpus_per_node),
+                           nbytes=int(S), itemsize=itemsize, chunk_bytes=TREE_CHUNK_BYTES)
+        up, down = (plans.plan_traffic(plan, int(S), itemsize, channels) for channels in ((0, 1), (2, 3)))
+        return [t for t in (up, down) if t.any()]
     # ring on one node, its plan's steps; direct (all2all: equal blocks, GPU i sends its block j to GPU j), its
     # plan's phases, flush to flush (fabric.plans.plan_rounds)
     return plans.plan_rounds(plans.build(algorithm, n, collective), int(S), itemsize)
@@ -278,21 +281,6 @@ def _hier_nvls_rounds(collective: str, topo: Topology, S: int, itemsize: int, ro
     node = G - 1  # each node ring's rounds: before (reduce-scatter) and after (all-gather) the rails'
     return {"allreduce": out[node:-node], "reduce_scatter": out[node:], "allgather": out[:-node],
             "broadcast": out[:-node]}[collective]  # broadcast: the scatter and the chain
-
-
-def _tree_rounds(topo: Topology, S: int, itemsize: int) -> list[np.ndarray]:
-    """tree's two rounds (ranks/collectives/tree.py): up, every member of part k but its root sends the
-    part (blocks(count, 2)[k]) to its parent; down, every parent sends it to each child."""
-    N, G, n = topo.nodes, topo.gpus_per_node, topo.gpus
-    trees = tree_parts(N, G)
-    size = [(hi - lo) * itemsize for lo, hi in blocks(int(S) // itemsize, len(trees))]
-    up, down = np.zeros((n, n), np.int64), np.zeros((n, n), np.int64)
-    for k, part in enumerate(trees):
-        for (a, j), (parent, _) in part.items():
-            if parent is not None:
-                up[a * G + j, parent[0] * G + parent[1]] += size[k]
-                down[parent[0] * G + parent[1], a * G + j] += size[k]
-    return [t for t in (up, down) if t.any()]
 
 
 def traffic(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsize: int = 4, root: int = 0,

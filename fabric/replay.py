@@ -46,8 +46,7 @@ from .plans import build, registry, timing
 from .budget import _nvls_streams, buffer_share_bytes, in_switch_chunk, sharp_scatter_streams, sharp_streams
 from .errors import FabricError
 from .packets import raw_bytes
-from .reduction import (blocks, channel_rings, chunks, ring_channel_count, tree_chunk, tree_parts,
-                        tree_steps)
+from .reduction import blocks, channel_rings, chunks, ring_channel_count
 from .programs import Fabric, GpuClocks, run_programs
 from .timemodel import LinkEnd, ReductionClock
 from .topology import Topology
@@ -251,40 +250,6 @@ def _ring_broadcast(topo, r, count, chunk, item, root):
     yield ("join",)
 
 
-def _tree(topo, r, count, chunk, item):
-    """tree.py's allreduce on every GPU of `topo`: at step s, chunk s - up of each part up, chunk
-    s - down down (fabric.reduction.tree_steps)."""
-    N, G = topo.nodes, topo.gpus_per_node
-    me = divmod(r, G)
-    layout = tree_parts(N, G)
-    trees = [part[me] for part in layout]
-    offsets = tree_steps(layout, me)
-    spans = [chunks(lo, hi, chunk) for lo, hi in blocks(count, len(trees))]
-    steps = max((len(span) + down for span, (_, down) in zip(spans, offsets)), default=0)
-    for step in range(steps):
-        for k, (parent, children) in enumerate(trees):
-            i = step - offsets[k][0]
-            if not 0 <= i < len(spans[k]):
-                continue
-            lo, hi = spans[k][i]
-            for a, j in children:
-                yield ("recv", a * G + j, ("up", k, i))
-            if parent is not None:
-                yield ("send", parent[0] * G + parent[1], ("up", k, i), (hi - lo) * item)
-            else:
-                for a, j in children:
-                    yield ("send", a * G + j, ("down", k, i), (hi - lo) * item)
-        for k, (parent, children) in enumerate(trees):
-            i = step - offsets[k][1]
-            if parent is None or not 0 <= i < len(spans[k]):
-                continue
-            lo, hi = spans[k][i]
-            yield ("recv", parent[0] * G + parent[1], ("down", k, i))
-            for a, j in children:
-                yield ("send", a * G + j, ("down", k, i), (hi - lo) * item)
-    yield ("flush",)
-
-
 def _program(collective: str, algorithm: str, topo: Topology, r: int, count: int, chunk: int, item: int,
              root: int, counts):
     """Member r's operations for one call of `count` elements (all2allv: `counts`, elements)."""
@@ -299,8 +264,10 @@ def _program(collective: str, algorithm: str, topo: Topology, r: int, count: int
     if algorithm == "ring" and topo.nodes > 1 and collective == "broadcast":
         yield from _ring_broadcast(topo, r, count, chunk, item, root)
         return
-    if (collective, algorithm) == ("allreduce", "tree"):
-        yield from _tree(topo, r, count, min(chunk, tree_chunk(chunk * item, item)), item)
+    if (collective, algorithm) == ("allreduce", "tree"):  # its plan for this size, pieces of tree_chunk
+        plan = build("tree", n, collective, layout=registry.grid(topo.nodes, topo.gpus_per_node), nbytes=count * item,
+                     itemsize=item, chunk_bytes=chunk * item)
+        yield from timing.messages(plan, count * item, item, chunk)[r]
         return
     if (collective, algorithm) == ("all2allv", "all2allv"):
         yield from _all2allv(n, r, counts, chunk, item)

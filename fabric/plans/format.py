@@ -78,7 +78,9 @@ class Plan:
     root: broadcast's and reduce's; fabrics: the fabric modes that may run it. groups: a buffer of
     groups x k chunks is cut into `groups` blocks first (fabric.reduction.blocks), each then into k chunks
     (ring's channels: chunk m C + c is member m's range of channel c, fabric.reduction.rail_ranges); 1:
-    one cut. lanes: 0 or 1, the channels are operation streams on the GPU's one clock and whole links; C >
+    one cut. piece: 0, or the plan is for one element count: each of the `groups` blocks is cut into pieces of
+    `piece` elements (fabric.reduction.chunks, the last one shorter), chunk ids running through the blocks in
+    order (tree's pipeline chunks). lanes: 0 or 1, the channels are operation streams on the GPU's one clock and whole links; C >
     1, channel c (0..C-1) runs on its own lane (c, C): its own clock and 1 / C of the GPU's uplink and
     downlink (docs/model/time.md, "Channels"; MSCCL's threadblocks on channels), a flush on it waits for
     its own sends only, and the GPU's clock is the latest channel's at the end (a "join")."""
@@ -92,6 +94,7 @@ class Plan:
     fabrics: tuple[str, ...] = FABRICS
     groups: int = 1
     lanes: int = 0
+    piece: int = 0
     meta: dict = field(default_factory=dict, compare=False)
 
     def ops(self):

@@ -41,12 +41,20 @@ def _base(plan: Plan, S: int, itemsize: int, g: int) -> dict[str, list[tuple[int
     if plan.collective in ("reduce_scatter", "allgather"):
         lo, hi = blocks(count, plan.gpus)[g]
         elements = {"i": count, "o": hi - lo} if plan.collective == "reduce_scatter" else {"i": hi - lo, "o": count}
-    return {b: cut(elements[b], program.chunks_of(b), plan.groups) for b in ("i", "o")}
+    return {b: cut(elements[b], program.chunks_of(b), plan.groups, plan.piece) for b in ("i", "o")}
 
 
-def cut(count: int, k: int, groups: int = 1) -> list[tuple[int, int]]:
+def cut(count: int, k: int, groups: int = 1, piece: int = 0) -> list[tuple[int, int]]:
     """`count` elements in k chunks: fabric.reduction.blocks, or, when k is a multiple of `groups` > 1
-    (Plan.groups), blocks(count, groups) each cut into k / groups blocks (fabric.reduction.rail_ranges)."""
+    (Plan.groups), blocks(count, groups) each cut into k / groups blocks (fabric.reduction.rail_ranges);
+    piece > 0 (Plan.piece): blocks(count, groups) each cut into pieces of `piece` elements
+    (fabric.reduction.chunks), which must number k (PlanError otherwise: a plan for another size)."""
+    if piece > 0:
+        out = [c for lo, hi in blocks(count, groups) for c in chunks(lo, hi, piece)]
+        if len(out) != k:
+            raise PlanError(f"a plan cut in pieces of {piece} elements has {k} chunks; {count} elements make "
+                            f"{len(out)} (the plan is for another size)")
+        return out
     if groups <= 1 or k % groups:
         return blocks(count, k)
     return [(lo + x, lo + y) for lo, hi in blocks(count, groups) for x, y in blocks(hi - lo, k // groups)]
@@ -302,6 +310,21 @@ def _plan_rounds(plan: Plan, S: int, itemsize: int) -> list[np.ndarray]:
     out = np.zeros((max(rounds) + 1, n, n), np.int64)
     np.add.at(out, (np.array(rounds), np.array(senders), np.array(receivers)), np.array(sizes, np.int64))
     return list(out)
+
+
+def plan_traffic(plan: Plan, S: int, itemsize: int = 4, channels=None) -> np.ndarray:
+    """The payload bytes (gpus x gpus int64, row: sender, column: receiver) of the plan's sends on
+    `channels` (default every channel), summed from its operations (no run: what a send carries is its
+    chunks at this size)."""
+    n = plan.gpus
+    out = np.zeros((n, n), np.int64)
+    for g, program in enumerate(plan.programs):
+        table = spans(plan, S, itemsize, g)
+        for op in program.ops:
+            if op.kind in SENDS and (channels is None or op.channel in channels):
+                lo, hi = span(table, op.src if op.kind in ("send", "recv_reduce_send") else op.dst)
+                out[g, op.send_to] += (hi - lo) * itemsize
+    return out
 
 
 def send_rounds(plan: Plan) -> list[list[tuple[int, int, Ref]]]:

@@ -106,8 +106,12 @@ def test_recursive_doubling_is_log2_n_exchanges(gpus):
 def test_the_registry_refuses_what_it_cannot_build():
     with pytest.raises(PlanError, match="6 GPUs is not a power of two"):
         plans.build("recursive_doubling", 6, "allreduce")
-    with pytest.raises(PlanError, match="no plan algorithm 'tree'"):
-        plans.build("tree", 4, "allreduce")
+    with pytest.raises(PlanError, match="no plan algorithm 'sharp'"):  # in the switch: not a plan yet
+        plans.build("sharp", 4, "allreduce")
+    with pytest.raises(PlanError, match="tree plan: it is built for a call's size"):
+        plans.build("tree", 4, "allreduce", layout=registry.grid(2, 2))
+    with pytest.raises(PlanError, match="tree plan: no broadcast"):
+        plans.build("tree", 4, "broadcast", layout=registry.grid(2, 2), nbytes=1 << 20, chunk_bytes=1 << 20)
     with pytest.raises(PlanError, match="ring plan: no all2all"):
         plans.build("ring", 4, "all2all")
 
