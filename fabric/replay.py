@@ -46,7 +46,7 @@ from .plans import build, registry, timing
 from .budget import _nvls_streams, buffer_share_bytes, in_switch_chunk, sharp_scatter_streams, sharp_streams
 from .errors import FabricError
 from .packets import raw_bytes
-from .reduction import blocks, channel_rings, chunks, ring_channel_count
+from .reduction import blocks, chunks
 from .programs import Fabric, GpuClocks, run_programs
 from .timemodel import LinkEnd, ReductionClock
 from .topology import Topology
@@ -219,37 +219,6 @@ def _stuck(collective: str, algorithm: str, n: int, waiting) -> FabricError:
                        f"wait for what nobody sends")
 
 
-def _lanes(C: int) -> list:
-    """The lane of each of C channels (fabric.programs: channel c's clock and link lanes): (c, C), or
-    None with one channel (the member's own clock and whole links, as before channels had lanes)."""
-    return [(c, C) if C > 1 else None for c in range(C)]
-
-
-def _ring_broadcast(topo, r, count, chunk, item, root):
-    """ring.py's broadcast across nodes on every GPU of `topo`: part c = blocks(count, C)[c] down a chain along
-    ring c (ring_channel_count rings, one per rail) from the root, every channel's chunk i before any
-    channel's chunk i+1, each channel on its own lane (docs/model/time.md, "Channels")."""
-    N, G, n = topo.nodes, topo.gpus_per_node, topo.gpus
-    rings = channel_rings([[a * G + j for j in range(G)] for a in range(N)])[:ring_channel_count(count * item, G)]
-    C = len(rings)
-    lanes = _lanes(C)
-    chains = [(part, (ring.index(r) - ring.index(root)) % n, ring) for part, ring in zip(blocks(count, C), rings)]
-    spans = [chunks(*part, chunk) for part, _, _ in chains]
-    for i in range(max(map(len, spans), default=0)):
-        for c, (_, position, ring) in enumerate(chains):
-            if i >= len(spans[c]):
-                continue
-            lo, hi = spans[c][i]
-            q = ring.index(r)
-            if position:
-                yield ("recv", ring[(q - 1) % n], ("chain", c, i), lanes[c])
-            if position < n - 1:
-                yield ("send", ring[(q + 1) % n], ("chain", c, i), (hi - lo) * item, lanes[c])
-    for lane in lanes:
-        yield ("flush", lane)
-    yield ("join",)
-
-
 def _program(collective: str, algorithm: str, topo: Topology, r: int, count: int, chunk: int, item: int,
              root: int, counts):
     """Member r's operations for one call of `count` elements (all2allv: `counts`, elements)."""
@@ -261,9 +230,6 @@ def _program(collective: str, algorithm: str, topo: Topology, r: int, count: int
         plan = build("pxn", n, collective, layout=registry.grid(topo.nodes, topo.gpus_per_node))
         yield from timing.messages(plan, count * item, item, chunk)[r]
         return
-    if algorithm == "ring" and topo.nodes > 1 and collective == "broadcast":
-        yield from _ring_broadcast(topo, r, count, chunk, item, root)
-        return
     if (collective, algorithm) == ("allreduce", "tree"):  # its plan for this size, pieces of tree_chunk
         plan = build("tree", n, collective, layout=registry.grid(topo.nodes, topo.gpus_per_node), nbytes=count * item,
                      itemsize=item, chunk_bytes=chunk * item)
@@ -274,7 +240,7 @@ def _program(collective: str, algorithm: str, topo: Topology, r: int, count: int
     elif algorithm == "ring" and collective in ("allreduce", "reduce_scatter", "allgather", "broadcast"):
         # across nodes, its channels on the grid (a plan of the call's size: fabric.plans.registry.ring_channels)
         layout = registry.grid(topo.nodes, topo.gpus_per_node) if topo.nodes > 1 else None
-        plan = build("ring", n, collective, root, layout, nbytes=count * item)
+        plan = build("ring", n, collective, root, layout, nbytes=count * item, itemsize=item, chunk_bytes=chunk * item)
         yield from timing.messages(plan, count * item, item, chunk)[r]
     elif algorithm == "direct" and collective in ("allreduce", "reduce_scatter", "allgather", "broadcast", "all2all"):
         layout = registry.grid(topo.nodes, topo.gpus_per_node) if collective == "all2all" and topo.nodes > 1 else None

@@ -60,6 +60,42 @@ def ring_channels(gpus: int, layout, nbytes: int | None) -> int | None:
     return ring_channel_count(int(nbytes), len(layout[0]))
 
 
+def _chain_pieces(gpus: int, layout, nbytes, itemsize: int, chunk_bytes) -> tuple[int, int, int] | None:
+    """What ring's broadcast across nodes is built from: (channels, elements, elements a message); None on
+    one node or without a size (the one chain)."""
+    C = ring_channels(gpus, layout, nbytes)
+    if C is None or chunk_bytes is None:
+        return None
+    return C, int(nbytes) // itemsize, max(1, int(chunk_bytes) // itemsize)
+
+
+def _chain_plan(gpus: int, root: int, layout, C: int, count: int, piece: int) -> Plan:
+    """ring.py's broadcast across nodes: part c = blocks(count, C)[c] (Plan.groups = C) down a chain along ring
+    c (channel_rings of the grid) from the root, in messages of `piece` elements (Plan.piece), every
+    channel's message i before any channel's message i + 1 (a member takes it from the one before it on
+    ring c and passes it on at once), channel c on lane (c, C)."""
+    n = gpus
+    rings = channel_rings([list(row) for row in layout])[:C]
+    spans = [chunks(lo, hi, piece) for lo, hi in blocks(count, C)]
+    first = [sum(len(x) for x in spans[:c]) for c in range(C)]
+    programs = []
+    for g in range(n):
+        ops = []
+        for i in range(max(map(len, spans), default=0)):
+            for c, ring in enumerate(rings):
+                if i >= len(spans[c]):
+                    continue
+                q = ring.index(g)
+                position, whole = (q - ring.index(root)) % n, Ref("o", first[c] + i)
+                prv, nxt = ring[(q - 1) % n], ring[(q + 1) % n]
+                ops.append(Op("send", channel=c, src=whole, send_to=nxt) if position == 0 else
+                           Op("recv", channel=c, dst=whole, recv_from=prv) if position == n - 1 else
+                           Op("recv_copy_send", channel=c, dst=whole, send_to=nxt, recv_from=prv))
+        total = first[-1] + len(spans[-1])
+        programs.append(GpuProgram(g, tuple(ops), total, total))
+    return Plan("ring", "broadcast", n, tuple(programs), inplace=True, root=root, groups=C, lanes=C, piece=piece)
+
+
 def _channel_plan(gpus: int, collective: str, layout, C: int) -> Plan:
     """ring.py's channels across nodes (module docstring) for allreduce, reduce_scatter or allgather: C
     rings (fabric.reduction.channel_rings of the grid `layout`), every buffer in n C chunks, chunk m C + c
@@ -107,6 +143,8 @@ def ring(gpus: int, collective: str, root: int = 0, layout=None, channels: int |
     n, programs = gpus, []
     if channels is not None and collective in ("allreduce", "reduce_scatter", "allgather"):
         return _channel_plan(n, collective, layout, channels)
+    if channels is not None and collective == "broadcast":  # (channels, elements, elements a message)
+        return _chain_plan(n, root, layout, *channels)
     for p in range(n):
         if collective == "allreduce":
             ops, chunks = _ring_steps(n, p, "o", True) + _ring_steps(n, p, "o", False), (n, n)
@@ -343,7 +381,8 @@ ALGORITHMS = {"ring": ring, "recursive_doubling": recursive_doubling, "direct": 
 # the algorithms whose plan depends on the call's size: function (gpus, collective, layout, nbytes) -> what
 # the plan is built from (passed on as its fifth argument; None: the plan of no size)
 SIZED = {"ring": lambda gpus, collective, layout, nbytes, itemsize, chunk_bytes: (
-    ring_channels(gpus, layout, nbytes) if collective in ("allreduce", "reduce_scatter", "allgather") else None),
+    ring_channels(gpus, layout, nbytes) if collective in ("allreduce", "reduce_scatter", "allgather") else
+    _chain_pieces(gpus, layout, nbytes, itemsize, chunk_bytes) if collective == "broadcast" else None),
     "tree": lambda gpus, collective, layout, nbytes, itemsize, chunk_bytes: tree_pieces(gpus, layout, nbytes, itemsize,
                                                                                         chunk_bytes)}
 
