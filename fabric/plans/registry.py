@@ -108,6 +108,7 @@ def _channel_plan(gpus: int, collective: str, layout, C: int) -> Plan:
     rings = channel_rings([list(row) for row in layout])[:C]
     where = [{m: q for q, m in enumerate(ring)} for ring in rings]
     flushes = [Op("flush", channel=c) for c in range(C)]
+    refs = {buf: [Ref(buf, k) for k in range(n * C)] for buf in ("i", "o")}  # one Ref a chunk, shared
 
     def steps(g, buf, reduce):
         ops = []
@@ -115,10 +116,10 @@ def _channel_plan(gpus: int, collective: str, layout, C: int) -> Plan:
             sent, taken = (1 + s, 2 + s) if reduce else (s, 1 + s)
             for c, ring in enumerate(rings):
                 q = where[c][g]
-                ops.append(Op("send", channel=c, src=Ref(buf, ring[(q - sent) % n] * C + c), send_to=ring[(q + 1) % n]))
+                ops.append(Op("send", channel=c, src=refs[buf][ring[(q - sent) % n] * C + c], send_to=ring[(q + 1) % n]))
             for c, ring in enumerate(rings):
                 q = where[c][g]
-                ops.append(Op("recv_reduce" if reduce else "recv", channel=c, dst=Ref(buf, ring[(q - taken) % n] * C + c),
+                ops.append(Op("recv_reduce" if reduce else "recv", channel=c, dst=refs[buf][ring[(q - taken) % n] * C + c],
                               recv_from=ring[(q - 1) % n]))
             if reduce:
                 ops += flushes
@@ -344,6 +345,7 @@ def tree(gpus: int, collective: str, root: int = 0, layout=None, pieces: tuple[i
     spans = [chunks(lo, hi, piece) for lo, hi in blocks(count, len(parts))]
     first = [0, len(spans[0])]  # part k's chunk i is chunk first[k] + i
     total = len(spans[0]) + len(spans[1])
+    refs = {buf: [Ref(buf, k) for k in range(total)] for buf in ("i", "o")}  # one Ref a chunk, shared
     programs = []
     for g in range(gpus):
         me = at[g]
@@ -357,7 +359,7 @@ def tree(gpus: int, collective: str, root: int = 0, layout=None, pieces: tuple[i
                 i = step - offsets[k][0]
                 if not 0 <= i < len(spans[k]):
                     continue
-                mine = Ref("i", first[k] + i)
+                mine = refs["i"][first[k] + i]
                 ops += [Op("recv_reduce", channel=k, dst=mine, recv_from=gpu(x)) for x in children]
                 if parent is not None:
                     ops.append(Op("send", channel=k, src=mine, send_to=gpu(parent)))
@@ -367,7 +369,7 @@ def tree(gpus: int, collective: str, root: int = 0, layout=None, pieces: tuple[i
                 i = step - offsets[k][1]
                 if parent is None or not 0 <= i < len(spans[k]):
                     continue
-                result = Ref("o", first[k] + i)
+                result = refs["o"][first[k] + i]
                 ops.append(Op("recv", channel=2 + k, dst=result, recv_from=gpu(parent)))
                 ops += [Op("send", channel=2 + k, src=result, send_to=gpu(x)) for x in children]
         for k, (parent, _) in enumerate(trees):  # the root's part: its sum is the result

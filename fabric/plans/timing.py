@@ -342,6 +342,13 @@ def send_rounds(plan: Plan) -> list[list[tuple[int, int, Ref]]]:
 
 
 def _send_rounds(plan: Plan) -> list[list[tuple[int, int, Ref]]]:
+    visit, out = _round_visitor(plan)
+    walk(plan, visit)
+    return out
+
+
+def _round_visitor(plan: Plan):
+    """(visit, out): a walk visitor that puts (round, receiver, chunks sent) of each send in out[GPU]."""
     n = plan.gpus
     lanes, inplace = plan.lanes > 1, plan.inplace
     phase: dict[tuple[int, int], int] = {}
@@ -377,5 +384,4 @@ def _send_rounds(plan: Plan) -> list[list[tuple[int, int, Ref]]]:
         out[g].append((k, op.send_to, source))
         return k
 
-    walk(plan, visit)
-    return out
+    return visit, out
