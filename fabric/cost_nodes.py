@@ -30,7 +30,9 @@ ranks/collectives (blocks are fabric.reduction.blocks of the element count, time
   (blocks(count, 2)[t]) to its parent in tree t (fabric.reduction.tree_parts); down, every parent
   sends it to each child. Bytes (P = S/2): GPU (a, j) each way sum over t of P x (edges at it in
   tree t: [not the root] + children); leaf a <-> spine (h_t mod spines) deg_t(a) P each way,
-  h_t = t (G - 1) the head's position, deg_t(a) = tree-t edges at node a.
+  h_t = t (G - 1) the head's position, deg_t(a) = tree-t edges at node a. The two rounds are summed
+  from tree's plan (fabric.plans.registry.tree: its up channels 0, 1 and its down channels 2, 3;
+  fabric.plans.plan_traffic).
 - direct (direct.py): reduce_scatter, one round: GPU r sends block j to every j != r; allgather, one
   round: GPU r sends its block r to every j != r; allreduce: the two, in that order (a GPU broadcasts
   only its reduced block); broadcast, one round: the root sends S to every other GPU. These rounds
