@@ -24,12 +24,15 @@ ranks/collectives (blocks are fabric.reduction.blocks of the element count, time
   (a+1, c), so leaf a -> spine i and spine i -> leaf a carry k_i 2(n-1)/(nG) S (half for
   reduce_scatter and allgather), k_i = channels c with c mod spines = i: a node's whole uplink
   2(n-1)/n S each way, spread over all its GPUs' shares (the node-major ring put it on one).
-  broadcast (replayed, not in FLAT): part c = blocks(count, C)[c] down ring c from the root.
+  broadcast (replayed, not in FLAT): part c = blocks(count, C)[c] down ring c from the root. These
+  rounds are summed from the channels' plan (fabric.plans.registry.ring with ring_channels; plan_rounds).
 - tree (tree.py), allreduce only, two rounds: up, every member but a part's root sends part t
   (blocks(count, 2)[t]) to its parent in tree t (fabric.reduction.tree_parts); down, every parent
   sends it to each child. Bytes (P = S/2): GPU (a, j) each way sum over t of P x (edges at it in
   tree t: [not the root] + children); leaf a <-> spine (h_t mod spines) deg_t(a) P each way,
-  h_t = t (G - 1) the head's position, deg_t(a) = tree-t edges at node a.
+  h_t = t (G - 1) the head's position, deg_t(a) = tree-t edges at node a. The two rounds are summed
+  from tree's plan (fabric.plans.registry.tree: its up channels 0, 1 and its down channels 2, 3;
+  fabric.plans.plan_traffic).
 - direct (direct.py): reduce_scatter, one round: GPU r sends block j to every j != r; allgather, one
   round: GPU r sends its block r to every j != r; allreduce: the two, in that order (a GPU broadcasts
   only its reduced block); broadcast, one round: the root sends S to every other GPU. These rounds
@@ -135,7 +138,7 @@ from .packets import raw_bytes
 from .counters import downlink, uplink
 from .errors import FabricError
 from .software import call_bytes, call_latency_ns
-from .reduction import blocks, chunks, merged_columns, tree_parts
+from .reduction import TREE_CHUNK_BYTES, blocks, chunks, merged_columns
 from .topology import Topology
 
 FLAT = {
@@ -207,8 +210,11 @@ def rounds(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsize
     if algorithm == "ring" and topo.nodes > 1:  # its channels' plan on the grid, steps as rounds (plan_rounds)
         layout = plans.registry.grid(topo.nodes, topo.gpus_per_node)
         return plans.plan_rounds(plans.build("ring", n, collective, layout=layout, nbytes=int(S)), int(S), itemsize)
-    if algorithm == "tree":
-        return _tree_rounds(topo, S, itemsize)
+    if algorithm == "tree":  # its plan's up and down channels (0, 1 and 2, 3), a round each
+        plan = plans.build("tree", n, "allreduce", layout=plans.registry.grid(topo.nodes, topo.gpus_per_node),
+                           nbytes=int(S), itemsize=itemsize, chunk_bytes=TREE_CHUNK_BYTES)
+        up, down = (plans.plan_traffic(plan, int(S), itemsize, channels) for channels in ((0, 1), (2, 3)))
+        return [t for t in (up, down) if t.any()]
     # ring on one node, its plan's steps; direct (all2all: equal blocks, GPU i sends its block j to GPU j), its
     # plan's phases, flush to flush (fabric.plans.plan_rounds)
     return plans.plan_rounds(plans.build(algorithm, n, collective), int(S), itemsize)
@@ -284,21 +290,6 @@ def _hier_nvls_rounds(collective: str, topo: Topology, S: int, itemsize: int, ro
     node = G - 1  # each node ring's rounds: before (reduce-scatter) and after (all-gather) the rails'
     return {"allreduce": out[node:-node], "reduce_scatter": out[node:], "allgather": out[:-node],
             "broadcast": out[:-node]}[collective]  # broadcast: the scatter and the chain
-
-
-def _tree_rounds(topo: Topology, S: int, itemsize: int) -> list[np.ndarray]:
-    """tree's two rounds (ranks/collectives/tree.py): up, every member of part k but its root sends the
-    part (blocks(count, 2)[k]) to its parent; down, every parent sends it to each child."""
-    N, G, n = topo.nodes, topo.gpus_per_node, topo.gpus
-    trees = tree_parts(N, G)
-    size = [(hi - lo) * itemsize for lo, hi in blocks(int(S) // itemsize, len(trees))]
-    up, down = np.zeros((n, n), np.int64), np.zeros((n, n), np.int64)
-    for k, part in enumerate(trees):
-        for (a, j), (parent, _) in part.items():
-            if parent is not None:
-                up[a * G + j, parent[0] * G + parent[1]] += size[k]
-                down[parent[0] * G + parent[1], a * G + j] += size[k]
-    return [t for t in (up, down) if t.any()]
 
 
 def traffic(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsize: int = 4, root: int = 0,

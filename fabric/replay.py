@@ -12,10 +12,10 @@ same arithmetic, as the ranks do (ranks/gpu.py, fabric/switch.py):
 - recv(peer, key): wait for it; on another node's transfer the receiver books its inbound share, then
   its downlink, in its program order; the clock moves to the last byte's arrival (+ a).
 - flush(): the clock moves to when the uplink is free (a collective's sends have left).
-- ring's channels across nodes: each op carries its channel's lane (c, C), so it runs on channel c's
-  clock and books lane c of the GPU's uplink and downlink at 1 / C of their bandwidth, the shares
-  whole; "join" moves the GPU's clock to the latest channel's (fabric.programs; docs/model/time.md,
-  "Channels").
+- ring's channels across nodes (its plan's lanes, Plan.lanes, and its broadcast's chains): each op
+  carries its channel's lane (c, C), so it runs on channel c's clock and books lane c of the GPU's
+  uplink and downlink at 1 / C of their bandwidth, the shares whole; "join" moves the GPU's clock to the
+  latest channel's (fabric.programs; docs/model/time.md, "Channels").
 `sharp` across nodes (`sharp_allreduce_ns`, `sharp_reduce_scatter_ns`, `sharp_mcast_ns` for
 allgather and broadcast) is not point to point: its partials, results and multicast stores are
 booked by the switches (fabric.switch, Spanning groups), slot by slot in the order the members'
@@ -26,7 +26,8 @@ reduction engine, those shares). nvls's reduce_scatter and allreduce across node
 the same kind: load-reduces booked slot by slot in the order the members serve their LOADs, then
 (allreduce) multicast stores as sharp's; `nvls_lower_bound_ns` bounds it from below in O(chunks), so
 that `auto` (fabric.tuner.fastest_across_nodes) need not replay it where it cannot win. The schedules (`PROGRAMS`) are those of ranks/collectives ring (on one node its plan,
-fabric.plans.registry.ring, timed by fabric.plans.timing; on several nodes its channels, one ring per rail), direct and pxn
+fabric.plans.registry.ring, timed by fabric.plans.timing; on several nodes its channels, one ring per rail,
+also its plan, built for the call's size, but for broadcast's chains), direct and pxn
 (their plans, fabric.plans.registry), all2all, hier (node rings), hier_nvls (its node stages in the leaf,
 `hier_ns`) and tree: the same messages,
 chunks (chunk_bytes of whole elements) and order (a schedule changed there must change here: the test
@@ -45,8 +46,7 @@ from .plans import build, registry, timing
 from .budget import _nvls_streams, buffer_share_bytes, in_switch_chunk, sharp_scatter_streams, sharp_streams
 from .errors import FabricError
 from .packets import raw_bytes
-from .reduction import (blocks, channel_rings, chunks, ring_channel_count, tree_chunk, tree_parts,
-                        tree_steps)
+from .reduction import blocks, chunks
 from .programs import Fabric, GpuClocks, run_programs
 from .timemodel import LinkEnd, ReductionClock
 from .topology import Topology
@@ -206,71 +206,6 @@ def _stuck(collective: str, algorithm: str, n: int, waiting) -> FabricError:
                        f"wait for what nobody sends")
 
 
-def _lanes(C: int) -> list:
-    """The lane of each of C channels (fabric.programs: channel c's clock and link lanes): (c, C), or
-    None with one channel (the member's own clock and whole links, as before channels had lanes)."""
-    return [(c, C) if C > 1 else None for c in range(C)]
-
-
-def _ring_broadcast(topo, r, count, chunk, item, root):
-    """ring.py's broadcast across nodes on every GPU of `topo`: part c = blocks(count, C)[c] down a chain along
-    ring c (ring_channel_count rings, one per rail) from the root, every channel's chunk i before any
-    channel's chunk i+1, each channel on its own lane (docs/model/time.md, "Channels")."""
-    N, G, n = topo.nodes, topo.gpus_per_node, topo.gpus
-    rings = channel_rings([[a * G + j for j in range(G)] for a in range(N)])[:ring_channel_count(count * item, G)]
-    C = len(rings)
-    lanes = _lanes(C)
-    chains = [(part, (ring.index(r) - ring.index(root)) % n, ring) for part, ring in zip(blocks(count, C), rings)]
-    spans = [chunks(*part, chunk) for part, _, _ in chains]
-    for i in range(max(map(len, spans), default=0)):
-        for c, (_, position, ring) in enumerate(chains):
-            if i >= len(spans[c]):
-                continue
-            lo, hi = spans[c][i]
-            q = ring.index(r)
-            if position:
-                yield ("recv", ring[(q - 1) % n], ("chain", c, i), lanes[c])
-            if position < n - 1:
-                yield ("send", ring[(q + 1) % n], ("chain", c, i), (hi - lo) * item, lanes[c])
-    for lane in lanes:
-        yield ("flush", lane)
-    yield ("join",)
-
-
-def _tree(topo, r, count, chunk, item):
-    """tree.py's allreduce on every GPU of `topo`: at step s, chunk s - up of each part up, chunk
-    s - down down (fabric.reduction.tree_steps)."""
-    N, G = topo.nodes, topo.gpus_per_node
-    me = divmod(r, G)
-    layout = tree_parts(N, G)
-    trees = [part[me] for part in layout]
-    offsets = tree_steps(layout, me)
-    spans = [chunks(lo, hi, chunk) for lo, hi in blocks(count, len(trees))]
-    steps = max((len(span) + down for span, (_, down) in zip(spans, offsets)), default=0)
-    for step in range(steps):
-        for k, (parent, children) in enumerate(trees):
-            i = step - offsets[k][0]
-            if not 0 <= i < len(spans[k]):
-                continue
-            lo, hi = spans[k][i]
-            for a, j in children:
-                yield ("recv", a * G + j, ("up", k, i))
-            if parent is not None:
-                yield ("send", parent[0] * G + parent[1], ("up", k, i), (hi - lo) * item)
-            else:
-                for a, j in children:
-                    yield ("send", a * G + j, ("down", k, i), (hi - lo) * item)
-        for k, (parent, children) in enumerate(trees):
-            i = step - offsets[k][1]
-            if parent is None or not 0 <= i < len(spans[k]):
-                continue
-            lo, hi = spans[k][i]
-            yield ("recv", parent[0] * G + parent[1], ("down", k, i))
-            for a, j in children:
-                yield ("send", a * G + j, ("down", k, i), (hi - lo) * item)
-    yield ("flush",)
-
-
 def _program(collective: str, algorithm: str, topo: Topology, r: int, count: int, chunk: int, item: int,
              root: int, counts):
     """Member r's operations for one call of `count` elements (all2allv: `counts`, elements)."""
@@ -282,11 +217,10 @@ def _program(collective: str, algorithm: str, topo: Topology, r: int, count: int
         plan = build("pxn", n, collective, layout=registry.grid(topo.nodes, topo.gpus_per_node))
         yield from timing.messages(plan, count * item, item, chunk)[r]
         return
-    if algorithm == "ring" and topo.nodes > 1 and collective == "broadcast":
-        yield from _ring_broadcast(topo, r, count, chunk, item, root)
-        return
-    if (collective, algorithm) == ("allreduce", "tree"):
-        yield from _tree(topo, r, count, min(chunk, tree_chunk(chunk * item, item)), item)
+    if (collective, algorithm) == ("allreduce", "tree"):  # its plan for this size, pieces of tree_chunk
+        plan = build("tree", n, collective, layout=registry.grid(topo.nodes, topo.gpus_per_node), nbytes=count * item,
+                     itemsize=item, chunk_bytes=chunk * item)
+        yield from timing.messages(plan, count * item, item, chunk)[r]
         return
     if (collective, algorithm) == ("all2allv", "all2allv"):  # the call's plan (counts in elements)
         each = registry.uniform_count(counts)
@@ -298,7 +232,7 @@ def _program(collective: str, algorithm: str, topo: Topology, r: int, count: int
     elif algorithm == "ring" and collective in ("allreduce", "reduce_scatter", "allgather", "broadcast"):
         # across nodes, its channels on the grid (a plan of the call's size: fabric.plans.registry.ring_channels)
         layout = registry.grid(topo.nodes, topo.gpus_per_node) if topo.nodes > 1 else None
-        plan = build("ring", n, collective, root, layout, nbytes=count * item)
+        plan = build("ring", n, collective, root, layout, nbytes=count * item, itemsize=item, chunk_bytes=chunk * item)
         yield from timing.messages(plan, count * item, item, chunk)[r]
     elif algorithm == "direct" and collective in ("allreduce", "reduce_scatter", "allgather", "broadcast", "all2all"):
         layout = registry.grid(topo.nodes, topo.gpus_per_node) if collective == "all2all" and topo.nodes > 1 else None

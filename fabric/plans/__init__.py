@@ -4,8 +4,8 @@ an MSCCL-IR loader and the registry of plan-built algorithms (docs/design/plans.
 from .format import BUFFERS, COLLECTIVES, IN_SWITCH, KINDS, GpuProgram, Op, Plan
 from .msccl import load, loads
 from .registry import ALGORITHMS, build
-from .timing import plan_link_bytes, plan_ns, plan_rounds
+from .timing import plan_link_bytes, plan_ns, plan_rounds, plan_traffic
 from .validate import validate
 
 __all__ = ["BUFFERS", "COLLECTIVES", "IN_SWITCH", "KINDS", "GpuProgram", "Op", "Plan", "ALGORITHMS", "build",
-           "load", "loads", "plan_link_bytes", "plan_ns", "plan_rounds", "validate"]
+           "load", "loads", "plan_link_bytes", "plan_ns", "plan_rounds", "plan_traffic", "validate"]

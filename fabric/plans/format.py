@@ -14,10 +14,11 @@ Kinds (MSCCL-IR's step types in brackets): send [s], recv [r] (dst = the message
 (dst += the message), recv_reduce_send [rrs] (send src + the message on, store nothing),
 recv_copy_send [rcs] (dst = the message, send it on), recv_reduce_copy_send [rrcs] (dst += the
 message, send dst on), copy [cpy] (dst = src), reduce [re] (dst += src), flush (wait until this
-GPU's sends so far have left its uplink: no data moves), nop. "+=" is dst (op) incoming; a reducing
-kind with incoming_first=True folds the other way round, incoming (op) dst (the message, or reduce's
-src, on the left: ring.py's reduce chain folds a member's own data into the partial it received).
-MSCCL-IR has no such field: a loaded plan folds dst (op) incoming. The in-switch kinds (contribute to an
+GPU's sends so far have left its uplink: no data moves; on a plan whose channels run on lanes, Plan.lanes,
+its channel's sends), nop. "+=" is dst (op) incoming; a reducing kind with incoming_first=True folds the
+other way round, incoming (op) dst (the message, or reduce's src, on the left: ring.py's reduce chain folds
+a member's own data into the partial it received). MSCCL-IR has no such field: a loaded plan folds dst (op)
+incoming. The in-switch kinds (contribute to an
 in-switch reduction, multicast store, load-reduce request) are part of the format; the interpreters
 do not run them yet, and the validator refuses them with UnsupportedOperation-style PlanError.
 """
@@ -88,11 +89,13 @@ class Plan:
     root: a rooted collective's (ROOTED: broadcast, reduce, gather, scatter); fabrics: the fabric modes that
     may run it. groups: a buffer of groups x k chunks is cut into `groups` blocks first
     (fabric.reduction.blocks), each then into k chunks (ring's channels: chunk m C + c is member m's range
-    of channel c, fabric.reduction.rail_ranges); 1: one cut. lanes: 0 or 1, the channels are operation
-    streams on the GPU's one clock and whole links; C > 1, channel c (0..C-1) runs on its own lane (c, C):
-    its own clock and 1 / C of the GPU's uplink and downlink (docs/model/time.md, "Channels"; MSCCL's
-    threadblocks on channels), a flush on it waits for its own sends only, and the GPU's clock is the
-    latest channel's at the end (a "join")."""
+    of channel c, fabric.reduction.rail_ranges); 1: one cut. piece: 0, or the plan is for one element
+    count: each of the `groups` blocks is cut into pieces of `piece` elements (fabric.reduction.chunks, the
+    last one shorter), chunk ids running through the blocks in order (tree's pipeline chunks). lanes: 0 or
+    1, the channels are operation streams on the GPU's one clock and whole links; C > 1, channel c
+    (0..C-1) runs on its own lane (c, C): its own clock and 1 / C of the GPU's uplink and downlink
+    (docs/model/time.md, "Channels"; MSCCL's threadblocks on channels), a flush on it waits for its own
+    sends only, and the GPU's clock is the latest channel's at the end (a "join")."""
 
     name: str
     collective: str
@@ -103,6 +106,7 @@ class Plan:
     fabrics: tuple[str, ...] = FABRICS
     groups: int = 1
     lanes: int = 0
+    piece: int = 0
     meta: dict = field(default_factory=dict, compare=False)
 
     def ops(self):
@@ -121,22 +125,32 @@ def walk(plan: Plan, visit) -> tuple[list[int], dict[tuple[int, int, int], deque
     a GPU that stopped short waits for ever (a deadlock), a message left in a queue was never received."""
     queues: dict[tuple[int, int, int], deque] = {}
     at = [0] * plan.gpus
+    recvs, sends = _RECVS, _SENDS
     progressed = True
     while progressed:
         progressed = False
         for g, program in enumerate(plan.programs):
             ops, step = program.ops, at[g]
-            while step < len(ops):
+            end = len(ops)
+            while step < end:
                 op, message = ops[step], None
-                if op.kind in RECVS:
+                kind = op.kind
+                if kind in recvs:
                     queue = queues.get((op.recv_from, g, op.channel))
                     if not queue:
                         break
                     message = queue.popleft()
                 out = visit(g, step, op, message)
-                if op.kind in SENDS:
-                    queues.setdefault((g, op.send_to, op.channel), deque()).append(out)
+                if kind in sends:
+                    key = (g, op.send_to, op.channel)
+                    queue = queues.get(key)
+                    if queue is None:
+                        queue = queues[key] = deque()
+                    queue.append(out)
                 step += 1
                 progressed = True
             at[g] = step
     return at, queues
+
+
+_RECVS, _SENDS = frozenset(RECVS), frozenset(SENDS)  # walk's membership tests

@@ -39,7 +39,7 @@ import dataclasses
 import functools
 
 from ..errors import PlanError
-from ..reduction import channel_rings, ring_channel_count
+from ..reduction import blocks, channel_rings, chunks, ring_channel_count, tree_chunk, tree_parts, tree_steps
 from .format import GpuProgram, Op, Plan, Ref
 from .validate import validate
 
@@ -67,6 +67,42 @@ def ring_channels(gpus: int, layout, nbytes: int | None) -> int | None:
     return ring_channel_count(int(nbytes), len(layout[0]))
 
 
+def _chain_pieces(gpus: int, layout, nbytes, itemsize: int, chunk_bytes) -> tuple[int, int, int] | None:
+    """What ring's broadcast across nodes is built from: (channels, elements, elements a message); None on
+    one node or without a size (the one chain)."""
+    C = ring_channels(gpus, layout, nbytes)
+    if C is None or chunk_bytes is None:
+        return None
+    return C, int(nbytes) // itemsize, max(1, int(chunk_bytes) // itemsize)
+
+
+def _chain_plan(gpus: int, root: int, layout, C: int, count: int, piece: int) -> Plan:
+    """ring.py's broadcast across nodes: part c = blocks(count, C)[c] (Plan.groups = C) down a chain along ring
+    c (channel_rings of the grid) from the root, in messages of `piece` elements (Plan.piece), every
+    channel's message i before any channel's message i + 1 (a member takes it from the one before it on
+    ring c and passes it on at once), channel c on lane (c, C)."""
+    n = gpus
+    rings = channel_rings([list(row) for row in layout])[:C]
+    spans = [chunks(lo, hi, piece) for lo, hi in blocks(count, C)]
+    first = [sum(len(x) for x in spans[:c]) for c in range(C)]
+    programs = []
+    for g in range(n):
+        ops = []
+        for i in range(max(map(len, spans), default=0)):
+            for c, ring in enumerate(rings):
+                if i >= len(spans[c]):
+                    continue
+                q = ring.index(g)
+                position, whole = (q - ring.index(root)) % n, Ref("o", first[c] + i)
+                prv, nxt = ring[(q - 1) % n], ring[(q + 1) % n]
+                ops.append(Op("send", channel=c, src=whole, send_to=nxt) if position == 0 else
+                           Op("recv", channel=c, dst=whole, recv_from=prv) if position == n - 1 else
+                           Op("recv_copy_send", channel=c, dst=whole, send_to=nxt, recv_from=prv))
+        total = first[-1] + len(spans[-1])
+        programs.append(GpuProgram(g, tuple(ops), total, total))
+    return Plan("ring", "broadcast", n, tuple(programs), inplace=True, root=root, groups=C, lanes=C, piece=piece)
+
+
 def _channel_plan(gpus: int, collective: str, layout, C: int) -> Plan:
     """ring.py's channels across nodes (module docstring) for allreduce, reduce_scatter or allgather: C
     rings (fabric.reduction.channel_rings of the grid `layout`), every buffer in n C chunks, chunk m C + c
@@ -79,6 +115,7 @@ def _channel_plan(gpus: int, collective: str, layout, C: int) -> Plan:
     rings = channel_rings([list(row) for row in layout])[:C]
     where = [{m: q for q, m in enumerate(ring)} for ring in rings]
     flushes = [Op("flush", channel=c) for c in range(C)]
+    refs = {buf: [Ref(buf, k) for k in range(n * C)] for buf in ("i", "o")}  # one Ref a chunk, shared
 
     def steps(g, buf, reduce):
         ops = []
@@ -86,10 +123,10 @@ def _channel_plan(gpus: int, collective: str, layout, C: int) -> Plan:
             sent, taken = (1 + s, 2 + s) if reduce else (s, 1 + s)
             for c, ring in enumerate(rings):
                 q = where[c][g]
-                ops.append(Op("send", channel=c, src=Ref(buf, ring[(q - sent) % n] * C + c), send_to=ring[(q + 1) % n]))
+                ops.append(Op("send", channel=c, src=refs[buf][ring[(q - sent) % n] * C + c], send_to=ring[(q + 1) % n]))
             for c, ring in enumerate(rings):
                 q = where[c][g]
-                ops.append(Op("recv_reduce" if reduce else "recv", channel=c, dst=Ref(buf, ring[(q - taken) % n] * C + c),
+                ops.append(Op("recv_reduce" if reduce else "recv", channel=c, dst=refs[buf][ring[(q - taken) % n] * C + c],
                               recv_from=ring[(q - 1) % n]))
             if reduce:
                 ops += flushes
@@ -114,6 +151,8 @@ def ring(gpus: int, collective: str, root: int = 0, layout=None, channels: int |
     n, programs = gpus, []
     if channels is not None and collective in ("allreduce", "reduce_scatter", "allgather"):
         return _channel_plan(n, collective, layout, channels)
+    if channels is not None and collective == "broadcast":  # (channels, elements, elements a message)
+        return _chain_plan(n, root, layout, *channels)
     for p in range(n):
         if collective == "allreduce":
             ops, chunks = _ring_steps(n, p, "o", True) + _ring_steps(n, p, "o", False), (n, n)
@@ -302,21 +341,92 @@ def pxn(gpus: int, collective: str, root: int = 0, layout=None) -> Plan:
     return Plan("pxn", "all2all", n, tuple(programs))
 
 
-ALGORITHMS = {"ring": ring, "recursive_doubling": recursive_doubling, "direct": direct, "pxn": pxn}
+def tree_pieces(gpus: int, layout, nbytes: int | None, itemsize: int,
+                chunk_bytes: int | None) -> tuple[int, int] | None:
+    """What tree's plan for a call of `nbytes` in elements of `itemsize` bytes is built from: (elements,
+    elements a piece: fabric.reduction.tree_chunk of the fabric's chunk_bytes); None without them."""
+    if nbytes is None or chunk_bytes is None:
+        return None
+    return int(nbytes) // itemsize, tree_chunk(int(chunk_bytes), itemsize)
+
+
+def tree(gpus: int, collective: str, root: int = 0, layout=None, pieces: tuple[int, int] | None = None) -> Plan:
+    """ranks/collectives/tree.py's allreduce (NCCL's double binary tree, fabric.reduction.tree_parts) on the
+    grid `layout` for `pieces` = (elements, elements a piece) (tree_pieces): the buffer in two parts, each
+    in the pipeline's pieces (Plan.groups = 2, Plan.piece), the input reduced in a copy ("i") and the result
+    landing in the output ("o"; the root copies its part's sum there). At step s a member reduces piece
+    s - up of each part (up: its height; fabric.reduction.tree_steps): takes each child's partial in fold
+    order and folds it into its own, sends the result to its parent, or, the root, down to its children;
+    then passes piece s - down on (down: the tree's height + its depth): takes it from its parent, sends
+    it to each child. Channel 2 d + k: direction d (0 up, 1 down) of part k, so that a pair's up and down
+    messages of either part never match each other."""
+    if collective != "allreduce":
+        raise PlanError(f"tree plan: no {collective}; tree builds allreduce")
+    if pieces is None:
+        raise PlanError("tree plan: it is built for a call's size (nbytes, itemsize and chunk_bytes)")
+    layout, at = _layout(gpus, layout, "tree")
+    N, G = len(layout), len(layout[0])
+    if any(len(row) != G for row in layout):
+        raise PlanError(f"tree plan: layout {layout} is not a grid of the {gpus} GPUs")
+    count, piece = pieces
+    parts = tree_parts(N, G)
+    spans = [chunks(lo, hi, piece) for lo, hi in blocks(count, len(parts))]
+    first = [0, len(spans[0])]  # part k's chunk i is chunk first[k] + i
+    total = len(spans[0]) + len(spans[1])
+    refs = {buf: [Ref(buf, k) for k in range(total)] for buf in ("i", "o")}  # one Ref a chunk, shared
+    programs = []
+    for g in range(gpus):
+        me = at[g]
+        trees = [part[me] for part in parts]
+        offsets = tree_steps(parts, me)
+        gpu = lambda x: layout[x[0]][x[1]]  # noqa: E731 (a grid position's GPU)
+        ops = []
+        steps = max((len(span) + down for span, (_, down) in zip(spans, offsets)), default=0)
+        for step in range(steps):
+            for k, (parent, children) in enumerate(trees):  # up
+                i = step - offsets[k][0]
+                if not 0 <= i < len(spans[k]):
+                    continue
+                mine = refs["i"][first[k] + i]
+                ops += [Op("recv_reduce", channel=k, dst=mine, recv_from=gpu(x)) for x in children]
+                if parent is not None:
+                    ops.append(Op("send", channel=k, src=mine, send_to=gpu(parent)))
+                else:
+                    ops += [Op("send", channel=2 + k, src=mine, send_to=gpu(x)) for x in children]
+            for k, (parent, children) in enumerate(trees):  # down
+                i = step - offsets[k][1]
+                if parent is None or not 0 <= i < len(spans[k]):
+                    continue
+                result = refs["o"][first[k] + i]
+                ops.append(Op("recv", channel=2 + k, dst=result, recv_from=gpu(parent)))
+                ops += [Op("send", channel=2 + k, src=result, send_to=gpu(x)) for x in children]
+        for k, (parent, _) in enumerate(trees):  # the root's part: its sum is the result
+            if parent is None and spans[k]:
+                ops.append(Op("copy", src=Ref("i", first[k], len(spans[k])), dst=Ref("o", first[k], len(spans[k]))))
+        programs.append(GpuProgram(g, tuple(ops), total, total))
+    return Plan("tree", "allreduce", gpus, tuple(programs), groups=2, piece=piece)
+
+
+ALGORITHMS = {"ring": ring, "recursive_doubling": recursive_doubling, "direct": direct, "pxn": pxn, "tree": tree}
 # the algorithms whose plan depends on the call's size: function (gpus, collective, layout, nbytes) -> what
 # the plan is built from (passed on as its fifth argument; None: the plan of no size)
-SIZED = {"ring": lambda gpus, collective, layout, nbytes: (
-    ring_channels(gpus, layout, nbytes) if collective in ("allreduce", "reduce_scatter", "allgather") else None)}
+SIZED = {"ring": lambda gpus, collective, layout, nbytes, itemsize, chunk_bytes: (
+    ring_channels(gpus, layout, nbytes) if collective in ("allreduce", "reduce_scatter", "allgather") else
+    _chain_pieces(gpus, layout, nbytes, itemsize, chunk_bytes) if collective == "broadcast" else None),
+    "tree": lambda gpus, collective, layout, nbytes, itemsize, chunk_bytes: tree_pieces(gpus, layout, nbytes, itemsize,
+                                                                                        chunk_bytes)}
 
 
-def build(algorithm: str, gpus: int, collective: str, root: int = 0, layout=None, nbytes: int | None = None) -> Plan:
+def build(algorithm: str, gpus: int, collective: str, root: int = 0, layout=None, nbytes: int | None = None,
+          itemsize: int = 4, chunk_bytes: int | None = None) -> Plan:
     """The validated plan of `algorithm` for `collective` on `gpus` GPUs (rooted collectives: from
     `root`; pxn, direct's all2all and ring across nodes: on the grid `layout`, a tuple of nodes' tuples of
-    GPUs; ring across nodes: for a call of `nbytes`, the buffer's bytes as fabric.replay takes them;
+    GPUs; ring across nodes: for a call of `nbytes`, the buffer's bytes as fabric.replay takes them; tree:
+    on the grid, for a call of `nbytes` in elements of `itemsize` bytes on a fabric of `chunk_bytes`;
     PlanError if it has none); built and validated once per arguments and what the size decides (SIZED:
-    ring's channel count), not once per size: plans are immutable."""
+    ring's channel count; tree's elements and piece), not once per size: plans are immutable."""
     sized = SIZED.get(algorithm)
-    shape = None if sized is None else sized(int(gpus), collective, layout, nbytes)
+    shape = None if sized is None else sized(int(gpus), collective, layout, nbytes, int(itemsize), chunk_bytes)
     return _build(algorithm, int(gpus), collective, int(root), layout, shape)  # one cache key however called
 
 

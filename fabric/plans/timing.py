@@ -20,7 +20,7 @@ from ..packets import raw_bytes
 from ..reduction import blocks, chunks
 from ..programs import Fabric, run_programs
 from ..topology import Topology
-from .format import RECVS, SENDS, Op, Plan, walk
+from .format import RECVS, SENDS, Op, Plan, Ref, walk
 
 
 def buffer_elements(plan: Plan, S: int, itemsize: int) -> dict[str, int]:
@@ -55,12 +55,20 @@ def _base(plan: Plan, S: int, itemsize: int, g: int) -> dict[str, list[tuple[int
         lo, hi = blocks(count, plan.gpus)[g]
         elements = {"i": count, "o": hi - lo} if plan.collective in ("reduce_scatter", "scatter") else \
             {"i": hi - lo, "o": count}
-    return {b: cut(elements[b], program.chunks_of(b), plan.groups) for b in ("i", "o")}
+    return {b: cut(elements[b], program.chunks_of(b), plan.groups, plan.piece) for b in ("i", "o")}
 
 
-def cut(count: int, k: int, groups: int = 1) -> list[tuple[int, int]]:
+def cut(count: int, k: int, groups: int = 1, piece: int = 0) -> list[tuple[int, int]]:
     """`count` elements in k chunks: fabric.reduction.blocks, or, when k is a multiple of `groups` > 1
-    (Plan.groups), blocks(count, groups) each cut into k / groups blocks (fabric.reduction.rail_ranges)."""
+    (Plan.groups), blocks(count, groups) each cut into k / groups blocks (fabric.reduction.rail_ranges);
+    piece > 0 (Plan.piece): blocks(count, groups) each cut into pieces of `piece` elements
+    (fabric.reduction.chunks), which must number k (PlanError otherwise: a plan for another size)."""
+    if piece > 0:
+        out = [c for lo, hi in blocks(count, groups) for c in chunks(lo, hi, piece)]
+        if len(out) != k:
+            raise PlanError(f"a plan cut in pieces of {piece} elements has {k} chunks; {count} elements make "
+                            f"{len(out)} (the plan is for another size)")
+        return out
     if groups <= 1 or k % groups:
         return blocks(count, k)
     return [(lo + x, lo + y) for lo, hi in blocks(count, groups) for x, y in blocks(hi - lo, k // groups)]
@@ -193,26 +201,47 @@ def with_flushes(plan: Plan, g: int) -> list:
     return kept[g]
 
 
+_WRITES = frozenset(("recv", "recv_reduce", "recv_copy_send", "recv_reduce_copy_send", "copy", "reduce"))
+_READ_BY_SEND = {"send": "src", "recv_copy_send": "dst", "recv_reduce_copy_send": "dst"}  # what a send's data is
+
+
 def _with_flushes(plan: Plan, g: int) -> list:
-    alias = (lambda b: "i" if b == "o" else b) if plan.inplace else (lambda b: b)
-    lanes = plan.lanes > 1  # a flush on a lane waits for that channel's sends only (Plan.lanes)
-    pending: dict[int, set] = {}  # channel (0 without lanes) -> (buffer, chunk) its unflushed sends read
+    """with_flushes' list: a flush on each channel (in channel order) with an unflushed send that reads a
+    chunk the operation writes; without lanes one flush (channel 0) for all."""
+    inplace, lanes = plan.inplace, plan.lanes > 1  # on lanes a flush waits for its channel's sends only
+    held: dict[int, list] = {}            # channel (0 without lanes) -> the (buffer, chunk) its sends read
+    readers: dict[tuple, set] = {}        # (buffer, chunk) -> the channels whose unflushed sends read it
     out = []
+
+    def flushed(c):
+        for key in held.pop(c, ()):
+            channels = readers.get(key)
+            if channels is not None:
+                channels.discard(c)
+                if not channels:
+                    del readers[key]
+
     for op in plan.programs[g].ops:
-        writes = op.dst if op.kind in ("recv", "recv_reduce", "recv_copy_send", "recv_reduce_copy_send", "copy",
-                                       "reduce") else None
-        if writes is not None:
-            hit = [c for c, reads in pending.items()
-                   if any((alias(writes.buf), k) in reads for k in writes.chunk_ids())]
-            for c in hit:
+        kind = op.kind
+        if readers and kind in _WRITES:
+            buf = "i" if inplace and op.dst.buf == "o" else op.dst.buf
+            hit: set = set()
+            for k in op.dst.chunk_ids():
+                hit.update(readers.get((buf, k), ()))
+            for c in sorted(hit):
                 out.append(Op("flush", channel=c))
-                del pending[c]
+                flushed(c)
         out.append(op)
-        if op.kind == "flush":
-            pending.pop(op.channel if lanes else 0, None)
-        elif op.kind in ("send", "recv_copy_send", "recv_reduce_copy_send"):
-            ref = op.src if op.kind == "send" else op.dst
-            pending.setdefault(op.channel if lanes else 0, set()).update((alias(ref.buf), c) for c in ref.chunk_ids())
+        if kind == "flush":
+            flushed(op.channel if lanes else 0)
+        elif kind in _READ_BY_SEND:
+            ref = getattr(op, _READ_BY_SEND[kind])
+            c = op.channel if lanes else 0
+            buf = "i" if inplace and ref.buf == "o" else ref.buf
+            keys = held.setdefault(c, [])
+            for k in ref.chunk_ids():
+                keys.append((buf, k))
+                readers.setdefault((buf, k), set()).add(c)
     return out
 
 
@@ -230,26 +259,34 @@ def messages(plan: Plan, S: int, itemsize: int, chunk: int):
     A plan whose channels run on lanes (Plan.lanes) puts its channel's lane last in every operation and
     ends with a flush on every lane and a "join" (ranks/collectives/plan.py: the same)."""
     lane_at = lane_of(plan)
+    lanes = [lane_at(c) for c in range(plan.lanes)] if plan.lanes > 1 else None
 
     def program(g):
         table = spans(plan, S, itemsize, g)
         sent, taken = {}, {}
+        pieces: dict[tuple[int, int], list[int]] = {}  # element range -> its messages' bytes
         for op in with_flushes(plan, g):
-            lane = lane_at(op.channel)
-            if op.kind in RECVS:
+            kind = op.kind
+            lane = lanes[op.channel] if lanes else None
+            if kind in RECVS:
                 m = taken[(op.recv_from, op.channel)] = taken.get((op.recv_from, op.channel), -1) + 1
-            if op.kind in SENDS:
+            if kind in SENDS:
                 n = sent[(op.send_to, op.channel)] = sent.get((op.send_to, op.channel), -1) + 1
-            if op.kind in RECVS:
-                ref = op.dst if op.dst is not None else op.src
-                for k, (lo, hi) in enumerate(chunks(*span(table, ref), chunk)):
-                    yield ("recv", op.recv_from, (op.channel, m, k), lane)
-                    if op.kind in SENDS:  # forwarded at once (a recv_*_send sends what it received into)
-                        yield ("send", op.send_to, (op.channel, n, k), (hi - lo) * itemsize, lane)
-            elif op.kind in SENDS:
-                for k, (lo, hi) in enumerate(chunks(*span(table, op.src), chunk)):
-                    yield ("send", op.send_to, (op.channel, n, k), (hi - lo) * itemsize, lane)
-            if op.kind == "flush":
+            if kind in RECVS or kind in SENDS:
+                ref = (op.dst if op.dst is not None else op.src) if kind in RECVS else op.src
+                where = span(table, ref)
+                sizes = pieces.get(where)
+                if sizes is None:
+                    sizes = pieces[where] = [(hi - lo) * itemsize for lo, hi in chunks(*where, chunk)]
+                if kind in RECVS:
+                    for k, nbytes in enumerate(sizes):
+                        yield ("recv", op.recv_from, (op.channel, m, k), lane)
+                        if kind in SENDS:  # forwarded at once (a recv_*_send sends what it received into)
+                            yield ("send", op.send_to, (op.channel, n, k), nbytes, lane)
+                else:
+                    for k, nbytes in enumerate(sizes):
+                        yield ("send", op.send_to, (op.channel, n, k), nbytes, lane)
+            elif kind == "flush":
                 yield ("flush", lane)
         if plan.lanes > 1:  # every channel's sends have left; the GPU's clock is the latest channel's
             for c in range(plan.lanes):
@@ -318,47 +355,95 @@ def _read_only_rounds(plan: Plan, S: int, itemsize: int) -> list[np.ndarray]:
 
 def _plan_rounds(plan: Plan, S: int, itemsize: int) -> list[np.ndarray]:
     """The plan's dependent rounds for fabric.cost_nodes' bounds: round k is a gpus x gpus int64 matrix of
-    the payload bytes (row: sender, column: receiver) sent in round k. A send is in the round after the
-    latest message whose data it sends on (a chunk's round: that of the message last received or folded
-    into it, carried by local copies and reductions; a proxy's forward, rrs, rcs and rrcs included), and,
-    after a GPU's k-th explicit flush (the flushes a plan writes split its phases; those with_flushes adds
-    do not; on lanes, the flushes of its own channel), in round k at least: so a ring's all-gather steps,
-    with no flush between them, are one round each. No round for a plan that sends nothing (one GPU)."""
+    the payload bytes (row: sender, column: receiver) sent in round k (each send's round: send_rounds), its
+    bytes those of the chunks it sends at this size. No round for a plan that sends nothing (one GPU)."""
     n = plan.gpus
-    rounds: list[np.ndarray] = []
-    lanes = plan.lanes > 1
+    rounds, senders, receivers, sizes = [], [], [], []
+    for g, sends in enumerate(send_rounds(plan)):
+        table = spans(plan, S, itemsize, g)
+        for k, to, ref in sends:
+            lo, hi = span(table, ref)
+            rounds.append(k)
+            senders.append(g)
+            receivers.append(to)
+            sizes.append((hi - lo) * itemsize)
+    if not rounds:
+        return []
+    out = np.zeros((max(rounds) + 1, n, n), np.int64)
+    np.add.at(out, (np.array(rounds), np.array(senders), np.array(receivers)), np.array(sizes, np.int64))
+    return list(out)
+
+
+def plan_traffic(plan: Plan, S: int, itemsize: int = 4, channels=None) -> np.ndarray:
+    """The payload bytes (gpus x gpus int64, row: sender, column: receiver) of the plan's sends on
+    `channels` (default every channel), summed from its operations (no run: what a send carries is its
+    chunks at this size)."""
+    n = plan.gpus
+    out = np.zeros((n, n), np.int64)
+    for g, program in enumerate(plan.programs):
+        table = spans(plan, S, itemsize, g)
+        for op in program.ops:
+            if op.kind in SENDS and (channels is None or op.channel in channels):
+                lo, hi = span(table, op.src if op.kind in ("send", "recv_reduce_send") else op.dst)
+                out[g, op.send_to] += (hi - lo) * itemsize
+    return out
+
+
+def send_rounds(plan: Plan) -> list[list[tuple[int, int, Ref]]]:
+    """Per GPU, (round, receiver, chunks sent) of each of its sends in program order, the same at every size
+    (kept on the plan). A send is in the round after the latest message whose data it sends on (a chunk's
+    round: that of the message last received or folded into it, carried by local copies and reductions;
+    a proxy's forward, rrs, rcs and rrcs included), and, after a GPU's k-th explicit flush (the flushes a
+    plan writes split its phases; those with_flushes adds do not; on lanes, the flushes of its own
+    channel), in round k at least: so a ring's all-gather steps, with no flush between them, are one round
+    each."""
+    kept = plan.__dict__.get("_send_rounds")
+    if kept is None:
+        kept = plan.__dict__["_send_rounds"] = _send_rounds(plan)
+    return kept
+
+
+def _send_rounds(plan: Plan) -> list[list[tuple[int, int, Ref]]]:
+    visit, out = _round_visitor(plan)
+    walk(plan, visit)
+    return out
+
+
+def _round_visitor(plan: Plan):
+    """(visit, out): a walk visitor that puts (round, receiver, chunks sent) of each send in out[GPU]."""
+    n = plan.gpus
+    lanes, inplace = plan.lanes > 1, plan.inplace
     phase: dict[tuple[int, int], int] = {}
-    tables = [spans(plan, S, itemsize, g) for g in range(n)]
-    alias = (lambda b: "i" if b == "o" else b) if plan.inplace else (lambda b: b)
     after: list[dict[tuple[str, int], int]] = [{} for _ in range(n)]  # GPU -> (buffer, chunk) -> round + 1
+    out: list[list] = [[] for _ in range(n)]
 
     def ready(g, ref):  # the first round the data of chunks `ref` may be sent in
-        held = after[g]
-        return max((held.get((alias(ref.buf), c), 0) for c in ref.chunk_ids()), default=0)
+        held, buf = after[g], "i" if inplace and ref.buf == "o" else ref.buf
+        if ref.cnt == 1:
+            return held.get((buf, ref.off), 0)
+        return max(held.get((buf, c), 0) for c in ref.chunk_ids())
 
     def mark(g, ref, k):
-        held, buf = after[g], alias(ref.buf)
+        held, buf = after[g], "i" if inplace and ref.buf == "o" else ref.buf
         for c in ref.chunk_ids():
-            held[(buf, c)] = max(held.get((buf, c), 0), k)
+            if held.get((buf, c), 0) < k:
+                held[(buf, c)] = k
 
     def visit(g, step, op, came):  # a message is the round it was sent in
-        kind, line = op.kind, (g, op.channel if lanes else 0)
+        kind = op.kind
         if kind == "flush":
+            line = (g, op.channel if lanes else 0)
             phase[line] = phase.get(line, 0) + 1
             return None
         if came is not None and op.dst is not None and kind != "recv_reduce_send":
             mark(g, op.dst, came + 1)
-        if kind in ("copy", "reduce"):
+        if kind == "copy" or kind == "reduce":
             mark(g, op.dst, ready(g, op.src))
         if kind not in SENDS:
             return None
-        source = op.src if kind in ("send", "recv_reduce_send") else op.dst
-        k = max(phase.get(line, 0), ready(g, source), 0 if came is None else came + 1)
-        while len(rounds) <= k:
-            rounds.append(np.zeros((n, n), np.int64))
-        lo, hi = span(tables[g], source)
-        rounds[k][g, op.send_to] += (hi - lo) * itemsize
+        source = op.src if kind == "send" or kind == "recv_reduce_send" else op.dst
+        k = max(phase.get((g, op.channel if lanes else 0), 0), ready(g, source), 0 if came is None else came + 1)
+        out[g].append((k, op.send_to, source))
         return k
 
-    walk(plan, visit)
-    return rounds
+    return visit, out

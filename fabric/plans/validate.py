@@ -96,43 +96,91 @@ def _elements(plan: Plan, g: int, program) -> None:
 
 
 def _ops(plan: Plan) -> None:
+    """Rule 2 on every operation: a quick test (_fine) passes the operations that keep every rule; any other
+    is checked rule by rule (_check_op), which names what is wrong."""
+    n, lanes = plan.gpus, plan.lanes if plan.lanes > 1 else None
+    for g, program in enumerate(plan.programs):
+        sizes = {"i": program.i_chunks, "o": program.o_chunks, "s": program.s_chunks}
+        for step, op in enumerate(program.ops):
+            if not _fine(op, g, step, n, sizes, lanes):
+                _check_op(plan, g, step, op)
+
+
+_SEND_KINDS, _RECV_KINDS = frozenset(SENDS), frozenset(RECVS)
+
+
+def _in(ref, sizes) -> bool:
+    size = sizes.get(ref.buf)
+    return size is not None and ref.cnt >= 1 and ref.off >= 0 and ref.off + ref.cnt <= size
+
+
+def _fine(op, g, step, n, sizes, lanes) -> bool:
+    """Whether `op` keeps rule 2 (False: maybe not; _check_op decides)."""
+    kind = op.kind
+    needs = _NEEDS.get(kind)
+    if needs is None:  # unknown, or in the switch
+        return False
+    src, dst = op.src, op.dst
+    if ("src" in needs) != (src is not None) or ("dst" in needs) != (dst is not None):
+        return False
+    if op.incoming_first is not False and (op.incoming_first is not True or kind not in REDUCING):
+        return False
+    if ("src" in needs and not _in(src, sizes)) or ("dst" in needs and not _in(dst, sizes)):
+        return False
+    to, frm = op.send_to, op.recv_from
+    if kind in _SEND_KINDS:
+        if to is None or not 0 <= to < n or to == g:
+            return False
+    elif to is not None:
+        return False
+    if kind in _RECV_KINDS:
+        if frm is None or not 0 <= frm < n or frm == g:
+            return False
+    elif frm is not None:
+        return False
+    if lanes is not None and not 0 <= op.channel < lanes:
+        return False
+    return all(0 <= d < step for d in op.deps) if op.deps else True
+
+
+def _check_op(plan: Plan, g: int, step: int, op) -> None:
+    """Rule 2 on one operation, rule by rule: PlanError naming what it breaks."""
     n = plan.gpus
-    for g, step, op in plan.ops():
-        if op.kind not in KINDS:
-            raise PlanError(f"{_where(g, step)}: kind {op.kind!r} unknown; known: {', '.join(KINDS)}")
-        if op.kind in IN_SWITCH:
-            raise PlanError(f"{_where(g, step, op)}: in-switch operations are part of the format but no "
-                            f"interpreter runs them yet (sharp and nvls are not plans)")
-        for name in ("src", "dst"):
-            ref = getattr(op, name)
-            if name not in _NEEDS[op.kind]:
-                if ref is not None:
-                    raise PlanError(f"{_where(g, step, op)}: a {op.kind} takes no {name}")
-                continue
-            if ref is None:
-                raise PlanError(f"{_where(g, step, op)}: a {op.kind} needs a {name}")
-            if ref.buf not in BUFFERS:
-                raise PlanError(f"{_where(g, step, op)}: buffer {ref.buf!r} unknown (i, o, s)")
-            size = plan.programs[g].chunks_of(ref.buf)
-            if ref.cnt < 1 or ref.off < 0 or ref.off + ref.cnt > size:
-                raise PlanError(f"{_where(g, step, op, ref.off)}: {name} chunks [{ref.off}, {ref.off + ref.cnt}) of "
-                                f"buffer {ref.buf!r} out of its {size}")
-        for attr, needed in (("send_to", op.kind in SENDS), ("recv_from", op.kind in RECVS)):
-            peer = getattr(op, attr)
-            if needed and (peer is None or not 0 <= peer < n or peer == g):
-                raise PlanError(f"{_where(g, step, op)}: {attr} {peer} is not another GPU of the plan's {n}")
-            if not needed and peer is not None:
-                raise PlanError(f"{_where(g, step, op)}: a {op.kind} has no {attr}")
-        if op.incoming_first is not False and (op.incoming_first is not True or op.kind not in REDUCING):
-            raise PlanError(f"{_where(g, step, op)}: incoming_first={op.incoming_first!r}: an operand order is "
-                            f"True or False, and only for the kinds that fold ({', '.join(REDUCING)})")
-        if plan.lanes > 1 and not 0 <= op.channel < plan.lanes:
-            raise PlanError(f"{_where(g, step, op)}: channel {op.channel} has no lane; the plan runs its channels "
-                            f"on lanes 0..{plan.lanes - 1}")
-        for d in op.deps:
-            if not 0 <= d < step:
-                raise PlanError(f"{_where(g, step, op)}: depends on step {d}, not an earlier step of GPU {g} "
-                                f"(a dependency on a later step is a cycle)")
+    if op.kind not in KINDS:
+        raise PlanError(f"{_where(g, step)}: kind {op.kind!r} unknown; known: {', '.join(KINDS)}")
+    if op.kind in IN_SWITCH:
+        raise PlanError(f"{_where(g, step, op)}: in-switch operations are part of the format but no "
+                        f"interpreter runs them yet (sharp and nvls are not plans)")
+    for name in ("src", "dst"):
+        ref = getattr(op, name)
+        if name not in _NEEDS[op.kind]:
+            if ref is not None:
+                raise PlanError(f"{_where(g, step, op)}: a {op.kind} takes no {name}")
+            continue
+        if ref is None:
+            raise PlanError(f"{_where(g, step, op)}: a {op.kind} needs a {name}")
+        if ref.buf not in BUFFERS:
+            raise PlanError(f"{_where(g, step, op)}: buffer {ref.buf!r} unknown (i, o, s)")
+        size = plan.programs[g].chunks_of(ref.buf)
+        if ref.cnt < 1 or ref.off < 0 or ref.off + ref.cnt > size:
+            raise PlanError(f"{_where(g, step, op, ref.off)}: {name} chunks [{ref.off}, {ref.off + ref.cnt}) of "
+                            f"buffer {ref.buf!r} out of its {size}")
+    for attr, needed in (("send_to", op.kind in SENDS), ("recv_from", op.kind in RECVS)):
+        peer = getattr(op, attr)
+        if needed and (peer is None or not 0 <= peer < n or peer == g):
+            raise PlanError(f"{_where(g, step, op)}: {attr} {peer} is not another GPU of the plan's {n}")
+        if not needed and peer is not None:
+            raise PlanError(f"{_where(g, step, op)}: a {op.kind} has no {attr}")
+    if op.incoming_first is not False and (op.incoming_first is not True or op.kind not in REDUCING):
+        raise PlanError(f"{_where(g, step, op)}: incoming_first={op.incoming_first!r}: an operand order is "
+                        f"True or False, and only for the kinds that fold ({', '.join(REDUCING)})")
+    if plan.lanes > 1 and not 0 <= op.channel < plan.lanes:
+        raise PlanError(f"{_where(g, step, op)}: channel {op.channel} has no lane; the plan runs its channels "
+                        f"on lanes 0..{plan.lanes - 1}")
+    for d in op.deps:
+        if not 0 <= d < step:
+            raise PlanError(f"{_where(g, step, op)}: depends on step {d}, not an earlier step of GPU {g} "
+                            f"(a dependency on a later step is a cycle)")
 
 
 class _State:

@@ -48,8 +48,8 @@ def _plan(args):
             raise FabricError(f"plan {args.plan!r}: give --gpus (or --nodes and --gpus-per-node)")
         gpus = args.gpus if args.gpus is not None else args.nodes * args.gpus_per_node
         nodes = args.nodes or 1
-        layout = grid(nodes, gpus // nodes) if gpus % nodes == 0 else None  # pxn's grid of the fabric's GPUs
-        return build(args.plan, gpus, args.collective, layout=layout)
+        layout = grid(nodes, gpus // nodes) if gpus % nodes == 0 else None  # pxn's and ring's grid of the GPUs
+        return build(args.plan, gpus, args.collective, layout=layout, nbytes=args.size)  # ring: its channels at -S
     return load(args.plan)
 
 

@@ -39,7 +39,12 @@ range of channel c is folded in ring c's order after m (q+1, q+2, ..., q for m a
 reduce's part c in ring c's order after the root. A communicator on one node, or whose nodes do not
 line up, runs the one ring above (and broadcast's and reduce's one chain), unchanged: as a plan
 (fabric.plans.registry.ring, run by ranks/collectives/plan.py and timed by fabric.plans.timing: the same
-messages and order; reduce's fold partial (op) own is the plan's incoming_first).
+messages and order; reduce's fold partial (op) own is the plan's incoming_first). allreduce,
+reduce_scatter and allgather across nodes run their channels as a plan too (registry.ring with
+ring_channels: the channel count of the call's size; Plan.lanes: each channel in call.channel(c, C)); an
+allreduce's avg is then finished on the whole output at the end (the same sum divided by n, bit for
+bit); so does broadcast across nodes (its channels' chains, a plan for the call's size); reduce's
+channels are below.
 """
 
 import numpy as np
@@ -52,9 +57,9 @@ from nvlink_emu.fabric import plans
 from . import plan
 from .hier import Grid
 
-# message phases: 0 to 3 were the one ring's, its broadcast chain's and its reduce chain's, 4 and 5 the channels'
-# allreduce, reduce_scatter and allgather across nodes, now plans (ranks/collectives/plan.py)
-CH_BC, CH_RD = 6, 7  # the channels' broadcast and reduce across nodes
+# message phases: 0 to 3 were the one ring's, its broadcast chain's and its reduce chain's, 4 to 6 the
+# channels' allreduce, reduce_scatter, allgather and broadcast across nodes, now plans (ranks/collectives/plan.py)
+CH_RD = 7  # reduce's channels' phase across nodes
 
 
 def _grid(call):
@@ -84,12 +89,14 @@ def _flush_channels(call, C: int) -> None:
             call.flush()
 
 
-def _plan(call, collective: str, count: int):
+def _plan(call, collective: str, count: int, root: int = 0):
     """ring's plan for a call of `count` elements (of the buffer fabric.replay sizes): across nodes, on the
     communicator's grid, its channels (fabric.plans.registry.ring_channels); otherwise the one ring."""
     grid = _grid(call)
     layout = None if grid is None else tuple(tuple(row) for row in grid.rank)
-    return plans.build("ring", call.n, collective, layout=layout, nbytes=count * call.dtype.itemsize)
+    item = call.dtype.itemsize
+    return plans.build("ring", call.n, collective, root, layout=layout, nbytes=count * item, itemsize=item,
+                       chunk_bytes=call.chunk * item)
 
 
 def allreduce(call, array: np.ndarray) -> None:
@@ -127,19 +134,7 @@ def _channel_steps(call, chains):
 
 
 def broadcast(call, array: np.ndarray, root: int) -> None:
-    rings = _channels(call, array.size)
-    if rings is not None:
-        for c, i, lo, hi, position, previous, following in _channel_steps(call, _channel_chains(call, rings, root,
-                                                                                                  array.size)):
-            with call.channel(c, len(rings)):
-                if position:
-                    call.recv(previous, (CH_BC, c, i), array[lo:hi])
-                if position < call.n - 1:
-                    call.send(following, (CH_BC, c, i), array[lo:hi])
-        _flush_channels(call, len(rings))
-        call.join_channels()
-        return
-    plan.execute(call, plans.build("ring", call.n, "broadcast", root), array, array)
+    plan.execute(call, _plan(call, "broadcast", array.size, root), array, array)
 
 
 def reduce(call, send: np.ndarray, recv: np.ndarray | None, root: int) -> None:

@@ -33,57 +33,25 @@ Combine order: part t at member x is x's own data, then each child's partial in 
 chain's next member, then child node 0's head, then child node 1's), in the array's dtype, one
 rounding per step; the root's result is finished (avg divides by the member count).
 NCCL runs its tree for AllReduce only; so does this module (reduce_scatter, allgather, broadcast,
-reduce: ring, direct or hier).
+reduce: ring, direct or hier). The schedule is a plan (fabric.plans.registry.tree, built for the call's
+size: its chunks are the pipeline's pieces), run by ranks/collectives/plan.py and timed by
+fabric.plans.timing: the same messages in the same order; the root's average is finished with everyone
+else's, on the whole output at the end (the same sum divided by n, bit for bit).
 """
 
 import numpy as np
 
-from nvlink_emu.fabric.reduction import blocks, chunks, combine, finish, tree_chunk, tree_parts, tree_steps
+from nvlink_emu.fabric import plans
 
+from . import plan
 from .hier import Grid
-
-UP, DOWN = 30, 31  # message phases
 
 
 def allreduce(call, array: np.ndarray) -> None:
-    grid = Grid(call, "allreduce", "tree")
-    rank = grid.rank
-    me = (grid.a, grid.j)
-    layout = tree_parts(grid.N, grid.G)
-    trees = [part[me] for part in layout]
-    offsets = tree_steps(layout, me)
-    call.chunk = tree_chunk(call.gpu.config.chunk_bytes, array.dtype.itemsize)
-    parts = blocks(array.size, len(trees))
-    spans = [chunks(lo, hi, call.chunk) for lo, hi in parts]
-    longest = max((hi - lo for lo, hi in parts), default=0)
-    scratch = np.empty(min(call.chunk, longest), array.dtype)
-    result = np.empty(array.size, array.dtype)  # results land here: my partials may still be leaving `array`
-    steps = max((len(span) + down for span, (_, down) in zip(spans, offsets)), default=0)
-    for step in range(steps):
-        for k, (parent, children) in enumerate(trees):  # up: chunk i's partials folded into mine, passed on
-            i = step - offsets[k][0]
-            if not 0 <= i < len(spans[k]):
-                continue
-            lo, hi = spans[k][i]
-            for a, j in children:
-                tmp = scratch[:hi - lo]
-                call.recv(rank[a][j], (UP, k, i), tmp)
-                combine(call.op, array[lo:hi], tmp)
-            if parent is not None:
-                call.send(rank[parent[0]][parent[1]], (UP, k, i), array[lo:hi])
-            else:  # the root: the result, sent down at once
-                finish(call.op, array[lo:hi], call.n, array[lo:hi])
-                for a, j in children:
-                    call.send(rank[a][j], (DOWN, k, i), array[lo:hi])
-        for k, (parent, children) in enumerate(trees):  # down: the parent's result of chunk i, passed on
-            i = step - offsets[k][1]
-            if parent is None or not 0 <= i < len(spans[k]):
-                continue
-            lo, hi = spans[k][i]
-            call.recv(rank[parent[0]][parent[1]], (DOWN, k, i), result[lo:hi])
-            for a, j in children:
-                call.send(rank[a][j], (DOWN, k, i), result[lo:hi])
-    call.flush()
-    for k, (parent, _) in enumerate(trees):
-        if parent is not None:
-            array[slice(*parts[k])] = result[slice(*parts[k])]
+    grid = Grid(call, "allreduce", "tree")  # UnsupportedOperation before any byte moves if not a grid
+    layout = tuple(tuple(row) for row in grid.rank)
+    item = array.dtype.itemsize
+    schedule = plans.build("tree", call.n, "allreduce", layout=layout, nbytes=array.size * item, itemsize=item,
+                           chunk_bytes=call.gpu.config.chunk_bytes)
+    # the partials are reduced in a copy (they may still be leaving it when results land in `array`)
+    plan.execute(call, schedule, array.copy(), array)

@@ -107,8 +107,12 @@ def test_recursive_doubling_is_log2_n_exchanges(gpus):
 def test_the_registry_refuses_what_it_cannot_build():
     with pytest.raises(PlanError, match="6 GPUs is not a power of two"):
         plans.build("recursive_doubling", 6, "allreduce")
-    with pytest.raises(PlanError, match="no plan algorithm 'tree'"):
-        plans.build("tree", 4, "allreduce")
+    with pytest.raises(PlanError, match="no plan algorithm 'sharp'"):  # in the switch: not a plan yet
+        plans.build("sharp", 4, "allreduce")
+    with pytest.raises(PlanError, match="tree plan: it is built for a call's size"):
+        plans.build("tree", 4, "allreduce", layout=registry.grid(2, 2))
+    with pytest.raises(PlanError, match="tree plan: no broadcast"):
+        plans.build("tree", 4, "broadcast", layout=registry.grid(2, 2), nbytes=1 << 20, chunk_bytes=1 << 20)
     with pytest.raises(PlanError, match="ring plan: no all2all"):
         plans.build("ring", 4, "all2all")
 
@@ -501,3 +505,43 @@ def test_the_loader_orders_many_threadblocks_in_linear_time():
     plan = plans.loads(text)
     assert time.process_time() - start < 10.0  # 0.5 s here
     assert [op.deps for op in plan.programs[0].ops[:3]] == [(), (0,), (1,)]  # tb T-1's step first, then T-2's, ...
+
+
+# -- ring's channels across nodes (Plan.groups, Plan.lanes) ------------------------------------------------
+
+@pytest.mark.parametrize("N,G,nbytes", [(2, 2, 1 << 20), (3, 2, 96 << 10), (2, 4, 200 << 10)])
+def test_the_channel_plan_cuts_each_members_range_of_each_channel_as_rail_ranges(N, G, nbytes):
+    from nvlink_emu.fabric.reduction import rail_ranges, ring_channel_count
+    n, count = N * G, (nbytes + 4 * 7) // 4  # an uneven count
+    C = ring_channel_count(count * 4, G)
+    plan = registry.build("ring", n, "allreduce", layout=registry.grid(N, G), nbytes=count * 4)
+    assert (plan.groups, plan.lanes) == (n, C) and C > 1
+    table = timing.spans(plan, count * 4, 4, 0)["o"]
+    assert [[table[m * C + c] for c in range(C)] for m in range(n)] == rail_ranges(count, n, C)
+
+
+def test_the_registry_keeps_one_channel_plan_per_channel_count_not_per_size():
+    layout = registry.grid(2, 4)
+    one = registry.build("ring", 8, "allreduce", layout=layout, nbytes=1 << 20)
+    assert registry.build("ring", 8, "allreduce", layout=layout, nbytes=16 << 20) is one  # both 4 channels
+    assert registry.build("ring", 8, "allreduce", layout=layout, nbytes=64 << 10).lanes == 2
+    assert registry.build("ring", 8, "allreduce", layout=layout, nbytes=1 << 10).lanes == 1  # the node-major ring
+
+
+def test_a_channel_outside_the_plans_lanes_is_refused():
+    plan = registry.build("ring", 4, "allgather", layout=registry.grid(2, 2), nbytes=1 << 20)
+    ops = list(plan.programs[0].ops)
+    ops[1] = dataclasses.replace(ops[1], channel=2)
+    bad = dataclasses.replace(plan, programs=(dataclasses.replace(plan.programs[0], ops=tuple(ops)),)
+                              + plan.programs[1:])
+    with pytest.raises(PlanError, match="GPU 0 step 1 .*channel 2 has no lane; the plan runs its channels on lanes 0..1"):
+        plans.validate(bad)
+
+
+@pytest.mark.parametrize("layout", [None, registry.grid(2, 2)])
+def test_a_rings_all_gather_steps_are_a_round_each(layout):
+    n = 4
+    plan = registry.build("ring", n, "allreduce", layout=layout, nbytes=1 << 20)
+    rounds = plans.plan_rounds(plan, 1 << 20, 4)
+    assert len(rounds) == 2 * (n - 1)
+    assert all(int(t.sum()) == n * (1 << 20) // n for t in rounds)  # every GPU sends one block a step
