@@ -43,6 +43,14 @@ def is_integer(value) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
+def _counts_fit(counts, n: int) -> bool:
+    """Whether a member's all2all(v) counts are (what it sends, what it receives): n integers 0..WIRE_INT_MAX
+    each."""
+    return (isinstance(counts, (tuple, list)) and len(counts) == 2
+            and all(isinstance(side, (tuple, list)) and len(side) == n
+                    and all(is_integer(x) and 0 <= x <= WIRE_INT_MAX for x in side) for side in counts))
+
+
 class Communicator:
     """A group of GPUs. rank: this GPU's index in the group; size: members; members: GPU indices in
     rank order; name: a string unique to this communicator on every member.
@@ -684,35 +692,41 @@ class Communicator:
                                    float(start_ns), float(gpu.now_ns), after[0] - before[0], after[1] - before[1]))
 
     def _check_calls(self, name, seq, calls) -> None:
-        """CollectiveMismatch on every member, listing each member's call, before any data moves."""
-        fingerprints = [c for c, _ in calls]
+        """CollectiveMismatch on every member, listing each member's call, before any data moves. Every entry
+        is data a member sent: its shape is checked before anything in it is used."""
+        n = self.size
+        counted = name in ("all2all", "all2allv")  # the collectives whose call check carries counts
         problem = None
-        own = [(m, c["problem"]) for m, (c, _) in zip(self.members, calls) if c.get("problem")]
-        if own:
-            problem = "; ".join(f"GPU {m}'s {text}" for m, text in own)
-        elif any(f != fingerprints[0] for f in fingerprints):
-            problem = "members called different collectives or arguments"
-        elif calls[0][1] is not None:
-            n = self.size
-            # a member's counts are data it sent: n integers 0..WIRE_INT_MAX each way, else nobody uses them
-            malformed = [i for i, (_, counts) in enumerate(calls)
-                         if not (isinstance(counts, (tuple, list)) and len(counts) == 2
-                                 and all(isinstance(side, (tuple, list)) and len(side) == n
-                                         and all(is_integer(x) and 0 <= x <= WIRE_INT_MAX for x in side)
-                                         for side in counts))]
-            sends = [] if malformed else [c[1][0] for c in calls]
-            recvs = [] if malformed else [c[1][1] for c in calls]
-            bad = [] if malformed else [(i, j) for i in range(n) for j in range(n) if sends[i][j] != recvs[j][i]]
-            if malformed:
-                problem = (f"member {malformed[0]}'s counts are not {n} integers from 0 to {WIRE_INT_MAX} each way "
-                           f"(what it sends, what it receives)")
-            elif bad:
-                i, j = bad[0]
-                problem = (f"member {i} sends {sends[i][j]} elements to member {j}, which expects "
-                           f"{recvs[j][i]}")
+        shaped = [isinstance(entry, (tuple, list)) and len(entry) == 2 and isinstance(entry[0], dict)
+                  for entry in calls]
+        if not all(shaped):
+            problem = f"member {shaped.index(False)}'s call check is not a call and its counts"
+        else:
+            fingerprints = [c for c, _ in calls]
+            own = [(m, c["problem"]) for m, (c, _) in zip(self.members, calls) if c.get("problem")]
+            if own:
+                problem = "; ".join(f"GPU {m}'s {text}" for m, text in own)
+            elif any(f != fingerprints[0] for f in fingerprints):
+                problem = "members called different collectives or arguments"
+            else:
+                # a member's counts: n integers 0..WIRE_INT_MAX each way on an all2all(v), none otherwise
+                malformed = [i for i, (_, counts) in enumerate(calls)
+                             if (counts is not None) != counted or counted and not _counts_fit(counts, n)]
+                if malformed:
+                    problem = (f"member {malformed[0]}'s counts are not {n} integers from 0 to {WIRE_INT_MAX} each "
+                               f"way (what it sends, what it receives)" if counted else
+                               f"member {malformed[0]} sent counts with a {name}")
+                elif counted:
+                    sends, recvs = [c[1][0] for c in calls], [c[1][1] for c in calls]
+                    bad = [(i, j) for i in range(n) for j in range(n) if sends[i][j] != recvs[j][i]]
+                    if bad:
+                        i, j = bad[0]
+                        problem = (f"member {i} sends {sends[i][j]} elements to member {j}, which expects "
+                                   f"{recvs[j][i]}")
         if problem:
-            listing = "; ".join(f"GPU {self.members[i]}: {c}" + (f" counts {cnt}" if cnt else "")
-                                for i, (c, cnt) in enumerate(calls))
+            listing = "; ".join(f"GPU {self.members[i]}: " + (f"{entry[0]}" + (f" counts {entry[1]}" if entry[1] else "")
+                                                             if ok else f"{entry!r:.120}")
+                                for i, (entry, ok) in enumerate(zip(calls, shaped)))
             raise CollectiveMismatch(f"GPU {self.gpu.rank}: {name} #{seq} on communicator {self.name!r}: "
                                      f"{problem}: {listing}")
 

@@ -117,7 +117,7 @@ def _in(ref, sizes) -> bool:
 def _fine(op, g, step, n, sizes, lanes) -> bool:
     """Whether `op` keeps rule 2 (False: maybe not; _check_op decides)."""
     kind = op.kind
-    needs = _NEEDS.get(kind)
+    needs = _NEEDS.get(kind) if type(kind) is str else None
     if needs is None:  # unknown, or in the switch
         return False
     src, dst = op.src, op.dst
@@ -140,7 +140,7 @@ def _fine(op, g, step, n, sizes, lanes) -> bool:
         return False
     if lanes is not None and not 0 <= op.channel < lanes:
         return False
-    return all(0 <= d < step for d in op.deps) if op.deps else True
+    return type(op.deps) is tuple and all(0 <= d < step for d in op.deps)
 
 
 def _check_op(plan: Plan, g: int, step: int, op) -> None:
@@ -177,6 +177,8 @@ def _check_op(plan: Plan, g: int, step: int, op) -> None:
     if plan.lanes > 1 and not 0 <= op.channel < plan.lanes:
         raise PlanError(f"{_where(g, step, op)}: channel {op.channel} has no lane; the plan runs its channels "
                         f"on lanes 0..{plan.lanes - 1}")
+    if type(op.deps) is not tuple:
+        raise PlanError(f"{_where(g, step, op)}: deps {op.deps!r} are not a tuple of earlier steps")
     for d in op.deps:
         if not 0 <= d < step:
             raise PlanError(f"{_where(g, step, op)}: depends on step {d}, not an earlier step of GPU {g} "

@@ -135,6 +135,35 @@ def test_forged_counts_in_the_call_check_are_a_mismatch_on_every_member():
     run(main)
 
 
+def test_a_call_check_entry_of_any_shape_is_a_mismatch_naming_its_member():
+    """Member 0's entry decides nothing for the others (the second review of issue 26): counts of None on an
+    all2allv, counts on an allreduce, or an entry that is no (call, counts) pair fail every member with
+    CollectiveMismatch naming the member that sent it, not a TypeError or another member."""
+    def main(gpu):
+        comm, n = gpu.world, gpu.size
+        honest = comm._exchange
+        cases = [("all2allv", lambda call, counts: (call, None), "member 0's counts are not"),
+                 ("allreduce", lambda call, counts: (call, ([1] * n, [1] * n)), "member 0 sent counts with a allreduce"),
+                 ("allreduce", lambda call, counts: "junk", "member 0's call check is not a call"),
+                 ("allreduce", lambda call, counts: ["not a dict", None], "member 0's call check is not a call")]
+        for name, forge, words in cases:
+            if gpu.rank == 0:
+                def forged(obj, op, seq, forge=forge):
+                    return honest(forge(*obj) if op.endswith("call check") else obj, op, seq)
+                comm._exchange = forged
+            with pytest.raises(CollectiveMismatch, match=words):
+                if name == "all2allv":
+                    comm.all2allv(np.zeros(2 * n, np.float32), [2] * n, np.zeros(2 * n, np.float32), [2] * n)
+                else:
+                    comm.allreduce(np.ones(4, np.float32), "sum", "ring")
+            comm._exchange = honest
+        x = np.ones(4, np.float32)
+        comm.allreduce(x, "sum", "ring")  # the communicator still works
+        assert (x == n).all()
+
+    run(main)
+
+
 def test_one_members_invalid_arguments_fail_every_member_at_once():
     # the offender raises its own typed error; the others do not wait for it to the deadline
     def main(gpu):

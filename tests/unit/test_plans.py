@@ -545,3 +545,14 @@ def test_a_rings_all_gather_steps_are_a_round_each(layout):
     rounds = plans.plan_rounds(plan, 1 << 20, 4)
     assert len(rounds) == 2 * (n - 1)
     assert all(int(t.sum()) == n * (1 << 20) // n for t in rounds)  # every GPU sends one block a step
+
+
+def test_an_operation_with_deps_that_are_no_tuple_or_an_unhashable_kind_is_refused_by_name():
+    # the validator's quick test and its rule-by-rule check agree (the second review of issue 26: deps=None
+    # passed the quick test, a list as kind raised TypeError there)
+    plan = plans.build("ring", 3, "allreduce")
+    for change, words in ((dict(deps=None), r"GPU 0 step 0 \(send, channel 0\): deps None are not a tuple"),
+                          (dict(kind=["send"]), r"GPU 0 step 0: kind \['send'\] unknown")):
+        ops = (dataclasses.replace(plan.programs[0].ops[0], **change),) + plan.programs[0].ops[1:]
+        with pytest.raises(PlanError, match=words):
+            plans.validate(_with_ops(plan, 0, ops))
