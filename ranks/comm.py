@@ -695,7 +695,8 @@ class Communicator:
         """CollectiveMismatch on every member, listing each member's call, before any data moves. Every entry
         is data a member sent: its shape is checked before anything in it is used."""
         n = self.size
-        counted = name in ("all2all", "all2allv")  # the collectives whose call check carries counts
+        # whether this call carries counts (all2all(v) but a plan's): this member's own entry says, never another's
+        counted = calls[self.rank][1] is not None
         problem = None
         shaped = [isinstance(entry, (tuple, list)) and len(entry) == 2 and isinstance(entry[0], dict)
                   for entry in calls]
@@ -715,7 +716,7 @@ class Communicator:
                 if malformed:
                     problem = (f"member {malformed[0]}'s counts are not {n} integers from 0 to {WIRE_INT_MAX} each "
                                f"way (what it sends, what it receives)" if counted else
-                               f"member {malformed[0]} sent counts with a {name}")
+                               f"member {malformed[0]} sent counts with a {name} that has none")
                 elif counted:
                     sends, recvs = [c[1][0] for c in calls], [c[1][1] for c in calls]
                     bad = [(i, j) for i in range(n) for j in range(n) if sends[i][j] != recvs[j][i]]
