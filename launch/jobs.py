@@ -88,6 +88,9 @@ def launch_script(script: str, args: argparse.Namespace, script_args: list[str],
                     drain.join()
                 except KeyboardInterrupt:
                     stop_interrupted(job)
+                    # the job has ended: its stderr ends too; leaving the `with` first would close the pipe
+                    # under the draining thread (a traceback of that thread on a Ctrl-C sent to the process group)
+                    drain.join(timeout=INTERRUPT_GRACE_S)
                     raise
         finally:  # even when interrupted: a rank's traceback is the one thing worth keeping
             if quiet and job is not None and job.returncode != 0:  # None: interrupted
