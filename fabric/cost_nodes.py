@@ -1,130 +1,11 @@
 """Cost model of the flat and hierarchical algorithms on a multi-node Topology: exact bytes per link,
 and time bounds.
 
-Pure (numpy, no MPI). Units: bytes, ns, GB/s (= bytes per ns). The members of a call are every GPU
-of the Topology in GPU order, which is node-major (fabric.topology): on one node the ring is GPU
-order, across nodes ring's channels (below); all start at modeled time 0, as fabric.cost assumes.
-
-**Traffic** (`rounds`): each algorithm is written as its dependent *rounds*, each a gpus x gpus matrix
-T with T[i, j] = payload bytes GPU i sends GPU j in that round, derived from the schedules of
-ranks/collectives (blocks are fabric.reduction.blocks of the element count, times itemsize):
-- ring on one node (ranks/collectives/ring.py), 2(N-1) rounds for allreduce, N-1 for reduce_scatter (S = input
-  bytes) and allgather (S = output bytes). Reduce-scatter round s: GPU r sends block (r-1-s) mod N
-  to r+1; all-gather round s: GPU r sends block (r-s) mod N to r+1. These rounds are summed from the
-  ring's plan (fabric.plans.registry.ring; fabric.plans.plan_rounds: a send is one round after the message
-  whose data it passes on, so its all-gather steps, with no flush between them, are a round each).
-- ring across nodes (N > 1; ring.py's channels, one ring per rail): C = min(G, S // 32 KiB), at
-  least 1, channels (fabric.reduction.ring_channel_count, NCCL's rule; C = 1 is the node-major
-  ring); ring c visits positions c, c+1, ..., c+G-1 (mod G) of node 0, then node 1, ...; member m's
-  range of channel c is block c of blocks(|block m|, C) inside block m. Round s is step s of every channel at once: on
-  ring c the member at position q sends the range of ring_c[q-1-s] (reduce-scatter) or ring_c[q-s]
-  (all-gather) to ring_c[q+1]; 2(NG-1) rounds for allreduce, NG-1 for reduce_scatter and
-  allgather. Bytes with C = G, S a multiple of N G G itemsize, n = NG: every GPU link 2(n-1)/n S each way
-  (allreduce; reduce_scatter, allgather half), as the one ring's; ring c crosses from (a, c-1) to
-  (a+1, c), so leaf a -> spine i and spine i -> leaf a carry k_i 2(n-1)/(nG) S (half for
-  reduce_scatter and allgather), k_i = channels c with c mod spines = i: a node's whole uplink
-  2(n-1)/n S each way, spread over all its GPUs' shares (the node-major ring put it on one).
-  broadcast (replayed, not in FLAT): part c = blocks(count, C)[c] down ring c from the root. These
-  rounds are summed from the channels' plan (fabric.plans.registry.ring with ring_channels; plan_rounds).
-- tree (tree.py), allreduce only, two rounds: up, every member but a part's root sends part t
-  (blocks(count, 2)[t]) to its parent in tree t (fabric.reduction.tree_parts); down, every parent
-  sends it to each child. Bytes (P = S/2): GPU (a, j) each way sum over t of P x (edges at it in
-  tree t: [not the root] + children); leaf a <-> spine (h_t mod spines) deg_t(a) P each way,
-  h_t = t (G - 1) the head's position, deg_t(a) = tree-t edges at node a. The two rounds are summed
-  from tree's plan (fabric.plans.registry.tree: its up channels 0, 1 and its down channels 2, 3;
-  fabric.plans.plan_traffic).
-- direct (direct.py): reduce_scatter, one round: GPU r sends block j to every j != r; allgather, one
-  round: GPU r sends its block r to every j != r; allreduce: the two, in that order (a GPU broadcasts
-  only its reduced block); broadcast, one round: the root sends S to every other GPU. These rounds
-  are summed from direct's plan (fabric.plans.registry.direct; fabric.plans.plan_rounds: the sends
-  between its flushes), not written here again.
-- all2all / all2allv (all2all.py), one round: GPU i sends its block j to GPU j (own block copied
-  locally, never on a link); all2all's blocks are S / N bytes each (S = each member's send buffer,
-  a multiple of N x itemsize, as comm.all2all requires); all2allv takes the matrix of counts, its round
-  summed from the call's plan (fabric.plans.registry.all2allv).
-- hier (hier.py; N nodes x G GPUs, GPU (a, j) = a G + j, its node ring (a, 0..G-1), its rail ring
-  (0..N-1, j)). Ranges: allreduce and broadcast cut part j = blocks(count, G)[j], allreduce then
-  range (a, j) = block a of blocks(|part j|, N) inside it; reduce_scatter and allgather take
-  range (a, j) = blocks(count, N G)[a G + j]; c_j = bytes of column j (the ranges (0..N-1, j)).
-  Node-ring reduce-scatter round s (G-1 rounds): (a, j) sends c_{(j-1-s) mod G} to (a, j+1);
-  rail-ring reduce-scatter round s (N-1): (a, j) sends range ((a-1-s) mod N, j) to (a+1, j); the
-  all-gathers the same with (j-s) and (a-s). allreduce: node RS, rail RS, rail AG, node AG
-  (2(G-1) + 2(N-1) rounds); reduce_scatter: node RS, rail RS; allgather: rail AG, node AG;
-  broadcast from root (aR, jR): one round in which the root sends part j to (aR, j) (none if
-  G = 1), one round for the pipelined chain down each rail (node aR+q sends part j to aR+q+1,
-  q = 0..N-2: every hop streams at once, so it is one round; its fill is not modeled), then the
-  node-ring all-gather of the parts (G-1 rounds).
-  Bytes per level for S bytes a multiple of N G itemsize (k_i = rails j with j mod spines = i, the
-  rails that spine i carries, as the Topology routes to the destination's local index), N > 1:
-  allreduce: every GPU link 2(NG-1)/(NG) S each way, of which 2(G-1)/G S stays in the node; every
-  leaf -> spine i and spine i -> leaf link k_i 2(N-1)/(NG) S, a node's whole uplink 2(N-1)/N S
-  each way (a node-major single ring's would be 2(NG-1)/(NG) S on one spine);
-  reduce_scatter (S = input), allgather (S = output): GPU links (NG-1)/(NG) S each way, leaf <->
-  spine i k_i (N-1)/(NG) S each way;
-  broadcast: GPU (a, j) tx (G-1)/G S + S/G [a != aR-1] + (G-1)/G S [the root], rx (G-1)/G S +
-  S/G [a != aR] + S/G [a = aR, j != jR]; leaf a -> spine i k_i S/G unless a = aR-1, spine i ->
-  leaf a k_i S/G unless a = aR. One node (N = 1): allreduce, reduce_scatter and allgather are
-  the ring's rounds exactly. hier runs these rounds pipelined, slice by slice (fabric.hier_plan): the
-  rounds give every link's bytes exactly; its time is the replay's (modeled_ns).
-- hier_nvls (hier.py's node stages in the leaf, N > 1 nodes of G > 1 GPUs): hier's rounds without its
-  node rings' (those run in the leaf: load-reduces and multicast stores, not GPU to GPU), i.e. the rail
-  rounds (broadcast: the scatter and the chain); hier_leaf_link_bytes has every link's bytes, the node
-  stages' included. One node, or one GPU a node: hier's rounds, which it runs there.
-- pxn (pxn.py), all2all only: round 1, GPU (a, j) sends its block for (c, k) straight there if
-  c = a or k = j, else to its proxy (a, k); round 2, each proxy (a, k) forwards those blocks to
-  (c, k). Bytes (blocks s = S / (N G)): every GPU link (NG-1) s + (N-1)(G-1) s each way; every
-  leaf -> spine i and spine i -> leaf link k_i (N-1) S / N, as `direct`'s all2all. These rounds are
-  summed from pxn's plan (fabric.plans.plan_rounds: a forward is one round after its hop).
-Within a round the order of a GPU's sends (r+1, r+2, ... in direct and all2all) does not change any
-link's bytes, so it is not represented.
-
-**Bytes** (`link_bytes`, exact): the sum over rounds of Topology.link_payload_bytes(T), routed as the
-Topology routes (D-mod-k over the spines). On one node it is fabric.cost.payload_bytes per GPU: tx on
-"gpuX->sw0", rx on "sw0->gpuX".
-
-**Time.** Raw bytes of a flow i -> j in a round: R(T[i, j]) = payload + one header per MTU packet of
-each message of at most chunk_bytes (fabric.cost.raw_of, messages as fabric.cost's); cut-through
-switches forward it whole, so a flow has the same raw bytes on every link of its route. Time is taken
-on the *timed stages* of each route (Topology.timed_route): its GPU links, and in place of the cables
-between switches the sender's outbound and the receiver's inbound share of their nodes' uplinks (U / G
-each, fabric.topology's Shares); below, "link" L is such a stage. For a link L of a round, W_L = raw bytes crossing it, bw_L its bandwidth, and over the flows f crossing it
-pre_f (ns from f leaving its GPU to its first byte entering L: the links before L and the switches
-passed) and post_f (ns from its last byte entering L to the destination: L's latency, the switch at
-L's end, the links and switches after). Then
-    round_ns = max( max over links L of  min_f pre_f + W_L / bw_L + min_f post_f,
-                    max over flows f of  path latency_f + R_f / least bandwidth on f's route ).
-It is a **lower bound** on the round under cut-through links of those bandwidths: no byte reaches L
-before min pre, L serialises W_L at bw_L, and its last byte has at least min post to go; and no
-flow ends before its own bytes crossed its slowest link.
-`rounds_ns` = the sum of round_ns over the rounds: the time of a bulk-synchronous execution in
-which each round starts once the previous one has ended everywhere, and in which each link is busy
-back to back from the moment the first byte could reach it; an estimate, not a bound of either kind
-(the ranks do not run in lockstep). On one node (a flow is one GPU uplink and one downlink, all
-links equal) round_ns = R(b)/B + 2a + s for blocks of b bytes, and rounds_ns is exactly
-fabric.cost.modeled_ns for ring allreduce, reduce_scatter, allgather and direct allreduce,
-reduce_scatter, allgather, broadcast, all2all (tests check it; with uneven blocks this module takes
-each round's actual blocks, fabric.cost S // N).
-`modeled_ns` is exact: fabric.replay runs each member's schedule against the same link clocks the
-ranks book, which modeled time allows because every booking is in one GPU's program order. Measured
-against emulated runs (2 nodes x 4 GPUs, 1 spine, the three multi-node presets, every flat
-algorithm, 4 KiB to 4 MiB): equal to 1e-10 ns; where the bulk-synchronous estimate was 0.46 to 1.68
-times the emulated time (a ring overlaps its rounds; an All2All whose senders of a node all start
-with the same remote GPU queue on its inbound share).
-`lower_bound_ns` holds whatever the rounds' overlap (the ranks do not run in lockstep: a ring GPU
-starts round k+1 once it has received round k, whatever the others do): the larger of
-- the round_ns formula over the flows of every round together (each pair's rounds as one flow);
-- the dependency chain: the sum over rounds of each round's fastest flow (path latency + R / its
-  route's least bandwidth), since in every schedule here a GPU sends round k+1's data only after it
-  received round k's; hier and hier_nvls in several slices (fabric.hier_plan) overlap their rounds,
-  so their chain is the rounds' path latencies only (each slice still passes the rounds in order);
-  hier_nvls's rounds are its GPU-to-GPU ones only (the bounds of a part of the traffic still bound
-  the whole).
-Each of the three is at most the sum of round_ns, so lower_bound_ns <= rounds_ns always, and
-lower_bound_ns <= modeled_ns (tested). For large messages whose bottleneck is one stage in every
-round (a node-major single ring's crossing into the next node on one GPU's shares, an all2all's
-shares) the bound is tight: a 1 MiB node-major ring allreduce (the ring before its channels) took
-exactly lower_bound_ns. The tree's two rounds are its up and down halves: tree's lower bound is
-loose (its chain is the depth, not two hops) and its estimate low.
+Pure (numpy, no MPI). Units: bytes, ns, GB/s (= bytes per ns). Each algorithm is its dependent rounds
+(`rounds`: gpus x gpus matrices of payload bytes, summed from its plan where it is one); `link_bytes` routes
+them exactly; `round_ns`/`rounds_ns` the bulk-synchronous estimate, `lower_bound_ns` and `occupancy_bound_ns`
+bounds, `modeled_ns` the exact replay (fabric.replay) plus NCCL's software latency. Every algorithm's rounds
+and bytes per level, and the formulas with their proofs: docs/model/cost-nodes.md.
 """
 
 import math
@@ -169,7 +50,7 @@ def _block_bytes(S: int, n: int, itemsize: int) -> list[int]:
 def rounds(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsize: int = 4, root: int = 0,
            counts=None) -> list[np.ndarray]:
     """The dependent rounds of one call on every GPU of `topo`, each a gpus x gpus int64 matrix of
-    payload bytes (row: sender, column: receiver), as the module docstring derives them.
+    payload bytes (row: sender, column: receiver), as docs/model/cost-nodes.md derives them.
     collective/algorithm: a pair of FLAT (all2all is `direct`; all2allv is ("all2allv", "all2allv")
     with `counts`, counts[i][j] = bytes GPU i sends GPU j, the diagonal a local copy; hier's GPU
     (a, j) is GPU a x G + j). FabricError for anything else."""
@@ -222,7 +103,7 @@ def rounds(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsize
 
 def _hier_rounds(collective: str, topo: Topology, S: int, itemsize: int, root: int) -> list[np.ndarray]:
     """hier's rounds (ranks/collectives/hier.py) on every GPU of `topo`: GPU (a, j) = a x G + j, its
-    node ring (a, 0..G-1) and its rail ring (0..N-1, j); the module docstring's schedule."""
+    node ring (a, 0..G-1) and its rail ring (0..N-1, j); the schedule in docs/model/cost-nodes.md."""
     N, G, n = topo.nodes, topo.gpus_per_node, topo.gpus
     if collective == "broadcast":
         if not isinstance(root, (int, np.integer)) or isinstance(root, bool) or not 0 <= root < n:
@@ -657,7 +538,7 @@ def _slowest_flow_ns(topo: Topology, flows: dict) -> float:
 
 def round_ns(topo: Topology, t: np.ndarray, config, itemsize: int = 4) -> float:
     """Lower bound (ns) of one round of payload traffic `t` (gpus x gpus) on `topo`, raw bytes by
-    config's mtu_bytes, header_bytes and chunk_bytes (the module docstring's round_ns)."""
+    config's mtu_bytes, header_bytes and chunk_bytes (round_ns in docs/model/cost-nodes.md)."""
     flows = _flows(topo._traffic(t), config, itemsize)
     return max(_link_bound(topo, flows), _slowest_flow_ns(topo, flows))
 
@@ -665,7 +546,7 @@ def round_ns(topo: Topology, t: np.ndarray, config, itemsize: int = 4) -> float:
 def rounds_ns(collective: str, algorithm: str, topo: Topology, S: int, config, itemsize: int = 4, root: int = 0,
               counts=None) -> float:
     """Bulk-synchronous estimate (ns) of one call: the sum of its rounds' round_ns. Equals
-    fabric.cost.modeled_ns on one node; see the module docstring for what it assumes elsewhere."""
+    fabric.cost.modeled_ns on one node; docs/model/cost-nodes.md says what it assumes elsewhere."""
     return sum(round_ns(topo, t, config, itemsize) for t in rounds(collective, algorithm, topo, S, itemsize, root,
                                                                    counts))
 

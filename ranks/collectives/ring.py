@@ -34,7 +34,7 @@ channel's at the end (call.join_channels). With one channel (below 64 KiB) that 
 and whole links, as before.
 Per-GPU payload is the one ring's figures above; across nodes, with C = G, each GPU sends its
 channel's crossing: allreduce 2(n-1)/n x S/G on its own outbound and inbound share
-(fabric.cost_nodes documents every link). Combine order across nodes: member m's
+(docs/model/cost-nodes.md documents every link). Combine order across nodes: member m's
 range of channel c is folded in ring c's order after m (q+1, q+2, ..., q for m at ring position q),
 reduce's part c in ring c's order after the root. A communicator on one node, or whose nodes do not
 line up, runs the one ring above (and broadcast's and reduce's one chain), unchanged: as a plan

@@ -28,7 +28,7 @@ t a member sends P up unless it is the root and P down to each child: a chain me
 the head nor the tail 2P each way, the tail P, the head (deg_t(a) + [G > 1]) P, deg_t(a) = tree-t
 edges at node a (its parent and children: 1 for both nodes of two). Across nodes, per tree edge P
 each way between the heads: leaf a <-> spine (h_t mod spines) deg_t(a) P each way
-(fabric.cost_nodes documents every link).
+(docs/model/cost-nodes.md documents every link).
 Combine order: part t at member x is x's own data, then each child's partial in fold order (the
 chain's next member, then child node 0's head, then child node 1's), in the array's dtype, one
 rounding per step; the root's result is finished (avg divides by the member count).
