@@ -133,6 +133,12 @@ def test_no_import_cycle(package):
     assert cycles(inside) == [], f"import cycles in {package}"
 
 
+def test_no_import_cycle_across_the_packages():
+    """fabric <- ranks <- launch: no cycle through modules of different packages either (the per-package test
+    above sees only the edges inside one)."""
+    assert cycles(graph()) == []
+
+
 @pytest.mark.parametrize("package", CHECKED)
 def test_no_module_outside_takes_a_private_name(package):
     """No module outside `package` imports a _private name of one of its modules."""
