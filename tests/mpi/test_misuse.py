@@ -105,29 +105,37 @@ def test_one_members_bad_buffer_is_reported_by_every_member():
     run(main)
 
 
+def forging(comm, forge):
+    """Make this member write its own call checks: each goes out as forge(call, counts) (a hostile member's
+    entry); returns the honest exchange, to put back."""
+    honest = comm._exchange
+    comm._exchange = lambda obj, op, seq: honest(forge(*obj) if op.endswith("call check") else obj, op, seq)
+    return honest
+
+
 def test_forged_counts_in_the_call_check_are_a_mismatch_on_every_member():
     """A member that writes its own all2allv call check (its counts are data it sends: a string, an
     integer past the wire's, a short row) fails every member with CollectiveMismatch naming it, before any
     count is used (the review of issue 26 found TypeError, OverflowError and IndexError on every member)."""
+    def forged_counts(value):
+        def forge(call, counts):
+            sends, recvs = list(counts[0]), list(counts[1])
+            if value == "short":
+                sends, recvs = sends[:-1], recvs[:-1]
+            else:
+                sends[1] = recvs[1] = value
+            return call, (sends, recvs)
+        return forge
+
     def main(gpu):
         comm, n = gpu.world, gpu.size
         honest = comm._exchange
-        for forged_value in ("x", 10 ** 40, float("inf"), -3, "short"):
+        for value in ("x", 10 ** 40, float("inf"), -3, "short"):
             if gpu.rank == 1:
-                def forged(obj, op, seq, value=forged_value):
-                    if op.endswith("call check") and obj[1] is not None:
-                        call, (sends, recvs) = obj
-                        sends, recvs = list(sends), list(recvs)
-                        if value == "short":
-                            sends, recvs = sends[:-1], recvs[:-1]
-                        else:
-                            sends[1] = recvs[1] = value
-                        obj = (call, (sends, recvs))
-                    return honest(obj, op, seq)
-                comm._exchange = forged
+                forging(comm, forged_counts(value))
             with pytest.raises(CollectiveMismatch, match=f"member 1's counts are not {n} integers"):
                 comm.all2allv(np.zeros(2 * n, np.float32), [2] * n, np.zeros(2 * n, np.float32), [2] * n)
-        comm._exchange = honest
+            comm._exchange = honest
         x = np.ones(4, np.float32)
         comm.allreduce(x, "sum", "ring")  # the communicator still works
         assert (x == n).all()
@@ -148,9 +156,7 @@ def test_a_call_check_entry_of_any_shape_is_a_mismatch_naming_its_member():
                  ("allreduce", lambda call, counts: ["not a dict", None], "member 0's call check is not a call")]
         for name, forge, words in cases:
             if gpu.rank == 0:
-                def forged(obj, op, seq, forge=forge):
-                    return honest(forge(*obj) if op.endswith("call check") else obj, op, seq)
-                comm._exchange = forged
+                forging(comm, forge)
             # the honest members name the forger; the forger (its own entry forged) fails too
             with pytest.raises(CollectiveMismatch, match=words if gpu.rank else None):
                 if name == "all2allv":
