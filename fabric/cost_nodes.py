@@ -75,11 +75,9 @@ def rounds(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsize
         matrix = topo._traffic(counts)  # checked: shape, integers, non-negative
         # the call's plan (fabric.plans.registry.all2allv), bytes as elements: one round; a GPU's own block
         # is copied locally, never on a link
-        each = plans.registry.uniform_count(matrix.tolist())
-        if each is not None:  # equal blocks: direct's all2all, as the ranks run them
-            layout = plans.registry.grid(topo.nodes, topo.gpus_per_node) if topo.nodes > 1 else None
-            return plans.plan_rounds(plans.build("direct", n, "all2all", layout=layout), n * each, 1)
-        out = plans.plan_rounds(plans.registry.all2allv(matrix.tolist()), 0, 1)
+        layout = plans.registry.grid(topo.nodes, topo.gpus_per_node) if topo.nodes > 1 else None
+        call_plan, elements = plans.registry.all2allv_plan(matrix.tolist(), layout)  # the ranks' choice
+        out = plans.plan_rounds(call_plan, elements or 0, 1)
         return out or [np.zeros((n, n), np.int64)]
     if collective == "broadcast":
         if not isinstance(root, (int, np.integer)) or isinstance(root, bool) or not 0 <= root < n:

@@ -208,7 +208,8 @@ def _stuck(collective: str, algorithm: str, n: int, waiting) -> FabricError:
 
 def _program(collective: str, algorithm: str, topo: Topology, r: int, count: int, chunk: int, item: int,
              root: int, counts):
-    """Member r's operations for one call of `count` elements (all2allv: `counts`, elements)."""
+    """Member r's operations for one call of `count` elements (all2allv: `counts`, the call's (plan, elements)
+    from fabric.plans.registry.all2allv_plan)."""
     n = topo.gpus
     if algorithm in ("hier", "hier_nvls") and collective in PROGRAMS[algorithm]:  # hier_nvls: N = 1 or G = 1
         yield from _hier(collective, topo, r, count, chunk, item, root)
@@ -222,13 +223,9 @@ def _program(collective: str, algorithm: str, topo: Topology, r: int, count: int
                      itemsize=item, chunk_bytes=chunk * item)
         yield from timing.messages(plan, count * item, item, chunk)[r]
         return
-    if (collective, algorithm) == ("all2allv", "all2allv"):  # the call's plan (counts in elements)
-        each = registry.uniform_count(counts)
-        if each is None:
-            yield from timing.messages(registry.all2allv(counts), 0, item, chunk)[r]
-        else:  # equal blocks: direct's all2all, as the ranks run them (ranks/collectives/all2all.py)
-            layout = registry.grid(topo.nodes, topo.gpus_per_node) if topo.nodes > 1 else None
-            yield from timing.messages(build("direct", n, "all2all", root, layout), n * each * item, item, chunk)[r]
+    if (collective, algorithm) == ("all2allv", "all2allv"):  # counts: (the call's plan, elements), replay_ns's
+        call_plan, elements = counts
+        yield from timing.messages(call_plan, (elements or 0) * item, item, chunk)[r]
     elif algorithm == "ring" and collective in ("allreduce", "reduce_scatter", "allgather", "broadcast"):
         # across nodes, its channels on the grid (a plan of the call's size: fabric.plans.registry.ring_channels)
         layout = registry.grid(topo.nodes, topo.gpus_per_node) if topo.nodes > 1 else None
@@ -621,7 +618,9 @@ def replay_ns(collective: str, algorithm: str, topo: Topology, S: int, config, i
     n = topo.gpus
     chunk = max(1, config.chunk_bytes // itemsize)
     count = int(S) // itemsize
-    elements = None if counts is None else [[int(x) // itemsize for x in row] for row in counts]
+    if counts is not None:  # the call's plan, once for every member: registry.all2allv_plan, the ranks' choice
+        layout = registry.grid(topo.nodes, topo.gpus_per_node) if topo.nodes > 1 else None
+        counts = registry.all2allv_plan([[int(x) // itemsize for x in row] for row in counts], layout)
     fabric = Fabric(topo, config.mtu_bytes, config.header_bytes)
-    programs = {r: _program(collective, algorithm, topo, r, count, chunk, itemsize, root, elements) for r in range(n)}
+    programs = {r: _program(collective, algorithm, topo, r, count, chunk, itemsize, root, counts) for r in range(n)}
     return run_programs(fabric, programs, lambda waiting: _stuck(collective, algorithm, n, waiting))

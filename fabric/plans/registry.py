@@ -445,6 +445,17 @@ def uniform_count(counts) -> int | None:
     return first if first is not None and all(x == first for row in counts for x in row) else None
 
 
+def all2allv_plan(counts, layout=None) -> tuple[Plan, int | None]:
+    """The plan one all2allv call runs, and the elements of each GPU's send buffer it runs on: equal blocks
+    (uniform_count) run direct's all2all on `layout` (the communicator's grid across nodes, None on one
+    node) over n x the block; other counts the call's own plan (all2allv), which sizes its chunks (None).
+    The ranks (ranks/collectives/all2all.py), the replay and cost_nodes all take it from here."""
+    each = uniform_count(counts)
+    if each is None:
+        return all2allv(counts), None
+    return build("direct", len(counts), "all2all", layout=layout), len(counts) * each
+
+
 def all2allv(counts) -> Plan:
     """The validated plan of one all2allv call: counts[i][j] elements GPU i sends GPU j (the diagonal: copied
     locally), blocks packed in GPU order in both buffers. direct's one-node All2All (block r+k to GPU r+k,

@@ -18,18 +18,16 @@ from . import plan
 
 def all2allv(call, send: np.ndarray, send_offsets, send_counts, recv: np.ndarray, recv_offsets,
              recv_counts) -> None:
-    n = call.n
-    each = plans.registry.uniform_count(call.counts)  # every member's counts (the call check): one decision
-    if each is not None:
-        # all2all's equal, packed blocks: direct's plan (the same exchange, fabric.plans.registry.direct)
-        plan.execute(call, plans.build("direct", n, "all2all", layout=node_layout(call)), send[:n * each],
-                     recv[:n * each])
+    # every member's counts (the call check): one decision, the cost models' (registry.all2allv_plan)
+    call_plan, elements = plans.registry.all2allv_plan(call.counts, node_layout(call))
+    if elements is not None:  # all2all's equal, packed blocks: direct's plan (the same exchange)
+        plan.execute(call, call_plan, send[:elements], recv[:elements])
         return
     if list(send_offsets) != offsets(send_counts) or list(recv_offsets) != offsets(recv_counts):
         raise UnsupportedOperation(f"GPU {call.gpu.rank}: all2allv runs packed blocks (offsets {offsets(send_counts)}, "
                                    f"{offsets(recv_counts)}), got {list(send_offsets)}, {list(recv_offsets)}")
     # uneven counts: the call's plan, its chunks sized by every member's counts (from the call check)
-    plan.execute(call, plans.registry.all2allv(call.counts), send, recv)
+    plan.execute(call, call_plan, send, recv)
 
 
 def node_layout(call) -> tuple[tuple[int, ...], ...] | None:
