@@ -9,7 +9,7 @@ import pytest
 from nvlink_emu.fabric.control import MAX_CONTROL_BYTES
 from nvlink_emu.fabric.errors import CollectiveMismatch, FabricError, FabricTimeout, ResourceExhausted
 from nvlink_emu.ranks import comm as comm_module
-from nvlink_emu.ranks import transport
+from nvlink_emu.ranks.transport import channels as transport_channels
 
 from mpi_helpers import gpus, run
 from trust_helpers import until
@@ -59,11 +59,11 @@ def test_control_objects_of_every_size_round_trip_and_too_long_ones_name_their_m
 
 @pytest.mark.parametrize("round_members", [1, 2, 64])
 def test_both_first_steps_carry_every_size_and_meet_a_member_in_another_operation(monkeypatch, round_members):
-    """An exchange's first step is one round of messages up to transport.ROUND_MEMBERS members, an
+    """An exchange's first step is one round of messages up to transport.channels.ROUND_MEMBERS members, an
     Iallgather above: both carry inline and long entries, and both meet a member in another operation
     (a CollectiveMismatch on every member, naming each one's); the limit is lowered or raised here so
     that both run at every world size, and a split's new communicators (fewer members) mix them."""
-    monkeypatch.setattr(transport, "ROUND_MEMBERS", round_members)
+    monkeypatch.setattr(transport_channels, "ROUND_MEMBERS", round_members)
 
     def main(gpu):
         for n in (0, 600):

@@ -1,15 +1,15 @@
 """The waits' back-off (ranks.transport): a poked wait's naps, and an exchange's two phases."""
 
-from nvlink_emu.ranks import transport
+from nvlink_emu.ranks.transport import job as transport_job
 from nvlink_emu.ranks.transport import POKED_FIRST_NAP_S, POKED_MAX_NAP_S, Idle, poked_idle
 
 
 def _naps(monkeypatch, idle, calls: int) -> list:
     """The sleeps `calls` calls of `idle` take (no Waker open: time.sleep; a yield is 'yield')."""
     slept = []
-    monkeypatch.setattr(transport, "_waker", None)
-    monkeypatch.setattr(transport.time, "sleep", slept.append)
-    monkeypatch.setattr(transport.os, "sched_yield", lambda: slept.append("yield"))
+    monkeypatch.setattr(transport_job, "_waker", None)
+    monkeypatch.setattr(transport_job.time, "sleep", slept.append)
+    monkeypatch.setattr(transport_job.os, "sched_yield", lambda: slept.append("yield"))
     for _ in range(calls):
         idle()
     return slept

@@ -183,7 +183,7 @@ def test_a_release_costs_the_switch_what_the_released_group_holds_only():
 
 
 def test_a_gpu_s_waiting_packets_cost_its_switch_about_what_their_payloads_do():
-    """ranks/transport.py: inline payloads (at most 4 KiB) bound "what a switch holds of a GPU's packets
+    """ranks/transport/packets.py: inline payloads (at most 4 KiB) bound "what a switch holds of a GPU's packets
     that wait (MAX_QUEUED of them, ranks/switch.py: 1 MiB per GPU)". GPU 0 sends a PUT header whose 1 MiB
     payload never comes (its packets wait behind it up to timeout_s, 30 s by default), then inline MSG
     frames of 4 KiB each whose header is as long as a header may be: a key of 15 strings of 4,096
