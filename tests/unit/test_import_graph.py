@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # the folders as installed (pyproject.toml's package-dir): fabric/ is nvlink_emu.fabric, ...
 PACKAGES = {"fabric": "nvlink_emu.fabric", "ranks": "nvlink_emu.ranks", "launch": "nvlink_emu.launch"}
 # the packages (and everything under them) where a cycle or a private import from outside fails the test
-CHECKED = ("nvlink_emu.ranks.mpi4py_layer", "nvlink_emu.fabric.switch")
+CHECKED = ("nvlink_emu.ranks.mpi4py_layer", "nvlink_emu.fabric.switch", "nvlink_emu.ranks.transport",
+           "nvlink_emu.ranks.switch")
 # where a cycle fails it: all three packages
 NO_CYCLES = ("nvlink_emu.fabric", "nvlink_emu.ranks", "nvlink_emu.launch")
 

@@ -141,7 +141,7 @@ class _Ranks:
                 self.ranks[dest]._handle(frm, packet, payload)
             if not self.mail:
                 for rank in self.ranks.values():
-                    rank._credit_drained()
+                    rank.credits.drain(rank.transport.sends_pending_to)
         return held
 
     def deliver(self, held):
@@ -160,7 +160,7 @@ def test_a_store_dropped_at_a_spine_gives_its_credit_back():
     members of released groups). An honest store while the group lives gives its credit back in full."""
     fabric = _Ranks(nvlink(spines=2, switch_buffer_bytes=1 << 16, chunk_bytes=4096))
     leaf1 = fabric.leaf(2)
-    assert leaf1.credit_bytes == 16384
+    assert leaf1.credits.credit_bytes == 16384
     fabric.gpu(0, group_packet("create", members=(0, 2), name="c"))
     ((_, reply),) = fabric.to_gpus
     gid = reply.info["group"]
@@ -169,10 +169,10 @@ def test_a_store_dropped_at_a_spine_gives_its_credit_back():
     data = np.ones(16384, np.uint8)
     store = Packet(Kind.MCAST, 0, -1, 0, data.nbytes, info=McastInfo(gid, ("c", 0)))
     fabric.gpu(2, store, data)  # live group: its copy reaches GPU 0 and the credit comes back
-    assert leaf1._credit_used.get(0, 0) == 0
+    assert leaf1.credits.used.get(0, 0) == 0
     on_cable = fabric.gpu(2, store, data, hold=lambda frm, dest, packet: packet.kind is Kind.MCAST)
     assert [(frm, dest) for frm, dest, _, _ in on_cable] == [(5, 7)]  # leaf 1 -> spine 3
-    assert leaf1._credit_used[0] == 16384
+    assert leaf1.credits.used[0] == 16384
     fabric.gpu(0, group_packet("release", gid))
     fabric.deliver(on_cable)
     assert fabric.ranks[7].logic.late_stores == 1  # dropped at spine 3
@@ -180,7 +180,7 @@ def test_a_store_dropped_at_a_spine_gives_its_credit_back():
     leaf1._congested(3, message)  # held: leaf 1 asks leaf 0 for GPU 0's credit
     fabric.pump()
     assert not leaf1._congested(3, message), f"GPU 3's 64-byte message to GPU 0 is held: " \
-                                             f"{leaf1._credit_used[0]} bytes of credit never came back"
+                                             f"{leaf1.credits.used[0]} bytes of credit never came back"
 
 
 def test_a_member_cannot_load_reduce_another_requester_s_slot_under_its_own_key():

@@ -194,7 +194,7 @@ def test_a_gpu_s_waiting_packets_cost_its_switch_about_what_their_payloads_do():
     headers are about 1 KiB but the end of run's COUNTERS (its call records: up to 48 KiB, sent once).
     The smallest fix: count a GPU's waiting packets in bytes too (their header messages' lengths, kept
     with the queue), and stop reading it past 1 MiB as past MAX_QUEUED packets. After (that fix: each waiting
-    packet counts its message and its header's length again, for the decoded header, in _Queue.nbytes;
+    packet counts its message and its header's length again, for the decoded header, in Queue.nbytes (ranks/switch/queues.py);
     the switch stops reading a GPU past MAX_QUEUED_BYTES, 1 MiB, as past MAX_QUEUED packets): 10
     packets waiting hold 1.11 MiB (tracemalloc), counted 1.09 MiB; honest 4 KiB inline MSGs stop at 250."""
     import tracemalloc

@@ -623,10 +623,10 @@ def test_a_gpu_toggling_its_tracing_word_costs_the_switches_a_bounded_rate(trace
     Before: 1,000 toggles relayed 1,000 words to each of the 2 spines, with or without trace."""
     from nvlink_emu.fabric.config import preset
     from nvlink_emu.fabric.packets import TraceInfo
-    from nvlink_emu.ranks import switch as switch_module
+    from nvlink_emu.ranks.switch import tracing as switch_tracing
     from nvlink_emu.ranks.switch import SwitchRank
 
-    monkeypatch.setattr(switch_module, "TRACE_RELAY_S", 3600.0)  # no relay falls due within the test
+    monkeypatch.setattr(switch_tracing, "TRACE_RELAY_S", 3600.0)  # no relay falls due within the test
     config = preset("superpod-h100-nvlink", nodes=2, gpus=4, partitions=((0, 2), (1, 3)))
     intake = _LeafIntake()
     rank = SwitchRank(config, intake, 5.0, trace=_Trace() if traced else None)
@@ -637,26 +637,26 @@ def test_a_gpu_toggling_its_tracing_word_costs_the_switches_a_bounded_rate(trace
     for _ in range(1001):  # off, on, off, ... off
         rank._handle(0, Packet(Kind.TRACE, key(0), -1, info=TraceInfo(on)), None)
         on = not on
-    assert rank._untraced == {0}
+    assert rank.tracing.untraced == {0}
     if not traced:
         assert intake.sent == [] and rank.sent_to_switches == 0
         return
     assert intake.sent == [(s, Kind.TRACE, TraceInfo(False)) for s in spines] and rank.sent_to_switches == 2
-    assert rank.trace_words_held == 1000
-    assert not rank._relay_tracing()  # not due: nothing more
-    rank._trace_relayed[0] = (rank._trace_relayed[0][0] - 3600.0, False)
-    assert not rank._relay_tracing() and len(intake.sent) == 2  # due, but its word is what was relayed
+    assert rank.tracing.words_held == 1000
+    assert not rank.tracing.relay()  # not due: nothing more
+    rank.tracing.relayed[0] = (rank.tracing.relayed[0][0] - 3600.0, False)
+    assert not rank.tracing.relay() and len(intake.sent) == 2  # due, but its word is what was relayed
     rank._handle(0, Packet(Kind.TRACE, key(0), -1, info=TraceInfo(True)), None)  # due: relayed at once
     rank._handle(0, Packet(Kind.TRACE, key(0), -1, info=TraceInfo(False)), None)
     rank._handle(0, Packet(Kind.TRACE, key(0), -1, info=TraceInfo(True)), None)
-    assert intake.sent[2:] == [(s, Kind.TRACE, TraceInfo(True)) for s in spines] and rank.trace_words_held == 1002
+    assert intake.sent[2:] == [(s, Kind.TRACE, TraceInfo(True)) for s in spines] and rank.tracing.words_held == 1002
     rank._handle(0, Packet(Kind.TRACE, key(0), -1, info=TraceInfo(False)), None)  # held: the latest, off
-    rank._trace_relayed[0] = (rank._trace_relayed[0][0] - 3600.0, True)
-    assert rank._relay_tracing() and intake.sent[4:] == [(s, Kind.TRACE, TraceInfo(False)) for s in spines]
-    assert rank.sent_to_switches == 6 and rank.trace_words_held == 1003 and not rank._trace_pending
+    rank.tracing.relayed[0] = (rank.tracing.relayed[0][0] - 3600.0, True)
+    assert rank.tracing.relay() and intake.sent[4:] == [(s, Kind.TRACE, TraceInfo(False)) for s in spines]
+    assert rank.sent_to_switches == 6 and rank.tracing.words_held == 1003 and not rank.tracing.pending
     rank._handle(0, Packet(Kind.TRACE, key(0), -1, info=TraceInfo(True)), None)  # held, not due
-    assert len(intake.sent) == 6 and rank._trace_pending == {0}
+    assert len(intake.sent) == 6 and rank.tracing.pending == {0}
     packet, payload = msg(0, key(2), 64)  # to node 1: the spines learn GPU 0's word first
     rank._handle(0, packet, payload)
-    assert intake.sent[6:8] == [(s, Kind.TRACE, TraceInfo(True)) for s in spines] and not rank._trace_pending
+    assert intake.sent[6:8] == [(s, Kind.TRACE, TraceInfo(True)) for s in spines] and not rank.tracing.pending
     assert [kind for _, kind, _ in intake.sent[8:]] == [Kind.MSG] and intake.sent[8][0] in spines

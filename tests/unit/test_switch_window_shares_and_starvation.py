@@ -153,7 +153,7 @@ def _served(rank, transport, polls: int = 10_000) -> list[int]:
         if got is not None:
             served.append(got[0])
             rank._take(*got)
-            rank._mailbox.clear()
+            rank.mailboxes.used.clear()
     return served
 
 

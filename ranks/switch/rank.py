@@ -12,81 +12,25 @@ Ranks of the fabric's communicator: GPUs 0..G-1 (GPU index = rank), then switch 
 (leaves 0..N-1, spines N..); ranks/session.py maps them onto the MPI world's node-major layout.
 """
 
-import dataclasses
 import math
 import time
-from collections import deque
 
 import numpy as np
 
 from nvlink_emu.fabric.config import FabricConfig
-from nvlink_emu.fabric.counters import LinkStats, check_gpu_links, downlink, merge_reports, uplink
+from nvlink_emu.fabric.counters import downlink, merge_reports, uplink
 from nvlink_emu.fabric.errors import FabricError, FabricTimeout, ProtocolError
-from nvlink_emu.fabric.packets import MAX_GPU_HEADER_BYTES, CountersInfo, Kind, Packet, TraceInfo, raw_bytes
+from nvlink_emu.fabric.packets import MAX_GPU_HEADER_BYTES, CountersInfo, Kind, Packet, TraceInfo
 from nvlink_emu.fabric.budget import port_share_bytes
 from nvlink_emu.fabric.switch import Send, SpineLogic, SwitchLogic
 
-from .transport import (MAILBOX_PEER_BYTES, MAILBOX_PEER_MESSAGES, MAX_HEADER_BYTES, WANTED, Idle, SwitchChannel,
-                        Transport, mailbox_class, unframe)
-
-MAX_UNREAD = 1024  # answers a GPU may leave unread before the switch stops reading its packets
-MAX_QUEUED = 256   # packets of one GPU waiting behind one that cannot go on yet
-# ... and their bytes (_Queue.nbytes: each packet's message and its decoded header, about as long again):
-# a header may be MAX_HEADER_BYTES long, so MAX_QUEUED alone let a GPU's waiting packets hold 32 MiB of its
-# switch (tests/unit/test_switch_span_order_and_costs.py); honest ones (inline payloads of 4 KiB at most, headers of tens
-# of bytes to ~1 KiB) are about MAX_QUEUED of them (4 KiB inline MSGs: 250)
-MAX_QUEUED_BYTES = 1 << 20
-SWEEP_STEPS = 1024  # every this many intake steps, drop stray messages of every GPU
-CREDIT_STEPS = 16  # every this many intake steps (and at once while a MSG waits for one), take mailbox credits
-# A MSG held for its receiver's mailbox (_mailbox_over) is parked apart, with the later MSGs of its pair and
-# class, so that it holds nothing else of its sender's (its collectives, its traffic to other GPUs): its header
-# kept, its payload matched and not received (its send stays incomplete, as it did in line), per sender at most
-# MAX_PARKED packets and MAX_PARKED_BYTES of their messages (as _Queue's sizes); past that they wait in line
-MAX_PARKED = MAX_QUEUED
-MAX_PARKED_BYTES = MAX_QUEUED_BYTES
-# a leaf relays a GPU's TRACE word to the spines at most once per this much host time (s); a change within
-# it waits, only the latest one kept (_set_tracing): a GPU toggling its word cannot flood the switches
-TRACE_RELAY_S = 0.05
-MAX_WANTED = 64  # messages a GPU here said its program waits for (transport.send_want), kept until they go
-# fabric messages of a GPU the switch does not read now that a sweep keeps matched, to reach what it sent
-# behind them (transport.drop_other_tags): a header and a payload for each packet that may wait, and one more
-MAX_KEPT = 2 * (MAX_QUEUED + 1)
-# what a GPU that said DONE still sends while the switches end the run: answers to requests forwarded to it
-ANSWERS = frozenset({Kind.PUT_ACK, Kind.GET_DATA})
-# what switches send each other for a group that spans nodes (partials, results, its lifecycle)
-SPANNING = frozenset({Kind.REDUCE, Kind.MCAST, Kind.GROUP, Kind.LOAD_REDUCE})  # + nvls load-reduce requests
-
-
-class _Waiting:
-    """A header whose payload is still to come (or still being received, or came inline and waits for
-    its turn), with its deadline."""
-
-    __slots__ = ("packet", "deadline", "request", "buffer", "held", "inline", "size", "parks", "message")
-
-    def __init__(self, packet: Packet, deadline: float, inline=None, size: int = 0):
-        self.packet, self.deadline, self.size = packet, deadline, size  # size: what it holds of the switch
-        self.request = self.buffer = None
-        self.held = False  # its payload is not taken yet: a port it goes to has too much in flight
-        self.inline = inline  # its payload, if it came in the header's message (not checked yet)
-        self.parks = False  # a MSG for a full mailbox: parked (SwitchRank._park) once its payload is matched
-        self.message = None  # a parked MSG's payload, matched and not received yet (MPI keeps it: at its sender)
-
-
-class _Queue(deque):
-    """A GPU's waiting packets (_Waiting), in order, with the bytes they hold (`nbytes`, their sizes)."""
-
-    def __init__(self):
-        super().__init__()
-        self.nbytes = 0
-
-    def append(self, entry: _Waiting) -> None:
-        super().append(entry)
-        self.nbytes += entry.size
-
-    def popleft(self) -> _Waiting:
-        entry = super().popleft()
-        self.nbytes -= entry.size
-        return entry
+from ..transport import MAILBOX_PEER_MESSAGES, MAX_HEADER_BYTES, Idle, SwitchChannel, Transport, mailbox_class, unframe
+from .credits import LeafCredits
+from .mailboxes import Mailboxes
+from .queues import (ANSWERS, CREDIT_STEPS, MAX_KEPT, MAX_QUEUED, MAX_QUEUED_BYTES, MAX_UNREAD, SPANNING, SWEEP_STEPS,
+                     Queue, Waiting)
+from .report import report_part
+from .tracing import TraceRelay
 
 
 class SwitchRank:
@@ -99,18 +43,9 @@ class SwitchRank:
     answers unread, or has too many packets waiting, is not read from until it catches up.
 
     Across nodes a leaf takes whatever a spine passes down (holding it would stall every tenant's
-    traffic from that spine), so the senders' leaves bound it: a leaf keeps at most credit_bytes
-    (the port's share over the other nodes) forwarded towards one GPU of another node and not yet
-    credited, each packet taking its payload bytes or credit_per_packet, whichever is more (so at most
-    MAX_UNREAD packets), and holds its GPU's transfer past that, as for a local port. The destination's
-    leaf credits them back (a CREDIT packet through a spine) once its sends of them to the GPU
-    completed (or at once if it refused them): by itself when half the credit has left, at once when
-    the sender's leaf asks (it asks when it holds a transfer for want of credit). So a GPU that does not
-    receive costs its leaf its port's share from the other nodes at most, in bytes and in packets, and
-    only the traffic bound for it waits. A multicast store of a group spanning nodes (fabric.switch)
-    goes up once but reaches every member of the other nodes, so it takes that credit for each of them
-    at the sender's leaf, and each destination leaf credits its members' copies back the same way: a
-    member that does not receive cannot make another node's leaf hold the group's stores for it.
+    traffic from that spine), so the senders' leaves bound it by credits (LeafCredits): a GPU that does
+    not receive costs its leaf its port's share from the other nodes at most, in bytes and in packets,
+    and only the traffic bound for it waits.
     """
 
     def __init__(self, config: FabricConfig, transport: Transport, timeout_s: float, trace=None,
@@ -129,11 +64,7 @@ class SwitchRank:
         self.sent_to_switches = self.taken_from_switches = 0  # packets, for the end of run
         self.trace = trace  # a TraceWriter, or None
         self.logic.tracing = trace is not None
-        self._untraced: set[int] = set()  # GPUs that asked for no records of their traffic (_set_tracing)
-        self._trace_relayed: dict[int, tuple[float, bool]] = {}  # GPU here -> (host time, word) last relayed
-        self._trace_pending: set[int] = set()  # GPUs here whose word changed since, within TRACE_RELAY_S
-        self.trace_words_held = 0  # a GPU's TRACE changes not relayed at once (_set_tracing), for tests
-        self._seq: dict[str, int] = {}  # per link: packets seen, to pair each send with its receive
+        self.tracing = TraceRelay(config, self.logic, trace, self._send_tracing)
         self.transport = transport
         self.timeout_s = timeout_s
         self.end_timeout_s = 2 * timeout_s + 5
@@ -141,7 +72,7 @@ class SwitchRank:
         self._done: set[int] = set()
         self._counters: dict[int, CountersInfo] = {}
         self._asked_counters = False
-        self._waiting: dict[int, _Queue] = {}  # per GPU: its headers behind a payload, in order
+        self._waiting: dict[int, Queue] = {}  # per GPU: its headers behind a payload, in order
         self._abandoned: list[tuple] = []  # payload receives given up on: (request, buffer) until they end
         self._suspects: set[int] = set()   # GPUs that sent a malformed packet: their stray payloads are dropped
         self._steps = 0                    # intake steps, for the sweeps of stray messages
@@ -150,32 +81,8 @@ class SwitchRank:
         self._idle = Idle(yields=64, max_sleep_s=1e-3)  # every packet passes here: stay more awake
         waker = getattr(transport, "waker", None)  # None: a stand-in transport (tests/unit)
         self._waker = waker  # pokes a GPU whose payload it took (_advance)
-        # Credits between leaves (class docstring): what this leaf forwarded towards each GPU of another
-        # node and was not yet credited back, the GPUs it asked credit for; and, as a destination leaf,
-        # per local GPU the transit packets posted to it (position in its sends, origin leaf, credit),
-        # what of them left (per (origin leaf, GPU)), and the credits asked for
-        self._credited = config.nodes > 1 and not self.spine  # a leaf with other nodes to credit
-        self.credit_bytes = max(1, port_share_bytes(config) // max(1, config.nodes - 1))
-        # every packet takes at least this much credit, so that at most MAX_UNREAD of them (zero-byte
-        # messages, requests, answers) are in flight towards one GPU from one leaf
-        self.credit_per_packet = max(1, self.credit_bytes // MAX_UNREAD)
-        self._credit_used: dict[int, int] = {}
-        self._credit_asked: set[int] = set()
-        self._posted_to: dict[int, int] = {}  # per local GPU: sends posted to it (a position in its queue)
-        self._transit: dict[int, deque] = {}
-        self._drained: dict[tuple[int, int], int] = {}
-        self._credit_wanted: set[tuple[int, int]] = set()
-        # Mailboxes (transport.MAILBOX_PEER_*): per (sender, receiver, class), both GPUs here, the MSG payload
-        # bytes and messages forwarded and not yet credited back by the receiver (it credits what its program
-        # took); a sender's MSG past either bound is parked, with the later ones of its pair and class, until
-        # credit comes (MAX_PARKED*)
-        self._mailbox: dict[tuple[int, int, int], list[int]] = {}
-        self._mailbox_full = False  # a MSG waits for a mailbox credit: take the credits that came
-        self._mailbox_asked: set[tuple[int, int, int]] = set()  # asked the receiver for credit (CREDIT to it)
-        self._parked: dict[tuple[int, int, int], deque] = {}  # _Waiting MSGs per (sender, receiver, class)
-        self._parked_size: dict[int, list[int]] = {}  # per sender: [bytes, packets] parked
-        # per receiver here: the (sender, key) its program waits for, oldest first: they go past the bounds
-        self._wanted: dict[int, dict[tuple, bool]] = {}
+        self.credits = LeafCredits(config, self.index, self.logic, self.gpus, self._to_switch)  # between leaves
+        self.mailboxes = Mailboxes(self.gpus)  # between the GPUs here
 
     def serve(self) -> dict:
         """Run until every GPU of the fabric reported DONE and no packet is left between switches;
@@ -202,17 +109,17 @@ class SwitchRank:
     def _step(self) -> bool:
         """Move what can move: sends, payloads being received, one new header; True if anything did."""
         moved = self.transport.progress()
-        if self._transit:
-            moved |= self._credit_drained()
+        if self.credits.transit:
+            moved |= self.credits.drain(self.transport.sends_pending_to)
         if self._waiting or self._abandoned:
             moved |= self._advance_all()
         self._steps += 1
-        if self._mailbox_full or self._parked or not self._steps % CREDIT_STEPS:
+        if self.mailboxes.full or self.mailboxes.parked or not self._steps % CREDIT_STEPS:
             moved |= self._take_credits()
-        if self._parked:
+        if self.mailboxes.parked:
             moved |= self._unpark()
-        if self._trace_pending:
-            moved |= self._relay_tracing()
+        if self.tracing.pending:
+            moved |= self.tracing.relay()
         if not self._steps % SWEEP_STEPS:  # now and then, for every GPU (honest ones never leave any)
             moved |= self._sweep_other_tags()
             moved |= self.transport.drop_strays_from(set(self.sources)) > 0
@@ -247,82 +154,26 @@ class SwitchRank:
         return None
 
     def _take_credits(self) -> bool:
-        """Take the mailbox credits the GPUs here sent (transport.send_credit): a GPU credits messages of a
-        sender of this node that its program took; anything else is ignored (a GPU that credits more than
-        it took only lets more into its own mailbox). Whether any came."""
-        self._mailbox_full = False
+        """Take the mailbox credits the GPUs here sent (Mailboxes.take_credits); whether any came."""
         got = self.transport.credits(4 * MAILBOX_PEER_MESSAGES)
-        for receiver, sender, cls, *rest in got:
-            if cls == WANTED:
-                if receiver in self.gpus:
-                    self._want(receiver, sender, rest[0])
-                continue
-            nbytes, messages = rest
-            pair = (sender, receiver, cls)
-            used = self._mailbox.get(pair) if receiver in self.gpus else None
-            if used is None or nbytes < 0 or messages < 0:
-                continue
-            used[0], used[1] = max(0, used[0] - nbytes), max(0, used[1] - messages)
-            self._mailbox_asked.discard(pair)
-            if not used[1]:
-                del self._mailbox[pair]
+        self.mailboxes.take_credits(got)
         return bool(got)
 
     def _mailbox_over(self, source: int, packet: Packet, parked_ok: bool = False) -> bool:
-        """Whether MSG `packet` from GPU `source` would take the mailbox of its receiver here past its bounds
-        for `source` (a first message, of any size, always goes), or must wait behind parked ones of its pair
-        and class (unless `parked_ok`: it is the first of them)."""
+        """Whether MSG `packet` from GPU `source` must wait for its receiver's mailbox (Mailboxes.over); the
+        receiver is asked for its credit then (once)."""
         receiver = self.logic.gpu_of_key(packet.dst)
-        if self._wanted and self._wanted_now(source, receiver, packet):
-            return False
-        pair = (source, receiver, mailbox_class(packet.info.key))
-        if not parked_ok and pair in self._parked:
-            return True
-        used = self._mailbox.get(pair)
-        if used is None or not used[1] or (used[0] + packet.payload_bytes <= MAILBOX_PEER_BYTES
-                                          and used[1] < MAILBOX_PEER_MESSAGES):
-            return False
-        self._mailbox_full = True
-        if pair not in self._mailbox_asked:  # the receiver credits at half a bound, or when asked
-            self._mailbox_asked.add(pair)
+        over, ask = self.mailboxes.over(source, receiver, packet, parked_ok)
+        if ask:
             self._send_all([Send(receiver, Packet(Kind.CREDIT, self.logic.route_key(source), packet.dst,
-                                                  req=pair[2]))], -1)
-        return True
+                                                  req=mailbox_class(packet.info.key)))], -1)
+        return over
 
-    def _want(self, receiver: int, sender, key: tuple) -> None:
-        """GPU `receiver`'s program waits for `sender`'s message in slot `key`: it goes whatever the mailbox
-        bounds (MAX_WANTED kept per receiver, the oldest dropped); if parked, it goes first."""
-        wanted = self._wanted.setdefault(receiver, {})
-        wanted[(sender, key)] = True
-        if len(wanted) > MAX_WANTED:
-            del wanted[next(iter(wanted))]
-        for cls in (0, 1):
-            queue = self._parked.get((sender, receiver, cls))
-            for entry in queue or ():
-                if entry.packet.info.key == key:
-                    queue.remove(entry)  # behind one whose payload is being received (_unpark)
-                    queue.insert(1 if queue and queue[0].request is not None else 0, entry)
-                    return
-
-    def _wanted_now(self, source: int, receiver, packet: Packet) -> bool:
-        wanted = self._wanted.get(receiver)
-        return bool(wanted) and (source, packet.info.key) in wanted
-
-    def _park_room(self, source: int, entry: "_Waiting") -> bool:
-        """Whether GPU `source` may park `entry` (MAX_PARKED, MAX_PARKED_BYTES)."""
-        size = self._parked_size.get(source, (0, 0))
-        return size[1] < MAX_PARKED and size[0] + entry.size <= MAX_PARKED_BYTES
-
-    def _park(self, source: int, entry: "_Waiting") -> None:
+    def _park(self, source: int, entry: Waiting) -> None:
         """Set checked MSG `entry` of GPU `source` apart (its payload inline, or matched in entry.message)
         until its receiver's mailbox has room (_unpark): its sender's later packets go on meanwhile, except
         MSGs of the same pair and class."""
-        packet = entry.packet
-        pair = (source, self.logic.gpu_of_key(packet.dst), mailbox_class(packet.info.key))
-        self._parked.setdefault(pair, deque()).append(entry)
-        used = self._parked_size.setdefault(source, [0, 0])
-        used[0] += entry.size
-        used[1] += 1
+        self.mailboxes.park(source, self.logic.gpu_of_key(entry.packet.dst), entry)
 
     def _unpark(self) -> bool:
         """Serve parked MSGs, in order per pair and class, as far as their mailboxes have room and their
@@ -330,8 +181,9 @@ class SwitchRank:
         is parked (nothing new comes then, and the receivers report what their programs left untaken).
         Whether any moved."""
         moved, ending = False, len(self._done) == len(self.gpus)
-        for pair in list(self._parked):
-            source, queue = pair[0], self._parked[pair]
+        parked = self.mailboxes.parked
+        for pair in list(parked):
+            source, queue = pair[0], parked[pair]
             while queue:
                 entry = queue[0]
                 packet = entry.packet
@@ -348,27 +200,19 @@ class SwitchRank:
                     if time.monotonic() <= entry.deadline:
                         break
                     self._abandoned.append((entry.request, entry.buffer))  # as _advance
-                    self._unparked(source, queue)
+                    self.mailboxes.unpark(source, queue)
                     self._refuse(source, ProtocolError(f"MSG from GPU {source}: its payload of "
                                                        f"{packet.payload_bytes} bytes stalled"), packet)
                     moved = True
                     continue
-                self._unparked(source, queue)
+                self.mailboxes.unpark(source, queue)
                 if entry.request is not None and self._waker is not None:  # its sender waits for the send
                     self._waker.poke(source)
                 self._handle(source, packet, entry.inline if entry.request is None else entry.buffer, checked=True)
                 moved = True
             if not queue:
-                del self._parked[pair]
+                del parked[pair]
         return moved
-
-    def _unparked(self, source: int, queue: deque) -> None:
-        entry = queue.popleft()
-        used = self._parked_size[source]
-        used[0] -= entry.size
-        used[1] -= 1
-        if not used[1]:
-            del self._parked_size[source]
 
     def _sweep_other_tags(self) -> bool:
         """Drop the messages under tags the fabric never uses: at the front of MPI's queue, and each GPU's
@@ -395,7 +239,7 @@ class SwitchRank:
         switches are trusted, and each GPU's traffic was bounded at its own leaf."""
         if source in self._peer_of:
             return False
-        if mailbox and (self._mailbox or self._parked) and packet.kind is Kind.MSG and \
+        if mailbox and self.mailboxes and packet.kind is Kind.MSG and \
                 self._mailbox_over(source, packet):
             return True
         pending = self.transport.pending_bytes_to
@@ -405,19 +249,14 @@ class SwitchRank:
             if packet.payload_bytes and pending.get(dest, 0) and \
                     pending[dest] + packet.payload_bytes > self.port_share_bytes:
                 return True
-            used = self._credit_used.get(port, 0) if switch is not None else 0
-            if used and used + self._charge(packet.payload_bytes) > self.credit_bytes:
-                if port not in self._credit_asked:  # ask the destination's leaf for what has left it
-                    self._credit_asked.add(port)
-                    self._to_switch(switch, Packet(Kind.CREDIT, self.logic.route_key(self.gpus[0]),
-                                                   self.logic.route_key(port)))
+            if switch is not None and self.credits.short(port, switch, packet.payload_bytes):
                 return True
         return False
 
     def _may_hold(self, packet: Packet) -> bool:
         """Whether a counted packet without payload may have to wait (_congested): for credit across nodes, or a
         message for a mailbox here."""
-        return bool(self._credit_used) or (bool(self._mailbox or self._parked) and packet.kind is Kind.MSG)
+        return bool(self.credits.used) or (bool(self.mailboxes) and packet.kind is Kind.MSG)
 
     def _take(self, source: int, data: bytearray | None) -> None:
         if source in self._peer_of:
@@ -461,8 +300,8 @@ class SwitchRank:
     def _queue(self, source: int, packet: Packet, inline, size: int = 0) -> None:
         """Queue `packet` behind GPU `source`'s waiting ones (with its payload if it came inline; `size`: the
         bytes it holds of the switch, counted against MAX_QUEUED_BYTES) and serve them."""
-        self._waiting.setdefault(source, _Queue()).append(
-            _Waiting(packet, time.monotonic() + self.timeout_s, inline, size))
+        self._waiting.setdefault(source, Queue()).append(
+            Waiting(packet, time.monotonic() + self.timeout_s, inline, size))
         self._advance(source)
 
     def _checked(self, source: int, packet: Packet, size: int) -> bool:
@@ -498,9 +337,9 @@ class SwitchRank:
             packet = entry.packet
             if entry.request is None and (packet.payload_bytes or packet.kind.counted):
                 # a MSG for a full mailbox is parked (_park) if its sender has room there, else it waits here
-                entry.parks = packet.kind is Kind.MSG and bool(self._mailbox or self._parked) and \
+                entry.parks = packet.kind is Kind.MSG and bool(self.mailboxes) and \
                     self._mailbox_over(source, packet)
-                entry.held = not self._park_room(source, entry) if entry.parks else self._congested(source, packet)
+                entry.held = not self.mailboxes.room(source, entry) if entry.parks else self._congested(source, packet)
                 if entry.held:  # its wait for the payload starts once it may be taken
                     entry.deadline = time.monotonic() + self.timeout_s
                     break
@@ -558,7 +397,7 @@ class SwitchRank:
             del self._waiting[source]
         return moved
 
-    def _serve(self, source: int, entry: _Waiting, payload) -> None:
+    def _serve(self, source: int, entry: Waiting, payload) -> None:
         """Serve checked `entry` of GPU `source`, or park it (_park)."""
         if entry.parks:
             self._park(source, entry)
@@ -574,7 +413,7 @@ class SwitchRank:
             gpu = self.logic.gpu_of_key(packet.src)
             if gpu is None:
                 raise ProtocolError(f"switch {self.index}: TRACE from switch {peer} for {packet.src!r}, no GPU's")
-            self._set_tracing(gpu, packet.info.on, exclude=peer)
+            self.tracing.set(gpu, packet.info.on, exclude=peer)
             return
         if peer is not None and packet.kind is Kind.CREDIT:
             self._on_credit(packet)
@@ -584,26 +423,25 @@ class SwitchRank:
             origin = self.logic.gpu_of_key(packet.src) if store else -1
             sends = self.logic.on_switch(peer, packet, payload)
             if self.trace is not None and packet.kind.counted:
-                self._record("rx", f"sw{peer}->sw{self.index}", packet, origin)
+                self.tracing.record("rx", f"sw{peer}->sw{self.index}", packet, origin)
             if store and self.spine and not sends:  # dropped here (its group was released on the way): the
                 # credit its leaf took for each member of the other nodes comes back from here
-                charge = self._charge(packet.payload_bytes)
+                charge = self.credits.charge(packet.payload_bytes)
                 for port in self.logic.dropped_store_ports(packet.info.group, origin):
-                    self._to_switch(self._leaf_rank(origin) - self.config.gpus,
+                    self._to_switch(self.credits.leaf_rank(origin) - self.config.gpus,
                                     Packet(Kind.CREDIT, self.logic.route_key(port), packet.src, nbytes=charge))
                 return
             if store and not self.spine:
                 # its leaf took credit for each member here (_send_all): returned once the copy left, and
                 # at once for one that does not go down (its group was released on the way)
-                charge = self._charge(packet.payload_bytes)
+                charge = self.credits.charge(packet.payload_bytes)
                 self._send_all(sends, origin, transit=charge)
                 delivered = {send.port for send in sends}
                 lost = [port for port in self.logic.store_targets(packet.info.group) if port not in delivered]
                 for port in lost:
-                    key = (self._leaf_rank(origin), port)
-                    self._drained[key] = self._drained.get(key, 0) + charge
+                    self.credits.owe(origin, port, charge)
                 if lost:
-                    self._send_credits()
+                    self.credits.send()
                 return
             self._send_all(sends, origin)
             return
@@ -615,15 +453,14 @@ class SwitchRank:
             origin = self.logic.gpu_of_key(packet.src)
             origin = -1 if origin is None else origin
             if self.trace is not None:
-                self._record("rx", f"sw{peer}->sw{self.index}", packet, origin)
-            charge = self._charge(packet.payload_bytes) if origin >= 0 and not self.spine else None
+                self.tracing.record("rx", f"sw{peer}->sw{self.index}", packet, origin)
+            charge = self.credits.charge(packet.payload_bytes) if origin >= 0 and not self.spine else None
             self._send_all(sends, origin, transit=charge)
             if charge is not None and not any(send.port in self.gpus for send in sends):
                 # refused here (a request the target's Link TLB refused): nothing goes down to the target,
                 # and the origin leaf counted it against its credit for the target's port
-                key = (self._leaf_rank(origin), self.logic.gpu_of_key(packet.dst))
-                self._drained[key] = self._drained.get(key, 0) + charge
-                self._send_credits()
+                self.credits.owe(origin, self.logic.gpu_of_key(packet.dst), charge)
+                self.credits.send()
             return
         kind = packet.kind
         if kind is Kind.DONE:
@@ -640,7 +477,7 @@ class SwitchRank:
             self._done.discard(source)  # it said DONE too early: it is still at work
             self._busy_after_done = True
         if kind is Kind.TRACE:  # a GPU's word on its own traffic's records only
-            self._set_tracing(source, packet.info.on)
+            self.tracing.set(source, packet.info.on)
             return
         if kind is Kind.COUNTERS:
             if not self._asked_counters or source in self._counters:
@@ -656,135 +493,28 @@ class SwitchRank:
         before = self.logic.counters.get(link).packets
         sends = self.logic.on_packet(source, packet, payload, checked)
         if self.logic.counters.get(link).packets != before:
-            self._record("rx", link, packet, source)
+            self.tracing.record("rx", link, packet, source)
         self._send_all(sends, source)
 
-    def _set_tracing(self, gpu: int, on: bool, exclude: int | None = None) -> None:
-        """GPU `gpu` asks for records of its own traffic (`on`) or for none (its TRACE, which names it by
-        the port it came in on, never by a field it wrote): see _traced. A change is passed on to the
-        neighbour switches (but the one it came from): a leaf to the spines, a spine to the other leaves,
-        so that every switch applies the same rule to the GPU's packets. Nothing is passed on in a run
-        that records nothing (no trace directory: every switch's trace is None). A leaf passes on a GPU's
-        word at most once per TRACE_RELAY_S: a change within that waits (_relay_tracing), the latest
-        one only, till then or till the GPU's next packet to another switch (_flush_tracing), so a GPU
-        that toggles its word costs the switches a bounded rate, or one word per packet it sends up."""
-        if on == (gpu not in self._untraced):
-            return
-        if on:
-            self._untraced.discard(gpu)
-        else:
-            self._untraced.add(gpu)
-        if self.trace is None:  # nothing records: no switch needs the word
-            return
-        self.trace.enabled = self.logic.tracing = len(self._untraced) < self.config.gpus
-        if exclude is None:  # a GPU's own word, at its leaf: bounded in rate
-            last = self._trace_relayed.get(gpu)
-            if last is not None and time.monotonic() - last[0] < TRACE_RELAY_S:
-                self._trace_pending.add(gpu)
-                self.trace_words_held += 1
-                return
-            self._trace_relayed[gpu] = (time.monotonic(), on)
-        self._send_tracing(gpu, on, exclude)
-
-    def _send_tracing(self, gpu: int, on: bool, exclude: int | None) -> None:
-        word = Packet(Kind.TRACE, self.logic.route_key(gpu), -1, info=TraceInfo(on))
-        for rank, switch in self._peer_of.items():
-            if switch != exclude and (self.spine or exclude is None):  # a leaf relays only its own GPUs' word
-                self.transport.send(rank, word)
-                self.sent_to_switches += 1
-
-    def _relay_tracing(self) -> bool:
-        """Pass on the latest word of each GPU here whose change waited (_set_tracing) once TRACE_RELAY_S
-        passed since its last; nothing if it came back to what was passed on. True if any was sent."""
-        now, moved = time.monotonic(), False
-        for gpu in list(self._trace_pending):
-            if now - self._trace_relayed[gpu][0] >= TRACE_RELAY_S:
-                moved |= self._flush_tracing(gpu, now)
-        return moved
-
-    def _flush_tracing(self, gpu: int, now: float | None = None) -> bool:
-        """Pass on GPU `gpu`'s waiting word now (before a packet of its goes to another switch, which
-        records it by that word: so a GPU's word still reaches every switch before its next packet,
-        whatever the rate bound); nothing if it came back to what was passed on. True if it was sent."""
-        if gpu not in self._trace_pending:
-            return False
-        self._trace_pending.discard(gpu)
-        on = gpu not in self._untraced
-        if on == self._trace_relayed[gpu][1]:
-            return False
-        self._trace_relayed[gpu] = (time.monotonic() if now is None else now, on)
-        self._send_tracing(gpu, on, None)
-        return True
-
-    def _traced(self, packet: Packet, origin: int) -> bool:
-        """Whether a record of `packet` (its data from GPU `origin`; -1: made by a switch) is kept: a GPU's
-        set_tracing(False) leaves out its own traffic only. A GPU's packet is its sender's, whoever
-        receives it; a switch's own packet to a GPU (a refusal, a reply, a reduction's result, a multicast
-        copy) is that GPU's; one between switches (a spanning group's partial or result), like an event
-        of no one GPU, is left out only once every GPU asked."""
-        untraced = self._untraced
-        if not untraced:
-            return True
-        if origin < 0:
-            origin = self.logic.gpu_of_key(packet.dst)
-            if origin is None:
-                return len(untraced) < self.config.gpus
-        return origin not in untraced
-
-    # -- credits between leaves (class docstring) ---------------------------------------------------
+    # -- credits between leaves (LeafCredits) --------------------------------------------------------
     def _to_switch(self, switch: int, packet: Packet) -> None:
         self.transport.send(self.config.gpus + switch, packet)
         self.sent_to_switches += 1
 
     def _on_credit(self, packet: Packet) -> None:
-        """A CREDIT from another leaf (passed on by a spine), or at a spine, on to the leaf of its dst."""
-        if self.spine:  # on to the leaf of its dst
+        """A CREDIT from another leaf (passed on by a spine) for this leaf, or at a spine, on to the leaf of its dst."""
+        if self.spine:
             self._to_switch(self.logic.gpu_of_key(packet.dst) // self.config.gpus_per_node, packet)
-            return
-        here, there = self.logic.gpu_of_key(packet.dst), self.logic.gpu_of_key(packet.src)
-        if here not in self.gpus or there is None:
-            raise ProtocolError(f"switch {self.index}: CREDIT {packet.src!r} -> {packet.dst!r} names no GPU of node "
-                                f"{self.index}")
-        if packet.nbytes:  # bytes forwarded towards GPU `there` that have left its leaf
-            self._credit_used[there] -= packet.nbytes
-            self._credit_asked.discard(there)
-        else:  # the leaf of GPU `there` asks for the credit of this leaf's port `here`
-            self._credit_wanted.add((self._leaf_rank(there), here))
-            self._send_credits()
+        else:
+            self.credits.on_credit(packet)
 
-    def _leaf_rank(self, gpu: int) -> int:
-        """The rank of GPU `gpu`'s leaf."""
-        return self.config.gpus + gpu // self.config.gpus_per_node
-
-    def _charge(self, payload_bytes: int) -> int:
-        """Credit a packet of `payload_bytes` takes (bytes, at least credit_per_packet)."""
-        return max(payload_bytes, self.credit_per_packet)
-
-    def _credit_drained(self) -> bool:
-        """Move the transit packets whose sends to their GPU completed to the credit of their origin leaf."""
-        moved = False
-        for port in list(self._transit):
-            queue, sent = self._transit[port], self._posted_to[port] - self.transport.sends_pending_to(port)
-            while queue and queue[0][0] <= sent:  # a destination's sends retire in order
-                _, leaf, nbytes = queue.popleft()
-                self._drained[(leaf, port)] = self._drained.get((leaf, port), 0) + nbytes
-                moved = True
-            if not queue:
-                del self._transit[port]
-        if moved:
-            self._send_credits()
-        return moved
-
-    def _send_credits(self) -> None:
-        """Return to each origin leaf the bytes of a port that left, if half its credit did or it asked."""
-        for (leaf, port), nbytes in list(self._drained.items()):
-            if nbytes * 2 >= self.credit_bytes or (leaf, port) in self._credit_wanted:
-                del self._drained[(leaf, port)]
-                self._credit_wanted.discard((leaf, port))
-                origin = self.config.gpus_per_node * (leaf - self.config.gpus)  # any GPU of that node routes there
-                spine = self.logic.next_switch(origin)
-                self._to_switch(spine, Packet(Kind.CREDIT, self.logic.route_key(port), self.logic.route_key(origin),
-                                              nbytes=nbytes))
+    def _send_tracing(self, gpu: int, on: bool, exclude: int | None) -> None:
+        """GPU `gpu`'s TRACE word to the neighbour switches but `exclude` (TraceRelay.set)."""
+        word = Packet(Kind.TRACE, self.logic.route_key(gpu), -1, info=TraceInfo(on))
+        for rank, switch in self._peer_of.items():
+            if switch != exclude and (self.spine or exclude is None):  # a leaf relays only its own GPUs' word
+                self.transport.send(rank, word)
+                self.sent_to_switches += 1
 
     def _drop_orphans(self, source: int) -> bool:
         """Drop a payload of GPU `source` that no header of it waits for (it sent one after a header
@@ -818,52 +548,26 @@ class SwitchRank:
             if switch is None:
                 self.transport.send(send.port, send.packet, send.payload)
                 if send.packet.kind is Kind.MSG and source in self.gpus:  # until the receiver credits it
-                    if self._wanted:
-                        self._wanted.get(send.port, {}).pop((source, send.packet.info.key), None)
-                    used = self._mailbox.setdefault((source, send.port, mailbox_class(send.packet.info.key)), [0, 0])
-                    used[0] += nbytes
-                    used[1] += 1
+                    self.mailboxes.sent(source, send.port, send.packet.info.key, nbytes)
                 link = downlink(send.port, self.index) if self.trace is not None else None
-                if self._credited:  # position of this send among the port's, for _credit_drained
-                    end = self._posted_to[send.port] = self._posted_to.get(send.port, 0) + 1
-                    if transit is not None:  # a GPU's packet from another leaf: credited back to it once sent
-                        self._transit.setdefault(send.port, deque()).append((end, self._leaf_rank(source), transit))
+                if self.credits.on:  # position of this send among the port's, for LeafCredits.drain
+                    self.credits.posted(send.port, source, transit)
             else:
-                if self._trace_pending:  # the other switches learn a GPU's word before its packets
-                    self._flush_tracing(source if send.origin is None else send.origin)
+                if self.tracing.pending:  # the other switches learn a GPU's word before its packets
+                    self.tracing.flush(source if send.origin is None else send.origin)
                 self.transport.send(self.config.gpus + switch, send.packet, send.payload)
                 self.sent_to_switches += 1
                 link = f"sw{self.index}->sw{switch}" if self.trace is not None else None
                 if source in self.gpus and send.switch is None:
-                    self._credit_used[send.port] = self._credit_used.get(send.port, 0) + self._charge(nbytes)
+                    self.credits.take(send.port, nbytes)
                 elif source in self.gpus and send.packet.kind is Kind.MCAST:  # a store up to a spine: one copy
                     # reaches every member of the other nodes, so it takes credit for each (class docstring)
                     for port in self.logic.remote_members(send.packet.info.group):
-                        self._credit_used[port] = self._credit_used.get(port, 0) + self._charge(nbytes)
+                        self.credits.take(port, nbytes)
             if self.trace is not None and send.packet.kind.counted:
-                self._record("tx", link, send.packet, source if send.origin is None else send.origin)
+                self.tracing.record("tx", link, send.packet, source if send.origin is None else send.origin)
         if self.logic.events:
-            wall, untraced = time.time(), self._untraced
-            for event in self.logic.events:  # a refusal, a TLB lookup, a store: that GPU's (_traced)
-                if not untraced or event.get("gpu", event.get("from", event.get("by"))) not in untraced:
-                    self.trace.write({**event, "wall": wall})
-            self.logic.events.clear()
-
-    def _record(self, ev: str, link: str, packet: Packet, origin: int) -> None:
-        """A packet entering (rx) or leaving (tx) the switch on `link`; `origin` is the GPU its data
-        comes from (-1: made by the switch). m_start/m_end: when its first/last byte is ready there (a
-        link to another switch, booked here: when they leave on it)."""
-        seq = self._seq[link] = self._seq.get(link, -1) + 1  # counted kept or not: both ends pair by it
-        if not self._traced(packet, origin):
-            return
-        config = self.config
-        start, end = packet.t_start, packet.t_end
-        if ev == "tx" and "->gpu" not in link:  # to a switch, stamped at its far end: on the link, a latency earlier
-            start, end = start - config.uplink_latency_ns, end - config.uplink_latency_ns
-        self.trace.write({"ev": ev, "link": link, "seq": seq, "kind": packet.kind.name, "origin": origin,
-                          "src": packet.src, "dst": packet.dst, "payload": packet.payload_bytes,
-                          "raw": raw_bytes(packet.payload_bytes, config.mtu_bytes, config.header_bytes),
-                          "m_start": start, "m_end": end, "wall": time.time()})
+            self.tracing.write_events(self.logic.events)
 
     # -- end of run ---------------------------------------------------------------------------------
     def _wait(self, done, what: str, waiting_for, deadline: float | None = None) -> None:
@@ -888,7 +592,7 @@ class SwitchRank:
             self.transport.send(gpu, Packet(Kind.SHUTDOWN, -1, self.logic.route_key(gpu)))
         self._wait(lambda: len(self._counters) == len(gpus), "end of run",
                    lambda: f"counters of GPUs {sorted(set(gpus) - set(self._counters))}")
-        part = self._report_part()
+        part = report_part(self.config, self.index, self.logic, self.gpus, self._counters)
         parts = [part] if self.switches is None else self.switches.allgather(part, self._wait_for)
         report = merge_reports(self.config, parts)
         for gpu in gpus:
@@ -909,7 +613,7 @@ class SwitchRank:
         a leaf end_timeout_s after its own GPUs finished (the backstop of serve()), a spine, which has no
         GPUs, until the leaves join (their deadlines end the job if one does not); each later round has
         end_timeout_s from the first's end."""
-        self._wait(lambda: self.transport.idle and not self._waiting and not self._parked, "end of run",
+        self._wait(lambda: self.transport.idle and not self._waiting and not self.mailboxes.parked, "end of run",
                    lambda: "forwarded packets to be received")
         if self.switches is None:
             return
@@ -917,7 +621,7 @@ class SwitchRank:
         previous = None
         while True:
             quiet = (len(self._done) == len(self.gpus) and self.transport.idle and not self._waiting
-                     and not self._parked and (self.spine or not self.logic.awaited_replies))
+                     and not self.mailboxes.parked and (self.spine or not self.logic.awaited_replies))
             busy, sent, taken = self.switches.sum(
                 (0 if quiet else 1, self.sent_to_switches, self.taken_from_switches),
                 lambda done, what: self._wait_for(done, what, deadline))
@@ -942,39 +646,3 @@ class SwitchRank:
         at `deadline` (see _wait)."""
         self._wait(request_done, "end of run", lambda: what, deadline)
 
-    def _report_part(self) -> dict:
-        """This switch's share of the run's report (merged by fabric.counters.merge_reports): its links,
-        its ports, and its GPUs' records. Byte conservation is checked link by link against what each GPU
-        says it counted: a GPU's word is not trusted, so a mismatch is reported against that GPU's links
-        (an emulator bug, or a GPU that lies) and never fails the others' run."""
-        logic, counters = self.logic, self._counters
-        links = logic.counters.snapshot()
-        for name, row in links.items():  # a cable between switches, sent on here: its raw bytes at its bandwidth
-            link = logic.topology.link(name)
-            if link.level == "leaf-spine" and link.src == f"sw{self.index}":
-                row["busy_ns"] = row["raw_bytes"] / link.bandwidth_gbytes_per_s
-        conservation = {}
-        for gpu in self.gpus:
-            try:
-                check_gpu_links(links, gpu, counters[gpu].links, self.index)
-            except FabricError as exc:
-                conservation[gpu] = str(exc)
-            for link in (uplink(gpu, self.index), downlink(gpu, self.index)):  # busy time: kept at the GPU end
-                busy = counters[gpu].links.get(link, {}).get("busy_ns", 0.0)
-                links.setdefault(link, LinkStats().as_dict())["busy_ns"] = float(busy)
-                for key in ("crc_errors", "replays"):  # the GPU end's count of its faulted links' replays:
-                    # taken only for links the launcher's fault plan names (a GPU cannot make up faults)
-                    value = counters[gpu].links.get(link, {}).get(key)
-                    if type(value) is int and value >= 0 and self.config.fault_plan.on(link):
-                        links[link][key] = value
-        part = {"switch": self.index, "links": links, "conservation": conservation,
-                "now_ns": {g: float(counters[g].now_ns) for g in self.gpus},
-                "unconsumed": {g: counters[g].unconsumed for g in self.gpus if counters[g].unconsumed},
-                "collectives": {g: [dataclasses.asdict(c) for c in counters[g].calls] for g in self.gpus},
-                "collectives_unrecorded": {g: counters[g].calls_unrecorded for g in self.gpus}}
-        if not self.spine:
-            part.update(ports=logic.port_stats(), stats={
-                "peak_held_bytes": logic.peak_held_bytes, "groups_created": logic.groups.created,
-                "groups_released": logic.groups.released, "reduced_bytes": logic.groups.reduced_bytes,
-                "unanswered_requests": logic.awaited_replies})
-        return part
