@@ -170,7 +170,7 @@ class Gpu:
 
     def set_tracing(self, on: bool) -> None:
         """Turn this GPU's trace records on or off, and the switches' records of its own traffic (what it
-        sends, and what a switch sends it; ranks/switch.py, _traced): another tenant's stay. Every GPU
+        sends, and what a switch sends it; ranks/switch/, _traced): another tenant's stay. Every GPU
         off turns the switches' records off; the bench measures tracing's cost this way. No effect
         without --trace-dir."""
         if self.trace is not None:

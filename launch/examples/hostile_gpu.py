@@ -231,7 +231,7 @@ class Attacker:
             pass
         return data, size
 
-    # message sizes around every limit the switch checks (ranks/switch.py, ranks/transport/packets.py, fabric.packets):
+    # message sizes around every limit the switch checks (ranks/switch/, ranks/transport/packets.py, fabric.packets):
     # a GPU's header, a switch's, the message a switch drops unread (an inline frame's prefix and payload
     # beyond the limit), one byte under, at and over
     LIMITS = tuple(limit + d for limit in (MAX_GPU_HEADER_BYTES, MAX_HEADER_BYTES) for d in (-1, 0, 1))

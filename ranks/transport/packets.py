@@ -37,7 +37,7 @@ TAG_EXCHANGE = 14  # an exchange's slots, on the members' own MPI communicator (
 # behind a packet of the same GPU's that the switch holds for want of the other side's credit
 TAG_CREDIT = 15
 _CREDIT = 4  # int64s of a credit: the sending GPU, its mailbox class (mailbox_class), payload bytes, messages
-# Mailbox bounds, per pair of GPUs of one node (ranks/switch.py holds a sender's next MSG past them, ranks/gpu.py
+# Mailbox bounds, per pair of GPUs of one node (ranks/switch/ holds a sender's next MSG past them, ranks/gpu.py
 # credits them back as its program takes messages): a GPU's messages to a peer that the peer's program has not
 # taken are at most MAILBOX_PEER_BYTES of payload and MAILBOX_PEER_MESSAGES (as the switch's MAX_UNREAD) messages
 MAILBOX_PEER_BYTES = 32 << 20
@@ -61,7 +61,7 @@ _NOTHING = np.empty(0, np.uint8)  # where dropped messages go (a receive truncat
 # costs more than the copy into one: each MPI message is a probe, a match and a receive of Python and
 # MPI work at both ends (tens of us), copying 4 KiB is well under one; above it the copy grows with the
 # size while the message's cost does not. It also bounds what a switch holds of a GPU's packets that
-# wait (ranks/switch.py: MAX_QUEUED of them and MAX_QUEUED_BYTES, 1 MiB, per GPU, headers and inline payloads
+# wait (ranks/switch/: MAX_QUEUED of them and MAX_QUEUED_BYTES, 1 MiB, per GPU, headers and inline payloads
 # counted) and what it reads before checking a header.
 INLINE_PAYLOAD_BYTES = 4096
 INLINE_MARK = 0xC1  # an inline frame's first byte: msgpack never uses it, so no plain header starts with it

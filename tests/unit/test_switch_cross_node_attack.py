@@ -1,7 +1,7 @@
 """An attacker's review of in-switch collectives across nodes (issue 11), in one process: what a
 member's packets can make a leaf or a spine do when packets of different senders reach a switch in
 an order MPI allows (it keeps each sender's order, nothing between senders); each case was found by
-that review and is fixed since. A SwitchLogic or SpineLogic that raises ends its switch rank and every tenant's run (ranks/switch.py: the switches
+that review and is fixed since. A SwitchLogic or SpineLogic that raises ends its switch rank and every tenant's run (ranks/switch/: the switches
 trust each other); a credit between leaves that never comes back holds every later transfer of the
 node towards that GPU for the rest of the run."""
 
@@ -372,7 +372,7 @@ def _padded(kind, dst, size, nbytes=0):
 
 
 class _Wire(_Ranks):
-    """_Ranks whose switches take each other's packets as bytes, as ranks/switch.py reads them from MPI
+    """_Ranks whose switches take each other's packets as bytes, as ranks/switch/ reads them from MPI
     (poll's limit, then _take): a header a switch cannot take raises there, as it ended the run."""
 
     def __init__(self, config):
@@ -433,7 +433,7 @@ def test_a_gpu_s_header_at_its_leaf_s_limit_grows_on_no_hop_past_what_the_next_s
 
 class _Routed(Fabric):
     """Fabric, with the traffic that is no spanning group's passed on between switches too, as
-    ranks/switch.py does (a spine's on_packet, a leaf's on_transit)."""
+    ranks/switch/ does (a spine's on_packet, a leaf's on_transit)."""
 
     def flow(self, here: int, sends: list) -> list:
         from nvlink_emu.ranks.switch import SPANNING

@@ -1,7 +1,7 @@
 """An attacker's review of the multi-node trust boundary, in one process: every switch of a
 fabric driven directly, each packet between switches delivered in an order MPI allows (it keeps each
 sender's order, nothing between senders). A SwitchLogic or SpineLogic that raises ends its switch rank
-and with it every tenant's run (ranks/switch.py: the switches trust each other). The whole-run attacks
+and with it every tenant's run (ranks/switch/: the switches trust each other). The whole-run attacks
 are in tests/nodes/test_junk_messages_at_the_leaf.py."""
 
 import time
@@ -184,7 +184,7 @@ def test_a_release_costs_the_switch_what_the_released_group_holds_only():
 
 def test_a_gpu_s_waiting_packets_cost_its_switch_about_what_their_payloads_do():
     """ranks/transport/packets.py: inline payloads (at most 4 KiB) bound "what a switch holds of a GPU's packets
-    that wait (MAX_QUEUED of them, ranks/switch.py: 1 MiB per GPU)". GPU 0 sends a PUT header whose 1 MiB
+    that wait (MAX_QUEUED of them, ranks/switch/: 1 MiB per GPU)". GPU 0 sends a PUT header whose 1 MiB
     payload never comes (its packets wait behind it up to timeout_s, 30 s by default), then inline MSG
     frames of 4 KiB each whose header is as long as a header may be: a key of 15 strings of 4,096
     characters (MsgInfo allows 16 of MAX_TEXT), 61.5 KiB. The switch read the frames until more than

@@ -1,7 +1,7 @@
 """Attacks on groups that span nodes, in one process (the leaf and spine SwitchLogics of
 tests/unit/test_switch_spanning.py passing each other their Sends): what a member's packets can make
 a leaf or a spine do. Every switch must keep serving: a SwitchLogic or SpineLogic that raises here
-ends the switch rank, and with it everyone's run (ranks/switch.py: switches trust each other)."""
+ends the switch rank, and with it everyone's run (ranks/switch/: switches trust each other)."""
 
 import numpy as np
 import pytest

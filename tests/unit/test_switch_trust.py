@@ -438,7 +438,7 @@ def payload_beside(draw, packet):
     return np.full(length, packet.kind.value, np.uint8)
 
 
-# ranks/switch.py serves DONE, TRACE and COUNTERS itself; they never reach on_packet (which raises for them)
+# ranks/switch/ serves DONE, TRACE and COUNTERS itself; they never reach on_packet (which raises for them)
 RANK_KINDS = {Kind.DONE, Kind.TRACE, Kind.COUNTERS}
 
 

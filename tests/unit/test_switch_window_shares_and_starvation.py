@@ -145,7 +145,7 @@ class _Flooded(Intake):
 def _served(rank, transport, polls: int = 10_000) -> list[int]:
     """The sources of the headers `polls` of the switch rank's polls took (each taken as the rank does). The
     receivers' programs take every message as it comes: their credits (transport.send_credit) leave no
-    mailbox full (ranks/switch.py holds a sender's messages past transport.MAILBOX_PEER_* not taken)."""
+    mailbox full (ranks/switch/ holds a sender's messages past transport.MAILBOX_PEER_* not taken)."""
     transport.asked.clear()
     served = []
     for _ in range(polls):
