@@ -3,52 +3,41 @@ engine that serves incoming requests inside every blocking wait (so no legal pat
 
 A GPU takes fabric packets from the switch it is attached to and from nobody else: whatever another
 rank sends it straight is dropped unread (and counted as stray), so only what the switch forwarded,
-translated and authorised can reach its memory, its mailbox or its results."""
+translated and authorised can reach its memory, its mailbox or its results.
+
+Gpu is a facade over its parts: allocations (memory.py), one_sided (onesided.py), links (links.py: its clocks
+on the links, counters and trace records), mailbox (mailbox.py), loads (loads.py: NVLS bound buffers), control
+(control.py), stream (requests.py), calls (calllog.py); it keeps the progress engine and the packets' dispatch."""
 
 import itertools
 import math
 import time
 
-import msgpack
 import numpy as np
 
-from nvlink_emu.fabric import errors
 from nvlink_emu.fabric.addressing import Handle, physical_address
 from nvlink_emu.fabric.compute import amount
 from nvlink_emu.fabric.config import FabricConfig
-from nvlink_emu.fabric.counters import LinkCounters, LinkStats, downlink, gpu_view, uplink
-from nvlink_emu.fabric.errors import AccessViolation, FabricError, FabricTimeout, ProtocolError, UnsupportedOperation
-from nvlink_emu.fabric.memory import DeviceMemory
-from nvlink_emu.fabric.packets import (MAX_GPU_HEADER_BYTES, MAX_KEY_PARTS, MAX_LIST, WIRE_INT_MAX, CallRecord,
-                                      CountersInfo, ExportInfo, GroupInfo, Info, Kind, MsgInfo, Packet, RevokeInfo,
-                                      TraceInfo, raw_bytes)
-from nvlink_emu.fabric.faults import LinkFaultState, spine_links_scale
-from nvlink_emu.fabric.timemodel import LinkEnd
+from nvlink_emu.fabric.counters import gpu_view
+from nvlink_emu.fabric.errors import FabricError, FabricTimeout, ProtocolError, UnsupportedOperation
+from nvlink_emu.fabric.packets import (MAX_KEY_PARTS, WIRE_INT_MAX, CallRecord,
+                                      ExportInfo, GroupInfo, Info, Kind, MsgInfo, Packet, RevokeInfo,
+                                      TraceInfo)
 
+from .calllog import CallLog
 from .comm import Communicator, is_integer
 from .control import CONTROL_PER_SWEEP, ControlPlane
+from .links import GpuLinks
+from .loads import BoundBuffers
 from .mailbox import Mailbox
+from .memory import Allocations
+from .onesided import OneSided, raise_remote
 from .raw import RawPort
 from .requests import Request, Stream, wait_all, wait_any
-from .transport import (MAILBOX_PEER_BYTES, MAILBOX_PEER_MESSAGES, MAX_HEADER_BYTES,
-                        ControlChannel, Idle, Transport, native_collective, poked_idle, unframe)
+from .transport import (MAILBOX_PEER_BYTES, MAILBOX_PEER_MESSAGES, ControlChannel, Idle, Transport, native_collective, poked_idle, unframe)
 
 
-# the program's own one-sided traffic, which beside a channelled call takes a lane of its own (LinkEnd.post)
-BESIDE_KINDS = (Kind.PUT, Kind.GET)
 STRAY_SWEEP = 256  # every this many progress calls, look for strays from every rank, not just in front
-# Call records travel in the COUNTERS header, which the switch takes up to MAX_HEADER_BYTES: a GPU keeps
-# its first calls' records up to this many encoded bytes (about 700 calls) and only counts the rest.
-CALL_RECORD_BYTES = MAX_HEADER_BYTES * 3 // 4
-GIVEN_UP_KEPT = 64  # bound buffers a GPU gave up (serve_load) whose late LOADs it still refuses at once
-
-
-def raise_remote(error: str, message: str, context: str):
-    """Re-raise an error the switch reported (a fabric.errors class name and its message), as that class."""
-    cls = getattr(errors, error, FabricError)
-    if not (isinstance(cls, type) and issubclass(cls, FabricError)):
-        cls = FabricError
-    raise cls(f"{context}: {message}")
 
 
 class Gpu:
@@ -72,55 +61,30 @@ class Gpu:
         self._keys = network_addresses if self._network else tuple(range(config.gpus))
         self.network_address = network_addresses[self.rank] if self._network else None
         self._gpu_of = {key: gpu for gpu, key in enumerate(self._keys)}  # routing key -> GPU index
-        self._mem = DeviceMemory(self.rank, config.memory_capacity_bytes, config.alignment_bytes)
-        self.memory = self._mem.array
-        self._counters = LinkCounters(config.mtu_bytes, config.header_bytes)
+        self.allocations = Allocations(self.rank, config)  # its memory's allocations and exported windows
+        self.memory = self.allocations.array
         self._req = itertools.count(1)
-        self._puts: dict[int, str] = {}                 # req -> what, until acknowledged
-        self._gets: dict[int, np.ndarray] = {}          # req -> destination bytes, until data arrives
         self._replies: dict[int, Packet] = {}           # req -> REPLY / NACK for a waiting caller
-        self._async_errors: list[FabricError] = []      # refusals of puts: raised at put, get, fence, barrier
         self._traffic_errors: list[FabricError] = []    # refusals of collective traffic: raised in any wait
+        # its puts and gets (ranks/onesided.py), over its packet sends, request numbers and replies
+        self.one_sided = OneSided(self, self._keys[self.rank], self._send, self._as_bytes, lambda: next(self._req),
+                                  self._replies)
         self.mailbox = Mailbox(transport, switch_rank, self._leaf, config.gpus_per_node)  # messages, credits
         self.control = ControlPlane(control_channel, self._serve_or_nap)  # credits, communicators, "where are you?"
-        self._exports: list[tuple[int, int, Handle]] = []  # live windows: (physical offset, bytes, handle)
-        self._bound: dict[tuple, np.ndarray] = {}       # buffer key -> bytes the switch may LOAD (NVLS)
-        self._loads: dict[tuple, Packet] = {}           # (group, buffer key, slot) -> LOAD until served
-        self._given_up: dict[tuple, None] = {}          # (group, buffer key) a refused LOAD gave up, latest last
-        self._allocations: dict[int, tuple[np.ndarray, int]] = {}  # id(array) -> (the array alloc returned, offset)
+        self.loads = BoundBuffers(self.rank, self._unserved)  # buffers bound for the switch's LOADs (NVLS)
         self._strays = 0                                # dropped by the sweeps: data from ranks other than the
                                                         # switch, control junk, members' MPI strays (control.strays: the rest)
         self._polls = 0                                 # progress calls, to sweep for strays now and then
         self._arrivals: dict[tuple, Packet] = {}        # message key -> its header until consumed (timing)
-        timing = config.timing
-        # this GPU's two links, each booked here: the uplink as it sends, the downlink as it consumes
-        self._uplink = LinkEnd(timing.bandwidth_gbytes_per_s, timing.link_latency_ns)
-        self._downlink = LinkEnd(timing.bandwidth_gbytes_per_s, timing.link_latency_ns)
-        # its inbound share of its node's uplink (fabric.topology; docs/model/time.md, "Several nodes"), booked as it consumes a transfer
-        # from another node; the cable's latency is in the packet's stamp already
-        share = config.topology.share_gbytes_per_s
-        self._inbound = LinkEnd(share, 0.0) if share else None
-        # the fault plan's state of this GPU's faulted links (fabric.faults), booked with them; from the
-        # launcher's config only, never from a packet
-        self._plan = config.fault_plan
-        self._faults = {name: LinkFaultState(self._plan, name, config.mtu_bytes, config.header_bytes)
-                        for name in (uplink(self.rank, self._leaf), downlink(self.rank, self._leaf))
-                        if self._plan.on(name)}
-        self._spine_faults = any(link.startswith("sw") and "->sw" in link for link in self._plan.links())
+        # its two links, booked and counted as it sends and consumes (ranks/links.py)
+        self.links = GpuLinks(config, self.rank, self._leaf, trace)
         self.now_ns = 0.0                               # this GPU's modeled clock (a channel's, in one: lane)
         # the channel (c, C) whose clock now_ns is and whose lanes of the links the program books, while a call
         # runs C > 1 channels (ranks.collectives.Call.channel; docs/model/time.md, "Channels"); None: the GPU's
         self.lane: tuple[int, int] | None = None
-        self._beside_end: float | None = None  # a put's last byte out, when it went beside a channelled call
-        self._acked_ns = 0.0                            # latest acknowledgement of a put (modeled)
-        self._got_ns: dict[int, float] = {}             # GET req -> modeled arrival of its data
         self.trace = trace                              # a TraceWriter, or None
-        self._tx_seq = self._rx_seq = -1                # packets sent / received on this GPU's links
-        self._program_bytes = [0, 0]                    # payload its program sent / consumed (program_bytes)
         self._shutdown: Packet | None = None
-        self._calls: list[CallRecord] = []             # collective calls, for the run's report (record_call)
-        self._call_bytes = 0                            # their encoded size
-        self._calls_unrecorded = 0                      # calls past CALL_RECORD_BYTES
+        self.calls = CallLog()                          # collective calls, for the run's report (record_call)
         # a wait for the fabric sleeps at once, 1 to 5 ms (transport.poked_idle), where its leaf can wake
         # it: whoever sends this GPU anything pokes it (transport.Waker), so a nap only bounds a lost poke,
         # and a polling GPU would take the cores from the switch, which every packet passes (measured: 1 KiB
@@ -185,42 +149,18 @@ class Gpu:
     # -- memory -----------------------------------------------------------------------------------
     def alloc(self, count: int, dtype="float32") -> np.ndarray:
         """A new array of `count` elements of `dtype`, a view into this GPU's memory."""
-        try:
-            dtype = np.dtype(dtype)
-        except TypeError:
-            raise FabricError(f"GPU {self.rank}: alloc: {dtype!r} is not a numpy dtype") from None
-        if dtype.hasobject or dtype.itemsize == 0:  # Python objects cannot live in device memory
-            raise FabricError(f"GPU {self.rank}: alloc: dtype {dtype} has no fixed-size binary layout")
-        if not is_integer(count) or count < 0:
-            raise FabricError(f"GPU {self.rank}: alloc: count must be a non-negative integer, got {count!r}")
-        offset = self._mem.allocate(int(count) * dtype.itemsize)
-        array = self._mem.view(offset, int(count), dtype)
-        self._allocations[id(array)] = (array, offset)
-        return array
+        return self.allocations.alloc(count, dtype)
 
     def free(self, array: np.ndarray) -> None:
         """Release the array alloc() returned (that object itself, once); an exported array must be
         revoked first."""
         self.stream.drain()  # a pending request may still own the array's memory
-        entry = self._allocations.get(id(array))
-        if entry is None or entry[0] is not array:
-            # by identity: an empty array's address, a view's or a freed array's, would name another block
-            raise FabricError(f"GPU {self.rank}: free of an array that is not a live allocation (free takes "
-                              f"the very array gpu.alloc returned, once)")
-        offset = entry[1]
-        block = self._mem.allocation_at(offset)
-        end = block[0] + block[1]
-        live = [h for start, size, h in self._exports if start < end and offset < start + size]
-        if live:
-            raise FabricError(f"GPU {self.rank}: free of memory still exported as {', '.join(map(str, live))}; "
-                              f"revoke first")
-        self._mem.release(offset)
-        del self._allocations[id(array)]
+        self.allocations.free(array)
 
     @property
     def free_bytes(self) -> int:
         """Bytes of this GPU's memory not allocated."""
-        return self._mem.free_bytes
+        return self.allocations.free_bytes
 
     # -- windows (NVLink Network) and physical addresses (classic) ---------------------------------
     def export(self, array: np.ndarray, to=None, writable: bool = True, readable: bool = True) -> Handle:
@@ -233,13 +173,7 @@ class Gpu:
         if not self.config.windows:
             raise UnsupportedOperation(f"GPU {self.rank}: export on classic NVLink ({self.config.name}): "
                                        f"connections are fixed at boot; use gpu.physical_address(array)")
-        offset = self._mem.offset_of(array)
-        if array.nbytes == 0:
-            raise FabricError(f"GPU {self.rank}: export of an empty array")
-        block = self._mem.allocation_at(offset)
-        if block is None or offset + array.nbytes > block[0] + block[1]:
-            raise FabricError(f"GPU {self.rank}: export of memory at {offset:#x}+{array.nbytes} that is not "
-                              f"inside one allocation (export what gpu.alloc returned, or a part of it)")
+        offset = self.allocations.exportable(array)
         if to is not None:
             given = to
             try:
@@ -258,7 +192,7 @@ class Gpu:
         info = ExportInfo(offset, array.nbytes, to, bool(writable), bool(readable))
         reply = self.ask_fabric_manager(Kind.EXPORT, info, "export")
         handle = Handle(*reply["handle"])
-        self._exports.append((offset, array.nbytes, handle))
+        self.allocations.exports.append((offset, array.nbytes, handle))
         return handle
 
     def revoke(self, handle: Handle) -> None:
@@ -273,14 +207,14 @@ class Gpu:
             raise FabricError(f"GPU {self.rank}: revoke of {handle!r}: not a handle export() returned")
         self.ask_fabric_manager(Kind.REVOKE, RevokeInfo(int(handle.network_address), int(handle.address)),
                            f"revoke of {handle}")
-        self._exports = [e for e in self._exports if e[2] != handle]
+        self.allocations.exports = [e for e in self.allocations.exports if e[2] != handle]
 
     def physical_address(self, array: np.ndarray) -> int:
         """Global physical address of `array` (classic NVLink: any GPU may put/get it, no isolation)."""
         if self._network:
             raise UnsupportedOperation(f"GPU {self.rank}: NVLink Network ({self.config.name}) has no shared "
                                        f"physical address space; export(array) a window instead")
-        return physical_address(self.rank, self._mem.offset_of(array))
+        return physical_address(self.rank, self.allocations.offset_of(array))
 
     # -- one-sided access -------------------------------------------------------------------------
     def put(self, target, array: np.ndarray, offset: int = 0) -> None:
@@ -289,45 +223,15 @@ class Gpu:
         Returns once `array` may be reused; fence() waits until the bytes are visible at the target and
         raises AccessViolation if the switch refused them.
         """
-        self.stream.drain()
-        self._raise_async()
-        data = self._as_bytes(array, "put")
-        dst, address = self._destination(target, offset, data.nbytes, "put")
-        sends, self._beside_end = [], None
-        for start, stop in self._chunks(data.nbytes):
-            req = next(self._req)
-            self._puts[req] = f"put to {_describe(target)}"
-            sends.append(self._send(Packet(Kind.PUT, self._keys[self.rank], dst, address + start,
-                                           stop - start, req), data[start:stop]))
-        self.wait_sent(sends, "put")
-        # the data has left: `array` may be reused; beside a channelled call, once its own bytes left (not the call's)
-        self.now_ns = max(self.now_ns, self.sent_ns if self._beside_end is None else self._beside_end)
+        self.one_sided.put(target, array, offset)
 
     def get(self, target, array: np.ndarray, offset: int = 0) -> None:
         """Read `array.nbytes` bytes at byte `offset` of `target` into `array`; AccessViolation if refused."""
-        self.stream.drain()
-        self._raise_async()
-        data = self._as_bytes(array, "get", written=True)
-        dst, address = self._destination(target, offset, data.nbytes, "get")
-        reqs = []
-        for start, stop in self._chunks(data.nbytes):
-            req = next(self._req)
-            self._gets[req] = data[start:stop]
-            self._send(Packet(Kind.GET, self._keys[self.rank], dst, address + start, stop - start, req))
-            reqs.append(req)
-        owner = getattr(target, "owner", "the target")
-        self._wait(lambda: all(r not in self._gets for r in reqs), "get", f"GPU {owner}")
-        self.now_ns = max([self.now_ns] + [self._got_ns.pop(r, 0.0) for r in reqs])
-        for req in reqs:
-            nack = self._replies.pop(req, None)
-            if nack is not None:
-                raise_remote(nack.info.error, nack.info.message, f"GPU {self.rank}: get from {_describe(target)}")
+        self.one_sided.get(target, array, offset)
 
     def fence(self) -> None:
         """Return when every put of this GPU is visible at its target; raise any refusal."""
-        self._wait(lambda: not self._puts, "fence", "acknowledgements of puts")
-        self.now_ns = max(self.now_ns, self._acked_ns)
-        self._raise_async()
+        self.one_sided.fence()
 
     def link_counters(self) -> dict:
         """This GPU's link counters: tx_/rx_ bytes (payload), raw_bytes, packets, busy_ns (modeled)."""
@@ -337,32 +241,16 @@ class Gpu:
         """(tx, rx) payload bytes this GPU's program has sent and consumed so far: the link counters'
         bytes without the one-sided traffic served as the host delivered it (puts and gets into this
         GPU, the replies to them and to its own), which may come in the middle of any call."""
-        return self._program_bytes[0], self._program_bytes[1]
+        return self.links.program_bytes[0], self.links.program_bytes[1]
 
     def record_call(self, call: CallRecord) -> None:
-        """Keep a collective call's record for the run's report (the communicators call this); past
-        CALL_RECORD_BYTES of records, calls are only counted."""
-        size = len(msgpack.packb(call.to_wire()))
-        if self._calls_unrecorded or self._call_bytes + size > CALL_RECORD_BYTES or len(self._calls) >= MAX_LIST:
-            self._calls_unrecorded += 1
-        else:
-            self._calls.append(call)
-            self._call_bytes += size
+        """Keep a collective call's record for the run's report (the communicators call this; CallLog.record)."""
+        self.calls.record(call)
 
     def link_snapshot(self) -> dict:
         """Every link's counters this GPU keeps ({link name: LinkStats.as_dict()}), busy times and fault
         counts included: what it reports at the end of the run."""
-        self._counters.links.setdefault(uplink(self.rank, self._leaf), LinkStats()).busy_ns = self._uplink.busy_ns
-        self._counters.links.setdefault(downlink(self.rank, self._leaf), LinkStats()).busy_ns = self._downlink.busy_ns
-        snapshot = self._counters.snapshot()
-        for link, state in self._faults.items():  # only faulted links carry these: honest reports unchanged
-            snapshot.setdefault(link, LinkStats().as_dict()).update(crc_errors=state.crc_errors, replays=state.replays)
-        return snapshot
-
-    def _fault_fields(self, link: str) -> dict:
-        """A trace record's crc_errors and replays so far on `link` (nothing on a link without faults)."""
-        state = self._faults.get(link)
-        return {} if state is None else {"crc_errors": state.crc_errors, "replays": state.replays}
+        return self.links.snapshot()
 
     # -- non-blocking operations (ranks/requests.py) -------------------------------------------------
     def wait_all(self, requests) -> None:
@@ -417,33 +305,18 @@ class Gpu:
         waits for its sends waits for. One-sided replies it served (PUT_ACK, GET_DATA), booked in the
         order the host delivered their requests, are not in it (fabric.timemodel.LinkEnd.serve). In a
         channel (`lane`), the last byte that channel sent."""
-        return self._uplink.lane_sent_ns(self.lane)
+        return self.links.uplink.lane_sent_ns(self.lane)
 
     def reserve_uplink(self, payload_bytes: int, at_ns: float) -> tuple[float, float]:
         """Book this GPU's uplink now for a transfer sent later (the emulator may hold a send back to
         bound host memory; modeled time treats it as issued at `at_ns`); returns its stamp."""
-        raw = raw_bytes(payload_bytes, self.config.mtu_bytes, self.config.header_bytes)
-        return self._uplink.send(at_ns, at_ns, self._link_time(uplink(self.rank, self._leaf), payload_bytes, at_ns, raw))
-
-    def _link_time(self, link: str, payload_bytes: int, at_ns: float, raw: float) -> float:
-        """Raw bytes' worth of time a transfer keeps `link` busy: `raw`, or with the link's faults its
-        replays added and its lanes accounted (fabric.faults.LinkFaultState); LinkDown if it is down."""
-        state = self._faults.get(link)
-        return raw if state is None else state.book(payload_bytes, at_ns)
+        return self.links.reserve_uplink(payload_bytes, at_ns)
 
     def link_status(self) -> dict:
         """This GPU's two links at its modeled clock: {link name: {"state": "up" | "ber" | "degraded" |
         "down", "crc_errors": n, "replays": n}}, and when down "down_since_ns" and "up_at_ns" (inf: for
         good) (fabric.faults; all "up" and 0 without a fault plan)."""
-        status = {}
-        for link in (uplink(self.rank, self._leaf), downlink(self.rank, self._leaf)):
-            state = self._faults.get(link)
-            status[link] = state.counters(self.now_ns) if state is not None else \
-                {"crc_errors": 0, "replays": 0, "state": self._plan.state(link, self.now_ns)}
-            window = self._plan.down(link, self.now_ns)
-            if window is not None:
-                status[link].update(down_since_ns=window[0], up_at_ns=window[1])
-        return status
+        return self.links.status(self.now_ns)
 
     def post_receive(self, key: tuple, out: np.ndarray, peer: int | None = None, group: int | None = None) -> None:
         """Receive the message in slot `key` from GPU `peer`, or (peer None) the switch's delivery through
@@ -537,44 +410,21 @@ class Gpu:
 
     def bind_buffer(self, key: tuple, data: np.ndarray) -> None:
         """Let the switch LOAD from `data` under `key` (NVLS: a buffer bound to a multicast group)."""
-        self._bound[tuple(key)] = self._as_bytes(data, "bind")
+        self.loads.bind(key, self._as_bytes(data, "bind"))
 
     def unbind_buffer(self, key: tuple) -> None:
-        """Stop the switch's LOADs from the buffer bound as `key`; one serve_load gave up (a LOAD past its
-        end) is unbound already, and a program's cleanup after that refusal is no second error."""
-        key = tuple(key)
-        if key not in self._bound and any(given == key for _, given in self._given_up):
-            return
-        del self._bound[key]
+        """Stop the switch's LOADs from the buffer bound as `key` (BoundBuffers.unbind)."""
+        self.loads.unbind(key)
 
     def serve_load(self, group: int, key: tuple, slot: tuple, requester: str) -> None:
         """Answer the switch's LOAD of `slot` through `group` from the buffer bound as `key` (NVLS),
         waiting for it to arrive. Served in program order, so its place on the links is deterministic;
         the answer leaves when the LOAD arrived, not when the program got to it (memory answers, not
-        the SMs). A LOAD past the buffer's end (a requester's range, which the switch cannot check: it
-        does not know the buffer) gives the buffer up: AccessViolation naming this GPU, the requester,
-        the slot and the bytes; the buffer is unbound, and this LOAD and every other of the buffer,
-        come or to come, is answered with the notice "unserved" (header-only, no bytes counted), so
-        that each requester's leaf gives the request's budget back (fabric.switch, Load-reduce)."""
-        buffer = (group, tuple(key))
-        lookup = (*buffer, tuple(slot))
-        if buffer in self._given_up:
-            raise AccessViolation(f"GPU {self.rank}: {requester}'s load-reduce (slot {list(slot)}): the buffer bound "
-                                  f"as {list(key)} was given up after a LOAD past its end; not served")
-        self._wait(lambda: lookup in self._loads, "serve load", f"{requester}'s load-reduce (slot {slot})")
-        packet, seq = self._loads.pop(lookup)
-        bound = self._bound[lookup[1]]
-        if packet.address + packet.nbytes > bound.nbytes:
-            del self._bound[lookup[1]]
-            self._given_up[buffer] = None
-            if len(self._given_up) > GIVEN_UP_KEPT:
-                del self._given_up[next(iter(self._given_up))]
-            for filed in [k for k in self._loads if k[:2] == buffer]:
-                self._unserved(self._loads.pop(filed)[0])
-            self._unserved(packet)
-            raise AccessViolation(f"GPU {self.rank}: {requester}'s load-reduce (slot {list(slot)}) reads bytes "
-                                  f"{packet.address}+{packet.nbytes} of a bound buffer of {bound.nbytes}; not served")
-        data = bound[packet.address:packet.address + packet.nbytes]
+        the SMs). A LOAD past the buffer's end gives the buffer up (BoundBuffers.take: AccessViolation)."""
+        lookup = (group, tuple(key), tuple(slot))
+        self.loads.check(group, key, slot, requester)
+        self._wait(lambda: lookup in self.loads.filed, "serve load", f"{requester}'s load-reduce (slot {slot})")
+        packet, seq, data = self.loads.take(lookup, requester)
         self._send(Packet(Kind.REDUCE, self._keys[self.rank], -1, 0, packet.nbytes, packet.req,
                           packet.info.contribution()), data, self._consume(packet, seq, program=True))
 
@@ -661,15 +511,7 @@ class Gpu:
 
     def _handle(self, source: int, packet: Packet, inline: np.ndarray | None = None) -> None:
         """Serve `packet` from the switch; `inline`: its payload, if it came in the header's message."""
-        seq = None
-        if packet.kind.counted:
-            raw = self._counters.record(downlink(self.rank, self._leaf), packet.payload_bytes)
-            self._rx_seq += 1
-            seq = self._rx_seq
-            if self.trace is not None and self.trace.enabled:
-                self.trace.write({"ev": "rx", "link": downlink(self.rank, self._leaf), "seq": seq, "kind": packet.kind.name,
-                                  "payload": packet.payload_bytes, "raw": raw, "src": packet.src, "dst": packet.dst,
-                                  "wall": time.time()})
+        seq = self.links.count_receive(packet) if packet.kind.counted else None
         kind = packet.kind
         # one-sided traffic is served as it comes: it takes its turn on the links in serving order
         if kind is Kind.PUT:
@@ -682,14 +524,14 @@ class Gpu:
             self._send(Packet(Kind.GET_DATA, self._keys[self.rank], packet.src, 0, packet.nbytes, packet.req),
                        data, self._consume(packet, seq), served=True)
         elif kind is Kind.PUT_ACK:
-            self._puts.pop(packet.req, None)
-            self._acked_ns = max(self._acked_ns, self._consume(packet, seq))
+            self.one_sided.puts.pop(packet.req, None)
+            self.one_sided.acked_ns = max(self.one_sided.acked_ns, self._consume(packet, seq))
         elif kind is Kind.GET_DATA:
-            dest = self._gets.pop(packet.req, None)
+            dest = self.one_sided.gets.pop(packet.req, None)
             self._receive(packet, dest if dest is not None else np.empty(packet.nbytes, np.uint8), inline)
             if dest is None:  # the bytes are taken first, so the next payload is not mistaken for these
                 raise ProtocolError(f"GPU {self.rank}: GET_DATA for request {packet.req}, which it never made")
-            self._got_ns[packet.req] = self._consume(packet, seq)
+            self.one_sided.got_ns[packet.req] = self._consume(packet, seq)
         elif kind is Kind.MSG and self._servers and packet.info.key and packet.info.key[0] in self._servers:
             data = np.empty(packet.nbytes, np.uint8)
             self._receive(packet, data, inline)
@@ -717,16 +559,14 @@ class Gpu:
                 self.mailbox.arrived[slot] = buffer
             self._arrivals[slot] = (packet, seq)  # its downlink turn comes when the program consumes it
         elif kind is Kind.LOAD:
-            if (packet.info.group, packet.info.source) in self._given_up:  # serve_load refused the buffer
-                self._unserved(packet)
-            else:
-                self._loads[(packet.info.group, packet.info.source, packet.info.slot)] = (packet, seq)
+            self.loads.file(packet, seq)
         elif kind is Kind.NACK:
             arrived = self._consume(packet, seq)
-            if packet.req in self._puts:  # the refusal is what the put's fence waits for
-                self._acked_ns = max(self._acked_ns, arrived)
-            elif packet.req in self._gets:
-                self._got_ns[packet.req] = arrived
+            one_sided = self.one_sided
+            if packet.req in one_sided.puts:  # the refusal is what the put's fence waits for
+                one_sided.acked_ns = max(one_sided.acked_ns, arrived)
+            elif packet.req in one_sided.gets:
+                one_sided.got_ns[packet.req] = arrived
             self._nack(packet)
         elif kind is Kind.REPLY:
             self._replies[packet.req] = packet
@@ -739,23 +579,16 @@ class Gpu:
             raise ProtocolError(f"GPU {self.rank}: unexpected {kind.name} from rank {source}")
 
     def _nack(self, packet: Packet) -> None:
-        what = self._puts.pop(packet.req, None)
-        if packet.req in self._gets:
-            del self._gets[packet.req]
+        one_sided = self.one_sided
+        what = one_sided.puts.pop(packet.req, None)
+        if packet.req in one_sided.gets:
+            del one_sided.gets[packet.req]
             self._replies[packet.req] = packet
             return
         try:
             raise_remote(packet.info.error, packet.info.message, f"GPU {self.rank}: {what or packet.info.kind}")
         except FabricError as exc:
-            (self._async_errors if what else self._traffic_errors).append(exc)
-
-    def _raise_async(self) -> None:
-        if self._async_errors:
-            first, rest = self._async_errors[0], len(self._async_errors) - 1
-            self._async_errors = []
-            if rest:
-                raise type(first)(f"{first} (and {rest} more refused)")
-            raise first
+            (one_sided.refusals if what else self._traffic_errors).append(exc)
 
     def _receive(self, packet: Packet, out: np.ndarray, inline: np.ndarray | None) -> None:
         """Take `packet`'s payload into `out` (uint8, its size): from `inline` if it came in the header's
@@ -776,33 +609,10 @@ class Gpu:
         reserved; `served`: a one-sided reply, booked on the uplink's served lane: it neither moves sent_ns
         nor delays the program's sends (its request's host arrival order would then move the program's time)."""
         if packet.kind.counted:
-            link = uplink(self.rank, self._leaf)
-            if stamp is None:  # a down link raises here, before anything is counted
-                at = self.now_ns if at_ns is None else at_ns
-                timed = self._link_time(link, packet.payload_bytes, at, None)
-            raw = self._counters.record(link, packet.payload_bytes)
-            if stamp is None:
-                timed = raw if timed is None else timed
-                stamp = self._uplink.serve(at, at, timed) if served else None
-                if not served and self.lane is None and packet.kind in BESIDE_KINDS:
-                    # the program's own one-sided traffic beside a channelled call that still sends: a lane of
-                    # its own (fabric.timemodel.LinkEnd.post; docs/model/time.md, "A put beside a collective")
-                    stamp = self._uplink.post(at, at, timed)
-                    if stamp is not None:
-                        end = stamp[1] - self._uplink.latency_ns
-                        self._beside_end = max(end, self._beside_end or end)
-                if stamp is None and not served:
-                    stamp = self._uplink.send(at, at, timed, self.lane)
-            if not served:
-                self._program_bytes[0] += packet.payload_bytes
-            packet = packet.but(t_start=stamp[0], t_end=stamp[1])
-            self._tx_seq += 1
-            if self.trace is not None and self.trace.enabled:
-                self.trace.write({"ev": "tx", "link": uplink(self.rank, self._leaf), "seq": self._tx_seq, "kind": packet.kind.name,
-                                  "payload": packet.payload_bytes, "raw": raw, "src": packet.src, "dst": packet.dst,
-                                  "m_start": stamp[0] - self._uplink.latency_ns,
-                                  "m_end": stamp[1] - self._uplink.latency_ns,
-                                  "wall": time.time(), **self._fault_fields(link)})
+            at = self.now_ns if at_ns is None else at_ns
+            packet, beside = self.links.book_send(packet, at, stamp, served, self.lane)
+            if beside is not None:
+                self.one_sided.beside_end = max(beside, self.one_sided.beside_end or beside)
         return self._transport.send(self._switch, packet, payload)
 
     def _consume(self, packet: Packet, seq: int, program: bool = False) -> float:
@@ -810,29 +620,7 @@ class Gpu:
         `program`: consumed by this GPU's program, in program order; else served as the host delivered
         it (one-sided traffic), on the links' served lane (fabric.timemodel.LinkEnd), so it neither
         waits for nor delays the program's transfers, and the call records count only the program's."""
-        raw = raw_bytes(packet.payload_bytes, self.config.mtu_bytes, self.config.header_bytes)
-        start, end = packet.t_start, packet.t_end
-        lane = self.lane if program else None  # a channel's receive: its lane of the downlink
-        if self._inbound is not None:
-            sender = self._gpu_of.get(packet.src)  # a GPU's transfer (a switch's own packets take no share)
-            if sender is not None and sender // self.config.gpus_per_node != self._leaf:
-                timed = raw
-                if self._spine_faults:  # the node's uplink lost its down links' part (fabric.faults)
-                    topology = self.config.topology
-                    timed = raw * spine_links_scale(self._plan, self._leaf, topology.nodes, topology.spines, start,
-                                                    up=False)
-                start, end = self._inbound.book(start, end, timed, served=not program)
-                # its burst on the faster downlink, ending with its last byte (docs/model/time.md)
-                start = max(start, end - raw / self._downlink.lane_bandwidth(lane))
-        link = downlink(self.rank, self._leaf)
-        start, end = self._downlink.book(start, end, self._link_time(link, packet.payload_bytes, start, raw),
-                                         served=not program, lane=lane)
-        if program:
-            self._program_bytes[1] += packet.payload_bytes
-        if self.trace is not None and self.trace.enabled:
-            self.trace.write({"ev": "busy", "link": link, "seq": seq, "m_start": start, "m_end": end,
-                              "wall": time.time(), **self._fault_fields(link)})
-        return end + self._downlink.latency_ns
+        return self.links.consume(packet, seq, self._gpu_of.get(packet.src), program, self.lane)
 
     def ask_fabric_manager(self, kind: Kind, info: Info, what: str) -> dict:
         """Ask the fabric manager (the leaf switch) for `what` (a GROUP, EXPORT or REVOKE request, not counted
@@ -846,38 +634,6 @@ class Gpu:
         return reply
 
     # -- helpers ------------------------------------------------------------------------------------
-    def _destination(self, target, offset: int, nbytes: int, op: str) -> tuple[int, int]:
-        """(dst routing key, address) of a put/get of `nbytes` at byte `offset` of `target`; checked
-        before anything is sent or left pending."""
-        if not is_integer(offset) or offset < 0:
-            raise FabricError(f"GPU {self.rank}: {op} offset must be a non-negative integer of bytes, got {offset!r}")
-        offset = int(offset)
-        if self._network:
-            if not isinstance(target, Handle):
-                raise UnsupportedOperation(f"GPU {self.rank}: {op} on NVLink Network needs a Handle from "
-                                           f"export(), got {target!r}")
-            dst, base = target.network_address, target.address
-            if not (is_integer(dst) and is_integer(base) and 0 <= dst <= WIRE_INT_MAX):
-                raise FabricError(f"GPU {self.rank}: {op} to {target!r}: not a handle export() returned")
-        elif isinstance(target, Handle) and self.config.windows:  # a registered window of classic nodes
-            dst, base = target.network_address, target.address
-            if not (is_integer(dst) and is_integer(base) and 0 <= dst < self.size):
-                raise FabricError(f"GPU {self.rank}: {op} to {target!r}: not a handle export() returned")
-        else:
-            if isinstance(target, Handle) or not is_integer(target):
-                raise UnsupportedOperation(f"GPU {self.rank}: {op} on classic NVLink takes a physical address "
-                                           f"(gpu.physical_address(array)), got {target!r}")
-            dst, base = -1, target
-        address = int(base) + offset
-        if not 0 <= address <= WIRE_INT_MAX - nbytes:
-            raise AccessViolation(f"GPU {self.rank}: {op} of {nbytes} bytes at {address:#x} ({_describe(target)} + "
-                                  f"offset {offset}): outside the 64-bit address space")
-        return int(dst), address
-
-    def _chunks(self, nbytes: int):
-        step = self.config.chunk_bytes
-        return [(s, min(s + step, nbytes)) for s in range(0, nbytes, step)] or [(0, 0)]
-
     def _check_peer(self, peer, op: str) -> None:
         if not is_integer(peer) or not 0 <= peer < self.size:
             raise FabricError(f"GPU {self.rank}: {op}: not a GPU 0..{self.size - 1}")
@@ -914,24 +670,8 @@ class Gpu:
         return self._shutdown.info
 
     def _counters_packet(self, links: dict, leftovers: list) -> Packet:
-        """The COUNTERS answer; its call records cut (the cut ones counted), then its leftover message
-        keys (a last entry ["...", n] counts the n cut), until its lists have at most MAX_LIST entries
-        and the header fits in the MAX_GPU_HEADER_BYTES the switch takes from a GPU, so many leftover messages or
-        calls cannot make it refused."""
-        calls, keys = self._calls, leftovers[:MAX_LIST - 1] if len(leftovers) > MAX_LIST else leftovers
-        while True:
-            shown = keys if len(keys) == len(leftovers) else [*keys, ["...", len(leftovers) - len(keys)]]
-            info = CountersInfo(links, shown, float(self.now_ns), tuple(calls),
-                                self._calls_unrecorded + len(self._calls) - len(calls))
-            packet = Packet(Kind.COUNTERS, self._keys[self.rank], -1, info=info)
-            if len(packet.to_wire()) <= MAX_GPU_HEADER_BYTES:
-                return packet
-            if calls:
-                calls = calls[:len(calls) * 3 // 4]
-            elif keys:
-                keys = keys[:len(keys) * 3 // 4]
-            else:
-                return packet
+        """The COUNTERS answer (CallLog.counters_packet; raw_port().counters_packet replaces it in tests)."""
+        return self.calls.counters_packet(self._keys[self.rank], links, leftovers, self.now_ns)
 
 
 # whom wait_sent waits for: the switch holds a message past its receiver's mailbox bound (transport.MAILBOX_PEER_*)
@@ -949,10 +689,6 @@ def leftover_entry(key: tuple, sender: int) -> list:
     if key[:1] == ("...",):
         key = ("'...'", *key[1:])
     return [*(key if len(key) < MAX_KEY_PARTS else (*key[:MAX_KEY_PARTS - 2], "...")), sender]
-
-
-def _describe(target) -> str:
-    return str(target) if isinstance(target, Handle) else f"physical {int(target):#x}"
 
 
 def _sender(peer: int | None, group: int | None):

@@ -68,7 +68,7 @@ class RawPort:
     @property
     def put_errors(self) -> list:
         """Refusals of puts not yet raised (put, get, fence and barrier raise the first)."""
-        return self._gpu._async_errors
+        return self._gpu.one_sided.refusals
 
     @property
     def replies(self) -> dict:
@@ -78,7 +78,7 @@ class RawPort:
     @property
     def gets(self) -> dict:
         """Request number -> where a GET's data lands, until it arrives."""
-        return self._gpu._gets
+        return self._gpu.one_sided.gets
 
     @property
     def mailbox(self) -> dict:
@@ -93,12 +93,12 @@ class RawPort:
     @property
     def bound(self) -> dict:
         """Buffer key -> bytes the switch may LOAD (NVLS)."""
-        return self._gpu._bound
+        return self._gpu.loads.bound
 
     @property
     def loads(self) -> dict:
         """(group, buffer key, slot) -> a LOAD from the switch not yet served."""
-        return self._gpu._loads
+        return self._gpu.loads.filed
 
     @property
     def shutdown(self) -> Packet | None:
@@ -108,16 +108,16 @@ class RawPort:
     @property
     def fault_states(self) -> dict:
         """Link name -> the fault plan's state of this GPU's faulted links (fabric.faults.LinkFaultState)."""
-        return self._gpu._faults
+        return self._gpu.links.faults
 
     @property
     def calls(self) -> list:
         """The collective calls recorded for the run's report (ranks.comm.CallRecord), oldest first."""
-        return self._gpu._calls
+        return self._gpu.calls.records
 
     @calls.setter
     def calls(self, records: list) -> None:
-        self._gpu._calls = list(records)
+        self._gpu.calls.records = list(records)
 
     @property
     def counters_packet(self):
@@ -131,4 +131,4 @@ class RawPort:
 
     def offset_of(self, array) -> int:
         """Physical offset of `array` in this GPU's memory (what an EXPORT names)."""
-        return self._gpu._mem.offset_of(array)
+        return self._gpu.allocations.offset_of(array)
