@@ -8,10 +8,9 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from nvlink_emu.fabric.control import MAX_CONTROL_BYTES, encode, decode
-from nvlink_emu.fabric.errors import (AccessViolation, CollectiveMismatch, FabricError, FabricTimeout, ProtocolError,
+from nvlink_emu.fabric.errors import (AccessViolation, FabricError, ProtocolError,
                                       ResourceExhausted, UnsupportedOperation)
-from nvlink_emu.fabric.packets import WIRE_INT_MAX, CallRecord, GroupInfo, Kind
+from nvlink_emu.fabric.packets import CallRecord, GroupInfo, Kind
 from nvlink_emu.fabric.reduction import blocks, check_dtype, check_movable, check_op, dtype_name
 from nvlink_emu.fabric.software import call_latency_ns
 from nvlink_emu.fabric.tuner import all2all_algorithm  # noqa: F401 (re-exported: the tuner decides)
@@ -21,8 +20,10 @@ from nvlink_emu.fabric.plans import Plan, validate
 from . import collectives
 from .collectives.plan import execute as run_plan
 from .collectives import all2all as pairwise
+from .callcheck import check_calls, is_integer
+from .exchanges import exchange
 from .requests import Request
-from .transport import Exchange, MemberComms, any_rank
+from .transport import MemberComms, any_rank
 
 PLAN_COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "all2all")  # what algorithm=Plan runs
 
@@ -34,21 +35,7 @@ CREDIT_SEQ = -(2 ** 62)
 # communicators one GPU may be a member of at once: each holds two MPI communicators, and MPICH has
 # 2048 context ids per process ("Too many communicators"), a few of which the run itself uses
 MAX_COMMUNICATORS = 900
-WHERE_WAIT_S = 1.0  # s: how long a timed-out exchange asks its members where they are, past its deadline
 P2P_TAG_LIMIT = 2 ** 31  # tags of point-to-point messages are 0..2**31 - 1 (MPI guarantees at least 0..32767)
-
-
-def is_integer(value) -> bool:
-    """Whether an argument is an integer, Python's or numpy's (a bool is not)."""
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-
-
-def _counts_fit(counts, n: int) -> bool:
-    """Whether a member's all2all(v) counts are (what it sends, what it receives): n integers 0..WIRE_INT_MAX
-    each."""
-    return (isinstance(counts, (tuple, list)) and len(counts) == 2
-            and all(isinstance(side, (tuple, list)) and len(side) == n
-                    and all(is_integer(x) and 0 <= x <= WIRE_INT_MAX for x in side) for side in counts))
 
 
 class Communicator:
@@ -119,73 +106,8 @@ class Communicator:
         return self._exchange(obj, op, next(self._seq))
 
     def _exchange(self, obj, op: str, seq: int) -> list:
-        """allgather_object as operation number `seq` of this communicator (negative: of its group
-        creation, on its own MPI communicator). Every member sends (seq, op, obj); an entry that is not
-        one (too long, undecodable, not of that shape) is "(not a control exchange)", and members in
-        different operations are a CollectiveMismatch on every member, naming each one's operation."""
-        gpu, mpi = self.gpu, self._live(op)
-        problem = refusal = None
-        try:
-            data = encode((seq, op, obj))
-        except FabricError as exc:  # still take part, so that the others fail at once, naming this member
-            problem, data = exc, encode((seq, f"{op} (not a control object)", None))
-        on = mpi.groups if seq < 0 else mpi.comm
-        exchange = Exchange(on, data, mpi.kept_of(on))
-        others = [m for m in self.members if m != gpu.rank]
-
-        def posted():
-            gpu.wake_for_mpi(others)
-
-        exchange.on_step = posted
-        posted()
-        what = f"{op} #{seq} on communicator {self.name!r}"
-        gpu.control.exchange_at = (self.name, seq, op)
-        try:
-            while True:
-                try:
-                    gpu.wait_for_mpi(exchange.test, what, _LazyText(lambda: self._missing(seq)))
-                    break
-                except FabricTimeout:
-                    # MPI cannot cancel a collective: it stays posted, and its messages may wait at
-                    # the members for ever; close_communicators then keeps this run's MPI communicators
-                    gpu.control.abandoned_exchanges += 1
-                    raise
-                except FabricError as exc:
-                    if exchange.failed is not None:
-                        raise
-                    # a refusal raised in the wait: this member's MPI calls must stay in step with
-                    # the others', so the exchange completes first
-                    refusal = refusal or exc
-        finally:
-            gpu.control.exchange_at = None
-        if refusal is not None:
-            raise refusal
-        if problem is not None:
-            raise FabricError(f"GPU {gpu.rank}: {op} #{seq} on communicator {self.name!r}: {problem}")
-        got = [(op, obj) if member == gpu.rank and isinstance(part, bytes) else _entry(part, seq)
-               for member, part in zip(self.members, exchange.parts)]
-        if any(other != op for other, _ in got):
-            listing = "; ".join(f"GPU {p}: {other}" for p, (other, _) in zip(self.members, got))
-            raise CollectiveMismatch(f"GPU {gpu.rank}: control exchange #{seq} on communicator {self.name!r}: "
-                                     f"members are in different operations: {listing}")
-        return [value for _, value in got]
-
-    def _missing(self, seq: int) -> str:
-        """Whom exchange `seq` waits for, asked at its deadline: the members that do not say they are in
-        it (a collective cannot tell who has not come), each with where it says it is."""
-        gpu = self.gpu
-        others = [m for m in self.members if m != gpu.rank]
-        answers = gpu.control.ask_where(others, self.name, seq, WHERE_WAIT_S)
-        missing, notes = [], []
-        for member in others:
-            at = answers.get(member)
-            if isinstance(at, tuple) and at[:2] == (self.name, seq):
-                continue
-            missing.append(member)
-            notes.append(f"GPU {member}: {_where(at, WHERE_WAIT_S)}")
-        if not missing:
-            return f"GPUs {others}, which all say they are in it"
-        return f"GPUs {missing} ({'; '.join(notes)})"
+        """allgather_object as operation number `seq` of this communicator (ranks.exchanges.exchange)."""
+        return exchange(self.gpu, self._live(op), self.members, self.name, obj, op, seq)
 
     def barrier(self) -> None:
         """Wait until every member reached the barrier; this GPU's puts are fenced first. Every member
@@ -666,7 +588,7 @@ class Communicator:
         gpu.event({"ev": "coll_begin", **fingerprint})
         start_ns, before = gpu.now_ns, gpu.program_bytes()
         calls = self._exchange((call, counts), f"{name} call check", seq)
-        self._check_calls(name, seq, calls)
+        check_calls(self.gpu.rank, self.name, self.members, self.rank, name, seq, calls)
         # NCCL's launch and protocol latency (fabric.software), the same the cost models add: all2allv's S is
         # the most bytes a member sends, as fabric.software.call_bytes takes it
         nbytes = count if counts is None else max(sum(c[1][0]) for c in calls)
@@ -690,46 +612,6 @@ class Communicator:
         after = gpu.program_bytes()
         gpu.record_call(CallRecord(self.name, seq, name, algorithm, count, dtype_name(dtype), op, root, self.size,
                                    float(start_ns), float(gpu.now_ns), after[0] - before[0], after[1] - before[1]))
-
-    def _check_calls(self, name, seq, calls) -> None:
-        """CollectiveMismatch on every member, listing each member's call, before any data moves. Every entry
-        is data a member sent: its shape is checked before anything in it is used."""
-        n = self.size
-        # whether this call carries counts (all2all(v) but a plan's): this member's own entry says, never another's
-        counted = calls[self.rank][1] is not None
-        problem = None
-        shaped = [isinstance(entry, (tuple, list)) and len(entry) == 2 and isinstance(entry[0], dict)
-                  for entry in calls]
-        if not all(shaped):
-            problem = f"member {shaped.index(False)}'s call check is not a call and its counts"
-        else:
-            fingerprints = [c for c, _ in calls]
-            own = [(m, c["problem"]) for m, (c, _) in zip(self.members, calls) if c.get("problem")]
-            if own:
-                problem = "; ".join(f"GPU {m}'s {text}" for m, text in own)
-            elif any(f != fingerprints[0] for f in fingerprints):
-                problem = "members called different collectives or arguments"
-            else:
-                # a member's counts: n integers 0..WIRE_INT_MAX each way on an all2all(v), none otherwise
-                malformed = [i for i, (_, counts) in enumerate(calls)
-                             if (counts is not None) != counted or counted and not _counts_fit(counts, n)]
-                if malformed:
-                    problem = (f"member {malformed[0]}'s counts are not {n} integers from 0 to {WIRE_INT_MAX} each "
-                               f"way (what it sends, what it receives)" if counted else
-                               f"member {malformed[0]} sent counts with a {name} that has none")
-                elif counted:
-                    sends, recvs = [c[1][0] for c in calls], [c[1][1] for c in calls]
-                    bad = [(i, j) for i in range(n) for j in range(n) if sends[i][j] != recvs[j][i]]
-                    if bad:
-                        i, j = bad[0]
-                        problem = (f"member {i} sends {sends[i][j]} elements to member {j}, which expects "
-                                   f"{recvs[j][i]}")
-        if problem:
-            listing = "; ".join(f"GPU {self.members[i]}: " + (f"{entry[0]}" + (f" counts {entry[1]}" if entry[1] else "")
-                                                             if ok else f"{entry!r:.120}")
-                                for i, (entry, ok) in enumerate(zip(calls, shaped)))
-            raise CollectiveMismatch(f"GPU {self.gpu.rank}: {name} #{seq} on communicator {self.name!r}: "
-                                     f"{problem}: {listing}")
 
     @contextmanager
     def _arguments(self, name: str):
@@ -785,43 +667,3 @@ def _waiter(gpu):
         gpu.wake_for_mpi(())
         gpu.wait_for_mpi(done, what, "the other members")
     return wait
-
-
-def _entry(part, seq: int) -> tuple:
-    """(operation, object) of a member's part of exchange `seq`: its bytes, or the length it announced
-    and did not send (outside 0..MAX_CONTROL_BYTES)."""
-    if not isinstance(part, bytes):
-        return f"(not a control exchange: {part} bytes, past the {MAX_CONTROL_BYTES} a control object may have)", None
-    try:
-        message = decode(part)
-    except ProtocolError:
-        return "(not a control exchange)", None
-    if not (type(message) is tuple and len(message) == 3 and is_integer(message[0]) and type(message[1]) is str):
-        return "(not a control exchange)", None
-    if message[0] != seq:  # never among members of this emulator: MPI matches exchanges in call order
-        return f"{message[1]} #{message[0]}", None
-    return message[1], message[2]
-
-
-def _where(at, wait_s: float) -> str:
-    """What a member answered to "where are you?" (ControlPlane.ask_where), in words."""
-    if at is None:
-        return f"no answer within {wait_s:g} s (busy outside the emulator's calls, or gone)"
-    if isinstance(at, tuple):
-        return f"in {at[2]} #{at[1]} on communicator {at[0]!r}"
-    return at
-
-
-class _LazyText:
-    """A string computed only when printed, once (whom an exchange waits for is asked at its deadline)."""
-
-    def __init__(self, make):
-        self._make = make
-        self._text = None
-
-    def __str__(self):
-        if self._text is None:
-            self._text = self._make()
-        return self._text
-
-    __format__ = lambda self, spec: format(str(self), spec)

@@ -13,7 +13,8 @@ import time
 
 from nvlink_emu.fabric.packets import WIRE_INT_MAX
 
-from .comm import CREDIT_SEQ, is_integer
+from .callcheck import is_integer
+from .comm import CREDIT_SEQ
 
 MAX_CONTROL_WAITING = 1024  # control messages one GPU may have waiting here (for calls not made yet)
 # control messages a stray sweep takes and files (each progress call takes one): what a flood of them

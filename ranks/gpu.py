@@ -24,8 +24,9 @@ from nvlink_emu.fabric.packets import (MAX_KEY_PARTS, WIRE_INT_MAX, CallRecord,
                                       ExportInfo, GroupInfo, Info, Kind, MsgInfo, Packet, RevokeInfo,
                                       TraceInfo)
 
+from .callcheck import is_integer
 from .calllog import CallLog
-from .comm import Communicator, is_integer
+from .comm import Communicator
 from .control import CONTROL_PER_SWEEP, ControlPlane
 from .links import GpuLinks
 from .loads import BoundBuffers

@@ -7,7 +7,7 @@ from nvlink_emu.fabric.config import FabricConfig
 from nvlink_emu.fabric.errors import FabricError
 from nvlink_emu.fabric.memory import DeviceMemory
 
-from .comm import is_integer
+from .callcheck import is_integer
 
 
 class Allocations:

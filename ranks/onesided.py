@@ -8,7 +8,7 @@ from nvlink_emu.fabric.addressing import Handle
 from nvlink_emu.fabric.errors import AccessViolation, FabricError, UnsupportedOperation
 from nvlink_emu.fabric.packets import WIRE_INT_MAX, Kind, Packet
 
-from .comm import is_integer
+from .callcheck import is_integer
 
 
 def raise_remote(error: str, message: str, context: str):
