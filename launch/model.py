@@ -20,7 +20,7 @@ def shape_of(config) -> tuple[int, int, int]:
     return config.nodes, config.gpus_per_node, config.spines
 
 
-def _shape_text(shape: tuple[int, int, int]) -> str:
+def shape_text(shape: tuple[int, int, int]) -> str:
     nodes, per_node, spines = shape
     if nodes == 1:
         return f"{per_node} GPUs"
@@ -45,13 +45,13 @@ def validation_note(config) -> str:
     one = [s for s in validated_shapes() if s[0] == 1]
     several = [s for s in validated_shapes() if s[0] > 1]
     pairs = sorted({a for a, cs in replay.PROGRAMS.items() if a not in ("all2allv", "hier_nvls")})
-    mine = _shape_text(shape_of(config))
+    mine = shape_text(shape_of(config))
     verdict = (f"this shape, {mine}, is one of them" if shape_of(config) in validated_shapes()
                else f"this shape, {mine}, was not emulated: a prediction")
     return (f"# validated by emulation: several nodes, emulated time = this replay (fabric.cost_nodes.modeled_ns) to "
-            f"1e-9 for {', '.join(pairs)} on {', '.join(map(_shape_text, several))} of {', '.join(NODE_PRESETS)} "
+            f"1e-9 for {', '.join(pairs)} on {', '.join(map(shape_text, several))} of {', '.join(NODE_PRESETS)} "
             f"(and hier_nvls on those whose leaves reduce), "
-            f"and for sharp's {', '.join(cost_nodes.IN_SWITCH['sharp'])} and nvls's {', '.join(cost_nodes.IN_SWITCH['nvls'])} on those of the presets whose spines reduce (tests/nodes); one node, fabric.cost within 1% on {' and '.join(map(_shape_text, one))} "
+            f"and for sharp's {', '.join(cost_nodes.IN_SWITCH['sharp'])} and nvls's {', '.join(cost_nodes.IN_SWITCH['nvls'])} on those of the presets whose spines reduce (tests/nodes); one node, fabric.cost within 1% on {' and '.join(map(shape_text, one))} "
             f"(tests/mpi); {verdict}")
 
 
@@ -69,7 +69,7 @@ def modeled_ns(collective: str, algorithm: str, config, S: int, itemsize: int) -
         return cost_nodes.modeled_ns(collective, algorithm, config.topology, S, config, itemsize, root=ROOT)
     except FabricError as exc:
         raise UnsupportedOperation(f"model {collective} with {algorithm!r} on {config.name!r} "
-                                   f"({_shape_text(shape_of(config))}): no cost model: {exc}") from None
+                                   f"({shape_text(shape_of(config))}): no cost model: {exc}") from None
 
 
 def gpu0_bytes(collective: str, algorithm: str, config, S: int, itemsize: int) -> tuple[int | None, int | None]:

@@ -11,7 +11,7 @@ from nvlink_emu.fabric.config import DEFAULT_PRESET, PRESETS, SOFTWARE, SOFTWARE
 from nvlink_emu.fabric.tuner import all2all_algorithm, choose
 
 from ..sweeps import BUS_FACTOR_TEXT, plan_of, sizes, sweep_arguments
-from ..model import _shape_text, predict, predict_plan, shape_of, validation_note
+from ..model import shape_text, predict, predict_plan, shape_of, validation_note
 
 HEADER = (f"{'size':>12}{'count':>12}{'type':>10}{'redop':>7}{'root':>6}{'algorithm':>10}{'modeled_us':>12}"
           f"{'algbw':>9}{'busbw':>9}{'tx_B/gpu':>14}{'rx_B/gpu':>14}")
@@ -43,7 +43,7 @@ def model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def header(collective: str, config) -> str:
-    shape = _shape_text(shape_of(config)) + (f" = {config.gpus} GPUs" if config.nodes > 1 else "")
+    shape = shape_text(shape_of(config)) + (f" = {config.gpus} GPUs" if config.nodes > 1 else "")
     return (f"# nvlink-emu model {collective} on {config.name} ({shape}, {config.link}): modeled by {'fabric.cost' if config.nodes == 1 else 'fabric.cost_nodes (replay)'}, "
             f"not emulated; algbw = size / time, busbw = algbw x {BUS_FACTOR_TEXT[collective]} (GB/s); tx/rx: GPU 0's "
             f"link payload per call\n{HEADER}")
