@@ -351,13 +351,14 @@ class Packet:
     info: object = field(default=None, hash=False, compare=True)
     t_start: float = 0.0  # modeled ns: first byte ready at the packet's current point
     t_end: float = 0.0    # modeled ns: last byte ready there
+    # bytes of payload that travel with this header, set from kind and nbytes; an attribute, not a property:
+    # the switch asks for it about 15 times per packet (`but` copies it, and changes neither kind nor nbytes)
+    payload_bytes: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         record = INFO_OF.get(self.kind)
         if record is not None and not isinstance(self.info, record):
             raise TypeError(f"a {self.kind.name} packet carries a {record.__name__}, not {self.info!r:.80}")
-        # bytes of payload that travel with this header; an attribute, not a property: the switch asks
-        # for it about 15 times per packet (`but` copies it, and changes neither kind nor nbytes)
         object.__setattr__(self, "payload_bytes", self.nbytes if self.kind in _WITH_PAYLOAD else 0)
 
     def to_wire(self) -> bytes:
