@@ -6,6 +6,7 @@ import math
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from nvlink_emu.fabric import cost, cost_nodes, plans, replay
@@ -13,6 +14,7 @@ from nvlink_emu.fabric.plans import registry, timing
 from nvlink_emu.fabric.config import preset, resolve
 from nvlink_emu.fabric.errors import PlanError
 from nvlink_emu.fabric.packets import raw_bytes
+from nvlink_emu.fabric.reduction import blocks, channel_rings, ring_channel_count
 from nvlink_emu.fabric.plans.format import Op, Plan, Ref
 from nvlink_emu.fabric.topology import Topology
 
@@ -386,6 +388,31 @@ def test_the_ring_reduce_plan_is_broadcasts_chain_from_the_roots_successor_foldi
             assert plans.plan_link_bytes(plan, topo, size, config) == plans.plan_link_bytes(chain, topo, size, config)
         folds = [op for _, _, op in plan.ops() if op.kind in ("recv_reduce", "recv_reduce_send")]
         assert len(folds) == gpus - 1 and all(op.incoming_first for op in folds)  # partial (op) own, as ring.py
+
+
+@pytest.mark.parametrize("nodes, per_node", [(2, 2), (3, 2), (2, 4)])
+def test_the_ring_reduce_plan_across_nodes_folds_partial_first_up_each_channels_chain(nodes, per_node):
+    # part c goes up ring c from the root's successor on it to the root, each member folding its own
+    # input into the partial (incoming_first), channel c on its lane; its messages are the broadcast
+    # chains' reversed: every hop of ring c but the one into its first member, each part's bytes once
+    layout, n = registry.grid(nodes, per_node), nodes * per_node
+    item, chunk = 4, 4096
+    for nbytes in (4 * 1000, 2 * 32 * 1024 + 12, 1 << 20):
+        rings = channel_rings([list(row) for row in layout])[:ring_channel_count(nbytes, per_node)]
+        for root in (0, n - 1, per_node):
+            plan = plans.build("ring", n, "reduce", root, layout=layout, nbytes=nbytes, itemsize=item, chunk_bytes=chunk)
+            assert plan.lanes == plan.groups == len(rings) and plan.piece == chunk // item
+            folds = [op for _, _, op in plan.ops() if op.kind in ("recv_reduce", "recv_reduce_send")]
+            assert folds and all(op.incoming_first for op in folds)
+            want = np.zeros((n, n), np.int64)
+            for (lo, hi), ring in zip(blocks(nbytes // item, len(rings)), rings):
+                q = ring.index(root)
+                for i in range(1, n):  # root+1 -> root+2 -> ... -> root along ring c
+                    want[ring[(q + i) % n], ring[(q + i + 1) % n]] += (hi - lo) * item
+            assert np.array_equal(timing.plan_traffic(plan, nbytes, item), want)
+    # no element: the one chain, which sends nothing (no plan of no chunk)
+    plan = plans.build("ring", n, "reduce", 0, layout=layout, nbytes=0, itemsize=item, chunk_bytes=chunk)
+    assert plan.lanes == 0 and not timing.plan_traffic(plan, 0, item).any()
 
 
 def test_an_operand_order_is_only_for_the_kinds_that_fold():
