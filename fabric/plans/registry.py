@@ -41,6 +41,7 @@ import functools
 from ..errors import PlanError
 from ..reduction import blocks, channel_rings, chunks, ring_channel_count, tree_chunk, tree_parts, tree_steps
 from .format import GpuProgram, Op, Plan, Ref
+from .hier import hier, hier_pieces
 from .validate import validate
 
 
@@ -441,13 +442,16 @@ def tree(gpus: int, collective: str, root: int = 0, layout=None, pieces: tuple[i
     return Plan("tree", "allreduce", gpus, tuple(programs), groups=2, piece=piece)
 
 
-ALGORITHMS = {"ring": ring, "recursive_doubling": recursive_doubling, "direct": direct, "pxn": pxn, "tree": tree}
+ALGORITHMS = {"ring": ring, "recursive_doubling": recursive_doubling, "direct": direct, "pxn": pxn, "tree": tree,
+              "hier": hier}
 # the algorithms whose plan depends on the call's size: function (gpus, collective, layout, nbytes) -> what
 # the plan is built from (passed on as its fifth argument; None: the plan of no size)
 SIZED = {"ring": lambda gpus, collective, layout, nbytes, itemsize, chunk_bytes: (
     ring_channels(gpus, layout, nbytes) if collective in ("allreduce", "reduce_scatter", "allgather") else
     _chain_pieces(gpus, layout, nbytes, itemsize, chunk_bytes) if collective in ("broadcast", "reduce") else None),
     "tree": lambda gpus, collective, layout, nbytes, itemsize, chunk_bytes: tree_pieces(gpus, layout, nbytes, itemsize,
+                                                                                        chunk_bytes),
+    "hier": lambda gpus, collective, layout, nbytes, itemsize, chunk_bytes: hier_pieces(gpus, layout, nbytes, itemsize,
                                                                                         chunk_bytes)}
 
 
