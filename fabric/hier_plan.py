@@ -1,7 +1,9 @@
 """`hier`'s pipelined schedule as pure data: one member's operations in program order.
 
-ranks/collectives/hier.py executes it and fabric.replay replays it, so emulated and replayed modeled
-times are the same schedule by construction. Members are hier's grid, N nodes x G positions, a member
+hier's node rings are a plan (fabric.plans.hier translates this program, run by ranks/collectives/plan.py and
+timed by fabric.plans.timing); hier_nvls's node stages in the leaf are executed by ranks/collectives/hier.py
+and replayed by fabric.replay.hier_ns: either way emulated and replayed modeled times are the same schedule
+by construction. Members are hier's grid, N nodes x G positions, a member
 named by its coordinates (a, j). Slices (min(chunk_bytes, 256 KiB), NCCL's COLLNET_CHAIN chunk), the
 stages of a slice, the ticks that pipeline them, the node stages in the leaf (hier_nvls), the operations
 ("send", "recv", "finish", "flush", "load_reduce", "serve", "mcast", "take") and their keys:
@@ -125,19 +127,28 @@ def _flat_segments(segments, chunk, memo, i) -> list[list[tuple[int, int]]]:
     return flat
 
 
-def _ring(ring, pos, segments, phase, i, chunk, reduce: bool) -> list[_Step]:
+def _ring(ring, pos, segments, phase, i, chunk, reduce: bool, memo: dict | None = None) -> list[_Step]:
     """ring.py's ring over `ring` (this member at `pos`) passing `segments` (lists of ranges) of slice
-    i: reduce-scatter (a flush after each step) or all-gather (a flush after the last)."""
+    i: reduce-scatter (a flush after each step) or all-gather (a flush after the last). memo: program's
+    (a range's chunks are cut once for every member of the call)."""
     m = len(ring)
     nxt, prv = ring[(pos + 1) % m], ring[(pos - 1) % m]
+    cut = {} if memo is None else memo.setdefault("chunks", {})
+
+    def pieces(a, b):
+        got = cut.get((a, b))
+        if got is None:
+            got = cut[(a, b)] = chunks(a, b, chunk)
+        return got
+
     steps = []
     for step in range(m - 1):
         sent, taken = ((pos - 1 - step) % m, (pos - 2 - step) % m) if reduce else ((pos - step) % m,
                                                                                     (pos - 1 - step) % m)
         sends = [("send", nxt, (phase, i, step, k, c), lo, hi)
-                 for k, (a, b) in enumerate(segments[sent]) for c, (lo, hi) in enumerate(chunks(a, b, chunk))]
+                 for k, (a, b) in enumerate(segments[sent]) for c, (lo, hi) in enumerate(pieces(a, b))]
         recvs = [("recv", prv, (phase, i, step, k, c), lo, hi, reduce)
-                 for k, (a, b) in enumerate(segments[taken]) for c, (lo, hi) in enumerate(chunks(a, b, chunk))]
+                 for k, (a, b) in enumerate(segments[taken]) for c, (lo, hi) in enumerate(pieces(a, b))]
         steps.append(_Step(sends, recvs, (), reduce or step == m - 2))
     return steps
 
@@ -176,10 +187,10 @@ def program(collective: str, N: int, G: int, a: int, j: int, count: int, chunk: 
             if leaf:
                 return (_leaf_rs if name == "node rs" else _leaf_ag)(j, G, segments, i, chunk, memo)
             return _ring(node_ring, j, segments, NODE_RS if name == "node rs" else NODE_AG, i, chunk,
-                         name == "node rs")
+                         name == "node rs", memo)
         if name in ("rail rs", "rail ag"):
             return _ring(rail_ring, a, [[row[j]] for row in pieces(i)], RAIL_RS if name == "rail rs" else RAIL_AG,
-                         i, chunk, name == "rail rs")
+                         i, chunk, name == "rail rs", memo)
         parts = pieces(i)[0]
         a_root, j_root = root
         if name == "scatter":  # the root's node only; every member of it flushes

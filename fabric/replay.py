@@ -28,8 +28,8 @@ the same kind: load-reduces booked slot by slot in the order the members serve t
 that `auto` (fabric.tuner.fastest_across_nodes) need not replay it where it cannot win. The schedules (`PROGRAMS`) are those of ranks/collectives ring (on one node its plan,
 fabric.plans.registry.ring, timed by fabric.plans.timing; on several nodes its channels, one ring per rail,
 also its plan, built for the call's size, but for broadcast's chains), direct and pxn
-(their plans, fabric.plans.registry), all2all, hier (node rings), hier_nvls (its node stages in the leaf,
-`hier_ns`) and tree: the same messages,
+(their plans, fabric.plans.registry), all2all, hier (node rings: its plan, fabric.plans.hier, for the call's
+size), hier_nvls (its node stages in the leaf, `hier_ns`, fabric.hier_plan's program) and tree: the same messages,
 chunks (chunk_bytes of whole elements) and order (a schedule changed there must change here: the test
 below fails otherwise); `tests/nodes/test_replay.py` checks that replayed
 and emulated times agree on every algorithm and multi-node preset. `replay_ns` runs the programs
@@ -53,32 +53,6 @@ from .topology import Topology
 
 
 # -- the programs: generators of ("send", peer, key, nbytes), ("recv", peer, key), ("flush",) ---------
-
-def _hier(collective, topo, r, count, chunk, item, root, share=None):
-    """hier.py's schedule on every GPU of `topo` (GPU (a, j) = a G + j): fabric.hier_plan's program, the
-    one the ranks execute (node rings or node stages in the leaf (share: hier_plan.program's), and rail
-    rings, pipelined slice by slice). Node stages in the leaf add ("lr", key, nbytes), ("serve", GPU of
-    the requester, key, nbytes), ("mcast", key, nbytes) and ("take", key, nbytes) (hier_ns)."""
-    G = topo.gpus_per_node
-    a, j = divmod(r, G)
-    for op in hier_plan.program(collective, topo.nodes, G, a, j, count, chunk, item, divmod(root, G), None, share):
-        kind = op[0]
-        if kind == "send":
-            (b, k), key, lo, hi = op[1:]
-            yield ("send", b * G + k, key, (hi - lo) * item)
-        elif kind == "recv":
-            yield ("recv", op[1][0] * G + op[1][1], op[2])
-        elif kind == "flush":
-            yield ("flush",)
-        elif kind == "load_reduce":
-            yield ("lr", op[1], (op[3] - op[2]) * item)
-        elif kind == "serve":
-            yield ("serve", a * G + op[1], op[2], (op[4] - op[3]) * item)
-        elif kind == "mcast":
-            yield ("mcast", op[1], (op[3] - op[2]) * item)
-        elif kind == "take":
-            yield ("take", op[1], (op[3] - op[2]) * item)
-
 
 def hier_ns(collective: str, topo: Topology, count: int, config, itemsize: int = 4, root: int = 0) -> float:
     """Modeled ns of hier_nvls's `collective` of `count` elements by every GPU of `topo` (N > 1 nodes of G > 1
@@ -211,8 +185,10 @@ def _program(collective: str, algorithm: str, topo: Topology, r: int, count: int
     """Member r's operations for one call of `count` elements (all2allv: `counts`, the call's (plan, elements)
     from fabric.plans.registry.all2allv_plan)."""
     n = topo.gpus
-    if algorithm in ("hier", "hier_nvls") and collective in PROGRAMS[algorithm]:  # hier_nvls: N = 1 or G = 1
-        yield from _hier(collective, topo, r, count, chunk, item, root)
+    if algorithm in ("hier", "hier_nvls") and collective in PROGRAMS[algorithm]:  # hier_nvls: N = 1 or G = 1 (hier's)
+        plan = build("hier", n, collective, root, registry.grid(topo.nodes, topo.gpus_per_node), nbytes=count * item,
+                     itemsize=item, chunk_bytes=chunk * item)
+        yield from timing.messages(plan, count * item, item, chunk)[r]
         return
     if (collective, algorithm) == ("all2all", "pxn"):
         plan = build("pxn", n, collective, layout=registry.grid(topo.nodes, topo.gpus_per_node))

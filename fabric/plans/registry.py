@@ -41,6 +41,7 @@ import functools
 from ..errors import PlanError
 from ..reduction import blocks, channel_rings, chunks, ring_channel_count, tree_chunk, tree_parts, tree_steps
 from .format import GpuProgram, Op, Plan, Ref
+from .hier import hier, hier_pieces
 from .validate import validate
 
 
@@ -69,9 +70,9 @@ def ring_channels(gpus: int, layout, nbytes: int | None) -> int | None:
 
 def _chain_pieces(gpus: int, layout, nbytes, itemsize: int, chunk_bytes) -> tuple[int, int, int] | None:
     """What ring's broadcast across nodes is built from: (channels, elements, elements a message); None on
-    one node or without a size (the one chain)."""
+    one node, without a size or of no element (the one chain: it sends nothing)."""
     C = ring_channels(gpus, layout, nbytes)
-    if C is None or chunk_bytes is None:
+    if C is None or chunk_bytes is None or int(nbytes) < itemsize:
         return None
     return C, int(nbytes) // itemsize, max(1, int(chunk_bytes) // itemsize)
 
@@ -101,6 +102,37 @@ def _chain_plan(gpus: int, root: int, layout, C: int, count: int, piece: int) ->
         total = first[-1] + len(spans[-1])
         programs.append(GpuProgram(g, tuple(ops), total, total))
     return Plan("ring", "broadcast", n, tuple(programs), inplace=True, root=root, groups=C, lanes=C, piece=piece)
+
+
+def _chain_reduce_plan(gpus: int, root: int, layout, C: int, count: int, piece: int) -> Plan:
+    """ring.py's reduce across nodes: part c = blocks(count, C)[c] (Plan.groups = C) up a chain along ring c
+    (channel_rings of the grid) from the root's successor to the root, in messages of `piece` elements
+    (Plan.piece), every channel's message i before any channel's message i + 1: the chain's first member
+    sends its own input, each next one folds its own into the partial it receives, partial (op) own
+    (incoming_first), and passes it on, the root folds it into its output (its own input copied there
+    first); channel c on lane (c, C)."""
+    n = gpus
+    rings = channel_rings([list(row) for row in layout])[:C]
+    spans = [chunks(lo, hi, piece) for lo, hi in blocks(count, C)]
+    first = [sum(len(x) for x in spans[:c]) for c in range(C)]
+    total = first[-1] + len(spans[-1])
+    programs = []
+    for g in range(n):
+        ops = [Op("copy", src=Ref("i", 0, total), dst=Ref("o", 0, total))] if g == root and total else []
+        for i in range(max(map(len, spans), default=0)):
+            for c, ring in enumerate(rings):
+                if i >= len(spans[c]):
+                    continue
+                q = ring.index(g)
+                position, mine = (q - ring.index(root) - 1) % n, Ref("i", first[c] + i)
+                prv, nxt = ring[(q - 1) % n], ring[(q + 1) % n]
+                ops.append(Op("send", channel=c, src=mine, send_to=nxt) if position == 0 else
+                           Op("recv_reduce", channel=c, dst=Ref("o", first[c] + i), recv_from=prv,
+                              incoming_first=True) if position == n - 1 else
+                           Op("recv_reduce_send", channel=c, src=mine, send_to=nxt, recv_from=prv,
+                              incoming_first=True))
+        programs.append(GpuProgram(g, tuple(ops), total, total))
+    return Plan("ring", "reduce", n, tuple(programs), root=root, groups=C, lanes=C, piece=piece)
 
 
 def _channel_plan(gpus: int, collective: str, layout, C: int) -> Plan:
@@ -147,12 +179,15 @@ def _channel_plan(gpus: int, collective: str, layout, C: int) -> Plan:
 def ring(gpus: int, collective: str, root: int = 0, layout=None, channels: int | None = None) -> Plan:
     """ring.py's one-node ring (module docstring) for allreduce, reduce_scatter, allgather, broadcast (from
     `root`) or reduce (to `root`); with `channels` (ring_channels: a grid `layout` of several nodes), its channels across nodes for
-    allreduce, reduce_scatter or allgather (_channel_plan)."""
+    allreduce, reduce_scatter or allgather (_channel_plan); broadcast's and reduce's chains across nodes with
+    (channels, elements, elements a message) (_chain_pieces: _chain_plan, _chain_reduce_plan)."""
     n, programs = gpus, []
     if channels is not None and collective in ("allreduce", "reduce_scatter", "allgather"):
         return _channel_plan(n, collective, layout, channels)
     if channels is not None and collective == "broadcast":  # (channels, elements, elements a message)
         return _chain_plan(n, root, layout, *channels)
+    if channels is not None and collective == "reduce":  # (channels, elements, elements a message)
+        return _chain_reduce_plan(n, root, layout, *channels)
     for p in range(n):
         if collective == "allreduce":
             ops, chunks = _ring_steps(n, p, "o", True) + _ring_steps(n, p, "o", False), (n, n)
@@ -407,13 +442,16 @@ def tree(gpus: int, collective: str, root: int = 0, layout=None, pieces: tuple[i
     return Plan("tree", "allreduce", gpus, tuple(programs), groups=2, piece=piece)
 
 
-ALGORITHMS = {"ring": ring, "recursive_doubling": recursive_doubling, "direct": direct, "pxn": pxn, "tree": tree}
+ALGORITHMS = {"ring": ring, "recursive_doubling": recursive_doubling, "direct": direct, "pxn": pxn, "tree": tree,
+              "hier": hier}
 # the algorithms whose plan depends on the call's size: function (gpus, collective, layout, nbytes) -> what
 # the plan is built from (passed on as its fifth argument; None: the plan of no size)
 SIZED = {"ring": lambda gpus, collective, layout, nbytes, itemsize, chunk_bytes: (
     ring_channels(gpus, layout, nbytes) if collective in ("allreduce", "reduce_scatter", "allgather") else
-    _chain_pieces(gpus, layout, nbytes, itemsize, chunk_bytes) if collective == "broadcast" else None),
+    _chain_pieces(gpus, layout, nbytes, itemsize, chunk_bytes) if collective in ("broadcast", "reduce") else None),
     "tree": lambda gpus, collective, layout, nbytes, itemsize, chunk_bytes: tree_pieces(gpus, layout, nbytes, itemsize,
+                                                                                        chunk_bytes),
+    "hier": lambda gpus, collective, layout, nbytes, itemsize, chunk_bytes: hier_pieces(gpus, layout, nbytes, itemsize,
                                                                                         chunk_bytes)}
 
 

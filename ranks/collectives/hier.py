@@ -2,17 +2,21 @@
 rings, or NVLS in the leaf), one ring per rail across nodes (every NIC at work at once).
 
 Members form hier's grid (Grid: N nodes x G positions, the same local indices in every node, else
-UnsupportedOperation before any byte moves); this module executes fabric.hier_plan's pipelined schedule,
-which fabric.replay replays. The schedules, ranges, bytes per link, combine orders and measurements are
-in docs/model/algorithms-hier.md.
+UnsupportedOperation before any byte moves). `hier` (and `hier_nvls` on one node or with one member a
+node) runs its plan (fabric.plans.hier: fabric.hier_plan's pipelined schedule as a plan, for the call's
+size), executed by ranks/collectives/plan.py and timed by fabric.plans.timing; `hier_nvls`'s node stages
+in the leaf execute fabric.hier_plan's program here (_execute), which fabric.replay.hier_ns replays. The
+schedules, ranges, bytes per link, combine orders and measurements are in docs/model/algorithms-hier.md.
 """
 
 import numpy as np
 
-from nvlink_emu.fabric import hier_plan
+from nvlink_emu.fabric import hier_plan, plans
 from nvlink_emu.fabric.errors import UnsupportedOperation
 from nvlink_emu.fabric.reduction import blocks, combine, finish, two_level_blocks
 from nvlink_emu.fabric.budget import buffer_share_bytes
+
+from . import plan
 
 
 class Grid:
@@ -59,12 +63,24 @@ SOURCE = ("hier-bound",)  # the key each node member binds its work buffer under
 FORMS = {"rings": "hier", "nvls": "hier_nvls"}  # form -> the algorithm's registered name
 
 
+def _plan(call, collective: str, count: int, root: int, form: str):
+    """The plan this member runs for a call of `count` elements (the buffer hier_plan cuts): hier's, on the
+    communicator's grid, unless `form` is "nvls" on N > 1 nodes of G > 1 members (None: _execute's node
+    stages in the leaf). The grid is checked first (UnsupportedOperation before any byte moves)."""
+    grid = Grid(call, collective, FORMS[form])
+    if form == "nvls" and grid.N > 1 and grid.G > 1:
+        return None
+    item = call.dtype.itemsize
+    return plans.build("hier", call.n, collective, root, layout=tuple(tuple(row) for row in grid.rank),
+                       nbytes=count * item, itemsize=item, chunk_bytes=call.chunk * item)
+
+
 def _execute(call, collective: str, work: np.ndarray, count: int, root: int | None = None,
-             finished: np.ndarray | None = None, form: str = "rings") -> Grid:
-    """Run fabric.hier_plan's program for this member on `work` (`count` elements); finished: where a
-    finished piece goes (reduce_scatter's recv, at offsets from this member's range), else in place;
-    form: "rings" (node rings, `hier`) or "nvls" (node stages in the leaf on N > 1 nodes of G > 1
-    members, `hier_nvls`; fabric.tuner.allowed admits it only where hier_plan.in_leaf)."""
+             finished: np.ndarray | None = None, form: str = "nvls") -> Grid:
+    """Run fabric.hier_plan's program with the node stages in the leaf (`hier_nvls` on N > 1 nodes of G > 1
+    members; fabric.tuner.allowed admits it only where hier_plan.in_leaf) for this member on `work` (`count`
+    elements); finished: where a finished piece goes (reduce_scatter's recv, at offsets from this member's
+    range), else in place."""
     grid = Grid(call, collective, FORMS[form])
     at = None if root is None else next((a, j) for a, row in enumerate(grid.rank) for j, r in enumerate(row)
                                         if r == root)
@@ -122,18 +138,34 @@ def _execute(call, collective: str, work: np.ndarray, count: int, root: int | No
 
 
 def allreduce(call, array: np.ndarray, form: str = "rings") -> None:
-    _execute(call, "allreduce", array, array.size, form=form)
+    run = _plan(call, "allreduce", array.size, 0, form)
+    if run is None:
+        _execute(call, "allreduce", array, array.size, form=form)
+    else:
+        plan.execute(call, run, array, array)
 
 
 def reduce_scatter(call, send: np.ndarray, recv: np.ndarray, form: str = "rings") -> None:
     work = send.copy()  # the send buffer stays as the caller left it
-    _execute(call, "reduce_scatter", work, send.size, finished=recv, form=form)
+    run = _plan(call, "reduce_scatter", send.size, 0, form)
+    if run is None:
+        _execute(call, "reduce_scatter", work, send.size, finished=recv, form=form)
+    else:
+        plan.execute(call, run, work, recv)
 
 
 def allgather(call, send: np.ndarray, recv: np.ndarray, form: str = "rings") -> None:
-    call.own_block_in_place(send, recv)
-    _execute(call, "allgather", recv, recv.size, form=form)
+    run = _plan(call, "allgather", recv.size, 0, form)
+    if run is None:
+        call.own_block_in_place(send, recv)
+        _execute(call, "allgather", recv, recv.size, form=form)
+    else:
+        plan.execute(call, run, send, recv)
 
 
 def broadcast(call, array: np.ndarray, root: int, form: str = "rings") -> None:
-    _execute(call, "broadcast", array, array.size, root, form=form)
+    run = _plan(call, "broadcast", array.size, root, form)
+    if run is None:
+        _execute(call, "broadcast", array, array.size, root, form=form)
+    else:
+        plan.execute(call, run, array, array)

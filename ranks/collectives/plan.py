@@ -45,8 +45,9 @@ def execute(call, plan, inp: np.ndarray, out: np.ndarray) -> None:
                             f"the buffer {bufs[name].size}")
     if program.s_chunks:
         bufs["s"] = np.empty(table["s"][-1][1], inp.dtype)  # the validator proved no chunk is read unwritten
-    longest = max((hi - lo for ranges in table.values() for lo, hi in ranges), default=0)
-    tmp_all = np.empty(min(call.chunk, max(longest, 1)), inp.dtype)  # a received piece, before it is folded
+    # a received piece, before it is folded: at most a message, or a whole buffer (a run of several chunks)
+    longest = max((ranges[-1][1] for ranges in table.values() if ranges), default=0)
+    tmp_all = np.empty(min(call.chunk, max(longest, 1)), inp.dtype)
     sent, taken = {}, {}
     C = plan.lanes if plan.lanes > 1 else 1  # channel c on its own lane (c, C): Call.channel (Plan.lanes)
     for op in with_flushes(plan, call.r):  # a flush before overwriting what a pending send reads

@@ -43,23 +43,18 @@ messages and order; reduce's fold partial (op) own is the plan's incoming_first)
 reduce_scatter and allgather across nodes run their channels as a plan too (registry.ring with
 ring_channels: the channel count of the call's size; Plan.lanes: each channel in call.channel(c, C)); an
 allreduce's avg is then finished on the whole output at the end (the same sum divided by n, bit for
-bit); so does broadcast across nodes (its channels' chains, a plan for the call's size); reduce's
-channels are below.
+bit); so do broadcast and reduce across nodes (their channels' chains, plans for the call's size:
+fabric.plans.registry._chain_plan, _chain_reduce_plan; reduce's fold partial (op) own, incoming_first).
 """
 
 import numpy as np
 
 from nvlink_emu.fabric.errors import UnsupportedOperation
-from nvlink_emu.fabric.reduction import blocks, channel_rings, chunks, combine, finish, ring_channel_count
 
 from nvlink_emu.fabric import plans
 
 from . import plan
 from .hier import Grid
-
-# message phases: 0 to 3 were the one ring's, its broadcast chain's and its reduce chain's, 4 to 6 the
-# channels' allreduce, reduce_scatter, allgather and broadcast across nodes, now plans (ranks/collectives/plan.py)
-CH_RD = 7  # reduce's channels' phase across nodes
 
 
 def _grid(call):
@@ -70,23 +65,6 @@ def _grid(call):
     except UnsupportedOperation:
         return None
     return None if grid.N == 1 else grid
-
-
-def _channels(call, count: int) -> list[list[int]] | None:
-    """The rings (communicator ranks in ring order) of a call of `count` elements on a communicator that
-    spans several nodes as hier's Grid: the first ring_channel_count of the G rails' rings; None (the
-    one ring) on one node or when its nodes do not line up."""
-    grid = _grid(call)
-    if grid is None:
-        return None
-    return channel_rings(grid.rank)[:ring_channel_count(count * call.dtype.itemsize, grid.G)]
-
-
-def _flush_channels(call, C: int) -> None:
-    """Wait until every send left; each channel's clock moves to when its own last byte left."""
-    for c in range(C):
-        with call.channel(c, C):
-            call.flush()
 
 
 def _plan(call, collective: str, count: int, root: int = 0):
@@ -112,52 +90,10 @@ def allgather(call, send: np.ndarray, recv: np.ndarray) -> None:
     plan.execute(call, _plan(call, "allgather", recv.size), send, recv)
 
 
-def _channel_chains(call, rings, root: int, count: int):
-    """Per channel c: (part c of blocks(count, C), this member's ring-c position counted from the root,
-    ring c). The chunk loop runs every channel's chunk i before any channel's chunk i+1."""
-    n = call.n
-    return [(part, (ring.index(call.r) - ring.index(root)) % n, ring)
-            for part, ring in zip(blocks(count, len(rings)), rings)]
-
-
-def _channel_steps(call, chains):
-    """(c, i, lo, hi, position, previous, next) for chunk i of channel c of `chains` (_channel_chains'
-    form), every channel's chunk i before any channel's chunk i+1; previous/next: the members before
-    and after this one on ring c."""
-    n = call.n
-    spans = [chunks(*part, call.chunk) for part, _, _ in chains]
-    for i in range(max(map(len, spans), default=0)):
-        for c, (_, position, ring) in enumerate(chains):
-            if i < len(spans[c]):
-                q = ring.index(call.r)
-                yield (c, i, *spans[c][i], position, ring[(q - 1) % n], ring[(q + 1) % n])
-
-
 def broadcast(call, array: np.ndarray, root: int) -> None:
     plan.execute(call, _plan(call, "broadcast", array.size, root), array, array)
 
 
 def reduce(call, send: np.ndarray, recv: np.ndarray | None, root: int) -> None:
-    n, r = call.n, call.r
-    rings = _channels(call, send.size)
-    if rings is not None:
-        # part c: a chain along ring c from the root's successor to the root, every channel at once
-        chains = [(part, (position - 1) % n, ring) for part, position, ring in _channel_chains(call, rings, root,
-                                                                                              send.size)]
-        work = np.empty(send.size, send.dtype)
-        for c, i, lo, hi, position, previous, following in _channel_steps(call, chains):
-            with call.channel(c, len(rings)):
-                if position:
-                    call.recv(previous, (CH_RD, c, i), work[lo:hi])
-                    combine(call.op, work[lo:hi], send[lo:hi])
-                else:
-                    work[lo:hi] = send[lo:hi]
-                if position < n - 1:
-                    call.send(following, (CH_RD, c, i), work[lo:hi])
-                else:
-                    finish(call.op, work[lo:hi], n, recv[lo:hi])
-        _flush_channels(call, len(rings))
-        call.join_channels()
-        return
-    out = recv if r == root else send[:0]  # only the root's output is written
-    plan.execute(call, plans.build("ring", n, "reduce", root), send, out)
+    out = recv if call.r == root else send[:0]  # only the root's output is written
+    plan.execute(call, _plan(call, "reduce", send.size, root), send, out)

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from nvlink_emu.fabric import tuner
-from nvlink_emu.fabric import cost_nodes as cn, hier_plan, replay
+from nvlink_emu.fabric import cost_nodes as cn, hier_plan, plans, replay
+from nvlink_emu.fabric.plans import registry, timing
 from nvlink_emu.fabric.config import preset
 from nvlink_emu.fabric.errors import FabricError
 from nvlink_emu.fabric.topology import Topology
@@ -214,6 +215,9 @@ def test_the_pipelined_plan_moves_the_rounds_bytes_and_finishes_every_range_once
                     got, finished = plan_traffic(collective, N, G, count, chunk, root=root)
                     assert np.array_equal(got, cn.traffic(collective, "hier", t, 4 * count, 4, root)), \
                         (collective, count, chunk, root)
+                    plan = plans.build("hier", N * G, collective, root, layout=registry.grid(N, G), nbytes=4 * count,
+                                       itemsize=4, chunk_bytes=4 * chunk)  # hier's plan: the same messages
+                    assert np.array_equal(timing.plan_traffic(plan, 4 * count, 4), got), (collective, count, chunk)
                     if collective in ("allreduce", "reduce_scatter"):
                         own = hier_plan.ranges(collective, N, G, count)
                         assert finished == [hi - lo for row in own for lo, hi in row], (collective, count, chunk)
@@ -282,9 +286,29 @@ def test_the_leaf_plan_serves_in_one_order_and_finishes_every_range_once():
     assert hier_plan.slice_elements(1 << 20, 4) == hier_plan.SLICE_BYTES // 4
 
 
+def _leaf_program(collective, topo, r, count, chunk, item, root, share):
+    """Member r's hier_plan program with the node stages in the leaf, its operations in bytes (as the
+    replay's translation of it gave them before hier became a plan and hier_ns consumed them directly)."""
+    G = topo.gpus_per_node
+    a, j = divmod(r, G)
+    for op in hier_plan.program(collective, topo.nodes, G, a, j, count, chunk, item, divmod(root, G), None, share):
+        kind = op[0]
+        if kind == "send":
+            (b, k), key, lo, hi = op[1:]
+            yield ("send", b * G + k, key, (hi - lo) * item)
+        elif kind == "load_reduce":
+            yield ("lr", op[1], (op[3] - op[2]) * item)
+        elif kind == "serve":
+            yield ("serve", a * G + op[1], op[2], (op[4] - op[3]) * item)
+        elif kind == "mcast":
+            yield ("mcast", op[1], (op[3] - op[2]) * item)
+        elif kind == "take":
+            yield ("take", op[1], (op[3] - op[2]) * item)
+
+
 def op_by_op_leaf_traffic(collective, topo, S, config, itemsize=4, root=0):
     """cost_nodes._hier_leaf_traffic as hier_leaf_link_bytes counted it before it went slice by slice: every
-    member's program (replay._hier) op by op."""
+    member's program (_leaf_program) op by op."""
     from nvlink_emu.fabric.packets import raw_bytes
     from nvlink_emu.fabric.budget import buffer_share_bytes
     n = topo.gpus
@@ -295,7 +319,7 @@ def op_by_op_leaf_traffic(collective, topo, S, config, itemsize=4, root=0):
     up, up_raw, down, down_raw = [0] * n, [0] * n, [0] * n, [0] * n
     share = buffer_share_bytes(config)
     for r in range(n):
-        for op in replay._hier(collective, topo, r, count, chunk, itemsize, root, share):
+        for op in _leaf_program(collective, topo, r, count, chunk, itemsize, root, share):
             kind = op[0]
             if kind == "send":
                 sent[r, op[1]] += op[3]

@@ -6,6 +6,7 @@ import math
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from nvlink_emu.fabric import cost, cost_nodes, plans, replay
@@ -13,6 +14,7 @@ from nvlink_emu.fabric.plans import registry, timing
 from nvlink_emu.fabric.config import preset, resolve
 from nvlink_emu.fabric.errors import PlanError
 from nvlink_emu.fabric.packets import raw_bytes
+from nvlink_emu.fabric.reduction import blocks, channel_rings, ring_channel_count
 from nvlink_emu.fabric.plans.format import Op, Plan, Ref
 from nvlink_emu.fabric.topology import Topology
 
@@ -388,6 +390,31 @@ def test_the_ring_reduce_plan_is_broadcasts_chain_from_the_roots_successor_foldi
         assert len(folds) == gpus - 1 and all(op.incoming_first for op in folds)  # partial (op) own, as ring.py
 
 
+@pytest.mark.parametrize("nodes, per_node", [(2, 2), (3, 2), (2, 4)])
+def test_the_ring_reduce_plan_across_nodes_folds_partial_first_up_each_channels_chain(nodes, per_node):
+    # part c goes up ring c from the root's successor on it to the root, each member folding its own
+    # input into the partial (incoming_first), channel c on its lane; its messages are the broadcast
+    # chains' reversed: every hop of ring c but the one into its first member, each part's bytes once
+    layout, n = registry.grid(nodes, per_node), nodes * per_node
+    item, chunk = 4, 4096
+    for nbytes in (4 * 1000, 2 * 32 * 1024 + 12, 1 << 20):
+        rings = channel_rings([list(row) for row in layout])[:ring_channel_count(nbytes, per_node)]
+        for root in (0, n - 1, per_node):
+            plan = plans.build("ring", n, "reduce", root, layout=layout, nbytes=nbytes, itemsize=item, chunk_bytes=chunk)
+            assert plan.lanes == plan.groups == len(rings) and plan.piece == chunk // item
+            folds = [op for _, _, op in plan.ops() if op.kind in ("recv_reduce", "recv_reduce_send")]
+            assert folds and all(op.incoming_first for op in folds)
+            want = np.zeros((n, n), np.int64)
+            for (lo, hi), ring in zip(blocks(nbytes // item, len(rings)), rings):
+                q = ring.index(root)
+                for i in range(1, n):  # root+1 -> root+2 -> ... -> root along ring c
+                    want[ring[(q + i) % n], ring[(q + i + 1) % n]] += (hi - lo) * item
+            assert np.array_equal(timing.plan_traffic(plan, nbytes, item), want)
+    # no element: the one chain, which sends nothing (no plan of no chunk)
+    plan = plans.build("ring", n, "reduce", 0, layout=layout, nbytes=0, itemsize=item, chunk_bytes=chunk)
+    assert plan.lanes == 0 and not timing.plan_traffic(plan, 0, item).any()
+
+
 def test_an_operand_order_is_only_for_the_kinds_that_fold():
     plan = plans.build("ring", 3, "reduce", 0)
     ops = list(plan.programs[1].ops)  # GPU 1, the chain's start: one send
@@ -556,3 +583,55 @@ def test_an_operation_with_deps_that_are_no_tuple_or_an_unhashable_kind_is_refus
         ops = (dataclasses.replace(plan.programs[0].ops[0], **change),) + plan.programs[0].ops[1:]
         with pytest.raises(PlanError, match=words):
             plans.validate(_with_ops(plan, 0, ops))
+
+
+# -- hier: fabric.hier_plan's schedule as a plan -----------------------------------------------------
+
+@pytest.mark.parametrize("N, G", [(1, 3), (3, 1), (2, 2), (2, 4), (3, 2)])
+def test_the_hier_plan_is_hier_plans_program_matched_in_order(N, G):
+    # every phase a channel: the n-th send of a pair on it meets the n-th receive, which is the message
+    # hier_plan's keys name; no flush is added (hier's own flushes keep sent data unwritten); each
+    # operation is one message of at most a chunk
+    from nvlink_emu.fabric import hier_plan
+    from nvlink_emu.fabric.plans.hier import CHANNELS
+    n, chunk = N * G, 100
+    for collective in hier_plan.STAGES:
+        for count in (0, 1, n + 1, 1001, 20003):
+            for root in ((0, n - 1) if collective == "broadcast" else (0,)):
+                plan = plans.build("hier", n, collective, root, layout=registry.grid(N, G), nbytes=4 * count,
+                                   itemsize=4, chunk_bytes=4 * chunk)
+                sent, taken = {}, {}
+                for g in range(n):
+                    a, j = divmod(g, G)
+                    for op in hier_plan.program(collective, N, G, a, j, count, chunk, 4, divmod(root, G)):
+                        if op[0] in ("send", "recv"):
+                            peer = op[1][0] * G + op[1][1]
+                            pair = (g, peer) if op[0] == "send" else (peer, g)
+                            (sent if op[0] == "send" else taken).setdefault((*pair, CHANNELS[op[2][0]]), []).append(
+                                (op[2], op[3], op[4]))
+                    assert len(timing.with_flushes(plan, g)) == len(plan.programs[g].ops)
+                    table = timing.spans(plan, 4 * count, 4, g)
+                    for op in plan.programs[g].ops:
+                        if op.kind in ("send", "recv", "recv_reduce"):
+                            lo, hi = timing.span(table, op.src or op.dst)
+                            assert 0 < hi - lo <= chunk
+                assert sent == taken, (collective, count, root)
+                traffic = np.zeros((n, n), np.int64)
+                for (g, peer, _), messages in sent.items():
+                    traffic[g, peer] += sum(4 * (hi - lo) for _, lo, hi in messages)
+                assert np.array_equal(timing.plan_traffic(plan, 4 * count, 4), traffic)
+
+
+def test_an_output_chunk_of_no_element_needs_no_contribution_only_where_the_plan_sizes_its_chunks():
+    # direct allgather on 2 GPUs without GPU 0's send to GPU 1 and GPU 1's receive of it
+    plan = plans.build("direct", 2, "allgather")
+    cut = _with_ops(_with_ops(plan, 0, [op for op in plan.programs[0].ops if op.kind != "send"]), 1,
+                    [op for op in plan.programs[1].ops if op.kind != "recv"])
+    with pytest.raises(PlanError, match="GPU 1 output chunk 0: never written"):
+        plans.validate(cut)
+    # GPU 0's input holds no element (a plan sized per call): GPU 1's chunk 0 of it needs nothing
+    sized = dataclasses.replace(cut, programs=tuple(
+        dataclasses.replace(p, elements=((3 * p.gpu,), (0, 3), ())) for p in cut.programs))
+    plans.validate(sized)
+    with pytest.raises(PlanError, match="GPU 0 output chunk 1: never written"):  # 3 elements: needed
+        plans.validate(_with_ops(_with_ops(sized, 0, [plan.programs[0].ops[0]]), 1, [plan.programs[1].ops[0]]))
