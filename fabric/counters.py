@@ -158,7 +158,7 @@ REPORT_STATS = ("peak_held_bytes", "groups_created", "groups_released", "reduced
 
 
 def merge_reports(config, parts: list[dict]) -> dict:
-    """The run's report from every switch's share (ranks/switch.py's _report_part): the links of every
+    """The run's report from every switch's share (ranks/switch/report.py's report_part): the links of every
     level, each link between switches as its sender counted it (and checked against its receiver's
     count: a mismatch is reported under the link's name in "conservation"), every port's statistics
     summed over the leaves that saw that GPU, and the GPUs' own records."""

@@ -320,7 +320,7 @@ class CountersInfo(Info):
     links: dict = _field(_links)         # this GPU's link counters (LinkCounters.snapshot)
     unconsumed: list = _field(_keys)     # message slots received but never consumed
     now_ns: float = _field(_num)         # its final modeled clock
-    calls: tuple = _field(_calls)        # CallRecords of its first collective calls (see ranks.gpu.CALL_RECORD_BYTES)
+    calls: tuple = _field(_calls)        # CallRecords of its first collective calls (see ranks.calllog.CALL_RECORD_BYTES)
     calls_unrecorded: int = _field(_int)  # its collective calls past those
 
     def to_wire(self) -> list:
@@ -353,7 +353,7 @@ class Packet:
     t_end: float = 0.0    # modeled ns: last byte ready there
     # bytes of payload that travel with this header, set from kind and nbytes; an attribute, not a property:
     # the switch asks for it about 15 times per packet (`but` copies it, and changes neither kind nor nbytes)
-    payload_bytes: int = field(default=0, init=False, repr=False, compare=False)
+    payload_bytes: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         record = INFO_OF.get(self.kind)

@@ -1,4 +1,4 @@
-"""Point-to-point programs on the link clocks: each GPU's clock and link ends, as ranks/gpu.py books them,
+"""Point-to-point programs on the link clocks: each GPU's clock and link ends, as ranks/links.py books them,
 the messages in flight between them (Fabric), and the interpreter that runs every member's program
 round-robin (run_programs). fabric.replay's schedules and fabric.plans.timing's plans both run here, so
 both book links alike. Pure (no MPI). Units: ns, bytes, GB/s (= bytes per ns)."""
@@ -9,7 +9,7 @@ from .topology import Topology
 
 
 class GpuClocks:
-    """One member's clock and links, as ranks/gpu.py keeps them; `lanes`: the clocks of the channels of a
+    """One member's clock and links, as ranks/links.py keeps them; `lanes`: the clocks of the channels of a
     call that runs several (channel c's ops carry lane (c, C); docs/model/time.md, "Channels"), each
     starting at the member's clock when the first of them does, until a "join" op."""
 

@@ -20,7 +20,7 @@ def counts_fit(counts, n: int) -> bool:
                     and all(is_integer(x) and 0 <= x <= WIRE_INT_MAX for x in side) for side in counts))
 
 
-def check_calls(gpu_rank: int, comm_name: str, members: tuple[int, ...], rank: int, name: str, seq: int,
+def check_calls(*, gpu_rank: int, comm_name: str, members: tuple[int, ...], rank: int, name: str, seq: int,
                 calls: list) -> None:
     """CollectiveMismatch on every member, listing each member's call, before any data moves. `calls`: each
     member's (call, counts) of collective `name` #`seq` on communicator `comm_name` (`members`; this member is

@@ -588,7 +588,8 @@ class Communicator:
         gpu.event({"ev": "coll_begin", **fingerprint})
         start_ns, before = gpu.now_ns, gpu.program_bytes()
         calls = self._exchange((call, counts), f"{name} call check", seq)
-        check_calls(self.gpu.rank, self.name, self.members, self.rank, name, seq, calls)
+        check_calls(gpu_rank=self.gpu.rank, comm_name=self.name, members=self.members, rank=self.rank, name=name,
+                    seq=seq, calls=calls)
         # NCCL's launch and protocol latency (fabric.software), the same the cost models add: all2allv's S is
         # the most bytes a member sends, as fabric.software.call_bytes takes it
         nbytes = count if counts is None else max(sum(c[1][0]) for c in calls)

@@ -83,7 +83,6 @@ class Gpu:
         # the channel (c, C) whose clock now_ns is and whose lanes of the links the program books, while a call
         # runs C > 1 channels (ranks.collectives.Call.channel; docs/model/time.md, "Channels"); None: the GPU's
         self.lane: tuple[int, int] | None = None
-        self.trace = trace                              # a TraceWriter, or None
         self._shutdown: Packet | None = None
         self.calls = CallLog()                          # collective calls, for the run's report (record_call)
         # a wait for the fabric sleeps at once, 1 to 5 ms (transport.poked_idle), where its leaf can wake
@@ -104,6 +103,11 @@ class Gpu:
         self.world = Communicator.world(self, control_channel.comm)
         # members known from the config, so no GPU outside the partition takes part in making it
         self.partition = Communicator.partition_of(self, control_channel.comm)
+
+    @property
+    def trace(self):
+        """This GPU's TraceWriter, or None (no trace directory): the one its links record with."""
+        return self.links.trace
 
     # -- modeled time -------------------------------------------------------------------------------
     def compute(self, ns: float | None = None, *, flops: float | None = None, bytes: float | None = None,
@@ -135,7 +139,7 @@ class Gpu:
 
     def set_tracing(self, on: bool) -> None:
         """Turn this GPU's trace records on or off, and the switches' records of its own traffic (what it
-        sends, and what a switch sends it; ranks/switch/, _traced): another tenant's stay. Every GPU
+        sends, and what a switch sends it; ranks/switch/tracing.py, Records.traced): another tenant's stay. Every GPU
         off turns the switches' records off; the bench measures tracing's cost this way. No effect
         without --trace-dir."""
         if self.trace is not None:
@@ -193,7 +197,7 @@ class Gpu:
         info = ExportInfo(offset, array.nbytes, to, bool(writable), bool(readable))
         reply = self.ask_fabric_manager(Kind.EXPORT, info, "export")
         handle = Handle(*reply["handle"])
-        self.allocations.exports.append((offset, array.nbytes, handle))
+        self.allocations.exported(offset, array.nbytes, handle)
         return handle
 
     def revoke(self, handle: Handle) -> None:
@@ -208,7 +212,7 @@ class Gpu:
             raise FabricError(f"GPU {self.rank}: revoke of {handle!r}: not a handle export() returned")
         self.ask_fabric_manager(Kind.REVOKE, RevokeInfo(int(handle.network_address), int(handle.address)),
                            f"revoke of {handle}")
-        self.allocations.exports = [e for e in self.allocations.exports if e[2] != handle]
+        self.allocations.revoked(handle)
 
     def physical_address(self, array: np.ndarray) -> int:
         """Global physical address of `array` (classic NVLink: any GPU may put/get it, no isolation)."""
@@ -424,7 +428,7 @@ class Gpu:
         the SMs). A LOAD past the buffer's end gives the buffer up (BoundBuffers.take: AccessViolation)."""
         lookup = (group, tuple(key), tuple(slot))
         self.loads.check(group, key, slot, requester)
-        self._wait(lambda: lookup in self.loads.filed, "serve load", f"{requester}'s load-reduce (slot {slot})")
+        self._wait(lambda: self.loads.came(lookup), "serve load", f"{requester}'s load-reduce (slot {slot})")
         packet, seq, data = self.loads.take(lookup, requester)
         self._send(Packet(Kind.REDUCE, self._keys[self.rank], -1, 0, packet.nbytes, packet.req,
                           packet.info.contribution()), data, self._consume(packet, seq, program=True))
@@ -525,14 +529,13 @@ class Gpu:
             self._send(Packet(Kind.GET_DATA, self._keys[self.rank], packet.src, 0, packet.nbytes, packet.req),
                        data, self._consume(packet, seq), served=True)
         elif kind is Kind.PUT_ACK:
-            self.one_sided.puts.pop(packet.req, None)
-            self.one_sided.acked_ns = max(self.one_sided.acked_ns, self._consume(packet, seq))
+            self.one_sided.acked(packet.req, self._consume(packet, seq))
         elif kind is Kind.GET_DATA:
-            dest = self.one_sided.gets.pop(packet.req, None)
+            dest = self.one_sided.take_get(packet.req)
             self._receive(packet, dest if dest is not None else np.empty(packet.nbytes, np.uint8), inline)
             if dest is None:  # the bytes are taken first, so the next payload is not mistaken for these
                 raise ProtocolError(f"GPU {self.rank}: GET_DATA for request {packet.req}, which it never made")
-            self.one_sided.got_ns[packet.req] = self._consume(packet, seq)
+            self.one_sided.got(packet.req, self._consume(packet, seq))
         elif kind is Kind.MSG and self._servers and packet.info.key and packet.info.key[0] in self._servers:
             data = np.empty(packet.nbytes, np.uint8)
             self._receive(packet, data, inline)
@@ -562,13 +565,9 @@ class Gpu:
         elif kind is Kind.LOAD:
             self.loads.file(packet, seq)
         elif kind is Kind.NACK:
-            arrived = self._consume(packet, seq)
-            one_sided = self.one_sided
-            if packet.req in one_sided.puts:  # the refusal is what the put's fence waits for
-                one_sided.acked_ns = max(one_sided.acked_ns, arrived)
-            elif packet.req in one_sided.gets:
-                one_sided.got_ns[packet.req] = arrived
-            self._nack(packet)
+            refusal = self.one_sided.refused(packet, self._consume(packet, seq))
+            if refusal is not None:  # of collective traffic: raised in any wait
+                self._traffic_errors.append(refusal)
         elif kind is Kind.REPLY:
             self._replies[packet.req] = packet
         elif kind is Kind.CREDIT:  # the switch holds a message of GPU src's for want of mailbox credit
@@ -578,18 +577,6 @@ class Gpu:
             self._shutdown = packet
         else:
             raise ProtocolError(f"GPU {self.rank}: unexpected {kind.name} from rank {source}")
-
-    def _nack(self, packet: Packet) -> None:
-        one_sided = self.one_sided
-        what = one_sided.puts.pop(packet.req, None)
-        if packet.req in one_sided.gets:
-            del one_sided.gets[packet.req]
-            self._replies[packet.req] = packet
-            return
-        try:
-            raise_remote(packet.info.error, packet.info.message, f"GPU {self.rank}: {what or packet.info.kind}")
-        except FabricError as exc:
-            (one_sided.refusals if what else self._traffic_errors).append(exc)
 
     def _receive(self, packet: Packet, out: np.ndarray, inline: np.ndarray | None) -> None:
         """Take `packet`'s payload into `out` (uint8, its size): from `inline` if it came in the header's
@@ -613,7 +600,7 @@ class Gpu:
             at = self.now_ns if at_ns is None else at_ns
             packet, beside = self.links.book_send(packet, at, stamp, served, self.lane)
             if beside is not None:
-                self.one_sided.beside_end = max(beside, self.one_sided.beside_end or beside)
+                self.one_sided.sent_beside(beside)
         return self._transport.send(self._switch, packet, payload)
 
     def _consume(self, packet: Packet, seq: int, program: bool = False) -> float:

@@ -36,6 +36,10 @@ class BoundBuffers:
         else:
             self.filed[(packet.info.group, packet.info.source, packet.info.slot)] = (packet, seq)
 
+    def came(self, lookup: tuple) -> bool:
+        """Whether the LOAD `lookup` (group, key, slot) came and waits to be served."""
+        return lookup in self.filed
+
     def check(self, group: int, key: tuple, slot: tuple, requester: str) -> None:
         """AccessViolation if the buffer bound as `key` for `group` was given up."""
         if (group, tuple(key)) in self.given_up:

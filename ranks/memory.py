@@ -72,3 +72,11 @@ class Allocations:
             raise FabricError(f"GPU {self.rank}: export of memory at {offset:#x}+{array.nbytes} that is not "
                               f"inside one allocation (export what gpu.alloc returned, or a part of it)")
         return offset
+
+    def exported(self, offset: int, nbytes: int, handle: Handle) -> None:
+        """A window of `nbytes` at physical `offset` was exported as `handle` (free refuses its memory)."""
+        self.exports.append((offset, nbytes, handle))
+
+    def revoked(self, handle: Handle) -> None:
+        """The window exported as `handle` was revoked."""
+        self.exports = [e for e in self.exports if e[2] != handle]

@@ -81,6 +81,47 @@ class OneSided:
         self.gpu.now_ns = max(self.gpu.now_ns, self.acked_ns)
         self.raise_refused()
 
+    # -- what the switch sends back (Gpu._handle) ---------------------------------------------------
+    def acked(self, req: int, arrived_ns: float) -> None:
+        """The PUT_ACK of put packet `req` arrived at `arrived_ns`: its bytes are visible at the target."""
+        self.puts.pop(req, None)
+        self.acked_ns = max(self.acked_ns, arrived_ns)
+
+    def take_get(self, req: int) -> np.ndarray | None:
+        """The bytes GET packet `req` reads into, no longer awaited; None if this GPU made no such request."""
+        return self.gets.pop(req, None)
+
+    def got(self, req: int, arrived_ns: float) -> None:
+        """GET packet `req`'s data arrived at `arrived_ns`."""
+        self.got_ns[req] = arrived_ns
+
+    def sent_beside(self, end_ns: float) -> None:
+        """A put packet's last byte left at `end_ns` on a lane of its own beside a channelled call."""
+        self.beside_end = max(end_ns, self.beside_end or end_ns)
+
+    def refused(self, packet: Packet, arrived_ns: float) -> FabricError | None:
+        """A NACK arrived at `arrived_ns`. A put's refusal is what its fence waits for, and is raised at the
+        next put, get or fence; a get's is its answer (filed as its reply); any other (a refusal of the GPU's
+        other traffic) is returned, for its next wait to raise."""
+        req = packet.req
+        if req in self.puts:
+            self.acked_ns = max(self.acked_ns, arrived_ns)
+        elif req in self.gets:
+            self.got_ns[req] = arrived_ns
+        what = self.puts.pop(req, None)
+        if req in self.gets:
+            del self.gets[req]
+            self.replies[req] = packet
+            return None
+        try:
+            raise_remote(packet.info.error, packet.info.message, f"GPU {self.gpu.rank}: {what or packet.info.kind}")
+        except FabricError as exc:
+            if what:
+                self.refusals.append(exc)
+                return None
+            return exc
+        return None
+
     def raise_refused(self) -> None:
         """Raise the first refusal of a put not raised yet (counting the others)."""
         if self.refusals:

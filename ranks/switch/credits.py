@@ -29,7 +29,7 @@ class LeafCredits:
     def __init__(self, config: FabricConfig, index: int, logic, gpus, to_switch):
         self.config, self.index, self.logic, self.gpus = config, index, logic, gpus
         self.to_switch = to_switch
-        self.on = config.nodes > 1 and index < config.nodes  # a leaf with other nodes to credit
+        self.active = config.nodes > 1 and index < config.nodes  # a leaf with other nodes to credit
         self.credit_bytes = max(1, port_share_bytes(config) // max(1, config.nodes - 1))
         # every packet takes at least this much credit, so that at most MAX_UNREAD of them (zero-byte
         # messages, requests, answers) are in flight towards one GPU from one leaf
@@ -53,7 +53,7 @@ class LeafCredits:
         """A packet of `nbytes` forwarded up towards GPU `port` of another node takes its credit."""
         self.used[port] = self.used.get(port, 0) + self.charge(nbytes)
 
-    def short(self, port: int, switch: int, nbytes: int) -> bool:
+    def must_wait(self, port: int, switch: int, nbytes: int) -> bool:
         """Whether a packet of `nbytes` towards GPU `port` of another node (through switch `switch`) must
         wait for credit; if so, the destination's leaf is asked (once) for what has left it."""
         used = self.used.get(port, 0)
@@ -75,7 +75,7 @@ class LeafCredits:
             self.asked.discard(there)
         else:  # the leaf of GPU `there` asks for the credit of this leaf's port `here`
             self.wanted.add((self.leaf_rank(there), here))
-            self.send()
+            self.return_drained()
 
     def posted(self, port: int, origin: int, transit: int | None) -> None:
         """A send to local GPU `port` was posted; `transit`: a packet of GPU `origin` of another node that
@@ -102,10 +102,10 @@ class LeafCredits:
             if not queue:
                 del self.transit[port]
         if moved:
-            self.send()
+            self.return_drained()
         return moved
 
-    def send(self) -> None:
+    def return_drained(self) -> None:
         """Return to each origin leaf the bytes of a port that left, if half its credit did or it asked."""
         for (leaf, port), nbytes in list(self.drained.items()):
             if nbytes * 2 >= self.credit_bytes or (leaf, port) in self.wanted:

@@ -24,7 +24,7 @@ class Mailboxes:
         # per receiver here: the (sender, key) its program waits for, oldest first: they go past the bounds
         self.wanted: dict[int, dict[tuple, bool]] = {}
 
-    def __bool__(self) -> bool:
+    def busy(self) -> bool:
         """Whether any mailbox holds or waits for anything (else a MSG cannot be held for one)."""
         return bool(self.used or self.parked)
 
@@ -49,7 +49,7 @@ class Mailboxes:
             if not used[1]:
                 del self.used[pair]
 
-    def over(self, source: int, receiver, packet: Packet, parked_ok: bool = False) -> tuple[bool, bool]:
+    def must_wait(self, source: int, receiver, packet: Packet, parked_ok: bool = False) -> tuple[bool, bool]:
         """(over, ask): whether MSG `packet` from GPU `source` would take the mailbox of `receiver` past its
         bounds for `source` (a first message, of any size, always goes), or must wait behind parked ones of its
         pair and class (unless `parked_ok`: it is the first of them); and whether to ask the receiver for its

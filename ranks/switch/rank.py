@@ -30,7 +30,7 @@ from .mailboxes import Mailboxes
 from .queues import (ANSWERS, CREDIT_STEPS, MAX_KEPT, MAX_QUEUED, MAX_QUEUED_BYTES, MAX_UNREAD, SPANNING, SWEEP_STEPS,
                      Queue, Waiting)
 from .report import report_part
-from .tracing import TraceRelay
+from .tracing import Records
 
 
 class SwitchRank:
@@ -62,9 +62,8 @@ class SwitchRank:
         self.sources = (*self.gpus, *self._peer_of)
         self._next_source = 0  # where _poll's scan of the sources starts while some are not read
         self.sent_to_switches = self.taken_from_switches = 0  # packets, for the end of run
-        self.trace = trace  # a TraceWriter, or None
         self.logic.tracing = trace is not None
-        self.tracing = TraceRelay(config, self.logic, trace, self._send_tracing)
+        self.records = Records(config, self.logic, trace, self._send_tracing)  # a TraceWriter's, if trace
         self.transport = transport
         self.timeout_s = timeout_s
         self.end_timeout_s = 2 * timeout_s + 5
@@ -83,6 +82,11 @@ class SwitchRank:
         self._waker = waker  # pokes a GPU whose payload it took (_advance)
         self.credits = LeafCredits(config, self.index, self.logic, self.gpus, self._to_switch)  # between leaves
         self.mailboxes = Mailboxes(self.gpus)  # between the GPUs here
+
+    @property
+    def trace(self):
+        """This switch's TraceWriter, or None (the run records nothing): the one its records go to."""
+        return self.records.trace
 
     def serve(self) -> dict:
         """Run until every GPU of the fabric reported DONE and no packet is left between switches;
@@ -118,8 +122,8 @@ class SwitchRank:
             moved |= self._take_credits()
         if self.mailboxes.parked:
             moved |= self._unpark()
-        if self.tracing.pending:
-            moved |= self.tracing.relay()
+        if self.records.pending:
+            moved |= self.records.relay()
         if not self._steps % SWEEP_STEPS:  # now and then, for every GPU (honest ones never leave any)
             moved |= self._sweep_other_tags()
             moved |= self.transport.drop_strays_from(set(self.sources)) > 0
@@ -160,10 +164,10 @@ class SwitchRank:
         return bool(got)
 
     def _mailbox_over(self, source: int, packet: Packet, parked_ok: bool = False) -> bool:
-        """Whether MSG `packet` from GPU `source` must wait for its receiver's mailbox (Mailboxes.over); the
+        """Whether MSG `packet` from GPU `source` must wait for its receiver's mailbox (Mailboxes.must_wait); the
         receiver is asked for its credit then (once)."""
         receiver = self.logic.gpu_of_key(packet.dst)
-        over, ask = self.mailboxes.over(source, receiver, packet, parked_ok)
+        over, ask = self.mailboxes.must_wait(source, receiver, packet, parked_ok)
         if ask:
             self._send_all([Send(receiver, Packet(Kind.CREDIT, self.logic.route_key(source), packet.dst,
                                                   req=mailbox_class(packet.info.key)))], -1)
@@ -239,7 +243,7 @@ class SwitchRank:
         switches are trusted, and each GPU's traffic was bounded at its own leaf."""
         if source in self._peer_of:
             return False
-        if mailbox and self.mailboxes and packet.kind is Kind.MSG and \
+        if mailbox and self.mailboxes.busy() and packet.kind is Kind.MSG and \
                 self._mailbox_over(source, packet):
             return True
         pending = self.transport.pending_bytes_to
@@ -249,14 +253,14 @@ class SwitchRank:
             if packet.payload_bytes and pending.get(dest, 0) and \
                     pending[dest] + packet.payload_bytes > self.port_share_bytes:
                 return True
-            if switch is not None and self.credits.short(port, switch, packet.payload_bytes):
+            if switch is not None and self.credits.must_wait(port, switch, packet.payload_bytes):
                 return True
         return False
 
     def _may_hold(self, packet: Packet) -> bool:
         """Whether a counted packet without payload may have to wait (_congested): for credit across nodes, or a
         message for a mailbox here."""
-        return bool(self.credits.used) or (bool(self.mailboxes) and packet.kind is Kind.MSG)
+        return bool(self.credits.used) or (self.mailboxes.busy() and packet.kind is Kind.MSG)
 
     def _take(self, source: int, data: bytearray | None) -> None:
         if source in self._peer_of:
@@ -337,7 +341,7 @@ class SwitchRank:
             packet = entry.packet
             if entry.request is None and (packet.payload_bytes or packet.kind.counted):
                 # a MSG for a full mailbox is parked (_park) if its sender has room there, else it waits here
-                entry.parks = packet.kind is Kind.MSG and bool(self.mailboxes) and \
+                entry.parks = packet.kind is Kind.MSG and self.mailboxes.busy() and \
                     self._mailbox_over(source, packet)
                 entry.held = not self.mailboxes.room(source, entry) if entry.parks else self._congested(source, packet)
                 if entry.held:  # its wait for the payload starts once it may be taken
@@ -413,7 +417,7 @@ class SwitchRank:
             gpu = self.logic.gpu_of_key(packet.src)
             if gpu is None:
                 raise ProtocolError(f"switch {self.index}: TRACE from switch {peer} for {packet.src!r}, no GPU's")
-            self.tracing.set(gpu, packet.info.on, exclude=peer)
+            self.records.set(gpu, packet.info.on, exclude=peer)
             return
         if peer is not None and packet.kind is Kind.CREDIT:
             self._on_credit(packet)
@@ -423,7 +427,7 @@ class SwitchRank:
             origin = self.logic.gpu_of_key(packet.src) if store else -1
             sends = self.logic.on_switch(peer, packet, payload)
             if self.trace is not None and packet.kind.counted:
-                self.tracing.record("rx", f"sw{peer}->sw{self.index}", packet, origin)
+                self.records.record("rx", f"sw{peer}->sw{self.index}", packet, origin)
             if store and self.spine and not sends:  # dropped here (its group was released on the way): the
                 # credit its leaf took for each member of the other nodes comes back from here
                 charge = self.credits.charge(packet.payload_bytes)
@@ -441,7 +445,7 @@ class SwitchRank:
                 for port in lost:
                     self.credits.owe(origin, port, charge)
                 if lost:
-                    self.credits.send()
+                    self.credits.return_drained()
                 return
             self._send_all(sends, origin)
             return
@@ -453,14 +457,14 @@ class SwitchRank:
             origin = self.logic.gpu_of_key(packet.src)
             origin = -1 if origin is None else origin
             if self.trace is not None:
-                self.tracing.record("rx", f"sw{peer}->sw{self.index}", packet, origin)
+                self.records.record("rx", f"sw{peer}->sw{self.index}", packet, origin)
             charge = self.credits.charge(packet.payload_bytes) if origin >= 0 and not self.spine else None
             self._send_all(sends, origin, transit=charge)
             if charge is not None and not any(send.port in self.gpus for send in sends):
                 # refused here (a request the target's Link TLB refused): nothing goes down to the target,
                 # and the origin leaf counted it against its credit for the target's port
                 self.credits.owe(origin, self.logic.gpu_of_key(packet.dst), charge)
-                self.credits.send()
+                self.credits.return_drained()
             return
         kind = packet.kind
         if kind is Kind.DONE:
@@ -477,7 +481,7 @@ class SwitchRank:
             self._done.discard(source)  # it said DONE too early: it is still at work
             self._busy_after_done = True
         if kind is Kind.TRACE:  # a GPU's word on its own traffic's records only
-            self.tracing.set(source, packet.info.on)
+            self.records.set(source, packet.info.on)
             return
         if kind is Kind.COUNTERS:
             if not self._asked_counters or source in self._counters:
@@ -493,7 +497,7 @@ class SwitchRank:
         before = self.logic.counters.get(link).packets
         sends = self.logic.on_packet(source, packet, payload, checked)
         if self.logic.counters.get(link).packets != before:
-            self.tracing.record("rx", link, packet, source)
+            self.records.record("rx", link, packet, source)
         self._send_all(sends, source)
 
     # -- credits between leaves (LeafCredits) --------------------------------------------------------
@@ -509,7 +513,7 @@ class SwitchRank:
             self.credits.on_credit(packet)
 
     def _send_tracing(self, gpu: int, on: bool, exclude: int | None) -> None:
-        """GPU `gpu`'s TRACE word to the neighbour switches but `exclude` (TraceRelay.set)."""
+        """GPU `gpu`'s TRACE word to the neighbour switches but `exclude` (Records.set)."""
         word = Packet(Kind.TRACE, self.logic.route_key(gpu), -1, info=TraceInfo(on))
         for rank, switch in self._peer_of.items():
             if switch != exclude and (self.spine or exclude is None):  # a leaf relays only its own GPUs' word
@@ -550,24 +554,24 @@ class SwitchRank:
                 if send.packet.kind is Kind.MSG and source in self.gpus:  # until the receiver credits it
                     self.mailboxes.sent(source, send.port, send.packet.info.key, nbytes)
                 link = downlink(send.port, self.index) if self.trace is not None else None
-                if self.credits.on:  # position of this send among the port's, for LeafCredits.drain
+                if self.credits.active:  # position of this send among the port's, for LeafCredits.drain
                     self.credits.posted(send.port, source, transit)
             else:
-                if self.tracing.pending:  # the other switches learn a GPU's word before its packets
-                    self.tracing.flush(source if send.origin is None else send.origin)
+                if self.records.pending:  # the other switches learn a GPU's word before its packets
+                    self.records.flush(source if send.origin is None else send.origin)
                 self.transport.send(self.config.gpus + switch, send.packet, send.payload)
                 self.sent_to_switches += 1
                 link = f"sw{self.index}->sw{switch}" if self.trace is not None else None
                 if source in self.gpus and send.switch is None:
                     self.credits.take(send.port, nbytes)
                 elif source in self.gpus and send.packet.kind is Kind.MCAST:  # a store up to a spine: one copy
-                    # reaches every member of the other nodes, so it takes credit for each (class docstring)
+                    # reaches every member of the other nodes, so it takes credit for each (ranks/switch/credits.py)
                     for port in self.logic.remote_members(send.packet.info.group):
                         self.credits.take(port, nbytes)
             if self.trace is not None and send.packet.kind.counted:
-                self.tracing.record("tx", link, send.packet, source if send.origin is None else send.origin)
+                self.records.record("tx", link, send.packet, source if send.origin is None else send.origin)
         if self.logic.events:
-            self.tracing.write_events(self.logic.events)
+            self.records.write_events(self.logic.events)
 
     # -- end of run ---------------------------------------------------------------------------------
     def _wait(self, done, what: str, waiting_for, deadline: float | None = None) -> None:

@@ -1,5 +1,6 @@
-"""A switch rank's records of the traffic it sees (a TraceWriter) and the GPUs' words about them: a GPU may ask
-for no records of its own traffic (its TRACE packet), a word every switch applies the same way."""
+"""A switch rank's records of the traffic it sees (a TraceWriter): which are kept (a GPU may ask for no records
+of its own traffic, its TRACE word, which every switch applies the same way: relayed at a bounded rate), and
+the records themselves (packets in and out, the logic's events)."""
 
 import time
 
@@ -7,11 +8,11 @@ from nvlink_emu.fabric.config import FabricConfig
 from nvlink_emu.fabric.packets import Packet, raw_bytes
 
 # a leaf relays a GPU's TRACE word to the spines at most once per this much host time (s); a change within
-# it waits, only the latest one kept (TraceRelay.set): a GPU toggling its word cannot flood the switches
+# it waits, only the latest one kept (Records.set): a GPU toggling its word cannot flood the switches
 TRACE_RELAY_S = 0.05
 
 
-class TraceRelay:
+class Records:
     """The records of one switch rank. trace: its TraceWriter, or None (the run records nothing); logic: its
     SwitchLogic or SpineLogic; send_word(gpu, on, exclude): the rank passes a word on to the neighbour switches
     but `exclude` (a leaf: to the spines, its own GPUs' words only; a spine: to the other leaves)."""

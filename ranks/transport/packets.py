@@ -98,6 +98,7 @@ class Transport:
 
     def _wake(self) -> None:
         """(Re)make this rank's Waker for the current numbering (collective)."""
+        install(None)  # the old one closed before the new one is made: a rank holds one socket at a time
         self.waker = Waker(self.comm)
         install(self.waker)
 

@@ -637,26 +637,26 @@ def test_a_gpu_toggling_its_tracing_word_costs_the_switches_a_bounded_rate(trace
     for _ in range(1001):  # off, on, off, ... off
         rank._handle(0, Packet(Kind.TRACE, key(0), -1, info=TraceInfo(on)), None)
         on = not on
-    assert rank.tracing.untraced == {0}
+    assert rank.records.untraced == {0}
     if not traced:
         assert intake.sent == [] and rank.sent_to_switches == 0
         return
     assert intake.sent == [(s, Kind.TRACE, TraceInfo(False)) for s in spines] and rank.sent_to_switches == 2
-    assert rank.tracing.words_held == 1000
-    assert not rank.tracing.relay()  # not due: nothing more
-    rank.tracing.relayed[0] = (rank.tracing.relayed[0][0] - 3600.0, False)
-    assert not rank.tracing.relay() and len(intake.sent) == 2  # due, but its word is what was relayed
+    assert rank.records.words_held == 1000
+    assert not rank.records.relay()  # not due: nothing more
+    rank.records.relayed[0] = (rank.records.relayed[0][0] - 3600.0, False)
+    assert not rank.records.relay() and len(intake.sent) == 2  # due, but its word is what was relayed
     rank._handle(0, Packet(Kind.TRACE, key(0), -1, info=TraceInfo(True)), None)  # due: relayed at once
     rank._handle(0, Packet(Kind.TRACE, key(0), -1, info=TraceInfo(False)), None)
     rank._handle(0, Packet(Kind.TRACE, key(0), -1, info=TraceInfo(True)), None)
-    assert intake.sent[2:] == [(s, Kind.TRACE, TraceInfo(True)) for s in spines] and rank.tracing.words_held == 1002
+    assert intake.sent[2:] == [(s, Kind.TRACE, TraceInfo(True)) for s in spines] and rank.records.words_held == 1002
     rank._handle(0, Packet(Kind.TRACE, key(0), -1, info=TraceInfo(False)), None)  # held: the latest, off
-    rank.tracing.relayed[0] = (rank.tracing.relayed[0][0] - 3600.0, True)
-    assert rank.tracing.relay() and intake.sent[4:] == [(s, Kind.TRACE, TraceInfo(False)) for s in spines]
-    assert rank.sent_to_switches == 6 and rank.tracing.words_held == 1003 and not rank.tracing.pending
+    rank.records.relayed[0] = (rank.records.relayed[0][0] - 3600.0, True)
+    assert rank.records.relay() and intake.sent[4:] == [(s, Kind.TRACE, TraceInfo(False)) for s in spines]
+    assert rank.sent_to_switches == 6 and rank.records.words_held == 1003 and not rank.records.pending
     rank._handle(0, Packet(Kind.TRACE, key(0), -1, info=TraceInfo(True)), None)  # held, not due
-    assert len(intake.sent) == 6 and rank.tracing.pending == {0}
+    assert len(intake.sent) == 6 and rank.records.pending == {0}
     packet, payload = msg(0, key(2), 64)  # to node 1: the spines learn GPU 0's word first
     rank._handle(0, packet, payload)
-    assert intake.sent[6:8] == [(s, Kind.TRACE, TraceInfo(True)) for s in spines] and not rank.tracing.pending
+    assert intake.sent[6:8] == [(s, Kind.TRACE, TraceInfo(True)) for s in spines] and not rank.records.pending
     assert [kind for _, kind, _ in intake.sent[8:]] == [Kind.MSG] and intake.sent[8][0] in spines
