@@ -1,8 +1,10 @@
 """A GPU's buffers bound for the switch's LOADs (NVLS): the switch load-reduces them through a multicast group, and
 the GPU serves each LOAD in program order from the buffer bound under its key."""
 
+from typing import Any, cast
+
 from nvlink_emu.fabric.errors import AccessViolation
-from nvlink_emu.fabric.packets import Packet
+from nvlink_emu.fabric.packets import LoadInfo, Packet
 
 GIVEN_UP_KEPT = 64  # bound buffers a GPU gave up (take) whose late LOADs it still refuses at once
 
@@ -13,7 +15,7 @@ class BoundBuffers:
 
     def __init__(self, rank: int, unserved):
         self.rank, self.unserved = rank, unserved
-        self.bound: dict[tuple, object] = {}      # buffer key -> bytes the switch may LOAD (uint8 array)
+        self.bound: dict[tuple, Any] = {}        # buffer key -> bytes the switch may LOAD (uint8 array)
         self.filed: dict[tuple, tuple] = {}       # (group, buffer key, slot) -> (LOAD, its downlink seq) until served
         self.given_up: dict[tuple, None] = {}     # (group, buffer key) a refused LOAD gave up, latest last
 
@@ -31,10 +33,11 @@ class BoundBuffers:
     def file(self, packet: Packet, seq: int) -> None:
         """A LOAD came from the switch: filed until the program serves it, or refused at once if its buffer
         was given up."""
-        if (packet.info.group, packet.info.source) in self.given_up:
+        info = cast(LoadInfo, packet.info)  # a LOAD carries a LoadInfo (Packet checks the record of its kind)
+        if (info.group, info.source) in self.given_up:
             self.unserved(packet)
         else:
-            self.filed[(packet.info.group, packet.info.source, packet.info.slot)] = (packet, seq)
+            self.filed[(info.group, info.source, info.slot)] = (packet, seq)
 
     def check(self, group: int, key: tuple, slot: tuple, requester: str) -> None:
         """AccessViolation if the buffer bound as `key` for `group` was given up."""
