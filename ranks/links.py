@@ -97,7 +97,7 @@ class GpuLinks:
                               "wall": time.time()})
         return self.rx_seq
 
-    def consume(self, packet: Packet, seq: int, sender: int | None, program: bool, lane: tuple[int, int] | None) -> float:
+    def consume(self, packet: Packet, seq: int | None, sender: int | None, program: bool, lane: tuple[int, int] | None) -> float:
         """Put transfer `seq` (from GPU `sender`; None: a switch's own) on the downlink; returns when its last
         byte arrived (ns). `program`: consumed by the program, in program order, on `lane`; else served as the
         host delivered it, on the served lane (fabric.timemodel.LinkEnd)."""

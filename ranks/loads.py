@@ -3,6 +3,8 @@ the GPU serves each LOAD in program order from the buffer bound under its key.""
 
 from typing import Any, cast
 
+import numpy as np
+
 from nvlink_emu.fabric.errors import AccessViolation
 from nvlink_emu.fabric.packets import LoadInfo, Packet
 
@@ -30,7 +32,7 @@ class BoundBuffers:
             return
         del self.bound[key]
 
-    def file(self, packet: Packet, seq: int) -> None:
+    def file(self, packet: Packet, seq: int | None) -> None:
         """A LOAD came from the switch: filed until the program serves it, or refused at once if its buffer
         was given up."""
         info = cast(LoadInfo, packet.info)  # a LOAD carries a LoadInfo (Packet checks the record of its kind)
@@ -45,7 +47,7 @@ class BoundBuffers:
             raise AccessViolation(f"GPU {self.rank}: {requester}'s load-reduce (slot {list(slot)}): the buffer bound "
                                   f"as {list(key)} was given up after a LOAD past its end; not served")
 
-    def take(self, lookup: tuple, requester: str) -> tuple[Packet, int, object]:
+    def take(self, lookup: tuple, requester: str) -> tuple[Packet, int | None, np.ndarray]:
         """(LOAD, seq, the bytes it reads) of the filed LOAD `lookup` (group, key, slot). A LOAD past the buffer's
         end (a requester's range, which the switch cannot check: it does not know the buffer) gives the buffer
         up: it is unbound, this LOAD and every other of it, come or to come, is answered with the notice
