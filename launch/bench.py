@@ -164,7 +164,8 @@ def run_size(gpu, comm, args, dtype: np.dtype, size: int, meter: CpuMeter | None
     modeled_ns = max(comm.allgather_object(gpu.now_ns - start_ns, "bench modeled time"))
     wrong = count_wrong(recv, _expected(name, "plan" if plan is not None else algorithm, op, dtype, count, n, r))
     iters = args.iters or max(2, min(20, (64 << 20) // (count * dtype.itemsize)))
-    cpu, sync = {}, None
+    cpu: dict[str, float] = {}
+    sync = None
     if meter is None:
         wall = sum(_synchronised(comm, once) for _ in range(iters)) / iters
     else:
@@ -173,7 +174,7 @@ def run_size(gpu, comm, args, dtype: np.dtype, size: int, meter: CpuMeter | None
         wall /= iters
         if used is not None:
             cpu.update(cpu_us=used["cpu_us"], switch_cpu_us=used["switch_cpu_us"], cpu_wall_us=used["wall_us"],
-                       sync_cpu_us=sync["cpu_us"], sync_wall_us=sync["wall_us"])
+                       sync_cpu_us=sync["cpu_us"], sync_wall_us=sync["wall_us"])  # type: ignore[index]  # None only where used is
     tracing = {}
     if gpu.trace is not None:
         # the cost of tracing, measured in this run: the same calls with trace records off and on,

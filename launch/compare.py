@@ -143,7 +143,8 @@ def run_each(args, script_args, launch_script, progress, configs: dict, with_lin
             per_preset = argparse.Namespace(**{**vars(args), "preset": name, "config": None,
                                                "report_json": str(report),
                                                "trace_dir": str(Path(args.trace_dir) / name) if args.trace_dir else None})
-            steps, bad = [], []
+            steps: list = []
+            bad: list = []
 
             def on_line(line: str, steps=steps, bad=bad, name=name) -> None:
                 print(f"[{name}] {line}", file=sys.stderr, flush=True)

@@ -78,6 +78,7 @@ def launch_script(script: str, args: argparse.Namespace, script_args: list[str],
                 drain = threading.Thread(target=errors, daemon=True)
                 drain.start()
                 try:
+                    assert job.stdout is not None  # stdout=PIPE
                     for raw in job.stdout:
                         line = output.show(decoded(raw), "out")
                         if on_line is not None:

@@ -92,7 +92,7 @@ class JobOutput:
                 shown.append(text)
                 continue
             world = self.vouched.get(hashlib.sha256(data).hexdigest())
-            prefixes = tuple(f"[nvlink-emu {name}] " for name in self.names.get(world, ()))
+            prefixes = tuple(f"[nvlink-emu {name}] " for name in self.names.get(world, ()))  # type: ignore[arg-type]  # None: no names
             # lines split at "\n" alone (as a terminal ends them), each shown escaped (escaped)
             lines = text.removesuffix("\n").split("\n")
             if len(data) <= MAX_REPORT_BYTES and prefixes and text.endswith("\n") and all(

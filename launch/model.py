@@ -126,5 +126,6 @@ def predict_plan(plan, config, size: int, dtype: str) -> dict:
             "root": ROOT if plan.collective == "broadcast" else None, "algorithm": "plan",
             "plan": plan.name, "modeled_us": round(ns / 1e3, 4), "algbw_gbps": None if algbw is None else round(algbw, 3),
             "busbw_gbps": None if algbw is None else round(algbw * bus_factor(plan.collective, n), 3),
-            "tx_bytes_per_gpu": links.get(up, (0, 0))[0], "rx_bytes_per_gpu": links.get(down, (0, 0))[0],
+            # up and down are None on one GPU: no link, so the default
+            "tx_bytes_per_gpu": links.get(up, (0, 0))[0], "rx_bytes_per_gpu": links.get(down, (0, 0))[0],  # type: ignore[arg-type]
             "validated_by_emulation": False}

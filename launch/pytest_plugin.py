@@ -108,6 +108,7 @@ def end_job(item, report, run: FabricRun | None, caught: bool) -> None:
         name = rank_name(rank, run.config)
         who = f"GPU {rank}" if role_of(rank, run.config) == "gpu" else f"the {name}"
     if caught:
+        assert run is not None  # caught: this rank's run failed
         exc = run.failure
         message = f"{type(exc).__name__}: {exc}".split("\n")[0]
         text = "".join(traceback.format_exception(exc))

@@ -38,7 +38,7 @@ def emulate(args, launch_script, progress, script: str) -> dict:
 def algorithms(report: dict) -> dict[str, str]:
     """{collective: the algorithm auto ran} of the two timed collectives, from GPU 0's call records
     (the first call of each collective on SIZE bytes: the DLRM step's calls come after them)."""
-    found = {}
+    found: dict[str, str] = {}
     for record in report["collectives"]:
         if record["gpu"] == 0 and record["size_bytes"] == SIZE and record["collective"] in COLLECTIVES:
             found.setdefault(record["collective"], record["algorithm"])

@@ -281,14 +281,14 @@ def plot_busbw(path: str, title: str, series: dict[str, list[dict]]) -> None:
     from matplotlib.ticker import NullLocator
 
     fig, ax = plt.subplots(figsize=(8, 4.8))
-    ticks = set()
+    seen: set[int] = set()
     for label, rows in series.items():
         points = [(row["size_bytes"], row["busbw_gbps"]) for row in rows if row["busbw_gbps"] is not None]
         if points:
             ax.plot(*zip(*points), marker="o", label=label)
-            ticks.update(size for size, _ in points)
+            seen.update(size for size, _ in points)
     ax.set_xscale("log", base=2)
-    ticks = sorted(ticks)
+    ticks = sorted(seen)
     if ticks:
         step = math.ceil(len(ticks) / 10)  # at most about 10 labels, that do not overlap
         ax.set_xticks(ticks[::step], [format_bytes(t) for t in ticks[::step]])

@@ -200,7 +200,7 @@ def checked_traces(traces: list[RankTrace]) -> tuple[list[RankTrace], list[str]]
         this = {key: trace.header.get(key, default) for key, default in RUN_KEYS}
         if this != run:
             warnings.append(f"{trace.path.name}: left out: from another run (config {this['config_hash']}, "
-                            f"not {run['config_hash']})")
+                            f"not {run['config_hash']})")  # type: ignore[index]  # run: set, as good has traces
             continue
         if trace.header["rank"] in ranks:
             warnings.append(f"{trace.path.name}: left out: rank {trace.header['rank']} has another file here")
@@ -403,9 +403,9 @@ def merge(traces: list[RankTrace], time_base: str = "modeled") -> dict:
             out.append({"ph": "X", "name": label, "pid": pid, "tid": real_tid, "ts": start, "dur": end - start,
                         "args": args})
             placed[index] = (real_tid, (start + end) / 2)
-    for fid, (pid_a, a), (pid_b, b) in flows:
+    for fid, (pid_a, span_a), (pid_b, span_b) in flows:
         # flow ends sit mid-slice, so they bind to their own slice, never to a neighbour touching it
-        (tid_a, ts_a), (tid_b, ts_b) = placed[a], placed[b]
+        (tid_a, ts_a), (tid_b, ts_b) = placed[span_a], placed[span_b]
         out.append({"ph": "s", "id": fid, "name": "packet", "cat": "packet", "pid": pid_a, "tid": tid_a, "ts": ts_a})
         out.append({"ph": "f", "bp": "e", "id": fid, "name": "packet", "cat": "packet", "pid": pid_b, "tid": tid_b,
                     "ts": ts_b})
@@ -431,7 +431,7 @@ def link_totals(traces: list[RankTrace]) -> dict[str, dict]:
         header = trace.header
         if header["role"] == "gpu":
             bandwidth = header["timing"]["bandwidth_gbytes_per_s"]
-            wanted = ("tx", "rx")
+            wanted: tuple[str, ...] = ("tx", "rx")
         else:  # the leaf-spine links it sends on: the node's uplink split over the spines
             spines = header.get("spines") or 0
             if not spines:

@@ -142,6 +142,7 @@ class Communicator:
         members = tuple(self.members[rank] for _, rank in chosen)
         index = next(i for i, c in enumerate(colors) if c == color)
         new = mpi.split(index, members.index(gpu.rank), _waiter(gpu))
+        assert new is not None  # a color: a communicator
         return Communicator(gpu, members, f"{self.name}.{seq}:{color}", new)
 
     def free(self) -> None:
@@ -628,7 +629,7 @@ class Communicator:
             self._exchange((call, None), f"{name} call check", seq)
             raise
 
-    def _flat(self, array: np.ndarray, what: str, written: bool = False) -> np.ndarray:
+    def _flat(self, array: object, what: str, written: bool = False) -> np.ndarray:
         """`array` as one dimension; `written`: the collective writes into it."""
         if not isinstance(array, np.ndarray) or not array.flags.c_contiguous:
             raise FabricError(f"GPU {self.gpu.rank}: {what} needs a contiguous numpy array, got "

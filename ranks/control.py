@@ -106,6 +106,7 @@ class ControlPlane:
             self.strays += 1
             return
         at = self.exchange_at
+        answer: tuple | str
         if at is not None and source in getattr(self.communicators.get(at[0]), "members", ()):
             answer = at
         elif name not in self.communicators:

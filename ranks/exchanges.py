@@ -54,6 +54,7 @@ def exchange(gpu, mpi: MemberComms, members: tuple[int, ...], name: str, obj, op
         raise refusal
     if problem is not None:
         raise FabricError(f"GPU {gpu.rank}: {op} #{seq} on communicator {name!r}: {problem}")
+    assert step.parts is not None  # the step completed
     got = [(op, obj) if member == gpu.rank and isinstance(part, bytes) else _entry(part, seq)
            for member, part in zip(members, step.parts)]
     if any(other != op for other, _ in got):

@@ -12,6 +12,8 @@ on the links, counters and trace records), mailbox (mailbox.py), loads (loads.py
 import itertools
 import math
 import time
+from collections.abc import Callable
+from typing import cast
 
 import numpy as np
 
@@ -20,9 +22,8 @@ from nvlink_emu.fabric.compute import amount
 from nvlink_emu.fabric.config import FabricConfig
 from nvlink_emu.fabric.counters import gpu_view
 from nvlink_emu.fabric.errors import FabricError, FabricTimeout, ProtocolError, UnsupportedOperation
-from nvlink_emu.fabric.packets import (MAX_KEY_PARTS, WIRE_INT_MAX, CallRecord,
-                                      ExportInfo, GroupInfo, Info, Kind, MsgInfo, Packet, RevokeInfo,
-                                      TraceInfo)
+from nvlink_emu.fabric.packets import (MAX_KEY_PARTS, WIRE_INT_MAX, CallRecord, ExportInfo, GroupInfo, Info, Kind,
+                                      LoadInfo, McastInfo, MsgInfo, Packet, RevokeInfo, TraceInfo)
 
 from .callcheck import is_integer
 from .calllog import CallLog
@@ -76,7 +77,7 @@ class Gpu:
         self._strays = 0                                # dropped by the sweeps: data from ranks other than the
                                                         # switch, control junk, members' MPI strays (control.strays: the rest)
         self._polls = 0                                 # progress calls, to sweep for strays now and then
-        self._arrivals: dict[tuple, Packet] = {}        # message key -> its header until consumed (timing)
+        self._arrivals: dict[tuple, tuple[Packet, int | None]] = {}  # message key -> (its header, downlink seq) until consumed (timing)
         # its two links, booked and counted as it sends and consumes (ranks/links.py)
         self.links = GpuLinks(config, self.rank, self._leaf, trace)
         self.now_ns = 0.0                               # this GPU's modeled clock (a channel's, in one: lane)
@@ -99,7 +100,7 @@ class Gpu:
         # leave a barrier up to a nap apart, which bench's timing after its barrier then counted (MPI's own
         # 1 KiB AllReduce on 4 GPUs measured 2.4-3.5 ms with it, 0.7-1.5 ms without)
         self.stream = Stream(self)                      # its non-blocking operations (ranks/requests.py)
-        self._servers: dict[str, object] = {}           # message key[0] -> its server (serve_messages)
+        self._servers: dict[str, Callable] = {}         # message key[0] -> its server (serve_messages)
         self.world = Communicator.world(self, control_channel.comm)
         # members known from the config, so no GPU outside the partition takes part in making it
         self.partition = Communicator.partition_of(self, control_channel.comm)
@@ -301,7 +302,7 @@ class Gpu:
         at_ns: modeled issue time (default now); stamp: uplink times reserved earlier (reserve_uplink)."""
         self.stream.drain()
         data = None if payload is None else self._as_bytes(payload, kind.name)
-        size = data.nbytes if nbytes is None else nbytes
+        size = cast(np.ndarray, data).nbytes if nbytes is None else nbytes  # LOAD_REDUCE names nbytes, the others carry a payload
         return self._send(Packet(kind, self._keys[self.rank], -1, address, size, info=info), data, at_ns, stamp)
 
     @property
@@ -431,11 +432,12 @@ class Gpu:
         self._wait(lambda: self.loads.came(lookup), "serve load", f"{requester}'s load-reduce (slot {slot})")
         packet, seq, data = self.loads.take(lookup, requester)
         self._send(Packet(Kind.REDUCE, self._keys[self.rank], -1, 0, packet.nbytes, packet.req,
-                          packet.info.contribution()), data, self._consume(packet, seq, program=True))
+                          cast(LoadInfo, packet.info).contribution()), data, self._consume(packet, seq, program=True))
 
     def _unserved(self, load: Packet) -> None:
         """Tell the switch this GPU will not serve `load` (a control notice, which nothing answers)."""
-        notice = GroupInfo("unserved", load.info.group, load.info.slot, "")
+        info = cast(LoadInfo, load.info)  # a LOAD carries a LoadInfo (Packet checks the record of its kind)
+        notice = GroupInfo("unserved", info.group, info.slot, "")
         self._transport.send(self._switch, Packet(Kind.GROUP, self._keys[self.rank], -1, info=notice))
 
     def native(self, collective: str, send: np.ndarray, recv: np.ndarray, op: str = "sum", root: int = 0) -> None:
@@ -474,7 +476,7 @@ class Gpu:
         incoming = self._transport.poll(self._switch)
         if incoming is not None:
             header, inline = unframe(incoming[1])  # the switch is trusted: a bad frame or header is a bug
-            self._handle(incoming[0], Packet.from_wire(header), inline)
+            self._handle(incoming[0], Packet.from_wire(header), inline)  # type: ignore[arg-type]  # msgpack reads any buffer; fabric annotates bytes
             if not sweep:
                 return True
             moved = True
@@ -536,23 +538,25 @@ class Gpu:
             if dest is None:  # the bytes are taken first, so the next payload is not mistaken for these
                 raise ProtocolError(f"GPU {self.rank}: GET_DATA for request {packet.req}, which it never made")
             self.one_sided.got(packet.req, self._consume(packet, seq))
-        elif kind is Kind.MSG and self._servers and packet.info.key and packet.info.key[0] in self._servers:
+        elif kind is Kind.MSG and self._servers and (served := cast(MsgInfo, packet.info).key) and \
+                served[0] in self._servers:
             data = np.empty(packet.nbytes, np.uint8)
             self._receive(packet, data, inline)
             arrived = self._consume(packet, seq)
             sender = self._gpu_of.get(packet.src)
-            self.mailbox.took(sender, tuple(packet.info.key), packet.nbytes)  # served is taken: credit the mailbox bound
-            for peer, key, reply in self._servers[packet.info.key[0]](sender, tuple(packet.info.key), data):
+            self.mailbox.took(sender, tuple(served), packet.nbytes)  # served is taken: credit the mailbox bound
+            for peer, key, reply in self._servers[served[0]](sender, tuple(served), data):
                 self._send(Packet(Kind.MSG, self._keys[self.rank], self._keys[peer], 0, reply.nbytes,
                                   info=MsgInfo(tuple(key))), reply, arrived, served=True)
         elif kind is Kind.MSG or kind is Kind.MCAST:
-            sender = self._gpu_of.get(packet.src) if kind is Kind.MSG else _sender(None, packet.info.group)
-            slot = (packet.info.key, sender)
+            info = cast(MsgInfo | McastInfo, packet.info)  # the record of its kind (Packet checks it)
+            sender = self._gpu_of.get(packet.src) if kind is Kind.MSG else _sender(None, cast(McastInfo, info).group)
+            slot = (info.key, sender)
             dest = self.mailbox.posted.get(slot)
             fits = dest is None or dest.nbytes == packet.nbytes
             buffer = dest if dest is not None and fits else np.empty(packet.nbytes, np.uint8)
             self._receive(packet, buffer, inline)
-            if not fits:  # taken first, so the next payload is not mistaken for this one
+            if dest is not None and not fits:  # taken first, so the next payload is not mistaken for this one
                 raise ProtocolError(f"GPU {self.rank}: message {slot[0]} from "
                                     f"{sender if isinstance(sender, str) else f'GPU {sender}'} has {packet.nbytes} "
                                     f"bytes, the receive expects {dest.nbytes}")
@@ -603,7 +607,7 @@ class Gpu:
                 self.one_sided.sent_beside(beside)
         return self._transport.send(self._switch, packet, payload)
 
-    def _consume(self, packet: Packet, seq: int, program: bool = False) -> float:
+    def _consume(self, packet: Packet, seq: int | None, program: bool = False) -> float:
         """Put transfer `seq` that reached this GPU on its downlink; returns when its last byte arrived (ns).
         `program`: consumed by this GPU's program, in program order; else served as the host delivered
         it (one-sided traffic), on the links' served lane (fabric.timemodel.LinkEnd), so it neither
@@ -616,7 +620,7 @@ class Gpu:
         req = next(self._req)
         self._transport.send(self._switch, Packet(kind, self._keys[self.rank], -1, req=req, info=info))
         self._wait(lambda: req in self._replies, what, "the fabric manager (switch)")
-        reply = self._replies.pop(req).info
+        reply = cast(dict, self._replies.pop(req).info)  # a REPLY's info is a map
         if "error" in reply:
             raise_remote(reply["error"], reply.get("message", ""), f"GPU {self.rank}: {what}")
         return reply
@@ -655,7 +659,7 @@ class Gpu:
                                                                          for key, sender in leftovers]))
         self._shutdown = None
         self._wait(lambda: self._shutdown is not None, "end of run", "the switch's report")
-        return self._shutdown.info
+        return cast(dict, cast(Packet, self._shutdown).info)  # set by _handle meanwhile: the SHUTDOWN's map
 
     def _counters_packet(self, links: dict, leftovers: list) -> Packet:
         """The COUNTERS answer (CallLog.counters_packet; raw_port().counters_packet replaces it in tests)."""

@@ -2,6 +2,7 @@
 its node's uplink) as it consumes, their faults, their counters and their trace records."""
 
 import time
+from typing import overload
 
 from nvlink_emu.fabric.config import FabricConfig
 from nvlink_emu.fabric.counters import LinkCounters, LinkStats, downlink, uplink
@@ -36,6 +37,11 @@ class GpuLinks:
         self.tx_seq = self.rx_seq = -1  # packets sent / received on this GPU's links
         self.program_bytes = [0, 0]     # payload its program sent / consumed (Gpu.program_bytes)
 
+    @overload
+    def link_time(self, link: str, payload_bytes: int, at_ns: float, raw: float) -> float: ...
+    @overload
+    def link_time(self, link: str, payload_bytes: int, at_ns: float, raw: None) -> float | None: ...
+
     def link_time(self, link: str, payload_bytes: int, at_ns: float, raw: float | None) -> float | None:
         """Raw bytes' worth of time a transfer keeps `link` busy: `raw`, or with the link's faults its
         replays added and its lanes accounted (fabric.faults.LinkFaultState); LinkDown if it is down."""
@@ -45,7 +51,7 @@ class GpuLinks:
     def reserve_uplink(self, payload_bytes: int, at_ns: float) -> tuple[float, float]:
         """Book the uplink now for a transfer sent later, as issued at `at_ns`; returns its stamp."""
         raw = raw_bytes(payload_bytes, self.config.mtu_bytes, self.config.header_bytes)
-        return self.uplink.send(at_ns, at_ns, self.link_time(self.tx, payload_bytes, at_ns, raw))
+        return self.uplink.send(at_ns, at_ns, self.link_time(self.tx, payload_bytes, at_ns, raw))  # type: ignore[arg-type]  # LinkEnd books float raw bytes (a degraded link's); fabric annotates int
 
     def book_send(self, packet: Packet, at: float, stamp: tuple[float, float] | None, served: bool,
                   lane: tuple[int, int] | None) -> tuple[Packet, float | None]:
@@ -59,15 +65,16 @@ class GpuLinks:
         raw = self.counters.record(self.tx, packet.payload_bytes)
         if stamp is None:
             timed = raw if timed is None else timed
-            stamp = self.uplink.serve(at, at, timed) if served else None
+            stamp = self.uplink.serve(at, at, timed) if served else None  # type: ignore[arg-type]  # LinkEnd books float raw bytes (a degraded link's); fabric annotates int
             if not served and lane is None and packet.kind in BESIDE_KINDS:
                 # the program's own one-sided traffic beside a channelled call that still sends: a lane of
                 # its own (fabric.timemodel.LinkEnd.post; docs/model/time.md, "A put beside a collective")
-                stamp = self.uplink.post(at, at, timed)
+                stamp = self.uplink.post(at, at, timed)  # type: ignore[arg-type]  # LinkEnd books float raw bytes (a degraded link's); fabric annotates int
                 if stamp is not None:
                     beside = stamp[1] - self.uplink.latency_ns
             if stamp is None and not served:
-                stamp = self.uplink.send(at, at, timed, lane)
+                stamp = self.uplink.send(at, at, timed, lane)  # type: ignore[arg-type]  # LinkEnd books float raw bytes (a degraded link's); fabric annotates int
+        assert stamp is not None  # reserved, or served, posted or sent just above
         if not served:
             self.program_bytes[0] += packet.payload_bytes
         packet = packet.but(t_start=stamp[0], t_end=stamp[1])
@@ -90,7 +97,7 @@ class GpuLinks:
                               "wall": time.time()})
         return self.rx_seq
 
-    def consume(self, packet: Packet, seq: int, sender: int | None, program: bool, lane: tuple[int, int] | None) -> float:
+    def consume(self, packet: Packet, seq: int | None, sender: int | None, program: bool, lane: tuple[int, int] | None) -> float:
         """Put transfer `seq` (from GPU `sender`; None: a switch's own) on the downlink; returns when its last
         byte arrived (ns). `program`: consumed by the program, in program order, on `lane`; else served as the
         host delivered it, on the served lane (fabric.timemodel.LinkEnd)."""
@@ -98,14 +105,14 @@ class GpuLinks:
         start, end = packet.t_start, packet.t_end
         lane = lane if program else None  # a channel's receive: its lane of the downlink
         if self.inbound is not None and sender is not None and sender // self.config.gpus_per_node != self.leaf:
-            timed = raw
+            timed: float = raw
             if self._spine_faults:  # the node's uplink lost its down links' part (fabric.faults)
                 topology = self.config.topology
                 timed = raw * spine_links_scale(self.plan, self.leaf, topology.nodes, topology.spines, start, up=False)
-            start, end = self.inbound.book(start, end, timed, served=not program)
+            start, end = self.inbound.book(start, end, timed, served=not program)  # type: ignore[arg-type]  # as above: float raw bytes
             # its burst on the faster downlink, ending with its last byte (docs/model/time.md)
             start = max(start, end - raw / self.downlink.lane_bandwidth(lane))
-        start, end = self.downlink.book(start, end, self.link_time(self.rx, packet.payload_bytes, start, raw),
+        start, end = self.downlink.book(start, end, self.link_time(self.rx, packet.payload_bytes, start, raw),  # type: ignore[arg-type]  # LinkEnd books float raw bytes (a degraded link's); fabric annotates int
                                         served=not program, lane=lane)
         if program:
             self.program_bytes[1] += packet.payload_bytes

@@ -1,8 +1,12 @@
 """A GPU's buffers bound for the switch's LOADs (NVLS): the switch load-reduces them through a multicast group, and
 the GPU serves each LOAD in program order from the buffer bound under its key."""
 
+from typing import Any, cast
+
+import numpy as np
+
 from nvlink_emu.fabric.errors import AccessViolation
-from nvlink_emu.fabric.packets import Packet
+from nvlink_emu.fabric.packets import LoadInfo, Packet
 
 GIVEN_UP_KEPT = 64  # bound buffers a GPU gave up (take) whose late LOADs it still refuses at once
 
@@ -13,7 +17,7 @@ class BoundBuffers:
 
     def __init__(self, rank: int, unserved):
         self.rank, self.unserved = rank, unserved
-        self.bound: dict[tuple, object] = {}      # buffer key -> bytes the switch may LOAD (uint8 array)
+        self.bound: dict[tuple, Any] = {}        # buffer key -> bytes the switch may LOAD (uint8 array)
         self.filed: dict[tuple, tuple] = {}       # (group, buffer key, slot) -> (LOAD, its downlink seq) until served
         self.given_up: dict[tuple, None] = {}     # (group, buffer key) a refused LOAD gave up, latest last
 
@@ -28,13 +32,14 @@ class BoundBuffers:
             return
         del self.bound[key]
 
-    def file(self, packet: Packet, seq: int) -> None:
+    def file(self, packet: Packet, seq: int | None) -> None:
         """A LOAD came from the switch: filed until the program serves it, or refused at once if its buffer
         was given up."""
-        if (packet.info.group, packet.info.source) in self.given_up:
+        info = cast(LoadInfo, packet.info)  # a LOAD carries a LoadInfo (Packet checks the record of its kind)
+        if (info.group, info.source) in self.given_up:
             self.unserved(packet)
         else:
-            self.filed[(packet.info.group, packet.info.source, packet.info.slot)] = (packet, seq)
+            self.filed[(info.group, info.source, info.slot)] = (packet, seq)
 
     def came(self, lookup: tuple) -> bool:
         """Whether the LOAD `lookup` (group, key, slot) came and waits to be served."""
@@ -46,7 +51,7 @@ class BoundBuffers:
             raise AccessViolation(f"GPU {self.rank}: {requester}'s load-reduce (slot {list(slot)}): the buffer bound "
                                   f"as {list(key)} was given up after a LOAD past its end; not served")
 
-    def take(self, lookup: tuple, requester: str) -> tuple[Packet, int, object]:
+    def take(self, lookup: tuple, requester: str) -> tuple[Packet, int | None, np.ndarray]:
         """(LOAD, seq, the bytes it reads) of the filed LOAD `lookup` (group, key, slot). A LOAD past the buffer's
         end (a requester's range, which the switch cannot check: it does not know the buffer) gives the buffer
         up: it is unbound, this LOAD and every other of it, come or to come, is answered with the notice

@@ -55,11 +55,11 @@ class Mailbox:
         credit what was taken at once, or as soon as something is."""
         bound = (sender, cls)
         if sender is not None and cls in (MAILBOX_P2P, MAILBOX_FABRIC):
-            self._ever_held.add(bound)
+            self._ever_held.add((sender, cls))
         if bound in self._taken:
             self._credit(bound)
         elif sender is not None and cls in (MAILBOX_P2P, MAILBOX_FABRIC):
-            self._credit_asked.add(bound)
+            self._credit_asked.add((sender, cls))
 
     def _credit(self, bound: tuple[int, int]) -> None:
         """Tell the switch what the program took of a (sender, mailbox class)'s messages

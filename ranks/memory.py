@@ -45,6 +45,7 @@ class Allocations:
                               f"the very array gpu.alloc returned, once)")
         offset = entry[1]
         block = self.device.allocation_at(offset)
+        assert block is not None  # the offset of a live allocation
         end = block[0] + block[1]
         live = [h for start, size, h in self.exports if start < end and offset < start + size]
         if live:

@@ -1,12 +1,14 @@
 """A GPU's one-sided access through the switch: puts and gets of a window (NVLink Network) or a physical address
 (classic), what they wait for, and the refusals they raise."""
 
+from typing import cast
+
 import numpy as np
 
 from nvlink_emu.fabric import errors
 from nvlink_emu.fabric.addressing import Handle
 from nvlink_emu.fabric.errors import AccessViolation, FabricError, UnsupportedOperation
-from nvlink_emu.fabric.packets import WIRE_INT_MAX, Kind, Packet
+from nvlink_emu.fabric.packets import WIRE_INT_MAX, Kind, NackInfo, Packet
 
 from .callcheck import is_integer
 
@@ -113,8 +115,9 @@ class OneSided:
             del self.gets[req]
             self.replies[req] = packet
             return None
+        info = cast(NackInfo, packet.info)
         try:
-            raise_remote(packet.info.error, packet.info.message, f"GPU {self.gpu.rank}: {what or packet.info.kind}")
+            raise_remote(info.error, info.message, f"GPU {self.gpu.rank}: {what or info.kind}")
         except FabricError as exc:
             if what:
                 self.refusals.append(exc)

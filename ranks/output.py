@@ -29,11 +29,11 @@ class LineWriter(io.TextIOBase):
             self._fd = None
 
     @property
-    def encoding(self) -> str:
+    def encoding(self) -> str:  # type: ignore[override]  # typeshed: a TextIOBase attribute; read-only in io's own
         return getattr(self._out, "encoding", None) or "utf-8"
 
     @property
-    def errors(self) -> str:
+    def errors(self) -> str:  # type: ignore[override]  # as encoding
         return getattr(self._out, "errors", None) or "strict"
 
     def writable(self) -> bool:

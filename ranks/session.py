@@ -65,8 +65,8 @@ def send_delay(text: str | None) -> tuple[int, float] | None:
     if not text:
         return None
     try:
-        seed, most_ms = text.split(":")
-        seed, most = int(seed), float(most_ms) / 1e3
+        seed_text, most_ms = text.split(":")
+        seed, most = int(seed_text), float(most_ms) / 1e3
         if not (math.isfinite(most) and most >= 0):
             raise ValueError
     except ValueError:
@@ -129,6 +129,7 @@ def run_fabric(config: FabricConfig, main, timeout_s: float = DEFAULT_TIMEOUT_S,
             trace = open_trace(trace_dir, transport, config, role, addresses, timeout_s)
         if role == "gpu":
             leaf = config.gpus + transport.rank // config.gpus_per_node
+            assert control is not None  # a GPU's (split_roles)
             gpu = Gpu(config, transport, control, leaf, addresses, timeout_s, trace)
             with lines_on_stdout(None if stdout_prefix is None else stdout_prefix.format(gpu=transport.rank)):
                 value = call_main(main, gpu)

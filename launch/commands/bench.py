@@ -55,15 +55,15 @@ def cmd_bench(args, script_args) -> int:
     if args.plot is not None:
         check_plot(args.plot)
     if args.compare:
-        rows, status = sweep_presets(args, configs)
+        by_preset, status = sweep_presets(args, configs)
         if status:
             return status
-        print_comparison(args.collective, presets, rows, args.json)
-        series = {f"{name} ({', '.join(dict.fromkeys(r['algorithm'] for r in rows[name]))})": rows[name]
+        print_comparison(args.collective, presets, by_preset, args.json)
+        series = {f"{name} ({', '.join(dict.fromkeys(r['algorithm'] for r in by_preset[name]))})": by_preset[name]
                   for name in presets}
         title = f"{args.collective} on {next(iter(configs.values())).gpus} GPUs per preset: modeled bus bandwidth"
     else:
-        rows = []
+        rows: list[dict] = []
         expected = len(bench_sizes(args))
 
         def on_row(row):
@@ -141,7 +141,7 @@ def sweep_presets(args, configs: dict) -> tuple[dict, int]:
     """The same sweep on each of `configs` (name: FabricConfig), with progress on stderr: (rows per name,
     exit status of the first job that failed, or 0)."""
     progress = Progress(f"bench {args.collective}", len(bench_sizes(args)) * len(configs))
-    rows = {}
+    rows: dict[str, list] = {}
     with tempfile.TemporaryDirectory(prefix="nvlink-emu-bench-") as workdir:
         for name, config in configs.items():
             rows[name] = []

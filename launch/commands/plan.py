@@ -66,7 +66,7 @@ def cmd_plan(args, script_args=None) -> int:
         topo = config.topology if config.nodes > 1 else Topology.single(config)
         check_sizes(plan, args.size, 4)  # the elements at this size, as the ranks check them before they run it
         links = plan_link_bytes(plan, topo, args.size, config)
-        events = [] if args.output is not None else None
+        events: list | None = [] if args.output is not None else None
         ns = plan_ns(plan, topo, args.size, config, events=events)
     except FabricError as exc:
         print(f"nvlink-emu: error: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -113,7 +113,7 @@ def _from_dlpack(obj) -> np.ndarray:
     if count == 0 or not tensor.data:
         return np.zeros(0, dtype)
     memory = (ctypes.c_char * (count * dtype.itemsize)).from_address(tensor.data + tensor.byte_offset)
-    return np.frombuffer(memory, dtype)
+    return np.frombuffer(memory, dtype)  # type: ignore[call-overload]  # a ctypes array is a buffer; numpy's stubs omit it
 
 
 def _from_cai(interface: dict) -> np.ndarray:
@@ -334,6 +334,8 @@ def message_vector(msg, readonly: bool, blocks: int, null: bool = False) -> Mess
 class Memory(np.ndarray):
     """Bytes as mpi4py's MPI.buffer (what Alloc_mem and Win.tomemory return): a uint8 array, format "B",
     never false; `_block`: the gpu.alloc array it is (Alloc_mem), for Free_mem."""
+
+    _block: np.ndarray | None
 
     @classmethod
     def over(cls, array: np.ndarray, block=None) -> "Memory":

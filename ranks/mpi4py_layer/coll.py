@@ -1,5 +1,8 @@
 """Collectives in the layer: Comm's buffer calls on the fabric's collectives, and the pickle-based ones."""
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from nvlink_emu.fabric.reduction import blocks
@@ -12,9 +15,14 @@ from .ops import SUM, Op, native_reduction, reduce_rows
 from .p2p import _pickled, _unpickle, _who
 from .requests import Request, _Collective, _request
 
+if TYPE_CHECKING:
+    from ..comm import Communicator
+
 
 class Collectives:
     """Comm's collective calls (a part of MPI.Comm, over its emulator communicator `_emu`)."""
+
+    _live: Callable[[str], "Communicator"]      # Comm's: its emulator communicator, or ERR_COMM
 
     def _root(self, root, call: str) -> int:
         size = self._live(call).size
@@ -64,10 +72,10 @@ class Collectives:
         send = message_simple(sendbuf, True, null=not is_root, blocks=emu.size)
         in_place = is_root and is_in_place(recvbuf)
         recv = None if in_place else message_simple(recvbuf, False)
-        count = send.count if in_place else recv.count
-        dtype = (send if in_place else recv).base
+        count = send.count if in_place else recv.count  # type: ignore[union-attr]  # recv is None only in place
+        dtype = (send if in_place else recv).base  # type: ignore[union-attr]  # as above
         staged = _stage(send.pack(0, send.count * emu.size)) if is_root else None
-        out = _staging(count * (send.elements if in_place else recv.elements), dtype)
+        out = _staging(count * (send.elements if in_place else recv.elements), dtype)  # type: ignore[union-attr]  # as above
         part = emu.iscatter(staged, out, root)
 
         def finish():
@@ -148,15 +156,15 @@ class Collectives:
         is_root = emu.rank == root
         recv = message_vector(recvbuf, False, emu.size, null=not is_root) if is_root else None
         if is_root and is_in_place(sendbuf):
-            mine = (recv.displs[emu.rank], recv.counts[emu.rank])
+            mine = (recv.displs[emu.rank], recv.counts[emu.rank])  # type: ignore[union-attr]  # recv is None only off the root
             send_blocks = [(0, 0)] * emu.size
             send_blocks[root] = mine
-            recv_blocks = list(zip(recv.displs, recv.counts))
+            recv_blocks = list(zip(recv.displs, recv.counts))  # type: ignore[union-attr]  # as above
             return self._vector("Gatherv", send_blocks, recv, recv_blocks, recv)
         send = message_simple(sendbuf, True)
         send_blocks = [(0, 0)] * emu.size
         send_blocks[root] = (0, send.count)
-        recv_blocks = list(zip(recv.displs, recv.counts)) if is_root else None
+        recv_blocks = list(zip(recv.displs, recv.counts)) if is_root else None  # type: ignore[union-attr, assignment]  # as above
         return self._vector("Gatherv", send_blocks, send, recv_blocks, recv)
 
     def Gatherv(self, sendbuf, recvbuf, root: int = 0) -> None:
@@ -166,9 +174,9 @@ class Collectives:
         emu, root = self._live("Scatterv"), self._root(root, "Scatterv")
         is_root = emu.rank == root
         send = message_vector(sendbuf, True, emu.size) if is_root else None
-        send_blocks = list(zip(send.displs, send.counts)) if is_root else None
+        send_blocks = list(zip(send.displs, send.counts)) if is_root else None  # type: ignore[union-attr]  # send is None only off the root
         if is_root and is_in_place(recvbuf):
-            send_blocks[root] = (0, 0)  # the root's block stays where it is
+            send_blocks[root] = (0, 0)  # type: ignore[index]  # the root's block stays where it is (None: off the root)
             return self._vector("Scatterv", send_blocks, send, None, None)
         recv = message_simple(recvbuf, False)
         recv_blocks = [(0, 0)] * emu.size
@@ -246,10 +254,10 @@ class Collectives:
         out = _staging(values.size * emu.size, values.dtype)
         part = emu.iallgather(staged, out, _algorithm("allgather"))
 
-        def finish():
+        def finish_combined():
             recv.unpack(reduce_rows(op, out.reshape(emu.size, -1)) if values.size else values)
             _free(staged, out)
-        return _request(_Collective([part], finish))
+        return _request(_Collective([part], finish_combined))
 
     def Allreduce(self, sendbuf, recvbuf, op=None) -> None:
         self.Iallreduce(sendbuf, recvbuf, op).Wait()
@@ -280,11 +288,11 @@ class Collectives:
         out = _staging(values.size * emu.size, values.dtype) if is_root else None
         part = emu.igather(staged, out, root)
 
-        def finish():
+        def finish_combined():
             if is_root:
                 recv.unpack(reduce_rows(op, out.reshape(emu.size, -1)) if values.size else values)
             _free(staged, out)
-        return _request(_Collective([part], finish))
+        return _request(_Collective([part], finish_combined))
 
     def Reduce(self, sendbuf, recvbuf, op=None, root: int = 0) -> None:
         self.Ireduce(sendbuf, recvbuf, op, root).Wait()
@@ -320,11 +328,11 @@ class Collectives:
         out = _staging(mine * n, values.dtype)
         part = emu.iall2allv(staged, sizes, out, [mine] * n)
 
-        def finish():
+        def finish_combined():
             if mine:
                 recv.unpack(reduce_rows(op, out.reshape(n, -1)), 0, counts[emu.rank])
             _free(staged, out)
-        return _request(_Collective([part], finish))
+        return _request(_Collective([part], finish_combined))
 
     def Ireduce_scatter_block(self, sendbuf, recvbuf, op=None) -> Request:
         op = SUM if op is None else op
@@ -412,7 +420,8 @@ class Collectives:
         staged = _stage(np.concatenate(data))
         out = _staging(int(expected[expected > 0].sum()), np.uint8)
         emu.iall2allv(staged, [max(int(s), 0) for s in lengths], out, [max(int(s), 0) for s in expected]).wait()
-        result, at = [], 0
+        result: list[np.ndarray | None] = []
+        at: int | np.integer = 0  # a count of expected's (int64) once a piece came
         for size in expected:
             if size < 0:
                 result.append(None)
@@ -451,7 +460,7 @@ class Collectives:
             items = list(sendobj)
             if len(items) != emu.size:
                 raise ValueError(f"scatter: expecting {emu.size} items, got {len(items)}")
-            pieces = [_pickled(item) for item in items]
+            pieces: list[np.ndarray | None] = [_pickled(item) for item in items]
         else:
             pieces = [None] * emu.size
         got = self._varying("scatter", pieces, lambda j: emu.rank == root if j >= 0 else (-1 - j) == root)

@@ -164,7 +164,7 @@ class Comm(PointToPoint, Collectives, _Handle):
         emu.free()
         if self._engine in _ctx.engines:
             _ctx.engines.remove(self._engine)
-        self._emu = self._engine = None
+        self._emu = self._engine = None  # type: ignore[assignment]  # COMM_NULL (PointToPoint._engine)
 
     def Disconnect(self):
         self.Free()

@@ -214,4 +214,4 @@ def typecode_datatype(code: str) -> Datatype:
     return dtype_datatype(np.dtype(code))
 
 
-Datatype.fromcode = staticmethod(typecode_datatype)
+Datatype.fromcode = staticmethod(typecode_datatype)  # type: ignore[attr-defined]  # mpi4py's name, set here

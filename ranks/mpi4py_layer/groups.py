@@ -55,7 +55,7 @@ class Group(_Mpi4pyNames):
     def __eq__(self, other):
         return isinstance(other, Group) and other._members == self._members
 
-    __hash__ = None
+    __hash__ = None  # type: ignore[assignment]  # unhashable: __eq__ compares members
 
 
 GROUP_EMPTY = Group()

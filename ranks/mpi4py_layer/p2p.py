@@ -3,6 +3,8 @@
 import builtins
 import pickle as _pickle
 import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -11,6 +13,9 @@ from .constants import ANY_SOURCE, ANY_TAG, ENVELOPE_BYTES, ERR_RANK, ERR_TAG, E
 from .context import _ctx, _free, _gpu, _has_message, _peek_message, _poll, _progress_until, _staging
 from .errors import Exception, MalformedMessage, _unsupported  # noqa: A004 - MPI.Exception
 from .requests import Prequest, Request, _Op, _request
+
+if TYPE_CHECKING:
+    from ..comm import Communicator
 
 
 # What the unexpected queue of a communicator keeps taken, per source member: past either bound, its arrived
@@ -321,6 +326,9 @@ class _Pair(_Op):
 
 class PointToPoint:
     """Comm's point-to-point calls (a part of MPI.Comm, over its `_engine`)."""
+
+    _engine: "_Engine"                          # Comm's (None on COMM_NULL, which _live refuses before a use)
+    _live: Callable[[str], "Communicator"]      # Comm's: its emulator communicator, or ERR_COMM
 
     def _peer(self, rank, call: str, any_ok: bool = False) -> int:
         size = self._live(call).size

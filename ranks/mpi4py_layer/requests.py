@@ -1,5 +1,8 @@
 """MPI.Status and MPI.Request in the layer, and the pending operations behind a request."""
 
+from collections.abc import Callable
+from typing import Any
+
 from .constants import ANY_SOURCE, ANY_TAG, SUCCESS, UNDEFINED
 from .context import _progress_until
 from .datatypes import BYTE
@@ -262,6 +265,8 @@ class _Op:
 
     envelope = (ANY_SOURCE, ANY_TAG, 0)
     result = None
+    wait: Callable[[], Any]    # each kind's own
+    test: Callable[[], bool]
 
     def cancel(self):
         pass

@@ -10,14 +10,43 @@ on its own window, Sync and Free. `Win.Allocate` (and `Create` over GPU memory: 
 `MPI.emulated_gpu().alloc`'s) is the GPU region itself: WIN_UNIFIED, `tomemory()` is that memory.
 """
 
+import collections
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from .constants import ERR_GROUP, ERR_LOCKTYPE, LOCK_EXCLUSIVE, LOCK_SHARED, TAG
 from .errors import _error
 
+if TYPE_CHECKING:
+    from ..comm import Communicator
+    from ..gpu import Gpu
+
 
 class Epochs:
     """Win's synchronisation calls (a part of MPI.Win)."""
+
+    # what these calls use of the window, which Win._make sets (rma_ops.Operations, win.Win)
+    _wid: str | None                  # None: WIN_NULL (freed)
+    _gpu: "Gpu"
+    _emu: "Communicator"              # the communicator's emulated one (control exchanges)
+    _members: tuple[int, ...]         # GPU of each group rank
+    _rank: int                        # this GPU's group rank
+    _region: np.ndarray               # this GPU's part (uint8, GPU memory): the public copy
+    _user: np.ndarray | None          # the program's buffer (separate model), or None (unified)
+    _snapshot: np.ndarray | None      # _user as of the last merge
+    _holders: dict[int, int]
+    _waiting: collections.deque
+    _answers: dict[int, tuple]
+    _posts: collections.Counter
+    _completes: collections.Counter
+    _numbers: Iterator[int]
+    _access: tuple
+    _exposure: tuple
+    _live: Callable[[str], Any]       # Win's methods
+    _target: Callable[[Any, str], int | None]
+    _serve: Callable[..., list]
 
     def _merge(self) -> None:
         """Make the private and public copies the same (separate model): bytes the program stored since
@@ -27,7 +56,7 @@ class Epochs:
         stored = self._user != self._snapshot
         self._region[stored] = self._user[stored]
         self._user[:] = self._region
-        self._snapshot[:] = self._region
+        self._snapshot[:] = self._region  # type: ignore[index]  # set with _user (Win._make)
 
     def Fence(self, assertion: int = 0) -> None:
         """End one epoch and start the next (collective): every member's Puts and accumulates of the

@@ -11,6 +11,8 @@ call of the layer (any blocking wait serves it).
 """
 
 import ast
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,11 +25,33 @@ from .errors import Exception, _error  # noqa: A004 - MPI.Exception
 from .ops import NO_OP, SUM, Op
 from .requests import _Collective, _request
 
+if TYPE_CHECKING:
+    from ..gpu import Gpu
+
 PREDEFINED_OPS = ("SUM", "PROD", "MAX", "MIN", "LAND", "BAND", "LOR", "BOR", "LXOR", "BXOR", "MAXLOC", "MINLOC")
 
 
 class Operations:
     """Win's data movement calls (a part of MPI.Win) and the target's read-modify-write."""
+
+    # what these calls use of the window, which Win._make sets (rma_epochs.Epochs, win.Win)
+    _wid: str | None                  # None: WIN_NULL (freed)
+    _gpu: "Gpu"
+    _members: tuple[int, ...]         # GPU of each group rank
+    _rank: int                        # this GPU's group rank
+    _flavor: int                      # WIN_FLAVOR_*
+    _region: np.ndarray               # this GPU's part (uint8, GPU memory)
+    _answers: dict[int, tuple]
+    _numbers: Iterator[int]
+    _slot: int                        # bytes of each member's slot in this GPU's inbox
+    _inbox: np.ndarray
+    _inboxes: list                    # each member's inbox target, by group rank
+    _sizes: list[int]                 # each member's part in bytes
+    _units: list[int]                 # and its displacement unit
+    _slots: list[int]                 # and its inbox slot's bytes
+    _target: Callable[[Any, str], int | None]  # Win's methods
+    _reach: Callable[[int, int, int, str], tuple]
+    _block_at: Callable[[int, int], tuple | None]
 
     def _layout(self, rank, target, msg, call: str) -> tuple[int, np.ndarray | None, np.dtype, int]:
         """(byte offset in the target's window, base-element indices from there or None if contiguous,
@@ -119,7 +143,10 @@ class Operations:
         rank = self._target(target_rank, call)
         fetch = result is not None
         ignore_origin = op is NO_OP and fetch
-        res = message_simple(result, readonly=False, null=rank is None) if fetch else None
+        # res (a Message, None when not fetching), msg and values below are None only where their uses are
+        # skipped (by fetch, ignore_origin, compare): Any, as a type checker does not follow these flags
+        res: Any = message_simple(result, readonly=False, null=rank is None) if fetch else None
+        msg: Any
         if ignore_origin and (origin is None or single):
             msg = res if not single else _checked_single(call, origin, res, "origin")
         else:
@@ -141,7 +168,7 @@ class Operations:
         if fetch and (res.count * res.elements != elements or res.base != base):
             raise _error(ERR_TYPE, f"MPI.Win.{call}: the result buffer holds {res.count} x {res.datatype}, "
                                         f"the operation {elements} elements of {base}")
-        values = None if ignore_origin else msg.pack().reshape(-1)
+        values: Any = None if ignore_origin else msg.pack().reshape(-1)
         if compare is not None:
             values = np.concatenate([values, message_simple(compare, readonly=True).pack().reshape(-1)])
         old = np.empty(elements, base)
@@ -151,7 +178,8 @@ class Operations:
             pieces = None if values is None else values[first:last]
             if compare is not None:
                 pieces = np.concatenate([values[first:last], values[elements + first:elements + last]])
-            fetched = self._remote_rmw(rank, call, "CAS" if compare is not None else op.name, base, offset,
+            # op is None only for Compare_and_swap, whose compare is given
+            fetched = self._remote_rmw(rank, call, "CAS" if compare is not None else op.name, base, offset,  # type: ignore[union-attr]
                                        None if index is None else index[first:last], first, last, pieces, fetch)
             if fetch:
                 old[first:last] = fetched

@@ -149,4 +149,4 @@ def unbind() -> None:
     _ctx.gpu = _ctx.real = None
     _ctx.engines = []
     for target in (COMM_WORLD, COMM_SELF):
-        target._emu = target._engine = None
+        target._emu = target._engine = None  # type: ignore[assignment]  # COMM_NULL (PointToPoint._engine)

@@ -12,6 +12,7 @@ Synchronisation and the memory model: rma_epochs.py; Put, Get, accumulates: rma_
 
 import collections
 import itertools
+from typing import Any
 
 import numpy as np
 
@@ -34,7 +35,7 @@ from .rma_ops import Operations
 
 open_windows: dict[str, "Win"] = {}                  # window id -> this GPU's live window
 _made: collections.Counter = collections.Counter()  # communicator name -> windows made on it (ids)
-refused = collections.Counter()              # requests this GPU's windows dropped: {reason: count}
+refused: collections.Counter = collections.Counter()  # requests this GPU's windows dropped: {reason: count}
 
 
 class NotOnWindows(UnsupportedOperation, NotImplementedError):
@@ -53,6 +54,16 @@ class Win(Epochs, Operations, _Handle):
     """MPI.Win over GPU windows (see the docstrings of this module, rma_epochs and rma_ops)."""
 
     _mpi4py, _held = "Win", "_wid"
+
+    # set by _make, beside what Epochs and Operations declare
+    _name: str
+    _comm: Any                        # the Comm it was made on
+    _owned: bool                      # _region was allocated for the window (freed with it)
+    _model: int                       # WIN_SEPARATE or WIN_UNIFIED
+    _targets: list                    # each member's window target (Handle, physical address or None)
+    _attached: list                   # dynamic: (address, block, window target)
+    _info: Info | None
+    _errhandler: Errhandler | None
 
     def __init__(self, win=None):
         if win is not None and not isinstance(win, Win):
@@ -189,14 +200,14 @@ class Win(Epochs, Operations, _Handle):
         win._units = [entry[3] for entry in everyone]
         win._slots = [entry[4] for entry in everyone]
         # as a target: locks held and asked for; as an origin: answers and notices received
-        win._holders: dict[int, int] = {}                 # GPU -> lock type it holds here
-        win._waiting: collections.deque = collections.deque()  # (GPU, number, type) queued for the lock
-        win._answers: dict[int, tuple] = {}               # request number -> (status, bytes)
+        win._holders = {}                                 # GPU -> lock type it holds here
+        win._waiting = collections.deque()                # (GPU, number, type) queued for the lock
+        win._answers = {}                                 # request number -> (status, bytes)
         win._posts, win._completes = collections.Counter(), collections.Counter()  # GPU -> notices
         win._numbers = itertools.count(1)
         win._access, win._exposure = (), ()               # PSCW: GPUs of Start, of Post
         win._info = None
-        win._attached: list = []                           # dynamic: (address, block, window target)
+        win._attached = []                                 # dynamic: (address, block, window target)
         win._errhandler = None
         open_windows[wid] = win
         gpu.serve_messages(TAG, serve)  # the one server of every window of this GPU (set again: the same)
@@ -215,7 +226,7 @@ class Win(Epochs, Operations, _Handle):
         gpu.free(self._inbox)
         if self._owned:
             gpu.free(self._region)
-        del open_windows[self._wid]
+        del open_windows[self._wid]  # type: ignore[arg-type]  # not None: _live("Free") checked it
         self._wid = None
 
     free = Free
@@ -328,7 +339,8 @@ class Win(Epochs, Operations, _Handle):
                 if isinstance(target, Handle) else [2, int(target), 0, 0, 0]
             return [(sender, (*answer, 0), np.array([*fields, base], np.int64).view(np.uint8))]
         if verb == "rmw":
-            status, reply = self._rmw(sender, *args, data)
+            # args: the request's six fields (opname ... has_operand: Operations._remote_rmw sends them)
+            status, reply = self._rmw(sender, *args, data)  # type: ignore[call-arg]
             return [(sender, (*answer, status), reply)]
         refused["unknown request"] += 1
         return []
@@ -365,7 +377,7 @@ def _in_gpu_memory(gpu, user: np.ndarray):
     return memory[start:start + user.nbytes]
 
 
-def _expose(gpu, region: np.ndarray, members: tuple):
+def _expose(gpu, region: np.ndarray, members: tuple[int, ...]):
     """What other members use to reach `region`: a Handle exported to exactly `members` (NVLink
     Network, or classic nodes joined by InfiniBand), else its physical address; None if empty."""
     if not region.nbytes:

@@ -4,8 +4,9 @@ took); a sender's MSG past either bound is parked, with the later ones of its pa
 (MAX_PARKED*); a message a receiver's program waits for goes past the bounds."""
 
 from collections import deque
+from typing import cast
 
-from nvlink_emu.fabric.packets import Packet
+from nvlink_emu.fabric.packets import MsgInfo, Packet
 
 from ..transport import MAILBOX_PEER_BYTES, MAILBOX_PEER_MESSAGES, WANTED, mailbox_class
 from .queues import MAX_PARKED, MAX_PARKED_BYTES, MAX_WANTED, Waiting
@@ -54,11 +55,12 @@ class Mailboxes:
         bounds for `source` (a first message, of any size, always goes), or must wait behind parked ones of its
         pair and class (unless `parked_ok`: it is the first of them); and whether to ask the receiver for its
         credit now (once: it credits at half a bound, or when asked)."""
+        key = cast(MsgInfo, packet.info).key  # a MSG carries a MsgInfo (Packet checks the record of its kind)
         if self.wanted:
             wanted = self.wanted.get(receiver)
-            if wanted and (source, packet.info.key) in wanted:
+            if wanted and (source, key) in wanted:
                 return False, False
-        pair = (source, receiver, mailbox_class(packet.info.key))
+        pair = (source, receiver, mailbox_class(key))
         if not parked_ok and pair in self.parked:
             return True, False
         used = self.used.get(pair)
@@ -88,8 +90,10 @@ class Mailboxes:
             del wanted[next(iter(wanted))]
         for cls in (0, 1):
             queue = self.parked.get((sender, receiver, cls))
-            for entry in queue or ():
-                if entry.packet.info.key == key:
+            if queue is None:
+                continue
+            for entry in queue:
+                if cast(MsgInfo, entry.packet.info).key == key:  # parked: MSGs
                     queue.remove(entry)  # behind one whose payload is being received (SwitchRank._unpark)
                     queue.insert(1 if queue and queue[0].request is not None else 0, entry)
                     return
@@ -101,7 +105,7 @@ class Mailboxes:
 
     def park(self, source: int, receiver: int, entry: Waiting) -> None:
         """Set checked MSG `entry` of GPU `source` for `receiver` apart until its mailbox has room."""
-        pair = (source, receiver, mailbox_class(entry.packet.info.key))
+        pair = (source, receiver, mailbox_class(cast(MsgInfo, entry.packet.info).key))  # parked: MSGs
         self.parked.setdefault(pair, deque()).append(entry)
         used = self.parked_size.setdefault(source, [0, 0])
         used[0] += entry.size

@@ -14,13 +14,15 @@ Ranks of the fabric's communicator: GPUs 0..G-1 (GPU index = rank), then switch 
 
 import math
 import time
+from collections.abc import Sequence
+from typing import Any, cast
 
 import numpy as np
 
 from nvlink_emu.fabric.config import FabricConfig
 from nvlink_emu.fabric.counters import downlink, merge_reports, uplink
 from nvlink_emu.fabric.errors import FabricError, FabricTimeout, ProtocolError
-from nvlink_emu.fabric.packets import MAX_GPU_HEADER_BYTES, CountersInfo, Kind, Packet, TraceInfo
+from nvlink_emu.fabric.packets import MAX_GPU_HEADER_BYTES, CountersInfo, Kind, McastInfo, MsgInfo, Packet, TraceInfo
 from nvlink_emu.fabric.budget import port_share_bytes
 from nvlink_emu.fabric.switch import Send, SpineLogic, SwitchLogic
 
@@ -53,9 +55,12 @@ class SwitchRank:
         self.config = config
         self.index = transport.rank - config.gpus  # switch index: leaves 0..N-1, then spines
         self.spine = self.index >= config.nodes
-        self.logic = SpineLogic(config, self.index) if self.spine else SwitchLogic(config, self.index)
+        # a leaf's SwitchLogic or a spine's SpineLogic: their interfaces differ, and the code below picks by
+        # self.spine, which a type checker does not follow
+        self.logic: Any = SpineLogic(config, self.index) if self.spine else SwitchLogic(config, self.index)
         self.switches = switches  # the switch ranks among themselves (end of run); None: this one alone
-        self.gpus = () if self.spine else self.logic.local  # GPUs attached here (their ranks)
+        # GPUs attached here (their ranks)
+        self.gpus: Sequence[int] = () if self.spine else cast(SwitchLogic, self.logic).local
         # the switches this one takes packets from, by rank: a spine's leaves, a leaf's spines
         peers = range(config.nodes) if self.spine else range(config.nodes, config.switches)
         self._peer_of = {config.gpus + s: s for s in peers}
@@ -170,7 +175,7 @@ class SwitchRank:
         over, ask = self.mailboxes.must_wait(source, receiver, packet, parked_ok)
         if ask:
             self._send_all([Send(receiver, Packet(Kind.CREDIT, self.logic.route_key(source), packet.dst,
-                                                  req=mailbox_class(packet.info.key)))], -1)
+                                                  req=mailbox_class(cast(MsgInfo, packet.info).key)))], -1)
         return over
 
     def _park(self, source: int, entry: Waiting) -> None:
@@ -268,8 +273,9 @@ class SwitchRank:
                 raise ProtocolError(f"switch {self.index}: a header of more than {MAX_HEADER_BYTES} bytes from "
                                     f"switch {self._peer_of[source]}")
             self.taken_from_switches += 1
-            header, inline = unframe(data, MAX_HEADER_BYTES)  # a switch's packet: a bad one is a bug, and
-            packet = Packet.from_wire(header)                 # ends the run
+            # a switch's packet: a bad one is a bug, and ends the run
+            header, inline = unframe(data, MAX_HEADER_BYTES)
+            packet = Packet.from_wire(header)  # type: ignore[arg-type]  # msgpack reads any buffer; fabric annotates bytes
         elif source in self.gpus:
             if data is None:
                 self._refuse(source, ProtocolError(f"switch: a header of more than {MAX_GPU_HEADER_BYTES} bytes from "
@@ -277,7 +283,7 @@ class SwitchRank:
                 return
             try:  # a GPU's header leaves room for what the switches write into it (fabric.packets)
                 header, inline = unframe(data, MAX_GPU_HEADER_BYTES)
-                packet = Packet.from_wire(header)
+                packet = Packet.from_wire(header)  # type: ignore[arg-type]  # as above
             except ProtocolError as exc:
                 self._refuse(source, ProtocolError(f"switch: from GPU {source}: {exc}"))
                 return
@@ -417,7 +423,7 @@ class SwitchRank:
             gpu = self.logic.gpu_of_key(packet.src)
             if gpu is None:
                 raise ProtocolError(f"switch {self.index}: TRACE from switch {peer} for {packet.src!r}, no GPU's")
-            self.records.set(gpu, packet.info.on, exclude=peer)
+            self.records.set(gpu, cast(TraceInfo, packet.info).on, exclude=peer)
             return
         if peer is not None and packet.kind is Kind.CREDIT:
             self._on_credit(packet)
@@ -431,7 +437,7 @@ class SwitchRank:
             if store and self.spine and not sends:  # dropped here (its group was released on the way): the
                 # credit its leaf took for each member of the other nodes comes back from here
                 charge = self.credits.charge(packet.payload_bytes)
-                for port in self.logic.dropped_store_ports(packet.info.group, origin):
+                for port in self.logic.dropped_store_ports(cast(McastInfo, packet.info).group, origin):
                     self._to_switch(self.credits.leaf_rank(origin) - self.config.gpus,
                                     Packet(Kind.CREDIT, self.logic.route_key(port), packet.src, nbytes=charge))
                 return
@@ -441,7 +447,8 @@ class SwitchRank:
                 charge = self.credits.charge(packet.payload_bytes)
                 self._send_all(sends, origin, transit=charge)
                 delivered = {send.port for send in sends}
-                lost = [port for port in self.logic.store_targets(packet.info.group) if port not in delivered]
+                lost = [port for port in self.logic.store_targets(cast(McastInfo, packet.info).group)
+                        if port not in delivered]
                 for port in lost:
                     self.credits.owe(origin, port, charge)
                 if lost:
@@ -458,12 +465,12 @@ class SwitchRank:
             origin = -1 if origin is None else origin
             if self.trace is not None:
                 self.records.record("rx", f"sw{peer}->sw{self.index}", packet, origin)
-            charge = self.credits.charge(packet.payload_bytes) if origin >= 0 and not self.spine else None
-            self._send_all(sends, origin, transit=charge)
-            if charge is not None and not any(send.port in self.gpus for send in sends):
+            held = self.credits.charge(packet.payload_bytes) if origin >= 0 and not self.spine else None
+            self._send_all(sends, origin, transit=held)
+            if held is not None and not any(send.port in self.gpus for send in sends):
                 # refused here (a request the target's Link TLB refused): nothing goes down to the target,
                 # and the origin leaf counted it against its credit for the target's port
-                self.credits.owe(origin, self.logic.gpu_of_key(packet.dst), charge)
+                self.credits.owe(origin, self.logic.gpu_of_key(packet.dst), held)
                 self.credits.return_drained()
             return
         kind = packet.kind
@@ -481,14 +488,14 @@ class SwitchRank:
             self._done.discard(source)  # it said DONE too early: it is still at work
             self._busy_after_done = True
         if kind is Kind.TRACE:  # a GPU's word on its own traffic's records only
-            self.records.set(source, packet.info.on)
+            self.records.set(source, cast(TraceInfo, packet.info).on)
             return
         if kind is Kind.COUNTERS:
             if not self._asked_counters or source in self._counters:
                 self._refuse(source, ProtocolError(f"COUNTERS from GPU {source}: the switch did not ask for "
                                                    f"them (or has them already)"), packet)
             else:
-                self._counters[source] = packet.info
+                self._counters[source] = cast(CountersInfo, packet.info)
             return
         if self.trace is None:
             self._send_all(self.logic.on_packet(source, packet, payload, checked), source)
@@ -569,6 +576,7 @@ class SwitchRank:
                     for port in self.logic.remote_members(send.packet.info.group):
                         self.credits.take(port, nbytes)
             if self.trace is not None and send.packet.kind.counted:
+                assert link is not None  # named above when tracing
                 self.records.record("tx", link, send.packet, source if send.origin is None else send.origin)
         if self.logic.events:
             self.records.write_events(self.logic.events)

@@ -1,13 +1,14 @@
 """A switch rank's share of the run's report, at the end of the run."""
 
 import dataclasses
+from collections.abc import Sequence
 
 from nvlink_emu.fabric.config import FabricConfig
 from nvlink_emu.fabric.counters import LinkStats, check_gpu_links, downlink, uplink
 from nvlink_emu.fabric.errors import FabricError
 
 
-def report_part(config: FabricConfig, index: int, logic, gpus: tuple, counters: dict) -> dict:
+def report_part(config: FabricConfig, index: int, logic, gpus: Sequence[int], counters: dict) -> dict:
     """This switch's share of the run's report (merged by fabric.counters.merge_reports): its links,
     its ports, and its GPUs' records. Byte conservation is checked link by link against what each GPU
     says it counted: a GPU's word is not trusted, so a mismatch is reported against that GPU's links

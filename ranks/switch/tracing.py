@@ -101,7 +101,9 @@ class Records:
         config = self.config
         start, end = packet.t_start, packet.t_end
         if ev == "tx" and "->gpu" not in link:  # to a switch, stamped at its far end: on the link, a latency earlier
-            start, end = start - config.uplink_latency_ns, end - config.uplink_latency_ns
+            latency = config.uplink_latency_ns
+            assert latency is not None  # a link between switches: a fabric of several nodes, whose config sets it
+            start, end = start - latency, end - latency
         self.trace.write({"ev": ev, "link": link, "seq": seq, "kind": packet.kind.name, "origin": origin,
                           "src": packet.src, "dst": packet.dst, "payload": packet.payload_bytes,
                           "raw": raw_bytes(packet.payload_bytes, config.mtu_bytes, config.header_bytes),

@@ -223,7 +223,7 @@ class Exchange:
             slot[8:8 + len(data)] = np.frombuffer(data, np.uint8)
         self._slot = slot
         self._slots = np.empty((self._size, INLINE_BYTES), np.uint8)
-        self._long = None  # (counts of the second step, its buffer, its send buffer)
+        self._long: tuple | None = None  # (counts of the second step, its buffer, its send buffer)
         self.parts: list | None = None  # when done: each member's bytes, or its unusable length (int)
         self.failed: ProtocolError | None = None  # what MPI reported, if it did
         self.on_step = lambda: None  # called when the second collective is posted (the waiter's back-off)
@@ -272,7 +272,8 @@ class Exchange:
         return True
 
     def _finish(self, out, counts) -> None:
-        parts, offset = [], 0
+        parts: list[int | bytes] = []
+        offset = 0
         for member, (n, ok, count) in enumerate(zip(self._lengths, self._usable, counts)):
             if not ok:
                 parts.append(n)
@@ -282,7 +283,7 @@ class Exchange:
                 parts.append(self._slots[member, 8:8 + n].tobytes())
             offset += count
         self.parts = parts
-        self._slots = self._long = None
+        self._slots = self._long = None  # type: ignore[assignment]  # done: nothing reads them again
 
 
 class _Round:

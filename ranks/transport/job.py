@@ -8,6 +8,7 @@ import socket
 import sys
 import tempfile
 import time
+from typing import NoReturn
 
 import numpy as np
 from mpi4py import MPI
@@ -50,7 +51,7 @@ def complete(request, timeout_s: float, late: str) -> None:
         idle()
 
 
-def abort_job(code: int = 1) -> None:
+def abort_job(code: int = 1) -> NoReturn:
     """End every rank of the job now (after the caller printed its report)."""
     sys.stdout.flush()
     sys.stderr.flush()

@@ -137,7 +137,7 @@ class Transport:
         if payload is not None and inline:
             message = frame(header, payload)
             requests = [self.comm.Isend([message, MPI.BYTE], dest, TAG_HEADER)]
-            buffers = (message, payload)  # its payload's bytes are pending as a payload message's would be
+            buffers: tuple = (message, payload)  # its payload's bytes are pending as a payload message's would be
         else:
             requests = [self.comm.Isend([header, MPI.BYTE], dest, TAG_HEADER)]
             if payload is not None:
@@ -164,6 +164,7 @@ class Transport:
         """Up to `most` credits waiting from any rank: (source rank, sender GPU, class, bytes, messages) each, or
         for a want (send_want) (source rank, sender GPU, WANTED, key); one of another size, or a want whose key
         does not decode, is dropped."""
+        got: list[tuple]
         got, status, size = [], self._status, _CREDIT * 8
         while len(got) < most and self.comm.Iprobe(MPI.ANY_SOURCE, TAG_CREDIT, status):
             source, count = status.Get_source(), status.Get_count(MPI.BYTE)
@@ -442,7 +443,7 @@ class Transport:
 
 def frame(header: bytes, payload: np.ndarray) -> bytes:
     """One message of `header` and its `payload` bytes (contiguous): an inline frame (module docstring)."""
-    return b"".join((_FRAME.pack(INLINE_MARK, len(header)), header, payload))
+    return b"".join((_FRAME.pack(INLINE_MARK, len(header)), header, payload))  # type: ignore[arg-type]  # an array is a buffer
 
 
 def unframe(data, limit: int | None = None) -> tuple[memoryview | bytearray, np.ndarray | None]:
