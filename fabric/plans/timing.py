@@ -42,7 +42,7 @@ def packed(sizes) -> list[tuple[int, int]]:
     return out
 
 
-def _base(plan: Plan, S: int, itemsize: int, g: int) -> dict[str, list[tuple[int, int]]]:
+def _base(plan: Plan, S: int, itemsize: int, g: int, memo: dict | None = None) -> dict[str, list[tuple[int, int]]]:
     """GPU g's input and output chunks, element ranges: reduce_scatter's and scatter's output and allgather's
     and gather's input are GPU g's block of the whole (fabric.reduction.blocks(count, n)[g], as the API sizes
     them; gather's and scatter's blocks are equal); a plan's own chunk sizes where it gives them (S unused)."""
@@ -55,7 +55,16 @@ def _base(plan: Plan, S: int, itemsize: int, g: int) -> dict[str, list[tuple[int
         lo, hi = blocks(count, plan.gpus)[g]
         elements = {"i": count, "o": hi - lo} if plan.collective in ("reduce_scatter", "scatter") else \
             {"i": hi - lo, "o": count}
-    return {b: cut(elements[b], program.chunks_of(b), plan.groups, plan.piece) for b in ("i", "o")}
+    out = {}
+    for b in ("i", "o"):
+        key = (elements[b], program.chunks_of(b))
+        table = None if memo is None else memo.get(key)
+        if table is None:
+            table = cut(elements[b], key[1], plan.groups, plan.piece)
+            if memo is not None:
+                memo[key] = table
+        out[b] = table
+    return out
 
 
 def cut(count: int, k: int, groups: int = 1, piece: int = 0) -> list[tuple[int, int]]:
@@ -95,7 +104,8 @@ def _chunk_tables(plan: Plan, S: int, itemsize: int) -> tuple[dict[str, list[tup
     (received, copied or reduced, in the validator's order of a symbolic run: fabric.plans.validate), so
     that a chunk of an uneven buffer fits where it lands; one nothing writes, the larger buffer's longest
     chunk."""
-    tables = [_base(plan, S, itemsize, g) for g in range(plan.gpus)]
+    memo: dict = {}  # every GPU of most plans cuts its buffers alike: one cut (a list, shared, read-only)
+    tables = [_base(plan, S, itemsize, g, memo) for g in range(plan.gpus)]
     if plan.programs[0].elements is not None:  # sized by the plan (the validator: every GPU's or none)
         for g, program in enumerate(plan.programs):
             tables[g]["s"] = packed(program.elements[2])
@@ -445,40 +455,46 @@ def _send_rounds(plan: Plan) -> list[list[tuple[int, int, Ref]]]:
 
 
 def _round_visitor(plan: Plan):
-    """(visit, out): a walk visitor that puts (round, receiver, chunks sent) of each send in out[GPU]."""
+    """(visit, out): a walk visitor that puts (round, receiver, chunks sent) of each send in out[GPU]. A chunk
+    is an int key (chunk << 2 | buffer), a GPU's phases a dict by its line: no tuple an operation."""
     n = plan.gpus
-    lanes, inplace = plan.lanes > 1, plan.inplace
-    phase: dict[tuple[int, int], int] = {}
-    after: list[dict[tuple[str, int], int]] = [{} for _ in range(n)]  # GPU -> (buffer, chunk) -> round + 1
+    lanes = plan.lanes > 1
+    buffer_of = {"i": 0, "o": 0 if plan.inplace else 1, "s": 2}  # in place, "o" and "i" are one buffer
+    phase: list[dict[int, int]] = [{} for _ in range(n)]  # GPU -> line (its channel on lanes, else 0) -> flushes
+    after: list[dict[int, int]] = [{} for _ in range(n)]  # GPU -> chunk key -> round + 1
     out: list[list] = [[] for _ in range(n)]
 
     def ready(g, ref):  # the first round the data of chunks `ref` may be sent in
-        held, buf = after[g], "i" if inplace and ref.buf == "o" else ref.buf
+        held, b = after[g], buffer_of[ref.buf]
         if ref.cnt == 1:
-            return held.get((buf, ref.off), 0)
-        return max(held.get((buf, c), 0) for c in ref.chunk_ids())
+            return held.get(ref.off << 2 | b, 0)
+        return max(held.get(c << 2 | b, 0) for c in range(ref.off, ref.off + ref.cnt))
 
     def mark(g, ref, k):
-        held, buf = after[g], "i" if inplace and ref.buf == "o" else ref.buf
-        for c in ref.chunk_ids():
-            if held.get((buf, c), 0) < k:
-                held[(buf, c)] = k
+        held, b = after[g], buffer_of[ref.buf]
+        for c in range(ref.off, ref.off + ref.cnt):
+            key = c << 2 | b
+            if held.get(key, 0) < k:
+                held[key] = k
 
     def visit(g, step, op, came):  # a message is the round it was sent in
         kind = op.kind
         if kind == "flush":
-            line = (g, op.channel if lanes else 0)
-            phase[line] = phase.get(line, 0) + 1
+            line, lines = op.channel if lanes else 0, phase[g]
+            lines[line] = lines.get(line, 0) + 1
             return None
         if came is not None and op.dst is not None and kind != "recv_reduce_send":
             mark(g, op.dst, came + 1)
         if kind == "copy" or kind == "reduce":
             mark(g, op.dst, ready(g, op.src))
-        if kind not in SENDS:
+        if kind not in _SENDING:
             return None
         source = op.src if kind == "send" or kind == "recv_reduce_send" else op.dst
-        k = max(phase.get((g, op.channel if lanes else 0), 0), ready(g, source), 0 if came is None else came + 1)
+        k = max(phase[g].get(op.channel if lanes else 0, 0), ready(g, source), 0 if came is None else came + 1)
         out[g].append((k, op.send_to, source))
         return k
 
     return visit, out
+
+
+_SENDING = frozenset(SENDS)
