@@ -109,38 +109,47 @@ def _ops(plan: Plan) -> None:
 _SEND_KINDS, _RECV_KINDS = frozenset(SENDS), frozenset(RECVS)
 
 
-def _in(ref, sizes) -> bool:
-    size = sizes.get(ref.buf)
-    return size is not None and ref.cnt >= 1 and ref.off >= 0 and ref.off + ref.cnt <= size
+# kind -> (needs a src, needs a dst, sends, receives, folds): _fine's one lookup an operation
+_SPEC = {kind: ("src" in needs, "dst" in needs, kind in _SEND_KINDS, kind in _RECV_KINDS, kind in REDUCING)
+         for kind, needs in _NEEDS.items()}
 
 
 def _fine(op, g, step, n, sizes, lanes) -> bool:
     """Whether `op` keeps rule 2 (False: maybe not; _check_op decides)."""
     kind = op.kind
-    needs = _NEEDS.get(kind) if type(kind) is str else None
-    if needs is None:  # unknown, or in the switch
+    spec = _SPEC.get(kind) if type(kind) is str else None
+    if spec is None:  # unknown, or in the switch
         return False
+    needs_src, needs_dst, sends, receives, folds = spec
     src, dst = op.src, op.dst
-    if ("src" in needs) != (src is not None) or ("dst" in needs) != (dst is not None):
+    if needs_src:
+        if src is None or src.cnt < 1 or src.off < 0 or src.off + src.cnt > sizes.get(src.buf, -1):
+            return False
+    elif src is not None:
         return False
-    if op.incoming_first is not False and (op.incoming_first is not True or kind not in REDUCING):
+    if needs_dst:
+        if dst is None or dst.cnt < 1 or dst.off < 0 or dst.off + dst.cnt > sizes.get(dst.buf, -1):
+            return False
+    elif dst is not None:
         return False
-    if ("src" in needs and not _in(src, sizes)) or ("dst" in needs and not _in(dst, sizes)):
+    first = op.incoming_first
+    if first is not False and (first is not True or not folds):
         return False
     to, frm = op.send_to, op.recv_from
-    if kind in _SEND_KINDS:
+    if sends:
         if to is None or not 0 <= to < n or to == g:
             return False
     elif to is not None:
         return False
-    if kind in _RECV_KINDS:
+    if receives:
         if frm is None or not 0 <= frm < n or frm == g:
             return False
     elif frm is not None:
         return False
     if lanes is not None and not 0 <= op.channel < lanes:
         return False
-    return type(op.deps) is tuple and all(0 <= d < step for d in op.deps)
+    deps = op.deps
+    return type(deps) is tuple and (not deps or all(0 <= d < step for d in deps))
 
 
 def _check_op(plan: Plan, g: int, step: int, op) -> None:
@@ -264,6 +273,8 @@ def _run(plan: Plan) -> _State:
         row = plan.programs[g].elements["ios".index(ref.buf)]
         return tuple(row[c] for c in ref.chunk_ids())
 
+    bufs = state.bufs
+
     def visit(g, step, op, received):
         message = None
         if received is not None:
@@ -272,16 +283,24 @@ def _run(plan: Plan) -> _State:
             if len(message) != ref.cnt:
                 raise PlanError(f"{_where(g, step, op, ref.off)}: receives {ref.cnt} chunks, GPU "
                                 f"{op.recv_from} step {sender_step} sent {len(message)}")
-            if sizes != size_of(g, ref):
+            if sized and sizes != size_of(g, ref):
                 raise PlanError(f"{_where(g, step, op, ref.off)}: receives chunks of {list(size_of(g, ref))} "
                                 f"elements, GPU {op.recv_from} step {sender_step} sent {list(sizes)}")
-        if op.kind in LOCAL and size_of(g, op.src) != size_of(g, op.dst):
+        kind, out = op.kind, None
+        if sized and kind in LOCAL and size_of(g, op.src) != size_of(g, op.dst):
             raise PlanError(f"{_where(g, step, op, op.dst.off)}: {op.kind} of chunks of {list(size_of(g, op.src))} "
                             f"elements into chunks of {list(size_of(g, op.dst))}")
-        kind, out = op.kind, None
+        if kind == "send":  # the commonest: its chunks' values, read as state.read does
+            src = op.src
+            out = bufs[g][src.buf][src.off:src.off + src.cnt]
+            if None in out:
+                out = state.read(g, step, op, src)  # names the chunk nothing wrote
+            return step, out, size_of(g, src) if sized else None
         if kind == "recv":
-            state.write(g, op.dst, message)
-        elif kind == "recv_reduce":
+            dst = op.dst
+            bufs[g][dst.buf][dst.off:dst.off + dst.cnt] = message
+            return None
+        if kind == "recv_reduce":
             state.write(g, op.dst, state.fold(g, step, op, op.dst, message))
         elif kind == "recv_copy_send":
             state.write(g, op.dst, message)
@@ -291,8 +310,6 @@ def _run(plan: Plan) -> _State:
             state.write(g, op.dst, out)
         elif kind == "recv_reduce_send":
             out = _combine(state.read(g, step, op, op.src), message, g, step, op, plan)
-        elif kind == "send":
-            out = state.read(g, step, op, op.src)
         elif kind == "copy":
             if op.src.cnt != op.dst.cnt:
                 raise PlanError(f"{_where(g, step, op, op.dst.off)}: copies {op.src.cnt} chunks into {op.dst.cnt}")
