@@ -300,6 +300,19 @@ def _run(plan: Plan) -> _State:
             dst = op.dst
             bufs[g][dst.buf][dst.off:dst.off + dst.cnt] = message
             return None
+        if kind == "flush" or kind == "nop":
+            return None
+        if kind == "recv_reduce" and op.dst.cnt == 1:  # one chunk: state.fold's union, inline, if it adds no twice
+            dst = op.dst
+            row = bufs[g][dst.buf]
+            have = row[dst.off]
+            if have is not None:
+                (xl, xb), (yl, yb) = have, message[0]
+                lo, a, b = (xl, xb, yb) if xl == yl else (xl, xb, yb << (yl - xl)) if xl < yl else \
+                    (yl, xb << (xl - yl), yb)  # _aligned
+                if not a & b:
+                    row[dst.off] = (lo, a | b)
+                    return None
         if kind == "recv_reduce":
             state.write(g, op.dst, state.fold(g, step, op, op.dst, message))
         elif kind == "recv_copy_send":
