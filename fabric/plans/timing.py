@@ -484,13 +484,23 @@ def _round_visitor(plan: Plan):
             lines[line] = lines.get(line, 0) + 1
             return None
         if came is not None and op.dst is not None and kind != "recv_reduce_send":
-            mark(g, op.dst, came + 1)
+            dst = op.dst
+            if dst.cnt == 1:  # mark's one chunk, inline (the commonest)
+                held, key = after[g], dst.off << 2 | buffer_of[dst.buf]
+                if held.get(key, 0) <= came:
+                    held[key] = came + 1
+            else:
+                mark(g, dst, came + 1)
         if kind == "copy" or kind == "reduce":
             mark(g, op.dst, ready(g, op.src))
         if kind not in _SENDING:
             return None
         source = op.src if kind == "send" or kind == "recv_reduce_send" else op.dst
-        k = max(phase[g].get(op.channel if lanes else 0, 0), ready(g, source), 0 if came is None else came + 1)
+        if source.cnt == 1:  # ready's one chunk, inline
+            first = after[g].get(source.off << 2 | buffer_of[source.buf], 0)
+        else:
+            first = ready(g, source)
+        k = max(phase[g].get(op.channel if lanes else 0, 0), first, 0 if came is None else came + 1)
         out[g].append((k, op.send_to, source))
         return k
 
