@@ -109,6 +109,11 @@ def _ops(plan: Plan) -> None:
 _SEND_KINDS, _RECV_KINDS = frozenset(SENDS), frozenset(RECVS)
 
 
+def _in(ref, sizes) -> bool:
+    size = sizes.get(ref.buf)
+    return size is not None and ref.cnt >= 1 and ref.off >= 0 and ref.off + ref.cnt <= size
+
+
 # kind -> (needs a src, needs a dst, sends, receives, folds): _fine's one lookup an operation
 _SPEC = {kind: ("src" in needs, "dst" in needs, kind in _SEND_KINDS, kind in _RECV_KINDS, kind in REDUCING)
          for kind, needs in _NEEDS.items()}
@@ -117,11 +122,11 @@ _SPEC = {kind: ("src" in needs, "dst" in needs, kind in _SEND_KINDS, kind in _RE
 def _fine(op, g, step, n, sizes, lanes) -> bool:
     """Whether `op` keeps rule 2 (False: maybe not; _check_op decides)."""
     kind = op.kind
-    spec = _SPEC.get(kind) if type(kind) is str else None
-    if spec is None:  # unknown, or in the switch
+    needs = _NEEDS.get(kind) if type(kind) is str else None
+    if needs is None:  # unknown, or in the switch
         return False
-    needs_src, needs_dst, sends, receives, folds = spec
     src, dst = op.src, op.dst
+    needs_src, needs_dst, sends, receives, folds = _SPEC[kind]  # needs, peers and fold in one lookup
     if needs_src:
         if src is None or src.cnt < 1 or src.off < 0 or src.off + src.cnt > sizes.get(src.buf, -1):
             return False
@@ -266,14 +271,13 @@ def _combine(values, message, g, step, op, plan):
 def _run(plan: Plan) -> _State:
     state = _State(plan)
     sized = plan.programs[0].elements is not None
+    bufs = state.bufs
 
     def size_of(g, ref):  # the element counts of a run of chunks, if the plan gives them
         if not sized:
             return None
         row = plan.programs[g].elements["ios".index(ref.buf)]
         return tuple(row[c] for c in ref.chunk_ids())
-
-    bufs = state.bufs
 
     def visit(g, step, op, received):
         message = None
@@ -286,11 +290,8 @@ def _run(plan: Plan) -> _State:
             if sized and sizes != size_of(g, ref):
                 raise PlanError(f"{_where(g, step, op, ref.off)}: receives chunks of {list(size_of(g, ref))} "
                                 f"elements, GPU {op.recv_from} step {sender_step} sent {list(sizes)}")
-        kind, out = op.kind, None
-        if sized and kind in LOCAL and size_of(g, op.src) != size_of(g, op.dst):
-            raise PlanError(f"{_where(g, step, op, op.dst.off)}: {op.kind} of chunks of {list(size_of(g, op.src))} "
-                            f"elements into chunks of {list(size_of(g, op.dst))}")
-        if kind == "send":  # the commonest: its chunks' values, read as state.read does
+        kind = op.kind  # the commonest kinds first, as the chain below runs them:
+        if kind == "send":  # its chunks' values, read as state.read does
             src = op.src
             out = bufs[g][src.buf][src.off:src.off + src.cnt]
             if None in out:
@@ -313,7 +314,13 @@ def _run(plan: Plan) -> _State:
                 if not a & b:
                     row[dst.off] = (lo, a | b)
                     return None
-        if kind == "recv_reduce":
+        if op.kind in LOCAL and size_of(g, op.src) != size_of(g, op.dst):
+            raise PlanError(f"{_where(g, step, op, op.dst.off)}: {op.kind} of chunks of {list(size_of(g, op.src))} "
+                            f"elements into chunks of {list(size_of(g, op.dst))}")
+        kind, out = op.kind, None
+        if kind == "recv":
+            state.write(g, op.dst, message)
+        elif kind == "recv_reduce":
             state.write(g, op.dst, state.fold(g, step, op, op.dst, message))
         elif kind == "recv_copy_send":
             state.write(g, op.dst, message)
@@ -323,6 +330,8 @@ def _run(plan: Plan) -> _State:
             state.write(g, op.dst, out)
         elif kind == "recv_reduce_send":
             out = _combine(state.read(g, step, op, op.src), message, g, step, op, plan)
+        elif kind == "send":
+            out = state.read(g, step, op, op.src)
         elif kind == "copy":
             if op.src.cnt != op.dst.cnt:
                 raise PlanError(f"{_where(g, step, op, op.dst.off)}: copies {op.src.cnt} chunks into {op.dst.cnt}")
