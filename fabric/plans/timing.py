@@ -42,7 +42,7 @@ def packed(sizes) -> list[tuple[int, int]]:
     return out
 
 
-def _base(plan: Plan, S: int, itemsize: int, g: int) -> dict[str, list[tuple[int, int]]]:
+def _base(plan: Plan, S: int, itemsize: int, g: int, memo: dict | None = None) -> dict[str, list[tuple[int, int]]]:
     """GPU g's input and output chunks, element ranges: reduce_scatter's and scatter's output and allgather's
     and gather's input are GPU g's block of the whole (fabric.reduction.blocks(count, n)[g], as the API sizes
     them; gather's and scatter's blocks are equal); a plan's own chunk sizes where it gives them (S unused)."""
@@ -55,7 +55,16 @@ def _base(plan: Plan, S: int, itemsize: int, g: int) -> dict[str, list[tuple[int
         lo, hi = blocks(count, plan.gpus)[g]
         elements = {"i": count, "o": hi - lo} if plan.collective in ("reduce_scatter", "scatter") else \
             {"i": hi - lo, "o": count}
-    return {b: cut(elements[b], program.chunks_of(b), plan.groups, plan.piece) for b in ("i", "o")}
+    out = {}
+    for b in ("i", "o"):
+        key = (elements[b], program.chunks_of(b))
+        table = None if memo is None else memo.get(key)
+        if table is None:
+            table = cut(elements[b], key[1], plan.groups, plan.piece)
+            if memo is not None:
+                memo[key] = table
+        out[b] = table
+    return out
 
 
 def cut(count: int, k: int, groups: int = 1, piece: int = 0) -> list[tuple[int, int]]:
@@ -95,7 +104,8 @@ def _chunk_tables(plan: Plan, S: int, itemsize: int) -> tuple[dict[str, list[tup
     (received, copied or reduced, in the validator's order of a symbolic run: fabric.plans.validate), so
     that a chunk of an uneven buffer fits where it lands; one nothing writes, the larger buffer's longest
     chunk."""
-    tables = [_base(plan, S, itemsize, g) for g in range(plan.gpus)]
+    memo: dict = {}  # every GPU of most plans cuts its buffers alike: one cut (a list, shared, read-only)
+    tables = [_base(plan, S, itemsize, g, memo) for g in range(plan.gpus)]
     if plan.programs[0].elements is not None:  # sized by the plan (the validator: every GPU's or none)
         for g, program in enumerate(plan.programs):
             tables[g]["s"] = packed(program.elements[2])
@@ -207,41 +217,58 @@ _READ_BY_SEND = {"send": "src", "recv_copy_send": "dst", "recv_reduce_copy_send"
 
 def _with_flushes(plan: Plan, g: int) -> list:
     """with_flushes' list: a flush on each channel (in channel order) with an unflushed send that reads a
-    chunk the operation writes; without lanes one flush (channel 0) for all."""
+    chunk the operation writes; without lanes one flush (channel 0) for all. A chunk is an int key (chunk
+    << 2 | buffer) and the channels reading it a bit set: no tuple or set a send (2.6 million operations at
+    256 GPUs)."""
     inplace, lanes = plan.inplace, plan.lanes > 1  # on lanes a flush waits for its channel's sends only
-    held: dict[int, list] = {}            # channel (0 without lanes) -> the (buffer, chunk) its sends read
-    readers: dict[tuple, set] = {}        # (buffer, chunk) -> the channels whose unflushed sends read it
+    held: dict[int, list] = {}            # channel (0 without lanes) -> the chunk keys its sends read
+    readers: dict[int, int] = {}          # chunk key -> the bit set of channels whose unflushed sends read it
     out = []
+    append = out.append
+    buffer_of = {"i": 0, "o": 1, "s": 2}
+    if inplace:
+        buffer_of["o"] = 0  # "o" and "i" are one buffer
 
     def flushed(c):
+        keep = ~(1 << c)
         for key in held.pop(c, ()):
-            channels = readers.get(key)
-            if channels is not None:
-                channels.discard(c)
-                if not channels:
+            bits = readers.get(key)
+            if bits is not None:
+                bits &= keep
+                if bits:
+                    readers[key] = bits
+                else:
                     del readers[key]
 
     for op in plan.programs[g].ops:
         kind = op.kind
         if readers and kind in _WRITES:
-            buf = "i" if inplace and op.dst.buf == "o" else op.dst.buf
-            hit: set = set()
-            for k in op.dst.chunk_ids():
-                hit.update(readers.get((buf, k), ()))
-            for c in sorted(hit):
-                out.append(Op("flush", channel=c))
-                flushed(c)
-        out.append(op)
+            dst = op.dst
+            b = buffer_of[dst.buf]
+            hit = 0
+            for k in range(dst.off, dst.off + dst.cnt):
+                hit |= readers.get(k << 2 | b, 0)
+            c = 0
+            while hit:
+                if hit & 1:
+                    append(Op("flush", channel=c))
+                    flushed(c)
+                hit >>= 1
+                c += 1
+        append(op)
         if kind == "flush":
             flushed(op.channel if lanes else 0)
         elif kind in _READ_BY_SEND:
-            ref = getattr(op, _READ_BY_SEND[kind])
+            ref = op.src if kind == "send" else op.dst
             c = op.channel if lanes else 0
-            buf = "i" if inplace and ref.buf == "o" else ref.buf
-            keys = held.setdefault(c, [])
-            for k in ref.chunk_ids():
-                keys.append((buf, k))
-                readers.setdefault((buf, k), set()).add(c)
+            b, bit = buffer_of[ref.buf], 1 << c
+            keys = held.get(c)
+            if keys is None:
+                keys = held[c] = []
+            for k in range(ref.off, ref.off + ref.cnt):
+                key = k << 2 | b
+                keys.append(key)
+                readers[key] = readers.get(key, 0) | bit
     return out
 
 
@@ -249,6 +276,10 @@ def lane_of(plan: Plan):
     """channel -> its lane (c, C) on the link clocks (fabric.programs), None without lanes (Plan.lanes)."""
     C = plan.lanes
     return (lambda c: (c, C)) if C > 1 else (lambda c: None)
+
+
+# kind -> 1 receives, 2 sends, 3 (1 | 2) receives and sends on, 4 a flush; the others time nothing
+_ROLE = {kind: (1 if kind in RECVS else 0) | (2 if kind in SENDS else 0) for kind in RECVS + SENDS} | {"flush": 4}
 
 
 def messages(plan: Plan, S: int, itemsize: int, chunk: int):
@@ -260,34 +291,48 @@ def messages(plan: Plan, S: int, itemsize: int, chunk: int):
     ends with a flush on every lane and a "join" (ranks/collectives/plan.py: the same)."""
     lane_at = lane_of(plan)
     lanes = [lane_at(c) for c in range(plan.lanes)] if plan.lanes > 1 else None
+    n_gpus = plan.gpus
 
     def program(g):
         table = spans(plan, S, itemsize, g)
-        sent, taken = {}, {}
+        sent, taken = {}, {}  # channel n + peer -> the last message number on that channel and pair
         pieces: dict[tuple[int, int], list[int]] = {}  # element range -> its messages' bytes
         for op in with_flushes(plan, g):
-            kind = op.kind
-            lane = lanes[op.channel] if lanes else None
-            if kind in RECVS:
-                m = taken[(op.recv_from, op.channel)] = taken.get((op.recv_from, op.channel), -1) + 1
-            if kind in SENDS:
-                n = sent[(op.send_to, op.channel)] = sent.get((op.send_to, op.channel), -1) + 1
-            if kind in RECVS or kind in SENDS:
-                ref = (op.dst if op.dst is not None else op.src) if kind in RECVS else op.src
-                where = span(table, ref)
-                sizes = pieces.get(where)
-                if sizes is None:
-                    sizes = pieces[where] = [(hi - lo) * itemsize for lo, hi in chunks(*where, chunk)]
-                if kind in RECVS:
-                    for k, nbytes in enumerate(sizes):
-                        yield ("recv", op.recv_from, (op.channel, m, k), lane)
-                        if kind in SENDS:  # forwarded at once (a recv_*_send sends what it received into)
-                            yield ("send", op.send_to, (op.channel, n, k), nbytes, lane)
-                else:
-                    for k, nbytes in enumerate(sizes):
-                        yield ("send", op.send_to, (op.channel, n, k), nbytes, lane)
-            elif kind == "flush":
-                yield ("flush", lane)
+            role = _ROLE.get(op.kind)
+            if role is None:
+                continue  # local: no modeled time
+            if role == 4:
+                yield ("flush", lanes[op.channel] if lanes else None)
+                continue
+            channel = op.channel
+            lane = lanes[channel] if lanes else None
+            if role & 1:  # receives
+                key = channel * n_gpus + op.recv_from
+                m = taken[key] = taken.get(key, -1) + 1
+                ref = op.dst if op.dst is not None else op.src
+            else:
+                ref = op.src
+            if role & 2:  # sends
+                key = channel * n_gpus + op.send_to
+                n = sent[key] = sent.get(key, -1) + 1
+            rows = table[ref.buf]
+            where = (rows[ref.off][0], rows[ref.off + ref.cnt - 1][1])
+            sizes = pieces.get(where)
+            if sizes is None:
+                sizes = pieces[where] = [(hi - lo) * itemsize for lo, hi in chunks(*where, chunk)]
+            if role == 1:
+                frm = op.recv_from
+                for k in range(len(sizes)):
+                    yield ("recv", frm, (channel, m, k), lane)
+            elif role == 2:
+                to = op.send_to
+                for k, nbytes in enumerate(sizes):
+                    yield ("send", to, (channel, n, k), nbytes, lane)
+            else:  # forwarded at once (a recv_*_send sends what it received into)
+                frm, to = op.recv_from, op.send_to
+                for k, nbytes in enumerate(sizes):
+                    yield ("recv", frm, (channel, m, k), lane)
+                    yield ("send", to, (channel, n, k), nbytes, lane)
         if plan.lanes > 1:  # every channel's sends have left; the GPU's clock is the latest channel's
             for c in range(plan.lanes):
                 yield ("flush", lane_at(c))
@@ -410,40 +455,56 @@ def _send_rounds(plan: Plan) -> list[list[tuple[int, int, Ref]]]:
 
 
 def _round_visitor(plan: Plan):
-    """(visit, out): a walk visitor that puts (round, receiver, chunks sent) of each send in out[GPU]."""
+    """(visit, out): a walk visitor that puts (round, receiver, chunks sent) of each send in out[GPU]. A chunk
+    is an int key (chunk << 2 | buffer), a GPU's phases a dict by its line: no tuple an operation."""
     n = plan.gpus
-    lanes, inplace = plan.lanes > 1, plan.inplace
-    phase: dict[tuple[int, int], int] = {}
-    after: list[dict[tuple[str, int], int]] = [{} for _ in range(n)]  # GPU -> (buffer, chunk) -> round + 1
+    lanes = plan.lanes > 1
+    buffer_of = {"i": 0, "o": 0 if plan.inplace else 1, "s": 2}  # in place, "o" and "i" are one buffer
+    phase: list[dict[int, int]] = [{} for _ in range(n)]  # GPU -> line (its channel on lanes, else 0) -> flushes
+    after: list[dict[int, int]] = [{} for _ in range(n)]  # GPU -> chunk key -> round + 1
     out: list[list] = [[] for _ in range(n)]
 
     def ready(g, ref):  # the first round the data of chunks `ref` may be sent in
-        held, buf = after[g], "i" if inplace and ref.buf == "o" else ref.buf
+        held, b = after[g], buffer_of[ref.buf]
         if ref.cnt == 1:
-            return held.get((buf, ref.off), 0)
-        return max(held.get((buf, c), 0) for c in ref.chunk_ids())
+            return held.get(ref.off << 2 | b, 0)
+        return max(held.get(c << 2 | b, 0) for c in range(ref.off, ref.off + ref.cnt))
 
     def mark(g, ref, k):
-        held, buf = after[g], "i" if inplace and ref.buf == "o" else ref.buf
-        for c in ref.chunk_ids():
-            if held.get((buf, c), 0) < k:
-                held[(buf, c)] = k
+        held, b = after[g], buffer_of[ref.buf]
+        for c in range(ref.off, ref.off + ref.cnt):
+            key = c << 2 | b
+            if held.get(key, 0) < k:
+                held[key] = k
 
     def visit(g, step, op, came):  # a message is the round it was sent in
         kind = op.kind
         if kind == "flush":
-            line = (g, op.channel if lanes else 0)
-            phase[line] = phase.get(line, 0) + 1
+            line, lines = op.channel if lanes else 0, phase[g]
+            lines[line] = lines.get(line, 0) + 1
             return None
         if came is not None and op.dst is not None and kind != "recv_reduce_send":
-            mark(g, op.dst, came + 1)
+            dst = op.dst
+            if dst.cnt == 1:  # mark's one chunk, inline (the commonest)
+                held, key = after[g], dst.off << 2 | buffer_of[dst.buf]
+                if held.get(key, 0) <= came:
+                    held[key] = came + 1
+            else:
+                mark(g, dst, came + 1)
         if kind == "copy" or kind == "reduce":
             mark(g, op.dst, ready(g, op.src))
-        if kind not in SENDS:
+        if kind not in _SENDING:
             return None
         source = op.src if kind == "send" or kind == "recv_reduce_send" else op.dst
-        k = max(phase.get((g, op.channel if lanes else 0), 0), ready(g, source), 0 if came is None else came + 1)
+        if source.cnt == 1:  # ready's one chunk, inline
+            first = after[g].get(source.off << 2 | buffer_of[source.buf], 0)
+        else:
+            first = ready(g, source)
+        k = max(phase[g].get(op.channel if lanes else 0, 0), first, 0 if came is None else came + 1)
         out[g].append((k, op.send_to, source))
         return k
 
     return visit, out
+
+
+_SENDING = frozenset(SENDS)

@@ -115,6 +115,11 @@ def _in(ref, sizes) -> bool:
     return size is not None and ref.cnt >= 1 and ref.off >= 0 and ref.off + ref.cnt <= size
 
 
+# kind -> (needs a src, needs a dst, sends, receives, folds): _fine's one lookup an operation
+_SPEC = {kind: ("src" in needs, "dst" in needs, kind in _SEND_KINDS, kind in _RECV_KINDS, kind in REDUCING)
+         for kind, needs in _NEEDS.items()}
+
+
 def _fine(op, g, step, n, sizes, lanes) -> bool:
     """Whether `op` keeps rule 2 (False: maybe not; _check_op decides)."""
     kind = op.kind
@@ -122,26 +127,35 @@ def _fine(op, g, step, n, sizes, lanes) -> bool:
     if needs is None:  # unknown, or in the switch
         return False
     src, dst = op.src, op.dst
-    if ("src" in needs) != (src is not None) or ("dst" in needs) != (dst is not None):
+    needs_src, needs_dst, sends, receives, folds = _SPEC[kind]  # needs, peers and fold in one lookup
+    if needs_src:
+        if src is None or src.cnt < 1 or src.off < 0 or src.off + src.cnt > sizes.get(src.buf, -1):
+            return False
+    elif src is not None:
         return False
-    if op.incoming_first is not False and (op.incoming_first is not True or kind not in REDUCING):
+    if needs_dst:
+        if dst is None or dst.cnt < 1 or dst.off < 0 or dst.off + dst.cnt > sizes.get(dst.buf, -1):
+            return False
+    elif dst is not None:
         return False
-    if ("src" in needs and not _in(src, sizes)) or ("dst" in needs and not _in(dst, sizes)):
+    first = op.incoming_first
+    if first is not False and (first is not True or not folds):
         return False
     to, frm = op.send_to, op.recv_from
-    if kind in _SEND_KINDS:
+    if sends:
         if to is None or not 0 <= to < n or to == g:
             return False
     elif to is not None:
         return False
-    if kind in _RECV_KINDS:
+    if receives:
         if frm is None or not 0 <= frm < n or frm == g:
             return False
     elif frm is not None:
         return False
     if lanes is not None and not 0 <= op.channel < lanes:
         return False
-    return type(op.deps) is tuple and all(0 <= d < step for d in op.deps)
+    deps = op.deps
+    return type(deps) is tuple and (not deps or all(0 <= d < step for d in deps))
 
 
 def _check_op(plan: Plan, g: int, step: int, op) -> None:
@@ -258,6 +272,7 @@ def _combine(values, message, g, step, op, plan):
 def _run(plan: Plan) -> _State:
     state = _State(plan)
     sized = plan.programs[0].elements is not None
+    bufs = state.bufs
 
     def size_of(g, ref):  # the element counts of a run of chunks, if the plan gives them
         if not sized:
@@ -273,9 +288,33 @@ def _run(plan: Plan) -> _State:
             if len(message) != ref.cnt:
                 raise PlanError(f"{_where(g, step, op, ref.off)}: receives {ref.cnt} chunks, GPU "
                                 f"{op.recv_from} step {sender_step} sent {len(message)}")
-            if sizes != size_of(g, ref):
+            if sized and sizes != size_of(g, ref):
                 raise PlanError(f"{_where(g, step, op, ref.off)}: receives chunks of {list(size_of(g, ref))} "
                                 f"elements, GPU {op.recv_from} step {sender_step} sent {list(sizes)}")
+        kind = op.kind  # the commonest kinds first, as the chain below runs them:
+        if kind == "send":  # its chunks' values, read as state.read does
+            src = op.src
+            out = bufs[g][src.buf][src.off:src.off + src.cnt]
+            if None in out:
+                out = state.read(g, step, op, src)  # names the chunk nothing wrote
+            return step, out, size_of(g, src) if sized else None
+        if kind == "recv":
+            dst = op.dst
+            bufs[g][dst.buf][dst.off:dst.off + dst.cnt] = message
+            return None
+        if kind == "flush" or kind == "nop":
+            return None
+        if kind == "recv_reduce" and op.dst.cnt == 1:  # one chunk: state.fold's union, inline, if it adds no twice
+            dst = op.dst
+            row = bufs[g][dst.buf]
+            have = row[dst.off]
+            if have is not None:
+                (xl, xb), (yl, yb) = have, message[0]
+                lo, a, b = (xl, xb, yb) if xl == yl else (xl, xb, yb << (yl - xl)) if xl < yl else \
+                    (yl, xb << (xl - yl), yb)  # _aligned
+                if not a & b:
+                    row[dst.off] = (lo, a | b)
+                    return None
         if op.kind in LOCAL and size_of(g, op.src) != size_of(g, op.dst):
             raise PlanError(f"{_where(g, step, op, op.dst.off)}: {op.kind} of chunks of {list(size_of(g, op.src))} "
                             f"elements into chunks of {list(size_of(g, op.dst))}")

@@ -315,3 +315,17 @@ def test_sharp_link_bytes_of_one_node_is_a_clear_error_not_a_division_by_zero():
     config = preset("dgx-h100", gpus=4)
     with pytest.raises(FabricError, match="sharp across nodes needs spines"):
         cn.link_bytes("allreduce", "sharp", config.topology, 1 << 20, config=config)
+
+
+@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather"])
+@pytest.mark.parametrize("shape", [(2, 2), (3, 2), (2, 4)])
+def test_ring_traffic_across_nodes_is_the_sum_of_its_rounds(collective, shape):
+    # traffic of ring across nodes sums its plan's sends (plan_traffic) without walking its rounds: the same sends
+    config = preset("superpod-h100-ib", nodes=shape[0], gpus=shape[0] * shape[1])
+    for S in (0, 4 * 1021, 3 << 20):
+        rounds = cn.rounds(collective, "ring", config.topology, S)
+        total = sum(rounds, np.zeros((config.gpus, config.gpus), np.int64))
+        traffic = cn.traffic(collective, "ring", config.topology, S)
+        assert traffic.dtype == np.int64 and (traffic == total).all()
+    with pytest.raises(FabricError):  # S is checked as rounds checks it
+        cn.traffic(collective, "ring", config.topology, 6, itemsize=4)

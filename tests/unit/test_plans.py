@@ -205,6 +205,20 @@ def test_buffers_must_fit_the_collective():
         plans.validate(bad)
 
 
+def test_ops_and_refs_built_by_their_quick_init_are_the_dataclasses():
+    # format._quick_init stores each field through its slot: the same signature, defaults, equality, hash, frozenness
+    op = plans.Op("send", 2, plans.format.Ref("i", 3), None, 1)
+    same = plans.Op(kind="send", channel=2, src=plans.format.Ref(buf="i", off=3, cnt=1), send_to=1)
+    assert op == same and hash(op) == hash(same) and op.deps == () and op.incoming_first is False
+    assert dataclasses.replace(op, channel=5).channel == 5
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        op.kind = "recv"
+    with pytest.raises(TypeError):
+        plans.Op()
+    with pytest.raises(TypeError):
+        plans.Op("send", bogus=1)
+
+
 # -- MSCCL-IR ------------------------------------------------------------------------------------
 
 def test_the_msccl_fixtures_load_validate_and_move_the_expected_bytes():
