@@ -13,13 +13,13 @@ import math
 import numpy as np
 
 from . import hier_plan, plans, replay
-from .budget import buffer_share_bytes, in_switch_chunk
+from .budget import buffer_share_bytes
 from .cost import raw_of
 from .packets import raw_bytes
 from .counters import downlink, uplink
 from .errors import FabricError
 from .software import call_bytes, call_latency_ns
-from .reduction import TREE_CHUNK_BYTES, blocks, chunks, merged_columns
+from .reduction import TREE_CHUNK_BYTES, blocks, merged_columns
 from .topology import Topology
 
 FLAT = {
@@ -32,7 +32,7 @@ FLAT = {
     "tree": ("allreduce",),
 }
 # in the switches (two-level sharp and nvls on spines that reduce and multicast): no GPU-to-GPU rounds;
-# link_bytes and modeled_ns cover them (fabric.replay.sharp_allreduce_ns, sharp_reduce_scatter_ns,
+# link_bytes and modeled_ns cover them (fabric.replay.replay_ns: sharp allreduce's plan, sharp_reduce_scatter_ns,
 # sharp_mcast_ns, nvls_ns)
 IN_SWITCH = {"sharp": ("allreduce", "reduce_scatter", "allgather", "broadcast"),
              "nvls": ("allreduce", "reduce_scatter", "allgather", "broadcast")}
@@ -334,18 +334,22 @@ def sharp_link_bytes(topo: Topology, S: int, config, itemsize: int = 4, partial_
     nodes, P spines), every link: each GPU tx = rx = S (its chunks up, the results down); leaf a ->
     spine i the partials of the chunks c with c mod P = i, at partial_itemsize bytes an element (the
     accumulator's: 4 for float16/bfloat16; default itemsize); spine i -> leaf a the results of the same
-    chunks (S_i = their bytes; S / P when P divides the chunks into equal sets). Chunks as
-    fabric.replay.sharp_allreduce_ns sizes them."""
+    chunks (S_i = their bytes; S / P when P divides the chunks into equal sets). The chunks and their
+    slots are its plan's (fabric.plans.in_switch.sharp): a slot's spine is its last entry mod P."""
     n, N, P = topo.gpus, topo.nodes, topo.spines
     if P < 1:  # one node: fabric.cost's sharp
         raise FabricError(f"cost_nodes: sharp across nodes needs spines; this topology has {N} node and none")
     count = _block_bytes(S, 1, itemsize)[0] // itemsize
     wide = partial_itemsize or itemsize
-    streams = wide // itemsize * -(-config.nodes // max(1, n - 1))  # ranks/collectives/sharp.py's _streams
-    chunk = in_switch_chunk(config, n, streams, 1, None, itemsize) // itemsize
+    plan = plans.build("sharp", n, "allreduce",
+                       shape=plans.in_switch.shape("sharp", n, "allreduce", N, config, count * itemsize, itemsize,
+                                                   wide // itemsize))
+    table = plans.timing.spans(plan, count * itemsize, itemsize, 0)
     per_spine = [0] * P
-    for c, (lo, hi) in enumerate(chunks(0, count, chunk)):
-        per_spine[c % P] += hi - lo
+    for op in plan.programs[0].ops:  # every GPU contributes the same chunks to the same slots
+        if op.kind == "switch_contribute":
+            lo, hi = plans.timing.span(table, op.src)
+            per_spine[op.slot[-1] % P] += hi - lo
     out = dict.fromkeys((link.name for link in topo.links), 0)
     for link in topo.links:
         if link.level == "gpu-leaf":

@@ -16,7 +16,8 @@ same arithmetic, as the ranks do (ranks/gpu.py, fabric/switch.py):
   carries its channel's lane (c, C), so it runs on channel c's clock and books lane c of the GPU's
   uplink and downlink at 1 / C of their bandwidth, the shares whole; "join" moves the GPU's clock to the
   latest channel's (fabric.programs; docs/model/time.md, "Channels").
-`sharp` across nodes (`sharp_allreduce_ns`, `sharp_reduce_scatter_ns`, `sharp_mcast_ns` for
+`sharp` across nodes (its allreduce's plan, fabric.plans.in_switch, timed by
+fabric.plans.timing.switch_plan_ns on fabric.switch_clocks; `sharp_reduce_scatter_ns`, `sharp_mcast_ns` for
 allgather and broadcast) is not point to point: its partials, results and multicast stores are
 booked by the switches (fabric.switch, Spanning groups), slot by slot in the order the members'
 programs fix (a member's part of a partial and its stores on its own share of the uplink to each
@@ -42,12 +43,13 @@ about half a million).
 import numpy as np
 
 from . import hier_plan
-from .plans import build, registry, timing
-from .budget import _nvls_streams, buffer_share_bytes, in_switch_chunk, sharp_scatter_streams, sharp_streams
+from .plans import build, in_switch, registry, timing
+from .budget import _nvls_streams, buffer_share_bytes, in_switch_chunk, sharp_scatter_streams
 from .errors import FabricError
 from .packets import raw_bytes
 from .reduction import blocks, chunks
 from .programs import Fabric, GpuClocks, run_programs
+from .switch_clocks import leaf_partial, sharp_clocks
 from .timemodel import LinkEnd, ReductionClock
 from .topology import Topology
 
@@ -239,70 +241,6 @@ def _program(collective: str, algorithm: str, topo: Topology, r: int, count: int
                           f"{', '.join(f'{c} {a}' for a, cs in PROGRAMS.items() for c in cs)}")
 
 
-def _leaf_partial(k: int, G: int, i: int, stamps: list, engine: ReductionClock, mine: dict, w: int, s: float,
-                  p: float, u: float) -> tuple[float, float]:
-    """When node k's partial (w raw bytes) for spine i reaches it, as fabric.switch books it: the leaf's
-    engine reduces once the node's latest chunk is in (+ s), and each member's part (w / G raw bytes) of
-    it takes that member's share of the uplink to spine i (`mine`, U / (G P), + u) once its own chunk
-    has been through the engine (+ s + p); the partial is there once the engine's result (+ u) and
-    every part are."""
-    node = stamps[k * G:(k + 1) * G]
-    start, end = engine.reduce(max(a for a, _ in node) + s, max(b for _, b in node) + s, w)
-    parts = [mine[(k * G + x, i)].send(a + s + p, b + s + p, w / G) for x, (a, b) in enumerate(node)]
-    return max(start + u, max(a for a, _ in parts)), max(end + u, max(b for _, b in parts))
-
-
-def _sharp_clocks(topo: Topology, config, algorithm: str = "sharp"):
-    """The clocks a two-level in-switch reduction books on every GPU of `topo` (several nodes, spines):
-    (GPUs, engines (leaves 0..N-1, then spines), `mine` {(GPU, spine): its share of its node's uplink to
-    that spine, U / (G P)}, `down` {(spine, node): the group's shares of that node's uplink from it,
-    U / P}); the uplink's latency u on both."""
-    N, G, P, n = topo.nodes, topo.gpus_per_node, topo.spines, topo.gpus
-    if N < 2 or not P:
-        raise FabricError(f"replay: {algorithm} across nodes needs a topology of several nodes and spines, got {N} nodes")
-    t, u = config.timing, config.uplink_latency_ns
-    gpus = [GpuClocks(g, topo) for g in range(n)]
-    engines = [ReductionClock(t.reduction_gbytes_per_s, t.reduction_latency_ns) for _ in range(N + P)]
-    group_share = topo.share_gbytes_per_s * G / P  # the node's members' shares of its uplink to one spine
-    mine = {(g, i): LinkEnd(topo.share_gbytes_per_s / P, u) for g in range(n) for i in range(P)}
-    down = {(i, k): LinkEnd(group_share, u) for k in range(N) for i in range(P)}
-    return gpus, engines, mine, down
-
-
-def sharp_allreduce_ns(topo: Topology, count: int, config, itemsize: int = 4, partial_itemsize: int | None = None) -> float:
-    """Modeled ns of ranks/collectives/sharp.py's allreduce of `count` elements by every GPU of `topo`
-    (of several nodes), all starting at 0, as fabric.switch books it: every GPU books chunk c on its
-    uplink (all issued at the start), its leaf's engine reduces the node once the latest chunk is in (+
-    s + the engine's latency, at the engine's bandwidth), the partial (partial_itemsize bytes an
-    element: the accumulator's; default itemsize) goes to spine c mod P, each member's part of it on
-    that member's share of the node's uplink to the spine (_leaf_partial), the spine (+ s', a spine's own
-    switch latency, topo.spine_latency_ns; s: a leaf's) reduces once
-    every leaf's is in, each result takes the group's shares of the node's uplink from that spine (+ u),
-    the leaf (+ s) copies it down, and each GPU books its downlink in chunk order (+ a). Chunks as
-    Call.in_switch_window sizes them."""
-    N, G, P, n = topo.nodes, topo.gpus_per_node, topo.spines, topo.gpus
-    gpus, engines, mine, down = _sharp_clocks(topo, config)
-    wide = partial_itemsize or itemsize
-    chunk = in_switch_chunk(config, n, sharp_streams(n, N, config.nodes, wide // itemsize), 1, None, itemsize) // itemsize
-    t = config.timing
-    s, sp, u = t.switch_latency_ns, topo.spine_latency_ns, config.uplink_latency_ns  # a leaf's, a spine's, the cable's
-    raw = lambda nbytes: raw_bytes(nbytes, config.mtu_bytes, config.header_bytes)
-    for c, (lo, hi) in enumerate(chunks(0, count, chunk)):
-        r, w, i = raw((hi - lo) * itemsize), raw((hi - lo) * wide), c % P
-        stamps = [gpu.uplink.send(0.0, 0.0, r) for gpu in gpus]
-        partials = [_leaf_partial(k, G, i, stamps, engines[k], mine, w, s, t.reduction_latency_ns, u) for k in range(N)]
-        first, last = max(a for a, _ in partials), max(b for _, b in partials)
-        start, end = engines[N + i].reduce(first + sp, last + sp, r)
-        for k in range(N):
-            d0, d1 = down[(i, k)].send(start, end, r)
-            for gpu in gpus[k * G:(k + 1) * G]:
-                _, b = gpu.downlink.book(d0 + s, d1 + s, r)
-                gpu.now = max(gpu.now, b + gpu.downlink.latency_ns)
-    for gpu in gpus:
-        gpu.now = max(gpu.now, gpu.uplink.free_ns)
-    return max(gpu.now for gpu in gpus)
-
-
 def nvls_chunks(topo: Topology, count: int, config, itemsize: int, partial_itemsize: int | None = None):
     """Each member's block (fabric.reduction.blocks of `count` elements over every GPU of `topo`) in the
     pipeline chunks nvls.py sends (elements, ranges): nvls_chunk_bytes shrunk as Call.in_switch_window does."""
@@ -334,7 +272,7 @@ def nvls_ns(collective: str, topo: Topology, count: int, config, itemsize: int =
     books it (spine (p + c) mod P)."""
     N, G, P, n = topo.nodes, topo.gpus_per_node, topo.spines, topo.gpus
     # mine: each GPU's share of its node's uplink to spine i, for its parts of partials and its stores, in its order
-    gpus, engines, mine, down = _sharp_clocks(topo, config, "nvls")
+    gpus, engines, mine, down = sharp_clocks(topo, config, "nvls")
     if collective not in ("reduce_scatter", "allreduce"):
         raise FabricError(f"replay: nvls's load-reduce is reduce_scatter's and allreduce's, not {collective}")
     wide = partial_itemsize or itemsize
@@ -500,7 +438,7 @@ def sharp_reduce_scatter_ns(topo: Topology, count: int, config, itemsize: int = 
     but the result of block j only down to member j's leaf (the group's shares of that node's uplink
     from the spine, + u), which copies it to member j alone (+ s; its downlink in chunk order, + a)."""
     N, G, P = topo.nodes, topo.gpus_per_node, topo.spines
-    gpus, engines, mine, down = _sharp_clocks(topo, config)
+    gpus, engines, mine, down = sharp_clocks(topo, config)
     wide = partial_itemsize or itemsize
     t = config.timing
     s, sp, u = t.switch_latency_ns, topo.spine_latency_ns, config.uplink_latency_ns  # a leaf's, a spine's, the cable's
@@ -508,7 +446,7 @@ def sharp_reduce_scatter_ns(topo: Topology, count: int, config, itemsize: int = 
     for j, c, elements in sharp_scatter_slots(topo, count, config, itemsize, partial_itemsize):
         r, w, i = raw(elements * itemsize), raw(elements * wide), (j + c) % P  # the slot (j, c, j + c)
         stamps = [gpu.uplink.send(0.0, 0.0, r) for gpu in gpus]
-        partials = [_leaf_partial(k, G, i, stamps, engines[k], mine, w, s, t.reduction_latency_ns, u) for k in range(N)]
+        partials = [leaf_partial(k, G, i, stamps, engines[k], mine, w, s, t.reduction_latency_ns, u) for k in range(N)]
         start, end = engines[N + i].reduce(max(a for a, _ in partials) + sp, max(b for _, b in partials) + sp, r)
         d0, d1 = down[(i, gpus[j].node)].send(start, end, r)
         _, b = gpus[j].downlink.book(d0 + s, d1 + s, r)
@@ -599,8 +537,12 @@ def replay_ns(collective: str, algorithm: str, topo: Topology, S: int, config, i
     of an element of a leaf's partial (the switch's accumulator: 4 for float16/bfloat16; default itemsize)."""
     if not isinstance(topo, Topology):
         raise FabricError(f"replay: takes a Topology, got {type(topo).__name__}")
-    if (collective, algorithm) == ("allreduce", "sharp"):
-        return sharp_allreduce_ns(topo, int(S) // itemsize, config, itemsize, partial_itemsize)
+    if (collective, algorithm) == ("allreduce", "sharp"):  # its plan, timed on the switches' clocks
+        sharp_clocks(topo, config)  # several nodes and spines (one switch: fabric.cost's closed form)
+        wide = (partial_itemsize or itemsize) // itemsize
+        plan = build("sharp", topo.gpus, "allreduce",
+                     shape=in_switch.shape("sharp", topo.gpus, "allreduce", topo.nodes, config, S, itemsize, wide))
+        return timing.plan_ns(plan, topo, S, config, itemsize, partial_itemsize=partial_itemsize)
     if (collective, algorithm) == ("reduce_scatter", "sharp"):
         return sharp_reduce_scatter_ns(topo, int(S) // itemsize, config, itemsize, partial_itemsize)
     if algorithm == "nvls" and collective in ("reduce_scatter", "allreduce") and topo.nodes > 1:

@@ -20,7 +20,8 @@ from ..packets import raw_bytes
 from ..reduction import blocks, chunks
 from ..programs import Fabric, run_programs
 from ..topology import Topology
-from .format import RECVS, SENDS, Op, Plan, Ref, walk
+from ..switch_clocks import TwoLevelReduction
+from .format import IN_SWITCH, RECVS, SENDS, SWITCH_PUTS, SWITCH_TAKES, Op, Plan, Ref, in_switch, switch_slots, walk
 
 
 def buffer_elements(plan: Plan, S: int, itemsize: int) -> dict[str, int]:
@@ -117,6 +118,11 @@ def _chunk_tables(plan: Plan, S: int, itemsize: int) -> tuple[dict[str, list[tup
                     sizes[g][c] = v
 
     def visit(g, step, op, message):
+        if op.kind in _SWITCH:  # a slot's contributions: (size) each; its result the size of the first
+            if op.kind in SWITCH_PUTS:
+                return size_of(g, op.src)
+            write(g, op.dst, message[0])
+            return None
         if message is not None and op.dst is not None:
             write(g, op.dst, message)
         if op.kind in ("copy", "reduce"):
@@ -172,6 +178,13 @@ def _misfit(plan: Plan, S: int, itemsize: int) -> str | None:
                          f"the GPUs' buffers do not line up at this size)")
 
     def visit(g, step, op, message):
+        if op.kind in SWITCH_PUTS:
+            return g, step, elements(g, op.src)
+        if op.kind in SWITCH_TAKES:  # every contribution of the slot: (GPU, its step, its elements)
+            for h, hstep, sent in message:
+                fits(g, step, op, op.dst, sent, f"takes in-switch slot {list(op.slot)}, GPU {h} step {hstep} "
+                     f"contributing")
+            return None
         if message is not None:  # (sender, its step, the elements it sent)
             fits(g, step, op, op.dst if op.dst is not None else op.src, message[2],
                  f"receives from GPU {message[0]} step {message[1]}")
@@ -305,10 +318,14 @@ def _check(plan: Plan, topo: Topology, config) -> None:
         raise PlanError(f"plan {plan.name!r} runs on {', '.join(plan.fabrics)} fabrics, not {config.mode!r}")
 
 
-def plan_ns(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4, events: list | None = None) -> float:
+def plan_ns(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4, events: list | None = None,
+            partial_itemsize: int | None = None) -> float:
     """Modeled ns of one call of `plan` (validated) on every GPU of `topo`, all starting at 0: the latest
     GPU's clock at the end, as fabric.replay.replay_ns. events: if given, gets the timeline
-    fabric.programs.run_programs records (GPU, "send"/"recv"/"wait", peer, start_ns, end_ns)."""
+    fabric.programs.run_programs records (GPU, "send"/"recv"/"wait", peer, start_ns, end_ns). A plan of
+    in-switch operations: switch_plan_ns (partial_itemsize: the bytes of an element of a leaf's partial)."""
+    if in_switch(plan):
+        return switch_plan_ns(plan, topo, S, config, itemsize, partial_itemsize)
     _check(plan, topo, config)
     chunk = max(1, config.chunk_bytes // itemsize)
     fabric = Fabric(topo, config.mtu_bytes, config.header_bytes)
@@ -321,6 +338,56 @@ def plan_ns(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4, event
                            f"{sorted(waiting)} wait for what nobody sends (a plan fabric.plans.validate refuses)")
 
     return run_programs(fabric, messages(plan, S, itemsize, chunk), stuck, events)
+
+
+def switch_plan_ns(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4,
+                   partial_itemsize: int | None = None) -> float:
+    """Modeled ns of one call of a plan of in-switch reductions (switch_contribute, switch_recv; validated)
+    on every GPU of `topo` (several nodes, spines), all starting at 0, the plan's schedule booked on the
+    switches' clocks (fabric.switch_clocks.TwoLevelReduction): the plan's symbolic run (format.walk) books
+    each GPU's contributions on its uplink in its program order, issued at the call's start; a slot's last
+    contribution has the switches reduce it (its spine: the slot's last entry mod P; partial_itemsize: the
+    bytes of an element of a leaf's partial, default itemsize) and send the result down to the nodes of the
+    GPUs it goes to; each GPU takes its results on its downlink in its program order (switch_recv); the
+    call ends once every uplink is free. A chunk of no element is neither contributed nor taken."""
+    clocks = TwoLevelReduction(topo, config, plan.name)  # FabricError on one node (fabric.cost times it)
+    _check(plan, topo, config)
+    if plan.lanes > 1 or any(op.kind not in _SWITCH and op.kind not in ("flush", "nop") for _, _, op in plan.ops()):
+        raise PlanError(f"plan {plan.name!r}: in-switch operations are timed in plans of in-switch operations only "
+                        f"(no lanes, no point-to-point messages)")
+    n, wide = plan.gpus, partial_itemsize or itemsize
+    tables = [spans(plan, S, itemsize, g) for g in range(n)]
+    raw = lambda nbytes: raw_bytes(nbytes, config.mtu_bytes, config.header_bytes)  # noqa: E731
+    puts = switch_slots(plan)
+    node_of = [topo.locate(g)[0] for g in range(n)]
+    pools: dict[tuple, dict[int, tuple[float, float]]] = {}
+    results: dict[tuple, dict[int, tuple[float, float]]] = {}
+
+    def visit(g, step, op, message):
+        if op.kind in SWITCH_PUTS:
+            lo, hi = span(tables[g], op.src)
+            if hi == lo:
+                return None
+            got = pools.setdefault(op.slot, {})
+            got[g] = clocks.contribute(g, raw((hi - lo) * itemsize))
+            if len(got) == len(puts[op.slot]):  # the slot's last contribution: the switches reduce it
+                if len(got) != n:
+                    raise PlanError(f"plan {plan.name!r}: slot {list(op.slot)} has {len(got)} contributions; an "
+                                    f"in-switch reduction across nodes is timed with every GPU's ({n})")
+                to = range(n) if op.send_to is None else (op.send_to,)
+                results[op.slot] = clocks.reduce(op.slot[-1], [got[h] for h in range(n)], raw((hi - lo) * itemsize),
+                                                 raw((hi - lo) * wide), sorted({node_of[h] for h in to}))
+        elif op.kind in SWITCH_TAKES:
+            lo, hi = span(tables[g], op.dst)
+            if hi > lo:
+                clocks.take(g, results[op.slot][node_of[g]], raw((hi - lo) * itemsize))
+        return None
+
+    walk(plan, visit)
+    return clocks.end_ns()
+
+
+_SWITCH = frozenset(IN_SWITCH)
 
 
 def plan_link_bytes(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4) -> dict[str, tuple[int, int]]:
@@ -431,6 +498,8 @@ def _round_visitor(plan: Plan):
 
     def visit(g, step, op, came):  # a message is the round it was sent in
         kind = op.kind
+        if kind in _SWITCH:  # no point-to-point round: the switch's (fabric.cost_nodes times them)
+            return None
         if kind == "flush":
             line = (g, op.channel if lanes else 0)
             phase[line] = phase.get(line, 0) + 1

@@ -6,17 +6,23 @@ Rules (each refusal is a PlanError naming the GPU, the step and, where one is in
    count; allgather and gather: output = GPUs x input; reduce_scatter and scatter: input = GPUs x
    output); inplace: alike; a rooted collective's root is one of the GPUs; chunk element counts
    (GpuProgram.elements) given by every GPU or none, one non-negative integer per chunk;
-2. every operation's kind is known and runnable (the in-switch kinds are refused: no interpreter runs
-   them yet), names the buffers its kind needs, in range, and peers that are other GPUs of the plan;
+2. every operation's kind is known and runnable (multicast_store and load_reduce are refused: no
+   interpreter runs them yet), names the buffers its kind needs, in range, and peers that are other GPUs of the plan;
    a dependency names an earlier operation of the same GPU (so the dependencies have no cycle); only a
    reducing kind has an operand order (incoming_first); on a plan whose channels run on lanes
-   (Plan.lanes = C > 1), every channel is one of 0..C-1;
+   (Plan.lanes = C > 1), every channel is one of 0..C-1; an in-switch kind names a slot (a non-empty
+   tuple of non-negative ints), no other kind does; a switch_contribute's send_to is None (its result to
+   every GPU) or a GPU of the plan, its own included;
 3. a symbolic run, every GPU in program order, sends never waiting, a receive waiting for the matching
    send (same sender, receiver and channel, in order): it must end with every program done (else the
    plan deadlocks: the waiting GPUs are named) and no message unreceived; a send and its receive move
    the same number of chunks (and, in a plan that gives its chunks' element counts, the same elements:
    a send and its receive, a copy's or reduction's source and destination); no operation reads a chunk
    nothing wrote; a reduction never adds a contribution a chunk already holds (it would be counted twice);
+   in the switch: a switch_recv waits until every switch_contribute of its slot has run, and takes their
+   reduction, the sum of their contributions (a contribution two of them hold would be counted twice);
+   the contributions of a slot agree on its chunk count and destination (send_to), and every GPU the slot
+   goes to takes it exactly once, no other GPU;
 4. at the end every output chunk holds exactly the contributions the collective requires: allreduce
    chunk c = input chunk c of every GPU; allgather chunk g k + m = GPU g's input chunk m; reduce_scatter
    chunk m of GPU g = input chunk g k + m of every GPU; all2all chunk h k + m of GPU g = GPU h's input
@@ -30,12 +36,17 @@ one machine-word loop over the bits a value spans (frozensets of pairs took 4.6 
 whatever its index (a whole-width int per chunk took 23 GB to validate ring's 8 channels on 256 GPUs).
 """
 
+from dataclasses import replace
+
 from ..errors import PlanError
-from .format import BUFFERS, COLLECTIVES, IN_SWITCH, KINDS, LOCAL, RECVS, REDUCING, ROOTED, SENDS, Plan, walk
+from .format import BUFFERS, COLLECTIVES, IN_SWITCH, KINDS, LOCAL, RECVS, REDUCING, ROOTED, SENDS, Plan, \
+    switch_slots, walk
 
 _NEEDS = {"send": ("src",), "recv": ("dst",), "recv_reduce": ("dst",), "recv_reduce_send": ("src",),
           "recv_copy_send": ("dst",), "recv_reduce_copy_send": ("dst",), "copy": ("src", "dst"),
-          "reduce": ("src", "dst"), "flush": (), "nop": ()}
+          "reduce": ("src", "dst"), "flush": (), "nop": (), "switch_contribute": ("src",), "switch_recv": ("dst",)}
+_RUNNABLE_IN_SWITCH = ("switch_contribute", "switch_recv")  # the in-switch kinds the interpreters run
+_SWITCH_KINDS = frozenset(IN_SWITCH)
 
 
 def _where(g, step, op=None, chunk=None) -> str:
@@ -118,7 +129,7 @@ def _fine(op, g, step, n, sizes, lanes) -> bool:
     """Whether `op` keeps rule 2 (False: maybe not; _check_op decides)."""
     kind = op.kind
     needs = _NEEDS.get(kind) if type(kind) is str else None
-    if needs is None:  # unknown, or in the switch
+    if needs is None or kind in _SWITCH_KINDS or op.slot != ():  # unknown, or in the switch: rule by rule
         return False
     src, dst = op.src, op.dst
     if ("src" in needs) != (src is not None) or ("dst" in needs) != (dst is not None):
@@ -148,9 +159,20 @@ def _check_op(plan: Plan, g: int, step: int, op) -> None:
     n = plan.gpus
     if op.kind not in KINDS:
         raise PlanError(f"{_where(g, step)}: kind {op.kind!r} unknown; known: {', '.join(KINDS)}")
+    if op.kind in IN_SWITCH and op.kind not in _RUNNABLE_IN_SWITCH:
+        raise PlanError(f"{_where(g, step, op)}: {op.kind} is part of the format but no interpreter runs it yet "
+                        f"(the in-switch kinds run: {', '.join(_RUNNABLE_IN_SWITCH)})")
+    slot = op.slot
     if op.kind in IN_SWITCH:
-        raise PlanError(f"{_where(g, step, op)}: in-switch operations are part of the format but no "
-                        f"interpreter runs them yet (sharp and nvls are not plans)")
+        if type(slot) is not tuple or not slot or any(type(x) is not int or x < 0 for x in slot):
+            raise PlanError(f"{_where(g, step, op)}: slot {slot!r} is not a non-empty tuple of non-negative ints")
+    elif slot != ():
+        raise PlanError(f"{_where(g, step, op)}: a {op.kind} has no slot (only the in-switch kinds)")
+    if op.kind == "switch_contribute":
+        if op.send_to is not None and (type(op.send_to) is not int or not 0 <= op.send_to < n):
+            raise PlanError(f"{_where(g, step, op)}: send_to {op.send_to!r} (where the slot's result goes) is not "
+                            f"a GPU of the plan's {n}, nor None (every GPU)")
+        op = replace(op, send_to=None)  # checked: the peer rules below are the point-to-point kinds'
     for name in ("src", "dst"):
         ref = getattr(op, name)
         if name not in _NEEDS[op.kind]:
@@ -264,9 +286,11 @@ def _run(plan: Plan) -> _State:
         row = plan.programs[g].elements["ios".index(ref.buf)]
         return tuple(row[c] for c in ref.chunk_ids())
 
+    taken: dict[tuple, set] = {}  # slot -> the GPUs that took it (switch_recv)
+
     def visit(g, step, op, received):
         message = None
-        if received is not None:
+        if received is not None and op.kind not in _SWITCH_KINDS:
             sender_step, message, sizes = received
             ref = op.dst if op.dst is not None else op.src
             if len(message) != ref.cnt:
@@ -279,6 +303,11 @@ def _run(plan: Plan) -> _State:
             raise PlanError(f"{_where(g, step, op, op.dst.off)}: {op.kind} of chunks of {list(size_of(g, op.src))} "
                             f"elements into chunks of {list(size_of(g, op.dst))}")
         kind, out = op.kind, None
+        if kind == "switch_contribute":
+            return g, step, state.read(g, step, op, op.src), op.send_to, size_of(g, op.src)
+        if kind == "switch_recv":
+            state.write(g, op.dst, _take(plan, g, step, op, received, taken, size_of(g, op.dst)))
+            return None
         if kind == "recv":
             state.write(g, op.dst, message)
         elif kind == "recv_reduce":
@@ -307,6 +336,8 @@ def _run(plan: Plan) -> _State:
 
     at, queues = walk(plan, visit)
     stuck = [f"GPU {g} step {at[g]} waits for GPU {p.ops[at[g]].recv_from} on channel {p.ops[at[g]].channel}"
+             if p.ops[at[g]].kind not in _SWITCH_KINDS else
+             f"GPU {g} step {at[g]} waits for in-switch slot {list(p.ops[at[g]].slot)}"
              for g, p in enumerate(plan.programs) if at[g] < len(p.ops)]
     if stuck:
         raise PlanError(f"plan {plan.name!r} deadlocks: {'; '.join(stuck)}")
@@ -315,7 +346,42 @@ def _run(plan: Plan) -> _State:
             step = queue[0][0]
             raise PlanError(f"GPU {src} step {step}: {len(queue)} message(s) to GPU {dst} on channel {channel} "
                             f"never received")
+    for slot, puts in switch_slots(plan).items():
+        g0, step0 = puts[0]
+        to = plan.programs[g0].ops[step0].send_to
+        want = set(range(plan.gpus)) if to is None else {to}
+        missing = sorted(want - taken.get(slot, set()))
+        if missing:
+            raise PlanError(f"GPU {missing[0]}: never takes in-switch slot {list(slot)} (switch_recv), which "
+                            f"GPU {g0} step {step0} sends it")
     return state
+
+
+def _take(plan: Plan, g: int, step: int, op, puts: list, taken: dict, sizes):
+    """What GPU g's switch_recv of op.slot holds: the sum of the slot's contributions (puts: (GPU, step,
+    values, send_to, element counts) of each, in the order they ran), refused unless they agree on their
+    chunks and destination, g is it, g takes it once, and no contribution is counted twice."""
+    g0, step0, _, to, _ = puts[0]
+    for h, hstep, values, hto, hsizes in puts:
+        if hto != to:
+            raise PlanError(f"{_where(h, hstep)} (switch_contribute) sends slot {list(op.slot)}'s result to "
+                            f"{'every GPU' if hto is None else f'GPU {hto}'}, GPU {g0} step {step0} to "
+                            f"{'every GPU' if to is None else f'GPU {to}'}")
+        if len(values) != op.dst.cnt or hsizes != sizes:
+            raise PlanError(f"{_where(g, step, op, op.dst.off)}: takes {op.dst.cnt} chunks"
+                            f"{'' if sizes is None else f' of {list(sizes)} elements'} of slot {list(op.slot)}, "
+                            f"GPU {h} step {hstep} contributes {len(values)}"
+                            f"{'' if hsizes is None else f' of {list(hsizes)} elements'}")
+    if to is not None and to != g:
+        raise PlanError(f"{_where(g, step, op)}: takes slot {list(op.slot)}, whose result goes to GPU {to}")
+    seen = taken.setdefault(op.slot, set())
+    if g in seen:
+        raise PlanError(f"{_where(g, step, op)}: takes slot {list(op.slot)} a second time")
+    seen.add(g)
+    value = list(puts[0][2])
+    for h, hstep, values, _, _ in puts[1:]:
+        value = _combine(value, values, g, step, op, plan)
+    return value
 
 
 def expected(plan: Plan, g: int, c: int):

@@ -6,34 +6,23 @@ combine order and the windows that bound the switches' memory: docs/model/algori
 
 import numpy as np
 
+from nvlink_emu.fabric import plans
+from nvlink_emu.fabric.plans import in_switch
 from nvlink_emu.fabric.reduction import blocks, chunks, switch_accumulator
-from nvlink_emu.fabric.budget import sharp_scatter_streams, sharp_streams
+from nvlink_emu.fabric.budget import sharp_scatter_streams
 
-AR, RS, AG, BC, RD = 0, 1, 2, 3, 4  # message phases
+from . import plan
+
+RS, AG, BC, RD = 1, 2, 3, 4  # message phases (0 was allreduce's, now its plan's: plan.PLAN_SWITCH)
 
 
 def allreduce(call, array: np.ndarray) -> None:
-    window = call.in_switch_window(_streams(call, array.dtype))
-    spans = chunks(0, array.size, call.chunk)
-    everyone = list(range(call.n))
-    start = call.gpu.now_ns  # modeled: every contribution is issued at once
-    for c, (lo, hi) in enumerate(spans):
-        call.post((AR, c), array[lo:hi])  # the result lands in place once every member contributed
-    for c, (lo, hi) in enumerate(spans[:window]):
-        call.reduce((c,), array[lo:hi], everyone, (AR, c), start)
-    for c, (lo, hi) in enumerate(spans):
-        call.wait((AR, c), "the switch's reduction", array[lo:hi])
-        # credit: one result back lets one more contribution in, bounding what the switch holds
-        if c + window < len(spans):
-            lo2, hi2 = spans[c + window]
-            call.reduce((c + window,), array[lo2:hi2], everyone, (AR, c + window), start)
-    call.flush()
-
-
-def _streams(call, dtype) -> int:
-    """Credit streams of an allreduce (Call.in_switch_window): fabric.budget.sharp_streams, the rule the
-    replay sizes its chunks by."""
-    return sharp_streams(call.n, call.nodes(), call.gpu.config.nodes, _wide(dtype))
+    """Its plan (fabric.plans.in_switch.sharp, for the call's size and the fabric's switch buffer), run by the
+    one executor (ranks/collectives/plan.py)."""
+    item = array.dtype.itemsize
+    shape = in_switch.shape("sharp", call.n, "allreduce", call.nodes(), call.gpu.config, array.size * item, item,
+                            _wide(array.dtype))
+    plan.execute(call, plans.build("sharp", call.n, "allreduce", shape=shape), array, array)
 
 
 def _scatter_streams(call, dtype) -> int:

@@ -11,7 +11,7 @@ import pytest
 from nvlink_emu.fabric import cost, cost_nodes, plans, replay
 from nvlink_emu.fabric.plans import registry, timing
 from nvlink_emu.fabric.config import preset, resolve
-from nvlink_emu.fabric.errors import PlanError
+from nvlink_emu.fabric.errors import FabricError, PlanError
 from nvlink_emu.fabric.packets import raw_bytes
 from nvlink_emu.fabric.plans.format import Op, Plan, Ref
 from nvlink_emu.fabric.topology import Topology
@@ -107,7 +107,9 @@ def test_recursive_doubling_is_log2_n_exchanges(gpus):
 def test_the_registry_refuses_what_it_cannot_build():
     with pytest.raises(PlanError, match="6 GPUs is not a power of two"):
         plans.build("recursive_doubling", 6, "allreduce")
-    with pytest.raises(PlanError, match="no plan algorithm 'sharp'"):  # in the switch: not a plan yet
+    with pytest.raises(PlanError, match="no plan algorithm 'nvls'"):  # in the switch: not a plan yet
+        plans.build("nvls", 4, "allreduce")
+    with pytest.raises(PlanError, match="sharp plan: it is built for a call's size and the fabric's switch buffer"):
         plans.build("sharp", 4, "allreduce")
     with pytest.raises(PlanError, match="tree plan: it is built for a call's size"):
         plans.build("tree", 4, "allreduce", layout=registry.grid(2, 2))
@@ -189,11 +191,67 @@ def test_reading_an_unwritten_chunk_and_unreceived_messages_are_refused():
         plans.validate(extra)
 
 
-def test_in_switch_operations_are_declared_but_refused():
+def test_in_switch_operations_not_run_yet_are_refused():
     plan = plans.build("ring", 2, "allreduce")
-    bad = _with_ops(plan, 1, (Op("multicast_store", src=Ref("o", 0)),) + plan.programs[1].ops)
-    with pytest.raises(PlanError, match=r"GPU 1 step 0 \(multicast_store, channel 0\): in-switch operations"):
+    bad = _with_ops(plan, 1, (Op("multicast_store", src=Ref("o", 0), slot=(0,)),) + plan.programs[1].ops)
+    with pytest.raises(PlanError, match=r"GPU 1 step 0 \(multicast_store, channel 0\): multicast_store is part "
+                                        r"of the format but no interpreter runs it yet"):
         plans.validate(bad)
+
+
+def _sharp(gpus=3, count=10, piece=4, window=2):
+    return plans.build("sharp", gpus, "allreduce", shape=(count, piece, window))
+
+
+def test_sharp_allreduce_is_a_plan_of_in_switch_operations():
+    plan = _sharp()  # 3 chunks of 4, 4 and 2 elements; two contributed before the first result is taken
+    assert [(op.kind, op.slot) for op in plan.programs[0].ops] == [
+        ("switch_contribute", (0,)), ("switch_contribute", (1,)), ("switch_recv", (0,)), ("switch_contribute", (2,)),
+        ("switch_recv", (1,)), ("switch_recv", (2,))]
+    assert timing.spans(plan, 40, 4, 1)["o"] == [(0, 4), (4, 8), (8, 10)]
+    assert _sharp(count=0).programs[0].i_chunks == 1  # no element: one empty chunk
+
+
+def test_the_validator_proves_in_switch_reductions():
+    plan = _sharp()
+    ops = list(plan.programs[1].ops)
+    # GPU 1 contributes chunk 1 to slot 0 as well: chunk 0's result would miss GPU 1's chunk 0 and hold its chunk 1
+    wrong = _with_ops(plan, 1, [dataclasses.replace(ops[0], src=Ref("i", 1))] + ops[1:])
+    with pytest.raises(PlanError, match=r"GPU 0 output chunk 0: misses GPU 1's input chunk 0; holds GPU 1's input "
+                                        r"chunk 1 too"):
+        plans.validate(wrong)
+    twice = _with_ops(plan, 1, ops[:1] + [dataclasses.replace(ops[0])] + ops[1:])  # slot 0 twice from GPU 1
+    with pytest.raises(PlanError, match=r"the reduction would count GPU 1's input chunk 0 twice"):
+        plans.validate(twice)
+    never = _with_ops(plan, 2, [op for op in plan.programs[2].ops if op.slot != (2,) or op.kind != "switch_recv"])
+    with pytest.raises(PlanError, match=r"GPU 2: never takes in-switch slot \[2\]"):
+        plans.validate(never)
+    again = _with_ops(plan, 0, list(plan.programs[0].ops) + [Op("switch_recv", dst=Ref("o", 0), slot=(0,))])
+    with pytest.raises(PlanError, match=r"GPU 0 step 6 \(switch_recv, channel 0\): takes slot \[0\] a second time"):
+        plans.validate(again)
+    early = _with_ops(plan, 0, [Op("switch_recv", dst=Ref("o", 0), slot=(0,))] + list(plan.programs[0].ops))
+    with pytest.raises(PlanError, match=r"deadlocks: GPU 0 step 0 waits for in-switch slot \[0\]"):
+        plans.validate(early)
+    to_one = _with_ops(plan, 2, [dataclasses.replace(ops[0], send_to=0)] + ops[1:])
+    with pytest.raises(PlanError, match=r"GPU 2 step 0 \(switch_contribute\) sends slot \[0\]'s result to GPU 0, "
+                                        r"GPU 0 step 0 to every GPU"):
+        plans.validate(to_one)
+    for slot, what in (((), r"slot \(\) is not a non-empty tuple"), ((-1,), r"slot \(-1,\) is not")):
+        with pytest.raises(PlanError, match=what):
+            plans.validate(_with_ops(plan, 1, [dataclasses.replace(ops[0], slot=slot)] + ops[1:]))
+    with pytest.raises(PlanError, match="a copy has no slot"):
+        plans.validate(_with_ops(plan, 1, ops + [Op("copy", src=Ref("i", 0), dst=Ref("o", 0), slot=(0,))]))
+
+
+def test_sharp_allreduce_times_as_the_switches_book_it():
+    """The plan's timing is the two-level reduction sharp.py's replay booked: figures of the old
+    fabric.replay.sharp_allreduce_ns (branch point e1f0133) on 2 x 2 superpod-h100-ib."""
+    config = resolve("superpod-h100-ib", None, None, 2, 2)
+    got = replay.replay_ns("allreduce", "sharp", config.topology, 1024, config, 4)
+    assert got == 2351.76
+    with pytest.raises(FabricError, match="sharp across nodes needs a topology of several nodes and spines"):
+        one = preset("dgx-h100", gpus=4)
+        replay.replay_ns("allreduce", "sharp", Topology.single(one), 1024, one, 4)
 
 
 def test_buffers_must_fit_the_collective():
