@@ -413,8 +413,8 @@ def sharp_scatter_link_bytes(topo: Topology, S: int, config, itemsize: int = 4,
     a -> spine i the partials of the chunks c of blocks j with (j + c) mod P = i (partial_itemsize bytes
     an element: the accumulator's; S / P when they split evenly, 2 S / P for a 16-bit float), spine
     i -> leaf k the results of those chunks of the blocks of node k's members only (G S / (n P) for
-    even shares); the other leaves get the spine's notice, a control packet of no bytes. Slots as
-    fabric.replay.sharp_scatter_slots orders them."""
+    even shares); the other leaves get the spine's notice, a control packet of no bytes. Slots and chunks
+    are its plan's (fabric.plans.in_switch.sharp): slot (j, c, j + c), its last entry picking the spine."""
     N, P = topo.nodes, topo.spines
     if P < 1:
         raise FabricError(f"cost_nodes: sharp across nodes needs spines; this topology has {N} node and none")
@@ -423,8 +423,15 @@ def sharp_scatter_link_bytes(topo: Topology, S: int, config, itemsize: int = 4,
     out = dict.fromkeys((link.name for link in topo.links), 0)
     for g in range(topo.gpus):
         out[uplink(g, topo.locate(g)[0])] = count * itemsize
-    for j, c, elements in replay.sharp_scatter_slots(topo, count, config, itemsize, partial_itemsize):
-        spine, node = N + (j + c) % P, topo.locate(j)[0]  # the slot (j, c, j + c): its last entry picks it
+    plan = plans.build("sharp", topo.gpus, "reduce_scatter",
+                       shape=plans.in_switch.shape("sharp", topo.gpus, "reduce_scatter", N, config, count * itemsize,
+                                                   itemsize, wide // itemsize))
+    program = plan.programs[0]  # every GPU contributes the same chunks to the same slots
+    for op in program.ops:
+        if op.kind != "switch_contribute":
+            continue
+        j, elements = op.send_to, program.elements[0][op.src.off]
+        spine, node = N + op.slot[-1] % P, topo.locate(j)[0]
         out[downlink(j, node)] += elements * itemsize
         for k in range(N):
             out[f"sw{k}->sw{spine}"] += elements * wide

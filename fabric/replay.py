@@ -16,9 +16,8 @@ same arithmetic, as the ranks do (ranks/gpu.py, fabric/switch.py):
   carries its channel's lane (c, C), so it runs on channel c's clock and books lane c of the GPU's
   uplink and downlink at 1 / C of their bandwidth, the shares whole; "join" moves the GPU's clock to the
   latest channel's (fabric.programs; docs/model/time.md, "Channels").
-`sharp` across nodes (its allreduce's plan, fabric.plans.in_switch, timed by
-fabric.plans.timing.switch_plan_ns on fabric.switch_clocks; `sharp_reduce_scatter_ns`, `sharp_mcast_ns` for
-allgather and broadcast) is not point to point: its partials, results and multicast stores are
+`sharp` across nodes (its allreduce's and reduce_scatter's plans, fabric.plans.in_switch, timed by
+fabric.plans.timing.switch_plan_ns on fabric.switch_clocks; `sharp_mcast_ns` for allgather and broadcast) is not point to point: its partials, results and multicast stores are
 booked by the switches (fabric.switch, Spanning groups), slot by slot in the order the members'
 programs fix (a member's part of a partial and its stores on its own share of the uplink to each
 spine, a result on the group's shares of the destination node's, a store down on its sender's part
@@ -44,12 +43,12 @@ import numpy as np
 
 from . import hier_plan
 from .plans import build, in_switch, registry, timing
-from .budget import _nvls_streams, buffer_share_bytes, in_switch_chunk, sharp_scatter_streams
+from .budget import _nvls_streams, buffer_share_bytes, in_switch_chunk
 from .errors import FabricError
 from .packets import raw_bytes
 from .reduction import blocks, chunks
 from .programs import Fabric, GpuClocks, run_programs
-from .switch_clocks import leaf_partial, sharp_clocks
+from .switch_clocks import sharp_clocks
 from .timemodel import LinkEnd, ReductionClock
 from .topology import Topology
 
@@ -417,45 +416,6 @@ def nvls_lower_bound_ns(collective: str, topo: Topology, count: int, config, ite
     return max(bound, t_s + stores / B + a, chain)
 
 
-def sharp_scatter_slots(topo: Topology, count: int, config, itemsize: int = 4, partial_itemsize: int | None = None):
-    """The in-switch reductions of ranks/collectives/sharp.py's reduce_scatter of `count` input elements by
-    every GPU of `topo` (of several nodes), in every member's program order: [(block j, chunk c, elements)],
-    round c of every block j at a time; chunks as Call.in_switch_window sizes them (sharp._scatter_streams)."""
-    n = topo.gpus
-    wide = (partial_itemsize or itemsize) // itemsize
-    streams = sharp_scatter_streams(n, topo.nodes, config.nodes, wide)
-    chunk = in_switch_chunk(config, n, streams, 2, None, itemsize) // itemsize
-    spans = [chunks(a, b, chunk) for a, b in blocks(count, n)]
-    return [(j, c, spans[j][c][1] - spans[j][c][0]) for c in range(max(len(x) for x in spans))
-            for j in range(n) if c < len(spans[j])]
-
-
-def sharp_reduce_scatter_ns(topo: Topology, count: int, config, itemsize: int = 4,
-                            partial_itemsize: int | None = None) -> float:
-    """Modeled ns of ranks/collectives/sharp.py's reduce_scatter of `count` input elements by every GPU of
-    `topo` (of several nodes), all starting at 0, as fabric.switch books it: as sharp_allreduce_ns, slot
-    by slot in the members' program order (sharp_scatter_slots), chunk c of block j to spine (j + c) mod P,
-    but the result of block j only down to member j's leaf (the group's shares of that node's uplink
-    from the spine, + u), which copies it to member j alone (+ s; its downlink in chunk order, + a)."""
-    N, G, P = topo.nodes, topo.gpus_per_node, topo.spines
-    gpus, engines, mine, down = sharp_clocks(topo, config)
-    wide = partial_itemsize or itemsize
-    t = config.timing
-    s, sp, u = t.switch_latency_ns, topo.spine_latency_ns, config.uplink_latency_ns  # a leaf's, a spine's, the cable's
-    raw = lambda nbytes: raw_bytes(nbytes, config.mtu_bytes, config.header_bytes)
-    for j, c, elements in sharp_scatter_slots(topo, count, config, itemsize, partial_itemsize):
-        r, w, i = raw(elements * itemsize), raw(elements * wide), (j + c) % P  # the slot (j, c, j + c)
-        stamps = [gpu.uplink.send(0.0, 0.0, r) for gpu in gpus]
-        partials = [leaf_partial(k, G, i, stamps, engines[k], mine, w, s, t.reduction_latency_ns, u) for k in range(N)]
-        start, end = engines[N + i].reduce(max(a for a, _ in partials) + sp, max(b for _, b in partials) + sp, r)
-        d0, d1 = down[(i, gpus[j].node)].send(start, end, r)
-        _, b = gpus[j].downlink.book(d0 + s, d1 + s, r)
-        gpus[j].now = max(gpus[j].now, b + gpus[j].downlink.latency_ns)
-    for gpu in gpus:
-        gpu.now = max(gpu.now, gpu.uplink.free_ns)
-    return max(gpu.now for gpu in gpus)
-
-
 def sharp_stores(collective: str, topo: Topology, count: int, chunk: int, itemsize: int, root: int = 0):
     """The multicast stores of ranks/collectives/sharp.py's allgather (count: the output's elements) or
     broadcast (the array's, from member `root`) by every GPU of `topo`: {sender: [(key, payload bytes,
@@ -537,14 +497,12 @@ def replay_ns(collective: str, algorithm: str, topo: Topology, S: int, config, i
     of an element of a leaf's partial (the switch's accumulator: 4 for float16/bfloat16; default itemsize)."""
     if not isinstance(topo, Topology):
         raise FabricError(f"replay: takes a Topology, got {type(topo).__name__}")
-    if (collective, algorithm) == ("allreduce", "sharp"):  # its plan, timed on the switches' clocks
+    if algorithm == "sharp" and collective in ("allreduce", "reduce_scatter"):  # its plan, on the switches' clocks
         sharp_clocks(topo, config)  # several nodes and spines (one switch: fabric.cost's closed form)
         wide = (partial_itemsize or itemsize) // itemsize
-        plan = build("sharp", topo.gpus, "allreduce",
-                     shape=in_switch.shape("sharp", topo.gpus, "allreduce", topo.nodes, config, S, itemsize, wide))
+        plan = build("sharp", topo.gpus, collective,
+                     shape=in_switch.shape("sharp", topo.gpus, collective, topo.nodes, config, S, itemsize, wide))
         return timing.plan_ns(plan, topo, S, config, itemsize, partial_itemsize=partial_itemsize)
-    if (collective, algorithm) == ("reduce_scatter", "sharp"):
-        return sharp_reduce_scatter_ns(topo, int(S) // itemsize, config, itemsize, partial_itemsize)
     if algorithm == "nvls" and collective in ("reduce_scatter", "allreduce") and topo.nodes > 1:
         return nvls_ns(collective, topo, int(S) // itemsize, config, itemsize, partial_itemsize)
     if algorithm == "nvls" and collective in ("allgather", "broadcast") and topo.nodes > 1:  # sharp's (nvls.py)

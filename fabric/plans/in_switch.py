@@ -10,13 +10,22 @@ every member contributed that chunk, so at most `window` chunks of each member a
 contributions are issued at the call's start (the credits are not modeled: both interpreters book them
 at once; docs/model/time.md). The switch finishes the reduction (an average divides once there).
 
+sharp reduce_scatter: block j (fabric.reduction.blocks of the input over the members) in chunks; chunk c of
+block j is slot (j, c, j + c) (its last entry picks the spine, so that blocks of one chunk each still share
+the spines out), its result to member j only. In rounds c: every member first takes back its own chunks up
+to c - window + 1 (a result back means every member sent the rounds before it, so at most `window` rounds are
+in the switch; window >= 2: no deadlock), then contributes chunk c of every block; then the rest of its
+own. The blocks' chunk counts may differ by one: every block is padded to the most with chunks of no
+element (GpuProgram.elements: the plan is for one call's sizes), contributed and taken at their turn but
+skipped by both interpreters, so the buffers keep reduce_scatter's shape (input n x output chunks).
+
 What the plan is built from depends on the fabric's config (its switch buffer and chunk), so `shape`
 computes it and registry.build takes it (`shape=`): (elements, elements a chunk, window).
 """
 
-from ..budget import in_switch_window, sharp_streams
+from ..budget import in_switch_window, sharp_scatter_streams, sharp_streams
 from ..errors import PlanError
-from ..reduction import chunks
+from ..reduction import blocks, chunks
 from .format import GpuProgram, Op, Plan, Ref
 
 
@@ -27,23 +36,29 @@ def shape(algorithm: str, gpus: int, collective: str, nodes: int, config, nbytes
     built from: (elements, elements a chunk, window). wide: how many times as wide as an element the
     switch's accumulator is (a leaf's partial: 2 for float16/bfloat16, fabric.reduction.switch_accumulator).
     The window and chunk are Call.in_switch_window's with sharp.py's credit streams
-    (fabric.budget.sharp_streams)."""
-    if (algorithm, collective) != ("sharp", "allreduce"):
+    (fabric.budget.sharp_streams; reduce_scatter: sharp_scatter_streams, at least 2 chunks)."""
+    if algorithm != "sharp" or collective not in ("allreduce", "reduce_scatter"):
         raise PlanError(f"no in-switch plan for {collective} with {algorithm!r}")
-    streams = sharp_streams(gpus, nodes, config.nodes, wide)
-    window, chunk = in_switch_window(config, gpus, streams, 1, None, itemsize)
+    if collective == "reduce_scatter":  # every block's chunk of a round in flight: sharp_scatter_streams
+        streams, least = sharp_scatter_streams(gpus, nodes, config.nodes, wide), 2
+    else:
+        streams, least = sharp_streams(gpus, nodes, config.nodes, wide), 1
+    window, chunk = in_switch_window(config, gpus, streams, least, None, itemsize)
     return int(nbytes) // itemsize, chunk // itemsize, window
 
 
 def sharp(gpus: int, collective: str, root: int = 0, layout=None, shape: tuple[int, int, int] | None = None) -> Plan:
-    """sharp's allreduce (module docstring) for shape = (elements, elements a chunk, window). Every GPU runs
-    the same operations (one tuple, shared)."""
-    if collective != "allreduce":
-        raise PlanError(f"sharp plan: no {collective}; sharp builds allreduce")
+    """sharp's allreduce or reduce_scatter (module docstring) for shape = (elements, elements a chunk,
+    window; reduce_scatter: the input's elements). allreduce: every GPU runs the same operations (one tuple,
+    shared)."""
+    if collective not in ("allreduce", "reduce_scatter"):
+        raise PlanError(f"sharp plan: no {collective}; sharp builds allreduce and reduce_scatter")
     if shape is None:
         raise PlanError("sharp plan: it is built for a call's size and the fabric's switch buffer "
                         "(fabric.plans.in_switch.shape)")
     count, piece, window = shape
+    if collective == "reduce_scatter":
+        return _scatter(gpus, count, piece, window)
     k = len(chunks(0, count, piece))
     if k == 0:  # no element: one empty chunk, contributed and taken (the interpreters skip empty ones)
         k, piece = 1, 0
@@ -56,3 +71,26 @@ def sharp(gpus: int, collective: str, root: int = 0, layout=None, shape: tuple[i
     ops = tuple(ops)
     programs = tuple(GpuProgram(g, ops, k, k) for g in range(gpus))
     return Plan("sharp", "allreduce", gpus, programs, inplace=True, fabrics=("network",), piece=piece)
+
+
+def _scatter(n: int, count: int, piece: int, window: int) -> Plan:
+    """sharp's reduce_scatter (module docstring): `count` input elements, chunks of `piece`."""
+    spans = [chunks(a, b, piece) for a, b in blocks(count, n)]
+    rounds = max(1, max(len(span) for span in spans))  # no element: one empty chunk a block
+    sizes = [[hi - lo for lo, hi in span] + [0] * (rounds - len(span)) for span in spans]
+    inputs = tuple(x for row in sizes for x in row)  # block j's chunk c is input chunk j rounds + c
+    contribute = [[Op("switch_contribute", src=Ref("i", j * rounds + c), send_to=j, slot=(j, c, j + c))
+                   for c in range(rounds)] for j in range(n)]
+    programs = []
+    for r in range(n):
+        own = len(spans[r])
+        take = [Op("switch_recv", dst=Ref("o", c), slot=(r, c, r + c)) for c in range(rounds)]
+        ops, waited = [], 0
+        for c in range(rounds):
+            while waited <= min(c - window + 1, own - 1):
+                ops.append(take[waited])
+                waited += 1
+            ops += [contribute[j][c] for j in range(n)]
+        ops += take[waited:]
+        programs.append(GpuProgram(r, tuple(ops), n * rounds, rounds, elements=(inputs, tuple(sizes[r]), ())))
+    return Plan("sharp", "reduce_scatter", n, tuple(programs), fabrics=("network",))

@@ -9,11 +9,10 @@ import numpy as np
 from nvlink_emu.fabric import plans
 from nvlink_emu.fabric.plans import in_switch
 from nvlink_emu.fabric.reduction import blocks, chunks, switch_accumulator
-from nvlink_emu.fabric.budget import sharp_scatter_streams
 
 from . import plan
 
-RS, AG, BC, RD = 1, 2, 3, 4  # message phases (0 was allreduce's, now its plan's: plan.PLAN_SWITCH)
+AG, BC, RD = 2, 3, 4  # message phases (0, 1 were allreduce's and reduce_scatter's, now their plans')
 
 
 def allreduce(call, array: np.ndarray) -> None:
@@ -25,44 +24,17 @@ def allreduce(call, array: np.ndarray) -> None:
     plan.execute(call, plans.build("sharp", call.n, "allreduce", shape=shape), array, array)
 
 
-def _scatter_streams(call, dtype) -> int:
-    """Credit streams of a reduce_scatter (Call.in_switch_window): fabric.budget.sharp_scatter_streams."""
-    return sharp_scatter_streams(call.n, call.nodes(), call.gpu.config.nodes, _wide(dtype))
-
-
 def _wide(dtype) -> int:
     """How many times as wide as an element of `dtype` the switch's accumulator is."""
     return switch_accumulator(np.dtype(dtype)).itemsize // np.dtype(dtype).itemsize
 
 
 def reduce_scatter(call, send: np.ndarray, recv: np.ndarray) -> None:
-    n, r = call.n, call.r
-    window = call.in_switch_window(_scatter_streams(call, send.dtype), least=2)
-    parts = blocks(send.size, n)
-    spans = [chunks(a, b, call.chunk) for a, b in parts]
-    own_start = parts[r][0]
-    for c, (lo, hi) in enumerate(spans[r]):
-        call.post((RS, r, c), recv[lo - own_start:hi - own_start])
-    rounds = max(len(s) for s in spans)
-    start = call.gpu.now_ns  # modeled: every contribution is issued at once
-    waited = 0
-    for c in range(rounds):
-        # round c: chunk c of every block. Our own chunk c - window + 1 back means every member sent
-        # the rounds before it, so at most `window` rounds are in the switch (window >= 2: no deadlock)
-        while waited <= min(c - window + 1, len(spans[r]) - 1):
-            lo, hi = spans[r][waited]
-            call.wait((RS, r, waited), "the switch's reduction", recv[lo - own_start:hi - own_start])
-            waited += 1
-        for j in range(n):
-            if c < len(spans[j]):
-                lo, hi = spans[j][c]
-                # slot (j, c, j + c): its last entry picks the spine, (j + c) mod P, so that blocks of one
-                # chunk each still share the spines out
-                call.reduce((j, c, j + c), send[lo:hi], [j], (RS, j, c), start)
-    for c in range(waited, len(spans[r])):
-        lo, hi = spans[r][c]
-        call.wait((RS, r, c), "the switch's reduction", recv[lo - own_start:hi - own_start])
-    call.flush()
+    """Its plan (fabric.plans.in_switch.sharp), as allreduce's."""
+    item = send.dtype.itemsize
+    shape = in_switch.shape("sharp", call.n, "reduce_scatter", call.nodes(), call.gpu.config, send.size * item, item,
+                            _wide(send.dtype))
+    plan.execute(call, plans.build("sharp", call.n, "reduce_scatter", shape=shape), send, recv)
 
 
 def allgather(call, send: np.ndarray, recv: np.ndarray) -> None:

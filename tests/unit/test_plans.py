@@ -243,6 +243,22 @@ def test_the_validator_proves_in_switch_reductions():
         plans.validate(_with_ops(plan, 1, ops + [Op("copy", src=Ref("i", 0), dst=Ref("o", 0), slot=(0,))]))
 
 
+def test_sharp_reduce_scatter_pads_short_blocks_with_empty_chunks():
+    plan = plans.build("sharp", 3, "reduce_scatter", shape=(25, 4, 2))  # blocks of 9, 8, 8: 3, 2, 2 chunks
+    assert [p.elements[1] for p in plan.programs] == [(4, 4, 1), (4, 4, 0), (4, 4, 0)]
+    assert plan.programs[0].elements[0] == (4, 4, 1, 4, 4, 0, 4, 4, 0)
+    ops = plan.programs[1].ops  # window 2: its own chunk c - 1 back before round c is contributed
+    assert [(op.kind, op.slot) for op in ops[2:5]] == [
+        ("switch_contribute", (2, 0, 2)), ("switch_recv", (1, 0, 1)), ("switch_contribute", (0, 1, 1))]
+    assert [(op.kind, op.slot) for op in ops[7:9]] == [("switch_recv", (1, 1, 2)), ("switch_contribute", (0, 2, 2))]
+    assert [(op.kind, op.slot) for op in ops[-1:]] == [("switch_recv", (1, 2, 3))]  # its empty chunk, last
+    assert {op.send_to for op in ops if op.kind == "switch_contribute"} == {0, 1, 2}
+    wrong = _with_ops(plan, 2, [dataclasses.replace(op, send_to=1) if op.slot == (0, 0, 0) else op
+                                for op in plan.programs[2].ops])
+    with pytest.raises(PlanError, match=r"sends slot \[0, 0, 0\]'s result to GPU 1, GPU 0 step 0 to GPU 0"):
+        plans.validate(wrong)
+
+
 def test_sharp_allreduce_times_as_the_switches_book_it():
     """The plan's timing is the two-level reduction sharp.py's replay booked: figures of the old
     fabric.replay.sharp_allreduce_ns (branch point e1f0133) on 2 x 2 superpod-h100-ib."""
