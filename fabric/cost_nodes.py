@@ -443,7 +443,7 @@ def sharp_mcast_link_bytes(collective: str, topo: Topology, S: int, config, item
                            root: int = 0) -> dict[str, int]:
     """Exact payload bytes of ranks/collectives/sharp.py's allgather (S: the output's bytes) or broadcast
     (S: the array's, from GPU `root`) by every GPU of `topo` (N nodes, P spines), every link, from its
-    multicast stores (fabric.replay.sharp_stores): GPU p's uplink its own stores (allgather: its block
+    multicast stores (its plan, fabric.replay.sharp_stores_plan): GPU p's uplink its own stores (allgather: its block
     b_p; broadcast: S at the root, 0 elsewhere), every downlink S (every store comes back to every member,
     the sender's own included, as on one node); leaf a -> spine i the stores of node a's members whose
     chunk goes to spine i ((p + c) mod P), once whatever the node's members; spine i -> leaf k the
@@ -455,11 +455,12 @@ def sharp_mcast_link_bytes(collective: str, topo: Topology, S: int, config, item
     if P < 1:
         raise FabricError(f"cost_nodes: sharp across nodes needs spines; this topology has {N} node and none")
     count = _block_bytes(S, 1, itemsize)[0] // itemsize
-    stores, _ = replay.sharp_stores(collective, topo, count, max(1, config.chunk_bytes // itemsize), itemsize, root)
     out = dict.fromkeys((link.name for link in topo.links), 0)
-    for p, sent in stores.items():
+    for p, sent in plans.in_switch.stores(replay.sharp_stores_plan(collective, topo, count * itemsize, config,
+                                                                   itemsize, root), count * itemsize, itemsize).items():
         node = topo.locate(p)[0]
-        for _, nbytes, i in sent:
+        for nbytes, i in sent:
+            i %= P
             out[uplink(p, node)] += nbytes
             out[f"sw{node}->sw{N + i}"] += nbytes
             for k in range(N):

@@ -16,8 +16,8 @@ same arithmetic, as the ranks do (ranks/gpu.py, fabric/switch.py):
   carries its channel's lane (c, C), so it runs on channel c's clock and books lane c of the GPU's
   uplink and downlink at 1 / C of their bandwidth, the shares whole; "join" moves the GPU's clock to the
   latest channel's (fabric.programs; docs/model/time.md, "Channels").
-`sharp` across nodes (its allreduce's and reduce_scatter's plans, fabric.plans.in_switch, timed by
-fabric.plans.timing.switch_plan_ns on fabric.switch_clocks; `sharp_mcast_ns` for allgather and broadcast) is not point to point: its partials, results and multicast stores are
+`sharp` across nodes (its plans, fabric.plans.in_switch: allreduce, reduce_scatter and the multicast stores
+of allgather and broadcast, timed by fabric.plans.timing.switch_plan_ns on fabric.switch_clocks) is not point to point: its partials, results and multicast stores are
 booked by the switches (fabric.switch, Spanning groups), slot by slot in the order the members'
 programs fix (a member's part of a partial and its stores on its own share of the uplink to each
 spine, a result on the group's shares of the destination node's, a store down on its sender's part
@@ -47,7 +47,7 @@ from .budget import _nvls_streams, buffer_share_bytes, in_switch_chunk
 from .errors import FabricError
 from .packets import raw_bytes
 from .reduction import blocks, chunks
-from .programs import Fabric, GpuClocks, run_programs
+from .programs import Fabric, run_programs
 from .switch_clocks import sharp_clocks
 from .timemodel import LinkEnd, ReductionClock
 from .topology import Topology
@@ -416,65 +416,17 @@ def nvls_lower_bound_ns(collective: str, topo: Topology, count: int, config, ite
     return max(bound, t_s + stores / B + a, chain)
 
 
-def sharp_stores(collective: str, topo: Topology, count: int, chunk: int, itemsize: int, root: int = 0):
-    """The multicast stores of ranks/collectives/sharp.py's allgather (count: the output's elements) or
-    broadcast (the array's, from member `root`) by every GPU of `topo`: {sender: [(key, payload bytes,
-    spine index), ...] in its program order}, spine (p + c) mod P for chunk c of member p's stores
-    (fabric.switch.SwitchLogic.store_spine), and [(sender, key)] in rank order (a member waits for its own
-    node's senders' first: sharp_mcast_ns)."""
-    n, P = topo.gpus, topo.spines
-    if collective == "allgather":
-        parts = enumerate(blocks(count, n))
-    elif collective == "broadcast":
-        if not isinstance(root, int) or isinstance(root, bool) or not 0 <= root < n:
-            raise FabricError(f"replay: broadcast root must be one of GPUs 0..{n - 1}, got {root!r}")
-        parts = [(root, (0, count))]
-    else:
-        raise FabricError(f"replay: sharp multicast stores are allgather's and broadcast's, not {collective}")
-    stores = {p: [((p, c), (hi - lo) * itemsize, (p + c) % P) for c, (lo, hi) in enumerate(chunks(a, b, chunk))]
-              for p, (a, b) in parts}
-    return stores, [(p, key) for p in sorted(stores) for key, _, _ in stores[p]]
-
-
-def sharp_mcast_ns(collective: str, topo: Topology, count: int, config, itemsize: int = 4, root: int = 0) -> float:
-    """Modeled ns of ranks/collectives/sharp.py's allgather or broadcast of `count` elements by every GPU of
-    `topo` (of several nodes), all starting at 0, as fabric.switch books the stores (Spanning groups):
-    each sender books its stores on its uplink (all issued at once, in order); its leaf (+ s) copies
-    each to the node's members and sends one up to spine (p + c) mod P on the sender's share of the
-    node's uplink to it (U / (G P), + u); the spine (+ s', its own switch latency) sends one copy to each other leaf k on the
-    sender's down clock there (m_k U / (G P (n - m_k)), + u); that leaf (+ s) copies it down; each GPU
-    books its downlink in the order it waits (its node's blocks, then the others', each in chunk
-    order; + a), and the call ends once its uplink is free (flush)."""
-    N, G, P, n = topo.nodes, topo.gpus_per_node, topo.spines, topo.gpus
-    if N < 2 or not P:
-        raise FabricError(f"replay: sharp across nodes needs a topology of several nodes and spines, got {N} nodes")
-    stores, order = sharp_stores(collective, topo, count, max(1, config.chunk_bytes // itemsize), itemsize, root)
-    s, sp, u = config.timing.switch_latency_ns, topo.spine_latency_ns, config.uplink_latency_ns  # leaf, spine, cable
-    share = topo.share_gbytes_per_s
-    gpus = [GpuClocks(g, topo) for g in range(n)]
-    arrive: dict[tuple, tuple[float, float, int]] = {}  # (key, node) -> the copy's stamps at the node's leaf
-    for p in sorted(stores):
-        node = gpus[p].node
-        up = [LinkEnd(share / P, u) for _ in range(P)]
-        down = {(i, k): LinkEnd(share * G / (P * (n - G)), u) for i in range(P) for k in range(N) if k != node}
-        for key, nbytes, i in stores[p]:
-            r = raw_bytes(nbytes, config.mtu_bytes, config.header_bytes)
-            a, b = gpus[p].uplink.send(0.0, 0.0, r)
-            a, b = a + s, b + s
-            arrive[(key, node)] = (a, b, r)
-            a, b = up[i].send(a, b, r)
-            for k in range(N):
-                if k != node:
-                    d0, d1 = down[(i, k)].send(a + sp, b + sp, r)
-                    arrive[(key, k)] = (d0 + s, d1 + s, r)
-    for gpu in gpus:
-        # its own node's senders' stores first, then the others' in rank order (sharp.allgather's waits)
-        for _, key in sorted(order, key=lambda sent: gpus[sent[0]].node != gpu.node):
-            a, b, r = arrive[(key, gpu.node)]
-            _, end = gpu.downlink.book(a, b, r)
-            gpu.now = max(gpu.now, end + gpu.downlink.latency_ns)
-        gpu.now = max(gpu.now, gpu.uplink.free_ns)
-    return max(gpu.now for gpu in gpus)
+def sharp_stores_plan(collective: str, topo: Topology, S: int, config, itemsize: int = 4, root: int = 0):
+    """sharp's allgather (S: the output's bytes) or broadcast (from GPU `root`) plan of multicast stores
+    (fabric.plans.in_switch) for every GPU of `topo` (several nodes and spines: FabricError otherwise, as
+    one switch is fabric.cost's), as the replay and fabric.cost_nodes time and count it."""
+    sharp_clocks(topo, config)
+    if collective == "broadcast" and (not isinstance(root, int) or isinstance(root, bool) or
+                                      not 0 <= root < topo.gpus):
+        raise FabricError(f"replay: broadcast root must be one of GPUs 0..{topo.gpus - 1}, got {root!r}")
+    nodes = tuple(topo.locate(g)[0] for g in range(topo.gpus))
+    shape = in_switch.shape("sharp", topo.gpus, collective, topo.nodes, config, S, itemsize, member_nodes=nodes)
+    return build("sharp", topo.gpus, collective, root, shape=shape)
 
 
 PROGRAMS = {
@@ -505,10 +457,9 @@ def replay_ns(collective: str, algorithm: str, topo: Topology, S: int, config, i
         return timing.plan_ns(plan, topo, S, config, itemsize, partial_itemsize=partial_itemsize)
     if algorithm == "nvls" and collective in ("reduce_scatter", "allreduce") and topo.nodes > 1:
         return nvls_ns(collective, topo, int(S) // itemsize, config, itemsize, partial_itemsize)
-    if algorithm == "nvls" and collective in ("allgather", "broadcast") and topo.nodes > 1:  # sharp's (nvls.py)
-        return sharp_mcast_ns(collective, topo, int(S) // itemsize, config, itemsize, root)
-    if algorithm == "sharp" and collective in ("allgather", "broadcast"):
-        return sharp_mcast_ns(collective, topo, int(S) // itemsize, config, itemsize, root)
+    if collective in ("allgather", "broadcast") and (algorithm == "sharp" or (algorithm == "nvls" and topo.nodes > 1)):
+        return timing.plan_ns(sharp_stores_plan(collective, topo, S, config, itemsize, root), topo, S, config,
+                              itemsize)  # sharp's multicast stores (nvls.py runs sharp's)
     if algorithm == "hier_nvls" and collective in PROGRAMS["hier_nvls"] and topo.nodes > 1 and topo.gpus_per_node > 1:
         if not hier_plan.in_leaf(config):
             raise FabricError(f"replay: {collective} hier_nvls on {topo.nodes} nodes of {topo.gpus_per_node} GPUs "

@@ -43,10 +43,11 @@ def leaf_partial(k: int, G: int, i: int, stamps: list, engine: ReductionClock, m
     return max(start + u, max(a for a, _ in parts)), max(end + u, max(b for _, b in parts))
 
 
-class TwoLevelReduction:
-    """Every GPU's links and the switches' clocks of a push reduction across nodes (sharp's): contributions
-    on the members' uplinks, each leaf's engine and its members' shares to the spines, the spines' engines,
-    the results down the group's shares and the members' downlinks."""
+class TwoLevelSwitches:
+    """Every GPU's links and the switches' clocks of in-switch operations across nodes (sharp's): a push
+    reduction's contributions on the members' uplinks, each leaf's engine and its members' shares to the
+    spines, the spines' engines, the results down the group's shares and the members' downlinks; multicast
+    stores up a sender's share to one spine and down its part of every other node's shares."""
 
     def __init__(self, topo: Topology, config, algorithm: str = "sharp"):
         self.topo, self.config = topo, config
@@ -55,6 +56,8 @@ class TwoLevelReduction:
         # a leaf's, a spine's (topo.spine_latency_ns) switch latency, the cable's, the engines'
         self.s, self.sp, self.u, self.p = (t.switch_latency_ns, topo.spine_latency_ns, config.uplink_latency_ns,
                                            t.reduction_latency_ns)
+        self.store_up: dict[int, list[LinkEnd]] = {}  # sender -> its share of its node's uplink to each spine
+        self.store_down: dict[int, dict] = {}  # sender -> {(spine, node): its part of that node's shares}
 
     def contribute(self, g: int, raw: int) -> tuple[float, float]:
         """GPU g's contribution of `raw` bytes on its uplink, issued at the call's start (sharp's push: the
@@ -73,6 +76,26 @@ class TwoLevelReduction:
         start, end = self.engines[N + i].reduce(max(a for a, _ in partials) + self.sp,
                                                 max(b for _, b in partials) + self.sp, raw)
         return {k: self.down[(i, k)].send(start, end, raw) for k in nodes}
+
+    def store(self, p: int, raw: int, spine: int) -> dict:
+        """GPU p's multicast store of `raw` bytes, issued at the call's start after its earlier ones: its
+        leaf (+ s) copies it to the node's members and sends one copy up to spine `spine` mod P on the
+        sender's share of the node's uplink to it (U / (G P), + u); the spine (+ s') sends one copy to each
+        other leaf k on the sender's part of that node's shares from it (U G / (P (n - G)), + u):
+        {node: when the copy is at that leaf (its copy down, + s, is take's)}."""
+        N, G, P, n = self.topo.nodes, self.topo.gpus_per_node, self.topo.spines, self.topo.gpus
+        share, u, node, i = self.topo.share_gbytes_per_s, self.u, self.gpus[p].node, spine % P
+        if p not in self.store_up:
+            self.store_up[p] = [LinkEnd(share / P, u) for _ in range(P)]
+            self.store_down[p] = {(x, k): LinkEnd(share * G / (P * (n - G)), u)
+                                  for x in range(P) for k in range(N) if k != node}
+        a, b = self.gpus[p].uplink.send(0.0, 0.0, raw)
+        out = {node: (a, b)}
+        a, b = self.store_up[p][i].send(a + self.s, b + self.s, raw)
+        for k in range(N):
+            if k != node:
+                out[k] = self.store_down[p][(i, k)].send(a + self.sp, b + self.sp, raw)
+        return out
 
     def take(self, g: int, at: tuple[float, float], raw: int) -> None:
         """GPU g takes a result that is at its leaf at `at`: the leaf copies it down (+ s), its downlink

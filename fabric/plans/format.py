@@ -26,8 +26,10 @@ switch_contribute (src: this GPU's contribution to in-switch reduction `slot`; e
 slot is reduced in the switch, and the result goes to send_to, or, with send_to None, to every GPU of the
 plan; sharp's push: a contribution is issued at the call's start, its credits are not modeled),
 switch_recv (dst = what the switch delivers for `slot`: its reduction's result once every contribution is
-in; a GPU the slot goes to takes it exactly once), multicast_store and load_reduce (part of the format;
-no interpreter runs them yet, the validator refuses them).
+in; a GPU the slot goes to takes it exactly once), multicast_store (src: a copy to every GPU of the plan,
+this one included, each taking it with a switch_recv of the slot; one store a slot; across nodes its spine
+is (this GPU + slot[-1]) mod P, the switches' rule for stores, fabric.switch.multicast.store_spine) and
+load_reduce (part of the format; no interpreter runs it yet, the validator refuses it).
 """
 
 from collections import deque
@@ -39,7 +41,7 @@ RECVS = ("recv", "recv_reduce", "recv_reduce_send", "recv_copy_send", "recv_redu
 LOCAL = ("copy", "reduce")
 REDUCING = ("recv_reduce", "recv_reduce_send", "recv_reduce_copy_send", "reduce")  # the kinds that fold
 IN_SWITCH = ("switch_contribute", "multicast_store", "load_reduce", "switch_recv")
-SWITCH_PUTS = ("switch_contribute",)  # the in-switch kinds that put data into a slot (walk)
+SWITCH_PUTS = ("switch_contribute", "multicast_store")  # the in-switch kinds that put data into a slot (walk)
 SWITCH_TAKES = ("switch_recv",)  # the in-switch kinds that wait for what the switch delivers for a slot
 KINDS = tuple(dict.fromkeys(SENDS + RECVS + LOCAL + ("flush", "nop") + IN_SWITCH))
 COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "all2all", "broadcast", "reduce", "gather", "scatter")

@@ -19,6 +19,14 @@ own. The blocks' chunk counts may differ by one: every block is padded to the mo
 element (GpuProgram.elements: the plan is for one call's sizes), contributed and taken at their turn but
 skipped by both interpreters, so the buffers keep reduce_scatter's shape (input n x output chunks).
 
+sharp allgather and broadcast: multicast stores (docs/model/algorithms-in-switch.md). allgather: every
+member stores chunk c (messages of chunk_bytes) of its block as slot (p, c) (the switch sends it to every
+member, this one included, and picks the spine (p + c) mod P), then takes every block's chunks in order,
+its own node's blocks first and then the others', each in member order (a GPU takes its deliveries on its
+downlink in the order it waits, and another node's come later); blocks padded as reduce_scatter's. broadcast:
+the root stores chunk c of its buffer as slot (c,) and takes its own copies into scratch; every member takes
+them into its buffer (in place).
+
 What the plan is built from depends on the fabric's config (its switch buffer and chunk), so `shape`
 computes it and registry.build takes it (`shape=`): (elements, elements a chunk, window).
 """
@@ -30,15 +38,22 @@ from .format import GpuProgram, Op, Plan, Ref
 
 
 def shape(algorithm: str, gpus: int, collective: str, nodes: int, config, nbytes: int, itemsize: int,
-          wide: int = 1) -> tuple[int, int, int]:
+          wide: int = 1, member_nodes: tuple[int, ...] | None = None) -> tuple:
     """What the in-switch plan of `algorithm` for a call of `nbytes` (the buffer's bytes as fabric.replay
     takes them) in `itemsize`-byte elements by `gpus` members in `nodes` nodes of the fabric `config` is
     built from: (elements, elements a chunk, window). wide: how many times as wide as an element the
     switch's accumulator is (a leaf's partial: 2 for float16/bfloat16, fabric.reduction.switch_accumulator).
     The window and chunk are Call.in_switch_window's with sharp.py's credit streams
-    (fabric.budget.sharp_streams; reduce_scatter: sharp_scatter_streams, at least 2 chunks)."""
-    if algorithm != "sharp" or collective not in ("allreduce", "reduce_scatter"):
+    (fabric.budget.sharp_streams; reduce_scatter: sharp_scatter_streams, at least 2 chunks). allgather and
+    broadcast (multicast stores, no credits): (elements, elements a message of chunk_bytes, allgather: the
+    node of each member, member_nodes, which orders its takes)."""
+    if algorithm != "sharp" or collective not in ("allreduce", "reduce_scatter", "allgather", "broadcast"):
         raise PlanError(f"no in-switch plan for {collective} with {algorithm!r}")
+    if collective in ("allgather", "broadcast"):
+        if collective == "allgather" and (member_nodes is None or len(member_nodes) != gpus):
+            raise PlanError(f"sharp allgather plan: it needs the node of each of its {gpus} members")
+        return (int(nbytes) // itemsize, max(1, config.chunk_bytes // itemsize),
+                tuple(member_nodes) if collective == "allgather" else None)
     if collective == "reduce_scatter":  # every block's chunk of a round in flight: sharp_scatter_streams
         streams, least = sharp_scatter_streams(gpus, nodes, config.nodes, wide), 2
     else:
@@ -51,17 +66,23 @@ def sharp(gpus: int, collective: str, root: int = 0, layout=None, shape: tuple[i
     """sharp's allreduce or reduce_scatter (module docstring) for shape = (elements, elements a chunk,
     window; reduce_scatter: the input's elements). allreduce: every GPU runs the same operations (one tuple,
     shared)."""
-    if collective not in ("allreduce", "reduce_scatter"):
-        raise PlanError(f"sharp plan: no {collective}; sharp builds allreduce and reduce_scatter")
+    if collective not in ("allreduce", "reduce_scatter", "allgather", "broadcast"):
+        raise PlanError(f"sharp plan: no {collective}; sharp builds allreduce, reduce_scatter, allgather and "
+                        f"broadcast")
     if shape is None:
         raise PlanError("sharp plan: it is built for a call's size and the fabric's switch buffer "
                         "(fabric.plans.in_switch.shape)")
-    count, piece, window = shape
+    count, piece, third = shape  # the window; allgather: the node of each member; broadcast: None
     if collective == "reduce_scatter":
-        return _scatter(gpus, count, piece, window)
+        return _scatter(gpus, count, piece, third)
+    if collective == "allgather":
+        return _allgather(gpus, count, piece, third)
+    if collective == "broadcast":
+        return _broadcast(gpus, count, piece, root)
     k = len(chunks(0, count, piece))
     if k == 0:  # no element: one empty chunk, contributed and taken (the interpreters skip empty ones)
         k, piece = 1, 0
+    window = third
     contribute = [Op("switch_contribute", src=Ref("i", c), slot=(c,)) for c in range(k)]
     ops = contribute[:window]
     for c in range(k):
@@ -94,3 +115,53 @@ def _scatter(n: int, count: int, piece: int, window: int) -> Plan:
         ops += take[waited:]
         programs.append(GpuProgram(r, tuple(ops), n * rounds, rounds, elements=(inputs, tuple(sizes[r]), ())))
     return Plan("sharp", "reduce_scatter", n, tuple(programs), fabrics=("network",))
+
+
+def _allgather(n: int, count: int, piece: int, member_nodes: tuple[int, ...]) -> Plan:
+    """sharp's allgather (module docstring): `count` output elements, messages of `piece`."""
+    spans = [chunks(a, b, piece) for a, b in blocks(count, n)]
+    rounds = max(1, max(len(span) for span in spans))
+    sizes = [[hi - lo for lo, hi in span] + [0] * (rounds - len(span)) for span in spans]
+    outputs = tuple(x for row in sizes for x in row)  # block p's chunk c is output chunk p rounds + c
+    programs = []
+    for r in range(n):
+        ops = [Op("multicast_store", src=Ref("i", c), slot=(r, c)) for c in range(rounds)]
+        here = member_nodes[r]
+        for p in sorted(range(n), key=lambda p: member_nodes[p] != here):
+            ops += [Op("switch_recv", dst=Ref("o", p * rounds + c), slot=(p, c)) for c in range(rounds)]
+        programs.append(GpuProgram(r, tuple(ops), rounds, n * rounds, elements=(tuple(sizes[r]), outputs, ())))
+    return Plan("sharp", "allgather", n, tuple(programs), fabrics=("network",))
+
+
+def _broadcast(n: int, count: int, piece: int, root: int) -> Plan:
+    """sharp's broadcast (module docstring) from `root`: `count` elements, messages of `piece`."""
+    k = len(chunks(0, count, piece))
+    if k == 0:  # no element: one empty chunk
+        k, piece = 1, 0
+    takes = tuple(Op("switch_recv", dst=Ref("o", c), slot=(c,)) for c in range(k))
+    programs = []
+    for r in range(n):
+        if r == root:
+            ops = tuple(Op("multicast_store", src=Ref("i", c), slot=(c,)) for c in range(k)) + tuple(
+                Op("switch_recv", dst=Ref("s", c), slot=(c,)) for c in range(k))
+            programs.append(GpuProgram(r, ops, k, k, k))
+        else:
+            programs.append(GpuProgram(r, takes, k, k))
+    return Plan("sharp", "broadcast", n, tuple(programs), inplace=True, root=root, fabrics=("network",), piece=piece)
+
+
+def stores(plan: Plan, S: int, itemsize: int) -> dict[int, list[tuple[int, int]]]:
+    """{sender: [(payload bytes, its spine's index before mod P: sender + slot[-1], the switches' rule), ...]
+    in its program order} of the multicast stores of `plan` at a call of S bytes (a store of no element is
+    not sent)."""
+    from .timing import span, spans  # timing imports the switches' clocks; this module is the registry's
+    out: dict[int, list[tuple[int, int]]] = {}
+    for program in plan.programs:
+        table = None
+        for op in program.ops:
+            if op.kind == "multicast_store":
+                table = table or spans(plan, S, itemsize, program.gpu)
+                lo, hi = span(table, op.src)
+                if hi > lo:
+                    out.setdefault(program.gpu, []).append(((hi - lo) * itemsize, program.gpu + op.slot[-1]))
+    return out

@@ -20,7 +20,7 @@ from ..packets import raw_bytes
 from ..reduction import blocks, chunks
 from ..programs import Fabric, run_programs
 from ..topology import Topology
-from ..switch_clocks import TwoLevelReduction
+from ..switch_clocks import TwoLevelSwitches
 from .format import IN_SWITCH, RECVS, SENDS, SWITCH_PUTS, SWITCH_TAKES, Op, Plan, Ref, in_switch, switch_slots, walk
 
 
@@ -342,15 +342,17 @@ def plan_ns(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4, event
 
 def switch_plan_ns(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4,
                    partial_itemsize: int | None = None) -> float:
-    """Modeled ns of one call of a plan of in-switch reductions (switch_contribute, switch_recv; validated)
-    on every GPU of `topo` (several nodes, spines), all starting at 0, the plan's schedule booked on the
-    switches' clocks (fabric.switch_clocks.TwoLevelReduction): the plan's symbolic run (format.walk) books
-    each GPU's contributions on its uplink in its program order, issued at the call's start; a slot's last
+    """Modeled ns of one call of a plan of in-switch operations (switch_contribute, multicast_store,
+    switch_recv; validated) on every GPU of `topo` (several nodes, spines), all starting at 0, the plan's
+    schedule booked on the switches' clocks (fabric.switch_clocks.TwoLevelSwitches): the plan's symbolic run
+    (format.walk) books each GPU's contributions and stores on its uplink in its program order, all issued at
+    the call's start (a store then goes up to spine (GPU + slot[-1]) mod P and down to every other node at
+    once: TwoLevelSwitches.store); a slot's last
     contribution has the switches reduce it (its spine: the slot's last entry mod P; partial_itemsize: the
     bytes of an element of a leaf's partial, default itemsize) and send the result down to the nodes of the
     GPUs it goes to; each GPU takes its results on its downlink in its program order (switch_recv); the
     call ends once every uplink is free. A chunk of no element is neither contributed nor taken."""
-    clocks = TwoLevelReduction(topo, config, plan.name)  # FabricError on one node (fabric.cost times it)
+    clocks = TwoLevelSwitches(topo, config, plan.name)  # FabricError on one node (fabric.cost times it)
     _check(plan, topo, config)
     if plan.lanes > 1 or any(op.kind not in _SWITCH and op.kind not in ("flush", "nop") for _, _, op in plan.ops()):
         raise PlanError(f"plan {plan.name!r}: in-switch operations are timed in plans of in-switch operations only "
@@ -364,7 +366,11 @@ def switch_plan_ns(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4
     results: dict[tuple, dict[int, tuple[float, float]]] = {}
 
     def visit(g, step, op, message):
-        if op.kind in SWITCH_PUTS:
+        if op.kind == "multicast_store":
+            lo, hi = span(tables[g], op.src)
+            if hi > lo:
+                results[op.slot] = clocks.store(g, raw((hi - lo) * itemsize), g + op.slot[-1])
+        elif op.kind in SWITCH_PUTS:
             lo, hi = span(tables[g], op.src)
             if hi == lo:
                 return None

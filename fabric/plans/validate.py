@@ -6,8 +6,8 @@ Rules (each refusal is a PlanError naming the GPU, the step and, where one is in
    count; allgather and gather: output = GPUs x input; reduce_scatter and scatter: input = GPUs x
    output); inplace: alike; a rooted collective's root is one of the GPUs; chunk element counts
    (GpuProgram.elements) given by every GPU or none, one non-negative integer per chunk;
-2. every operation's kind is known and runnable (multicast_store and load_reduce are refused: no
-   interpreter runs them yet), names the buffers its kind needs, in range, and peers that are other GPUs of the plan;
+2. every operation's kind is known and runnable (load_reduce is refused: no interpreter runs it yet),
+   names the buffers its kind needs, in range, and peers that are other GPUs of the plan;
    a dependency names an earlier operation of the same GPU (so the dependencies have no cycle); only a
    reducing kind has an operand order (incoming_first); on a plan whose channels run on lanes
    (Plan.lanes = C > 1), every channel is one of 0..C-1; an in-switch kind names a slot (a non-empty
@@ -22,7 +22,8 @@ Rules (each refusal is a PlanError naming the GPU, the step and, where one is in
    in the switch: a switch_recv waits until every switch_contribute of its slot has run, and takes their
    reduction, the sum of their contributions (a contribution two of them hold would be counted twice);
    the contributions of a slot agree on its chunk count and destination (send_to), and every GPU the slot
-   goes to takes it exactly once, no other GPU;
+   goes to takes it exactly once, no other GPU; a multicast_store is a slot of one put (no other store or
+   contribution) that every GPU takes;
 4. at the end every output chunk holds exactly the contributions the collective requires: allreduce
    chunk c = input chunk c of every GPU; allgather chunk g k + m = GPU g's input chunk m; reduce_scatter
    chunk m of GPU g = input chunk g k + m of every GPU; all2all chunk h k + m of GPU g = GPU h's input
@@ -44,8 +45,9 @@ from .format import BUFFERS, COLLECTIVES, IN_SWITCH, KINDS, LOCAL, RECVS, REDUCI
 
 _NEEDS = {"send": ("src",), "recv": ("dst",), "recv_reduce": ("dst",), "recv_reduce_send": ("src",),
           "recv_copy_send": ("dst",), "recv_reduce_copy_send": ("dst",), "copy": ("src", "dst"),
-          "reduce": ("src", "dst"), "flush": (), "nop": (), "switch_contribute": ("src",), "switch_recv": ("dst",)}
-_RUNNABLE_IN_SWITCH = ("switch_contribute", "switch_recv")  # the in-switch kinds the interpreters run
+          "reduce": ("src", "dst"), "flush": (), "nop": (), "switch_contribute": ("src",), "switch_recv": ("dst",),
+          "multicast_store": ("src",)}
+_RUNNABLE_IN_SWITCH = ("switch_contribute", "switch_recv", "multicast_store")  # the ones the interpreters run
 _SWITCH_KINDS = frozenset(IN_SWITCH)
 
 
@@ -303,8 +305,8 @@ def _run(plan: Plan) -> _State:
             raise PlanError(f"{_where(g, step, op, op.dst.off)}: {op.kind} of chunks of {list(size_of(g, op.src))} "
                             f"elements into chunks of {list(size_of(g, op.dst))}")
         kind, out = op.kind, None
-        if kind == "switch_contribute":
-            return g, step, state.read(g, step, op, op.src), op.send_to, size_of(g, op.src)
+        if kind == "switch_contribute" or kind == "multicast_store":
+            return g, step, state.read(g, step, op, op.src), op.send_to, size_of(g, op.src), kind
         if kind == "switch_recv":
             state.write(g, op.dst, _take(plan, g, step, op, received, taken, size_of(g, op.dst)))
             return None
@@ -361,8 +363,11 @@ def _take(plan: Plan, g: int, step: int, op, puts: list, taken: dict, sizes):
     """What GPU g's switch_recv of op.slot holds: the sum of the slot's contributions (puts: (GPU, step,
     values, send_to, element counts) of each, in the order they ran), refused unless they agree on their
     chunks and destination, g is it, g takes it once, and no contribution is counted twice."""
-    g0, step0, _, to, _ = puts[0]
-    for h, hstep, values, hto, hsizes in puts:
+    g0, step0, _, to, _, kind = puts[0]
+    if kind == "multicast_store" and len(puts) > 1:
+        raise PlanError(f"{_where(puts[1][0], puts[1][1])} ({puts[1][5]}) puts into slot {list(op.slot)}, GPU {g0} "
+                        f"step {step0}'s multicast store (a store is a slot of its own)")
+    for h, hstep, values, hto, hsizes, _ in puts:
         if hto != to:
             raise PlanError(f"{_where(h, hstep)} (switch_contribute) sends slot {list(op.slot)}'s result to "
                             f"{'every GPU' if hto is None else f'GPU {hto}'}, GPU {g0} step {step0} to "
@@ -379,7 +384,7 @@ def _take(plan: Plan, g: int, step: int, op, puts: list, taken: dict, sizes):
         raise PlanError(f"{_where(g, step, op)}: takes slot {list(op.slot)} a second time")
     seen.add(g)
     value = list(puts[0][2])
-    for h, hstep, values, _, _ in puts[1:]:
+    for h, hstep, values, _, _, _ in puts[1:]:
         value = _combine(value, values, g, step, op, plan)
     return value
 

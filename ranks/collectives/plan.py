@@ -16,7 +16,8 @@ fabric.plans.timing.messages times it. Link bytes: the plan's (fabric.plans.plan
 In-switch operations are the switch packets sharp.py sent (Call.reduce, so the switches check them as
 any other): a switch_contribute of a chunk run is one REDUCE of slot op.slot, issued at the call's start
 (its modeled issue time: the credits are not modeled), its result to send_to or every member under key
-(PLAN_SWITCH, *slot); every switch_recv's chunks are posted at the start and waited for at its turn;
+(PLAN_SWITCH, *slot); a multicast_store is one MCAST under that key (Call.multicast: the switch picks its
+spine from the key's last entry); every switch_recv's chunks are posted at the start and waited for at its turn;
 the switch finishes the reduction (no average at the end). A chunk run of no element is skipped.
 """
 
@@ -90,9 +91,14 @@ def _run_op(call, plan, op, bufs, table, tmp_all, sent, taken, start) -> None:
             dest = list(range(call.n)) if op.send_to is None else [op.send_to]
             call.reduce(op.slot, bufs[op.src.buf][lo:hi], dest, (PLAN_SWITCH, *op.slot), start)
         return
+    if op.kind == "multicast_store":
+        lo, hi = span(table, op.src)
+        if hi > lo:
+            call.multicast((PLAN_SWITCH, *op.slot), bufs[op.src.buf][lo:hi])
+        return
     if op.kind == "switch_recv":
         lo, hi = span(table, op.dst)
-        call.wait((PLAN_SWITCH, *op.slot), "the switch's reduction", bufs[op.dst.buf][lo:hi])
+        call.wait((PLAN_SWITCH, *op.slot), "the switch's delivery", bufs[op.dst.buf][lo:hi])
         return
     if op.kind in RECVS:
         m = taken[(op.recv_from, op.channel)] = taken.get((op.recv_from, op.channel), -1) + 1

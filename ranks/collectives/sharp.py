@@ -8,11 +8,11 @@ import numpy as np
 
 from nvlink_emu.fabric import plans
 from nvlink_emu.fabric.plans import in_switch
-from nvlink_emu.fabric.reduction import blocks, chunks, switch_accumulator
+from nvlink_emu.fabric.reduction import chunks, switch_accumulator
 
 from . import plan
 
-AG, BC, RD = 2, 3, 4  # message phases (0, 1 were allreduce's and reduce_scatter's, now their plans')
+RD = 4  # reduce's message phase (0 to 3 were allreduce's, reduce_scatter's, allgather's and broadcast's, now their plans')
 
 
 def allreduce(call, array: np.ndarray) -> None:
@@ -38,36 +38,18 @@ def reduce_scatter(call, send: np.ndarray, recv: np.ndarray) -> None:
 
 
 def allgather(call, send: np.ndarray, recv: np.ndarray) -> None:
-    parts = blocks(recv.size, call.n)
-    for p, (a, b) in enumerate(parts):
-        for c, (lo, hi) in enumerate(chunks(a, b, call.chunk)):
-            call.post((AG, p, c), recv[lo:hi])
-    a, _ = parts[call.r]
-    for c, (lo, hi) in enumerate(chunks(0, send.size, call.chunk)):
-        call.multicast((AG, call.r, c), send[lo:hi])
-    # this node's blocks first (their copies come straight from the leaf), then the others' in rank order:
-    # a GPU takes its deliveries on its downlink in the order it waits, and the other nodes' come later
-    per_node = call.gpu.config.gpus_per_node
-    here = call.gpu.rank // per_node
-    for p in sorted(range(call.n), key=lambda p: call.peer(p) // per_node != here):
-        a, b = parts[p]
-        for c, (lo, hi) in enumerate(chunks(a, b, call.chunk)):
-            call.wait((AG, p, c), f"GPU {call.peer(p)}'s multicast", recv[lo:hi])
-    call.flush()
+    """Its plan of multicast stores (fabric.plans.in_switch.sharp), run by the one executor."""
+    per_node, item = call.gpu.config.gpus_per_node, recv.dtype.itemsize
+    shape = in_switch.shape("sharp", call.n, "allgather", call.nodes(), call.gpu.config, recv.size * item, item,
+                            member_nodes=tuple(call.peer(p) // per_node for p in range(call.n)))
+    plan.execute(call, plans.build("sharp", call.n, "allgather", shape=shape), send, recv)
 
 
 def broadcast(call, array: np.ndarray, root: int) -> None:
-    spans = chunks(0, array.size, call.chunk)
-    if call.r == root:
-        scratch = np.empty(min(call.chunk, array.size), array.dtype)
-        for c, (lo, hi) in enumerate(spans):
-            call.multicast((BC, c), array[lo:hi])
-        for c, (lo, hi) in enumerate(spans):
-            call.recv_switch((BC, c), scratch[:hi - lo], "the root's own multicast copy")
-    else:
-        for c, (lo, hi) in enumerate(spans):
-            call.recv_switch((BC, c), array[lo:hi], f"GPU {call.peer(root)}'s multicast")
-    call.flush()
+    """Its plan of multicast stores (fabric.plans.in_switch.sharp) from `root`, run by the one executor."""
+    item = array.dtype.itemsize
+    shape = in_switch.shape("sharp", call.n, "broadcast", call.nodes(), call.gpu.config, array.size * item, item)
+    plan.execute(call, plans.build("sharp", call.n, "broadcast", root, shape=shape), array, array)
 
 
 def reduce(call, send: np.ndarray, recv: np.ndarray | None, root: int) -> None:

@@ -193,10 +193,26 @@ def test_reading_an_unwritten_chunk_and_unreceived_messages_are_refused():
 
 def test_in_switch_operations_not_run_yet_are_refused():
     plan = plans.build("ring", 2, "allreduce")
-    bad = _with_ops(plan, 1, (Op("multicast_store", src=Ref("o", 0), slot=(0,)),) + plan.programs[1].ops)
-    with pytest.raises(PlanError, match=r"GPU 1 step 0 \(multicast_store, channel 0\): multicast_store is part "
+    bad = _with_ops(plan, 1, (Op("load_reduce", src=Ref("o", 0), slot=(0,)),) + plan.programs[1].ops)
+    with pytest.raises(PlanError, match=r"GPU 1 step 0 \(load_reduce, channel 0\): load_reduce is part "
                                         r"of the format but no interpreter runs it yet"):
         plans.validate(bad)
+
+
+def test_sharp_multicast_stores_are_plans():
+    config = resolve("superpod-h100-nvlink", None, None, 2, 2)
+    plan = replay.sharp_stores_plan("allgather", config.topology, 16, config, 4)  # one element a block
+    assert [(op.kind, op.slot) for op in plan.programs[2].ops] == [
+        ("multicast_store", (2, 0)), ("switch_recv", (2, 0)), ("switch_recv", (3, 0)), ("switch_recv", (0, 0)),
+        ("switch_recv", (1, 0))]  # its own node's blocks first
+    assert plans.in_switch.stores(plan, 16, 4) == {0: [(4, 0)], 1: [(4, 1)], 2: [(4, 2)], 3: [(4, 3)]}
+    ops = list(plan.programs[1].ops)
+    with pytest.raises(PlanError, match=r"GPU 1 step 0 \(multicast_store\) puts into slot \[0, 0\], GPU 0 step 0's "
+                                        r"multicast store"):
+        plans.validate(_with_ops(plan, 1, [dataclasses.replace(ops[0], slot=(0, 0))] + ops[1:]))
+    root = replay.sharp_stores_plan("broadcast", config.topology, 16, config, 4, root=3)
+    assert [op.kind for op in root.programs[3].ops] == ["multicast_store", "switch_recv"]
+    assert root.programs[3].ops[1].dst == Ref("s", 0)  # the root's own copy, into scratch
 
 
 def _sharp(gpus=3, count=10, piece=4, window=2):
