@@ -32,8 +32,7 @@ FLAT = {
     "tree": ("allreduce",),
 }
 # in the switches (two-level sharp and nvls on spines that reduce and multicast): no GPU-to-GPU rounds;
-# link_bytes and modeled_ns cover them (fabric.replay.replay_ns: sharp allreduce's plan, sharp_reduce_scatter_ns,
-# sharp_mcast_ns, nvls_ns)
+# link_bytes and modeled_ns cover them (fabric.replay.replay_ns: their plans, fabric.plans.in_switch)
 IN_SWITCH = {"sharp": ("allreduce", "reduce_scatter", "allgather", "broadcast"),
              "nvls": ("allreduce", "reduce_scatter", "allgather", "broadcast")}
 

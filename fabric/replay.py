@@ -23,8 +23,8 @@ programs fix (a member's part of a partial and its stores on its own share of th
 spine, a result on the group's shares of the destination node's, a store down on its sender's part
 of those); each is replayed slot by slot on the same clocks (GPU links, each leaf's and spine's
 reduction engine, those shares). nvls's reduce_scatter and allreduce across nodes (`nvls_ns`) are
-the same kind: load-reduces booked slot by slot in the order the members serve their LOADs, then
-(allreduce) multicast stores as sharp's; `nvls_lower_bound_ns` bounds it from below in O(chunks), so
+the same kind, their plans too: load-reduces, answers and multicast stores; `nvls_lower_bound_ns` bounds
+them from below in O(chunks), so
 that `auto` (fabric.tuner.fastest_across_nodes) need not replay it where it cannot win. The schedules (`PROGRAMS`) are those of ranks/collectives ring (on one node its plan,
 fabric.plans.registry.ring, timed by fabric.plans.timing; on several nodes its channels, one ring per rail,
 also its plan, built for the call's size, but for broadcast's chains), direct and pxn
@@ -49,7 +49,7 @@ from .packets import raw_bytes
 from .reduction import blocks, chunks
 from .programs import Fabric, run_programs
 from .switch_clocks import sharp_clocks
-from .timemodel import LinkEnd, ReductionClock
+from .timemodel import ReductionClock
 from .topology import Topology
 
 
@@ -252,107 +252,18 @@ def nvls_chunks(topo: Topology, count: int, config, itemsize: int, partial_items
 
 def nvls_ns(collective: str, topo: Topology, count: int, config, itemsize: int = 4,
             partial_itemsize: int | None = None) -> float:
-    """Modeled ns of ranks/collectives/nvls.py's reduce_scatter (count: the input's elements) or allreduce
-    by every GPU of `topo` (several nodes), all starting at 0, as the ranks and fabric.switch book it:
-    every GPU books a header-only request per chunk of its block on its uplink at the start (+ a); its
-    leaf (+ s) sends header-only LOADs to its members and the request to spine (j + c) mod P (+ u), which
-    passes it (+ s' + u; s' a spine's
-    own switch latency, topo.spine_latency_ns) to the other leaves (+ s), which load theirs. Each GPU works in rounds c, in
-    program order: it serves chunk c of every block - each LOAD booked on its downlink (+ a), its answer
-    on its uplink from then (+ a), its part of its node's partial (1/G of it) on its share of the
-    node's uplink to spine (j + c) mod P (block j) once through the engine (+ s + its latency) -, takes back its result
-    of chunk c - 1 (downlink, + a) and (allreduce) multicast-stores it at once (on that same share, to
-    spine (r + c) mod P), then takes in every member's store of chunk c - 2. A leaf's engine reduces a
-    slot once its members' answers are in (+ s); the partial (partial_itemsize bytes an element) is at
-    the spine once the engine's result (+ u) and every member's part are (as _leaf_partial); the spine's
-    engine (+ s') reduces once every leaf's partial is in; the result takes the group's share of the
-    requester's node's uplink from that spine (+ u), its leaf (+ s) sends it down. Engines and shares
-    book slots in the order (chunk, block) the members' programs fix. A store goes as sharp_mcast_ns
-    books it (spine (p + c) mod P)."""
-    N, G, P, n = topo.nodes, topo.gpus_per_node, topo.spines, topo.gpus
-    # mine: each GPU's share of its node's uplink to spine i, for its parts of partials and its stores, in its order
-    gpus, engines, mine, down = sharp_clocks(topo, config, "nvls")
+    """Modeled ns of nvls's reduce_scatter (count: the input's elements) or allreduce by every GPU of `topo`
+    (several nodes and spines), all starting at 0: its plan (fabric.plans.in_switch.nvls, the schedule)
+    timed on the switches' clocks (fabric.plans.timing.switch_plan_ns; fabric.switch_clocks, what the
+    switches do with it). partial_itemsize: the bytes of an element of a leaf's partial (default itemsize)."""
+    sharp_clocks(topo, config, "nvls")  # several nodes and spines (one switch: fabric.cost's closed form)
     if collective not in ("reduce_scatter", "allreduce"):
         raise FabricError(f"replay: nvls's load-reduce is reduce_scatter's and allreduce's, not {collective}")
-    wide = partial_itemsize or itemsize
-    spans = nvls_chunks(topo, count, config, itemsize, partial_itemsize)
-    t = config.timing
-    s, u, rl = t.switch_latency_ns, config.uplink_latency_ns, t.reduction_latency_ns
-    sp = topo.spine_latency_ns  # a spine's traversal (s: a leaf's)
-    raw = lambda nbytes: raw_bytes(nbytes, config.mtu_bytes, config.header_bytes)
-    header = raw(0)
-    share = topo.share_gbytes_per_s
-    store_down = {(p, i, k): LinkEnd(share * G / (P * (n - G)), u)  # its part of node k's shares from spine i
-                  for p in range(n) for i in range(P) for k in range(N)}
-    requests = [[gpu.uplink.send(0.0, 0.0, header) for _ in spans[gpu.index]] for gpu in gpus]
-    results: dict[tuple[int, int], tuple[float, float, int]] = {}  # (requester, chunk) -> stamps at its leaf, raw
-    stores: dict[tuple[int, int, int], tuple[float, float, int]] = {}  # (sender, chunk, node) -> at that node's leaf
-
-    def take_back(gpu, c):
-        if not 0 <= c < len(spans[gpu.index]):  # c = -1: a call of no element has no round
-            return
-        d0, d1, r = results.pop((gpu.index, c))
-        _, end = gpu.downlink.book(d0, d1, r)
-        gpu.now = max(gpu.now, end + gpu.downlink.latency_ns)
-        if collective == "allreduce":  # the multicast store of my reduced chunk c
-            p, i = gpu.index, (gpu.index + c) % P
-            a, b = gpu.uplink.send(gpu.now, gpu.now, r)
-            a, b = a + s, b + s
-            stores[(p, c, gpu.node)] = (a, b, r)
-            a, b = mine[(p, i)].send(a, b, r)
-            for k in range(N):
-                if k != gpu.node:
-                    d0, d1 = store_down[(p, i, k)].send(a + sp, b + sp, r)
-                    stores[(p, c, k)] = (d0 + s, d1 + s, r)
-
-    def gather(gpu, c):
-        if collective != "allreduce" or c < 0:
-            return
-        for p in range(n):
-            if c < len(spans[p]):
-                a, b, r = stores[(p, c, gpu.node)]
-                _, end = gpu.downlink.book(a, b, r)
-                gpu.now = max(gpu.now, end + gpu.downlink.latency_ns)
-
-    rounds = max(len(span) for span in spans)
-    for c in range(rounds):
-        answers, parts = {}, {}
-        for gpu in gpus:
-            for j in range(n):
-                if c < len(spans[j]):
-                    lo, hi = spans[j][c]
-                    ready = requests[j][c][1] + s + (0.0 if gpus[j].node == gpu.node else sp + s + 2 * u)
-                    _, end = gpu.downlink.book(ready, ready, header)
-                    at = end + gpu.downlink.latency_ns
-                    a, b = answers[(gpu.index, j)] = gpu.uplink.send(at, at, raw((hi - lo) * itemsize))
-                    # my part of my node's partial, on my share to spine (j + c) mod P, once through the engine
-                    parts[(gpu.index, j)] = mine[(gpu.index, (j + c) % P)].send(a + s + rl, b + s + rl,
-                                                                          raw((hi - lo) * wide) / G)
-            if c:
-                take_back(gpu, c - 1)
-                gather(gpu, c - 2)
-        for j in range(n):
-            if c >= len(spans[j]):
-                continue
-            lo, hi = spans[j][c]
-            r, w, i = raw((hi - lo) * itemsize), raw((hi - lo) * wide), (j + c) % P
-            partials = []
-            for k in range(N):  # at the spine once the engine's result (+ u) and every member's part are
-                node = [answers[(g, j)] for g in range(k * G, (k + 1) * G)]
-                mine_k = [parts[(g, j)] for g in range(k * G, (k + 1) * G)]
-                start, end = engines[k].reduce(max(a for a, _ in node) + s, max(b for _, b in node) + s, w)
-                partials.append((max(start + u, max(a for a, _ in mine_k)), max(end + u, max(b for _, b in mine_k))))
-            first, last = max(a for a, _ in partials), max(b for _, b in partials)
-            start, end = engines[N + i].reduce(first + sp, last + sp, r)
-            d0, d1 = down[(i, gpus[j].node)].send(start, end, r)
-            results[(j, c)] = (d0 + s, d1 + s, r)
-    for gpu in gpus:
-        take_back(gpu, rounds - 1)
-    for gpu in gpus:
-        gather(gpu, rounds - 2)
-        gather(gpu, rounds - 1)
-        gpu.now = max(gpu.now, gpu.uplink.free_ns)
-    return max(gpu.now for gpu in gpus)
+    wide = (partial_itemsize or itemsize) // itemsize
+    S = count * itemsize
+    plan = build("nvls", topo.gpus, collective,
+                 shape=in_switch.shape("nvls", topo.gpus, collective, topo.nodes, config, S, itemsize, wide))
+    return timing.plan_ns(plan, topo, S, config, itemsize, partial_itemsize=partial_itemsize)
 
 
 def nvls_lower_bound_ns(collective: str, topo: Topology, count: int, config, itemsize: int = 4,

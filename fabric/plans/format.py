@@ -28,8 +28,12 @@ plan; sharp's push: a contribution is issued at the call's start, its credits ar
 switch_recv (dst = what the switch delivers for `slot`: its reduction's result once every contribution is
 in; a GPU the slot goes to takes it exactly once), multicast_store (src: a copy to every GPU of the plan,
 this one included, each taking it with a switch_recv of the slot; one store a slot; across nodes its spine
-is (this GPU + slot[-1]) mod P, the switches' rule for stores, fabric.switch.multicast.store_spine) and
-load_reduce (part of the format; no interpreter runs it yet, the validator refuses it).
+is (this GPU + slot[-1]) mod P, the switches' rule for stores, fabric.switch.multicast.store_spine; issued
+at the GPU's clock) and load_reduce (NVLS: src names chunks of this GPU's input; it asks the switch to
+read those chunks of every GPU's input ("i", bound for the call), reduce them and send the result to this
+GPU as slot `slot`; each GPU's switch_contribute to that slot is its answer to the switch's read, which it
+serves at its turn once the request is out, of the same chunks, send_to the requester; header-only
+requests, all of a GPU's booked on its uplink at the call's start, sent as credits allow).
 """
 
 from collections import deque
@@ -138,10 +142,12 @@ def walk(plan: Plan, visit) -> tuple[list[int], dict[tuple[int, int, int], deque
     a GPU that stopped short waits for ever (a deadlock), a message left in a queue was never received.
     In-switch kinds: what a SWITCH_PUTS operation's visit returns joins its slot's pool; a SWITCH_TAKES
     operation waits until every operation of the plan that puts into its slot has (switch_slots), and its
-    message is the pool, a list in the order they ran."""
+    message is the pool, a list in the order they ran; a switch_contribute to a slot a load_reduce asks for
+    (load_requests) waits until that request has run (it answers the switch's read)."""
     queues: dict[tuple[int, int, int], deque] = {}
     pools: dict[tuple, list] = {}
     needed = None  # slot -> how many operations put into it, counted at the first wait for a slot
+    loads, requested = None, set()  # the slots load_reduce asks for (load_requests); those asked so far
     at = [0] * plan.gpus
     recvs, sends = _RECVS, _SENDS
     progressed = True
@@ -158,15 +164,23 @@ def walk(plan: Plan, visit) -> tuple[list[int], dict[tuple[int, int, int], deque
                     if not queue:
                         break
                     message = queue.popleft()
-                elif kind in _TAKES:
-                    if needed is None:
-                        needed = {slot: len(puts) for slot, puts in switch_slots(plan).items()}
-                    message = pools.get(op.slot)
-                    if message is None or len(message) < needed.get(op.slot, 0) or not needed.get(op.slot):
-                        break
+                elif kind in _WAITS:
+                    if kind == "switch_contribute":
+                        if loads is None:
+                            loads = load_requests(plan)
+                        if op.slot in loads and op.slot not in requested:
+                            break
+                    else:
+                        if needed is None:
+                            needed = {slot: len(puts) for slot, puts in switch_slots(plan).items()}
+                        message = pools.get(op.slot)
+                        if message is None or len(message) < needed.get(op.slot, 0) or not needed.get(op.slot):
+                            break
                 out = visit(g, step, op, message)
                 if kind in _PUTS:
                     pools.setdefault(op.slot, []).append(out)
+                elif kind == "load_reduce":
+                    requested.add(op.slot)
                 if kind in sends:
                     key = (g, op.send_to, op.channel)
                     queue = queues.get(key)
@@ -181,6 +195,7 @@ def walk(plan: Plan, visit) -> tuple[list[int], dict[tuple[int, int, int], deque
 
 _RECVS, _SENDS = frozenset(RECVS), frozenset(SENDS)  # walk's membership tests
 _PUTS, _TAKES = frozenset(SWITCH_PUTS), frozenset(SWITCH_TAKES)
+_WAITS = _TAKES | {"switch_contribute"}  # the in-switch kinds that may wait in walk
 
 
 def switch_slots(plan: Plan) -> dict[tuple, list[tuple[int, int]]]:
@@ -194,6 +209,19 @@ def switch_slots(plan: Plan) -> dict[tuple, list[tuple[int, int]]]:
                 if op.kind in _PUTS:
                     kept.setdefault(op.slot, []).append((program.gpu, step))
         plan.__dict__["_switch_slots"] = kept
+    return kept
+
+
+def load_requests(plan: Plan) -> dict[tuple, list[tuple[int, int]]]:
+    """slot -> the (GPU, step) of every load_reduce that asks for it, in GPU and program order; kept on the plan."""
+    kept = plan.__dict__.get("_load_requests")
+    if kept is None:
+        kept = {}
+        for program in plan.programs:
+            for step, op in enumerate(program.ops):
+                if op.kind == "load_reduce":
+                    kept.setdefault(op.slot, []).append((program.gpu, step))
+        plan.__dict__["_load_requests"] = kept
     return kept
 
 

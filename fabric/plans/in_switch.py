@@ -27,11 +27,23 @@ downlink in the order it waits, and another node's come later); blocks padded as
 the root stores chunk c of its buffer as slot (c,) and takes its own copies into scratch; every member takes
 them into its buffer (in place).
 
+nvls reduce_scatter and allreduce (NCCL's NVLS): member r asks the switch to load-reduce chunk c of its
+own block r (load_reduce, slot (r, c, r + c): the switch reads that chunk of every member's input and
+reduces it; its last entry picks the spine), `window` requests out before the first result is back, one
+more after each; in rounds c every member answers the switch's reads of chunk c of every block in member
+order (switch_contribute to slot (j, c, j + c), send_to j), then takes back its own chunk c - 1 and
+(allreduce) multicast-stores it (slot (r, c - 1): the switches' spine (r + c - 1) mod P), then takes every
+member's store of chunk c - 2 (a round behind, so that waiting for them never delays its next store);
+then the last rounds' takes. reduce_scatter's results land in the output; allreduce's in scratch (chunks
+0..R-1; its own store's copy in R..2R-1), copied into its own block at the end. Blocks padded as
+reduce_scatter's. The chunk is nvls_chunk_bytes shrunk as Call.in_switch_window does with nvls's credit
+streams (fabric.budget.nvls_streams), the window at least 2.
+
 What the plan is built from depends on the fabric's config (its switch buffer and chunk), so `shape`
 computes it and registry.build takes it (`shape=`): (elements, elements a chunk, window).
 """
 
-from ..budget import in_switch_window, sharp_scatter_streams, sharp_streams
+from ..budget import _nvls_streams, in_switch_window, sharp_scatter_streams, sharp_streams
 from ..errors import PlanError
 from ..reduction import blocks, chunks
 from .format import GpuProgram, Op, Plan, Ref
@@ -47,6 +59,10 @@ def shape(algorithm: str, gpus: int, collective: str, nodes: int, config, nbytes
     (fabric.budget.sharp_streams; reduce_scatter: sharp_scatter_streams, at least 2 chunks). allgather and
     broadcast (multicast stores, no credits): (elements, elements a message of chunk_bytes, allgather: the
     node of each member, member_nodes, which orders its takes)."""
+    if algorithm == "nvls" and collective in ("allreduce", "reduce_scatter"):
+        streams = _nvls_streams(gpus, nodes, config.nodes, wide)
+        window, chunk = in_switch_window(config, gpus, streams, 2, config.nvls_chunk_bytes, itemsize)
+        return int(nbytes) // itemsize, chunk // itemsize, window
     if algorithm != "sharp" or collective not in ("allreduce", "reduce_scatter", "allgather", "broadcast"):
         raise PlanError(f"no in-switch plan for {collective} with {algorithm!r}")
     if collective in ("allgather", "broadcast"):
@@ -165,3 +181,54 @@ def stores(plan: Plan, S: int, itemsize: int) -> dict[int, list[tuple[int, int]]
                 if hi > lo:
                     out.setdefault(program.gpu, []).append(((hi - lo) * itemsize, program.gpu + op.slot[-1]))
     return out
+
+
+def nvls(gpus: int, collective: str, root: int = 0, layout=None, shape: tuple[int, int, int] | None = None) -> Plan:
+    """nvls's reduce_scatter or allreduce (module docstring) for shape = (elements, elements a chunk, window)."""
+    if collective not in ("allreduce", "reduce_scatter"):
+        raise PlanError(f"nvls plan: no {collective}; nvls builds allreduce and reduce_scatter (its allgather "
+                        f"and broadcast are sharp's multicast stores)")
+    if shape is None:
+        raise PlanError("nvls plan: it is built for a call's size and the fabric's switch buffer "
+                        "(fabric.plans.in_switch.shape)")
+    n, (count, piece, window) = gpus, shape
+    spans = [chunks(a, b, piece) for a, b in blocks(count, n)]
+    R = max(1, max(len(span) for span in spans))  # rounds; no element: one empty chunk a block
+    sizes = [[hi - lo for lo, hi in span] + [0] * (R - len(span)) for span in spans]
+    whole = tuple(x for row in sizes for x in row)  # block j's chunk c is chunk j R + c
+    everyone = collective == "allreduce"
+    answer = [[Op("switch_contribute", src=Ref("i", j * R + c), send_to=j, slot=(j, c, j + c)) for c in range(R)]
+              for j in range(n)]
+    programs = []
+    for r in range(n):
+        request = [Op("load_reduce", src=Ref("i", r * R + c), slot=(r, c, r + c)) for c in range(R)]
+        result = Ref("s", 0) if everyone else Ref("o", 0)  # my reduced chunks (chunk c at offset c)
+        ops = request[:window]
+
+        def take_back(c):  # my reduced chunk c is back: store it, let one more request go
+            ops.append(Op("switch_recv", dst=Ref(result.buf, c), slot=(r, c, r + c)))
+            if everyone:
+                ops.append(Op("multicast_store", src=Ref("s", c), slot=(r, c)))
+            if c + window < R:
+                ops.append(request[c + window])
+
+        def gather(c):  # every member's store of chunk c (my own: its copy into scratch)
+            if everyone and 0 <= c < R:
+                ops.extend(Op("switch_recv", dst=Ref("s", R + c) if p == r else Ref("o", p * R + c), slot=(p, c))
+                           for p in range(n))
+
+        for c in range(R):
+            ops.extend(answer[j][c] for j in range(n))
+            if c:
+                take_back(c - 1)
+                gather(c - 2)
+        take_back(R - 1)
+        gather(R - 2)
+        gather(R - 1)
+        if everyone:  # my block's sum, into my output
+            ops.append(Op("copy", src=Ref("s", 0, R), dst=Ref("o", r * R, R)))
+            elements = (whole, whole, tuple(sizes[r]) * 2)
+            programs.append(GpuProgram(r, tuple(ops), n * R, n * R, 2 * R, elements=elements))
+        else:
+            programs.append(GpuProgram(r, tuple(ops), n * R, R, elements=(whole, tuple(sizes[r]), ())))
+    return Plan("nvls", collective, n, tuple(programs), inplace=everyone, fabrics=("network",))

@@ -41,7 +41,7 @@ import functools
 from ..errors import PlanError
 from ..reduction import blocks, channel_rings, chunks, ring_channel_count, tree_chunk, tree_parts, tree_steps
 from .format import GpuProgram, Op, Plan, Ref
-from .in_switch import sharp
+from .in_switch import nvls, sharp
 from .validate import validate
 
 
@@ -409,7 +409,7 @@ def tree(gpus: int, collective: str, root: int = 0, layout=None, pieces: tuple[i
 
 
 ALGORITHMS = {"ring": ring, "recursive_doubling": recursive_doubling, "direct": direct, "pxn": pxn, "tree": tree,
-              "sharp": sharp}  # sharp: built from the fabric's config too (in_switch.shape, build's shape=)
+              "sharp": sharp, "nvls": nvls}  # built from the fabric's config too (in_switch.shape, build's shape=)
 # the algorithms whose plan depends on the call's size: function (gpus, collective, layout, nbytes) -> what
 # the plan is built from (passed on as its fifth argument; None: the plan of no size)
 SIZED = {"ring": lambda gpus, collective, layout, nbytes, itemsize, chunk_bytes: (

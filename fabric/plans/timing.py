@@ -342,40 +342,55 @@ def plan_ns(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4, event
 
 def switch_plan_ns(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4,
                    partial_itemsize: int | None = None) -> float:
-    """Modeled ns of one call of a plan of in-switch operations (switch_contribute, multicast_store,
-    switch_recv; validated) on every GPU of `topo` (several nodes, spines), all starting at 0, the plan's
-    schedule booked on the switches' clocks (fabric.switch_clocks.TwoLevelSwitches): the plan's symbolic run
-    (format.walk) books each GPU's contributions and stores on its uplink in its program order, all issued at
-    the call's start (a store then goes up to spine (GPU + slot[-1]) mod P and down to every other node at
-    once: TwoLevelSwitches.store); a slot's last
-    contribution has the switches reduce it (its spine: the slot's last entry mod P; partial_itemsize: the
-    bytes of an element of a leaf's partial, default itemsize) and send the result down to the nodes of the
-    GPUs it goes to; each GPU takes its results on its downlink in its program order (switch_recv); the
-    call ends once every uplink is free. A chunk of no element is neither contributed nor taken."""
+    """Modeled ns of one call of a plan of in-switch operations (validated) on every GPU of `topo` (several
+    nodes, spines), all starting at 0, the plan's schedule booked on the switches' clocks
+    (fabric.switch_clocks.TwoLevelSwitches, what the switches do with it). Every GPU's load_reduce requests
+    are booked on its uplink first, in its program order (issued at the call's start); then the plan's
+    symbolic run (format.walk) books, each GPU in its program order: a switch_contribute on its uplink (a
+    push's from the call's start; an answer to a load_reduce once that request's LOAD came down its
+    downlink) and its part of its node's partial toward the spine slot[-1] mod P (partial_itemsize: the
+    bytes of an element of a leaf's partial, default itemsize); a slot's last contribution has the
+    switches reduce it and send the result down to the nodes of the GPUs it goes to; a multicast_store from
+    the GPU's clock, up to spine (GPU + slot[-1]) mod P and down to every other node; a switch_recv on its
+    downlink, its clock then at the last byte; a flush, its clock at its uplink's last byte; a copy or a
+    reduction, no modeled time. The call ends once every uplink is free. A chunk of no element is neither
+    sent nor taken."""
     clocks = TwoLevelSwitches(topo, config, plan.name)  # FabricError on one node (fabric.cost times it)
     _check(plan, topo, config)
-    if plan.lanes > 1 or any(op.kind not in _SWITCH and op.kind not in ("flush", "nop") for _, _, op in plan.ops()):
-        raise PlanError(f"plan {plan.name!r}: in-switch operations are timed in plans of in-switch operations only "
-                        f"(no lanes, no point-to-point messages)")
+    if plan.lanes > 1 or any(op.kind not in _SWITCH and op.kind not in ("flush", "nop", "copy", "reduce")
+                             for _, _, op in plan.ops()):
+        raise PlanError(f"plan {plan.name!r}: in-switch operations are timed in plans of in-switch and local "
+                        f"operations only (no lanes, no point-to-point messages)")
     n, wide = plan.gpus, partial_itemsize or itemsize
     tables = [spans(plan, S, itemsize, g) for g in range(n)]
     raw = lambda nbytes: raw_bytes(nbytes, config.mtu_bytes, config.header_bytes)  # noqa: E731
+    header = raw(0)
     puts = switch_slots(plan)
     node_of = [topo.locate(g)[0] for g in range(n)]
-    pools: dict[tuple, dict[int, tuple[float, float]]] = {}
+    requests: dict[tuple, tuple[float, float]] = {}  # a load_reduce's slot -> its request's stamps
+    for g, program in enumerate(plan.programs):
+        for op in program.ops:
+            if op.kind == "load_reduce":
+                lo, hi = span(tables[g], op.src)
+                if hi > lo:
+                    requests[op.slot] = clocks.request(g, header)
+    pools: dict[tuple, dict[int, tuple]] = {}
     results: dict[tuple, dict[int, tuple[float, float]]] = {}
 
     def visit(g, step, op, message):
-        if op.kind == "multicast_store":
+        kind = op.kind
+        if kind == "multicast_store":
             lo, hi = span(tables[g], op.src)
             if hi > lo:
                 results[op.slot] = clocks.store(g, raw((hi - lo) * itemsize), g + op.slot[-1])
-        elif op.kind in SWITCH_PUTS:
+        elif kind == "switch_contribute":
             lo, hi = span(tables[g], op.src)
             if hi == lo:
                 return None
+            asked = requests.get(op.slot)
+            at = 0.0 if asked is None else clocks.load(g, asked, op.send_to, header)
             got = pools.setdefault(op.slot, {})
-            got[g] = clocks.contribute(g, raw((hi - lo) * itemsize))
+            got[g] = clocks.contribute(g, raw((hi - lo) * itemsize), raw((hi - lo) * wide), op.slot[-1], at)
             if len(got) == len(puts[op.slot]):  # the slot's last contribution: the switches reduce it
                 if len(got) != n:
                     raise PlanError(f"plan {plan.name!r}: slot {list(op.slot)} has {len(got)} contributions; an "
@@ -383,10 +398,12 @@ def switch_plan_ns(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4
                 to = range(n) if op.send_to is None else (op.send_to,)
                 results[op.slot] = clocks.reduce(op.slot[-1], [got[h] for h in range(n)], raw((hi - lo) * itemsize),
                                                  raw((hi - lo) * wide), sorted({node_of[h] for h in to}))
-        elif op.kind in SWITCH_TAKES:
+        elif kind in SWITCH_TAKES:
             lo, hi = span(tables[g], op.dst)
             if hi > lo:
                 clocks.take(g, results[op.slot][node_of[g]], raw((hi - lo) * itemsize))
+        elif kind == "flush":  # its sends so far have left (local copies and reductions take no modeled time)
+            clocks.gpus[g].now = max(clocks.gpus[g].now, clocks.gpus[g].uplink.free_ns)
         return None
 
     walk(plan, visit)

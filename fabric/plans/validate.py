@@ -6,8 +6,7 @@ Rules (each refusal is a PlanError naming the GPU, the step and, where one is in
    count; allgather and gather: output = GPUs x input; reduce_scatter and scatter: input = GPUs x
    output); inplace: alike; a rooted collective's root is one of the GPUs; chunk element counts
    (GpuProgram.elements) given by every GPU or none, one non-negative integer per chunk;
-2. every operation's kind is known and runnable (load_reduce is refused: no interpreter runs it yet),
-   names the buffers its kind needs, in range, and peers that are other GPUs of the plan;
+2. every operation's kind is known and runnable, names the buffers its kind needs, in range, and peers that are other GPUs of the plan;
    a dependency names an earlier operation of the same GPU (so the dependencies have no cycle); only a
    reducing kind has an operand order (incoming_first); on a plan whose channels run on lanes
    (Plan.lanes = C > 1), every channel is one of 0..C-1; an in-switch kind names a slot (a non-empty
@@ -23,7 +22,9 @@ Rules (each refusal is a PlanError naming the GPU, the step and, where one is in
    reduction, the sum of their contributions (a contribution two of them hold would be counted twice);
    the contributions of a slot agree on its chunk count and destination (send_to), and every GPU the slot
    goes to takes it exactly once, no other GPU; a multicast_store is a slot of one put (no other store or
-   contribution) that every GPU takes;
+   contribution) that every GPU takes; a load_reduce (one a slot, of input chunks) is answered by every
+   GPU's switch_contribute to its slot, each of the same input chunks and to the requester, which waits
+   for the request (format.walk);
 4. at the end every output chunk holds exactly the contributions the collective requires: allreduce
    chunk c = input chunk c of every GPU; allgather chunk g k + m = GPU g's input chunk m; reduce_scatter
    chunk m of GPU g = input chunk g k + m of every GPU; all2all chunk h k + m of GPU g = GPU h's input
@@ -46,8 +47,7 @@ from .format import BUFFERS, COLLECTIVES, IN_SWITCH, KINDS, LOCAL, RECVS, REDUCI
 _NEEDS = {"send": ("src",), "recv": ("dst",), "recv_reduce": ("dst",), "recv_reduce_send": ("src",),
           "recv_copy_send": ("dst",), "recv_reduce_copy_send": ("dst",), "copy": ("src", "dst"),
           "reduce": ("src", "dst"), "flush": (), "nop": (), "switch_contribute": ("src",), "switch_recv": ("dst",),
-          "multicast_store": ("src",)}
-_RUNNABLE_IN_SWITCH = ("switch_contribute", "switch_recv", "multicast_store")  # the ones the interpreters run
+          "multicast_store": ("src",), "load_reduce": ("src",)}
 _SWITCH_KINDS = frozenset(IN_SWITCH)
 
 
@@ -161,9 +161,6 @@ def _check_op(plan: Plan, g: int, step: int, op) -> None:
     n = plan.gpus
     if op.kind not in KINDS:
         raise PlanError(f"{_where(g, step)}: kind {op.kind!r} unknown; known: {', '.join(KINDS)}")
-    if op.kind in IN_SWITCH and op.kind not in _RUNNABLE_IN_SWITCH:
-        raise PlanError(f"{_where(g, step, op)}: {op.kind} is part of the format but no interpreter runs it yet "
-                        f"(the in-switch kinds run: {', '.join(_RUNNABLE_IN_SWITCH)})")
     slot = op.slot
     if op.kind in IN_SWITCH:
         if type(slot) is not tuple or not slot or any(type(x) is not int or x < 0 for x in slot):
@@ -289,6 +286,7 @@ def _run(plan: Plan) -> _State:
         return tuple(row[c] for c in ref.chunk_ids())
 
     taken: dict[tuple, set] = {}  # slot -> the GPUs that took it (switch_recv)
+    asked: dict[tuple, tuple] = {}  # slot -> (GPU, step, chunks) of the load_reduce that asks for it
 
     def visit(g, step, op, received):
         message = None
@@ -305,9 +303,26 @@ def _run(plan: Plan) -> _State:
             raise PlanError(f"{_where(g, step, op, op.dst.off)}: {op.kind} of chunks of {list(size_of(g, op.src))} "
                             f"elements into chunks of {list(size_of(g, op.dst))}")
         kind, out = op.kind, None
+        if kind == "load_reduce":
+            if op.src.buf != "i" or op.slot in asked:
+                raise PlanError(f"{_where(g, step, op, op.src.off)}: " + (
+                    f"a load-reduce reads the GPUs' input ('i'), not {op.src.buf!r}" if op.src.buf != "i" else
+                    f"slot {list(op.slot)} is asked for twice (GPU {asked.get(op.slot, (0,))[0]} asked first)"))
+            asked[op.slot] = (g, step, op.src)
+            return None
+        if kind == "switch_contribute" and op.slot in asked:  # an answer to the switch's read
+            h, hstep, ref = asked[op.slot]
+            if op.src != ref or op.send_to != h:
+                raise PlanError(f"{_where(g, step, op, op.src.off)}: answers GPU {h} step {hstep}'s load-reduce of "
+                                f"slot {list(op.slot)} with chunks [{op.src.off}, {op.src.off + op.src.cnt}) of "
+                                f"{op.src.buf!r} to {'every GPU' if op.send_to is None else f'GPU {op.send_to}'}; "
+                                f"it asks for chunks [{ref.off}, {ref.off + ref.cnt}) of 'i' to GPU {h}")
         if kind == "switch_contribute" or kind == "multicast_store":
             return g, step, state.read(g, step, op, op.src), op.send_to, size_of(g, op.src), kind
         if kind == "switch_recv":
+            if op.slot in asked and len({put[0] for put in received}) != plan.gpus:
+                raise PlanError(f"{_where(g, step, op)}: slot {list(op.slot)} is a load-reduce, answered by GPUs "
+                                f"{sorted({put[0] for put in received})}, not every GPU of the plan's {plan.gpus}")
             state.write(g, op.dst, _take(plan, g, step, op, received, taken, size_of(g, op.dst)))
             return None
         if kind == "recv":

@@ -107,8 +107,12 @@ def test_recursive_doubling_is_log2_n_exchanges(gpus):
 def test_the_registry_refuses_what_it_cannot_build():
     with pytest.raises(PlanError, match="6 GPUs is not a power of two"):
         plans.build("recursive_doubling", 6, "allreduce")
-    with pytest.raises(PlanError, match="no plan algorithm 'nvls'"):  # in the switch: not a plan yet
+    with pytest.raises(PlanError, match="no plan algorithm 'hier_nvls'"):  # not a plan yet
+        plans.build("hier_nvls", 4, "allreduce")
+    with pytest.raises(PlanError, match="nvls plan: it is built for a call's size and the fabric's switch buffer"):
         plans.build("nvls", 4, "allreduce")
+    with pytest.raises(PlanError, match="nvls plan: no allgather"):
+        plans.build("nvls", 4, "allgather", shape=(16, 4, 2))
     with pytest.raises(PlanError, match="sharp plan: it is built for a call's size and the fabric's switch buffer"):
         plans.build("sharp", 4, "allreduce")
     with pytest.raises(PlanError, match="tree plan: it is built for a call's size"):
@@ -191,12 +195,35 @@ def test_reading_an_unwritten_chunk_and_unreceived_messages_are_refused():
         plans.validate(extra)
 
 
-def test_in_switch_operations_not_run_yet_are_refused():
+def test_a_load_reduce_reads_the_input():
     plan = plans.build("ring", 2, "allreduce")
     bad = _with_ops(plan, 1, (Op("load_reduce", src=Ref("o", 0), slot=(0,)),) + plan.programs[1].ops)
-    with pytest.raises(PlanError, match=r"GPU 1 step 0 \(load_reduce, channel 0\): load_reduce is part "
-                                        r"of the format but no interpreter runs it yet"):
+    with pytest.raises(PlanError, match=r"GPU 1 step 0 \(load_reduce, channel 0\) chunk 0: a load-reduce reads the "
+                                        r"GPUs' input \('i'\), not 'o'"):
         plans.validate(bad)
+
+
+def test_nvls_is_a_plan_of_load_reduces_answers_and_stores():
+    plan = plans.build("nvls", 2, "allreduce", shape=(16, 4, 2))  # blocks of 8: 2 chunks of 4, window 2
+    assert [(op.kind, op.slot) for op in plan.programs[1].ops] == [
+        ("load_reduce", (1, 0, 1)), ("load_reduce", (1, 1, 2)),
+        ("switch_contribute", (0, 0, 0)), ("switch_contribute", (1, 0, 1)),  # round 0: answer every block's chunk 0
+        ("switch_contribute", (0, 1, 1)), ("switch_contribute", (1, 1, 2)),  # round 1: chunk 1
+        ("switch_recv", (1, 0, 1)), ("multicast_store", (1, 0)),  # its reduced chunk 0 back, stored
+        ("switch_recv", (1, 1, 2)), ("multicast_store", (1, 1)),
+        ("switch_recv", (0, 0)), ("switch_recv", (1, 0)), ("switch_recv", (0, 1)), ("switch_recv", (1, 1)),
+        ("copy", ())]
+    ops = list(plan.programs[0].ops)
+    early = [ops[2]] + ops[:2] + ops[3:]  # GPU 0 answers its own read before it asked for it
+    with pytest.raises(PlanError, match=r"deadlocks: GPU 0 step 0 waits|GPU 0 step 0 \(switch_contribute"):
+        plans.validate(_with_ops(plan, 0, early))
+    other = [dataclasses.replace(ops[2], src=Ref("i", 1)) if k == 2 else op for k, op in enumerate(ops)]
+    with pytest.raises(PlanError, match=r"GPU 0 step 2 \(switch_contribute, channel 0\) chunk 1: answers GPU 0 step 0's "
+                                        r"load-reduce of slot \[0, 0, 0\] with chunks \[1, 2\)"):
+        plans.validate(_with_ops(plan, 0, other))
+    silent = [op for op in plan.programs[1].ops if op.slot != (0, 0, 0)]  # GPU 1 never answers GPU 0's first read
+    with pytest.raises(PlanError, match=r"slot \[0, 0, 0\] is a load-reduce, answered by GPUs \[0\]"):
+        plans.validate(_with_ops(plan, 1, silent))
 
 
 def test_sharp_multicast_stores_are_plans():
