@@ -131,7 +131,11 @@ def _fine(op, g, step, n, sizes, lanes) -> bool:
     """Whether `op` keeps rule 2 (False: maybe not; _check_op decides)."""
     kind = op.kind
     needs = _NEEDS.get(kind) if type(kind) is str else None
-    if needs is None or kind in _SWITCH_KINDS or op.slot != ():  # unknown, or in the switch: rule by rule
+    if needs is None:  # unknown: rule by rule
+        return False
+    if kind in _SWITCH_KINDS:
+        return _fine_in_switch(op, kind, needs, step, n, sizes, lanes)
+    if op.slot != ():
         return False
     src, dst = op.src, op.dst
     if ("src" in needs) != (src is not None) or ("dst" in needs) != (dst is not None):
@@ -150,6 +154,24 @@ def _fine(op, g, step, n, sizes, lanes) -> bool:
         if frm is None or not 0 <= frm < n or frm == g:
             return False
     elif frm is not None:
+        return False
+    if lanes is not None and not 0 <= op.channel < lanes:
+        return False
+    return type(op.deps) is tuple and all(0 <= d < step for d in op.deps)
+
+
+def _fine_in_switch(op, kind, needs, step, n, sizes, lanes) -> bool:
+    """_fine for an in-switch kind (False: maybe not; _check_op decides)."""
+    slot, to = op.slot, op.send_to
+    if type(slot) is not tuple or not slot or op.recv_from is not None or op.incoming_first is not False:
+        return False
+    for x in slot:
+        if type(x) is not int or x < 0:
+            return False
+    ref, other = (op.src, op.dst) if needs == ("src",) else (op.dst, op.src)
+    if ref is None or other is not None or not _in(ref, sizes):
+        return False
+    if to is not None and (kind != "switch_contribute" or type(to) is not int or not 0 <= to < n):
         return False
     if lanes is not None and not 0 <= op.channel < lanes:
         return False
@@ -285,7 +307,7 @@ def _run(plan: Plan) -> _State:
         row = plan.programs[g].elements["ios".index(ref.buf)]
         return tuple(row[c] for c in ref.chunk_ids())
 
-    taken: dict[tuple, set] = {}  # slot -> the GPUs that took it (switch_recv)
+    taken: dict[tuple, tuple] = {}  # slot -> its result and the GPUs that took it (_take)
     asked: dict[tuple, tuple] = {}  # slot -> (GPU, step, chunks) of the load_reduce that asks for it
 
     def visit(g, step, op, received):
@@ -367,7 +389,7 @@ def _run(plan: Plan) -> _State:
         g0, step0 = puts[0]
         to = plan.programs[g0].ops[step0].send_to
         want = set(range(plan.gpus)) if to is None else {to}
-        missing = sorted(want - taken.get(slot, set()))
+        missing = sorted(want - (taken[slot][3] if slot in taken else set()))
         if missing:
             raise PlanError(f"GPU {missing[0]}: never takes in-switch slot {list(slot)} (switch_recv), which "
                             f"GPU {g0} step {step0} sends it")
@@ -376,31 +398,40 @@ def _run(plan: Plan) -> _State:
 
 def _take(plan: Plan, g: int, step: int, op, puts: list, taken: dict, sizes):
     """What GPU g's switch_recv of op.slot holds: the sum of the slot's contributions (puts: (GPU, step,
-    values, send_to, element counts) of each, in the order they ran), refused unless they agree on their
-    chunks and destination, g is it, g takes it once, and no contribution is counted twice."""
-    g0, step0, _, to, _, kind = puts[0]
-    if kind == "multicast_store" and len(puts) > 1:
-        raise PlanError(f"{_where(puts[1][0], puts[1][1])} ({puts[1][5]}) puts into slot {list(op.slot)}, GPU {g0} "
-                        f"step {step0}'s multicast store (a store is a slot of its own)")
-    for h, hstep, values, hto, hsizes, _ in puts:
-        if hto != to:
-            raise PlanError(f"{_where(h, hstep)} (switch_contribute) sends slot {list(op.slot)}'s result to "
-                            f"{'every GPU' if hto is None else f'GPU {hto}'}, GPU {g0} step {step0} to "
-                            f"{'every GPU' if to is None else f'GPU {to}'}")
-        if len(values) != op.dst.cnt or hsizes != sizes:
-            raise PlanError(f"{_where(g, step, op, op.dst.off)}: takes {op.dst.cnt} chunks"
-                            f"{'' if sizes is None else f' of {list(sizes)} elements'} of slot {list(op.slot)}, "
-                            f"GPU {h} step {hstep} contributes {len(values)}"
-                            f"{'' if hsizes is None else f' of {list(hsizes)} elements'}")
+    values, send_to, element counts, kind) of each, in the order they ran), refused unless they agree on
+    their chunks and destination, g is it, g takes it once, and no contribution is counted twice. The sum
+    is made once a slot (taken: slot -> (its destination, its chunks' element counts, the sum, the GPUs
+    that took it)), so a result every GPU takes costs O(GPUs), not O(GPUs^2)."""
+    known = taken.get(op.slot)
+    if known is None:
+        g0, step0, value, to, sizes0, kind = puts[0]
+        if kind == "multicast_store" and len(puts) > 1:
+            raise PlanError(f"{_where(puts[1][0], puts[1][1])} ({puts[1][5]}) puts into slot {list(op.slot)}, GPU {g0} "
+                            f"step {step0}'s multicast store (a store is a slot of its own)")
+        for h, hstep, values, hto, hsizes, hkind in puts:
+            if hto != to:
+                raise PlanError(f"{_where(h, hstep)} (switch_contribute) sends slot {list(op.slot)}'s result to "
+                                f"{'every GPU' if hto is None else f'GPU {hto}'}, GPU {g0} step {step0} to "
+                                f"{'every GPU' if to is None else f'GPU {to}'}")
+            if len(values) != len(value) or hsizes != sizes0:
+                raise PlanError(f"{_where(h, hstep)} ({hkind}) puts {len(values)} chunks"
+                                f"{'' if hsizes is None else f' of {list(hsizes)} elements'} into slot "
+                                f"{list(op.slot)}, GPU {g0} step {step0} {len(value)}"
+                                f"{'' if sizes0 is None else f' of {list(sizes0)} elements'}")
+        value = list(value)
+        for h, hstep, values, _, _, _ in puts[1:]:
+            value = _combine(value, values, g, step, op, plan)
+        known = taken[op.slot] = (to, sizes0, value, set())
+    to, sizes0, value, seen = known
+    if len(value) != op.dst.cnt or sizes0 != sizes:
+        raise PlanError(f"{_where(g, step, op, op.dst.off)}: takes {op.dst.cnt} chunks"
+                        f"{'' if sizes is None else f' of {list(sizes)} elements'} of slot {list(op.slot)}, "
+                        f"which holds {len(value)}{'' if sizes0 is None else f' of {list(sizes0)} elements'}")
     if to is not None and to != g:
         raise PlanError(f"{_where(g, step, op)}: takes slot {list(op.slot)}, whose result goes to GPU {to}")
-    seen = taken.setdefault(op.slot, set())
     if g in seen:
         raise PlanError(f"{_where(g, step, op)}: takes slot {list(op.slot)} a second time")
     seen.add(g)
-    value = list(puts[0][2])
-    for h, hstep, values, _, _, _ in puts[1:]:
-        value = _combine(value, values, g, step, op, plan)
     return value
 
 
