@@ -415,7 +415,11 @@ _SWITCH = frozenset(IN_SWITCH)
 
 def plan_link_bytes(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4) -> dict[str, tuple[int, int]]:
     """link name -> (payload bytes, raw bytes) the plan's messages put on it (every link of each
-    message's route, fabric.topology.Topology.route), summed from the plan."""
+    message's route, fabric.topology.Topology.route), summed from the plan. Not for in-switch operations
+    (PlanError): what crosses the switches' cables is theirs (fabric.cost_nodes.link_bytes counts it)."""
+    if in_switch(plan):
+        raise PlanError(f"plan {plan.name!r}: the link bytes of in-switch operations are the switches' "
+                        f"(fabric.cost_nodes.link_bytes), not a sum of the plan's messages")
     _check(plan, topo, config)
     chunk = max(1, config.chunk_bytes // itemsize)
     out: dict[str, tuple[int, int]] = {}

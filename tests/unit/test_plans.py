@@ -308,6 +308,9 @@ def test_sharp_allreduce_times_as_the_switches_book_it():
     config = resolve("superpod-h100-ib", None, None, 2, 2)
     got = replay.replay_ns("allreduce", "sharp", config.topology, 1024, config, 4)
     assert got == 2351.76
+    plan = plans.build("sharp", 4, "allreduce", shape=(256, 256, 1))
+    with pytest.raises(PlanError, match="the link bytes of in-switch operations are the switches'"):
+        plans.plan_link_bytes(plan, config.topology, 1024, config)
     with pytest.raises(FabricError, match="sharp across nodes needs a topology of several nodes and spines"):
         one = preset("dgx-h100", gpus=4)
         replay.replay_ns("allreduce", "sharp", Topology.single(one), 1024, one, 4)
