@@ -13,13 +13,13 @@ import math
 import numpy as np
 
 from . import hier_plan, plans, replay
-from .budget import buffer_share_bytes, in_switch_chunk
+from .budget import buffer_share_bytes
 from .cost import raw_of
 from .packets import raw_bytes
 from .counters import downlink, uplink
 from .errors import FabricError
 from .software import call_bytes, call_latency_ns
-from .reduction import TREE_CHUNK_BYTES, blocks, chunks, merged_columns
+from .reduction import TREE_CHUNK_BYTES, blocks, merged_columns
 from .topology import Topology
 
 FLAT = {
@@ -32,8 +32,7 @@ FLAT = {
     "tree": ("allreduce",),
 }
 # in the switches (two-level sharp and nvls on spines that reduce and multicast): no GPU-to-GPU rounds;
-# link_bytes and modeled_ns cover them (fabric.replay.sharp_allreduce_ns, sharp_reduce_scatter_ns,
-# sharp_mcast_ns, nvls_ns)
+# link_bytes and modeled_ns cover them (fabric.replay.replay_ns: their plans, fabric.plans.in_switch)
 IN_SWITCH = {"sharp": ("allreduce", "reduce_scatter", "allgather", "broadcast"),
              "nvls": ("allreduce", "reduce_scatter", "allgather", "broadcast")}
 
@@ -344,18 +343,22 @@ def sharp_link_bytes(topo: Topology, S: int, config, itemsize: int = 4, partial_
     nodes, P spines), every link: each GPU tx = rx = S (its chunks up, the results down); leaf a ->
     spine i the partials of the chunks c with c mod P = i, at partial_itemsize bytes an element (the
     accumulator's: 4 for float16/bfloat16; default itemsize); spine i -> leaf a the results of the same
-    chunks (S_i = their bytes; S / P when P divides the chunks into equal sets). Chunks as
-    fabric.replay.sharp_allreduce_ns sizes them."""
+    chunks (S_i = their bytes; S / P when P divides the chunks into equal sets). The chunks and their
+    slots are its plan's (fabric.plans.in_switch.sharp): a slot's spine is its last entry mod P."""
     n, N, P = topo.gpus, topo.nodes, topo.spines
     if P < 1:  # one node: fabric.cost's sharp
         raise FabricError(f"cost_nodes: sharp across nodes needs spines; this topology has {N} node and none")
     count = _block_bytes(S, 1, itemsize)[0] // itemsize
     wide = partial_itemsize or itemsize
-    streams = wide // itemsize * -(-config.nodes // max(1, n - 1))  # ranks/collectives/sharp.py's _streams
-    chunk = in_switch_chunk(config, n, streams, 1, None, itemsize) // itemsize
+    plan = plans.build("sharp", n, "allreduce",
+                       shape=plans.in_switch.shape("sharp", n, "allreduce", N, config, count * itemsize, itemsize,
+                                                   wide // itemsize))
+    table = plans.timing.spans(plan, count * itemsize, itemsize, 0)
     per_spine = [0] * P
-    for c, (lo, hi) in enumerate(chunks(0, count, chunk)):
-        per_spine[c % P] += hi - lo
+    for op in plan.programs[0].ops:  # every GPU contributes the same chunks to the same slots
+        if op.kind == "switch_contribute":
+            lo, hi = plans.timing.span(table, op.src)
+            per_spine[op.slot[-1] % P] += hi - lo
     out = dict.fromkeys((link.name for link in topo.links), 0)
     for link in topo.links:
         if link.level == "gpu-leaf":
@@ -419,8 +422,8 @@ def sharp_scatter_link_bytes(topo: Topology, S: int, config, itemsize: int = 4,
     a -> spine i the partials of the chunks c of blocks j with (j + c) mod P = i (partial_itemsize bytes
     an element: the accumulator's; S / P when they split evenly, 2 S / P for a 16-bit float), spine
     i -> leaf k the results of those chunks of the blocks of node k's members only (G S / (n P) for
-    even shares); the other leaves get the spine's notice, a control packet of no bytes. Slots as
-    fabric.replay.sharp_scatter_slots orders them."""
+    even shares); the other leaves get the spine's notice, a control packet of no bytes. Slots and chunks
+    are its plan's (fabric.plans.in_switch.sharp): slot (j, c, j + c), its last entry picking the spine."""
     N, P = topo.nodes, topo.spines
     if P < 1:
         raise FabricError(f"cost_nodes: sharp across nodes needs spines; this topology has {N} node and none")
@@ -429,8 +432,15 @@ def sharp_scatter_link_bytes(topo: Topology, S: int, config, itemsize: int = 4,
     out = dict.fromkeys((link.name for link in topo.links), 0)
     for g in range(topo.gpus):
         out[uplink(g, topo.locate(g)[0])] = count * itemsize
-    for j, c, elements in replay.sharp_scatter_slots(topo, count, config, itemsize, partial_itemsize):
-        spine, node = N + (j + c) % P, topo.locate(j)[0]  # the slot (j, c, j + c): its last entry picks it
+    plan = plans.build("sharp", topo.gpus, "reduce_scatter",
+                       shape=plans.in_switch.shape("sharp", topo.gpus, "reduce_scatter", N, config, count * itemsize,
+                                                   itemsize, wide // itemsize))
+    program = plan.programs[0]  # every GPU contributes the same chunks to the same slots
+    for op in program.ops:
+        if op.kind != "switch_contribute":
+            continue
+        j, elements = op.send_to, program.elements[0][op.src.off]
+        spine, node = N + op.slot[-1] % P, topo.locate(j)[0]
         out[downlink(j, node)] += elements * itemsize
         for k in range(N):
             out[f"sw{k}->sw{spine}"] += elements * wide
@@ -442,7 +452,7 @@ def sharp_mcast_link_bytes(collective: str, topo: Topology, S: int, config, item
                            root: int = 0) -> dict[str, int]:
     """Exact payload bytes of ranks/collectives/sharp.py's allgather (S: the output's bytes) or broadcast
     (S: the array's, from GPU `root`) by every GPU of `topo` (N nodes, P spines), every link, from its
-    multicast stores (fabric.replay.sharp_stores): GPU p's uplink its own stores (allgather: its block
+    multicast stores (its plan, fabric.replay.sharp_stores_plan): GPU p's uplink its own stores (allgather: its block
     b_p; broadcast: S at the root, 0 elsewhere), every downlink S (every store comes back to every member,
     the sender's own included, as on one node); leaf a -> spine i the stores of node a's members whose
     chunk goes to spine i ((p + c) mod P), once whatever the node's members; spine i -> leaf k the
@@ -454,11 +464,12 @@ def sharp_mcast_link_bytes(collective: str, topo: Topology, S: int, config, item
     if P < 1:
         raise FabricError(f"cost_nodes: sharp across nodes needs spines; this topology has {N} node and none")
     count = _block_bytes(S, 1, itemsize)[0] // itemsize
-    stores, _ = replay.sharp_stores(collective, topo, count, max(1, config.chunk_bytes // itemsize), itemsize, root)
     out = dict.fromkeys((link.name for link in topo.links), 0)
-    for p, sent in stores.items():
+    for p, sent in plans.in_switch.stores(replay.sharp_stores_plan(collective, topo, count * itemsize, config,
+                                                                   itemsize, root), count * itemsize, itemsize).items():
         node = topo.locate(p)[0]
-        for _, nbytes, i in sent:
+        for nbytes, i in sent:
+            i %= P
             out[uplink(p, node)] += nbytes
             out[f"sw{node}->sw{N + i}"] += nbytes
             for k in range(N):

@@ -16,15 +16,15 @@ same arithmetic, as the ranks do (ranks/gpu.py, fabric/switch.py):
   carries its channel's lane (c, C), so it runs on channel c's clock and books lane c of the GPU's
   uplink and downlink at 1 / C of their bandwidth, the shares whole; "join" moves the GPU's clock to the
   latest channel's (fabric.programs; docs/model/time.md, "Channels").
-`sharp` across nodes (`sharp_allreduce_ns`, `sharp_reduce_scatter_ns`, `sharp_mcast_ns` for
-allgather and broadcast) is not point to point: its partials, results and multicast stores are
+`sharp` across nodes (its plans, fabric.plans.in_switch: allreduce, reduce_scatter and the multicast stores
+of allgather and broadcast, timed by fabric.plans.timing.switch_plan_ns on fabric.switch_clocks) is not point to point: its partials, results and multicast stores are
 booked by the switches (fabric.switch, Spanning groups), slot by slot in the order the members'
 programs fix (a member's part of a partial and its stores on its own share of the uplink to each
 spine, a result on the group's shares of the destination node's, a store down on its sender's part
 of those); each is replayed slot by slot on the same clocks (GPU links, each leaf's and spine's
 reduction engine, those shares). nvls's reduce_scatter and allreduce across nodes (`nvls_ns`) are
-the same kind: load-reduces booked slot by slot in the order the members serve their LOADs, then
-(allreduce) multicast stores as sharp's; `nvls_lower_bound_ns` bounds it from below in O(chunks), so
+the same kind, their plans too: load-reduces, answers and multicast stores; `nvls_lower_bound_ns` bounds
+them from below in O(chunks), so
 that `auto` (fabric.tuner.fastest_across_nodes) need not replay it where it cannot win. The schedules (`PROGRAMS`) are those of ranks/collectives ring (on one node its plan,
 fabric.plans.registry.ring, timed by fabric.plans.timing; on several nodes its channels, one ring per rail,
 also its plan, built for the call's size, but for broadcast's chains), direct and pxn
@@ -42,13 +42,14 @@ about half a million).
 import numpy as np
 
 from . import hier_plan
-from .plans import build, registry, timing
-from .budget import _nvls_streams, buffer_share_bytes, in_switch_chunk, sharp_scatter_streams, sharp_streams
+from .plans import build, in_switch, registry, timing
+from .budget import _nvls_streams, buffer_share_bytes, in_switch_chunk
 from .errors import FabricError
 from .packets import raw_bytes
 from .reduction import blocks, chunks
-from .programs import Fabric, GpuClocks, run_programs
-from .timemodel import LinkEnd, ReductionClock
+from .programs import Fabric, run_programs
+from .switch_clocks import sharp_clocks
+from .timemodel import ReductionClock
 from .topology import Topology
 
 
@@ -215,70 +216,6 @@ def _program(collective: str, algorithm: str, topo: Topology, r: int, count: int
                           f"{', '.join(f'{c} {a}' for a, cs in PROGRAMS.items() for c in cs)}")
 
 
-def _leaf_partial(k: int, G: int, i: int, stamps: list, engine: ReductionClock, mine: dict, w: int, s: float,
-                  p: float, u: float) -> tuple[float, float]:
-    """When node k's partial (w raw bytes) for spine i reaches it, as fabric.switch books it: the leaf's
-    engine reduces once the node's latest chunk is in (+ s), and each member's part (w / G raw bytes) of
-    it takes that member's share of the uplink to spine i (`mine`, U / (G P), + u) once its own chunk
-    has been through the engine (+ s + p); the partial is there once the engine's result (+ u) and
-    every part are."""
-    node = stamps[k * G:(k + 1) * G]
-    start, end = engine.reduce(max(a for a, _ in node) + s, max(b for _, b in node) + s, w)
-    parts = [mine[(k * G + x, i)].send(a + s + p, b + s + p, w / G) for x, (a, b) in enumerate(node)]
-    return max(start + u, max(a for a, _ in parts)), max(end + u, max(b for _, b in parts))
-
-
-def _sharp_clocks(topo: Topology, config, algorithm: str = "sharp"):
-    """The clocks a two-level in-switch reduction books on every GPU of `topo` (several nodes, spines):
-    (GPUs, engines (leaves 0..N-1, then spines), `mine` {(GPU, spine): its share of its node's uplink to
-    that spine, U / (G P)}, `down` {(spine, node): the group's shares of that node's uplink from it,
-    U / P}); the uplink's latency u on both."""
-    N, G, P, n = topo.nodes, topo.gpus_per_node, topo.spines, topo.gpus
-    if N < 2 or not P:
-        raise FabricError(f"replay: {algorithm} across nodes needs a topology of several nodes and spines, got {N} nodes")
-    t, u = config.timing, config.uplink_latency_ns
-    gpus = [GpuClocks(g, topo) for g in range(n)]
-    engines = [ReductionClock(t.reduction_gbytes_per_s, t.reduction_latency_ns) for _ in range(N + P)]
-    group_share = topo.share_gbytes_per_s * G / P  # the node's members' shares of its uplink to one spine
-    mine = {(g, i): LinkEnd(topo.share_gbytes_per_s / P, u) for g in range(n) for i in range(P)}
-    down = {(i, k): LinkEnd(group_share, u) for k in range(N) for i in range(P)}
-    return gpus, engines, mine, down
-
-
-def sharp_allreduce_ns(topo: Topology, count: int, config, itemsize: int = 4, partial_itemsize: int | None = None) -> float:
-    """Modeled ns of ranks/collectives/sharp.py's allreduce of `count` elements by every GPU of `topo`
-    (of several nodes), all starting at 0, as fabric.switch books it: every GPU books chunk c on its
-    uplink (all issued at the start), its leaf's engine reduces the node once the latest chunk is in (+
-    s + the engine's latency, at the engine's bandwidth), the partial (partial_itemsize bytes an
-    element: the accumulator's; default itemsize) goes to spine c mod P, each member's part of it on
-    that member's share of the node's uplink to the spine (_leaf_partial), the spine (+ s', a spine's own
-    switch latency, topo.spine_latency_ns; s: a leaf's) reduces once
-    every leaf's is in, each result takes the group's shares of the node's uplink from that spine (+ u),
-    the leaf (+ s) copies it down, and each GPU books its downlink in chunk order (+ a). Chunks as
-    Call.in_switch_window sizes them."""
-    N, G, P, n = topo.nodes, topo.gpus_per_node, topo.spines, topo.gpus
-    gpus, engines, mine, down = _sharp_clocks(topo, config)
-    wide = partial_itemsize or itemsize
-    chunk = in_switch_chunk(config, n, sharp_streams(n, N, config.nodes, wide // itemsize), 1, None, itemsize) // itemsize
-    t = config.timing
-    s, sp, u = t.switch_latency_ns, topo.spine_latency_ns, config.uplink_latency_ns  # a leaf's, a spine's, the cable's
-    raw = lambda nbytes: raw_bytes(nbytes, config.mtu_bytes, config.header_bytes)
-    for c, (lo, hi) in enumerate(chunks(0, count, chunk)):
-        r, w, i = raw((hi - lo) * itemsize), raw((hi - lo) * wide), c % P
-        stamps = [gpu.uplink.send(0.0, 0.0, r) for gpu in gpus]
-        partials = [_leaf_partial(k, G, i, stamps, engines[k], mine, w, s, t.reduction_latency_ns, u) for k in range(N)]
-        first, last = max(a for a, _ in partials), max(b for _, b in partials)
-        start, end = engines[N + i].reduce(first + sp, last + sp, r)
-        for k in range(N):
-            d0, d1 = down[(i, k)].send(start, end, r)
-            for gpu in gpus[k * G:(k + 1) * G]:
-                _, b = gpu.downlink.book(d0 + s, d1 + s, r)
-                gpu.now = max(gpu.now, b + gpu.downlink.latency_ns)
-    for gpu in gpus:
-        gpu.now = max(gpu.now, gpu.uplink.free_ns)
-    return max(gpu.now for gpu in gpus)
-
-
 def nvls_chunks(topo: Topology, count: int, config, itemsize: int, partial_itemsize: int | None = None):
     """Each member's block (fabric.reduction.blocks of `count` elements over every GPU of `topo`) in the
     pipeline chunks nvls.py sends (elements, ranges): nvls_chunk_bytes shrunk as Call.in_switch_window does."""
@@ -291,107 +228,18 @@ def nvls_chunks(topo: Topology, count: int, config, itemsize: int, partial_items
 
 def nvls_ns(collective: str, topo: Topology, count: int, config, itemsize: int = 4,
             partial_itemsize: int | None = None) -> float:
-    """Modeled ns of ranks/collectives/nvls.py's reduce_scatter (count: the input's elements) or allreduce
-    by every GPU of `topo` (several nodes), all starting at 0, as the ranks and fabric.switch book it:
-    every GPU books a header-only request per chunk of its block on its uplink at the start (+ a); its
-    leaf (+ s) sends header-only LOADs to its members and the request to spine (j + c) mod P (+ u), which
-    passes it (+ s' + u; s' a spine's
-    own switch latency, topo.spine_latency_ns) to the other leaves (+ s), which load theirs. Each GPU works in rounds c, in
-    program order: it serves chunk c of every block - each LOAD booked on its downlink (+ a), its answer
-    on its uplink from then (+ a), its part of its node's partial (1/G of it) on its share of the
-    node's uplink to spine (j + c) mod P (block j) once through the engine (+ s + its latency) -, takes back its result
-    of chunk c - 1 (downlink, + a) and (allreduce) multicast-stores it at once (on that same share, to
-    spine (r + c) mod P), then takes in every member's store of chunk c - 2. A leaf's engine reduces a
-    slot once its members' answers are in (+ s); the partial (partial_itemsize bytes an element) is at
-    the spine once the engine's result (+ u) and every member's part are (as _leaf_partial); the spine's
-    engine (+ s') reduces once every leaf's partial is in; the result takes the group's share of the
-    requester's node's uplink from that spine (+ u), its leaf (+ s) sends it down. Engines and shares
-    book slots in the order (chunk, block) the members' programs fix. A store goes as sharp_mcast_ns
-    books it (spine (p + c) mod P)."""
-    N, G, P, n = topo.nodes, topo.gpus_per_node, topo.spines, topo.gpus
-    # mine: each GPU's share of its node's uplink to spine i, for its parts of partials and its stores, in its order
-    gpus, engines, mine, down = _sharp_clocks(topo, config, "nvls")
+    """Modeled ns of nvls's reduce_scatter (count: the input's elements) or allreduce by every GPU of `topo`
+    (several nodes and spines), all starting at 0: its plan (fabric.plans.in_switch.nvls, the schedule)
+    timed on the switches' clocks (fabric.plans.timing.switch_plan_ns; fabric.switch_clocks, what the
+    switches do with it). partial_itemsize: the bytes of an element of a leaf's partial (default itemsize)."""
+    sharp_clocks(topo, config, "nvls")  # several nodes and spines (one switch: fabric.cost's closed form)
     if collective not in ("reduce_scatter", "allreduce"):
         raise FabricError(f"replay: nvls's load-reduce is reduce_scatter's and allreduce's, not {collective}")
-    wide = partial_itemsize or itemsize
-    spans = nvls_chunks(topo, count, config, itemsize, partial_itemsize)
-    t = config.timing
-    s, u, rl = t.switch_latency_ns, config.uplink_latency_ns, t.reduction_latency_ns
-    sp = topo.spine_latency_ns  # a spine's traversal (s: a leaf's)
-    raw = lambda nbytes: raw_bytes(nbytes, config.mtu_bytes, config.header_bytes)
-    header = raw(0)
-    share = topo.share_gbytes_per_s
-    store_down = {(p, i, k): LinkEnd(share * G / (P * (n - G)), u)  # its part of node k's shares from spine i
-                  for p in range(n) for i in range(P) for k in range(N)}
-    requests = [[gpu.uplink.send(0.0, 0.0, header) for _ in spans[gpu.index]] for gpu in gpus]
-    results: dict[tuple[int, int], tuple[float, float, int]] = {}  # (requester, chunk) -> stamps at its leaf, raw
-    stores: dict[tuple[int, int, int], tuple[float, float, int]] = {}  # (sender, chunk, node) -> at that node's leaf
-
-    def take_back(gpu, c):
-        if not 0 <= c < len(spans[gpu.index]):  # c = -1: a call of no element has no round
-            return
-        d0, d1, r = results.pop((gpu.index, c))
-        _, end = gpu.downlink.book(d0, d1, r)
-        gpu.now = max(gpu.now, end + gpu.downlink.latency_ns)
-        if collective == "allreduce":  # the multicast store of my reduced chunk c
-            p, i = gpu.index, (gpu.index + c) % P
-            a, b = gpu.uplink.send(gpu.now, gpu.now, r)
-            a, b = a + s, b + s
-            stores[(p, c, gpu.node)] = (a, b, r)
-            a, b = mine[(p, i)].send(a, b, r)
-            for k in range(N):
-                if k != gpu.node:
-                    d0, d1 = store_down[(p, i, k)].send(a + sp, b + sp, r)
-                    stores[(p, c, k)] = (d0 + s, d1 + s, r)
-
-    def gather(gpu, c):
-        if collective != "allreduce" or c < 0:
-            return
-        for p in range(n):
-            if c < len(spans[p]):
-                a, b, r = stores[(p, c, gpu.node)]
-                _, end = gpu.downlink.book(a, b, r)
-                gpu.now = max(gpu.now, end + gpu.downlink.latency_ns)
-
-    rounds = max(len(span) for span in spans)
-    for c in range(rounds):
-        answers, parts = {}, {}
-        for gpu in gpus:
-            for j in range(n):
-                if c < len(spans[j]):
-                    lo, hi = spans[j][c]
-                    ready = requests[j][c][1] + s + (0.0 if gpus[j].node == gpu.node else sp + s + 2 * u)
-                    _, end = gpu.downlink.book(ready, ready, header)
-                    at = end + gpu.downlink.latency_ns
-                    a, b = answers[(gpu.index, j)] = gpu.uplink.send(at, at, raw((hi - lo) * itemsize))
-                    # my part of my node's partial, on my share to spine (j + c) mod P, once through the engine
-                    parts[(gpu.index, j)] = mine[(gpu.index, (j + c) % P)].send(a + s + rl, b + s + rl,
-                                                                          raw((hi - lo) * wide) / G)
-            if c:
-                take_back(gpu, c - 1)
-                gather(gpu, c - 2)
-        for j in range(n):
-            if c >= len(spans[j]):
-                continue
-            lo, hi = spans[j][c]
-            r, w, i = raw((hi - lo) * itemsize), raw((hi - lo) * wide), (j + c) % P
-            partials = []
-            for k in range(N):  # at the spine once the engine's result (+ u) and every member's part are
-                node = [answers[(g, j)] for g in range(k * G, (k + 1) * G)]
-                mine_k = [parts[(g, j)] for g in range(k * G, (k + 1) * G)]
-                start, end = engines[k].reduce(max(a for a, _ in node) + s, max(b for _, b in node) + s, w)
-                partials.append((max(start + u, max(a for a, _ in mine_k)), max(end + u, max(b for _, b in mine_k))))
-            first, last = max(a for a, _ in partials), max(b for _, b in partials)
-            start, end = engines[N + i].reduce(first + sp, last + sp, r)
-            d0, d1 = down[(i, gpus[j].node)].send(start, end, r)
-            results[(j, c)] = (d0 + s, d1 + s, r)
-    for gpu in gpus:
-        take_back(gpu, rounds - 1)
-    for gpu in gpus:
-        gather(gpu, rounds - 2)
-        gather(gpu, rounds - 1)
-        gpu.now = max(gpu.now, gpu.uplink.free_ns)
-    return max(gpu.now for gpu in gpus)
+    wide = (partial_itemsize or itemsize) // itemsize
+    S = count * itemsize
+    plan = build("nvls", topo.gpus, collective,
+                 shape=in_switch.shape("nvls", topo.gpus, collective, topo.nodes, config, S, itemsize, wide))
+    return timing.plan_ns(plan, topo, S, config, itemsize, partial_itemsize=partial_itemsize)
 
 
 def nvls_lower_bound_ns(collective: str, topo: Topology, count: int, config, itemsize: int = 4,
@@ -455,104 +303,17 @@ def nvls_lower_bound_ns(collective: str, topo: Topology, count: int, config, ite
     return max(bound, t_s + stores / B + a, chain)
 
 
-def sharp_scatter_slots(topo: Topology, count: int, config, itemsize: int = 4, partial_itemsize: int | None = None):
-    """The in-switch reductions of ranks/collectives/sharp.py's reduce_scatter of `count` input elements by
-    every GPU of `topo` (of several nodes), in every member's program order: [(block j, chunk c, elements)],
-    round c of every block j at a time; chunks as Call.in_switch_window sizes them (sharp._scatter_streams)."""
-    n = topo.gpus
-    wide = (partial_itemsize or itemsize) // itemsize
-    streams = sharp_scatter_streams(n, topo.nodes, config.nodes, wide)
-    chunk = in_switch_chunk(config, n, streams, 2, None, itemsize) // itemsize
-    spans = [chunks(a, b, chunk) for a, b in blocks(count, n)]
-    return [(j, c, spans[j][c][1] - spans[j][c][0]) for c in range(max(len(x) for x in spans))
-            for j in range(n) if c < len(spans[j])]
-
-
-def sharp_reduce_scatter_ns(topo: Topology, count: int, config, itemsize: int = 4,
-                            partial_itemsize: int | None = None) -> float:
-    """Modeled ns of ranks/collectives/sharp.py's reduce_scatter of `count` input elements by every GPU of
-    `topo` (of several nodes), all starting at 0, as fabric.switch books it: as sharp_allreduce_ns, slot
-    by slot in the members' program order (sharp_scatter_slots), chunk c of block j to spine (j + c) mod P,
-    but the result of block j only down to member j's leaf (the group's shares of that node's uplink
-    from the spine, + u), which copies it to member j alone (+ s; its downlink in chunk order, + a)."""
-    N, G, P = topo.nodes, topo.gpus_per_node, topo.spines
-    gpus, engines, mine, down = _sharp_clocks(topo, config)
-    wide = partial_itemsize or itemsize
-    t = config.timing
-    s, sp, u = t.switch_latency_ns, topo.spine_latency_ns, config.uplink_latency_ns  # a leaf's, a spine's, the cable's
-    raw = lambda nbytes: raw_bytes(nbytes, config.mtu_bytes, config.header_bytes)
-    for j, c, elements in sharp_scatter_slots(topo, count, config, itemsize, partial_itemsize):
-        r, w, i = raw(elements * itemsize), raw(elements * wide), (j + c) % P  # the slot (j, c, j + c)
-        stamps = [gpu.uplink.send(0.0, 0.0, r) for gpu in gpus]
-        partials = [_leaf_partial(k, G, i, stamps, engines[k], mine, w, s, t.reduction_latency_ns, u) for k in range(N)]
-        start, end = engines[N + i].reduce(max(a for a, _ in partials) + sp, max(b for _, b in partials) + sp, r)
-        d0, d1 = down[(i, gpus[j].node)].send(start, end, r)
-        _, b = gpus[j].downlink.book(d0 + s, d1 + s, r)
-        gpus[j].now = max(gpus[j].now, b + gpus[j].downlink.latency_ns)
-    for gpu in gpus:
-        gpu.now = max(gpu.now, gpu.uplink.free_ns)
-    return max(gpu.now for gpu in gpus)
-
-
-def sharp_stores(collective: str, topo: Topology, count: int, chunk: int, itemsize: int, root: int = 0):
-    """The multicast stores of ranks/collectives/sharp.py's allgather (count: the output's elements) or
-    broadcast (the array's, from member `root`) by every GPU of `topo`: {sender: [(key, payload bytes,
-    spine index), ...] in its program order}, spine (p + c) mod P for chunk c of member p's stores
-    (fabric.switch.SwitchLogic.store_spine), and [(sender, key)] in rank order (a member waits for its own
-    node's senders' first: sharp_mcast_ns)."""
-    n, P = topo.gpus, topo.spines
-    if collective == "allgather":
-        parts = enumerate(blocks(count, n))
-    elif collective == "broadcast":
-        if not isinstance(root, int) or isinstance(root, bool) or not 0 <= root < n:
-            raise FabricError(f"replay: broadcast root must be one of GPUs 0..{n - 1}, got {root!r}")
-        parts = [(root, (0, count))]
-    else:
-        raise FabricError(f"replay: sharp multicast stores are allgather's and broadcast's, not {collective}")
-    stores = {p: [((p, c), (hi - lo) * itemsize, (p + c) % P) for c, (lo, hi) in enumerate(chunks(a, b, chunk))]
-              for p, (a, b) in parts}
-    return stores, [(p, key) for p in sorted(stores) for key, _, _ in stores[p]]
-
-
-def sharp_mcast_ns(collective: str, topo: Topology, count: int, config, itemsize: int = 4, root: int = 0) -> float:
-    """Modeled ns of ranks/collectives/sharp.py's allgather or broadcast of `count` elements by every GPU of
-    `topo` (of several nodes), all starting at 0, as fabric.switch books the stores (Spanning groups):
-    each sender books its stores on its uplink (all issued at once, in order); its leaf (+ s) copies
-    each to the node's members and sends one up to spine (p + c) mod P on the sender's share of the
-    node's uplink to it (U / (G P), + u); the spine (+ s', its own switch latency) sends one copy to each other leaf k on the
-    sender's down clock there (m_k U / (G P (n - m_k)), + u); that leaf (+ s) copies it down; each GPU
-    books its downlink in the order it waits (its node's blocks, then the others', each in chunk
-    order; + a), and the call ends once its uplink is free (flush)."""
-    N, G, P, n = topo.nodes, topo.gpus_per_node, topo.spines, topo.gpus
-    if N < 2 or not P:
-        raise FabricError(f"replay: sharp across nodes needs a topology of several nodes and spines, got {N} nodes")
-    stores, order = sharp_stores(collective, topo, count, max(1, config.chunk_bytes // itemsize), itemsize, root)
-    s, sp, u = config.timing.switch_latency_ns, topo.spine_latency_ns, config.uplink_latency_ns  # leaf, spine, cable
-    share = topo.share_gbytes_per_s
-    gpus = [GpuClocks(g, topo) for g in range(n)]
-    arrive: dict[tuple, tuple[float, float, int]] = {}  # (key, node) -> the copy's stamps at the node's leaf
-    for p in sorted(stores):
-        node = gpus[p].node
-        up = [LinkEnd(share / P, u) for _ in range(P)]
-        down = {(i, k): LinkEnd(share * G / (P * (n - G)), u) for i in range(P) for k in range(N) if k != node}
-        for key, nbytes, i in stores[p]:
-            r = raw_bytes(nbytes, config.mtu_bytes, config.header_bytes)
-            a, b = gpus[p].uplink.send(0.0, 0.0, r)
-            a, b = a + s, b + s
-            arrive[(key, node)] = (a, b, r)
-            a, b = up[i].send(a, b, r)
-            for k in range(N):
-                if k != node:
-                    d0, d1 = down[(i, k)].send(a + sp, b + sp, r)
-                    arrive[(key, k)] = (d0 + s, d1 + s, r)
-    for gpu in gpus:
-        # its own node's senders' stores first, then the others' in rank order (sharp.allgather's waits)
-        for _, key in sorted(order, key=lambda sent: gpus[sent[0]].node != gpu.node):
-            a, b, r = arrive[(key, gpu.node)]
-            _, end = gpu.downlink.book(a, b, r)
-            gpu.now = max(gpu.now, end + gpu.downlink.latency_ns)
-        gpu.now = max(gpu.now, gpu.uplink.free_ns)
-    return max(gpu.now for gpu in gpus)
+def sharp_stores_plan(collective: str, topo: Topology, S: int, config, itemsize: int = 4, root: int = 0):
+    """sharp's allgather (S: the output's bytes) or broadcast (from GPU `root`) plan of multicast stores
+    (fabric.plans.in_switch) for every GPU of `topo` (several nodes and spines: FabricError otherwise, as
+    one switch is fabric.cost's), as the replay and fabric.cost_nodes time and count it."""
+    sharp_clocks(topo, config)
+    if collective == "broadcast" and (not isinstance(root, int) or isinstance(root, bool) or
+                                      not 0 <= root < topo.gpus):
+        raise FabricError(f"replay: broadcast root must be one of GPUs 0..{topo.gpus - 1}, got {root!r}")
+    nodes = tuple(topo.locate(g)[0] for g in range(topo.gpus))
+    shape = in_switch.shape("sharp", topo.gpus, collective, topo.nodes, config, S, itemsize, member_nodes=nodes)
+    return build("sharp", topo.gpus, collective, root, shape=shape)
 
 
 PROGRAMS = {
@@ -575,16 +336,17 @@ def replay_ns(collective: str, algorithm: str, topo: Topology, S: int, config, i
     of an element of a leaf's partial (the switch's accumulator: 4 for float16/bfloat16; default itemsize)."""
     if not isinstance(topo, Topology):
         raise FabricError(f"replay: takes a Topology, got {type(topo).__name__}")
-    if (collective, algorithm) == ("allreduce", "sharp"):
-        return sharp_allreduce_ns(topo, int(S) // itemsize, config, itemsize, partial_itemsize)
-    if (collective, algorithm) == ("reduce_scatter", "sharp"):
-        return sharp_reduce_scatter_ns(topo, int(S) // itemsize, config, itemsize, partial_itemsize)
+    if algorithm == "sharp" and collective in ("allreduce", "reduce_scatter"):  # its plan, on the switches' clocks
+        sharp_clocks(topo, config)  # several nodes and spines (one switch: fabric.cost's closed form)
+        wide = (partial_itemsize or itemsize) // itemsize
+        plan = build("sharp", topo.gpus, collective,
+                     shape=in_switch.shape("sharp", topo.gpus, collective, topo.nodes, config, S, itemsize, wide))
+        return timing.plan_ns(plan, topo, S, config, itemsize, partial_itemsize=partial_itemsize)
     if algorithm == "nvls" and collective in ("reduce_scatter", "allreduce") and topo.nodes > 1:
         return nvls_ns(collective, topo, int(S) // itemsize, config, itemsize, partial_itemsize)
-    if algorithm == "nvls" and collective in ("allgather", "broadcast") and topo.nodes > 1:  # sharp's (nvls.py)
-        return sharp_mcast_ns(collective, topo, int(S) // itemsize, config, itemsize, root)
-    if algorithm == "sharp" and collective in ("allgather", "broadcast"):
-        return sharp_mcast_ns(collective, topo, int(S) // itemsize, config, itemsize, root)
+    if collective in ("allgather", "broadcast") and (algorithm == "sharp" or (algorithm == "nvls" and topo.nodes > 1)):
+        return timing.plan_ns(sharp_stores_plan(collective, topo, S, config, itemsize, root), topo, S, config,
+                              itemsize)  # sharp's multicast stores (nvls.py runs sharp's)
     if algorithm == "hier_nvls" and collective in PROGRAMS["hier_nvls"] and topo.nodes > 1 and topo.gpus_per_node > 1:
         if not hier_plan.in_leaf(config):
             raise FabricError(f"replay: {collective} hier_nvls on {topo.nodes} nodes of {topo.gpus_per_node} GPUs "

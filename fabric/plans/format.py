@@ -18,9 +18,22 @@ GPU's sends so far have left its uplink: no data moves; on a plan whose channels
 its channel's sends), nop. "+=" is dst (op) incoming; a reducing kind with incoming_first=True folds the
 other way round, incoming (op) dst (the message, or reduce's src, on the left: ring.py's reduce chain folds
 a member's own data into the partial it received). MSCCL-IR has no such field: a loaded plan folds dst (op)
-incoming. The in-switch kinds (contribute to an
-in-switch reduction, multicast store, load-reduce request) are part of the format; the interpreters
-do not run them yet, and the validator refuses them with UnsupportedOperation-style PlanError.
+incoming.
+
+In-switch kinds (NVLink SHARP; each names a `slot`, a non-empty tuple of non-negative ints, the switch's
+reduction or store it is part of; its last entry picks the spine across nodes, slot[-1] mod P):
+switch_contribute (src: this GPU's contribution to in-switch reduction `slot`; every contribution to a
+slot is reduced in the switch, and the result goes to send_to, or, with send_to None, to every GPU of the
+plan; sharp's push: a contribution is issued at the call's start, its credits are not modeled),
+switch_recv (dst = what the switch delivers for `slot`: its reduction's result once every contribution is
+in; a GPU the slot goes to takes it exactly once), multicast_store (src: a copy to every GPU of the plan,
+this one included, each taking it with a switch_recv of the slot; one store a slot; across nodes its spine
+is (this GPU + slot[-1]) mod P, the switches' rule for stores, fabric.switch.multicast.store_spine; issued
+at the GPU's clock) and load_reduce (NVLS: src names chunks of this GPU's input; it asks the switch to
+read those chunks of every GPU's input ("i", bound for the call), reduce them and send the result to this
+GPU as slot `slot`; each GPU's switch_contribute to that slot is its answer to the switch's read, which it
+serves at its turn once the request is out, of the same chunks, send_to the requester; header-only
+requests, all of a GPU's booked on its uplink at the call's start, sent as credits allow).
 """
 
 import dataclasses
@@ -32,7 +45,9 @@ SENDS = ("send", "recv_reduce_send", "recv_copy_send", "recv_reduce_copy_send")
 RECVS = ("recv", "recv_reduce", "recv_reduce_send", "recv_copy_send", "recv_reduce_copy_send")
 LOCAL = ("copy", "reduce")
 REDUCING = ("recv_reduce", "recv_reduce_send", "recv_reduce_copy_send", "reduce")  # the kinds that fold
-IN_SWITCH = ("switch_contribute", "multicast_store", "load_reduce")
+IN_SWITCH = ("switch_contribute", "multicast_store", "load_reduce", "switch_recv")
+SWITCH_PUTS = ("switch_contribute", "multicast_store")  # the in-switch kinds that put data into a slot (walk)
+SWITCH_TAKES = ("switch_recv",)  # the in-switch kinds that wait for what the switch delivers for a slot
 KINDS = tuple(dict.fromkeys(SENDS + RECVS + LOCAL + ("flush", "nop") + IN_SWITCH))
 COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "all2all", "broadcast", "reduce", "gather", "scatter")
 ROOTED = ("broadcast", "reduce", "gather", "scatter")  # the collectives a plan's root is for
@@ -53,8 +68,9 @@ class Ref:
 
 @dataclass(frozen=True, slots=True)
 class Op:
-    """One operation of a GPU's program. send_to/recv_from: the GPU sent to / received from;
-    incoming_first: a reducing kind's operand order (module docstring), incoming (op) dst."""
+    """One operation of a GPU's program. send_to/recv_from: the GPU sent to / received from (a
+    switch_contribute's send_to: the GPU its slot's result goes to, None: every GPU); incoming_first: a
+    reducing kind's operand order (module docstring), incoming (op) dst; slot: an in-switch kind's."""
 
     kind: str
     channel: int = 0
@@ -64,6 +80,7 @@ class Op:
     recv_from: int | None = None
     deps: tuple[int, ...] = ()
     incoming_first: bool = False
+    slot: tuple[int, ...] = ()  # an in-switch kind's reduction or store (module docstring); () otherwise
 
 
 def _quick_init(cls) -> None:
@@ -144,8 +161,15 @@ def walk(plan: Plan, visit) -> tuple[list[int], dict[tuple[int, int, int], deque
     its sender, receiver and channel). visit(g, step, op, message) is called once per operation that
     runs, with the message a receive takes (None otherwise), and returns what a sending operation sends.
     Returns (each GPU's count of operations run, the queues of messages (sender, receiver, channel)):
-    a GPU that stopped short waits for ever (a deadlock), a message left in a queue was never received."""
+    a GPU that stopped short waits for ever (a deadlock), a message left in a queue was never received.
+    In-switch kinds: what a SWITCH_PUTS operation's visit returns joins its slot's pool; a SWITCH_TAKES
+    operation waits until every operation of the plan that puts into its slot has (switch_slots), and its
+    message is the pool, a list in the order they ran; a switch_contribute to a slot a load_reduce asks for
+    (load_requests) waits until that request has run (it answers the switch's read)."""
     queues: dict[tuple[int, int, int], deque] = {}
+    pools: dict[tuple, list] = {}
+    needed = None  # slot -> how many operations put into it, counted at the first wait for a slot
+    loads, requested = None, set()  # the slots load_reduce asks for (load_requests); those asked so far
     at = [0] * plan.gpus
     recvs, sends = _RECVS, _SENDS
     progressed = True
@@ -162,7 +186,23 @@ def walk(plan: Plan, visit) -> tuple[list[int], dict[tuple[int, int, int], deque
                     if not queue:
                         break
                     message = queue.popleft()
+                elif kind in _WAITS:
+                    if kind == "switch_contribute":
+                        if loads is None:
+                            loads = load_requests(plan)
+                        if op.slot in loads and op.slot not in requested:
+                            break
+                    else:
+                        if needed is None:
+                            needed = {slot: len(puts) for slot, puts in switch_slots(plan).items()}
+                        message = pools.get(op.slot)
+                        if message is None or len(message) < needed.get(op.slot, 0) or not needed.get(op.slot):
+                            break
                 out = visit(g, step, op, message)
+                if kind in _PUTS:
+                    pools.setdefault(op.slot, []).append(out)
+                elif kind == "load_reduce":
+                    requested.add(op.slot)
                 if kind in sends:
                     key = (g, op.send_to, op.channel)
                     queue = queues.get(key)
@@ -176,3 +216,40 @@ def walk(plan: Plan, visit) -> tuple[list[int], dict[tuple[int, int, int], deque
 
 
 _RECVS, _SENDS = frozenset(RECVS), frozenset(SENDS)  # walk's membership tests
+_PUTS, _TAKES = frozenset(SWITCH_PUTS), frozenset(SWITCH_TAKES)
+_WAITS = _TAKES | {"switch_contribute"}  # the in-switch kinds that may wait in walk
+
+
+def switch_slots(plan: Plan) -> dict[tuple, list[tuple[int, int]]]:
+    """slot -> the (GPU, step) of every operation that puts into it (SWITCH_PUTS), in GPU and program order;
+    kept on the plan (a plan is immutable)."""
+    kept = plan.__dict__.get("_switch_slots")
+    if kept is None:
+        kept = {}
+        for program in plan.programs:
+            for step, op in enumerate(program.ops):
+                if op.kind in _PUTS:
+                    kept.setdefault(op.slot, []).append((program.gpu, step))
+        plan.__dict__["_switch_slots"] = kept
+    return kept
+
+
+def load_requests(plan: Plan) -> dict[tuple, list[tuple[int, int]]]:
+    """slot -> the (GPU, step) of every load_reduce that asks for it, in GPU and program order; kept on the plan."""
+    kept = plan.__dict__.get("_load_requests")
+    if kept is None:
+        kept = {}
+        for program in plan.programs:
+            for step, op in enumerate(program.ops):
+                if op.kind == "load_reduce":
+                    kept.setdefault(op.slot, []).append((program.gpu, step))
+        plan.__dict__["_load_requests"] = kept
+    return kept
+
+
+def in_switch(plan: Plan) -> bool:
+    """Whether any operation of `plan` is an in-switch kind (kept on the plan)."""
+    kept = plan.__dict__.get("_in_switch")
+    if kept is None:
+        kept = plan.__dict__["_in_switch"] = any(op.kind in IN_SWITCH for _, _, op in plan.ops())
+    return kept

@@ -42,6 +42,7 @@ from ..errors import PlanError
 from ..reduction import blocks, channel_rings, chunks, ring_channel_count, tree_chunk, tree_parts, tree_steps
 from .format import GpuProgram, Op, Plan, Ref
 from .hier import hier, hier_pieces
+from .in_switch import nvls, sharp
 from .validate import validate
 
 
@@ -443,7 +444,8 @@ def tree(gpus: int, collective: str, root: int = 0, layout=None, pieces: tuple[i
 
 
 ALGORITHMS = {"ring": ring, "recursive_doubling": recursive_doubling, "direct": direct, "pxn": pxn, "tree": tree,
-              "hier": hier}
+              "hier": hier, "sharp": sharp, "nvls": nvls}  # sharp, nvls: built from the fabric's config too
+# (in_switch.shape, build's shape=)
 # the algorithms whose plan depends on the call's size: function (gpus, collective, layout, nbytes) -> what
 # the plan is built from (passed on as its fifth argument; None: the plan of no size)
 SIZED = {"ring": lambda gpus, collective, layout, nbytes, itemsize, chunk_bytes: (
@@ -456,15 +458,17 @@ SIZED = {"ring": lambda gpus, collective, layout, nbytes, itemsize, chunk_bytes:
 
 
 def build(algorithm: str, gpus: int, collective: str, root: int = 0, layout=None, nbytes: int | None = None,
-          itemsize: int = 4, chunk_bytes: int | None = None) -> Plan:
+          itemsize: int = 4, chunk_bytes: int | None = None, shape=None) -> Plan:
     """The validated plan of `algorithm` for `collective` on `gpus` GPUs (rooted collectives: from
     `root`; pxn, direct's all2all and ring across nodes: on the grid `layout`, a tuple of nodes' tuples of
     GPUs; ring across nodes: for a call of `nbytes`, the buffer's bytes as fabric.replay takes them; tree:
     on the grid, for a call of `nbytes` in elements of `itemsize` bytes on a fabric of `chunk_bytes`;
     PlanError if it has none); built and validated once per arguments and what the size decides (SIZED:
-    ring's channel count; tree's elements and piece), not once per size: plans are immutable."""
+    ring's channel count; tree's elements and piece), not once per size: plans are immutable. shape: what
+    an algorithm sized by the fabric's config is built from, given (the in-switch ones: in_switch.shape)."""
     sized = SIZED.get(algorithm)
-    shape = None if sized is None else sized(int(gpus), collective, layout, nbytes, int(itemsize), chunk_bytes)
+    if shape is None and sized is not None:
+        shape = sized(int(gpus), collective, layout, nbytes, int(itemsize), chunk_bytes)
     return _build(algorithm, int(gpus), collective, int(root), layout, shape)  # one cache key however called
 
 

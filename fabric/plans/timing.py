@@ -20,7 +20,8 @@ from ..packets import raw_bytes
 from ..reduction import blocks, chunks
 from ..programs import Fabric, run_programs
 from ..topology import Topology
-from .format import RECVS, SENDS, Op, Plan, Ref, walk
+from ..switch_clocks import TwoLevelSwitches
+from .format import IN_SWITCH, RECVS, SENDS, SWITCH_PUTS, SWITCH_TAKES, Op, Plan, Ref, in_switch, switch_slots, walk
 
 
 def buffer_elements(plan: Plan, S: int, itemsize: int) -> dict[str, int]:
@@ -127,6 +128,11 @@ def _chunk_tables(plan: Plan, S: int, itemsize: int) -> tuple[dict[str, list[tup
                     sizes[g][c] = v
 
     def visit(g, step, op, message):
+        if op.kind in _SWITCH:  # a slot's contributions: (size) each; its result the size of the first
+            if op.kind in SWITCH_PUTS:
+                return size_of(g, op.src)
+            write(g, op.dst, message[0])
+            return None
         if message is not None and op.dst is not None:
             write(g, op.dst, message)
         if op.kind in ("copy", "reduce"):
@@ -182,6 +188,13 @@ def _misfit(plan: Plan, S: int, itemsize: int) -> str | None:
                          f"the GPUs' buffers do not line up at this size)")
 
     def visit(g, step, op, message):
+        if op.kind in SWITCH_PUTS:
+            return g, step, elements(g, op.src)
+        if op.kind in SWITCH_TAKES:  # every contribution of the slot: (GPU, its step, its elements)
+            for h, hstep, sent in message:
+                fits(g, step, op, op.dst, sent, f"takes in-switch slot {list(op.slot)}, GPU {h} step {hstep} "
+                     f"contributing")
+            return None
         if message is not None:  # (sender, its step, the elements it sent)
             fits(g, step, op, op.dst if op.dst is not None else op.src, message[2],
                  f"receives from GPU {message[0]} step {message[1]}")
@@ -350,10 +363,14 @@ def _check(plan: Plan, topo: Topology, config) -> None:
         raise PlanError(f"plan {plan.name!r} runs on {', '.join(plan.fabrics)} fabrics, not {config.mode!r}")
 
 
-def plan_ns(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4, events: list | None = None) -> float:
+def plan_ns(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4, events: list | None = None,
+            partial_itemsize: int | None = None) -> float:
     """Modeled ns of one call of `plan` (validated) on every GPU of `topo`, all starting at 0: the latest
     GPU's clock at the end, as fabric.replay.replay_ns. events: if given, gets the timeline
-    fabric.programs.run_programs records (GPU, "send"/"recv"/"wait", peer, start_ns, end_ns)."""
+    fabric.programs.run_programs records (GPU, "send"/"recv"/"wait", peer, start_ns, end_ns). A plan of
+    in-switch operations: switch_plan_ns (partial_itemsize: the bytes of an element of a leaf's partial)."""
+    if in_switch(plan):
+        return switch_plan_ns(plan, topo, S, config, itemsize, partial_itemsize)
     _check(plan, topo, config)
     chunk = max(1, config.chunk_bytes // itemsize)
     fabric = Fabric(topo, config.mtu_bytes, config.header_bytes)
@@ -368,9 +385,86 @@ def plan_ns(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4, event
     return run_programs(fabric, messages(plan, S, itemsize, chunk), stuck, events)
 
 
+def switch_plan_ns(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4,
+                   partial_itemsize: int | None = None) -> float:
+    """Modeled ns of one call of a plan of in-switch operations (validated) on every GPU of `topo` (several
+    nodes, spines), all starting at 0, the plan's schedule booked on the switches' clocks
+    (fabric.switch_clocks.TwoLevelSwitches, what the switches do with it). Every GPU's load_reduce requests
+    are booked on its uplink first, in its program order (issued at the call's start); then the plan's
+    symbolic run (format.walk) books, each GPU in its program order: a switch_contribute on its uplink (a
+    push's from the call's start; an answer to a load_reduce once that request's LOAD came down its
+    downlink) and its part of its node's partial toward the spine slot[-1] mod P (partial_itemsize: the
+    bytes of an element of a leaf's partial, default itemsize); a slot's last contribution has the
+    switches reduce it and send the result down to the nodes of the GPUs it goes to; a multicast_store from
+    the GPU's clock, up to spine (GPU + slot[-1]) mod P and down to every other node; a switch_recv on its
+    downlink, its clock then at the last byte; a flush, its clock at its uplink's last byte; a copy or a
+    reduction, no modeled time. The call ends once every uplink is free. A chunk of no element is neither
+    sent nor taken."""
+    clocks = TwoLevelSwitches(topo, config, plan.name)  # FabricError on one node (fabric.cost times it)
+    _check(plan, topo, config)
+    if plan.lanes > 1 or any(op.kind not in _SWITCH and op.kind not in ("flush", "nop", "copy", "reduce")
+                             for _, _, op in plan.ops()):
+        raise PlanError(f"plan {plan.name!r}: in-switch operations are timed in plans of in-switch and local "
+                        f"operations only (no lanes, no point-to-point messages)")
+    n, wide = plan.gpus, partial_itemsize or itemsize
+    tables = [spans(plan, S, itemsize, g) for g in range(n)]
+    raw = lambda nbytes: raw_bytes(nbytes, config.mtu_bytes, config.header_bytes)  # noqa: E731
+    header = raw(0)
+    puts = switch_slots(plan)
+    node_of = [topo.locate(g)[0] for g in range(n)]
+    requests: dict[tuple, tuple[float, float]] = {}  # a load_reduce's slot -> its request's stamps
+    for g, program in enumerate(plan.programs):
+        for op in program.ops:
+            if op.kind == "load_reduce":
+                lo, hi = span(tables[g], op.src)
+                if hi > lo:
+                    requests[op.slot] = clocks.request(g, header)
+    pools: dict[tuple, dict[int, tuple]] = {}
+    results: dict[tuple, dict[int, tuple[float, float]]] = {}
+
+    def visit(g, step, op, message):
+        kind = op.kind
+        if kind == "multicast_store":
+            lo, hi = span(tables[g], op.src)
+            if hi > lo:
+                results[op.slot] = clocks.store(g, raw((hi - lo) * itemsize), g + op.slot[-1])
+        elif kind == "switch_contribute":
+            lo, hi = span(tables[g], op.src)
+            if hi == lo:
+                return None
+            asked = requests.get(op.slot)
+            at = 0.0 if asked is None else clocks.load(g, asked, op.send_to, header)
+            got = pools.setdefault(op.slot, {})
+            got[g] = clocks.contribute(g, raw((hi - lo) * itemsize), raw((hi - lo) * wide), op.slot[-1], at)
+            if len(got) == len(puts[op.slot]):  # the slot's last contribution: the switches reduce it
+                if len(got) != n:
+                    raise PlanError(f"plan {plan.name!r}: slot {list(op.slot)} has {len(got)} contributions; an "
+                                    f"in-switch reduction across nodes is timed with every GPU's ({n})")
+                to = range(n) if op.send_to is None else (op.send_to,)
+                results[op.slot] = clocks.reduce(op.slot[-1], [got[h] for h in range(n)], raw((hi - lo) * itemsize),
+                                                 raw((hi - lo) * wide), sorted({node_of[h] for h in to}))
+        elif kind in SWITCH_TAKES:
+            lo, hi = span(tables[g], op.dst)
+            if hi > lo:
+                clocks.take(g, results[op.slot][node_of[g]], raw((hi - lo) * itemsize))
+        elif kind == "flush":  # its sends so far have left (local copies and reductions take no modeled time)
+            clocks.gpus[g].now = max(clocks.gpus[g].now, clocks.gpus[g].uplink.free_ns)
+        return None
+
+    walk(plan, visit)
+    return clocks.end_ns()
+
+
+_SWITCH = frozenset(IN_SWITCH)
+
+
 def plan_link_bytes(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4) -> dict[str, tuple[int, int]]:
     """link name -> (payload bytes, raw bytes) the plan's messages put on it (every link of each
-    message's route, fabric.topology.Topology.route), summed from the plan."""
+    message's route, fabric.topology.Topology.route), summed from the plan. Not for in-switch operations
+    (PlanError): what crosses the switches' cables is theirs (fabric.cost_nodes.link_bytes counts it)."""
+    if in_switch(plan):
+        raise PlanError(f"plan {plan.name!r}: the link bytes of in-switch operations are the switches' "
+                        f"(fabric.cost_nodes.link_bytes), not a sum of the plan's messages")
     _check(plan, topo, config)
     chunk = max(1, config.chunk_bytes // itemsize)
     out: dict[str, tuple[int, int]] = {}
@@ -479,6 +573,8 @@ def _round_visitor(plan: Plan):
 
     def visit(g, step, op, came):  # a message is the round it was sent in
         kind = op.kind
+        if kind in _SWITCH:  # no point-to-point round: the switch's (fabric.cost_nodes times them)
+            return None
         if kind == "flush":
             line, lines = op.channel if lanes else 0, phase[g]
             lines[line] = lines.get(line, 0) + 1

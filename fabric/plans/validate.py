@@ -6,17 +6,25 @@ Rules (each refusal is a PlanError naming the GPU, the step and, where one is in
    count; allgather and gather: output = GPUs x input; reduce_scatter and scatter: input = GPUs x
    output); inplace: alike; a rooted collective's root is one of the GPUs; chunk element counts
    (GpuProgram.elements) given by every GPU or none, one non-negative integer per chunk;
-2. every operation's kind is known and runnable (the in-switch kinds are refused: no interpreter runs
-   them yet), names the buffers its kind needs, in range, and peers that are other GPUs of the plan;
+2. every operation's kind is known and runnable, names the buffers its kind needs, in range, and peers that are other GPUs of the plan;
    a dependency names an earlier operation of the same GPU (so the dependencies have no cycle); only a
    reducing kind has an operand order (incoming_first); on a plan whose channels run on lanes
-   (Plan.lanes = C > 1), every channel is one of 0..C-1;
+   (Plan.lanes = C > 1), every channel is one of 0..C-1; an in-switch kind names a slot (a non-empty
+   tuple of non-negative ints), no other kind does; a switch_contribute's send_to is None (its result to
+   every GPU) or a GPU of the plan, its own included;
 3. a symbolic run, every GPU in program order, sends never waiting, a receive waiting for the matching
    send (same sender, receiver and channel, in order): it must end with every program done (else the
    plan deadlocks: the waiting GPUs are named) and no message unreceived; a send and its receive move
    the same number of chunks (and, in a plan that gives its chunks' element counts, the same elements:
    a send and its receive, a copy's or reduction's source and destination); no operation reads a chunk
    nothing wrote; a reduction never adds a contribution a chunk already holds (it would be counted twice);
+   in the switch: a switch_recv waits until every switch_contribute of its slot has run, and takes their
+   reduction, the sum of their contributions (a contribution two of them hold would be counted twice);
+   the contributions of a slot agree on its chunk count and destination (send_to), and every GPU the slot
+   goes to takes it exactly once, no other GPU; a multicast_store is a slot of one put (no other store or
+   contribution) that every GPU takes; a load_reduce (one a slot, of input chunks) is answered by every
+   GPU's switch_contribute to its slot, each of the same input chunks and to the requester, which waits
+   for the request (format.walk);
 4. at the end every output chunk holds exactly the contributions the collective requires: allreduce
    chunk c = input chunk c of every GPU; allgather chunk g k + m = GPU g's input chunk m; reduce_scatter
    chunk m of GPU g = input chunk g k + m of every GPU; all2all chunk h k + m of GPU g = GPU h's input
@@ -31,12 +39,17 @@ one machine-word loop over the bits a value spans (frozensets of pairs took 4.6 
 whatever its index (a whole-width int per chunk took 23 GB to validate ring's 8 channels on 256 GPUs).
 """
 
+from dataclasses import replace
+
 from ..errors import PlanError
-from .format import BUFFERS, COLLECTIVES, IN_SWITCH, KINDS, LOCAL, RECVS, REDUCING, ROOTED, SENDS, Plan, walk
+from .format import BUFFERS, COLLECTIVES, IN_SWITCH, KINDS, LOCAL, RECVS, REDUCING, ROOTED, SENDS, Plan, \
+    switch_slots, walk
 
 _NEEDS = {"send": ("src",), "recv": ("dst",), "recv_reduce": ("dst",), "recv_reduce_send": ("src",),
           "recv_copy_send": ("dst",), "recv_reduce_copy_send": ("dst",), "copy": ("src", "dst"),
-          "reduce": ("src", "dst"), "flush": (), "nop": ()}
+          "reduce": ("src", "dst"), "flush": (), "nop": (), "switch_contribute": ("src",), "switch_recv": ("dst",),
+          "multicast_store": ("src",), "load_reduce": ("src",)}
+_SWITCH_KINDS = frozenset(IN_SWITCH)
 
 
 def _where(g, step, op=None, chunk=None) -> str:
@@ -124,7 +137,11 @@ def _fine(op, g, step, n, sizes, lanes) -> bool:
     """Whether `op` keeps rule 2 (False: maybe not; _check_op decides)."""
     kind = op.kind
     needs = _NEEDS.get(kind) if type(kind) is str else None
-    if needs is None:  # unknown, or in the switch
+    if needs is None:  # unknown: rule by rule
+        return False
+    if kind in _SWITCH_KINDS:
+        return _fine_in_switch(op, kind, needs, step, n, sizes, lanes)
+    if op.slot != ():
         return False
     src, dst = op.src, op.dst
     needs_src, needs_dst, sends, receives, folds = _SPEC[kind]  # needs, peers and fold in one lookup
@@ -158,14 +175,40 @@ def _fine(op, g, step, n, sizes, lanes) -> bool:
     return type(deps) is tuple and (not deps or all(0 <= d < step for d in deps))
 
 
+def _fine_in_switch(op, kind, needs, step, n, sizes, lanes) -> bool:
+    """_fine for an in-switch kind (False: maybe not; _check_op decides)."""
+    slot, to = op.slot, op.send_to
+    if type(slot) is not tuple or not slot or op.recv_from is not None or op.incoming_first is not False:
+        return False
+    for x in slot:
+        if type(x) is not int or x < 0:
+            return False
+    ref, other = (op.src, op.dst) if needs == ("src",) else (op.dst, op.src)
+    if ref is None or other is not None or not _in(ref, sizes):
+        return False
+    if to is not None and (kind != "switch_contribute" or type(to) is not int or not 0 <= to < n):
+        return False
+    if lanes is not None and not 0 <= op.channel < lanes:
+        return False
+    return type(op.deps) is tuple and all(0 <= d < step for d in op.deps)
+
+
 def _check_op(plan: Plan, g: int, step: int, op) -> None:
     """Rule 2 on one operation, rule by rule: PlanError naming what it breaks."""
     n = plan.gpus
     if op.kind not in KINDS:
         raise PlanError(f"{_where(g, step)}: kind {op.kind!r} unknown; known: {', '.join(KINDS)}")
+    slot = op.slot
     if op.kind in IN_SWITCH:
-        raise PlanError(f"{_where(g, step, op)}: in-switch operations are part of the format but no "
-                        f"interpreter runs them yet (sharp and nvls are not plans)")
+        if type(slot) is not tuple or not slot or any(type(x) is not int or x < 0 for x in slot):
+            raise PlanError(f"{_where(g, step, op)}: slot {slot!r} is not a non-empty tuple of non-negative ints")
+    elif slot != ():
+        raise PlanError(f"{_where(g, step, op)}: a {op.kind} has no slot (only the in-switch kinds)")
+    if op.kind == "switch_contribute":
+        if op.send_to is not None and (type(op.send_to) is not int or not 0 <= op.send_to < n):
+            raise PlanError(f"{_where(g, step, op)}: send_to {op.send_to!r} (where the slot's result goes) is not "
+                            f"a GPU of the plan's {n}, nor None (every GPU)")
+        op = replace(op, send_to=None)  # checked: the peer rules below are the point-to-point kinds'
     for name in ("src", "dst"):
         ref = getattr(op, name)
         if name not in _NEEDS[op.kind]:
@@ -280,9 +323,12 @@ def _run(plan: Plan) -> _State:
         row = plan.programs[g].elements["ios".index(ref.buf)]
         return tuple(row[c] for c in ref.chunk_ids())
 
+    taken: dict[tuple, tuple] = {}  # slot -> its result and the GPUs that took it (_take)
+    asked: dict[tuple, tuple] = {}  # slot -> (GPU, step, chunks) of the load_reduce that asks for it
+
     def visit(g, step, op, received):
         message = None
-        if received is not None:
+        if received is not None and op.kind not in _SWITCH_KINDS:
             sender_step, message, sizes = received
             ref = op.dst if op.dst is not None else op.src
             if len(message) != ref.cnt:
@@ -319,6 +365,28 @@ def _run(plan: Plan) -> _State:
             raise PlanError(f"{_where(g, step, op, op.dst.off)}: {op.kind} of chunks of {list(size_of(g, op.src))} "
                             f"elements into chunks of {list(size_of(g, op.dst))}")
         kind, out = op.kind, None
+        if kind == "load_reduce":
+            if op.src.buf != "i" or op.slot in asked:
+                raise PlanError(f"{_where(g, step, op, op.src.off)}: " + (
+                    f"a load-reduce reads the GPUs' input ('i'), not {op.src.buf!r}" if op.src.buf != "i" else
+                    f"slot {list(op.slot)} is asked for twice (GPU {asked.get(op.slot, (0,))[0]} asked first)"))
+            asked[op.slot] = (g, step, op.src)
+            return None
+        if kind == "switch_contribute" and op.slot in asked:  # an answer to the switch's read
+            h, hstep, ref = asked[op.slot]
+            if op.src != ref or op.send_to != h:
+                raise PlanError(f"{_where(g, step, op, op.src.off)}: answers GPU {h} step {hstep}'s load-reduce of "
+                                f"slot {list(op.slot)} with chunks [{op.src.off}, {op.src.off + op.src.cnt}) of "
+                                f"{op.src.buf!r} to {'every GPU' if op.send_to is None else f'GPU {op.send_to}'}; "
+                                f"it asks for chunks [{ref.off}, {ref.off + ref.cnt}) of 'i' to GPU {h}")
+        if kind == "switch_contribute" or kind == "multicast_store":
+            return g, step, state.read(g, step, op, op.src), op.send_to, size_of(g, op.src), kind
+        if kind == "switch_recv":
+            if op.slot in asked and len({put[0] for put in received}) != plan.gpus:
+                raise PlanError(f"{_where(g, step, op)}: slot {list(op.slot)} is a load-reduce, answered by GPUs "
+                                f"{sorted({put[0] for put in received})}, not every GPU of the plan's {plan.gpus}")
+            state.write(g, op.dst, _take(plan, g, step, op, received, taken, size_of(g, op.dst)))
+            return None
         if kind == "recv":
             state.write(g, op.dst, message)
         elif kind == "recv_reduce":
@@ -347,6 +415,8 @@ def _run(plan: Plan) -> _State:
 
     at, queues = walk(plan, visit)
     stuck = [f"GPU {g} step {at[g]} waits for GPU {p.ops[at[g]].recv_from} on channel {p.ops[at[g]].channel}"
+             if p.ops[at[g]].kind not in _SWITCH_KINDS else
+             f"GPU {g} step {at[g]} waits for in-switch slot {list(p.ops[at[g]].slot)}"
              for g, p in enumerate(plan.programs) if at[g] < len(p.ops)]
     if stuck:
         raise PlanError(f"plan {plan.name!r} deadlocks: {'; '.join(stuck)}")
@@ -355,7 +425,54 @@ def _run(plan: Plan) -> _State:
             step = queue[0][0]
             raise PlanError(f"GPU {src} step {step}: {len(queue)} message(s) to GPU {dst} on channel {channel} "
                             f"never received")
+    for slot, puts in switch_slots(plan).items():
+        g0, step0 = puts[0]
+        to = plan.programs[g0].ops[step0].send_to
+        want = set(range(plan.gpus)) if to is None else {to}
+        missing = sorted(want - (taken[slot][3] if slot in taken else set()))
+        if missing:
+            raise PlanError(f"GPU {missing[0]}: never takes in-switch slot {list(slot)} (switch_recv), which "
+                            f"GPU {g0} step {step0} sends it")
     return state
+
+
+def _take(plan: Plan, g: int, step: int, op, puts: list, taken: dict, sizes):
+    """What GPU g's switch_recv of op.slot holds: the sum of the slot's contributions (puts: (GPU, step,
+    values, send_to, element counts, kind) of each, in the order they ran), refused unless they agree on
+    their chunks and destination, g is it, g takes it once, and no contribution is counted twice. The sum
+    is made once a slot (taken: slot -> (its destination, its chunks' element counts, the sum, the GPUs
+    that took it)), so a result every GPU takes costs O(GPUs), not O(GPUs^2)."""
+    known = taken.get(op.slot)
+    if known is None:
+        g0, step0, value, to, sizes0, kind = puts[0]
+        if kind == "multicast_store" and len(puts) > 1:
+            raise PlanError(f"{_where(puts[1][0], puts[1][1])} ({puts[1][5]}) puts into slot {list(op.slot)}, GPU {g0} "
+                            f"step {step0}'s multicast store (a store is a slot of its own)")
+        for h, hstep, values, hto, hsizes, hkind in puts:
+            if hto != to:
+                raise PlanError(f"{_where(h, hstep)} (switch_contribute) sends slot {list(op.slot)}'s result to "
+                                f"{'every GPU' if hto is None else f'GPU {hto}'}, GPU {g0} step {step0} to "
+                                f"{'every GPU' if to is None else f'GPU {to}'}")
+            if len(values) != len(value) or hsizes != sizes0:
+                raise PlanError(f"{_where(h, hstep)} ({hkind}) puts {len(values)} chunks"
+                                f"{'' if hsizes is None else f' of {list(hsizes)} elements'} into slot "
+                                f"{list(op.slot)}, GPU {g0} step {step0} {len(value)}"
+                                f"{'' if sizes0 is None else f' of {list(sizes0)} elements'}")
+        value = list(value)
+        for h, hstep, values, _, _, _ in puts[1:]:
+            value = _combine(value, values, g, step, op, plan)
+        known = taken[op.slot] = (to, sizes0, value, set())
+    to, sizes0, value, seen = known
+    if len(value) != op.dst.cnt or sizes0 != sizes:
+        raise PlanError(f"{_where(g, step, op, op.dst.off)}: takes {op.dst.cnt} chunks"
+                        f"{'' if sizes is None else f' of {list(sizes)} elements'} of slot {list(op.slot)}, "
+                        f"which holds {len(value)}{'' if sizes0 is None else f' of {list(sizes0)} elements'}")
+    if to is not None and to != g:
+        raise PlanError(f"{_where(g, step, op)}: takes slot {list(op.slot)}, whose result goes to GPU {to}")
+    if g in seen:
+        raise PlanError(f"{_where(g, step, op)}: takes slot {list(op.slot)} a second time")
+    seen.add(g)
+    return value
 
 
 def expected(plan: Plan, g: int, c: int):

@@ -13,16 +13,29 @@ average is finished on every output element at the end (the same sum divided by 
 A plan whose channels run on lanes (Plan.lanes = C > 1) runs channel c's operations in call.channel(c, C)
 (its own clock and lane of the links) and ends with a flush on every channel and call.join_channels, as
 fabric.plans.timing.messages times it. Link bytes: the plan's (fabric.plans.plan_link_bytes).
+In-switch operations are the switch packets sharp.py sent (Call.reduce, so the switches check them as
+any other): a switch_contribute of a chunk run is one REDUCE of slot op.slot, issued at the call's start
+(its modeled issue time: the credits are not modeled), its result to send_to or every member under key
+(PLAN_SWITCH, *slot); a multicast_store is one MCAST under that key (Call.multicast: the switch picks its
+spine from the key's last entry); a load_reduce is one LOAD_REDUCE (Call.load_reduce) of its chunks of the
+input, bound for the call as SOURCE by every member (gpu.bind_buffer, unbound at the end), its header-only
+request booked on the uplink at the start (gpu.reserve_uplink, all of them, in program order: nvls.py's),
+and a switch_contribute to a slot a load_reduce asks for is the member's answer to the switch's read
+(Call.serve_load: the switch names the range); every switch_recv's chunks are posted at the start and
+waited for at its turn;
+the switch finishes the reduction (no average at the end). A chunk run of no element is skipped.
 """
 
 import numpy as np
 
 from nvlink_emu.fabric.errors import PlanError
-from nvlink_emu.fabric.plans.format import RECVS, SENDS
+from nvlink_emu.fabric.plans.format import RECVS, SENDS, in_switch, load_requests
 from nvlink_emu.fabric.plans.timing import check_sizes, span, spans, with_flushes
 from nvlink_emu.fabric.reduction import chunks, combine, combine_incoming_first, finish
 
 PLAN = 30  # message phase
+PLAN_SWITCH = 31  # an in-switch slot's result
+SOURCE = ("plan-bound",)  # the input, bound for the switch's LOADs (load_reduce)
 
 
 def execute(call, plan, inp: np.ndarray, out: np.ndarray) -> None:
@@ -49,13 +62,29 @@ def execute(call, plan, inp: np.ndarray, out: np.ndarray) -> None:
     longest = max((ranges[-1][1] for ranges in table.values() if ranges), default=0)
     tmp_all = np.empty(min(call.chunk, max(longest, 1)), inp.dtype)
     sent, taken = {}, {}
+    switched = in_switch(plan)
+    # in-switch: the contributions' modeled issue time (the call's start), the slots load_reduce asks for,
+    # and each request's stamp on the uplink
+    ctx = {"start": call.gpu.now_ns, "loads": load_requests(plan) if switched else {}, "stamps": {}}
+    if ctx["loads"]:  # every member answers the switch's reads from its input; its requests are issued at once
+        call.gpu.bind_buffer(call.key(*SOURCE), bufs["i"])
+        for op in program.ops:
+            if op.kind == "load_reduce":
+                lo, hi = span(table, op.src)
+                if hi > lo:
+                    ctx["stamps"][op.slot] = call.gpu.reserve_uplink(0, ctx["start"])
+    if switched:  # every result's chunks posted before anything is contributed (sharp.py's order)
+        for op in program.ops:
+            if op.kind == "switch_recv":
+                lo, hi = span(table, op.dst)
+                call.post((PLAN_SWITCH, *op.slot), bufs[op.dst.buf][lo:hi])
     C = plan.lanes if plan.lanes > 1 else 1  # channel c on its own lane (c, C): Call.channel (Plan.lanes)
     for op in with_flushes(plan, call.r):  # a flush before overwriting what a pending send reads
         if C > 1:
             with call.channel(op.channel, C):
-                _run_op(call, plan, op, bufs, table, tmp_all, sent, taken)
+                _run_op(call, plan, op, bufs, table, tmp_all, sent, taken, ctx)
         else:
-            _run_op(call, plan, op, bufs, table, tmp_all, sent, taken)
+            _run_op(call, plan, op, bufs, table, tmp_all, sent, taken, ctx)
     if C > 1:  # every channel's sends have left (on its lane); the GPU's clock: the latest channel's
         for c in range(C):
             with call.channel(c, C):
@@ -63,13 +92,41 @@ def execute(call, plan, inp: np.ndarray, out: np.ndarray) -> None:
         call.join_channels()
     else:
         call.flush()
+    if ctx["loads"]:
+        call.gpu.unbind_buffer(call.key(*SOURCE))
+    if switched:  # the switch finished the reduction (an average divided once there)
+        return
     if plan.collective in ("allreduce", "reduce_scatter") or (plan.collective == "reduce" and call.r == plan.root):
         target = bufs["o"]
         finish(call.op, target, call.n, target)
 
 
-def _run_op(call, plan, op, bufs, table, tmp_all, sent, taken) -> None:
-    """One operation of the member's program (execute's loop)."""
+def _run_op(call, plan, op, bufs, table, tmp_all, sent, taken, ctx) -> None:
+    """One operation of the member's program (execute's loop); ctx: its in-switch state (execute)."""
+    if op.kind == "switch_contribute":
+        lo, hi = span(table, op.src)
+        if hi > lo and op.slot in ctx["loads"]:  # the answer to the switch's read (it names the range)
+            call.serve_load(SOURCE, op.slot, op.send_to)
+        elif hi > lo:
+            dest = list(range(call.n)) if op.send_to is None else [op.send_to]
+            call.reduce(op.slot, bufs[op.src.buf][lo:hi], dest, (PLAN_SWITCH, *op.slot), ctx["start"])
+        return
+    if op.kind == "load_reduce":
+        lo, hi = span(table, op.src)
+        if hi > lo:
+            item = bufs["i"].dtype.itemsize
+            call.load_reduce(op.slot, SOURCE, lo * item, (hi - lo) * item, (PLAN_SWITCH, *op.slot),
+                             ctx["stamps"][op.slot])
+        return
+    if op.kind == "multicast_store":
+        lo, hi = span(table, op.src)
+        if hi > lo:
+            call.multicast((PLAN_SWITCH, *op.slot), bufs[op.src.buf][lo:hi])
+        return
+    if op.kind == "switch_recv":
+        lo, hi = span(table, op.dst)
+        call.wait((PLAN_SWITCH, *op.slot), "the switch's delivery", bufs[op.dst.buf][lo:hi])
+        return
     if op.kind in RECVS:
         m = taken[(op.recv_from, op.channel)] = taken.get((op.recv_from, op.channel), -1) + 1
     if op.kind in SENDS:

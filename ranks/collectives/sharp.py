@@ -6,39 +6,22 @@ combine order and the windows that bound the switches' memory: docs/model/algori
 
 import numpy as np
 
-from nvlink_emu.fabric.reduction import blocks, chunks, switch_accumulator
-from nvlink_emu.fabric.budget import sharp_scatter_streams, sharp_streams
+from nvlink_emu.fabric import plans
+from nvlink_emu.fabric.plans import in_switch
+from nvlink_emu.fabric.reduction import chunks, switch_accumulator
 
-AR, RS, AG, BC, RD = 0, 1, 2, 3, 4  # message phases
+from . import plan
+
+RD = 4  # reduce's message phase (0 to 3 were allreduce's, reduce_scatter's, allgather's and broadcast's, now their plans')
 
 
 def allreduce(call, array: np.ndarray) -> None:
-    window = call.in_switch_window(_streams(call, array.dtype))
-    spans = chunks(0, array.size, call.chunk)
-    everyone = list(range(call.n))
-    start = call.gpu.now_ns  # modeled: every contribution is issued at once
-    for c, (lo, hi) in enumerate(spans):
-        call.post((AR, c), array[lo:hi])  # the result lands in place once every member contributed
-    for c, (lo, hi) in enumerate(spans[:window]):
-        call.reduce((c,), array[lo:hi], everyone, (AR, c), start)
-    for c, (lo, hi) in enumerate(spans):
-        call.wait((AR, c), "the switch's reduction", array[lo:hi])
-        # credit: one result back lets one more contribution in, bounding what the switch holds
-        if c + window < len(spans):
-            lo2, hi2 = spans[c + window]
-            call.reduce((c + window,), array[lo2:hi2], everyone, (AR, c + window), start)
-    call.flush()
-
-
-def _streams(call, dtype) -> int:
-    """Credit streams of an allreduce (Call.in_switch_window): fabric.budget.sharp_streams, the rule the
-    replay sizes its chunks by."""
-    return sharp_streams(call.n, call.nodes(), call.gpu.config.nodes, _wide(dtype))
-
-
-def _scatter_streams(call, dtype) -> int:
-    """Credit streams of a reduce_scatter (Call.in_switch_window): fabric.budget.sharp_scatter_streams."""
-    return sharp_scatter_streams(call.n, call.nodes(), call.gpu.config.nodes, _wide(dtype))
+    """Its plan (fabric.plans.in_switch.sharp, for the call's size and the fabric's switch buffer), run by the
+    one executor (ranks/collectives/plan.py)."""
+    item = array.dtype.itemsize
+    shape = in_switch.shape("sharp", call.n, "allreduce", call.nodes(), call.gpu.config, array.size * item, item,
+                            _wide(array.dtype))
+    plan.execute(call, plans.build("sharp", call.n, "allreduce", shape=shape), array, array)
 
 
 def _wide(dtype) -> int:
@@ -47,66 +30,26 @@ def _wide(dtype) -> int:
 
 
 def reduce_scatter(call, send: np.ndarray, recv: np.ndarray) -> None:
-    n, r = call.n, call.r
-    window = call.in_switch_window(_scatter_streams(call, send.dtype), least=2)
-    parts = blocks(send.size, n)
-    spans = [chunks(a, b, call.chunk) for a, b in parts]
-    own_start = parts[r][0]
-    for c, (lo, hi) in enumerate(spans[r]):
-        call.post((RS, r, c), recv[lo - own_start:hi - own_start])
-    rounds = max(len(s) for s in spans)
-    start = call.gpu.now_ns  # modeled: every contribution is issued at once
-    waited = 0
-    for c in range(rounds):
-        # round c: chunk c of every block. Our own chunk c - window + 1 back means every member sent
-        # the rounds before it, so at most `window` rounds are in the switch (window >= 2: no deadlock)
-        while waited <= min(c - window + 1, len(spans[r]) - 1):
-            lo, hi = spans[r][waited]
-            call.wait((RS, r, waited), "the switch's reduction", recv[lo - own_start:hi - own_start])
-            waited += 1
-        for j in range(n):
-            if c < len(spans[j]):
-                lo, hi = spans[j][c]
-                # slot (j, c, j + c): its last entry picks the spine, (j + c) mod P, so that blocks of one
-                # chunk each still share the spines out
-                call.reduce((j, c, j + c), send[lo:hi], [j], (RS, j, c), start)
-    for c in range(waited, len(spans[r])):
-        lo, hi = spans[r][c]
-        call.wait((RS, r, c), "the switch's reduction", recv[lo - own_start:hi - own_start])
-    call.flush()
+    """Its plan (fabric.plans.in_switch.sharp), as allreduce's."""
+    item = send.dtype.itemsize
+    shape = in_switch.shape("sharp", call.n, "reduce_scatter", call.nodes(), call.gpu.config, send.size * item, item,
+                            _wide(send.dtype))
+    plan.execute(call, plans.build("sharp", call.n, "reduce_scatter", shape=shape), send, recv)
 
 
 def allgather(call, send: np.ndarray, recv: np.ndarray) -> None:
-    parts = blocks(recv.size, call.n)
-    for p, (a, b) in enumerate(parts):
-        for c, (lo, hi) in enumerate(chunks(a, b, call.chunk)):
-            call.post((AG, p, c), recv[lo:hi])
-    a, _ = parts[call.r]
-    for c, (lo, hi) in enumerate(chunks(0, send.size, call.chunk)):
-        call.multicast((AG, call.r, c), send[lo:hi])
-    # this node's blocks first (their copies come straight from the leaf), then the others' in rank order:
-    # a GPU takes its deliveries on its downlink in the order it waits, and the other nodes' come later
-    per_node = call.gpu.config.gpus_per_node
-    here = call.gpu.rank // per_node
-    for p in sorted(range(call.n), key=lambda p: call.peer(p) // per_node != here):
-        a, b = parts[p]
-        for c, (lo, hi) in enumerate(chunks(a, b, call.chunk)):
-            call.wait((AG, p, c), f"GPU {call.peer(p)}'s multicast", recv[lo:hi])
-    call.flush()
+    """Its plan of multicast stores (fabric.plans.in_switch.sharp), run by the one executor."""
+    per_node, item = call.gpu.config.gpus_per_node, recv.dtype.itemsize
+    shape = in_switch.shape("sharp", call.n, "allgather", call.nodes(), call.gpu.config, recv.size * item, item,
+                            member_nodes=tuple(call.peer(p) // per_node for p in range(call.n)))
+    plan.execute(call, plans.build("sharp", call.n, "allgather", shape=shape), send, recv)
 
 
 def broadcast(call, array: np.ndarray, root: int) -> None:
-    spans = chunks(0, array.size, call.chunk)
-    if call.r == root:
-        scratch = np.empty(min(call.chunk, array.size), array.dtype)
-        for c, (lo, hi) in enumerate(spans):
-            call.multicast((BC, c), array[lo:hi])
-        for c, (lo, hi) in enumerate(spans):
-            call.recv_switch((BC, c), scratch[:hi - lo], "the root's own multicast copy")
-    else:
-        for c, (lo, hi) in enumerate(spans):
-            call.recv_switch((BC, c), array[lo:hi], f"GPU {call.peer(root)}'s multicast")
-    call.flush()
+    """Its plan of multicast stores (fabric.plans.in_switch.sharp) from `root`, run by the one executor."""
+    item = array.dtype.itemsize
+    shape = in_switch.shape("sharp", call.n, "broadcast", call.nodes(), call.gpu.config, array.size * item, item)
+    plan.execute(call, plans.build("sharp", call.n, "broadcast", root, shape=shape), array, array)
 
 
 def reduce(call, send: np.ndarray, recv: np.ndarray | None, root: int) -> None:

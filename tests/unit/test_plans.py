@@ -12,7 +12,7 @@ import pytest
 from nvlink_emu.fabric import cost, cost_nodes, plans, replay
 from nvlink_emu.fabric.plans import registry, timing
 from nvlink_emu.fabric.config import preset, resolve
-from nvlink_emu.fabric.errors import PlanError
+from nvlink_emu.fabric.errors import FabricError, PlanError
 from nvlink_emu.fabric.packets import raw_bytes
 from nvlink_emu.fabric.reduction import blocks, channel_rings, ring_channel_count
 from nvlink_emu.fabric.plans.format import Op, Plan, Ref
@@ -109,7 +109,13 @@ def test_recursive_doubling_is_log2_n_exchanges(gpus):
 def test_the_registry_refuses_what_it_cannot_build():
     with pytest.raises(PlanError, match="6 GPUs is not a power of two"):
         plans.build("recursive_doubling", 6, "allreduce")
-    with pytest.raises(PlanError, match="no plan algorithm 'sharp'"):  # in the switch: not a plan yet
+    with pytest.raises(PlanError, match="no plan algorithm 'hier_nvls'"):  # not a plan yet
+        plans.build("hier_nvls", 4, "allreduce")
+    with pytest.raises(PlanError, match="nvls plan: it is built for a call's size and the fabric's switch buffer"):
+        plans.build("nvls", 4, "allreduce")
+    with pytest.raises(PlanError, match="nvls plan: no allgather"):
+        plans.build("nvls", 4, "allgather", shape=(16, 4, 2))
+    with pytest.raises(PlanError, match="sharp plan: it is built for a call's size and the fabric's switch buffer"):
         plans.build("sharp", 4, "allreduce")
     with pytest.raises(PlanError, match="tree plan: it is built for a call's size"):
         plans.build("tree", 4, "allreduce", layout=registry.grid(2, 2))
@@ -191,11 +197,125 @@ def test_reading_an_unwritten_chunk_and_unreceived_messages_are_refused():
         plans.validate(extra)
 
 
-def test_in_switch_operations_are_declared_but_refused():
+def test_a_load_reduce_reads_the_input():
     plan = plans.build("ring", 2, "allreduce")
-    bad = _with_ops(plan, 1, (Op("multicast_store", src=Ref("o", 0)),) + plan.programs[1].ops)
-    with pytest.raises(PlanError, match=r"GPU 1 step 0 \(multicast_store, channel 0\): in-switch operations"):
+    bad = _with_ops(plan, 1, (Op("load_reduce", src=Ref("o", 0), slot=(0,)),) + plan.programs[1].ops)
+    with pytest.raises(PlanError, match=r"GPU 1 step 0 \(load_reduce, channel 0\) chunk 0: a load-reduce reads the "
+                                        r"GPUs' input \('i'\), not 'o'"):
         plans.validate(bad)
+
+
+def test_nvls_is_a_plan_of_load_reduces_answers_and_stores():
+    plan = plans.build("nvls", 2, "allreduce", shape=(16, 4, 2))  # blocks of 8: 2 chunks of 4, window 2
+    assert [(op.kind, op.slot) for op in plan.programs[1].ops] == [
+        ("load_reduce", (1, 0, 1)), ("load_reduce", (1, 1, 2)),
+        ("switch_contribute", (0, 0, 0)), ("switch_contribute", (1, 0, 1)),  # round 0: answer every block's chunk 0
+        ("switch_contribute", (0, 1, 1)), ("switch_contribute", (1, 1, 2)),  # round 1: chunk 1
+        ("switch_recv", (1, 0, 1)), ("multicast_store", (1, 0)),  # its reduced chunk 0 back, stored
+        ("switch_recv", (1, 1, 2)), ("multicast_store", (1, 1)),
+        ("switch_recv", (0, 0)), ("switch_recv", (1, 0)), ("switch_recv", (0, 1)), ("switch_recv", (1, 1)),
+        ("copy", ())]
+    ops = list(plan.programs[0].ops)
+    early = [ops[2]] + ops[:2] + ops[3:]  # GPU 0 answers its own read before it asked for it
+    with pytest.raises(PlanError, match=r"deadlocks: GPU 0 step 0 waits|GPU 0 step 0 \(switch_contribute"):
+        plans.validate(_with_ops(plan, 0, early))
+    other = [dataclasses.replace(ops[2], src=Ref("i", 1)) if k == 2 else op for k, op in enumerate(ops)]
+    with pytest.raises(PlanError, match=r"GPU 0 step 2 \(switch_contribute, channel 0\) chunk 1: answers GPU 0 step 0's "
+                                        r"load-reduce of slot \[0, 0, 0\] with chunks \[1, 2\)"):
+        plans.validate(_with_ops(plan, 0, other))
+    silent = [op for op in plan.programs[1].ops if op.slot != (0, 0, 0)]  # GPU 1 never answers GPU 0's first read
+    with pytest.raises(PlanError, match=r"slot \[0, 0, 0\] is a load-reduce, answered by GPUs \[0\]"):
+        plans.validate(_with_ops(plan, 1, silent))
+
+
+def test_sharp_multicast_stores_are_plans():
+    config = resolve("superpod-h100-nvlink", None, None, 2, 2)
+    plan = replay.sharp_stores_plan("allgather", config.topology, 16, config, 4)  # one element a block
+    assert [(op.kind, op.slot) for op in plan.programs[2].ops] == [
+        ("multicast_store", (2, 0)), ("switch_recv", (2, 0)), ("switch_recv", (3, 0)), ("switch_recv", (0, 0)),
+        ("switch_recv", (1, 0))]  # its own node's blocks first
+    assert plans.in_switch.stores(plan, 16, 4) == {0: [(4, 0)], 1: [(4, 1)], 2: [(4, 2)], 3: [(4, 3)]}
+    ops = list(plan.programs[1].ops)
+    with pytest.raises(PlanError, match=r"GPU 1 step 0 \(multicast_store\) puts into slot \[0, 0\], GPU 0 step 0's "
+                                        r"multicast store"):
+        plans.validate(_with_ops(plan, 1, [dataclasses.replace(ops[0], slot=(0, 0))] + ops[1:]))
+    root = replay.sharp_stores_plan("broadcast", config.topology, 16, config, 4, root=3)
+    assert [op.kind for op in root.programs[3].ops] == ["multicast_store", "switch_recv"]
+    assert root.programs[3].ops[1].dst == Ref("s", 0)  # the root's own copy, into scratch
+
+
+def _sharp(gpus=3, count=10, piece=4, window=2):
+    return plans.build("sharp", gpus, "allreduce", shape=(count, piece, window))
+
+
+def test_sharp_allreduce_is_a_plan_of_in_switch_operations():
+    plan = _sharp()  # 3 chunks of 4, 4 and 2 elements; two contributed before the first result is taken
+    assert [(op.kind, op.slot) for op in plan.programs[0].ops] == [
+        ("switch_contribute", (0,)), ("switch_contribute", (1,)), ("switch_recv", (0,)), ("switch_contribute", (2,)),
+        ("switch_recv", (1,)), ("switch_recv", (2,))]
+    assert timing.spans(plan, 40, 4, 1)["o"] == [(0, 4), (4, 8), (8, 10)]
+    assert _sharp(count=0).programs[0].i_chunks == 1  # no element: one empty chunk
+
+
+def test_the_validator_proves_in_switch_reductions():
+    plan = _sharp()
+    ops = list(plan.programs[1].ops)
+    # GPU 1 contributes chunk 1 to slot 0 as well: chunk 0's result would miss GPU 1's chunk 0 and hold its chunk 1
+    wrong = _with_ops(plan, 1, [dataclasses.replace(ops[0], src=Ref("i", 1))] + ops[1:])
+    with pytest.raises(PlanError, match=r"GPU 0 output chunk 0: misses GPU 1's input chunk 0; holds GPU 1's input "
+                                        r"chunk 1 too"):
+        plans.validate(wrong)
+    twice = _with_ops(plan, 1, ops[:1] + [dataclasses.replace(ops[0])] + ops[1:])  # slot 0 twice from GPU 1
+    with pytest.raises(PlanError, match=r"the reduction would count GPU 1's input chunk 0 twice"):
+        plans.validate(twice)
+    never = _with_ops(plan, 2, [op for op in plan.programs[2].ops if op.slot != (2,) or op.kind != "switch_recv"])
+    with pytest.raises(PlanError, match=r"GPU 2: never takes in-switch slot \[2\]"):
+        plans.validate(never)
+    again = _with_ops(plan, 0, list(plan.programs[0].ops) + [Op("switch_recv", dst=Ref("o", 0), slot=(0,))])
+    with pytest.raises(PlanError, match=r"GPU 0 step 6 \(switch_recv, channel 0\): takes slot \[0\] a second time"):
+        plans.validate(again)
+    early = _with_ops(plan, 0, [Op("switch_recv", dst=Ref("o", 0), slot=(0,))] + list(plan.programs[0].ops))
+    with pytest.raises(PlanError, match=r"deadlocks: GPU 0 step 0 waits for in-switch slot \[0\]"):
+        plans.validate(early)
+    to_one = _with_ops(plan, 2, [dataclasses.replace(ops[0], send_to=0)] + ops[1:])
+    with pytest.raises(PlanError, match=r"GPU 2 step 0 \(switch_contribute\) sends slot \[0\]'s result to GPU 0, "
+                                        r"GPU 0 step 0 to every GPU"):
+        plans.validate(to_one)
+    for slot, what in (((), r"slot \(\) is not a non-empty tuple"), ((-1,), r"slot \(-1,\) is not")):
+        with pytest.raises(PlanError, match=what):
+            plans.validate(_with_ops(plan, 1, [dataclasses.replace(ops[0], slot=slot)] + ops[1:]))
+    with pytest.raises(PlanError, match="a copy has no slot"):
+        plans.validate(_with_ops(plan, 1, ops + [Op("copy", src=Ref("i", 0), dst=Ref("o", 0), slot=(0,))]))
+
+
+def test_sharp_reduce_scatter_pads_short_blocks_with_empty_chunks():
+    plan = plans.build("sharp", 3, "reduce_scatter", shape=(25, 4, 2))  # blocks of 9, 8, 8: 3, 2, 2 chunks
+    assert [p.elements[1] for p in plan.programs] == [(4, 4, 1), (4, 4, 0), (4, 4, 0)]
+    assert plan.programs[0].elements[0] == (4, 4, 1, 4, 4, 0, 4, 4, 0)
+    ops = plan.programs[1].ops  # window 2: its own chunk c - 1 back before round c is contributed
+    assert [(op.kind, op.slot) for op in ops[2:5]] == [
+        ("switch_contribute", (2, 0, 2)), ("switch_recv", (1, 0, 1)), ("switch_contribute", (0, 1, 1))]
+    assert [(op.kind, op.slot) for op in ops[7:9]] == [("switch_recv", (1, 1, 2)), ("switch_contribute", (0, 2, 2))]
+    assert [(op.kind, op.slot) for op in ops[-1:]] == [("switch_recv", (1, 2, 3))]  # its empty chunk, last
+    assert {op.send_to for op in ops if op.kind == "switch_contribute"} == {0, 1, 2}
+    wrong = _with_ops(plan, 2, [dataclasses.replace(op, send_to=1) if op.slot == (0, 0, 0) else op
+                                for op in plan.programs[2].ops])
+    with pytest.raises(PlanError, match=r"sends slot \[0, 0, 0\]'s result to GPU 1, GPU 0 step 0 to GPU 0"):
+        plans.validate(wrong)
+
+
+def test_sharp_allreduce_times_as_the_switches_book_it():
+    """The plan's timing is the two-level reduction sharp.py's replay booked: figures of the old
+    fabric.replay.sharp_allreduce_ns (branch point e1f0133) on 2 x 2 superpod-h100-ib."""
+    config = resolve("superpod-h100-ib", None, None, 2, 2)
+    got = replay.replay_ns("allreduce", "sharp", config.topology, 1024, config, 4)
+    assert got == 2351.76
+    plan = plans.build("sharp", 4, "allreduce", shape=(256, 256, 1))
+    with pytest.raises(PlanError, match="the link bytes of in-switch operations are the switches'"):
+        plans.plan_link_bytes(plan, config.topology, 1024, config)
+    with pytest.raises(FabricError, match="sharp across nodes needs a topology of several nodes and spines"):
+        one = preset("dgx-h100", gpus=4)
+        replay.replay_ns("allreduce", "sharp", Topology.single(one), 1024, one, 4)
 
 
 def test_buffers_must_fit_the_collective():

@@ -1,0 +1,125 @@
+"""The fabric's side of in-switch reductions across nodes, as the replay books it: each leaf's and spine's
+reduction engine, a member's part of its node's partial on its share of the uplink to a spine, the result
+down the group's shares, the copies down to the members (fabric.switch books the same: Spanning groups).
+
+Pure (no MPI). Units: ns, bytes, GB/s (= bytes per ns). The schedule (who contributes which chunk when,
+who takes which result in what order) is not here: it is a plan's (fabric.plans.timing.switch_plan_ns
+walks it and books each step here); this module is what the switches do with it.
+"""
+
+from .errors import FabricError
+from .programs import GpuClocks
+from .timemodel import LinkEnd, ReductionClock
+from .topology import Topology
+
+
+def sharp_clocks(topo: Topology, config, algorithm: str = "sharp"):
+    """The clocks a two-level in-switch reduction books on every GPU of `topo` (several nodes, spines):
+    (GPUs, engines (leaves 0..N-1, then spines), `mine` {(GPU, spine): its share of its node's uplink to
+    that spine, U / (G P)}, `down` {(spine, node): the group's shares of that node's uplink from it,
+    U / P}); the uplink's latency u on both."""
+    N, G, P, n = topo.nodes, topo.gpus_per_node, topo.spines, topo.gpus
+    if N < 2 or not P:
+        raise FabricError(f"replay: {algorithm} across nodes needs a topology of several nodes and spines, got {N} nodes")
+    t, u = config.timing, config.uplink_latency_ns
+    gpus = [GpuClocks(g, topo) for g in range(n)]
+    engines = [ReductionClock(t.reduction_gbytes_per_s, t.reduction_latency_ns) for _ in range(N + P)]
+    group_share = topo.share_gbytes_per_s * G / P  # the node's members' shares of its uplink to one spine
+    mine = {(g, i): LinkEnd(topo.share_gbytes_per_s / P, u) for g in range(n) for i in range(P)}
+    down = {(i, k): LinkEnd(group_share, u) for k in range(N) for i in range(P)}
+    return gpus, engines, mine, down
+
+
+class TwoLevelSwitches:
+    """Every GPU's links and the switches' clocks of in-switch operations across nodes (sharp's and nvls's):
+    contributions (a push's, or answers to an NVLS load) on the members' uplinks, each member's part of its
+    node's partial on its share of the node's uplink to the slot's spine, each leaf's and spine's engine, the
+    results down the group's shares and the members' downlinks; multicast stores up the sender's share to
+    one spine and down its part of every other node's shares; NVLS's header-only requests and LOADs."""
+
+    def __init__(self, topo: Topology, config, algorithm: str = "sharp"):
+        self.topo, self.config = topo, config
+        self.gpus, self.engines, self.mine, self.down = sharp_clocks(topo, config, algorithm)
+        t = config.timing
+        # a leaf's, a spine's (topo.spine_latency_ns) switch latency, the cable's, the engines'
+        self.s, self.sp, self.u, self.p = (t.switch_latency_ns, topo.spine_latency_ns, config.uplink_latency_ns,
+                                           t.reduction_latency_ns)
+        self.store_down: dict[int, dict] = {}  # sender -> {(spine, node): its part of that node's shares}
+
+    def request(self, g: int, raw: int) -> tuple[float, float]:
+        """GPU g's header-only load-reduce request of `raw` bytes on its uplink, issued at the call's start
+        (all of a GPU's are, before anything else it sends: the emulator sends them as credits allow)."""
+        return self.gpus[g].uplink.send(0.0, 0.0, raw)
+
+    def load(self, g: int, requested: tuple[float, float], requester: int, raw: int) -> float:
+        """When GPU g may answer the switch's LOAD for a request that left `requester`'s uplink at
+        `requested`: its leaf (+ s), across nodes the spine and the other leaf (+ s' + s + 2 u), the LOAD
+        (`raw` bytes, header-only) on g's downlink in its program order (+ a)."""
+        gpu = self.gpus[g]
+        ready = requested[1] + self.s + (0.0 if self.gpus[requester].node == gpu.node else
+                                         self.sp + self.s + 2 * self.u)
+        _, end = gpu.downlink.book(ready, ready, raw)
+        return end + gpu.downlink.latency_ns
+
+    def contribute(self, g: int, raw: int, partial_raw: int, spine: int, at: float = 0.0) -> tuple:
+        """GPU g's contribution of `raw` bytes on its uplink from `at` (sharp's push: the call's start, the
+        credits not modeled; an NVLS answer: when its LOAD came, load), after its earlier ones; its part of
+        its node's partial (partial_raw / G raw bytes) takes its share of the node's uplink to spine `spine`
+        mod P (`mine`, + u) once its chunk has been through the engine (+ s + p). Returns (its stamps on
+        the uplink, its part's at the spine), for reduce."""
+        a, b = self.gpus[g].uplink.send(at, at, raw)
+        part = self.mine[(g, spine % self.topo.spines)].send(a + self.s + self.p, b + self.s + self.p,
+                                                             partial_raw / self.topo.gpus_per_node)
+        return (a, b), part
+
+    def reduce(self, spine: int, contributions: list, raw: int, partial_raw: int, nodes) -> dict:
+        """A slot's reduction once every GPU's contribution is in (contributions: contribute's, in GPU order;
+        raw: the result's raw bytes; partial_raw: a leaf's partial's, the accumulator's width): each leaf's
+        engine reduces its node's once the latest is in (+ s); the partial is at spine `spine` mod P once the
+        engine's result (+ u) and every member's part are; the spine reduces once every partial is in (+ s');
+        the result goes down the group's shares of each node in `nodes` (+ u): {node: when it is at that
+        leaf}."""
+        N, G, P = self.topo.nodes, self.topo.gpus_per_node, self.topo.spines
+        i, s, u = spine % P, self.s, self.u
+        partials = []
+        for k in range(N):
+            node = contributions[k * G:(k + 1) * G]
+            start, end = self.engines[k].reduce(max(a for (a, _), _ in node) + s, max(b for (_, b), _ in node) + s,
+                                                partial_raw)
+            partials.append((max(start + u, max(a for _, (a, _) in node)), max(end + u, max(b for _, (_, b) in node))))
+        start, end = self.engines[N + i].reduce(max(a for a, _ in partials) + self.sp,
+                                                max(b for _, b in partials) + self.sp, raw)
+        return {k: self.down[(i, k)].send(start, end, raw) for k in nodes}
+
+    def store(self, p: int, raw: int, spine: int) -> dict:
+        """GPU p's multicast store of `raw` bytes, issued at its clock after its earlier sends: its leaf (+ s)
+        copies it to the node's members and sends one copy up to spine `spine` mod P on the sender's share of
+        the node's uplink to it (`mine`, U / (G P), + u); the spine (+ s') sends one copy to each other leaf k
+        on the sender's part of that node's shares from it (U G / (P (n - G)), + u): {node: when the copy is
+        at that leaf (its copy down, + s, is take's)}."""
+        N, G, P, n = self.topo.nodes, self.topo.gpus_per_node, self.topo.spines, self.topo.gpus
+        gpu, i = self.gpus[p], spine % P
+        if p not in self.store_down:
+            share = self.topo.share_gbytes_per_s
+            self.store_down[p] = {(x, k): LinkEnd(share * G / (P * (n - G)), self.u)
+                                  for x in range(P) for k in range(N) if k != gpu.node}
+        a, b = gpu.uplink.send(gpu.now, gpu.now, raw)
+        out = {gpu.node: (a, b)}
+        a, b = self.mine[(p, i)].send(a + self.s, b + self.s, raw)
+        for k in range(N):
+            if k != gpu.node:
+                out[k] = self.store_down[p][(i, k)].send(a + self.sp, b + self.sp, raw)
+        return out
+
+    def take(self, g: int, at: tuple[float, float], raw: int) -> None:
+        """GPU g takes a result or a store's copy that is at its leaf at `at`: the leaf copies it down (+ s),
+        its downlink books it after its earlier ones, and its clock moves to the last byte (+ a)."""
+        gpu = self.gpus[g]
+        _, b = gpu.downlink.book(at[0] + self.s, at[1] + self.s, raw)
+        gpu.now = max(gpu.now, b + gpu.downlink.latency_ns)
+
+    def end_ns(self) -> float:
+        """The latest member's clock once its sends have left its uplink (the call's flush)."""
+        for gpu in self.gpus:
+            gpu.now = max(gpu.now, gpu.uplink.free_ns)
+        return max(gpu.now for gpu in self.gpus)
