@@ -50,7 +50,7 @@ def _least_parts(config: FabricConfig) -> int:
             for wide in (1, 2):  # fabric.reduction.switch_accumulator: as wide, or twice (16-bit floats)
                 most = max(most, (n - 1) * max(sharp_streams(n, nodes, config.nodes, wide),
                                                2 * sharp_scatter_streams(n, nodes, config.nodes, wide),
-                                               2 * _nvls_streams(n, nodes, config.nodes, wide)))
+                                               2 * nvls_streams_wide(n, nodes, config.nodes, wide)))
     return most
 
 
@@ -102,11 +102,11 @@ def nvls_streams(n: int, nodes: int, fabric_nodes: int, dtype) -> int:
     notice (n requesters' windows, twice: a notice may trail the next request) fit its buffer share /
     fabric_nodes (docs/design/architecture.md, Spanning groups)."""
     wide = switch_accumulator(np.dtype(dtype)).itemsize // np.dtype(dtype).itemsize
-    return _nvls_streams(n, nodes, fabric_nodes, wide)
+    return nvls_streams_wide(n, nodes, fabric_nodes, wide)
 
 
-def _nvls_streams(n: int, nodes: int, fabric_nodes: int, wide: int) -> int:
-    """nvls_streams for a partial `wide` times as wide as an element."""
+def nvls_streams_wide(n: int, nodes: int, fabric_nodes: int, wide: int) -> int:
+    """nvls_streams for a partial `wide` times as wide as an element (the accumulator's width / the dtype's)."""
     return n if nodes == 1 else 2 * n * wide * -(-fabric_nodes // max(1, n - 1))
 
 

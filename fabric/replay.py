@@ -43,7 +43,7 @@ import numpy as np
 
 from . import hier_plan
 from .plans import build, in_switch, registry, timing
-from .budget import _nvls_streams, buffer_share_bytes, in_switch_chunk
+from .budget import nvls_streams_wide, buffer_share_bytes, in_switch_chunk
 from .errors import FabricError
 from .packets import raw_bytes
 from .reduction import blocks, chunks
@@ -221,7 +221,7 @@ def nvls_chunks(topo: Topology, count: int, config, itemsize: int, partial_items
     pipeline chunks nvls.py sends (elements, ranges): nvls_chunk_bytes shrunk as Call.in_switch_window does."""
     n = topo.gpus
     wide = (partial_itemsize or itemsize) // itemsize
-    streams = _nvls_streams(n, topo.nodes, config.nodes, wide)
+    streams = nvls_streams_wide(n, topo.nodes, config.nodes, wide)
     chunk = in_switch_chunk(config, n, streams, 2, config.nvls_chunk_bytes, itemsize) // itemsize
     return [chunks(a, b, chunk) for a, b in blocks(count, n)]
 

@@ -43,7 +43,7 @@ What the plan is built from depends on the fabric's config (its switch buffer an
 computes it and registry.build takes it (`shape=`): (elements, elements a chunk, window).
 """
 
-from ..budget import _nvls_streams, in_switch_window, sharp_scatter_streams, sharp_streams
+from ..budget import nvls_streams_wide, in_switch_window, sharp_scatter_streams, sharp_streams
 from ..errors import PlanError
 from ..reduction import blocks, chunks
 from .format import GpuProgram, Op, Plan, Ref
@@ -60,7 +60,7 @@ def shape(algorithm: str, gpus: int, collective: str, nodes: int, config, nbytes
     broadcast (multicast stores, no credits): (elements, elements a message of chunk_bytes, allgather: the
     node of each member, member_nodes, which orders its takes)."""
     if algorithm == "nvls" and collective in ("allreduce", "reduce_scatter"):
-        streams = _nvls_streams(gpus, nodes, config.nodes, wide)
+        streams = nvls_streams_wide(gpus, nodes, config.nodes, wide)
         window, chunk = in_switch_window(config, gpus, streams, 2, config.nvls_chunk_bytes, itemsize)
         return int(nbytes) // itemsize, chunk // itemsize, window
     if algorithm != "sharp" or collective not in ("allreduce", "reduce_scatter", "allgather", "broadcast"):

@@ -307,7 +307,7 @@ def _leaf_program(collective, topo, r, count, chunk, item, root, share):
 
 
 def op_by_op_leaf_traffic(collective, topo, S, config, itemsize=4, root=0):
-    """cost_nodes._hier_leaf_traffic as hier_leaf_link_bytes counted it before it went slice by slice: every
+    """cost_in_switch.hier_leaf_traffic as hier_leaf_link_bytes counted it before it went slice by slice: every
     member's program (_leaf_program) op by op."""
     from nvlink_emu.fabric.packets import raw_bytes
     from nvlink_emu.fabric.budget import buffer_share_bytes
@@ -350,7 +350,7 @@ def test_leaf_bytes_counted_slice_by_slice_are_the_programs_op_by_op(name, N, G)
         for count in (1, N * G * 3 + 1, 3 * P * N * G + 7, 257 * N * G + 3):
             for collective in cn.FLAT["hier_nvls"]:
                 for root in ((0, N * G - 1, G + 1) if collective == "broadcast" else (0,)):
-                    sent, sent_raw, *rest = cn._hier_leaf_traffic(collective, t, count * itemsize, config, itemsize,
+                    sent, sent_raw, *rest = cn.hier_leaf_traffic(collective, t, count * itemsize, config, itemsize,
                                                                   root)
                     got = [sent.tolist(), sent_raw.tolist(), *rest]
                     assert got == list(op_by_op_leaf_traffic(collective, t, count * itemsize, config, itemsize,

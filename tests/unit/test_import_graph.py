@@ -147,3 +147,21 @@ def test_no_module_outside_takes_a_private_name(package):
                    if not within(name, (package,)) for target, names in targets.items() if within(target, (package,))
                    for imported in names if imported.startswith("_"))
     assert taken == []
+
+
+def test_no_module_outside_ranks_takes_a_private_name():
+    """fabric and launch import no _private name of another module (issue 27; ranks' parts may lend each
+    other theirs, as the mpi4py layer's modules do)."""
+    taken = sorted(f"{name} imports {target}.{imported}" for name, targets in graph().items()
+                   if within(name, ("nvlink_emu.fabric", "nvlink_emu.launch"))
+                   for target, names in targets.items() for imported in names if imported.startswith("_"))
+    assert taken == []
+
+
+MOST_LINES = 700  # a module longer than this holds more than one room (issue 27)
+
+
+def test_no_module_is_over_700_lines():
+    long = sorted(f"{path.relative_to(ROOT)}: {n} lines" for path in modules().values()
+                  if (n := len(path.read_text().splitlines())) > MOST_LINES)
+    assert long == []
