@@ -61,7 +61,7 @@ def roofline_ns(profile: GpuProfile, flops: float, nbytes: float, dtype, compute
                 np.dtype(dtype)
             except TypeError:
                 raise FabricError(f"dtype {dtype!r}: not a numpy dtype") from None
-        peak = math.inf
+        peak: float | None = math.inf
     else:
         name = compute_dtype(dtype)
         peak = profile.peak_tflops.get(name)

@@ -167,7 +167,7 @@ def merge_reports(config, parts: list[dict]) -> dict:
     conservation: dict = {}
     ports: dict[int, dict] = {}
     report_keys = ("now_ns", "unconsumed", "collectives", "collectives_unrecorded")
-    merged = {key: {} for key in report_keys}
+    merged: dict[str, dict[int, object]] = {key: {} for key in report_keys}  # key -> GPU -> its value
     stats = dict.fromkeys(REPORT_STATS, 0)
     for part in parts:
         here = f"sw{part['switch']}"

@@ -240,6 +240,7 @@ def dtree(nranks: int, rank: int) -> tuple[tuple[int, int, int], tuple[int, int,
     is btree; tree 1 is its mirror (rank -> nranks-1-rank) for an even count, shifted by one rank for
     an odd count, so that a rank that is a leaf in one tree is inside the other."""
     first = btree(nranks, rank)
+    second: tuple[int, ...]
     if nranks % 2:
         moved = btree(nranks, (rank - 1) % nranks)
         second = tuple(-1 if x == -1 else (x + 1) % nranks for x in moved)
