@@ -55,13 +55,14 @@ def roofline_ns(profile: GpuProfile, flops: float, nbytes: float, dtype, compute
     for what, value in (("flops", flops), ("bytes", nbytes)):
         if amount(value) is None:
             raise FabricError(f"compute {what}={value!r}: needs a finite, non-negative number")
+    peak: float | None
     if not flops:  # a pure memory kernel needs no math units: any element type moves at HBM speed
         if not (isinstance(dtype, str) and dtype in COMPUTE_DTYPES):
             try:
                 np.dtype(dtype)
             except TypeError:
                 raise FabricError(f"dtype {dtype!r}: not a numpy dtype") from None
-        peak: float | None = math.inf
+        peak = math.inf
     else:
         name = compute_dtype(dtype)
         peak = profile.peak_tflops.get(name)

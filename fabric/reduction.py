@@ -7,6 +7,7 @@ and equal the numpy reference computed in the same order (`reduce_in_order`).
 
 import hashlib
 import re
+from typing import cast
 
 import numpy as np
 
@@ -240,14 +241,13 @@ def dtree(nranks: int, rank: int) -> tuple[tuple[int, int, int], tuple[int, int,
     is btree; tree 1 is its mirror (rank -> nranks-1-rank) for an even count, shifted by one rank for
     an odd count, so that a rank that is a leaf in one tree is inside the other."""
     first = btree(nranks, rank)
-    second: tuple[int, ...]
     if nranks % 2:
         moved = btree(nranks, (rank - 1) % nranks)
         second = tuple(-1 if x == -1 else (x + 1) % nranks for x in moved)
     else:
         moved = btree(nranks, nranks - 1 - rank)
         second = tuple(-1 if x == -1 else nranks - 1 - x for x in moved)
-    return first, second
+    return first, cast(tuple[int, int, int], second)  # btree's three, moved
 
 
 def tree_parts(nodes: int, per_node: int) -> list[dict[tuple[int, int], tuple[tuple[int, int] | None, list]]]:
