@@ -8,12 +8,15 @@ the group's nodes, in node order, their partials arrive in the accumulator dtype
 finishes (avg divides by every member of the group, once; 16-bit floats round once)."""
 
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
 from .errors import AccessViolation, CollectiveMismatch, FabricError, ResourceExhausted
 from .reduction import check_dtype, combine, finish, switch_accumulator
 from .timemodel import ReductionClock
+
+V = TypeVar("V")  # ByGroup's values
 
 MAX_GROUPS = 128  # NVSwitch gen 3: up to 128 concurrent SHARP groups
 
@@ -55,9 +58,10 @@ class Reduction:
     last_ns: float = 0.0       # the latest last byte of a contribution (modeled)
 
 
-class ByGroup(dict):
+class ByGroup(dict[tuple, V]):
     """A dict whose keys are tuples that start with a group id, which also keeps each group's keys, so
-    that a group's release touches only what that group holds (`of`), not every tenant's entries."""
+    that a group's release touches only what that group holds (`of`), not every tenant's entries.
+    V: the type of its values (for the type checker; at run time a plain dict subclass)."""
 
     def __init__(self):
         super().__init__()

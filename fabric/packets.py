@@ -368,7 +368,7 @@ class Packet:
                              info, float(self.t_start), float(self.t_end)))
 
     @classmethod
-    def from_wire(cls, data: bytes) -> "Packet":
+    def from_wire(cls, data: bytes | bytearray | memoryview) -> "Packet":
         """The packet `data` encodes; ProtocolError for anything that is not a well-formed header."""
         try:
             kind, src, dst, address, nbytes, req, info, t_start, t_end = msgpack.unpackb(
