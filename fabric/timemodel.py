@@ -35,7 +35,8 @@ class LinkClock:
         return self._ends[-1] if self._ends else 0.0
 
     def transmit(self, ready_start: float, ready_end: float, raw_bytes: float) -> tuple[float, float]:
-        """(start, end) of a transfer whose first/last byte are ready at ready_start/ready_end."""
+        """(start, end) of a transfer whose first/last byte are ready at ready_start/ready_end. raw_bytes:
+        its bytes on the wire, a float when scaled (a degraded link's lanes, a faulted uplink's spines)."""
         duration = raw_bytes / self.bandwidth
         starts, ends = self._starts, self._ends
         start = ready_start
@@ -214,7 +215,7 @@ class ReductionClock:
     latency_ns: float
     free_ns: float = 0.0
 
-    def reduce(self, inputs_start: float, inputs_end: float, raw_bytes: float) -> tuple[float, float]:
+    def reduce(self, inputs_start: float, inputs_end: float, raw_bytes: int) -> tuple[float, float]:
         """(start, end) of a result whose inputs' latest first and last bytes arrived at the given times."""
         start = max(inputs_start + self.latency_ns, self.free_ns)
         end = max(start + raw_bytes / self.bandwidth, inputs_end + self.latency_ns)
