@@ -26,7 +26,8 @@ class ControlPlane:
             Kind.EXPORT: self._export, Kind.REVOKE: self._revoke, Kind.GROUP: self._group}.get(packet.kind)
         if handler is None:  # DONE, TRACE, COUNTERS: the switch rank's own business
             raise ProtocolError(f"switch: {packet.kind.name} from GPU {ingress} is not a fabric-manager call")
-        if packet.kind is Kind.GROUP and cast(GroupInfo, packet.info).action == "unserved":  # a notice, which nothing answers
+        # a notice, which nothing answers
+        if packet.kind is Kind.GROUP and cast(GroupInfo, packet.info).action == "unserved":
             try:
                 return [self.leaf.out(send) for send in self.leaf.nvls.unserved(ingress, packet.info)]
             except FabricError as exc:
