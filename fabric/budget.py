@@ -4,6 +4,8 @@ streams each in-switch algorithm keeps (so its window fits), the chunk and windo
 reduction, and the LOADs an honest nvls keeps unanswered. Pure: fabric.switch refuses what exceeds it,
 ranks/collectives size their windows with it, fabric.cost, cost_nodes and replay time what it allows."""
 
+from typing import cast
+
 import numpy as np
 
 from .config import FabricConfig
@@ -19,7 +21,7 @@ def buffer_share_bytes(config: FabricConfig) -> int:
 def port_share_bytes(config: FabricConfig) -> int:
     """Forwarded bytes the switch keeps in flight to one port at most, in bytes (an equal share of
     switch_buffer_bytes; a port with nothing in flight always takes one more transfer)."""
-    return config.switch_buffer_bytes // (config.gpus_per_node + config.spines)
+    return config.switch_buffer_bytes // (config.gpus_per_node + cast(int, config.spines))  # set by __post_init__
 
 
 def held_parts_share(config: FabricConfig) -> int:

@@ -55,6 +55,7 @@ def roofline_ns(profile: GpuProfile, flops: float, nbytes: float, dtype, compute
     for what, value in (("flops", flops), ("bytes", nbytes)):
         if amount(value) is None:
             raise FabricError(f"compute {what}={value!r}: needs a finite, non-negative number")
+    peak: float | None
     if not flops:  # a pure memory kernel needs no math units: any element type moves at HBM speed
         if not (isinstance(dtype, str) and dtype in COMPUTE_DTYPES):
             try:

@@ -7,6 +7,7 @@ import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from .addressing import MAX_GPUS, NETWORK_ADDRESSES, PHYSICAL_GPU_SHIFT
 from .errors import ConfigError
@@ -153,7 +154,7 @@ class FabricConfig:
     @property
     def switches(self) -> int:
         """Switch ranks: one leaf per node, then the spines."""
-        return self.nodes + self.spines
+        return self.nodes + cast(int, self.spines)  # None only as an argument: __post_init__ sets the count
 
     @property
     def world_size(self) -> int:

@@ -71,7 +71,7 @@ def hier_leaf_traffic(collective: str, topo: Topology, S: int, config, itemsize:
         raise FabricError(f"cost_nodes: hier_nvls runs {', '.join(HIER_NVLS)}, not {collective}")
     chunk = max(1, config.chunk_bytes // itemsize)
     mtu, head = config.mtu_bytes, config.header_bytes
-    raws: dict[int, int] = {}
+    raws: dict[int, tuple[int, int]] = {}
 
     def messages(length: int) -> tuple[int, int]:
         """(messages, raw bytes) of `length` elements sent in chunks of `chunk` (hier_plan's chunks)."""
@@ -246,6 +246,7 @@ def sharp_scatter_link_bytes(topo: Topology, S: int, config, itemsize: int = 4,
     for op in program.ops:
         if op.kind != "switch_contribute":
             continue
+        assert op.send_to is not None and op.src is not None and program.elements is not None  # a sized plan's slot
         j, elements = op.send_to, program.elements[0][op.src.off]
         spine, node = N + op.slot[-1] % P, topo.locate(j)[0]
         out[downlink(j, node)] += elements * itemsize

@@ -65,8 +65,8 @@ def rounds(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsize
         matrix = topo._traffic(counts)  # checked: shape, integers, non-negative
         # the call's plan (fabric.plans.registry.all2allv), bytes as elements: one round; a GPU's own block
         # is copied locally, never on a link
-        layout = plans.registry.grid(topo.nodes, topo.gpus_per_node) if topo.nodes > 1 else None
-        call_plan, elements = plans.registry.all2allv_plan(matrix.tolist(), layout)  # the ranks' choice
+        grid = plans.registry.grid(topo.nodes, topo.gpus_per_node) if topo.nodes > 1 else None
+        call_plan, elements = plans.registry.all2allv_plan(matrix.tolist(), grid)  # the ranks' choice
         out = plans.plan_rounds(call_plan, elements or 0, 1)
         return out or [np.zeros((n, n), np.int64)]
     if collective == "broadcast":
@@ -460,5 +460,5 @@ def bottleneck(collective: str, algorithm: str, topo: Topology, S: int, config, 
     flows = _merged([_flows(t, config, itemsize) for t in rounds(collective, algorithm, topo, S, itemsize, root,
                                                                   counts)])
     times = {name: w / bandwidth for name, (w, _, _, bandwidth) in _loads(topo, flows).items()}
-    name = max(times, key=times.get, default="")
+    name = max(times, key=lambda link: times[link], default="")
     return name, times.get(name, 0.0)

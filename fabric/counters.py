@@ -1,6 +1,7 @@
 """Per-link counters (payload bytes, raw bytes, packets), byte conservation and the link table."""
 
 from dataclasses import dataclass
+from typing import Any
 
 from .addressing import assign_network_addresses
 from .errors import FabricError
@@ -167,7 +168,7 @@ def merge_reports(config, parts: list[dict]) -> dict:
     conservation: dict = {}
     ports: dict[int, dict] = {}
     report_keys = ("now_ns", "unconsumed", "collectives", "collectives_unrecorded")
-    merged = {key: {} for key in report_keys}
+    merged: dict[str, dict[int, Any]] = {key: {} for key in report_keys}  # key -> GPU -> its value
     stats = dict.fromkeys(REPORT_STATS, 0)
     for part in parts:
         here = f"sw{part['switch']}"

@@ -14,6 +14,7 @@ import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 from .errors import ConfigError, LinkDown
 
@@ -134,7 +135,7 @@ def _links(source: str, name, known: set[str] | None) -> tuple[str, ...]:
         raise ConfigError(f"{source}: link: must be a link name like 'gpu3->sw0' or 'gpu3<->sw0', got {name!r}")
     if "<->" in name:
         a, _, b = name.partition("<->")
-        links = (f"{a}->{b}", f"{b}->{a}")
+        links: tuple[str, ...] = (f"{a}->{b}", f"{b}->{a}")
     elif "->" in name:
         links = (name,)
     else:
@@ -167,7 +168,7 @@ def parse_fault(entry, source: str, known: set[str] | None = None) -> Fault:
     until_ns = math.inf if until is None else float(_number(source, "until_ns", until, 0.0, MAX_NS))
     if until_ns <= at_ns:
         raise ConfigError(f"{source}: until_ns: must be after at_ns = {at_ns:g}, got {until!r}")
-    values = {}
+    values: dict[str, Any] = {}  # Fault's fields of this kind: floats, and ints (seed, lanes)
     if kind == "ber":
         if "ber" not in entry:
             raise ConfigError(f"{source}: ber: kind 'ber' needs a bit-error rate")
@@ -192,7 +193,8 @@ class FaultPlan:
 
     faults: tuple[Fault, ...] = ()
     full_lanes: int = 0
-    _by_link: dict = field(default=None, compare=False, repr=False)
+    # set by __post_init__ (link -> its faults); None only before it runs
+    _by_link: dict[str, tuple[Fault, ...]] = field(default=None, compare=False, repr=False)  # type: ignore[arg-type]
 
     def __post_init__(self):
         by_link: dict[str, list[Fault]] = {}
@@ -308,7 +310,7 @@ class LinkFaultState:
         for fault in self.plan.on(self.link):
             if fault.kind != "ber" or not fault.active(t_ns):
                 continue
-            probability = {}
+            probability: dict[int, float] = {}
             for i, size in enumerate(sizes):
                 p = probability.get(size)
                 if p is None:
@@ -347,7 +349,8 @@ def spine_route(plan: FaultPlan, leaf: int, dst_leaf: int, default: int, nodes: 
                 break
         else:
             return spine
-    link, (since, back) = first
+    # every spine broke out of the loop at a down link, so first holds the default route's
+    link, (since, back) = cast(tuple[str, tuple[float, float]], first)
     when = f"up at {back:.0f} ns" if math.isfinite(back) else "not coming back up"
     raise LinkDown(f"no path from switch {leaf} to switch {dst_leaf} at {t_ns:.0f} ns: every spine's link is down "
                    f"({link} down since {since:.0f} ns, {when})", link, since, back)

@@ -8,12 +8,15 @@ the group's nodes, in node order, their partials arrive in the accumulator dtype
 finishes (avg divides by every member of the group, once; 16-bit floats round once)."""
 
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
 from .errors import AccessViolation, CollectiveMismatch, FabricError, ResourceExhausted
 from .reduction import check_dtype, combine, finish, switch_accumulator
 from .timemodel import ReductionClock
+
+V = TypeVar("V")  # ByGroup's values
 
 MAX_GROUPS = 128  # NVSwitch gen 3: up to 128 concurrent SHARP groups
 
@@ -28,7 +31,7 @@ class Group:
     engine: ReductionClock | None = None  # modeled time of the group's reductions
     # who contributes here, in combine order: the members (one node), the node's members (a leaf of a
     # group spanning nodes) or leaf switch indices (a spine); None: the members
-    inputs: tuple[int, ...] | None = None
+    inputs: tuple[int, ...] = None  # type: ignore[assignment]  # None: the members, set by __post_init__
     stage: str = "whole"               # whole: one switch; leaf: partials up; spine: partials in, finished
 
     def __post_init__(self):
@@ -55,9 +58,10 @@ class Reduction:
     last_ns: float = 0.0       # the latest last byte of a contribution (modeled)
 
 
-class ByGroup(dict):
+class ByGroup(dict[tuple, V]):
     """A dict whose keys are tuples that start with a group id, which also keeps each group's keys, so
-    that a group's release touches only what that group holds (`of`), not every tenant's entries."""
+    that a group's release touches only what that group holds (`of`), not every tenant's entries.
+    V: the type of its values (for the type checker; at run time a plain dict subclass)."""
 
     def __init__(self):
         super().__init__()
@@ -135,7 +139,8 @@ class GroupTable:
         gid = self.next_id() if group_id is None else group_id
         if gid in self.groups:
             raise FabricError(f"{who}: group {gid} exists already")
-        group = Group(gid, tuple(members), name, partition, inputs=inputs, stage=stage)
+        group = Group(gid, tuple(members), name, partition, inputs=inputs,  # type: ignore[arg-type]  # None: members
+                      stage=stage)
         self.groups[gid] = group
         self.created += 1
         return gid
@@ -180,7 +185,7 @@ class GroupTable:
             group.engine = ReductionClock(timing.reduction_gbytes_per_s, timing.reduction_latency_ns)
         return group.engine
 
-    def contribute(self, group_id: int, slot: tuple, gpu: int, op: str, dtype: str, data: np.ndarray,
+    def contribute(self, group_id: int, slot: tuple, gpu: int, op: str, dtype: str | np.dtype, data: np.ndarray,
                    delivery: tuple = (), times: tuple[float, float] = (0.0, 0.0),
                    hold_limit_bytes: int | None = None, hold_limit_parts: int | None = None) -> tuple | None:
         """Hold GPU `gpu`'s contribution to `slot` (its first/last byte at `times`, modeled ns); once

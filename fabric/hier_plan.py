@@ -10,6 +10,8 @@ stages of a slice, the ticks that pipeline them, the node stages in the leaf (hi
 docs/model/algorithms-hier.md.
 """
 
+from typing import cast
+
 from .reduction import blocks, chunks, merged_columns, two_level_blocks
 
 SLICE_BYTES = 256 * 1024  # NCCL's COLLNET_CHAIN chunk ceiling (src/enqueue.cc)
@@ -168,7 +170,7 @@ def program(collective: str, N: int, G: int, a: int, j: int, count: int, chunk: 
     node_ring, rail_ring = [(a, k) for k in range(G)], [(b, j) for b in range(N)]
     memo = {} if memo is None else memo  # (what, slice) -> the same for every member of the call
 
-    def pieces(i):
+    def pieces(i: int) -> list[list[tuple[int, int]]]:
         got = memo.get(("pieces", i))
         if got is None:
             got = memo[("pieces", i)] = slice_pieces(spans, i, P, K)
@@ -192,7 +194,7 @@ def program(collective: str, N: int, G: int, a: int, j: int, count: int, chunk: 
             return _ring(rail_ring, a, [[row[j]] for row in pieces(i)], RAIL_RS if name == "rail rs" else RAIL_AG,
                          i, chunk, name == "rail rs", memo)
         parts = pieces(i)[0]
-        a_root, j_root = root
+        a_root, j_root = cast(tuple[int, int], root)  # scatter and chain: broadcast's stages, which has a root
         if name == "scatter":  # the root's node only; every member of it flushes
             if a != a_root:
                 return []
@@ -223,7 +225,7 @@ def program(collective: str, N: int, G: int, a: int, j: int, count: int, chunk: 
     if collective != "broadcast":
         yield from _stepwise(names, stage, K, spans[a][j], P, N, 1 if leaf else G - 1)
     elif N > 1 and G > 1:
-        yield from _stepwise_broadcast(stage, K, (a - root[0]) % N)
+        yield from _stepwise_broadcast(stage, K, (a - cast(tuple[int, int], root)[0]) % N)  # broadcast: a root
     else:  # one slice: the scatter, the chain chunk by chunk, the node ring, one after the other
         yield from _zipped(names, stage, K)
     yield ("flush",)

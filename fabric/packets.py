@@ -327,7 +327,8 @@ class CountersInfo(Info):
         return [_wire(getattr(self, name)) for name, _ in _fields_of(CountersInfo)]  # calls: records nested
 
 
-INFO_OF = {Kind.NACK: NackInfo, Kind.MSG: MsgInfo, Kind.REDUCE: ReduceInfo, Kind.MCAST: McastInfo,
+INFO_OF: dict[Kind, type[Info]] = {
+           Kind.NACK: NackInfo, Kind.MSG: MsgInfo, Kind.REDUCE: ReduceInfo, Kind.MCAST: McastInfo,
            Kind.LOAD_REDUCE: LoadInfo, Kind.LOAD: LoadInfo, Kind.EXPORT: ExportInfo, Kind.REVOKE: RevokeInfo,
            Kind.GROUP: GroupInfo, Kind.TRACE: TraceInfo, Kind.COUNTERS: CountersInfo}
 FREE_MAP = frozenset({Kind.REPLY, Kind.SHUTDOWN})  # switch-only kinds with a free map (or nothing)
@@ -367,7 +368,7 @@ class Packet:
                              info, float(self.t_start), float(self.t_end)))
 
     @classmethod
-    def from_wire(cls, data: bytes) -> "Packet":
+    def from_wire(cls, data: bytes | bytearray | memoryview) -> "Packet":
         """The packet `data` encodes; ProtocolError for anything that is not a well-formed header."""
         try:
             kind, src, dst, address, nbytes, req, info, t_start, t_end = msgpack.unpackb(

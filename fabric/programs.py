@@ -3,6 +3,8 @@ the messages in flight between them (Fabric), and the interpreter that runs ever
 round-robin (run_programs). fabric.replay's schedules and fabric.plans.timing's plans both run here, so
 both book links alike. Pure (no MPI). Units: ns, bytes, GB/s (= bytes per ns)."""
 
+from typing import cast
+
 from .packets import raw_bytes
 from .timemodel import LinkEnd
 from .topology import Topology
@@ -21,7 +23,8 @@ class GpuClocks:
         self.lanes: dict[int, float] = {}
         self.uplink = LinkEnd(topo.gpu_gbytes_per_s, topo.gpu_latency_ns)
         self.downlink = LinkEnd(topo.gpu_gbytes_per_s, topo.gpu_latency_ns)
-        self.inbound = LinkEnd(topo.share_gbytes_per_s, 0.0) if topo.spines else None
+        # several nodes only (a spine: share_gbytes_per_s set)
+        self.inbound = LinkEnd(cast(float, topo.share_gbytes_per_s), 0.0) if topo.spines else None
 
     def clock(self, lane: tuple[int, int] | None) -> float:
         """Modeled ns of channel lane (c, C)'s clock, or of the member's (lane None or one channel)."""
@@ -47,10 +50,12 @@ class Fabric:
     def __init__(self, topo: Topology, mtu_bytes: int, header_bytes: int):
         self.topo, self.mtu, self.header = topo, mtu_bytes, header_bytes
         self.gpus = [GpuClocks(g, topo) for g in range(topo.gpus)]
-        s, u = topo.switch_latency_ns, topo.uplink_latency_ns
+        s, u = topo.switch_latency_ns, cast(float, topo.uplink_latency_ns)  # u: read only with spines, set then
         # a leaf's traversal; a spine's (its own switch's latency) and the cable down to the leaf
-        self.s, self.spine_ns = s, (topo.spine_latency_ns + u if topo.spines else None)
-        self.shares = [LinkEnd(topo.share_gbytes_per_s, u) for _ in range(topo.gpus)] if topo.spines else None
+        self.s = s
+        self.spine_ns = cast(float, topo.spine_latency_ns) + u if topo.spines else None
+        self.shares = ([LinkEnd(cast(float, topo.share_gbytes_per_s), u) for _ in range(topo.gpus)]
+                       if topo.spines else None)
         self.sent: dict[tuple, tuple[float, float, int]] = {}  # (src, dst, key) -> stamps at dst's leaf, raw
 
     def send(self, gpu: GpuClocks, peer: int, key, nbytes: int, lane=None) -> tuple[float, float]:
@@ -62,9 +67,10 @@ class Fabric:
         start, end = gpu.uplink.send(ready, ready, raw, lane)
         uplink = start - gpu.uplink.latency_ns, end - gpu.uplink.latency_ns  # the link's own occupation
         start, end = start + self.s, end + self.s                       # the sender's leaf (cut-through)
-        if self.gpus[peer].node != gpu.node:
-            start, end = self.shares[gpu.index].send(start, end, raw)  # its outbound share, + u
-            start, end = start + self.spine_ns, end + self.spine_ns    # the spine, the cable down
+        if self.gpus[peer].node != gpu.node:  # several nodes: shares and spine_ns set
+            start, end = cast(list[LinkEnd], self.shares)[gpu.index].send(start, end, raw)  # outbound share, + u
+            spine_ns = cast(float, self.spine_ns)
+            start, end = start + spine_ns, end + spine_ns    # the spine, the cable down
             start, end = start + self.s, end + self.s                   # the destination's leaf
         self.sent[(gpu.index, peer, key)] = (start, end, raw)
         return uplink
@@ -77,7 +83,7 @@ class Fabric:
             return None
         start, end, raw = got
         if self.gpus[peer].node != gpu.node:
-            start, end = gpu.inbound.book(start, end, raw)
+            start, end = cast(LinkEnd, gpu.inbound).book(start, end, raw)  # several nodes: set
             start = max(start, end - raw / gpu.downlink.lane_bandwidth(lane))  # its burst on the faster downlink
         start, end = gpu.downlink.book(start, end, raw, lane=lane)
         gpu.advance(lane, end + gpu.downlink.latency_ns)
@@ -117,6 +123,7 @@ def run_programs(fabric: Fabric, programs: dict, stuck, events: list | None = No
                 at = _LANE_AT[kind]
                 lane = op[at] if len(op) > at else None
                 before = gpu.clock(lane) if events is not None else 0.0
+                booked: tuple[float, float] | None
                 if kind == "send":
                     booked = fabric.send(gpu, op[1], op[2], op[3], lane)
                 elif kind == "recv":
@@ -130,8 +137,8 @@ def run_programs(fabric: Fabric, programs: dict, stuck, events: list | None = No
                     gpu.advance(lane, gpu.uplink.lane_sent_ns(lane))
                 if events is not None:
                     peer = op[1] if kind != "flush" else None
-                    if kind != "flush":
-                        events.append((r, kind, peer, *booked))
+                    if kind != "flush":  # a send's or a receive's booking (a receive not booked broke out above)
+                        events.append((r, kind, peer, *cast(tuple[float, float], booked)))
                     if gpu.clock(lane) > before:
                         events.append((r, "wait", peer, before, gpu.clock(lane)))
                 progressed = True

@@ -7,6 +7,7 @@ and equal the numpy reference computed in the same order (`reduce_in_order`).
 
 import hashlib
 import re
+from typing import cast
 
 import numpy as np
 
@@ -246,7 +247,7 @@ def dtree(nranks: int, rank: int) -> tuple[tuple[int, int, int], tuple[int, int,
     else:
         moved = btree(nranks, nranks - 1 - rank)
         second = tuple(-1 if x == -1 else nranks - 1 - x for x in moved)
-    return first, second
+    return first, cast(tuple[int, int, int], second)  # btree's three, moved
 
 
 def tree_parts(nodes: int, per_node: int) -> list[dict[tuple[int, int], tuple[tuple[int, int] | None, list]]]:

@@ -38,6 +38,7 @@ deadlock-free schedule completes, in O(messages) link bookings (a 256-GPU ring a
 about half a million).
 """
 
+from typing import cast
 
 import numpy as np
 
@@ -49,7 +50,7 @@ from .packets import raw_bytes
 from .reduction import blocks, chunks
 from .programs import Fabric, run_programs
 from .switch_clocks import sharp_clocks
-from .timemodel import ReductionClock
+from .timemodel import LinkEnd, ReductionClock
 from .topology import Topology
 
 
@@ -83,7 +84,9 @@ def hier_ns(collective: str, topo: Topology, count: int, config, itemsize: int =
 
     header = raw(0)
     fabric = Fabric(topo, mtu, head)
-    gpus, sent, shares, spine_ns = fabric.gpus, fabric.sent, fabric.shares, fabric.spine_ns
+    gpus, sent = fabric.gpus, fabric.sent
+    # read only for a transfer between nodes, where the fabric has them (spines)
+    shares, spine_ns = cast(list[LinkEnd], fabric.shares), cast(float, fabric.spine_ns)
     engines = [ReductionClock(t.reduction_gbytes_per_s, t.reduction_latency_ns) for _ in range(topo.nodes)]
     asked: dict[tuple, tuple[int, float]] = {}   # (node, key) -> (requester, its request's last byte at the leaf)
     slots: dict[tuple, list] = {}                # (node, key) -> [answers, latest first byte, latest last byte]
@@ -121,11 +124,11 @@ def hier_ns(collective: str, topo: Topology, count: int, config, itemsize: int =
                     gpu.now = max(gpu.now, end + down_ns)
                 elif kind == "serve":
                     slot_key = (node, op[2])
-                    got = asked.get(slot_key)
-                    if got is None:
+                    request = asked.get(slot_key)
+                    if request is None:
                         waiting[r] = op
                         break
-                    requester, end = got
+                    requester, end = request
                     nraw = raws.get((op[4] - op[3]) * itemsize) or raw((op[4] - op[3]) * itemsize)
                     _, at = down(end + s, end + s, header)
                     at += down_ns
@@ -298,7 +301,7 @@ def nvls_lower_bound_ns(collective: str, topo: Topology, count: int, config, ite
     if not stores:
         return bound
     G, fewest = topo.gpus_per_node, min(len(span) for span in spans)
-    store_down = topo.share_gbytes_per_s * G / (P * (n - G))  # nvls_ns's store_down: a sender's part
+    store_down = cast(float, topo.share_gbytes_per_s) * G / (P * (n - G))  # nvls_ns's store_down: a sender's part
     chain = ((fewest - 1) // 2 + 1) * (2 * a + 2 * s + sp + 2 * u + least / store_down) if fewest else 0.0
     return max(bound, t_s + stores / B + a, chain)
 

@@ -7,6 +7,8 @@ who takes which result in what order) is not here: it is a plan's (fabric.plans.
 walks it and books each step here); this module is what the switches do with it.
 """
 
+from typing import cast
+
 from .errors import FabricError
 from .programs import GpuClocks
 from .timemodel import LinkEnd, ReductionClock
@@ -24,8 +26,9 @@ def sharp_clocks(topo: Topology, config, algorithm: str = "sharp"):
     t, u = config.timing, config.uplink_latency_ns
     gpus = [GpuClocks(g, topo) for g in range(n)]
     engines = [ReductionClock(t.reduction_gbytes_per_s, t.reduction_latency_ns) for _ in range(N + P)]
-    group_share = topo.share_gbytes_per_s * G / P  # the node's members' shares of its uplink to one spine
-    mine = {(g, i): LinkEnd(topo.share_gbytes_per_s / P, u) for g in range(n) for i in range(P)}
+    share = cast(float, topo.share_gbytes_per_s)  # several nodes and spines (checked above): set
+    group_share = share * G / P  # the node's members' shares of its uplink to one spine
+    mine = {(g, i): LinkEnd(share / P, u) for g in range(n) for i in range(P)}
     down = {(i, k): LinkEnd(group_share, u) for k in range(N) for i in range(P)}
     return gpus, engines, mine, down
 
@@ -100,7 +103,7 @@ class TwoLevelSwitches:
         N, G, P, n = self.topo.nodes, self.topo.gpus_per_node, self.topo.spines, self.topo.gpus
         gpu, i = self.gpus[p], spine % P
         if p not in self.store_down:
-            share = self.topo.share_gbytes_per_s
+            share = cast(float, self.topo.share_gbytes_per_s)  # several nodes: set
             self.store_down[p] = {(x, k): LinkEnd(share * G / (P * (n - G)), self.u)
                                   for x in range(P) for k in range(N) if k != gpu.node}
         a, b = gpu.uplink.send(gpu.now, gpu.now, raw)

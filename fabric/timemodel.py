@@ -34,8 +34,9 @@ class LinkClock:
         """When the link is free for good (after its last busy interval)."""
         return self._ends[-1] if self._ends else 0.0
 
-    def transmit(self, ready_start: float, ready_end: float, raw_bytes: int) -> tuple[float, float]:
-        """(start, end) of a transfer whose first/last byte are ready at ready_start/ready_end."""
+    def transmit(self, ready_start: float, ready_end: float, raw_bytes: float) -> tuple[float, float]:
+        """(start, end) of a transfer whose first/last byte are ready at ready_start/ready_end. raw_bytes:
+        its bytes on the wire, a float when scaled (a degraded link's lanes, a faulted uplink's spines)."""
         duration = raw_bytes / self.bandwidth
         starts, ends = self._starts, self._ends
         start = ready_start
@@ -162,7 +163,7 @@ class LinkEnd:
             self.clock.hold(self.clock.free_ns, end)
         self._lanes, self._lane_sent, self._beside = [], [], None
 
-    def book(self, ready_start: float, ready_end: float, raw_bytes: int,
+    def book(self, ready_start: float, ready_end: float, raw_bytes: float,
              served: bool = False, lane: tuple[int, int] | None = None) -> tuple[float, float]:
         """(start, end) on the link of a transfer whose first/last byte are ready at its near end;
         `served`: booked in host order (one-sided traffic), on the served lane; `lane`: channel c of C's
@@ -174,7 +175,7 @@ class LinkEnd:
             self._lanes_busy_ns += raw_bytes / self.bandwidth
         return clock.transmit(ready_start, ready_end, raw_bytes)
 
-    def send(self, ready_start: float, ready_end: float, raw_bytes: int,
+    def send(self, ready_start: float, ready_end: float, raw_bytes: float,
              lane: tuple[int, int] | None = None) -> tuple[float, float]:
         """When the transfer's first and last byte reach the far end: booked (cut-through), plus the
         latency; a transfer of the owner's program (it moves `sent_ns`), on channel lane `lane` if given."""
@@ -184,7 +185,7 @@ class LinkEnd:
             self._lane_sent[lane[0]] = max(self._lane_sent[lane[0]], end)
         return start + self.latency_ns, end + self.latency_ns
 
-    def post(self, ready_start: float, ready_end: float, raw_bytes: int) -> tuple[float, float] | None:
+    def post(self, ready_start: float, ready_end: float, raw_bytes: float) -> tuple[float, float] | None:
         """As `send`, for the owner's own one-sided transfer beside a channelled call: while C channel lanes
         are open and busy past `ready_start`, on the beside lane at bandwidth / (C + 1) (the lanes stay
         open; it moves sent_ns); None when no channel lane is busy then (book it with `send`)."""
@@ -199,7 +200,7 @@ class LinkEnd:
         self.sent_ns = max(self.sent_ns, end)
         return start + self.latency_ns, end + self.latency_ns
 
-    def serve(self, ready_start: float, ready_end: float, raw_bytes: int) -> tuple[float, float]:
+    def serve(self, ready_start: float, ready_end: float, raw_bytes: float) -> tuple[float, float]:
         """As `send`, for a transfer served for another GPU (a one-sided reply), on the served lane:
         `sent_ns` stays, and no program transfer waits for it."""
         start, end = self.served_clock.transmit(ready_start, ready_end, raw_bytes)

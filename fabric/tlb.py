@@ -8,6 +8,7 @@ refused translation is a fault.
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import cast
 
 from .addressing import NETWORK_VIRTUAL_BASE
 from .errors import AccessViolation, ResourceExhausted
@@ -90,7 +91,7 @@ class LinkTLB:
         what = f"Link TLB of GPU {self.owner}: {op} of {nbytes} bytes at {address:#x} by GPU {requester}"
         ps = self.page_size
         last = address + max(nbytes, 1) - 1
-        window_id = None
+        window_id: int | None = None
         for vpage in range(address // ps, last // ps + 1):
             entry = self._lookup(vpage)
             if entry is None:
@@ -105,7 +106,7 @@ class LinkTLB:
             elif entry[1] != window_id:
                 self.faults += 1
                 raise AccessViolation(f"{what}: range crosses from one window into another")
-        window = self.windows[window_id]
+        window = self.windows[cast(int, window_id)]  # the loop ran at least once (max(nbytes, 1))
         reason = None
         if address < window.address or last >= window.address + window.size_bytes:
             reason = f"out of bounds of {window.describe()}"

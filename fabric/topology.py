@@ -8,6 +8,7 @@ keeps flows meeting between switches independent of the host, and why: docs/mode
 """
 
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -351,7 +352,8 @@ class Topology:
     @property
     def share_gbytes_per_s(self) -> float | None:
         """Each GPU's share of its node's uplink, GB/s per direction (U / G); None on one node."""
-        return self.uplink_gbytes_per_s_per_node / self.gpus_per_node if self.spines else None
+        # several nodes (spines) have an uplink figure (multi_node)
+        return cast(float, self.uplink_gbytes_per_s_per_node) / self.gpus_per_node if self.spines else None
 
     def timed_route(self, src: int, dst: int) -> tuple[Hop, ...]:
         """The stages that time a transfer src -> dst, in order, each followed by one switch traversal
@@ -362,7 +364,9 @@ class Topology:
         if timed is None:
             ends = {"up": share_name(src, "out"), "down": share_name(dst, "in")}
             timed = hops[(src, dst)] = tuple(
-                Hop(ends[link.direction], self.share_gbytes_per_s, link.latency_ns) if link.level == "leaf-spine"
+                # a leaf-spine link: several nodes, share_gbytes_per_s set
+                Hop(ends[link.direction], cast(float, self.share_gbytes_per_s), link.latency_ns)
+                if link.level == "leaf-spine"
                 else Hop(link.name, link.bandwidth_gbytes_per_s, link.latency_ns) for link in self.route(src, dst))
         return timed
 
@@ -467,6 +471,6 @@ class Topology:
         return matrix
 
 
-def _is_index(value, size: int) -> bool:
-    """Whether `value` is an integer (not a bool) in 0..size-1."""
+def _is_index(value, size: int) -> bool | np.bool_:
+    """Whether `value` is an integer (not a bool) in 0..size-1 (a numpy bool for a numpy integer)."""
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and 0 <= value < size

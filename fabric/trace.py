@@ -113,7 +113,8 @@ def read_trace(path: str | Path) -> RankTrace:
         file = open_regular(path)
     except OSError as exc:
         return RankTrace(path, {}, [], None, True, exc.strerror or str(exc))
-    records, problem = [], ""
+    records: list[dict] = []
+    problem = ""
     with file:
         size = os.fstat(file.fileno()).st_size
         unpacker = msgpack.Unpacker(file, raw=False, strict_map_key=False, read_size=READ_BYTES,

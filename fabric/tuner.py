@@ -9,6 +9,7 @@ an All2All). What each algorithm implements is IMPLEMENTS; the ranks' algorithm 
 """
 
 import math
+from typing import cast
 
 from . import cost, cost_nodes, hier_plan
 from .errors import UnsupportedOperation
@@ -102,6 +103,7 @@ def choose(collective: str, algorithm: str, config, nbytes: int, members: int | 
             best = fastest_across_nodes(collective, candidates, nbytes, config) if n == config.gpus else None
         if best is not None:
             return best
+        order: tuple[str, ...]
         if "sharp" in allowed(config, nodes, collective):
             order = ("sharp", "nvls", "direct", "ring")
         else:
@@ -142,8 +144,9 @@ def all2all_algorithm(algorithm: str, config, nbytes: int, members: int | None =
         nodes = config.nodes if members is None or nodes is None else nodes
         covered = [name for name in ALL2ALL if "all2all" in cost_nodes.FLAT.get(name, ())]
         if nodes > 1 and n == config.gpus and nbytes > 0 and covered:
-            return least({name: cost_nodes.modeled_ns("all2all", name, config.topology, nbytes, config, itemsize)
-                          for name in covered})
+            return cast(str, least({name: cost_nodes.modeled_ns("all2all", name, config.topology, nbytes, config,
+                                                                itemsize)
+                                    for name in covered}))  # covered is not empty: a name
         return "direct"
     if algorithm not in ALL2ALL:
         raise UnsupportedOperation(f"all2all: unknown algorithm {algorithm!r}; known: auto, {', '.join(ALL2ALL)}")

@@ -476,7 +476,7 @@ class Gpu:
         incoming = self._transport.poll(self._switch)
         if incoming is not None:
             header, inline = unframe(incoming[1])  # the switch is trusted: a bad frame or header is a bug
-            self._handle(incoming[0], Packet.from_wire(header), inline)  # type: ignore[arg-type]  # msgpack reads any buffer; fabric annotates bytes
+            self._handle(incoming[0], Packet.from_wire(header), inline)
             if not sweep:
                 return True
             moved = True

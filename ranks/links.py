@@ -51,7 +51,7 @@ class GpuLinks:
     def reserve_uplink(self, payload_bytes: int, at_ns: float) -> tuple[float, float]:
         """Book the uplink now for a transfer sent later, as issued at `at_ns`; returns its stamp."""
         raw = raw_bytes(payload_bytes, self.config.mtu_bytes, self.config.header_bytes)
-        return self.uplink.send(at_ns, at_ns, self.link_time(self.tx, payload_bytes, at_ns, raw))  # type: ignore[arg-type]  # LinkEnd books float raw bytes (a degraded link's); fabric annotates int
+        return self.uplink.send(at_ns, at_ns, self.link_time(self.tx, payload_bytes, at_ns, raw))
 
     def book_send(self, packet: Packet, at: float, stamp: tuple[float, float] | None, served: bool,
                   lane: tuple[int, int] | None) -> tuple[Packet, float | None]:
@@ -65,15 +65,15 @@ class GpuLinks:
         raw = self.counters.record(self.tx, packet.payload_bytes)
         if stamp is None:
             timed = raw if timed is None else timed
-            stamp = self.uplink.serve(at, at, timed) if served else None  # type: ignore[arg-type]  # LinkEnd books float raw bytes (a degraded link's); fabric annotates int
+            stamp = self.uplink.serve(at, at, timed) if served else None
             if not served and lane is None and packet.kind in BESIDE_KINDS:
                 # the program's own one-sided traffic beside a channelled call that still sends: a lane of
                 # its own (fabric.timemodel.LinkEnd.post; docs/model/time.md, "A put beside a collective")
-                stamp = self.uplink.post(at, at, timed)  # type: ignore[arg-type]  # LinkEnd books float raw bytes (a degraded link's); fabric annotates int
+                stamp = self.uplink.post(at, at, timed)
                 if stamp is not None:
                     beside = stamp[1] - self.uplink.latency_ns
             if stamp is None and not served:
-                stamp = self.uplink.send(at, at, timed, lane)  # type: ignore[arg-type]  # LinkEnd books float raw bytes (a degraded link's); fabric annotates int
+                stamp = self.uplink.send(at, at, timed, lane)
         assert stamp is not None  # reserved, or served, posted or sent just above
         if not served:
             self.program_bytes[0] += packet.payload_bytes
@@ -109,10 +109,10 @@ class GpuLinks:
             if self._spine_faults:  # the node's uplink lost its down links' part (fabric.faults)
                 topology = self.config.topology
                 timed = raw * spine_links_scale(self.plan, self.leaf, topology.nodes, topology.spines, start, up=False)
-            start, end = self.inbound.book(start, end, timed, served=not program)  # type: ignore[arg-type]  # as above: float raw bytes
+            start, end = self.inbound.book(start, end, timed, served=not program)
             # its burst on the faster downlink, ending with its last byte (docs/model/time.md)
             start = max(start, end - raw / self.downlink.lane_bandwidth(lane))
-        start, end = self.downlink.book(start, end, self.link_time(self.rx, packet.payload_bytes, start, raw),  # type: ignore[arg-type]  # LinkEnd books float raw bytes (a degraded link's); fabric annotates int
+        start, end = self.downlink.book(start, end, self.link_time(self.rx, packet.payload_bytes, start, raw),
                                         served=not program, lane=lane)
         if program:
             self.program_bytes[1] += packet.payload_bytes

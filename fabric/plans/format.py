@@ -39,6 +39,7 @@ requests, all of a GPU's booked on its uplink at the call's start, sent as credi
 import dataclasses
 from collections import deque
 from dataclasses import dataclass, field
+from typing import cast
 
 BUFFERS = ("i", "o", "s")
 SENDS = ("send", "recv_reduce_send", "recv_copy_send", "recv_reduce_copy_send")
@@ -182,7 +183,7 @@ def walk(plan: Plan, visit) -> tuple[list[int], dict[tuple[int, int, int], deque
                 op, message = ops[step], None
                 kind = op.kind
                 if kind in recvs:
-                    queue = queues.get((op.recv_from, g, op.channel))
+                    queue = queues.get((cast(int, op.recv_from), g, op.channel))  # a receive names its sender
                     if not queue:
                         break
                     message = queue.popleft()
@@ -204,7 +205,7 @@ def walk(plan: Plan, visit) -> tuple[list[int], dict[tuple[int, int, int], deque
                 elif kind == "load_reduce":
                     requested.add(op.slot)
                 if kind in sends:
-                    key = (g, op.send_to, op.channel)
+                    key = (g, cast(int, op.send_to), op.channel)  # a send names its receiver
                     queue = queues.get(key)
                     if queue is None:
                         queue = queues[key] = deque()

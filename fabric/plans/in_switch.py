@@ -43,7 +43,9 @@ What the plan is built from depends on the fabric's config (its switch buffer an
 computes it and registry.build takes it (`shape=`): (elements, elements a chunk, window).
 """
 
-from ..budget import nvls_streams_wide, in_switch_window, sharp_scatter_streams, sharp_streams
+from typing import Any, cast
+
+from ..budget import in_switch_window, nvls_streams_wide, sharp_scatter_streams, sharp_streams
 from ..errors import PlanError
 from ..reduction import blocks, chunks
 from .format import GpuProgram, Op, Plan, Ref
@@ -69,7 +71,7 @@ def shape(algorithm: str, gpus: int, collective: str, nodes: int, config, nbytes
         if collective == "allgather" and (member_nodes is None or len(member_nodes) != gpus):
             raise PlanError(f"sharp allgather plan: it needs the node of each of its {gpus} members")
         return (int(nbytes) // itemsize, max(1, config.chunk_bytes // itemsize),
-                tuple(member_nodes) if collective == "allgather" else None)
+                tuple(cast(tuple[int, ...], member_nodes)) if collective == "allgather" else None)  # checked above
     if collective == "reduce_scatter":  # every block's chunk of a round in flight: sharp_scatter_streams
         streams, least = sharp_scatter_streams(gpus, nodes, config.nodes, wide), 2
     else:
@@ -78,7 +80,7 @@ def shape(algorithm: str, gpus: int, collective: str, nodes: int, config, nbytes
     return int(nbytes) // itemsize, chunk // itemsize, window
 
 
-def sharp(gpus: int, collective: str, root: int = 0, layout=None, shape: tuple[int, int, int] | None = None) -> Plan:
+def sharp(gpus: int, collective: str, root: int = 0, layout=None, shape: tuple[int, int, Any] | None = None) -> Plan:
     """sharp's allreduce or reduce_scatter (module docstring) for shape = (elements, elements a chunk,
     window; reduce_scatter: the input's elements). allreduce: every GPU runs the same operations (one tuple,
     shared)."""
@@ -100,12 +102,12 @@ def sharp(gpus: int, collective: str, root: int = 0, layout=None, shape: tuple[i
         k, piece = 1, 0
     window = third
     contribute = [Op("switch_contribute", src=Ref("i", c), slot=(c,)) for c in range(k)]
-    ops = contribute[:window]
+    order = contribute[:window]
     for c in range(k):
-        ops.append(Op("switch_recv", dst=Ref("o", c), slot=(c,)))
+        order.append(Op("switch_recv", dst=Ref("o", c), slot=(c,)))
         if c + window < k:
-            ops.append(contribute[c + window])
-    ops = tuple(ops)
+            order.append(contribute[c + window])
+    ops = tuple(order)
     programs = tuple(GpuProgram(g, ops, k, k) for g in range(gpus))
     return Plan("sharp", "allreduce", gpus, programs, inplace=True, fabrics=("network",), piece=piece)
 

@@ -70,14 +70,14 @@ def loads(data: bytes | str, origin: str = "<string>") -> Plan:
         raise PlanError(f"MSCCL-IR {origin}: {len(data)} bytes, more than the {MAX_BYTES} bytes a plan may have")
     try:
         data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise PlanError(f"MSCCL-IR {origin}: not UTF-8 (byte {e.start})") from None
+    except UnicodeDecodeError as exc:
+        raise PlanError(f"MSCCL-IR {origin}: not UTF-8 (byte {exc.start})") from None
     if re.search(rb"<!\s*(doctype|entity)", data, re.IGNORECASE):
         raise PlanError(f"MSCCL-IR {origin}: DOCTYPE and entity declarations are refused")
     try:
         algo = ET.fromstring(data)
-    except ET.ParseError as e:
-        raise PlanError(f"MSCCL-IR {origin}: not well-formed XML ({e})") from None
+    except ET.ParseError as exc:
+        raise PlanError(f"MSCCL-IR {origin}: not well-formed XML ({exc})") from None
     if algo.tag != "algo":
         raise PlanError(f"MSCCL-IR {origin}: the root element is <{algo.tag}>, not <algo>")
     n = _int(algo, "ngpus", origin)
@@ -98,8 +98,8 @@ def loads(data: bytes | str, origin: str = "<string>") -> Plan:
             steps.sort(key=lambda s: _int(s, "s" if s.tag == "step" else "step", where))
             tbs[(g, _int(tb, "id", where))] = (_int(tb, "chan", where, 0), _int(tb, "send", where, -1),
                                                _int(tb, "recv", where, -1), steps)
-    ops = {g: [] for g in range(n)}
-    index = {}  # (gpu, tb, step) -> its index in the GPU's program
+    ops: dict[int, list[Op]] = {g: [] for g in range(n)}
+    index: dict[tuple[int, int, int], int] = {}  # (gpu, tb, step) -> its index in the GPU's program
     at = {key: 0 for key in tbs}
     posted: dict[tuple[int, int, int], int] = {}  # (sender, receiver, chan) -> messages sent so far
     taken: dict[tuple[int, int, int], int] = {}
@@ -108,7 +108,7 @@ def loads(data: bytes | str, origin: str = "<string>") -> Plan:
     # (what a full pass over every threadblock does, in linear rather than quadratic time in their number)
     order = list(tbs)
     waiting: dict[tuple, list[int]] = {}  # what a threadblock waits for -> the waiting threadblocks' positions
-    current, following = list(range(len(order))), []
+    current, following = list(range(len(order))), list[int]()
     queued, queued_next = set(current), set()
 
     def wake(what, j):
@@ -129,7 +129,7 @@ def loads(data: bytes | str, origin: str = "<string>") -> Plan:
             while at[(g, t)] < len(steps):
                 s = at[(g, t)]
                 step, where = steps[s], f"{origin} GPU {g} tb {t} step {s}"
-                kind = KIND.get(step.get("type"))
+                kind = KIND.get(step.get("type"))  # type: ignore[arg-type]  # no type: None, not in KIND
                 if kind is None:
                     raise PlanError(f"MSCCL-IR {where}: type={step.get('type')!r} unknown; known: {', '.join(KIND)}")
                 deps = []

@@ -37,6 +37,7 @@ forward on its pair's own channel.
 
 import dataclasses
 import functools
+from typing import Callable, cast
 
 from ..errors import PlanError
 from ..reduction import blocks, channel_rings, chunks, ring_channel_count, tree_chunk, tree_parts, tree_steps
@@ -177,18 +178,19 @@ def _channel_plan(gpus: int, collective: str, layout, C: int) -> Plan:
     return Plan("ring", collective, n, tuple(programs), inplace=collective == "allreduce", groups=n, lanes=C)
 
 
-def ring(gpus: int, collective: str, root: int = 0, layout=None, channels: int | None = None) -> Plan:
+def ring(gpus: int, collective: str, root: int = 0, layout=None,
+         channels: int | tuple[int, int, int] | None = None) -> Plan:
     """ring.py's one-node ring (module docstring) for allreduce, reduce_scatter, allgather, broadcast (from
     `root`) or reduce (to `root`); with `channels` (ring_channels: a grid `layout` of several nodes), its channels across nodes for
     allreduce, reduce_scatter or allgather (_channel_plan); broadcast's and reduce's chains across nodes with
     (channels, elements, elements a message) (_chain_pieces: _chain_plan, _chain_reduce_plan)."""
     n, programs = gpus, []
     if channels is not None and collective in ("allreduce", "reduce_scatter", "allgather"):
-        return _channel_plan(n, collective, layout, channels)
+        return _channel_plan(n, collective, layout, cast(int, channels))  # these three: a channel count
     if channels is not None and collective == "broadcast":  # (channels, elements, elements a message)
-        return _chain_plan(n, root, layout, *channels)
+        return _chain_plan(n, root, layout, *cast(tuple[int, int, int], channels))
     if channels is not None and collective == "reduce":  # (channels, elements, elements a message)
-        return _chain_reduce_plan(n, root, layout, *channels)
+        return _chain_reduce_plan(n, root, layout, *cast(tuple[int, int, int], channels))
     for p in range(n):
         if collective == "allreduce":
             ops, chunks = _ring_steps(n, p, "o", True) + _ring_steps(n, p, "o", False), (n, n)
@@ -228,7 +230,7 @@ def recursive_doubling(gpus: int, collective: str, root: int = 0, layout=None) -
         raise PlanError(f"recursive_doubling plan: {n} GPUs is not a power of two")
     programs = []
     for g in range(n):
-        ops = []
+        ops: list[Op] = []
         for k in range(n.bit_length() - 1):
             peer = g ^ (1 << k)
             ops += [Op("send", src=Ref("o", 0), send_to=peer), Op("recv", dst=Ref("s", 0), recv_from=peer),
@@ -443,7 +445,9 @@ def tree(gpus: int, collective: str, root: int = 0, layout=None, pieces: tuple[i
     return Plan("tree", "allreduce", gpus, tuple(programs), groups=2, piece=piece)
 
 
-ALGORITHMS = {"ring": ring, "recursive_doubling": recursive_doubling, "direct": direct, "pxn": pxn, "tree": tree,
+# every builder takes (gpus, collective, root, layout[, shape]); their own extra argument differs (_build)
+ALGORITHMS: dict[str, Callable[..., Plan]] = {
+              "ring": ring, "recursive_doubling": recursive_doubling, "direct": direct, "pxn": pxn, "tree": tree,
               "hier": hier, "sharp": sharp, "nvls": nvls}  # sharp, nvls: built from the fabric's config too
 # (in_switch.shape, build's shape=)
 # the algorithms whose plan depends on the call's size: function (gpus, collective, layout, nbytes) -> what

@@ -13,6 +13,8 @@ ranks: fabric.replay models the links only).
 """
 
 
+from typing import cast
+
 import numpy as np
 
 from ..errors import FabricError, PlanError
@@ -109,7 +111,7 @@ def _chunk_tables(plan: Plan, S: int, itemsize: int) -> tuple[dict[str, list[tup
     tables = [_base(plan, S, itemsize, g, memo) for g in range(plan.gpus)]
     if plan.programs[0].elements is not None:  # sized by the plan (the validator: every GPU's or none)
         for g, program in enumerate(plan.programs):
-            tables[g]["s"] = packed(program.elements[2])
+            tables[g]["s"] = packed(cast(tuple, program.elements)[2])  # every GPU's, as the first's
         return tuple(tables)
     if not any(program.s_chunks for program in plan.programs):
         return tuple(tables)
@@ -174,7 +176,7 @@ def check_sizes(plan: Plan, S: int, itemsize: int) -> None:
 
 def _misfit(plan: Plan, S: int, itemsize: int) -> str | None:
     tables = [spans(plan, S, itemsize, g) for g in range(plan.gpus)]
-    found = []
+    found: list[str] = []
 
     def elements(g, ref):
         lo, hi = span(tables[g], ref)
@@ -236,7 +238,7 @@ def _with_flushes(plan: Plan, g: int) -> list:
     inplace, lanes = plan.inplace, plan.lanes > 1  # on lanes a flush waits for its channel's sends only
     held: dict[int, list] = {}            # channel (0 without lanes) -> the chunk keys its sends read
     readers: dict[int, int] = {}          # chunk key -> the bit set of channels whose unflushed sends read it
-    out = []
+    out: list[Op] = []
     append = out.append
     buffer_of = {"i": 0, "o": 1, "s": 2}
     if inplace:
@@ -256,7 +258,7 @@ def _with_flushes(plan: Plan, g: int) -> list:
     for op in plan.programs[g].ops:
         kind = op.kind
         if readers and kind in _WRITES:
-            dst = op.dst
+            dst = cast(Ref, op.dst)  # a writing kind names its destination
             b = buffer_of[dst.buf]
             hit = 0
             for k in range(dst.off, dst.off + dst.cnt):
@@ -272,7 +274,7 @@ def _with_flushes(plan: Plan, g: int) -> list:
         if kind == "flush":
             flushed(op.channel if lanes else 0)
         elif kind in _READ_BY_SEND:
-            ref = op.src if kind == "send" else op.dst
+            ref = cast(Ref, op.src if kind == "send" else op.dst)  # a kind sends read names it
             c = op.channel if lanes else 0
             b, bit = buffer_of[ref.buf], 1 << c
             keys = held.get(c)

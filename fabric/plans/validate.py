@@ -248,10 +248,10 @@ class _State:
 
     def __init__(self, plan: Plan):
         self.plan = plan
-        self.bufs = []
+        self.bufs: list[dict[str, list]] = []
         n = plan.gpus
         for g, program in enumerate(plan.programs):
-            bufs = {"i": [(c * n + g, 1) for c in range(program.i_chunks)],
+            bufs: dict[str, list] = {"i": [(c * n + g, 1) for c in range(program.i_chunks)],
                     "s": [None] * program.s_chunks}
             bufs["o"] = bufs["i"] if plan.inplace else [None] * program.o_chunks
             self.bufs.append(bufs)
@@ -461,7 +461,7 @@ def _take(plan: Plan, g: int, step: int, op, puts: list, taken: dict, sizes):
         value = list(value)
         for h, hstep, values, _, _, _ in puts[1:]:
             value = _combine(value, values, g, step, op, plan)
-        known = taken[op.slot] = (to, sizes0, value, set())
+        known = taken[op.slot] = (to, sizes0, value, set[int]())
     to, sizes0, value, seen = known
     if len(value) != op.dst.cnt or sizes0 != sizes:
         raise PlanError(f"{_where(g, step, op, op.dst.off)}: takes {op.dst.cnt} chunks"

@@ -2,6 +2,8 @@
 in its port's Link TLB, and its group calls (create, bind, release; a group spanning nodes is created and
 released through the spanning room). A refused call is answered with its error, not counted a violation."""
 
+from typing import Any, Callable, cast
+
 from ..addressing import Handle
 from ..errors import AccessViolation, FabricError, ProtocolError, ResourceExhausted, UnsupportedOperation
 from ..packets import GroupInfo, Kind, Packet
@@ -19,10 +21,13 @@ class ControlPlane:
     def handle(self, ingress: int, packet: Packet) -> list[Send]:
         """What to send for GPU `ingress`'s EXPORT, REVOKE or GROUP call: its REPLY, and first, for a group
         spanning nodes, the other switches' part; ProtocolError for a kind that is no fabric-manager call."""
-        handler = {Kind.EXPORT: self._export, Kind.REVOKE: self._revoke, Kind.GROUP: self._group}.get(packet.kind)
+        # each handler takes its kind's record (Packet checks that a packet carries its kind's)
+        handler: Callable[[int, Any], dict | tuple[GroupInfo, list[int]]] | None = {
+            Kind.EXPORT: self._export, Kind.REVOKE: self._revoke, Kind.GROUP: self._group}.get(packet.kind)
         if handler is None:  # DONE, TRACE, COUNTERS: the switch rank's own business
             raise ProtocolError(f"switch: {packet.kind.name} from GPU {ingress} is not a fabric-manager call")
-        if packet.kind is Kind.GROUP and packet.info.action == "unserved":  # a notice, which nothing answers
+        # a notice, which nothing answers
+        if packet.kind is Kind.GROUP and cast(GroupInfo, packet.info).action == "unserved":
             try:
                 return [self.leaf.out(send) for send in self.leaf.nvls.unserved(ingress, packet.info)]
             except FabricError as exc:
@@ -76,7 +81,7 @@ class ControlPlane:
         window = self.tlbs[ingress].unmap(info.address)
         return {"revoked": window.address}
 
-    def _group(self, ingress: int, info: GroupInfo) -> dict:
+    def _group(self, ingress: int, info: GroupInfo) -> dict | tuple[GroupInfo, list[int]]:
         if not (self.network and self.config.sharp):
             raise UnsupportedOperation(f"multicast group call by GPU {ingress}: fabric {self.config.name!r} has no "
                                        f"multicast/SHARP groups (needs NVLink Network with a SHARP switch)")

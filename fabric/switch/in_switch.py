@@ -2,10 +2,12 @@
 members, the group's keys), reduced or copied on this switch, or handed to the spanning rooms when the group
 spans nodes (partials: fabric.switch.spanning; stores and load-reduces: fabric.switch.multicast)."""
 
+from typing import cast
+
 import numpy as np
 
 from ..errors import AccessViolation, FabricError, UnsupportedOperation
-from ..packets import Kind, LoadInfo, Packet, raw_bytes
+from ..packets import Kind, LoadInfo, McastInfo, Packet, ReduceInfo, raw_bytes
 from ..reduction import check_dtype, check_op
 from .ingress import check_requester
 from .send import Send
@@ -22,7 +24,8 @@ class InSwitch:
 
     def handle(self, ingress: int, packet: Packet, payload: np.ndarray | None) -> list[Send]:
         """What to send for GPU `ingress`'s REDUCE, MCAST or LOAD_REDUCE (`payload`: its bytes, if any)."""
-        kind, info = packet.kind, packet.info
+        # this room's kinds' records (Packet checks that a packet carries its kind's)
+        kind, info = packet.kind, cast("ReduceInfo | McastInfo | LoadInfo", packet.info)
         if not (self.network and self.config.sharp):
             raise UnsupportedOperation(f"{kind.name} from GPU {ingress}: fabric {self.config.name!r} has "
                                        f"no in-switch reduction or multicast (needs NVLink Network with SHARP)")
@@ -40,7 +43,7 @@ class InSwitch:
                                        f"fault plan has faults on links between switches: in-switch reduction "
                                        f"across them is not modeled (use the ring, direct or hier algorithm)")
         if group.stage == "leaf" and kind is Kind.LOAD_REDUCE:
-            return self.leaf.nvls.reduce_across(ingress, packet, group, info)
+            return self.leaf.nvls.reduce_across(ingress, packet, group, cast(LoadInfo, info))
         if kind is Kind.MCAST and group.stage == "leaf":
             return self.leaf.stores.store_span(ingress, group, packet, payload)
         if kind is Kind.MCAST:
@@ -50,6 +53,7 @@ class InSwitch:
                              "copies": len(group.members), "m": out.t_start})
             return [self.leaf.deliver(port, info.group, info.key, payload, out.t_start, out.t_end, None)
                     for port in group.members]
+        info = cast("ReduceInfo | LoadInfo", info)  # not MCAST: REDUCE or LOAD_REDUCE
         try:  # before any contribution is held: the reduction must be one the switch can do
             check_op(info.op)
             check_dtype(info.dtype)
@@ -65,11 +69,12 @@ class InSwitch:
                 # for another member, of a range the requester picks, could take the place of its own
                 raise AccessViolation(f"LOAD_REDUCE from GPU {ingress}: group {info.group} slot {list(info.slot)}: "
                                       f"a load-reduce's result goes to its requester only, not to {list(info.dest)}")
-            check_requester(ingress, group, info)
+            check_requester(ingress, group, cast(LoadInfo, info))
             # NVLS: read the range from every member's bound buffer; the answers are REDUCE packets
             ready = packet.t_end + self.timing.switch_latency_ns
             load = Packet(Kind.LOAD, -1, 0, packet.address, packet.nbytes, packet.req, info, ready, ready)
             return [Send(port, load.but(dst=self.leaf.route_key(port)), origin=-1) for port in group.members]
+        info = cast(ReduceInfo, info)  # REDUCE's
         if group.stage == "leaf":
             self.leaf.spanning.check_partial(ingress, group, info, payload)
         done = self.groups.contribute(info.group, info.slot, ingress, info.op, info.dtype, payload,

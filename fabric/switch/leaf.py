@@ -4,6 +4,7 @@ point-to-point and Link TLB (p2p), in-switch reduction (in_switch), groups spann
 multicast stores and NVLS loads across nodes (multicast), the control plane (control)."""
 
 import math
+from typing import cast
 
 import numpy as np
 
@@ -14,7 +15,7 @@ from ..counters import LinkCounters, downlink, uplink
 from ..errors import AccessViolation, FabricError, LinkDown, ProtocolError, ResourceExhausted
 from ..faults import spine_links_scale, spine_route
 from ..groups import GroupTable
-from ..packets import WIRE_INT_MAX, Kind, McastInfo, NackInfo, Packet
+from ..packets import WIRE_INT_MAX, Kind, McastInfo, NackInfo, Packet, ReduceInfo
 from ..timemodel import LinkEnd
 from ..tlb import LinkTLB
 from .control import ControlPlane
@@ -47,8 +48,8 @@ class SwitchLogic:
             if config.windows else {}
         # each local GPU's outbound share of the node's uplink (fabric.topology, Shares), booked here in
         # the order that GPU's packets come; its inbound share and its downlink it books itself
-        self.shares = {g: LinkEnd(topology.share_gbytes_per_s, config.uplink_latency_ns) for g in self.local} \
-            if topology.spines else {}
+        self.shares = {g: LinkEnd(cast(float, topology.share_gbytes_per_s), cast(float, config.uplink_latency_ns))
+                       for g in self.local} if topology.spines else {}  # spines: both figures set
         self.counters = LinkCounters(config.mtu_bytes, config.header_bytes)
         self.timing = config.timing
         # the fault plan's links between switches: a down one is routed around (fabric.faults.spine_route)
@@ -136,10 +137,10 @@ class SwitchLogic:
         kind, info = packet.kind, packet.info
         try:
             if kind is Kind.MCAST:
-                group = self.groups.groups.get(info.group)
+                group = self.groups.groups.get(cast(McastInfo, info).group)  # Packet checks each kind's record
                 return group.members if group is not None else (ingress,)
             if kind is Kind.REDUCE:
-                return tuple(p for p in info.dest if 0 <= p < self.config.gpus) or (ingress,)
+                return tuple(p for p in cast(ReduceInfo, info).dest if 0 <= p < self.config.gpus) or (ingress,)
             if kind.counted and kind is not Kind.LOAD_REDUCE:
                 if not self.network and packet.dst == -1:
                     return (decode_physical(packet.address, self.config.gpus)[0],)
@@ -183,6 +184,7 @@ class SwitchLogic:
         if target not in self.local:
             raise ProtocolError(f"switch {self.switch}: {packet.kind.name} from spine {spine} for {packet.dst:#x}, "
                                 f"not a GPU of node {self.switch}")
+        target = cast(int, target)  # one of this node's GPUs
         if packet.kind in (Kind.PUT, Kind.GET):
             requester = self.gpu_of_key(packet.src)  # stamped by the requester's leaf
             if requester is None:
@@ -234,10 +236,10 @@ class SwitchLogic:
         raw = self.counters.record(link, send.packet.payload_bytes)
         if send.port in self.local:
             return send
-        share = self.shares.get(sender)
+        share = self.shares.get(sender)  # type: ignore[arg-type]  # sender None (a switch's own packet): no share
         packet = send.packet
         if share is not None:
-            timed = raw
+            timed: float = raw
             if self.spine_faults:  # the node's uplink lost the down links' part of its capacity
                 timed = raw * spine_links_scale(self.plan, self.switch, self.topology.nodes, self.topology.spines,
                                                 packet.t_start)
@@ -245,7 +247,7 @@ class SwitchLogic:
             book = share.serve if packet.kind in SERVED_REPLIES else share.send
             t_start, t_end = book(packet.t_start, packet.t_end, timed)
         else:
-            latency = self.config.uplink_latency_ns
+            latency = cast(float, self.config.uplink_latency_ns)  # up to a spine: a fabric of several nodes
             t_start, t_end = packet.t_start + latency, packet.t_end + latency
         return Send(send.port, packet.but(t_start=t_start, t_end=t_end), send.payload, send.origin, via=via)
 

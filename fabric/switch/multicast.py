@@ -3,6 +3,8 @@ copy to each member here, one up to a spine, copies down from the spines), and t
 load-reduces (the requests awaiting their result, the LOADs sent to each member and not yet answered, the
 members' notices "unserved"), each within its budget (fabric.budget). The design: docs/design/architecture.md."""
 
+from typing import cast
+
 import numpy as np
 
 from ..budget import honest_loads
@@ -53,7 +55,7 @@ class Stores:
         (the sender's own included), one copy up to spine store_spine(...) on the sender's share of the
         node's uplink to it (U / (G P), booked here in the sender's packet order), src stamped with the
         sender, for the spine to send on to the group's other leaves."""
-        info = packet.info
+        info = cast(McastInfo, packet.info)  # a store is an MCAST packet, which carries one (Packet checks)
         spine = self.store_spine(group, ingress, info.key)
         out = self.leaf.through(packet)
         raw = raw_bytes(packet.nbytes, self.config.mtu_bytes, self.config.header_bytes)
@@ -70,7 +72,7 @@ class Stores:
         """A store of a GPU of another node that spine `spine` sent down: a copy to each member of this
         node. Taken only for a group that spans this leaf and from a member of another node (the spines
         are trusted: anything else is a bug, ProtocolError)."""
-        info, here = packet.info, f"switch {self.switch}"
+        info, here = cast(McastInfo, packet.info), f"switch {self.switch}"  # an MCAST packet carries one
         self.counters.record(f"sw{spine}->sw{self.switch}", packet.payload_bytes)
         group = self.groups.groups.get(info.group)
         if group is None and self.leaf.spanning.is_released(info.group):
@@ -99,12 +101,12 @@ class NvlsLoads:
         # load-reduces of this leaf's GPUs awaiting their result, (group, result key) -> (partition, slot), the
         # same by (group, slot) -> result key (a member's notice "unserved" names the slot), and their number
         # per partition (at most leaf.partial_share_parts: every LOAD they send costs every member)
-        self._asked: dict[tuple, tuple[int, tuple]] = ByGroup()
+        self._asked: ByGroup[tuple[int, tuple]] = ByGroup()
         self._asked_slot: dict[tuple, tuple] = {}
         self._asked_count: dict[int, int] = {}
         # LOADs sent to local GPUs of spanning groups and not yet answered, (group, slot, port), and their
         # number per port (at most max_loads); requests dropped here for that bound; the most held at once
-        self._loaded = ByGroup()  # a set of them (the values None)
+        self._loaded: ByGroup[None] = ByGroup()  # a set of them (the values None)
         self._loaded_count: dict[int, int] = {}
         # the bound: MAX_LOADS, or twice what honest nvls keeps (a larger buffer share or a smaller NVLS chunk)
         self.max_loads = max(MAX_LOADS, 2 * honest_loads(self.config))
@@ -233,7 +235,7 @@ class NvlsLoads:
         dropped too, and its requester's leaf told ("unserved"); anything else that does not fit is a
         switch's bug."""
         self.counters.record(f"sw{spine}->sw{self.switch}", 0)
-        info = packet.info
+        info = cast(LoadInfo, packet.info)  # a LOAD_REDUCE packet carries one (Packet checks)
         group = self.groups.groups.get(info.group)
         if group is None and self.leaf.spanning.is_released(info.group):
             return []

@@ -3,11 +3,13 @@ first member's leaf through every spine, answered once every switch took it, rel
 all), the partials a leaf sends up (each member's part on its share of the uplink, within the partition's
 budget) and the results and notices the spines send down. The design: docs/design/architecture.md."""
 
+from typing import cast
+
 import numpy as np
 
 from ..errors import CollectiveMismatch, FabricError, ProtocolError, ResourceExhausted
 from ..groups import ByGroup, GroupTable
-from ..packets import MAX_TEXT, GroupInfo, Kind, NackInfo, Packet, ReduceInfo, raw_bytes
+from ..packets import MAX_TEXT, GroupInfo, Kind, McastInfo, NackInfo, Packet, ReduceInfo, raw_bytes
 from ..reduction import check_dtype, switch_accumulator
 from ..timemodel import LinkEnd
 from .send import Send
@@ -29,13 +31,13 @@ class Spanning:
         # (group, result key) -> (local destinations, bytes); those bytes per partition; each member's part
         # of the partials in flight on its share of the uplink (member_part)
         self._spanning: dict[int, list] = {}
-        self._partials: dict[tuple, tuple[tuple[int, ...], int, int]] = ByGroup()  # + the group's partition
+        self._partials: ByGroup[tuple[tuple[int, ...], int, int]] = ByGroup()  # + the group's partition
         self._partial_bytes: dict[int, int] = {}
         # partials whose result goes to no member here (reduce_scatter's other blocks): (group, slot) ->
         # (bytes, partition), until the spine's notice that it reduced the slot ("reduced")
-        self._unanswered: dict[tuple, tuple[int, int]] = ByGroup()
+        self._unanswered: ByGroup[tuple[int, int]] = ByGroup()
         self._partial_parts: dict[int, int] = {}  # and how many (zero-byte partials hold memory too)
-        self._parts: dict[tuple, tuple[float, float]] = ByGroup()  # (group, slot) -> its members' parts' latest stamps
+        self._parts: ByGroup[tuple[float, float]] = ByGroup()  # (group, slot) -> its members' parts' latest stamps
         self._seen: dict[int, int] = {}  # creator leaf -> the highest k of its group ids held here (released)
         self._failed: set[int] = set()   # groups whose members heard a spine's refusal (once, until released)
         # spanning groups another leaf created, taken here from some spines' spans: gid -> the spines whose
@@ -69,6 +71,7 @@ class Spanning:
         if kind is Kind.MCAST and packet.src != -1:  # a GPU's store from another node (Stores.store_span)
             return self.leaf.stores.store_in(spine, packet, payload)
         if kind is Kind.MCAST:
+            info = cast(McastInfo, info)  # an MCAST packet carries one (Packet checks)
             self.counters.record(f"sw{spine}->sw{self.switch}", packet.payload_bytes)
             got = self._partials.pop((info.group, info.key), None)
             if got is None:
@@ -86,6 +89,7 @@ class Spanning:
             return self.leaf.nvls.loads_asked(spine, packet)
         if kind is not Kind.GROUP:
             raise ProtocolError(f"{here}: {kind.name} from spine {spine} is no spanning group's traffic")
+        info = cast(GroupInfo, info)  # a GROUP packet carries one (Packet checks)
         if info.action == "span":  # a group another leaf created, held by every spine already: this node's copy
             return self._span_in(spine, info)
         if info.action == "unspan":

@@ -4,6 +4,7 @@ each result down, copies a member's multicast store down to the group's other le
 on, and relays a group's creation and release between leaves. The design: docs/design/architecture.md."""
 
 import math
+from typing import cast
 
 import numpy as np
 
@@ -11,8 +12,8 @@ from ..addressing import assign_network_addresses
 from ..config import FabricConfig
 from ..counters import LinkCounters
 from ..errors import AccessViolation, FabricError, ProtocolError, ResourceExhausted
-from ..groups import ByGroup, GroupTable
-from ..packets import GroupInfo, Kind, McastInfo, Packet, raw_bytes
+from ..groups import ByGroup, Group, GroupTable
+from ..packets import GroupInfo, Kind, LoadInfo, McastInfo, Packet, ReduceInfo, raw_bytes
 from ..timemodel import LinkEnd
 from .send import Send
 from .spanning import note_seen, released, remember_gone, why
@@ -37,8 +38,9 @@ class SpineLogic:
         # through the spine and down to the leaf: one traversal (the spine's own switch latency) and the
         # link's latency; the transfer is timed on its receiver's inbound share, which the receiver books
         # (fabric.topology, Shares)
-        self.traversal_ns = topology.spine_latency_ns
-        self.latency_ns = self.traversal_ns + config.uplink_latency_ns
+        # both set on a fabric of several nodes (topology.spine_latency_ns: the leaves' if not given)
+        self.traversal_ns = cast(float, topology.spine_latency_ns)
+        self.latency_ns = self.traversal_ns + cast(float, config.uplink_latency_ns)
         self.tracing = False  # a spine makes no decisions worth a trace record beyond the packets
         self.events: list[dict] = []
         # spanning groups (docs/design/architecture.md, Spanning groups): their copies here, whose inputs are leaves,
@@ -53,7 +55,7 @@ class SpineLogic:
         self.late_partials = 0  # partials of a group released while they were on their way (dropped)
         # multicast stores: the down clocks (group, sender, leaf), the sender's part of the group's shares
         # of that node's uplink from this spine; stores of a released group dropped on their way
-        self._store_down: dict[tuple[int, int, int], LinkEnd] = ByGroup()
+        self._store_down: ByGroup[LinkEnd] = ByGroup()  # (group, sender, leaf) -> its down clock
         self.late_stores = 0
         # the members of released spanning groups (the most recent GONE_KEPT): a store dropped here took
         # credit at its sender's leaf for each member of another node, which this spine returns
@@ -98,6 +100,7 @@ class SpineLogic:
         nodes, here = self.topology.nodes, f"spine {self.switch}"
         first = self.switch == nodes  # the spine that relays a group's creation and answers between leaves
         if kind is Kind.REDUCE:
+            info = cast(ReduceInfo, info)  # a REDUCE packet carries one (Packet checks)
             self.counters.record(f"sw{leaf}->sw{self.switch}", packet.payload_bytes)
             group = self.groups.groups.get(info.group)
             if group is None and released(self.groups, self._seen, nodes, info.group):
@@ -108,7 +111,8 @@ class SpineLogic:
                                       f"{leaf}: " + (f"no live group {info.group}" if group is None else
                                                      f"leaf {leaf} is no leaf of the group's nodes {list(group.inputs)}"))
             try:
-                done = self.groups.contribute(info.group, info.slot, leaf, info.op, info.dtype, payload,
+                done = self.groups.contribute(info.group, info.slot, leaf, info.op, info.dtype,
+                                              cast(np.ndarray, payload),  # a partial carries its bytes
                                               (info.dest, info.key), (packet.t_start, packet.t_end))
             except FabricError as exc:
                 # the nodes disagree on this slot (their members' calls, or a member that lies; each leaf
@@ -142,9 +146,10 @@ class SpineLogic:
         if kind is Kind.LOAD_REDUCE:
             return self._load_reduce_on(leaf, packet)
         if kind is Kind.MCAST:
-            return self._store(leaf, packet, payload)
+            return self._store(leaf, packet, cast(np.ndarray, payload))  # a store carries its bytes
         if kind is not Kind.GROUP:
             raise ProtocolError(f"{here}: {kind.name} from leaf {leaf} is no spanning group's traffic")
+        info = cast(GroupInfo, info)  # a GROUP packet carries one (Packet checks)
         creator = info.group % nodes
         if info.action == "span":
             try:
@@ -185,7 +190,9 @@ class SpineLogic:
             slot = tuple(info.members)
             requester = group.members[slot[1]] if group is not None and 2 <= len(slot) and \
                 0 <= slot[1] < len(group.members) else None
-            if requester is None or leaf not in group.inputs or requester // self.config.gpus_per_node == leaf:
+            # a requester comes from a live group
+            if requester is None or leaf not in cast(Group, group).inputs or \
+                    requester // self.config.gpus_per_node == leaf:
                 raise ProtocolError(f"{here}: load refusal of group {info.group} slot {list(slot)} from leaf {leaf}, "
                                     f"which is no other node's refusal of a live group's request")
             return [Send(-1, packet, switch=requester // self.config.gpus_per_node)]
@@ -203,8 +210,9 @@ class SpineLogic:
         for gpu in local:
             clock = self._member_down.get(gpu)
             if clock is None:
-                clock = self._member_down[gpu] = LinkEnd(self.topology.share_gbytes_per_s / self.topology.spines,
-                                                         self.config.uplink_latency_ns)
+                share = cast(float, self.topology.share_gbytes_per_s)  # a spine's fabric has several nodes
+                clock = self._member_down[gpu] = LinkEnd(share / self.topology.spines,
+                                                         cast(float, self.config.uplink_latency_ns))
             a, b = clock.send(start, end, raw / len(local))
             first, last = max(first, a), max(last, b)
         return first, last
@@ -215,7 +223,7 @@ class SpineLogic:
         requester of its own node, asks; anything else is a leaf's bug (AccessViolation, ends the run).
         A request of a group released on its way is dropped."""
         self.counters.record(f"sw{leaf}->sw{self.switch}", 0)
-        info = packet.info
+        info = cast(LoadInfo, packet.info)  # a LOAD_REDUCE packet carries one (Packet checks)
         group = self.groups.groups.get(info.group)
         if group is None and released(self.groups, self._seen, self.topology.nodes, info.group):
             return []
@@ -239,7 +247,7 @@ class SpineLogic:
         of that node's uplink from this spine (m_k x U / (G P), m_k its members), an equal part for each of
         the n - m_k members outside it, booked here in the sender's order. Taken only from a leaf of the
         group's nodes, for a member in that leaf's node (AccessViolation otherwise: a leaf's bug)."""
-        info, here = packet.info, f"spine {self.switch}"
+        info, here = cast(McastInfo, packet.info), f"spine {self.switch}"  # an MCAST packet carries one
         self.counters.record(f"sw{leaf}->sw{self.switch}", packet.payload_bytes)
         group = self.groups.groups.get(info.group)
         if group is None and released(self.groups, self._seen, self.topology.nodes, info.group):
@@ -263,9 +271,10 @@ class SpineLogic:
             clock = self._store_down.get((info.group, sender, node))
             if clock is None:
                 local = sum(1 for g in group.members if g // per_node == node)
+                share = cast(float, self.topology.share_gbytes_per_s)  # a spine's fabric has several nodes
                 clock = self._store_down[(info.group, sender, node)] = LinkEnd(
-                    self.topology.share_gbytes_per_s * local / (self.topology.spines * (len(group.members) - local)),
-                    self.config.uplink_latency_ns)
+                    share * local / (self.topology.spines * (len(group.members) - local)),
+                    cast(float, self.config.uplink_latency_ns))
             t_start, t_end = clock.send(packet.t_start + delay, packet.t_end + delay, raw)
             self.counters.record(f"sw{self.switch}->sw{node}", packet.payload_bytes)
             sends.append(Send(-1, packet.but(t_start=t_start, t_end=t_end), payload, sender, node))

@@ -44,14 +44,17 @@ def broadcast(call, array: np.ndarray, root: int) -> None:
 
 def reduce(call, send: np.ndarray, recv: np.ndarray | None, root: int) -> None:
     out = recv if call.r == root else np.empty(send.size, send.dtype)  # a member's own reduced block lands here
+    assert out is not None  # the root's output, checked by the communicator
     plan.execute(call, plans.build("direct", call.n, "reduce", root), send, out)
 
 
 def gather(call, send: np.ndarray, recv: np.ndarray | None, root: int) -> None:
     out = recv if call.r == root else send[:0]  # only the root's output is written
+    assert out is not None  # the root's output, checked by the communicator
     plan.execute(call, plans.build("direct", call.n, "gather", root), send, out)
 
 
 def scatter(call, send: np.ndarray | None, recv: np.ndarray, root: int) -> None:
     inp = send if call.r == root else recv[:0]  # only the root's input is read
+    assert inp is not None  # the root's input, checked by the communicator
     plan.execute(call, plans.build("direct", call.n, "scatter", root), inp, recv)

@@ -61,7 +61,8 @@ def execute(call, plan, inp: np.ndarray, out: np.ndarray) -> None:
     # a received piece, before it is folded: at most a message, or a whole buffer (a run of several chunks)
     longest = max((ranges[-1][1] for ranges in table.values() if ranges), default=0)
     tmp_all = np.empty(min(call.chunk, max(longest, 1)), inp.dtype)
-    sent, taken = {}, {}
+    sent: dict[tuple, int] = {}  # (peer, channel) -> messages sent so far, to number each pair's stream
+    taken: dict[tuple, int] = {}
     switched = in_switch(plan)
     # in-switch: the contributions' modeled issue time (the call's start), the slots load_reduce asks for,
     # and each request's stamp on the uplink

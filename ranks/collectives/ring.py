@@ -96,4 +96,5 @@ def broadcast(call, array: np.ndarray, root: int) -> None:
 
 def reduce(call, send: np.ndarray, recv: np.ndarray | None, root: int) -> None:
     out = recv if call.r == root else send[:0]  # only the root's output is written
+    assert out is not None  # the root's output, checked by the communicator
     plan.execute(call, _plan(call, "reduce", send.size, root), send, out)

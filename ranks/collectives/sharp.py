@@ -64,6 +64,7 @@ def reduce(call, send: np.ndarray, recv: np.ndarray | None, root: int) -> None:
         call.reduce((c,), send[lo:hi], [root], (RD, c), start)
 
     if call.r == root:
+        assert recv is not None  # the root's output, checked by the communicator
         for c, (lo, hi) in enumerate(spans):
             call.post((RD, c), recv[lo:hi])
         for c in range(min(window, len(spans))):

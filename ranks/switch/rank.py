@@ -275,7 +275,7 @@ class SwitchRank:
             self.taken_from_switches += 1
             # a switch's packet: a bad one is a bug, and ends the run
             header, inline = unframe(data, MAX_HEADER_BYTES)
-            packet = Packet.from_wire(header)  # type: ignore[arg-type]  # msgpack reads any buffer; fabric annotates bytes
+            packet = Packet.from_wire(header)
         elif source in self.gpus:
             if data is None:
                 self._refuse(source, ProtocolError(f"switch: a header of more than {MAX_GPU_HEADER_BYTES} bytes from "
@@ -283,7 +283,7 @@ class SwitchRank:
                 return
             try:  # a GPU's header leaves room for what the switches write into it (fabric.packets)
                 header, inline = unframe(data, MAX_GPU_HEADER_BYTES)
-                packet = Packet.from_wire(header)  # type: ignore[arg-type]  # as above
+                packet = Packet.from_wire(header)
             except ProtocolError as exc:
                 self._refuse(source, ProtocolError(f"switch: from GPU {source}: {exc}"))
                 return
