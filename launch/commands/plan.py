@@ -42,15 +42,28 @@ def arguments(parser: argparse.ArgumentParser) -> None:
                         "image (.png, .svg or .pdf)")
 
 
+ITEMSIZE = 4  # bytes of an element: the plans are built, checked and timed for float32 calls of -S bytes
+IN_SWITCH = ("sharp", "nvls")  # built from the fabric's switch buffer and timed on its switches
+
+
 def _plan(args):
-    if args.plan in ALGORITHMS:
-        if args.gpus is None and args.gpus_per_node is None:
-            raise FabricError(f"plan {args.plan!r}: give --gpus (or --nodes and --gpus-per-node)")
-        gpus = args.gpus if args.gpus is not None else args.nodes * args.gpus_per_node
-        nodes = args.nodes or 1
-        layout = grid(nodes, gpus // nodes) if gpus % nodes == 0 else None  # pxn's and ring's grid of the GPUs
-        return build(args.plan, gpus, args.collective, layout=layout, nbytes=args.size)  # ring: its channels at -S
-    return load(args.plan)
+    """The plan the arguments name: a registry algorithm's, built for the fabric and a call of -S bytes (ring's
+    channels, tree's and hier's pieces depend on it), or an MSCCL-IR file's."""
+    if args.plan not in ALGORITHMS:
+        return load(args.plan)
+    if args.gpus is None and args.gpus_per_node is None:
+        raise FabricError(f"plan {args.plan!r}: give --gpus (or --nodes and --gpus-per-node)")
+    if args.plan in IN_SWITCH:
+        raise FabricError(f"plan {args.plan!r}: an in-switch plan is built from the fabric's switch buffer and timed "
+                          f"on its switches: `nvlink-emu model {args.collective} --algorithm {args.plan}` gives its "
+                          f"modeled time and link bytes")
+    gpus = args.gpus if args.gpus is not None else args.nodes * args.gpus_per_node
+    nodes = args.nodes or 1
+    layout = grid(nodes, gpus // nodes) if gpus % nodes == 0 else None  # the grid of the GPUs across nodes
+    config = fabric_of(args)
+    chunk = max(1, config.chunk_bytes // ITEMSIZE)  # elements a message, as the replay cuts them
+    return build(args.plan, gpus, args.collective, layout=layout, nbytes=args.size, itemsize=ITEMSIZE,
+                 chunk_bytes=chunk * ITEMSIZE)
 
 
 def cmd_plan(args, script_args=None) -> int:
@@ -64,7 +77,7 @@ def cmd_plan(args, script_args=None) -> int:
             args.gpus = plan.gpus
         config = fabric_of(args)
         topo = config.topology if config.nodes > 1 else Topology.single(config)
-        check_sizes(plan, args.size, 4)  # the elements at this size, as the ranks check them before they run it
+        check_sizes(plan, args.size, ITEMSIZE)  # the elements at this size, as the ranks check them before they run it
         links = plan_link_bytes(plan, topo, args.size, config)
         events: list | None = [] if args.output is not None else None
         ns = plan_ns(plan, topo, args.size, config, events=events)

@@ -138,3 +138,24 @@ def test_plan_show_draws_the_replayed_timeline_per_gpu_and_link(tmp_path):
     assert done.returncode == 2 and "-o draws a timeline: it is for `plan show`" in done.stderr
     done, _ = run([command("nvlink-emu"), "plan", "show", "ring", "--gpus", "4", "-o", str(tmp_path / "x.txt")])
     assert done.returncode == 2 and "name a .png, .svg or .pdf file" in done.stderr
+
+
+@pytest.mark.parametrize("algorithm, size", [("tree", "4M"), ("hier", "1M")])
+def test_plan_check_builds_a_sized_algorithm_for_the_call_and_times_it_as_the_replay(algorithm, size):
+    """tree's and hier's plans depend on the call's size (their pieces): `plan check ALGORITHM -S` builds the
+    plan of that size on the fabric (it refused them before: "built for a call's size") and prints the
+    replay's own modeled time of the call (fabric.replay.replay_ns, float32)."""
+    shape = ["--nodes", "2", "--gpus-per-node", "4", "--preset", "superpod-h100-ib"]
+    done, _ = run([command("nvlink-emu"), "plan", "check", algorithm, *shape, "-S", size])
+    assert done.returncode == 0, done.stderr
+    config = resolve("superpod-h100-ib", None, None, 2, 4)
+    nbytes = {"4M": 4 << 20, "1M": 1 << 20}[size]
+    from nvlink_emu.fabric.replay import replay_ns
+    expected = replay_ns("allreduce", algorithm, config.topology, nbytes, config)
+    assert f"modeled {expected / 1000:.3f} us" in done.stdout.splitlines()[1]
+
+
+def test_plan_check_of_an_in_switch_algorithm_says_where_its_time_is():
+    done, _ = run([command("nvlink-emu"), "plan", "check", "sharp", "--gpus", "4"])
+    assert done.returncode == 2
+    assert "nvlink-emu model allreduce --algorithm sharp" in done.stderr
