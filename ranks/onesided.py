@@ -9,6 +9,7 @@ from nvlink_emu.fabric import errors
 from nvlink_emu.fabric.addressing import Handle
 from nvlink_emu.fabric.errors import AccessViolation, FabricError, UnsupportedOperation
 from nvlink_emu.fabric.packets import WIRE_INT_MAX, Kind, NackInfo, Packet
+from nvlink_emu.fabric import reduction
 
 from .callcheck import is_integer
 
@@ -165,8 +166,7 @@ class OneSided:
 
     def chunks(self, nbytes: int) -> list[tuple[int, int]]:
         """The (start, stop) byte ranges of a put/get: packets of at most config.chunk_bytes (one if empty)."""
-        step = self.gpu.config.chunk_bytes
-        return [(s, min(s + step, nbytes)) for s in range(0, nbytes, step)] or [(0, 0)]
+        return reduction.chunks(0, nbytes, self.gpu.config.chunk_bytes) or [(0, 0)]
 
 
 def describe(target) -> str:

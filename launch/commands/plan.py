@@ -47,10 +47,14 @@ IN_SWITCH = ("sharp", "nvls")  # built from the fabric's switch buffer and timed
 
 
 def _plan(args):
-    """The plan the arguments name: a registry algorithm's, built for the fabric and a call of -S bytes (ring's
-    channels, tree's and hier's pieces depend on it), or an MSCCL-IR file's."""
+    """(the plan the arguments name, the fabric it is checked on): an MSCCL-IR file's (the fabric sized to it
+    unless the options size it), or a registry algorithm's, built for the fabric and a call of -S bytes (ring's
+    channels, tree's and hier's pieces depend on it)."""
     if args.plan not in ALGORITHMS:
-        return load(args.plan)
+        plan = load(args.plan)
+        if args.gpus is None and args.gpus_per_node is None:
+            args.gpus = plan.gpus
+        return plan, fabric_of(args)
     if args.gpus is None and args.gpus_per_node is None:
         raise FabricError(f"plan {args.plan!r}: give --gpus (or --nodes and --gpus-per-node)")
     if args.plan in IN_SWITCH:
@@ -63,7 +67,7 @@ def _plan(args):
     config = fabric_of(args)
     chunk = max(1, config.chunk_bytes // ITEMSIZE)  # elements a message, as the replay cuts them
     return build(args.plan, gpus, args.collective, layout=layout, nbytes=args.size, itemsize=ITEMSIZE,
-                 chunk_bytes=chunk * ITEMSIZE)
+                 chunk_bytes=chunk * ITEMSIZE), config
 
 
 def cmd_plan(args, script_args=None) -> int:
@@ -72,10 +76,7 @@ def cmd_plan(args, script_args=None) -> int:
             if args.action != "show":
                 raise FabricError("-o draws a timeline: it is for `plan show`")
             check_plot(args.output)
-        plan = _plan(args)
-        if args.gpus is None and args.gpus_per_node is None:
-            args.gpus = plan.gpus
-        config = fabric_of(args)
+        plan, config = _plan(args)
         topo = config.topology if config.nodes > 1 else Topology.single(config)
         check_sizes(plan, args.size, ITEMSIZE)  # the elements at this size, as the ranks check them before they run it
         links = plan_link_bytes(plan, topo, args.size, config)
