@@ -3,7 +3,7 @@ the messages in flight between them (Fabric), and the interpreter that runs ever
 round-robin (run_programs). fabric.replay's schedules and fabric.plans.timing's plans both run here, so
 both book links alike. Pure (no MPI). Units: ns, bytes, GB/s (= bytes per ns)."""
 
-from typing import cast
+from typing import Hashable, NamedTuple, cast
 
 from .packets import raw_bytes
 from .timemodel import LinkEnd
@@ -13,7 +13,7 @@ from .topology import Topology
 class GpuClocks:
     """One member's clock and links, as ranks/links.py keeps them; `lanes`: the clocks of the channels of a
     call that runs several (channel c's ops carry lane (c, C); docs/model/time.md, "Channels"), each
-    starting at the member's clock when the first of them does, until a "join" op."""
+    starting at the member's clock when the first of them does, until a Join op."""
 
     __slots__ = ("index", "node", "now", "uplink", "downlink", "inbound", "lanes")
 
@@ -90,19 +90,45 @@ class Fabric:
         return start, end
 
 
-_LANE_AT = {"send": 4, "recv": 3, "flush": 1}  # where an op's optional lane (c, C) is
+Lane = tuple[int, int]  # channel c of a call that runs C: (c, C) (GpuClocks)
+
+
+class Send(NamedTuple):
+    """A message of `nbytes` payload bytes to GPU `peer`, matched by `key` (any hashable the pair's receive
+    names alike), on `lane` (None: the member's clock and whole links)."""
+    peer: int
+    key: Hashable
+    nbytes: int
+    lane: Lane | None = None
+
+
+class Recv(NamedTuple):
+    """Wait for GPU `peer`'s message `key`, on `lane` (as Send's)."""
+    peer: int
+    key: Hashable
+    lane: Lane | None = None
+
+
+class Flush(NamedTuple):
+    """Wait until the sends so far have left the uplink (`lane`'s own with a lane)."""
+    lane: Lane | None = None
+
+
+class Join(NamedTuple):
+    """The call's channels are done: the member's clock moves to the latest channel's (GpuClocks.join)."""
+
+
+JOIN = Join()
 
 
 def run_programs(fabric: Fabric, programs: dict, stuck, events: list | None = None) -> float:
-    """Run every member's program (generators of ("send", peer, key, nbytes), ("recv", peer, key),
-    ("flush",), each with an optional last item, its channel's lane (c, C), and ("join",), the end of a
-    call's channels) on `fabric`'s clocks, round-robin, each until it waits for a message not yet sent; the
+    """Run every member's program (iterators of Send, Recv, Flush and Join) on `fabric`'s clocks, round-robin, each until it waits for a message not yet sent; the
     latest member's clock at the end (ns). stuck(waiting): the error when no member can go on. Shared
     by replay_ns and fabric.plans.timing (the plan interpreter), so both book links alike. events: if
     given, gets (member, what, peer, start_ns, end_ns) for every operation: "send" its uplink's
     occupation, "recv" its downlink's, "wait" the member's clock moved by a receive or a flush (peer
     None for a flush)."""
-    waiting: dict[int, tuple] = {}  # member -> the recv it waits on
+    waiting: dict[int, Recv] = {}  # member -> the receive it waits on
     while programs:
         progressed = False
         for r in list(programs):
@@ -115,19 +141,18 @@ def run_programs(fabric: Fabric, programs: dict, stuck, events: list | None = No
                         del programs[r]
                         progressed = True
                         break
-                kind = op[0]
-                if kind == "join":
+                kind = type(op)
+                if kind is Join:
                     gpu.join()
                     progressed, op = True, None
                     continue
-                at = _LANE_AT[kind]
-                lane = op[at] if len(op) > at else None
+                lane = op.lane
                 before = gpu.clock(lane) if events is not None else 0.0
                 booked: tuple[float, float] | None
-                if kind == "send":
-                    booked = fabric.send(gpu, op[1], op[2], op[3], lane)
-                elif kind == "recv":
-                    booked = fabric.receive(gpu, op[1], op[2], lane)
+                if kind is Send:
+                    booked = fabric.send(gpu, op.peer, op.key, op.nbytes, lane)
+                elif kind is Recv:
+                    booked = fabric.receive(gpu, op.peer, op.key, lane)
                     if booked is None:
                         waiting[r] = op
                         break
@@ -136,9 +161,10 @@ def run_programs(fabric: Fabric, programs: dict, stuck, events: list | None = No
                 else:  # a channel's flush: its own sends have left
                     gpu.advance(lane, gpu.uplink.lane_sent_ns(lane))
                 if events is not None:
-                    peer = op[1] if kind != "flush" else None
-                    if kind != "flush":  # a send's or a receive's booking (a receive not booked broke out above)
-                        events.append((r, kind, peer, *cast(tuple[float, float], booked)))
+                    peer = op.peer if kind is not Flush else None
+                    if kind is not Flush:  # a send's or a receive's booking (a receive not booked broke out above)
+                        events.append((r, "send" if kind is Send else "recv", peer,
+                                       *cast(tuple[float, float], booked)))
                     if gpu.clock(lane) > before:
                         events.append((r, "wait", peer, before, gpu.clock(lane)))
                 progressed = True

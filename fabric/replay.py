@@ -14,7 +14,7 @@ same arithmetic, as the ranks do (ranks/gpu.py, fabric/switch.py):
 - flush(): the clock moves to when the uplink is free (a collective's sends have left).
 - ring's channels across nodes (its plan's lanes, Plan.lanes, and its broadcast's chains): each op
   carries its channel's lane (c, C), so it runs on channel c's clock and books lane c of the GPU's
-  uplink and downlink at 1 / C of their bandwidth, the shares whole; "join" moves the GPU's clock to the
+  uplink and downlink at 1 / C of their bandwidth, the shares whole; Join moves the GPU's clock to the
   latest channel's (fabric.programs; docs/model/time.md, "Channels").
 `sharp` across nodes (its plans, fabric.plans.in_switch: allreduce, reduce_scatter and the multicast stores
 of allgather and broadcast, timed by fabric.plans.timing.switch_plan_ns on fabric.switch_clocks) is not point to point: its partials, results and multicast stores are
@@ -54,7 +54,7 @@ from .timemodel import LinkEnd, ReductionClock
 from .topology import Topology
 
 
-# -- the programs: generators of ("send", peer, key, nbytes), ("recv", peer, key), ("flush",) ---------
+# -- the programs: iterators of fabric.programs.Send, Recv, Flush (and Join) ---------------------------------
 
 def hier_ns(collective: str, topo: Topology, count: int, config, itemsize: int = 4, root: int = 0) -> float:
     """Modeled ns of hier_nvls's `collective` of `count` elements by every GPU of `topo` (N > 1 nodes of G > 1

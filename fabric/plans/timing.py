@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import FabricError, PlanError
 from ..packets import raw_bytes
 from ..reduction import blocks, chunks
-from ..programs import Fabric, run_programs
+from ..programs import JOIN, Fabric, Flush, Recv, Send, run_programs
 from ..topology import Topology
 from ..switch_clocks import TwoLevelSwitches
 from .format import IN_SWITCH, RECVS, SENDS, SWITCH_PUTS, SWITCH_TAKES, Op, Plan, Ref, in_switch, switch_slots, walk
@@ -298,15 +298,17 @@ _ROLE = {kind: (1 if kind in RECVS else 0) | (2 if kind in SENDS else 0) for kin
 
 
 def messages(plan: Plan, S: int, itemsize: int, chunk: int):
-    """Per GPU, its program for fabric.programs.run_programs: ("recv", peer, key), ("send", peer, key,
-    nbytes), ("flush",) in plan order; key (channel, message number on that channel and pair, piece).
+    """Per GPU, its program for fabric.programs.run_programs: Recv(peer, key), Send(peer, key, nbytes),
+    Flush() in plan order; key (channel, message number on that channel and pair, piece).
     An operation that receives and sends on (rrs, rcs, rrcs) is pipelined piece by piece: piece k is
     sent on as soon as it is in (as a chain forwards it, and MSCCL's runtime does, slice by slice).
-    A plan whose channels run on lanes (Plan.lanes) puts its channel's lane last in every operation and
-    ends with a flush on every lane and a "join" (ranks/collectives/plan.py: the same)."""
+    A plan whose channels run on lanes (Plan.lanes) gives every operation its channel's lane and ends
+    with a flush on every lane and a Join (ranks/collectives/plan.py: the same)."""
     lane_at = lane_of(plan)
     lanes = [lane_at(c) for c in range(plan.lanes)] if plan.lanes > 1 else None
+    flushes = [Flush(lane) for lane in lanes] if lanes else None
     n_gpus = plan.gpus
+    new = tuple.__new__  # a record's own __new__ is a Python call, 8x slower (a message each, millions)
 
     def program(g):
         table = spans(plan, S, itemsize, g)
@@ -317,7 +319,7 @@ def messages(plan: Plan, S: int, itemsize: int, chunk: int):
             if role is None:
                 continue  # local: no modeled time
             if role == 4:
-                yield ("flush", lanes[op.channel] if lanes else None)
+                yield flushes[op.channel] if flushes else _FLUSH
                 continue
             channel = op.channel
             lane = lanes[channel] if lanes else None
@@ -338,24 +340,26 @@ def messages(plan: Plan, S: int, itemsize: int, chunk: int):
             if role == 1:
                 frm = op.recv_from
                 for k in range(len(sizes)):
-                    yield ("recv", frm, (channel, m, k), lane)
+                    yield new(Recv, (frm, (channel, m, k), lane))
             elif role == 2:
                 to = op.send_to
                 for k, nbytes in enumerate(sizes):
-                    yield ("send", to, (channel, n, k), nbytes, lane)
+                    yield new(Send, (to, (channel, n, k), nbytes, lane))
             else:  # forwarded at once (a recv_*_send sends what it received into)
                 frm, to = op.recv_from, op.send_to
                 for k, nbytes in enumerate(sizes):
-                    yield ("recv", frm, (channel, m, k), lane)
-                    yield ("send", to, (channel, n, k), nbytes, lane)
-        if plan.lanes > 1:  # every channel's sends have left; the GPU's clock is the latest channel's
-            for c in range(plan.lanes):
-                yield ("flush", lane_at(c))
-            yield ("join",)
+                    yield new(Recv, (frm, (channel, m, k), lane))
+                    yield new(Send, (to, (channel, n, k), nbytes, lane))
+        if flushes:  # every channel's sends have left; the GPU's clock is the latest channel's
+            yield from flushes
+            yield JOIN
         else:
-            yield ("flush",)  # a call returns once its sends have left (ranks/collectives/plan.py)
+            yield _FLUSH  # a call returns once its sends have left (ranks/collectives/plan.py)
 
     return {g: program(g) for g in range(plan.gpus)}
+
+
+_FLUSH = Flush()
 
 
 def _check(plan: Plan, topo: Topology, config) -> None:
@@ -472,12 +476,12 @@ def plan_link_bytes(plan: Plan, topo: Topology, S: int, config, itemsize: int = 
     out: dict[str, tuple[int, int]] = {}
     for g, program in messages(plan, S, itemsize, chunk).items():
         for op in program:
-            if op[0] != "send":
+            if type(op) is not Send:
                 continue
-            raw = raw_bytes(op[3], config.mtu_bytes, config.header_bytes)
-            for link in topo.route(g, op[1]):
+            raw = raw_bytes(op.nbytes, config.mtu_bytes, config.header_bytes)
+            for link in topo.route(g, op.peer):
                 payload, total = out.get(link.name, (0, 0))
-                out[link.name] = (payload + op[3], total + raw)
+                out[link.name] = (payload + op.nbytes, total + raw)
     return out
 
 

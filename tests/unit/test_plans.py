@@ -16,6 +16,7 @@ from nvlink_emu.fabric.errors import FabricError, PlanError
 from nvlink_emu.fabric.packets import raw_bytes
 from nvlink_emu.fabric.reduction import blocks, channel_rings, ring_channel_count
 from nvlink_emu.fabric.plans.format import Op, Plan, Ref
+from nvlink_emu.fabric.programs import Flush, Recv, Send
 from nvlink_emu.fabric.topology import Topology
 
 HERE = Path(__file__).parent / "plans"
@@ -421,7 +422,8 @@ def test_the_timeline_of_a_replayed_plan_books_every_message_once_and_leaves_the
     sends = [e for e in events if e[1] == "send"]
     recvs = [e for e in events if e[1] == "recv"]
     chunk = config.chunk_bytes // 4
-    pieces = sum(1 for program in timing.messages(plan, S, 4, chunk).values() for op in program if op[0] == "send")
+    pieces = sum(1 for program in timing.messages(plan, S, 4, chunk).values() for op in program
+                 if isinstance(op, Send))
     assert len(sends) == len(recvs) == pieces
     # an uplink carries one message at a time, each for its raw bytes' serialisation time
     for g in range(4):
@@ -445,9 +447,9 @@ def test_the_ring_broadcast_plan_is_a_pipelined_chain(gpus):
             if root == 0:
                 assert math.isclose(got, cost.links_ns("broadcast", "ring", size, gpus, config), rel_tol=1e-12)
     program = timing.messages(plans.build("ring", gpus, "broadcast", 0), 1 << 20, 4, (1 << 16) // 4)[1]
-    kinds = [op[0] for op in program]
+    kinds = [type(op) for op in program]
     if gpus > 2:  # a middle GPU: recv, send, recv, send, ..., flush
-        assert kinds == ["recv", "send"] * 16 + ["flush"]
+        assert kinds == [Recv, Send] * 16 + [Flush]
 
 
 @pytest.mark.parametrize("nodes, per_node", [(2, 2), (3, 2), (2, 3)])
