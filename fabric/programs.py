@@ -3,7 +3,7 @@ the messages in flight between them (Fabric), and the interpreter that runs ever
 round-robin (run_programs). fabric.replay's schedules and fabric.plans.timing's plans both run here, so
 both book links alike. Pure (no MPI). Units: ns, bytes, GB/s (= bytes per ns)."""
 
-from typing import Hashable, NamedTuple, cast
+from typing import Any, Hashable, NamedTuple, cast
 
 from .packets import raw_bytes
 from .timemodel import LinkEnd
@@ -133,7 +133,7 @@ def run_programs(fabric: Fabric, programs: dict, stuck, events: list | None = No
         progressed = False
         for r in list(programs):
             gpu = fabric.gpus[r]
-            op = waiting.pop(r, None)
+            op: Any = waiting.pop(r, None)  # a Send, Recv, Flush or Join: dispatched by its type
             while True:
                 if op is None:
                     op = next(programs[r], None)
