@@ -476,12 +476,29 @@ def build(algorithm: str, gpus: int, collective: str, root: int = 0, layout=None
     return _build(algorithm, int(gpus), collective, int(root), layout, shape)  # one cache key however called
 
 
-@functools.lru_cache(maxsize=256)
+# built plans, newest last, kept by what they cost: at most KEPT_PLANS of them and KEPT_OPERATIONS operations
+# over all (an operation with its chunk references, tables and walks ~250 bytes: hier's plan at 32 x 8 and 1
+# GiB, 4.2 million operations, holds ~1 GB, and a sweep of sizes builds one a size); the newest is always kept.
+# The budget holds what `model --algorithm auto` builds for one size at 256 GPUs (ring's, tree's and hier's
+# plans: 8.8 million operations), which it asks for again after the bounds.
+KEPT_PLANS, KEPT_OPERATIONS = 256, 12_000_000
+_kept: dict[tuple, tuple[Plan, int]] = {}  # key -> (plan, its operations), least recently used first
+
+
 def _build(algorithm: str, gpus: int, collective: str, root: int, layout, shape) -> Plan:
-    if algorithm not in ALGORITHMS:
-        raise PlanError(f"no plan algorithm {algorithm!r}; known: {', '.join(ALGORITHMS)}")
-    args = (gpus, collective, root, layout) + (() if shape is None else (shape,))
-    return validate(ALGORITHMS[algorithm](*args))
+    key = (algorithm, gpus, collective, root, layout, shape)
+    hit = _kept.pop(key, None)
+    if hit is None:
+        if algorithm not in ALGORITHMS:
+            raise PlanError(f"no plan algorithm {algorithm!r}; known: {', '.join(ALGORITHMS)}")
+        args = (gpus, collective, root, layout) + (() if shape is None else (shape,))
+        plan = validate(ALGORITHMS[algorithm](*args))
+        hit = (plan, sum(len(program.ops) for program in plan.programs))
+    _kept[key] = hit  # the most recently used, last
+    total = sum(cost for _, cost in _kept.values())
+    while len(_kept) > 1 and (len(_kept) > KEPT_PLANS or total > KEPT_OPERATIONS):
+        total -= _kept.pop(next(iter(_kept)))[1]
+    return hit[0]
 
 
 def uniform_count(counts) -> int | None:

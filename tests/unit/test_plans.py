@@ -107,6 +107,29 @@ def test_recursive_doubling_is_log2_n_exchanges(gpus):
     assert set(links.values()) == {(int(math.log2(gpus)) * S, int(math.log2(gpus)) * R)}
 
 
+def test_the_registry_keeps_its_plans_by_what_they_cost(monkeypatch):
+    # at most KEPT_OPERATIONS operations over every kept plan (hier's at 256 GPUs and 1 GiB holds ~1 GB a
+    # size), the least recently used dropped first, the newest always kept; a kept plan is the same object
+    def cost(plan):
+        return sum(len(program.ops) for program in plan.programs)
+
+    monkeypatch.setattr(registry, "_kept", {})
+    first = plans.build("ring", 8, "allreduce")
+    assert first is plans.build("ring", 8, "allreduce")
+    scatter = plans.build("ring", 8, "reduce_scatter")
+    gather = registry.ALGORITHMS["ring"](8, "allgather", 0, None)  # not built through the registry: its cost
+    monkeypatch.setattr(registry, "KEPT_OPERATIONS", cost(first) + cost(scatter) + cost(gather) - 1)
+    assert first is plans.build("ring", 8, "allreduce")  # now the most recently used
+    plans.build("ring", 8, "allgather")  # over the budget: reduce_scatter's goes, allreduce's stays
+    assert first is plans.build("ring", 8, "allreduce")
+    assert [key[2] for key in registry._kept] == ["allgather", "allreduce"]
+    monkeypatch.setattr(registry, "KEPT_OPERATIONS", 1)  # a plan over the whole budget: the newest, alone
+    newest = plans.build("direct", 8, "allgather")
+    assert list(registry._kept.values()) == [(newest, cost(newest))]
+    again = plans.build("ring", 8, "allreduce")
+    assert again is not first and again == first
+
+
 def test_the_registry_refuses_what_it_cannot_build():
     with pytest.raises(PlanError, match="6 GPUs is not a power of two"):
         plans.build("recursive_doubling", 6, "allreduce")
