@@ -41,14 +41,18 @@ class LinkClock:
         starts, ends = self._starts, self._ends
         start = ready_start
         i = bisect.bisect_right(ends, start)  # the first interval that ends after `start`
-        while True:
-            end = max(start + duration, ready_end)
-            if i == len(starts) or end <= starts[i] * (1 + 1e-12):
+        count = len(starts)
+        while True:  # max() written as comparisons: the same floats, and the scan over gaps is hot
+            end = start + duration
+            if end < ready_end:
+                end = ready_end
+            if i == count or end <= starts[i] * (1 + 1e-12):
                 # fits in the gap before interval i; a fit to within float rounding is a fit, so that
                 # a schedule started at another clock (after earlier calls) gets the same times
-                end = min(end, starts[i]) if i < len(starts) else end
+                end = min(end, starts[i]) if i < count else end
                 break
-            start = max(start, ends[i])
+            if ends[i] > start:
+                start = ends[i]
             i += 1
         self._occupy(i, start, end)
         self.busy_ns += duration
