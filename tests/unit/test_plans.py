@@ -130,6 +130,20 @@ def test_the_registry_keeps_its_plans_by_what_they_cost(monkeypatch):
     assert again is not first and again == first
 
 
+def test_a_tuple_of_operations_gpus_share_is_checked_for_every_gpu_it_names():
+    # the validator passes a shared tuple once for the GPUs it does not name; GPU 1 sending to itself in
+    # GPU 0's program, shared by every GPU, is still refused at GPU 1 (and GPU 2's receive from itself)
+    plan = plans.build("direct", 3, "allgather")
+    shared = plan.programs[0].ops
+    bad = dataclasses.replace(plan, programs=tuple(dataclasses.replace(p, ops=shared) for p in plan.programs))
+    with pytest.raises(PlanError, match=r"^GPU 1 step 1 \(send, channel 0\): send_to 1 is not another GPU"):
+        plans.validate(bad)
+    programs = (plan.programs[0], plan.programs[0], dataclasses.replace(plan.programs[2], ops=shared))
+    bad = dataclasses.replace(plan, programs=tuple(dataclasses.replace(p, gpu=g) for g, p in enumerate(programs)))
+    with pytest.raises(PlanError, match=r"^GPU 1 step 1 \(send, channel 0\): send_to 1"):
+        plans.validate(bad)
+
+
 def test_the_registry_refuses_what_it_cannot_build():
     with pytest.raises(PlanError, match="6 GPUs is not a power of two"):
         plans.build("recursive_doubling", 6, "allreduce")
