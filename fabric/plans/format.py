@@ -34,6 +34,12 @@ read those chunks of every GPU's input ("i", bound for the call), reduce them an
 GPU as slot `slot`; each GPU's switch_contribute to that slot is its answer to the switch's read, which it
 serves at its turn once the request is out, of the same chunks, send_to the requester; header-only
 requests, all of a GPU's booked on its uplink at the call's start, sent as credits allow).
+
+Credit kinds (out of band, as the communicator's control messages: no data on a link, no modeled time):
+credit (tell every other GPU of the plan how many in-switch results this GPU has taken so far) and
+credit_wait (recv_from: wait for that GPU's next credit). They bound what a push keeps in the switch where
+only one GPU takes the results (sharp's reduce: the root's credits pace the others' contributions); every
+credit must be taken by every other GPU, in order.
 """
 
 import dataclasses
@@ -49,7 +55,9 @@ REDUCING = ("recv_reduce", "recv_reduce_send", "recv_reduce_copy_send", "reduce"
 IN_SWITCH = ("switch_contribute", "multicast_store", "load_reduce", "switch_recv")
 SWITCH_PUTS = ("switch_contribute", "multicast_store")  # the in-switch kinds that put data into a slot (walk)
 SWITCH_TAKES = ("switch_recv",)  # the in-switch kinds that wait for what the switch delivers for a slot
-KINDS = tuple(dict.fromkeys(SENDS + RECVS + LOCAL + ("flush", "nop") + IN_SWITCH))
+CREDITS = ("credit", "credit_wait")  # out of band: no data, no modeled time (module docstring)
+CREDIT_CHANNEL = -1  # the key walk files a credit under, apart from every channel's messages
+KINDS = tuple(dict.fromkeys(SENDS + RECVS + LOCAL + ("flush", "nop") + IN_SWITCH + CREDITS))
 COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "all2all", "broadcast", "reduce", "gather", "scatter")
 ROOTED = ("broadcast", "reduce", "gather", "scatter")  # the collectives a plan's root is for
 FABRICS = ("classic", "network")  # fabric modes (fabric.config)
@@ -166,7 +174,8 @@ def walk(plan: Plan, visit) -> tuple[list[int], dict[tuple[int, int, int], deque
     In-switch kinds: what a SWITCH_PUTS operation's visit returns joins its slot's pool; a SWITCH_TAKES
     operation waits until every operation of the plan that puts into its slot has (switch_slots), and its
     message is the pool, a list in the order they ran; a switch_contribute to a slot a load_reduce asks for
-    (load_requests) waits until that request has run (it answers the switch's read)."""
+    (load_requests) waits until that request has run (it answers the switch's read). A credit's visit
+    result goes to every other GPU, filed under channel CREDIT_CHANNEL; a credit_wait takes the oldest."""
     queues: dict[tuple[int, int, int], deque] = {}
     pools: dict[tuple, list] = {}
     needed = None  # slot -> how many operations put into it, counted at the first wait for a slot
@@ -187,6 +196,11 @@ def walk(plan: Plan, visit) -> tuple[list[int], dict[tuple[int, int, int], deque
                     if not queue:
                         break
                     message = queue.popleft()
+                elif kind == "credit_wait":  # the next credit of recv_from
+                    queue = queues.get((cast(int, op.recv_from), g, CREDIT_CHANNEL))
+                    if not queue:
+                        break
+                    message = queue.popleft()
                 elif kind in _WAITS:
                     if kind == "switch_contribute":
                         if loads is None:
@@ -204,6 +218,10 @@ def walk(plan: Plan, visit) -> tuple[list[int], dict[tuple[int, int, int], deque
                     pools.setdefault(op.slot, []).append(out)
                 elif kind == "load_reduce":
                     requested.add(op.slot)
+                elif kind == "credit":  # to every other GPU, each taking it with a credit_wait
+                    for h in range(plan.gpus):
+                        if h != g:
+                            queues.setdefault((g, h, CREDIT_CHANNEL), deque()).append(out)
                 if kind in sends:
                     key = (g, cast(int, op.send_to), op.channel)  # a send names its receiver
                     queue = queues.get(key)

@@ -23,7 +23,7 @@ from ..reduction import blocks, chunks
 from ..programs import Fabric, run_programs
 from ..topology import Topology
 from ..switch_clocks import TwoLevelSwitches
-from .format import IN_SWITCH, RECVS, SENDS, SWITCH_PUTS, SWITCH_TAKES, Op, Plan, Ref, in_switch, switch_slots, walk
+from .format import CREDITS, IN_SWITCH, RECVS, SENDS, SWITCH_PUTS, SWITCH_TAKES, Op, Plan, Ref, in_switch, switch_slots, walk
 
 
 def buffer_elements(plan: Plan, S: int, itemsize: int) -> dict[str, int]:
@@ -404,7 +404,7 @@ def switch_plan_ns(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4
     sent nor taken."""
     clocks = TwoLevelSwitches(topo, config, plan.name)  # FabricError on one node (fabric.cost times it)
     _check(plan, topo, config)
-    if plan.lanes > 1 or any(op.kind not in _SWITCH and op.kind not in ("flush", "nop", "copy", "reduce")
+    if plan.lanes > 1 or any(op.kind not in _SWITCH and op.kind not in _BESIDE_SWITCH
                              for _, _, op in plan.ops()):
         raise PlanError(f"plan {plan.name!r}: in-switch operations are timed in plans of in-switch and local "
                         f"operations only (no lanes, no point-to-point messages)")
@@ -458,6 +458,7 @@ def switch_plan_ns(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4
 
 
 _SWITCH = frozenset(IN_SWITCH)
+_BESIDE_SWITCH = frozenset(("flush", "nop", "copy", "reduce") + CREDITS)  # what else an in-switch plan may hold
 
 
 def plan_link_bytes(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4) -> dict[str, tuple[int, int]]:

@@ -24,7 +24,8 @@ Rules (each refusal is a PlanError naming the GPU, the step and, where one is in
    goes to takes it exactly once, no other GPU; a multicast_store is a slot of one put (no other store or
    contribution) that every GPU takes; a load_reduce (one a slot, of input chunks) is answered by every
    GPU's switch_contribute to its slot, each of the same input chunks and to the requester, which waits
-   for the request (format.walk);
+   for the request (format.walk); a credit_wait waits for the next credit of its GPU (recv_from), and every
+   credit is taken by every other GPU;
 4. at the end every output chunk holds exactly the contributions the collective requires: allreduce
    chunk c = input chunk c of every GPU; allgather chunk g k + m = GPU g's input chunk m; reduce_scatter
    chunk m of GPU g = input chunk g k + m of every GPU; all2all chunk h k + m of GPU g = GPU h's input
@@ -42,13 +43,13 @@ whatever its index (a whole-width int per chunk took 23 GB to validate ring's 8 
 from dataclasses import replace
 
 from ..errors import PlanError
-from .format import BUFFERS, COLLECTIVES, IN_SWITCH, KINDS, LOCAL, RECVS, REDUCING, ROOTED, SENDS, Plan, \
-    switch_slots, walk
+from .format import BUFFERS, COLLECTIVES, CREDIT_CHANNEL, IN_SWITCH, KINDS, LOCAL, RECVS, REDUCING, ROOTED, SENDS, \
+    Plan, switch_slots, walk
 
 _NEEDS = {"send": ("src",), "recv": ("dst",), "recv_reduce": ("dst",), "recv_reduce_send": ("src",),
           "recv_copy_send": ("dst",), "recv_reduce_copy_send": ("dst",), "copy": ("src", "dst"),
           "reduce": ("src", "dst"), "flush": (), "nop": (), "switch_contribute": ("src",), "switch_recv": ("dst",),
-          "multicast_store": ("src",), "load_reduce": ("src",)}
+          "multicast_store": ("src",), "load_reduce": ("src",), "credit": (), "credit_wait": ()}
 _SWITCH_KINDS = frozenset(IN_SWITCH)
 
 
@@ -129,8 +130,8 @@ def _in(ref, sizes) -> bool:
 
 
 # kind -> (needs a src, needs a dst, sends, receives, folds): _fine's one lookup an operation
-_SPEC = {kind: ("src" in needs, "dst" in needs, kind in _SEND_KINDS, kind in _RECV_KINDS, kind in REDUCING)
-         for kind, needs in _NEEDS.items()}
+_SPEC = {kind: ("src" in needs, "dst" in needs, kind in _SEND_KINDS, kind in _RECV_KINDS or kind == "credit_wait",
+                kind in REDUCING) for kind, needs in _NEEDS.items()}  # a credit_wait names the GPU it waits for
 
 
 def _fine(op, g, step, n, sizes, lanes) -> bool:
@@ -223,7 +224,7 @@ def _check_op(plan: Plan, g: int, step: int, op) -> None:
         if ref.cnt < 1 or ref.off < 0 or ref.off + ref.cnt > size:
             raise PlanError(f"{_where(g, step, op, ref.off)}: {name} chunks [{ref.off}, {ref.off + ref.cnt}) of "
                             f"buffer {ref.buf!r} out of its {size}")
-    for attr, needed in (("send_to", op.kind in SENDS), ("recv_from", op.kind in RECVS)):
+    for attr, needed in (("send_to", op.kind in SENDS), ("recv_from", op.kind in RECVS or op.kind == "credit_wait")):
         peer = getattr(op, attr)
         if needed and (peer is None or not 0 <= peer < n or peer == g):
             raise PlanError(f"{_where(g, step, op)}: {attr} {peer} is not another GPU of the plan's {n}")
@@ -328,6 +329,10 @@ def _run(plan: Plan) -> _State:
 
     def visit(g, step, op, received):
         message = None
+        if op.kind == "credit":  # out of band: what the other GPUs' credit_waits take (format.walk)
+            return step, None, None
+        if op.kind == "credit_wait":
+            return None
         if received is not None and op.kind not in _SWITCH_KINDS:
             sender_step, message, sizes = received
             ref = op.dst if op.dst is not None else op.src
@@ -414,7 +419,9 @@ def _run(plan: Plan) -> _State:
         return None
 
     at, queues = walk(plan, visit)
-    stuck = [f"GPU {g} step {at[g]} waits for GPU {p.ops[at[g]].recv_from} on channel {p.ops[at[g]].channel}"
+    stuck = [f"GPU {g} step {at[g]} waits for a credit from GPU {p.ops[at[g]].recv_from}"
+             if p.ops[at[g]].kind == "credit_wait" else
+             f"GPU {g} step {at[g]} waits for GPU {p.ops[at[g]].recv_from} on channel {p.ops[at[g]].channel}"
              if p.ops[at[g]].kind not in _SWITCH_KINDS else
              f"GPU {g} step {at[g]} waits for in-switch slot {list(p.ops[at[g]].slot)}"
              for g, p in enumerate(plan.programs) if at[g] < len(p.ops)]
@@ -423,8 +430,9 @@ def _run(plan: Plan) -> _State:
     for (src, dst, channel), queue in queues.items():
         if queue:
             step = queue[0][0]
-            raise PlanError(f"GPU {src} step {step}: {len(queue)} message(s) to GPU {dst} on channel {channel} "
-                            f"never received")
+            what = "credit(s)" if channel == CREDIT_CHANNEL else f"message(s) to GPU {dst} on channel {channel}"
+            raise PlanError(f"GPU {src} step {step}: {len(queue)} {what} never received"
+                            + (f" by GPU {dst} (credit_wait)" if channel == CREDIT_CHANNEL else ""))
     for slot, puts in switch_slots(plan).items():
         g0, step0 = puts[0]
         to = plan.programs[g0].ops[step0].send_to

@@ -23,7 +23,9 @@ request booked on the uplink at the start (gpu.reserve_uplink, all of them, in p
 and a switch_contribute to a slot a load_reduce asks for is the member's answer to the switch's read
 (Call.serve_load: the switch names the range); every switch_recv's chunks are posted at the start and
 waited for at its turn;
-the switch finishes the reduction (no average at the end). A chunk run of no element is skipped.
+the switch finishes the reduction (no average at the end). A chunk run of no element is skipped. A credit is
+the communicator's out-of-band credit (Communicator.send_credit: the results this member took so far), a
+credit_wait takes the next one from its GPU (next_credit).
 """
 
 import numpy as np
@@ -66,7 +68,7 @@ def execute(call, plan, inp: np.ndarray, out: np.ndarray) -> None:
     switched = in_switch(plan)
     # in-switch: the contributions' modeled issue time (the call's start), the slots load_reduce asks for,
     # and each request's stamp on the uplink
-    ctx = {"start": call.gpu.now_ns, "loads": load_requests(plan) if switched else {}, "stamps": {}}
+    ctx = {"start": call.gpu.now_ns, "loads": load_requests(plan) if switched else {}, "stamps": {}, "taken": 0}
     if ctx["loads"]:  # every member answers the switch's reads from its input; its requests are issued at once
         call.gpu.bind_buffer(call.key(*SOURCE), bufs["i"])
         for op in program.ops:
@@ -127,6 +129,13 @@ def _run_op(call, plan, op, bufs, table, tmp_all, sent, taken, ctx) -> None:
     if op.kind == "switch_recv":
         lo, hi = span(table, op.dst)
         call.wait((PLAN_SWITCH, *op.slot), "the switch's delivery", bufs[op.dst.buf][lo:hi])
+        ctx["taken"] += 1
+        return
+    if op.kind == "credit":  # out of band: how many results this member has taken
+        call.comm.send_credit(ctx["taken"])
+        return
+    if op.kind == "credit_wait":
+        call.comm.next_credit(op.recv_from)
         return
     if op.kind in RECVS:
         m = taken[(op.recv_from, op.channel)] = taken.get((op.recv_from, op.channel), -1) + 1
