@@ -16,7 +16,7 @@ from nvlink_emu.fabric import cost_nodes, hier_plan
 from nvlink_emu.fabric.errors import AccessViolation, UnsupportedOperation
 from nvlink_emu.fabric.packets import Kind, LoadInfo
 from nvlink_emu.fabric.reduction import DTYPES, OPS, blocks, combine, finish, switch_accumulator
-from nvlink_emu.ranks.collectives import hier
+from nvlink_emu.ranks.collectives import plan as executor
 
 from nodes_helpers import PRESETS, config, fold_contribution, run, same_bits, shape
 from trust_helpers import refusals
@@ -191,7 +191,7 @@ def test_a_node_group_is_its_node_s_alone_and_its_loads_stay_in_its_buffers():
         gid = np.array([comm.node_group_id()], np.int64)
         gpu.native("broadcast", gid.copy(), gid, root=0)  # node 0's group id, out of band
         gid = int(gid[0])
-        key = (comm.name, 99, *hier.SOURCE)
+        key = (comm.name, 99, *executor.SOURCE)  # the input every member binds for the leaf's LOADs
         if gpu.rank == per_node:  # node 1's first GPU
             info = LoadInfo(gid, (99, 0, 0), "sum", "float32", (gpu.rank,), (comm.name, 99, 20, 0, 0), key)
             gpu.switch_request(Kind.LOAD_REDUCE, info, None, 0, 64, stamp=gpu.reserve_uplink(0, gpu.now_ns))
