@@ -24,13 +24,16 @@ A run of chunks of no element is neither sent nor taken. The call ends at the la
 
 from typing import cast
 
+import numpy as np
+
+from ..counters import downlink, uplink
 from ..errors import FabricError, PlanError
 from ..packets import raw_bytes
 from ..programs import Fabric
 from ..reduction import chunks
 from ..timemodel import LinkEnd, ReductionClock
 from ..topology import Topology
-from .format import Plan
+from .format import Plan, Ref
 
 
 def leaf_plan_ns(plan: Plan, topo: Topology, config, itemsize: int, tables, programs) -> float:
@@ -185,3 +188,52 @@ def leaf_plan_ns(plan: Plan, topo: Topology, config, itemsize: int, tables, prog
             raise FabricError(f"plan {plan.name!r}: {plan.collective} on {n} GPUs waits for ever: GPUs "
                               f"{sorted(waiting)} wait for what nobody sends (a plan fabric.plans.validate refuses)")
     return max(gpu.now for gpu in fabric.gpus)
+
+
+def leaf_plan_link_bytes(plan: Plan, topo: Topology, config, itemsize: int,
+                         tables) -> tuple[dict[str, int], dict[str, int]]:
+    """(payload, raw) bytes on every link (Topology.link_payload_bytes' names and order) of one call of the
+    leaf plan `plan` (validated) on `topo`, summed from its operations; tables[g]: GPU g's chunks at the call's
+    size (fabric.plans.timing.spans). A point-to-point message (pieces of at most chunk_bytes) on its route;
+    in the leaf, as leaf_plan_ns books them: a load_reduce's request (header only) on the requester's uplink;
+    a switch_contribute's LOAD (header only) on the answering GPU's downlink and its answer on its uplink; a
+    multicast_store on the sender's uplink and, taken, on every node member's downlink (its own too); a
+    switch_recv (a result or a store's copy) on the taker's downlink. Raw: fabric.packets.raw_bytes a packet.
+    Exact (Python ints)."""
+    n = plan.gpus
+    chunk = max(1, config.chunk_bytes // itemsize)
+    mtu, head = config.mtu_bytes, config.header_bytes
+    header = raw_bytes(0, mtu, head)
+    sent, sent_raw = np.zeros((n, n), object), np.zeros((n, n), object)  # exact, as cost_in_switch's
+    up, up_raw, down, down_raw = [0] * n, [0] * n, [0] * n, [0] * n
+    for g, program in enumerate(plan.programs):
+        table = tables[g]
+        for op in program.ops:
+            kind = op.kind
+            if kind not in ("send", "load_reduce", "switch_contribute", "multicast_store", "switch_recv"):
+                continue  # a receive is its send's; copy, reduce, flush, nop move nothing
+            ref = cast(Ref, op.dst if kind == "switch_recv" else op.src)  # the kind names it (the validator)
+            lo, hi = table[ref.buf][ref.off][0], table[ref.buf][ref.off + ref.cnt - 1][1]
+            if hi <= lo:
+                continue
+            if kind == "send":
+                for x, y in chunks(lo, hi, chunk):
+                    sent[g, op.send_to] += (y - x) * itemsize
+                    sent_raw[g, op.send_to] += raw_bytes((y - x) * itemsize, mtu, head)
+            elif kind == "load_reduce":
+                up_raw[g] += header
+            elif kind == "switch_recv":
+                down[g] += (hi - lo) * itemsize
+                down_raw[g] += raw_bytes((hi - lo) * itemsize, mtu, head)
+            else:  # an answer (its LOAD came down first) or a store, up
+                up[g] += (hi - lo) * itemsize
+                up_raw[g] += raw_bytes((hi - lo) * itemsize, mtu, head)
+                if kind == "switch_contribute":
+                    down_raw[g] += header
+    payload, raws = topo.link_payload_bytes(sent), topo.link_payload_bytes(sent_raw)
+    for g in range(n):
+        leaf = topo.locate(g)[0]
+        for out, u, d in ((payload, up, down), (raws, up_raw, down_raw)):
+            out[uplink(g, leaf)] += u[g]
+            out[downlink(g, leaf)] += d[g]
+    return payload, raws
