@@ -111,7 +111,7 @@ def test_reductions_equal_the_documented_fold_bitwise_for_every_op_and_dtype():
 def test_node_stages_in_the_leaf_are_the_documented_fold_take_the_replayed_time_and_exact_bytes():
     """superpod-h100-ib (the leaves reduce, the spines do not): allreduce and reduce_scatter of every op and
     dtype bitwise the leaf's fold; allgather and broadcast of float16 and int64;
-    each call's modeled time, from a barrier, cost_nodes.modeled_ns' (the replay, hier_ns) exactly; and
+    each call's modeled time, from a barrier, cost_nodes.modeled_ns' (the replay: its leaf plan, fabric.plans.timing_leaf) exactly; and
     the payload and raw bytes of every link over the whole run cost_nodes.hier_leaf_link_bytes' sums."""
     cfg = config("superpod-h100-ib", chunk_bytes=CHUNK)
     assert hier_plan.in_leaf(cfg)
