@@ -340,7 +340,7 @@ def occupancy_bound_ns(collective: str, algorithm: str, topo: Topology, S: int, 
     nodes of G > 1 GPUs, whose node stages are not GPU to GPU: per GPU its uplink's raw bytes / B and its
     downlink's / B + a, exactly as hier_leaf_link_bytes counts them (hier_leaf_traffic), and its
     messages' (the rails', the scatter's, the chain's) outbound share / (U / G) and inbound share /
-    (U / G) + a. It bounds fabric.replay.hier_ns, which books every one of those bytes on those clocks
+    (U / G) + a. It bounds hier_nvls's replay (its leaf plan, fabric.plans.timing_leaf), which books every one of those bytes on those clocks
     from 0 on: a GPU's program ends with a flush (its uplink free: requests, answers, stores and rail
     messages all left); a take (a result or a store) and a rail receive move its clock to its downlink's
     end + a; a LOAD booked on its downlink is answered from its end + a on the uplink, so it ends before

@@ -42,7 +42,7 @@ from typing import Callable, cast
 from ..errors import PlanError
 from ..reduction import blocks, channel_rings, chunks, ring_channel_count, tree_chunk, tree_parts, tree_steps
 from .format import GpuProgram, Op, Plan, Ref
-from .hier import hier, hier_pieces
+from .hier import hier, hier_nvls, hier_pieces
 from .in_switch import nvls, sharp
 from .validate import validate
 
@@ -448,8 +448,8 @@ def tree(gpus: int, collective: str, root: int = 0, layout=None, pieces: tuple[i
 # every builder takes (gpus, collective, root, layout[, shape]); their own extra argument differs (_build)
 ALGORITHMS: dict[str, Callable[..., Plan]] = {
               "ring": ring, "recursive_doubling": recursive_doubling, "direct": direct, "pxn": pxn, "tree": tree,
-              "hier": hier, "sharp": sharp, "nvls": nvls}  # sharp, nvls: built from the fabric's config too
-# (in_switch.shape, build's shape=)
+              "hier": hier, "hier_nvls": hier_nvls, "sharp": sharp, "nvls": nvls}
+# sharp, nvls, hier_nvls: built from the fabric's config too (in_switch.shape, hier.hier_nvls_pieces: build's shape=)
 # the algorithms whose plan depends on the call's size: function (gpus, collective, layout, nbytes) -> what
 # the plan is built from (passed on as its fifth argument; None: the plan of no size)
 SIZED = {"ring": lambda gpus, collective, layout, nbytes, itemsize, chunk_bytes: (

@@ -23,6 +23,7 @@ from ..reduction import blocks, chunks
 from ..programs import Fabric, run_programs
 from ..topology import Topology
 from ..switch_clocks import TwoLevelSwitches
+from .timing_leaf import leaf_plan_ns
 from .format import CREDITS, IN_SWITCH, RECVS, SENDS, SWITCH_PUTS, SWITCH_TAKES, Op, Plan, Ref, in_switch, switch_slots, walk
 
 
@@ -370,7 +371,11 @@ def plan_ns(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4, event
     """Modeled ns of one call of `plan` (validated) on every GPU of `topo`, all starting at 0: the latest
     GPU's clock at the end, as fabric.replay.replay_ns. events: if given, gets the timeline
     fabric.programs.run_programs records (GPU, "send"/"recv"/"wait", peer, start_ns, end_ns). A plan of
-    in-switch operations: switch_plan_ns (partial_itemsize: the bytes of an element of a leaf's partial)."""
+    in-switch operations: switch_plan_ns (partial_itemsize: the bytes of an element of a leaf's partial); a
+    leaf plan (Plan.leaf): fabric.plans.timing_leaf.leaf_plan_ns."""
+    if plan.leaf:  # timed with this module's chunk tables and flushes
+        return leaf_plan_ns(plan, topo, config, itemsize, [spans(plan, S, itemsize, g) for g in range(plan.gpus)],
+                            [with_flushes(plan, g) for g in range(plan.gpus)])
     if in_switch(plan):
         return switch_plan_ns(plan, topo, S, config, itemsize, partial_itemsize)
     _check(plan, topo, config)

@@ -25,7 +25,8 @@ Rules (each refusal is a PlanError naming the GPU, the step and, where one is in
    contribution) that every GPU takes; a load_reduce (one a slot, of input chunks) is answered by every
    GPU's switch_contribute to its slot, each of the same input chunks and to the requester, which waits
    for the request (format.walk); a credit_wait waits for the next credit of its GPU (recv_from), and every
-   credit is taken by every other GPU;
+   credit is taken by every other GPU; in a leaf plan (Plan.leaf: a partition of the GPUs in nodes) an
+   in-switch op's slot names its GPU's node first, and "every GPU" of a slot is that node's;
 4. at the end every output chunk holds exactly the contributions the collective requires: allreduce
    chunk c = input chunk c of every GPU; allgather chunk g k + m = GPU g's input chunk m; reduce_scatter
    chunk m of GPU g = input chunk g k + m of every GPU; all2all chunk h k + m of GPU g = GPU h's input
@@ -72,6 +73,10 @@ def _shape(plan: Plan) -> None:
         raise PlanError(f"plan {plan.name!r}: root {plan.root} is not one of its {n} GPUs")
     if plan.groups < 1 or plan.lanes < 0:
         raise PlanError(f"plan {plan.name!r}: groups {plan.groups} (at least 1), lanes {plan.lanes} (at least 0)")
+    if plan.leaf and (not isinstance(plan.leaf, tuple) or any(not isinstance(node, tuple) or not node
+                                                               for node in plan.leaf)
+                      or sorted(g for node in plan.leaf for g in node) != list(range(n))):
+        raise PlanError(f"plan {plan.name!r}: leaf {plan.leaf!r} is not its {n} GPUs in nodes (tuples of GPUs)")
     for g, program in enumerate(plan.programs):
         if program.gpu != g:
             raise PlanError(f"plan {plan.name!r}: program {g} is for GPU {program.gpu} (programs go in GPU order)")
@@ -326,6 +331,7 @@ def _run(plan: Plan) -> _State:
 
     taken: dict[tuple, tuple] = {}  # slot -> its result and the GPUs that took it (_take)
     asked: dict[tuple, tuple] = {}  # slot -> (GPU, step, chunks) of the load_reduce that asks for it
+    node_of = {h: a for a, node in enumerate(plan.leaf) for h in node}  # Plan.leaf: an in-switch slot's node first
 
     def visit(g, step, op, received):
         message = None
@@ -333,6 +339,9 @@ def _run(plan: Plan) -> _State:
             return step, None, None
         if op.kind == "credit_wait":
             return None
+        if node_of and op.kind in _SWITCH_KINDS and op.slot[0] != node_of[g]:
+            raise PlanError(f"{_where(g, step, op)}: slot {list(op.slot)} names node {op.slot[0]}'s leaf, GPU {g} is "
+                            f"at node {node_of[g]} (a leaf plan's in-switch slot names its GPU's node first)")
         if received is not None and op.kind not in _SWITCH_KINDS:
             sender_step, message, sizes = received
             ref = op.dst if op.dst is not None else op.src
@@ -387,9 +396,11 @@ def _run(plan: Plan) -> _State:
         if kind == "switch_contribute" or kind == "multicast_store":
             return g, step, state.read(g, step, op, op.src), op.send_to, size_of(g, op.src), kind
         if kind == "switch_recv":
-            if op.slot in asked and len({put[0] for put in received}) != plan.gpus:
+            group = plan.leaf[op.slot[0]] if node_of else range(plan.gpus)
+            if op.slot in asked and {put[0] for put in received} != set(group):
                 raise PlanError(f"{_where(g, step, op)}: slot {list(op.slot)} is a load-reduce, answered by GPUs "
-                                f"{sorted({put[0] for put in received})}, not every GPU of the plan's {plan.gpus}")
+                                f"{sorted({put[0] for put in received})}, not every GPU of the "
+                                + (f"plan's {plan.gpus}" if not node_of else f"node's {list(group)}"))
             state.write(g, op.dst, _take(plan, g, step, op, received, taken, size_of(g, op.dst)))
             return None
         if kind == "recv":
@@ -436,7 +447,7 @@ def _run(plan: Plan) -> _State:
     for slot, puts in switch_slots(plan).items():
         g0, step0 = puts[0]
         to = plan.programs[g0].ops[step0].send_to
-        want = set(range(plan.gpus)) if to is None else {to}
+        want = set(plan.leaf[slot[0]] if plan.leaf else range(plan.gpus)) if to is None else {to}
         missing = sorted(want - (taken[slot][3] if slot in taken else set()))
         if missing:
             raise PlanError(f"GPU {missing[0]}: never takes in-switch slot {list(slot)} (switch_recv), which "
