@@ -13,6 +13,8 @@ phase's messages go on a channel of their own (channels are operation streams on
 here, Plan.lanes 0), so that a pair's messages of two phases never match each other.
 """
 
+import numpy as np
+
 from .. import hier_plan
 from ..errors import PlanError
 from ..reduction import blocks, chunks, merged_columns
@@ -206,3 +208,66 @@ def _cut(bounds: list[int], parts) -> tuple[list[int], dict[int, int], dict[int,
             after[y] = len(sizes)
         sizes += [0] * (k - (len(inner) - 1))
     return sizes, first, after
+
+
+def rounds(collective: str, N: int, G: int, S: int, itemsize: int, root: int = 0,
+           in_leaf: bool = False) -> list[np.ndarray]:
+    """hier's schedule unpipelined, as dependent rounds (fabric.cost_nodes.rounds: the bulk-synchronous
+    estimate's), each an n x n int64 matrix of payload bytes on N nodes of G GPUs (GPU a G + j at node a,
+    position j): node ring, rail ring, as docs/model/cost-nodes.md derives them; their sum is the plan's
+    traffic (fabric.plans.plan_traffic of `hier`'s plan: tests/unit/test_cost_nodes_hier.py). in_leaf:
+    hier_nvls's GPU-to-GPU rounds on N > 1 nodes of G > 1 GPUs (its node rings run in the leaf: load-reduces
+    and multicast stores, whose bytes its plan counts), i.e. the rail rounds (broadcast: the scatter and the
+    chain)."""
+    n = N * G
+    count = S // itemsize
+    if collective == "reduce_scatter" or collective == "allgather":
+        own = [(hi - lo) * itemsize for lo, hi in blocks(count, n)]
+        size = [[own[a * G + j] for j in range(G)] for a in range(N)]
+    else:  # allreduce's two-level split; broadcast's parts are its columns
+        size = [[0] * G for _ in range(N)]
+        for j, (lo, hi) in enumerate(blocks(count, G)):
+            for a, (x, y) in enumerate(blocks(hi - lo, N)):
+                size[a][j] = (y - x) * itemsize
+    column = [sum(size[a][j] for a in range(N)) for j in range(G)]
+
+    def ring(phase: str, level: str) -> list[np.ndarray]:
+        m = G if level == "node" else N
+        out = []
+        for s in range(m - 1):
+            t = np.zeros((n, n), np.int64)
+            for a in range(N):
+                for j in range(G):
+                    p = j if level == "node" else a
+                    seg = (p - 1 - s) % m if phase == "rs" else (p - s) % m
+                    if level == "node":
+                        t[a * G + j, a * G + (j + 1) % G] = column[seg]
+                    else:
+                        t[a * G + j, ((a + 1) % N) * G + j] = size[seg][j]
+            out.append(t)
+        return out
+
+    leaf = in_leaf and N > 1 and G > 1  # the node rings run in the leaf: not GPU to GPU
+    node_rs, node_ag = ([], []) if leaf else (ring("rs", "node"), ring("ag", "node"))
+    if collective == "allreduce":
+        return node_rs + ring("rs", "rail") + ring("ag", "rail") + node_ag
+    if collective == "reduce_scatter":
+        return node_rs + ring("rs", "rail")
+    if collective == "allgather":
+        return ring("ag", "rail") + node_ag
+    a_root, j_root = divmod(root, G)
+    out = []
+    if G > 1:  # the root scatters part j to position j of its node
+        t = np.zeros((n, n), np.int64)
+        for j in range(G):
+            if j != j_root:
+                t[root, a_root * G + j] = column[j]
+        out.append(t)
+    if N > 1:  # rail j's pipelined chain from node a_root: one round, every hop streaming at once
+        t = np.zeros((n, n), np.int64)
+        for q in range(N - 1):
+            a = (a_root + q) % N
+            for j in range(G):
+                t[a * G + j, ((a + 1) % N) * G + j] = column[j]
+        out.append(t)
+    return out + node_ag
