@@ -1,4 +1,4 @@
-"""Multi-rank, one node: ring's and direct's plans take exactly their replayed time (fabric.cost_nodes.modeled_ns:
+"""Multi-rank, one node: every collective's plan takes exactly its replayed time (fabric.cost_nodes.modeled_ns:
 fabric.replay.replay_ns, fabric.plans.timing; to the rounding of a clock difference), as across nodes (tests/nodes): the point-to-point plans (ring,
 direct) on the link clocks of fabric.programs, the in-switch ones (sharp, nvls) on the leaf's engine and ports
 (fabric.switch_clocks.OneSwitch). Each call starts with every GPU at the same modeled time; its time is the
@@ -113,3 +113,15 @@ def test_ring_and_direct_on_one_node_take_their_replayed_time_exactly():
     assert_exact(emulated_and_replayed(calls, "dgx-h100"))
     assert_exact(emulated_and_replayed(calls, "dgx-h100", chunk_bytes=1 << 14))
 
+
+def test_sharp_and_nvls_on_one_node_take_their_replayed_time_exactly():
+    """sharp (allreduce, reduce_scatter, allgather and broadcast: pushes and multicast stores) and nvls
+    (load-reduces; its allgather and broadcast are sharp's stores) on dgx-h100, in one chunk and in several
+    chunks and windows of a small switch buffer, float32 and float16 (the engine finishes 16-bit floats in
+    their own width on one node), on the calibrated engine (slower than the link) and at line rate."""
+    collectives = ("allreduce", "reduce_scatter", "allgather", "broadcast")
+    calls = calls_of(("sharp", "nvls"), collectives)
+    assert_exact(emulated_and_replayed(calls, "dgx-h100"))
+    assert_exact(emulated_and_replayed(calls, "dgx-h100", **SMALL_SWITCH))
+    assert_exact(emulated_and_replayed(calls_of(("sharp", "nvls"), ("allreduce", "reduce_scatter")), "dgx-h100-line",
+                                       **SMALL_SWITCH))
