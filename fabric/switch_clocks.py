@@ -1,6 +1,7 @@
 """The fabric's side of in-switch reductions across nodes, as the replay books it: each leaf's and spine's
 reduction engine, a member's part of its node's partial on its share of the uplink to a spine, the result
-down the group's shares, the copies down to the members (fabric.switch books the same: Spanning groups).
+down the group's shares, the copies down to the members (fabric.switch books the same: Spanning groups);
+and on one node (OneSwitch) the leaf's engine of the group and its ports (fabric.switch.in_switch).
 
 Pure (no MPI). Units: ns, bytes, GB/s (= bytes per ns). The schedule (who contributes which chunk when,
 who takes which result in what order) is not here: it is a plan's (fabric.plans.timing.switch_plan_ns

@@ -105,6 +105,7 @@ def assert_exact(rows):
     assert not wrong, "\n".join(f"{call}: emulated {got!r} ns, replayed {want!r} ns" for call, got, want in wrong)
 
 
+@pytest.mark.both_sizes  # launch.model marks one node's rows validated at both tier sizes (3 and 8 GPUs)
 def test_ring_and_direct_on_one_node_take_their_replayed_time_exactly():
     """ring and direct, every collective they run (all2all: direct), on dgx-h100 at its default chunk and with
     16 KiB messages (several a block), float32 and float16, broadcast from the first and the last GPU."""
@@ -114,6 +115,7 @@ def test_ring_and_direct_on_one_node_take_their_replayed_time_exactly():
     assert_exact(emulated_and_replayed(calls, "dgx-h100", chunk_bytes=1 << 14))
 
 
+@pytest.mark.both_sizes
 def test_sharp_and_nvls_on_one_node_take_their_replayed_time_exactly():
     """sharp (allreduce, reduce_scatter, allgather and broadcast: pushes and multicast stores) and nvls
     (load-reduces; its allgather and broadcast are sharp's stores) on dgx-h100, in one chunk and in several
