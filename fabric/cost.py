@@ -8,7 +8,11 @@ most `chunk` bytes that x travels in (chunk_bytes; for in-switch reductions the 
 buffer allows, `in_switch_chunk`; for NVLS its pipeline chunk nvls_chunk_bytes). Times written
 R(x)/B below are raw bytes at the link's rate; /E at the reduction engine's. The forms are those of
 the emulator's schedules (ranks/collectives/*), for calls every member starts at the same modeled
-time; tests/mpi/test_modeled_time.py checks them against emulated runs.
+time; tests/mpi/test_modeled_time.py checks them against emulated runs. They are the oracle of the plans'
+replay on one node (fabric.cost_nodes.modeled_ns, which `nvlink-emu model` reports: exact, as the emulated
+time), not a second implementation: tests/unit/test_one_node_oracle.py holds the replay to them, exactly
+where they are exact, within their documented tolerance elsewhere; `auto` chooses by them on one node
+(fabric.tuner).
 """
 
 from .packets import raw_bytes

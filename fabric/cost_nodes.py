@@ -240,7 +240,8 @@ def rounds_ns(collective: str, algorithm: str, topo: Topology, S: int, config, i
 def modeled_ns(collective: str, algorithm: str, topo: Topology, S: int, config, itemsize: int = 4, root: int = 0,
                counts=None, partial_itemsize: int | None = None) -> float:
     """Modeled ns of one call on every GPU of `topo`, all starting at 0: its links' time (links_ns) plus
-    the config's software latency (fabric.software). Equals fabric.cost.modeled_ns on one node."""
+    the config's software latency (fabric.software). On one node too (`nvlink-emu model` reports it there);
+    fabric.cost.modeled_ns is its oracle there (tests/unit/test_one_node_oracle.py)."""
     return (links_ns(collective, algorithm, topo, S, config, itemsize, root, counts, partial_itemsize)
             + call_latency_ns(collective, algorithm, topo.gpus, topo.nodes, call_bytes(S, counts), config))
 
@@ -249,7 +250,9 @@ def links_ns(collective: str, algorithm: str, topo: Topology, S: int, config, it
              counts=None, partial_itemsize: int | None = None) -> float:
     """The links' time (ns) of one call on every GPU of `topo`, all starting at 0: exact, the algorithm's
     schedule replayed on the same link clocks as the ranks book (fabric.replay; tests check it against
-    emulated runs on every multi-node preset). Equals fabric.cost.links_ns on one node. Memoised: `auto`
+    emulated runs on every multi-node preset, tests/mpi/test_one_node_replay.py on one node, where
+    fabric.cost.links_ns is its oracle: equal where that form is exact, within its documented 1% elsewhere,
+    tests/unit/test_one_node_oracle.py). Memoised: `auto`
     asks for it at every call."""
     return _memo(_MODELED, _key(collective, algorithm, topo, S, config, itemsize, root, counts, partial_itemsize),
                  lambda: replay.replay_ns(collective, algorithm, topo, S, config, itemsize, root, counts,

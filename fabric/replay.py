@@ -51,7 +51,6 @@ from .errors import FabricError
 from .packets import raw_bytes
 from .reduction import blocks, chunks
 from .programs import Fabric, run_programs
-from .switch_clocks import sharp_clocks
 from .topology import Topology
 
 
@@ -112,10 +111,9 @@ def nvls_chunks(topo: Topology, count: int, config, itemsize: int, partial_items
 def nvls_ns(collective: str, topo: Topology, count: int, config, itemsize: int = 4,
             partial_itemsize: int | None = None) -> float:
     """Modeled ns of nvls's reduce_scatter (count: the input's elements) or allreduce by every GPU of `topo`
-    (several nodes and spines), all starting at 0: its plan (fabric.plans.in_switch.nvls, the schedule)
-    timed on the switches' clocks (fabric.plans.timing.switch_plan_ns; fabric.switch_clocks, what the
+    (one node, or several nodes and spines), all starting at 0: its plan (fabric.plans.in_switch.nvls, the
+    schedule) timed on the switches' clocks (fabric.plans.timing.switch_plan_ns; fabric.switch_clocks, what the
     switches do with it). partial_itemsize: the bytes of an element of a leaf's partial (default itemsize)."""
-    sharp_clocks(topo, config, "nvls")  # several nodes and spines (one switch: fabric.cost's closed form)
     if collective not in ("reduce_scatter", "allreduce"):
         raise FabricError(f"replay: nvls's load-reduce is reduce_scatter's and allreduce's, not {collective}")
     wide = (partial_itemsize or itemsize) // itemsize
@@ -188,9 +186,8 @@ def nvls_lower_bound_ns(collective: str, topo: Topology, count: int, config, ite
 
 def sharp_stores_plan(collective: str, topo: Topology, S: int, config, itemsize: int = 4, root: int = 0):
     """sharp's allgather (S: the output's bytes) or broadcast (from GPU `root`) plan of multicast stores
-    (fabric.plans.in_switch) for every GPU of `topo` (several nodes and spines: FabricError otherwise, as
-    one switch is fabric.cost's), as the replay and fabric.cost_nodes time and count it."""
-    sharp_clocks(topo, config)
+    (fabric.plans.in_switch) for every GPU of `topo` (one node, or several nodes and spines), as the replay and
+    fabric.cost_nodes time and count it."""
     if collective == "broadcast" and (not isinstance(root, int) or isinstance(root, bool) or
                                       not 0 <= root < topo.gpus):
         raise FabricError(f"replay: broadcast root must be one of GPUs 0..{topo.gpus - 1}, got {root!r}")
@@ -229,14 +226,13 @@ def replay_ns(collective: str, algorithm: str, topo: Topology, S: int, config, i
     if not isinstance(topo, Topology):
         raise FabricError(f"replay: takes a Topology, got {type(topo).__name__}")
     if algorithm == "sharp" and collective in ("allreduce", "reduce_scatter"):  # its plan, on the switches' clocks
-        sharp_clocks(topo, config)  # several nodes and spines (one switch: fabric.cost's closed form)
         wide = (partial_itemsize or itemsize) // itemsize
         plan = build("sharp", topo.gpus, collective,
                      shape=in_switch.shape("sharp", topo.gpus, collective, topo.nodes, config, S, itemsize, wide))
         return timing.plan_ns(plan, topo, S, config, itemsize, partial_itemsize=partial_itemsize)
-    if algorithm == "nvls" and collective in ("reduce_scatter", "allreduce") and topo.nodes > 1:
+    if algorithm == "nvls" and collective in ("reduce_scatter", "allreduce"):
         return nvls_ns(collective, topo, int(S) // itemsize, config, itemsize, partial_itemsize)
-    if collective in ("allgather", "broadcast") and (algorithm == "sharp" or (algorithm == "nvls" and topo.nodes > 1)):
+    if collective in ("allgather", "broadcast") and algorithm in ("sharp", "nvls"):
         return timing.plan_ns(sharp_stores_plan(collective, topo, S, config, itemsize, root), topo, S, config,
                               itemsize)  # sharp's multicast stores (nvls.py runs sharp's)
     if algorithm == "hier_nvls" and collective in PROGRAMS["hier_nvls"] and topo.nodes > 1 and topo.gpus_per_node > 1:

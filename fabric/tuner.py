@@ -6,6 +6,12 @@ replay for every GPU of several nodes), with one tie rule for every collective (
 TIE of the least are a tie, and a tie goes to the earliest candidate in ALGORITHMS order (ALL2ALL's for
 an All2All). What each algorithm implements is IMPLEMENTS; the ranks' algorithm modules
 (ranks/collectives) must define exactly those collectives (tests/unit/test_tuner.py).
+
+On one node `auto` keeps choosing by fabric.cost's closed forms, as NCCL's tuner chooses by its own closed-form
+model, although `nvlink-emu model` reports the replay of the chosen plan there (fabric.cost_nodes.modeled_ns,
+equal to the emulated time; the closed forms are its oracle, exact or within their documented tolerance,
+tests/unit/test_one_node_oracle.py): a choice is cheap, and no pick changed when `model`'s one-node times
+became the replay's.
 """
 
 import math

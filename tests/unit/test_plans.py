@@ -12,7 +12,7 @@ import pytest
 from nvlink_emu.fabric import cost, cost_nodes, plans, replay
 from nvlink_emu.fabric.plans import registry, timing
 from nvlink_emu.fabric.config import preset, resolve
-from nvlink_emu.fabric.errors import FabricError, PlanError
+from nvlink_emu.fabric.errors import PlanError
 from nvlink_emu.fabric.packets import raw_bytes
 from nvlink_emu.fabric.reduction import blocks, channel_rings, ring_channel_count
 from nvlink_emu.fabric.plans.format import Op, Plan, Ref
@@ -317,9 +317,10 @@ def test_sharp_allreduce_times_as_the_switches_book_it():
     plan = plans.build("sharp", 4, "allreduce", shape=(256, 256, 1))
     with pytest.raises(PlanError, match="the link bytes of in-switch operations are the switches'"):
         plans.plan_link_bytes(plan, config.topology, 1024, config)
-    with pytest.raises(FabricError, match="sharp across nodes needs a topology of several nodes and spines"):
-        one = preset("dgx-h100", gpus=4)
-        replay.replay_ns("allreduce", "sharp", Topology.single(one), 1024, one, 4)
+    # one node: the leaf's engine and ports (fabric.switch_clocks.OneSwitch), whose time here is the closed form's
+    one = preset("dgx-h100", gpus=4)
+    assert replay.replay_ns("allreduce", "sharp", Topology.single(one), 1024, one, 4) == 653.7260273972603
+    assert cost.links_ns("allreduce", "sharp", 1024, 4, one, 4) == 653.7260273972603
 
 
 def test_buffers_must_fit_the_collective():
