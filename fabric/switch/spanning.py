@@ -98,13 +98,13 @@ class Spanning:
         if info.action == "unserved":  # a member of another node will not serve a LOAD of a slot asked here
             return self.leaf.nvls.load_refused(info.group, tuple(info.members))
         if info.action == "reduced":  # a slot whose result went to other nodes only: its partial's share back
-            got = self._unanswered.pop((info.group, tuple(info.members)), None)
-            if got is None:
+            share = self._unanswered.pop((info.group, tuple(info.members)), None)  # (bytes, partition)
+            if share is None:
                 if self.is_released(info.group):
                     return []
                 raise ProtocolError(f"{here}: spine {spine} reduced slot {list(info.members)} of group {info.group}, "
                                     f"for no partial this leaf sent")
-            self._free_partial(*got)
+            self._free_partial(*share)
             return []
         if info.action == "failed":  # a spine refused a slot of the group: this node's members hear why,
             # once until the group's release (each chunk in flight of the call is refused: one NACK per chunk
