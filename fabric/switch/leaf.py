@@ -212,7 +212,7 @@ class SwitchLogic:
         t_ns, around the fault plan's down links (fabric.faults.spine_route; LinkDown if none is left)."""
         if port in self.local:
             return None
-        spine = self.topology.spine_for(port)
+        spine = cast(int, self.topology.spine_for(port))  # another node's port: there are spines
         if self.spine_faults and t_ns is not None:
             topology = self.topology
             spine = spine_route(self.plan, self.switch, port // self.config.gpus_per_node, spine, topology.nodes,
