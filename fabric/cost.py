@@ -14,7 +14,7 @@ time; tests/mpi/test_modeled_time.py checks them against emulated runs.
 from typing import TYPE_CHECKING
 
 from .packets import raw_bytes
-from .reduction import blocks, bus_factor, chunks  # bus_factor: re-exported
+from .reduction import blocks, bus_factor as bus_factor, chunks  # bus_factor: re-exported (explicitly: "as")
 from .budget import in_switch_chunk
 from .software import call_latency_ns
 
