@@ -149,7 +149,8 @@ def nvls_request_packets(S: int, n: int, config: "FabricConfig", rank: int = 0, 
     return spans[rank], sum(spans)
 
 
-def nvls_raw_bytes(collective: str, S: int, n: int, config: "FabricConfig", rank: int = 0, itemsize: int = 4) -> tuple[int, int]:
+def nvls_raw_bytes(collective: str, S: int, n: int, config: "FabricConfig", rank: int = 0,
+                   itemsize: int = 4) -> tuple[int, int]:
     """(tx, rx) raw bytes (payload + headers) of member `rank` in one NVLS allreduce or reduce_scatter
     on S bytes: R() of every load answer (each chunk of every block), my multicast and my reduced
     block, in pipeline chunks, plus header_bytes for each request packet (nvls_request_packets)."""

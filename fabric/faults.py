@@ -122,7 +122,8 @@ class Fault:
         return start, min(start + self.period_ns, self.until_ns)
 
 
-def _number(source: str, key: str, value: Any, least: float, most: float, integer: bool = False) -> Any:  # value, checked
+def _number(source: str, key: str, value: Any, least: float, most: float,
+            integer: bool = False) -> Any:  # `value`, checked
     kind_ok = isinstance(value, int) if integer else isinstance(value, (int, float))
     if isinstance(value, bool) or not kind_ok or not (least <= value <= most):
         what = "an integer" if integer else "a number"

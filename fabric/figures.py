@@ -13,7 +13,8 @@ MAX_GBYTES_PER_S = 1e6   # 1 PB/s, 1,000x NVLink 5's 900 GB/s per GPU: no link c
 MAX_LATENCY_NS = 1e9     # 1 s per hop, switch or reduction: 10^6x any profile's; 1e308 made modeled times inf
 
 
-def check_range(key: str, value: float, least: float, most: float, unit: str = "", why: str = "", prefix: str = "") -> None:
+def check_range(key: str, value: float, least: float, most: float, unit: str = "", why: str = "",
+                prefix: str = "") -> None:
     """ConfigError "{prefix}{key}: must be in least..most unit (why), got value" unless least <= value <= most
     (value already known to be a finite number)."""
     if not least <= value <= most:

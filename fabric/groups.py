@@ -194,8 +194,8 @@ class GroupTable:
             group.engine = ReductionClock(timing.reduction_gbytes_per_s, timing.reduction_latency_ns)
         return group.engine
 
-    def contribute(self, group_id: int, slot: tuple[int, ...], gpu: int, op: str, dtype: str | np.dtype, data: np.ndarray,
-                   delivery: tuple[Any, ...] = (), times: tuple[float, float] = (0.0, 0.0),
+    def contribute(self, group_id: int, slot: tuple[int, ...], gpu: int, op: str, dtype: str | np.dtype,
+                   data: np.ndarray, delivery: tuple[Any, ...] = (), times: tuple[float, float] = (0.0, 0.0),
                    hold_limit_bytes: int | None = None, hold_limit_parts: int | None = None
                    ) -> tuple[np.ndarray, tuple[Any, ...], tuple[float, float]] | None:
         """Hold GPU `gpu`'s contribution to `slot` (its first/last byte at `times`, modeled ns); once

@@ -446,7 +446,8 @@ class Topology:
                     totals[link_name(switch_name(n + k), switch_name(a))] = int(by[:, a, k].sum())
         return {link.name: totals[link.name] for link in self.links}
 
-    def expected_counters(self, transfers: Iterable[tuple[int, int, int]], mtu_bytes: int, header_bytes: int) -> LinkCounters:
+    def expected_counters(self, transfers: Iterable[tuple[int, int, int]], mtu_bytes: int,
+                          header_bytes: int) -> LinkCounters:
         """The per-link counters (payload, raw bytes and packets, fabric.counters) a fabric shows after
         `transfers`, an iterable of (src GPU, dst GPU, payload bytes), each one transfer segmented
         at the MTU on every link of its route (cut-through switches forward it whole)."""

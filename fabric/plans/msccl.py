@@ -108,7 +108,8 @@ def loads(data: bytes | str, origin: str = "<string>") -> Plan:
     # can go on: a threadblock woken by one later in the pass runs in the next pass, by one earlier in this one
     # (what a full pass over every threadblock does, in linear rather than quadratic time in their number)
     order = list(tbs)
-    waiting: dict[tuple[str | int, ...], list[int]] = {}  # what a threadblock waits for -> the waiting threadblocks' positions
+    # what a threadblock waits for -> the waiting threadblocks' positions
+    waiting: dict[tuple[str | int, ...], list[int]] = {}
     current, following = list(range(len(order))), list[int]()
     queued, queued_next = set(current), set()
 

@@ -71,7 +71,8 @@ def ring_channels(gpus: int, layout: Grid | None, nbytes: int | None) -> int | N
     return ring_channel_count(int(nbytes), len(layout[0]))
 
 
-def _chain_pieces(gpus: int, layout: Grid | None, nbytes: int | None, itemsize: int, chunk_bytes: int | None) -> tuple[int, int, int] | None:
+def _chain_pieces(gpus: int, layout: Grid | None, nbytes: int | None, itemsize: int,
+                  chunk_bytes: int | None) -> tuple[int, int, int] | None:
     """What ring's broadcast across nodes is built from: (channels, elements, elements a message); None on
     one node, without a size or of no element (the one chain: it sends nothing)."""
     C = ring_channels(gpus, layout, nbytes)  # (None without a size: nbytes is an int below)
@@ -389,7 +390,8 @@ def tree_pieces(gpus: int, layout: Grid | None, nbytes: int | None, itemsize: in
     return int(nbytes) // itemsize, tree_chunk(int(chunk_bytes), itemsize)
 
 
-def tree(gpus: int, collective: str, root: int = 0, layout: Grid | None = None, pieces: tuple[int, int] | None = None) -> Plan:
+def tree(gpus: int, collective: str, root: int = 0, layout: Grid | None = None,
+         pieces: tuple[int, int] | None = None) -> Plan:
     """ranks/collectives/tree.py's allreduce (NCCL's double binary tree, fabric.reduction.tree_parts) on the
     grid `layout` for `pieces` = (elements, elements a piece) (tree_pieces): the buffer in two parts, each
     in the pipeline's pieces (Plan.groups = 2, Plan.piece), the input reduced in a copy ("i") and the result
@@ -456,7 +458,9 @@ ALGORITHMS: dict[str, Callable[..., Plan]] = {
 # (in_switch.shape, build's shape=)
 # the algorithms whose plan depends on the call's size: function (gpus, collective, layout, nbytes) -> what
 # the plan is built from (passed on as its fifth argument; None: the plan of no size)
-SIZED: dict[str, Callable[[int, str, Grid | None, int | None, int, int | None], Shape]] = {"ring": lambda gpus, collective, layout, nbytes, itemsize, chunk_bytes: (
+# a SIZED function's arguments: (gpus, collective, layout, nbytes, itemsize, chunk_bytes)
+Sized = Callable[[int, str, Grid | None, int | None, int, int | None], Shape]
+SIZED: dict[str, Sized] = {"ring": lambda gpus, collective, layout, nbytes, itemsize, chunk_bytes: (
     ring_channels(gpus, layout, nbytes) if collective in ("allreduce", "reduce_scatter", "allgather") else
     _chain_pieces(gpus, layout, nbytes, itemsize, chunk_bytes) if collective in ("broadcast", "reduce") else None),
     "tree": lambda gpus, collective, layout, nbytes, itemsize, chunk_bytes: tree_pieces(gpus, layout, nbytes, itemsize,

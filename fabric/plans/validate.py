@@ -324,14 +324,16 @@ def _run(plan: Plan) -> _State:
     sized = plan.programs[0].elements is not None
     bufs = state.bufs
 
-    def size_of(g: int, ref: Ref) -> tuple[int, ...] | None:  # the element counts of a run of chunks, if the plan gives them
+    # the element counts of a run of chunks, if the plan gives them
+    def size_of(g: int, ref: Ref) -> tuple[int, ...] | None:
         if not sized:
             return None
         row = plan.programs[g].elements["ios".index(ref.buf)]  # type: ignore[index]  # sized: every GPU's given
         return tuple(row[c] for c in ref.chunk_ids())
 
     taken: Taken = {}  # slot -> its result and the GPUs that took it (_take)
-    asked: dict[tuple[int, ...], tuple[int, int, Ref]] = {}  # slot -> (GPU, step, chunks) of the load_reduce that asks for it
+    # slot -> (GPU, step, chunks) of the load_reduce that asks for it
+    asked: dict[tuple[int, ...], tuple[int, int, Ref]] = {}
 
     # op: an Op that kept rule 2 (_ops), so the Refs its kind needs are set: Any, as mypy cannot tie src and dst
     # to the kind (a cast per use would cost a call per operation of the walk)

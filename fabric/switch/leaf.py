@@ -86,7 +86,8 @@ class SwitchLogic:
         self.control = ControlPlane(self)
 
     # -- addressing -------------------------------------------------------------------------------
-    def check_partial_share(self, what: str, ingress: int, info: ReduceInfo | LoadInfo, partition: int, awaiting: int, kind: str) -> None:
+    def check_partial_share(self, what: str, ingress: int, info: ReduceInfo | LoadInfo, partition: int, awaiting: int,
+                            kind: str) -> None:
         """ResourceExhausted unless partition `partition`, with `awaiting` of its `kind` (partials or load-reduces
         spanning nodes) awaiting a result at the spines, may have one more: its share of this leaf's held
         contributions over the nodes (partial_share_parts)."""

@@ -162,8 +162,9 @@ class Spanning:
         """GPU `gpu`'s share of the node's uplink to spine `spine` (U / (G P)), shared by all its groups."""
         clock = self._member_up.get((gpu, spine))
         if clock is None:  # (spanning nodes: both figures set)
-            clock = self._member_up[(gpu, spine)] = LinkEnd(cast(float, self.topology.share_gbytes_per_s) / self.topology.spines,
-                                                            cast(float, self.config.uplink_latency_ns))
+            clock = self._member_up[(gpu, spine)] = LinkEnd(
+                cast(float, self.topology.share_gbytes_per_s) / self.topology.spines,
+                cast(float, self.config.uplink_latency_ns))
         return clock
 
     def member_part(self, ingress: int, group: "Group", info: ReduceInfo, packet: Packet, payload: np.ndarray) -> None:
@@ -182,8 +183,8 @@ class Spanning:
         was = self._parts.get(key, (a, b))
         self._parts[key] = (max(was[0], a), max(was[1], b))
 
-    def partial_up(self, group: "Group", info: ReduceInfo, dest: tuple[int, ...], key: tuple[int | str, ...], partial: np.ndarray,
-                   start: float, end: float, raw: int) -> Send:
+    def partial_up(self, group: "Group", info: ReduceInfo, dest: tuple[int, ...], key: tuple[int | str, ...],
+                   partial: np.ndarray, start: float, end: float, raw: int) -> Send:
         """The leaf's partial of `info`'s slot, to spine slot[-1] mod P: its bytes reach the spine once the
         engine's result (+ u) and every member's part on its share (member_part) did; its result will
         come back for the local members of `dest` (none: the spine's notice "reduced" frees its share)."""
