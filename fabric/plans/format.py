@@ -44,8 +44,9 @@ credit must be taken by every other GPU, in order.
 
 import dataclasses
 from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 BUFFERS = ("i", "o", "s")
 SENDS = ("send", "recv_reduce_send", "recv_copy_send", "recv_reduce_copy_send")
@@ -92,7 +93,7 @@ class Op:
     slot: tuple[int, ...] = ()  # an in-switch kind's reduction or store (module docstring); () otherwise
 
 
-def _quick_init(cls) -> None:
+def _quick_init(cls: type) -> None:
     """Give the frozen, slotted dataclass `cls` an __init__ that stores each field through its slot
     (the generated one goes through object.__setattr__, field by field: at 2.6 million operations a plan,
     ring's channels on 256 GPUs, that was most of building one). Written from the class's own fields, so a
@@ -106,7 +107,7 @@ def _quick_init(cls) -> None:
     body = "".join(f"    _set_{f.name}(self, {f.name})\n" for f in fields)
     exec(f"def __init__(self, {params}):\n{body}", scope)  # noqa: S102 (our own field names only)
     scope["__init__"].__qualname__ = f"{cls.__qualname__}.__init__"
-    cls.__init__ = scope["__init__"]
+    cls.__init__ = scope["__init__"]  # type: ignore[misc]  # this class's own __init__, replaced on purpose
 
 
 _quick_init(Ref)
@@ -163,16 +164,17 @@ class Plan:
     lanes: int = 0
     piece: int = 0
     leaf: tuple[tuple[int, ...], ...] = ()
-    meta: dict = field(default_factory=dict, compare=False)
+    meta: dict[str, Any] = field(default_factory=dict, compare=False)
 
-    def ops(self):
+    def ops(self) -> Iterator[tuple[int, int, Op]]:
         """(gpu, step, op) for every operation, GPU by GPU in program order."""
         for program in self.programs:
             for step, op in enumerate(program.ops):
                 yield program.gpu, step, op
 
 
-def walk(plan: Plan, visit) -> tuple[list[int], dict[tuple[int, int, int], deque]]:
+def walk(plan: Plan, visit: Callable[[int, int, Op, Any], Any]
+         ) -> tuple[list[int], dict[tuple[int, int, int], deque[Any]]]:
     """The plan's symbolic run, shared by the validator and the timing tables: every GPU in program order
     until it waits for a message not yet sent (sends never wait; a receive takes the oldest message of
     its sender, receiver and channel). visit(g, step, op, message) is called once per operation that
@@ -184,8 +186,8 @@ def walk(plan: Plan, visit) -> tuple[list[int], dict[tuple[int, int, int], deque
     message is the pool, a list in the order they ran; a switch_contribute to a slot a load_reduce asks for
     (load_requests) waits until that request has run (it answers the switch's read). A credit's visit
     result goes to every other GPU, filed under channel CREDIT_CHANNEL; a credit_wait takes the oldest."""
-    queues: dict[tuple[int, int, int], deque] = {}
-    pools: dict[tuple, list] = {}
+    queues: dict[tuple[int, int, int], deque[Any]] = {}
+    pools: dict[tuple[int, ...], list[Any]] = {}
     needed = None  # slot -> how many operations put into it, counted at the first wait for a slot
     loads, requested = None, set()  # the slots load_reduce asks for (load_requests); those asked so far
     at = [0] * plan.gpus
@@ -247,7 +249,7 @@ _PUTS, _TAKES = frozenset(SWITCH_PUTS), frozenset(SWITCH_TAKES)
 _WAITS = _TAKES | {"switch_contribute"}  # the in-switch kinds that may wait in walk
 
 
-def switch_slots(plan: Plan) -> dict[tuple, list[tuple[int, int]]]:
+def switch_slots(plan: Plan) -> dict[tuple[int, ...], list[tuple[int, int]]]:
     """slot -> the (GPU, step) of every operation that puts into it (SWITCH_PUTS), in GPU and program order;
     kept on the plan (a plan is immutable)."""
     kept = plan.__dict__.get("_switch_slots")
@@ -261,7 +263,7 @@ def switch_slots(plan: Plan) -> dict[tuple, list[tuple[int, int]]]:
     return kept
 
 
-def load_requests(plan: Plan) -> dict[tuple, list[tuple[int, int]]]:
+def load_requests(plan: Plan) -> dict[tuple[int, ...], list[tuple[int, int]]]:
     """slot -> the (GPU, step) of every load_reduce that asks for it, in GPU and program order; kept on the plan."""
     kept = plan.__dict__.get("_load_requests")
     if kept is None:

@@ -42,19 +42,25 @@ whatever its index (a whole-width int per chunk took 23 GB to validate ring's 8 
 """
 
 from dataclasses import replace
+from typing import Any, cast
 
 from ..errors import PlanError
 from .format import BUFFERS, COLLECTIVES, CREDIT_CHANNEL, IN_SWITCH, KINDS, LOCAL, RECVS, REDUCING, ROOTED, SENDS, \
-    Plan, switch_slots, walk
+    GpuProgram, Op, Plan, Ref, switch_slots, walk
 
 _NEEDS = {"send": ("src",), "recv": ("dst",), "recv_reduce": ("dst",), "recv_reduce_send": ("src",),
           "recv_copy_send": ("dst",), "recv_reduce_copy_send": ("dst",), "copy": ("src", "dst"),
           "reduce": ("src", "dst"), "flush": (), "nop": (), "switch_contribute": ("src",), "switch_recv": ("dst",),
           "multicast_store": ("src",), "load_reduce": ("src",), "credit": (), "credit_wait": ()}
 _SWITCH_KINDS = frozenset(IN_SWITCH)
+Value = tuple[int, int]  # a chunk's contributions, (lo, bits): the set bits << lo (module docstring)
+# what a switch_contribute or multicast_store puts into its slot: (GPU, step, values, send_to, element counts, kind)
+Put = tuple[int, int, list[Value], int | None, tuple[int, ...] | None, str]
+# slot -> (its destination, its chunks' element counts, the sum, the GPUs that took it) (_take)
+Taken = dict[tuple[int, ...], tuple[int | None, tuple[int, ...] | None, list[Value], set[int]]]
 
 
-def _where(g, step, op=None, chunk=None) -> str:
+def _where(g: int, step: int, op: Op | None = None, chunk: int | None = None) -> str:
     text = f"GPU {g} step {step}"
     if op is not None:
         text += f" ({op.kind}, channel {op.channel})"
@@ -95,7 +101,7 @@ def _shape(plan: Plan) -> None:
         _elements(plan, g, program)
 
 
-def _elements(plan: Plan, g: int, program) -> None:
+def _elements(plan: Plan, g: int, program: GpuProgram) -> None:
     """GPU g's chunk element counts (GpuProgram.elements), if the plan gives them: every GPU's or none."""
     sizes = program.elements
     if (sizes is None) != (plan.programs[0].elements is None):
@@ -129,7 +135,7 @@ def _ops(plan: Plan) -> None:
 _SEND_KINDS, _RECV_KINDS = frozenset(SENDS), frozenset(RECVS)
 
 
-def _in(ref, sizes) -> bool:
+def _in(ref: Ref, sizes: dict[str, int]) -> bool:
     size = sizes.get(ref.buf)
     return size is not None and ref.cnt >= 1 and ref.off >= 0 and ref.off + ref.cnt <= size
 
@@ -139,7 +145,7 @@ _SPEC = {kind: ("src" in needs, "dst" in needs, kind in _SEND_KINDS, kind in _RE
                 kind in REDUCING) for kind, needs in _NEEDS.items()}  # a credit_wait names the GPU it waits for
 
 
-def _fine(op, g, step, n, sizes, lanes) -> bool:
+def _fine(op: Op, g: int, step: int, n: int, sizes: dict[str, int], lanes: int | None) -> bool:
     """Whether `op` keeps rule 2 (False: maybe not; _check_op decides)."""
     kind = op.kind
     needs = _NEEDS.get(kind) if type(kind) is str else None
@@ -181,7 +187,8 @@ def _fine(op, g, step, n, sizes, lanes) -> bool:
     return type(deps) is tuple and (not deps or all(0 <= d < step for d in deps))
 
 
-def _fine_in_switch(op, kind, needs, step, n, sizes, lanes) -> bool:
+def _fine_in_switch(op: Op, kind: str, needs: tuple[str, ...], step: int, n: int, sizes: dict[str, int],
+                    lanes: int | None) -> bool:
     """_fine for an in-switch kind (False: maybe not; _check_op decides)."""
     slot, to = op.slot, op.send_to
     if type(slot) is not tuple or not slot or op.recv_from is not None or op.incoming_first is not False:
@@ -199,7 +206,7 @@ def _fine_in_switch(op, kind, needs, step, n, sizes, lanes) -> bool:
     return type(op.deps) is tuple and all(0 <= d < step for d in op.deps)
 
 
-def _check_op(plan: Plan, g: int, step: int, op) -> None:
+def _check_op(plan: Plan, g: int, step: int, op: Op) -> None:
     """Rule 2 on one operation, rule by rule: PlanError naming what it breaks."""
     n = plan.gpus
     if op.kind not in KINDS:
@@ -252,28 +259,28 @@ def _check_op(plan: Plan, g: int, step: int, op) -> None:
 class _State:
     """Each GPU's chunks' contributions (bit sets, the module docstring's; None: never written)."""
 
-    def __init__(self, plan: Plan):
+    def __init__(self, plan: Plan) -> None:
         self.plan = plan
-        self.bufs: list[dict[str, list]] = []
+        self.bufs: list[dict[str, list[Value | None]]] = []
         n = plan.gpus
         for g, program in enumerate(plan.programs):
-            bufs: dict[str, list] = {"i": [(c * n + g, 1) for c in range(program.i_chunks)],
+            bufs: dict[str, list[Value | None]] = {"i": [(c * n + g, 1) for c in range(program.i_chunks)],
                     "s": [None] * program.s_chunks}
             bufs["o"] = bufs["i"] if plan.inplace else [None] * program.o_chunks
             self.bufs.append(bufs)
 
-    def read(self, g, step, op, ref):
+    def read(self, g: int, step: int, op: Op, ref: Ref) -> list[Value]:
         values = self.bufs[g][ref.buf][ref.off:ref.off + ref.cnt]
         for k, v in enumerate(values):
             if v is None:
                 raise PlanError(f"{_where(g, step, op, ref.off + k)}: reads chunk {ref.off + k} of buffer "
                                 f"{ref.buf!r}, which nothing wrote")
-        return list(values)
+        return cast(list[Value], list(values))  # none is None: checked above
 
-    def write(self, g, ref, values):
+    def write(self, g: int, ref: Ref, values: list[Value]) -> None:
         self.bufs[g][ref.buf][ref.off:ref.off + ref.cnt] = values
 
-    def fold(self, g, step, op, ref, values):
+    def fold(self, g: int, step: int, op: Op, ref: Ref, values: list[Value]) -> list[Value]:
         out = []
         for k, (have, add) in enumerate(zip(self.read(g, step, op, ref), values)):
             lo, a, b = _aligned(have, add)
@@ -284,7 +291,7 @@ class _State:
         return out
 
 
-def _aligned(x, y) -> tuple[int, int, int]:
+def _aligned(x: Value, y: Value) -> tuple[int, int, int]:
     """Two values (lo, bits) on one offset: (lo, x's bits, y's bits)."""
     (xl, xb), (yl, yb) = x, y
     if xl == yl:
@@ -293,7 +300,7 @@ def _aligned(x, y) -> tuple[int, int, int]:
     return lo, xb << (xl - lo), yb << (yl - lo)
 
 
-def _normal(value):
+def _normal(value: Value) -> Value:
     """A value (lo, bits) with lo its lowest contribution's bit, so that equal sets compare equal."""
     lo, bits = value
     if not bits:
@@ -302,13 +309,13 @@ def _normal(value):
     return lo + low, bits >> low
 
 
-def _names(value, plan: Plan) -> str:
+def _names(value: Value, plan: Plan) -> str:
     lo, bits = value
     pairs = [divmod(lo + b, plan.gpus) for b in range(bits.bit_length()) if bits >> b & 1]
     return ", ".join(f"GPU {h}'s input chunk {c}" for c, h in pairs)
 
 
-def _combine(values, message, g, step, op, plan):
+def _combine(values: list[Value], message: list[Value], g: int, step: int, op: Op, plan: Plan) -> list[Value]:
     out = []
     for k, (have, add) in enumerate(zip(values, message)):
         lo, a, b = _aligned(have, add)
@@ -323,18 +330,22 @@ def _run(plan: Plan) -> _State:
     sized = plan.programs[0].elements is not None
     bufs = state.bufs
 
-    def size_of(g, ref):  # the element counts of a run of chunks, if the plan gives them
+    # the element counts of a run of chunks, if the plan gives them
+    def size_of(g: int, ref: Ref) -> tuple[int, ...] | None:
         if not sized:
             return None
-        row = plan.programs[g].elements["ios".index(ref.buf)]
+        row = plan.programs[g].elements["ios".index(ref.buf)]  # type: ignore[index]  # sized: every GPU's given
         return tuple(row[c] for c in ref.chunk_ids())
 
-    taken: dict[tuple, tuple] = {}  # slot -> its result and the GPUs that took it (_take)
-    asked: dict[tuple, tuple] = {}  # slot -> (GPU, step, chunks) of the load_reduce that asks for it
+    taken: Taken = {}  # slot -> its result and the GPUs that took it (_take)
+    # slot -> (GPU, step, chunks) of the load_reduce that asks for it
+    asked: dict[tuple[int, ...], tuple[int, int, Ref]] = {}
     node_of = {h: a for a, node in enumerate(plan.leaf) for h in node}  # Plan.leaf: an in-switch slot's node first
 
-    def visit(g, step, op, received):
-        message = None
+    # op: an Op that kept rule 2 (_ops), so the Refs its kind needs are set: Any, as mypy cannot tie src and dst
+    # to the kind (a cast per use would cost a call per operation of the walk)
+    def visit(g: int, step: int, op: Any, received: Any) -> tuple[Any, ...] | None:
+        message: Any = None
         if op.kind == "credit":  # out of band: what the other GPUs' credit_waits take (format.walk)
             return step, None, None
         if op.kind == "credit_wait":
@@ -348,12 +359,13 @@ def _run(plan: Plan) -> _State:
             if len(message) != ref.cnt:
                 raise PlanError(f"{_where(g, step, op, ref.off)}: receives {ref.cnt} chunks, GPU "
                                 f"{op.recv_from} step {sender_step} sent {len(message)}")
-            if sized and sizes != size_of(g, ref):
-                raise PlanError(f"{_where(g, step, op, ref.off)}: receives chunks of {list(size_of(g, ref))} "
+            if sized and sizes != size_of(g, ref):  # (sized: size_of gives counts, not None)
+                raise PlanError(f"{_where(g, step, op, ref.off)}: receives chunks of {list(size_of(g, ref))} "  # type: ignore[arg-type]
                                 f"elements, GPU {op.recv_from} step {sender_step} sent {list(sizes)}")
         kind = op.kind  # the commonest kinds first, as the chain below runs them:
         if kind == "send":  # its chunks' values, read as state.read does
             src = op.src
+            out: list[Value | None] | list[Value] | None  # this chunk's values here; a sent message's below
             out = bufs[g][src.buf][src.off:src.off + src.cnt]
             if None in out:
                 out = state.read(g, step, op, src)  # names the chunk nothing wrote
@@ -375,9 +387,9 @@ def _run(plan: Plan) -> _State:
                 if not a & b:
                     row[dst.off] = (lo, a | b)
                     return None
-        if op.kind in LOCAL and size_of(g, op.src) != size_of(g, op.dst):
-            raise PlanError(f"{_where(g, step, op, op.dst.off)}: {op.kind} of chunks of {list(size_of(g, op.src))} "
-                            f"elements into chunks of {list(size_of(g, op.dst))}")
+        if op.kind in LOCAL and size_of(g, op.src) != size_of(g, op.dst):  # (they differ: sized, counts, not None)
+            raise PlanError(f"{_where(g, step, op, op.dst.off)}: {op.kind} of chunks of {list(size_of(g, op.src))} "  # type: ignore[arg-type]
+                            f"elements into chunks of {list(size_of(g, op.dst))}")  # type: ignore[arg-type]
         kind, out = op.kind, None
         if kind == "load_reduce":
             if op.src.buf != "i" or op.slot in asked:
@@ -455,7 +467,8 @@ def _run(plan: Plan) -> _State:
     return state
 
 
-def _take(plan: Plan, g: int, step: int, op, puts: list, taken: dict, sizes):
+def _take(plan: Plan, g: int, step: int, op: Any, puts: list[Put], taken: Taken, sizes: tuple[int, ...] | None
+          ) -> list[Value]:
     """What GPU g's switch_recv of op.slot holds: the sum of the slot's contributions (puts: (GPU, step,
     values, send_to, element counts, kind) of each, in the order they ran), refused unless they agree on
     their chunks and destination, g is it, g takes it once, and no contribution is counted twice. The sum
@@ -494,7 +507,7 @@ def _take(plan: Plan, g: int, step: int, op, puts: list, taken: dict, sizes):
     return value
 
 
-def expected(plan: Plan, g: int, c: int):
+def expected(plan: Plan, g: int, c: int) -> Value | None:
     """The contributions output chunk c of GPU g must hold, a value (lo, bits) as _normal gives it (None:
     not checked, reduce's and gather's non-roots)."""
     n, program, width = plan.gpus, plan.programs[g], plan.programs[0].i_chunks
