@@ -53,6 +53,6 @@ class Handle:
     size_bytes: int
     owner: int
 
-    def __str__(self):
+    def __str__(self) -> str:
         return (f"window {self.network_address:#x}:{self.address:#x}+{self.size_bytes} "
                 f"(GPU {self.owner})")

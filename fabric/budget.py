@@ -7,6 +7,7 @@ ranks/collectives size their windows with it, fabric.cost, cost_nodes and replay
 from typing import cast
 
 import numpy as np
+import numpy.typing as npt
 
 from .config import FabricConfig
 from .reduction import DTYPES, switch_accumulator
@@ -97,7 +98,7 @@ def sharp_scatter_streams(n: int, nodes: int, fabric_nodes: int, wide: int) -> i
     return n if nodes == 1 else -(-2 * n * fabric_nodes * wide // max(1, n - 1))
 
 
-def nvls_streams(n: int, nodes: int, fabric_nodes: int, dtype) -> int:
+def nvls_streams(n: int, nodes: int, fabric_nodes: int, dtype: npt.DTypeLike) -> int:
     """Credit streams of ranks/collectives/nvls.py's load-reduce by `n` members in `nodes` nodes of a fabric
     of `fabric_nodes` (Call.in_switch_window): n on one node; across nodes 2 n x (the accumulator's width
     / the dtype's) x ceil(fabric_nodes / (n - 1)), so that each leaf's partials awaiting their result or
@@ -113,7 +114,7 @@ def nvls_streams_wide(n: int, nodes: int, fabric_nodes: int, wide: int) -> int:
 
 
 # -- an in-switch reduction's chunk and window (Call.in_switch_window) ----------------------------------
-def in_switch_chunk(config, n: int, streams: int, least: int = 1, chunk_bytes: int | None = None,
+def in_switch_chunk(config: FabricConfig, n: int, streams: int, least: int = 1, chunk_bytes: int | None = None,
                     itemsize: int = 4) -> int:
     """Message size (bytes, whole elements) of an in-switch reduction: chunk_bytes (default and at
     most config.chunk_bytes), shrunk so that `least` chunks of each of `streams` reductions from the
@@ -123,7 +124,7 @@ def in_switch_chunk(config, n: int, streams: int, least: int = 1, chunk_bytes: i
     return max(1, min(wanted, budget // least) // itemsize) * itemsize
 
 
-def in_switch_window(config, n: int, streams: int, least: int = 1, chunk_bytes: int | None = None,
+def in_switch_window(config: FabricConfig, n: int, streams: int, least: int = 1, chunk_bytes: int | None = None,
                      itemsize: int = 4) -> tuple[int, int]:
     """(window, chunk bytes) of an in-switch reduction (Call.in_switch_window): the chunk of in_switch_chunk,
     and the chunks each member may have in the switch at once, at least `least`, so that window x streams x

@@ -10,6 +10,7 @@ this emulator (FabricConfig keys, see docs/model/compute.md), not measurements.
 import math
 
 import numpy as np
+import numpy.typing as npt
 
 from .errors import FabricError
 from .profiles import COMPUTE_DTYPES, GpuProfile
@@ -20,7 +21,7 @@ _NUMPY_NAMES = {"float64": "float64", "float32": "float32", "float16": "float16"
                 "float8_e5m2fnuz": "fp8"}
 
 
-def compute_dtype(dtype) -> str:
+def compute_dtype(dtype: npt.DTypeLike) -> str:
     """The COMPUTE_DTYPES name of `dtype`: one of those names, or a numpy dtype (or type) that is one;
     FabricError otherwise (numpy's own strings such as "f8", which is float64, are not taken)."""
     if isinstance(dtype, str):
@@ -38,7 +39,7 @@ def compute_dtype(dtype) -> str:
                       f"numpy dtype)")
 
 
-def amount(value) -> float | None:
+def amount(value: object) -> float | None:
     """`value` as a float if it is a finite, non-negative number (a bool is not); None otherwise."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         return None
@@ -49,7 +50,7 @@ def amount(value) -> float | None:
     return number if math.isfinite(number) and number >= 0 else None
 
 
-def roofline_ns(profile: GpuProfile, flops: float, nbytes: float, dtype, compute_efficiency: float,
+def roofline_ns(profile: GpuProfile, flops: float, nbytes: float, dtype: npt.DTypeLike, compute_efficiency: float,
                 memory_efficiency: float) -> float:
     """Modeled ns of a kernel of `flops` operations in `dtype` moving `nbytes` HBM bytes on `profile`."""
     for what, value in (("flops", flops), ("bytes", nbytes)):

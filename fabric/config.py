@@ -7,12 +7,16 @@ import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, Any, cast
 
 from .addressing import MAX_GPUS, NETWORK_ADDRESSES, PHYSICAL_GPU_SHIFT
 from .errors import ConfigError
 from .figures import check_figure, check_range
 from .profiles import CALIBRATED_LINK, LINKS_PER_GPU, NVL72_GPUS, gpu_profile, link_profile, system_profile
+
+if TYPE_CHECKING:  # for annotations only: these import this module
+    from .faults import Fault, FaultPlan
+    from .topology import Topology
 
 MODES = ("network", "classic")
 SOFTWARE = ("none", "nccl")  # FabricConfig.software: fabric.software
@@ -112,12 +116,12 @@ class FabricConfig:
     memory_efficiency: float = 0.9
     # the fault plan (fabric.faults): `[[faults]]` tables in a config TOML or `--faults FILE.toml`;
     # validated against this fabric's link names, held as fabric.faults.Fault records
-    faults: tuple = ()
+    faults: tuple["Fault", ...] = ()
     # software latency (fabric.software): "nccl" adds NCCL's launch and protocol latency to every collective
     # call (every preset but the -line twins); "none": the links' time only (the -line twins, what-if studies)
     software: str = "none"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.spines is None and isinstance(self.nodes, int) and isinstance(self.gpus, int) and self.nodes >= 1:
             object.__setattr__(self, "spines", 0 if self.nodes == 1 else max(1, self.gpus // self.nodes))
         self._validate()
@@ -135,7 +139,7 @@ class FabricConfig:
         return Timing(*(getattr(self, name) if getattr(self, name) is not None else getattr(profile, name)
                         for name in TIMING_FIELDS))
 
-    def compute_ns(self, flops: float = 0, nbytes: float = 0, dtype="float32") -> float:
+    def compute_ns(self, flops: float = 0, nbytes: float = 0, dtype: str = "float32") -> float:
         """Modeled ns of a kernel of `flops` operations in `dtype` moving `nbytes` HBM bytes (roofline)."""
         from .compute import roofline_ns
         return roofline_ns(gpu_profile(self.gpu), flops, nbytes, dtype, self.compute_efficiency,
@@ -162,7 +166,7 @@ class FabricConfig:
         return self.gpus + self.switches
 
     @property
-    def topology(self):
+    def topology(self) -> "Topology":
         """The fabric.topology.Topology of this config (links with this config's bandwidths and latencies)."""
         from .topology import Topology
         cached = self.__dict__.get("_topology")
@@ -171,10 +175,11 @@ class FabricConfig:
                 cached = Topology.single(self)
             else:
                 timing = self.timing
-                cached = Topology.multi_node(self.nodes, self.gpus_per_node, self.spines,
+                # several nodes: __post_init__ set the spines, _validate checked the uplink's figures
+                cached = Topology.multi_node(self.nodes, self.gpus_per_node, cast(int, self.spines),
                                              (timing.bandwidth_gbytes_per_s, timing.link_latency_ns),
-                                             self.uplink_gbytes_per_s_per_gpu * self.gpus_per_node,
-                                             self.uplink_latency_ns,
+                                             cast(float, self.uplink_gbytes_per_s_per_gpu) * self.gpus_per_node,
+                                             cast(float, self.uplink_latency_ns),
                                              timing.switch_latency_ns, name=self.name,
                                              spine_latency_ns=self.spine_switch_latency_ns)
             object.__setattr__(self, "_topology", cached)
@@ -188,7 +193,7 @@ class FabricConfig:
         raise ConfigError(f"partitions: GPU {gpu} is in no partition")
 
     @property
-    def fault_plan(self):
+    def fault_plan(self) -> "FaultPlan":
         """The fabric.faults.FaultPlan of this config (empty, and false, without faults)."""
         from .faults import FULL_LANES, FaultPlan
         return FaultPlan(self.faults, FULL_LANES.get(self.link, 0))
@@ -200,7 +205,7 @@ class FabricConfig:
         if all(isinstance(f, Fault) for f in self.faults):
             entries = [f.entry() for f in self.faults]
         else:
-            entries = list(self.faults)
+            entries = list(cast("list[dict[str, Any]]", self.faults))  # the tables given, not parsed yet
         known = {link.name for link in self.topology.links}
         plan = parse_plan(entries, "faults", known, FULL_LANES.get(self.link, 0))
         for fault in plan.faults:  # between switches: rerouted around when down; ber and lanes not modeled there
@@ -224,7 +229,7 @@ class FabricConfig:
         text = json.dumps(fields, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
-    def _validate(self):
+    def _validate(self) -> None:
         # printed in headers, reports and errors: one short line of text (never a path: see launch.cli)
         if not isinstance(self.name, str) or not 1 <= len(self.name) <= MAX_NAME_CHARS \
                 or not self.name.isprintable() or any(c in self.name for c in "/\\"):
@@ -324,7 +329,7 @@ class Timing:
 
 
 # Every preset names its sources in fabric/profiles.py (link) and docs/model/presets.md (topology).
-PRESETS: dict[str, dict] = {
+PRESETS: dict[str, dict[str, Any]] = {
     # DGX H100: 8 H100 GPUs on NVLink4 through NVSwitch gen 3 (SHARP); NVLink Network addressing.
     # Calibrated: effective bandwidth and in-switch reduction as NCCL measures them (profiles.PUBLISHED).
     "dgx-h100": dict(mode="network", gpus=8, sharp=True, link="nvlink4-nccl", software="nccl", gpu="h100-sxm"),
@@ -357,7 +362,7 @@ PRESETS: dict[str, dict] = {
 }
 
 
-def _system(name: str, nodes: int = 2, line: bool = False) -> dict:
+def _system(name: str, nodes: int = 2, line: bool = False) -> dict[str, Any]:
     """A multi-node preset from profiles.SYSTEMS[name], `nodes` nodes by default (--nodes changes it).
     Calibrated (line=False): a node's NVLink is the generation's calibrated profile (profiles.CALIBRATED_LINK:
     nvlink4 -> nvlink4-nccl, 393 GB/s raw, reduction 292), and NVLink uplinks to NVLink spines carry the
@@ -398,7 +403,7 @@ DEFAULT_PRESET = "dgx-h100"
 _KEYS = {f.name for f in dataclasses.fields(FabricConfig)}
 
 
-def build_config(settings: dict, source: str) -> FabricConfig:
+def build_config(settings: dict[str, Any], source: str) -> FabricConfig:
     """A validated FabricConfig from plain settings; `source` names where they came from in errors."""
     unknown = sorted(set(settings) - _KEYS)
     if unknown:
@@ -417,14 +422,14 @@ def build_config(settings: dict, source: str) -> FabricConfig:
         raise ConfigError(f"{source}: {exc}") from None
 
 
-def preset(name: str, **overrides) -> FabricConfig:
+def preset(name: str, **overrides: Any) -> FabricConfig:
     """The named preset, with optional overrides (e.g. gpus=4)."""
     if name not in PRESETS:
         raise ConfigError(f"preset: unknown preset {name!r}; known: {', '.join(PRESETS)}")
     return build_config({**PRESETS[name], "name": name, **overrides}, f"preset {name}")
 
 
-def load_toml(path: str | Path, **overrides) -> FabricConfig:
+def load_toml(path: str | Path, **overrides: Any) -> FabricConfig:
     """A FabricConfig from a TOML file; `base = "PRESET"` in the file starts from that preset."""
     path = Path(path)
     try:
@@ -469,7 +474,7 @@ def resolve(preset_name: str | None = None, config_path: str | None = None, gpus
     if gpus is not None and gpus_per_node is not None:
         raise ConfigError("give --gpus (the whole fabric) or --gpus-per-node, not both")
 
-    def build(**overrides) -> FabricConfig:
+    def build(**overrides: Any) -> FabricConfig:
         if config_path:
             return load_toml(config_path, **overrides)
         return preset(preset_name or DEFAULT_PRESET, **overrides)

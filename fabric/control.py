@@ -6,6 +6,8 @@ array's bytes travel whole; every element of a container is encoded), so a peer'
 cost a receiver no more than its length.
 """
 
+from typing import Any, cast
+
 import msgpack
 import numpy as np
 
@@ -17,7 +19,7 @@ MAX_CONTROL_BYTES = 16 << 20  # the longest control message a GPU takes (16 MiB)
 _TUPLE, _SET, _FROZENSET, _HANDLE, _ARRAY, _SCALAR, _ERROR, _COMPLEX, _BIGINT = range(1, 10)
 
 
-def _encode(obj):
+def _encode(obj: object) -> "msgpack.ExtType":
     if isinstance(obj, tuple):
         return msgpack.ExtType(_TUPLE, _pack(list(obj)))
     if isinstance(obj, (set, frozenset)):
@@ -41,18 +43,18 @@ def _encode(obj):
     raise TypeError(f"{type(obj).__name__}")
 
 
-def _pack(obj) -> bytes:
-    return msgpack.packb(obj, default=_encode, use_bin_type=True, strict_types=True)
+def _pack(obj: object) -> bytes:
+    return cast(bytes, msgpack.packb(obj, default=_encode, use_bin_type=True, strict_types=True))
 
 
-def _dtype(text) -> np.dtype:
+def _dtype(text: object) -> np.dtype:
     dtype = np.dtype(text if isinstance(text, str) else "?invalid")
     if dtype.hasobject:
         raise ValueError("numpy object dtype")
     return dtype
 
 
-def _decode(code: int, data: bytes):
+def _decode(code: int, data: bytes) -> Any:  # a control object
     if code == _BIGINT:
         return int(data.decode())
     value = _unpack(data)
@@ -86,11 +88,11 @@ def _decode(code: int, data: bytes):
     raise ValueError(f"unknown extension type {code}")
 
 
-def _unpack(data: bytes):
+def _unpack(data: bytes) -> Any:
     return msgpack.unpackb(data, ext_hook=_decode, raw=False, strict_map_key=False, use_list=True)
 
 
-def encode(obj) -> bytes:
+def encode(obj: object) -> bytes:
     """`obj` on the wire; FabricError naming the type if it is not a control object."""
     try:
         return _pack(obj)
@@ -99,7 +101,7 @@ def encode(obj) -> bytes:
                           f"dict, set), Handles, numpy arrays and scalars and fabric errors; got {exc}") from None
 
 
-def decode(data: bytes):
+def decode(data: bytes) -> Any:  # a control object
     """The object `data` encodes; ProtocolError for anything else (it builds nothing larger than `data`)."""
     if len(data) > MAX_CONTROL_BYTES:
         raise ProtocolError(f"control message of {len(data)} bytes, more than {MAX_CONTROL_BYTES}")

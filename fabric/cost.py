@@ -8,13 +8,22 @@ most `chunk` bytes that x travels in (chunk_bytes; for in-switch reductions the 
 buffer allows, `in_switch_chunk`; for NVLS its pipeline chunk nvls_chunk_bytes). Times written
 R(x)/B below are raw bytes at the link's rate; /E at the reduction engine's. The forms are those of
 the emulator's schedules (ranks/collectives/*), for calls every member starts at the same modeled
-time; tests/mpi/test_modeled_time.py checks them against emulated runs.
+time; tests/mpi/test_modeled_time.py checks them against emulated runs. They are the oracle of the plans'
+replay on one node (fabric.cost_nodes.modeled_ns, which `nvlink-emu model` reports: exact, as the emulated
+time), not a second implementation: tests/unit/test_one_node_oracle.py holds the replay to them, exactly
+where they are exact, within their documented tolerance elsewhere; `auto` chooses by them on one node
+(fabric.tuner).
 """
 
+from typing import TYPE_CHECKING
+
 from .packets import raw_bytes
-from .reduction import blocks, bus_factor, chunks  # bus_factor: re-exported
+from .reduction import blocks, bus_factor as bus_factor, chunks  # bus_factor: re-exported (explicitly: "as")
 from .budget import in_switch_chunk
 from .software import call_latency_ns
+
+if TYPE_CHECKING:  # for annotations only: nothing more imported at run time
+    from .config import FabricConfig
 
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "all2all")
 ALGORITHMS = ("ring", "direct", "sharp", "nvls")
@@ -28,19 +37,19 @@ IMPLEMENTS = {
 IN_SWITCH = ("sharp", "nvls")
 
 
-def raw_of(nbytes: int, config, chunk: int | None = None) -> int:
+def raw_of(nbytes: int, config: "FabricConfig", chunk: int | None = None) -> int:
     """R(nbytes): raw bytes (payload + headers) of nbytes sent as messages of at most `chunk` bytes
     (default config.chunk_bytes)."""
     chunk = chunk or config.chunk_bytes
     return sum(raw_bytes(hi - lo, config.mtu_bytes, config.header_bytes) for lo, hi in chunks(0, nbytes, chunk))
 
 
-def _chunk(config, itemsize: int) -> int:
+def _chunk(config: "FabricConfig", itemsize: int) -> int:
     """A point-to-point message: chunk_bytes in whole elements."""
     return max(1, config.chunk_bytes // itemsize) * itemsize
 
 
-def modeled_ns(collective: str, algorithm: str, S: int, n: int, config, itemsize: int = 4) -> float:
+def modeled_ns(collective: str, algorithm: str, S: int, n: int, config: "FabricConfig", itemsize: int = 4) -> float:
     """Modeled time (ns) of one call on S bytes (allgather: the output; reduce_scatter: the input;
     all2all: each member's send buffer) by N members started together: the slowest member's, its
     links' time (links_ns) plus the config's software latency (fabric.software). ValueError for a pair
@@ -49,7 +58,7 @@ def modeled_ns(collective: str, algorithm: str, S: int, n: int, config, itemsize
                                                                                      config)
 
 
-def links_ns(collective: str, algorithm: str, S: int, n: int, config, itemsize: int = 4) -> float:
+def links_ns(collective: str, algorithm: str, S: int, n: int, config: "FabricConfig", itemsize: int = 4) -> float:
     """modeled_ns without software latency: the closed forms of the links' time (the table of
     docs/model/time.md). ValueError for a pair this model has no form for."""
     if collective not in COLLECTIVES or algorithm not in IMPLEMENTS or collective not in IMPLEMENTS[algorithm]:
@@ -102,7 +111,7 @@ def links_ns(collective: str, algorithm: str, S: int, n: int, config, itemsize: 
     return 2 * h + 2 * hop + p + max((n + 1) * Rb + 2 * (n - 1) * u, engine + hop + u)
 
 
-def nvls_pipelined(S: int, n: int, config, itemsize: int = 4) -> bool:
+def nvls_pipelined(S: int, n: int, config: "FabricConfig", itemsize: int = 4) -> bool:
     """Whether the pipelined NVLS form applies: blocks of several chunks, and N chunk times cover a
     round's latency (N u >= hop + p), so the uplinks never wait for a round to come back."""
     t = config.timing
@@ -134,7 +143,7 @@ def payload_bytes(collective: str, algorithm: str, S: int, n: int, rank: int = 0
     return (S, S) if algorithm == "sharp" else (S + b, S + b)  # nvls: loads + my multicast; my block + multicasts
 
 
-def nvls_request_packets(S: int, n: int, config, rank: int = 0, itemsize: int = 4) -> tuple[int, int]:
+def nvls_request_packets(S: int, n: int, config: "FabricConfig", rank: int = 0, itemsize: int = 4) -> tuple[int, int]:
     """(sent, received) header-only request packets of member `rank` in one NVLS allreduce or
     reduce_scatter on S bytes: a LOAD_REDUCE per chunk of its own block up; a LOAD per chunk of
     every block down. Each adds header_bytes of raw bytes and one packet, no payload."""
@@ -144,7 +153,8 @@ def nvls_request_packets(S: int, n: int, config, rank: int = 0, itemsize: int = 
     return spans[rank], sum(spans)
 
 
-def nvls_raw_bytes(collective: str, S: int, n: int, config, rank: int = 0, itemsize: int = 4) -> tuple[int, int]:
+def nvls_raw_bytes(collective: str, S: int, n: int, config: "FabricConfig", rank: int = 0,
+                   itemsize: int = 4) -> tuple[int, int]:
     """(tx, rx) raw bytes (payload + headers) of member `rank` in one NVLS allreduce or reduce_scatter
     on S bytes: R() of every load answer (each chunk of every block), my multicast and my reduced
     block, in pipeline chunks, plus header_bytes for each request packet (nvls_request_packets)."""
@@ -159,6 +169,6 @@ def nvls_raw_bytes(collective: str, S: int, n: int, config, rank: int = 0, items
     return answers + mine + up * h, mine + answers + down * h
 
 
-def busbw_gbps(collective: str, algorithm: str, S: int, n: int, config, itemsize: int = 4) -> float:
+def busbw_gbps(collective: str, algorithm: str, S: int, n: int, config: "FabricConfig", itemsize: int = 4) -> float:
     """Modeled bus bandwidth (GB/s) as nccl-tests reports it: S / time x bus_factor."""
     return S / modeled_ns(collective, algorithm, S, n, config, itemsize) * bus_factor(collective, n)

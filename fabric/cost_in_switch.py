@@ -1,6 +1,6 @@
 """Exact payload bytes per link of the algorithms that reduce or copy in the switches across nodes: sharp's and
-nvls's (summed from their plans' slots, fabric.plans.in_switch) and hier_nvls's node stages in the leaf (from
-fabric.hier_plan's program). fabric.cost_nodes.link_bytes dispatches to them; the formulas: docs/model/cost-nodes.md.
+nvls's (summed from their plans' slots, fabric.plans.in_switch) and hier_nvls's node stages in the leaf (summed
+from its leaf plan; hier_leaf_traffic, the bounds', counted slice by slice in closed form). fabric.cost_nodes.link_bytes dispatches to them; the formulas: docs/model/cost-nodes.md.
 """
 
 import numpy as np
@@ -9,6 +9,7 @@ from . import hier_plan, plans, replay
 from .budget import buffer_share_bytes
 from .counters import downlink, uplink
 from .errors import FabricError
+from .plans.timing_leaf import leaf_plan_link_bytes
 from .packets import raw_bytes
 from .reduction import blocks, merged_columns
 from .topology import Topology
@@ -28,37 +29,28 @@ def block_bytes(S: int, n: int, itemsize: int) -> list[int]:
 def hier_leaf_link_bytes(collective: str, topo: Topology, S: int, config, itemsize: int = 4,
                          root: int = 0) -> tuple[dict[str, int], dict[str, int]]:
     """Exact (payload, raw) bytes on every link of hier_nvls's `collective` of S bytes by every GPU of `topo`
-    (hier.py's node stages in the leaf; N > 1 nodes of G > 1 GPUs; hier_plan.in_leaf(config)), from
-    fabric.hier_plan's program as replay.hier_ns runs it (hier_leaf_traffic): a rail message on the
-    sender's uplink, the cables the Topology routes it over and the receiver's downlink; a load-reduce
-    request, header only, on the requester's uplink; each LOAD, header only, on the serving member's
-    downlink and its answer (the range) on its uplink; a result on the requester's downlink; a multicast
-    store once on the sender's uplink and on every node member's downlink (the sender's too). Raw =
-    payload + one header a packet of mtu_bytes (fabric.packets.raw_bytes), header-only packets
-    header_bytes each. Payload closed forms (S a multiple of N G itemsize, n = N G): allreduce every GPU
-    link tx = rx = S + S/G (node RS: its answers to every column, S; its reduced column, S/G; node AG: its
-    store, S/G, every member's stores, S) + 2(N-1)/n S (the rails); reduce_scatter (S = input): tx S, rx
-    S/G, + (N-1)/n S each way; allgather (S = output): tx S/G, rx S, + (N-1)/n S each way; broadcast: the
-    node AG's store S/G tx and S rx on every GPU, + the scatter's and the chain's as with node rings. The
-    cables carry only the rail messages: as with node rings (link_bytes)."""
-    G, n = topo.gpus_per_node, topo.gpus
-    sent, sent_raw, up, up_raw, down, down_raw = hier_leaf_traffic(collective, topo, S, config, itemsize, root)
-    payload, raws = topo.link_payload_bytes(sent), topo.link_payload_bytes(sent_raw)
-    for g in range(n):
-        leaf = g // G
-        for out, u, d in ((payload, up, down), (raws, up_raw, down_raw)):
-            out[uplink(g, leaf)] += u[g]
-            out[downlink(g, leaf)] += d[g]
-    return payload, raws
+    (its node stages in the leaf; N > 1 nodes of G > 1 GPUs; hier_plan.in_leaf(config)), summed from its plan
+    (replay.hier_nvls_plan, the one the replay times: fabric.plans.timing_leaf.leaf_plan_link_bytes): a rail
+    message on the sender's uplink, the cables the Topology routes it over and the receiver's downlink; a
+    load-reduce request, header only, on the requester's uplink; each LOAD, header only, on the serving
+    member's downlink and its answer (the range) on its uplink; a result on the requester's downlink; a
+    multicast store once on the sender's uplink and on every node member's downlink (the sender's too). Raw =
+    payload + one header a packet of mtu_bytes (fabric.packets.raw_bytes), header-only packets header_bytes
+    each. Payload closed forms (S a multiple of N G itemsize, n = N G; hier_leaf_traffic counts them for the
+    bounds): allreduce every GPU link tx = rx = S + S/G (node RS: its answers to every column, S; its reduced
+    column, S/G; node AG: its store, S/G, every member's stores, S) + 2(N-1)/n S (the rails); reduce_scatter
+    (S = input): tx S, rx S/G, + (N-1)/n S each way; allgather (S = output): tx S/G, rx S, + (N-1)/n S each
+    way; broadcast: the node AG's store S/G tx and S rx on every GPU, + the scatter's and the chain's as with
+    node rings. The cables carry only the rail messages: as with node rings (link_bytes)."""
+    _leaf_checks(collective, topo, S, config, itemsize, root)
+    plan = replay.hier_nvls_plan(collective, topo, S, config, itemsize, root)
+    tables = [plans.timing.spans(plan, S, itemsize, g) for g in range(topo.gpus)]
+    return leaf_plan_link_bytes(plan, topo, config, itemsize, tables)
 
 
-def hier_leaf_traffic(collective: str, topo: Topology, S: int, config, itemsize: int, root: int):
-    """hier_nvls's traffic (hier_leaf_link_bytes) as (sent, sent_raw, up, up_raw, down, down_raw): sent[g][h]
-    the payload of GPU g's messages to GPU h (the rails, broadcast's scatter and chain), sent_raw their raw
-    bytes (n x n object arrays: exact); up[g], down[g] (and _raw) what the node stages in the leaf put on
-    GPU g's uplink and downlink. Counted slice by slice as fabric.hier_plan.program cuts the call
-    (ranges, slices, merged node segments, chunks of chunk_bytes), not op by op: every node's node stages
-    move the same columns, so the counts are O(slices x GPUs), not O(messages)."""
+def _leaf_checks(collective: str, topo: Topology, S: int, config, itemsize: int, root: int) -> int:
+    """hier_nvls's arguments checked (FabricError): several nodes of several GPUs whose leaves reduce, S a
+    non-negative multiple of itemsize, a broadcast root of the GPUs, one of its collectives; the elements."""
     G, N, n = topo.gpus_per_node, topo.nodes, topo.gpus
     if N < 2 or G < 2 or not hier_plan.in_leaf(config):
         raise FabricError(f"cost_nodes: hier_nvls runs its node stages in the leaf on {N} nodes of {G} GPUs, "
@@ -69,6 +61,18 @@ def hier_leaf_traffic(collective: str, topo: Topology, S: int, config, itemsize:
         raise FabricError(f"cost_nodes: broadcast root must be one of GPUs 0..{n - 1}, got {root!r}")
     if collective not in HIER_NVLS:
         raise FabricError(f"cost_nodes: hier_nvls runs {', '.join(HIER_NVLS)}, not {collective}")
+    return count
+
+
+def hier_leaf_traffic(collective: str, topo: Topology, S: int, config, itemsize: int, root: int):
+    """hier_nvls's traffic (hier_leaf_link_bytes' sums, counted in closed form for fabric.cost_nodes' bounds) as (sent, sent_raw, up, up_raw, down, down_raw): sent[g][h]
+    the payload of GPU g's messages to GPU h (the rails, broadcast's scatter and chain), sent_raw their raw
+    bytes (n x n object arrays: exact); up[g], down[g] (and _raw) what the node stages in the leaf put on
+    GPU g's uplink and downlink. Counted slice by slice as fabric.hier_plan.program cuts the call
+    (ranges, slices, merged node segments, chunks of chunk_bytes), not op by op: every node's node stages
+    move the same columns, so the counts are O(slices x GPUs), not O(messages)."""
+    G, N, n = topo.gpus_per_node, topo.nodes, topo.gpus
+    count = _leaf_checks(collective, topo, S, config, itemsize, root)
     chunk = max(1, config.chunk_bytes // itemsize)
     mtu, head = config.mtu_bytes, config.header_bytes
     raws: dict[int, tuple[int, int]] = {}

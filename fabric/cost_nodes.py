@@ -19,7 +19,7 @@ from .cost_in_switch import (HIER_NVLS, block_bytes, hier_leaf_link_bytes, hier_
 from .cost import raw_of
 from .errors import FabricError
 from .software import call_bytes, call_latency_ns
-from .reduction import TREE_CHUNK_BYTES, blocks
+from .reduction import TREE_CHUNK_BYTES
 from .topology import Topology
 
 FLAT = {
@@ -50,10 +50,8 @@ def rounds(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsize
         known = "; ".join(f"{a}: {', '.join(c)}" for a, c in FLAT.items())
         raise FabricError(f"cost_nodes: no multi-node model for {collective} with {algorithm!r} ({known})")
     n = topo.gpus
-    if algorithm == "hier":
-        return _hier_rounds(collective, topo, S, itemsize, root)
-    if algorithm == "hier_nvls":
-        return _hier_nvls_rounds(collective, topo, S, itemsize, root)
+    if algorithm in ("hier", "hier_nvls"):
+        return _hier_rounds(collective, topo, S, itemsize, root, algorithm == "hier_nvls")
     if algorithm == "pxn":
         block_bytes(S, n, itemsize)  # checks S and itemsize
         layout = plans.registry.grid(topo.nodes, topo.gpus_per_node)
@@ -88,76 +86,16 @@ def rounds(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsize
     return plans.plan_rounds(plans.build(algorithm, n, collective), int(S), itemsize)
 
 
-def _hier_rounds(collective: str, topo: Topology, S: int, itemsize: int, root: int) -> list[np.ndarray]:
-    """hier's rounds (ranks/collectives/hier.py) on every GPU of `topo`: GPU (a, j) = a x G + j, its
-    node ring (a, 0..G-1) and its rail ring (0..N-1, j); the schedule in docs/model/cost-nodes.md."""
-    N, G, n = topo.nodes, topo.gpus_per_node, topo.gpus
+def _hier_rounds(collective: str, topo: Topology, S: int, itemsize: int, root: int,
+                 in_leaf: bool = False) -> list[np.ndarray]:
+    """hier's rounds (in_leaf: hier_nvls's GPU-to-GPU ones) on every GPU of `topo`, checked here and built by
+    fabric.plans.hier.rounds, beside the plan they regroup."""
+    n = topo.gpus
     if collective == "broadcast":
         if not isinstance(root, (int, np.integer)) or isinstance(root, bool) or not 0 <= root < n:
             raise FabricError(f"cost_nodes: broadcast root must be one of GPUs 0..{n - 1}, got {root!r}")
     block_bytes(S, 1, itemsize)  # checks S and itemsize
-    count = int(S) // itemsize
-    if collective == "reduce_scatter" or collective == "allgather":
-        own = [(hi - lo) * itemsize for lo, hi in blocks(count, n)]
-        size = [[own[a * G + j] for j in range(G)] for a in range(N)]
-    else:  # allreduce's two-level split; broadcast's parts are its columns
-        size = [[0] * G for _ in range(N)]
-        for j, (lo, hi) in enumerate(blocks(count, G)):
-            for a, (x, y) in enumerate(blocks(hi - lo, N)):
-                size[a][j] = (y - x) * itemsize
-    column = [sum(size[a][j] for a in range(N)) for j in range(G)]
-
-    def ring(phase: str, level: str) -> list[np.ndarray]:
-        m = G if level == "node" else N
-        out = []
-        for s in range(m - 1):
-            t = np.zeros((n, n), np.int64)
-            for a in range(N):
-                for j in range(G):
-                    p = j if level == "node" else a
-                    seg = (p - 1 - s) % m if phase == "rs" else (p - s) % m
-                    if level == "node":
-                        t[a * G + j, a * G + (j + 1) % G] = column[seg]
-                    else:
-                        t[a * G + j, ((a + 1) % N) * G + j] = size[seg][j]
-            out.append(t)
-        return out
-
-    if collective == "allreduce":
-        return ring("rs", "node") + ring("rs", "rail") + ring("ag", "rail") + ring("ag", "node")
-    if collective == "reduce_scatter":
-        return ring("rs", "node") + ring("rs", "rail")
-    if collective == "allgather":
-        return ring("ag", "rail") + ring("ag", "node")
-    a_root, j_root = topo.locate(root)
-    out = []
-    if G > 1:  # the root scatters part j to position j of its node
-        t = np.zeros((n, n), np.int64)
-        for j in range(G):
-            if j != j_root:
-                t[root, a_root * G + j] = column[j]
-        out.append(t)
-    if N > 1:  # rail j's pipelined chain from node a_root: one round, every hop streaming at once
-        t = np.zeros((n, n), np.int64)
-        for q in range(N - 1):
-            a = (a_root + q) % N
-            for j in range(G):
-                t[a * G + j, ((a + 1) % N) * G + j] = column[j]
-        out.append(t)
-    return out + ring("ag", "node")
-
-
-def _hier_nvls_rounds(collective: str, topo: Topology, S: int, itemsize: int, root: int) -> list[np.ndarray]:
-    """hier_nvls's GPU-to-GPU rounds: hier's (_hier_rounds) but its node rings', which run in the leaf on N > 1
-    nodes of G > 1 GPUs (load-reduces and multicast stores, not GPU to GPU: hier_leaf_link_bytes has them);
-    on one node or with one GPU a node all of hier's, which it runs there."""
-    out = _hier_rounds(collective, topo, S, itemsize, root)
-    G = topo.gpus_per_node
-    if topo.nodes < 2 or G < 2:
-        return out
-    node = G - 1  # each node ring's rounds: before (reduce-scatter) and after (all-gather) the rails'
-    return {"allreduce": out[node:-node], "reduce_scatter": out[node:], "allgather": out[:-node],
-            "broadcast": out[:-node]}[collective]  # broadcast: the scatter and the chain
+    return plans.hier.rounds(collective, topo.nodes, topo.gpus_per_node, int(S), itemsize, int(root), in_leaf)
 
 
 def _ring_channels_plan(collective: str, topo: Topology, S: int):
@@ -302,7 +240,8 @@ def rounds_ns(collective: str, algorithm: str, topo: Topology, S: int, config, i
 def modeled_ns(collective: str, algorithm: str, topo: Topology, S: int, config, itemsize: int = 4, root: int = 0,
                counts=None, partial_itemsize: int | None = None) -> float:
     """Modeled ns of one call on every GPU of `topo`, all starting at 0: its links' time (links_ns) plus
-    the config's software latency (fabric.software). Equals fabric.cost.modeled_ns on one node."""
+    the config's software latency (fabric.software). On one node too (`nvlink-emu model` reports it there);
+    fabric.cost.modeled_ns is its oracle there (tests/unit/test_one_node_oracle.py)."""
     return (links_ns(collective, algorithm, topo, S, config, itemsize, root, counts, partial_itemsize)
             + call_latency_ns(collective, algorithm, topo.gpus, topo.nodes, call_bytes(S, counts), config))
 
@@ -311,7 +250,9 @@ def links_ns(collective: str, algorithm: str, topo: Topology, S: int, config, it
              counts=None, partial_itemsize: int | None = None) -> float:
     """The links' time (ns) of one call on every GPU of `topo`, all starting at 0: exact, the algorithm's
     schedule replayed on the same link clocks as the ranks book (fabric.replay; tests check it against
-    emulated runs on every multi-node preset). Equals fabric.cost.links_ns on one node. Memoised: `auto`
+    emulated runs on every multi-node preset, tests/mpi/test_one_node_replay.py on one node, where
+    fabric.cost.links_ns is its oracle: equal where that form is exact, within its documented 1% elsewhere,
+    tests/unit/test_one_node_oracle.py). Memoised: `auto`
     asks for it at every call."""
     return _memo(_MODELED, _key(collective, algorithm, topo, S, config, itemsize, root, counts, partial_itemsize),
                  lambda: replay.replay_ns(collective, algorithm, topo, S, config, itemsize, root, counts,
@@ -340,7 +281,7 @@ def occupancy_bound_ns(collective: str, algorithm: str, topo: Topology, S: int, 
     nodes of G > 1 GPUs, whose node stages are not GPU to GPU: per GPU its uplink's raw bytes / B and its
     downlink's / B + a, exactly as hier_leaf_link_bytes counts them (hier_leaf_traffic), and its
     messages' (the rails', the scatter's, the chain's) outbound share / (U / G) and inbound share /
-    (U / G) + a. It bounds fabric.replay.hier_ns, which books every one of those bytes on those clocks
+    (U / G) + a. It bounds hier_nvls's replay (its leaf plan, fabric.plans.timing_leaf), which books every one of those bytes on those clocks
     from 0 on: a GPU's program ends with a flush (its uplink free: requests, answers, stores and rail
     messages all left); a take (a result or a store) and a rail receive move its clock to its downlink's
     end + a; a LOAD booked on its downlink is answered from its end + a on the uplink, so it ends before

@@ -1,13 +1,17 @@
 """Per-link counters (payload bytes, raw bytes, packets), byte conservation and the link table."""
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .addressing import assign_network_addresses
 from .errors import FabricError
 from .packets import segments
 
+if TYPE_CHECKING:  # for annotations only
+    from .faults import FaultPlan
+
 FIELDS = ("payload_bytes", "raw_bytes", "packets")
+Snapshot = dict[str, dict[str, float]]  # link name -> its counters (LinkStats.as_dict: counts, busy_ns)
 
 
 def uplink(gpu: int, switch: int = 0) -> str:
@@ -27,7 +31,7 @@ class LinkStats:
     packets: int = 0
     busy_ns: float = 0.0  # modeled time the link spent transmitting (kept by the GPU end)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, float]:
         return {name: getattr(self, name) for name in (*FIELDS, "busy_ns")}
 
 
@@ -55,11 +59,11 @@ class LinkCounters:
     def get(self, link: str) -> LinkStats:
         return self.links.get(link, LinkStats())
 
-    def snapshot(self) -> dict[str, dict[str, int]]:
+    def snapshot(self) -> Snapshot:
         return {link: stats.as_dict() for link, stats in sorted(self.links.items())}
 
 
-def gpu_view(snapshot: dict[str, dict[str, int]], gpu: int, switch: int = 0) -> dict[str, int]:
+def gpu_view(snapshot: Snapshot, gpu: int, switch: int = 0) -> dict[str, float]:
     """A GPU's own link counters as tx_*/rx_* keys (tx on its uplink, rx on its downlink; `switch`:
     the leaf it is attached to)."""
     up = snapshot.get(uplink(gpu, switch), {})
@@ -72,14 +76,14 @@ def gpu_view(snapshot: dict[str, dict[str, int]], gpu: int, switch: int = 0) -> 
     return view
 
 
-def check_conservation(switch_side: dict[str, dict[str, int]],
-                       gpu_sides: list[dict[str, dict[str, int]]]) -> None:
+def check_conservation(switch_side: Snapshot,
+                       gpu_sides: list[Snapshot]) -> None:
     """Every link's sender and receiver counted the same; FabricError naming the link otherwise."""
     for gpu, gpu_side in enumerate(gpu_sides):
         check_gpu_links(switch_side, gpu, gpu_side)
 
 
-def check_gpu_links(switch_side: dict[str, dict[str, int]], gpu: int, gpu_side: dict[str, dict[str, int]],
+def check_gpu_links(switch_side: Snapshot, gpu: int, gpu_side: Snapshot,
                     switch: int = 0) -> None:
     """GPU `gpu`'s two links (to and from leaf `switch`) were counted the same at both ends;
     FabricError naming the link otherwise. Each GPU checks its own links (a GPU's word is not
@@ -88,7 +92,7 @@ def check_gpu_links(switch_side: dict[str, dict[str, int]], gpu: int, gpu_side: 
         check_link(link, switch_side, gpu_side, "switch", f"GPU {gpu}")
 
 
-def check_link(link: str, sender: dict, receiver: dict, sender_name: str, receiver_name: str) -> None:
+def check_link(link: str, sender: Snapshot, receiver: Snapshot, sender_name: str, receiver_name: str) -> None:
     """Both ends of `link` counted the same (sender and receiver snapshots); FabricError naming it otherwise."""
     a = {k: sender.get(link, {}).get(k, 0) for k in FIELDS}
     b = {k: receiver.get(link, {}).get(k, 0) for k in FIELDS}
@@ -97,18 +101,18 @@ def check_link(link: str, sender: dict, receiver: dict, sender_name: str, receiv
                           f"counted {b}")
 
 
-def switch_pairs(snapshot: dict) -> list[tuple[str, str]]:
+def switch_pairs(snapshot: Snapshot) -> list[tuple[str, str]]:
     """The (lower, upper) switch names of every cable between two switches in `snapshot`, leaves'
     side first: ("sw0", "sw2") for links "sw0->sw2" / "sw2->sw0"."""
-    pairs = set()
+    pairs: set[tuple[str, str]] = set()
     for link in snapshot:
         a, _, b = link.partition("->")
         if a.startswith("sw") and b.startswith("sw"):
-            pairs.add(tuple(sorted((a, b), key=lambda name: int(name[2:]))))
+            pairs.add(tuple(sorted((a, b), key=lambda name: int(name[2:]))))  # type: ignore[arg-type]  # two: a pair
     return sorted(pairs, key=lambda pair: (int(pair[0][2:]), int(pair[1][2:])))
 
 
-def format_table(snapshot: dict[str, dict], gpus: int, extra: dict[int, dict[str, int]] | None = None,
+def format_table(snapshot: Snapshot, gpus: int, extra: dict[int, dict[str, int]] | None = None,
                  elapsed_ns: float = 0.0, gpus_per_node: int | None = None) -> str:
     """The per-link table printed at the end of a run: one row per GPU, both directions, with modeled
     busy time and utilization (busy / elapsed modeled time) per direction; on several nodes
@@ -122,9 +126,9 @@ def format_table(snapshot: dict[str, dict], gpus: int, extra: dict[int, dict[str
             f"{'tx busy us':>12}{'tx util':>8}{'rx busy us':>12}{'rx util':>8}" + "".join(f"{k:>12}" for k in extra_keys))
     lines = [f"# per-link counters (tx = GPU -> switch, rx = switch -> GPU; modeled elapsed "
              f"{elapsed_ns / 1e3:.3f} us)", head]
-    totals = [0] * 6
+    totals: list[float] = [0] * 6
 
-    def row(label: str, up: dict, down: dict) -> tuple[str, list[int]]:
+    def row(label: str, up: dict[str, float], down: dict[str, float]) -> tuple[str, list[float]]:
         values = [up.get(f, 0) for f in FIELDS] + [down.get(f, 0) for f in FIELDS]
         text = f"{label:<14}" + _counts(values)
         for link in (up, down):
@@ -151,22 +155,37 @@ def format_table(snapshot: dict[str, dict], gpus: int, extra: dict[int, dict[str
     return "\n".join(lines)
 
 
-def _counts(values: list[int]) -> str:
+def _counts(values: list[float]) -> str:
     return "".join(f"{v:>14}" if i % 3 != 2 else f"{v:>10}" for i, v in enumerate(values))
 
 
 REPORT_STATS = ("peak_held_bytes", "groups_created", "groups_released", "reduced_bytes", "unanswered_requests")
 
 
-def merge_reports(config, parts: list[dict]) -> dict:
+class _Fabric(Protocol):  # what merge_reports reads of a fabric.config.FabricConfig (config imports topology,
+    @property                # which imports this module: no import back)
+    def gpus(self) -> int: ...
+    @property
+    def nodes(self) -> int: ...
+    @property
+    def spines(self) -> int | None: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def mode(self) -> str: ...
+    @property
+    def fault_plan(self) -> "FaultPlan": ...
+
+
+def merge_reports(config: _Fabric, parts: list[dict[str, Any]]) -> dict[str, Any]:
     """The run's report from every switch's share (ranks/switch/report.py's report_part): the links of every
     level, each link between switches as its sender counted it (and checked against its receiver's
     count: a mismatch is reported under the link's name in "conservation"), every port's statistics
     summed over the leaves that saw that GPU, and the GPUs' own records."""
     by_switch = {part["switch"]: part for part in parts}
-    links: dict[str, dict] = {}
-    conservation: dict = {}
-    ports: dict[int, dict] = {}
+    links: dict[str, dict[str, Any]] = {}  # + a faulted link's state
+    conservation: dict[str, Any] = {}
+    ports: dict[int, dict[str, int]] = {}
     report_keys = ("now_ns", "unconsumed", "collectives", "collectives_unrecorded")
     merged: dict[str, dict[int, Any]] = {key: {} for key in report_keys}  # key -> GPU -> its value
     stats = dict.fromkeys(REPORT_STATS, 0)

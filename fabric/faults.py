@@ -95,7 +95,7 @@ class Fault:
     period_ns: float = 0.0
     seed: int = 0
 
-    def entry(self) -> dict:
+    def entry(self) -> dict[str, Any]:
         """The TOML table this fault was read from (its defaults left out)."""
         table = {"link": self.link, "kind": self.kind, "at_ns": self.at_ns}
         if self.until_ns != math.inf:
@@ -122,7 +122,8 @@ class Fault:
         return start, min(start + self.period_ns, self.until_ns)
 
 
-def _number(source: str, key: str, value, least: float, most: float, integer: bool = False):
+def _number(source: str, key: str, value: Any, least: float, most: float,
+            integer: bool = False) -> Any:  # `value`, checked
     kind_ok = isinstance(value, int) if integer else isinstance(value, (int, float))
     if isinstance(value, bool) or not kind_ok or not (least <= value <= most):
         what = "an integer" if integer else "a number"
@@ -130,7 +131,7 @@ def _number(source: str, key: str, value, least: float, most: float, integer: bo
     return value
 
 
-def _links(source: str, name, known: set[str] | None) -> tuple[str, ...]:
+def _links(source: str, name: object, known: set[str] | None) -> tuple[str, ...]:
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{source}: link: must be a link name like 'gpu3->sw0' or 'gpu3<->sw0', got {name!r}")
     if "<->" in name:
@@ -148,7 +149,7 @@ def _links(source: str, name, known: set[str] | None) -> tuple[str, ...]:
     return links
 
 
-def parse_fault(entry, source: str, known: set[str] | None = None) -> Fault:
+def parse_fault(entry: object, source: str, known: set[str] | None = None) -> Fault:
     """One validated Fault from a TOML table; ConfigError naming the key and value otherwise."""
     if not isinstance(entry, dict):
         raise ConfigError(f"{source}: each fault must be a table, got {entry!r}")
@@ -196,7 +197,7 @@ class FaultPlan:
     # set by __post_init__ (link -> its faults); None only before it runs
     _by_link: dict[str, tuple[Fault, ...]] = field(default=None, compare=False, repr=False)  # type: ignore[arg-type]
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         by_link: dict[str, list[Fault]] = {}
         for fault in self.faults:
             for link in fault.links:
@@ -243,7 +244,7 @@ class FaultPlan:
         return "degraded" if "degraded" in active else "ber" if "ber" in active else "up"
 
 
-def parse_plan(entries, source: str, known: set[str] | None = None, full_lanes: int = 0) -> FaultPlan:
+def parse_plan(entries: object, source: str, known: set[str] | None = None, full_lanes: int = 0) -> FaultPlan:
     """A FaultPlan from a list of tables (`[[faults]]`); `known`: the fabric's link names to check against."""
     if not isinstance(entries, (list, tuple)):
         raise ConfigError(f"{source}: faults: must be a list of tables ([[faults]]), got {entries!r}")
@@ -258,7 +259,7 @@ def load_plan(path: str | Path, known: set[str] | None = None, full_lanes: int =
     return parse_plan(load_entries(path), str(path), known, full_lanes)
 
 
-def load_entries(path: str | Path) -> list:
+def load_entries(path: str | Path) -> list[Any]:
     """The `[[faults]]` tables of a fault plan file, unchecked (FabricConfig checks them against its links)."""
     path = Path(path)
     try:
@@ -328,7 +329,7 @@ class LinkFaultState:
         self.packets += len(sizes)
         return raw / self.plan.lane_fraction(self.link, t_ns)
 
-    def counters(self, t_ns: float) -> dict:
+    def counters(self, t_ns: float) -> dict[str, Any]:
         """crc_errors, replays and state (at t_ns) of this link."""
         return {"crc_errors": self.crc_errors, "replays": self.replays, "state": self.plan.state(self.link, t_ns)}
 

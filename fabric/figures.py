@@ -13,7 +13,8 @@ MAX_GBYTES_PER_S = 1e6   # 1 PB/s, 1,000x NVLink 5's 900 GB/s per GPU: no link c
 MAX_LATENCY_NS = 1e9     # 1 s per hop, switch or reduction: 10^6x any profile's; 1e308 made modeled times inf
 
 
-def check_range(key: str, value, least, most, unit: str = "", why: str = "", prefix: str = "") -> None:
+def check_range(key: str, value: float, least: float, most: float, unit: str = "", why: str = "",
+                prefix: str = "") -> None:
     """ConfigError "{prefix}{key}: must be in least..most unit (why), got value" unless least <= value <= most
     (value already known to be a finite number)."""
     if not least <= value <= most:
@@ -24,7 +25,7 @@ def check_range(key: str, value, least, most, unit: str = "", why: str = "", pre
                           else f"{prefix}{key}: must be in {least}..{most}{unit}{why}, got {value!r}")
 
 
-def check_figure(key: str, value, prefix: str = "", scale: int = 1) -> None:
+def check_figure(key: str, value: object, prefix: str = "", scale: int = 1) -> None:
     """ConfigError unless `value` is a finite number within the bounds of its kind: a bandwidth (a key
     naming gbytes_per_s, GB/s: MIN_GBYTES_PER_S..MAX_GBYTES_PER_S, times `scale` for a figure of `scale`
     GPUs together) or a latency (ns: 0..MAX_LATENCY_NS)."""

@@ -8,15 +8,18 @@ the group's nodes, in node order, their partials arrive in the accumulator dtype
 finishes (avg divides by every member of the group, once; 16-bit floats round once)."""
 
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar, overload
 
 import numpy as np
 
 from .errors import AccessViolation, CollectiveMismatch, FabricError, ResourceExhausted
 from .reduction import check_dtype, combine, finish, switch_accumulator
+from .config import Timing
 from .timemodel import ReductionClock
 
 V = TypeVar("V")  # ByGroup's values
+T = TypeVar("T")  # ByGroup.pop's default
+Key = tuple[Any, ...]  # a ByGroup's or a reduction slot's key: the group id first
 
 MAX_GROUPS = 128  # NVSwitch gen 3: up to 128 concurrent SHARP groups
 
@@ -34,7 +37,7 @@ class Group:
     inputs: tuple[int, ...] = None  # type: ignore[assignment]  # None: the members, set by __post_init__
     stage: str = "whole"               # whole: one switch; leaf: partials up; spine: partials in, finished
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.inputs is None:
             self.inputs = self.members
         if self.stage == "spine":
@@ -52,34 +55,40 @@ class Reduction:
     op: str
     dtype: np.dtype
     nbytes: int
-    delivery: tuple            # (destination GPUs, result key): every contribution must agree
+    delivery: tuple[Any, ...]  # (destination GPUs, result key): every contribution must agree
     parts: dict[int, np.ndarray] = field(default_factory=dict)  # member index -> bytes
     first_ns: float = 0.0      # the latest first byte of a contribution (modeled)
     last_ns: float = 0.0       # the latest last byte of a contribution (modeled)
 
 
-class ByGroup(dict[tuple, V]):
+class ByGroup(dict[Key, V]):
     """A dict whose keys are tuples that start with a group id, which also keeps each group's keys, so
     that a group's release touches only what that group holds (`of`), not every tenant's entries.
     V: the type of its values (for the type checker; at run time a plain dict subclass)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__()
-        self._keys: dict[int, dict[tuple, None]] = {}  # gid -> its keys, in insertion order
+        self._keys: dict[int, dict[Key, None]] = {}  # gid -> its keys, in insertion order
 
-    def __setitem__(self, key: tuple, value) -> None:
+    def __setitem__(self, key: Key, value: V) -> None:
         if key not in self:
             self._keys.setdefault(key[0], {})[key] = None
         super().__setitem__(key, value)
 
-    def __delitem__(self, key: tuple) -> None:
+    def __delitem__(self, key: Key) -> None:
         super().__delitem__(key)
         keys = self._keys[key[0]]
         del keys[key]
         if not keys:
             del self._keys[key[0]]
 
-    def pop(self, key: tuple, *default):
+    @overload
+    def pop(self, key: Key) -> V: ...
+
+    @overload
+    def pop(self, key: Key, default: T, /) -> V | T: ...
+
+    def pop(self, key: Key, *default: Any) -> Any:
         if key in self:
             value = self[key]
             del self[key]
@@ -88,16 +97,16 @@ class ByGroup(dict[tuple, V]):
             return default[0]
         raise KeyError(key)
 
-    def setdefault(self, key: tuple, default=None):
+    def setdefault(self, key: Key, default: V = None) -> V:  # type: ignore[assignment]  # None: a set's value
         if key not in self:
             self[key] = default
         return self[key]
 
-    def add(self, key: tuple) -> None:
+    def add(self, key: Key) -> None:
         """As a set's add (a ByGroup used as a set of keys)."""
-        self[key] = None
+        self[key] = None  # type: ignore[assignment]  # a set's: ByGroup[None]
 
-    def of(self, group_id: int) -> list[tuple]:
+    def of(self, group_id: int) -> list[Key]:
         """Group `group_id`'s keys (a copy: the caller may delete them)."""
         return list(self._keys.get(group_id, ()))
 
@@ -109,10 +118,10 @@ class GroupTable:
         self.limit = limit
         self._step, self._offset = step, offset  # ids: k x step + offset (a leaf of `step` nodes: its index)
         self.groups: dict[int, Group] = {}
-        self.reductions: dict[tuple, Reduction] = {}
+        self.reductions: dict[Key, Reduction] = {}
         # each group's keys in `reductions` (gid -> its keys, in order), so that a group's release touches
         # only its own slots, not every tenant's (a scan of every held slot made each release cost O(held))
-        self._slots: dict[int, dict[tuple, None]] = {}
+        self._slots: dict[int, dict[Key, None]] = {}
         # held contributions per partition, kept as they change (a scan per packet would let many
         # small held reductions slow the switch for everyone): partition -> [bytes, contributions]
         self._held: dict[int, list[int]] = {}
@@ -178,16 +187,17 @@ class GroupTable:
             self._hold(group.partition, self.reductions.pop(key), -1)
         self.released += 1
 
-    def engine(self, group_id: int, timing) -> ReductionClock:
+    def engine(self, group_id: int, timing: Timing) -> ReductionClock:
         """The group's reduction engine clock (created on first use)."""
         group = self.groups[group_id]
         if group.engine is None:
             group.engine = ReductionClock(timing.reduction_gbytes_per_s, timing.reduction_latency_ns)
         return group.engine
 
-    def contribute(self, group_id: int, slot: tuple, gpu: int, op: str, dtype: str | np.dtype, data: np.ndarray,
-                   delivery: tuple = (), times: tuple[float, float] = (0.0, 0.0),
-                   hold_limit_bytes: int | None = None, hold_limit_parts: int | None = None) -> tuple | None:
+    def contribute(self, group_id: int, slot: tuple[int, ...], gpu: int, op: str, dtype: str | np.dtype,
+                   data: np.ndarray, delivery: tuple[Any, ...] = (), times: tuple[float, float] = (0.0, 0.0),
+                   hold_limit_bytes: int | None = None, hold_limit_parts: int | None = None
+                   ) -> tuple[np.ndarray, tuple[Any, ...], tuple[float, float]] | None:
         """Hold GPU `gpu`'s contribution to `slot` (its first/last byte at `times`, modeled ns); once
         every member's is in, (the finished result, the agreed `delivery`: whom it goes to and under
         which key, (latest first byte, latest last byte)). ResourceExhausted if holding it would take
@@ -255,7 +265,7 @@ class GroupTable:
         finish(state.op, acc, len(group.members), out)
         return out.view(np.uint8)
 
-    def _forget(self, key: tuple) -> None:
+    def _forget(self, key: Key) -> None:
         """Drop slot `key` (group id first) from `reductions` and its group's keys."""
         del self.reductions[key]
         keys = self._slots[key[0]]
@@ -263,7 +273,7 @@ class GroupTable:
         if not keys:
             del self._slots[key[0]]
 
-    def _hold(self, partition: int, what, sign: int, but: int | None = None) -> None:
+    def _hold(self, partition: int, what: np.ndarray | Reduction, sign: int, but: int | None = None) -> None:
         """Count a contribution (an array) or a reduction's held contributions (but member `but`'s,
         which was never held) in (+1) or out (-1) of `partition`'s held total (and what they are
         counted against its share: each at least slot_bytes)."""

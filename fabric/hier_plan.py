@@ -1,9 +1,8 @@
 """`hier`'s pipelined schedule as pure data: one member's operations in program order.
 
-hier's node rings are a plan (fabric.plans.hier translates this program, run by ranks/collectives/plan.py and
-timed by fabric.plans.timing); hier_nvls's node stages in the leaf are executed by ranks/collectives/hier.py
-and replayed by fabric.replay.hier_ns: either way emulated and replayed modeled times are the same schedule
-by construction. Members are hier's grid, N nodes x G positions, a member
+hier's node rings and hier_nvls's node stages in the leaf are plans (fabric.plans.hier translates this
+program; run by ranks/collectives/plan.py, timed by fabric.plans.timing and, a leaf plan,
+fabric.plans.timing_leaf): emulated and replayed modeled times are the same schedule by construction. Members are hier's grid, N nodes x G positions, a member
 named by its coordinates (a, j). Slices (min(chunk_bytes, 256 KiB), NCCL's COLLNET_CHAIN chunk), the
 stages of a slice, the ticks that pipeline them, the node stages in the leaf (hier_nvls), the operations
 ("send", "recv", "finish", "flush", "load_reduce", "serve", "mcast", "take") and their keys:
@@ -162,7 +161,7 @@ def program(collective: str, N: int, G: int, a: int, j: int, count: int, chunk: 
     share: None for node rings, else the node stages run in the leaf (in_leaf) and share is the
     partition's in-switch buffer (bytes, fabric.budget.buffer_share_bytes). memo: a dict shared by the
     programs of every member of one call (the same arguments but a, j), so that what every member's
-    program builds alike (a slice's pieces, node segments, serves) is built once (fabric.replay.hier_ns)."""
+    program builds alike (a slice's pieces, node segments, serves) is built once (fabric.plans.hier)."""
     spans = ranges(collective, N, G, count, rank)
     leaf = share is not None and N > 1 and G > 1
     P = slice_elements(chunk, itemsize, N, G, share if leaf else None)

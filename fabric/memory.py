@@ -1,6 +1,7 @@
 """Device memory of one GPU: a uint8 numpy array and a first-fit allocator with alignment and free."""
 
 import numpy as np
+import numpy.typing as npt
 
 from .errors import ConfigError, FabricError, OutOfMemory
 
@@ -66,7 +67,7 @@ class DeviceMemory:
                 merged.append((off, sz))
         self._free = merged
 
-    def view(self, offset: int, count: int, dtype) -> np.ndarray:
+    def view(self, offset: int, count: int, dtype: npt.DTypeLike) -> np.ndarray:
         """A typed view of `count` elements at byte `offset`."""
         dtype = np.dtype(dtype)
         return self.array[offset:offset + count * dtype.itemsize].view(dtype)
@@ -76,7 +77,7 @@ class DeviceMemory:
         if not isinstance(array, np.ndarray):
             raise FabricError(f"GPU {self.gpu}: expected an array from gpu.alloc, got {type(array).__name__}")
         base = self.array.__array_interface__["data"][0]
-        start = array.__array_interface__["data"][0] - base
+        start: int = array.__array_interface__["data"][0] - base  # addresses: ints
         if not array.flags.c_contiguous or start < 0 or start + array.nbytes > self.capacity_bytes:
             raise FabricError(f"GPU {self.gpu}: array is not a contiguous view of this GPU's memory "
                               f"(allocate it with gpu.alloc)")

@@ -13,7 +13,9 @@ free map: only the switch sends them, and a GPU accepts packets from its switch 
 
 import enum
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from typing import Any, Self, cast
 
 import msgpack
 
@@ -83,31 +85,31 @@ class _Bad(Exception):
     pass
 
 
-def _int(v):
+def _int(v: object) -> int:
     if type(v) is not int:
         raise _Bad(f"an integer, got {type(v).__name__}")
     return v
 
 
-def _num(v):
+def _num(v: Any) -> float:
     if type(v) not in (int, float) or not math.isfinite(v):
         raise _Bad(f"a finite number, got {v!r}")
     return float(v)
 
 
-def _bool(v):
+def _bool(v: object) -> bool:
     if type(v) is not bool:
         raise _Bad(f"true or false, got {type(v).__name__}")
     return v
 
 
-def _text(v):
+def _text(v: object) -> str:
     if type(v) is not str or len(v) > MAX_TEXT:
         raise _Bad(f"a string of at most {MAX_TEXT} characters, got {type(v).__name__}")
     return v
 
 
-def _ints(v):
+def _ints(v: Any) -> tuple[int, ...]:
     if type(v) not in _SEQUENCE or len(v) > MAX_LIST:
         raise _Bad(f"a list of at most {MAX_LIST} integers, got {v!r:.80}")
     for x in v:  # a loop, not all(...) over a generator: every header of the collectives has one or two
@@ -116,7 +118,7 @@ def _ints(v):
     return tuple(v)
 
 
-def _key(v):
+def _key(v: Any) -> tuple[int | str, ...]:
     """A message key: a flat tuple of ints and strings."""
     if type(v) not in _SEQUENCE or len(v) > MAX_KEY_PARTS:
         raise _Bad(f"a flat list of at most {MAX_KEY_PARTS} integers and strings, got {v!r:.80}")
@@ -126,15 +128,15 @@ def _key(v):
     return tuple(v)
 
 
-def _optional_ints(v):
+def _optional_ints(v: object) -> tuple[int, ...] | None:
     return None if v is None else _ints(v)
 
 
-def _optional_int(v):
+def _optional_int(v: object) -> int | None:
     return None if v is None else _int(v)
 
 
-def _links(v):
+def _links(v: Any) -> dict[str, dict[str, float]]:
     """A GPU's link counters: {link name: {counter: number}}."""
     if type(v) is not dict or len(v) > MAX_LIST:
         raise _Bad("a map of links")
@@ -146,23 +148,23 @@ def _links(v):
     return v
 
 
-def _keys(v):
+def _keys(v: Any) -> list[list[int | str]]:
     if type(v) not in (list, tuple) or len(v) > MAX_LIST:
         raise _Bad("a list of message keys")
     return [list(_key(k)) for k in v]
 
 
-def _map(v):
+def _map(v: object) -> dict[Any, Any]:
     if type(v) is not dict:
         raise _Bad(f"a map, got {type(v).__name__}")
     return v
 
 
-def _calls(v):
+def _calls(v: Any) -> tuple["CallRecord", ...]:
     """A list of CallRecord wire forms, each checked field by field."""
     if type(v) not in (list, tuple) or len(v) > MAX_LIST:
         raise _Bad(f"a list of at most {MAX_LIST} call records")
-    records = []
+    records: list[CallRecord] = []
     for i, values in enumerate(v):
         try:
             records.append(CallRecord.from_wire(Kind.COUNTERS, values))
@@ -171,26 +173,26 @@ def _calls(v):
     return tuple(records)
 
 
-def _check(kind: "Kind", name: str, checker, value):
+def _check(kind: "Kind", name: str, checker: Callable[[Any], object], value: object) -> object:
     try:
         return checker(value)
     except _Bad as bad:
         raise ProtocolError(f"malformed {kind.name} header: field {name!r} must be {bad}") from None
 
 
-def _field(checker):
+def _field(checker: Callable[[Any], object]) -> Any:
     return field(metadata={"check": checker})
 
 
 class Info:
     """Base of the per-kind records: wire form = the fields' values in declaration order."""
 
-    def to_wire(self) -> list:
+    def to_wire(self) -> list[object]:
         values = self.__dict__
         return [values[name] for name, _ in _fields_of(type(self))]
 
     @classmethod
-    def from_wire(cls, kind: "Kind", values) -> "Info":
+    def from_wire(cls, kind: "Kind", values: object) -> Self:
         spec = _fields_of(cls)
         if type(values) is not list or len(values) != len(spec):
             raise ProtocolError(f"malformed {kind.name} header: its record needs {len(spec)} fields "
@@ -205,18 +207,19 @@ class Info:
         return record
 
 
-_FIELDS: dict[type, tuple] = {}
+_FIELDS: dict[type["Info"], tuple[tuple[str, Callable[[Any], object]], ...]] = {}
 
 
-def _fields_of(cls) -> tuple:
+def _fields_of(cls: type["Info"]) -> tuple[tuple[str, Callable[[Any], object]], ...]:
     """(name, checker) of each of a record class's fields, looked up once per class (every packet decodes one)."""
     spec = _FIELDS.get(cls)
     if spec is None:
-        spec = _FIELDS[cls] = tuple((f.name, f.metadata["check"]) for f in fields(cls))
+        # every Info subclass is a dataclass (Info itself has no fields and is never decoded)
+        spec = _FIELDS[cls] = tuple((f.name, f.metadata["check"]) for f in fields(cls))  # type: ignore[arg-type]
     return spec
 
 
-def _wire(value):
+def _wire(value: object) -> object:
     """A field's wire form: nested records (CountersInfo's calls) as their own field lists."""
     if isinstance(value, Info):
         return value.to_wire()
@@ -227,34 +230,34 @@ def _wire(value):
 
 @dataclass(frozen=True)
 class MsgInfo(Info):
-    key: tuple = _field(_key)            # the receiver's mailbox slot (matched with the sender's GPU index)
+    key: tuple[int | str, ...] = _field(_key)  # the receiver's mailbox slot (matched with the sender's GPU index)
 
 
 @dataclass(frozen=True)
 class McastInfo(Info):
     group: int = _field(_int)            # the multicast group it goes through (deliveries name it too)
-    key: tuple = _field(_key)            # the receivers' slot, matched with the group
+    key: tuple[int | str, ...] = _field(_key)            # the receivers' slot, matched with the group
 
 
 @dataclass(frozen=True)
 class ReduceInfo(Info):
     group: int = _field(_int)            # the SHARP group reducing it
-    slot: tuple = _field(_ints)          # which reduction of the group (collective seq, block, chunk...)
+    slot: tuple[int, ...] = _field(_ints)          # which reduction of the group (collective seq, block, chunk...)
     op: str = _field(_text)              # sum, avg, max, min, prod
     dtype: str = _field(_text)           # element type of the payload
-    dest: tuple = _field(_ints)          # GPU indices the result goes to
-    key: tuple = _field(_key)            # the result's slot at the destinations
+    dest: tuple[int, ...] = _field(_ints)          # GPU indices the result goes to
+    key: tuple[int | str, ...] = _field(_key)            # the result's slot at the destinations
 
 
 @dataclass(frozen=True)
 class LoadInfo(Info):
     group: int = _field(_int)
-    slot: tuple = _field(_ints)
+    slot: tuple[int, ...] = _field(_ints)
     op: str = _field(_text)
     dtype: str = _field(_text)
-    dest: tuple = _field(_ints)
-    key: tuple = _field(_key)
-    source: tuple = _field(_key)         # the members' bound buffer to load from (NVLS)
+    dest: tuple[int, ...] = _field(_ints)
+    key: tuple[int | str, ...] = _field(_key)
+    source: tuple[int | str, ...] = _field(_key)         # the members' bound buffer to load from (NVLS)
 
     def contribution(self) -> ReduceInfo:
         """The record of a member's REDUCE answering this LOAD."""
@@ -272,7 +275,7 @@ class NackInfo(Info):
 class ExportInfo(Info):
     phys_offset: int = _field(_int)      # bytes, in the exporting GPU's memory
     size_bytes: int = _field(_int)
-    to: tuple | None = _field(_optional_ints)  # GPU indices allowed; None: the exporter's partition
+    to: tuple[int, ...] | None = _field(_optional_ints)  # GPU indices allowed; None: the exporter's partition
     writable: bool = _field(_bool)
     readable: bool = _field(_bool)
 
@@ -287,7 +290,7 @@ class RevokeInfo(Info):
 class GroupInfo(Info):
     action: str = _field(_text)          # create, bind, release
     group: int = _field(_int)            # bind, release: the group; create: 0
-    members: tuple = _field(_ints)       # create: GPU indices in communicator rank order
+    members: tuple[int, ...] = _field(_ints)       # create: GPU indices in communicator rank order
     name: str = _field(_text)            # create: the communicator's name, the first part of its keys
 
 
@@ -317,13 +320,13 @@ class CallRecord(Info):
 
 @dataclass(frozen=True)
 class CountersInfo(Info):
-    links: dict = _field(_links)         # this GPU's link counters (LinkCounters.snapshot)
-    unconsumed: list = _field(_keys)     # message slots received but never consumed
+    links: dict[str, dict[str, float]] = _field(_links)         # this GPU's link counters (LinkCounters.snapshot)
+    unconsumed: list[list[int | str]] = _field(_keys)     # message slots received but never consumed
     now_ns: float = _field(_num)         # its final modeled clock
-    calls: tuple = _field(_calls)        # CallRecords of its first collective calls (see ranks.calllog.CALL_RECORD_BYTES)
+    calls: tuple[CallRecord, ...] = _field(_calls)  # CallRecords of its first collective calls (see ranks.calllog.CALL_RECORD_BYTES)
     calls_unrecorded: int = _field(_int)  # its collective calls past those
 
-    def to_wire(self) -> list:
+    def to_wire(self) -> list[object]:
         return [_wire(getattr(self, name)) for name, _ in _fields_of(CountersInfo)]  # calls: records nested
 
 
@@ -356,7 +359,7 @@ class Packet:
     # the switch asks for it about 15 times per packet (`but` copies it, and changes neither kind nor nbytes)
     payload_bytes: int = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         record = INFO_OF.get(self.kind)
         if record is not None and not isinstance(self.info, record):
             raise TypeError(f"a {self.kind.name} packet carries a {record.__name__}, not {self.info!r:.80}")
@@ -364,8 +367,8 @@ class Packet:
 
     def to_wire(self) -> bytes:
         info = self.info.to_wire() if isinstance(self.info, Info) else self.info
-        return _PACKER.pack((int(self.kind), self.src, self.dst, self.address, self.nbytes, self.req,
-                             info, float(self.t_start), float(self.t_end)))
+        return cast(bytes, _PACKER.pack((int(self.kind), self.src, self.dst, self.address, self.nbytes, self.req,
+                             info, float(self.t_start), float(self.t_end))))
 
     @classmethod
     def from_wire(cls, data: bytes | bytearray | memoryview) -> "Packet":
@@ -399,7 +402,7 @@ class Packet:
                                payload_bytes=nbytes if kind in _WITH_PAYLOAD else 0)
         return packet
 
-    def but(self, **changes) -> "Packet":
+    def but(self, **changes: object) -> "Packet":
         """This packet with some of src, dst, address, t_start, t_end changed (dataclasses.replace, without
         its cost: every forwarded packet is copied two or three times on the switches' hot path)."""
         new = object.__new__(Packet)

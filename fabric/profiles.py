@@ -11,8 +11,11 @@ the vendor's adapter and switch figures (sources below). A TOML config may overr
 """
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 from .errors import ConfigError
+
+P = TypeVar("P")  # a profile table's profiles (_named)
 
 
 @dataclass(frozen=True)
@@ -170,7 +173,7 @@ PUBLISHED: tuple[Published, ...] = (
 )
 
 
-def _named(table: dict, name: str, key: str, what: str):
+def _named(table: dict[str, P], name: str, key: str, what: str) -> P:
     """table[name]; ConfigError naming `key`, the unknown `what` and the known names otherwise."""
     try:
         return table[name]
@@ -195,7 +198,7 @@ class GpuProfile:
     """
 
     name: str
-    peak_tflops: dict
+    peak_tflops: dict[str, float]
     hbm_gbytes_per_s: float
     description: str
     source: str

@@ -7,9 +7,11 @@ and equal the numpy reference computed in the same order (`reduce_in_order`).
 
 import hashlib
 import re
+from collections.abc import Iterable, Sequence
 from typing import cast
 
 import numpy as np
+import numpy.typing as npt
 
 from .errors import FabricError
 
@@ -38,7 +40,7 @@ _SIMPLE_NAME = re.compile(r"[<>|=]?[A-Za-z][A-Za-z0-9]*(\[[A-Za-z0-9]+\])?")  # 
 MAX_DTYPE_NAME = 200  # characters of a dtype's name in call records and fingerprints
 
 
-def check_dtype(dtype) -> np.dtype:
+def check_dtype(dtype: npt.DTypeLike) -> np.dtype:
     """The numpy dtype of a reduction dtype (a dtype, or one of DTYPES' names: a name is looked up,
     never parsed, as the switch takes names from GPUs it does not trust); FabricError otherwise."""
     supported = (f"reductions support {', '.join(DTYPES)}; data-movement collectives (allgather, broadcast, "
@@ -57,7 +59,7 @@ def check_dtype(dtype) -> np.dtype:
     return dtype
 
 
-def check_movable(dtype) -> np.dtype:
+def check_movable(dtype: npt.DTypeLike) -> np.dtype:
     """The numpy dtype of data that collectives move as bytes: any fixed-size binary layout (no
     Python objects, not empty); FabricError otherwise."""
     try:
@@ -142,7 +144,8 @@ def finish(op: str, acc: np.ndarray, members: int, out: np.ndarray) -> None:
     out[...] = acc.astype(out.dtype, copy=False)
 
 
-def reduce_in_order(arrays, op: str, accumulate: np.dtype | None = None, out_dtype=None) -> np.ndarray:
+def reduce_in_order(arrays: Iterable[np.ndarray], op: str, accumulate: np.dtype | None = None,
+                    out_dtype: npt.DTypeLike | None = None) -> np.ndarray:
     """The reference: fold `arrays` left to right with `op` in `accumulate` dtype, then finish (avg)."""
     arrays = list(arrays)
     out_dtype = np.dtype(out_dtype or arrays[0].dtype)
@@ -185,6 +188,11 @@ def rail_ranges(count: int, members: int, channels: int) -> list[list[tuple[int,
     return out
 
 
+# a grid of members: grid[a][j] is the member at node a, position j (fabric.plans.registry.grid)
+Grid = Sequence[Sequence[int]]
+# one of tree's two trees: position (node, position) -> (its parent, its children in fold order)
+TreePart = dict[tuple[int, int], tuple[tuple[int, int] | None, list[tuple[int, int]]]]
+
 # A ring channel per this many bytes of the call, at most one per rail: NCCL drops channels while
 # nBytes < nc x nt x threadThreshold (src/enqueue.cc), nt = 512 threads (NCCL_SIMPLE_MAX_NTHREADS,
 # src/include/device.h) and threadThreshold = NCCL_SIMPLE_THREAD_THRESHOLD = 64 (src/include/comm.h)
@@ -197,7 +205,7 @@ def ring_channel_count(nbytes: int, rails: int) -> int:
     return max(1, min(rails, nbytes // RING_CHANNEL_BYTES))
 
 
-def channel_rings(grid) -> list[list[int]]:
+def channel_rings(grid: Grid) -> list[list[int]]:
     """The rails' rings of `grid` (grid[a][j]: the member at node a, position j; N nodes x G): ring c
     visits positions c, c+1, ..., c+G-1 (mod G) of node 0, then of node 1, ..., so it enters every
     node at position c and leaves it from position c-1 (ring's channels across nodes, NCCL's rings)."""
@@ -250,7 +258,7 @@ def dtree(nranks: int, rank: int) -> tuple[tuple[int, int, int], tuple[int, int,
     return first, cast(tuple[int, int, int], second)  # btree's three, moved
 
 
-def tree_parts(nodes: int, per_node: int) -> list[dict[tuple[int, int], tuple[tuple[int, int] | None, list]]]:
+def tree_parts(nodes: int, per_node: int) -> list[TreePart]:
     """The two trees of `tree` (ranks/collectives/tree.py) on N nodes x G positions: part t maps every
     position (a, j) to (parent, children), coordinates (node, position), children in fold order.
     Between nodes, tree t of dtree over the node indices; inside each node a chain over NVLink,
@@ -265,7 +273,7 @@ def tree_parts(nodes: int, per_node: int) -> list[dict[tuple[int, int], tuple[tu
     out = []
     for t in (0, 1):
         h = t * (G - 1)
-        part: dict = {}
+        part: TreePart = {}
         for a in range(N):
             chain = [(a, j) for j in (range(G) if t == 0 else range(G - 1, -1, -1))]
             up, d0, d1 = links[a][t]
@@ -281,15 +289,15 @@ def tree_parts(nodes: int, per_node: int) -> list[dict[tuple[int, int], tuple[tu
     return out
 
 
-def _height(part, at) -> int:
+def _height(part: TreePart, at: tuple[int, int]) -> int:
     return max((1 + _height(part, child) for child in part[at][1]), default=0)
 
 
-def _depth(part, at) -> int:
-    return 0 if part[at][0] is None else 1 + _depth(part, part[at][0])
+def _depth(part: TreePart, at: tuple[int, int]) -> int:
+    return 0 if part[at][0] is None else 1 + _depth(part, part[at][0])  # type: ignore[arg-type]  # not None here
 
 
-def tree_steps(parts, at: tuple[int, int]) -> list[tuple[int, int]]:
+def tree_steps(parts: list[TreePart], at: tuple[int, int]) -> list[tuple[int, int]]:
     """When member `at` of `tree` handles each part's chunks: per part of tree_parts, (up, down): at
     step s it reduces chunk s - up of the part (up = its height in the part's tree: a leaf at once,
     its parent one step after its tallest child) and passes chunk s - down on (down = the tree's
@@ -304,7 +312,7 @@ def tree_steps(parts, at: tuple[int, int]) -> list[tuple[int, int]]:
     return out
 
 
-def merged_columns(ranges) -> list[list[tuple[int, int]]]:
+def merged_columns(ranges: Sequence[Sequence[tuple[int, int]]]) -> list[list[tuple[int, int]]]:
     """Per position j, the ranges ranges[0..][j] with empty ones dropped and adjacent ones merged
     (the segment a node ring passes for position j)."""
     out = []

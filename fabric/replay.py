@@ -29,7 +29,8 @@ that `auto` (fabric.tuner.fastest_across_nodes) need not replay it where it cann
 fabric.plans.registry.ring, timed by fabric.plans.timing; on several nodes its channels, one ring per rail,
 also its plan, built for the call's size, but for broadcast's chains), direct and pxn
 (their plans, fabric.plans.registry), all2all, hier (node rings: its plan, fabric.plans.hier, for the call's
-size), hier_nvls (its node stages in the leaf, `hier_ns`, fabric.hier_plan's program) and tree: the same messages,
+size), hier_nvls (its node stages in the leaf: its plan, fabric.plans.hier.hier_nvls, timed by
+fabric.plans.timing_leaf) and tree: the same messages,
 chunks (chunk_bytes of whole elements) and order (a schedule changed there must change here: the test
 below fails otherwise); `tests/nodes/test_replay.py` checks that replayed
 and emulated times agree on every algorithm and multi-node preset. `replay_ns` runs the programs
@@ -44,138 +45,16 @@ import numpy as np
 
 from . import hier_plan
 from .plans import build, in_switch, registry, timing
+from .plans.hier import hier_nvls_pieces
 from .budget import nvls_streams_wide, buffer_share_bytes, in_switch_chunk
 from .errors import FabricError
 from .packets import raw_bytes
 from .reduction import blocks, chunks
 from .programs import Fabric, run_programs
-from .switch_clocks import sharp_clocks
-from .timemodel import LinkEnd, ReductionClock
 from .topology import Topology
 
 
 # -- the programs: iterators of fabric.programs.Send, Recv, Flush (and Join) ---------------------------------
-
-def hier_ns(collective: str, topo: Topology, count: int, config, itemsize: int = 4, root: int = 0) -> float:
-    """Modeled ns of hier_nvls's `collective` of `count` elements by every GPU of `topo` (N > 1 nodes of G > 1
-    GPUs), all starting at 0, hier.py's node stages in the leaf (hier_plan.in_leaf(config)), as the ranks and
-    fabric.switch book them on one switch: the rail messages as replay_ns books them (Fabric); a
-    load-reduce request is header-only on the requester's uplink at its clock (+ a); its leaf's LOADs are
-    ready a switch traversal later (+ s), each booked on the serving member's downlink as it serves it (+
-    a), its answer on its uplink from then (+ a); the node group's engine (one ReductionClock a node)
-    reduces a slot once every member's answer is in (+ s + its latency, at its bandwidth), in the order
-    the slots complete (every member serves them in one order: that order), and the result goes down to
-    the requester, booked on its downlink as it takes it (+ a); a multicast store goes up on the sender's
-    uplink at its clock (+ a), through the leaf (+ s) and down to every member of the node, the sender
-    too, each booking it on its downlink as it takes it (+ a). Programs run round-robin as replay_ns's."""
-    G, n = topo.gpus_per_node, topo.gpus
-    chunk = max(1, config.chunk_bytes // itemsize)
-    share = buffer_share_bytes(config)
-    t = config.timing
-    s = t.switch_latency_ns
-    mtu, head = config.mtu_bytes, config.header_bytes
-    raws: dict[int, int] = {}  # payload bytes -> raw bytes (a call has a few message sizes)
-
-    def raw(nbytes: int) -> int:
-        got = raws.get(nbytes)
-        if got is None:
-            got = raws[nbytes] = raw_bytes(nbytes, mtu, head)
-        return got
-
-    header = raw(0)
-    fabric = Fabric(topo, mtu, head)
-    gpus, sent = fabric.gpus, fabric.sent
-    # read only for a transfer between nodes, where the fabric has them (spines)
-    shares, spine_ns = cast(list[LinkEnd], fabric.shares), cast(float, fabric.spine_ns)
-    engines = [ReductionClock(t.reduction_gbytes_per_s, t.reduction_latency_ns) for _ in range(topo.nodes)]
-    asked: dict[tuple, tuple[int, float]] = {}   # (node, key) -> (requester, its request's last byte at the leaf)
-    slots: dict[tuple, list] = {}                # (node, key) -> [answers, latest first byte, latest last byte]
-    delivered: dict[tuple, tuple[float, float, int]] = {}  # (GPU, key) -> stamps at its leaf, raw bytes
-    # hier_plan's operations as they come (_hier's translation inlined: this loop is the replay's cost),
-    # one memo for every member's program: a slice's pieces, segments and serves are built once
-    memo: dict = {}
-    programs = {r: hier_plan.program(collective, topo.nodes, G, r // G, r % G, count, chunk, itemsize, divmod(root, G),
-                                     None, share, memo) for r in range(n)}
-    waiting: dict[int, tuple] = {}
-    while programs:
-        progressed = False
-        for r in list(programs):
-            gpu = gpus[r]
-            # LinkEnd.book is its clock's transmit, LinkEnd.send that + its latency: called directly
-            node, uplink = gpu.node, gpu.uplink
-            up, up_ns = uplink.clock.transmit, uplink.latency_ns
-            down, down_ns = gpu.downlink.clock.transmit, gpu.downlink.latency_ns
-            ops = programs[r]
-            op = waiting.pop(r, None)
-            while True:
-                if op is None:
-                    op = next(ops, None)
-                    if op is None:
-                        del programs[r]
-                        progressed = True
-                        break
-                kind = op[0]  # the commonest first: a slice's takes and serves are G per chunk
-                if kind == "take":
-                    got = delivered.pop((r, op[1]), None)
-                    if got is None:
-                        waiting[r] = op
-                        break
-                    _, end = down(*got)
-                    gpu.now = max(gpu.now, end + down_ns)
-                elif kind == "serve":
-                    slot_key = (node, op[2])
-                    request = asked.get(slot_key)
-                    if request is None:
-                        waiting[r] = op
-                        break
-                    requester, end = request
-                    nraw = raws.get((op[4] - op[3]) * itemsize) or raw((op[4] - op[3]) * itemsize)
-                    _, at = down(end + s, end + s, header)
-                    at += down_ns
-                    a0, a1 = up(at, at, nraw)
-                    a0, a1 = a0 + up_ns, a1 + up_ns
-                    slot = slots.get(slot_key)
-                    if slot is None:
-                        slot = slots[slot_key] = [0, 0.0, 0.0]
-                    slot[0] += 1
-                    slot[1], slot[2] = max(slot[1], a0), max(slot[2], a1)
-                    if slot[0] == G:
-                        del slots[slot_key], asked[slot_key]
-                        start, finish = engines[node].reduce(slot[1] + s, slot[2] + s, nraw)
-                        delivered[(requester, op[2])] = (start, finish, nraw)
-                elif kind == "send":  # Fabric.send's bookings, inlined
-                    _, (b, k), key, lo, hi = op
-                    nraw = raws.get((hi - lo) * itemsize) or raw((hi - lo) * itemsize)
-                    a0, a1 = up(gpu.now, gpu.now, nraw)
-                    a0, a1 = a0 + up_ns + s, a1 + up_ns + s                 # the link, the sender's leaf (cut-through)
-                    if b != node:
-                        a0, a1 = shares[r].send(a0, a1, nraw)              # its outbound share, + u
-                        a0, a1 = a0 + spine_ns, a1 + spine_ns              # the spine, the cable down
-                        a0, a1 = a0 + s, a1 + s                             # the destination's leaf
-                    sent[(r, b * G + k, key)] = (a0, a1, nraw)
-                elif kind == "recv":
-                    b, k = op[1]
-                    if not fabric.receive(gpu, b * G + k, op[2]):
-                        waiting[r] = op
-                        break
-                elif kind == "load_reduce":
-                    _, end = up(gpu.now, gpu.now, header)
-                    asked[(node, op[1])] = (r, end + up_ns)
-                elif kind == "mcast":
-                    nraw = raw((op[3] - op[2]) * itemsize)
-                    a0, a1 = up(gpu.now, gpu.now, nraw)
-                    a0, a1, key = a0 + up_ns + s, a1 + up_ns + s, op[1]
-                    for g in range(node * G, (node + 1) * G):
-                        delivered[(g, key)] = (a0, a1, nraw)
-                elif kind == "flush":
-                    gpu.now = max(gpu.now, uplink.free_ns)
-                # "finish" (the rail RS's last receive completes a piece) books nothing
-                progressed = True
-                op = None
-        if not progressed:
-            raise _stuck(collective, "hier_nvls", n, waiting)
-    return max(gpu.now for gpu in fabric.gpus)
-
 
 def _stuck(collective: str, algorithm: str, n: int, waiting) -> FabricError:
     """The error of a replay in which no member can go on: `waiting`, the members that wait (a schedule
@@ -232,10 +111,9 @@ def nvls_chunks(topo: Topology, count: int, config, itemsize: int, partial_items
 def nvls_ns(collective: str, topo: Topology, count: int, config, itemsize: int = 4,
             partial_itemsize: int | None = None) -> float:
     """Modeled ns of nvls's reduce_scatter (count: the input's elements) or allreduce by every GPU of `topo`
-    (several nodes and spines), all starting at 0: its plan (fabric.plans.in_switch.nvls, the schedule)
-    timed on the switches' clocks (fabric.plans.timing.switch_plan_ns; fabric.switch_clocks, what the
+    (one node, or several nodes and spines), all starting at 0: its plan (fabric.plans.in_switch.nvls, the
+    schedule) timed on the switches' clocks (fabric.plans.timing.switch_plan_ns; fabric.switch_clocks, what the
     switches do with it). partial_itemsize: the bytes of an element of a leaf's partial (default itemsize)."""
-    sharp_clocks(topo, config, "nvls")  # several nodes and spines (one switch: fabric.cost's closed form)
     if collective not in ("reduce_scatter", "allreduce"):
         raise FabricError(f"replay: nvls's load-reduce is reduce_scatter's and allreduce's, not {collective}")
     wide = (partial_itemsize or itemsize) // itemsize
@@ -308,15 +186,23 @@ def nvls_lower_bound_ns(collective: str, topo: Topology, count: int, config, ite
 
 def sharp_stores_plan(collective: str, topo: Topology, S: int, config, itemsize: int = 4, root: int = 0):
     """sharp's allgather (S: the output's bytes) or broadcast (from GPU `root`) plan of multicast stores
-    (fabric.plans.in_switch) for every GPU of `topo` (several nodes and spines: FabricError otherwise, as
-    one switch is fabric.cost's), as the replay and fabric.cost_nodes time and count it."""
-    sharp_clocks(topo, config)
+    (fabric.plans.in_switch) for every GPU of `topo` (one node, or several nodes and spines), as the replay and
+    fabric.cost_nodes time and count it."""
     if collective == "broadcast" and (not isinstance(root, int) or isinstance(root, bool) or
                                       not 0 <= root < topo.gpus):
         raise FabricError(f"replay: broadcast root must be one of GPUs 0..{topo.gpus - 1}, got {root!r}")
     nodes = tuple(topo.locate(g)[0] for g in range(topo.gpus))
     shape = in_switch.shape("sharp", topo.gpus, collective, topo.nodes, config, S, itemsize, member_nodes=nodes)
     return build("sharp", topo.gpus, collective, root, shape=shape)
+
+
+def hier_nvls_plan(collective: str, topo: Topology, S: int, config, itemsize: int = 4, root: int = 0):
+    """hier_nvls's plan (fabric.plans.hier.hier_nvls: its node stages in the leaf, a leaf plan) for a call of S
+    bytes (as replay_ns takes them) on every GPU of `topo` (N > 1 nodes of G > 1 GPUs), with the partition's
+    in-switch buffer share, as the ranks build it; timed by fabric.plans.timing_leaf."""
+    layout = registry.grid(topo.nodes, topo.gpus_per_node)
+    shape = hier_nvls_pieces(topo.gpus, layout, int(S), itemsize, config.chunk_bytes, buffer_share_bytes(config))
+    return build("hier_nvls", topo.gpus, collective, root, layout, shape=shape)
 
 
 PROGRAMS = {
@@ -340,14 +226,13 @@ def replay_ns(collective: str, algorithm: str, topo: Topology, S: int, config, i
     if not isinstance(topo, Topology):
         raise FabricError(f"replay: takes a Topology, got {type(topo).__name__}")
     if algorithm == "sharp" and collective in ("allreduce", "reduce_scatter"):  # its plan, on the switches' clocks
-        sharp_clocks(topo, config)  # several nodes and spines (one switch: fabric.cost's closed form)
         wide = (partial_itemsize or itemsize) // itemsize
         plan = build("sharp", topo.gpus, collective,
                      shape=in_switch.shape("sharp", topo.gpus, collective, topo.nodes, config, S, itemsize, wide))
         return timing.plan_ns(plan, topo, S, config, itemsize, partial_itemsize=partial_itemsize)
-    if algorithm == "nvls" and collective in ("reduce_scatter", "allreduce") and topo.nodes > 1:
+    if algorithm == "nvls" and collective in ("reduce_scatter", "allreduce"):
         return nvls_ns(collective, topo, int(S) // itemsize, config, itemsize, partial_itemsize)
-    if collective in ("allgather", "broadcast") and (algorithm == "sharp" or (algorithm == "nvls" and topo.nodes > 1)):
+    if collective in ("allgather", "broadcast") and algorithm in ("sharp", "nvls"):
         return timing.plan_ns(sharp_stores_plan(collective, topo, S, config, itemsize, root), topo, S, config,
                               itemsize)  # sharp's multicast stores (nvls.py runs sharp's)
     if algorithm == "hier_nvls" and collective in PROGRAMS["hier_nvls"] and topo.nodes > 1 and topo.gpus_per_node > 1:
@@ -355,7 +240,7 @@ def replay_ns(collective: str, algorithm: str, topo: Topology, S: int, config, i
             raise FabricError(f"replay: {collective} hier_nvls on {topo.nodes} nodes of {topo.gpus_per_node} GPUs "
                               f"runs its node stages in the leaf, and the leaves of {config.name!r} do not reduce "
                               f"(NVLink Network mode with sharp); hier runs node rings")
-        return hier_ns(collective, topo, int(S) // itemsize, config, itemsize, root)
+        return timing.plan_ns(hier_nvls_plan(collective, topo, S, config, itemsize, root), topo, S, config, itemsize)
     n = topo.gpus
     chunk = max(1, config.chunk_bytes // itemsize)
     count = int(S) // itemsize

@@ -22,8 +22,13 @@ docs/model/time.md "Software latency" maps the emulator's algorithms to NCCL's a
 """
 
 import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from .reduction import bus_factor, ring_channel_count
+
+if TYPE_CHECKING:  # for annotations only
+    from .config import FabricConfig
 
 PROTOCOLS = ("LL", "LL128", "Simple")
 # NCCL's ncclTunerConstantsDefaults.baseLatencies (us; LL, LL128, Simple), tuning.cc lines 149-155
@@ -95,7 +100,7 @@ def nccl_latency_us(cls: str, collective: str, n: int, nodes: int, proto: int, i
     return base + rounds * (-(-(local - 1) // P2P_PER_BATCH) * intra_lat + -(-(n - local) // P2P_PER_BATCH) * inter_lat)
 
 
-def call_latency_ns(collective: str, algorithm: str, n: int, nodes: int, S: int, config) -> float:
+def call_latency_ns(collective: str, algorithm: str, n: int, nodes: int, S: int, config: "FabricConfig") -> float:
     """Software latency (ns) a call of `collective` by `algorithm` on S bytes by n members in `nodes` nodes
     adds to its links' time under `config` (0 unless config.software is "nccl"; 0 for one GPU, for a call
     of no bytes, and for an algorithm NCCL has no counterpart of, e.g. a plan). S as the cost models take
@@ -127,7 +132,7 @@ def call_latency_ns(collective: str, algorithm: str, n: int, nodes: int, S: int,
     return best
 
 
-def software_nodes(n: int, nodes: int, config) -> int:
+def software_nodes(n: int, nodes: int, config: "FabricConfig") -> int:
     """The nodes NCCL would count for n GPUs in `nodes` nodes of `config`: GPUs that reach each other only
     through an InfiniBand switch (the one-switch ib presets) are one GPU a node, so every step is a network
     step; nodes whose spines are NVLink (spine_sharp: the NVLink Switch System's, which reduce) are one
@@ -144,7 +149,7 @@ def _fraction(cls: str, proto: int, nodes: int) -> float:
     return RING_FRACTION[proto]
 
 
-def call_bytes(S: int, counts=None) -> int:
+def call_bytes(S: int, counts: Sequence[Sequence[int]] | None = None) -> int:
     """The S of call_latency_ns: S itself, or for all2allv (counts[i][j]: bytes GPU i sends GPU j, as
     fabric.cost_nodes takes them) the most bytes one GPU sends (its own block included)."""
     return int(S) if counts is None else max((int(sum(row)) for row in counts), default=0)

@@ -1,6 +1,7 @@
 """The fabric's side of in-switch reductions across nodes, as the replay books it: each leaf's and spine's
 reduction engine, a member's part of its node's partial on its share of the uplink to a spine, the result
-down the group's shares, the copies down to the members (fabric.switch books the same: Spanning groups).
+down the group's shares, the copies down to the members (fabric.switch books the same: Spanning groups);
+and on one node (OneSwitch) the leaf's engine of the group and its ports (fabric.switch.in_switch).
 
 Pure (no MPI). Units: ns, bytes, GB/s (= bytes per ns). The schedule (who contributes which chunk when,
 who takes which result in what order) is not here: it is a plan's (fabric.plans.timing.switch_plan_ns
@@ -119,6 +120,76 @@ class TwoLevelSwitches:
         its downlink books it after its earlier ones, and its clock moves to the last byte (+ a)."""
         gpu = self.gpus[g]
         _, b = gpu.downlink.book(at[0] + self.s, at[1] + self.s, raw)
+        gpu.now = max(gpu.now, b + gpu.downlink.latency_ns)
+
+    def end_ns(self) -> float:
+        """The latest member's clock once its sends have left its uplink (the call's flush)."""
+        for gpu in self.gpus:
+            gpu.now = max(gpu.now, gpu.uplink.free_ns)
+        return max(gpu.now for gpu in self.gpus)
+
+
+class OneSwitch:
+    """Every GPU's links and the switch's clocks of in-switch operations on one node (sharp's and nvls's), as
+    the leaf books them for a group of one node (fabric.switch.in_switch): a contribution (a push's, or an
+    answer to an NVLS LOAD) on the member's uplink; the group's one reduction engine (GroupTable.engine)
+    reduces a slot once its latest contribution is in (+ s, then the engine's latency and rate, in the order
+    the slots complete), and the result leaves on the destinations' downlinks as the engine makes it (no
+    second traversal); a multicast store goes through the leaf (+ s, cut-through) and down every member's
+    downlink; an NVLS request's LOAD is ready a traversal after its last byte (+ s), header-only. The same
+    interface as TwoLevelSwitches, so fabric.plans.timing.switch_plan_ns walks a plan on either; a node is
+    node 0, and the spine arguments are unused (there is none)."""
+
+    def __init__(self, topo: Topology, config, algorithm: str = "sharp"):
+        if topo.nodes != 1:
+            raise FabricError(f"replay: {algorithm} on one switch needs a topology of one node, got {topo.nodes} "
+                              f"nodes (TwoLevelSwitches books several)")
+        t = config.timing
+        self.topo, self.config = topo, config
+        self.gpus = [GpuClocks(g, topo) for g in range(topo.gpus)]
+        self.engine = ReductionClock(t.reduction_gbytes_per_s, t.reduction_latency_ns)  # the group's one engine
+        self.s = t.switch_latency_ns
+
+    def request(self, g: int, raw: int) -> tuple[float, float]:
+        """GPU g's header-only load-reduce request of `raw` bytes on its uplink, issued at the call's start
+        (Call.load_reduce's reserved stamp, gpu.reserve_uplink)."""
+        return self.gpus[g].uplink.send(0.0, 0.0, raw)
+
+    def load(self, g: int, requested: tuple[float, float], requester: int, raw: int) -> float:
+        """When GPU g may answer the switch's LOAD for a request whose last byte was at the leaf at
+        `requested[1]`: the LOAD is ready a traversal later (+ s, header-only, `raw` bytes) and is booked
+        on g's downlink in its program order (+ a)."""
+        gpu = self.gpus[g]
+        ready = requested[1] + self.s
+        _, end = gpu.downlink.book(ready, ready, raw)
+        return end + gpu.downlink.latency_ns
+
+    def contribute(self, g: int, raw: int, partial_raw: int, spine: int, at: float = 0.0) -> tuple[float, float]:
+        """GPU g's contribution of `raw` bytes on its uplink from `at` (sharp's push: the call's start; an
+        NVLS answer: when its LOAD came), after its earlier ones: its first and last byte at the leaf.
+        (partial_raw and spine: TwoLevelSwitches'; one switch finishes the reduction in the element's dtype.)"""
+        return self.gpus[g].uplink.send(at, at, raw)
+
+    def reduce(self, spine: int, contributions: list, raw: int, partial_raw: int, nodes) -> dict:
+        """A slot's reduction once every contribution is in (contributions: contribute's): the group's engine
+        starts once the latest first byte is in and a traversal has passed (+ s, + its latency p, at its
+        rate, after the slots it reduced before): {0: (start, end) of the result at the leaf's ports}."""
+        start, end = self.engine.reduce(max(a for a, _ in contributions) + self.s,
+                                        max(b for _, b in contributions) + self.s, raw)
+        return {0: (start, end)}
+
+    def store(self, p: int, raw: int, spine: int) -> dict:
+        """GPU p's multicast store of `raw` bytes, issued at its clock after its earlier sends: up its uplink
+        (+ a), through the leaf (+ s): {0: when its copies are at every member's port}."""
+        gpu = self.gpus[p]
+        a, b = gpu.uplink.send(gpu.now, gpu.now, raw)
+        return {0: (a + self.s, b + self.s)}
+
+    def take(self, g: int, at: tuple[float, float], raw: int) -> None:
+        """GPU g takes a result or a store's copy that is at its port at `at`: its downlink books it after
+        its earlier ones, and its clock moves to the last byte (+ a)."""
+        gpu = self.gpus[g]
+        _, b = gpu.downlink.book(at[0], at[1], raw)
         gpu.now = max(gpu.now, b + gpu.downlink.latency_ns)
 
     def end_ns(self) -> float:

@@ -26,8 +26,8 @@ class LinkClock:
 
     bandwidth: float  # bytes per ns
     busy_ns: float = 0.0
-    _starts: list = field(default_factory=list)  # sorted, disjoint busy intervals, touching ones merged
-    _ends: list = field(default_factory=list)
+    _starts: list[float] = field(default_factory=list)  # sorted, disjoint busy intervals, touching ones merged
+    _ends: list[float] = field(default_factory=list)
 
     @property
     def free_ns(self) -> float:
@@ -111,12 +111,12 @@ class LinkEnd:
     clock: LinkClock = field(init=False)
     served_clock: LinkClock = field(init=False)
     sent_ns: float = field(init=False, default=0.0)
-    _lanes: list = field(init=False, default_factory=list)       # the open channel lanes (LinkClocks), or none
-    _lane_sent: list = field(init=False, default_factory=list)   # per open lane: its program's last byte out (ns)
+    _lanes: list[LinkClock] = field(init=False, default_factory=list)       # the open channel lanes (LinkClocks), or none
+    _lane_sent: list[float] = field(init=False, default_factory=list)   # per open lane: its program's last byte out (ns)
     _lanes_busy_ns: float = field(init=False, default=0.0)       # the lanes' transfers at the link's bandwidth
     _beside: LinkClock | None = field(init=False, default=None)    # one-sided transfers beside the open lanes
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.clock = LinkClock(self.bandwidth)
         self.served_clock = LinkClock(self.bandwidth)
 

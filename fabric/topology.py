@@ -7,15 +7,35 @@ docs/design/architecture.md ("The topology"); each GPU's share of its node's upl
 keeps flows meeting between switches independent of the host, and why: docs/model/time.md ("Several nodes").
 """
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, Protocol, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from .addressing import MAX_GPUS, NETWORK_ADDRESSES
 from .figures import check_figure
 from .counters import LinkCounters
 from .errors import ConfigError, FabricError
+
+
+class _LinkTiming(Protocol):  # what Topology.single reads of a fabric.config.Timing
+    @property
+    def bandwidth_gbytes_per_s(self) -> float: ...
+    @property
+    def link_latency_ns(self) -> float: ...
+    @property
+    def switch_latency_ns(self) -> float: ...
+
+
+class _OneNode(Protocol):  # and of a fabric.config.FabricConfig (config imports this module: no import back)
+    @property
+    def gpus(self) -> int: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def timing(self) -> _LinkTiming: ...
 
 ROLES = ("gpu", "switch")
 SWITCH_LEVELS = ("leaf", "spine")
@@ -123,14 +143,14 @@ class Topology:
     spine_latency_ns: float | None = None  # one traversal of a spine (ns); None: switch_latency_ns
     switches: tuple[Switch, ...] = field(init=False, repr=False, compare=False)
     links: tuple[Link, ...] = field(init=False, repr=False, compare=False)
-    _by_name: dict = field(init=False, repr=False, compare=False)
-    _switch_named: dict = field(init=False, repr=False, compare=False)
-    _gpu_named: dict = field(init=False, repr=False, compare=False)
-    _cache: dict = field(init=False, repr=False, compare=False)
+    _by_name: dict[str, Link] = field(init=False, repr=False, compare=False)
+    _switch_named: dict[str, Switch] = field(init=False, repr=False, compare=False)
+    _gpu_named: dict[str, int] = field(init=False, repr=False, compare=False)
+    _cache: dict[str, dict[tuple[int, int], Any]] = field(init=False, repr=False, compare=False)
 
     # -- builders ---------------------------------------------------------------------------------
     @classmethod
-    def single(cls, config) -> "Topology":
+    def single(cls, config: _OneNode) -> "Topology":
         """Today's fabric of `config`: one node, one switch (rank config.gpus), its links with the
         config's bandwidth and latencies (the link profile's, with the config's overrides)."""
         if not all(hasattr(config, key) for key in ("timing", "gpus", "name")):  # a fabric.config.FabricConfig
@@ -156,7 +176,7 @@ class Topology:
                    uplink_gbytes_per_s_per_node=uplink_gbytes_per_s_per_node, uplink_latency_ns=uplink_latency_ns,
                    name=name, spine_latency_ns=spine_latency_ns)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.spine_latency_ns is None:  # the spines traversed as the leaves (one figure for every switch)
             object.__setattr__(self, "spine_latency_ns", self.switch_latency_ns)
         self._validate()
@@ -175,20 +195,23 @@ class Topology:
                                   self.gpu_latency_ns))
                 leaf_ports[node].append(Port(local, gpu, 0, egress=down, ingress=up))
         if s:
-            share = self.uplink_gbytes_per_s_per_node / s  # each leaf <-> spine link: uplink / spines
+            # several nodes (spines): _validate checked their uplink figures
+            share = cast(float, self.uplink_gbytes_per_s_per_node) / s  # each leaf <-> spine link: uplink / spines
             for node in range(n):
                 leaf = switch_name(node)
                 for k in range(s):
                     spine = switch_name(n + k)
                     up, down = link_name(leaf, spine), link_name(spine, leaf)
-                    links.append(Link(up, "leaf-spine", "up", leaf, g + k, spine, node, share, self.uplink_latency_ns))
+                    links.append(Link(up, "leaf-spine", "up", leaf, g + k, spine, node, share,
+                                      cast(float, self.uplink_latency_ns)))
                     links.append(Link(down, "leaf-spine", "down", spine, node, leaf, g + k, share,
-                                      self.uplink_latency_ns))
+                                      cast(float, self.uplink_latency_ns)))
                     leaf_ports[node].append(Port(g + k, spine, node, egress=up, ingress=down))
                     spine_ports[k].append(Port(node, leaf, g + k, egress=down, ingress=up))
         switches = [Switch(node, "leaf", node, node * (g + 1) + g, self.switch_latency_ns, tuple(leaf_ports[node]))
                     for node in range(n)]
-        switches += [Switch(n + k, "spine", None, n * (g + 1) + k, self.spine_latency_ns, tuple(spine_ports[k]))
+        switches += [Switch(n + k, "spine", None, n * (g + 1) + k, cast(float, self.spine_latency_ns),  # set above
+                            tuple(spine_ports[k]))
                      for k in range(s)]
         object.__setattr__(self, "switches", tuple(switches))
         object.__setattr__(self, "links", tuple(links))
@@ -197,7 +220,7 @@ class Topology:
         object.__setattr__(self, "_gpu_named", {gpu_name(x): x for x in range(n * g)})
         object.__setattr__(self, "_cache", {})
 
-    def _validate(self):
+    def _validate(self) -> None:
         if not isinstance(self.name, str):
             raise ConfigError(f"topology: name: must be a string, got {self.name!r}")
         what = f"topology {self.name!r}"
@@ -340,7 +363,7 @@ class Topology:
         decisions from src's uplink on)."""
         self._check_gpu(src)
         self._check_gpu(dst)
-        routes = self._cache.setdefault("routes", {})
+        routes: dict[tuple[int, int], tuple[Link, ...]] = self._cache.setdefault("routes", {})
         route = routes.get((src, dst))
         if route is None:
             hops = [self._by_name[link_name(gpu_name(src), self.leaf_of(src).name)]]
@@ -359,7 +382,7 @@ class Topology:
         """The stages that time a transfer src -> dst, in order, each followed by one switch traversal
         but the last: the route's links, except that a cable between switches is timed on the
         sender's outbound share and the receiver's inbound share (docs/model/time.md, "Several nodes")."""
-        hops = self._cache.setdefault("timed_routes", {})
+        hops: dict[tuple[int, int], tuple[Hop, ...]] = self._cache.setdefault("timed_routes", {})
         timed = hops.get((src, dst))
         if timed is None:
             ends = {"up": share_name(src, "out"), "down": share_name(dst, "in")}
@@ -395,7 +418,7 @@ class Topology:
         return raw_bytes / self.bottleneck_gbytes_per_s(src, dst) + self.path_latency_ns(src, dst)
 
     # -- what flows where -------------------------------------------------------------------------
-    def link_payload_bytes(self, traffic) -> dict[str, int]:
+    def link_payload_bytes(self, traffic: npt.ArrayLike) -> dict[str, int]:
         """Payload bytes each link carries when GPU i sends traffic[i][j] bytes to GPU j, routed as
         `route` does: {link name: bytes} for every link, in link order. traffic is a gpus x gpus
         matrix of non-negative integers; its diagonal is fabric loopback (up and down again), so a
@@ -423,7 +446,8 @@ class Topology:
                     totals[link_name(switch_name(n + k), switch_name(a))] = int(by[:, a, k].sum())
         return {link.name: totals[link.name] for link in self.links}
 
-    def expected_counters(self, transfers, mtu_bytes: int, header_bytes: int) -> LinkCounters:
+    def expected_counters(self, transfers: Iterable[tuple[int, int, int]], mtu_bytes: int,
+                          header_bytes: int) -> LinkCounters:
         """The per-link counters (payload, raw bytes and packets, fabric.counters) a fabric shows after
         `transfers`, an iterable of (src GPU, dst GPU, payload bytes), each one transfer segmented
         at the MTU on every link of its route (cut-through switches forward it whole)."""
@@ -445,11 +469,11 @@ class Topology:
     def _what(self) -> str:
         return f"topology {self.name!r}"
 
-    def _check_gpu(self, gpu) -> None:
+    def _check_gpu(self, gpu: object) -> None:
         if not _is_index(gpu, self.gpus):
             raise FabricError(f"{self._what}: GPU {gpu!r} is not one of GPUs 0..{self.gpus - 1}")
 
-    def _traffic(self, traffic) -> np.ndarray:
+    def _traffic(self, traffic: npt.ArrayLike) -> np.ndarray:
         matrix = np.asarray(traffic)
         if matrix.shape != (self.gpus, self.gpus):
             raise FabricError(f"{self._what}: traffic matrix must be {self.gpus} x {self.gpus} (bytes from GPU i "
@@ -471,6 +495,6 @@ class Topology:
         return matrix
 
 
-def _is_index(value, size: int) -> bool | np.bool_:
+def _is_index(value: object, size: int) -> bool | np.bool_:
     """Whether `value` is an integer (not a bool) in 0..size-1 (a numpy bool for a numpy integer)."""
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and 0 <= value < size

@@ -9,7 +9,10 @@ record and reported as truncated.
 import os
 import stat
 from dataclasses import dataclass
+from io import BufferedReader
 from pathlib import Path
+
+from typing import Any
 
 import msgpack
 
@@ -33,7 +36,7 @@ class TraceWriter:
     """Appends records to one rank's trace file; buffered, flushed at close (and every `flush_every`).
     A failed write raises TraceWriteError."""
 
-    def __init__(self, directory: str | Path, rank: int, header: dict, flush_every: int = 256):
+    def __init__(self, directory: str | Path, rank: int, header: dict[str, Any], flush_every: int = 256):
         Path(directory).mkdir(parents=True, exist_ok=True)
         self.path = trace_path(directory, rank)
         self._file = open(self.path, "wb")
@@ -44,7 +47,7 @@ class TraceWriter:
         self.write({"ev": "header", "schema": SCHEMA_VERSION, "rank": rank, **header}, force=True)
         self.flush()  # a rank killed early still leaves a file that says whose it is
 
-    def write(self, record: dict, force: bool = False) -> None:
+    def write(self, record: dict[str, Any], force: bool = False) -> None:
         if not (self.enabled or force):
             return
         self._pending.append(self._packer.pack(record))
@@ -61,7 +64,7 @@ class TraceWriter:
                 raise TraceWriteError(exc.errno, f"cannot write trace file {self.path}: "
                                                  f"{exc.strerror or exc}") from None
 
-    def close(self, end: dict | None = None) -> None:
+    def close(self, end: dict[str, Any] | None = None) -> None:
         """Write the end record (a clean close) and close the file."""
         if end is not None:
             self.write({"ev": "end", **end}, force=True)
@@ -75,14 +78,14 @@ class RankTrace:
     file was cut short (an incomplete last record, or no end record)."""
 
     path: Path
-    header: dict
-    events: list[dict]
-    end: dict | None
+    header: dict[str, Any]
+    events: list[dict[str, Any]]
+    end: dict[str, Any] | None
     truncated: bool
     problem: str = ""
 
 
-def open_regular(path: Path):
+def open_regular(path: Path) -> BufferedReader:
     """`path` opened for reading (binary) if it is a regular file, after a symbolic link; OSError
     otherwise, naming what it is. Never blocks: a FIFO or a device is refused from lstat/stat before
     it is opened, and opened with O_NONBLOCK in case it was swapped in between (then refused by fstat)."""
@@ -113,7 +116,7 @@ def read_trace(path: str | Path) -> RankTrace:
         file = open_regular(path)
     except OSError as exc:
         return RankTrace(path, {}, [], None, True, exc.strerror or str(exc))
-    records: list[dict] = []
+    records: list[dict[str, Any]] = []
     problem = ""
     with file:
         size = os.fstat(file.fileno()).st_size

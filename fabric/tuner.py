@@ -6,14 +6,24 @@ replay for every GPU of several nodes), with one tie rule for every collective (
 TIE of the least are a tie, and a tie goes to the earliest candidate in ALGORITHMS order (ALL2ALL's for
 an All2All). What each algorithm implements is IMPLEMENTS; the ranks' algorithm modules
 (ranks/collectives) must define exactly those collectives (tests/unit/test_tuner.py).
+
+On one node `auto` keeps choosing by fabric.cost's closed forms, as NCCL's tuner chooses by its own closed-form
+model, although `nvlink-emu model` reports the replay of the chosen plan there (fabric.cost_nodes.modeled_ns,
+equal to the emulated time; the closed forms are its oracle, exact or within their documented tolerance,
+tests/unit/test_one_node_oracle.py): a choice is cheap, and no pick changed when `model`'s one-node times
+became the replay's.
 """
 
 import math
-from typing import cast
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, cast
 
 from . import cost, cost_nodes, hier_plan
 from .errors import UnsupportedOperation
 from .software import call_latency_ns
+
+if TYPE_CHECKING:  # for annotations only
+    from .config import FabricConfig
 
 ALGORITHMS = ("ring", "direct", "sharp", "nvls", "hier", "hier_nvls", "tree")  # also `auto`'s tie order
 IMPLEMENTS = {
@@ -42,7 +52,7 @@ TIE = 1e-9
 SKIP_MARGIN = 1e-6
 
 
-def least(times: dict) -> str | None:
+def least(times: dict[str, float]) -> str | None:
     """The tie rule: the first key of `times` (candidates in tie order) whose time is within TIE of the
     least; None for no times."""
     if not times:
@@ -51,7 +61,7 @@ def least(times: dict) -> str | None:
     return next(name for name, ns in times.items() if ns <= floor * (1 + TIE))
 
 
-def allowed(config, nodes: int = 1, collective: str | None = None) -> tuple[str, ...]:
+def allowed(config: "FabricConfig", nodes: int = 1, collective: str | None = None) -> tuple[str, ...]:
     """Algorithms the fabric can run (for `collective`, if given) for members in `nodes` nodes: the
     in-switch ones need NVLink Network mode with SHARP switches; across nodes, what ACROSS_NODES lists,
     on spines that reduce and multicast too (config.spine_sharp: superpod-h100-nvlink) and no fault plan
@@ -64,7 +74,7 @@ def allowed(config, nodes: int = 1, collective: str | None = None) -> tuple[str,
     hier_nvls (hier's node stages in the leaf) only where the leaves reduce (fabric.hier_plan.in_leaf)."""
     in_switch = config.mode == "network" and config.sharp
 
-    def fits(name):
+    def fits(name: str) -> bool:
         if name == "hier_nvls":
             return hier_plan.in_leaf(config)
         if name not in IN_SWITCH or nodes == 1:
@@ -76,7 +86,7 @@ def allowed(config, nodes: int = 1, collective: str | None = None) -> tuple[str,
                  or (in_switch and fits(name)))
 
 
-def choose(collective: str, algorithm: str, config, nbytes: int, members: int | None = None,
+def choose(collective: str, algorithm: str, config: "FabricConfig", nbytes: int, members: int | None = None,
            nodes: int | None = None) -> str:
     """The algorithm a call on `nbytes` bytes by `members` GPUs in `nodes` nodes (default: all of the
     fabric's) runs (All2All: all2all_algorithm).
@@ -132,7 +142,7 @@ def choose(collective: str, algorithm: str, config, nbytes: int, members: int | 
     return algorithm
 
 
-def all2all_algorithm(algorithm: str, config, nbytes: int, members: int | None = None, nodes: int | None = None,
+def all2all_algorithm(algorithm: str, config: "FabricConfig", nbytes: int, members: int | None = None, nodes: int | None = None,
                       itemsize: int = 4) -> str:
     """The algorithm (a name of ALL2ALL) an all2all of `nbytes` bytes per member's send buffer by `members`
     GPUs in `nodes` nodes (default: all of the fabric's) runs. `auto`: for every GPU of a fabric of several
@@ -153,10 +163,11 @@ def all2all_algorithm(algorithm: str, config, nbytes: int, members: int | None =
     return algorithm
 
 
-def fastest_one_node(collective: str, candidates, S: int, n: int, config, itemsize: int = 4) -> str | None:
+def fastest_one_node(collective: str, candidates: Iterable[str], S: int, n: int, config: "FabricConfig",
+                     itemsize: int = 4) -> str | None:
     """The candidate fabric.cost.modeled_ns says is fastest for S bytes on n members of one switch, by
     `least`; None if the model covers none of them."""
-    times = {}
+    times: dict[str, float] = {}
     for algorithm in candidates:
         try:
             times[algorithm] = cost.modeled_ns(collective, algorithm, S, n, config, itemsize)
@@ -165,7 +176,8 @@ def fastest_one_node(collective: str, candidates, S: int, n: int, config, itemsi
     return least(times)
 
 
-def fastest_across_nodes(collective: str, candidates, S: int, config, itemsize: int = 4) -> str | None:
+def fastest_across_nodes(collective: str, candidates: Iterable[str], S: int, config: "FabricConfig",
+                         itemsize: int = 4) -> str | None:
     """The candidate fabric.cost_nodes.modeled_ns says is fastest for S bytes on every GPU of config's
     topology, by `least`; None if the model covers none of them. The candidates are replayed in the order
     of their lower bound (occupancy_bound_ns plus the call's software latency; least first), and one whose
@@ -179,6 +191,7 @@ def fastest_across_nodes(collective: str, candidates, S: int, config, itemsize: 
     topo = config.topology
     bounds = {algorithm: cost_nodes.occupancy_bound_ns(collective, algorithm, topo, S, config, itemsize)
               + call_latency_ns(collective, algorithm, topo.gpus, topo.nodes, S, config) for algorithm in covered}
+    times: dict[str, float]
     times, best_ns = {}, math.inf
     for algorithm in sorted(covered, key=bounds.__getitem__):  # stable: equal bounds in candidate order
         if bounds[algorithm] > best_ns * (1 + SKIP_MARGIN):

@@ -30,7 +30,8 @@ def shape_text(shape: tuple[int, int, int]) -> str:
 def is_validated(collective: str, algorithm: str, config) -> bool:
     """Whether an emulated test runs this shape and algorithm: tests/nodes/test_replay.py every pair of
     fabric.replay.PROGRAMS on NODE_PRESETS (hier_nvls on those whose leaves reduce, the only ones that run it),
-    tests/mpi/test_modeled_time.py every pair of fabric.cost."""
+    tests/mpi/test_one_node_replay.py (emulated = this replay) and test_modeled_time.py (= fabric.cost's closed
+    form, within 1%) every pair of fabric.cost."""
     if shape_of(config) not in validated_shapes():
         return False
     if config.nodes == 1:
@@ -51,20 +52,18 @@ def validation_note(config) -> str:
     return (f"# validated by emulation: several nodes, emulated time = this replay (fabric.cost_nodes.modeled_ns) to "
             f"1e-9 for {', '.join(pairs)} on {', '.join(map(shape_text, several))} of {', '.join(NODE_PRESETS)} "
             f"(and hier_nvls on those whose leaves reduce), "
-            f"and for sharp's {', '.join(cost_nodes.IN_SWITCH['sharp'])} and nvls's {', '.join(cost_nodes.IN_SWITCH['nvls'])} on those of the presets whose spines reduce (tests/nodes); one node, fabric.cost within 1% on {' and '.join(map(shape_text, one))} "
-            f"(tests/mpi); {verdict}")
+            f"and for sharp's {', '.join(cost_nodes.IN_SWITCH['sharp'])} and nvls's {', '.join(cost_nodes.IN_SWITCH['nvls'])} on those of the presets whose spines reduce (tests/nodes); one node, the same replay "
+            f"(sharp and nvls on the leaf's engine) to 1e-12 for ring, direct, sharp and nvls on {' and '.join(map(shape_text, one))} "
+            f"(tests/mpi; fabric.cost's closed forms its oracle); {verdict}")
 
 
 def modeled_ns(collective: str, algorithm: str, config, S: int, itemsize: int) -> float:
-    """Modeled ns of one call on S bytes by every GPU of `config`, all starting together: fabric.cost's
-    closed form on one node (the replay where it has none, e.g. hier: equal to it on one node), the
-    replay fabric.cost_nodes.modeled_ns on several (the code tests/nodes checks emulated runs against).
-    UnsupportedOperation for an algorithm neither covers."""
-    if config.nodes == 1:
-        try:
-            return cost.modeled_ns(collective, algorithm, S, config.gpus, config, itemsize)
-        except ValueError:
-            pass
+    """Modeled ns of one call on S bytes by every GPU of `config`, all starting together: the replay of its
+    plan, fabric.cost_nodes.modeled_ns, on one node as on several (the code tests/mpi/test_one_node_replay.py
+    and tests/nodes check emulated runs against; sharp and nvls on one node on the leaf's engine,
+    fabric.switch_clocks.OneSwitch). fabric.cost's closed forms are its oracle on one node
+    (tests/unit/test_one_node_oracle.py), and `auto`'s choice there (fabric.tuner). UnsupportedOperation for an
+    algorithm it does not cover."""
     try:
         return cost_nodes.modeled_ns(collective, algorithm, config.topology, S, config, itemsize, root=ROOT)
     except FabricError as exc:

@@ -4,7 +4,7 @@ import msgpack
 
 from nvlink_emu.fabric.packets import MAX_GPU_HEADER_BYTES, MAX_LIST, CallRecord, CountersInfo, Kind, Packet
 
-from .transport import MAX_HEADER_BYTES
+from .transport.packets import MAX_HEADER_BYTES
 
 # Call records travel in the COUNTERS header, which the switch takes up to MAX_HEADER_BYTES: a GPU keeps
 # its first calls' records up to this many encoded bytes (about 700 calls) and only counts the rest.

@@ -36,7 +36,8 @@ from .memory import Allocations
 from .onesided import OneSided, raise_remote
 from .raw import RawPort
 from .requests import Request, Stream, wait_all, wait_any
-from .transport import (MAILBOX_PEER_BYTES, MAILBOX_PEER_MESSAGES, ControlChannel, Idle, Transport, native_collective, poked_idle, unframe)
+from .transport import ControlChannel, Idle, Transport, native_collective, poked_idle, unframe
+from .transport.packets import MAILBOX_PEER_BYTES, MAILBOX_PEER_MESSAGES
 
 
 STRAY_SWEEP = 256  # every this many progress calls, look for strays from every rank, not just in front
@@ -666,7 +667,7 @@ class Gpu:
         return self.calls.counters_packet(self._keys[self.rank], links, leftovers, self.now_ns)
 
 
-# whom wait_sent waits for: the switch holds a message past its receiver's mailbox bound (transport.MAILBOX_PEER_*)
+# whom wait_sent waits for: the switch holds a message past its receiver's mailbox bound (transport.packets.MAILBOX_PEER_*)
 _TAKE_DATA = (f"the switch to take the data (a message waits there while its receiver, a GPU of this node, has "
               f"{MAILBOX_PEER_MESSAGES} of this GPU's messages or {MAILBOX_PEER_BYTES >> 20} MiB of them not taken "
               f"by its program)")

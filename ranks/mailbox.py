@@ -2,7 +2,7 @@
 group) and the credit it owes its leaf.
 
 A message lands where its receive was posted, or, if none was, in the mailbox until the program takes it.
-The leaf holds a sender's messages to this GPU past transport.MAILBOX_PEER_BYTES / _MESSAGES not taken
+The leaf holds a sender's messages to this GPU past transport.packets.MAILBOX_PEER_BYTES / _MESSAGES not taken
 (per sender of its node and mailbox class), so what the program takes is credited back to it: once half
 a bound is due, or at once when the switch asked (it holds the sender's next message: a CREDIT packet).
 Modeled time is not here: a message's downlink turn comes when the program consumes it (Gpu).
@@ -10,7 +10,8 @@ Modeled time is not here: a message's downlink turn comes when the program consu
 
 import numpy as np
 
-from .transport import MAILBOX_FABRIC, MAILBOX_P2P, MAILBOX_PEER_BYTES, MAILBOX_PEER_MESSAGES, mailbox_class
+from .transport import mailbox_class
+from .transport.packets import MAILBOX_FABRIC, MAILBOX_P2P, MAILBOX_PEER_BYTES, MAILBOX_PEER_MESSAGES
 
 
 class Mailbox:

@@ -23,7 +23,8 @@ from .output import lines_on_stdout
 from .status import (DEFAULT_TIMEOUT_S, FAILURE_DIR_ENV, FAILURE_MARK, INTERRUPTED_STATUS,  # noqa: F401 (re-exported)
                      fabric_key, rank_name, role_of)
 from .switch import SwitchRank
-from .transport import DELAY_ENV, Transport, abort_job, split_roles
+from .transport import Transport, abort_job, split_roles
+from .transport.packets import DELAY_ENV
 
 
 

@@ -34,12 +34,19 @@ read those chunks of every GPU's input ("i", bound for the call), reduce them an
 GPU as slot `slot`; each GPU's switch_contribute to that slot is its answer to the switch's read, which it
 serves at its turn once the request is out, of the same chunks, send_to the requester; header-only
 requests, all of a GPU's booked on its uplink at the call's start, sent as credits allow).
+
+Credit kinds (out of band, as the communicator's control messages: no data on a link, no modeled time):
+credit (tell every other GPU of the plan how many in-switch results this GPU has taken so far) and
+credit_wait (recv_from: wait for that GPU's next credit). They bound what a push keeps in the switch where
+only one GPU takes the results (sharp's reduce: the root's credits pace the others' contributions); every
+credit must be taken by every other GPU, in order.
 """
 
 import dataclasses
 from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 BUFFERS = ("i", "o", "s")
 SENDS = ("send", "recv_reduce_send", "recv_copy_send", "recv_reduce_copy_send")
@@ -49,7 +56,9 @@ REDUCING = ("recv_reduce", "recv_reduce_send", "recv_reduce_copy_send", "reduce"
 IN_SWITCH = ("switch_contribute", "multicast_store", "load_reduce", "switch_recv")
 SWITCH_PUTS = ("switch_contribute", "multicast_store")  # the in-switch kinds that put data into a slot (walk)
 SWITCH_TAKES = ("switch_recv",)  # the in-switch kinds that wait for what the switch delivers for a slot
-KINDS = tuple(dict.fromkeys(SENDS + RECVS + LOCAL + ("flush", "nop") + IN_SWITCH))
+CREDITS = ("credit", "credit_wait")  # out of band: no data, no modeled time (module docstring)
+CREDIT_CHANNEL = -1  # the key walk files a credit under, apart from every channel's messages
+KINDS = tuple(dict.fromkeys(SENDS + RECVS + LOCAL + ("flush", "nop") + IN_SWITCH + CREDITS))
 COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "all2all", "broadcast", "reduce", "gather", "scatter")
 ROOTED = ("broadcast", "reduce", "gather", "scatter")  # the collectives a plan's root is for
 FABRICS = ("classic", "network")  # fabric modes (fabric.config)
@@ -84,7 +93,7 @@ class Op:
     slot: tuple[int, ...] = ()  # an in-switch kind's reduction or store (module docstring); () otherwise
 
 
-def _quick_init(cls) -> None:
+def _quick_init(cls: type) -> None:
     """Give the frozen, slotted dataclass `cls` an __init__ that stores each field through its slot
     (the generated one goes through object.__setattr__, field by field: at 2.6 million operations a plan,
     ring's channels on 256 GPUs, that was most of building one). Written from the class's own fields, so a
@@ -98,7 +107,7 @@ def _quick_init(cls) -> None:
     body = "".join(f"    _set_{f.name}(self, {f.name})\n" for f in fields)
     exec(f"def __init__(self, {params}):\n{body}", scope)  # noqa: S102 (our own field names only)
     scope["__init__"].__qualname__ = f"{cls.__qualname__}.__init__"
-    cls.__init__ = scope["__init__"]
+    cls.__init__ = scope["__init__"]  # type: ignore[misc]  # this class's own __init__, replaced on purpose
 
 
 _quick_init(Ref)
@@ -135,7 +144,14 @@ class Plan:
     1, the channels are operation streams on the GPU's one clock and whole links; C > 1, channel c
     (0..C-1) runs on its own lane (c, C): its own clock and 1 / C of the GPU's uplink and downlink
     (docs/model/time.md, "Channels"; MSCCL's threadblocks on channels), a flush on it waits for its own
-    sends only, and the GPU's clock is the latest channel's at the end (a "join")."""
+    sends only, and the GPU's clock is the latest channel's at the end (a "join"). leaf: () the plan's
+    in-switch operations are on one group of every GPU (sharp's, nvls's); else the nodes' GPUs (leaf[a]: node
+    a's, in its positions' order) and they run in each node's leaf switch (hier_nvls's node stages, mixed
+    with point-to-point messages): an in-switch op's slot[0] is its own node a, slot[1:] the leaf's slot
+    (a load-reduce's: its requester's position first); "every GPU" of a slot (a store's copies, a
+    load_reduce's answers, a result with send_to None) is node a's; the leaf sums (an average is finished
+    by the GPUs at the end, as point to point); a load_reduce is issued at the GPU's clock at its turn and a
+    switch_recv posted at its turn (fabric.plans.timing_leaf times it)."""
 
     name: str
     collective: str
@@ -147,16 +163,18 @@ class Plan:
     groups: int = 1
     lanes: int = 0
     piece: int = 0
-    meta: dict = field(default_factory=dict, compare=False)
+    leaf: tuple[tuple[int, ...], ...] = ()
+    meta: dict[str, Any] = field(default_factory=dict, compare=False)
 
-    def ops(self):
+    def ops(self) -> Iterator[tuple[int, int, Op]]:
         """(gpu, step, op) for every operation, GPU by GPU in program order."""
         for program in self.programs:
             for step, op in enumerate(program.ops):
                 yield program.gpu, step, op
 
 
-def walk(plan: Plan, visit) -> tuple[list[int], dict[tuple[int, int, int], deque]]:
+def walk(plan: Plan, visit: Callable[[int, int, Op, Any], Any]
+         ) -> tuple[list[int], dict[tuple[int, int, int], deque[Any]]]:
     """The plan's symbolic run, shared by the validator and the timing tables: every GPU in program order
     until it waits for a message not yet sent (sends never wait; a receive takes the oldest message of
     its sender, receiver and channel). visit(g, step, op, message) is called once per operation that
@@ -166,9 +184,10 @@ def walk(plan: Plan, visit) -> tuple[list[int], dict[tuple[int, int, int], deque
     In-switch kinds: what a SWITCH_PUTS operation's visit returns joins its slot's pool; a SWITCH_TAKES
     operation waits until every operation of the plan that puts into its slot has (switch_slots), and its
     message is the pool, a list in the order they ran; a switch_contribute to a slot a load_reduce asks for
-    (load_requests) waits until that request has run (it answers the switch's read)."""
-    queues: dict[tuple[int, int, int], deque] = {}
-    pools: dict[tuple, list] = {}
+    (load_requests) waits until that request has run (it answers the switch's read). A credit's visit
+    result goes to every other GPU, filed under channel CREDIT_CHANNEL; a credit_wait takes the oldest."""
+    queues: dict[tuple[int, int, int], deque[Any]] = {}
+    pools: dict[tuple[int, ...], list[Any]] = {}
     needed = None  # slot -> how many operations put into it, counted at the first wait for a slot
     loads, requested = None, set()  # the slots load_reduce asks for (load_requests); those asked so far
     at = [0] * plan.gpus
@@ -184,6 +203,11 @@ def walk(plan: Plan, visit) -> tuple[list[int], dict[tuple[int, int, int], deque
                 kind = op.kind
                 if kind in recvs:
                     queue = queues.get((cast(int, op.recv_from), g, op.channel))  # a receive names its sender
+                    if not queue:
+                        break
+                    message = queue.popleft()
+                elif kind == "credit_wait":  # the next credit of recv_from
+                    queue = queues.get((cast(int, op.recv_from), g, CREDIT_CHANNEL))
                     if not queue:
                         break
                     message = queue.popleft()
@@ -204,6 +228,10 @@ def walk(plan: Plan, visit) -> tuple[list[int], dict[tuple[int, int, int], deque
                     pools.setdefault(op.slot, []).append(out)
                 elif kind == "load_reduce":
                     requested.add(op.slot)
+                elif kind == "credit":  # to every other GPU, each taking it with a credit_wait
+                    for h in range(plan.gpus):
+                        if h != g:
+                            queues.setdefault((g, h, CREDIT_CHANNEL), deque()).append(out)
                 if kind in sends:
                     key = (g, cast(int, op.send_to), op.channel)  # a send names its receiver
                     queue = queues.get(key)
@@ -221,7 +249,7 @@ _PUTS, _TAKES = frozenset(SWITCH_PUTS), frozenset(SWITCH_TAKES)
 _WAITS = _TAKES | {"switch_contribute"}  # the in-switch kinds that may wait in walk
 
 
-def switch_slots(plan: Plan) -> dict[tuple, list[tuple[int, int]]]:
+def switch_slots(plan: Plan) -> dict[tuple[int, ...], list[tuple[int, int]]]:
     """slot -> the (GPU, step) of every operation that puts into it (SWITCH_PUTS), in GPU and program order;
     kept on the plan (a plan is immutable)."""
     kept = plan.__dict__.get("_switch_slots")
@@ -235,7 +263,7 @@ def switch_slots(plan: Plan) -> dict[tuple, list[tuple[int, int]]]:
     return kept
 
 
-def load_requests(plan: Plan) -> dict[tuple, list[tuple[int, int]]]:
+def load_requests(plan: Plan) -> dict[tuple[int, ...], list[tuple[int, int]]]:
     """slot -> the (GPU, step) of every load_reduce that asks for it, in GPU and program order; kept on the plan."""
     kept = plan.__dict__.get("_load_requests")
     if kept is None:

@@ -19,6 +19,12 @@ own. The blocks' chunk counts may differ by one: every block is padded to the mo
 element (GpuProgram.elements: the plan is for one call's sizes), contributed and taken at their turn but
 skipped by both interpreters, so the buffers keep reduce_scatter's shape (input n x output chunks).
 
+sharp reduce (one node): every GPU contributes chunk c to slot (c,), its result to the root only (send_to),
+`window` chunks in the switch per GPU (Call.in_switch_window with one stream). Only the root sees results, so
+it paces the others out of band: after every max(1, window // 2) results, and after the last one a
+contribution waits for, a credit (the results it took); a GPU contributes chunk c once a credit says that
+results 0..c - window are back (credit_wait, format's credit kinds; no modeled time).
+
 sharp allgather and broadcast: multicast stores (docs/model/algorithms-in-switch.md). allgather: every
 member stores chunk c (messages of chunk_bytes) of its block as slot (p, c) (the switch sends it to every
 member, this one included, and picks the spine (p + c) mod P), then takes every block's chunks in order,
@@ -65,7 +71,7 @@ def shape(algorithm: str, gpus: int, collective: str, nodes: int, config, nbytes
         streams = nvls_streams_wide(gpus, nodes, config.nodes, wide)
         window, chunk = in_switch_window(config, gpus, streams, 2, config.nvls_chunk_bytes, itemsize)
         return int(nbytes) // itemsize, chunk // itemsize, window
-    if algorithm != "sharp" or collective not in ("allreduce", "reduce_scatter", "allgather", "broadcast"):
+    if algorithm != "sharp" or collective not in ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce"):
         raise PlanError(f"no in-switch plan for {collective} with {algorithm!r}")
     if collective in ("allgather", "broadcast"):
         if collective == "allgather" and (member_nodes is None or len(member_nodes) != gpus):
@@ -74,6 +80,8 @@ def shape(algorithm: str, gpus: int, collective: str, nodes: int, config, nbytes
                 tuple(cast(tuple[int, ...], member_nodes)) if collective == "allgather" else None)  # checked above
     if collective == "reduce_scatter":  # every block's chunk of a round in flight: sharp_scatter_streams
         streams, least = sharp_scatter_streams(gpus, nodes, config.nodes, wide), 2
+    elif collective == "reduce":  # one node: one stream of results, the root's
+        streams, least = 1, 1
     else:
         streams, least = sharp_streams(gpus, nodes, config.nodes, wide), 1
     window, chunk = in_switch_window(config, gpus, streams, least, None, itemsize)
@@ -84,9 +92,9 @@ def sharp(gpus: int, collective: str, root: int = 0, layout=None, shape: tuple[i
     """sharp's allreduce or reduce_scatter (module docstring) for shape = (elements, elements a chunk,
     window; reduce_scatter: the input's elements). allreduce: every GPU runs the same operations (one tuple,
     shared)."""
-    if collective not in ("allreduce", "reduce_scatter", "allgather", "broadcast"):
-        raise PlanError(f"sharp plan: no {collective}; sharp builds allreduce, reduce_scatter, allgather and "
-                        f"broadcast")
+    if collective not in ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce"):
+        raise PlanError(f"sharp plan: no {collective}; sharp builds allreduce, reduce_scatter, allgather, "
+                        f"broadcast and reduce")
     if shape is None:
         raise PlanError("sharp plan: it is built for a call's size and the fabric's switch buffer "
                         "(fabric.plans.in_switch.shape)")
@@ -97,6 +105,8 @@ def sharp(gpus: int, collective: str, root: int = 0, layout=None, shape: tuple[i
         return _allgather(gpus, count, piece, third)
     if collective == "broadcast":
         return _broadcast(gpus, count, piece, root)
+    if collective == "reduce":
+        return _reduce(gpus, count, piece, third, root)
     k = len(chunks(0, count, piece))
     if k == 0:  # no element: one empty chunk, contributed and taken (the interpreters skip empty ones)
         k, piece = 1, 0
@@ -110,6 +120,37 @@ def sharp(gpus: int, collective: str, root: int = 0, layout=None, shape: tuple[i
     ops = tuple(order)
     programs = tuple(GpuProgram(g, ops, k, k) for g in range(gpus))
     return Plan("sharp", "allreduce", gpus, programs, inplace=True, fabrics=("network",), piece=piece)
+
+
+def _reduce(n: int, count: int, piece: int, window: int, root: int) -> Plan:
+    """sharp's reduce to `root` (module docstring): `count` elements in chunks of `piece`, `window` in the
+    switch per GPU; the root's credits after every max(1, window // 2) results and the last one a contribution
+    waits for."""
+    k = len(chunks(0, count, piece))
+    if k == 0:  # no element: one empty chunk, contributed and taken (the interpreters skip empty ones)
+        k, piece = 1, 0
+    contribute = [Op("switch_contribute", src=Ref("i", c), send_to=root, slot=(c,)) for c in range(k)]
+    last, step = k - window, max(1, window // 2)  # results the last contribution waits for; the credits' step
+    credits = [done for done in range(1, last + 1) if done % step == 0 or done == last]  # each one's value
+    programs = []
+    for g in range(n):
+        if g == root:
+            ops = contribute[:window]
+            for c in range(k):
+                ops.append(Op("switch_recv", dst=Ref("o", c), slot=(c,)))
+                if c + 1 in credits:
+                    ops.append(Op("credit"))
+                if c + window < k:
+                    ops.append(contribute[c + window])
+        else:
+            ops, seen, taken = [], 0, 0
+            for c in range(k):
+                while seen < c - window + 1:  # chunk c goes once results 0..c-window are back at the root
+                    ops.append(Op("credit_wait", recv_from=root))
+                    seen, taken = credits[taken], taken + 1
+                ops.append(contribute[c])
+        programs.append(GpuProgram(g, tuple(ops), k, k))
+    return Plan("sharp", "reduce", n, tuple(programs), root=root, fabrics=("network",), piece=piece)
 
 
 def _scatter(n: int, count: int, piece: int, window: int) -> Plan:

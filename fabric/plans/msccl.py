@@ -18,6 +18,7 @@ declarations (no entity expansion), only the elements above.
 import heapq
 import re
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 from ..errors import PlanError
 from .format import GpuProgram, Op, Plan, Ref
@@ -36,7 +37,7 @@ COLL = {"allreduce": "allreduce", "allgather": "allgather", "reduce_scatter": "r
 BUF = {"i": "i", "o": "o", "s": "s", "input": "i", "output": "o", "scratch": "s"}
 
 
-def _int(element, name, where, default=None) -> int:
+def _int(element: ET.Element, name: str, where: str, default: int | None = None) -> int:
     value = element.get(name)
     if value is None:
         if default is not None:
@@ -51,7 +52,7 @@ def _int(element, name, where, default=None) -> int:
     return number
 
 
-def _ref(step, which, where, sends):
+def _ref(step: ET.Element, which: str, where: str, sends: bool) -> Ref | None:
     buf, off = step.get(f"{which}buf"), f"{which}off"
     if buf is None and step.get("buf") is not None and (which == "src") == sends:  # the newer <op buf off>
         buf, off = step.get("buf"), "off"
@@ -107,11 +108,12 @@ def loads(data: bytes | str, origin: str = "<string>") -> Plan:
     # can go on: a threadblock woken by one later in the pass runs in the next pass, by one earlier in this one
     # (what a full pass over every threadblock does, in linear rather than quadratic time in their number)
     order = list(tbs)
-    waiting: dict[tuple, list[int]] = {}  # what a threadblock waits for -> the waiting threadblocks' positions
+    # what a threadblock waits for -> the waiting threadblocks' positions
+    waiting: dict[tuple[str | int, ...], list[int]] = {}
     current, following = list(range(len(order))), list[int]()
     queued, queued_next = set(current), set()
 
-    def wake(what, j):
+    def wake(what: tuple[str | int, ...], j: int) -> None:
         for i in waiting.pop(what, ()):
             if i > j and i not in queued:
                 heapq.heappush(current, i)
@@ -186,7 +188,7 @@ def loads(data: bytes | str, origin: str = "<string>") -> Plan:
     return validate(plan)
 
 
-def load(path) -> Plan:
+def load(path: str | Path) -> Plan:
     """The validated Plan of the MSCCL-IR XML file at `path` (at most 16 MiB read)."""
     try:
         with open(path, "rb") as f:

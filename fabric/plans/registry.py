@@ -37,17 +37,18 @@ forward on its pair's own channel.
 
 import dataclasses
 import functools
-from typing import Callable, cast
+from collections.abc import Sequence
+from typing import Any, Callable, cast
 
 from ..errors import PlanError
-from ..reduction import blocks, channel_rings, chunks, ring_channel_count, tree_chunk, tree_parts, tree_steps
+from ..reduction import Grid, blocks, channel_rings, chunks, ring_channel_count, tree_chunk, tree_parts, tree_steps
 from .format import GpuProgram, Op, Plan, Ref
-from .hier import hier, hier_pieces
+from .hier import hier, hier_nvls, hier_pieces
 from .in_switch import nvls, sharp
 from .validate import validate
 
 
-def _ring_steps(n, p, buf, reduce):
+def _ring_steps(n: int, p: int, buf: str, reduce: bool) -> list[Op]:
     nxt, prv = (p + 1) % n, (p - 1) % n
     ops = []
     for s in range(n - 1):
@@ -61,7 +62,7 @@ def _ring_steps(n, p, buf, reduce):
     return ops
 
 
-def ring_channels(gpus: int, layout, nbytes: int | None) -> int | None:
+def ring_channels(gpus: int, layout: Grid | None, nbytes: int | None) -> int | None:
     """What ring's plan for a call of `nbytes` is built from: its channel count across nodes
     (fabric.reduction.ring_channel_count of the call's bytes and the positions per node) when `layout`
     is a grid of several nodes of equal rows; None (the one ring) otherwise or without a size."""
@@ -70,16 +71,17 @@ def ring_channels(gpus: int, layout, nbytes: int | None) -> int | None:
     return ring_channel_count(int(nbytes), len(layout[0]))
 
 
-def _chain_pieces(gpus: int, layout, nbytes, itemsize: int, chunk_bytes) -> tuple[int, int, int] | None:
+def _chain_pieces(gpus: int, layout: Grid | None, nbytes: int | None, itemsize: int,
+                  chunk_bytes: int | None) -> tuple[int, int, int] | None:
     """What ring's broadcast across nodes is built from: (channels, elements, elements a message); None on
     one node, without a size or of no element (the one chain: it sends nothing)."""
-    C = ring_channels(gpus, layout, nbytes)
-    if C is None or chunk_bytes is None or int(nbytes) < itemsize:
+    C = ring_channels(gpus, layout, nbytes)  # (None without a size: nbytes is an int below)
+    if C is None or chunk_bytes is None or int(nbytes) < itemsize:  # type: ignore[arg-type]
         return None
-    return C, int(nbytes) // itemsize, max(1, int(chunk_bytes) // itemsize)
+    return C, int(nbytes) // itemsize, max(1, int(chunk_bytes) // itemsize)  # type: ignore[arg-type]
 
 
-def _chain_plan(gpus: int, root: int, layout, C: int, count: int, piece: int) -> Plan:
+def _chain_plan(gpus: int, root: int, layout: Grid, C: int, count: int, piece: int) -> Plan:
     """ring.py's broadcast across nodes: part c = blocks(count, C)[c] (Plan.groups = C) down a chain along ring
     c (channel_rings of the grid) from the root, in messages of `piece` elements (Plan.piece), every
     channel's message i before any channel's message i + 1 (a member takes it from the one before it on
@@ -106,7 +108,7 @@ def _chain_plan(gpus: int, root: int, layout, C: int, count: int, piece: int) ->
     return Plan("ring", "broadcast", n, tuple(programs), inplace=True, root=root, groups=C, lanes=C, piece=piece)
 
 
-def _chain_reduce_plan(gpus: int, root: int, layout, C: int, count: int, piece: int) -> Plan:
+def _chain_reduce_plan(gpus: int, root: int, layout: Grid, C: int, count: int, piece: int) -> Plan:
     """ring.py's reduce across nodes: part c = blocks(count, C)[c] (Plan.groups = C) up a chain along ring c
     (channel_rings of the grid) from the root's successor to the root, in messages of `piece` elements
     (Plan.piece), every channel's message i before any channel's message i + 1: the chain's first member
@@ -137,7 +139,7 @@ def _chain_reduce_plan(gpus: int, root: int, layout, C: int, count: int, piece: 
     return Plan("ring", "reduce", n, tuple(programs), root=root, groups=C, lanes=C, piece=piece)
 
 
-def _channel_plan(gpus: int, collective: str, layout, C: int) -> Plan:
+def _channel_plan(gpus: int, collective: str, layout: Grid, C: int) -> Plan:
     """ring.py's channels across nodes (module docstring) for allreduce, reduce_scatter or allgather: C
     rings (fabric.reduction.channel_rings of the grid `layout`), every buffer in n C chunks, chunk m C + c
     member m's range of channel c (Plan.groups = n: fabric.reduction.rail_ranges), each channel on its own
@@ -151,7 +153,7 @@ def _channel_plan(gpus: int, collective: str, layout, C: int) -> Plan:
     flushes = [Op("flush", channel=c) for c in range(C)]
     refs = {buf: [Ref(buf, k) for k in range(n * C)] for buf in ("i", "o")}  # one Ref a chunk, shared
 
-    def steps(g, buf, reduce):
+    def steps(g: int, buf: str, reduce: bool) -> list[Op]:
         ops = []
         for s in range(n - 1):
             sent, taken = (1 + s, 2 + s) if reduce else (s, 1 + s)
@@ -178,7 +180,7 @@ def _channel_plan(gpus: int, collective: str, layout, C: int) -> Plan:
     return Plan("ring", collective, n, tuple(programs), inplace=collective == "allreduce", groups=n, lanes=C)
 
 
-def ring(gpus: int, collective: str, root: int = 0, layout=None,
+def ring(gpus: int, collective: str, root: int = 0, layout: Grid | None = None,
          channels: int | tuple[int, int, int] | None = None) -> Plan:
     """ring.py's one-node ring (module docstring) for allreduce, reduce_scatter, allgather, broadcast (from
     `root`) or reduce (to `root`); with `channels` (ring_channels: a grid `layout` of several nodes), its channels across nodes for
@@ -186,11 +188,11 @@ def ring(gpus: int, collective: str, root: int = 0, layout=None,
     (channels, elements, elements a message) (_chain_pieces: _chain_plan, _chain_reduce_plan)."""
     n, programs = gpus, []
     if channels is not None and collective in ("allreduce", "reduce_scatter", "allgather"):
-        return _channel_plan(n, collective, layout, cast(int, channels))  # these three: a channel count
+        return _channel_plan(n, collective, cast(Grid, layout), cast(int, channels))  # these three: a channel count
     if channels is not None and collective == "broadcast":  # (channels, elements, elements a message)
-        return _chain_plan(n, root, layout, *cast(tuple[int, int, int], channels))
+        return _chain_plan(n, root, cast(Grid, layout), *cast(tuple[int, int, int], channels))
     if channels is not None and collective == "reduce":  # (channels, elements, elements a message)
-        return _chain_reduce_plan(n, root, layout, *cast(tuple[int, int, int], channels))
+        return _chain_reduce_plan(n, root, cast(Grid, layout), *cast(tuple[int, int, int], channels))
     for p in range(n):
         if collective == "allreduce":
             ops, chunks = _ring_steps(n, p, "o", True) + _ring_steps(n, p, "o", False), (n, n)
@@ -221,7 +223,7 @@ def ring(gpus: int, collective: str, root: int = 0, layout=None,
     return Plan("ring", collective, n, tuple(programs), inplace=collective in ("allreduce", "broadcast"), root=root)
 
 
-def recursive_doubling(gpus: int, collective: str, root: int = 0, layout=None) -> Plan:
+def recursive_doubling(gpus: int, collective: str, root: int = 0, layout: Grid | None = None) -> Plan:
     """Recursive-doubling allreduce (module docstring) on a power-of-two GPU count."""
     n = gpus
     if collective != "allreduce":
@@ -239,7 +241,7 @@ def recursive_doubling(gpus: int, collective: str, root: int = 0, layout=None) -
     return Plan("recursive_doubling", "allreduce", n, tuple(programs), inplace=True)
 
 
-def _direct_reduce(n, r, buf, out):
+def _direct_reduce(n: int, r: int, buf: str, out: Ref) -> list[Op]:
     """direct's reduce phase on GPU r: block r of every GPU's `buf` folded, in member order, into `out`."""
     ops = [Op("send", src=Ref(buf, (r + k) % n), send_to=(r + k) % n) for k in range(1, n)]
     ops += [Op("recv", dst=Ref("s", (r - k) % n), recv_from=(r - k) % n) for k in range(1, n)]
@@ -253,13 +255,13 @@ def _direct_reduce(n, r, buf, out):
     return ops
 
 
-def _direct_gather(n, r, own):
+def _direct_gather(n: int, r: int, own: Ref) -> list[Op]:
     """direct's broadcast phase on GPU r: its block `own` of "o" to every other GPU, then theirs."""
     ops = [Op("send", src=own, send_to=(r + k) % n) for k in range(1, n)]
     return ops + [Op("recv", dst=Ref("o", (r - k) % n), recv_from=(r - k) % n) for k in range(1, n)]
 
 
-def _layout(n: int, layout, name: str):
+def _layout(n: int, layout: Grid | None, name: str) -> tuple[Grid, dict[int, tuple[int, int]]]:
     """(layout, at): the grid of `n` GPUs (layout[a]: node a's GPUs; default one node) and each GPU's (a, j)."""
     layout = layout or (tuple(range(n)),)
     at = {m: (a, j) for a, row in enumerate(layout) for j, m in enumerate(row)}
@@ -268,7 +270,7 @@ def _layout(n: int, layout, name: str):
     return layout, at
 
 
-def _all2all_order(r: int, at: dict, layout, sign: int) -> list[int]:
+def _all2all_order(r: int, at: dict[int, tuple[int, int]], layout: Grid, sign: int) -> list[int]:
     """direct all2all's peers of GPU r = (a, j) (module docstring): sign +1 its send order, -1 its receive
     order. Step (d, e) is the GPU at position j + sign e of node a + sign d: the other nodes' steps (d =
     1, ..., N-1; e = 0, 1, ...) alternate with its own node's (d = 0; e = 1, 2, ...), one of each in turn,
@@ -289,7 +291,7 @@ def _all2all_order(r: int, at: dict, layout, sign: int) -> list[int]:
     return out
 
 
-def direct(gpus: int, collective: str, root: int = 0, layout=None) -> Plan:
+def direct(gpus: int, collective: str, root: int = 0, layout: Grid | None = None) -> Plan:
     """direct.py's schedules (module docstring) for allreduce, reduce_scatter, allgather, broadcast, reduce,
     gather, scatter; all2all
     on the grid `layout` (layout[a]: node a's GPUs; default one node: its order, _all2all_order)."""
@@ -325,10 +327,10 @@ def direct(gpus: int, collective: str, root: int = 0, layout=None) -> Plan:
                    [Op("send", src=Ref("i", (root + k) % n), send_to=(root + k) % n) for k in range(1, n)]
                    + [Op("copy", src=Ref("i", root), dst=Ref("o", 0))])
             chunks = (n, 1, 0)
-        elif collective == "all2all":  # all2all.py's pairwise exchange, in _all2all_order's steps
-            ops = ([Op("send", src=Ref("i", p), send_to=p) for p in _all2all_order(r, at, layout, +1)]
+        elif collective == "all2all":  # all2all.py's pairwise exchange, in _all2all_order's steps (layout: _layout's)
+            ops = ([Op("send", src=Ref("i", p), send_to=p) for p in _all2all_order(r, at, layout, +1)]  # type: ignore[arg-type]
                    + [Op("copy", src=Ref("i", r), dst=Ref("o", r))]
-                   + [Op("recv", dst=Ref("o", p), recv_from=p) for p in _all2all_order(r, at, layout, -1)])
+                   + [Op("recv", dst=Ref("o", p), recv_from=p) for p in _all2all_order(r, at, layout, -1)])  # type: ignore[arg-type]
             chunks = (n, n, 0)
         else:
             raise PlanError(f"direct plan: no {collective}; direct builds allreduce, reduce_scatter, allgather, "
@@ -337,7 +339,7 @@ def direct(gpus: int, collective: str, root: int = 0, layout=None) -> Plan:
     return Plan("direct", collective, n, tuple(programs), inplace=collective in ("allreduce", "broadcast"), root=root)
 
 
-def pxn(gpus: int, collective: str, root: int = 0, layout=None) -> Plan:
+def pxn(gpus: int, collective: str, root: int = 0, layout: Grid | None = None) -> Plan:
     """pxn.py's All2All (module docstring) on the grid `layout` (layout[a][j]: the GPU at node a,
     position j; default one node)."""
     n = gpus
@@ -379,7 +381,7 @@ def pxn(gpus: int, collective: str, root: int = 0, layout=None) -> Plan:
     return Plan("pxn", "all2all", n, tuple(programs))
 
 
-def tree_pieces(gpus: int, layout, nbytes: int | None, itemsize: int,
+def tree_pieces(gpus: int, layout: Grid | None, nbytes: int | None, itemsize: int,
                 chunk_bytes: int | None) -> tuple[int, int] | None:
     """What tree's plan for a call of `nbytes` in elements of `itemsize` bytes is built from: (elements,
     elements a piece: fabric.reduction.tree_chunk of the fabric's chunk_bytes); None without them."""
@@ -388,7 +390,8 @@ def tree_pieces(gpus: int, layout, nbytes: int | None, itemsize: int,
     return int(nbytes) // itemsize, tree_chunk(int(chunk_bytes), itemsize)
 
 
-def tree(gpus: int, collective: str, root: int = 0, layout=None, pieces: tuple[int, int] | None = None) -> Plan:
+def tree(gpus: int, collective: str, root: int = 0, layout: Grid | None = None,
+         pieces: tuple[int, int] | None = None) -> Plan:
     """ranks/collectives/tree.py's allreduce (NCCL's double binary tree, fabric.reduction.tree_parts) on the
     grid `layout` for `pieces` = (elements, elements a piece) (tree_pieces): the buffer in two parts, each
     in the pipeline's pieces (Plan.groups = 2, Plan.piece), the input reduced in a copy ("i") and the result
@@ -417,7 +420,7 @@ def tree(gpus: int, collective: str, root: int = 0, layout=None, pieces: tuple[i
         me = at[g]
         trees = [part[me] for part in parts]
         offsets = tree_steps(parts, me)
-        gpu = lambda x: layout[x[0]][x[1]]  # noqa: E731 (a grid position's GPU)
+        gpu: Callable[[tuple[int, int]], int] = lambda x: layout[x[0]][x[1]]  # noqa: E731 (a grid position's GPU)
         ops = []
         steps = max((len(span) + down for span, (_, down) in zip(spans, offsets)), default=0)
         for step in range(steps):
@@ -445,14 +448,19 @@ def tree(gpus: int, collective: str, root: int = 0, layout=None, pieces: tuple[i
     return Plan("tree", "allreduce", gpus, tuple(programs), groups=2, piece=piece)
 
 
+# what a plan of a sized algorithm is built from (SIZED, in_switch.shape): ring's channel count or its chain's
+# (channels, elements, elements a message), tree's and hier's pieces, the in-switch algorithms' shape; None: no size
+Shape = int | tuple[Any, ...] | None
 # every builder takes (gpus, collective, root, layout[, shape]); their own extra argument differs (_build)
 ALGORITHMS: dict[str, Callable[..., Plan]] = {
               "ring": ring, "recursive_doubling": recursive_doubling, "direct": direct, "pxn": pxn, "tree": tree,
-              "hier": hier, "sharp": sharp, "nvls": nvls}  # sharp, nvls: built from the fabric's config too
-# (in_switch.shape, build's shape=)
+              "hier": hier, "hier_nvls": hier_nvls, "sharp": sharp, "nvls": nvls}
+# sharp, nvls, hier_nvls: built from the fabric's config too (in_switch.shape, hier.hier_nvls_pieces: build's shape=)
 # the algorithms whose plan depends on the call's size: function (gpus, collective, layout, nbytes) -> what
 # the plan is built from (passed on as its fifth argument; None: the plan of no size)
-SIZED = {"ring": lambda gpus, collective, layout, nbytes, itemsize, chunk_bytes: (
+# a SIZED function's arguments: (gpus, collective, layout, nbytes, itemsize, chunk_bytes)
+Sized = Callable[[int, str, Grid | None, int | None, int, int | None], Shape]
+SIZED: dict[str, Sized] = {"ring": lambda gpus, collective, layout, nbytes, itemsize, chunk_bytes: (
     ring_channels(gpus, layout, nbytes) if collective in ("allreduce", "reduce_scatter", "allgather") else
     _chain_pieces(gpus, layout, nbytes, itemsize, chunk_bytes) if collective in ("broadcast", "reduce") else None),
     "tree": lambda gpus, collective, layout, nbytes, itemsize, chunk_bytes: tree_pieces(gpus, layout, nbytes, itemsize,
@@ -461,8 +469,8 @@ SIZED = {"ring": lambda gpus, collective, layout, nbytes, itemsize, chunk_bytes:
                                                                                         chunk_bytes)}
 
 
-def build(algorithm: str, gpus: int, collective: str, root: int = 0, layout=None, nbytes: int | None = None,
-          itemsize: int = 4, chunk_bytes: int | None = None, shape=None) -> Plan:
+def build(algorithm: str, gpus: int, collective: str, root: int = 0, layout: Grid | None = None, nbytes: int | None = None,
+          itemsize: int = 4, chunk_bytes: int | None = None, shape: Shape = None) -> Plan:
     """The validated plan of `algorithm` for `collective` on `gpus` GPUs (rooted collectives: from
     `root`; pxn, direct's all2all and ring across nodes: on the grid `layout`, a tuple of nodes' tuples of
     GPUs; ring across nodes: for a call of `nbytes`, the buffer's bytes as fabric.replay takes them; tree:
@@ -482,10 +490,10 @@ def build(algorithm: str, gpus: int, collective: str, root: int = 0, layout=None
 # The budget holds what `model --algorithm auto` builds for one size at 256 GPUs (ring's, tree's and hier's
 # plans: 8.8 million operations), which it asks for again after the bounds.
 KEPT_PLANS, KEPT_OPERATIONS = 256, 12_000_000
-_kept: dict[tuple, tuple[Plan, int]] = {}  # key -> (plan, its operations), least recently used first
+_kept: dict[tuple[str, int, str, int, Grid | None, Shape], tuple[Plan, int]] = {}  # key -> (plan, its operations), least recently used first
 
 
-def _build(algorithm: str, gpus: int, collective: str, root: int, layout, shape) -> Plan:
+def _build(algorithm: str, gpus: int, collective: str, root: int, layout: Grid | None, shape: Shape) -> Plan:
     key = (algorithm, gpus, collective, root, layout, shape)
     hit = _kept.pop(key, None)
     if hit is None:
@@ -501,14 +509,14 @@ def _build(algorithm: str, gpus: int, collective: str, root: int, layout, shape)
     return hit[0]
 
 
-def uniform_count(counts) -> int | None:
+def uniform_count(counts: Sequence[Sequence[int]]) -> int | None:
     """The one count of an all2allv count matrix whose every entry is the same (all2all's equal blocks:
     they run direct's all2all plan, its grid order across nodes), else None."""
     first = counts[0][0] if len(counts) and len(counts[0]) else None
     return first if first is not None and all(x == first for row in counts for x in row) else None
 
 
-def all2allv_plan(counts, layout=None) -> tuple[Plan, int | None]:
+def all2allv_plan(counts: Sequence[Sequence[int]], layout: Grid | None = None) -> tuple[Plan, int | None]:
     """The plan one all2allv call runs, and the elements of each GPU's send buffer it runs on: equal blocks
     (uniform_count) run direct's all2all on `layout` (the communicator's grid across nodes, None on one
     node) over n x the block; other counts the call's own plan (all2allv), which sizes its chunks (None).
@@ -519,7 +527,7 @@ def all2allv_plan(counts, layout=None) -> tuple[Plan, int | None]:
     return build("direct", len(counts), "all2all", layout=layout), len(counts) * each
 
 
-def all2allv(counts) -> Plan:
+def all2allv(counts: Sequence[Sequence[int]]) -> Plan:
     """The validated plan of one all2allv call: counts[i][j] elements GPU i sends GPU j (the diagonal: copied
     locally), blocks packed in GPU order in both buffers. direct's one-node All2All (block r+k to GPU r+k,
     k = 1..n-1, its own copied, then block p from p = r-1, r-2, ...: all2all.py's order for uneven blocks,

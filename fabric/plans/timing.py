@@ -22,8 +22,9 @@ from ..packets import raw_bytes
 from ..reduction import blocks, chunks
 from ..programs import JOIN, Fabric, Flush, Recv, Send, run_programs
 from ..topology import Topology
-from ..switch_clocks import TwoLevelSwitches
-from .format import IN_SWITCH, RECVS, SENDS, SWITCH_PUTS, SWITCH_TAKES, Op, Plan, Ref, in_switch, switch_slots, walk
+from ..switch_clocks import OneSwitch, TwoLevelSwitches
+from .timing_leaf import leaf_plan_ns
+from .format import CREDITS, IN_SWITCH, RECVS, SENDS, SWITCH_PUTS, SWITCH_TAKES, Op, Plan, Ref, in_switch, switch_slots, walk
 
 
 def buffer_elements(plan: Plan, S: int, itemsize: int) -> dict[str, int]:
@@ -374,7 +375,11 @@ def plan_ns(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4, event
     """Modeled ns of one call of `plan` (validated) on every GPU of `topo`, all starting at 0: the latest
     GPU's clock at the end, as fabric.replay.replay_ns. events: if given, gets the timeline
     fabric.programs.run_programs records (GPU, "send"/"recv"/"wait", peer, start_ns, end_ns). A plan of
-    in-switch operations: switch_plan_ns (partial_itemsize: the bytes of an element of a leaf's partial)."""
+    in-switch operations: switch_plan_ns (partial_itemsize: the bytes of an element of a leaf's partial); a
+    leaf plan (Plan.leaf): fabric.plans.timing_leaf.leaf_plan_ns."""
+    if plan.leaf:  # timed with this module's chunk tables and flushes
+        return leaf_plan_ns(plan, topo, config, itemsize, [spans(plan, S, itemsize, g) for g in range(plan.gpus)],
+                            [with_flushes(plan, g) for g in range(plan.gpus)])
     if in_switch(plan):
         return switch_plan_ns(plan, topo, S, config, itemsize, partial_itemsize)
     _check(plan, topo, config)
@@ -393,9 +398,10 @@ def plan_ns(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4, event
 
 def switch_plan_ns(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4,
                    partial_itemsize: int | None = None) -> float:
-    """Modeled ns of one call of a plan of in-switch operations (validated) on every GPU of `topo` (several
-    nodes, spines), all starting at 0, the plan's schedule booked on the switches' clocks
-    (fabric.switch_clocks.TwoLevelSwitches, what the switches do with it). Every GPU's load_reduce requests
+    """Modeled ns of one call of a plan of in-switch operations (validated) on every GPU of `topo` (one node,
+    or several nodes and spines), all starting at 0, the plan's schedule booked on the switches' clocks
+    (fabric.switch_clocks: OneSwitch, the leaf's, on one node; TwoLevelSwitches across nodes: what the
+    switches do with it). Every GPU's load_reduce requests
     are booked on its uplink first, in its program order (issued at the call's start); then the plan's
     symbolic run (format.walk) books, each GPU in its program order: a switch_contribute on its uplink (a
     push's from the call's start; an answer to a load_reduce once that request's LOAD came down its
@@ -406,9 +412,10 @@ def switch_plan_ns(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4
     downlink, its clock then at the last byte; a flush, its clock at its uplink's last byte; a copy or a
     reduction, no modeled time. The call ends once every uplink is free. A chunk of no element is neither
     sent nor taken."""
-    clocks = TwoLevelSwitches(topo, config, plan.name)  # FabricError on one node (fabric.cost times it)
+    # one node: the leaf's engine and ports (OneSwitch); several: leaves and spines (TwoLevelSwitches)
+    clocks = (OneSwitch if topo.nodes == 1 else TwoLevelSwitches)(topo, config, plan.name)
     _check(plan, topo, config)
-    if plan.lanes > 1 or any(op.kind not in _SWITCH and op.kind not in ("flush", "nop", "copy", "reduce")
+    if plan.lanes > 1 or any(op.kind not in _SWITCH and op.kind not in _BESIDE_SWITCH
                              for _, _, op in plan.ops()):
         raise PlanError(f"plan {plan.name!r}: in-switch operations are timed in plans of in-switch and local "
                         f"operations only (no lanes, no point-to-point messages)")
@@ -462,6 +469,7 @@ def switch_plan_ns(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4
 
 
 _SWITCH = frozenset(IN_SWITCH)
+_BESIDE_SWITCH = frozenset(("flush", "nop", "copy", "reduce") + CREDITS)  # what else an in-switch plan may hold
 
 
 def plan_link_bytes(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4) -> dict[str, tuple[int, int]]:

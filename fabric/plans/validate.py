@@ -24,7 +24,9 @@ Rules (each refusal is a PlanError naming the GPU, the step and, where one is in
    goes to takes it exactly once, no other GPU; a multicast_store is a slot of one put (no other store or
    contribution) that every GPU takes; a load_reduce (one a slot, of input chunks) is answered by every
    GPU's switch_contribute to its slot, each of the same input chunks and to the requester, which waits
-   for the request (format.walk);
+   for the request (format.walk); a credit_wait waits for the next credit of its GPU (recv_from), and every
+   credit is taken by every other GPU; in a leaf plan (Plan.leaf: a partition of the GPUs in nodes) an
+   in-switch op's slot names its GPU's node first, and "every GPU" of a slot is that node's;
 4. at the end every output chunk holds exactly the contributions the collective requires: allreduce
    chunk c = input chunk c of every GPU; allgather chunk g k + m = GPU g's input chunk m; reduce_scatter
    chunk m of GPU g = input chunk g k + m of every GPU; all2all chunk h k + m of GPU g = GPU h's input
@@ -40,19 +42,25 @@ whatever its index (a whole-width int per chunk took 23 GB to validate ring's 8 
 """
 
 from dataclasses import replace
+from typing import Any, cast
 
 from ..errors import PlanError
-from .format import BUFFERS, COLLECTIVES, IN_SWITCH, KINDS, LOCAL, RECVS, REDUCING, ROOTED, SENDS, Plan, \
-    switch_slots, walk
+from .format import BUFFERS, COLLECTIVES, CREDIT_CHANNEL, IN_SWITCH, KINDS, LOCAL, RECVS, REDUCING, ROOTED, SENDS, \
+    GpuProgram, Op, Plan, Ref, switch_slots, walk
 
 _NEEDS = {"send": ("src",), "recv": ("dst",), "recv_reduce": ("dst",), "recv_reduce_send": ("src",),
           "recv_copy_send": ("dst",), "recv_reduce_copy_send": ("dst",), "copy": ("src", "dst"),
           "reduce": ("src", "dst"), "flush": (), "nop": (), "switch_contribute": ("src",), "switch_recv": ("dst",),
-          "multicast_store": ("src",), "load_reduce": ("src",)}
+          "multicast_store": ("src",), "load_reduce": ("src",), "credit": (), "credit_wait": ()}
 _SWITCH_KINDS = frozenset(IN_SWITCH)
+Value = tuple[int, int]  # a chunk's contributions, (lo, bits): the set bits << lo (module docstring)
+# what a switch_contribute or multicast_store puts into its slot: (GPU, step, values, send_to, element counts, kind)
+Put = tuple[int, int, list[Value], int | None, tuple[int, ...] | None, str]
+# slot -> (its destination, its chunks' element counts, the sum, the GPUs that took it) (_take)
+Taken = dict[tuple[int, ...], tuple[int | None, tuple[int, ...] | None, list[Value], set[int]]]
 
 
-def _where(g, step, op=None, chunk=None) -> str:
+def _where(g: int, step: int, op: Op | None = None, chunk: int | None = None) -> str:
     text = f"GPU {g} step {step}"
     if op is not None:
         text += f" ({op.kind}, channel {op.channel})"
@@ -71,6 +79,10 @@ def _shape(plan: Plan) -> None:
         raise PlanError(f"plan {plan.name!r}: root {plan.root} is not one of its {n} GPUs")
     if plan.groups < 1 or plan.lanes < 0:
         raise PlanError(f"plan {plan.name!r}: groups {plan.groups} (at least 1), lanes {plan.lanes} (at least 0)")
+    if plan.leaf and (not isinstance(plan.leaf, tuple) or any(not isinstance(node, tuple) or not node
+                                                               for node in plan.leaf)
+                      or sorted(g for node in plan.leaf for g in node) != list(range(n))):
+        raise PlanError(f"plan {plan.name!r}: leaf {plan.leaf!r} is not its {n} GPUs in nodes (tuples of GPUs)")
     for g, program in enumerate(plan.programs):
         if program.gpu != g:
             raise PlanError(f"plan {plan.name!r}: program {g} is for GPU {program.gpu} (programs go in GPU order)")
@@ -89,7 +101,7 @@ def _shape(plan: Plan) -> None:
         _elements(plan, g, program)
 
 
-def _elements(plan: Plan, g: int, program) -> None:
+def _elements(plan: Plan, g: int, program: GpuProgram) -> None:
     """GPU g's chunk element counts (GpuProgram.elements), if the plan gives them: every GPU's or none."""
     sizes = program.elements
     if (sizes is None) != (plan.programs[0].elements is None):
@@ -115,7 +127,7 @@ def _ops(plan: Plan) -> None:
     n, lanes = plan.gpus, plan.lanes if plan.lanes > 1 else None
     # a tuple of operations every GPU shares (sharp's), with the same chunk counts, passes the quick test
     # for any GPU it names as no peer, since GPU g's test differs from another's only in "a peer is not g"
-    passed: dict[tuple, set] = {}  # (id of the tuple, chunk counts) -> the peers its operations name
+    passed: dict[tuple[int, int, int, int], set[int | None]] = {}  # (id of the tuple, chunk counts) -> the peers its operations name
     for g, program in enumerate(plan.programs):
         shared = (id(program.ops), program.i_chunks, program.o_chunks, program.s_chunks)
         peers = passed.get(shared)
@@ -132,17 +144,17 @@ def _ops(plan: Plan) -> None:
 _SEND_KINDS, _RECV_KINDS = frozenset(SENDS), frozenset(RECVS)
 
 
-def _in(ref, sizes) -> bool:
+def _in(ref: Ref, sizes: dict[str, int]) -> bool:
     size = sizes.get(ref.buf)
     return size is not None and ref.cnt >= 1 and ref.off >= 0 and ref.off + ref.cnt <= size
 
 
 # kind -> (needs a src, needs a dst, sends, receives, folds): _fine's one lookup an operation
-_SPEC = {kind: ("src" in needs, "dst" in needs, kind in _SEND_KINDS, kind in _RECV_KINDS, kind in REDUCING)
-         for kind, needs in _NEEDS.items()}
+_SPEC = {kind: ("src" in needs, "dst" in needs, kind in _SEND_KINDS, kind in _RECV_KINDS or kind == "credit_wait",
+                kind in REDUCING) for kind, needs in _NEEDS.items()}  # a credit_wait names the GPU it waits for
 
 
-def _fine(op, g, step, n, sizes, lanes) -> bool:
+def _fine(op: Op, g: int, step: int, n: int, sizes: dict[str, int], lanes: int | None) -> bool:
     """Whether `op` keeps rule 2 (False: maybe not; _check_op decides)."""
     kind = op.kind
     needs = _NEEDS.get(kind) if type(kind) is str else None
@@ -184,7 +196,8 @@ def _fine(op, g, step, n, sizes, lanes) -> bool:
     return type(deps) is tuple and (not deps or all(0 <= d < step for d in deps))
 
 
-def _fine_in_switch(op, kind, needs, step, n, sizes, lanes) -> bool:
+def _fine_in_switch(op: Op, kind: str, needs: tuple[str, ...], step: int, n: int, sizes: dict[str, int],
+                    lanes: int | None) -> bool:
     """_fine for an in-switch kind (False: maybe not; _check_op decides)."""
     slot, to = op.slot, op.send_to
     if type(slot) is not tuple or not slot or op.recv_from is not None or op.incoming_first is not False:
@@ -202,7 +215,7 @@ def _fine_in_switch(op, kind, needs, step, n, sizes, lanes) -> bool:
     return type(op.deps) is tuple and all(0 <= d < step for d in op.deps)
 
 
-def _check_op(plan: Plan, g: int, step: int, op) -> None:
+def _check_op(plan: Plan, g: int, step: int, op: Op) -> None:
     """Rule 2 on one operation, rule by rule: PlanError naming what it breaks."""
     n = plan.gpus
     if op.kind not in KINDS:
@@ -232,7 +245,7 @@ def _check_op(plan: Plan, g: int, step: int, op) -> None:
         if ref.cnt < 1 or ref.off < 0 or ref.off + ref.cnt > size:
             raise PlanError(f"{_where(g, step, op, ref.off)}: {name} chunks [{ref.off}, {ref.off + ref.cnt}) of "
                             f"buffer {ref.buf!r} out of its {size}")
-    for attr, needed in (("send_to", op.kind in SENDS), ("recv_from", op.kind in RECVS)):
+    for attr, needed in (("send_to", op.kind in SENDS), ("recv_from", op.kind in RECVS or op.kind == "credit_wait")):
         peer = getattr(op, attr)
         if needed and (peer is None or not 0 <= peer < n or peer == g):
             raise PlanError(f"{_where(g, step, op)}: {attr} {peer} is not another GPU of the plan's {n}")
@@ -255,28 +268,28 @@ def _check_op(plan: Plan, g: int, step: int, op) -> None:
 class _State:
     """Each GPU's chunks' contributions (bit sets, the module docstring's; None: never written)."""
 
-    def __init__(self, plan: Plan):
+    def __init__(self, plan: Plan) -> None:
         self.plan = plan
-        self.bufs: list[dict[str, list]] = []
+        self.bufs: list[dict[str, list[Value | None]]] = []
         n = plan.gpus
         for g, program in enumerate(plan.programs):
-            bufs: dict[str, list] = {"i": [(c * n + g, 1) for c in range(program.i_chunks)],
+            bufs: dict[str, list[Value | None]] = {"i": [(c * n + g, 1) for c in range(program.i_chunks)],
                     "s": [None] * program.s_chunks}
             bufs["o"] = bufs["i"] if plan.inplace else [None] * program.o_chunks
             self.bufs.append(bufs)
 
-    def read(self, g, step, op, ref):
+    def read(self, g: int, step: int, op: Op, ref: Ref) -> list[Value]:
         values = self.bufs[g][ref.buf][ref.off:ref.off + ref.cnt]
         for k, v in enumerate(values):
             if v is None:
                 raise PlanError(f"{_where(g, step, op, ref.off + k)}: reads chunk {ref.off + k} of buffer "
                                 f"{ref.buf!r}, which nothing wrote")
-        return list(values)
+        return cast(list[Value], list(values))  # none is None: checked above
 
-    def write(self, g, ref, values):
+    def write(self, g: int, ref: Ref, values: list[Value]) -> None:
         self.bufs[g][ref.buf][ref.off:ref.off + ref.cnt] = values
 
-    def fold(self, g, step, op, ref, values):
+    def fold(self, g: int, step: int, op: Op, ref: Ref, values: list[Value]) -> list[Value]:
         out = []
         for k, (have, add) in enumerate(zip(self.read(g, step, op, ref), values)):
             lo, a, b = _aligned(have, add)
@@ -287,7 +300,7 @@ class _State:
         return out
 
 
-def _aligned(x, y) -> tuple[int, int, int]:
+def _aligned(x: Value, y: Value) -> tuple[int, int, int]:
     """Two values (lo, bits) on one offset: (lo, x's bits, y's bits)."""
     (xl, xb), (yl, yb) = x, y
     if xl == yl:
@@ -296,7 +309,7 @@ def _aligned(x, y) -> tuple[int, int, int]:
     return lo, xb << (xl - lo), yb << (yl - lo)
 
 
-def _normal(value):
+def _normal(value: Value) -> Value:
     """A value (lo, bits) with lo its lowest contribution's bit, so that equal sets compare equal."""
     lo, bits = value
     if not bits:
@@ -305,13 +318,13 @@ def _normal(value):
     return lo + low, bits >> low
 
 
-def _names(value, plan: Plan) -> str:
+def _names(value: Value, plan: Plan) -> str:
     lo, bits = value
     pairs = [divmod(lo + b, plan.gpus) for b in range(bits.bit_length()) if bits >> b & 1]
     return ", ".join(f"GPU {h}'s input chunk {c}" for c, h in pairs)
 
 
-def _combine(values, message, g, step, op, plan):
+def _combine(values: list[Value], message: list[Value], g: int, step: int, op: Op, plan: Plan) -> list[Value]:
     out = []
     for k, (have, add) in enumerate(zip(values, message)):
         lo, a, b = _aligned(have, add)
@@ -326,29 +339,42 @@ def _run(plan: Plan) -> _State:
     sized = plan.programs[0].elements is not None
     bufs = state.bufs
 
-    def size_of(g, ref):  # the element counts of a run of chunks, if the plan gives them
+    # the element counts of a run of chunks, if the plan gives them
+    def size_of(g: int, ref: Ref) -> tuple[int, ...] | None:
         if not sized:
             return None
-        row = plan.programs[g].elements["ios".index(ref.buf)]
+        row = plan.programs[g].elements["ios".index(ref.buf)]  # type: ignore[index]  # sized: every GPU's given
         return tuple(row[c] for c in ref.chunk_ids())
 
-    taken: dict[tuple, tuple] = {}  # slot -> its result and the GPUs that took it (_take)
-    asked: dict[tuple, tuple] = {}  # slot -> (GPU, step, chunks) of the load_reduce that asks for it
+    taken: Taken = {}  # slot -> its result and the GPUs that took it (_take)
+    # slot -> (GPU, step, chunks) of the load_reduce that asks for it
+    asked: dict[tuple[int, ...], tuple[int, int, Ref]] = {}
+    node_of = {h: a for a, node in enumerate(plan.leaf) for h in node}  # Plan.leaf: an in-switch slot's node first
 
-    def visit(g, step, op, received):
-        message = None
+    # op: an Op that kept rule 2 (_ops), so the Refs its kind needs are set: Any, as mypy cannot tie src and dst
+    # to the kind (a cast per use would cost a call per operation of the walk)
+    def visit(g: int, step: int, op: Any, received: Any) -> tuple[Any, ...] | None:
+        message: Any = None
+        if op.kind == "credit":  # out of band: what the other GPUs' credit_waits take (format.walk)
+            return step, None, None
+        if op.kind == "credit_wait":
+            return None
+        if node_of and op.kind in _SWITCH_KINDS and op.slot[0] != node_of[g]:
+            raise PlanError(f"{_where(g, step, op)}: slot {list(op.slot)} names node {op.slot[0]}'s leaf, GPU {g} is "
+                            f"at node {node_of[g]} (a leaf plan's in-switch slot names its GPU's node first)")
         if received is not None and op.kind not in _SWITCH_KINDS:
             sender_step, message, sizes = received
             ref = op.dst if op.dst is not None else op.src
             if len(message) != ref.cnt:
                 raise PlanError(f"{_where(g, step, op, ref.off)}: receives {ref.cnt} chunks, GPU "
                                 f"{op.recv_from} step {sender_step} sent {len(message)}")
-            if sized and sizes != size_of(g, ref):
-                raise PlanError(f"{_where(g, step, op, ref.off)}: receives chunks of {list(size_of(g, ref))} "
+            if sized and sizes != size_of(g, ref):  # (sized: size_of gives counts, not None)
+                raise PlanError(f"{_where(g, step, op, ref.off)}: receives chunks of {list(size_of(g, ref))} "  # type: ignore[arg-type]
                                 f"elements, GPU {op.recv_from} step {sender_step} sent {list(sizes)}")
         kind = op.kind  # the commonest kinds first, as the chain below runs them:
         if kind == "send":  # its chunks' values, read as state.read does
             src = op.src
+            out: list[Value | None] | list[Value] | None  # this chunk's values here; a sent message's below
             out = bufs[g][src.buf][src.off:src.off + src.cnt]
             if None in out:
                 out = state.read(g, step, op, src)  # names the chunk nothing wrote
@@ -370,9 +396,9 @@ def _run(plan: Plan) -> _State:
                 if not a & b:
                     row[dst.off] = (lo, a | b)
                     return None
-        if op.kind in LOCAL and size_of(g, op.src) != size_of(g, op.dst):
-            raise PlanError(f"{_where(g, step, op, op.dst.off)}: {op.kind} of chunks of {list(size_of(g, op.src))} "
-                            f"elements into chunks of {list(size_of(g, op.dst))}")
+        if op.kind in LOCAL and size_of(g, op.src) != size_of(g, op.dst):  # (they differ: sized, counts, not None)
+            raise PlanError(f"{_where(g, step, op, op.dst.off)}: {op.kind} of chunks of {list(size_of(g, op.src))} "  # type: ignore[arg-type]
+                            f"elements into chunks of {list(size_of(g, op.dst))}")  # type: ignore[arg-type]
         kind, out = op.kind, None
         if kind == "load_reduce":
             if op.src.buf != "i" or op.slot in asked:
@@ -391,9 +417,11 @@ def _run(plan: Plan) -> _State:
         if kind == "switch_contribute" or kind == "multicast_store":
             return g, step, state.read(g, step, op, op.src), op.send_to, size_of(g, op.src), kind
         if kind == "switch_recv":
-            if op.slot in asked and len({put[0] for put in received}) != plan.gpus:
+            group = plan.leaf[op.slot[0]] if node_of else range(plan.gpus)
+            if op.slot in asked and {put[0] for put in received} != set(group):
                 raise PlanError(f"{_where(g, step, op)}: slot {list(op.slot)} is a load-reduce, answered by GPUs "
-                                f"{sorted({put[0] for put in received})}, not every GPU of the plan's {plan.gpus}")
+                                f"{sorted({put[0] for put in received})}, not every GPU of the "
+                                + (f"plan's {plan.gpus}" if not node_of else f"node's {list(group)}"))
             state.write(g, op.dst, _take(plan, g, step, op, received, taken, size_of(g, op.dst)))
             return None
         if kind == "recv":
@@ -423,7 +451,9 @@ def _run(plan: Plan) -> _State:
         return None
 
     at, queues = walk(plan, visit)
-    stuck = [f"GPU {g} step {at[g]} waits for GPU {p.ops[at[g]].recv_from} on channel {p.ops[at[g]].channel}"
+    stuck = [f"GPU {g} step {at[g]} waits for a credit from GPU {p.ops[at[g]].recv_from}"
+             if p.ops[at[g]].kind == "credit_wait" else
+             f"GPU {g} step {at[g]} waits for GPU {p.ops[at[g]].recv_from} on channel {p.ops[at[g]].channel}"
              if p.ops[at[g]].kind not in _SWITCH_KINDS else
              f"GPU {g} step {at[g]} waits for in-switch slot {list(p.ops[at[g]].slot)}"
              for g, p in enumerate(plan.programs) if at[g] < len(p.ops)]
@@ -432,12 +462,13 @@ def _run(plan: Plan) -> _State:
     for (src, dst, channel), queue in queues.items():
         if queue:
             step = queue[0][0]
-            raise PlanError(f"GPU {src} step {step}: {len(queue)} message(s) to GPU {dst} on channel {channel} "
-                            f"never received")
+            what = "credit(s)" if channel == CREDIT_CHANNEL else f"message(s) to GPU {dst} on channel {channel}"
+            raise PlanError(f"GPU {src} step {step}: {len(queue)} {what} never received"
+                            + (f" by GPU {dst} (credit_wait)" if channel == CREDIT_CHANNEL else ""))
     for slot, puts in switch_slots(plan).items():
         g0, step0 = puts[0]
         to = plan.programs[g0].ops[step0].send_to
-        want = set(range(plan.gpus)) if to is None else {to}
+        want = set(plan.leaf[slot[0]] if plan.leaf else range(plan.gpus)) if to is None else {to}
         missing = sorted(want - (taken[slot][3] if slot in taken else set()))
         if missing:
             raise PlanError(f"GPU {missing[0]}: never takes in-switch slot {list(slot)} (switch_recv), which "
@@ -445,7 +476,8 @@ def _run(plan: Plan) -> _State:
     return state
 
 
-def _take(plan: Plan, g: int, step: int, op, puts: list, taken: dict, sizes):
+def _take(plan: Plan, g: int, step: int, op: Any, puts: list[Put], taken: Taken, sizes: tuple[int, ...] | None
+          ) -> list[Value]:
     """What GPU g's switch_recv of op.slot holds: the sum of the slot's contributions (puts: (GPU, step,
     values, send_to, element counts, kind) of each, in the order they ran), refused unless they agree on
     their chunks and destination, g is it, g takes it once, and no contribution is counted twice. The sum
@@ -484,7 +516,7 @@ def _take(plan: Plan, g: int, step: int, op, puts: list, taken: dict, sizes):
     return value
 
 
-def expected(plan: Plan, g: int, c: int):
+def expected(plan: Plan, g: int, c: int) -> Value | None:
     """The contributions output chunk c of GPU g must hold, a value (lo, bits) as _normal gives it (None:
     not checked, reduce's and gather's non-roots)."""
     n, program, width = plan.gpus, plan.programs[g], plan.programs[0].i_chunks

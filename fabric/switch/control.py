@@ -2,18 +2,33 @@
 in its port's Link TLB, and its group calls (create, bind, release; a group spanning nodes is created and
 released through the spanning room). A refused call is answered with its error, not counted a violation."""
 
-from typing import Any, Callable, cast
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 from ..addressing import Handle
 from ..errors import AccessViolation, FabricError, ProtocolError, ResourceExhausted, UnsupportedOperation
-from ..packets import GroupInfo, Kind, Packet
+from ..packets import ExportInfo, GroupInfo, Kind, Packet, RevokeInfo
 from .send import Send
+
+if TYPE_CHECKING:  # for annotations only
+    from ..config import FabricConfig
+    from ..groups import GroupTable
+    from ..tlb import LinkTLB
+    from ..topology import Topology
 
 
 class ControlPlane:
     """A leaf's control plane; its state is the leaf's: the Link TLBs' windows and the group table."""
 
-    def __init__(self, leaf):
+    leaf: Any  # the SwitchLogic (fabric.switch.leaf, which imports this module: no import back)
+    config: "FabricConfig"
+    topology: "Topology"
+    switch: int
+    network: bool
+    groups: "GroupTable"
+    tlbs: "dict[int, LinkTLB]"
+    _partition: list[int]
+
+    def __init__(self, leaf: Any) -> None:
         self.leaf = leaf  # the SwitchLogic (fabric.switch.leaf) whose windows and groups these are
         self.config, self.topology, self.switch, self.network = leaf.config, leaf.topology, leaf.switch, leaf.network
         self.groups, self.tlbs, self._partition = leaf.groups, leaf.tlbs, leaf.partition_of_gpu
@@ -21,9 +36,10 @@ class ControlPlane:
     def handle(self, ingress: int, packet: Packet) -> list[Send]:
         """What to send for GPU `ingress`'s EXPORT, REVOKE or GROUP call: its REPLY, and first, for a group
         spanning nodes, the other switches' part; ProtocolError for a kind that is no fabric-manager call."""
-        # each handler takes its kind's record (Packet checks that a packet carries its kind's)
-        handler: Callable[[int, Any], dict | tuple[GroupInfo, list[int]]] | None = {
-            Kind.EXPORT: self._export, Kind.REVOKE: self._revoke, Kind.GROUP: self._group}.get(packet.kind)
+        # each handler takes its kind's record (Packet checks that a packet carries its kind's; mypy joins the
+        # three methods' types to `function`)
+        handler: Callable[[int, Any], dict[str, Any] | tuple[GroupInfo, list[int]]] | None = {
+            Kind.EXPORT: self._export, Kind.REVOKE: self._revoke, Kind.GROUP: self._group}.get(packet.kind)  # type: ignore[assignment]
         if handler is None:  # DONE, TRACE, COUNTERS: the switch rank's own business
             raise ProtocolError(f"switch: {packet.kind.name} from GPU {ingress} is not a fabric-manager call")
         # a notice, which nothing answers
@@ -31,7 +47,7 @@ class ControlPlane:
             try:
                 return [self.leaf.out(send) for send in self.leaf.nvls.unserved(ingress, packet.info)]
             except FabricError as exc:
-                return self.leaf.refuse(ingress, exc, "GROUP", packet.req, packet.t_end)
+                return self.leaf.refuse(ingress, exc, "GROUP", packet.req, packet.t_end)  # type: ignore[no-any-return]
         try:
             info = handler(ingress, packet.info)
             if isinstance(info, tuple):  # a spanning group: the other switches' part comes first
@@ -47,7 +63,7 @@ class ControlPlane:
         reply = Packet(Kind.REPLY, src=-1, dst=self.leaf.route_key(ingress), req=packet.req, info=info)
         return sends + [Send(ingress, reply)]
 
-    def _export(self, ingress: int, info) -> dict:
+    def _export(self, ingress: int, info: ExportInfo) -> dict[str, Any]:
         if not self.tlbs:
             raise UnsupportedOperation(f"export by GPU {ingress}: classic NVLink connections are fixed at "
                                        f"boot; use gpu.physical_address(array)")
@@ -72,7 +88,7 @@ class ControlPlane:
         return {"handle": [handle.network_address, handle.address, handle.size_bytes, handle.owner],
                 "allowed": sorted(set(allowed))}
 
-    def _revoke(self, ingress: int, info) -> dict:
+    def _revoke(self, ingress: int, info: RevokeInfo) -> dict[str, Any]:
         if not self.tlbs:
             raise UnsupportedOperation(f"revoke by GPU {ingress}: classic NVLink connections are fixed at boot")
         if info.network_address != self.leaf.route_key(ingress):
@@ -81,7 +97,7 @@ class ControlPlane:
         window = self.tlbs[ingress].unmap(info.address)
         return {"revoked": window.address}
 
-    def _group(self, ingress: int, info: GroupInfo) -> dict | tuple[GroupInfo, list[int]]:
+    def _group(self, ingress: int, info: GroupInfo) -> dict[str, Any] | tuple[GroupInfo, list[int]]:
         if not (self.network and self.config.sharp):
             raise UnsupportedOperation(f"multicast group call by GPU {ingress}: fabric {self.config.name!r} has no "
                                        f"multicast/SHARP groups (needs NVLink Network with a SHARP switch)")

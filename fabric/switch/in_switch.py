@@ -2,7 +2,7 @@
 members, the group's keys), reduced or copied on this switch, or handed to the spanning rooms when the group
 spans nodes (partials: fabric.switch.spanning; stores and load-reduces: fabric.switch.multicast)."""
 
-from typing import cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -12,12 +12,23 @@ from ..reduction import check_dtype, check_op
 from .ingress import check_requester
 from .send import Send
 
+if TYPE_CHECKING:  # for annotations only
+    from ..config import FabricConfig, Timing
+    from ..groups import GroupTable
+
 
 class InSwitch:
     """A leaf's in-switch room: it keeps no state of its own (the groups and their held contributions are
     the leaf's GroupTable, shared with the control plane and the spanning room)."""
 
-    def __init__(self, leaf):
+    leaf: Any  # the SwitchLogic (fabric.switch.leaf, which imports this module: no import back)
+    config: "FabricConfig"
+    network: bool
+    groups: "GroupTable"
+    timing: "Timing"
+    _spine_faults: bool
+
+    def __init__(self, leaf: Any) -> None:
         self.leaf = leaf  # the SwitchLogic (fabric.switch.leaf) whose groups these are
         self.config, self.network, self.groups, self.timing = leaf.config, leaf.network, leaf.groups, leaf.timing
         self._spine_faults = leaf.spine_faults
@@ -43,9 +54,9 @@ class InSwitch:
                                        f"fault plan has faults on links between switches: in-switch reduction "
                                        f"across them is not modeled (use the ring, direct or hier algorithm)")
         if group.stage == "leaf" and kind is Kind.LOAD_REDUCE:
-            return self.leaf.nvls.reduce_across(ingress, packet, group, cast(LoadInfo, info))
+            return self.leaf.nvls.reduce_across(ingress, packet, group, cast(LoadInfo, info))  # type: ignore[no-any-return]
         if kind is Kind.MCAST and group.stage == "leaf":
-            return self.leaf.stores.store_span(ingress, group, packet, payload)
+            return self.leaf.stores.store_span(ingress, group, packet, payload)  # type: ignore[no-any-return]
         if kind is Kind.MCAST:
             # one packet in, a copy out of every member port, the sender's included
             out = self.leaf.through(packet)
@@ -77,7 +88,8 @@ class InSwitch:
         info = cast(ReduceInfo, info)  # REDUCE's
         if group.stage == "leaf":
             self.leaf.spanning.check_partial(ingress, group, info, payload)
-        done = self.groups.contribute(info.group, info.slot, ingress, info.op, info.dtype, payload,
+        # a REDUCE carries its payload (Kind.has_payload: ranks/switch passes it)
+        done = self.groups.contribute(info.group, info.slot, ingress, info.op, info.dtype, payload,  # type: ignore[arg-type]
                                       (info.dest, info.key), (packet.t_start, packet.t_end),
                                       self.leaf.buffer_share_bytes, self.leaf.held_parts_share)
         if group.stage == "leaf":

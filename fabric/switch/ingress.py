@@ -8,6 +8,7 @@ import numpy as np
 
 from ..config import FabricConfig, Timing
 from ..errors import AccessViolation, ProtocolError
+from ..groups import Group
 from ..packets import WIRE_INT_MAX, Kind, LoadInfo, Packet, raw_bytes
 
 # what a GPU may send to its switch; NACK, LOAD, REPLY and SHUTDOWN are the switch's own
@@ -63,7 +64,7 @@ def bounded_stamp(config: FabricConfig, timing: Timing, packet: Packet) -> Packe
     return packet.but(t_end=longest)
 
 
-def check_requester(ingress: int, group, info: LoadInfo) -> None:
+def check_requester(ingress: int, group: Group, info: LoadInfo) -> None:
     """AccessViolation unless GPU `ingress`'s load-reduce names its rank in `group` second in its slot (after
     the call's seq: nvls.py's (seq, r, c, r + c), hier's node RS (seq, position, phase, slice, chunk),
     hier_plan.leaf_slot). Every member files the LOADs of a slot under the slot alone, so a member that

@@ -4,7 +4,7 @@ point-to-point and Link TLB (p2p), in-switch reduction (in_switch), groups spann
 multicast stores and NVLS loads across nodes (multicast), the control plane (control)."""
 
 import math
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 
@@ -14,8 +14,8 @@ from ..config import FabricConfig
 from ..counters import LinkCounters, downlink, uplink
 from ..errors import AccessViolation, FabricError, LinkDown, ProtocolError, ResourceExhausted
 from ..faults import spine_links_scale, spine_route
-from ..groups import GroupTable
-from ..packets import WIRE_INT_MAX, Kind, McastInfo, NackInfo, Packet, ReduceInfo
+from ..groups import Group, GroupTable
+from ..packets import WIRE_INT_MAX, Kind, LoadInfo, McastInfo, NackInfo, Packet, ReduceInfo
 from ..timemodel import LinkEnd
 from ..tlb import LinkTLB
 from .control import ControlPlane
@@ -62,7 +62,7 @@ class SwitchLogic:
         self.groups = GroupTable(step=topology.nodes, offset=switch)  # ids unique over the leaves
         self.peak_held_bytes = 0  # most contribution bytes held at once by in-switch reductions
         self.tracing = False      # when set, decisions worth a trace record are appended to `events`
-        self.events: list[dict] = []
+        self.events: list[dict[str, Any]] = []
         self.partition_of_gpu = [config.partition_of(g) for g in range(config.gpus)]  # by GPU index
         # switch resources are shared out among partitions, so that one tenant cannot starve another
         self.group_share = max(1, self.groups.limit // len(config.partitions))
@@ -86,7 +86,8 @@ class SwitchLogic:
         self.control = ControlPlane(self)
 
     # -- addressing -------------------------------------------------------------------------------
-    def check_partial_share(self, what: str, ingress: int, info, partition: int, awaiting: int, kind: str) -> None:
+    def check_partial_share(self, what: str, ingress: int, info: ReduceInfo | LoadInfo, partition: int, awaiting: int,
+                            kind: str) -> None:
         """ResourceExhausted unless partition `partition`, with `awaiting` of its `kind` (partials or load-reduces
         spanning nodes) awaiting a result at the spines, may have one more: its share of this leaf's held
         contributions over the nodes (partial_share_parts)."""
@@ -212,7 +213,7 @@ class SwitchLogic:
         t_ns, around the fault plan's down links (fabric.faults.spine_route; LinkDown if none is left)."""
         if port in self.local:
             return None
-        spine = self.topology.spine_for(port)
+        spine = cast(int, self.topology.spine_for(port))  # another node's port: there are spines
         if self.spine_faults and t_ns is not None:
             topology = self.topology
             spine = spine_route(self.plan, self.switch, port // self.config.gpus_per_node, spine, topology.nodes,
@@ -266,18 +267,18 @@ class SwitchLogic:
                       info=NackInfo(type(error).__name__, str(error)[:4000], kind), t_start=ready, t_end=ready)
         return [self.out(Send(ingress, nack, origin=-1))]
 
-    def through(self, packet: Packet, **changes) -> Packet:
+    def through(self, packet: Packet, **changes: object) -> Packet:
         """`packet` leaving the switch: cut-through, each byte one switch traversal later."""
         delay = self.timing.switch_latency_ns
         return packet.but(t_start=packet.t_start + delay, t_end=packet.t_end + delay, **changes)
 
-    def deliver(self, port: int, group: int, key: tuple, payload: np.ndarray, t_start: float, t_end: float,
+    def deliver(self, port: int, group: int, key: tuple[int | str, ...], payload: np.ndarray, t_start: float, t_end: float,
                 origin: int | None) -> Send:
         """A copy for `port` of an in-switch result or a multicast store through `group`."""
         return Send(port, Packet(Kind.MCAST, -1, self.route_key(port), 0, payload.nbytes, info=McastInfo(group, key),
                                  t_start=t_start, t_end=t_end), payload, origin)
 
-    def event(self, record: dict) -> None:
+    def event(self, record: dict[str, Any]) -> None:
         """Append `record` (a decision worth a trace record) to `events`, when tracing."""
         if self.tracing:
             self.events.append(record)
@@ -292,7 +293,7 @@ class SwitchLogic:
         """Forwarded requests whose answer has not come (the end-of-run report shows them)."""
         return self.p2p.awaited_replies
 
-    def store_spine(self, group, ingress: int, key: tuple) -> int:
+    def store_spine(self, group: Group, ingress: int, key: tuple[int | str, ...]) -> int:
         """The spine (switch index) member `ingress`'s store under `key` goes up to (multicast.Stores)."""
         return self.stores.store_spine(group, ingress, key)
 

@@ -3,17 +3,23 @@ copy to each member here, one up to a spine, copies down from the spines), and t
 load-reduces (the requests awaiting their result, the LOADs sent to each member and not yet answered, the
 members' notices "unserved"), each within its budget (fabric.budget). The design: docs/design/architecture.md."""
 
-from typing import cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from ..budget import honest_loads
 from ..errors import AccessViolation, CollectiveMismatch, FabricError, ProtocolError
-from ..groups import ByGroup
+from ..groups import ByGroup, Key
 from ..packets import GroupInfo, Kind, LoadInfo, McastInfo, Packet, raw_bytes
 from ..reduction import check_dtype, check_op
 from .ingress import check_requester
 from .send import Send
+
+if TYPE_CHECKING:  # for annotations only
+    from ..config import FabricConfig, Timing
+    from ..counters import LinkCounters
+    from ..groups import Group, GroupTable
+    from ..topology import Topology
 
 # LOADs of spanning groups a leaf keeps unanswered to one local GPU (a REDUCE answer or its notice "unserved"
 # answers one), at least: ranks/switch.MAX_UNREAD, the answers a GPU may leave unread on one switch; a config
@@ -25,12 +31,20 @@ class Stores:
     """A leaf's multicast stores across nodes; no state of their own (each member's share of the uplink is
     the spanning room's member_clock, the released groups' members its released_members)."""
 
-    def __init__(self, leaf):
+    leaf: Any  # the SwitchLogic (fabric.switch.leaf, which imports this module: no import back)
+    config: "FabricConfig"
+    topology: "Topology"
+    switch: int
+    local: range
+    counters: "LinkCounters"
+    groups: "GroupTable"
+
+    def __init__(self, leaf: Any) -> None:
         self.leaf = leaf  # the SwitchLogic (fabric.switch.leaf) whose groups these are
         self.config, self.topology, self.switch, self.local = leaf.config, leaf.topology, leaf.switch, leaf.local
         self.counters, self.groups = leaf.counters, leaf.groups
 
-    def store_spine(self, group, ingress: int, key: tuple) -> int:
+    def store_spine(self, group: "Group", ingress: int, key: tuple[int | str, ...]) -> int:
         """The spine (switch index) member `ingress`'s store under `key` goes up to: (p + c) mod P, p the
         member's rank in the group, c = key[-1] (the chunk); ProtocolError if key[-1] is no chunk number."""
         chunk = key[-1]
@@ -50,7 +64,7 @@ class Stores:
         group = self.groups.groups.get(gid)
         return group.inputs if group is not None else self.leaf.spanning.released_members(gid)
 
-    def store_span(self, ingress: int, group, packet: Packet, payload: np.ndarray) -> list[Send]:
+    def store_span(self, ingress: int, group: "Group", packet: Packet, payload: np.ndarray) -> list[Send]:
         """A member's multicast store through a group spanning nodes: a copy to each member of this node
         (the sender's own included), one copy up to spine store_spine(...) on the sender's share of the
         node's uplink to it (U / (G P), booked here in the sender's packet order), src stamped with the
@@ -94,15 +108,24 @@ class NvlsLoads:
     """A leaf's load-reduces of groups spanning nodes: those its GPUs asked, awaiting their result, and the
     LOADs it sent its GPUs, awaiting their answer."""
 
-    def __init__(self, leaf):
+    leaf: Any  # the SwitchLogic (fabric.switch.leaf, which imports this module: no import back)
+    config: "FabricConfig"
+    topology: "Topology"
+    switch: int
+    local: range
+    counters: "LinkCounters"
+    groups: "GroupTable"
+    timing: "Timing"
+
+    def __init__(self, leaf: Any) -> None:
         self.leaf = leaf  # the SwitchLogic (fabric.switch.leaf) whose groups these are
         self.config, self.topology, self.switch, self.local = leaf.config, leaf.topology, leaf.switch, leaf.local
         self.counters, self.groups, self.timing = leaf.counters, leaf.groups, leaf.timing
         # load-reduces of this leaf's GPUs awaiting their result, (group, result key) -> (partition, slot), the
         # same by (group, slot) -> result key (a member's notice "unserved" names the slot), and their number
         # per partition (at most leaf.partial_share_parts: every LOAD they send costs every member)
-        self._asked: ByGroup[tuple[int, tuple]] = ByGroup()
-        self._asked_slot: dict[tuple, tuple] = {}
+        self._asked: ByGroup[tuple[int, tuple[int, ...]]] = ByGroup()
+        self._asked_slot: dict[tuple[int, tuple[int, ...]], tuple[int | str, ...]] = {}
         self._asked_count: dict[int, int] = {}
         # LOADs sent to local GPUs of spanning groups and not yet answered, (group, slot, port), and their
         # number per port (at most max_loads); requests dropped here for that bound; the most held at once
@@ -120,7 +143,7 @@ class NvlsLoads:
         for key in self._loaded.of(gid):  # their answers are dropped with the group
             self.load_done(*key)
 
-    def reduce_across(self, ingress: int, packet: Packet, group, info: LoadInfo) -> list[Send]:
+    def reduce_across(self, ingress: int, packet: Packet, group: "Group", info: LoadInfo) -> list[Send]:
         """GPU `ingress`'s LOAD_REDUCE of a spanning group: header-only LOADs to this node's members (rank
         order) and the request, header-only, up to spine slot[-1] mod P, which passes it to the group's
         other leaves (spine.SpineLogic._load_reduce_on). The members' REDUCE answers make each leaf's partial
@@ -152,11 +175,12 @@ class NvlsLoads:
         ready = packet.t_end + self.timing.switch_latency_ns
         spine = self.topology.nodes + info.slot[-1] % self.topology.spines
         self.counters.record(f"sw{self.switch}->sw{spine}", 0)
-        up = ready + self.config.uplink_latency_ns  # header-only: the cable's latency, booked on no share
+        # header-only: the cable's latency (several nodes: set), booked on no share
+        up = ready + cast(float, self.config.uplink_latency_ns)
         request = packet.but(src=self.leaf.route_key(ingress), t_start=up, t_end=up)
         return [*self._loads(group, packet, info, ready), Send(-1, request, None, -1, spine)]
 
-    def _may_load(self, group, info: LoadInfo) -> bool:
+    def _may_load(self, group: "Group", info: LoadInfo) -> bool:
         """Whether this leaf may LOAD `info`'s slot from each of its members of `group`: none has a LOAD of
         that slot unanswered (members file LOADs under the slot alone) or max_loads of them; else the
         request is dropped (counted in dropped_loads) and the requester's place in the budget given back."""
@@ -168,7 +192,7 @@ class NvlsLoads:
         self.leaf.event({"ev": "load-dropped", "group": info.group, "slot": list(slot)})
         return False
 
-    def load_done(self, gid: int, slot: tuple, port: int) -> bool:
+    def load_done(self, gid: int, slot: tuple[int, ...], port: int) -> bool:
         """Member `port`'s answer (REDUCE or "unserved") to the LOAD of `slot` of group `gid`: whether one
         was sent it and not yet answered (now it is)."""
         if (gid, slot, port) not in self._loaded:
@@ -177,7 +201,7 @@ class NvlsLoads:
         self._loaded_count[port] -= 1
         return True
 
-    def load_answered(self, gid: int, key: tuple) -> None:
+    def load_answered(self, gid: int, key: Key) -> None:
         """The load-reduce awaiting result `key` of group `gid` (if one of this leaf's GPUs asked) is done."""
         asked = self._asked.pop((gid, key), None)
         if asked is not None:
@@ -185,7 +209,7 @@ class NvlsLoads:
             del self._asked_slot[(gid, slot)]
             self._asked_count[partition] -= 1
 
-    def load_refused(self, gid: int, slot: tuple) -> list[Send]:
+    def load_refused(self, gid: int, slot: tuple[int, ...]) -> list[Send]:
         """A member will not serve the LOAD of `slot` of group `gid` (or a leaf dropped the request): the
         load-reduce of this leaf's GPU awaiting it, if any, gives its place in the budget back. Its
         requester hears nothing from the switch: it serves the same range of its own buffer (of the
@@ -218,7 +242,7 @@ class NvlsLoads:
         notice = Packet(Kind.GROUP, -1, -1, req=self.switch, info=GroupInfo("unserved", info.group, slot, ""))
         return [Send(-1, notice, switch=self.topology.nodes + slot[-1] % self.topology.spines)]
 
-    def _loads(self, group, packet: Packet, info: LoadInfo, ready: float) -> list[Send]:
+    def _loads(self, group: "Group", packet: Packet, info: LoadInfo, ready: float) -> list[Send]:
         """Header-only LOADs of `packet`'s range to this leaf's members of `group`, ready at `ready` ns, each
         awaiting its member's answer (_may_load checked it fits)."""
         slot = tuple(info.slot)

@@ -3,6 +3,7 @@ the leaf of its node), translated and authorised by the target port's Link TLB (
 node: its registered windows, else the address bits), each reply matched with a request the leaf forwarded."""
 
 from collections import Counter
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -10,6 +11,10 @@ from ..addressing import decode_physical
 from ..errors import AccessViolation, ResourceExhausted, UnsupportedOperation
 from ..packets import Kind, Packet
 from .send import Send
+
+if TYPE_CHECKING:  # for annotations only
+    from ..config import FabricConfig
+    from ..tlb import LinkTLB
 
 # the kinds this room decides (a GPU's other kinds go to the in-switch room or the control plane)
 POINT_TO_POINT = frozenset({Kind.PUT, Kind.GET, Kind.PUT_ACK, Kind.GET_DATA, Kind.MSG})
@@ -22,14 +27,22 @@ MAX_AWAITED = 1 << 16  # requests of one GPU forwarded and not yet answered; pas
 class PointToPoint:
     """A leaf's point-to-point room; its state: the requests it forwarded and that are not yet answered."""
 
-    def __init__(self, leaf):
+    leaf: Any  # the SwitchLogic (fabric.switch.leaf, which imports this module: no import back)
+    config: "FabricConfig"
+    local: range
+    network: bool
+    tlbs: "dict[int, LinkTLB]"
+    switch: int
+    _partition: list[int]
+
+    def __init__(self, leaf: Any) -> None:
         self.leaf = leaf  # the SwitchLogic (fabric.switch.leaf) whose ports, keys and Link TLBs these are
         self.config, self.local, self.network, self.tlbs = leaf.config, leaf.local, leaf.network, leaf.tlbs
         self.switch, self._partition = leaf.switch, leaf.partition_of_gpu
         # requests forwarded and not yet answered: (replier port, requester port, req, reply kind) -> the
         # byte counts the replies must carry -> how many (a reply is matched in O(1), however many a GPU
         # keeps awaited under one number: a scan of them made each forged reply cost the switch O(MAX_AWAITED))
-        self._awaited: dict[tuple[int, int, int, Kind], Counter] = {}
+        self._awaited: dict[tuple[int, int, int, Kind], Counter[int]] = {}
         self._awaiting = [0] * self.config.gpus  # per requester port: its forwarded requests not yet answered
 
     def data(self, ingress: int, packet: Packet, payload: np.ndarray | None) -> list[Send]:
@@ -98,7 +111,7 @@ class PointToPoint:
 
     def _port_for(self, ingress: int, packet: Packet) -> int:
         try:
-            return self.leaf.port_of(packet.dst)
+            return self.leaf.port_of(packet.dst)  # type: ignore[no-any-return]  # (leaf: Any)
         except AccessViolation as exc:
             raise AccessViolation(f"{packet.kind.name} of {packet.nbytes} bytes from GPU {ingress}: {exc}") from None
 

@@ -3,7 +3,7 @@ first member's leaf through every spine, answered once every switch took it, rel
 all), the partials a leaf sends up (each member's part on its share of the uplink, within the partition's
 budget) and the results and notices the spines send down. The design: docs/design/architecture.md."""
 
-from typing import cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -14,6 +14,12 @@ from ..reduction import check_dtype, switch_accumulator
 from ..timemodel import LinkEnd
 from .send import Send
 
+if TYPE_CHECKING:  # for annotations only
+    from ..config import FabricConfig, Timing
+    from ..counters import LinkCounters
+    from ..groups import Group
+    from ..topology import Topology
+
 GONE_KEPT = 4096  # released spanning groups whose local members a leaf remembers (late stores' credit)
 
 
@@ -21,7 +27,17 @@ class Spanning:
     """A leaf's spanning groups: creates awaiting the other switches, spans awaited from the spines, the
     partials sent up and awaiting their result, and each local GPU's share of the uplink to each spine."""
 
-    def __init__(self, leaf):
+    leaf: Any  # the SwitchLogic (fabric.switch.leaf, which imports this module: no import back)
+    config: "FabricConfig"
+    topology: "Topology"
+    switch: int
+    local: range
+    counters: "LinkCounters"
+    groups: GroupTable
+    timing: "Timing"
+    _partition: list[int]
+
+    def __init__(self, leaf: Any) -> None:
         self.leaf = leaf  # the SwitchLogic (fabric.switch.leaf) whose groups these are
         self.config, self.topology, self.switch, self.local = leaf.config, leaf.topology, leaf.switch, leaf.local
         self.counters, self.groups, self.timing = leaf.counters, leaf.groups, leaf.timing
@@ -30,7 +46,7 @@ class Spanning:
         # answer, errors, switches that took it, leaves still to span]; per partial sent up and not answered,
         # (group, result key) -> (local destinations, bytes); those bytes per partition; each member's part
         # of the partials in flight on its share of the uplink (member_part)
-        self._spanning: dict[int, list] = {}
+        self._spanning: dict[int, list[Any]] = {}
         self._partials: ByGroup[tuple[tuple[int, ...], int, int]] = ByGroup()  # + the group's partition
         self._partial_bytes: dict[int, int] = {}
         # partials whose result goes to no member here (reduce_scatter's other blocks): (group, slot) ->
@@ -69,7 +85,7 @@ class Spanning:
         kind, info = packet.kind, packet.info
         here = f"switch {self.switch}"
         if kind is Kind.MCAST and packet.src != -1:  # a GPU's store from another node (Stores.store_span)
-            return self.leaf.stores.store_in(spine, packet, payload)
+            return self.leaf.stores.store_in(spine, packet, payload)  # type: ignore[no-any-return]  # (leaf: Any)
         if kind is Kind.MCAST:
             info = cast(McastInfo, info)  # an MCAST packet carries one (Packet checks)
             self.counters.record(f"sw{spine}->sw{self.switch}", packet.payload_bytes)
@@ -86,7 +102,7 @@ class Spanning:
             return [self.leaf.out(self.leaf.deliver(port, info.group, info.key, payload, out.t_start, out.t_end, -1))
                     for port in ports]
         if kind is Kind.LOAD_REDUCE:
-            return self.leaf.nvls.loads_asked(spine, packet)
+            return self.leaf.nvls.loads_asked(spine, packet)  # type: ignore[no-any-return]
         if kind is not Kind.GROUP:
             raise ProtocolError(f"{here}: {kind.name} from spine {spine} is no spanning group's traffic")
         info = cast(GroupInfo, info)  # a GROUP packet carries one (Packet checks)
@@ -96,15 +112,15 @@ class Spanning:
             self.drop_span(info.group)
             return []
         if info.action == "unserved":  # a member of another node will not serve a LOAD of a slot asked here
-            return self.leaf.nvls.load_refused(info.group, tuple(info.members))
+            return self.leaf.nvls.load_refused(info.group, tuple(info.members))  # type: ignore[no-any-return]
         if info.action == "reduced":  # a slot whose result went to other nodes only: its partial's share back
-            got = self._unanswered.pop((info.group, tuple(info.members)), None)
-            if got is None:
+            share = self._unanswered.pop((info.group, tuple(info.members)), None)  # (bytes, partition)
+            if share is None:
                 if self.is_released(info.group):
                     return []
                 raise ProtocolError(f"{here}: spine {spine} reduced slot {list(info.members)} of group {info.group}, "
                                     f"for no partial this leaf sent")
-            self._free_partial(*got)
+            self._free_partial(*share)
             return []
         if info.action == "failed":  # a spine refused a slot of the group: this node's members hear why,
             # once until the group's release (each chunk in flight of the call is refused: one NACK per chunk
@@ -119,7 +135,7 @@ class Spanning:
             return self._span_answered(packet.req, info)
         raise ProtocolError(f"{here}: GROUP {info.action!r} from spine {spine}")
 
-    def check_partial(self, ingress: int, group, info: ReduceInfo, payload: np.ndarray) -> None:
+    def check_partial(self, ingress: int, group: "Group", info: ReduceInfo, payload: np.ndarray) -> None:
         """Before the contribution that completes a leaf's partial is taken: its result key must not be
         awaited already, and the partition's partials in flight must stay within their share."""
         if not info.slot:  # slot[-1] is the chunk, which picks the spine
@@ -145,12 +161,13 @@ class Spanning:
     def member_clock(self, gpu: int, spine: int) -> LinkEnd:
         """GPU `gpu`'s share of the node's uplink to spine `spine` (U / (G P)), shared by all its groups."""
         clock = self._member_up.get((gpu, spine))
-        if clock is None:
-            clock = self._member_up[(gpu, spine)] = LinkEnd(self.topology.share_gbytes_per_s / self.topology.spines,
-                                                            self.config.uplink_latency_ns)
+        if clock is None:  # (spanning nodes: both figures set)
+            clock = self._member_up[(gpu, spine)] = LinkEnd(
+                cast(float, self.topology.share_gbytes_per_s) / self.topology.spines,
+                cast(float, self.config.uplink_latency_ns))
         return clock
 
-    def member_part(self, ingress: int, group, info: ReduceInfo, packet: Packet, payload: np.ndarray) -> None:
+    def member_part(self, ingress: int, group: "Group", info: ReduceInfo, packet: Packet, payload: np.ndarray) -> None:
         """Book member `ingress`'s part of its node's partial of `info`'s slot (1/m of its raw bytes, m the
         node's members of the group) on its share of the uplink to spine slot[-1] mod P, ready once its
         contribution has been through the engine (+ s + the engine's latency), in its packet order: every
@@ -166,15 +183,15 @@ class Spanning:
         was = self._parts.get(key, (a, b))
         self._parts[key] = (max(was[0], a), max(was[1], b))
 
-    def partial_up(self, group, info: ReduceInfo, dest: tuple, key: tuple, partial: np.ndarray,
-                   start: float, end: float, raw: int) -> Send:
+    def partial_up(self, group: "Group", info: ReduceInfo, dest: tuple[int, ...], key: tuple[int | str, ...],
+                   partial: np.ndarray, start: float, end: float, raw: int) -> Send:
         """The leaf's partial of `info`'s slot, to spine slot[-1] mod P: its bytes reach the spine once the
         engine's result (+ u) and every member's part on its share (member_part) did; its result will
         come back for the local members of `dest` (none: the spine's notice "reduced" frees its share)."""
         topology = self.topology
         spine = topology.nodes + info.slot[-1] % topology.spines
         first, last = self._parts.pop((info.group, tuple(info.slot)))
-        u = self.config.uplink_latency_ns
+        u = cast(float, self.config.uplink_latency_ns)  # spanning nodes: set
         t_start, t_end = max(start + u, first), max(end + u, last)
         self.counters.record(f"sw{self.switch}->sw{spine}", partial.nbytes)
         local = tuple(p for p in dest if p in self.local)
@@ -287,7 +304,7 @@ class Spanning:
         ready = t_ns + self.timing.switch_latency_ns
         nack = Packet(Kind.NACK, src=-1, dst=self.leaf.route_key(port), req=0,
                       info=NackInfo(error, message[:4000], "REDUCE"), t_start=ready, t_end=ready)
-        return self.leaf.out(Send(port, nack, origin=-1))
+        return self.leaf.out(Send(port, nack, origin=-1))  # type: ignore[no-any-return]  # (leaf: Any)
 
     def drop_span(self, gid: int) -> None:
         self._spans_due.pop(gid, None)

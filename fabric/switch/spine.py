@@ -4,7 +4,7 @@ each result down, copies a member's multicast store down to the group's other le
 on, and relays a group's creation and release between leaves. The design: docs/design/architecture.md."""
 
 import math
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 
@@ -42,7 +42,7 @@ class SpineLogic:
         self.traversal_ns = cast(float, topology.spine_latency_ns)
         self.latency_ns = self.traversal_ns + cast(float, config.uplink_latency_ns)
         self.tracing = False  # a spine makes no decisions worth a trace record beyond the packets
-        self.events: list[dict] = []
+        self.events: list[dict[str, Any]] = []
         # spanning groups (docs/design/architecture.md, Spanning groups): their copies here, whose inputs are leaves,
         # and each GPU's share of its node's uplink from this spine (U / (G P)), which its part of every
         # result for its node takes, whatever the group (_result_down)
@@ -198,7 +198,7 @@ class SpineLogic:
             return [Send(-1, packet, switch=requester // self.config.gpus_per_node)]
         raise ProtocolError(f"{here}: GROUP {info.action!r} from leaf {leaf}")
 
-    def _result_down(self, group, node: int, start: float, end: float, raw: int) -> tuple[float, float]:
+    def _result_down(self, group: Group, node: int, start: float, end: float, raw: int) -> tuple[float, float]:
         """When a result of `raw` bytes leaving the engine at start..end (ns) reaches leaf `node`: it takes
         the group's shares of that node's uplink from this spine together (m x U / (G P), m its members
         there), each member's part of it (1/m of its bytes) that member's own share, booked here in the

@@ -43,7 +43,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 
 ITEMSIZE = 4  # bytes of an element: the plans are built, checked and timed for float32 calls of -S bytes
-IN_SWITCH = ("sharp", "nvls")  # built from the fabric's switch buffer and timed on its switches
+IN_SWITCH = ("sharp", "nvls", "hier_nvls")  # built from the fabric's switch buffer and timed on its switches
 
 
 def _plan(args):

@@ -29,7 +29,7 @@ from nvlink_emu.fabric.addressing import assign_network_addresses
 from nvlink_emu.fabric import ConfigError, FabricTimeout
 from nvlink_emu.fabric.packets import (MAX_GPU_HEADER_BYTES, MAX_HEADER_BYTES, MAX_KEY_PARTS, MAX_LIST, MAX_TEXT,
                                        ExportInfo, Kind, Packet)
-from nvlink_emu.ranks.transport import INLINE_FRAME_BYTES, INLINE_PAYLOAD_BYTES
+from nvlink_emu.ranks.transport.packets import INLINE_FRAME_BYTES, INLINE_PAYLOAD_BYTES
 
 ATTACKER = 0
 PATTERN = 0xA5          # the bytes of every victim's private buffer

@@ -24,6 +24,12 @@ and a switch_contribute to a slot a load_reduce asks for is the member's answer 
 (Call.serve_load: the switch names the range); every switch_recv's chunks are posted at the start and
 waited for at its turn;
 the switch finishes the reduction (no average at the end). A chunk run of no element is skipped.
+A leaf plan (Plan.leaf: hier_nvls's node stages in the leaf) sends its in-switch operations through the node's
+group at its leaf (Communicator.node_group_id) under the leaf's slot (op.slot[1:]; its node first in the
+plan), a load_reduce at its turn (its request on the uplink at the member's clock) with the leaf summing (an
+average is finished on the output at the end, as point to point), and posts a switch_recv at its turn.
+A credit is the communicator's out-of-band credit (Communicator.send_credit: the results this member
+took so far), a credit_wait takes the next one from its GPU (next_credit).
 """
 
 import numpy as np
@@ -66,15 +72,19 @@ def execute(call, plan, inp: np.ndarray, out: np.ndarray) -> None:
     switched = in_switch(plan)
     # in-switch: the contributions' modeled issue time (the call's start), the slots load_reduce asks for,
     # and each request's stamp on the uplink
-    ctx = {"start": call.gpu.now_ns, "loads": load_requests(plan) if switched else {}, "stamps": {}}
-    if ctx["loads"]:  # every member answers the switch's reads from its input; its requests are issued at once
+    ctx = {"start": call.gpu.now_ns, "loads": load_requests(plan) if switched else {}, "stamps": {}, "taken": 0,
+           # a leaf plan (Plan.leaf): the node's group at its leaf, which sums (an average is finished below)
+           "group": call.comm.node_group_id() if plan.leaf else None,
+           "op": "sum" if call.op == "avg" and plan.leaf else None}
+    if ctx["loads"]:  # every member answers the switch's reads from its input
         call.gpu.bind_buffer(call.key(*SOURCE), bufs["i"])
+    if ctx["loads"] and not plan.leaf:  # its requests are issued at once (a leaf plan's: at their turn)
         for op in program.ops:
             if op.kind == "load_reduce":
                 lo, hi = span(table, op.src)
                 if hi > lo:
                     ctx["stamps"][op.slot] = call.gpu.reserve_uplink(0, ctx["start"])
-    if switched:  # every result's chunks posted before anything is contributed (sharp.py's order)
+    if switched and not plan.leaf:  # every result's chunks posted before anything is contributed (sharp.py's order)
         for op in program.ops:
             if op.kind == "switch_recv":
                 lo, hi = span(table, op.dst)
@@ -95,7 +105,7 @@ def execute(call, plan, inp: np.ndarray, out: np.ndarray) -> None:
         call.flush()
     if ctx["loads"]:
         call.gpu.unbind_buffer(call.key(*SOURCE))
-    if switched:  # the switch finished the reduction (an average divided once there)
+    if switched and not plan.leaf:  # the switch finished the reduction (an average divided once there)
         return
     if plan.collective in ("allreduce", "reduce_scatter") or (plan.collective == "reduce" and call.r == plan.root):
         target = bufs["o"]
@@ -107,7 +117,7 @@ def _run_op(call, plan, op, bufs, table, tmp_all, sent, taken, ctx) -> None:
     if op.kind == "switch_contribute":
         lo, hi = span(table, op.src)
         if hi > lo and op.slot in ctx["loads"]:  # the answer to the switch's read (it names the range)
-            call.serve_load(SOURCE, op.slot, op.send_to)
+            call.serve_load(SOURCE, op.slot[1:] if plan.leaf else op.slot, op.send_to, ctx["group"])
         elif hi > lo:
             dest = list(range(call.n)) if op.send_to is None else [op.send_to]
             call.reduce(op.slot, bufs[op.src.buf][lo:hi], dest, (PLAN_SWITCH, *op.slot), ctx["start"])
@@ -116,17 +126,31 @@ def _run_op(call, plan, op, bufs, table, tmp_all, sent, taken, ctx) -> None:
         lo, hi = span(table, op.src)
         if hi > lo:
             item = bufs["i"].dtype.itemsize
-            call.load_reduce(op.slot, SOURCE, lo * item, (hi - lo) * item, (PLAN_SWITCH, *op.slot),
-                             ctx["stamps"][op.slot])
+            if plan.leaf:  # issued at the member's clock, to its node's leaf under the leaf's slot
+                call.load_reduce(op.slot[1:], SOURCE, lo * item, (hi - lo) * item, (PLAN_SWITCH, *op.slot),
+                                 call.gpu.reserve_uplink(0, call.gpu.now_ns), ctx["group"], ctx["op"])
+            else:
+                call.load_reduce(op.slot, SOURCE, lo * item, (hi - lo) * item, (PLAN_SWITCH, *op.slot),
+                                 ctx["stamps"][op.slot])
         return
     if op.kind == "multicast_store":
         lo, hi = span(table, op.src)
         if hi > lo:
-            call.multicast((PLAN_SWITCH, *op.slot), bufs[op.src.buf][lo:hi])
+            call.multicast((PLAN_SWITCH, *op.slot), bufs[op.src.buf][lo:hi], ctx["group"])
         return
     if op.kind == "switch_recv":
         lo, hi = span(table, op.dst)
-        call.wait((PLAN_SWITCH, *op.slot), "the switch's delivery", bufs[op.dst.buf][lo:hi])
+        if plan.leaf:  # posted at its turn
+            call.recv_switch((PLAN_SWITCH, *op.slot), bufs[op.dst.buf][lo:hi], "the leaf's delivery", ctx["group"])
+        else:
+            call.wait((PLAN_SWITCH, *op.slot), "the switch's delivery", bufs[op.dst.buf][lo:hi])
+        ctx["taken"] += 1
+        return
+    if op.kind == "credit":  # out of band: how many results this member has taken
+        call.comm.send_credit(ctx["taken"])
+        return
+    if op.kind == "credit_wait":
+        call.comm.next_credit(op.recv_from)
         return
     if op.kind in RECVS:
         m = taken[(op.recv_from, op.channel)] = taken.get((op.recv_from, op.channel), -1) + 1

@@ -8,11 +8,9 @@ import numpy as np
 
 from nvlink_emu.fabric import plans
 from nvlink_emu.fabric.plans import in_switch
-from nvlink_emu.fabric.reduction import chunks, switch_accumulator
+from nvlink_emu.fabric.reduction import switch_accumulator
 
 from . import plan
-
-RD = 4  # reduce's message phase (0 to 3 were allreduce's, reduce_scatter's, allgather's and broadcast's, now their plans')
 
 
 def allreduce(call, array: np.ndarray) -> None:
@@ -53,34 +51,10 @@ def broadcast(call, array: np.ndarray, root: int) -> None:
 
 
 def reduce(call, send: np.ndarray, recv: np.ndarray | None, root: int) -> None:
-    window = call.in_switch_window(1)
-    spans = chunks(0, send.size, call.chunk)
-    start = call.gpu.now_ns  # modeled: every contribution is issued at once
-    last = len(spans) - window  # results the last contribution must wait for (none: no credits)
-    step = max(1, window // 2)  # the root gives credit every `step` results, not for each one
-
-    def contribute(c):
-        lo, hi = spans[c]
-        call.reduce((c,), send[lo:hi], [root], (RD, c), start)
-
-    if call.r == root:
-        assert recv is not None  # the root's output, checked by the communicator
-        for c, (lo, hi) in enumerate(spans):
-            call.post((RD, c), recv[lo:hi])
-        for c in range(min(window, len(spans))):
-            contribute(c)
-        for c, (lo, hi) in enumerate(spans):
-            call.wait((RD, c), "the switch's reduction", recv[lo:hi])
-            done = c + 1
-            if done <= last and (done % step == 0 or done == last):
-                call.comm.send_credit(done)
-            if c + window < len(spans):
-                contribute(c + window)
-    else:
-        seen = 0
-        for c in range(len(spans)):
-            # chunk c goes once results 0..c-window are back at the root: at most `window` in the switch
-            while seen < c - window + 1:
-                seen = call.comm.next_credit(root)
-            contribute(c)
-    call.flush()
+    """Its plan (fabric.plans.in_switch.sharp): every member's contributions to the root's results, paced by
+    the root's credits (out of band), so that at most the window's chunks of each member are in the switch."""
+    item = send.dtype.itemsize
+    shape = in_switch.shape("sharp", call.n, "reduce", call.nodes(), call.gpu.config, send.size * item, item)
+    out = recv if call.r == root else send[:0]  # only the root's output is written
+    assert out is not None  # the root's output, checked by the communicator
+    plan.execute(call, plans.build("sharp", call.n, "reduce", root, shape=shape), send, out)

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 # What the unexpected queue of a communicator keeps taken, per source member: past either bound, its arrived
 # messages are queued by their envelope only and left in the GPU's mailbox, not taken, until a receive
-# matches one; so the switch's mailbox bound (ranks/transport.MAILBOX_PEER_*) holds the sender, and a
+# matches one; so the switch's mailbox bound (ranks/transport.packets.MAILBOX_PEER_*) holds the sender, and a
 # program that receives nothing keeps at most these plus a mailbox of a member's messages
 KEPT_MESSAGES = 1024
 KEPT_BYTES = 32 << 20

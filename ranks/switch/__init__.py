@@ -5,10 +5,6 @@ packets; `credits`: credits between leaves; `tracing`: its records (Records) and
 its share of the run's report.
 """
 
-from .queues import (ANSWERS, MAX_KEPT, MAX_PARKED, MAX_PARKED_BYTES, MAX_QUEUED, MAX_QUEUED_BYTES, MAX_UNREAD,
-                     MAX_WANTED, SPANNING)
 from .rank import SwitchRank
-from .tracing import TRACE_RELAY_S
 
-__all__ = ["ANSWERS", "MAX_KEPT", "MAX_PARKED", "MAX_PARKED_BYTES", "MAX_QUEUED", "MAX_QUEUED_BYTES", "MAX_UNREAD",
-           "MAX_WANTED", "SPANNING", "TRACE_RELAY_S", "SwitchRank"]
+__all__ = ["SwitchRank"]

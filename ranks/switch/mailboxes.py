@@ -1,4 +1,4 @@
-"""A leaf's mailbox bounds between the GPUs of its node (transport.MAILBOX_PEER_*): per (sender, receiver, class),
+"""A leaf's mailbox bounds between the GPUs of its node (transport.packets.MAILBOX_PEER_*): per (sender, receiver, class),
 the MSG payload bytes and messages forwarded and not yet credited back by the receiver (it credits what its program
 took); a sender's MSG past either bound is parked, with the later ones of its pair and class, until credit comes
 (MAX_PARKED*); a message a receiver's program waits for goes past the bounds."""
@@ -8,7 +8,8 @@ from typing import cast
 
 from nvlink_emu.fabric.packets import MsgInfo, Packet
 
-from ..transport import MAILBOX_PEER_BYTES, MAILBOX_PEER_MESSAGES, WANTED, mailbox_class
+from ..transport import mailbox_class
+from ..transport.packets import MAILBOX_PEER_BYTES, MAILBOX_PEER_MESSAGES, WANTED
 from .queues import MAX_PARKED, MAX_PARKED_BYTES, MAX_WANTED, Waiting
 
 

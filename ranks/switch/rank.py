@@ -26,7 +26,8 @@ from nvlink_emu.fabric.packets import MAX_GPU_HEADER_BYTES, CountersInfo, Kind, 
 from nvlink_emu.fabric.budget import port_share_bytes
 from nvlink_emu.fabric.switch import Send, SpineLogic, SwitchLogic
 
-from ..transport import MAILBOX_PEER_MESSAGES, MAX_HEADER_BYTES, Idle, SwitchChannel, Transport, mailbox_class, unframe
+from ..transport import Idle, SwitchChannel, Transport, mailbox_class, unframe
+from ..transport.packets import MAILBOX_PEER_MESSAGES, MAX_HEADER_BYTES
 from .credits import LeafCredits
 from .mailboxes import Mailboxes
 from .queues import (ANSWERS, CREDIT_STEPS, MAX_KEPT, MAX_QUEUED, MAX_QUEUED_BYTES, MAX_UNREAD, SPANNING, SWEEP_STEPS,

@@ -1,6 +1,6 @@
 """CLI tier, in-process (the command's main, no rank started): `nvlink-emu model` prints bench's keys from
-the cost model the emulated runs are checked against (fabric.cost_nodes on several nodes, fabric.cost on
-one), with auto resolved as the ranks resolve it, the shapes emulation validated, and typed errors."""
+the cost model the emulated runs are checked against (fabric.cost_nodes' replay of the plans, on one node
+as on several; fabric.cost's closed forms its oracle on one), with auto resolved as the ranks resolve it, the shapes emulation validated, and typed errors."""
 
 import json
 
@@ -86,14 +86,16 @@ def test_all2all_auto_is_the_faster_of_its_algorithms_by_the_replay(capsys):
     assert "2 nodes x 4 GPUs (4 spines), was not emulated: a prediction" in err
 
 
-def test_one_node_is_fabric_cost_and_hier_there_is_the_ring(capsys):
+def test_one_node_is_the_replay_and_hier_there_is_the_ring(capsys):
     status, out, err = model(capsys, "allreduce", "--preset", "dgx-h100", "-b", "64K", "-e", "16M", "-f", "16", "--json")
     assert status == 0, err
     config = preset("dgx-h100")
     for row in rows_of(out):  # auto: direct up to 8 MiB (NCCL's software latency, fabric.software), then sharp
         algorithm = choose("allreduce", "auto", config, row["size_bytes"])
         assert row["algorithm"] == algorithm
-        assert row["modeled_us"] == round(cost.modeled_ns("allreduce", algorithm, row["size_bytes"], 8, config) / 1e3, 4)
+        ns = cost_nodes.modeled_ns("allreduce", algorithm, config.topology, row["size_bytes"], config)
+        assert row["modeled_us"] == round(ns / 1e3, 4)
+        assert ns == pytest.approx(cost.modeled_ns("allreduce", algorithm, row["size_bytes"], 8, config), rel=0.01)
         assert (row["tx_bytes_per_gpu"], row["rx_bytes_per_gpu"]) == cost.payload_bytes("allreduce", algorithm,
                                                                                         row["size_bytes"], 8)
         assert row["validated_by_emulation"] is ((1, 8, 0) in validated_shapes())

@@ -252,7 +252,7 @@ def test_more_atomics_than_a_mailbox_bound_are_served_and_credited():
     next request and both GPUs waited to their deadlines. GPU 1 adds to GPU 0's counter past it, all
     requests in flight at once (one round trip each, 1,124 of them, outlasted the 30 s deadline on a
     loaded CI machine), then fetch-and-adds it once."""
-    from nvlink_emu.ranks.transport import MAILBOX_PEER_MESSAGES
+    from nvlink_emu.ranks.transport.packets import MAILBOX_PEER_MESSAGES
     count = MAILBOX_PEER_MESSAGES + 100
 
     def main(gpu):

@@ -18,7 +18,7 @@ from nvlink_emu.fabric.control import MAX_CONTROL_BYTES
 from nvlink_emu.fabric.counters import downlink, uplink
 from nvlink_emu.fabric.errors import AccessViolation, CollectiveMismatch, FabricError, ProtocolError
 from nvlink_emu.fabric.packets import MAX_KEY_PARTS, Kind, McastInfo, MsgInfo, Packet
-from nvlink_emu.ranks.transport import INLINE_MARK
+from nvlink_emu.ranks.transport.packets import INLINE_MARK
 
 from mpi_helpers import gpus, run
 from trust_helpers import lone_attacker, refusals, until
@@ -387,7 +387,7 @@ def test_a_control_message_longer_than_any_point_to_point_one_is_dropped_unread(
     14 ms. Now a control message past MAX_P2P_CONTROL_BYTES (64 KiB: credits and "where are you?" carry
     a name and a few numbers) is dropped unread: GPU 1 reads GPU 0's well-formed object of one byte more
     as nothing (source, None), and the next, just short enough, whole."""
-    from nvlink_emu.ranks.transport import MAX_P2P_CONTROL_BYTES
+    from nvlink_emu.ranks.transport.channels import MAX_P2P_CONTROL_BYTES
 
     def blob(nbytes):  # a msgpack bytes object `nbytes` long, its header (3 or 5 bytes) included
         data = msgpack.packb(b"x" * (nbytes - 3), use_bin_type=True)
@@ -432,7 +432,7 @@ def test_raw_mpi_messages_around_the_fabric_are_swept_and_counted():
     exchange's, if it were one); what waits afterwards is nothing."""
     from mpi4py import MPI
 
-    from nvlink_emu.ranks.transport import TAG_EXCHANGE
+    from nvlink_emu.ranks.transport.packets import TAG_EXCHANGE
     each, victim = 500, 1
 
     def main(gpu):
@@ -472,7 +472,7 @@ def test_a_mailbox_holds_a_bounded_backlog_per_sender_and_the_sender_waits():
     sender's messages to a GPU of its node until MAILBOX_PEER_BYTES or MAILBOX_PEER_MESSAGES of them wait
     untaken, then holds the sender's next (its sends stay incomplete); once GPU 2 takes them, every message
     arrives, intact and in order. Two GPUs each sending the other past the bounds, then taking all, finish."""
-    from nvlink_emu.ranks.transport import MAILBOX_PEER_BYTES, MAILBOX_PEER_MESSAGES
+    from nvlink_emu.ranks.transport.packets import MAILBOX_PEER_BYTES, MAILBOX_PEER_MESSAGES
     mib = 1 << 20
     big = MAILBOX_PEER_BYTES // mib + 16  # 1 MiB messages: the byte bound holds the last 16
     small = MAILBOX_PEER_MESSAGES + 476   # empty messages: the count bound holds the last 476
@@ -525,7 +525,7 @@ def test_a_backlog_past_the_mailbox_bound_holds_only_that_pairs_later_messages()
     of another tag, which GPU 1 receives before the backlog, then the backlog, in order (then 8 messages of
     1 MiB behind it, whose sends stay incomplete). A held message now holds only the later messages of its
     pair and class, and a message the receiver's program waits for goes whatever the bounds."""
-    from nvlink_emu.ranks.transport import MAILBOX_PEER_MESSAGES
+    from nvlink_emu.ranks.transport.packets import MAILBOX_PEER_MESSAGES
     count = MAILBOX_PEER_MESSAGES + 76
     mib = 1 << 20
     big = 8  # then 1 MiB messages: held (parked) too, their payloads wait with the sender

@@ -16,7 +16,7 @@ from nvlink_emu.fabric import cost_nodes, hier_plan
 from nvlink_emu.fabric.errors import AccessViolation, UnsupportedOperation
 from nvlink_emu.fabric.packets import Kind, LoadInfo
 from nvlink_emu.fabric.reduction import DTYPES, OPS, blocks, combine, finish, switch_accumulator
-from nvlink_emu.ranks.collectives import hier
+from nvlink_emu.ranks.collectives import plan as executor
 
 from nodes_helpers import PRESETS, config, fold_contribution, run, same_bits, shape
 from trust_helpers import refusals
@@ -111,7 +111,7 @@ def test_reductions_equal_the_documented_fold_bitwise_for_every_op_and_dtype():
 def test_node_stages_in_the_leaf_are_the_documented_fold_take_the_replayed_time_and_exact_bytes():
     """superpod-h100-ib (the leaves reduce, the spines do not): allreduce and reduce_scatter of every op and
     dtype bitwise the leaf's fold; allgather and broadcast of float16 and int64;
-    each call's modeled time, from a barrier, cost_nodes.modeled_ns' (the replay, hier_ns) exactly; and
+    each call's modeled time, from a barrier, cost_nodes.modeled_ns' (the replay: its leaf plan, fabric.plans.timing_leaf) exactly; and
     the payload and raw bytes of every link over the whole run cost_nodes.hier_leaf_link_bytes' sums."""
     cfg = config("superpod-h100-ib", chunk_bytes=CHUNK)
     assert hier_plan.in_leaf(cfg)
@@ -191,7 +191,7 @@ def test_a_node_group_is_its_node_s_alone_and_its_loads_stay_in_its_buffers():
         gid = np.array([comm.node_group_id()], np.int64)
         gpu.native("broadcast", gid.copy(), gid, root=0)  # node 0's group id, out of band
         gid = int(gid[0])
-        key = (comm.name, 99, *hier.SOURCE)
+        key = (comm.name, 99, *executor.SOURCE)  # the input every member binds for the leaf's LOADs
         if gpu.rank == per_node:  # node 1's first GPU
             info = LoadInfo(gid, (99, 0, 0), "sum", "float32", (gpu.rank,), (comm.name, 99, 20, 0, 0), key)
             gpu.switch_request(Kind.LOAD_REDUCE, info, None, 0, 64, stamp=gpu.reserve_uplink(0, gpu.now_ns))

@@ -53,7 +53,7 @@ def test_load_reduces_do_not_pile_loads_up_at_another_node_s_leaf(monkeypatch, n
     notice only for a LOAD it sent that member unanswered: in all three cases GPU 0's own leaf (GPU 0 answers none of its LOADs) and the
     partner's stop at 1,024, and none is refused (the budget, 2,048 or 1,365, is never reached)."""
     from nvlink_emu.fabric.switch import SwitchLogic
-    from nvlink_emu.ranks.switch import MAX_UNREAD
+    from nvlink_emu.ranks.switch.queues import MAX_UNREAD
 
     pair, _ = _tenants()
     partner, count = pair[1], 4000
@@ -120,7 +120,7 @@ def test_load_reduces_of_a_group_in_one_leaf_do_not_pile_loads_up_at_it(monkeypa
     the leaf stops reading GPU 0 while a port its traffic goes to has more than MAX_UNREAD sends in
     flight, so it kept at most 1,025 LOADs in flight to GPU 1 (measured, 8 ranks), none refused; the
     requests wait at GPU 0. (Across nodes the other leaf cannot hold a spine back: the test above.)"""
-    from nvlink_emu.ranks.switch import MAX_UNREAD
+    from nvlink_emu.ranks.switch.queues import MAX_UNREAD
 
     tenant = (0, 1)
     others = tuple(g for g in range(gpus_of_shape()) if g not in tenant)

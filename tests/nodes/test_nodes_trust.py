@@ -398,7 +398,7 @@ def test_a_flood_of_zero_byte_messages_keeps_a_bounded_number_of_sends_in_flight
     flight to it at once (each a header, an MPI request and its bookkeeping in the leaf's memory),
     against the 1,024 unread answers past which a switch stops reading a GPU. Now every packet takes at
     least 1/1,024 of the credit, so the partner's leaf stops after 1,024 of them."""
-    from nvlink_emu.ranks.switch import MAX_UNREAD
+    from nvlink_emu.ranks.switch.queues import MAX_UNREAD
 
     _, per_node, _ = shape()
     partner, count = per_node, 4000

@@ -1,7 +1,8 @@
 """The waits' back-off (ranks.transport): a poked wait's naps, and an exchange's two phases."""
 
 from nvlink_emu.ranks.transport import job as transport_job
-from nvlink_emu.ranks.transport import POKED_FIRST_NAP_S, POKED_MAX_NAP_S, Idle, poked_idle
+from nvlink_emu.ranks.transport import Idle, poked_idle
+from nvlink_emu.ranks.transport.job import POKED_FIRST_NAP_S, POKED_MAX_NAP_S
 
 
 def _naps(monkeypatch, idle, calls: int) -> list:

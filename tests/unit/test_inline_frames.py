@@ -8,7 +8,8 @@ import pytest
 
 from nvlink_emu.fabric.errors import ProtocolError
 from nvlink_emu.fabric.packets import Kind, MsgInfo, Packet
-from nvlink_emu.ranks.transport import INLINE_FRAME_BYTES, INLINE_MARK, INLINE_PAYLOAD_BYTES, frame, unframe
+from nvlink_emu.ranks.transport import frame, unframe
+from nvlink_emu.ranks.transport.packets import INLINE_FRAME_BYTES, INLINE_MARK, INLINE_PAYLOAD_BYTES
 
 
 def test_a_frame_gives_back_its_header_and_payload_without_copying_the_payload():

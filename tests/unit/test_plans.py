@@ -12,7 +12,7 @@ import pytest
 from nvlink_emu.fabric import cost, cost_nodes, plans, replay
 from nvlink_emu.fabric.plans import registry, timing
 from nvlink_emu.fabric.config import preset, resolve
-from nvlink_emu.fabric.errors import FabricError, PlanError
+from nvlink_emu.fabric.errors import PlanError
 from nvlink_emu.fabric.packets import raw_bytes
 from nvlink_emu.fabric.reduction import blocks, channel_rings, ring_channel_count
 from nvlink_emu.fabric.plans.format import Op, Plan, Ref
@@ -147,8 +147,12 @@ def test_a_tuple_of_operations_gpus_share_is_checked_for_every_gpu_it_names():
 def test_the_registry_refuses_what_it_cannot_build():
     with pytest.raises(PlanError, match="6 GPUs is not a power of two"):
         plans.build("recursive_doubling", 6, "allreduce")
-    with pytest.raises(PlanError, match="no plan algorithm 'hier_nvls'"):  # not a plan yet
+    with pytest.raises(PlanError, match="no plan algorithm 'bogus'"):
+        plans.build("bogus", 4, "allreduce")
+    with pytest.raises(PlanError, match="hier_nvls plan: it is built for a call's size and the leaf's buffer share"):
         plans.build("hier_nvls", 4, "allreduce")
+    with pytest.raises(PlanError, match="hier_nvls plan: its node stages run in the leaf on N > 1 nodes of G > 1"):
+        plans.build("hier_nvls", 4, "allreduce", layout=((0, 1, 2, 3),), shape=(16, 4, 4, 4, 1 << 20))
     with pytest.raises(PlanError, match="nvls plan: it is built for a call's size and the fabric's switch buffer"):
         plans.build("nvls", 4, "allreduce")
     with pytest.raises(PlanError, match="nvls plan: no allgather"):
@@ -351,9 +355,10 @@ def test_sharp_allreduce_times_as_the_switches_book_it():
     plan = plans.build("sharp", 4, "allreduce", shape=(256, 256, 1))
     with pytest.raises(PlanError, match="the link bytes of in-switch operations are the switches'"):
         plans.plan_link_bytes(plan, config.topology, 1024, config)
-    with pytest.raises(FabricError, match="sharp across nodes needs a topology of several nodes and spines"):
-        one = preset("dgx-h100", gpus=4)
-        replay.replay_ns("allreduce", "sharp", Topology.single(one), 1024, one, 4)
+    # one node: the leaf's engine and ports (fabric.switch_clocks.OneSwitch), whose time here is the closed form's
+    one = preset("dgx-h100", gpus=4)
+    assert replay.replay_ns("allreduce", "sharp", Topology.single(one), 1024, one, 4) == 653.7260273972603
+    assert cost.links_ns("allreduce", "sharp", 1024, 4, one, 4) == 653.7260273972603
 
 
 def test_buffers_must_fit_the_collective():
@@ -793,6 +798,68 @@ def test_the_hier_plan_is_hier_plans_program_matched_in_order(N, G):
                 for (g, peer, _), messages in sent.items():
                     traffic[g, peer] += sum(4 * (hi - lo) for _, lo, hi in messages)
                 assert np.array_equal(timing.plan_traffic(plan, 4 * count, 4), traffic)
+
+
+# -- hier_nvls: fabric.hier_plan's schedule with its node stages in the leaf, a leaf plan -----------------
+
+_LEAF_KINDS = {"load_reduce": "load_reduce", "serve": "switch_contribute", "mcast": "multicast_store",
+               "take": "switch_recv", "send": "send", "flush": "flush"}
+
+
+@pytest.mark.parametrize("N, G", [(2, 2), (2, 4), (3, 2)])
+def test_the_hier_nvls_plan_is_hier_plans_leaf_program_in_order(N, G):
+    # op for op hier_plan's program with the share (its "finish" none), each leaf op's slot its node and
+    # hier_plan.leaf_slot of its key, its chunks the op's range, an own store's copy taken into scratch of its
+    # sizes; no flush added; Plan.leaf the grid's nodes; several slices (a small share)
+    from nvlink_emu.fabric import hier_plan
+    from nvlink_emu.fabric.plans.hier import hier_nvls_pieces
+    n, chunk, share = N * G, 100, 2 * (G - 1) * N * G * 4 * 60  # a slice's piece: 60 elements
+    layout = registry.grid(N, G)
+    for collective in hier_plan.STAGES:
+        for count in (0, 1, n + 1, 1001, 3 * 60 * n + 7):
+            for root in ((0, n - 1) if collective == "broadcast" else (0,)):
+                shape = hier_nvls_pieces(n, layout, 4 * count, 4, 4 * chunk, share)
+                plan = plans.build("hier_nvls", n, collective, root, layout, shape=shape)
+                assert plan.leaf == layout and plan.fabrics == ("network",)
+                for g in range(n):
+                    a, j = divmod(g, G)
+                    table = timing.spans(plan, 4 * count, 4, g)
+                    ops = [op for op in plan.programs[g].ops if op.kind != "copy"]  # allgather's, reduce_scatter's
+                    want = [op for op in hier_plan.program(collective, N, G, a, j, count, chunk, 4, divmod(root, G),
+                                                           None, share) if op[0] != "finish"]
+                    assert [op.kind for op in ops] == [_LEAF_KINDS.get(op[0], "recv_reduce" if op[0] == "recv" and
+                                                                       op[5] else "recv") for op in want]
+                    for op, old in zip(ops, want):
+                        if op.kind in ("load_reduce", "switch_contribute", "multicast_store", "switch_recv"):
+                            key = old[2] if old[0] == "serve" else old[1]
+                            assert op.slot == (a, *hier_plan.leaf_slot(key))
+                            ref = op.dst if op.kind == "switch_recv" else op.src
+                            lo, hi = timing.span(table, ref)
+                            assert hi - lo == old[-2 if old[0] == "take" else -1] - old[-3 if old[0] == "take" else -2]
+                            if op.kind == "switch_recv" and old[4]:  # my own store's copy
+                                assert ref.buf == "s"
+                            elif op.kind == "switch_recv":
+                                assert (lo, hi) == (old[2], old[3])
+                    assert len(timing.with_flushes(plan, g)) == len(plan.programs[g].ops)
+
+
+def test_the_validator_keeps_a_leaf_plan_s_slots_in_their_node():
+    from nvlink_emu.fabric.plans.hier import hier_nvls_pieces
+    layout = registry.grid(2, 2)
+    plan = plans.build("hier_nvls", 4, "allreduce", 0, layout, shape=hier_nvls_pieces(4, layout, 4096, 4, 1024, 1 << 20))
+    ops = list(plan.programs[0].ops)
+    first = next(step for step, op in enumerate(ops) if op.kind == "load_reduce")
+    ops[first] = dataclasses.replace(ops[first], slot=(1, *ops[first].slot[1:]))
+    with pytest.raises(PlanError, match=r"GPU 0 step \d+ \(load_reduce, channel 0\): slot \[1, .*names node 1's leaf, "
+                                        r"GPU 0 is at node 0"):
+        plans.validate(_with_ops(plan, 0, ops))
+    # GPU 1 does not answer GPU 0's first load-reduce: the leaf's sum would miss it
+    ops = list(plan.programs[1].ops)
+    answer = next(step for step, op in enumerate(ops) if op.kind == "switch_contribute" and op.send_to == 0)
+    with pytest.raises(PlanError, match=r"is a load-reduce, answered by GPUs \[0\], not every GPU of the node's \[0, 1\]"):
+        plans.validate(_with_ops(plan, 1, ops[:answer] + ops[answer + 1:]))
+    with pytest.raises(PlanError, match="leaf .* is not its 4 GPUs in nodes"):
+        plans.validate(dataclasses.replace(plan, leaf=((0, 1), (2,))))
 
 
 def test_an_output_chunk_of_no_element_needs_no_contribution_only_where_the_plan_sizes_its_chunks():

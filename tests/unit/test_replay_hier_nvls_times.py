@@ -1,4 +1,5 @@
-"""fabric.replay.hier_ns (hier_nvls: hier's node stages in the leaf) gives exactly (==) its golden times on
+"""hier_nvls's replay (its node stages in the leaf: its leaf plan, fabric.plans.hier.hier_nvls, timed by
+fabric.plans.timing_leaf; fabric.replay.hier_ns before it) gives exactly (==) its golden times on
 several presets, shapes, collectives, itemsizes, sizes and slice counts; hier_plan.program with one memo
 shared by every member yields, op for op, what it yields alone."""
 
@@ -100,7 +101,7 @@ def test_hier_nvls_in_several_slices_replays_in_its_golden_times(case, before):
     root = (N * G) - 1 if collective == "broadcast" else 0
     want = BURST.get(case, before)
     assert want <= before
-    assert replay.hier_ns(collective, config.topology, count, config, 4, root) == want
+    assert replay.replay_ns(collective, "hier_nvls", config.topology, count * 4, config, 4, root) == want
 
 
 @pytest.mark.parametrize("collective", hier_plan.STAGES)

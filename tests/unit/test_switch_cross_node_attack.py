@@ -12,7 +12,8 @@ import pytest
 from nvlink_emu.fabric.packets import (HEADER_GROWTH_BYTES, MAX_GPU_HEADER_BYTES, MAX_HEADER_BYTES, MAX_TEXT, GroupInfo,
                                        Kind, LoadInfo, McastInfo, MsgInfo, Packet, ReduceInfo)
 from nvlink_emu.ranks.switch import SwitchRank
-from nvlink_emu.ranks.transport import INLINE_FRAME_BYTES, INLINE_PAYLOAD_BYTES, frame, unframe
+from nvlink_emu.ranks.transport import frame, unframe
+from nvlink_emu.ranks.transport.packets import INLINE_FRAME_BYTES, INLINE_PAYLOAD_BYTES
 
 from nvlink_emu.fabric.config import preset
 from switch_helpers import Fabric, nvlink
@@ -436,7 +437,7 @@ class _Routed(Fabric):
     ranks/switch/ does (a spine's on_packet, a leaf's on_transit)."""
 
     def flow(self, here: int, sends: list) -> list:
-        from nvlink_emu.ranks.switch import SPANNING
+        from nvlink_emu.ranks.switch.queues import SPANNING
         out, queue = [], [(here, send) for send in sends]
         while queue:
             frm, send = queue.pop(0)

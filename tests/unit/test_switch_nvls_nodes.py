@@ -86,7 +86,7 @@ def test_nvls_link_bytes_across_nodes_are_the_closed_forms_for_equal_sets_of_chu
     S / P on each leaf -> spine cable (float16's partials: float32, twice its bytes) and S / (N P) on each
     spine -> leaf cable; allreduce adds its stores, G S / (n P) up and (n - G) S / (n P) down per cable;
     a GPU's uplink S (+ its block), its downlink its block (+ S)."""
-    from nvlink_emu.fabric import cost_nodes, replay
+    from nvlink_emu.fabric import cost, cost_nodes, replay
     from nvlink_emu.fabric.errors import FabricError
 
     cfg = nvlink(nodes=2, spines=2, chunk_bytes=4096)
@@ -109,8 +109,10 @@ def test_nvls_link_bytes_across_nodes_are_the_closed_forms_for_equal_sets_of_chu
         assert (ar[f"gpu{g}->sw{g // G}"], ar[f"sw{g // G}->gpu{g}"]) == (S + S // n, S + S // n)
     with pytest.raises(FabricError, match="nvls's link bytes are for allreduce, reduce_scatter"):
         cost_nodes.link_bytes("reduce", "nvls", topo, S, 4, config=cfg)
-    with pytest.raises(FabricError, match="nvls across nodes needs a topology of several nodes"):
-        replay.nvls_ns("allreduce", preset_one_node().topology, 1024, preset_one_node(), 4)
+    # one node: the leaf's engine and ports (fabric.switch_clocks.OneSwitch); here the closed form's time to 1e-15
+    one = preset_one_node()
+    assert replay.nvls_ns("allreduce", one.topology, 256, one, 4) == pytest.approx(
+        cost.links_ns("allreduce", "nvls", 1024, 4, one, 4), rel=1e-15)
 
 
 def preset_one_node():

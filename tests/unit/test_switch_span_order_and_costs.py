@@ -201,8 +201,10 @@ def test_a_gpu_s_waiting_packets_cost_its_switch_about_what_their_payloads_do():
 
     from nvlink_emu.fabric.config import preset
     from nvlink_emu.fabric.packets import MAX_TEXT, MsgInfo
-    from nvlink_emu.ranks.switch import MAX_QUEUED_BYTES, SwitchRank
-    from nvlink_emu.ranks.transport import INLINE_PAYLOAD_BYTES, MAX_HEADER_BYTES, frame
+    from nvlink_emu.ranks.switch import SwitchRank
+    from nvlink_emu.ranks.switch.queues import MAX_QUEUED_BYTES
+    from nvlink_emu.ranks.transport import frame
+    from nvlink_emu.ranks.transport.packets import INLINE_PAYLOAD_BYTES, MAX_HEADER_BYTES
 
     config = preset("dgx-h100", gpus=4)
     rank = SwitchRank(config, Intake(), 30.0)

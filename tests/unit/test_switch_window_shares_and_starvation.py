@@ -177,8 +177,10 @@ def test_a_gpu_s_flood_cannot_starve_another_tenant_s_gpu_while_one_is_not_read(
     Fixed: _poll's scan starts after the source served last (round robin); after, in the same 10,000 polls
     GPU 1's and GPU 2's headers are asked for and served (each at once: the scan reaches them next)."""
     from nvlink_emu.fabric.packets import MAX_TEXT, MsgInfo, Packet
-    from nvlink_emu.ranks.switch import MAX_QUEUED_BYTES, SwitchRank
-    from nvlink_emu.ranks.transport import INLINE_PAYLOAD_BYTES, frame
+    from nvlink_emu.ranks.switch import SwitchRank
+    from nvlink_emu.ranks.switch.queues import MAX_QUEUED_BYTES
+    from nvlink_emu.ranks.transport import frame
+    from nvlink_emu.ranks.transport.packets import INLINE_PAYLOAD_BYTES
 
     config = FabricConfig(gpus=4, mode="network", sharp=True, mtu_bytes=256, header_bytes=16, page_size_bytes=4096,
                           memory_capacity_bytes=MiB, partitions=((0, 3), (1, 2)))
