@@ -127,7 +127,8 @@ def _ops(plan: Plan) -> None:
     n, lanes = plan.gpus, plan.lanes if plan.lanes > 1 else None
     # a tuple of operations every GPU shares (sharp's), with the same chunk counts, passes the quick test
     # for any GPU it names as no peer, since GPU g's test differs from another's only in "a peer is not g"
-    passed: dict[tuple[int, int, int, int], set[int | None]] = {}  # (id of the tuple, chunk counts) -> the peers its operations name
+    # (id of the tuple, chunk counts) -> the peers its operations name
+    passed: dict[tuple[int, int, int, int], set[int | None]] = {}
     for g, program in enumerate(plan.programs):
         shared = (id(program.ops), program.i_chunks, program.o_chunks, program.s_chunks)
         peers = passed.get(shared)
