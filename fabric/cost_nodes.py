@@ -14,27 +14,27 @@ import numpy as np
 
 from . import hier_plan, plans, replay
 from .budget import buffer_share_bytes
-from .cost_in_switch import (HIER_NVLS, block_bytes, hier_leaf_link_bytes, hier_leaf_traffic, nvls_link_bytes,
+from .cost_in_switch import (block_bytes, hier_leaf_link_bytes, hier_leaf_traffic, nvls_link_bytes,
                              sharp_link_bytes, sharp_mcast_link_bytes, sharp_scatter_link_bytes)
 from .cost import raw_of
 from .errors import FabricError
+from .plans.catalog import ACROSS_NODES, IMPLEMENTS
 from .software import call_bytes, call_latency_ns
 from .reduction import TREE_CHUNK_BYTES
 from .topology import Topology
 
+# the pairs whose GPU-to-GPU rounds `rounds` builds (the rounds model's reach: the bounds and the tuner's pruned
+# search use it); the replay times every pair of fabric.plans.catalog (the in-switch ones, with ACROSS_NODES' across
+# nodes, have no GPU-to-GPU rounds: link_bytes and modeled_ns cover them)
 FLAT = {
     "ring": ("allreduce", "reduce_scatter", "allgather"),
     "direct": ("allreduce", "reduce_scatter", "allgather", "broadcast", "all2all"),
     "all2allv": ("all2allv",),
-    "hier": ("allreduce", "reduce_scatter", "allgather", "broadcast"),
-    "hier_nvls": HIER_NVLS,
+    "hier": IMPLEMENTS["hier"],
+    "hier_nvls": IMPLEMENTS["hier_nvls"],
     "pxn": ("all2all",),
-    "tree": ("allreduce",),
+    "tree": IMPLEMENTS["tree"],
 }
-# in the switches (two-level sharp and nvls on spines that reduce and multicast): no GPU-to-GPU rounds;
-# link_bytes and modeled_ns cover them (fabric.replay.replay_ns: their plans, fabric.plans.in_switch)
-IN_SWITCH = {"sharp": ("allreduce", "reduce_scatter", "allgather", "broadcast"),
-             "nvls": ("allreduce", "reduce_scatter", "allgather", "broadcast")}
 
 
 def rounds(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsize: int = 4, root: int = 0,
@@ -125,8 +125,8 @@ def link_bytes(collective: str, algorithm: str, topo: Topology, S: int = 0, item
     nvls_link_bytes); hier runs its node rings; hier_nvls on N > 1 nodes of G > 1 GPUs its node stages in
     the leaf (hier_leaf_link_bytes: it needs `config`, whose leaves must reduce)."""
     if algorithm == "sharp":
-        if config is None or collective not in IN_SWITCH["sharp"]:
-            raise FabricError(f"cost_nodes: sharp's link bytes are for {', '.join(IN_SWITCH['sharp'])}, and need the "
+        if config is None or collective not in ACROSS_NODES["sharp"]:
+            raise FabricError(f"cost_nodes: sharp's link bytes are for {', '.join(ACROSS_NODES['sharp'])}, and need the "
                               f"config (its chunks)")
         if collective == "reduce_scatter":
             return sharp_scatter_link_bytes(topo, S, config, itemsize, partial_itemsize)
@@ -134,8 +134,8 @@ def link_bytes(collective: str, algorithm: str, topo: Topology, S: int = 0, item
             return sharp_mcast_link_bytes(collective, topo, S, config, itemsize, root)
         return sharp_link_bytes(topo, S, config, itemsize, partial_itemsize)
     if algorithm == "nvls":
-        if config is None or collective not in IN_SWITCH["nvls"]:
-            raise FabricError(f"cost_nodes: nvls's link bytes are for {', '.join(IN_SWITCH['nvls'])}, and need the "
+        if config is None or collective not in ACROSS_NODES["nvls"]:
+            raise FabricError(f"cost_nodes: nvls's link bytes are for {', '.join(ACROSS_NODES['nvls'])}, and need the "
                               f"config (its chunks)")
         if collective in ("allgather", "broadcast"):  # sharp's multicast stores (nvls.py imports them)
             return sharp_mcast_link_bytes(collective, topo, S, config, itemsize, root)
@@ -243,7 +243,15 @@ def modeled_ns(collective: str, algorithm: str, topo: Topology, S: int, config, 
     the config's software latency (fabric.software). On one node too (`nvlink-emu model` reports it there);
     fabric.cost.modeled_ns is its oracle there (tests/unit/test_one_node_oracle.py)."""
     return (links_ns(collective, algorithm, topo, S, config, itemsize, root, counts, partial_itemsize)
-            + call_latency_ns(collective, algorithm, topo.gpus, topo.nodes, call_bytes(S, counts), config))
+            + call_latency_ns(collective, algorithm, topo.gpus, topo.nodes, _call_bytes(collective, topo, S, counts),
+                              config))
+
+
+def _call_bytes(collective: str, topo: Topology, S: int, counts) -> int:
+    """The bytes the communicator charges software latency on (fabric.software.call_bytes): gather's and scatter's
+    a member's block (S / n; S here is the whole output, or the root's input)."""
+    nbytes = call_bytes(S, counts)
+    return nbytes // topo.gpus if collective in ("gather", "scatter") else nbytes
 
 
 def links_ns(collective: str, algorithm: str, topo: Topology, S: int, config, itemsize: int = 4, root: int = 0,
