@@ -36,10 +36,10 @@ def nvls_chunks(topo: Topology, count: int, config, itemsize: int, partial_items
 
 def nvls_lower_bound_ns(collective: str, topo: Topology, count: int, config, itemsize: int = 4,
                         partial_itemsize: int | None = None) -> float:
-    """A lower bound (ns) of nvls_ns, from each GPU's links alone, in O(chunks) (the replay is O(n x
+    """A lower bound (ns) of nvls's replay_ns, from each GPU's links alone, in O(chunks) (the replay is O(n x
     chunks) bookings): a LinkClock's intervals are disjoint and each starts at or after its transfer is
     ready, so a link whose transfers are all ready from T is busy until at least T + their raw bytes / B;
-    and nvls_ns's end is at or after every booking's end on a GPU's links (+ a on its downlink: a
+    and the replay's end is at or after every booking's end on a GPU's links (+ a on its downlink: a
     result or store moves the clock to end + a, a LOAD's answer leaves the uplink after end + a, and
     the call ends once the uplink is free). With B, a the GPU link's, s the switch's, u the uplink's
     and p the engines' latency, h the raw bytes of a header-only packet, per GPU the largest of:
@@ -90,7 +90,7 @@ def nvls_lower_bound_ns(collective: str, topo: Topology, count: int, config, ite
     if not stores:
         return bound
     G, fewest = topo.gpus_per_node, min(len(span) for span in spans)
-    store_down = cast(float, topo.share_gbytes_per_s) * G / (P * (n - G))  # nvls_ns's store_down: a sender's part
+    store_down = cast(float, topo.share_gbytes_per_s) * G / (P * (n - G))  # the replay's store_down: a sender's part
     chain = ((fewest - 1) // 2 + 1) * (2 * a + 2 * s + sp + 2 * u + least / store_down) if fewest else 0.0
     return max(bound, t_s + stores / B + a, chain)
 
