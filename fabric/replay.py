@@ -11,7 +11,8 @@ the emulated time. How each kind of operation is booked: docs/design/plans.md an
 (fabric.tuner.fastest_across_nodes) need not replay it where it cannot win.
 """
 
-from typing import cast
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -23,8 +24,12 @@ from .packets import raw_bytes
 from .reduction import blocks, chunks
 from .topology import Topology
 
+if TYPE_CHECKING:  # for annotations only
+    from .config import FabricConfig
 
-def nvls_chunks(topo: Topology, count: int, config, itemsize: int, partial_itemsize: int | None = None):
+
+def nvls_chunks(topo: Topology, count: int, config: "FabricConfig", itemsize: int,
+                partial_itemsize: int | None = None) -> list[list[tuple[int, int]]]:
     """Each member's block (fabric.reduction.blocks of `count` elements over every GPU of `topo`) in the
     pipeline chunks nvls.py sends (elements, ranges): nvls_chunk_bytes shrunk as Call.in_switch_window does."""
     n = topo.gpus
@@ -34,7 +39,7 @@ def nvls_chunks(topo: Topology, count: int, config, itemsize: int, partial_items
     return [chunks(a, b, chunk) for a, b in blocks(count, n)]
 
 
-def nvls_lower_bound_ns(collective: str, topo: Topology, count: int, config, itemsize: int = 4,
+def nvls_lower_bound_ns(collective: str, topo: Topology, count: int, config: "FabricConfig", itemsize: int = 4,
                         partial_itemsize: int | None = None) -> float:
     """A lower bound (ns) of nvls's replay_ns, from each GPU's links alone, in O(chunks) (the replay is O(n x
     chunks) bookings): a LinkClock's intervals are disjoint and each starts at or after its transfer is
@@ -67,8 +72,8 @@ def nvls_lower_bound_ns(collective: str, topo: Topology, count: int, config, ite
     spans = nvls_chunks(topo, count, config, itemsize, partial_itemsize)
     t = config.timing
     B, a = topo.gpu_gbytes_per_s, topo.gpu_latency_ns
-    s, u, p = t.switch_latency_ns, config.uplink_latency_ns, t.reduction_latency_ns
-    sp = topo.spine_latency_ns  # a spine's traversal (s: a leaf's)
+    s, u, p = t.switch_latency_ns, cast(float, config.uplink_latency_ns), t.reduction_latency_ns  # spines: set
+    sp = cast(float, topo.spine_latency_ns)  # a spine's traversal (s: a leaf's)
     mtu, head = config.mtu_bytes, config.header_bytes
     h = raw_bytes(0, mtu, head)
     # raw bytes of each block's chunks: np arrays, one per block (a block of no chunk sends nothing)
@@ -88,15 +93,15 @@ def nvls_lower_bound_ns(collective: str, topo: Topology, count: int, config, ite
     bound = max(float(up.max()) / B, t0 + float((loads + taken).max()) / B + a,
                 t_r + float(taken.max()) / B + a if taken.max() else 0.0)
     if not stores:
-        return bound
+        return float(bound)  # Python floats (numpy's int64 sums, converted above); said for the type checker
     G, fewest = topo.gpus_per_node, min(len(span) for span in spans)
     store_down = cast(float, topo.share_gbytes_per_s) * G / (P * (n - G))  # the replay's store_down: a sender's part
     chain = ((fewest - 1) // 2 + 1) * (2 * a + 2 * s + sp + 2 * u + least / store_down) if fewest else 0.0
-    return max(bound, t_s + stores / B + a, chain)
+    return float(max(bound, t_s + stores / B + a, chain))
 
 
-def replay_ns(collective: str, algorithm: str, topo: Topology, S: int, config, itemsize: int = 4, root: int = 0,
-              counts=None, partial_itemsize: int | None = None) -> float:
+def replay_ns(collective: str, algorithm: str, topo: Topology, S: int, config: "FabricConfig", itemsize: int = 4,
+              root: int = 0, counts: Sequence[Sequence[int]] | None = None, partial_itemsize: int | None = None) -> float:
     """Modeled ns of one call on every GPU of `topo`, all starting at 0: the latest GPU's clock at the end of
     its plan (fabric.plans.catalog.call_plan: S, root, counts and partial_itemsize as it takes them)."""
     if not isinstance(topo, Topology):
