@@ -13,6 +13,7 @@ from . import hier_plan, plans, replay
 from .budget import buffer_share_bytes
 from .counters import downlink, uplink
 from .errors import FabricError
+from .plans.catalog import IMPLEMENTS, call_plan
 from .plans.timing_leaf import leaf_plan_link_bytes
 from .packets import raw_bytes
 from .reduction import blocks, merged_columns
@@ -20,8 +21,6 @@ from .topology import Topology
 
 if TYPE_CHECKING:  # for annotations only: nothing more imported at run time
     from .config import FabricConfig
-
-HIER_NVLS = ("allreduce", "reduce_scatter", "allgather", "broadcast")  # hier_nvls's collectives
 
 
 def block_bytes(S: int, n: int, itemsize: int) -> list[int]:
@@ -37,7 +36,7 @@ def hier_leaf_link_bytes(collective: str, topo: Topology, S: int, config: "Fabri
                          root: int = 0) -> tuple[dict[str, int], dict[str, int]]:
     """Exact (payload, raw) bytes on every link of hier_nvls's `collective` of S bytes by every GPU of `topo`
     (its node stages in the leaf; N > 1 nodes of G > 1 GPUs; hier_plan.in_leaf(config)), summed from its plan
-    (replay.hier_nvls_plan, the one the replay times: fabric.plans.timing_leaf.leaf_plan_link_bytes): a rail
+    (fabric.plans.catalog.call_plan's, the one the replay times: fabric.plans.timing_leaf.leaf_plan_link_bytes): a rail
     message on the sender's uplink, the cables the Topology routes it over and the receiver's downlink; a
     load-reduce request, header only, on the requester's uplink; each LOAD, header only, on the serving
     member's downlink and its answer (the range) on its uplink; a result on the requester's downlink; a
@@ -50,7 +49,7 @@ def hier_leaf_link_bytes(collective: str, topo: Topology, S: int, config: "Fabri
     way; broadcast: the node AG's store S/G tx and S rx on every GPU, + the scatter's and the chain's as with
     node rings. The cables carry only the rail messages: as with node rings (link_bytes)."""
     _leaf_checks(collective, topo, S, config, itemsize, root)
-    plan = replay.hier_nvls_plan(collective, topo, S, config, itemsize, root)
+    plan, _ = call_plan(collective, "hier_nvls", topo.nodes, topo.gpus_per_node, S, config, itemsize, root)
     tables = [plans.timing.spans(plan, S, itemsize, g) for g in range(topo.gpus)]
     return leaf_plan_link_bytes(plan, topo, config, itemsize, tables)
 
@@ -66,8 +65,8 @@ def _leaf_checks(collective: str, topo: Topology, S: int, config: "FabricConfig"
     if collective == "broadcast" and (not isinstance(root, (int, np.integer)) or isinstance(root, bool)
                                       or not 0 <= root < n):
         raise FabricError(f"cost_nodes: broadcast root must be one of GPUs 0..{n - 1}, got {root!r}")
-    if collective not in HIER_NVLS:
-        raise FabricError(f"cost_nodes: hier_nvls runs {', '.join(HIER_NVLS)}, not {collective}")
+    if collective not in IMPLEMENTS["hier_nvls"]:
+        raise FabricError(f"cost_nodes: hier_nvls runs {', '.join(IMPLEMENTS['hier_nvls'])}, not {collective}")
     return count
 
 
@@ -277,7 +276,7 @@ def sharp_mcast_link_bytes(collective: str, topo: Topology, S: int, config: "Fab
                            root: int = 0) -> dict[str, int]:
     """Exact payload bytes of ranks/collectives/sharp.py's allgather (S: the output's bytes) or broadcast
     (S: the array's, from GPU `root`) by every GPU of `topo` (N nodes, P spines), every link, from its
-    multicast stores (its plan, fabric.replay.sharp_stores_plan): GPU p's uplink its own stores (allgather: its block
+    multicast stores (its plan, fabric.plans.catalog.call_plan's): GPU p's uplink its own stores (allgather: its block
     b_p; broadcast: S at the root, 0 elsewhere), every downlink S (every store comes back to every member,
     the sender's own included, as on one node); leaf a -> spine i the stores of node a's members whose
     chunk goes to spine i ((p + c) mod P), once whatever the node's members; spine i -> leaf k the
@@ -290,8 +289,8 @@ def sharp_mcast_link_bytes(collective: str, topo: Topology, S: int, config: "Fab
         raise FabricError(f"cost_nodes: sharp across nodes needs spines; this topology has {N} node and none")
     count = block_bytes(S, 1, itemsize)[0] // itemsize
     out = dict.fromkeys((link.name for link in topo.links), 0)
-    for p, sent in plans.in_switch.stores(replay.sharp_stores_plan(collective, topo, count * itemsize, config,
-                                                                   itemsize, root), count * itemsize, itemsize).items():
+    plan, _ = call_plan(collective, "sharp", N, topo.gpus_per_node, count * itemsize, config, itemsize, root)
+    for p, sent in plans.in_switch.stores(plan, count * itemsize, itemsize).items():
         node = topo.locate(p)[0]
         for nbytes, i in sent:
             i %= P

@@ -9,36 +9,45 @@ and bytes per level, and the formulas with their proofs: docs/model/cost-nodes.m
 """
 
 import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from . import hier_plan, plans, replay
 from .budget import buffer_share_bytes
-from .cost_in_switch import (HIER_NVLS, block_bytes, hier_leaf_link_bytes, hier_leaf_traffic, nvls_link_bytes,
+from .cost_in_switch import (block_bytes, hier_leaf_link_bytes, hier_leaf_traffic, nvls_link_bytes,
                              sharp_link_bytes, sharp_mcast_link_bytes, sharp_scatter_link_bytes)
 from .cost import raw_of
 from .errors import FabricError
+from .plans.catalog import ACROSS_NODES, IMPLEMENTS
 from .software import call_bytes, call_latency_ns
 from .reduction import TREE_CHUNK_BYTES
 from .topology import Topology
 
+if TYPE_CHECKING:  # for annotations only
+    from .config import FabricConfig
+
+Counts = Sequence[Sequence[int]]  # all2allv: counts[i][j] bytes GPU i sends GPU j
+Flows = dict[tuple[int, int], int]  # (sender, receiver) -> raw bytes of one round
+
+# the pairs whose GPU-to-GPU rounds `rounds` builds (the rounds model's reach: the bounds and the tuner's pruned
+# search use it); the replay times every pair of fabric.plans.catalog (the in-switch ones, with ACROSS_NODES' across
+# nodes, have no GPU-to-GPU rounds: link_bytes and modeled_ns cover them)
 FLAT = {
     "ring": ("allreduce", "reduce_scatter", "allgather"),
     "direct": ("allreduce", "reduce_scatter", "allgather", "broadcast", "all2all"),
     "all2allv": ("all2allv",),
-    "hier": ("allreduce", "reduce_scatter", "allgather", "broadcast"),
-    "hier_nvls": HIER_NVLS,
+    "hier": IMPLEMENTS["hier"],
+    "hier_nvls": IMPLEMENTS["hier_nvls"],
     "pxn": ("all2all",),
-    "tree": ("allreduce",),
+    "tree": IMPLEMENTS["tree"],
 }
-# in the switches (two-level sharp and nvls on spines that reduce and multicast): no GPU-to-GPU rounds;
-# link_bytes and modeled_ns cover them (fabric.replay.replay_ns: their plans, fabric.plans.in_switch)
-IN_SWITCH = {"sharp": ("allreduce", "reduce_scatter", "allgather", "broadcast"),
-             "nvls": ("allreduce", "reduce_scatter", "allgather", "broadcast")}
 
 
 def rounds(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsize: int = 4, root: int = 0,
-           counts=None) -> list[np.ndarray]:
+           counts: Counts | None = None) -> list[np.ndarray]:
     """The dependent rounds of one call on every GPU of `topo`, each a gpus x gpus int64 matrix of
     payload bytes (row: sender, column: receiver), as docs/model/cost-nodes.md derives them.
     collective/algorithm: a pair of FLAT (all2all is `direct`; all2allv is ("all2allv", "all2allv")
@@ -98,14 +107,14 @@ def _hier_rounds(collective: str, topo: Topology, S: int, itemsize: int, root: i
     return plans.hier.rounds(collective, topo.nodes, topo.gpus_per_node, int(S), itemsize, int(root), in_leaf)
 
 
-def _ring_channels_plan(collective: str, topo: Topology, S: int):
+def _ring_channels_plan(collective: str, topo: Topology, S: int) -> plans.Plan:
     """ring's channels' plan across the nodes of `topo` for a call of S bytes (fabric.plans.registry)."""
     layout = plans.registry.grid(topo.nodes, topo.gpus_per_node)
     return plans.build("ring", topo.gpus, collective, layout=layout, nbytes=int(S))
 
 
 def traffic(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsize: int = 4, root: int = 0,
-            counts=None) -> np.ndarray:
+            counts: Counts | None = None) -> np.ndarray:
     """The call's whole traffic matrix (the sum of its rounds), payload bytes. ring across nodes: its plan's
     sends summed (plan_traffic: the same sends as its rounds, without the walk that puts each in its round;
     2.6 million operations at 32 x 8)."""
@@ -119,14 +128,14 @@ def traffic(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsiz
 
 
 def link_bytes(collective: str, algorithm: str, topo: Topology, S: int = 0, itemsize: int = 4, root: int = 0,
-               counts=None, config=None, partial_itemsize: int | None = None) -> dict[str, int]:
+               counts: Counts | None = None, config: "FabricConfig | None" = None, partial_itemsize: int | None = None) -> dict[str, int]:
     """Exact payload bytes every link of `topo` carries in one call: {link name: bytes}, link order.
     sharp and nvls need `config` (their chunks); their reductions take partial_itemsize (sharp_link_bytes,
     nvls_link_bytes); hier runs its node rings; hier_nvls on N > 1 nodes of G > 1 GPUs its node stages in
     the leaf (hier_leaf_link_bytes: it needs `config`, whose leaves must reduce)."""
     if algorithm == "sharp":
-        if config is None or collective not in IN_SWITCH["sharp"]:
-            raise FabricError(f"cost_nodes: sharp's link bytes are for {', '.join(IN_SWITCH['sharp'])}, and need the "
+        if config is None or collective not in ACROSS_NODES["sharp"]:
+            raise FabricError(f"cost_nodes: sharp's link bytes are for {', '.join(ACROSS_NODES['sharp'])}, and need the "
                               f"config (its chunks)")
         if collective == "reduce_scatter":
             return sharp_scatter_link_bytes(topo, S, config, itemsize, partial_itemsize)
@@ -134,8 +143,8 @@ def link_bytes(collective: str, algorithm: str, topo: Topology, S: int = 0, item
             return sharp_mcast_link_bytes(collective, topo, S, config, itemsize, root)
         return sharp_link_bytes(topo, S, config, itemsize, partial_itemsize)
     if algorithm == "nvls":
-        if config is None or collective not in IN_SWITCH["nvls"]:
-            raise FabricError(f"cost_nodes: nvls's link bytes are for {', '.join(IN_SWITCH['nvls'])}, and need the "
+        if config is None or collective not in ACROSS_NODES["nvls"]:
+            raise FabricError(f"cost_nodes: nvls's link bytes are for {', '.join(ACROSS_NODES['nvls'])}, and need the "
                               f"config (its chunks)")
         if collective in ("allgather", "broadcast"):  # sharp's multicast stores (nvls.py imports them)
             return sharp_mcast_link_bytes(collective, topo, S, config, itemsize, root)
@@ -147,7 +156,7 @@ def link_bytes(collective: str, algorithm: str, topo: Topology, S: int = 0, item
     return topo.link_payload_bytes(traffic(collective, algorithm, topo, S, itemsize, root, counts))
 
 
-def _flows(t: np.ndarray, config, itemsize: int) -> dict[tuple[int, int], int]:
+def _flows(t: np.ndarray, config: "FabricConfig", itemsize: int) -> dict[tuple[int, int], int]:
     """Raw bytes of each flow of a round, {(src, dst): R(T[src, dst])}: messages of chunk_bytes (whole
     elements), each in MTU packets with a header (fabric.cost.raw_of)."""
     msg = max(1, config.chunk_bytes // itemsize) * itemsize
@@ -181,9 +190,9 @@ def _hops(topo: Topology, src: int, dst: int) -> tuple[tuple[tuple[str, float, f
     return hops
 
 
-def _loads(topo: Topology, flows: dict) -> dict[str, list]:
+def _loads(topo: Topology, flows: Flows) -> dict[str, list[float]]:
     """Per timed stage (link or share) the flows cross: [raw bytes W, min pre, min post, GB/s]."""
-    load: dict[str, list] = {}
+    load: dict[str, list[float]] = {}
     for (i, j), w in flows.items():
         for name, before, after, bandwidth in _hops(topo, i, j)[0]:
             row = load.get(name)
@@ -196,14 +205,14 @@ def _loads(topo: Topology, flows: dict) -> dict[str, list]:
     return load
 
 
-def _link_bound(topo: Topology, flows: dict) -> float:
+def _link_bound(topo: Topology, flows: Flows) -> float:
     """max over timed stages L of min pre + W_L / bw_L + min post (latency_L included) over the flows
     crossing L."""
     return max((pre + w / bandwidth + post for w, pre, post, bandwidth in _loads(topo, flows).values()),
                default=0.0)
 
 
-def _least_flow_ns(topo: Topology, flows: dict, latency_only: bool = False) -> float:
+def _least_flow_ns(topo: Topology, flows: Flows, latency_only: bool = False) -> float:
     """min over the flows of a round of path latency + raw bytes / the route's least bandwidth (latency
     only: the path latency): no receiver of the round has its data sooner."""
     least = math.inf
@@ -213,7 +222,7 @@ def _least_flow_ns(topo: Topology, flows: dict, latency_only: bool = False) -> f
     return 0.0 if least == math.inf else least
 
 
-def _slowest_flow_ns(topo: Topology, flows: dict) -> float:
+def _slowest_flow_ns(topo: Topology, flows: Flows) -> float:
     """max over the flows of a round of path latency + raw bytes / the route's least bandwidth."""
     most = 0.0
     for (i, j), w in flows.items():
@@ -222,32 +231,40 @@ def _slowest_flow_ns(topo: Topology, flows: dict) -> float:
     return most
 
 
-def round_ns(topo: Topology, t: np.ndarray, config, itemsize: int = 4) -> float:
+def round_ns(topo: Topology, t: np.ndarray, config: "FabricConfig", itemsize: int = 4) -> float:
     """Lower bound (ns) of one round of payload traffic `t` (gpus x gpus) on `topo`, raw bytes by
     config's mtu_bytes, header_bytes and chunk_bytes (round_ns in docs/model/cost-nodes.md)."""
     flows = _flows(topo._traffic(t), config, itemsize)
     return max(_link_bound(topo, flows), _slowest_flow_ns(topo, flows))
 
 
-def rounds_ns(collective: str, algorithm: str, topo: Topology, S: int, config, itemsize: int = 4, root: int = 0,
-              counts=None) -> float:
+def rounds_ns(collective: str, algorithm: str, topo: Topology, S: int, config: "FabricConfig", itemsize: int = 4, root: int = 0,
+              counts: Counts | None = None) -> float:
     """Bulk-synchronous estimate (ns) of one call: the sum of its rounds' round_ns. Equals
     fabric.cost.modeled_ns on one node; docs/model/cost-nodes.md says what it assumes elsewhere."""
     return sum(round_ns(topo, t, config, itemsize) for t in rounds(collective, algorithm, topo, S, itemsize, root,
                                                                    counts))
 
 
-def modeled_ns(collective: str, algorithm: str, topo: Topology, S: int, config, itemsize: int = 4, root: int = 0,
-               counts=None, partial_itemsize: int | None = None) -> float:
+def modeled_ns(collective: str, algorithm: str, topo: Topology, S: int, config: "FabricConfig", itemsize: int = 4, root: int = 0,
+               counts: Counts | None = None, partial_itemsize: int | None = None) -> float:
     """Modeled ns of one call on every GPU of `topo`, all starting at 0: its links' time (links_ns) plus
     the config's software latency (fabric.software). On one node too (`nvlink-emu model` reports it there);
     fabric.cost.modeled_ns is its oracle there (tests/unit/test_one_node_oracle.py)."""
     return (links_ns(collective, algorithm, topo, S, config, itemsize, root, counts, partial_itemsize)
-            + call_latency_ns(collective, algorithm, topo.gpus, topo.nodes, call_bytes(S, counts), config))
+            + call_latency_ns(collective, algorithm, topo.gpus, topo.nodes, _call_bytes(collective, topo, S, counts),
+                              config))
 
 
-def links_ns(collective: str, algorithm: str, topo: Topology, S: int, config, itemsize: int = 4, root: int = 0,
-             counts=None, partial_itemsize: int | None = None) -> float:
+def _call_bytes(collective: str, topo: Topology, S: int, counts: Counts | None) -> int:
+    """The bytes the communicator charges software latency on (fabric.software.call_bytes): gather's and scatter's
+    a member's block (S / n; S here is the whole output, or the root's input)."""
+    nbytes = call_bytes(S, counts)
+    return nbytes // topo.gpus if collective in ("gather", "scatter") else nbytes
+
+
+def links_ns(collective: str, algorithm: str, topo: Topology, S: int, config: "FabricConfig", itemsize: int = 4, root: int = 0,
+             counts: Counts | None = None, partial_itemsize: int | None = None) -> float:
     """The links' time (ns) of one call on every GPU of `topo`, all starting at 0: exact, the algorithm's
     schedule replayed on the same link clocks as the ranks book (fabric.replay; tests check it against
     emulated runs on every multi-node preset, tests/mpi/test_one_node_replay.py on one node, where
@@ -259,8 +276,8 @@ def links_ns(collective: str, algorithm: str, topo: Topology, S: int, config, it
                                           partial_itemsize))
 
 
-def occupancy_bound_ns(collective: str, algorithm: str, topo: Topology, S: int, config, itemsize: int = 4,
-                       root: int = 0, counts=None, partial_itemsize: int | None = None) -> float:
+def occupancy_bound_ns(collective: str, algorithm: str, topo: Topology, S: int, config: "FabricConfig", itemsize: int = 4,
+                       root: int = 0, counts: Counts | None = None, partial_itemsize: int | None = None) -> float:
     """A lower bound (ns) of links_ns from the raw bytes each GPU's links carry, cheap next to the
     replay (O(rounds x gpus^2) numpy for the point-to-point algorithms, O(slices x gpus + gpus^2) for
     hier_nvls, O(chunks) for nvls; 0.0 where
@@ -292,7 +309,8 @@ def occupancy_bound_ns(collective: str, algorithm: str, topo: Topology, S: int, 
                                              partial_itemsize))
 
 
-def _occupancy_bound_ns(collective, algorithm, topo, S, config, itemsize, root, counts, partial_itemsize) -> float:
+def _occupancy_bound_ns(collective: str, algorithm: str, topo: Topology, S: int, config: "FabricConfig", itemsize: int,
+                        root: int, counts: Counts | None, partial_itemsize: int | None) -> float:
     if algorithm == "nvls" and collective in ("allreduce", "reduce_scatter") and topo.nodes > 1 and topo.spines:
         return replay.nvls_lower_bound_ns(collective, topo, int(S) // itemsize, config, itemsize, partial_itemsize)
     if algorithm not in FLAT or collective not in FLAT[algorithm]:
@@ -305,9 +323,11 @@ def _occupancy_bound_ns(collective, algorithm, topo, S, config, itemsize, root, 
         return _hier_leaf_bound_ns(collective, topo, S, config, itemsize, root, across)
     # a flow's least time: GPU link latencies and its leaf (2a + s), across nodes its shares, the other leaf and
     # the spine (2u + s + the spine's own latency)
-    lat = np.where(across, 2 * a + 2 * topo.switch_latency_ns + topo.spine_latency_ns + 2 * topo.uplink_latency_ns,
-                   2 * a + topo.switch_latency_ns)
-    slowest = np.where(across, min(B, topo.share_gbytes_per_s), B)
+    # (the cross-node figures are set where a flow crosses nodes; on one node `across` is all False)
+    spine_ns, uplink_ns = cast(float, topo.spine_latency_ns), cast(float, topo.uplink_latency_ns)
+    share = cast(float, topo.share_gbytes_per_s)
+    lat = np.where(across, 2 * a + 2 * topo.switch_latency_ns + spine_ns + 2 * uplink_ns, 2 * a + topo.switch_latency_ns)
+    slowest = np.where(across, min(B, share), B)
     total, chain = np.zeros((n, n), np.int64), 0.0
     for t in rounds(collective, algorithm, topo, S, itemsize, root, counts):  # GPU-to-GPU rounds
         flows = t + (-(-t // config.mtu_bytes)) * config.header_bytes  # 0 for no flow
@@ -318,16 +338,16 @@ def _occupancy_bound_ns(collective, algorithm, topo, S, config, itemsize, root, 
                 float(total.sum(axis=0).max(initial=0)) / B + a if total.any() else 0.0)
     cross = np.where(across, total, 0)
     if cross.any():
-        share = topo.share_gbytes_per_s
         bound = max(bound, float(cross.sum(axis=1).max()) / share, float(cross.sum(axis=0).max()) / share + a)
     return bound
 
 
-def _hier_leaf_bound_ns(collective, topo, S, config, itemsize, root, across) -> float:
+def _hier_leaf_bound_ns(collective: str, topo: Topology, S: int, config: "FabricConfig", itemsize: int, root: int,
+                        across: npt.NDArray[np.bool_]) -> float:
     """occupancy_bound_ns of hier_nvls on N > 1 nodes of G > 1 GPUs: its GPU links' raw bytes exactly
     (hier_leaf_traffic: the rails', the scatter's and the chain's messages and the node stages' requests,
     LOADs, answers, results and stores) and its messages' shares across nodes."""
-    B, a, share = topo.gpu_gbytes_per_s, topo.gpu_latency_ns, topo.share_gbytes_per_s
+    B, a, share = topo.gpu_gbytes_per_s, topo.gpu_latency_ns, cast(float, topo.share_gbytes_per_s)  # N > 1: set
     sent, sent_raw, _, up_raw, _, down_raw = hier_leaf_traffic(collective, topo, S, config, itemsize, root)
     tx = [int(x) + u for x, u in zip(sent_raw.sum(axis=1), up_raw)]
     rx = [int(x) + d for x, d in zip(sent_raw.sum(axis=0), down_raw)]
@@ -335,10 +355,11 @@ def _hier_leaf_bound_ns(collective, topo, S, config, itemsize, root, across) -> 
     cross = np.where(across, sent_raw, 0)
     if cross.any():
         bound = max(bound, int(cross.sum(axis=1).max()) / share, int(cross.sum(axis=0).max()) / share + a)
-    return bound
+    return float(bound)  # a Python float already (ints over floats); said for the type checker
 
 
-def _key(collective, algorithm, topo, S, config, itemsize, root, counts, partial_itemsize) -> tuple:
+def _key(collective: str, algorithm: str, topo: Topology, S: int, config: "FabricConfig", itemsize: int, root: int,
+         counts: Counts | None, partial_itemsize: int | None) -> tuple[object, ...]:
     """What a replay's result depends on: the call and the config's fields the replay reads."""
     return (collective, algorithm, topo, int(S), config.mtu_bytes, config.header_bytes, config.chunk_bytes, itemsize,
             root, None if counts is None else tuple(tuple(int(x) for x in row) for row in counts), partial_itemsize,
@@ -346,7 +367,7 @@ def _key(collective, algorithm, topo, S, config, itemsize, root, counts, partial
             config.nvls_chunk_bytes, config.mode, config.sharp)
 
 
-def _memo(memo: dict, key: tuple, compute):
+def _memo(memo: dict[tuple[object, ...], float], key: tuple[object, ...], compute: Callable[[], float]) -> float:
     value = memo.get(key)
     if value is None:
         if len(memo) >= 4096:
@@ -355,12 +376,12 @@ def _memo(memo: dict, key: tuple, compute):
     return value
 
 
-_MODELED: dict[tuple, float] = {}
-_BOUNDS: dict[tuple, float] = {}
+_MODELED: dict[tuple[object, ...], float] = {}
+_BOUNDS: dict[tuple[object, ...], float] = {}
 
 
-def lower_bound_ns(collective: str, algorithm: str, topo: Topology, S: int, config, itemsize: int = 4,
-                   root: int = 0, counts=None) -> float:
+def lower_bound_ns(collective: str, algorithm: str, topo: Topology, S: int, config: "FabricConfig", itemsize: int = 4,
+                   root: int = 0, counts: Counts | None = None) -> float:
     """A lower bound (ns) of one call however its rounds overlap: the larger of the link bound of all
     its rounds' flows together (each round's flows separate messages) and the dependency chain, the
     sum over rounds of each round's fastest flow (a GPU sends round k + 1's data only once it has
@@ -372,7 +393,7 @@ def lower_bound_ns(collective: str, algorithm: str, topo: Topology, S: int, conf
     return max(_link_bound(topo, merged), _slowest_flow_ns(topo, merged), chain)
 
 
-def _hier_pipelined(collective: str, algorithm: str, topo: Topology, S: int, config, itemsize: int) -> bool:
+def _hier_pipelined(collective: str, algorithm: str, topo: Topology, S: int, config: "FabricConfig", itemsize: int) -> bool:
     """Whether the call is hier or hier_nvls in several slices (fabric.hier_plan): its rounds then overlap,
     and only their latencies chain (each slice still passes the rounds in order)."""
     if algorithm not in ("hier", "hier_nvls"):
@@ -383,7 +404,7 @@ def _hier_pipelined(collective: str, algorithm: str, topo: Topology, S: int, con
     return hier_plan.slices(hier_plan.ranges(collective, N, G, count), N, G, P) > 1
 
 
-def _merged(steps: list[dict]) -> dict[tuple[int, int], int]:
+def _merged(steps: list[Flows]) -> Flows:
     """The flows of several rounds together: raw bytes summed per (src, dst)."""
     total: dict[tuple[int, int], int] = {}
     for flows in steps:
@@ -392,8 +413,8 @@ def _merged(steps: list[dict]) -> dict[tuple[int, int], int]:
     return total
 
 
-def bottleneck(collective: str, algorithm: str, topo: Topology, S: int, config, itemsize: int = 4, root: int = 0,
-               counts=None) -> tuple[str, float]:
+def bottleneck(collective: str, algorithm: str, topo: Topology, S: int, config: "FabricConfig", itemsize: int = 4, root: int = 0,
+               counts: Counts | None = None) -> tuple[str, float]:
     """(name, ns) of the timed stage (a link, or a GPU's share "gpu3:out" / "gpu3:in") with the most raw
     bytes over bandwidth in the whole call: where the time goes (W_L / bw_L, ns, without latencies);
     ("", 0.0) for a call that sends nothing. hier_nvls: its GPU-to-GPU rounds only (rounds: the rails'),

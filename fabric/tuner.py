@@ -4,7 +4,7 @@ ranks (ranks/comm.py), `nvlink-emu model` and bench make the same pick without l
 `auto` takes the candidate the cost model says is fastest (fabric.cost on one node, fabric.cost_nodes'
 replay for every GPU of several nodes), with one tie rule for every collective (`least`): times within
 TIE of the least are a tie, and a tie goes to the earliest candidate in ALGORITHMS order (ALL2ALL's for
-an All2All). What each algorithm implements is IMPLEMENTS; the ranks' algorithm modules
+an All2All). What each algorithm implements is IMPLEMENTS (fabric.plans.catalog's table); the ranks' algorithm modules
 (ranks/collectives) must define exactly those collectives (tests/unit/test_tuner.py).
 
 On one node `auto` keeps choosing by fabric.cost's closed forms, as NCCL's tuner chooses by its own closed-form
@@ -20,27 +20,13 @@ from typing import TYPE_CHECKING, cast
 
 from . import cost, cost_nodes, hier_plan
 from .errors import UnsupportedOperation
+# what runs, where: the one table (fabric.plans.catalog), re-exported where the tuner's callers read it
+from .plans.catalog import ACROSS_NODES as ACROSS_NODES, ALGORITHMS as ALGORITHMS, ALL2ALL as ALL2ALL
+from .plans.catalog import IMPLEMENTS as IMPLEMENTS, IN_SWITCH as IN_SWITCH
 from .software import call_latency_ns
 
 if TYPE_CHECKING:  # for annotations only
     from .config import FabricConfig
-
-ALGORITHMS = ("ring", "direct", "sharp", "nvls", "hier", "hier_nvls", "tree")  # also `auto`'s tie order
-IMPLEMENTS = {
-    "ring": ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce"),
-    "direct": ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "gather", "scatter"),
-    "sharp": ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce"),
-    "nvls": ("allreduce", "reduce_scatter", "allgather", "broadcast"),
-    "hier": ("allreduce", "reduce_scatter", "allgather", "broadcast"),
-    "hier_nvls": ("allreduce", "reduce_scatter", "allgather", "broadcast"),
-    "tree": ("allreduce",),
-}
-IN_SWITCH = ("sharp", "nvls")
-# what the in-switch algorithms run for members in several nodes (groups spanning leaves and spines)
-ACROSS_NODES = {"sharp": ("allreduce", "reduce_scatter", "allgather", "broadcast"),
-                "nvls": ("allreduce", "reduce_scatter", "allgather", "broadcast")}
-# all2all's algorithms (comm.all2all's `algorithm`), in tie order; all2allv runs direct
-ALL2ALL = ("direct", "pxn")
 SMALL_BYTES = 64 * 1024  # fallback rule: below this, `direct` (fewer steps) before `ring` on a forwarding switch
 # relative difference of two modeled times taken for a tie: the replay's sums of the same bookings in another
 # order differ in the last bits (4 MiB on 2 x 2 GPUs of superpod-h100-nvlink: direct 16204.826666666631 ns,
@@ -185,7 +171,7 @@ def fastest_across_nodes(collective: str, candidates: Iterable[str], S: int, con
     faster, nor tie, so the pick is the one replaying every candidate gives (at 256 GPUs nvls's replay is
     minutes of CPU, and hier_nvls's at 1 GiB; ring's and hier's there tens of seconds)."""
     covered = [algorithm for algorithm in candidates if collective in cost_nodes.FLAT.get(algorithm, ())
-               or collective in cost_nodes.IN_SWITCH.get(algorithm, ())]
+               or collective in ACROSS_NODES.get(algorithm, ())]
     if len(covered) == 1:  # nothing to compare: no replay
         return covered[0]
     topo = config.topology

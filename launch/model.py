@@ -4,7 +4,8 @@ the shapes emulated runs validated the model on (launch/tiers.toml)."""
 
 import numpy as np
 
-from nvlink_emu.fabric import cost, cost_nodes, replay
+from nvlink_emu.fabric import cost, cost_nodes
+from nvlink_emu.fabric.plans import catalog
 from nvlink_emu.fabric.cost import bus_factor
 from nvlink_emu.fabric.plans import plan_link_bytes, plan_ns
 from nvlink_emu.fabric.errors import FabricError, UnsupportedOperation
@@ -28,8 +29,8 @@ def shape_text(shape: tuple[int, int, int]) -> str:
 
 
 def is_validated(collective: str, algorithm: str, config) -> bool:
-    """Whether an emulated test runs this shape and algorithm: tests/nodes/test_replay.py every pair of
-    fabric.replay.PROGRAMS on NODE_PRESETS (hier_nvls on those whose leaves reduce, the only ones that run it),
+    """Whether an emulated test runs this shape and algorithm: tests/nodes/test_replay.py every point-to-point
+    pair of fabric.plans.catalog on NODE_PRESETS (hier_nvls on those whose leaves reduce, the only ones that run it),
     tests/mpi/test_one_node_replay.py (emulated = this replay) and test_modeled_time.py (= fabric.cost's closed
     form, within 1%) every pair of fabric.cost."""
     if shape_of(config) not in validated_shapes():
@@ -37,22 +38,23 @@ def is_validated(collective: str, algorithm: str, config) -> bool:
     if config.nodes == 1:
         return collective in cost.IMPLEMENTS.get(algorithm, ())
     # sharp and nvls across nodes: tests/nodes/test_sharp_nodes.py, test_nvls_nodes.py, on the preset whose spines reduce
-    in_switch = collective in cost_nodes.IN_SWITCH.get(algorithm, ()) and config.spine_sharp
-    return in_switch or collective in replay.PROGRAMS.get(algorithm, ())
+    if algorithm in catalog.IN_SWITCH:
+        return collective in catalog.ACROSS_NODES.get(algorithm, ()) and config.spine_sharp
+    return catalog.runs(collective, algorithm)
 
 
 def validation_note(config) -> str:
     """Which shapes emulated runs validated the model on, and whether `config`'s is one of them."""
     one = [s for s in validated_shapes() if s[0] == 1]
     several = [s for s in validated_shapes() if s[0] > 1]
-    pairs = sorted({a for a, cs in replay.PROGRAMS.items() if a not in ("all2allv", "hier_nvls")})
+    pairs = sorted([a for a in catalog.IMPLEMENTS if a not in catalog.IN_SWITCH and a != "hier_nvls"] + ["pxn"])
     mine = shape_text(shape_of(config))
     verdict = (f"this shape, {mine}, is one of them" if shape_of(config) in validated_shapes()
                else f"this shape, {mine}, was not emulated: a prediction")
     return (f"# validated by emulation: several nodes, emulated time = this replay (fabric.cost_nodes.modeled_ns) to "
             f"1e-9 for {', '.join(pairs)} on {', '.join(map(shape_text, several))} of {', '.join(NODE_PRESETS)} "
             f"(and hier_nvls on those whose leaves reduce), "
-            f"and for sharp's {', '.join(cost_nodes.IN_SWITCH['sharp'])} and nvls's {', '.join(cost_nodes.IN_SWITCH['nvls'])} on those of the presets whose spines reduce (tests/nodes); one node, the same replay "
+            f"and for sharp's {', '.join(catalog.ACROSS_NODES['sharp'])} and nvls's {', '.join(catalog.ACROSS_NODES['nvls'])} on those of the presets whose spines reduce (tests/nodes); one node, the same replay "
             f"(sharp and nvls on the leaf's engine) to 1e-12 for ring, direct, sharp and nvls on {' and '.join(map(shape_text, one))} "
             f"(tests/mpi; fabric.cost's closed forms its oracle); {verdict}")
 

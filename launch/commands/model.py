@@ -44,7 +44,7 @@ def model_arguments(parser: argparse.ArgumentParser) -> None:
 
 def header(collective: str, config) -> str:
     shape = shape_text(shape_of(config)) + (f" = {config.gpus} GPUs" if config.nodes > 1 else "")
-    return (f"# nvlink-emu model {collective} on {config.name} ({shape}, {config.link}): modeled by {'fabric.cost' if config.nodes == 1 else 'fabric.cost_nodes (replay)'}, "
+    return (f"# nvlink-emu model {collective} on {config.name} ({shape}, {config.link}): modeled by fabric.cost_nodes (replay), "
             f"not emulated; algbw = size / time, busbw = algbw x {BUS_FACTOR_TEXT[collective]} (GB/s); tx/rx: GPU 0's "
             f"link payload per call\n{HEADER}")
 

@@ -29,8 +29,8 @@ def values(lo, hi, dtype):
 
 
 def one_call(gpu, collective, algorithm, name, nbytes, root):
-    """One call of `collective` on `nbytes` (allreduce, broadcast: the buffer; reduce_scatter: the input;
-    allgather: the output; all2all: the send buffer) of `name` elements."""
+    """One call of `collective` on `nbytes` (allreduce, broadcast, reduce: the buffer; reduce_scatter: the input;
+    allgather and gather: the output; scatter: the root's input; all2all: the send buffer) of `name` elements."""
     dtype, n = DTYPES[name], gpu.size
     count = nbytes // np.dtype(dtype).itemsize
     lo, hi = blocks(count, n)[gpu.rank]
@@ -50,6 +50,18 @@ def one_call(gpu, collective, algorithm, name, nbytes, root):
         x = values(0, count, dtype) if gpu.rank == root else np.zeros(count, dtype)
         gpu.world.broadcast(x, root, algorithm)
         assert np.array_equal(x, values(0, count, dtype))
+    elif collective == "reduce":
+        recv = np.empty(count, dtype) if gpu.rank == root else None
+        gpu.world.reduce(np.ones(count, dtype), recv, root, "sum", algorithm)
+        assert recv is None or np.all(recv == n)
+    elif collective == "gather":  # nbytes: the root's output, n blocks
+        recv = np.empty(count // n * n, dtype) if gpu.rank == root else None
+        gpu.world.gather(values(0, count // n, dtype), recv, root)
+        assert recv is None or np.array_equal(recv, np.tile(values(0, count // n, dtype), n))
+    elif collective == "scatter":  # nbytes: the root's input, n blocks
+        recv = np.empty(count // n, dtype)
+        gpu.world.scatter(values(0, count // n * n, dtype) if gpu.rank == root else None, recv, root)
+        assert np.array_equal(recv, values(count // n * gpu.rank, count // n * (gpu.rank + 1), dtype))
     else:
         gpu.world.all2all(np.ones(count, dtype), np.empty(count, dtype))
 
@@ -88,9 +100,9 @@ def calls_of(algorithms, collectives, sizes=SIZES, dtypes=("float32", "float16")
             for name in dtypes:
                 item = np.dtype(DTYPES[name]).itemsize
                 for nbytes in sizes:
-                    if collective in ("all2all",):  # every member sends each a block: a multiple of n elements
+                    if collective in ("all2all", "gather", "scatter"):  # n blocks of one size
                         nbytes = nbytes // (n * item) * n * item
-                    roots = (0, n - 1) if collective == "broadcast" else (0,)
+                    roots = (0, n - 1) if collective in ("broadcast", "reduce", "gather", "scatter") else (0,)
                     out += [(collective, algorithm, name, nbytes, root) for root in roots]
     return out
 
@@ -107,22 +119,24 @@ def assert_exact(rows):
 
 @pytest.mark.both_sizes  # launch.model marks one node's rows validated at both tier sizes (3 and 8 GPUs)
 def test_ring_and_direct_on_one_node_take_their_replayed_time_exactly():
-    """ring and direct, every collective they run (all2all: direct), on dgx-h100 at its default chunk and with
+    """ring and direct, every collective they run (all2all, gather and scatter: direct), on dgx-h100 at its default chunk and with
     16 KiB messages (several a block), float32 and float16, broadcast from the first and the last GPU."""
     collectives = ("allreduce", "reduce_scatter", "allgather", "broadcast")
-    calls = calls_of(("ring", "direct"), collectives) + calls_of(("direct",), ("all2all",))
+    calls = (calls_of(("ring", "direct"), collectives + ("reduce",)) + calls_of(("direct",), ("all2all",))
+             + calls_of(("direct",), ("gather", "scatter")))
     assert_exact(emulated_and_replayed(calls, "dgx-h100"))
     assert_exact(emulated_and_replayed(calls, "dgx-h100", chunk_bytes=1 << 14))
 
 
 @pytest.mark.both_sizes
 def test_sharp_and_nvls_on_one_node_take_their_replayed_time_exactly():
-    """sharp (allreduce, reduce_scatter, allgather and broadcast: pushes and multicast stores) and nvls
+    """sharp (allreduce, reduce_scatter, allgather, broadcast and reduce: pushes, paced by the root's credits in
+    reduce, and multicast stores) and nvls
     (load-reduces; its allgather and broadcast are sharp's stores) on dgx-h100, in one chunk and in several
     chunks and windows of a small switch buffer, float32 and float16 (the engine finishes 16-bit floats in
     their own width on one node), on the calibrated engine (slower than the link) and at line rate."""
     collectives = ("allreduce", "reduce_scatter", "allgather", "broadcast")
-    calls = calls_of(("sharp", "nvls"), collectives)
+    calls = calls_of(("sharp", "nvls"), collectives) + calls_of(("sharp",), ("reduce",))
     assert_exact(emulated_and_replayed(calls, "dgx-h100"))
     assert_exact(emulated_and_replayed(calls, "dgx-h100", **SMALL_SWITCH))
     assert_exact(emulated_and_replayed(calls_of(("sharp", "nvls"), ("allreduce", "reduce_scatter")), "dgx-h100-line",

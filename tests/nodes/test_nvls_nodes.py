@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from nvlink_emu.fabric import cost_nodes
+from nvlink_emu.fabric.plans.catalog import call_plan
 from nvlink_emu.fabric.budget import buffer_share_bytes, in_switch_chunk, nvls_streams
 from nvlink_emu.fabric.errors import AccessViolation
 from nvlink_emu.fabric.packets import Kind, LoadInfo, Packet, ReduceInfo, segments
@@ -110,7 +111,7 @@ def test_nvls_across_nodes_puts_exact_bytes_on_both_levels_and_takes_the_replaye
         assert [first[f"sw{N + i}->sw{k}"] for k in range(N)] == [sum(parts[j] for j in mine if j // G == k)
                                                                   for k in range(N)]
     for collective, name, nbytes, _ in calls[5:]:  # sharp's stores: each chunk up once, down to the N - 1 others
-        plan = cost_nodes.replay.sharp_stores_plan(collective, topo, nbytes, cfg, 4, 1)
+        plan, _ = call_plan(collective, "sharp", topo.nodes, topo.gpus_per_node, nbytes, cfg, 4, 1)
         stores = cost_nodes.plans.in_switch.stores(plan, nbytes, 4)
         want_packets += sum(N * segments(b, cfg.mtu_bytes) for sent in stores.values() for b, _ in sent)
     assert sum(links[link.name]["packets"] for link in topo.links if link.level == "leaf-spine") == want_packets

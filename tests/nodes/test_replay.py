@@ -1,5 +1,5 @@
 """Multi-rank, several nodes: the emulated modeled time of every point-to-point algorithm (ring, direct,
-all2all, hier, hier_nvls where the leaves reduce, pxn, tree) equals fabric.replay's (cost_nodes.modeled_ns),
+all2all, hier, hier_nvls where the leaves reduce, pxn, tree; the rooted ones too) equals fabric.replay's (cost_nodes.modeled_ns),
 on the three multi-node presets, for one chunk and for several (hier on the H100 presets: its node rings;
 hier_nvls there: its node stages in the leaf)."""
 
@@ -7,11 +7,14 @@ import numpy as np
 import pytest
 
 from nodes_helpers import PRESETS, config, run
-from nvlink_emu.fabric import cost_nodes, hier_plan, replay
+from nvlink_emu.fabric import cost_nodes, hier_plan
+from nvlink_emu.fabric.plans import catalog
 
 pytestmark = pytest.mark.mpi(min_size=7)
 
-CASES = [(c, a) for a, cs in replay.PROGRAMS.items() if a != "all2allv" for c in cs]
+# every point-to-point pair of the one table (fabric.plans.catalog); all2allv below
+CASES = ([(c, a) for a, cs in catalog.IMPLEMENTS.items() if a not in catalog.IN_SWITCH for c in cs]
+         + [("all2all", a) for a in catalog.ALL2ALL])
 
 
 def call(gpu, collective: str, algorithm: str, nbytes: int) -> None:
@@ -25,6 +28,12 @@ def call(gpu, collective: str, algorithm: str, nbytes: int) -> None:
         gpu.world.allgather(x[:x.size // n], np.empty(x.size // n * n, np.float32), algorithm=algorithm)
     elif collective == "all2all":
         gpu.world.all2all(x, np.empty_like(x), algorithm=algorithm)
+    elif collective == "reduce":
+        gpu.world.reduce(x, np.empty_like(x) if gpu.rank == 1 else None, 1, algorithm=algorithm)
+    elif collective == "gather":  # nbytes: the root's output
+        gpu.world.gather(x[:x.size // n], np.empty(x.size // n * n, np.float32) if gpu.rank == 1 else None, 1)
+    elif collective == "scatter":  # nbytes: the root's input
+        gpu.world.scatter(x[:x.size // n * n] if gpu.rank == 1 else None, np.empty(x.size // n, np.float32), 1)
     else:
         gpu.world.broadcast(x, 1, algorithm=algorithm)
 
@@ -50,7 +59,7 @@ def test_emulated_time_is_the_replayed_schedule_s(base):
     result = run(main, base, timeout_s=120, chunk_bytes=cfg.chunk_bytes)
     if result.role == "gpu":
         for (collective, algorithm, nbytes), got in result.value.items():
-            root = 1 if collective == "broadcast" else 0
+            root = 1 if collective in ("broadcast", "reduce", "gather", "scatter") else 0
             want = cost_nodes.modeled_ns(collective, algorithm, cfg.topology, nbytes, cfg, root=root)
             assert got == pytest.approx(want, rel=1e-9, abs=1e-6), (collective, algorithm, nbytes)
 

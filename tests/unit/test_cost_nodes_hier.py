@@ -171,7 +171,7 @@ def test_errors_name_what_is_wrong():
     with pytest.raises(FabricError, match="hier_nvls runs its node stages in the leaf on 2 nodes of 4 GPUs, config "
                                           "'superpod-a100-ib'.*leaves that reduce"):
         cn.link_bytes("allreduce", "hier_nvls", a100.topology, S, config=a100)
-    with pytest.raises(FabricError, match="replay: allreduce hier_nvls on 2 nodes of 4 GPUs .* do not reduce"):
+    with pytest.raises(FabricError, match="allreduce hier_nvls on 2 nodes of 4 GPUs .* do not reduce"):
         replay.replay_ns("allreduce", "hier_nvls", a100.topology, S, a100)
 
 

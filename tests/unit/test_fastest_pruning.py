@@ -33,7 +33,7 @@ def pairs(config):
 def exhaustive(collective, candidates, S, config, itemsize=4):
     """fastest as it was: every covered candidate replayed (unmemoised) plus its software latency, the least
     time, ties to the earlier."""
-    covered = [a for a in candidates if collective in cn.FLAT.get(a, ()) or collective in cn.IN_SWITCH.get(a, ())]
+    covered = [a for a in candidates if collective in cn.FLAT.get(a, ()) or collective in tuner.ACROSS_NODES.get(a, ())]
     if len(covered) == 1:
         return covered[0]
     best, best_ns = None, math.inf
@@ -98,7 +98,7 @@ def test_the_nvls_bound_by_hand():
     want = max(t_s + 4 * r / B + a,                   # every member's one store
                h / B + a + s + (4 * h + r + 4 * r) / B + a)  # or all of the downlink from the first request
     assert replay.nvls_lower_bound_ns("allreduce", topo, 4, config) == want
-    assert replay.nvls_lower_bound_ns("allreduce", topo, 0, config) == 0.0 == replay.nvls_ns("allreduce", topo, 0, config)
+    assert replay.nvls_lower_bound_ns("allreduce", topo, 0, config) == 0.0 == replay.replay_ns("allreduce", "nvls", topo, 0, config)
 
 
 @pytest.mark.parametrize("name", PRESETS)

@@ -11,6 +11,7 @@ import pytest
 
 from nvlink_emu.fabric import cost, cost_nodes, plans, replay
 from nvlink_emu.fabric.plans import registry, timing
+from nvlink_emu.fabric.plans.catalog import call_plan
 from nvlink_emu.fabric.config import preset, resolve
 from nvlink_emu.fabric.errors import PlanError
 from nvlink_emu.fabric.packets import raw_bytes
@@ -234,7 +235,7 @@ def test_nvls_is_a_plan_of_load_reduces_answers_and_stores():
 
 def test_sharp_multicast_stores_are_plans():
     config = resolve("superpod-h100-nvlink", None, None, 2, 2)
-    plan = replay.sharp_stores_plan("allgather", config.topology, 16, config, 4)  # one element a block
+    plan, _ = call_plan("allgather", "sharp", 2, 2, 16, config, 4)  # one element a block
     assert [(op.kind, op.slot) for op in plan.programs[2].ops] == [
         ("multicast_store", (2, 0)), ("switch_recv", (2, 0)), ("switch_recv", (3, 0)), ("switch_recv", (0, 0)),
         ("switch_recv", (1, 0))]  # its own node's blocks first
@@ -243,7 +244,7 @@ def test_sharp_multicast_stores_are_plans():
     with pytest.raises(PlanError, match=r"GPU 1 step 0 \(multicast_store\) puts into slot \[0, 0\], GPU 0 step 0's "
                                         r"multicast store"):
         plans.validate(_with_ops(plan, 1, [dataclasses.replace(ops[0], slot=(0, 0))] + ops[1:]))
-    root = replay.sharp_stores_plan("broadcast", config.topology, 16, config, 4, root=3)
+    root, _ = call_plan("broadcast", "sharp", 2, 2, 16, config, 4, root=3)
     assert [op.kind for op in root.programs[3].ops] == ["multicast_store", "switch_recv"]
     assert root.programs[3].ops[1].dst == Ref("s", 0)  # the root's own copy, into scratch
 

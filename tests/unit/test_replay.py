@@ -12,7 +12,7 @@ from nvlink_emu.fabric.errors import FabricError
 from nvlink_emu.fabric.packets import raw_bytes
 from nvlink_emu.fabric.topology import Topology
 
-CASES = [(c, a) for a in ("ring", "direct") for c in replay.PROGRAMS[a]]  # fabric.cost's one-node forms
+CASES = [(c, a) for a in ("ring", "direct") for c in cost.IMPLEMENTS[a]]  # fabric.cost's one-node forms
 
 
 @pytest.mark.parametrize("name", ["dgx-h100", "dgx-a100", "dgx-h100-line"])

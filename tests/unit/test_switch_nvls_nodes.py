@@ -111,7 +111,7 @@ def test_nvls_link_bytes_across_nodes_are_the_closed_forms_for_equal_sets_of_chu
         cost_nodes.link_bytes("reduce", "nvls", topo, S, 4, config=cfg)
     # one node: the leaf's engine and ports (fabric.switch_clocks.OneSwitch); here the closed form's time to 1e-15
     one = preset_one_node()
-    assert replay.nvls_ns("allreduce", one.topology, 256, one, 4) == pytest.approx(
+    assert replay.replay_ns("allreduce", "nvls", one.topology, 1024, one, 4) == pytest.approx(
         cost.links_ns("allreduce", "nvls", 1024, 4, one, 4), rel=1e-15)
 
 
