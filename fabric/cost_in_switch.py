@@ -3,7 +3,11 @@ nvls's (summed from their plans' slots, fabric.plans.in_switch) and hier_nvls's 
 from its leaf plan; hier_leaf_traffic, the bounds', counted slice by slice in closed form). fabric.cost_nodes.link_bytes dispatches to them; the formulas: docs/model/cost-nodes.md.
 """
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 import numpy as np
+import numpy.typing as npt
 
 from . import hier_plan, plans, replay
 from .budget import buffer_share_bytes
@@ -15,6 +19,8 @@ from .packets import raw_bytes
 from .reduction import blocks, merged_columns
 from .topology import Topology
 
+if TYPE_CHECKING:  # for annotations only: nothing more imported at run time
+    from .config import FabricConfig
 
 
 def block_bytes(S: int, n: int, itemsize: int) -> list[int]:
@@ -26,7 +32,7 @@ def block_bytes(S: int, n: int, itemsize: int) -> list[int]:
     return [(hi - lo) * itemsize for lo, hi in blocks(int(S) // itemsize, n)]
 
 
-def hier_leaf_link_bytes(collective: str, topo: Topology, S: int, config, itemsize: int = 4,
+def hier_leaf_link_bytes(collective: str, topo: Topology, S: int, config: "FabricConfig", itemsize: int = 4,
                          root: int = 0) -> tuple[dict[str, int], dict[str, int]]:
     """Exact (payload, raw) bytes on every link of hier_nvls's `collective` of S bytes by every GPU of `topo`
     (its node stages in the leaf; N > 1 nodes of G > 1 GPUs; hier_plan.in_leaf(config)), summed from its plan
@@ -48,7 +54,7 @@ def hier_leaf_link_bytes(collective: str, topo: Topology, S: int, config, itemsi
     return leaf_plan_link_bytes(plan, topo, config, itemsize, tables)
 
 
-def _leaf_checks(collective: str, topo: Topology, S: int, config, itemsize: int, root: int) -> int:
+def _leaf_checks(collective: str, topo: Topology, S: int, config: "FabricConfig", itemsize: int, root: int) -> int:
     """hier_nvls's arguments checked (FabricError): several nodes of several GPUs whose leaves reduce, S a
     non-negative multiple of itemsize, a broadcast root of the GPUs, one of its collectives; the elements."""
     G, N, n = topo.gpus_per_node, topo.nodes, topo.gpus
@@ -64,7 +70,12 @@ def _leaf_checks(collective: str, topo: Topology, S: int, config, itemsize: int,
     return count
 
 
-def hier_leaf_traffic(collective: str, topo: Topology, S: int, config, itemsize: int, root: int):
+# (sent, sent_raw, up, up_raw, down, down_raw): hier_leaf_traffic's (exact: object arrays of Python ints)
+LeafTraffic = tuple[npt.NDArray[np.object_], npt.NDArray[np.object_], list[int], list[int], list[int], list[int]]
+
+
+def hier_leaf_traffic(collective: str, topo: Topology, S: int, config: "FabricConfig", itemsize: int,
+                      root: int) -> LeafTraffic:
     """hier_nvls's traffic (hier_leaf_link_bytes' sums, counted in closed form for fabric.cost_nodes' bounds) as (sent, sent_raw, up, up_raw, down, down_raw): sent[g][h]
     the payload of GPU g's messages to GPU h (the rails, broadcast's scatter and chain), sent_raw their raw
     bytes (n x n object arrays: exact); up[g], down[g] (and _raw) what the node stages in the leaf put on
@@ -145,11 +156,12 @@ def hier_leaf_traffic(collective: str, topo: Topology, S: int, config, itemsize:
                 if collective != "reduce_scatter":
                     sent[src, dst] += column - rail[nxt][j]
                     sent_raw[src, dst] += column_raw - rail_raw[nxt][j]
-    every_gpu = lambda per: [per[g % G] for g in range(n)]
+    every_gpu: Callable[[list[int]], list[int]] = lambda per: [per[g % G] for g in range(n)]
     return sent, sent_raw, every_gpu(up), every_gpu(up_raw), every_gpu(down), every_gpu(down_raw)
 
 
-def sharp_link_bytes(topo: Topology, S: int, config, itemsize: int = 4, partial_itemsize: int | None = None) -> dict[str, int]:
+def sharp_link_bytes(topo: Topology, S: int, config: "FabricConfig", itemsize: int = 4,
+                     partial_itemsize: int | None = None) -> dict[str, int]:
     """Exact payload bytes of ranks/collectives/sharp.py's allreduce of S bytes by every GPU of `topo` (N
     nodes, P spines), every link: each GPU tx = rx = S (its chunks up, the results down); leaf a ->
     spine i the partials of the chunks c with c mod P = i, at partial_itemsize bytes an element (the
@@ -182,7 +194,7 @@ def sharp_link_bytes(topo: Topology, S: int, config, itemsize: int = 4, partial_
     return out
 
 
-def nvls_link_bytes(collective: str, topo: Topology, S: int, config, itemsize: int = 4,
+def nvls_link_bytes(collective: str, topo: Topology, S: int, config: "FabricConfig", itemsize: int = 4,
                     partial_itemsize: int | None = None) -> dict[str, int]:
     """Exact payload bytes of ranks/collectives/nvls.py's reduce_scatter (S: the input's bytes) or
     allreduce by every GPU of `topo` (N nodes of G GPUs, P spines), every link; S_g = GPU g's block.
@@ -226,7 +238,7 @@ def nvls_link_bytes(collective: str, topo: Topology, S: int, config, itemsize: i
     return out
 
 
-def sharp_scatter_link_bytes(topo: Topology, S: int, config, itemsize: int = 4,
+def sharp_scatter_link_bytes(topo: Topology, S: int, config: "FabricConfig", itemsize: int = 4,
                              partial_itemsize: int | None = None) -> dict[str, int]:
     """Exact payload bytes of ranks/collectives/sharp.py's reduce_scatter of S input bytes by every GPU of
     `topo` (N nodes, P spines), every link: each GPU tx S (every block's chunks), rx its block b_j; leaf
@@ -260,7 +272,7 @@ def sharp_scatter_link_bytes(topo: Topology, S: int, config, itemsize: int = 4,
     return out
 
 
-def sharp_mcast_link_bytes(collective: str, topo: Topology, S: int, config, itemsize: int = 4,
+def sharp_mcast_link_bytes(collective: str, topo: Topology, S: int, config: "FabricConfig", itemsize: int = 4,
                            root: int = 0) -> dict[str, int]:
     """Exact payload bytes of ranks/collectives/sharp.py's allgather (S: the output's bytes) or broadcast
     (S: the array's, from GPU `root`) by every GPU of `topo` (N nodes, P spines), every link, from its

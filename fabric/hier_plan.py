@@ -9,17 +9,31 @@ stages of a slice, the ticks that pipeline them, the node stages in the leaf (hi
 docs/model/algorithms-hier.md.
 """
 
-from typing import cast
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
-from .reduction import blocks, chunks, merged_columns, two_level_blocks
+from .reduction import Grid, blocks, chunks, merged_columns, two_level_blocks
+
+if TYPE_CHECKING:  # for annotations only: nothing more imported at run time
+    from .config import FabricConfig
 
 SLICE_BYTES = 256 * 1024  # NCCL's COLLNET_CHAIN chunk ceiling (src/enqueue.cc)
 NODE_RS, RAIL_RS, RAIL_AG, NODE_AG, SCATTER, CHAIN = 20, 21, 22, 23, 24, 25  # message phases
 STAGES = {"allreduce": ("node rs", "rail rs", "rail ag", "node ag"), "reduce_scatter": ("node rs", "rail rs"),
           "allgather": ("rail ag", "node ag"), "broadcast": ("scatter", "chain", "node ag")}
 
+# an operation: (kind, *its fields), the fields the kind's (docs/model/algorithms-hier.md), e.g. ("send", peer
+# (b, k), key, lo, hi); Any: the kind says which, and narrowing each op would cost fabric.plans.hier's loop over
+# millions of them
+HierOp = tuple[Any, ...]
+Span = tuple[int, int]  # an element range [lo, hi)
+Spans = Sequence[Sequence[Span]]  # ranges[a][j] (ranges'), or segments[k]: a position's or segment's ranges
+# what the programs of one call's members build alike, once: ("pieces" | "segments" | "flat" | "serves", slice)
+# or "chunks" -> a slice's pieces, node segments, their chunks, the leaf's serves; a range's chunks (_ring)
+Memo = dict[str | tuple[str, int], Any]
 
-def in_leaf(config) -> bool:
+
+def in_leaf(config: "FabricConfig") -> bool:
     """Whether hier's node stages can run in the leaf switch (NVLS, `hier_nvls`): an NVLink Network fabric
     whose switches reduce (config.sharp: superpod-h100-ib, superpod-h100-nvlink; not superpod-a100-ib)."""
     return config.mode == "network" and config.sharp
@@ -34,7 +48,7 @@ def slice_elements(chunk: int, itemsize: int, N: int = 1, G: int = 1, share: int
     return P
 
 
-def ranges(collective: str, N: int, G: int, count: int, rank=None) -> list[list[tuple[int, int]]]:
+def ranges(collective: str, N: int, G: int, count: int, rank: Grid | None = None) -> list[list[tuple[int, int]]]:
     """ranges[a][j]: allreduce's two-level split; reduce_scatter's and allgather's blocks(count, NG)[rank of
     (a, j)] (rank[a][j]; default a G + j, node-major); broadcast: part j = blocks(count, G)[j] on every node."""
     if collective == "allreduce":
@@ -45,7 +59,7 @@ def ranges(collective: str, N: int, G: int, count: int, rank=None) -> list[list[
     return [[own[rank[a][j] if rank is not None else a * G + j] for j in range(G)] for a in range(N)]
 
 
-def slices(spans, N: int, G: int, P: int) -> int:
+def slices(spans: Spans, N: int, G: int, P: int) -> int:
     """K: slices of a call whose ranges are `spans` (K = 1 on one node or with one member a node)."""
     if N == 1 or G == 1:
         return 1
@@ -59,7 +73,7 @@ def _piece(span: tuple[int, int], i: int, P: int, K: int) -> tuple[int, int]:
     return min(lo + i * P, hi), min(lo + (i + 1) * P, hi)
 
 
-def slice_pieces(spans, i: int, P: int, K: int) -> list[list[tuple[int, int]]]:
+def slice_pieces(spans: Spans, i: int, P: int, K: int) -> list[list[tuple[int, int]]]:
     """Slice i's piece of every range of `spans` (ranges' layout; K slices of P elements: program's)."""
     return [[_piece(span, i, P, K) for span in row] for row in spans]
 
@@ -70,10 +84,11 @@ class _Step:
 
     __slots__ = ("sends", "recvs", "posts", "flush")
 
-    def __init__(self, sends=(), recvs=(), posts=(), flush=False):
+    def __init__(self, sends: Sequence[HierOp] = (), recvs: Sequence[HierOp] = (), posts: Sequence[HierOp] = (),
+                 flush: bool = False):
         self.sends, self.recvs, self.posts, self.flush = sends, recvs, posts, flush
 
-    def whole(self):
+    def whole(self) -> Iterator[HierOp]:
         yield from self.sends
         yield from self.recvs
         yield from self.posts
@@ -81,7 +96,7 @@ class _Step:
             yield ("flush",)
 
 
-def leaf_slot(key: tuple) -> tuple:
+def leaf_slot(key: tuple[int, ...]) -> tuple[int, ...]:
     """The leaf's slot of node RS key (NODE_RS, slice, position, chunk): (position, NODE_RS, slice, chunk),
     the requester's position first, so second after the call's seq: fabric.switch refuses a load-reduce
     whose slot does not name its requester's rank in the group there, and the node group's members are
@@ -90,17 +105,17 @@ def leaf_slot(key: tuple) -> tuple:
     return (position, phase, i, c)
 
 
-def _flat_chunks(segment, chunk) -> list[tuple[int, int]]:
+def _flat_chunks(segment: Sequence[Span], chunk: int) -> list[tuple[int, int]]:
     return [span for a, b in segment for span in chunks(a, b, chunk)]
 
 
-def _leaf_rs(j, G, segments, i, chunk, memo=None) -> list[_Step]:
+def _leaf_rs(j: int, G: int, segments: Spans, i: int, chunk: int, memo: Memo | None = None) -> list[_Step]:
     """Node RS in the leaf, one step: my requests of column j, then the loads of every position's (in
     position order), then (received) my reduced chunks. memo: program's (the serves are every member's)."""
     flat = _flat_segments(segments, chunk, memo, i)
     mine = flat[j]
     sends = [("load_reduce", (NODE_RS, i, j, c), lo, hi) for c, (lo, hi) in enumerate(mine)]
-    serves = memo.get(("serves", i)) if memo is not None else None
+    serves: list[HierOp] | None = memo.get(("serves", i)) if memo is not None else None
     if serves is None:
         serves = [("serve", k, (NODE_RS, i, k, c), lo, hi) for k in range(G) for c, (lo, hi) in enumerate(flat[k])]
         if memo is not None:
@@ -109,7 +124,7 @@ def _leaf_rs(j, G, segments, i, chunk, memo=None) -> list[_Step]:
     return [_Step(sends + serves, takes, (), True)]
 
 
-def _leaf_ag(j, G, segments, i, chunk, memo=None) -> list[_Step]:
+def _leaf_ag(j: int, G: int, segments: Spans, i: int, chunk: int, memo: Memo | None = None) -> list[_Step]:
     """Node AG in the leaf, one step: multicast-store my segment, then (received) every position's stores,
     mine too, in position order."""
     flat = _flat_segments(segments, chunk, memo, i)
@@ -118,9 +133,9 @@ def _leaf_ag(j, G, segments, i, chunk, memo=None) -> list[_Step]:
     return [_Step(sends, takes, (), True)]
 
 
-def _flat_segments(segments, chunk, memo, i) -> list[list[tuple[int, int]]]:
+def _flat_segments(segments: Spans, chunk: int, memo: Memo | None, i: int) -> list[list[tuple[int, int]]]:
     """Each node segment's chunks (_flat_chunks), once per slice i for every member (memo: program's)."""
-    flat = memo.get(("flat", i)) if memo is not None else None
+    flat: list[list[tuple[int, int]]] | None = memo.get(("flat", i)) if memo is not None else None
     if flat is None:
         flat = [_flat_chunks(segment, chunk) for segment in segments]
         if memo is not None:
@@ -128,21 +143,22 @@ def _flat_segments(segments, chunk, memo, i) -> list[list[tuple[int, int]]]:
     return flat
 
 
-def _ring(ring, pos, segments, phase, i, chunk, reduce: bool, memo: dict | None = None) -> list[_Step]:
+def _ring(ring: Sequence[tuple[int, int]], pos: int, segments: Spans, phase: int, i: int, chunk: int, reduce: bool,
+          memo: Memo | None = None) -> list[_Step]:
     """ring.py's ring over `ring` (this member at `pos`) passing `segments` (lists of ranges) of slice
     i: reduce-scatter (a flush after each step) or all-gather (a flush after the last). memo: program's
     (a range's chunks are cut once for every member of the call)."""
     m = len(ring)
     nxt, prv = ring[(pos + 1) % m], ring[(pos - 1) % m]
-    cut = {} if memo is None else memo.setdefault("chunks", {})
+    cut: dict[tuple[int, int], list[tuple[int, int]]] = {} if memo is None else memo.setdefault("chunks", {})
 
-    def pieces(a, b):
+    def pieces(a: int, b: int) -> list[tuple[int, int]]:
         got = cut.get((a, b))
         if got is None:
             got = cut[(a, b)] = chunks(a, b, chunk)
         return got
 
-    steps = []
+    steps: list[_Step] = []
     for step in range(m - 1):
         sent, taken = ((pos - 1 - step) % m, (pos - 2 - step) % m) if reduce else ((pos - step) % m,
                                                                                     (pos - 1 - step) % m)
@@ -155,7 +171,8 @@ def _ring(ring, pos, segments, phase, i, chunk, reduce: bool, memo: dict | None 
 
 
 def program(collective: str, N: int, G: int, a: int, j: int, count: int, chunk: int, itemsize: int,
-            root: tuple[int, int] | None = None, rank=None, share: int | None = None, memo: dict | None = None):
+            root: tuple[int, int] | None = None, rank: Grid | None = None, share: int | None = None,
+            memo: Memo | None = None) -> Iterator[HierOp]:
     """Member (a, j)'s operations (docs/model/algorithms-hier.md) for one call of `count` elements, messages of at
     most `chunk` elements of `itemsize` bytes; root: the broadcast root's coordinates; rank: as ranges';
     share: None for node rings, else the node stages run in the leaf (in_leaf) and share is the
@@ -170,13 +187,13 @@ def program(collective: str, N: int, G: int, a: int, j: int, count: int, chunk: 
     memo = {} if memo is None else memo  # (what, slice) -> the same for every member of the call
 
     def pieces(i: int) -> list[list[tuple[int, int]]]:
-        got = memo.get(("pieces", i))
+        got: list[list[tuple[int, int]]] | None = memo.get(("pieces", i))
         if got is None:
             got = memo[("pieces", i)] = slice_pieces(spans, i, P, K)
         return got
 
-    def node_segments(i):
-        got = memo.get(("segments", i))
+    def node_segments(i: int) -> list[list[tuple[int, int]]]:
+        got: list[list[tuple[int, int]]] | None = memo.get(("segments", i))
         if got is None:  # broadcast's segment k: part k's piece (its rows are one)
             got = [[p] for p in pieces(i)[0]] if collective == "broadcast" else merged_columns(pieces(i))
             memo[("segments", i)] = got
@@ -208,9 +225,10 @@ def program(collective: str, N: int, G: int, a: int, j: int, count: int, chunk: 
         prv, nxt = rail_ring[(a - 1) % N], rail_ring[(a + 1) % N]
         mine = chunks(*parts[j], chunk)
         longest = max(len(chunks(*part, chunk)) for part in parts)
-        steps = []
+        steps: list[_Step] = []
         for c in range(longest):
-            recv, send = [], []
+            recv: list[HierOp] = []
+            send: list[HierOp] = []
             if c < len(mine):
                 lo, hi = mine[c]
                 if position:
@@ -230,12 +248,18 @@ def program(collective: str, N: int, G: int, a: int, j: int, count: int, chunk: 
     yield ("flush",)
 
 
-def _stepwise(names, stage, K: int, own: tuple[int, int], P: int, N: int, node_steps: int):
+# a stage's steps of a slice: program's stage(name, i)
+Stage = Callable[[str, int], list[_Step]]
+
+
+def _stepwise(names: Sequence[str], stage: Stage, K: int, own: tuple[int, int], P: int, N: int,
+              node_steps: int) -> Iterator[HierOp]:
     """Every ring step of every stage a tick of its own: tick t runs, for each slice i in the pipeline,
     its receives of the step it sent in tick t - 1, then its sends of the next step (the last receive
     of one ring and the first send of the next are one tick; the rail RS's last receive finishes the
     piece), then a flush. node_steps: a node stage's steps (G - 1 for a ring, 1 in the leaf)."""
-    plan: list[list[tuple]] = []  # a slice's ticks: [(stage, step received or None, step sent or None)]
+    # a slice's ticks: [(stage, step received or None, step sent or None)]
+    plan: list[list[tuple[str, int | None, int | None]]] = []
     for name in names:
         m = node_steps if name.startswith("node") else N - 1
         units = [(name, s - 1 if s else None, s if s < m else None) for s in range(m + 1)] if m else [(name, None, None)]
@@ -243,15 +267,16 @@ def _stepwise(names, stage, K: int, own: tuple[int, int], P: int, N: int, node_s
             plan[-1] = plan[-1] + [units[0]]  # one ring's last receive, the next one's first send
             units = units[1:]
         plan += [[u] for u in units]
-    cache: dict[tuple, list[_Step]] = {}
+    cache: dict[tuple[str, int], list[_Step]] = {}
 
-    def steps(name, i):
+    def steps(name: str, i: int) -> list[_Step]:
         if (name, i) not in cache:
             cache[(name, i)] = stage(name, i)
         return cache[(name, i)]
 
     for t in range(K + len(plan) - 1):
-        serves = []  # the leaf's loads this tick: answered last, so they queue behind the tick's rail sends
+        # the leaf's loads this tick: answered last, so they queue behind the tick's rail sends
+        serves: list[HierOp] = []
         for idx, units in enumerate(plan):
             i = t - idx
             if not 0 <= i < K:
@@ -273,14 +298,14 @@ def _stepwise(names, stage, K: int, own: tuple[int, int], P: int, N: int, node_s
             del cache[key]
 
 
-def _stepwise_broadcast(stage, K: int, position: int):
+def _stepwise_broadcast(stage: Stage, K: int, position: int) -> Iterator[HierOp]:
     """Broadcast's ticks on the node `position` hops down the chain from the root's: slice i's scatter
     sends at tick i and is received at i + 1; its chain piece arrives at tick T = i + 1 + position (the
     root's node sends it at i + 1) and goes on in the same tick; node AG step s sends at T + s and is
     received at T + s + 1. Every receive waits for a message of an earlier tick; a flush ends each tick."""
-    ticks: dict[int, list] = {}
+    ticks: dict[int, list[HierOp]] = {}
 
-    def at(t, ops):
+    def at(t: int, ops: Iterable[HierOp]) -> None:
         ticks.setdefault(t, []).extend(ops)
 
     for i in range(K):
@@ -298,7 +323,7 @@ def _stepwise_broadcast(stage, K: int, position: int):
         yield ("flush",)
 
 
-def _zipped(names, stage, K: int):
+def _zipped(names: Sequence[str], stage: Stage, K: int) -> Iterator[HierOp]:
     """One slice (K = 1) of a broadcast on one node or with one member a node: its stages one after
     the other, the chain chunk by chunk (each member forwards a chunk as soon as it has it)."""
     for t in range(K + len(names) - 1):

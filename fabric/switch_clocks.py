@@ -8,15 +8,23 @@ who takes which result in what order) is not here: it is a plan's (fabric.plans.
 walks it and books each step here); this module is what the switches do with it.
 """
 
-from typing import cast
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, cast
 
 from .errors import FabricError
 from .programs import GpuClocks
 from .timemodel import LinkEnd, ReductionClock
 from .topology import Topology
 
+if TYPE_CHECKING:  # for annotations only: nothing more imported at run time
+    from .config import FabricConfig
 
-def sharp_clocks(topo: Topology, config, algorithm: str = "sharp"):
+# a contribution's stamps on the uplink and its part's at the spine (TwoLevelSwitches.contribute)
+Contribution = tuple[tuple[float, float], tuple[float, float]]
+
+
+def sharp_clocks(topo: Topology, config: "FabricConfig", algorithm: str = "sharp") -> tuple[
+        list[GpuClocks], list[ReductionClock], dict[tuple[int, int], LinkEnd], dict[tuple[int, int], LinkEnd]]:
     """The clocks a two-level in-switch reduction books on every GPU of `topo` (several nodes, spines):
     (GPUs, engines (leaves 0..N-1, then spines), `mine` {(GPU, spine): its share of its node's uplink to
     that spine, U / (G P)}, `down` {(spine, node): the group's shares of that node's uplink from it,
@@ -24,7 +32,7 @@ def sharp_clocks(topo: Topology, config, algorithm: str = "sharp"):
     N, G, P, n = topo.nodes, topo.gpus_per_node, topo.spines, topo.gpus
     if N < 2 or not P:
         raise FabricError(f"replay: {algorithm} across nodes needs a topology of several nodes and spines, got {N} nodes")
-    t, u = config.timing, config.uplink_latency_ns
+    t, u = config.timing, cast(float, config.uplink_latency_ns)  # several nodes (checked above): set
     gpus = [GpuClocks(g, topo) for g in range(n)]
     engines = [ReductionClock(t.reduction_gbytes_per_s, t.reduction_latency_ns) for _ in range(N + P)]
     share = cast(float, topo.share_gbytes_per_s)  # several nodes and spines (checked above): set
@@ -41,14 +49,15 @@ class TwoLevelSwitches:
     results down the group's shares and the members' downlinks; multicast stores up the sender's share to
     one spine and down its part of every other node's shares; NVLS's header-only requests and LOADs."""
 
-    def __init__(self, topo: Topology, config, algorithm: str = "sharp"):
+    def __init__(self, topo: Topology, config: "FabricConfig", algorithm: str = "sharp"):
         self.topo, self.config = topo, config
         self.gpus, self.engines, self.mine, self.down = sharp_clocks(topo, config, algorithm)
         t = config.timing
         # a leaf's, a spine's (topo.spine_latency_ns) switch latency, the cable's, the engines'
-        self.s, self.sp, self.u, self.p = (t.switch_latency_ns, topo.spine_latency_ns, config.uplink_latency_ns,
-                                           t.reduction_latency_ns)
-        self.store_down: dict[int, dict] = {}  # sender -> {(spine, node): its part of that node's shares}
+        # several nodes and spines (sharp_clocks checked): the spine's and the uplink's latencies set
+        self.s, self.sp, self.u, self.p = (t.switch_latency_ns, cast(float, topo.spine_latency_ns),
+                                           cast(float, config.uplink_latency_ns), t.reduction_latency_ns)
+        self.store_down: dict[int, dict[tuple[int, int], LinkEnd]] = {}  # sender -> {(spine, node): its part of that node's shares}
 
     def request(self, g: int, raw: int) -> tuple[float, float]:
         """GPU g's header-only load-reduce request of `raw` bytes on its uplink, issued at the call's start
@@ -65,7 +74,7 @@ class TwoLevelSwitches:
         _, end = gpu.downlink.book(ready, ready, raw)
         return end + gpu.downlink.latency_ns
 
-    def contribute(self, g: int, raw: int, partial_raw: int, spine: int, at: float = 0.0) -> tuple:
+    def contribute(self, g: int, raw: int, partial_raw: int, spine: int, at: float = 0.0) -> Contribution:
         """GPU g's contribution of `raw` bytes on its uplink from `at` (sharp's push: the call's start, the
         credits not modeled; an NVLS answer: when its LOAD came, load), after its earlier ones; its part of
         its node's partial (partial_raw / G raw bytes) takes its share of the node's uplink to spine `spine`
@@ -76,7 +85,8 @@ class TwoLevelSwitches:
                                                              partial_raw / self.topo.gpus_per_node)
         return (a, b), part
 
-    def reduce(self, spine: int, contributions: list, raw: int, partial_raw: int, nodes) -> dict:
+    def reduce(self, spine: int, contributions: list[Contribution], raw: int, partial_raw: int,
+               nodes: Iterable[int]) -> dict[int, tuple[float, float]]:
         """A slot's reduction once every GPU's contribution is in (contributions: contribute's, in GPU order;
         raw: the result's raw bytes; partial_raw: a leaf's partial's, the accumulator's width): each leaf's
         engine reduces its node's once the latest is in (+ s); the partial is at spine `spine` mod P once the
@@ -95,7 +105,7 @@ class TwoLevelSwitches:
                                                 max(b for _, b in partials) + self.sp, raw)
         return {k: self.down[(i, k)].send(start, end, raw) for k in nodes}
 
-    def store(self, p: int, raw: int, spine: int) -> dict:
+    def store(self, p: int, raw: int, spine: int) -> dict[int, tuple[float, float]]:
         """GPU p's multicast store of `raw` bytes, issued at its clock after its earlier sends: its leaf (+ s)
         copies it to the node's members and sends one copy up to spine `spine` mod P on the sender's share of
         the node's uplink to it (`mine`, U / (G P), + u); the spine (+ s') sends one copy to each other leaf k
@@ -140,7 +150,7 @@ class OneSwitch:
     interface as TwoLevelSwitches, so fabric.plans.timing.switch_plan_ns walks a plan on either; a node is
     node 0, and the spine arguments are unused (there is none)."""
 
-    def __init__(self, topo: Topology, config, algorithm: str = "sharp"):
+    def __init__(self, topo: Topology, config: "FabricConfig", algorithm: str = "sharp"):
         if topo.nodes != 1:
             raise FabricError(f"replay: {algorithm} on one switch needs a topology of one node, got {topo.nodes} "
                               f"nodes (TwoLevelSwitches books several)")
@@ -170,7 +180,8 @@ class OneSwitch:
         (partial_raw and spine: TwoLevelSwitches'; one switch finishes the reduction in the element's dtype.)"""
         return self.gpus[g].uplink.send(at, at, raw)
 
-    def reduce(self, spine: int, contributions: list, raw: int, partial_raw: int, nodes) -> dict:
+    def reduce(self, spine: int, contributions: list[tuple[float, float]], raw: int, partial_raw: int,
+               nodes: Iterable[int]) -> dict[int, tuple[float, float]]:
         """A slot's reduction once every contribution is in (contributions: contribute's): the group's engine
         starts once the latest first byte is in and a traversal has passed (+ s, + its latency p, at its
         rate, after the slots it reduced before): {0: (start, end) of the result at the leaf's ports}."""
@@ -178,7 +189,7 @@ class OneSwitch:
                                         max(b for _, b in contributions) + self.s, raw)
         return {0: (start, end)}
 
-    def store(self, p: int, raw: int, spine: int) -> dict:
+    def store(self, p: int, raw: int, spine: int) -> dict[int, tuple[float, float]]:
         """GPU p's multicast store of `raw` bytes, issued at its clock after its earlier sends: up its uplink
         (+ a), through the leaf (+ s): {0: when its copies are at every member's port}."""
         gpu = self.gpus[p]

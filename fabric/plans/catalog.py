@@ -15,7 +15,7 @@ from ..errors import FabricError
 from . import in_switch
 from .format import ROOTED, Plan
 from .hier import hier_nvls_pieces
-from .registry import all2allv_plan, build, grid
+from .registry import Shape, all2allv_plan, build, grid
 
 if TYPE_CHECKING:
     from ..config import FabricConfig
@@ -75,7 +75,8 @@ def call_plan(collective: str, algorithm: str, nodes: int, gpus_per_node: int, S
     if algorithm == "sharp" or (algorithm == "nvls" and collective in ("allgather", "broadcast")):
         # nvls's allgather and broadcast are sharp's multicast stores
         member_nodes = tuple(g // gpus_per_node for g in range(n)) if collective == "allgather" else None
-        shape = in_switch.shape("sharp", n, collective, nodes, config, S, itemsize, wide, member_nodes)
+        # build's shape (sharp's; hier_nvls' pieces below)
+        shape: Shape = in_switch.shape("sharp", n, collective, nodes, config, S, itemsize, wide, member_nodes)
         return build("sharp", n, collective, root, shape=shape), S
     if algorithm == "nvls":
         return build("nvls", n, collective, shape=in_switch.shape("nvls", n, collective, nodes, config, S, itemsize,

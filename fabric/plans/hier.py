@@ -13,11 +13,14 @@ phase's messages go on a channel of their own (channels are operation streams on
 here, Plan.lanes 0), so that a pair's messages of two phases never match each other.
 """
 
+from collections.abc import Sequence
+
 import numpy as np
+import numpy.typing as npt
 
 from .. import hier_plan
 from ..errors import PlanError
-from ..reduction import blocks, chunks, merged_columns
+from ..reduction import Grid, blocks, chunks, merged_columns
 from .format import FABRICS, GpuProgram, Op, Plan, Ref
 
 # hier_plan's message phases -> the plan's channel (a phase's messages between a pair match in order)
@@ -26,7 +29,7 @@ CHANNELS = {hier_plan.NODE_RS: 0, hier_plan.RAIL_RS: 1, hier_plan.RAIL_AG: 2, hi
 COLLECTIVES = tuple(hier_plan.STAGES)  # allreduce, reduce_scatter, allgather, broadcast
 
 
-def hier_pieces(gpus: int, layout, nbytes: int | None, itemsize: int,
+def hier_pieces(gpus: int, layout: Grid | None, nbytes: int | None, itemsize: int,
                 chunk_bytes: int | None) -> tuple[int, int, int, int] | None:
     """What hier's plan for a call of `nbytes` in elements of `itemsize` bytes is built from: (elements,
     elements a message: chunk_bytes // itemsize, itemsize, elements a slice's piece: hier_plan.slice_elements,
@@ -38,7 +41,7 @@ def hier_pieces(gpus: int, layout, nbytes: int | None, itemsize: int,
     return int(nbytes) // itemsize, chunk, int(itemsize), hier_plan.slice_elements(chunk, int(itemsize))
 
 
-def hier(gpus: int, collective: str, root: int = 0, layout=None,
+def hier(gpus: int, collective: str, root: int = 0, layout: Grid | None = None,
          pieces: tuple[int, int, int, int] | None = None) -> Plan:
     """hier's `collective` (COLLECTIVES) on the grid `layout` (layout[a][j]: the GPU at node a, position j;
     default one node), for `pieces` = (elements, elements a message, itemsize, elements a slice's piece)
@@ -46,7 +49,7 @@ def hier(gpus: int, collective: str, root: int = 0, layout=None,
     return _translate("hier", gpus, collective, root, layout, pieces, None)
 
 
-def hier_nvls_pieces(gpus: int, layout, nbytes: int, itemsize: int, chunk_bytes: int,
+def hier_nvls_pieces(gpus: int, layout: Grid | None, nbytes: int, itemsize: int, chunk_bytes: int,
                      share: int) -> tuple[int, int, int, int, int]:
     """What hier_nvls's plan (node stages in the leaf) for a call of `nbytes` is built from: hier_pieces' with
     the slice's piece bounded by the partition's in-switch buffer `share` (bytes,
@@ -57,7 +60,7 @@ def hier_nvls_pieces(gpus: int, layout, nbytes: int, itemsize: int, chunk_bytes:
     return int(nbytes) // itemsize, chunk, int(itemsize), P, int(share)
 
 
-def hier_nvls(gpus: int, collective: str, root: int = 0, layout=None,
+def hier_nvls(gpus: int, collective: str, root: int = 0, layout: Grid | None = None,
               pieces: tuple[int, int, int, int, int] | None = None) -> Plan:
     """hier_nvls's `collective` on N > 1 nodes of G > 1 GPUs (the grid `layout`), its node stages in the leaf
     (a leaf plan, Plan.leaf), for `pieces` = hier_nvls_pieces' (..., share): hier_plan's program with the
@@ -76,7 +79,8 @@ def hier_nvls(gpus: int, collective: str, root: int = 0, layout=None,
     return _translate("hier_nvls", gpus, collective, root, layout, pieces[:4], pieces[4])
 
 
-def _translate(name: str, gpus: int, collective: str, root: int, layout, pieces, share: int | None) -> Plan:
+def _translate(name: str, gpus: int, collective: str, root: int, layout: Grid | None,
+               pieces: tuple[int, int, int, int] | None, share: int | None) -> Plan:
     """hier's or hier_nvls's plan (share: None, node rings; else the leaf's buffer share, node stages in
     the leaf): hier_plan.program of every member, operation by operation."""
     if collective not in COLLECTIVES:
@@ -100,7 +104,7 @@ def _translate(name: str, gpus: int, collective: str, root: int, layout, pieces,
     refs: dict[tuple[int, int], Ref] = {}
     inputs: dict[tuple[int, int], Ref] = {}  # a load-reduce's and its answers' chunks: of the input, "i"
     flush = Op("flush")
-    memo: dict = {}  # hier_plan's: what every member's program builds alike, once
+    memo: hier_plan.Memo = {}  # hier_plan's: what every member's program builds alike, once
     out = []
     for g in range(n):
         a = at[g][0]
@@ -157,7 +161,8 @@ def _translate(name: str, gpus: int, collective: str, root: int, layout, pieces,
                 leaf=tuple(tuple(row) for row in layout) if share is not None else ())
 
 
-def _run(refs: dict, buf: str, lo: int, hi: int, first: dict, after: dict) -> Ref:
+def _run(refs: dict[tuple[int, int], Ref], buf: str, lo: int, hi: int, first: dict[int, int],
+         after: dict[int, int]) -> Ref:
     """The run of chunks of buffer `buf` that [lo, hi) is (kept in `refs`, one Ref a range)."""
     ref = refs.get((lo, hi))
     if ref is None:
@@ -165,7 +170,7 @@ def _run(refs: dict, buf: str, lo: int, hi: int, first: dict, after: dict) -> Re
     return ref
 
 
-def _bounds(collective: str, N: int, G: int, count: int, chunk: int, P: int, rank) -> list[int]:
+def _bounds(collective: str, N: int, G: int, count: int, chunk: int, P: int, rank: Grid) -> list[int]:
     """Every bound of a message hier_plan.program's members send (sorted; more do no harm: a finer cut):
     the chunks (of `chunk` elements) of each slice's pieces of every range (the rail rings', the scatter's,
     the chain's messages) and of each node segment (a column's pieces, adjacent ones merged: the node
@@ -183,7 +188,7 @@ def _bounds(collective: str, N: int, G: int, count: int, chunk: int, P: int, ran
     return sorted(out)
 
 
-def _cut(bounds: list[int], parts) -> tuple[list[int], dict[int, int], dict[int, int]]:
+def _cut(bounds: list[int], parts: Sequence[tuple[int, int]]) -> tuple[list[int], dict[int, int], dict[int, int]]:
     """The buffer's chunks: every part (a block, or the whole buffer) cut at `bounds` (sorted) inside it and
     padded with chunks of no element to the most chunks of any part (at least one). Returns (each chunk's
     elements, bound -> the chunk that starts there, bound -> the chunk after the one that ends there)."""
@@ -211,7 +216,7 @@ def _cut(bounds: list[int], parts) -> tuple[list[int], dict[int, int], dict[int,
 
 
 def rounds(collective: str, N: int, G: int, S: int, itemsize: int, root: int = 0,
-           in_leaf: bool = False) -> list[np.ndarray]:
+           in_leaf: bool = False) -> list[npt.NDArray[np.int64]]:
     """hier's schedule unpipelined, as dependent rounds (fabric.cost_nodes.rounds: the bulk-synchronous
     estimate's), each an n x n int64 matrix of payload bytes on N nodes of G GPUs (GPU a G + j at node a,
     position j): node ring, rail ring, as docs/model/cost-nodes.md derives them; their sum is the plan's
@@ -231,7 +236,7 @@ def rounds(collective: str, N: int, G: int, S: int, itemsize: int, root: int = 0
                 size[a][j] = (y - x) * itemsize
     column = [sum(size[a][j] for a in range(N)) for j in range(G)]
 
-    def ring(phase: str, level: str) -> list[np.ndarray]:
+    def ring(phase: str, level: str) -> list[npt.NDArray[np.int64]]:
         m = G if level == "node" else N
         out = []
         for s in range(m - 1):

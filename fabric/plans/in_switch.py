@@ -49,16 +49,19 @@ What the plan is built from depends on the fabric's config (its switch buffer an
 computes it and registry.build takes it (`shape=`): (elements, elements a chunk, window).
 """
 
-from typing import Any, cast
+from typing import TYPE_CHECKING, cast
 
 from ..budget import in_switch_window, nvls_streams_wide, sharp_scatter_streams, sharp_streams
 from ..errors import PlanError
-from ..reduction import blocks, chunks
+from ..reduction import Grid, blocks, chunks
 from .format import GpuProgram, Op, Plan, Ref
 
+if TYPE_CHECKING:  # for annotations only: nothing more imported at run time
+    from ..config import FabricConfig
 
-def shape(algorithm: str, gpus: int, collective: str, nodes: int, config, nbytes: int, itemsize: int,
-          wide: int = 1, member_nodes: tuple[int, ...] | None = None) -> tuple:
+
+def shape(algorithm: str, gpus: int, collective: str, nodes: int, config: "FabricConfig", nbytes: int, itemsize: int,
+          wide: int = 1, member_nodes: tuple[int, ...] | None = None) -> tuple[int, int, int | tuple[int, ...] | None]:
     """What the in-switch plan of `algorithm` for a call of `nbytes` (the buffer's bytes as fabric.replay
     takes them) in `itemsize`-byte elements by `gpus` members in `nodes` nodes of the fabric `config` is
     built from: (elements, elements a chunk, window). wide: how many times as wide as an element the
@@ -88,7 +91,8 @@ def shape(algorithm: str, gpus: int, collective: str, nodes: int, config, nbytes
     return int(nbytes) // itemsize, chunk // itemsize, window
 
 
-def sharp(gpus: int, collective: str, root: int = 0, layout=None, shape: tuple[int, int, Any] | None = None) -> Plan:
+def sharp(gpus: int, collective: str, root: int = 0, layout: Grid | None = None,
+          shape: tuple[int, int, int | tuple[int, ...] | None] | None = None) -> Plan:
     """sharp's allreduce or reduce_scatter (module docstring) for shape = (elements, elements a chunk,
     window; reduce_scatter: the input's elements). allreduce: every GPU runs the same operations (one tuple,
     shared)."""
@@ -100,17 +104,17 @@ def sharp(gpus: int, collective: str, root: int = 0, layout=None, shape: tuple[i
                         "(fabric.plans.in_switch.shape)")
     count, piece, third = shape  # the window; allgather: the node of each member; broadcast: None
     if collective == "reduce_scatter":
-        return _scatter(gpus, count, piece, third)
+        return _scatter(gpus, count, piece, cast(int, third))
     if collective == "allgather":
-        return _allgather(gpus, count, piece, third)
+        return _allgather(gpus, count, piece, cast(tuple[int, ...], third))
     if collective == "broadcast":
         return _broadcast(gpus, count, piece, root)
     if collective == "reduce":
-        return _reduce(gpus, count, piece, third, root)
+        return _reduce(gpus, count, piece, cast(int, third), root)
     k = len(chunks(0, count, piece))
     if k == 0:  # no element: one empty chunk, contributed and taken (the interpreters skip empty ones)
         k, piece = 1, 0
-    window = third
+    window = cast(int, third)
     contribute = [Op("switch_contribute", src=Ref("i", c), slot=(c,)) for c in range(k)]
     order = contribute[:window]
     for c in range(k):
@@ -226,7 +230,8 @@ def stores(plan: Plan, S: int, itemsize: int) -> dict[int, list[tuple[int, int]]
     return out
 
 
-def nvls(gpus: int, collective: str, root: int = 0, layout=None, shape: tuple[int, int, int] | None = None) -> Plan:
+def nvls(gpus: int, collective: str, root: int = 0, layout: Grid | None = None,
+         shape: tuple[int, int, int] | None = None) -> Plan:
     """nvls's reduce_scatter or allreduce (module docstring) for shape = (elements, elements a chunk, window)."""
     if collective not in ("allreduce", "reduce_scatter"):
         raise PlanError(f"nvls plan: no {collective}; nvls builds allreduce and reduce_scatter (its allgather "
@@ -248,14 +253,14 @@ def nvls(gpus: int, collective: str, root: int = 0, layout=None, shape: tuple[in
         result = Ref("s", 0) if everyone else Ref("o", 0)  # my reduced chunks (chunk c at offset c)
         ops = request[:window]
 
-        def take_back(c):  # my reduced chunk c is back: store it, let one more request go
+        def take_back(c: int) -> None:  # my reduced chunk c is back: store it, let one more request go
             ops.append(Op("switch_recv", dst=Ref(result.buf, c), slot=(r, c, r + c)))
             if everyone:
                 ops.append(Op("multicast_store", src=Ref("s", c), slot=(r, c)))
             if c + window < R:
                 ops.append(request[c + window])
 
-        def gather(c):  # every member's store of chunk c (my own: its copy into scratch)
+        def gather(c: int) -> None:  # every member's store of chunk c (my own: its copy into scratch)
             if everyone and 0 <= c < R:
                 ops.extend(Op("switch_recv", dst=Ref("s", R + c) if p == r else Ref("o", p * R + c), slot=(p, c))
                            for p in range(n))

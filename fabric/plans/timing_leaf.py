@@ -22,7 +22,8 @@ delivery), as fabric.programs.run_programs, booking as the ranks and fabric.swit
 A run of chunks of no element is neither sent nor taken. The call ends at the latest GPU's clock.
 """
 
-from typing import cast
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -33,10 +34,20 @@ from ..programs import Fabric
 from ..reduction import chunks
 from ..timemodel import LinkEnd, ReductionClock
 from ..topology import Topology
-from .format import Plan, Ref
+from .format import Op, Plan, Ref
+
+if TYPE_CHECKING:  # for annotations only: nothing more imported at run time
+    from ..config import FabricConfig
+
+# a GPU's chunks at the call's size, element ranges by buffer (fabric.plans.timing.spans)
+Table = dict[str, list[tuple[int, int]]]
+# an operation as leaf_plan_ns walks it: (kind, peer, key, lo, hi, pieces taken); peer and key Any: the kind
+# says which is set (a flush's are None), and narrowing them op by op would cost in the hot loop
+Step = tuple[str, Any, Any, int, int, int]
 
 
-def leaf_plan_ns(plan: Plan, topo: Topology, config, itemsize: int, tables, programs) -> float:
+def leaf_plan_ns(plan: Plan, topo: Topology, config: "FabricConfig", itemsize: int, tables: Sequence[Table],
+                 programs: Sequence[Sequence[Op]]) -> float:
     """Modeled ns of one call of the leaf plan `plan` (validated; Plan.leaf the fabric's nodes) on every GPU of
     `topo`, all starting at 0 (module docstring): the latest GPU's clock at the end. tables[g]: GPU g's
     chunks at the call's size (fabric.plans.timing.spans), programs[g]: its operations with the flushes the
@@ -68,9 +79,10 @@ def leaf_plan_ns(plan: Plan, topo: Topology, config, itemsize: int, tables, prog
     shares, spine_ns = cast(list[LinkEnd], fabric.shares), cast(float, fabric.spine_ns)
     engines = [ReductionClock(t.reduction_gbytes_per_s, t.reduction_latency_ns) for _ in range(topo.nodes)]
     members = [len(node) for node in plan.leaf]
-    asked: dict[tuple, tuple[int, float]] = {}   # slot -> (requester, its request's last byte at the leaf)
-    slots: dict[tuple, list] = {}                # slot -> [answers, latest first byte, latest last byte]
-    delivered: dict[tuple, tuple[float, float, int]] = {}  # (GPU, slot) -> stamps at its leaf, raw bytes
+    asked: dict[tuple[int, ...], tuple[int, float]] = {}  # slot -> (requester, its request's last byte at the leaf)
+    slots: dict[tuple[int, ...], list[float]] = {}        # slot -> [answers, latest first byte, latest last byte]
+    # (GPU, slot) -> stamps at its leaf, raw bytes
+    delivered: dict[tuple[int, tuple[int, ...]], tuple[float, float, int]] = {}
     cuts: dict[tuple[int, int], list[int]] = {}  # an element range -> its messages' payload bytes
 
     def pieces(lo: int, hi: int) -> list[int]:
@@ -79,11 +91,11 @@ def leaf_plan_ns(plan: Plan, topo: Topology, config, itemsize: int, tables, prog
             got = cuts[(lo, hi)] = [(y - x) * itemsize for x, y in chunks(lo, hi, chunk)]
         return got
 
-    def program(g: int):
+    def program(g: int) -> Iterator[Step]:
         """GPU g's operations with their element ranges, point-to-point keys (channel, message number on
         that channel and pair, piece) as fabric.plans.timing.messages numbers them; last, a receive's pieces
         taken so far (0)."""
-        table, numbers = tables[g], dict[tuple, int]()
+        table, numbers = tables[g], dict[tuple[int, int | None, bool], int]()
         for op in programs[g]:
             kind = op.kind
             if kind in ("copy", "reduce", "nop"):
@@ -91,7 +103,8 @@ def leaf_plan_ns(plan: Plan, topo: Topology, config, itemsize: int, tables, prog
             if kind == "flush":
                 yield kind, None, None, 0, 0, 0
                 continue
-            ref = op.src if kind in ("send", "load_reduce", "switch_contribute", "multicast_store") else op.dst
+            ref = cast(Ref, op.src if kind in ("send", "load_reduce", "switch_contribute", "multicast_store")
+                       else op.dst)  # the kind names it (the validator)
             lo, hi = table[ref.buf][ref.off][0], table[ref.buf][ref.off + ref.cnt - 1][1]  # timing.span
             if kind == "send" or kind == "recv" or kind == "recv_reduce":
                 peer = op.send_to if kind == "send" else op.recv_from
@@ -106,7 +119,7 @@ def leaf_plan_ns(plan: Plan, topo: Topology, config, itemsize: int, tables, prog
                                 f"the in-switch kinds, copy, reduce, flush, nop)")
 
     running = {g: program(g) for g in range(n)}
-    waiting: dict[int, tuple] = {}
+    waiting: dict[int, Step] = {}
     while running:
         progressed = False
         for r in list(running):
@@ -190,8 +203,8 @@ def leaf_plan_ns(plan: Plan, topo: Topology, config, itemsize: int, tables, prog
     return max(gpu.now for gpu in fabric.gpus)
 
 
-def leaf_plan_link_bytes(plan: Plan, topo: Topology, config, itemsize: int,
-                         tables) -> tuple[dict[str, int], dict[str, int]]:
+def leaf_plan_link_bytes(plan: Plan, topo: Topology, config: "FabricConfig", itemsize: int,
+                         tables: Sequence[Table]) -> tuple[dict[str, int], dict[str, int]]:
     """(payload, raw) bytes on every link (Topology.link_payload_bytes' names and order) of one call of the
     leaf plan `plan` (validated) on `topo`, summed from its operations; tables[g]: GPU g's chunks at the call's
     size (fabric.plans.timing.spans). A point-to-point message (pieces of at most chunk_bytes) on its route;
