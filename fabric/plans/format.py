@@ -144,7 +144,7 @@ class Plan:
     1, the channels are operation streams on the GPU's one clock and whole links; C > 1, channel c
     (0..C-1) runs on its own lane (c, C): its own clock and 1 / C of the GPU's uplink and downlink
     (docs/model/time.md, "Channels"; MSCCL's threadblocks on channels), a flush on it waits for its own
-    sends only, and the GPU's clock is the latest channel's at the end (a "join"). leaf: () the plan's
+    sends only, and the GPU's clock is the latest channel's at the end (fabric.programs.Join). leaf: () the plan's
     in-switch operations are on one group of every GPU (sharp's, nvls's); else the nodes' GPUs (leaf[a]: node
     a's, in its positions' order) and they run in each node's leaf switch (hier_nvls's node stages, mixed
     with point-to-point messages): an in-switch op's slot[0] is its own node a, slot[1:] the leaf's slot
