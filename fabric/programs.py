@@ -3,7 +3,8 @@ the messages in flight between them (Fabric), and the interpreter that runs ever
 round-robin (run_programs). fabric.replay's schedules and fabric.plans.timing's plans both run here, so
 both book links alike. Pure (no MPI). Units: ns, bytes, GB/s (= bytes per ns)."""
 
-from typing import Any, Hashable, NamedTuple, cast
+from collections.abc import Callable, Hashable, Iterator
+from typing import Any, NamedTuple, cast
 
 from .packets import raw_bytes
 from .timemodel import LinkEnd
@@ -56,9 +57,10 @@ class Fabric:
         self.spine_ns = cast(float, topo.spine_latency_ns) + u if topo.spines else None
         self.shares = ([LinkEnd(cast(float, topo.share_gbytes_per_s), u) for _ in range(topo.gpus)]
                        if topo.spines else None)
-        self.sent: dict[tuple, tuple[float, float, int]] = {}  # (src, dst, key) -> stamps at dst's leaf, raw
+        self.sent: dict[tuple[int, int, Hashable], tuple[float, float, int]] = {}  # (src, dst, key) -> stamps at dst's leaf, raw
 
-    def send(self, gpu: GpuClocks, peer: int, key, nbytes: int, lane=None) -> tuple[float, float]:
+    def send(self, gpu: GpuClocks, peer: int, key: Hashable, nbytes: int,
+             lane: tuple[int, int] | None = None) -> tuple[float, float]:
         """Book a message on its route; returns when it occupies the sender's uplink (ns). lane: channel
         (c, C) of a call that runs C channels: its own clock and lane of the uplink (the shares whole:
         docs/model/time.md, "Channels")."""
@@ -75,7 +77,8 @@ class Fabric:
         self.sent[(gpu.index, peer, key)] = (start, end, raw)
         return uplink
 
-    def receive(self, gpu: GpuClocks, peer: int, key, lane=None) -> tuple[float, float] | None:
+    def receive(self, gpu: GpuClocks, peer: int, key: Hashable,
+                lane: tuple[int, int] | None = None) -> tuple[float, float] | None:
         """Consume the message if it was sent: when it occupies the receiver's downlink (ns); None: not yet.
         lane: as send's (the receiver's channel: its clock and lane of the downlink)."""
         got = self.sent.pop((peer, gpu.index, key), None)
@@ -120,8 +123,12 @@ class Join(NamedTuple):
 
 JOIN = Join()
 
+Program = Iterator[Send | Recv | Flush | Join]  # a member's operations, in order (run_programs)
+Event = tuple[int, str, int | None, float, float]  # (member, "send"/"recv"/"wait", peer, start_ns, end_ns)
 
-def run_programs(fabric: Fabric, programs: dict, stuck, events: list | None = None) -> float:
+
+def run_programs(fabric: Fabric, programs: dict[int, Program], stuck: Callable[[dict[int, Recv]], Exception],
+                 events: list[Event] | None = None) -> float:
     """Run every member's program (iterators of Send, Recv, Flush and Join) on `fabric`'s clocks, round-robin, each until it waits for a message not yet sent; the
     latest member's clock at the end (ns). stuck(waiting): the error when no member can go on. Shared
     by replay_ns and fabric.plans.timing (the plan interpreter), so both book links alike. events: if
@@ -133,7 +140,9 @@ def run_programs(fabric: Fabric, programs: dict, stuck, events: list | None = No
         progressed = False
         for r in list(programs):
             gpu = fabric.gpus[r]
-            op: Any = waiting.pop(r, None)  # a Send, Recv, Flush or Join: dispatched by its type
+            # a Send, Recv, Flush or Join, dispatched by type(op) is ...; Any, not narrowed: isinstance would cost a
+            # call per operation (millions a replay)
+            op: Any = waiting.pop(r, None)
             while True:
                 if op is None:
                     op = next(programs[r], None)

@@ -13,18 +13,26 @@ ranks: fabric.replay models the links only).
 """
 
 
-from typing import cast
+from collections.abc import Callable, Container, Iterable
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 
 from ..errors import FabricError, PlanError
 from ..packets import raw_bytes
 from ..reduction import blocks, chunks
-from ..programs import JOIN, Fabric, Flush, Recv, Send, run_programs
+from ..programs import JOIN, Event, Fabric, Flush, Lane, Program, Recv, Send, run_programs
 from ..topology import Topology
-from ..switch_clocks import OneSwitch, TwoLevelSwitches
-from .timing_leaf import leaf_plan_ns
+from ..switch_clocks import Contribution, OneSwitch, TwoLevelSwitches
+from .timing_leaf import Table, leaf_plan_ns
 from .format import CREDITS, IN_SWITCH, RECVS, SENDS, SWITCH_PUTS, SWITCH_TAKES, Op, Plan, Ref, in_switch, switch_slots, walk
+
+if TYPE_CHECKING:  # for annotations only: nothing more imported at run time
+    from ..config import FabricConfig
+
+T = TypeVar("T")
+# walk's visitors below take `op` as Any: the kind says which of src, dst, send_to and recv_from are set (the
+# validator checked it), which mypy cannot tie; a cast or an assert per field would cost a call per operation
 
 
 def buffer_elements(plan: Plan, S: int, itemsize: int) -> dict[str, int]:
@@ -37,16 +45,18 @@ def buffer_elements(plan: Plan, S: int, itemsize: int) -> dict[str, int]:
     return {"i": count, "o": count}
 
 
-def packed(sizes) -> list[tuple[int, int]]:
+def packed(sizes: Iterable[int]) -> list[tuple[int, int]]:
     """Element ranges of chunks of `sizes` elements laid one after another from 0."""
-    out, lo = [], 0
+    out: list[tuple[int, int]] = []
+    lo = 0
     for size in sizes:
         out.append((lo, lo + size))
         lo += size
     return out
 
 
-def _base(plan: Plan, S: int, itemsize: int, g: int, memo: dict | None = None) -> dict[str, list[tuple[int, int]]]:
+def _base(plan: Plan, S: int, itemsize: int, g: int,
+          memo: dict[tuple[int, int], list[tuple[int, int]]] | None = None) -> Table:
     """GPU g's input and output chunks, element ranges: reduce_scatter's and scatter's output and allgather's
     and gather's input are GPU g's block of the whole (fabric.reduction.blocks(count, n)[g], as the API sizes
     them; gather's and scatter's blocks are equal); a plan's own chunk sizes where it gives them (S unused)."""
@@ -59,7 +69,7 @@ def _base(plan: Plan, S: int, itemsize: int, g: int, memo: dict | None = None) -
         lo, hi = blocks(count, plan.gpus)[g]
         elements = {"i": count, "o": hi - lo} if plan.collective in ("reduce_scatter", "scatter") else \
             {"i": hi - lo, "o": count}
-    out = {}
+    out: Table = {}
     for b in ("i", "o"):
         key = (elements[b], program.chunks_of(b))
         table = None if memo is None else memo.get(key)
@@ -87,11 +97,11 @@ def cut(count: int, k: int, groups: int = 1, piece: int = 0) -> list[tuple[int, 
     return [(lo + x, lo + y) for lo, hi in blocks(count, groups) for x, y in blocks(hi - lo, k // groups)]
 
 
-def _kept(plan: Plan, name: str, key: tuple, make):
+def _kept(plan: Plan, name: str, key: tuple[int, int], make: Callable[[Plan, int, int], T]) -> T:
     """make(plan, *key), kept on the plan itself under `name` (a plan is immutable), the newest 16 keys (a
     sweep's sizes): a cache keyed by the plan would compare two equal plans built apart operation by
     operation on every lookup, once per GPU (it made `model` 20-40x slower at 256 GPUs)."""
-    memo = plan.__dict__.setdefault(name, {})
+    memo: dict[tuple[int, int], T] = plan.__dict__.setdefault(name, {})
     if key not in memo:
         if len(memo) >= 16:
             memo.pop(next(iter(memo)))
@@ -99,38 +109,41 @@ def _kept(plan: Plan, name: str, key: tuple, make):
     return memo[key]
 
 
-def _tables(plan: Plan, S: int, itemsize: int) -> tuple[dict[str, list[tuple[int, int]]], ...]:
+def _tables(plan: Plan, S: int, itemsize: int) -> tuple[Table, ...]:
     return _kept(plan, "_chunk_tables", (S, itemsize), _chunk_tables)
 
 
-def _chunk_tables(plan: Plan, S: int, itemsize: int) -> tuple[dict[str, list[tuple[int, int]]], ...]:
+def _chunk_tables(plan: Plan, S: int, itemsize: int) -> tuple[Table, ...]:
     """Every GPU's chunk table (spans). A scratch chunk takes the size of the first chunk written into it
     (received, copied or reduced, in the validator's order of a symbolic run: fabric.plans.validate), so
     that a chunk of an uneven buffer fits where it lands; one nothing writes, the larger buffer's longest
     chunk."""
-    memo: dict = {}  # every GPU of most plans cuts its buffers alike: one cut (a list, shared, read-only)
+    # (elements, chunks) -> its cut: every GPU of most plans cuts its buffers alike: one cut (a list, shared, read-only)
+    memo: dict[tuple[int, int], list[tuple[int, int]]] = {}
     tables = [_base(plan, S, itemsize, g, memo) for g in range(plan.gpus)]
     if plan.programs[0].elements is not None:  # sized by the plan (the validator: every GPU's or none)
         for g, program in enumerate(plan.programs):
-            tables[g]["s"] = packed(cast(tuple, program.elements)[2])  # every GPU's, as the first's
+            # every GPU's, as the first's
+            tables[g]["s"] = packed(cast(tuple[tuple[int, ...], ...], program.elements)[2])
         return tuple(tables)
     if not any(program.s_chunks for program in plan.programs):
         return tuple(tables)
-    sizes = [[None] * program.s_chunks for program in plan.programs]
+    sizes: list[list[int | None]] = [[None] * program.s_chunks for program in plan.programs]
 
-    def size_of(g, ref):
+    def size_of(g: int, ref: Ref) -> list[int | None]:
         if ref.buf == "s":
             return [sizes[g][c] for c in ref.chunk_ids()]
         table = tables[g][ref.buf]
         return [table[c][1] - table[c][0] for c in ref.chunk_ids()]
 
-    def write(g, ref, values):
+    def write(g: int, ref: Ref, values: Iterable[int | None]) -> None:
         if ref.buf == "s":
             for c, v in zip(ref.chunk_ids(), values):
                 if sizes[g][c] is None:
                     sizes[g][c] = v
 
-    def visit(g, step, op, message):
+    def visit(g: int, step: int, op: Any, message: Any) -> list[int | None] | None:
+        # message: a sent chunk run's sizes (size_of), or a slot's contributions, a list of those
         if op.kind in _SWITCH:  # a slot's contributions: (size) each; its result the size of the first
             if op.kind in SWITCH_PUTS:
                 return size_of(g, op.src)
@@ -148,7 +161,8 @@ def _chunk_tables(plan: Plan, S: int, itemsize: int) -> tuple[dict[str, list[tup
     for g, program in enumerate(plan.programs):
         if program.s_chunks:
             default = max(hi - lo for b in ("i", "o") for lo, hi in tables[g][b])
-            bounds, lo = [], 0
+            bounds: list[tuple[int, int]] = []
+            lo = 0
             for v in sizes[g]:
                 bounds.append((lo, lo + (default if v is None else v)))
                 lo = bounds[-1][1]
@@ -156,7 +170,7 @@ def _chunk_tables(plan: Plan, S: int, itemsize: int) -> tuple[dict[str, list[tup
     return tuple(tables)
 
 
-def spans(plan: Plan, S: int, itemsize: int, g: int) -> dict[str, list[tuple[int, int]]]:
+def spans(plan: Plan, S: int, itemsize: int, g: int) -> Table:
     """GPU g's chunks of each buffer ("i", "o", "s"), element ranges, for a call of S bytes: input and
     output cut by fabric.reduction.blocks (reduce_scatter's output and allgather's input GPU g's block of
     the whole); a scratch chunk the size of the first chunk written into it (_tables). Read-only."""
@@ -179,18 +193,19 @@ def _misfit(plan: Plan, S: int, itemsize: int) -> str | None:
     tables = [spans(plan, S, itemsize, g) for g in range(plan.gpus)]
     found: list[str] = []
 
-    def elements(g, ref):
+    def elements(g: int, ref: Ref) -> int:
         lo, hi = span(tables[g], ref)
         return hi - lo
 
-    def fits(g, step, op, ref, want, what):
+    def fits(g: int, step: int, op: Op, ref: Ref, want: int, what: str) -> None:
         have = elements(g, ref)
         if have != want and not found:
             found.append(f"GPU {g} step {step} ({op.kind}, channel {op.channel}) chunk {ref.off}: at {S} bytes "
                          f"({itemsize}-byte elements) {what} {want} elements into chunks of {have} (the chunks of "
                          f"the GPUs' buffers do not line up at this size)")
 
-    def visit(g, step, op, message):
+    def visit(g: int, step: int, op: Any, message: Any) -> tuple[int, int, int] | None:
+        # message: (sender, its step, its elements), or a slot's contributions, a list of those
         if op.kind in SWITCH_PUTS:
             return g, step, elements(g, op.src)
         if op.kind in SWITCH_TAKES:  # every contribution of the slot: (GPU, its step, its elements)
@@ -211,17 +226,19 @@ def _misfit(plan: Plan, S: int, itemsize: int) -> str | None:
     return found[0] if found else None
 
 
-def span(table, ref) -> tuple[int, int]:
+def span(table: Table, ref: Ref | None) -> tuple[int, int]:
     """The element range [lo, hi) of chunk run `ref` in a GPU's table (spans)."""
-    return table[ref.buf][ref.off][0], table[ref.buf][ref.off + ref.cnt - 1][1]
+    # ref: an Op's src or dst, which its kind sets (never None here); mypy cannot tie the field to the kind,
+    # and callers narrowing it would cost a call per operation
+    return table[ref.buf][ref.off][0], table[ref.buf][ref.off + ref.cnt - 1][1]  # type: ignore[union-attr]
 
 
-def with_flushes(plan: Plan, g: int) -> list:
+def with_flushes(plan: Plan, g: int) -> tuple[Op, ...]:
     """GPU g's operations with a flush put before any that writes a chunk a send not yet flushed reads
     (a send's data is not copied: ranks/collectives/plan.py sends views of the buffers, as ring.py does),
     so that both interpreters run the same program. In place, "o" and "i" are one buffer. Kept on the
-    plan, one list per GPU (every replay of the plan, at any size, runs the same); read-only."""
-    kept = plan.__dict__.setdefault("_with_flushes", {})
+    plan, one tuple per GPU (every replay of the plan, at any size, runs the same); read-only."""
+    kept: dict[int, tuple[Op, ...]] = plan.__dict__.setdefault("_with_flushes", {})
     if g not in kept:
         kept[g] = tuple(_with_flushes(plan, g))
     return kept[g]
@@ -231,13 +248,13 @@ _WRITES = frozenset(("recv", "recv_reduce", "recv_copy_send", "recv_reduce_copy_
 _READ_BY_SEND = {"send": "src", "recv_copy_send": "dst", "recv_reduce_copy_send": "dst"}  # what a send's data is
 
 
-def _with_flushes(plan: Plan, g: int) -> list:
+def _with_flushes(plan: Plan, g: int) -> list[Op]:
     """with_flushes' list: a flush on each channel (in channel order) with an unflushed send that reads a
     chunk the operation writes; without lanes one flush (channel 0) for all. A chunk is an int key (chunk
     << 2 | buffer) and the channels reading it a bit set: no tuple or set a send (2.6 million operations at
     256 GPUs)."""
     inplace, lanes = plan.inplace, plan.lanes > 1  # on lanes a flush waits for its channel's sends only
-    held: dict[int, list] = {}            # channel (0 without lanes) -> the chunk keys its sends read
+    held: dict[int, list[int]] = {}       # channel (0 without lanes) -> the chunk keys its sends read
     readers: dict[int, int] = {}          # chunk key -> the bit set of channels whose unflushed sends read it
     out: list[Op] = []
     append = out.append
@@ -245,7 +262,7 @@ def _with_flushes(plan: Plan, g: int) -> list:
     if inplace:
         buffer_of["o"] = 0  # "o" and "i" are one buffer
 
-    def flushed(c):
+    def flushed(c: int) -> None:
         keep = ~(1 << c)
         for key in held.pop(c, ()):
             bits = readers.get(key)
@@ -288,7 +305,7 @@ def _with_flushes(plan: Plan, g: int) -> list:
     return out
 
 
-def lane_of(plan: Plan):
+def lane_of(plan: Plan) -> Callable[[int], Lane | None]:
     """channel -> its lane (c, C) on the link clocks (fabric.programs), None without lanes (Plan.lanes)."""
     C = plan.lanes
     return (lambda c: (c, C)) if C > 1 else (lambda c: None)
@@ -298,7 +315,7 @@ def lane_of(plan: Plan):
 _ROLE = {kind: (1 if kind in RECVS else 0) | (2 if kind in SENDS else 0) for kind in RECVS + SENDS} | {"flush": 4}
 
 
-def messages(plan: Plan, S: int, itemsize: int, chunk: int):
+def messages(plan: Plan, S: int, itemsize: int, chunk: int) -> dict[int, Program]:
     """Per GPU, its program for fabric.programs.run_programs: Recv(peer, key), Send(peer, key, nbytes),
     Flush() in plan order; key (channel, message number on that channel and pair, piece).
     An operation that receives and sends on (rrs, rcs, rrcs) is pipelined piece by piece: piece k is
@@ -311,9 +328,12 @@ def messages(plan: Plan, S: int, itemsize: int, chunk: int):
     n_gpus = plan.gpus
     new = tuple.__new__  # a record's own __new__ is a Python call, 8x slower (a message each, millions)
 
-    def program(g):
+    def program(g: int) -> Program:
         table = spans(plan, S, itemsize, g)
-        sent, taken = {}, {}  # channel n + peer -> the last message number on that channel and pair
+        # channel n + peer -> the last message number on that channel and pair
+        sent: dict[int, int] = {}
+        taken: dict[int, int] = {}
+        op: Any  # an Op: Any, as the visitors' (above)
         pieces: dict[tuple[int, int], list[int]] = {}  # element range -> its messages' bytes
         for op in with_flushes(plan, g):
             role = _ROLE.get(op.kind)
@@ -363,15 +383,15 @@ def messages(plan: Plan, S: int, itemsize: int, chunk: int):
 _FLUSH = Flush()
 
 
-def _check(plan: Plan, topo: Topology, config) -> None:
+def _check(plan: Plan, topo: Topology, config: "FabricConfig") -> None:
     if topo.gpus != plan.gpus:
         raise PlanError(f"plan {plan.name!r} is for {plan.gpus} GPUs, the fabric has {topo.gpus}")
     if config.mode not in plan.fabrics:
         raise PlanError(f"plan {plan.name!r} runs on {', '.join(plan.fabrics)} fabrics, not {config.mode!r}")
 
 
-def plan_ns(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4, events: list | None = None,
-            partial_itemsize: int | None = None) -> float:
+def plan_ns(plan: Plan, topo: Topology, S: int, config: "FabricConfig", itemsize: int = 4,
+            events: list[Event] | None = None, partial_itemsize: int | None = None) -> float:
     """Modeled ns of one call of `plan` (validated) on every GPU of `topo`, all starting at 0: the latest
     GPU's clock at the end, as fabric.replay.replay_ns. events: if given, gets the timeline
     fabric.programs.run_programs records (GPU, "send"/"recv"/"wait", peer, start_ns, end_ns). A plan of
@@ -386,7 +406,8 @@ def plan_ns(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4, event
     chunk = max(1, config.chunk_bytes // itemsize)
     fabric = Fabric(topo, config.mtu_bytes, config.header_bytes)
 
-    def stuck(waiting):  # a validated plan waits for ever only where its chunks misfit at S: say where
+    # a validated plan waits for ever only where its chunks misfit at S: say where
+    def stuck(waiting: dict[int, Recv]) -> Exception:
         misfit = _kept(plan, "_misfits", (int(S), itemsize), _misfit)
         if misfit is not None:
             return PlanError(misfit)
@@ -396,7 +417,7 @@ def plan_ns(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4, event
     return run_programs(fabric, messages(plan, S, itemsize, chunk), stuck, events)
 
 
-def switch_plan_ns(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4,
+def switch_plan_ns(plan: Plan, topo: Topology, S: int, config: "FabricConfig", itemsize: int = 4,
                    partial_itemsize: int | None = None) -> float:
     """Modeled ns of one call of a plan of in-switch operations (validated) on every GPU of `topo` (one node,
     or several nodes and spines), all starting at 0, the plan's schedule booked on the switches' clocks
@@ -413,7 +434,8 @@ def switch_plan_ns(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4
     reduction, no modeled time. The call ends once every uplink is free. A chunk of no element is neither
     sent nor taken."""
     # one node: the leaf's engine and ports (OneSwitch); several: leaves and spines (TwoLevelSwitches)
-    clocks = (OneSwitch if topo.nodes == 1 else TwoLevelSwitches)(topo, config, plan.name)
+    clocks: OneSwitch | TwoLevelSwitches = (OneSwitch if topo.nodes == 1 else TwoLevelSwitches)(topo, config,
+                                                                                                 plan.name)
     _check(plan, topo, config)
     if plan.lanes > 1 or any(op.kind not in _SWITCH and op.kind not in _BESIDE_SWITCH
                              for _, _, op in plan.ops()):
@@ -421,21 +443,22 @@ def switch_plan_ns(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4
                         f"operations only (no lanes, no point-to-point messages)")
     n, wide = plan.gpus, partial_itemsize or itemsize
     tables = [spans(plan, S, itemsize, g) for g in range(n)]
-    raw = lambda nbytes: raw_bytes(nbytes, config.mtu_bytes, config.header_bytes)  # noqa: E731
+    raw: Callable[[int], int] = lambda nbytes: raw_bytes(nbytes, config.mtu_bytes, config.header_bytes)  # noqa: E731
     header = raw(0)
     puts = switch_slots(plan)
     node_of = [topo.locate(g)[0] for g in range(n)]
-    requests: dict[tuple, tuple[float, float]] = {}  # a load_reduce's slot -> its request's stamps
+    requests: dict[tuple[int, ...], tuple[float, float]] = {}  # a load_reduce's slot -> its request's stamps
     for g, program in enumerate(plan.programs):
         for op in program.ops:
             if op.kind == "load_reduce":
                 lo, hi = span(tables[g], op.src)
                 if hi > lo:
                     requests[op.slot] = clocks.request(g, header)
-    pools: dict[tuple, dict[int, tuple]] = {}
-    results: dict[tuple, dict[int, tuple[float, float]]] = {}
+    # a slot's contributions by GPU: the clocks' own contribute's (OneSwitch: stamps, TwoLevelSwitches: Contribution)
+    pools: dict[tuple[int, ...], dict[int, tuple[float, float] | Contribution]] = {}
+    results: dict[tuple[int, ...], dict[int, tuple[float, float]]] = {}
 
-    def visit(g, step, op, message):
+    def visit(g: int, step: int, op: Any, message: Any) -> None:
         kind = op.kind
         if kind == "multicast_store":
             lo, hi = span(tables[g], op.src)
@@ -454,8 +477,10 @@ def switch_plan_ns(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4
                     raise PlanError(f"plan {plan.name!r}: slot {list(op.slot)} has {len(got)} contributions; an "
                                     f"in-switch reduction across nodes is timed with every GPU's ({n})")
                 to = range(n) if op.send_to is None else (op.send_to,)
-                results[op.slot] = clocks.reduce(op.slot[-1], [got[h] for h in range(n)], raw((hi - lo) * itemsize),
-                                                 raw((hi - lo) * wide), sorted({node_of[h] for h in to}))
+                # got: this clocks' own contribute's, one type (mypy cannot pair a union's member with its own)
+                results[op.slot] = clocks.reduce(op.slot[-1], [got[h] for h in range(n)],  # type: ignore[misc]
+                                                 raw((hi - lo) * itemsize), raw((hi - lo) * wide),
+                                                 sorted({node_of[h] for h in to}))
         elif kind in SWITCH_TAKES:
             lo, hi = span(tables[g], op.dst)
             if hi > lo:
@@ -472,7 +497,8 @@ _SWITCH = frozenset(IN_SWITCH)
 _BESIDE_SWITCH = frozenset(("flush", "nop", "copy", "reduce") + CREDITS)  # what else an in-switch plan may hold
 
 
-def plan_link_bytes(plan: Plan, topo: Topology, S: int, config, itemsize: int = 4) -> dict[str, tuple[int, int]]:
+def plan_link_bytes(plan: Plan, topo: Topology, S: int, config: "FabricConfig",
+                    itemsize: int = 4) -> dict[str, tuple[int, int]]:
     """link name -> (payload bytes, raw bytes) the plan's messages put on it (every link of each
     message's route, fabric.topology.Topology.route), summed from the plan. Not for in-switch operations
     (PlanError): what crosses the switches' cables is theirs (fabric.cost_nodes.link_bytes counts it)."""
@@ -527,7 +553,7 @@ def _plan_rounds(plan: Plan, S: int, itemsize: int) -> list[np.ndarray]:
     return list(out)
 
 
-def plan_traffic(plan: Plan, S: int, itemsize: int = 4, channels=None) -> np.ndarray:
+def plan_traffic(plan: Plan, S: int, itemsize: int = 4, channels: Container[int] | None = None) -> np.ndarray:
     """The payload bytes (gpus x gpus int64, row: sender, column: receiver) of the plan's sends on
     `channels` (default every channel), summed from its operations (no run: what a send carries is its
     chunks at this size)."""
@@ -550,7 +576,7 @@ def send_rounds(plan: Plan) -> list[list[tuple[int, int, Ref]]]:
     plan writes split its phases; those with_flushes adds do not; on lanes, the flushes of its own
     channel), in round k at least: so a ring's all-gather steps, with no flush between them, are one round
     each."""
-    kept = plan.__dict__.get("_send_rounds")
+    kept: list[list[tuple[int, int, Ref]]] | None = plan.__dict__.get("_send_rounds")
     if kept is None:
         kept = plan.__dict__["_send_rounds"] = _send_rounds(plan)
     return kept
@@ -562,7 +588,8 @@ def _send_rounds(plan: Plan) -> list[list[tuple[int, int, Ref]]]:
     return out
 
 
-def _round_visitor(plan: Plan):
+def _round_visitor(plan: Plan) -> tuple[Callable[[int, int, Any, int | None], int | None],
+                                          list[list[tuple[int, int, Ref]]]]:
     """(visit, out): a walk visitor that puts (round, receiver, chunks sent) of each send in out[GPU]. A chunk
     is an int key (chunk << 2 | buffer), a GPU's phases a dict by its line: no tuple an operation."""
     n = plan.gpus
@@ -570,22 +597,22 @@ def _round_visitor(plan: Plan):
     buffer_of = {"i": 0, "o": 0 if plan.inplace else 1, "s": 2}  # in place, "o" and "i" are one buffer
     phase: list[dict[int, int]] = [{} for _ in range(n)]  # GPU -> line (its channel on lanes, else 0) -> flushes
     after: list[dict[int, int]] = [{} for _ in range(n)]  # GPU -> chunk key -> round + 1
-    out: list[list] = [[] for _ in range(n)]
+    out: list[list[tuple[int, int, Ref]]] = [[] for _ in range(n)]
 
-    def ready(g, ref):  # the first round the data of chunks `ref` may be sent in
+    def ready(g: int, ref: Ref) -> int:  # the first round the data of chunks `ref` may be sent in
         held, b = after[g], buffer_of[ref.buf]
         if ref.cnt == 1:
             return held.get(ref.off << 2 | b, 0)
         return max(held.get(c << 2 | b, 0) for c in range(ref.off, ref.off + ref.cnt))
 
-    def mark(g, ref, k):
+    def mark(g: int, ref: Ref, k: int) -> None:
         held, b = after[g], buffer_of[ref.buf]
         for c in range(ref.off, ref.off + ref.cnt):
             key = c << 2 | b
             if held.get(key, 0) < k:
                 held[key] = k
 
-    def visit(g, step, op, came):  # a message is the round it was sent in
+    def visit(g: int, step: int, op: Any, came: int | None) -> int | None:  # a message is the round it was sent in
         kind = op.kind
         if kind in _SWITCH:  # no point-to-point round: the switch's (fabric.cost_nodes times them)
             return None
