@@ -1,8 +1,7 @@
 """The type checker (mypy; pyproject.toml [tool.mypy]) finds no error in nvlink_emu.fabric, nvlink_emu.ranks
 and nvlink_emu.launch: fabric under strict mode's checks (its per-module override), ranks and launch in default
 mode. The folders install under the namespace nvlink_emu (package-dir), so mypy runs from a root whose
-nvlink_emu/ links to them (issue 27; the reserved modules of fabric, being rewritten, are relaxed for now: their
-own override)."""
+nvlink_emu/ links to them (issue 27: every module of fabric is strict)."""
 
 import os
 import subprocess
@@ -29,7 +28,6 @@ def test_mypy_finds_nothing_in_fabric_ranks_and_launch(tmp_path):
 
 def test_strict_mode_adds_nothing_on_fabric(tmp_path):
     """--strict on fabric finds nothing the config's run does not: its override holds every per-module check
-    of strict mode (and fabric passes strict's two global ones, warn_redundant_casts and warn_unused_configs);
-    the reserved modules' override relaxes them alone."""
+    of strict mode (and fabric passes strict's two global ones, warn_redundant_casts and warn_unused_configs)."""
     done = _mypy(tmp_path, "--strict", "-p", "nvlink_emu.fabric")
     assert done.returncode == 0, done.stdout + done.stderr
