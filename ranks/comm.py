@@ -16,6 +16,7 @@ from nvlink_emu.fabric.software import call_latency_ns
 from nvlink_emu.fabric.tuner import all2all_algorithm  # noqa: F401 (re-exported: the tuner decides)
 
 from nvlink_emu.fabric.plans import Plan, validate
+from nvlink_emu.fabric.plans.format import has_credits
 
 from . import collectives
 from .collectives.plan import execute as run_plan
@@ -564,6 +565,15 @@ class Communicator:
                           lambda: self._execute(name, seq, algorithm, op, dtype, count, root, args, counts, call,
                                                 fingerprint, plan))
 
+    def _leaves(self) -> tuple[tuple[int, ...], ...]:
+        """The members' ranks by leaf (nodes in order, each in rank order): a leaf plan's Plan.leaf, as
+        node_group_id groups them."""
+        per_node = self.gpu.config.gpus_per_node
+        nodes: dict[int, list[int]] = {}
+        for rank, gpu in enumerate(self.members):
+            nodes.setdefault(gpu // per_node, []).append(rank)
+        return tuple(tuple(nodes[node]) for node in sorted(nodes))
+
     def _plan_name(self, plan: "Plan", name: str, root: int | None = None) -> str:
         """The call check's name of `plan` ("plan:NAME:DIGEST": members passing different plans mismatch);
         FabricError if it cannot run `name` on this communicator and fabric."""
@@ -577,6 +587,14 @@ class Communicator:
         if name == "broadcast" and plan.root != root:
             raise UnsupportedOperation(f"GPU {self.gpu.rank}: broadcast from root {root}: plan {plan.name!r} "
                                        f"broadcasts from root {plan.root}")
+        if has_credits(plan):  # the registry's in-switch plans pace their pushes with them (sharp's reduce)
+            raise UnsupportedOperation(f"GPU {self.gpu.rank}: {name}: plan {plan.name!r} holds credit operations; "
+                                       f"they pace the registry's in-switch plans, not a plan a collective is given")
+        if plan.leaf and plan.leaf != self._leaves():
+            raise UnsupportedOperation(f"GPU {self.gpu.rank}: {name}: plan {plan.name!r} puts its GPUs on leaves "
+                                       f"{[list(node) for node in plan.leaf]}; communicator {self.name!r}'s members "
+                                       f"are on leaves {[list(node) for node in self._leaves()]} (by rank, each in "
+                                       f"rank order)")
         validate(plan)
         return f"plan:{plan.name}:{hashlib.sha256(repr(plan).encode()).hexdigest()[:16]}"
 

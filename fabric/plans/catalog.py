@@ -61,6 +61,10 @@ def call_plan(collective: str, algorithm: str, nodes: int, gpus_per_node: int, S
         known = "; ".join(f"{a}: {', '.join(cs)}" for a, cs in IMPLEMENTS.items())
         raise FabricError(f"no schedule for {collective} with {algorithm!r}; known: {known}; all2all: "
                           f"{', '.join(ALL2ALL)}; all2allv: all2allv")
+    if nodes > 1 and algorithm in IN_SWITCH and collective not in ACROSS_NODES.get(algorithm, ()):
+        runs_there = "; ".join(f"{a}: {', '.join(cs)}" for a, cs in ACROSS_NODES.items())
+        raise FabricError(f"no schedule for {collective} with {algorithm!r} across nodes: the switches run "
+                          f"{runs_there} there")
     n, layout = nodes * gpus_per_node, grid(nodes, gpus_per_node)
     across = layout if nodes > 1 else None
     S = int(S) // itemsize * itemsize  # whole elements, and messages of whole elements: the ranks' call

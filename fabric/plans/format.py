@@ -276,6 +276,14 @@ def load_requests(plan: Plan) -> dict[tuple[int, ...], list[tuple[int, int]]]:
     return kept
 
 
+def has_credits(plan: Plan) -> bool:
+    """Whether any operation of `plan` is a credit kind (kept on the plan)."""
+    kept = plan.__dict__.get("_has_credits")
+    if kept is None:
+        kept = plan.__dict__["_has_credits"] = any(op.kind in CREDITS for _, _, op in plan.ops())
+    return bool(kept)
+
+
 def in_switch(plan: Plan) -> bool:
     """Whether any operation of `plan` is an in-switch kind (kept on the plan)."""
     kept = plan.__dict__.get("_in_switch")

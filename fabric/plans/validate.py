@@ -24,9 +24,11 @@ Rules (each refusal is a PlanError naming the GPU, the step and, where one is in
    goes to takes it exactly once, no other GPU; a multicast_store is a slot of one put (no other store or
    contribution) that every GPU takes; a load_reduce (one a slot, of input chunks) is answered by every
    GPU's switch_contribute to its slot, each of the same input chunks and to the requester, which waits
-   for the request (format.walk); a credit_wait waits for the next credit of its GPU (recv_from), and every
-   credit is taken by every other GPU; in a leaf plan (Plan.leaf: a partition of the GPUs in nodes) an
-   in-switch op's slot names its GPU's node first, and "every GPU" of a slot is that node's;
+   for the request (format.walk), and names its requester's rank first in its slot (the switch's rule); a
+   credit_wait waits for the next credit of its GPU (recv_from), and every credit is taken by every other GPU;
+   in a leaf plan (Plan.leaf: a partition of the GPUs in nodes) an in-switch op's slot names its GPU's node
+   first (then a load-reduce its position in the node), "every GPU" of a slot is that node's, and a
+   switch_contribute only answers a load_reduce;
 4. at the end every output chunk holds exactly the contributions the collective requires: allreduce
    chunk c = input chunk c of every GPU; allgather chunk g k + m = GPU g's input chunk m; reduce_scatter
    chunk m of GPU g = input chunk g k + m of every GPU; all2all chunk h k + m of GPU g = GPU h's input
@@ -406,8 +408,18 @@ def _run(plan: Plan) -> _State:
                 raise PlanError(f"{_where(g, step, op, op.src.off)}: " + (
                     f"a load-reduce reads the GPUs' input ('i'), not {op.src.buf!r}" if op.src.buf != "i" else
                     f"slot {list(op.slot)} is asked for twice (GPU {asked.get(op.slot, (0,))[0]} asked first)"))
+            # the switch files a slot's LOADs under the slot alone, so a request names its requester's rank in the
+            # group first (after a leaf plan's node: its position in the node), or another's answer is taken over
+            at, rank = (1, plan.leaf[node_of[g]].index(g)) if node_of else (0, g)
+            if len(op.slot) <= at or op.slot[at] != rank:
+                raise PlanError(f"{_where(g, step, op)}: slot {list(op.slot)}: a load-reduce names its requester's "
+                                f"rank {rank} in the group {'after its node ' if node_of else ''}first in its slot")
             asked[op.slot] = (g, step, op.src)
             return None
+        if node_of and kind == "switch_contribute" and op.slot not in asked:
+            raise PlanError(f"{_where(g, step, op)}: slot {list(op.slot)}: in a leaf plan a switch_contribute answers "
+                            f"a load_reduce (the leaf's group reduces only what a member asked for), and none asks "
+                            f"for this slot")
         if kind == "switch_contribute" and op.slot in asked:  # an answer to the switch's read
             h, hstep, ref = asked[op.slot]
             if op.src != ref or op.send_to != h:

@@ -23,7 +23,7 @@ def add_to(sub) -> None:
                            "nodes x 8 GPUs): no rank is started; says which shapes emulation validated",
                            description="Modeled time, algbw and busbw of one collective per size on every GPU of "
                            "a fabric, as bench reports them, from the cost model the emulated runs are checked "
-                           "against (fabric.cost on one node, fabric.cost_nodes on several), computed here.")
+                           "against (fabric.cost_nodes' replay of the call's plan, on one node as on several), computed here.")
     model_arguments(model)
     model.set_defaults(handler=cmd_model)
 

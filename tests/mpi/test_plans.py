@@ -1,12 +1,16 @@
 """Multi-rank: plans (fabric.plans) run by ranks/collectives/plan.py with real data, against numpy and
 the replay (modeled time equal exactly), and a member passing a different plan refused on every member."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from nvlink_emu.fabric import plans
 from nvlink_emu.fabric.config import preset
-from nvlink_emu.fabric.errors import CollectiveMismatch
+from nvlink_emu.fabric.errors import CollectiveMismatch, UnsupportedOperation
+from nvlink_emu.fabric.plans import catalog
+from nvlink_emu.fabric.plans.format import Op
 from nvlink_emu.fabric.topology import Topology
 
 from mpi_helpers import gpus, run
@@ -67,6 +71,38 @@ def test_members_passing_different_plans_all_fail():
     def main(gpu):
         with pytest.raises(CollectiveMismatch, match="members called different collectives"):
             gpu.world.allreduce(np.ones(64), algorithm=other if gpu.rank == n - 1 else ring)
+        return True
+
+    run(main, base="dgx-h100")
+
+
+@pytest.mark.both_sizes  # the leaf plan needs an even GPU count of at least 4 (the larger size, 8)
+def test_a_plan_with_credits_or_other_leaves_is_refused_before_a_byte_moves():
+    """Credits pace the registry's in-switch plans (sharp reduce); a plan a collective is given that sends more
+    than a control box holds would leave its takers waiting out their deadline, so a given plan may hold none.
+    A leaf plan (hier_nvls's) for another grouping of the members on leaves would send its in-switch operations
+    to the wrong node groups. Both refused on every member, with the plan named (the review of issue 26)."""
+    n = gpus()
+    ring = plans.build("ring", n, "allreduce")
+    first = dataclasses.replace(ring.programs[0], ops=(Op("credit"),) + ring.programs[0].ops)
+    rest = [dataclasses.replace(p, ops=(Op("credit_wait", recv_from=0),) + p.ops) for p in ring.programs[1:]]
+    credited = plans.validate(dataclasses.replace(ring, programs=(first, *rest)))  # a valid plan
+    half = n // 2
+    if n >= 4 and n % 2 == 0:  # two leaves of n / 2: not one node's
+        config = preset("superpod-h100-nvlink", nodes=2, gpus=n)
+        leaf, _ = catalog.call_plan("allreduce", "hier_nvls", 2, half, 4096, config)
+
+    def main(gpu):
+        with pytest.raises(UnsupportedOperation, match="holds credit operations"):
+            gpu.world.allreduce(np.ones(64), algorithm=credited)
+        if n >= 4 and n % 2 == 0:
+            leaves = [list(range(half)), list(range(half, n))]
+            with pytest.raises(UnsupportedOperation, match=rf"puts its GPUs on leaves {leaves}; ".replace("[", r"\[")
+                               .replace("]", r"\]")):
+                gpu.world.allreduce(np.ones(1024, np.float32), algorithm=leaf)
+        x = np.ones(64)
+        gpu.world.allreduce(x, algorithm=ring)  # the communicator still works
+        assert (x == n).all()
         return True
 
     run(main, base="dgx-h100")

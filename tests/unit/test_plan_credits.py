@@ -1,14 +1,16 @@
 """fabric.plans' credit kinds (credit, credit_wait: out of band, no modeled time) and sharp's reduce, the plan
-that uses them: its shape, and the validator's refusals of credits out of order, missing or never taken."""
+that uses them: its shape, and the validator's refusals of credits out of order, missing or never taken; and the
+switch's rules for in-switch slots the validator keeps (a load-reduce's requester, a leaf plan's reductions)."""
 
 import dataclasses
 
 import pytest
 
-from nvlink_emu.fabric import plans
-from nvlink_emu.fabric.errors import PlanError
-from nvlink_emu.fabric.plans import in_switch
-from nvlink_emu.fabric.plans.format import Op, Plan, Ref
+from nvlink_emu.fabric import plans, replay
+from nvlink_emu.fabric.config import preset
+from nvlink_emu.fabric.errors import FabricError, PlanError
+from nvlink_emu.fabric.plans import catalog, in_switch
+from nvlink_emu.fabric.plans.format import GpuProgram, Op, Plan, Ref
 
 
 def _with_ops(plan: Plan, g: int, ops) -> Plan:
@@ -74,3 +76,47 @@ def test_a_reduce_plan_is_built_only_for_sharp_and_for_a_root_of_the_plan():
         _reduce(root=3)
     with pytest.raises(PlanError, match="no in-switch plan for reduce with 'nvls'"):
         in_switch.shape("nvls", 3, "reduce", 1, None, 40, 4)
+
+
+# -- what the switch requires of an in-switch slot (the review of issue 26's last steps found each let through) ------
+
+def test_a_load_reduce_names_its_requester_first_in_its_slot():
+    """The switch files a slot's LOADs under the slot alone and refuses a request that does not name its
+    requester's rank first (fabric.switch.ingress.check_requester): the validator refuses it before a byte moves."""
+    config = preset("dgx-h100", gpus=3)
+    plan, _ = catalog.call_plan("reduce_scatter", "nvls", 1, 3, 3 * 4096, config)
+    swap = {0: 1, 1: 0}  # GPUs 0 and 1 ask for each other's slots
+
+    def swapped(op):
+        return dataclasses.replace(op, slot=(swap.get(op.slot[0], op.slot[0]), *op.slot[1:])) if op.slot else op
+
+    programs = tuple(dataclasses.replace(p, ops=tuple(swapped(op) for op in p.ops)) for p in plan.programs)
+    with pytest.raises(PlanError, match=r"GPU 0 step \d+ \(load_reduce, channel 0\): slot \[1, 0, 0\]: a load-reduce "
+                                        r"names its requester's rank 0 in the group first in its slot"):
+        plans.validate(dataclasses.replace(plan, programs=programs))
+
+
+def test_a_leaf_plan_reduces_only_what_a_member_asked_for():
+    """In a leaf plan the leaf's group reduces the answers to a load-reduce; a plain contribution (sharp's push) would
+    go to the communicator's whole group: refused."""
+    programs = []
+    for g in range(4):
+        a, peer = g // 2, (g + 2) % 4
+        programs.append(GpuProgram(g, (Op("switch_contribute", src=Ref("i", 0), slot=(a, 0)),
+                                       Op("switch_recv", dst=Ref("s", 0), slot=(a, 0)),
+                                       Op("send", src=Ref("s", 0), send_to=peer),
+                                       Op("recv", dst=Ref("s", 1), recv_from=peer),
+                                       Op("reduce", src=Ref("s", 1), dst=Ref("s", 0)),
+                                       Op("copy", src=Ref("s", 0), dst=Ref("i", 0))), 1, 1, 2))
+    plan = Plan("leafred", "allreduce", 4, tuple(programs), inplace=True, fabrics=("network",), leaf=((0, 1), (2, 3)))
+    with pytest.raises(PlanError, match=r"GPU 0 step 0 \(switch_contribute, channel 0\): slot \[0, 0\]: in a leaf plan "
+                                        r"a switch_contribute answers a load_reduce"):
+        plans.validate(plan)
+
+
+def test_sharp_reduce_is_not_timed_across_nodes_where_the_switches_do_not_run_it():
+    config = preset("superpod-h100-nvlink", nodes=2, gpus=4, spines=2)
+    with pytest.raises(FabricError, match="no schedule for reduce with 'sharp' across nodes"):
+        replay.replay_ns("reduce", "sharp", config.topology, 1 << 20, config, root=1)
+    one = preset("dgx-h100", gpus=3)
+    assert replay.replay_ns("reduce", "sharp", one.topology, 3 << 20, one, root=1) > 0
