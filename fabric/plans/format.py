@@ -278,15 +278,17 @@ def load_requests(plan: Plan) -> dict[tuple[int, ...], list[tuple[int, int]]]:
 
 def has_credits(plan: Plan) -> bool:
     """Whether any operation of `plan` is a credit kind (kept on the plan)."""
-    kept = plan.__dict__.get("_has_credits")
-    if kept is None:
-        kept = plan.__dict__["_has_credits"] = any(op.kind in CREDITS for _, _, op in plan.ops())
-    return bool(kept)
+    return _has_kind(plan, "_has_credits", CREDITS)
 
 
 def in_switch(plan: Plan) -> bool:
     """Whether any operation of `plan` is an in-switch kind (kept on the plan)."""
-    kept = plan.__dict__.get("_in_switch")
+    return _has_kind(plan, "_in_switch", IN_SWITCH)
+
+
+def _has_kind(plan: Plan, name: str, kinds: tuple[str, ...]) -> bool:
+    """Whether any operation of `plan` is one of `kinds`, kept on the plan under `name` (a plan is immutable)."""
+    kept = plan.__dict__.get(name)
     if kept is None:
-        kept = plan.__dict__["_in_switch"] = any(op.kind in IN_SWITCH for _, _, op in plan.ops())
-    return kept
+        kept = plan.__dict__[name] = any(op.kind in kinds for _, _, op in plan.ops())
+    return bool(kept)

@@ -353,6 +353,7 @@ def _run(plan: Plan) -> _State:
     # slot -> (GPU, step, chunks) of the load_reduce that asks for it
     asked: dict[tuple[int, ...], tuple[int, int, Ref]] = {}
     node_of = {h: a for a, node in enumerate(plan.leaf) for h in node}  # Plan.leaf: an in-switch slot's node first
+    position_of = {h: i for node in plan.leaf for i, h in enumerate(node)}  # and a load-reduce's position in it
 
     # op: an Op that kept rule 2 (_ops), so the Refs its kind needs are set: Any, as mypy cannot tie src and dst
     # to the kind (a cast per use would cost a call per operation of the walk)
@@ -410,7 +411,7 @@ def _run(plan: Plan) -> _State:
                     f"slot {list(op.slot)} is asked for twice (GPU {asked.get(op.slot, (0,))[0]} asked first)"))
             # the switch files a slot's LOADs under the slot alone, so a request names its requester's rank in the
             # group first (after a leaf plan's node: its position in the node), or another's answer is taken over
-            at, rank = (1, plan.leaf[node_of[g]].index(g)) if node_of else (0, g)
+            at, rank = (1, position_of[g]) if node_of else (0, g)
             if len(op.slot) <= at or op.slot[at] != rank:
                 raise PlanError(f"{_where(g, step, op)}: slot {list(op.slot)}: a load-reduce names its requester's "
                                 f"rank {rank} in the group {'after its node ' if node_of else ''}first in its slot")

@@ -13,13 +13,11 @@ from ..groups import ByGroup, Key
 from ..packets import GroupInfo, Kind, LoadInfo, McastInfo, Packet, raw_bytes
 from ..reduction import check_dtype, check_op
 from .ingress import check_requester
+from .room import LeafRoom
 from .send import Send
 
 if TYPE_CHECKING:  # for annotations only
-    from ..config import FabricConfig, Timing
-    from ..counters import LinkCounters
-    from ..groups import Group, GroupTable
-    from ..topology import Topology
+    from ..groups import Group
 
 # LOADs of spanning groups a leaf keeps unanswered to one local GPU (a REDUCE answer or its notice "unserved"
 # answers one), at least: ranks/switch.MAX_UNREAD, the answers a GPU may leave unread on one switch; a config
@@ -27,22 +25,9 @@ if TYPE_CHECKING:  # for annotations only
 MAX_LOADS = 1024
 
 
-class Stores:
+class Stores(LeafRoom):
     """A leaf's multicast stores across nodes; no state of their own (each member's share of the uplink is
     the spanning room's member_clock, the released groups' members its released_members)."""
-
-    leaf: Any  # the SwitchLogic (fabric.switch.leaf, which imports this module: no import back)
-    config: "FabricConfig"
-    topology: "Topology"
-    switch: int
-    local: range
-    counters: "LinkCounters"
-    groups: "GroupTable"
-
-    def __init__(self, leaf: Any) -> None:
-        self.leaf = leaf  # the SwitchLogic (fabric.switch.leaf) whose groups these are
-        self.config, self.topology, self.switch, self.local = leaf.config, leaf.topology, leaf.switch, leaf.local
-        self.counters, self.groups = leaf.counters, leaf.groups
 
     def store_spine(self, group: "Group", ingress: int, key: tuple[int | str, ...]) -> int:
         """The spine (switch index) member `ingress`'s store under `key` goes up to: (p + c) mod P, p the
@@ -104,23 +89,12 @@ class Stores:
 
 
 
-class NvlsLoads:
+class NvlsLoads(LeafRoom):
     """A leaf's load-reduces of groups spanning nodes: those its GPUs asked, awaiting their result, and the
     LOADs it sent its GPUs, awaiting their answer."""
 
-    leaf: Any  # the SwitchLogic (fabric.switch.leaf, which imports this module: no import back)
-    config: "FabricConfig"
-    topology: "Topology"
-    switch: int
-    local: range
-    counters: "LinkCounters"
-    groups: "GroupTable"
-    timing: "Timing"
-
     def __init__(self, leaf: Any) -> None:
-        self.leaf = leaf  # the SwitchLogic (fabric.switch.leaf) whose groups these are
-        self.config, self.topology, self.switch, self.local = leaf.config, leaf.topology, leaf.switch, leaf.local
-        self.counters, self.groups, self.timing = leaf.counters, leaf.groups, leaf.timing
+        super().__init__(leaf)
         # load-reduces of this leaf's GPUs awaiting their result, (group, result key) -> (partition, slot), the
         # same by (group, slot) -> result key (a member's notice "unserved" names the slot), and their number
         # per partition (at most leaf.partial_share_parts: every LOAD they send costs every member)

@@ -12,35 +12,23 @@ from ..groups import ByGroup, GroupTable
 from ..packets import MAX_TEXT, GroupInfo, Kind, McastInfo, NackInfo, Packet, ReduceInfo, raw_bytes
 from ..reduction import check_dtype, switch_accumulator
 from ..timemodel import LinkEnd
+from .room import LeafRoom
 from .send import Send
 
 if TYPE_CHECKING:  # for annotations only
-    from ..config import FabricConfig, Timing
-    from ..counters import LinkCounters
     from ..groups import Group
-    from ..topology import Topology
 
 GONE_KEPT = 4096  # released spanning groups whose local members a leaf remembers (late stores' credit)
 
 
-class Spanning:
+class Spanning(LeafRoom):
     """A leaf's spanning groups: creates awaiting the other switches, spans awaited from the spines, the
     partials sent up and awaiting their result, and each local GPU's share of the uplink to each spine."""
 
-    leaf: Any  # the SwitchLogic (fabric.switch.leaf, which imports this module: no import back)
-    config: "FabricConfig"
-    topology: "Topology"
-    switch: int
-    local: range
-    counters: "LinkCounters"
-    groups: GroupTable
-    timing: "Timing"
     _partition: list[int]
 
     def __init__(self, leaf: Any) -> None:
-        self.leaf = leaf  # the SwitchLogic (fabric.switch.leaf) whose groups these are
-        self.config, self.topology, self.switch, self.local = leaf.config, leaf.topology, leaf.switch, leaf.local
-        self.counters, self.groups, self.timing = leaf.counters, leaf.groups, leaf.timing
+        super().__init__(leaf)
         self._partition = leaf.partition_of_gpu
         # creates waiting for the other switches' answers, gid -> [creator GPU, request, switches yet to
         # answer, errors, switches that took it, leaves still to span]; per partial sent up and not answered,
