@@ -58,14 +58,17 @@ class Fabric:
         self.shares = ([LinkEnd(cast(float, topo.share_gbytes_per_s), u) for _ in range(topo.gpus)]
                        if topo.spines else None)
         self.sent: dict[tuple[int, int, Hashable], tuple[float, float, int]] = {}  # (src, dst, key) -> stamps at dst's leaf, raw
+        self._raw: dict[int, int] = {}  # payload bytes -> raw bytes (a call's messages come in a few sizes)
 
     def send(self, gpu: GpuClocks, peer: int, key: Hashable, nbytes: int,
              lane: tuple[int, int] | None = None) -> tuple[float, float]:
         """Book a message on its route; returns when it occupies the sender's uplink (ns). lane: channel
         (c, C) of a call that runs C channels: its own clock and lane of the uplink (the shares whole:
         docs/model/time.md, "Channels")."""
-        raw = raw_bytes(nbytes, self.mtu, self.header)
-        ready = gpu.clock(lane)
+        raw = self._raw.get(nbytes)
+        if raw is None:
+            raw = self._raw[nbytes] = raw_bytes(nbytes, self.mtu, self.header)
+        ready = gpu.now if lane is None or lane[1] == 1 else gpu.lanes.get(lane[0], gpu.now)  # gpu.clock(lane)
         start, end = gpu.uplink.send(ready, ready, raw, lane)
         uplink = start - gpu.uplink.latency_ns, end - gpu.uplink.latency_ns  # the link's own occupation
         start, end = start + self.s, end + self.s                       # the sender's leaf (cut-through)

@@ -40,6 +40,17 @@ class LinkClock:
         duration = raw_bytes / self.bandwidth
         starts, ends = self._starts, self._ends
         start = ready_start
+        if not ends or ends[-1] <= start:  # after the last interval (most transfers): the loop's answer, at once
+            end = start + duration
+            if end < ready_end:
+                end = ready_end
+            if ends and ends[-1] == start:  # touches it: extend it (_occupy's rule)
+                ends[-1] = end
+            else:
+                starts.append(start)
+                ends.append(end)
+            self.busy_ns += duration
+            return start, end
         i = bisect.bisect_right(ends, start)  # the first interval that ends after `start`
         count = len(starts)
         while True:  # max() written as comparisons: the same floats, and the scan over gaps is hot

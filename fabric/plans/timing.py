@@ -325,7 +325,6 @@ def messages(plan: Plan, S: int, itemsize: int, chunk: int) -> dict[int, Program
     lane_at = lane_of(plan)
     lanes = [lane_at(c) for c in range(plan.lanes)] if plan.lanes > 1 else None
     flushes = [Flush(lane) for lane in lanes] if lanes else None
-    n_gpus = plan.gpus
     new = tuple.__new__  # a record's own __new__ is a Python call, 8x slower (a message each, millions)
 
     def program(g: int) -> Program:
@@ -334,9 +333,13 @@ def messages(plan: Plan, S: int, itemsize: int, chunk: int) -> dict[int, Program
         sent: dict[int, int] = {}
         taken: dict[int, int] = {}
         op: Any  # an Op: Any, as the visitors' (above)
-        pieces: dict[tuple[int, int], list[int]] = {}  # element range -> its messages' bytes
+        # a chunk run -> its messages' bytes, by the Ref's id (the plan holds its Refs, and builders share
+        # them between operations: one dict look-up an operation) and by element range
+        by_ref: dict[int, list[int]] = {}
+        pieces: dict[tuple[int, int], list[int]] = {}
+        role_of, n_gpus = _ROLE.get, plan.gpus
         for op in with_flushes(plan, g):
-            role = _ROLE.get(op.kind)
+            role = role_of(op.kind)
             if role is None:
                 continue  # local: no modeled time
             if role == 4:
@@ -353,19 +356,28 @@ def messages(plan: Plan, S: int, itemsize: int, chunk: int) -> dict[int, Program
             if role & 2:  # sends
                 key = channel * n_gpus + op.send_to
                 n = sent[key] = sent.get(key, -1) + 1
-            rows = table[ref.buf]
-            where = (rows[ref.off][0], rows[ref.off + ref.cnt - 1][1])
-            sizes = pieces.get(where)
+            sizes = by_ref.get(id(ref))
             if sizes is None:
-                sizes = pieces[where] = [(hi - lo) * itemsize for lo, hi in chunks(*where, chunk)]
+                rows = table[ref.buf]
+                where = (rows[ref.off][0], rows[ref.off + ref.cnt - 1][1])
+                sizes = pieces.get(where)
+                if sizes is None:
+                    sizes = pieces[where] = [(hi - lo) * itemsize for lo, hi in chunks(*where, chunk)]
+                by_ref[id(ref)] = sizes
             if role == 1:
                 frm = op.recv_from
-                for k in range(len(sizes)):
-                    yield new(Recv, (frm, (channel, m, k), lane))
+                if len(sizes) == 1:
+                    yield new(Recv, (frm, (channel, m, 0), lane))
+                else:
+                    for k in range(len(sizes)):
+                        yield new(Recv, (frm, (channel, m, k), lane))
             elif role == 2:
                 to = op.send_to
-                for k, nbytes in enumerate(sizes):
-                    yield new(Send, (to, (channel, n, k), nbytes, lane))
+                if len(sizes) == 1:
+                    yield new(Send, (to, (channel, n, 0), sizes[0], lane))
+                else:
+                    for k, nbytes in enumerate(sizes):
+                        yield new(Send, (to, (channel, n, k), nbytes, lane))
             else:  # forwarded at once (a recv_*_send sends what it received into)
                 frm, to = op.recv_from, op.send_to
                 for k, nbytes in enumerate(sizes):
