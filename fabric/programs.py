@@ -92,7 +92,13 @@ class Fabric:
             start, end = cast(LinkEnd, gpu.inbound).book(start, end, raw)  # several nodes: set
             start = max(start, end - raw / gpu.downlink.lane_bandwidth(lane))  # its burst on the faster downlink
         start, end = gpu.downlink.book(start, end, raw, lane=lane)
-        gpu.advance(lane, end + gpu.downlink.latency_ns)
+        done = end + gpu.downlink.latency_ns
+        if lane is None or lane[1] == 1:  # gpu.advance(lane, done), without the calls
+            if done > gpu.now:
+                gpu.now = done
+        else:  # the lane's clock is set even when it stays (advance's rule: later reads no longer follow `now`)
+            held = gpu.lanes.get(lane[0], gpu.now)
+            gpu.lanes[lane[0]] = done if done > held else held
         return start, end
 
 

@@ -185,7 +185,11 @@ class LinkEnd:
         lane (c, C) (program transfers only)."""
         if served:
             return self.served_clock.transmit(ready_start, ready_end, raw_bytes)
-        clock = self._clock(lane)
+        lanes = self._lanes
+        if lane is not None and len(lanes) == lane[1] > 1:  # an open channel lane (_clock's answer, without a call)
+            clock = lanes[lane[0]]
+        else:
+            clock = self._clock(lane)
         if clock is not self.clock:
             self._lanes_busy_ns += raw_bytes / self.bandwidth
         return clock.transmit(ready_start, ready_end, raw_bytes)
