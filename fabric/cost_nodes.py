@@ -276,6 +276,30 @@ def links_ns(collective: str, algorithm: str, topo: Topology, S: int, config: "F
                                           partial_itemsize))
 
 
+# Point-to-point algorithms (every byte a GPU-to-GPU message: no switch reduces or copies): the least payload all
+# GPUs together send in one call, in units of (n - 1) S. Per element: a reduction of the n GPUs' inputs at one GPU
+# takes n - 1 messages (each joins two partials: a spanning tree), a copy from one GPU to n - 1 others n - 1
+# messages, and an allreduce's sum at every GPU 2(n - 1) (every GPU must hear from every other, through messages
+# in time order: one-way gossip, whose least number of calls is 2n - 2; Patarasuk and Yuan, "Bandwidth optimal
+# all-reduce algorithms for clusters of workstations", J. Parallel Distrib. Comput. 69(2), 2009, bound allreduce
+# by the same 2(n - 1)/n S a process). A message about an element carries its bytes however many inputs it sums.
+POINT_TO_POINT = ("ring", "direct", "hier", "tree", "pxn")
+_LEAST_SENT = {"allreduce": 2, "reduce_scatter": 1, "allgather": 1, "broadcast": 1, "reduce": 1}
+
+
+def point_to_point_floor_ns(collective: str, algorithm: str, topo: Topology, S: int, itemsize: int = 4) -> float:
+    """A lower bound (ns) of links_ns for a point-to-point algorithm (POINT_TO_POINT) without its plan: all GPUs
+    send at least _LEAST_SENT[collective] x (n - 1) x S payload bytes (S in whole elements, as the call's), so
+    the busiest uplink at least 1/n of it, busy at its bandwidth B for that / B at least (channel lanes share
+    B), and every program ends after its uplink's last byte (occupancy_bound_ns' argument). 0.0 where it says
+    nothing (another algorithm or collective, one GPU). fastest_across_nodes skips a candidate by it before
+    building its plan."""
+    k, n = _LEAST_SENT.get(collective), topo.gpus
+    if algorithm not in POINT_TO_POINT or k is None or n < 2:
+        return 0.0
+    return k * (n - 1) * (int(S) // itemsize * itemsize) / n / topo.gpu_gbytes_per_s
+
+
 def occupancy_bound_ns(collective: str, algorithm: str, topo: Topology, S: int, config: "FabricConfig", itemsize: int = 4,
                        root: int = 0, counts: Counts | None = None, partial_itemsize: int | None = None) -> float:
     """A lower bound (ns) of links_ns from the raw bytes each GPU's links carry, cheap next to the

@@ -14,6 +14,7 @@ tests/unit/test_one_node_oracle.py): a choice is cheap, and no pick changed when
 became the replay's.
 """
 
+import heapq
 import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, cast
@@ -166,22 +167,39 @@ def fastest_across_nodes(collective: str, candidates: Iterable[str], S: int, con
                          itemsize: int = 4) -> str | None:
     """The candidate fabric.cost_nodes.modeled_ns says is fastest for S bytes on every GPU of config's
     topology, by `least`; None if the model covers none of them. The candidates are replayed in the order
-    of their lower bound (occupancy_bound_ns plus the call's software latency; least first), and one whose
-    bound exceeds the least time replayed so far by more than SKIP_MARGIN is not replayed: it could not be
-    faster, nor tie, so the pick is the one replaying every candidate gives (at 256 GPUs nvls's replay is
-    minutes of CPU, and hier_nvls's at 1 GiB; ring's and hier's there tens of seconds)."""
+    of their lower bound (occupancy_bound_ns, or a point-to-point algorithm's plan-free floor
+    cost_nodes.point_to_point_floor_ns if larger, plus the call's software latency; least first), and one
+    whose bound exceeds the least time replayed so far by more than SKIP_MARGIN is not replayed: it could not
+    be faster, nor tie, so the pick is the one replaying every candidate gives (at 256 GPUs nvls's replay is
+    minutes of CPU, and hier_nvls's at 1 GiB; ring's and hier's there tens of seconds, and building their
+    plans for the occupancy bound seconds, which the floor spares where an in-switch time already beats it)."""
     covered = [algorithm for algorithm in candidates if collective in cost_nodes.FLAT.get(algorithm, ())
                or collective in ACROSS_NODES.get(algorithm, ())]
     if len(covered) == 1:  # nothing to compare: no replay
         return covered[0]
     topo = config.topology
-    bounds = {algorithm: cost_nodes.occupancy_bound_ns(collective, algorithm, topo, S, config, itemsize)
-              + call_latency_ns(collective, algorithm, topo.gpus, topo.nodes, S, config) for algorithm in covered}
+
+    def latency(algorithm: str) -> float:
+        return call_latency_ns(collective, algorithm, topo.gpus, topo.nodes, S, config)
+
+    # best first on lower bounds: a candidate's key is its plan-free floor (point_to_point_floor_ns) until it
+    # comes first, then the larger of that and its occupancy bound (which builds its plan), and it is
+    # replayed when it comes first again; every key is at most the candidate's time, so one not replayed
+    # could not win nor tie, and a candidate whose floor already exceeds the best time is never built
+    queue = [(cost_nodes.point_to_point_floor_ns(collective, algorithm, topo, S, itemsize) + latency(algorithm),
+              order, False, algorithm) for order, algorithm in enumerate(covered)]
+    heapq.heapify(queue)  # ties in candidate order (the second field)
     times: dict[str, float]
     times, best_ns = {}, math.inf
-    for algorithm in sorted(covered, key=bounds.__getitem__):  # stable: equal bounds in candidate order
-        if bounds[algorithm] > best_ns * (1 + SKIP_MARGIN):
+    while queue:
+        bound, order, bounded, algorithm = heapq.heappop(queue)
+        if bound > best_ns * (1 + SKIP_MARGIN):
             break  # and every later one's bound is as large
+        if not bounded:
+            bound = max(bound, cost_nodes.occupancy_bound_ns(collective, algorithm, topo, S, config, itemsize)
+                        + latency(algorithm))
+            heapq.heappush(queue, (bound, order, True, algorithm))
+            continue
         times[algorithm] = cost_nodes.modeled_ns(collective, algorithm, topo, S, config, itemsize)
         best_ns = min(best_ns, times[algorithm])
     return least({algorithm: times[algorithm] for algorithm in covered if algorithm in times})

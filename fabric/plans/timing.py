@@ -240,7 +240,9 @@ def with_flushes(plan: Plan, g: int) -> tuple[Op, ...]:
     plan, one tuple per GPU (every replay of the plan, at any size, runs the same); read-only."""
     kept: dict[int, tuple[Op, ...]] = plan.__dict__.setdefault("_with_flushes", {})
     if g not in kept:
-        kept[g] = tuple(_with_flushes(plan, g))
+        ops, flushed = plan.programs[g].ops, _with_flushes(plan, g)
+        # the program's own tuple when no flush was added (most plans' GPUs): no second copy to keep
+        kept[g] = ops if len(flushed) == len(ops) else tuple(flushed)
     return kept[g]
 
 

@@ -61,6 +61,40 @@ def test_the_occupancy_bound_never_exceeds_the_replay(name, nodes, per_node):
             bound = cn.occupancy_bound_ns(collective, algorithm, topo, S, config)
             ns = replay.replay_ns(collective, algorithm, topo, S, config)
             assert 0 < bound <= ns, (collective, algorithm, S, bound, ns)
+            floor = cn.point_to_point_floor_ns(collective, algorithm, topo, S)
+            assert floor <= ns, (collective, algorithm, S, floor, ns)
+            assert (floor > 0) == (algorithm in cn.POINT_TO_POINT and collective != "all2all"), (collective, algorithm)
+
+
+@pytest.mark.parametrize("nodes,per_node", SHAPES)
+def test_the_plan_free_floor_is_ring_s_busiest_uplink(nodes, per_node):
+    """The floor is tight: ring's channels send exactly k (n - 1)/n S from every GPU (S whole blocks), which
+    the floor says no point-to-point algorithm can beat; for an S that is not, it stays below ring's."""
+    config = resolve("superpod-h100-nvlink", None, None, nodes, per_node)
+    topo, n = config.topology, config.gpus
+    B = topo.gpu_gbytes_per_s
+    for collective in cn.FLAT["ring"]:
+        for S in (n * 4 * 1024, n * 4 * 3001 + 8):
+            sent = cn.traffic(collective, "ring", topo, S).sum(axis=1).max()
+            floor = cn.point_to_point_floor_ns(collective, "ring", topo, S)
+            if S % (4 * n) == 0:
+                assert floor == pytest.approx(sent / B, rel=1e-12), (collective, S)
+            assert floor <= sent / B * (1 + 1e-12), (collective, S)
+
+
+def test_a_point_to_point_plan_is_not_built_when_its_floor_exceeds_the_best_time(monkeypatch):
+    """superpod-h100-nvlink-line 2 x 4, allreduce of 16 MiB a GPU: sharp's replay (51.1 us) beats every
+    point-to-point algorithm's floor (65.2 us: 2 x 7/8 x 16 MiB at 450 GB/s), so ring, direct, hier and tree
+    are skipped without their occupancy bounds (their plans built and walked); the pick is the exhaustive one."""
+    config = resolve("superpod-h100-nvlink-line", None, None, 2, 4)
+    S = 16 << 20
+    names = candidates(config, "allreduce")
+    assert exhaustive("allreduce", names, S, config) == "sharp"
+    bounded = []
+    real = cn.occupancy_bound_ns
+    monkeypatch.setattr(cn, "occupancy_bound_ns", lambda c, algorithm, *args: bounded.append(algorithm) or real(c, algorithm, *args))
+    assert tuner.fastest_across_nodes("allreduce", names, S, config) == "sharp"
+    assert set(cn.POINT_TO_POINT) & set(names) and not set(cn.POINT_TO_POINT) & set(bounded), bounded
 
 
 @pytest.mark.parametrize("name", ("superpod-h100-ib", "superpod-h100-nvlink"))
