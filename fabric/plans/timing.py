@@ -328,6 +328,7 @@ def messages(plan: Plan, S: int, itemsize: int, chunk: int) -> dict[int, Program
     lanes = [lane_at(c) for c in range(plan.lanes)] if plan.lanes > 1 else None
     flushes = [Flush(lane) for lane in lanes] if lanes else None
     new = tuple.__new__  # a record's own __new__ is a Python call, 8x slower (a message each, millions)
+    pieces: dict[tuple[int, int], list[int]] = {}  # element range -> its messages' bytes (every GPU's: read-only)
 
     def program(g: int) -> Program:
         table = spans(plan, S, itemsize, g)
@@ -336,9 +337,8 @@ def messages(plan: Plan, S: int, itemsize: int, chunk: int) -> dict[int, Program
         taken: dict[int, int] = {}
         op: Any  # an Op: Any, as the visitors' (above)
         # a chunk run -> its messages' bytes, by the Ref's id (the plan holds its Refs, and builders share
-        # them between operations: one dict look-up an operation) and by element range
+        # them between operations: one dict look-up an operation); by element range in `pieces`
         by_ref: dict[int, list[int]] = {}
-        pieces: dict[tuple[int, int], list[int]] = {}
         role_of, n_gpus = _ROLE.get, plan.gpus
         for op in with_flushes(plan, g):
             role = role_of(op.kind)
