@@ -275,14 +275,18 @@ def _with_flushes(plan: Plan, g: int) -> list[Op]:
                 else:
                     del readers[key]
 
+    op: Any  # an Op: Any, as the visitors' (its kind says which refs are set; a cast per use costs a call)
     for op in plan.programs[g].ops:
         kind = op.kind
         if readers and kind in _WRITES:
-            dst = cast(Ref, op.dst)  # a writing kind names its destination
+            dst = op.dst  # a writing kind names its destination
             b = buffer_of[dst.buf]
-            hit = 0
-            for k in range(dst.off, dst.off + dst.cnt):
-                hit |= readers.get(k << 2 | b, 0)
+            if dst.cnt == 1:  # one chunk (the commonest), without the loop
+                hit = readers.get(dst.off << 2 | b, 0)
+            else:
+                hit = 0
+                for k in range(dst.off, dst.off + dst.cnt):
+                    hit |= readers.get(k << 2 | b, 0)
             c = 0
             while hit:
                 if hit & 1:
@@ -294,12 +298,17 @@ def _with_flushes(plan: Plan, g: int) -> list[Op]:
         if kind == "flush":
             flushed(op.channel if lanes else 0)
         elif kind in _READ_BY_SEND:
-            ref = cast(Ref, op.src if kind == "send" else op.dst)  # a kind sends read names it
+            ref = op.src if kind == "send" else op.dst  # a kind sends read names it
             c = op.channel if lanes else 0
             b, bit = buffer_of[ref.buf], 1 << c
             keys = held.get(c)
             if keys is None:
                 keys = held[c] = []
+            if ref.cnt == 1:  # one chunk (the commonest), without the loop
+                key = ref.off << 2 | b
+                keys.append(key)
+                readers[key] = readers.get(key, 0) | bit
+                continue
             for k in range(ref.off, ref.off + ref.cnt):
                 key = k << 2 | b
                 keys.append(key)
@@ -575,10 +584,16 @@ def plan_traffic(plan: Plan, S: int, itemsize: int = 4, channels: Container[int]
     out = np.zeros((n, n), np.int64)
     for g, program in enumerate(plan.programs):
         table = spans(plan, S, itemsize, g)
+        to: dict[int, int] = {}  # receiver -> elements, summed in Python ints (a numpy item per send is slow)
+        op: Any  # an Op: Any, as the visitors' (a send's kind sets send_to and the ref it reads)
         for op in program.ops:
-            if op.kind in SENDS and (channels is None or op.channel in channels):
-                lo, hi = span(table, op.src if op.kind in ("send", "recv_reduce_send") else op.dst)
-                out[g, op.send_to] += (hi - lo) * itemsize
+            kind = op.kind
+            if kind in _SENDING and (channels is None or op.channel in channels):
+                ref = op.src if kind == "send" or kind == "recv_reduce_send" else op.dst
+                rows = table[ref.buf]
+                to[op.send_to] = to.get(op.send_to, 0) + rows[ref.off + ref.cnt - 1][1] - rows[ref.off][0]
+        for peer, elements in to.items():
+            out[g, peer] = elements * itemsize
     return out
 
 
