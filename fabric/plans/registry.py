@@ -154,16 +154,17 @@ def _channel_plan(gpus: int, collective: str, layout: Grid, C: int) -> Plan:
     refs = {buf: [Ref(buf, k) for k in range(n * C)] for buf in ("i", "o")}  # one Ref a chunk, shared
 
     def steps(g: int, buf: str, reduce: bool) -> list[Op]:
-        ops = []
+        ops: list[Op] = []
+        append, chunk, kind = ops.append, refs[buf], "recv_reduce" if reduce else "recv"
+        # per channel: (c, its ring, g's position q, the GPU at q + 1, at q - 1): the same every step
+        places = [(c, ring, where[c][g], ring[(where[c][g] + 1) % n], ring[(where[c][g] - 1) % n])
+                  for c, ring in enumerate(rings)]
         for s in range(n - 1):
             sent, taken = (1 + s, 2 + s) if reduce else (s, 1 + s)
-            for c, ring in enumerate(rings):
-                q = where[c][g]
-                ops.append(Op("send", channel=c, src=refs[buf][ring[(q - sent) % n] * C + c], send_to=ring[(q + 1) % n]))
-            for c, ring in enumerate(rings):
-                q = where[c][g]
-                ops.append(Op("recv_reduce" if reduce else "recv", channel=c, dst=refs[buf][ring[(q - taken) % n] * C + c],
-                              recv_from=ring[(q - 1) % n]))
+            for c, ring, q, nxt, _ in places:
+                append(Op("send", channel=c, src=chunk[ring[(q - sent) % n] * C + c], send_to=nxt))
+            for c, ring, q, _, prv in places:
+                append(Op(kind, channel=c, dst=chunk[ring[(q - taken) % n] * C + c], recv_from=prv))
             if reduce:
                 ops += flushes
         return ops + ([] if reduce else flushes)
