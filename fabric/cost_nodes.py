@@ -291,7 +291,9 @@ def point_to_point_floor_ns(collective: str, algorithm: str, topo: Topology, S: 
     """A lower bound (ns) of links_ns for a point-to-point algorithm (POINT_TO_POINT) without its plan: all GPUs
     send at least _LEAST_SENT[collective] x (n - 1) x S payload bytes (S in whole elements, as the call's), so
     the busiest uplink at least 1/n of it, busy at its bandwidth B for that / B at least (channel lanes share
-    B), and every program ends after its uplink's last byte (occupancy_bound_ns' argument). 0.0 where it says
+    B), and every program ends after its uplink's last byte (occupancy_bound_ns' argument; as that bound, exact
+    to float rounding: a config with no headers nor latency can see the replay 1e-15 below it, which
+    fastest_across_nodes' SKIP_MARGIN absorbs). 0.0 where it says
     nothing (another algorithm or collective, one GPU). fastest_across_nodes skips a candidate by it before
     building its plan."""
     k, n = _LEAST_SENT.get(collective), topo.gpus

@@ -19,7 +19,7 @@ import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, cast
 
-from . import cost, cost_nodes, hier_plan
+from . import cost, cost_in_switch, cost_nodes, hier_plan
 from .errors import UnsupportedOperation
 # what runs, where: the one table (fabric.plans.catalog), re-exported where the tuner's callers read it
 from .plans.catalog import ACROSS_NODES as ACROSS_NODES, ALGORITHMS as ALGORITHMS, ALL2ALL as ALL2ALL
@@ -177,6 +177,7 @@ def fastest_across_nodes(collective: str, candidates: Iterable[str], S: int, con
                or collective in ACROSS_NODES.get(algorithm, ())]
     if len(covered) == 1:  # nothing to compare: no replay
         return covered[0]
+    cost_in_switch.block_bytes(S, 1, itemsize)  # FabricError unless S is whole elements (what a call passes)
     topo = config.topology
 
     def latency(algorithm: str) -> float:

@@ -10,6 +10,7 @@ import pytest
 from nvlink_emu.fabric import tuner
 from nvlink_emu.fabric import cost_nodes as cn, hier_plan, replay
 from nvlink_emu.fabric.config import resolve
+from nvlink_emu.fabric.errors import FabricError
 from nvlink_emu.fabric.software import call_latency_ns
 from nvlink_emu.ranks.collectives import ALGORITHMS, allowed, choose
 
@@ -192,3 +193,11 @@ def test_auto_weighs_hier_against_hier_nvls_as_replaying_both_does():
         assert tuner.fastest_across_nodes("allreduce", names, S, config) == want == choose("allreduce", "auto", config, S), S
         picks.append(want)
     assert picks == ["hier_nvls", "hier", "hier_nvls"]
+
+
+def test_a_size_of_part_elements_is_refused_before_any_bound():
+    """S not whole elements: a FabricError naming S, whichever candidates' bounds would be computed (the
+    floor spares hier's, which used to be the one to refuse it)."""
+    config = resolve("superpod-h100-nvlink", None, None, 2, 2)
+    with pytest.raises(FabricError, match="multiple of itemsize 4 bytes, got 16001"):
+        tuner.fastest_across_nodes("broadcast", candidates(config, "broadcast"), 16001, config)
