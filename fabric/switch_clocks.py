@@ -60,6 +60,10 @@ class TwoLevelSwitches:
         self.s, self.sp, self.u, self.p = (t.switch_latency_ns, cast(float, topo.spine_latency_ns),
                                            cast(float, config.uplink_latency_ns), t.reduction_latency_ns)
         self.store_down: dict[int, dict[tuple[int, int], LinkEnd]] = {}  # sender -> {(spine, node): its part of that node's shares}
+        # contribute's per-operation look-ups, made once: GPU g's share to spine i is mine_of[g][i]; its pool offset
+        self.P, self.G = topo.spines, topo.gpus_per_node
+        self.mine_of = [[self.mine[(g, i)] for i in range(self.P)] for g in range(topo.gpus)]
+        self.at_of = [1 + 4 * gpu.node for gpu in self.gpus]
 
     def request(self, g: int, raw: int) -> tuple[float, float]:
         """GPU g's header-only load-reduce request of `raw` bytes on its uplink, issued at the call's start
@@ -88,9 +92,9 @@ class TwoLevelSwitches:
         mod P (`mine`, + u) once its chunk has been through the engine (+ s + p). Counted into the slot's
         `pool` (its stamps on the uplink and its part's at the spine, what reduce reads of them: maxima)."""
         a, b = self.gpus[g].uplink.send(at, at, raw)
-        c, d = self.mine[(g, spine % self.topo.spines)].send(a + self.s + self.p, b + self.s + self.p,
-                                                             partial_raw / self.topo.gpus_per_node)
-        k = 1 + 4 * self.gpus[g].node
+        s, p = self.s, self.p  # (a + s) + p, as the switches add them: the same floats
+        c, d = self.mine_of[g][spine % self.P].send(a + s + p, b + s + p, partial_raw / self.G)
+        k = self.at_of[g]
         pool[0] += 1
         if a > pool[k]:
             pool[k] = a

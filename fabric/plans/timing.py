@@ -444,17 +444,17 @@ def switch_plan_ns(plan: Plan, topo: Topology, S: int, config: "FabricConfig", i
     n, wide = plan.gpus, partial_itemsize or itemsize
     tables = [spans(plan, S, itemsize, g) for g in range(n)]
     mtu, headers = config.mtu_bytes, config.header_bytes
-    sizes: dict[int, int] = {}  # payload bytes -> raw (packets.raw_bytes): a call has a few sizes of chunk
+    # elements -> (raw bytes of them, of their partial: packets.raw_bytes): a call has a few sizes of chunk
+    sizes: dict[int, tuple[int, int]] = {}
 
-    def raw(nbytes: int) -> int:
-        out = sizes.get(nbytes)
-        if out is None:
-            out = sizes[nbytes] = raw_bytes(nbytes, mtu, headers)
+    def raw(elements: int) -> tuple[int, int]:
+        out = sizes[elements] = (raw_bytes(elements * itemsize, mtu, headers), raw_bytes(elements * wide, mtu, headers))
         return out
 
-    header = raw(0)
+    header = raw_bytes(0, mtu, headers)
     puts = switch_slots(plan)
     node_of = [topo.locate(g)[0] for g in range(n)]
+    every_node = sorted(set(node_of))  # where a result every GPU takes goes
     requests: dict[tuple[int, ...], tuple[float, float]] = {}  # a load_reduce's slot -> its request's stamps
     asks = sorted(ask for asking in load_requests(plan).values() for ask in asking)  # (GPU, step): GPU, program order
     for g, step in asks:
@@ -466,15 +466,16 @@ def switch_plan_ns(plan: Plan, topo: Topology, S: int, config: "FabricConfig", i
     pools: dict[tuple[int, ...], list[float]] = {}
     results: dict[tuple[int, ...], dict[int, tuple[float, float]]] = {}
     contribute, take, load, new_pool = clocks.contribute, clocks.take, clocks.load, clocks.pool
+    takes = frozenset(SWITCH_TAKES)
 
     def visit(g: int, step: int, op: Any, message: Any) -> None:
         kind = op.kind
-        # span(tables[g], ref), written out: it is the hot path (an operation per GPU per chunk)
+        # span(tables[g], ref) and raw, written out: the hot path (an operation per GPU per chunk)
         if kind == "switch_contribute":
             ref = op.src
             chunk = tables[g][ref.buf]
-            lo, hi = chunk[ref.off][0], chunk[ref.off + ref.cnt - 1][1]
-            if hi == lo:
+            elements = chunk[ref.off + ref.cnt - 1][1] - chunk[ref.off][0]
+            if not elements:
                 return None
             slot = op.slot
             asked = requests.get(slot)
@@ -482,25 +483,25 @@ def switch_plan_ns(plan: Plan, topo: Topology, S: int, config: "FabricConfig", i
             pool = pools.get(slot)
             if pool is None:
                 pool = pools[slot] = new_pool()
-            contribute(pool, g, raw((hi - lo) * itemsize), raw((hi - lo) * wide), slot[-1], at)
+            whole, partial = sizes.get(elements) or raw(elements)
+            contribute(pool, g, whole, partial, slot[-1], at)
             if pool[0] == len(puts[slot]):  # the slot's last contribution: the switches reduce it
                 del pools[slot]
                 if pool[0] != n:
                     raise PlanError(f"plan {plan.name!r}: slot {list(slot)} has {int(pool[0])} contributions; an "
                                     f"in-switch reduction across nodes is timed with every GPU's ({n})")
-                to = range(n) if op.send_to is None else (op.send_to,)
-                results[slot] = clocks.reduce(slot[-1], pool, raw((hi - lo) * itemsize), raw((hi - lo) * wide),
-                                              sorted({node_of[h] for h in to}))
-        elif kind in SWITCH_TAKES:
+                to = every_node if op.send_to is None else [node_of[op.send_to]]
+                results[slot] = clocks.reduce(slot[-1], pool, whole, partial, to)
+        elif kind in takes:
             ref = op.dst
             chunk = tables[g][ref.buf]
-            lo, hi = chunk[ref.off][0], chunk[ref.off + ref.cnt - 1][1]
-            if hi > lo:
-                take(g, results[op.slot][node_of[g]], raw((hi - lo) * itemsize))
+            elements = chunk[ref.off + ref.cnt - 1][1] - chunk[ref.off][0]
+            if elements:
+                take(g, results[op.slot][node_of[g]], (sizes.get(elements) or raw(elements))[0])
         elif kind == "multicast_store":
             lo, hi = span(tables[g], op.src)
             if hi > lo:
-                results[op.slot] = clocks.store(g, raw((hi - lo) * itemsize), g + op.slot[-1])
+                results[op.slot] = clocks.store(g, raw(hi - lo)[0], g + op.slot[-1])
         elif kind == "flush":  # its sends so far have left (local copies and reductions take no modeled time)
             clocks.gpus[g].now = max(clocks.gpus[g].now, clocks.gpus[g].uplink.free_ns)
         return None
