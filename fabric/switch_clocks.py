@@ -19,8 +19,10 @@ from .topology import Topology
 if TYPE_CHECKING:  # for annotations only: nothing more imported at run time
     from .config import FabricConfig
 
-# a contribution's stamps on the uplink and its part's at the spine (TwoLevelSwitches.contribute)
-Contribution = tuple[tuple[float, float], tuple[float, float]]
+# a slot's contributions so far, as reduce reads them: [count, then running maxima of their stamps] (the clocks'
+# `pool`); a slot's contributions one by one held 4.2 million stamps' tuples at nvls 8 x 8 GPUs and 256 MiB (1.5 GB)
+Pool = list[float]
+_NONE = float("-inf")  # a running maximum of no stamp yet
 
 
 def sharp_clocks(topo: Topology, config: "FabricConfig", algorithm: str = "sharp") -> tuple[
@@ -58,6 +60,10 @@ class TwoLevelSwitches:
         self.s, self.sp, self.u, self.p = (t.switch_latency_ns, cast(float, topo.spine_latency_ns),
                                            cast(float, config.uplink_latency_ns), t.reduction_latency_ns)
         self.store_down: dict[int, dict[tuple[int, int], LinkEnd]] = {}  # sender -> {(spine, node): its part of that node's shares}
+        # contribute's per-operation look-ups, made once: GPU g's share to spine i is mine_of[g][i]; its pool offset
+        self.P, self.G = topo.spines, topo.gpus_per_node
+        self.mine_of = [[self.mine[(g, i)] for i in range(self.P)] for g in range(topo.gpus)]
+        self.at_of = [1 + 4 * gpu.node for gpu in self.gpus]
 
     def request(self, g: int, raw: int) -> tuple[float, float]:
         """GPU g's header-only load-reduce request of `raw` bytes on its uplink, issued at the call's start
@@ -74,35 +80,46 @@ class TwoLevelSwitches:
         _, end = gpu.downlink.book(ready, ready, raw)
         return end + gpu.downlink.latency_ns
 
-    def contribute(self, g: int, raw: int, partial_raw: int, spine: int, at: float = 0.0) -> Contribution:
+    def pool(self) -> Pool:
+        """An empty slot's pool for contribute and reduce: [count, then per node the latest first and last
+        byte of its members' contributions at the leaf and of their parts at the spine (ns)]."""
+        return [0.0] + [_NONE] * (4 * self.topo.nodes)
+
+    def contribute(self, pool: Pool, g: int, raw: int, partial_raw: int, spine: int, at: float = 0.0) -> None:
         """GPU g's contribution of `raw` bytes on its uplink from `at` (sharp's push: the call's start, the
         credits not modeled; an NVLS answer: when its LOAD came, load), after its earlier ones; its part of
         its node's partial (partial_raw / G raw bytes) takes its share of the node's uplink to spine `spine`
-        mod P (`mine`, + u) once its chunk has been through the engine (+ s + p). Returns (its stamps on
-        the uplink, its part's at the spine), for reduce."""
+        mod P (`mine`, + u) once its chunk has been through the engine (+ s + p). Counted into the slot's
+        `pool` (its stamps on the uplink and its part's at the spine, what reduce reads of them: maxima)."""
         a, b = self.gpus[g].uplink.send(at, at, raw)
-        part = self.mine[(g, spine % self.topo.spines)].send(a + self.s + self.p, b + self.s + self.p,
-                                                             partial_raw / self.topo.gpus_per_node)
-        return (a, b), part
+        s, p = self.s, self.p  # (a + s) + p, as the switches add them: the same floats
+        c, d = self.mine_of[g][spine % self.P].send(a + s + p, b + s + p, partial_raw / self.G)
+        k = self.at_of[g]
+        pool[0] += 1
+        if a > pool[k]:
+            pool[k] = a
+        if b > pool[k + 1]:
+            pool[k + 1] = b
+        if c > pool[k + 2]:
+            pool[k + 2] = c
+        if d > pool[k + 3]:
+            pool[k + 3] = d
 
-    def reduce(self, spine: int, contributions: list[Contribution], raw: int, partial_raw: int,
+    def reduce(self, spine: int, pool: Pool, raw: int, partial_raw: int,
                nodes: Iterable[int]) -> dict[int, tuple[float, float]]:
-        """A slot's reduction once every GPU's contribution is in (contributions: contribute's, in GPU order;
-        raw: the result's raw bytes; partial_raw: a leaf's partial's, the accumulator's width): each leaf's
-        engine reduces its node's once the latest is in (+ s); the partial is at spine `spine` mod P once the
-        engine's result (+ u) and every member's part are; the spine reduces once every partial is in (+ s');
-        the result goes down the group's shares of each node in `nodes` (+ u): {node: when it is at that
-        leaf}."""
-        N, G, P = self.topo.nodes, self.topo.gpus_per_node, self.topo.spines
+        """A slot's reduction once every GPU's contribution is in (pool: contribute's; raw: the result's raw
+        bytes; partial_raw: a leaf's partial's, the accumulator's width): each leaf's engine reduces its
+        node's once the latest is in (+ s); the partial is at spine `spine` mod P once the engine's result
+        (+ u) and every member's part are; the spine reduces once every partial is in (+ s'); the result
+        goes down the group's shares of each node in `nodes` (+ u): {node: when it is at that leaf}."""
+        N, P = self.topo.nodes, self.topo.spines
         i, s, u = spine % P, self.s, self.u
-        partials = []
+        first = last = _NONE  # the latest partial's first and last byte at the spine
         for k in range(N):
-            node = contributions[k * G:(k + 1) * G]
-            start, end = self.engines[k].reduce(max(a for (a, _), _ in node) + s, max(b for (_, b), _ in node) + s,
-                                                partial_raw)
-            partials.append((max(start + u, max(a for _, (a, _) in node)), max(end + u, max(b for _, (_, b) in node))))
-        start, end = self.engines[N + i].reduce(max(a for a, _ in partials) + self.sp,
-                                                max(b for _, b in partials) + self.sp, raw)
+            a, b, c, d = pool[1 + 4 * k:5 + 4 * k]
+            start, end = self.engines[k].reduce(a + s, b + s, partial_raw)
+            first, last = max(first, max(start + u, c)), max(last, max(end + u, d))
+        start, end = self.engines[N + i].reduce(first + self.sp, last + self.sp, raw)
         return {k: self.down[(i, k)].send(start, end, raw) for k in nodes}
 
     def store(self, p: int, raw: int, spine: int) -> dict[int, tuple[float, float]]:
@@ -174,19 +191,29 @@ class OneSwitch:
         _, end = gpu.downlink.book(ready, ready, raw)
         return end + gpu.downlink.latency_ns
 
-    def contribute(self, g: int, raw: int, partial_raw: int, spine: int, at: float = 0.0) -> tuple[float, float]:
-        """GPU g's contribution of `raw` bytes on its uplink from `at` (sharp's push: the call's start; an
-        NVLS answer: when its LOAD came), after its earlier ones: its first and last byte at the leaf.
-        (partial_raw and spine: TwoLevelSwitches'; one switch finishes the reduction in the element's dtype.)"""
-        return self.gpus[g].uplink.send(at, at, raw)
+    def pool(self) -> Pool:
+        """An empty slot's pool for contribute and reduce: [count, the latest first and last byte of its
+        contributions at the leaf (ns)]."""
+        return [0.0, _NONE, _NONE]
 
-    def reduce(self, spine: int, contributions: list[tuple[float, float]], raw: int, partial_raw: int,
+    def contribute(self, pool: Pool, g: int, raw: int, partial_raw: int, spine: int, at: float = 0.0) -> None:
+        """GPU g's contribution of `raw` bytes on its uplink from `at` (sharp's push: the call's start; an
+        NVLS answer: when its LOAD came), after its earlier ones, counted into the slot's `pool` (its first
+        and last byte at the leaf: the latest of them). (partial_raw and spine: TwoLevelSwitches'; one
+        switch finishes the reduction in the element's dtype.)"""
+        a, b = self.gpus[g].uplink.send(at, at, raw)
+        pool[0] += 1
+        if a > pool[1]:
+            pool[1] = a
+        if b > pool[2]:
+            pool[2] = b
+
+    def reduce(self, spine: int, pool: Pool, raw: int, partial_raw: int,
                nodes: Iterable[int]) -> dict[int, tuple[float, float]]:
-        """A slot's reduction once every contribution is in (contributions: contribute's): the group's engine
-        starts once the latest first byte is in and a traversal has passed (+ s, + its latency p, at its
-        rate, after the slots it reduced before): {0: (start, end) of the result at the leaf's ports}."""
-        start, end = self.engine.reduce(max(a for a, _ in contributions) + self.s,
-                                        max(b for _, b in contributions) + self.s, raw)
+        """A slot's reduction once every contribution is in (pool: contribute's): the group's engine starts
+        once the latest first byte is in and a traversal has passed (+ s, + its latency p, at its rate, after
+        the slots it reduced before): {0: (start, end) of the result at the leaf's ports}."""
+        start, end = self.engine.reduce(pool[1] + self.s, pool[2] + self.s, raw)
         return {0: (start, end)}
 
     def store(self, p: int, raw: int, spine: int) -> dict[int, tuple[float, float]]:

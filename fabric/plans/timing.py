@@ -23,9 +23,10 @@ from ..packets import raw_bytes
 from ..reduction import blocks, chunks
 from ..programs import JOIN, Event, Fabric, Flush, Lane, Program, Recv, Send, run_programs
 from ..topology import Topology
-from ..switch_clocks import Contribution, OneSwitch, TwoLevelSwitches
+from ..switch_clocks import OneSwitch, TwoLevelSwitches
 from .timing_leaf import Table, leaf_plan_ns
-from .format import CREDITS, IN_SWITCH, RECVS, SENDS, SWITCH_PUTS, SWITCH_TAKES, Op, Plan, Ref, in_switch, switch_slots, walk
+from .format import (CREDITS, IN_SWITCH, RECVS, SENDS, SWITCH_PUTS, SWITCH_TAKES, Op, Plan, Ref, in_switch, load_requests,
+                     switch_slots, walk)
 
 if TYPE_CHECKING:  # for annotations only: nothing more imported at run time
     from ..config import FabricConfig
@@ -460,60 +461,87 @@ def switch_plan_ns(plan: Plan, topo: Topology, S: int, config: "FabricConfig", i
     clocks: OneSwitch | TwoLevelSwitches = (OneSwitch if topo.nodes == 1 else TwoLevelSwitches)(topo, config,
                                                                                                  plan.name)
     _check(plan, topo, config)
-    if plan.lanes > 1 or any(op.kind not in _SWITCH and op.kind not in _BESIDE_SWITCH
-                             for _, _, op in plan.ops()):
+    if not _switch_timed(plan):
         raise PlanError(f"plan {plan.name!r}: in-switch operations are timed in plans of in-switch and local "
                         f"operations only (no lanes, no point-to-point messages)")
     n, wide = plan.gpus, partial_itemsize or itemsize
     tables = [spans(plan, S, itemsize, g) for g in range(n)]
-    raw: Callable[[int], int] = lambda nbytes: raw_bytes(nbytes, config.mtu_bytes, config.header_bytes)  # noqa: E731
-    header = raw(0)
+    mtu, headers = config.mtu_bytes, config.header_bytes
+    # elements -> (raw bytes of them, of their partial: packets.raw_bytes): a call has a few sizes of chunk
+    sizes: dict[int, tuple[int, int]] = {}
+
+    def raw(elements: int) -> tuple[int, int]:
+        out = sizes[elements] = (raw_bytes(elements * itemsize, mtu, headers), raw_bytes(elements * wide, mtu, headers))
+        return out
+
+    header = raw_bytes(0, mtu, headers)
     puts = switch_slots(plan)
     node_of = [topo.locate(g)[0] for g in range(n)]
+    every_node = sorted(set(node_of))  # where a result every GPU takes goes
     requests: dict[tuple[int, ...], tuple[float, float]] = {}  # a load_reduce's slot -> its request's stamps
-    for g, program in enumerate(plan.programs):
-        for op in program.ops:
-            if op.kind == "load_reduce":
-                lo, hi = span(tables[g], op.src)
-                if hi > lo:
-                    requests[op.slot] = clocks.request(g, header)
-    # a slot's contributions by GPU: the clocks' own contribute's (OneSwitch: stamps, TwoLevelSwitches: Contribution)
-    pools: dict[tuple[int, ...], dict[int, tuple[float, float] | Contribution]] = {}
+    asks = sorted(ask for asking in load_requests(plan).values() for ask in asking)  # (GPU, step): GPU, program order
+    for g, step in asks:
+        asking = plan.programs[g].ops[step]
+        lo, hi = span(tables[g], asking.src)
+        if hi > lo:  # a chunk of no element is not asked for
+            requests[asking.slot] = clocks.request(g, header)
+    # a slot's contributions so far (the clocks' pool), until the last one has the switches reduce it
+    pools: dict[tuple[int, ...], list[float]] = {}
     results: dict[tuple[int, ...], dict[int, tuple[float, float]]] = {}
+    contribute, take, load, new_pool = clocks.contribute, clocks.take, clocks.load, clocks.pool
+    takes = frozenset(SWITCH_TAKES)
 
     def visit(g: int, step: int, op: Any, message: Any) -> None:
         kind = op.kind
-        if kind == "multicast_store":
-            lo, hi = span(tables[g], op.src)
-            if hi > lo:
-                results[op.slot] = clocks.store(g, raw((hi - lo) * itemsize), g + op.slot[-1])
-        elif kind == "switch_contribute":
-            lo, hi = span(tables[g], op.src)
-            if hi == lo:
+        # span(tables[g], ref) and raw, written out: the hot path (an operation per GPU per chunk)
+        if kind == "switch_contribute":
+            ref = op.src
+            chunk = tables[g][ref.buf]
+            elements = chunk[ref.off + ref.cnt - 1][1] - chunk[ref.off][0]
+            if not elements:
                 return None
-            asked = requests.get(op.slot)
-            at = 0.0 if asked is None else clocks.load(g, asked, op.send_to, header)
-            got = pools.setdefault(op.slot, {})
-            got[g] = clocks.contribute(g, raw((hi - lo) * itemsize), raw((hi - lo) * wide), op.slot[-1], at)
-            if len(got) == len(puts[op.slot]):  # the slot's last contribution: the switches reduce it
-                if len(got) != n:
-                    raise PlanError(f"plan {plan.name!r}: slot {list(op.slot)} has {len(got)} contributions; an "
+            slot = op.slot
+            asked = requests.get(slot)
+            at = 0.0 if asked is None else load(g, asked, op.send_to, header)
+            pool = pools.get(slot)
+            if pool is None:
+                pool = pools[slot] = new_pool()
+            whole, partial = sizes.get(elements) or raw(elements)
+            contribute(pool, g, whole, partial, slot[-1], at)
+            if pool[0] == len(puts[slot]):  # the slot's last contribution: the switches reduce it
+                del pools[slot]
+                if pool[0] != n:
+                    raise PlanError(f"plan {plan.name!r}: slot {list(slot)} has {int(pool[0])} contributions; an "
                                     f"in-switch reduction across nodes is timed with every GPU's ({n})")
-                to = range(n) if op.send_to is None else (op.send_to,)
-                # got: this clocks' own contribute's, one type (mypy cannot pair a union's member with its own)
-                results[op.slot] = clocks.reduce(op.slot[-1], [got[h] for h in range(n)],  # type: ignore[misc]
-                                                 raw((hi - lo) * itemsize), raw((hi - lo) * wide),
-                                                 sorted({node_of[h] for h in to}))
-        elif kind in SWITCH_TAKES:
-            lo, hi = span(tables[g], op.dst)
+                to = every_node if op.send_to is None else [node_of[op.send_to]]
+                results[slot] = clocks.reduce(slot[-1], pool, whole, partial, to)
+        elif kind in takes:
+            ref = op.dst
+            chunk = tables[g][ref.buf]
+            elements = chunk[ref.off + ref.cnt - 1][1] - chunk[ref.off][0]
+            if elements:
+                take(g, results[op.slot][node_of[g]], (sizes.get(elements) or raw(elements))[0])
+        elif kind == "multicast_store":
+            lo, hi = span(tables[g], op.src)
             if hi > lo:
-                clocks.take(g, results[op.slot][node_of[g]], raw((hi - lo) * itemsize))
+                results[op.slot] = clocks.store(g, raw(hi - lo)[0], g + op.slot[-1])
         elif kind == "flush":  # its sends so far have left (local copies and reductions take no modeled time)
             clocks.gpus[g].now = max(clocks.gpus[g].now, clocks.gpus[g].uplink.free_ns)
         return None
 
     walk(plan, visit)
     return clocks.end_ns()
+
+
+def _switch_timed(plan: Plan) -> bool:
+    """Whether switch_plan_ns times `plan`: no lanes, in-switch and local operations only; kept on the plan
+    (a plan is immutable), each distinct program looked at once (sharp's allreduce: one for every GPU)."""
+    kept = plan.__dict__.get("_switch_timed")
+    if kept is None:
+        programs = {id(program.ops): program.ops for program in plan.programs}.values()
+        kept = plan.__dict__["_switch_timed"] = plan.lanes <= 1 and all(
+            op.kind in _SWITCH or op.kind in _BESIDE_SWITCH for ops in programs for op in ops)
+    return bool(kept)
 
 
 _SWITCH = frozenset(IN_SWITCH)
