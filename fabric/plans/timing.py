@@ -56,14 +56,28 @@ def packed(sizes: Iterable[int]) -> list[tuple[int, int]]:
     return out
 
 
+def _packed_once(sizes: tuple[int, ...], packs: dict[int, list[tuple[int, int]]] | None) -> list[tuple[int, int]]:
+    """packed(sizes), made once for every GPU whose program holds this very tuple (a builder shares one
+    between GPUs: nvls's at 8 x 8 and 256 MiB, 0.5 GB of copies); keyed by the tuple's id, which the plan
+    keeps alive while the tables are made."""
+    if packs is None:
+        return packed(sizes)
+    table = packs.get(id(sizes))
+    if table is None:
+        table = packs[id(sizes)] = packed(sizes)
+    return table
+
+
 def _base(plan: Plan, S: int, itemsize: int, g: int,
-          memo: dict[tuple[int, int], list[tuple[int, int]]] | None = None) -> Table:
+          memo: dict[tuple[int, int], list[tuple[int, int]]] | None = None,
+          packs: dict[int, list[tuple[int, int]]] | None = None) -> Table:
     """GPU g's input and output chunks, element ranges: reduce_scatter's and scatter's output and allgather's
     and gather's input are GPU g's block of the whole (fabric.reduction.blocks(count, n)[g], as the API sizes
-    them; gather's and scatter's blocks are equal); a plan's own chunk sizes where it gives them (S unused)."""
+    them; gather's and scatter's blocks are equal); a plan's own chunk sizes where it gives them (S unused).
+    memo and packs: cuts and packings shared between GPUs (_chunk_tables; read-only)."""
     program = plan.programs[g]
     if program.elements is not None:
-        return {"i": packed(program.elements[0]), "o": packed(program.elements[1])}
+        return {"i": _packed_once(program.elements[0], packs), "o": _packed_once(program.elements[1], packs)}
     elements = buffer_elements(plan, S, itemsize)
     count = int(S) // itemsize
     if plan.collective in ("reduce_scatter", "allgather", "scatter", "gather"):
@@ -121,11 +135,12 @@ def _chunk_tables(plan: Plan, S: int, itemsize: int) -> tuple[Table, ...]:
     chunk."""
     # (elements, chunks) -> its cut: every GPU of most plans cuts its buffers alike: one cut (a list, shared, read-only)
     memo: dict[tuple[int, int], list[tuple[int, int]]] = {}
-    tables = [_base(plan, S, itemsize, g, memo) for g in range(plan.gpus)]
+    packs: dict[int, list[tuple[int, int]]] = {}  # a plan's own chunk sizes (a tuple's id) -> their packing
+    tables = [_base(plan, S, itemsize, g, memo, packs) for g in range(plan.gpus)]
     if plan.programs[0].elements is not None:  # sized by the plan (the validator: every GPU's or none)
         for g, program in enumerate(plan.programs):
             # every GPU's, as the first's
-            tables[g]["s"] = packed(cast(tuple[tuple[int, ...], ...], program.elements)[2])
+            tables[g]["s"] = _packed_once(cast(tuple[tuple[int, ...], ...], program.elements)[2], packs)
         return tuple(tables)
     if not any(program.s_chunks for program in plan.programs):
         return tuple(tables)
