@@ -46,7 +46,7 @@ import dataclasses
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 BUFFERS = ("i", "o", "s")
 SENDS = ("send", "recv_reduce_send", "recv_copy_send", "recv_reduce_copy_send")
@@ -192,6 +192,7 @@ def walk(plan: Plan, visit: Callable[[int, int, Op, Any], Any]
     loads, requested = None, set()  # the slots load_reduce asks for (load_requests); those asked so far
     at = [0] * plan.gpus
     recvs, sends = _RECVS, _SENDS
+    op: Any  # an operation of the plan: its kind says which peers are set (a cast per use would cost a call)
     progressed = True
     while progressed:
         progressed = False
@@ -202,12 +203,12 @@ def walk(plan: Plan, visit: Callable[[int, int, Op, Any], Any]
                 op, message = ops[step], None
                 kind = op.kind
                 if kind in recvs:
-                    queue = queues.get((cast(int, op.recv_from), g, op.channel))  # a receive names its sender
+                    queue = queues.get((op.recv_from, g, op.channel))  # a receive names its sender
                     if not queue:
                         break
                     message = queue.popleft()
                 elif kind == "credit_wait":  # the next credit of recv_from
-                    queue = queues.get((cast(int, op.recv_from), g, CREDIT_CHANNEL))
+                    queue = queues.get((op.recv_from, g, CREDIT_CHANNEL))
                     if not queue:
                         break
                     message = queue.popleft()
@@ -233,7 +234,7 @@ def walk(plan: Plan, visit: Callable[[int, int, Op, Any], Any]
                         if h != g:
                             queues.setdefault((g, h, CREDIT_CHANNEL), deque()).append(out)
                 if kind in sends:
-                    key = (g, cast(int, op.send_to), op.channel)  # a send names its receiver
+                    key = (g, op.send_to, op.channel)  # a send names its receiver
                     queue = queues.get(key)
                     if queue is None:
                         queue = queues[key] = deque()
