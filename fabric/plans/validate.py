@@ -152,28 +152,24 @@ def _ops(plan: Plan) -> None:
 _SEND_KINDS, _RECV_KINDS = frozenset(SENDS), frozenset(RECVS)
 
 
-def _in(ref: Ref, sizes: dict[str, int]) -> bool:
-    size = sizes.get(ref.buf)
-    return size is not None and ref.cnt >= 1 and ref.off >= 0 and ref.off + ref.cnt <= size
-
-
-# kind -> (needs a src, needs a dst, sends, receives, folds): _fine's one lookup an operation
+# kind -> (needs a src, needs a dst, sends, receives, folds, in the switch): _fine's one lookup an operation
 _SPEC = {kind: ("src" in needs, "dst" in needs, kind in _SEND_KINDS, kind in _RECV_KINDS or kind == "credit_wait",
-                kind in REDUCING) for kind, needs in _NEEDS.items()}  # a credit_wait names the GPU it waits for
+                kind in REDUCING, kind in _SWITCH_KINDS)
+         for kind, needs in _NEEDS.items()}  # a credit_wait names the GPU it waits for
 
 
 def _fine(op: Op, g: int, step: int, n: int, sizes: dict[str, int], lanes: int | None) -> bool:
     """Whether `op` keeps rule 2 (False: maybe not; _check_op decides)."""
     kind = op.kind
-    needs = _NEEDS.get(kind) if type(kind) is str else None
-    if needs is None:  # unknown: rule by rule
+    spec = _SPEC.get(kind) if type(kind) is str else None
+    if spec is None:  # unknown: rule by rule
         return False
-    if kind in _SWITCH_KINDS:
-        return _fine_in_switch(op, kind, needs, step, n, sizes, lanes)
+    needs_src, needs_dst, sends, receives, folds, in_switch = spec  # needs, peers and fold in one lookup
+    if in_switch:
+        return _fine_in_switch(op, kind, _NEEDS[kind], step, n, sizes, lanes)
     if op.slot != ():
         return False
     src, dst = op.src, op.dst
-    needs_src, needs_dst, sends, receives, folds = _SPEC[kind]  # needs, peers and fold in one lookup
     if needs_src:
         if src is None or src.cnt < 1 or src.off < 0 or src.off + src.cnt > sizes.get(src.buf, -1):
             return False
@@ -214,7 +210,7 @@ def _fine_in_switch(op: Op, kind: str, needs: tuple[str, ...], step: int, n: int
         if type(x) is not int or x < 0:
             return False
     ref, other = (op.src, op.dst) if needs == ("src",) else (op.dst, op.src)
-    if ref is None or other is not None or not _in(ref, sizes):
+    if ref is None or other is not None or ref.cnt < 1 or ref.off < 0 or ref.off + ref.cnt > sizes.get(ref.buf, -1):
         return False
     if to is not None and (kind != "switch_contribute" or type(to) is not int or not 0 <= to < n):
         return False
@@ -401,6 +397,25 @@ def _run(plan: Plan) -> _State:
             return None
         if kind == "flush" or kind == "nop":
             return None
+        if not node_of and (kind == "switch_recv" or kind == "switch_contribute"):  # sharp's and nvls's, when
+            # every rule below holds (else the general path names what does not): a slot's sum taken once more
+            slot, ref = op.slot, op.dst if kind == "switch_recv" else op.src
+            run = rows[g][ref.buf][ref.off:ref.off + ref.cnt] if sized else None
+            if kind == "switch_recv":
+                known = taken.get(slot)
+                if known is not None and slot not in asked:
+                    to, sizes0, value, seen = known
+                    if len(value) == ref.cnt and sizes0 == run and (to is None or to == g) and g not in seen:
+                        seen.add(g)
+                        bufs[g][ref.buf][ref.off:ref.off + ref.cnt] = value
+                        return None
+            else:  # a contribution of written chunks, answering the request of its slot, if any, as it asks
+                want = asked.get(slot)
+                if want is None or (op.send_to == want[0] and (ref is want[2] or ref.__class__ is want[2].__class__ and (
+                        ref.buf, ref.off, ref.cnt) == (want[2].buf, want[2].off, want[2].cnt))):  # Ref's __eq__
+                    values = bufs[g][ref.buf][ref.off:ref.off + ref.cnt]
+                    if None not in values:
+                        return g, step, values, op.send_to, run, kind
         message: Any = None
         if kind == "credit":  # out of band: what the other GPUs' credit_waits take (format.walk)
             return step, None, None
