@@ -43,6 +43,7 @@ one machine-word loop over the bits a value spans (frozensets of pairs took 4.6 
 whatever its index (a whole-width int per chunk took 23 GB to validate ring's 8 channels on 256 GPUs).
 """
 
+import gc
 from dataclasses import replace
 from typing import Any, cast
 
@@ -112,7 +113,11 @@ def _elements(plan: Plan, g: int, program: GpuProgram) -> None:
     if sizes is None:
         return
     chunks = (program.i_chunks, program.o_chunks, program.s_chunks)
-    if not isinstance(sizes, tuple) or len(sizes) != 3 or any(
+    if type(sizes) is tuple and len(sizes) == 3 and all(  # plain ints, in C (a generator per chunk cost ~1 us)
+            type(row) is tuple and len(row) == count and (not row or set(map(type, row)) == {int} and min(row) >= 0)
+            for row, count in zip(sizes, chunks)):
+        pass  # a quick test of what the rule below passes (it, per chunk, names what is wrong)
+    elif not isinstance(sizes, tuple) or len(sizes) != 3 or any(
             not isinstance(row, tuple) or len(row) != count or
             any(not isinstance(x, int) or isinstance(x, bool) or x < 0 for x in row)
             for row, count in zip(sizes, chunks)):
@@ -147,28 +152,24 @@ def _ops(plan: Plan) -> None:
 _SEND_KINDS, _RECV_KINDS = frozenset(SENDS), frozenset(RECVS)
 
 
-def _in(ref: Ref, sizes: dict[str, int]) -> bool:
-    size = sizes.get(ref.buf)
-    return size is not None and ref.cnt >= 1 and ref.off >= 0 and ref.off + ref.cnt <= size
-
-
-# kind -> (needs a src, needs a dst, sends, receives, folds): _fine's one lookup an operation
+# kind -> (needs a src, needs a dst, sends, receives, folds, in the switch): _fine's one lookup an operation
 _SPEC = {kind: ("src" in needs, "dst" in needs, kind in _SEND_KINDS, kind in _RECV_KINDS or kind == "credit_wait",
-                kind in REDUCING) for kind, needs in _NEEDS.items()}  # a credit_wait names the GPU it waits for
+                kind in REDUCING, kind in _SWITCH_KINDS)
+         for kind, needs in _NEEDS.items()}  # a credit_wait names the GPU it waits for
 
 
 def _fine(op: Op, g: int, step: int, n: int, sizes: dict[str, int], lanes: int | None) -> bool:
     """Whether `op` keeps rule 2 (False: maybe not; _check_op decides)."""
     kind = op.kind
-    needs = _NEEDS.get(kind) if type(kind) is str else None
-    if needs is None:  # unknown: rule by rule
+    spec = _SPEC.get(kind) if type(kind) is str else None
+    if spec is None:  # unknown: rule by rule
         return False
-    if kind in _SWITCH_KINDS:
-        return _fine_in_switch(op, kind, needs, step, n, sizes, lanes)
+    needs_src, needs_dst, sends, receives, folds, in_switch = spec  # needs, peers and fold in one lookup
+    if in_switch:
+        return _fine_in_switch(op, kind, needs_src, step, n, sizes, lanes)
     if op.slot != ():
         return False
     src, dst = op.src, op.dst
-    needs_src, needs_dst, sends, receives, folds = _SPEC[kind]  # needs, peers and fold in one lookup
     if needs_src:
         if src is None or src.cnt < 1 or src.off < 0 or src.off + src.cnt > sizes.get(src.buf, -1):
             return False
@@ -199,23 +200,24 @@ def _fine(op: Op, g: int, step: int, n: int, sizes: dict[str, int], lanes: int |
     return type(deps) is tuple and (not deps or all(0 <= d < step for d in deps))
 
 
-def _fine_in_switch(op: Op, kind: str, needs: tuple[str, ...], step: int, n: int, sizes: dict[str, int],
+def _fine_in_switch(op: Op, kind: str, needs_src: bool, step: int, n: int, sizes: dict[str, int],
                     lanes: int | None) -> bool:
-    """_fine for an in-switch kind (False: maybe not; _check_op decides)."""
+    """_fine for an in-switch kind, which needs a src (needs_src) or a dst (False: maybe not; _check_op decides)."""
     slot, to = op.slot, op.send_to
     if type(slot) is not tuple or not slot or op.recv_from is not None or op.incoming_first is not False:
         return False
     for x in slot:
         if type(x) is not int or x < 0:
             return False
-    ref, other = (op.src, op.dst) if needs == ("src",) else (op.dst, op.src)
-    if ref is None or other is not None or not _in(ref, sizes):
+    ref, other = (op.src, op.dst) if needs_src else (op.dst, op.src)
+    if ref is None or other is not None or ref.cnt < 1 or ref.off < 0 or ref.off + ref.cnt > sizes.get(ref.buf, -1):
         return False
     if to is not None and (kind != "switch_contribute" or type(to) is not int or not 0 <= to < n):
         return False
     if lanes is not None and not 0 <= op.channel < lanes:
         return False
-    return type(op.deps) is tuple and all(0 <= d < step for d in op.deps)
+    deps = op.deps
+    return type(deps) is tuple and (not deps or all(0 <= d < step for d in deps))
 
 
 def _check_op(plan: Plan, g: int, step: int, op: Op) -> None:
@@ -282,12 +284,12 @@ class _State:
             self.bufs.append(bufs)
 
     def read(self, g: int, step: int, op: Op, ref: Ref) -> list[Value]:
-        values = self.bufs[g][ref.buf][ref.off:ref.off + ref.cnt]
-        for k, v in enumerate(values):
-            if v is None:
-                raise PlanError(f"{_where(g, step, op, ref.off + k)}: reads chunk {ref.off + k} of buffer "
-                                f"{ref.buf!r}, which nothing wrote")
-        return cast(list[Value], list(values))  # none is None: checked above
+        values = self.bufs[g][ref.buf][ref.off:ref.off + ref.cnt]  # a new list: the caller's to keep
+        if None in values:
+            k = values.index(None)
+            raise PlanError(f"{_where(g, step, op, ref.off + k)}: reads chunk {ref.off + k} of buffer "
+                            f"{ref.buf!r}, which nothing wrote")
+        return cast(list[Value], values)  # none is None: checked above
 
     def write(self, g: int, ref: Ref, values: list[Value]) -> None:
         self.bufs[g][ref.buf][ref.off:ref.off + ref.cnt] = values
@@ -328,11 +330,13 @@ def _names(value: Value, plan: Plan) -> str:
 
 
 def _combine(values: list[Value], message: list[Value], g: int, step: int, op: Op, plan: Plan) -> list[Value]:
-    out = []
-    for k, (have, add) in enumerate(zip(values, message)):
-        lo, a, b = _aligned(have, add)
+    out: list[Value] = []
+    for (xl, xb), (yl, yb) in zip(values, message):
+        # _aligned, inline (a call per chunk was most of a slot's sum: 256 contributions a slot in sharp's)
+        lo, a, b = (xl, xb, yb) if xl == yl else (xl, xb, yb << (yl - xl)) if xl < yl else (yl, xb << (xl - yl), yb)
         if a & b:
-            raise PlanError(f"{_where(g, step, op, k)}: the reduction would count {_names((lo, a & b), plan)} twice")
+            raise PlanError(f"{_where(g, step, op, len(out))}: the reduction would count "
+                            f"{_names((lo, a & b), plan)} twice")
         out.append((lo, a | b))
     return out
 
@@ -341,13 +345,15 @@ def _run(plan: Plan) -> _State:
     state = _State(plan)
     sized = plan.programs[0].elements is not None
     bufs = state.bufs
+    # GPU -> buffer -> its chunks' element counts, if the plan gives them (a tuple: a slice of it is a run's)
+    rows: list[dict[str, tuple[int, ...]]] = [dict(zip("ios", program.elements)) if program.elements is not None
+                                              else {} for program in plan.programs]
 
     # the element counts of a run of chunks, if the plan gives them
     def size_of(g: int, ref: Ref) -> tuple[int, ...] | None:
         if not sized:
             return None
-        row = plan.programs[g].elements["ios".index(ref.buf)]  # type: ignore[index]  # sized: every GPU's given
-        return tuple(row[c] for c in ref.chunk_ids())
+        return rows[g][ref.buf][ref.off:ref.off + ref.cnt]
 
     taken: Taken = {}  # slot -> its result and the GPUs that took it (_take)
     # slot -> (GPU, step, chunks) of the load_reduce that asks for it
@@ -358,15 +364,68 @@ def _run(plan: Plan) -> _State:
     # op: an Op that kept rule 2 (_ops), so the Refs its kind needs are set: Any, as mypy cannot tie src and dst
     # to the kind (a cast per use would cost a call per operation of the walk)
     def visit(g: int, step: int, op: Any, received: Any) -> tuple[Any, ...] | None:
-        message: Any = None
-        if op.kind == "credit":  # out of band: what the other GPUs' credit_waits take (format.walk)
-            return step, None, None
-        if op.kind == "credit_wait":
+        kind = op.kind  # the commonest kinds first, each checked as the general path below checks it:
+        if kind == "send":  # its chunks' values, read as state.read does
+            src = op.src
+            out: list[Value | None] | list[Value] | None  # this chunk's values here; a sent message's below
+            out = bufs[g][src.buf][src.off:src.off + src.cnt]
+            if None in out:
+                out = state.read(g, step, op, src)  # names the chunk nothing wrote
+            return step, out, rows[g][src.buf][src.off:src.off + src.cnt] if sized else None
+        if kind == "recv" or kind == "recv_reduce":  # the message's chunk count and sizes, then stored or folded
+            sender_step, sent, sizes = received
+            dst = op.dst
+            if len(sent) != dst.cnt:
+                raise PlanError(f"{_where(g, step, op, dst.off)}: receives {dst.cnt} chunks, GPU "
+                                f"{op.recv_from} step {sender_step} sent {len(sent)}")
+            if sized and sizes != rows[g][dst.buf][dst.off:dst.off + dst.cnt]:
+                raise PlanError(f"{_where(g, step, op, dst.off)}: receives chunks of {list(size_of(g, dst))} "  # type: ignore[arg-type]
+                                f"elements, GPU {op.recv_from} step {sender_step} sent {list(sizes)}")
+            row = bufs[g][dst.buf]
+            if kind == "recv":
+                row[dst.off:dst.off + dst.cnt] = sent
+                return None
+            if dst.cnt == 1:  # one chunk: state.fold's union, inline, if it adds no twice
+                have = row[dst.off]
+                if have is not None:
+                    (xl, xb), (yl, yb) = have, sent[0]
+                    lo, a, b = (xl, xb, yb) if xl == yl else (xl, xb, yb << (yl - xl)) if xl < yl else \
+                        (yl, xb << (xl - yl), yb)  # _aligned
+                    if not a & b:
+                        row[dst.off] = (lo, a | b)
+                        return None
+            state.write(g, dst, state.fold(g, step, op, dst, sent))
             return None
-        if node_of and op.kind in _SWITCH_KINDS and op.slot[0] != node_of[g]:
+        if kind == "flush" or kind == "nop":
+            return None
+        if not node_of and (kind == "switch_recv" or kind == "switch_contribute"):  # sharp's and nvls's, when
+            # every rule below holds (else the general path names what does not): a slot's sum taken once more
+            slot, ref = op.slot, op.dst if kind == "switch_recv" else op.src
+            run = rows[g][ref.buf][ref.off:ref.off + ref.cnt] if sized else None
+            if kind == "switch_recv":
+                known = taken.get(slot)
+                if known is not None and slot not in asked:
+                    to, sizes0, value, seen = known
+                    if len(value) == ref.cnt and sizes0 == run and (to is None or to == g) and g not in seen:
+                        seen.add(g)
+                        bufs[g][ref.buf][ref.off:ref.off + ref.cnt] = value
+                        return None
+            else:  # a contribution of written chunks, answering the request of its slot, if any, as it asks
+                want = asked.get(slot)
+                if want is None or (op.send_to == want[0] and (ref is want[2] or ref.__class__ is want[2].__class__ and (
+                        ref.buf, ref.off, ref.cnt) == (want[2].buf, want[2].off, want[2].cnt))):  # Ref's __eq__
+                    values = bufs[g][ref.buf][ref.off:ref.off + ref.cnt]
+                    if None not in values:
+                        return g, step, values, op.send_to, run, kind
+        message: Any = None
+        if kind == "credit":  # out of band: what the other GPUs' credit_waits take (format.walk)
+            return step, None, None
+        if kind == "credit_wait":
+            return None
+        if node_of and kind in _SWITCH_KINDS and op.slot[0] != node_of[g]:
             raise PlanError(f"{_where(g, step, op)}: slot {list(op.slot)} names node {op.slot[0]}'s leaf, GPU {g} is "
                             f"at node {node_of[g]} (a leaf plan's in-switch slot names its GPU's node first)")
-        if received is not None and op.kind not in _SWITCH_KINDS:
+        if received is not None and kind not in _SWITCH_KINDS:
             sender_step, message, sizes = received
             ref = op.dst if op.dst is not None else op.src
             if len(message) != ref.cnt:
@@ -375,31 +434,6 @@ def _run(plan: Plan) -> _State:
             if sized and sizes != size_of(g, ref):  # (sized: size_of gives counts, not None)
                 raise PlanError(f"{_where(g, step, op, ref.off)}: receives chunks of {list(size_of(g, ref))} "  # type: ignore[arg-type]
                                 f"elements, GPU {op.recv_from} step {sender_step} sent {list(sizes)}")
-        kind = op.kind  # the commonest kinds first, as the chain below runs them:
-        if kind == "send":  # its chunks' values, read as state.read does
-            src = op.src
-            out: list[Value | None] | list[Value] | None  # this chunk's values here; a sent message's below
-            out = bufs[g][src.buf][src.off:src.off + src.cnt]
-            if None in out:
-                out = state.read(g, step, op, src)  # names the chunk nothing wrote
-            return step, out, size_of(g, src) if sized else None
-        if kind == "recv":
-            dst = op.dst
-            bufs[g][dst.buf][dst.off:dst.off + dst.cnt] = message
-            return None
-        if kind == "flush" or kind == "nop":
-            return None
-        if kind == "recv_reduce" and op.dst.cnt == 1:  # one chunk: state.fold's union, inline, if it adds no twice
-            dst = op.dst
-            row = bufs[g][dst.buf]
-            have = row[dst.off]
-            if have is not None:
-                (xl, xb), (yl, yb) = have, message[0]
-                lo, a, b = (xl, xb, yb) if xl == yl else (xl, xb, yb << (yl - xl)) if xl < yl else \
-                    (yl, xb << (xl - yl), yb)  # _aligned
-                if not a & b:
-                    row[dst.off] = (lo, a | b)
-                    return None
         if op.kind in LOCAL and size_of(g, op.src) != size_of(g, op.dst):  # (they differ: sized, counts, not None)
             raise PlanError(f"{_where(g, step, op, op.dst.off)}: {op.kind} of chunks of {list(size_of(g, op.src))} "  # type: ignore[arg-type]
                             f"elements into chunks of {list(size_of(g, op.dst))}")  # type: ignore[arg-type]
@@ -533,37 +567,58 @@ def _take(plan: Plan, g: int, step: int, op: Any, puts: list[Put], taken: Taken,
 def expected(plan: Plan, g: int, c: int) -> Value | None:
     """The contributions output chunk c of GPU g must hold, a value (lo, bits) as _normal gives it (None:
     not checked, reduce's and gather's non-roots)."""
+    return wanted(plan, g)[c]
+
+
+def wanted(plan: Plan, g: int) -> list[Value | None]:
+    """expected's value of every output chunk of GPU g, in chunk order (a list made at once: a call per
+    chunk was ~0.3 s of validating a plan of a million output chunks)."""
     n, program, width = plan.gpus, plan.programs[g], plan.programs[0].i_chunks
     every = (1 << n) - 1  # one input chunk of every GPU
-    coll = plan.collective
+    coll, chunks, k = plan.collective, range(program.o_chunks), program.o_chunks
     if coll == "allreduce" or (coll == "reduce" and g == plan.root):
-        return c * n, every
+        return [(c * n, every) for c in chunks]
     if coll in ("reduce", "gather") and g != plan.root:
-        return None
-    if coll == "gather":
-        return (c % width) * n + c // width, 1  # GPU c // width's input chunk c % width
+        return [None] * k
+    if coll == "gather" or coll == "allgather":
+        return [((c % width) * n + c // width, 1) for c in chunks]  # GPU c // width's input chunk c % width
     if coll == "scatter":
-        return (g * program.o_chunks + c) * n + plan.root, 1  # the root's input chunk g k + c
+        return [((g * k + c) * n + plan.root, 1) for c in chunks]  # the root's input chunk g k + c
     if coll == "broadcast":
-        return c * n + plan.root, 1
-    if coll == "allgather":
-        return (c % width) * n + c // width, 1  # GPU c // width's input chunk c % width
+        return [(c * n + plan.root, 1) for c in chunks]
     if coll == "reduce_scatter":
-        return (g * program.o_chunks + c) * n, every
-    k = width // n  # all2all: GPU c // k's input chunk g k + c % k
-    return (g * k + c % k) * n + c // k, 1
+        return [((g * k + c) * n, every) for c in chunks]
+    m = width // n  # all2all: GPU c // m's input chunk g m + c % m
+    return [((g * m + c % m) * n + c // m, 1) for c in chunks]
 
 
 def validate(plan: Plan) -> Plan:
     """Prove `plan` (rules in the module docstring); return it, or raise PlanError."""
+    # the proof makes a few objects an operation, none in a cycle, while the plan holds millions: the cyclic
+    # collector's passes over them were ~15% of its CPU (nvls 8 x 8 at 128 MiB, 4.2 million operations: 24.4 s,
+    # 21.1 s without); paused here, as it was found
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _validate(plan)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _validate(plan: Plan) -> Plan:
     _shape(plan)
     _ops(plan)
     state = _run(plan)
     for g, program in enumerate(plan.programs):
+        wants, haves = wanted(plan, g), state.bufs[g]["o"]
+        if haves == wants:  # every chunk as required (in C; a chunk's value is normal where the plan is right)
+            continue
         empty = program.elements[1] if program.elements is not None else None  # a chunk of no element: no need
         for c in range(program.o_chunks):
-            want, have = expected(plan, g, c), state.bufs[g]["o"][c]
-            if want is None or (have is not None and _normal(have) == want) or (empty is not None and not empty[c]):
+            want, have = wants[c], haves[c]
+            if want is None or have == want or (have is not None and _normal(have) == want) or \
+                    (empty is not None and not empty[c]):  # (want is normal: a value equal to it is too)
                 continue
             if have is None:
                 raise PlanError(f"GPU {g} output chunk {c}: never written (needs {_names(want, plan)})")

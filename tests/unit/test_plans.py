@@ -1,8 +1,10 @@
 """fabric.plans: the validator's refusals (each naming GPU, step, chunk), the MSCCL-IR loader and its
 bounds, the replay interpreter against fabric.replay's ring and hand-computed closed forms."""
 
+import copy
 import dataclasses
 import math
+import pickle
 import time
 from pathlib import Path
 
@@ -370,10 +372,13 @@ def test_buffers_must_fit_the_collective():
 
 
 def test_ops_and_refs_built_by_their_quick_init_are_the_dataclasses():
-    # format._quick_init stores each field through its slot: the same signature, defaults, equality, hash, frozenness
+    # format._quick_init's constructor fills a mutable twin and makes it the class: the same signature, defaults,
+    # equality, hash, frozenness; pickled and copied through the constructor
     op = plans.Op("send", 2, plans.format.Ref("i", 3), None, 1)
     same = plans.Op(kind="send", channel=2, src=plans.format.Ref(buf="i", off=3, cnt=1), send_to=1)
     assert op == same and hash(op) == hash(same) and op.deps == () and op.incoming_first is False
+    assert type(op) is plans.Op and type(op.src) is plans.format.Ref
+    assert pickle.loads(pickle.dumps(op)) == op and copy.copy(op) == op and copy.deepcopy(op) == op
     assert dataclasses.replace(op, channel=5).channel == 5
     with pytest.raises(dataclasses.FrozenInstanceError):
         op.kind = "recv"
