@@ -95,32 +95,20 @@ class Op:
 
 
 def _quick_init(cls: type) -> None:
-    """Give the frozen, slotted dataclass `cls` a __new__ that fills a mutable twin (the same slots, no
-    __setattr__) by plain attribute stores and then makes it a `cls` (__class__ assignment: the layouts
-    are the same), and no __init__ of its own. The generated __init__ goes through object.__setattr__,
-    field by field, and storing through each slot's descriptor was still 0.65 us an Op (2.6 million
-    operations a plan, ring's channels on 256 GPUs); this is 0.42 us. Written from the class's own
-    fields, so a field added later is stored too (a field with a default_factory keeps the generated
-    __init__); the same signature, so a missing or unknown argument is a TypeError as before; pickling
-    and copying go through the constructor (__reduce__), as a bare instance cannot be made."""
+    """Give the frozen, slotted dataclass `cls` an __init__ that stores each field through its slot
+    (the generated one goes through object.__setattr__, field by field: at 2.6 million operations a plan,
+    ring's channels on 256 GPUs, that was most of building one). Written from the class's own fields, so a
+    field added later is stored too; a field with a default_factory keeps the generated __init__."""
     fields = dataclasses.fields(cls)
     if any(f.default_factory is not dataclasses.MISSING for f in fields):
         return
-    names = tuple(f.name for f in fields)
-    twin = type(f"_{cls.__name__}Fields", (), {"__slots__": names})  # mutable: the stores below are plain
-    scope = {"_twin": twin} | {f"_default_{f.name}": f.default for f in fields if f.default is not dataclasses.MISSING}
+    scope = {f"_set_{f.name}": cls.__dict__[f.name].__set__ for f in fields}
+    scope |= {f"_default_{f.name}": f.default for f in fields if f.default is not dataclasses.MISSING}
     params = ", ".join(f.name if f.default is dataclasses.MISSING else f"{f.name}=_default_{f.name}" for f in fields)
-    body = "".join(f"    self.{name} = {name}\n" for name in names)
-    exec(f"def __new__(cls, {params}):\n    self = _twin()\n{body}    self.__class__ = cls\n    return self\n",
-         scope)  # noqa: S102 (our own field names only)
-    scope["__new__"].__qualname__ = f"{cls.__qualname__}.__new__"
-    cls.__new__ = scope["__new__"]  # type: ignore[method-assign]  # this class's own constructor, replaced on purpose
-    cls.__init__ = object.__init__  # type: ignore[misc]  # __new__ stored every field (object's ignores arguments)
-
-    def __reduce__(self: Any) -> tuple[type, tuple[Any, ...]]:  # rebuilt by the constructor, from its fields
-        return cls, tuple(getattr(self, name) for name in names)
-
-    cls.__reduce__ = __reduce__  # type: ignore[method-assign,assignment]  # pickle's and copy's way, replaced
+    body = "".join(f"    _set_{f.name}(self, {f.name})\n" for f in fields)
+    exec(f"def __init__(self, {params}):\n{body}", scope)  # noqa: S102 (our own field names only)
+    scope["__init__"].__qualname__ = f"{cls.__qualname__}.__init__"
+    cls.__init__ = scope["__init__"]  # type: ignore[misc]  # this class's own __init__, replaced on purpose
 
 
 _quick_init(Ref)

@@ -372,8 +372,8 @@ def test_buffers_must_fit_the_collective():
 
 
 def test_ops_and_refs_built_by_their_quick_init_are_the_dataclasses():
-    # format._quick_init's constructor fills a mutable twin and makes it the class: the same signature, defaults,
-    # equality, hash, frozenness; pickled and copied through the constructor
+    # format._quick_init stores each field through its slot: the same signature, defaults, equality, hash,
+    # frozenness; pickled and copied as the dataclass
     op = plans.Op("send", 2, plans.format.Ref("i", 3), None, 1)
     same = plans.Op(kind="send", channel=2, src=plans.format.Ref(buf="i", off=3, cnt=1), send_to=1)
     assert op == same and hash(op) == hash(same) and op.deps == () and op.incoming_first is False
