@@ -50,7 +50,7 @@ def hier_leaf_link_bytes(collective: str, topo: Topology, S: int, config: "Fabri
     node rings. The cables carry only the rail messages: as with node rings (link_bytes)."""
     _leaf_checks(collective, topo, S, config, itemsize, root)
     plan, _ = call_plan(collective, "hier_nvls", topo.nodes, topo.gpus_per_node, S, config, itemsize, root)
-    tables = [plans.timing.spans(plan, S, itemsize, g) for g in range(topo.gpus)]
+    tables = [plans.chunks.spans(plan, S, itemsize, g) for g in range(topo.gpus)]
     return leaf_plan_link_bytes(plan, topo, config, itemsize, tables)
 
 
@@ -176,11 +176,11 @@ def sharp_link_bytes(topo: Topology, S: int, config: "FabricConfig", itemsize: i
     plan = plans.build("sharp", n, "allreduce",
                        shape=plans.in_switch.shape("sharp", n, "allreduce", N, config, count * itemsize, itemsize,
                                                    wide // itemsize))
-    table = plans.timing.spans(plan, count * itemsize, itemsize, 0)
+    table = plans.chunks.spans(plan, count * itemsize, itemsize, 0)
     per_spine = [0] * P
     for op in plan.programs[0].ops:  # every GPU contributes the same chunks to the same slots
         if op.kind == "switch_contribute":
-            lo, hi = plans.timing.span(table, op.src)
+            lo, hi = plans.chunks.span(table, op.src)
             per_spine[op.slot[-1] % P] += hi - lo
     out = dict.fromkeys((link.name for link in topo.links), 0)
     for link in topo.links:

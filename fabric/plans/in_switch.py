@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, cast
 from ..budget import in_switch_window, nvls_streams_wide, sharp_scatter_streams, sharp_streams
 from ..errors import PlanError
 from ..reduction import Grid, blocks, chunks
+from .chunks import span, spans
 from .format import GpuProgram, Op, Plan, Ref
 
 if TYPE_CHECKING:  # for annotations only: nothing more imported at run time
@@ -217,7 +218,6 @@ def stores(plan: Plan, S: int, itemsize: int) -> dict[int, list[tuple[int, int]]
     """{sender: [(payload bytes, its spine's index before mod P: sender + slot[-1], the switches' rule), ...]
     in its program order} of the multicast stores of `plan` at a call of S bytes (a store of no element is
     not sent)."""
-    from .timing import span, spans  # timing imports the switches' clocks; this module is the registry's
     out: dict[int, list[tuple[int, int]]] = {}
     for program in plan.programs:
         table = None

@@ -34,13 +34,12 @@ from ..programs import Fabric
 from ..reduction import chunks
 from ..timemodel import LinkEnd, ReductionClock
 from ..topology import Topology
+from .chunks import Table
 from .format import Op, Plan, Ref
 
 if TYPE_CHECKING:  # for annotations only: nothing more imported at run time
     from ..config import FabricConfig
 
-# a GPU's chunks at the call's size, element ranges by buffer (fabric.plans.timing.spans)
-Table = dict[str, list[tuple[int, int]]]
 # an operation as leaf_plan_ns walks it: (kind, peer, key, lo, hi, pieces taken); peer and key Any: the kind
 # says which is set (a flush's are None), and narrowing them op by op would cost in the hot loop
 Step = tuple[str, Any, Any, int, int, int]
@@ -50,7 +49,7 @@ def leaf_plan_ns(plan: Plan, topo: Topology, config: "FabricConfig", itemsize: i
                  programs: Sequence[Sequence[Op]]) -> float:
     """Modeled ns of one call of the leaf plan `plan` (validated; Plan.leaf the fabric's nodes) on every GPU of
     `topo`, all starting at 0 (module docstring): the latest GPU's clock at the end. tables[g]: GPU g's
-    chunks at the call's size (fabric.plans.timing.spans), programs[g]: its operations with the flushes the
+    chunks at the call's size (fabric.plans.chunks.spans), programs[g]: its operations with the flushes the
     executor adds (timing.with_flushes): fabric.plans.timing.plan_ns gives them."""
     if topo.gpus != plan.gpus:
         raise PlanError(f"plan {plan.name!r} is for {plan.gpus} GPUs, the fabric has {topo.gpus}")
@@ -105,7 +104,7 @@ def leaf_plan_ns(plan: Plan, topo: Topology, config: "FabricConfig", itemsize: i
                 continue
             ref = cast(Ref, op.src if kind in ("send", "load_reduce", "switch_contribute", "multicast_store")
                        else op.dst)  # the kind names it (the validator)
-            lo, hi = table[ref.buf][ref.off][0], table[ref.buf][ref.off + ref.cnt - 1][1]  # timing.span
+            lo, hi = table[ref.buf][ref.off][0], table[ref.buf][ref.off + ref.cnt - 1][1]  # chunks.span
             if kind == "send" or kind == "recv" or kind == "recv_reduce":
                 peer = op.send_to if kind == "send" else op.recv_from
                 key = (op.channel, peer, kind == "send")
@@ -207,7 +206,7 @@ def leaf_plan_link_bytes(plan: Plan, topo: Topology, config: "FabricConfig", ite
                          tables: Sequence[Table]) -> tuple[dict[str, int], dict[str, int]]:
     """(payload, raw) bytes on every link (Topology.link_payload_bytes' names and order) of one call of the
     leaf plan `plan` (validated) on `topo`, summed from its operations; tables[g]: GPU g's chunks at the call's
-    size (fabric.plans.timing.spans). A point-to-point message (pieces of at most chunk_bytes) on its route;
+    size (fabric.plans.chunks.spans). A point-to-point message (pieces of at most chunk_bytes) on its route;
     in the leaf, as leaf_plan_ns books them: a load_reduce's request (header only) on the requester's uplink;
     a switch_contribute's LOAD (header only) on the answering GPU's downlink and its answer on its uplink; a
     multicast_store on the sender's uplink and, taken, on every node member's downlink (its own too); a

@@ -7,7 +7,7 @@ import sys
 from nvlink_emu.fabric.errors import FabricError
 from nvlink_emu.fabric.plans import build, load, plan_link_bytes, plan_ns
 from nvlink_emu.fabric.plans.registry import ALGORITHMS, grid
-from nvlink_emu.fabric.plans.timing import check_sizes
+from nvlink_emu.fabric.plans.chunks import check_sizes
 from nvlink_emu.fabric.topology import Topology
 
 from ..options import fabric_of

@@ -6,7 +6,7 @@ that channel and pair, piece)), then its sends (one that receives and sends on f
 soon as it is in), a flush where the plan says; so the emulated modeled
 time is the replay's (fabric.plans.timing.plan_ns) by construction. Buffers: "i" the input, "o" the
 output (the input itself in place), "s" a scratch array of the plan's scratch chunks, chunks as
-fabric.plans.timing.spans cuts them (a scratch chunk the size of what is first written into it).
+fabric.plans.chunks.spans cuts them (a scratch chunk the size of what is first written into it).
 Reductions fold the received data into what is there (fabric.reduction.combine(op, dst, incoming): ring.py's order;
 an operation with incoming_first, the other way round: combine_incoming_first, ring.py's reduce chain); an allreduce's or reduce_scatter's
 average is finished on every output element at the end (the same sum divided by n on every member).
@@ -36,7 +36,8 @@ import numpy as np
 
 from nvlink_emu.fabric.errors import PlanError
 from nvlink_emu.fabric.plans.format import RECVS, SENDS, in_switch, load_requests
-from nvlink_emu.fabric.plans.timing import check_sizes, span, spans, with_flushes
+from nvlink_emu.fabric.plans.chunks import check_sizes, span, spans
+from nvlink_emu.fabric.plans.timing import with_flushes
 from nvlink_emu.fabric.reduction import chunks, combine, combine_incoming_first, finish
 
 PLAN = 30  # message phase

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from nvlink_emu.fabric import cost, cost_nodes, plans, replay
-from nvlink_emu.fabric.plans import registry, timing
+from nvlink_emu.fabric.plans import chunks, registry, timing
 from nvlink_emu.fabric.plans.catalog import call_plan
 from nvlink_emu.fabric.config import preset, resolve
 from nvlink_emu.fabric.errors import PlanError
@@ -298,7 +298,7 @@ def test_sharp_allreduce_is_a_plan_of_in_switch_operations():
     assert [(op.kind, op.slot) for op in plan.programs[0].ops] == [
         ("switch_contribute", (0,)), ("switch_contribute", (1,)), ("switch_recv", (0,)), ("switch_contribute", (2,)),
         ("switch_recv", (1,)), ("switch_recv", (2,))]
-    assert timing.spans(plan, 40, 4, 1)["o"] == [(0, 4), (4, 8), (8, 10)]
+    assert chunks.spans(plan, 40, 4, 1)["o"] == [(0, 4), (4, 8), (8, 10)]
     assert _sharp(count=0).programs[0].i_chunks == 1  # no element: one empty chunk
 
 
@@ -633,7 +633,7 @@ def test_the_all2allv_plan_is_sized_by_the_counts_and_moves_them_exactly():
     plan = registry.all2allv(counts)
     assert plan is registry.all2allv(tuple(map(tuple, counts)))  # one plan per count matrix
     assert plan.programs[1].elements == ((7, 3, 0, 2048), (5, 3, 1, 0), ())  # its row in, its column out
-    assert timing.spans(plan, 0, 4, 3)["i"] == [(0, 4096), (4096, 4096), (4096, 4105), (4105, 4205)]
+    assert chunks.spans(plan, 0, 4, 3)["i"] == [(0, 4096), (4096, 4096), (4096, 4105), (4105, 4205)]
     links = {k: v[0] for k, v in plans.plan_link_bytes(plan, topo, 0, config).items()}
     assert links == {k: v for k, v in cost_nodes.link_bytes("all2allv", "all2allv", topo,
                                                             counts=[[4 * x for x in row] for row in counts]).items() if v}
@@ -670,11 +670,11 @@ def test_chunks_that_do_not_line_up_at_a_size_are_refused_before_anything_runs()
     # input (3) is cut 2 + 1 while output chunks 0, 1 hold 2 + 2: it cannot run at that size, it can at 7 or 8
     plan = plans.load(HERE / "allgather_by_chunk_2.xml")
     for size in (28, 32):
-        timing.check_sizes(plan, size, 4)
+        chunks.check_sizes(plan, size, 4)
     with pytest.raises(PlanError, match=r"GPU 0 step 1 \(copy, channel 0\) chunk 0: at 24 bytes \(4-byte elements\) "
                                         r"a copy of 3 elements into chunks of 4 \(the chunks of the GPUs' buffers do "
                                         r"not line up at this size\)"):
-        timing.check_sizes(plan, 24, 4)
+        chunks.check_sizes(plan, 24, 4)
     # the replay times a misfit; where it waits for ever, it says where, not "validate the plan": at 514 1-byte
     # elements in 257-byte messages GPU 0 sends its 257 elements in one piece, GPU 1 takes 258 in two
     config = dataclasses.replace(preset("dgx-h100", gpus=2), chunk_bytes=257)
@@ -727,7 +727,7 @@ def test_the_channel_plan_cuts_each_members_range_of_each_channel_as_rail_ranges
     C = ring_channel_count(count * 4, G)
     plan = registry.build("ring", n, "allreduce", layout=registry.grid(N, G), nbytes=count * 4)
     assert (plan.groups, plan.lanes) == (n, C) and C > 1
-    table = timing.spans(plan, count * 4, 4, 0)["o"]
+    table = chunks.spans(plan, count * 4, 4, 0)["o"]
     assert [[table[m * C + c] for c in range(C)] for m in range(n)] == rail_ranges(count, n, C)
 
 
@@ -794,10 +794,10 @@ def test_the_hier_plan_is_hier_plans_program_matched_in_order(N, G):
                             (sent if op[0] == "send" else taken).setdefault((*pair, CHANNELS[op[2][0]]), []).append(
                                 (op[2], op[3], op[4]))
                     assert len(timing.with_flushes(plan, g)) == len(plan.programs[g].ops)
-                    table = timing.spans(plan, 4 * count, 4, g)
+                    table = chunks.spans(plan, 4 * count, 4, g)
                     for op in plan.programs[g].ops:
                         if op.kind in ("send", "recv", "recv_reduce"):
-                            lo, hi = timing.span(table, op.src or op.dst)
+                            lo, hi = chunks.span(table, op.src or op.dst)
                             assert 0 < hi - lo <= chunk
                 assert sent == taken, (collective, count, root)
                 traffic = np.zeros((n, n), np.int64)
@@ -829,7 +829,7 @@ def test_the_hier_nvls_plan_is_hier_plans_leaf_program_in_order(N, G):
                 assert plan.leaf == layout and plan.fabrics == ("network",)
                 for g in range(n):
                     a, j = divmod(g, G)
-                    table = timing.spans(plan, 4 * count, 4, g)
+                    table = chunks.spans(plan, 4 * count, 4, g)
                     ops = [op for op in plan.programs[g].ops if op.kind != "copy"]  # allgather's, reduce_scatter's
                     want = [op for op in hier_plan.program(collective, N, G, a, j, count, chunk, 4, divmod(root, G),
                                                            None, share) if op[0] != "finish"]
@@ -840,7 +840,7 @@ def test_the_hier_nvls_plan_is_hier_plans_leaf_program_in_order(N, G):
                             key = old[2] if old[0] == "serve" else old[1]
                             assert op.slot == (a, *hier_plan.leaf_slot(key))
                             ref = op.dst if op.kind == "switch_recv" else op.src
-                            lo, hi = timing.span(table, ref)
+                            lo, hi = chunks.span(table, ref)
                             assert hi - lo == old[-2 if old[0] == "take" else -1] - old[-3 if old[0] == "take" else -2]
                             if op.kind == "switch_recv" and old[4]:  # my own store's copy
                                 assert ref.buf == "s"
