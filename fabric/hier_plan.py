@@ -29,7 +29,7 @@ HierOp = tuple[Any, ...]
 Span = tuple[int, int]  # an element range [lo, hi)
 Spans = Sequence[Sequence[Span]]  # ranges[a][j] (ranges'), or segments[k]: a position's or segment's ranges
 # what the programs of one call's members build alike, once: ("pieces" | "segments" | "flat" | "serves", slice)
-# or "cuts" -> a slice's pieces, node segments, their chunks, the leaf's serves; a ring segment's cuts (_ring)
+# or "cuts" -> a slice's pieces, node segments, their chunks, the leaf's serves; a ring's segments' cuts by label (_ring)
 Memo = dict[str | tuple[str, int], Any]
 Cut = tuple[int, int, int, int]  # a ring segment's message: (its range k, the range's chunk c, lo, hi)
 
@@ -178,13 +178,14 @@ def _ring(ring: Sequence[tuple[int, int]], pos: int, segments: Spans, phase: int
     every member passing them), so that a segment is cut into its messages once for all of them."""
     m = len(ring)
     nxt, prv = ring[(pos + 1) % m], ring[(pos - 1) % m]
-    cut: dict[Hashable, list[Cut]] = {} if memo is None else memo.setdefault("cuts", {})
+    made: dict[Hashable, list[list[Cut] | None]] = {} if memo is None else memo.setdefault("cuts", {})
+    cut = made.get(label) or made.setdefault(label, [None] * len(segments))  # segment s -> its cuts
 
     def cuts(s: int) -> list[Cut]:
-        got = cut.get((label, s))
+        got = cut[s]
         if got is None:
-            got = cut[(label, s)] = [(k, c, lo, hi) for k, (a, b) in enumerate(segments[s])
-                                     for c, (lo, hi) in enumerate(chunks(a, b, chunk))]
+            got = cut[s] = [(k, c, lo, hi) for k, (a, b) in enumerate(segments[s])
+                            for c, (lo, hi) in enumerate(chunks(a, b, chunk))]
         return got
 
     steps: list[_Step] = []
@@ -317,11 +318,9 @@ def _stepwise(names: Sequence[str], stage: Stage, K: int, own: tuple[int, int], 
     for t in range(K + len(plan) - 1):
         # the leaf's loads this tick: answered last, so they queue behind the tick's rail sends
         serves: list[HierOp] = []
-        for idx, units in enumerate(plan):
+        for idx in range(max(0, t - K + 1), min(len(plan), t + 1)):  # the slices i = t - idx in the pipeline
             i = t - idx
-            if not 0 <= i < K:
-                continue
-            for name, received, sent in units:
+            for name, received, sent in plan[idx]:
                 if received is not None:
                     yield from steps(name, i)[received].recvs
                 if name == "rail rs" and sent is None:
