@@ -10,7 +10,10 @@ of at most chunk_bytes, as in hier_plan. reduce_scatter's and allgather's buffer
 (blocks(count, n)), each block padded with chunks of no element to the most chunks of any block, so that
 the input is n x the output (the validator's shape); a chunk of no element needs no contribution. A
 phase's messages go on a channel of their own (channels are operation streams on the GPU's one clock
-here, Plan.lanes 0), so that a pair's messages of two phases never match each other.
+here, Plan.lanes 0), so that a pair's messages of two phases never match each other. The program is read as
+hier_plan.program_runs gives it, a ring step's messages to or from one peer as one Run, translated at once
+(its chunk runs cut once per segment for every member): the same operations, without a tuple a message
+(hier's allreduce at 32 x 8 GPUs and 1 GiB is 4.2 million operations).
 """
 
 from collections.abc import Hashable, Sequence
