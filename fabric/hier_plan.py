@@ -9,8 +9,8 @@ stages of a slice, the ticks that pipeline them, the node stages in the leaf (hi
 docs/model/algorithms-hier.md.
 """
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from .reduction import Grid, blocks, chunks, merged_columns, two_level_blocks
 
@@ -29,8 +29,35 @@ HierOp = tuple[Any, ...]
 Span = tuple[int, int]  # an element range [lo, hi)
 Spans = Sequence[Sequence[Span]]  # ranges[a][j] (ranges'), or segments[k]: a position's or segment's ranges
 # what the programs of one call's members build alike, once: ("pieces" | "segments" | "flat" | "serves", slice)
-# or "chunks" -> a slice's pieces, node segments, their chunks, the leaf's serves; a range's chunks (_ring)
+# or "cuts" -> a slice's pieces, node segments, their chunks, the leaf's serves; a ring's segments' cuts by label (_ring)
 Memo = dict[str | tuple[str, int], Any]
+Cut = tuple[int, int, int, int]  # a ring segment's message: (its range k, the range's chunk c, lo, hi)
+
+
+class Run(NamedTuple):
+    """A ring step's messages to or from one peer, in order, as one item of program_runs: the operations
+    ("send", peer, (*key, k, c), lo, hi) (kind "sends") or ("recv", peer, (*key, k, c), lo, hi, reduce) (kind
+    "recvs") for each (k, c, lo, hi) of `cuts` (Run.ops). A ring step of a large call is many messages (32
+    nodes' pieces of a column, one a node); one item a step, not one a message, is what lets
+    fabric.plans.hier translate a step at once. `cut` names `cuts` among the call's: the same segment's
+    cuts, shared by every member passing it (one list, built once)."""
+
+    kind: str  # "sends" or "recvs"
+    peer: tuple[int, int]  # (node, position)
+    key: tuple[int, int, int]  # (phase, slice, ring step)
+    cut: Hashable
+    cuts: Sequence[Cut]
+    reduce: bool = False  # recvs: fold into what is there (reduce-scatter)
+
+    def ops(self) -> Iterator[HierOp]:
+        """The run's operations, one a message (program's)."""
+        peer, (phase, i, step) = self.peer, self.key
+        if self.kind == "sends":
+            for k, c, lo, hi in self.cuts:
+                yield ("send", peer, (phase, i, step, k, c), lo, hi)
+        else:
+            for k, c, lo, hi in self.cuts:
+                yield ("recv", peer, (phase, i, step, k, c), lo, hi, self.reduce)
 
 
 def in_leaf(config: "FabricConfig") -> bool:
@@ -144,29 +171,30 @@ def _flat_segments(segments: Spans, chunk: int, memo: Memo | None, i: int) -> li
 
 
 def _ring(ring: Sequence[tuple[int, int]], pos: int, segments: Spans, phase: int, i: int, chunk: int, reduce: bool,
-          memo: Memo | None = None) -> list[_Step]:
+          memo: Memo | None = None, label: Hashable = None) -> list[_Step]:
     """ring.py's ring over `ring` (this member at `pos`) passing `segments` (lists of ranges) of slice
-    i: reduce-scatter (a flush after each step) or all-gather (a flush after the last). memo: program's
-    (a range's chunks are cut once for every member of the call)."""
+    i: reduce-scatter (a flush after each step) or all-gather (a flush after the last), each step's sends
+    and receives one Run. memo: program's; label: what names `segments` among the call's (the same for
+    every member passing them), so that a segment is cut into its messages once for all of them."""
     m = len(ring)
     nxt, prv = ring[(pos + 1) % m], ring[(pos - 1) % m]
-    cut: dict[tuple[int, int], list[tuple[int, int]]] = {} if memo is None else memo.setdefault("chunks", {})
+    made: dict[Hashable, list[list[Cut] | None]] = {} if memo is None else memo.setdefault("cuts", {})
+    cut = made.get(label) or made.setdefault(label, [None] * len(segments))  # segment s -> its cuts
 
-    def pieces(a: int, b: int) -> list[tuple[int, int]]:
-        got = cut.get((a, b))
+    def cuts(s: int) -> list[Cut]:
+        got = cut[s]
         if got is None:
-            got = cut[(a, b)] = chunks(a, b, chunk)
+            got = cut[s] = [(k, c, lo, hi) for k, (a, b) in enumerate(segments[s])
+                            for c, (lo, hi) in enumerate(chunks(a, b, chunk))]
         return got
 
     steps: list[_Step] = []
     for step in range(m - 1):
         sent, taken = ((pos - 1 - step) % m, (pos - 2 - step) % m) if reduce else ((pos - step) % m,
                                                                                     (pos - 1 - step) % m)
-        sends = [("send", nxt, (phase, i, step, k, c), lo, hi)
-                 for k, (a, b) in enumerate(segments[sent]) for c, (lo, hi) in enumerate(pieces(a, b))]
-        recvs = [("recv", prv, (phase, i, step, k, c), lo, hi, reduce)
-                 for k, (a, b) in enumerate(segments[taken]) for c, (lo, hi) in enumerate(pieces(a, b))]
-        steps.append(_Step(sends, recvs, (), reduce or step == m - 2))
+        key = (phase, i, step)
+        steps.append(_Step([Run("sends", nxt, key, (label, sent), cuts(sent))],
+                           [Run("recvs", prv, key, (label, taken), cuts(taken), reduce)], (), reduce or step == m - 2))
     return steps
 
 
@@ -178,7 +206,20 @@ def program(collective: str, N: int, G: int, a: int, j: int, count: int, chunk: 
     share: None for node rings, else the node stages run in the leaf (in_leaf) and share is the
     partition's in-switch buffer (bytes, fabric.budget.buffer_share_bytes). memo: a dict shared by the
     programs of every member of one call (the same arguments but a, j), so that what every member's
-    program builds alike (a slice's pieces, node segments, serves) is built once (fabric.plans.hier)."""
+    program builds alike (a slice's pieces, node segments, serves) is built once. program_runs' items, each
+    Run its operations one by one."""
+    for op in program_runs(collective, N, G, a, j, count, chunk, itemsize, root, rank, share, memo):
+        if type(op) is Run:
+            yield from op.ops()
+        else:
+            yield op
+
+
+def program_runs(collective: str, N: int, G: int, a: int, j: int, count: int, chunk: int, itemsize: int,
+                 root: tuple[int, int] | None = None, rank: Grid | None = None, share: int | None = None,
+                 memo: Memo | None = None) -> Iterator[HierOp]:
+    """program's operations (the same arguments), a ring step's messages to or from one peer as one Run (what
+    fabric.plans.hier translates: one item a step, not one a message)."""
     spans = ranges(collective, N, G, count, rank)
     leaf = share is not None and N > 1 and G > 1
     P = slice_elements(chunk, itemsize, N, G, share if leaf else None)
@@ -205,10 +246,10 @@ def program(collective: str, N: int, G: int, a: int, j: int, count: int, chunk: 
             if leaf:
                 return (_leaf_rs if name == "node rs" else _leaf_ag)(j, G, segments, i, chunk, memo)
             return _ring(node_ring, j, segments, NODE_RS if name == "node rs" else NODE_AG, i, chunk,
-                         name == "node rs", memo)
+                         name == "node rs", memo, ("node", i))  # every node's segments alike
         if name in ("rail rs", "rail ag"):
             return _ring(rail_ring, a, [[row[j]] for row in pieces(i)], RAIL_RS if name == "rail rs" else RAIL_AG,
-                         i, chunk, name == "rail rs", memo)
+                         i, chunk, name == "rail rs", memo, ("rail", i, j))
         parts = pieces(i)[0]
         a_root, j_root = cast(tuple[int, int], root)  # scatter and chain: broadcast's stages, which has a root
         if name == "scatter":  # the root's node only; every member of it flushes
@@ -277,11 +318,9 @@ def _stepwise(names: Sequence[str], stage: Stage, K: int, own: tuple[int, int], 
     for t in range(K + len(plan) - 1):
         # the leaf's loads this tick: answered last, so they queue behind the tick's rail sends
         serves: list[HierOp] = []
-        for idx, units in enumerate(plan):
+        for idx in range(max(0, t - K + 1), min(len(plan), t + 1)):  # the slices i = t - idx in the pipeline
             i = t - idx
-            if not 0 <= i < K:
-                continue
-            for name, received, sent in units:
+            for name, received, sent in plan[idx]:
                 if received is not None:
                     yield from steps(name, i)[received].recvs
                 if name == "rail rs" and sent is None:

@@ -43,6 +43,7 @@ from typing import Any, Callable, cast
 from ..errors import PlanError
 from ..reduction import Grid, blocks, channel_rings, chunks, ring_channel_count, tree_chunk, tree_parts, tree_steps
 from .format import GpuProgram, Op, Plan, Ref
+from .gc_pause import cyclic_gc_paused
 from .hier import hier, hier_nvls, hier_pieces
 from .in_switch import nvls, sharp
 from .validate import validate
@@ -415,37 +416,39 @@ def tree(gpus: int, collective: str, root: int = 0, layout: Grid | None = None,
     spans = [chunks(lo, hi, piece) for lo, hi in blocks(count, len(parts))]
     first = [0, len(spans[0])]  # part k's chunk i is chunk first[k] + i
     total = len(spans[0]) + len(spans[1])
-    refs = {buf: [Ref(buf, k) for k in range(total)] for buf in ("i", "o")}  # one Ref a chunk, shared
+    inputs, outputs = ([Ref(buf, k) for k in range(total)] for buf in ("i", "o"))  # one Ref a chunk, shared
     programs = []
-    for g in range(gpus):
-        me = at[g]
-        trees = [part[me] for part in parts]
-        offsets = tree_steps(parts, me)
-        gpu: Callable[[tuple[int, int]], int] = lambda x: layout[x[0]][x[1]]  # noqa: E731 (a grid position's GPU)
-        ops = []
-        steps = max((len(span) + down for span, (_, down) in zip(spans, offsets)), default=0)
-        for step in range(steps):
-            for k, (parent, children) in enumerate(trees):  # up
-                i = step - offsets[k][0]
-                if not 0 <= i < len(spans[k]):
-                    continue
-                mine = refs["i"][first[k] + i]
-                ops += [Op("recv_reduce", channel=k, dst=mine, recv_from=gpu(x)) for x in children]
-                if parent is not None:
-                    ops.append(Op("send", channel=k, src=mine, send_to=gpu(parent)))
-                else:
-                    ops += [Op("send", channel=2 + k, src=mine, send_to=gpu(x)) for x in children]
-            for k, (parent, children) in enumerate(trees):  # down
-                i = step - offsets[k][1]
-                if parent is None or not 0 <= i < len(spans[k]):
-                    continue
-                result = refs["o"][first[k] + i]
-                ops.append(Op("recv", channel=2 + k, dst=result, recv_from=gpu(parent)))
-                ops += [Op("send", channel=2 + k, src=result, send_to=gpu(x)) for x in children]
-        for k, (parent, _) in enumerate(trees):  # the root's part: its sum is the result
-            if parent is None and spans[k]:
-                ops.append(Op("copy", src=Ref("i", first[k], len(spans[k])), dst=Ref("o", first[k], len(spans[k]))))
-        programs.append(GpuProgram(g, tuple(ops), total, total))
+    with cyclic_gc_paused():  # millions of operations at scale, no cycle among them (gc_pause)
+        for g in range(gpus):
+            # each part: (k, up, down, chunks, first chunk, parent's GPU or None, children's GPUs in fold order)
+            trees = [(k, up, down, len(spans[k]), first[k], None if parent is None else layout[parent[0]][parent[1]],
+                      [layout[b][c] for b, c in children])
+                     for k, ((parent, children), (up, down)) in enumerate(zip((part[at[g]] for part in parts),
+                                                                            tree_steps(parts, at[g])))]
+            ops: list[Op] = []
+            steps = max((cnt + down for _, _, down, cnt, *_ in trees), default=0)
+            for step in range(steps):
+                for k, up, _, cnt, base, parent, children in trees:  # up
+                    i = step - up
+                    if not 0 <= i < cnt:
+                        continue
+                    mine = inputs[base + i]
+                    ops += [Op("recv_reduce", k, None, mine, None, x) for x in children]
+                    if parent is not None:
+                        ops.append(Op("send", k, mine, None, parent))
+                    else:
+                        ops += [Op("send", 2 + k, mine, None, x) for x in children]
+                for k, _, down, cnt, base, parent, children in trees:  # down
+                    i = step - down
+                    if parent is None or not 0 <= i < cnt:
+                        continue
+                    result = outputs[base + i]
+                    ops.append(Op("recv", 2 + k, None, result, None, parent))
+                    ops += [Op("send", 2 + k, result, None, x) for x in children]
+            for k, _, _, cnt, base, parent, _ in trees:  # the root's part: its sum is the result
+                if parent is None and cnt:
+                    ops.append(Op("copy", src=Ref("i", base, cnt), dst=Ref("o", base, cnt)))
+            programs.append(GpuProgram(g, tuple(ops), total, total))
     return Plan("tree", "allreduce", gpus, tuple(programs), groups=2, piece=piece)
 
 
