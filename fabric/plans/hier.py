@@ -26,7 +26,6 @@ from .. import hier_plan
 from ..errors import PlanError
 from ..reduction import Grid, blocks, chunks, merged_columns
 from .format import FABRICS, GpuProgram, Op, Plan, Ref
-from .gc_pause import cyclic_gc_paused
 
 # hier_plan's message phases -> the plan's channel (a phase's messages between a pair match in order)
 CHANNELS = {hier_plan.NODE_RS: 0, hier_plan.RAIL_RS: 1, hier_plan.RAIL_AG: 2, hier_plan.NODE_AG: 3,
@@ -51,8 +50,7 @@ def hier(gpus: int, collective: str, root: int = 0, layout: Grid | None = None,
     """hier's `collective` (COLLECTIVES) on the grid `layout` (layout[a][j]: the GPU at node a, position j;
     default one node), for `pieces` = (elements, elements a message, itemsize, elements a slice's piece)
     (hier_pieces): hier_plan's operations of every member (module docstring); broadcast from `root`."""
-    with cyclic_gc_paused():  # millions of operations, no cycle among them (gc_pause)
-        return _translate("hier", gpus, collective, root, layout, pieces, None)
+    return _translate("hier", gpus, collective, root, layout, pieces, None)
 
 
 def hier_nvls_pieces(gpus: int, layout: Grid | None, nbytes: int, itemsize: int, chunk_bytes: int,
@@ -82,8 +80,7 @@ def hier_nvls(gpus: int, collective: str, root: int = 0, layout: Grid | None = N
     if len(layout) < 2 or len(layout[0]) < 2:
         raise PlanError(f"hier_nvls plan: its node stages run in the leaf on N > 1 nodes of G > 1 GPUs, not "
                         f"{len(layout)} x {len(layout[0])} (hier's plan runs there)")
-    with cyclic_gc_paused():
-        return _translate("hier_nvls", gpus, collective, root, layout, pieces[:4], pieces[4])
+    return _translate("hier_nvls", gpus, collective, root, layout, pieces[:4], pieces[4])
 
 
 def _translate(name: str, gpus: int, collective: str, root: int, layout: Grid | None,

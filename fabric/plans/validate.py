@@ -43,11 +43,11 @@ one machine-word loop over the bits a value spans (frozensets of pairs took 4.6 
 whatever its index (a whole-width int per chunk took 23 GB to validate ring's 8 channels on 256 GPUs).
 """
 
-import gc
 from dataclasses import replace
 from typing import Any, cast
 
 from ..errors import PlanError
+from .gc_pause import cyclic_gc_paused
 from .format import BUFFERS, COLLECTIVES, CREDIT_CHANNEL, IN_SWITCH, KINDS, LOCAL, RECVS, REDUCING, ROOTED, SENDS, \
     GpuProgram, Op, Plan, Ref, switch_slots, walk
 
@@ -596,14 +596,9 @@ def validate(plan: Plan) -> Plan:
     """Prove `plan` (rules in the module docstring); return it, or raise PlanError."""
     # the proof makes a few objects an operation, none in a cycle, while the plan holds millions: the cyclic
     # collector's passes over them were ~15% of its CPU (nvls 8 x 8 at 128 MiB, 4.2 million operations: 24.4 s,
-    # 21.1 s without); paused here, as it was found
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    # 21.1 s without); paused here for a plan from a file too (the registry pauses it around building as well)
+    with cyclic_gc_paused():
         return _validate(plan)
-    finally:
-        if collecting:
-            gc.enable()
 
 
 def _validate(plan: Plan) -> Plan:
