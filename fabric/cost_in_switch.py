@@ -23,12 +23,17 @@ if TYPE_CHECKING:  # for annotations only: nothing more imported at run time
     from .config import FabricConfig
 
 
-def block_bytes(S: int, n: int, itemsize: int) -> list[int]:
-    """Bytes of each of the N blocks of S bytes (fabric.reduction.blocks of S / itemsize elements)."""
+def check_elements(S: int, itemsize: int) -> None:
+    """FabricError unless S bytes are whole elements of a positive integer `itemsize` (what a call passes)."""
     if not isinstance(itemsize, int) or isinstance(itemsize, bool) or itemsize < 1:
         raise FabricError(f"cost_nodes: itemsize must be a positive integer, got {itemsize!r}")
     if not isinstance(S, (int, np.integer)) or isinstance(S, bool) or S < 0 or S % itemsize:
         raise FabricError(f"cost_nodes: S must be a non-negative multiple of itemsize {itemsize} bytes, got {S!r}")
+
+
+def block_bytes(S: int, n: int, itemsize: int) -> list[int]:
+    """Bytes of each of the N blocks of S bytes (fabric.reduction.blocks of S / itemsize elements)."""
+    check_elements(S, itemsize)
     return [(hi - lo) * itemsize for lo, hi in blocks(int(S) // itemsize, n)]
 
 

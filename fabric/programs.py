@@ -32,11 +32,14 @@ class GpuClocks:
         return self.now if lane is None or lane[1] == 1 else self.lanes.get(lane[0], self.now)
 
     def advance(self, lane: tuple[int, int] | None, ns: float) -> None:
-        """Move the clock of `lane` (as `clock`) to `ns` if later."""
+        """Move the clock of `lane` (as `clock`) to `ns` if later (a lane's clock is set even when it stays:
+        later reads no longer follow `now`). Comparisons, not max(): a call a message."""
         if lane is None or lane[1] == 1:
-            self.now = max(self.now, ns)
+            if ns > self.now:
+                self.now = ns
         else:
-            self.lanes[lane[0]] = max(self.clock(lane), ns)
+            held = self.lanes.get(lane[0], self.now)
+            self.lanes[lane[0]] = ns if ns > held else held
 
     def join(self) -> None:
         """The call's channels are done: the member's clock moves to the latest channel's."""
@@ -68,7 +71,7 @@ class Fabric:
         raw = self._raw.get(nbytes)
         if raw is None:
             raw = self._raw[nbytes] = raw_bytes(nbytes, self.mtu, self.header)
-        ready = gpu.now if lane is None or lane[1] == 1 else gpu.lanes.get(lane[0], gpu.now)  # gpu.clock(lane)
+        ready = gpu.clock(lane)
         start, end = gpu.uplink.send(ready, ready, raw, lane)
         uplink = start - gpu.uplink.latency_ns, end - gpu.uplink.latency_ns  # the link's own occupation
         start, end = start + self.s, end + self.s                       # the sender's leaf (cut-through)
@@ -92,13 +95,7 @@ class Fabric:
             start, end = cast(LinkEnd, gpu.inbound).book(start, end, raw)  # several nodes: set
             start = max(start, end - raw / gpu.downlink.lane_bandwidth(lane))  # its burst on the faster downlink
         start, end = gpu.downlink.book(start, end, raw, lane=lane)
-        done = end + gpu.downlink.latency_ns
-        if lane is None or lane[1] == 1:  # gpu.advance(lane, done), without the calls
-            if done > gpu.now:
-                gpu.now = done
-        else:  # the lane's clock is set even when it stays (advance's rule: later reads no longer follow `now`)
-            held = gpu.lanes.get(lane[0], gpu.now)
-            gpu.lanes[lane[0]] = done if done > held else held
+        gpu.advance(lane, end + gpu.downlink.latency_ns)
         return start, end
 
 

@@ -177,7 +177,7 @@ def fastest_across_nodes(collective: str, candidates: Iterable[str], S: int, con
                or collective in ACROSS_NODES.get(algorithm, ())]
     if len(covered) == 1:  # nothing to compare: no replay
         return covered[0]
-    cost_in_switch.block_bytes(S, 1, itemsize)  # FabricError unless S is whole elements (what a call passes)
+    cost_in_switch.check_elements(S, itemsize)
     topo = config.topology
 
     def latency(algorithm: str) -> float:

@@ -180,7 +180,7 @@ def messages(plan: Plan, S: int, itemsize: int, chunk: int) -> dict[int, Program
                 by_ref[id(ref)] = sizes
             if role == 1:
                 frm = op.recv_from
-                if len(sizes) == 1:
+                if len(sizes) == 1:  # one piece (most): no range or enumerate an operation, 0.3 s at 2.6 million
                     yield new(Recv, (frm, (channel, m, 0), lane))
                 else:
                     for k in range(len(sizes)):

@@ -372,30 +372,24 @@ def _run(plan: Plan) -> _State:
             if None in out:
                 out = state.read(g, step, op, src)  # names the chunk nothing wrote
             return step, out, rows[g][src.buf][src.off:src.off + src.cnt] if sized else None
-        if kind == "recv" or kind == "recv_reduce":  # the message's chunk count and sizes, then stored or folded
-            sender_step, sent, sizes = received
+        if kind == "recv" or kind == "recv_reduce":  # a message that fits, stored, or folded into one chunk
+            _, sent, sizes = received
             dst = op.dst
-            if len(sent) != dst.cnt:
-                raise PlanError(f"{_where(g, step, op, dst.off)}: receives {dst.cnt} chunks, GPU "
-                                f"{op.recv_from} step {sender_step} sent {len(sent)}")
-            if sized and sizes != rows[g][dst.buf][dst.off:dst.off + dst.cnt]:
-                raise PlanError(f"{_where(g, step, op, dst.off)}: receives chunks of {list(size_of(g, dst))} "  # type: ignore[arg-type]
-                                f"elements, GPU {op.recv_from} step {sender_step} sent {list(sizes)}")
-            row = bufs[g][dst.buf]
-            if kind == "recv":
-                row[dst.off:dst.off + dst.cnt] = sent
-                return None
-            if dst.cnt == 1:  # one chunk: state.fold's union, inline, if it adds no twice
-                have = row[dst.off]
-                if have is not None:
-                    (xl, xb), (yl, yb) = have, sent[0]
-                    lo, a, b = (xl, xb, yb) if xl == yl else (xl, xb, yb << (yl - xl)) if xl < yl else \
-                        (yl, xb << (xl - yl), yb)  # _aligned
-                    if not a & b:
-                        row[dst.off] = (lo, a | b)
-                        return None
-            state.write(g, dst, state.fold(g, step, op, dst, sent))
-            return None
+            if len(sent) == dst.cnt and (not sized or sizes == rows[g][dst.buf][dst.off:dst.off + dst.cnt]):
+                row = bufs[g][dst.buf]
+                if kind == "recv":
+                    row[dst.off:dst.off + dst.cnt] = sent
+                    return None
+                if dst.cnt == 1:  # one chunk: state.fold's union, inline, if it adds no twice
+                    have = row[dst.off]
+                    if have is not None:
+                        (xl, xb), (yl, yb) = have, sent[0]
+                        lo, a, b = (xl, xb, yb) if xl == yl else (xl, xb, yb << (yl - xl)) if xl < yl else \
+                            (yl, xb << (xl - yl), yb)  # _aligned
+                        if not a & b:
+                            row[dst.off] = (lo, a | b)
+                            return None
+            # else the general path below: it names a misfit, and folds (naming a contribution counted twice)
         if kind == "flush" or kind == "nop":
             return None
         if not node_of and (kind == "switch_recv" or kind == "switch_contribute"):  # sharp's and nvls's, when
